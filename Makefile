@@ -1,0 +1,51 @@
+# The project's vocabulary: `make smoke`, `make test`, `make quality`, `make bench`.
+# Everything runs from .venv, created on first use from the tested pin set in constraints.txt.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+PIP_INSTALL := $(BIN)/pip install --quiet --disable-pip-version-check -c constraints.txt
+RUN_DIR := runs/smoke
+
+.PHONY: smoke test slow_test quality style bench clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+
+# Stamp files: reinstall only when the package metadata or the pins change.
+$(VENV)/.installed-base: $(BIN)/python pyproject.toml constraints.txt
+	$(PIP_INSTALL) -e .
+	touch $@
+
+$(VENV)/.installed-dev: $(BIN)/python pyproject.toml constraints.txt
+	$(PIP_INSTALL) -e '.[dev]'
+	touch $@ $(VENV)/.installed-base
+
+## smoke: prepare the built-in corpus and train the `smoke` recipe on CPU (a few minutes)
+smoke: $(VENV)/.installed-base
+	$(BIN)/hf-pretrain prepare --recipe smoke
+	$(BIN)/accelerate launch --config_file accelerate_configs/cpu.yaml hf_pretrain/train.py \
+		--recipe smoke --output_dir $(RUN_DIR) --resume none
+	@echo "results: $(RUN_DIR)/metrics.jsonl, $(RUN_DIR)/samples.jsonl, model in $(RUN_DIR)/final"
+
+## test: install the dev extra and run the whole suite (slow tests included), offline
+test: $(VENV)/.installed-dev
+	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q
+
+## slow_test: only the end-to-end runs
+slow_test: $(VENV)/.installed-dev
+	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q -m slow
+
+quality: $(VENV)/.installed-dev
+	$(BIN)/ruff check hf_pretrain tests bench
+
+style: $(VENV)/.installed-dev
+	$(BIN)/ruff check --fix hf_pretrain tests bench
+	$(BIN)/ruff format hf_pretrain tests bench
+
+## bench: the data-preparation and training-loop benchmarks (ratios against baselines)
+bench: $(VENV)/.installed-dev
+	$(BIN)/python bench/bench_prepare.py
+	$(BIN)/python bench/bench_loop.py
+
+clean:
+	rm -rf $(RUN_DIR) data/smoke

@@ -1,0 +1,180 @@
+"""Corpus sources: one iterator of document texts per `SourceConfig`, and their weighted mixture.
+
+Every iterator here is deterministic (sorted file lists, sorted keys, seeded draws), because
+`prepare` reruns the mixture from the start to resume and must see the same stream again.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import random
+import re
+import sysconfig
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
+
+from hf_pretrain.config import Recipe, SourceConfig
+
+# A .txt file above this size is a book or a dump rather than one document, so it is split into
+# documents on blank lines; smaller .txt files (and every other text file) are one document.
+TXT_SPLIT_BYTES = 1_000_000
+_BLANK_LINES = re.compile(r"\n[ \t\r\f\v]*\n")
+
+
+class SourceError(ValueError):
+    """A source that cannot be read as described by the recipe."""
+
+
+# ---------------------------------------------------------------------- builtin corpora
+def _python_docs() -> Iterator[str]:
+    from pydoc_data.topics import topics
+
+    for key in sorted(topics):
+        yield topics[key]
+
+
+def _python_stdlib() -> Iterator[str]:
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    for path in sorted(stdlib.glob("*.py")):
+        yield path.read_text(encoding="utf-8", errors="replace")
+
+
+BUILTIN_CORPORA: dict[str, Callable[[], Iterator[str]]] = {
+    "python-docs": _python_docs,
+    "python-stdlib": _python_stdlib,
+}
+
+
+def _builtin_documents(name: str) -> Iterator[str]:
+    if name not in BUILTIN_CORPORA:
+        raise SourceError(f"unknown builtin corpus `{name}`; valid names: {', '.join(sorted(BUILTIN_CORPORA))}")
+    return BUILTIN_CORPORA[name]()
+
+
+# ---------------------------------------------------------------------- local files
+def expand_globs(patterns: list[str]) -> list[Path]:
+    """Every file matched by `patterns`, sorted per pattern; a pattern matching nothing is an error."""
+    files: list[Path] = []
+    for pattern in patterns:
+        matches = sorted(p for p in glob.glob(pattern, recursive=True) if Path(p).is_file())
+        if not matches:
+            raise SourceError(f"files source: the glob `{pattern}` matches no file")
+        files.extend(Path(p) for p in matches)
+    return files
+
+
+def _jsonl_documents(path: Path, column: str) -> Iterator[str]:
+    with path.open(encoding="utf-8") as lines:
+        for number, line in enumerate(lines, start=1):
+            if not line.strip():
+                continue
+            row = json.loads(line)
+            if column not in row:
+                raise SourceError(f"{path}:{number} has no key `{column}`; keys: {', '.join(sorted(row))}")
+            yield row[column]
+
+
+def _parquet_documents(path: Path, column: str) -> Iterator[str]:
+    import pyarrow.parquet as pq
+
+    table = pq.ParquetFile(path)
+    if column not in table.schema_arrow.names:
+        raise SourceError(f"{path} has no column `{column}`; columns: {', '.join(table.schema_arrow.names)}")
+    for batch in table.iter_batches(columns=[column]):
+        yield from batch.column(0).to_pylist()
+
+
+def _text_documents(path: Path) -> Iterator[str]:
+    text = path.read_text(encoding="utf-8", errors="replace")
+    if path.suffix == ".txt" and path.stat().st_size > TXT_SPLIT_BYTES:
+        yield from _BLANK_LINES.split(text)
+    else:
+        yield text
+
+
+def _file_documents(files: list[Path], column: str) -> Iterator[str]:
+    for path in files:
+        if path.suffix == ".jsonl":
+            yield from _jsonl_documents(path, column)
+        elif path.suffix == ".parquet":
+            yield from _parquet_documents(path, column)
+        else:
+            yield from _text_documents(path)
+
+
+# ---------------------------------------------------------------------- Hugging Face Hub
+def _hub_documents(source: SourceConfig) -> Iterator[str]:
+    import datasets
+
+    rows = datasets.load_dataset(source.name, source.config, split=source.split, streaming=source.streaming)
+    for row in rows:
+        if source.column not in row:
+            raise SourceError(
+                f"hub dataset `{source.name}` has no column `{source.column}`; available columns: "
+                f"{', '.join(sorted(row))}. Some code corpora carry only blob ids that point to files stored "
+                f"elsewhere, not the text itself: choose a dataset (or set `column`) that holds the text"
+            )
+        yield row[source.column]
+
+
+# ---------------------------------------------------------------------- one source, the mixture
+def iter_source(source: SourceConfig) -> Iterator[str]:
+    """The non-empty documents of one source, at most `max_documents` of them (0 = all).
+
+    Not a generator itself: a bad name or an empty glob fails here, when the mixture is built,
+    rather than whenever the mixture first happens to draw from this source.
+    """
+    if source.kind == "builtin":
+        texts = _builtin_documents(source.name)
+    elif source.kind == "files":
+        texts = _file_documents(expand_globs(source.paths), source.column)
+    elif source.kind == "hub":
+        texts = _hub_documents(source)
+    else:
+        raise SourceError(f"unknown source kind `{source.kind}`; valid kinds: builtin, files, hub")
+    return _non_empty(texts, source.max_documents)
+
+
+def _non_empty(texts: Iterable[str], max_documents: int) -> Iterator[str]:
+    count = 0
+    for text in texts:
+        # Empty documents carry nothing to learn and would leave bare end-of-text tokens in the data.
+        if not text:
+            continue
+        yield text
+        count += 1
+        if count == source.max_documents:
+            return
+
+
+def normalised_weights(sources: list[SourceConfig]) -> list[float]:
+    total = sum(s.weight for s in sources)
+    return [s.weight / total for s in sources]
+
+
+def mix(streams: list[Iterable[str]], weights: list[float], seed: int) -> Iterator[tuple[int, str]]:
+    """(source index, text) pairs: each next document comes from a source drawn with probability
+    proportional to its weight among the sources that still have documents."""
+    rng = random.Random(seed)
+    iterators = [iter(s) for s in streams]
+    live = list(range(len(iterators)))
+    while live:
+        chosen = rng.choices(live, weights=[weights[i] for i in live])[0]
+        text = next(iterators[chosen], None)
+        if text is None:
+            live.remove(chosen)
+            continue
+        yield chosen, text
+
+
+def mixture(recipe: Recipe) -> Iterator[tuple[int, str]]:
+    """The recipe's document stream, the same on every call. The token budget is applied by the
+    shard writer, which is the one that counts tokens."""
+    sources = recipe.data.sources
+    return mix([iter_source(s) for s in sources], normalised_weights(sources), recipe.train.seed)
+
+
+def is_validation(document_index: int, val_every: int) -> bool:
+    """Every `val_every`-th document of the mixed stream is held out for validation."""
+    return document_index % val_every == val_every - 1

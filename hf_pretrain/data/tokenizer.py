@@ -1,0 +1,97 @@
+"""The tokenizer: fit a byte-level BPE on the corpus or load a saved one, store it, identify it by hash."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterable, Iterator
+from itertools import islice
+from pathlib import Path
+
+from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+# GPT-2's document separator; it doubles as bos/unk/pad so the model needs no other special ids.
+EOS_TOKEN = "<|endoftext|>"
+# Folder inside data_dir; `AutoTokenizer.from_pretrained(data_dir / TOKENIZER_DIR)` loads it.
+TOKENIZER_DIR = "tokenizer"
+# Documents handed to the BPE trainer per call into Rust (one call per document is much slower).
+_TRAIN_BATCH = 1000
+
+
+def _batches(texts: Iterable[str], size: int) -> Iterator[list[str]]:
+    it = iter(texts)
+    while batch := list(islice(it, size)):
+        yield batch
+
+
+def _wrap(backend: Tokenizer) -> PreTrainedTokenizerFast:
+    return PreTrainedTokenizerFast(
+        tokenizer_object=backend, bos_token=EOS_TOKEN, eos_token=EOS_TOKEN, unk_token=EOS_TOKEN, pad_token=EOS_TOKEN
+    )
+
+
+def train_tokenizer(texts: Iterable[str], vocab_size: int, special_tokens: list[str]) -> PreTrainedTokenizerFast:
+    """Byte-level BPE with `vocab_size` entries (256 bytes, merges, EOS) plus `special_tokens` on top.
+
+    Byte level means every string encodes without an unknown token and decodes back exactly.
+    """
+    backend = Tokenizer(models.BPE())
+    # No prefix space: code and text are encoded as written, so decode(encode(x)) == x.
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    backend.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=[EOS_TOKEN],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    backend.train_from_iterator(_batches(texts, _TRAIN_BATCH), trainer=trainer)
+    # Added after training so they never take part in merges and land at ids >= vocab_size.
+    backend.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in special_tokens])
+    return _wrap(backend)
+
+
+def load_pretrained_tokenizer(path: str | Path) -> PreTrainedTokenizerFast:
+    """A saved tokenizer: a folder written by `save_pretrained`, or a bare tokenizer.json."""
+    path = Path(path)
+    if path.is_file() and path.suffix == ".json":
+        backend = Tokenizer.from_file(str(path))
+        if backend.token_to_id(EOS_TOKEN) is None:
+            raise ValueError(
+                f"{path} has no `{EOS_TOKEN}` token to separate documents; pass the folder saved with "
+                f"save_pretrained, whose tokenizer_config.json names the eos_token"
+            )
+        return _wrap(backend)
+    if not path.is_dir():
+        raise ValueError(f"tokenizer `{path}` does not exist; data.tokenizer must be `train` or a local "
+                         f"tokenizer folder or tokenizer.json")
+    # local_files_only: a local folder must never turn into a Hub download.
+    tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+    if not getattr(tokenizer, "is_fast", False):
+        raise ValueError(f"tokenizer in {path} is not a fast (Rust `tokenizers`) tokenizer; save it with a tokenizer.json")
+    if tokenizer.eos_token_id is None:
+        raise ValueError(f"tokenizer in {path} has no eos_token; documents need one to be separated")
+    return tokenizer
+
+
+def save_tokenizer(tokenizer: PreTrainedTokenizerFast, data_dir: Path) -> Path:
+    target = Path(data_dir) / TOKENIZER_DIR
+    tokenizer.save_pretrained(str(target))
+    return target
+
+
+def load_tokenizer(data_dir: str | Path) -> PreTrainedTokenizerFast:
+    """The tokenizer that `prepare` saved in `data_dir`."""
+    folder = Path(data_dir) / TOKENIZER_DIR
+    if not (folder / "tokenizer.json").is_file():
+        raise FileNotFoundError(f"no tokenizer in {folder}; run `hf-pretrain prepare` for this recipe first")
+    return load_pretrained_tokenizer(folder)
+
+
+def tokenizer_hash(tokenizer: PreTrainedTokenizerFast) -> str:
+    """sha256 of the backend tokenizer's JSON with sorted keys: equal for equal tokenizers,
+    whatever the key order of the file they were loaded from."""
+    spec = json.loads(tokenizer.backend_tokenizer.to_str())
+    canonical = json.dumps(spec, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode("utf-8")).hexdigest()

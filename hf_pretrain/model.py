@@ -1,0 +1,86 @@
+"""The Llama model built from a recipe, optional Liger kernels, and its size and FLOP counts."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from hf_pretrain.config import ModelConfig, Recipe
+
+
+def padded_vocab_size(tokenizer_size: int, multiple: int) -> int:
+    """Embedding rows: the tokenizer's size rounded up to `multiple` for tensor-core friendly matmuls."""
+    return multiple * math.ceil(tokenizer_size / multiple)
+
+
+def recipe_tokenizer_size(recipe: Recipe) -> int:
+    """Tokens the recipe's tokenizer will have: the BPE vocabulary plus the extra special tokens."""
+    return recipe.data.vocab_size + len(recipe.data.special_tokens)
+
+
+def llama_config(model: ModelConfig, tokenizer_size: int, bos_token_id: int | None = None,
+                 eos_token_id: int | None = None, pad_token_id: int | None = None) -> LlamaConfig:
+    return LlamaConfig(
+        vocab_size=padded_vocab_size(tokenizer_size, model.vocab_multiple),
+        hidden_size=model.hidden_size,
+        intermediate_size=model.intermediate_size,
+        num_hidden_layers=model.num_hidden_layers,
+        num_attention_heads=model.num_attention_heads,
+        num_key_value_heads=model.num_key_value_heads,
+        max_position_embeddings=model.max_position_embeddings,
+        rope_theta=model.rope_theta,
+        rms_norm_eps=model.rms_norm_eps,
+        initializer_range=model.initializer_range,
+        tie_word_embeddings=model.tie_word_embeddings,
+        hidden_act="silu",  # SwiGLU feed-forward
+        attention_bias=False,
+        mlp_bias=False,
+        bos_token_id=bos_token_id,
+        eos_token_id=eos_token_id,
+        pad_token_id=pad_token_id,
+        use_cache=False,  # training never reads the KV cache; generation turns it on per call
+    )
+
+
+def build_model(config: LlamaConfig, device: str | torch.device | None = None) -> LlamaForCausalLM:
+    """A freshly initialised Llama with SDPA attention; on `meta` it allocates nothing."""
+    config._attn_implementation = "sdpa"
+    if device is None:
+        return LlamaForCausalLM(config)
+    with torch.device(device):
+        return LlamaForCausalLM(config)
+
+
+def count_parameters(model: torch.nn.Module) -> int:
+    """Unique parameters: tied input and output embeddings count once."""
+    return sum(p.numel() for p in model.parameters())
+
+
+def flops_per_token(config: LlamaConfig, n_params: int, seq_len: int) -> float:
+    """Training FLOPs per token: 6N for the matmuls plus the attention scores (PaLM appendix B).
+
+    N counts the tied embedding once: its lookup is free but the same matrix is the output
+    projection, whose matmul is real work. Attention adds 12 * layers * hidden * seq_len
+    (QK^T and AV, forward and backward), without the causal-mask halving, as PaLM counts it.
+    """
+    return 6.0 * n_params + 12.0 * config.num_hidden_layers * config.hidden_size * seq_len
+
+
+def apply_liger(model: LlamaForCausalLM, log=print) -> bool:
+    """Swap in Liger's Triton kernels (RMSNorm, SwiGLU, RoPE, fused linear cross entropy).
+
+    Liger needs CUDA and Triton; anywhere else we say so and train with the stock modules.
+    """
+    if not torch.cuda.is_available():
+        log("liger: CUDA is not available, training with the standard kernels")
+        return False
+    try:
+        from liger_kernel.transformers import _apply_liger_kernel_to_instance
+    except ImportError as exc:
+        raise RuntimeError("liger=true needs liger-kernel: pip install 'hf-pretrain[liger]'") from exc
+    _apply_liger_kernel_to_instance(model=model, rope=True, rms_norm=True, swiglu=True,
+                                    fused_linear_cross_entropy=True, cross_entropy=False)
+    log("liger: RMSNorm, SwiGLU, RoPE and fused linear cross entropy kernels applied")
+    return True

@@ -1,0 +1,65 @@
+"""Every shipped recipe parses and builds, on the meta device, at the size it claims."""
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from hf_pretrain.config import RECIPES_DIR, load_recipe
+from hf_pretrain.model import build_model, count_parameters, flops_per_token, llama_config, recipe_tokenizer_size
+
+RECIPES = sorted(p.stem for p in RECIPES_DIR.glob("*.yaml"))
+
+
+def test_the_promised_recipes_ship():
+    assert {"smoke", "1b", "tinyllama-1.1b", "134m"} <= set(RECIPES)
+
+
+@pytest.mark.parametrize("name", RECIPES)
+def test_recipe_builds_at_its_claimed_size(name):
+    recipe = load_recipe(name)
+    config = llama_config(recipe.model, recipe_tokenizer_size(recipe))
+    model = build_model(config, device="meta")
+    n_params = count_parameters(model)
+    assert recipe.model.expected_params > 0, f"{name} claims no parameter count"
+    assert abs(n_params - recipe.model.expected_params) / recipe.model.expected_params < 0.02
+    assert model.config._attn_implementation == "sdpa"
+    assert all(p.device == torch.device("meta") for p in model.parameters())
+
+
+@pytest.mark.parametrize("name", RECIPES)
+def test_every_recipe_key_is_commented(name):
+    """Each `key: value` line carries a comment, on the line or just above it (litgpt's rule)."""
+    lines = Path(RECIPES_DIR / f"{name}.yaml").read_text().splitlines()
+    bare = []
+    for i, line in enumerate(lines):
+        stripped = line.strip()
+        if not stripped or stripped.startswith(("#", "- \"")) or ":" not in stripped or stripped.endswith(":"):
+            continue
+        commented = "#" in line or (i > 0 and lines[i - 1].strip().startswith("#"))
+        if not commented:
+            bare.append(f"{name}.yaml:{i + 1}: {stripped}")
+    assert not bare, "keys without a comment:\n" + "\n".join(bare)
+
+
+def test_1b_is_the_published_architecture():
+    recipe = load_recipe("1b")
+    m, d, t = recipe.model, recipe.data, recipe.train
+    assert (m.num_hidden_layers, m.hidden_size, m.intermediate_size) == (16, 2048, 8192)
+    assert (m.num_attention_heads, m.num_key_value_heads, m.rope_theta) == (32, 8, 500000.0)
+    assert m.tie_word_embeddings and d.seq_len == 2048
+    assert recipe_tokenizer_size(recipe) == 32005
+    assert t.global_batch_tokens == 131072 and recipe.grad_accum_steps(1) == 8
+    assert t.max_steps == 90000 and t.compile and not t.gradient_checkpointing
+    assert t.mixed_precision == "bf16"
+    weights = {s.name: s.weight for s in d.sources}
+    assert sorted(weights.values()) == [0.04, 0.11, 0.85]
+    n = count_parameters(build_model(llama_config(m, recipe_tokenizer_size(recipe)), device="meta"))
+    assert 1.03e9 <= n <= 1.05e9
+
+
+def test_flops_per_token_is_six_n_plus_attention():
+    recipe = load_recipe("1b")
+    config = llama_config(recipe.model, recipe_tokenizer_size(recipe))
+    n = 1_000_000_000
+    assert flops_per_token(config, n, 2048) == 6 * n + 12 * 16 * 2048 * 2048
