@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from accelerate import Accelerator
+from transformers import PretrainedConfig, PreTrainedTokenizerBase
 
 MANIFEST = "manifest.json"
 TRAIN_STATE = "train_state.json"
@@ -126,8 +127,12 @@ def find_resume_checkpoint(output_dir: str | Path, resume: str, log=print) -> Pa
 
 
 def save_checkpoint(accelerator: Accelerator, output_dir: str | Path, train_state: dict[str, Any],
-                    keep: int) -> Path:
-    """Write the full training state for `train_state["step"]`, atomically, then prune old ones."""
+                    keep: int, model_config: PretrainedConfig, tokenizer: PreTrainedTokenizerBase) -> Path:
+    """Write the full training state for `train_state["step"]`, atomically, then prune old ones.
+
+    Beside Accelerate's state the folder holds `config.json` and the tokenizer, so a checkpoint
+    describes itself: export, eval and the demo need nothing else from the run.
+    """
     final = checkpoint_path(output_dir, train_state["step"])
     tmp = final.with_name(final.name + TMP_SUFFIX)
     if accelerator.is_main_process:
@@ -138,6 +143,8 @@ def save_checkpoint(accelerator: Accelerator, output_dir: str | Path, train_stat
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
         (tmp / TRAIN_STATE).write_text(json.dumps(train_state, indent=1))
+        model_config.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
         write_manifest(tmp)
         if final.exists():  # a re-save of the same step (e.g. after a resume): replace it whole
             shutil.rmtree(final)

@@ -1,48 +1,44 @@
-"""`hf-pretrain` subcommands. Each one is thin and hands over to the module that does the work."""
+"""`hf-pretrain` subcommands. Each one is thin: it hands its arguments to one module's `main`."""
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import sys
 
-USAGE = """usage: hf-pretrain <command> [--recipe NAME] [--key value ...]
-
-commands:
-  prepare   tokenize the recipe's corpus into token shards (trains the tokenizer when asked)
-  train     train the recipe in this process (use `accelerate launch hf_pretrain/train.py` for several)
-
-`hf-pretrain <command> --help` lists every recipe key with its default.
-"""
-
-
-def prepare(argv: list[str]) -> int:
-    from hf_pretrain.config import parse_recipe_args
-    from hf_pretrain.data import prepare as prepare_data
-
-    recipe, _ = parse_recipe_args(argv, prog="hf-pretrain prepare", description="Tokenize a recipe's corpus into shards.")
-    data_dir = prepare_data(recipe)
-    print(f"prepared data in {data_dir}")
-    return 0
+# command -> (module whose `main(argv) -> int` runs it, one line of help)
+COMMANDS = {
+    "prepare": ("hf_pretrain.prepare", "tokenize the recipe's corpus into shards (fits the tokenizer when asked)"),
+    "train": ("hf_pretrain.train", "train the recipe in this process (`accelerate launch hf_pretrain/train.py` for several)"),
+    "doctor": ("hf_pretrain.doctor", "check the plumbing of a run before spending money on it"),
+    "export": ("hf_pretrain.export", "write a standard Hugging Face model folder from a checkpoint, optionally push it"),
+    "eval": ("hf_pretrain.evaluation", "score a model with lm-evaluation-harness"),
+    "bench": ("hf_pretrain.bench", "measure tokens/s, MFU, memory and $/token for recipe variants"),
+    "plan": ("hf_pretrain.plan", "tokens, time and cost of a run before it starts"),
+    "report": ("hf_pretrain.report", "plots and a page for a run folder"),
+    "demo": ("hf_pretrain.demo", "a Gradio app that compares checkpoints"),
+    "space": ("hf_pretrain.space", "write (and push) a Hugging Face Space for the demo"),
+}
 
 
-def train(argv: list[str]) -> int:
-    from hf_pretrain.train import main
-
-    return main(argv)
-
-
-COMMANDS = {"prepare": prepare, "train": train}
+def usage() -> str:
+    available = {name: help_ for name, (module, help_) in COMMANDS.items() if importlib.util.find_spec(module)}
+    width = max(map(len, available))
+    lines = [f"  {name.ljust(width)}  {help_}" for name, help_ in available.items()]
+    return ("usage: hf-pretrain <command> [--recipe NAME] [--key value ...]\n\ncommands:\n" + "\n".join(lines)
+            + "\n\n`hf-pretrain <command> --help` lists the command's options.\n")
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if not argv or argv[0] in ("-h", "--help"):
-        print(USAGE)
+        print(usage())
         return 0 if argv else 2
     command, rest = argv[0], argv[1:]
-    if command not in COMMANDS:
-        print(f"hf-pretrain: unknown command `{command}`\n\n{USAGE}", file=sys.stderr)
+    if command not in COMMANDS or importlib.util.find_spec(COMMANDS[command][0]) is None:
+        print(f"hf-pretrain: unknown command `{command}`\n\n{usage()}", file=sys.stderr)
         return 2
-    return COMMANDS[command](rest)
+    return importlib.import_module(COMMANDS[command][0]).main(rest) or 0
 
 
 if __name__ == "__main__":

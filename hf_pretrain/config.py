@@ -138,6 +138,9 @@ class TrainConfig:
     # `auto` (newest checkpoint in output_dir, if any), `none`, or a checkpoint folder.
     resume: str = "auto"
     save_interval: int = 100
+    # End this invocation after this step with a checkpoint (0 = run to max_steps). The schedule
+    # still spans max_steps, so a time-boxed session resumes exactly where it stopped.
+    stop_at_step: int = 0
     # Checkpoints kept; older ones are deleted once a newer one is complete.
     keep_checkpoints: int = 2
     eval_interval: int = 100
@@ -182,7 +185,7 @@ class Recipe:
     def fingerprint(self) -> str:
         """Hash of everything that shapes the math (not where files go or how often we log)."""
         d = self.to_dict()
-        for volatile in ("output_dir", "resume", "report_to", "save_interval", "keep_checkpoints",
+        for volatile in ("output_dir", "resume", "report_to", "save_interval", "keep_checkpoints", "stop_at_step",
                          "log_interval", "eval_interval", "max_steps"):
             d["train"].pop(volatile)
         d["data"].pop("num_workers")
@@ -212,8 +215,8 @@ class Recipe:
             raise RecipeError(f"min_lr_ratio={t.min_lr_ratio} must lie in [0, 1]")
         if t.learning_rate <= 0:
             raise RecipeError(f"learning_rate={t.learning_rate} must be positive")
-        if d.num_workers < 0 or t.eval_interval < 0 or t.eval_batches < 0 or d.max_tokens < 0:
-            raise RecipeError("num_workers, eval_interval, eval_batches and max_tokens must not be negative")
+        if d.num_workers < 0 or t.eval_interval < 0 or t.eval_batches < 0 or d.max_tokens < 0 or t.stop_at_step < 0:
+            raise RecipeError("num_workers, eval_interval, eval_batches, max_tokens and stop_at_step must not be negative")
         _choice("mixed_precision", t.mixed_precision, ["auto", "no", "bf16", "fp16"])
         _choice("report_to", t.report_to, ["none", "tensorboard", "wandb", "all"])
         if t.resume not in ("auto", "none") and not t.resume:

@@ -12,6 +12,7 @@ Any recipe key can be overridden: `--max_steps 100 --output_dir runs/try`. `--he
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from pathlib import Path
@@ -24,8 +25,14 @@ from tqdm.auto import tqdm
 from hf_pretrain.checkpoint import find_resume_checkpoint, load_checkpoint, save_checkpoint
 from hf_pretrain.config import Recipe, parse_recipe_args, save_recipe
 from hf_pretrain.data import build_train_loader, build_val_loader, check_prepared_data, load_tokenizer
-from hf_pretrain.metrics import (JsonlWriter, ThroughputMeter, device_peak_flops, peak_memory_gib,
-                                 trackers_for, truncate_jsonl)
+from hf_pretrain.metrics import (
+    JsonlWriter,
+    ThroughputMeter,
+    device_peak_flops,
+    peak_memory_gib,
+    trackers_for,
+    truncate_jsonl,
+)
 from hf_pretrain.model import apply_liger, build_model, count_parameters, flops_per_token, llama_config
 from hf_pretrain.optim import build_optimizer, learning_rate_at, set_learning_rate
 
@@ -37,11 +44,15 @@ def resolve_mixed_precision(requested: str) -> str:
     return "bf16" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "no"
 
 
-def train(recipe: Recipe) -> Path:
-    """Run the recipe to `max_steps` (resuming when asked) and return the `final/` model folder."""
+def train(recipe: Recipe) -> Path | None:
+    """Run the recipe to `max_steps` (resuming when asked) and return the `final/` model folder,
+    or None when the run stopped early at `stop_at_step` with a checkpoint."""
     train_cfg = recipe.train
     out = Path(train_cfg.output_dir)
-    world_size = PartialState().num_processes
+    # Without CUDA the processes must run on the CPU; saying so up front is what makes Accelerate
+    # join processes started by torchrun (`accelerate launch --multi_gpu`) into a gloo group.
+    on_cpu = not torch.cuda.is_available() or os.environ.get("ACCELERATE_USE_CPU", "").lower() in ("1", "true")
+    world_size = PartialState(cpu=on_cpu).num_processes
     grad_accum = recipe.grad_accum_steps(world_size)
 
     # ---- plumbing first: data and tokenizer must match the recipe before anything is built
@@ -49,6 +60,7 @@ def train(recipe: Recipe) -> Path:
     tokenizer = load_tokenizer(recipe.data.data_dir)
 
     accelerator = Accelerator(
+        cpu=on_cpu,
         mixed_precision=resolve_mixed_precision(train_cfg.mixed_precision),
         gradient_accumulation_steps=grad_accum,
         log_with=trackers_for(train_cfg.report_to) or None,
@@ -118,7 +130,7 @@ def train(recipe: Recipe) -> Path:
     def checkpoint() -> None:
         started = meter.pause()
         state["elapsed_seconds"] = elapsed()
-        path = save_checkpoint(accelerator, out, dict(state), keep=train_cfg.keep_checkpoints)
+        path = save_checkpoint(accelerator, out, dict(state), train_cfg.keep_checkpoints, config, tokenizer)
         say(f"step {state['step']}: saved {path}")
         meter.skip(meter.pause() - started)
 
@@ -138,7 +150,7 @@ def train(recipe: Recipe) -> Path:
         set_learning_rate(optimizer, lr)
         for _ in range(grad_accum):
             tokens = next(batches).to(accelerator.device, non_blocking=True)
-            inputs, targets = tokens[:, :-1], tokens[:, 1:]
+            inputs, targets = tokens[:, :-1], tokens[:, 1:].contiguous()
             with accelerator.accumulate(model):
                 # the targets are already shifted; `shift_labels` tells the loss not to shift again
                 loss = model(input_ids=inputs, labels=targets, shift_labels=targets).loss
@@ -171,8 +183,14 @@ def train(recipe: Recipe) -> Path:
                                  **({"mfu": f"{mfu:.1%}"} if mfu is not None else {}))
         if train_cfg.eval_interval and (step % train_cfg.eval_interval == 0 or step == train_cfg.max_steps):
             evaluate_and_sample(step)
-        if step % train_cfg.save_interval == 0 or step == train_cfg.max_steps:
+        stopping_early = step == train_cfg.stop_at_step
+        if step % train_cfg.save_interval == 0 or step == train_cfg.max_steps or stopping_early:
             checkpoint()
+        if stopping_early:
+            progress.close()
+            say(f"stopped at step {step} as asked (stop_at_step); rerun the same command to continue")
+            accelerator.end_training()
+            return None
     progress.close()
 
     final = save_final_model(accelerator, model, tokenizer, out / "final")
@@ -190,7 +208,8 @@ def evaluate(accelerator: Accelerator, model: torch.nn.Module, val_loader) -> fl
     count = 0
     for tokens in val_loader:
         tokens = tokens.to(accelerator.device)
-        total += model(input_ids=tokens[:, :-1], labels=tokens[:, 1:], shift_labels=tokens[:, 1:]).loss.float()
+        targets = tokens[:, 1:].contiguous()
+        total += model(input_ids=tokens[:, :-1], labels=targets, shift_labels=targets).loss.float()
         count += 1
     model.train()
     return accelerator.reduce(total / max(count, 1), "mean").item()

@@ -20,14 +20,16 @@ import json
 import os
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import datetime, timezone
 from importlib import metadata
+from itertools import islice
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
-from tokenizers import Tokenizer
+from tokenizers import Encoding, Tokenizer
 from transformers import PreTrainedTokenizerFast
 
 from hf_pretrain.config import Recipe
@@ -139,7 +141,7 @@ class SplitWriter:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, self.data_dir / name)
-        for source, ids in zip(self._pending_sources, self._pending):
+        for source, ids in zip(self._pending_sources, self._pending, strict=True):
             self.source_documents[source] += 1
             self.source_tokens[source] += len(ids)
         self.shards.append({"file": name, "tokens": int(tokens.size), "documents": len(self._pending),
@@ -165,6 +167,13 @@ def _document_encoder(tokenizer: PreTrainedTokenizerFast) -> Tokenizer:
     return encoder
 
 
+class _Document(NamedTuple):
+    index: int  # position in the mixed stream
+    source: int
+    split: str
+    text: str
+
+
 class ShardPass:
     """One pass over the mixture: tokenize in batches, route documents to their split, stop at
     the token budget, and record progress after every shard."""
@@ -188,7 +197,25 @@ class ShardPass:
         self.new_tokens = 0
 
     def run(self) -> dict[str, SplitWriter]:
-        batch: list[tuple[int, int, str]] = []
+        # The Rust tokenizer encodes one batch (without the GIL) while this thread reads the next
+        # documents and stores the previous batch's tokens, so the Python side hides behind it.
+        with ThreadPoolExecutor(max_workers=1) as encoder_thread:
+            previous: tuple[list[_Document], Future[list[Encoding]]] | None = None
+            for batch in self._batches():
+                encodings = encoder_thread.submit(self.encode, [d.text for d in batch], add_special_tokens=False)
+                if previous is not None:
+                    self._store(*previous)
+                previous = batch, encodings
+            if previous is not None:
+                self._store(*previous)
+        for split, writer in self.writers.items():
+            if writer.flush():
+                self._shard_written(split)
+        return self.writers
+
+    def _batches(self) -> Iterator[list[_Document]]:
+        """The mixture's documents still to write, in batches of about BATCH_DOCUMENTS or BATCH_CHARS."""
+        batch: list[_Document] = []
         chars = 0
         val_every = self.recipe.data.val_every
         for index, (source, text) in enumerate(mixture(self.recipe)):
@@ -197,36 +224,29 @@ class ShardPass:
             split = "validation" if is_validation(index, val_every) else "train"
             if index < self.writers[split].next_document:
                 continue  # already in a finished shard of an earlier, interrupted run
-            batch.append((index, source, text))
+            batch.append(_Document(index, source, split, text))
             chars += len(text)
             if len(batch) >= BATCH_DOCUMENTS or chars >= BATCH_CHARS:
-                self._write_batch(batch)
+                yield batch
                 batch, chars = [], 0
-        self._write_batch(batch)
-        for split, writer in self.writers.items():
-            if writer.flush():
-                self._shard_written(split)
-        return self.writers
+        if batch:
+            yield batch
 
-    def _write_batch(self, batch: list[tuple[int, int, str]]) -> None:
-        if not batch:
-            return
-        encodings = self.encode([text for _, _, text in batch], add_special_tokens=False)
-        val_every = self.recipe.data.val_every
-        for (index, source, _), encoding in zip(batch, encodings):
-            if self.stop_at is not None and index >= self.stop_at:
+    def _store(self, batch: list[_Document], encodings: Future[list[Encoding]]) -> None:
+        """Queue each document's tokens plus EOS in its split, up to the token budget."""
+        for document, encoding in zip(batch, encodings.result(), strict=True):
+            if self.stop_at is not None and document.index >= self.stop_at:
                 return
             token_ids = encoding.ids
             ids = np.empty(len(token_ids) + 1, dtype=self.dtype)
             ids[:-1] = token_ids
             ids[-1] = self.eos_id
             self.new_tokens += ids.size
-            split = "validation" if is_validation(index, val_every) else "train"
-            writer = self.writers[split]
-            if writer.add(index, source, ids):
-                self._shard_written(split)
-            if split == "train" and self.budget and writer.tokens >= self.budget:
-                self.stop_at = index + 1
+            writer = self.writers[document.split]
+            if writer.add(document.index, document.source, ids):
+                self._shard_written(document.split)
+            if document.split == "train" and self.budget and writer.tokens >= self.budget:
+                self.stop_at = document.index + 1
 
     def _shard_written(self, split: str) -> None:
         self.progress[split] = self.writers[split].state()
@@ -238,3 +258,203 @@ class ShardPass:
         tokens = sum(w.tokens for w in self.writers.values())
         rate = self.new_tokens / max(time.perf_counter() - self.started, 1e-9)
         return f"{docs:,} docs, {tokens:,} tokens, {rate:,.0f} tokens/s"
+
+
+# ---------------------------------------------------------------------- prepare
+def prepare(recipe: Recipe, log: Callable[[str], None] = print) -> Path:
+    """Tokenizer, token shards and meta.json in `recipe.data.data_dir`; returns that folder.
+
+    A finished folder for the same data settings is left alone; an interrupted one is continued
+    from its last finished shard, with the same bytes as an uninterrupted run.
+    """
+    data_dir = Path(recipe.data.data_dir)
+    fingerprint = data_fingerprint(recipe)
+    if (data_dir / META_FILE).is_file():
+        _require_same_data_settings(data_dir, fingerprint)
+        log(f"{data_dir} is already prepared (delete it to prepare again)")
+        return data_dir
+    data_dir.mkdir(parents=True, exist_ok=True)
+    tokenizer, progress = _tokenizer_and_progress(recipe, data_dir, fingerprint, log)
+    shard_pass = ShardPass(recipe, tokenizer, data_dir, progress, log)
+    writers = shard_pass.run()
+    # meta.json last: its presence is what marks the folder complete.
+    _write_json_atomically(data_dir / META_FILE, _meta(recipe, tokenizer, progress, writers))
+    (data_dir / PROGRESS_FILE).unlink(missing_ok=True)
+    log(f"prepared {data_dir}: {shard_pass.status()}")
+    try:
+        check_prepared_data(recipe)
+    except DataMismatchError as exc:
+        # The data is still valid; the recipe's batch shape is what does not fit. Training says so again.
+        log(f"warning: {exc}")
+    return data_dir
+
+
+def _require_same_data_settings(data_dir: Path, fingerprint: str) -> None:
+    found = read_meta(data_dir).get("data_fingerprint")
+    if found != fingerprint:
+        raise DataMismatchError(
+            f"{data_dir / META_FILE}: data_fingerprint expected {fingerprint} (this recipe's data settings), "
+            f"found {found}: the folder holds data prepared with other settings; delete it or set data_dir "
+            f"to a new folder"
+        )
+
+
+def _tokenizer_and_progress(recipe: Recipe, data_dir: Path, fingerprint: str,
+                            log: Callable[[str], None]) -> tuple[PreTrainedTokenizerFast, dict[str, Any]]:
+    """The tokenizer and shard progress of an interrupted run with the same settings, or fresh ones."""
+    resumed = _resumable_run(data_dir, fingerprint)
+    if resumed is not None:
+        tokenizer, progress = resumed
+        done = {split: len((progress[split] or {}).get("shards", [])) for split in SPLIT_PREFIX}
+        log(f"resuming {data_dir}: {done['train']} train and {done['validation']} validation shards already written")
+        return tokenizer, progress
+    _remove_partial_output(data_dir)
+    tokenizer = _fresh_tokenizer(recipe, data_dir, log)
+    progress = {"data_fingerprint": fingerprint, "tokenizer_hash": tokenizer_hash(tokenizer),
+                "train": None, "validation": None}
+    _write_json_atomically(data_dir / PROGRESS_FILE, progress)
+    return tokenizer, progress
+
+
+def _resumable_run(data_dir: Path, fingerprint: str) -> tuple[PreTrainedTokenizerFast, dict[str, Any]] | None:
+    path = data_dir / PROGRESS_FILE
+    if not path.is_file():
+        return None
+    progress = json.loads(path.read_text())
+    if progress.get("data_fingerprint") != fingerprint:
+        return None
+    try:
+        tokenizer = load_tokenizer(data_dir)
+    except (OSError, ValueError):
+        return None
+    if tokenizer_hash(tokenizer) != progress.get("tokenizer_hash"):
+        return None
+    return tokenizer, progress
+
+
+def _remove_partial_output(data_dir: Path) -> None:
+    """Delete what an interrupted run with other settings left; only files `prepare` itself names."""
+    names = [f"{p}_*.bin*" for p in SPLIT_PREFIX.values()] + [f"{n}*" for n in (META_FILE, PROGRESS_FILE)]
+    for pattern in names:
+        for path in data_dir.glob(pattern):
+            path.unlink()
+    shutil.rmtree(data_dir / TOKENIZER_DIR, ignore_errors=True)
+
+
+def _fresh_tokenizer(recipe: Recipe, data_dir: Path, log: Callable[[str], None]) -> PreTrainedTokenizerFast:
+    d = recipe.data
+    if d.tokenizer == "train":
+        limit = d.tokenizer_train_documents
+        log(f"training a {d.vocab_size}-token byte-level BPE on {limit or 'all'} documents of the mixture")
+        texts: Iterable[str] = (text for _, text in mixture(recipe))
+        if limit:
+            texts = islice(texts, limit)
+        tokenizer = train_tokenizer(texts, d.vocab_size, d.special_tokens)
+    else:
+        log(f"using the tokenizer at {d.tokenizer}")
+        tokenizer = load_pretrained_tokenizer(d.tokenizer)
+    save_tokenizer(tokenizer, data_dir)
+    # From here on, use exactly what every later reader of data_dir will load.
+    tokenizer = load_tokenizer(data_dir)
+    expected = d.vocab_size + len(d.special_tokens)
+    if len(tokenizer) != expected:
+        fix = ("the corpus is too small to learn that many tokens: lower vocab_size or add documents"
+               if d.tokenizer == "train" else f"set vocab_size to {len(tokenizer) - len(d.special_tokens)}")
+        raise DataMismatchError(
+            f"vocab_size: the recipe expects {expected} tokens (vocab_size {d.vocab_size} + "
+            f"{len(d.special_tokens)} special tokens), found {len(tokenizer)} in {data_dir / TOKENIZER_DIR}; {fix}"
+        )
+    return tokenizer
+
+
+def _meta(recipe: Recipe, tokenizer: PreTrainedTokenizerFast, progress: dict[str, Any],
+          writers: dict[str, SplitWriter]) -> dict[str, Any]:
+    d = recipe.data
+    sources = []
+    for i, (source, weight) in enumerate(zip(d.sources, normalised_weights(d.sources), strict=True)):
+        sources.append({**dataclasses.asdict(source), "weight": weight,
+                        "documents": sum(w.source_documents[i] for w in writers.values()),
+                        "tokens": sum(w.source_tokens[i] for w in writers.values())})
+    return {
+        "format_version": FORMAT_VERSION,
+        "created_by": f"hf-pretrain {_package_version()}",
+        "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "data_fingerprint": progress["data_fingerprint"],
+        "tokenizer_hash": progress["tokenizer_hash"],
+        "vocab_size": len(tokenizer),
+        "dtype": token_dtype(len(tokenizer)).name,
+        "eos_id": tokenizer.eos_token_id,
+        "eos": EOS_POLICY,
+        "seed": recipe.train.seed,
+        "val_every": d.val_every,
+        "max_tokens": d.max_tokens,
+        "shard_tokens": d.shard_tokens,
+        "splits": {split: writer.summary() for split, writer in writers.items()},
+        "sources": sources,
+    }
+
+
+# ---------------------------------------------------------------------- reading and checking
+def read_meta(data_dir: str | Path, recipe_name: str | None = None) -> dict[str, Any]:
+    path = Path(data_dir) / META_FILE
+    if not path.is_file():
+        raise DataMismatchError(f"{path} not found: the data is not prepared (or preparing did not finish); "
+                                f"{_prepare_hint(recipe_name)}")
+    return json.loads(path.read_text())
+
+
+def shard_paths(data_dir: str | Path, meta: dict[str, Any], split: str) -> list[Path]:
+    """The split's shard files, each checked to hold exactly the tokens meta.json lists."""
+    itemsize = np.dtype(meta["dtype"]).itemsize
+    paths = []
+    for shard in meta["splits"][split]["shards"]:
+        path = Path(data_dir) / shard["file"]
+        size = path.stat().st_size if path.is_file() else None
+        if size != shard["tokens"] * itemsize:
+            raise DataMismatchError(f"{path}: size expected {shard['tokens'] * itemsize} bytes "
+                                    f"({shard['tokens']} {meta['dtype']} tokens per {META_FILE}), found {size}")
+        paths.append(path)
+    return paths
+
+
+def check_prepared_data(recipe: Recipe) -> dict[str, Any]:
+    """meta.json of the recipe's data_dir, after checking it fits the recipe and the saved tokenizer."""
+    data_dir = Path(recipe.data.data_dir)
+    meta_file = data_dir / META_FILE
+    meta = read_meta(data_dir, recipe.name)
+    hint = _prepare_hint(recipe.name)
+
+    def mismatch(field: str, expected: Any, found: Any, why: str) -> DataMismatchError:
+        return DataMismatchError(f"{meta_file}: {field} expected {expected}, found {found} ({why}); {hint}")
+
+    if meta.get("format_version") != FORMAT_VERSION:
+        raise mismatch("format_version", FORMAT_VERSION, meta.get("format_version"),
+                       "written by another version of hf-pretrain")
+    try:
+        tokenizer = load_tokenizer(data_dir)
+    except FileNotFoundError as exc:
+        raise DataMismatchError(f"{exc}; {hint}") from exc
+    saved_hash = tokenizer_hash(tokenizer)
+    if saved_hash != meta.get("tokenizer_hash"):
+        raise mismatch("tokenizer_hash", saved_hash, meta.get("tokenizer_hash"),
+                       f"expected is the hash of the tokenizer in {data_dir / TOKENIZER_DIR}; the shards were "
+                       f"tokenized with another one")
+    expected_vocab = recipe.data.vocab_size + len(recipe.data.special_tokens)
+    if meta.get("vocab_size") != expected_vocab:
+        raise mismatch("vocab_size", expected_vocab, meta.get("vocab_size"),
+                       f"the recipe's vocab_size {recipe.data.vocab_size} + {len(recipe.data.special_tokens)} "
+                       f"special tokens")
+    if meta.get("dtype") != token_dtype(expected_vocab).name:
+        raise mismatch("dtype", token_dtype(expected_vocab).name, meta.get("dtype"), "token ids must fit the dtype")
+    train_needed = recipe.train.global_batch_tokens + 1
+    if meta["splits"]["train"]["tokens"] < train_needed:
+        raise mismatch("splits.train.tokens", f"at least {train_needed}", meta["splits"]["train"]["tokens"],
+                       "one global batch of global_batch_tokens plus the shifted target; add documents, raise "
+                       "max_tokens or lower global_batch_tokens")
+    val_needed = recipe.data.seq_len + 1
+    if meta["splits"]["validation"]["tokens"] < val_needed:
+        raise mismatch("splits.validation.tokens", f"at least {val_needed}", meta["splits"]["validation"]["tokens"],
+                       "one sample of seq_len + 1 tokens; lower val_every or add documents")
+    for split in SPLIT_PREFIX:
+        shard_paths(data_dir, meta, split)
+    return meta

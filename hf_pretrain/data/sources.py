@@ -15,11 +15,17 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 from hf_pretrain.config import Recipe, SourceConfig
+from hf_pretrain.data.tokenizer import EOS_TOKEN
 
-# A .txt file above this size is a book or a dump rather than one document, so it is split into
-# documents on blank lines; smaller .txt files (and every other text file) are one document.
+# How a plain-text file becomes documents:
+# - a .txt file that contains the end-of-text marker (the GPT-2 / TinyStories convention) is split
+#   on it, since its author already marked where documents end;
+# - otherwise a .txt file above TXT_SPLIT_BYTES is a book or a dump rather than one document, so it
+#   is split into documents on blank lines;
+# - any other text file (.md, .py, small .txt ...) is one document.
 TXT_SPLIT_BYTES = 1_000_000
-_BLANK_LINES = re.compile(r"\n[ \t\r\f\v]*\n")
+# (Text is read with universal newlines, so CRLF files arrive with plain \n.)
+_BLANK_LINES = re.compile(r"\n(?:[ \t\f\v]*\n)+")
 
 
 class SourceError(ValueError):
@@ -54,14 +60,15 @@ def _builtin_documents(name: str) -> Iterator[str]:
 
 # ---------------------------------------------------------------------- local files
 def expand_globs(patterns: list[str]) -> list[Path]:
-    """Every file matched by `patterns`, sorted per pattern; a pattern matching nothing is an error."""
-    files: list[Path] = []
+    """Every file matched by `patterns`, sorted per pattern, each once even where patterns overlap;
+    a pattern matching nothing is an error."""
+    files: dict[Path, None] = {}
     for pattern in patterns:
         matches = sorted(p for p in glob.glob(pattern, recursive=True) if Path(p).is_file())
         if not matches:
             raise SourceError(f"files source: the glob `{pattern}` matches no file")
-        files.extend(Path(p) for p in matches)
-    return files
+        files.update((Path(p), None) for p in matches)
+    return list(files)
 
 
 def _jsonl_documents(path: Path, column: str) -> Iterator[str]:
@@ -69,7 +76,10 @@ def _jsonl_documents(path: Path, column: str) -> Iterator[str]:
         for number, line in enumerate(lines, start=1):
             if not line.strip():
                 continue
-            row = json.loads(line)
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise SourceError(f"{path}:{number} is not a JSON object: {exc}") from exc
             if column not in row:
                 raise SourceError(f"{path}:{number} has no key `{column}`; keys: {', '.join(sorted(row))}")
             yield row[column]
@@ -86,9 +96,14 @@ def _parquet_documents(path: Path, column: str) -> Iterator[str]:
 
 
 def _text_documents(path: Path) -> Iterator[str]:
-    text = path.read_text(encoding="utf-8", errors="replace")
-    if path.suffix == ".txt" and path.stat().st_size > TXT_SPLIT_BYTES:
-        yield from _BLANK_LINES.split(text)
+    # utf-8-sig drops a byte-order mark, which would otherwise start the first document.
+    text = path.read_text(encoding="utf-8-sig", errors="replace")
+    if path.suffix != ".txt":
+        yield text
+    elif EOS_TOKEN in text:
+        yield from (piece.strip() for piece in text.split(EOS_TOKEN) if piece.strip())
+    elif path.stat().st_size > TXT_SPLIT_BYTES:
+        yield from (paragraph for paragraph in _BLANK_LINES.split(text) if paragraph.strip())
     else:
         yield text
 
@@ -144,7 +159,7 @@ def _non_empty(texts: Iterable[str], max_documents: int) -> Iterator[str]:
             continue
         yield text
         count += 1
-        if count == source.max_documents:
+        if count == max_documents:
             return
 
 

@@ -1,0 +1,169 @@
+"""Packed, memory-mapped training and validation loaders over prepared token shards.
+
+The training order is a pure function of (seed, step, micro-step, rank), which is what makes
+a resumed run, or the same run on another number of processes, see the same samples:
+    position p of the stream -> sample perm_{p // N}[p % N], perm_e = randperm(N, seed + e)
+    step s, micro-step k, rank r -> positions s*G + k*W*B + r*B + j, j < B   (G = B*A*W)
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_right
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import torch
+from torch.utils.data import DataLoader, Dataset, Sampler
+
+from hf_pretrain.config import Recipe
+from hf_pretrain.data.shards import DataMismatchError, read_meta, shard_paths
+
+# Batches each worker keeps ready: training batches are tiny to produce, so a few cover any hiccup.
+PREFETCH_FACTOR = 4
+
+
+class PackedDataset(Dataset[torch.Tensor]):
+    """Samples of `seq_len + 1` tokens from the virtual concatenation of the shards.
+
+    Sample i starts at token i * seq_len, so consecutive samples share one token: the last
+    target of one sample is the first input of the next, and no token is ever skipped.
+    Shards are opened on first access in each process, so pickling the dataset into DataLoader
+    workers copies only paths; `preload` reads them into RAM (per process) instead of mapping.
+    """
+
+    def __init__(self, shard_paths: list[Path], seq_len: int, dtype: npt.DTypeLike, preload: bool = False) -> None:
+        self.shard_paths = [Path(p) for p in shard_paths]
+        self.seq_len = seq_len
+        self.dtype = np.dtype(dtype)
+        self.preload = preload
+        sizes = [p.stat().st_size // self.dtype.itemsize for p in self.shard_paths]
+        # _starts[k] is the global offset of shard k's first token; _starts[-1] is the total.
+        self._starts = [0]
+        for size in sizes:
+            self._starts.append(self._starts[-1] + size)
+        self.total_tokens = self._starts[-1]
+        self._shards: list[np.ndarray] | None = None
+
+    def __len__(self) -> int:
+        return max(0, (self.total_tokens - 1) // self.seq_len)
+
+    def _open(self) -> list[np.ndarray]:
+        if self.preload:
+            return [np.fromfile(p, dtype=self.dtype) for p in self.shard_paths]
+        # np.memmap refuses empty files; an empty shard contributes nothing anyway.
+        return [np.memmap(p, dtype=self.dtype, mode="r") if p.stat().st_size else np.empty(0, self.dtype)
+                for p in self.shard_paths]
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        if not 0 <= index < len(self):
+            raise IndexError(f"sample {index} out of range for {len(self)} samples")
+        if self._shards is None:
+            self._shards = self._open()
+        start = index * self.seq_len
+        end = start + self.seq_len + 1
+        shard = bisect_right(self._starts, start) - 1
+        pieces = []
+        while start < end:  # a sample may run across the end of a shard
+            stop = min(end, self._starts[shard + 1])
+            pieces.append(self._shards[shard][start - self._starts[shard]:stop - self._starts[shard]])
+            start, shard = stop, shard + 1
+        tokens = pieces[0] if len(pieces) == 1 else np.concatenate(pieces)
+        return torch.from_numpy(tokens.astype(np.int64))
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_shards"] = None  # never ship mapped or loaded arrays to another process
+        return state
+
+
+def stack_samples(samples: list[torch.Tensor]) -> torch.Tensor:
+    """Collate: samples all have seq_len + 1 tokens. Module level so that workers can pickle it."""
+    return torch.stack(samples)
+
+
+class StepBatchSampler(Sampler[list[int]]):
+    """One rank's micro-batches of sample indices, from optimizer step `start_step` on, forever."""
+
+    def __init__(self, num_samples: int, micro_batch_size: int, grad_accum: int, world_size: int,
+                 rank: int, seed: int, start_step: int = 0) -> None:
+        super().__init__()
+        if num_samples <= 0:
+            raise DataMismatchError("the training split holds no complete sample of seq_len + 1 tokens")
+        if not 0 <= rank < world_size or grad_accum < 1 or micro_batch_size < 1 or start_step < 0:
+            raise ValueError(f"need 0 <= rank < world_size, grad_accum >= 1, micro_batch_size >= 1 and "
+                             f"start_step >= 0; got rank={rank}, world_size={world_size}, grad_accum={grad_accum}, "
+                             f"micro_batch_size={micro_batch_size}, start_step={start_step}")
+        self.num_samples, self.micro_batch_size, self.grad_accum = num_samples, micro_batch_size, grad_accum
+        self.world_size, self.rank, self.seed, self.start_step = world_size, rank, seed, start_step
+        self._epoch = -1
+        self._permutation = torch.empty(0, dtype=torch.long)
+
+    @property
+    def positions_per_step(self) -> int:
+        return self.micro_batch_size * self.grad_accum * self.world_size
+
+    def positions(self, step: int, micro_step: int) -> range:
+        """Stream positions this rank reads at (step, micro_step)."""
+        first = (step * self.positions_per_step + micro_step * self.world_size * self.micro_batch_size
+                 + self.rank * self.micro_batch_size)
+        return range(first, first + self.micro_batch_size)
+
+    def sample_at(self, position: int) -> int:
+        epoch, offset = divmod(position, self.num_samples)
+        if epoch != self._epoch:  # positions only grow, so one cached permutation suffices
+            generator = torch.Generator().manual_seed(self.seed + epoch)
+            self._permutation = torch.randperm(self.num_samples, generator=generator)
+            self._epoch = epoch
+        return int(self._permutation[offset])
+
+    def __iter__(self) -> Iterator[list[int]]:
+        step = self.start_step
+        while True:
+            for micro_step in range(self.grad_accum):
+                yield [self.sample_at(p) for p in self.positions(step, micro_step)]
+            step += 1
+
+
+def validation_batches(num_samples: int, micro_batch_size: int, world_size: int, rank: int,
+                       max_batches: int) -> list[list[int]]:
+    """Consecutive micro-batches of the validation samples; rank r takes every world_size-th one,
+    and every rank gets the same number, so gathering the losses never waits on a missing batch.
+
+    A validation split too small for one micro-batch per rank gets smaller batches rather than none.
+    """
+    batch_size = min(micro_batch_size, num_samples // world_size)
+    if batch_size == 0:
+        raise DataMismatchError(f"the validation split holds {num_samples} samples of seq_len + 1 tokens, "
+                                f"fewer than the {world_size} processes that each need one; lower val_every "
+                                f"or add documents")
+    per_rank = min(max_batches, num_samples // batch_size // world_size)
+    return [list(range(b * batch_size, (b + 1) * batch_size)) for b in range(rank, per_rank * world_size, world_size)]
+
+
+def _split_dataset(recipe: Recipe, split: str) -> PackedDataset:
+    data_dir = Path(recipe.data.data_dir)
+    meta = read_meta(data_dir, recipe.name)
+    return PackedDataset(shard_paths(data_dir, meta, split), recipe.data.seq_len, meta["dtype"], recipe.data.preload)
+
+
+def build_train_loader(recipe: Recipe, rank: int, world_size: int, grad_accum: int, start_step: int,
+                       pin_memory: bool = False) -> DataLoader:
+    """Endless [micro_batch_size, seq_len + 1] LongTensor batches for `rank`, from `start_step` on."""
+    dataset = _split_dataset(recipe, "train")
+    sampler = StepBatchSampler(len(dataset), recipe.train.micro_batch_size, grad_accum, world_size, rank,
+                               recipe.train.seed, start_step)
+    workers = recipe.data.num_workers
+    worker_options: dict[str, Any] = {"persistent_workers": True, "prefetch_factor": PREFETCH_FACTOR} if workers else {}
+    return DataLoader(dataset, batch_sampler=sampler, collate_fn=stack_samples, num_workers=workers,
+                      pin_memory=pin_memory, **worker_options)
+
+
+def build_val_loader(recipe: Recipe, rank: int, world_size: int) -> DataLoader:
+    """At most `eval_batches` sequential validation batches for `rank`, the same count on every rank."""
+    dataset = _split_dataset(recipe, "validation")
+    batches = validation_batches(len(dataset), recipe.train.micro_batch_size, world_size, rank,
+                                 recipe.train.eval_batches)
+    return DataLoader(dataset, batch_sampler=batches, collate_fn=stack_samples, num_workers=0)

@@ -1,0 +1,30 @@
+"""Session fixtures: the smoke corpus prepared once, and one reference run the other tests compare to."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+@pytest.fixture(scope="session")
+def smoke_data(tmp_path_factory):
+    """The `smoke` recipe's built-in corpus, tokenized once per test session."""
+    from hf_pretrain.config import load_recipe
+    from hf_pretrain.data import prepare
+
+    data_dir = tmp_path_factory.mktemp("smoke_data")
+    prepare(load_recipe("smoke", {"data_dir": str(data_dir)}), log=lambda _: None)
+    return data_dir
+
+
+@pytest.fixture(scope="session")
+def reference_run(smoke_data, tmp_path_factory):
+    """An uninterrupted one-process run of the short smoke schedule: (run_dir, log)."""
+    from tests.helpers import launch_training
+
+    run_dir = tmp_path_factory.mktemp("reference") / "run"
+    return run_dir, launch_training(smoke_data, run_dir)

@@ -1,0 +1,46 @@
+"""Shared pieces of the end-to-end tests: the short run's overrides and a launcher."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# The smoke model with a 12-step schedule: fast enough to run several times in CI.
+SHORT_RUN = {
+    "max_steps": 12,
+    "warmup_steps": 2,
+    "global_batch_tokens": 2048,
+    "micro_batch_size": 8,
+    "save_interval": 4,
+    "eval_interval": 6,
+    "eval_batches": 2,
+    "log_interval": 1,
+    "sample_max_new_tokens": 8,
+}
+
+
+def offline_env() -> dict[str, str]:
+    env = dict(os.environ, HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false", OMP_NUM_THREADS="1")
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    return env
+
+
+def launch_training(data_dir: Path, run_dir: Path, processes: int = 1, check: bool = True, short: bool = True,
+                    **overrides) -> str:
+    """`accelerate launch hf_pretrain/train.py --recipe smoke` (with SHORT_RUN unless `short=False`);
+    returns stdout + stderr."""
+    config = "cpu_2proc.yaml" if processes == 2 else "cpu.yaml"
+    args = {**(SHORT_RUN if short else {}), "data_dir": data_dir, "output_dir": run_dir, **overrides}
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(ROOT / "accelerate_configs" / config),
+           str(ROOT / "hf_pretrain" / "train.py"), "--recipe", "smoke"]
+    for key, value in args.items():
+        cmd += [f"--{key}", str(value)]
+    result = subprocess.run(cmd, cwd=ROOT, env=offline_env(), capture_output=True, text=True, timeout=600)
+    log = result.stdout + result.stderr
+    if check and result.returncode != 0:
+        raise AssertionError(f"training failed ({result.returncode}):\n{log[-4000:]}")
+    return log

@@ -1,0 +1,381 @@
+"""Data pipeline: sources, tokenizer, resumable shards + meta.json, packed loaders. Tiny and CPU-only."""
+
+from __future__ import annotations
+
+import os
+
+os.environ["HF_HUB_OFFLINE"] = "1"  # before transformers is imported: no test may reach the Hub
+
+import json
+import pickle
+import random
+import shutil
+from itertools import islice
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+from transformers import AutoTokenizer
+
+from hf_pretrain.config import Recipe, SourceConfig, build_recipe
+from hf_pretrain.data import (
+    DataMismatchError,
+    PackedDataset,
+    build_train_loader,
+    build_val_loader,
+    check_prepared_data,
+    load_tokenizer,
+    prepare,
+    read_meta,
+    shards,
+    sources,
+)
+from hf_pretrain.data.loader import StepBatchSampler, validation_batches
+from hf_pretrain.data.sources import SourceError, is_validation, iter_source, mix, mixture
+from hf_pretrain.data.tokenizer import load_pretrained_tokenizer, save_tokenizer, tokenizer_hash, train_tokenizer
+
+VOCAB = 320
+WORDS = ("the of and to in is was for on that with as by at from data model token python loss batch "
+         "shard merge learn rate step seed rank epoch").split()
+# Documents that stress the round trip: unicode, code with tabs, leading spaces, and a document that
+# quotes the end-of-text marker (it must stay text, not become a document boundary).
+TRICKY = ["naïve café — 日本語 🙂 Ünïcödé", "def f(x):\n\treturn x  # two spaces\n", "   leading spaces",
+          "quoting <|endoftext|> inside a document", "trailing newline\n\n"]
+
+
+# ---------------------------------------------------------------------- fixtures
+def _paragraph(rng: random.Random) -> str:
+    sentences = [" ".join(rng.choices(WORDS, k=rng.randint(4, 12))).capitalize() + "." for _ in range(rng.randint(1, 4))]
+    return " ".join(sentences)
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """A jsonl file and three txt files; returns their folder and the documents of each source."""
+    root = tmp_path_factory.mktemp("corpus")
+    rng = random.Random(0)
+    jsonl_docs = TRICKY + [_paragraph(rng) for _ in range(55)]
+    with (root / "a.jsonl").open("w", encoding="utf-8") as f:
+        for i, doc in enumerate(jsonl_docs):
+            f.write(json.dumps({"id": i, "text": doc}, ensure_ascii=False) + "\n")
+    txt_docs = []
+    for name in ("b.txt", "c.txt", "d.txt"):
+        doc = "\n\n".join(_paragraph(rng) for _ in range(3))
+        (root / name).write_text(doc, encoding="utf-8")
+        txt_docs.append(doc)
+    return {"root": root, "jsonl": jsonl_docs, "txt": txt_docs}
+
+
+def make_recipe(corpus: dict[str, Any], data_dir: Path, **overrides: Any) -> Recipe:
+    raw = {"data": {"sources": [{"kind": "files", "paths": [str(corpus["root"] / "*.jsonl")]},
+                                {"kind": "files", "paths": [str(corpus["root"] / "*.txt")], "weight": 2.0}]}}
+    settings = {"data_dir": str(data_dir), "vocab_size": VOCAB, "val_every": 5, "shard_tokens": 300, "seq_len": 16,
+                "micro_batch_size": 2, "global_batch_tokens": 64, "num_workers": 0, "max_steps": 10,
+                "warmup_steps": 1, "eval_batches": 3}
+    return build_recipe(raw, {**settings, **overrides})
+
+
+@pytest.fixture(scope="module")
+def prepared(corpus: dict[str, Any], tmp_path_factory: pytest.TempPathFactory) -> Recipe:
+    recipe = make_recipe(corpus, tmp_path_factory.mktemp("prepared") / "data")
+    prepare(recipe, log=lambda _: None)
+    return recipe
+
+
+def split_tokens(data_dir: Path, split: str) -> np.ndarray:
+    meta = read_meta(data_dir)
+    paths = shards.shard_paths(data_dir, meta, split)
+    return np.concatenate([np.fromfile(p, dtype=meta["dtype"]) for p in paths])
+
+
+def decode_documents(data_dir: Path, split: str) -> list[str]:
+    tokenizer = load_tokenizer(data_dir)
+    tokens = split_tokens(data_dir, split)
+    assert tokens[-1] == tokenizer.eos_token_id
+    ends = np.flatnonzero(tokens == tokenizer.eos_token_id)
+    starts = np.concatenate([[0], ends[:-1] + 1])
+    return [tokenizer.decode(tokens[s:e].tolist(), clean_up_tokenization_spaces=False) for s, e in zip(starts, ends, strict=True)]
+
+
+def expected_split(recipe: Recipe, split: str) -> list[str]:
+    want_val = split == "validation"
+    return [text for i, (_, text) in enumerate(mixture(recipe)) if is_validation(i, recipe.data.val_every) == want_val]
+
+
+def data_files(data_dir: Path) -> dict[str, bytes]:
+    """Every file of a prepared folder, with meta.json's creation time blanked."""
+    files = {str(p.relative_to(data_dir)): p.read_bytes() for p in sorted(data_dir.rglob("*")) if p.is_file()}
+    meta = json.loads(files["meta.json"])
+    meta["created_at"] = None
+    files["meta.json"] = json.dumps(meta).encode()
+    return files
+
+
+# ---------------------------------------------------------------------- sources
+def test_builtin_corpora_yield_documents() -> None:
+    for name in ("python-docs", "python-stdlib"):
+        docs = list(iter_source(SourceConfig(kind="builtin", name=name, max_documents=3)))
+        assert len(docs) == 3 and all(isinstance(d, str) and d for d in docs)
+
+
+def test_unknown_builtin_and_missing_glob_are_clear_errors(tmp_path: Path) -> None:
+    with pytest.raises(SourceError, match="python-docs, python-stdlib"):
+        iter_source(SourceConfig(kind="builtin", name="python-doc"))
+    pattern = str(tmp_path / "nothing" / "*.jsonl")
+    with pytest.raises(SourceError, match="matches no file") as info:
+        iter_source(SourceConfig(kind="files", paths=[pattern]))
+    assert pattern in str(info.value)
+
+
+def test_file_formats(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    pq.write_table(pa.table({"content": ["one", "", "two"]}), tmp_path / "x.parquet")
+    assert list(iter_source(SourceConfig(kind="files", paths=[str(tmp_path / "*.parquet")], column="content"))) == ["one", "two"]
+    with pytest.raises(SourceError, match="columns: content"):
+        list(iter_source(SourceConfig(kind="files", paths=[str(tmp_path / "*.parquet")])))
+    (tmp_path / "y.jsonl").write_text('{"body": "x"}\n')
+    with pytest.raises(SourceError, match="keys: body"):
+        list(iter_source(SourceConfig(kind="files", paths=[str(tmp_path / "y.jsonl")])))
+    # A large .txt file is split into documents on blank lines (CRLF too); a small one is one document.
+    (tmp_path / "big.txt").write_bytes("\ufefffirst para\r\nline two\r\n\r\n  \r\nsecond para".encode())
+    txt = SourceConfig(kind="files", paths=[str(tmp_path / "big.txt")])
+    assert list(iter_source(txt)) == ["first para\nline two\n\n  \nsecond para"]
+    monkeypatch.setattr(sources, "TXT_SPLIT_BYTES", 10)
+    assert list(iter_source(txt)) == ["first para\nline two", "second para"]
+    # A .txt file with end-of-text markers is split on them, whatever its size.
+    (tmp_path / "stories.txt").write_text("One story.\n\nStill one.\n<|endoftext|>\nTwo.\n<|endoftext|>\n")
+    assert list(iter_source(SourceConfig(kind="files", paths=[str(tmp_path / "stories.txt")]))) == [
+        "One story.\n\nStill one.", "Two."]
+
+
+def test_shared_tinystories_sample_splits_into_stories() -> None:
+    path = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "text" / "tinystories_sample.txt"
+    if not path.is_file():
+        pytest.skip(f"{path} is absent: ../shared is only present in the project's own checkout")
+    stories = list(iter_source(SourceConfig(kind="files", paths=[str(path)])))
+    # 2316 markers; the sample ends mid-story, after the last one.
+    assert len(stories) == 2317 and stories[0].startswith("One day, a little girl named Lily found a needle")
+    assert not any("<|endoftext|>" in story for story in stories)
+
+
+def test_hub_source_names_available_columns(monkeypatch: pytest.MonkeyPatch) -> None:
+    import datasets
+
+    rows = [{"blob_id": "abc", "path": "x.py"}]
+    monkeypatch.setattr(datasets, "load_dataset", lambda *args, **kwargs: rows)
+    with pytest.raises(SourceError, match="available columns: blob_id, path.*blob ids"):
+        list(iter_source(SourceConfig(kind="hub", name="some/code-corpus", column="content")))
+    monkeypatch.setattr(datasets, "load_dataset", lambda *args, **kwargs: [{"text": "a"}, {"text": "b"}])
+    assert list(iter_source(SourceConfig(kind="hub", name="some/text"))) == ["a", "b"]
+
+
+def test_mixture_is_seeded_weighted_and_drains_every_source() -> None:
+    a, b = [f"a{i}" for i in range(300)], [f"b{i}" for i in range(100)]
+    first = list(mix([a, b], [0.75, 0.25], seed=1))
+    assert first == list(mix([a, b], [0.75, 0.25], seed=1))
+    assert first != list(mix([a, b], [0.75, 0.25], seed=2))
+    # Every document exactly once, in its source's order, and the weights shape the interleaving
+    # (about 50 of the first 200 documents from the 0.25 source; 35..65 is over 2.5 sigma).
+    assert sorted(t for _, t in first) == sorted(a + b)
+    assert [t for s, t in first if s == 1] == b
+    assert 35 <= sum(s == 1 for s, _ in first[:200]) <= 65
+
+
+# ---------------------------------------------------------------------- tokenizer
+def test_tokenizer_training_is_deterministic_and_hash_survives_round_trip(corpus: dict[str, Any], tmp_path: Path) -> None:
+    docs = corpus["jsonl"] + corpus["txt"]
+    first = train_tokenizer(docs, VOCAB, ["<|user|>", "<|assistant|>"])
+    second = train_tokenizer(docs, VOCAB, ["<|user|>", "<|assistant|>"])
+    assert first.backend_tokenizer.to_str() == second.backend_tokenizer.to_str()
+    assert len(first) == VOCAB + 2 and first.convert_tokens_to_ids("<|assistant|>") == VOCAB + 1
+    save_tokenizer(first, tmp_path)
+    reloaded = AutoTokenizer.from_pretrained(str(tmp_path / "tokenizer"))
+    assert tokenizer_hash(reloaded) == tokenizer_hash(first) == tokenizer_hash(load_tokenizer(tmp_path))
+    assert reloaded.eos_token == reloaded.pad_token == "<|endoftext|>"
+    for text in TRICKY:
+        assert reloaded(text)["input_ids"] == first(text)["input_ids"]
+        assert reloaded.decode(reloaded(text)["input_ids"]) == text
+
+
+def test_tokenizer_path_errors(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="does not exist"):
+        load_pretrained_tokenizer(tmp_path / "missing")
+
+
+# ---------------------------------------------------------------------- prepare
+def test_prepare_round_trip_and_meta_counts(prepared: Recipe, corpus: dict[str, Any]) -> None:
+    data_dir = Path(prepared.data.data_dir)
+    meta = read_meta(data_dir)
+    decoded = {split: decode_documents(data_dir, split) for split in ("train", "validation")}
+    for split, docs in decoded.items():
+        assert docs == expected_split(prepared, split)
+        assert meta["splits"][split]["documents"] == len(docs)
+    # Independent of the mixture code: every written document comes back exactly once.
+    assert sorted(decoded["train"] + decoded["validation"]) == sorted(corpus["jsonl"] + corpus["txt"])
+    assert [s["documents"] for s in meta["sources"]] == [len(corpus["jsonl"]), len(corpus["txt"])]
+    assert sum(s["tokens"] for s in meta["sources"]) == sum(meta["splits"][s]["tokens"] for s in meta["splits"])
+    assert [s["weight"] for s in meta["sources"]] == pytest.approx([1 / 3, 2 / 3])
+    assert meta["vocab_size"] == VOCAB and meta["dtype"] == "uint16" and meta["eos"] == "appended after every document"
+    assert not (data_dir / shards.PROGRESS_FILE).exists()
+
+
+def test_no_token_lost_or_duplicated_across_shards(prepared: Recipe, corpus: dict[str, Any]) -> None:
+    data_dir = Path(prepared.data.data_dir)
+    meta = read_meta(data_dir)
+    assert len(meta["splits"]["train"]["shards"]) >= 5
+    encoder = shards._document_encoder(load_tokenizer(data_dir))
+    expected = sum(len(encoder.encode(d, add_special_tokens=False).ids) + 1 for d in corpus["jsonl"] + corpus["txt"])
+    written = sum(split_tokens(data_dir, s).size for s in ("train", "validation"))
+    assert written == expected == sum(meta["splits"][s]["tokens"] for s in meta["splits"])
+    for shard in meta["splits"]["train"]["shards"]:  # shards close on document boundaries
+        assert np.fromfile(data_dir / shard["file"], dtype=meta["dtype"])[-1] == meta["eos_id"]
+
+
+def test_prepare_is_idempotent_and_refuses_other_settings(prepared: Recipe, corpus: dict[str, Any]) -> None:
+    data_dir = Path(prepared.data.data_dir)
+    before = data_files(data_dir)
+    logs: list[str] = []
+    assert prepare(prepared, log=logs.append) == data_dir
+    assert any("already prepared" in line for line in logs) and data_files(data_dir) == before
+    with pytest.raises(DataMismatchError, match="data_fingerprint"):
+        prepare(make_recipe(corpus, data_dir, val_every=7), log=lambda _: None)
+
+
+def test_prepare_resumes_byte_identical(prepared: Recipe, corpus: dict[str, Any], tmp_path: Path,
+                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    recipe = make_recipe(corpus, tmp_path / "data")
+    original_flush = shards.SplitWriter.flush
+    written = []
+
+    def flush_then_die(self: shards.SplitWriter) -> bool:
+        wrote = original_flush(self)
+        written.append(wrote)
+        if sum(written) == 3:  # the third shard is on disk but not yet in the progress file
+            raise KeyboardInterrupt
+        return wrote
+
+    monkeypatch.setattr(shards.SplitWriter, "flush", flush_then_die)
+    with pytest.raises(KeyboardInterrupt):
+        prepare(recipe, log=lambda _: None)
+    assert not (tmp_path / "data" / "meta.json").exists()
+    assert len(json.loads((tmp_path / "data" / shards.PROGRESS_FILE).read_text())["train"]["shards"]) == 2
+    monkeypatch.setattr(shards.SplitWriter, "flush", original_flush)
+    logs: list[str] = []
+    prepare(recipe, log=logs.append)
+    assert any("resuming" in line and "2 train" in line for line in logs)
+    assert data_files(tmp_path / "data") == data_files(Path(prepared.data.data_dir))
+
+
+def test_token_budget_stops_the_train_split(corpus: dict[str, Any], tmp_path: Path) -> None:
+    recipe = make_recipe(corpus, tmp_path / "data", max_tokens=500)
+    prepare(recipe, log=lambda _: None)
+    meta = read_meta(tmp_path / "data")
+    train = meta["splits"]["train"]
+    longest = max(len(d) for d in corpus["jsonl"] + corpus["txt"])  # bytes bound tokens from above
+    assert 500 <= train["tokens"] < 500 + longest + 1
+    assert decode_documents(tmp_path / "data", "train") == expected_split(recipe, "train")[:train["documents"]]
+
+
+# ---------------------------------------------------------------------- checks against the recipe
+def test_check_refuses_a_foreign_tokenizer(prepared: Recipe, corpus: dict[str, Any], tmp_path: Path) -> None:
+    data_dir = tmp_path / "data"
+    shutil.copytree(prepared.data.data_dir, data_dir)
+    recipe = make_recipe(corpus, data_dir)
+    assert check_prepared_data(recipe)["tokenizer_hash"] == tokenizer_hash(load_tokenizer(data_dir))
+    shutil.rmtree(data_dir / "tokenizer")
+    save_tokenizer(train_tokenizer(corpus["txt"], VOCAB, []), data_dir)
+    with pytest.raises(DataMismatchError, match=r"tokenizer_hash expected [0-9a-f]{64}, found [0-9a-f]{64}") as info:
+        check_prepared_data(recipe)
+    assert str(data_dir / "meta.json") in str(info.value)
+
+
+def test_check_refuses_other_vocab_small_splits_and_missing_data(prepared: Recipe, corpus: dict[str, Any],
+                                                                 tmp_path: Path) -> None:
+    data_dir = Path(prepared.data.data_dir)
+    with pytest.raises(DataMismatchError, match=f"vocab_size expected {VOCAB + 64}, found {VOCAB}"):
+        check_prepared_data(make_recipe(corpus, data_dir, vocab_size=VOCAB + 64))
+    with pytest.raises(DataMismatchError, match="splits.train.tokens expected at least 1048577"):
+        check_prepared_data(make_recipe(corpus, data_dir, global_batch_tokens=1 << 20))
+    with pytest.raises(DataMismatchError, match="splits.validation.tokens expected at least 1025"):
+        check_prepared_data(make_recipe(corpus, data_dir, seq_len=1024, micro_batch_size=1, global_batch_tokens=1024))
+    with pytest.raises(DataMismatchError, match=r"not found.*hf-pretrain prepare --recipe custom"):
+        check_prepared_data(make_recipe(corpus, tmp_path / "never-prepared"))
+
+
+# ---------------------------------------------------------------------- loaders
+def first_batches(loader: torch.utils.data.DataLoader, count: int) -> list[torch.Tensor]:
+    it = iter(loader)
+    return [next(it) for _ in range(count)]
+
+
+def test_packed_samples_overlap_by_one_token_and_pickle_cheaply(prepared: Recipe) -> None:
+    data_dir = Path(prepared.data.data_dir)
+    meta = read_meta(data_dir)
+    paths = shards.shard_paths(data_dir, meta, "train")
+    dataset = PackedDataset(paths, seq_len=16, dtype=meta["dtype"])
+    tokens = split_tokens(data_dir, "train")
+    assert len(dataset) == (tokens.size - 1) // 16
+    # Rebuilding the stream from the samples crosses every shard boundary.
+    stream = torch.cat([dataset[i][:-1] for i in range(len(dataset))] + [dataset[len(dataset) - 1][-1:]])
+    assert torch.equal(stream, torch.from_numpy(tokens[: len(dataset) * 16 + 1].astype(np.int64)))
+    assert all(dataset[i][-1] == dataset[i + 1][0] for i in range(len(dataset) - 1))
+    assert dataset[0].dtype == torch.long and dataset[0].shape == (17,)
+    assert len(pickle.dumps(dataset)) < 4096  # mapped after use, yet only paths travel
+    preloaded = PackedDataset(paths, seq_len=16, dtype=meta["dtype"], preload=True)
+    assert all(torch.equal(preloaded[i], dataset[i]) for i in range(0, len(dataset), 7))
+
+
+def test_train_loader_is_deterministic_and_resumes_at_a_step(prepared: Recipe, corpus: dict[str, Any]) -> None:
+    batches = first_batches(build_train_loader(prepared, 0, 1, grad_accum=2, start_step=0), 12)
+    assert all(b.shape == (2, 17) and b.dtype == torch.long for b in batches)
+    assert all(torch.equal(a, b) for a, b in zip(batches, first_batches(build_train_loader(prepared, 0, 1, 2, 0), 12), strict=True))
+    resumed = first_batches(build_train_loader(prepared, 0, 1, grad_accum=2, start_step=3), 6)
+    assert all(torch.equal(a, b) for a, b in zip(resumed, batches[6:], strict=True))
+    other_seed = make_recipe(corpus, Path(prepared.data.data_dir), seed=99)
+    assert not torch.equal(first_batches(build_train_loader(other_seed, 0, 1, 2, 0), 1)[0], batches[0])
+
+
+def test_two_ranks_split_each_step_of_one_rank(prepared: Recipe) -> None:
+    steps = 5
+    single = first_batches(build_train_loader(prepared, 0, 1, grad_accum=2, start_step=0), 2 * steps)
+    rank0 = first_batches(build_train_loader(prepared, 0, 2, grad_accum=1, start_step=0), steps)
+    rank1 = first_batches(build_train_loader(prepared, 1, 2, grad_accum=1, start_step=0), steps)
+    for step in range(steps):
+        assert torch.equal(torch.cat([rank0[step], rank1[step]]), torch.cat(single[2 * step: 2 * step + 2]))
+    # Within an epoch no sample is read twice, by either rank.
+    samplers = [StepBatchSampler(1000, 4, 3, 2, rank, seed=5) for rank in (0, 1)]
+    seen = [[i for batch in islice(s, 30) for i in batch] for s in samplers]
+    assert not set(seen[0]) & set(seen[1]) and len(set(seen[0] + seen[1])) == 240
+
+
+def test_sampler_epochs_are_fresh_permutations() -> None:
+    sampler = StepBatchSampler(10, 3, 2, 1, 0, seed=7)
+    positions = [i for batch in islice(sampler, 10) for i in batch]  # 30 positions, 3 epochs
+    epochs = [positions[0:10], positions[10:20], positions[20:30]]
+    assert all(sorted(e) == list(range(10)) for e in epochs) and epochs[0] != epochs[1]
+    resumed = StepBatchSampler(10, 3, 2, 1, 0, seed=7, start_step=2)
+    assert [i for batch in islice(resumed, 6) for i in batch] == positions[12:30]
+
+
+def test_train_loader_with_a_worker_matches_in_process(prepared: Recipe, corpus: dict[str, Any]) -> None:
+    in_process = first_batches(build_train_loader(prepared, 0, 1, 2, 0), 4)
+    with_worker = make_recipe(corpus, Path(prepared.data.data_dir), num_workers=1)
+    loader = build_train_loader(with_worker, 0, 1, 2, 0)
+    assert loader.num_workers == 1 and loader.persistent_workers
+    assert all(torch.equal(a, b) for a, b in zip(in_process, first_batches(loader, 4), strict=True))
+
+
+def test_val_loader_is_sequential_disjoint_and_even_across_ranks(prepared: Recipe) -> None:
+    single = list(build_val_loader(prepared, 0, 1))
+    assert len(single) == prepared.train.eval_batches and all(b.shape == (2, 17) for b in single)
+    assert torch.equal(single[0][0][-1], single[0][1][0])  # sequential samples, one shared token
+    per_rank = [list(build_val_loader(prepared, rank, 2)) for rank in (0, 1)]
+    assert len(per_rank[0]) == len(per_rank[1]) > 0
+    assert torch.equal(per_rank[0][0], single[0]) and torch.equal(per_rank[1][0], single[1])
+    assert validation_batches(7, 2, 2, 1, 100) == [[2, 3]]  # 3 whole batches: the third is dropped
+    assert validation_batches(3, 8, 2, 0, 100) == [[0]]  # too few samples for a full micro-batch
+    with pytest.raises(DataMismatchError, match="fewer than the 4 processes"):
+        validation_batches(3, 8, 4, 0, 100)
