@@ -143,6 +143,17 @@ class TrainConfig:
     stop_at_step: int = 0
     # Checkpoints kept; older ones are deleted once a newer one is complete.
     keep_checkpoints: int = 2
+    # Also keep every checkpoint at a multiple of this step, never pruned (0 = none).
+    milestone_interval: int = 0
+    # Consecutive non-finite steps (skipped, weights untouched) before the run stops.
+    max_bad_steps: int = 3
+    # Log a loss spike when a step's loss exceeds this multiple of the recent average.
+    loss_spike_factor: float = 1.5
+    # Rental price of the whole job in $/hour (all GPUs), for cost figures (0 = unknown).
+    price_per_hour: float = 0.0
+    # Expected throughput of the whole job, tokens/s, for time and cost estimates before
+    # the run (0 = unknown; `hf-pretrain bench` measures it).
+    expected_tokens_per_s: float = 0.0
     eval_interval: int = 100
     # Validation batches (per process) per evaluation.
     eval_batches: int = 8
@@ -186,6 +197,8 @@ class Recipe:
         """Hash of everything that shapes the math (not where files go or how often we log)."""
         d = self.to_dict()
         for volatile in ("output_dir", "resume", "report_to", "save_interval", "keep_checkpoints", "stop_at_step",
+                         "milestone_interval", "max_bad_steps", "loss_spike_factor", "price_per_hour",
+                         "expected_tokens_per_s",
                          "log_interval", "eval_interval", "max_steps"):
             d["train"].pop(volatile)
         d["data"].pop("num_workers")
@@ -215,8 +228,14 @@ class Recipe:
             raise RecipeError(f"min_lr_ratio={t.min_lr_ratio} must lie in [0, 1]")
         if t.learning_rate <= 0:
             raise RecipeError(f"learning_rate={t.learning_rate} must be positive")
-        if d.num_workers < 0 or t.eval_interval < 0 or t.eval_batches < 0 or d.max_tokens < 0 or t.stop_at_step < 0:
-            raise RecipeError("num_workers, eval_interval, eval_batches, max_tokens and stop_at_step must not be negative")
+        for key, value in [("num_workers", d.num_workers), ("eval_interval", t.eval_interval),
+                           ("eval_batches", t.eval_batches), ("max_tokens", d.max_tokens),
+                           ("stop_at_step", t.stop_at_step), ("milestone_interval", t.milestone_interval),
+                           ("price_per_hour", t.price_per_hour), ("expected_tokens_per_s", t.expected_tokens_per_s)]:
+            if value < 0:
+                raise RecipeError(f"{key}={value} must not be negative")
+        if t.max_bad_steps < 1 or t.loss_spike_factor <= 1.0:
+            raise RecipeError("max_bad_steps must be at least 1 and loss_spike_factor above 1")
         _choice("mixed_precision", t.mixed_precision, ["auto", "no", "bf16", "fp16"])
         _choice("report_to", t.report_to, ["none", "tensorboard", "wandb", "all"])
         if t.resume not in ("auto", "none") and not t.resume:
