@@ -8,16 +8,20 @@ is complete; anything else is skipped on resume with the reason.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
 import shutil
+import signal
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from accelerate import Accelerator
 from transformers import PretrainedConfig, PreTrainedTokenizerBase
+
+from hf_pretrain.faults import fault_active
 
 MANIFEST = "manifest.json"
 TRAIN_STATE = "train_state.json"
@@ -94,75 +98,114 @@ def verify_checkpoint(folder: Path, checksums: bool = True) -> dict[str, Any]:
         raise CheckpointError(f"{folder}/{TRAIN_STATE} is unreadable: {exc}") from exc
 
 
-def list_checkpoints(output_dir: str | Path) -> list[CheckpointCandidate]:
-    """Complete-looking checkpoint folders, newest first (`.tmp` leftovers are not listed)."""
+def list_checkpoints(output_dir: str | Path, include_unfinished: bool = False) -> list[CheckpointCandidate]:
+    """Checkpoint folders, newest first; `.tmp` leftovers of interrupted saves only when asked."""
     root = checkpoints_root(output_dir)
     found = []
     for path in root.glob(f"{PREFIX}*") if root.is_dir() else []:
         suffix = path.name[len(PREFIX):]
+        if include_unfinished and suffix.endswith(TMP_SUFFIX):
+            suffix = suffix[:-len(TMP_SUFFIX)]
         if path.is_dir() and suffix.isdigit():
             found.append(CheckpointCandidate(path, int(suffix)))
-    return sorted(found, key=lambda c: c.step, reverse=True)
+    return sorted(found, key=lambda c: (c.step, not c.path.name.endswith(TMP_SUFFIX)), reverse=True)
 
 
-def find_resume_checkpoint(output_dir: str | Path, resume: str, log=print) -> Path | None:
-    """The checkpoint to resume from: `none` -> None, a path -> that one (must be good),
-    `auto` -> the newest good one in output_dir, skipping broken ones with the reason."""
+def resume_training_state(accelerator: Accelerator, output_dir: str | Path, resume: str,
+                          log=print) -> tuple[Path, dict[str, Any]] | None:
+    """Restore model, optimizer and RNG from the checkpoint `resume` asks for; returns (folder, train state).
+
+    `none` -> None. A path -> that checkpoint, which must be good. `auto` -> the newest good one in
+    output_dir: incomplete or corrupt ones (missing files, checksum mismatch, unreadable state)
+    are skipped with the reason; with none left it says so and returns None (a fresh start).
+    """
     if resume == "none":
         return None
     if resume != "auto":
         path = Path(resume)
         if not path.is_dir():
             raise CheckpointError(f"--resume {resume}: no such checkpoint folder")
-        verify_checkpoint(path)
-        return path
-    for candidate in list_checkpoints(output_dir):
+        return path, _load(accelerator, path)
+    for candidate in list_checkpoints(output_dir, include_unfinished=True):
         try:
-            verify_checkpoint(candidate.path)
-            return candidate.path
+            return candidate.path, _load(accelerator, candidate.path)
         except CheckpointError as exc:
             log(f"resume: skipping {candidate.path.name}: {exc}")
     log(f"resume: no complete checkpoint in {checkpoints_root(output_dir)}, starting from step 0")
     return None
 
 
-def save_checkpoint(accelerator: Accelerator, output_dir: str | Path, train_state: dict[str, Any],
-                    keep: int, model_config: PretrainedConfig, tokenizer: PreTrainedTokenizerBase) -> Path:
+def _load(accelerator: Accelerator, folder: Path) -> dict[str, Any]:
+    train_state = verify_checkpoint(folder)
+    try:
+        # model weights from safetensors; optimizer and RNG through torch.load(weights_only=True)
+        accelerator.load_state(str(folder))
+    except Exception as exc:  # any unreadable piece makes the whole checkpoint unusable
+        raise CheckpointError(f"{folder} could not be loaded: {type(exc).__name__}: {exc}") from exc
+    return train_state
+
+
+class CheckpointSaveError(RuntimeError):
+    """A checkpoint could not be written (disk full, quota, I/O error); the previous one is intact."""
+
+
+def save_checkpoint(accelerator: Accelerator, output_dir: str | Path, train_state: dict[str, Any], keep: int,
+                    model_config: PretrainedConfig, tokenizer: PreTrainedTokenizerBase,
+                    milestone_interval: int = 0) -> Path:
     """Write the full training state for `train_state["step"]`, atomically, then prune old ones.
 
     Beside Accelerate's state the folder holds `config.json` and the tokenizer, so a checkpoint
-    describes itself: export, eval and the demo need nothing else from the run.
+    describes itself: export, eval and the demo need nothing else from the run. Nothing older is
+    touched until the new folder is complete, so a failure at any point leaves the last good one.
     """
-    final = checkpoint_path(output_dir, train_state["step"])
+    step = train_state["step"]
+    final = checkpoint_path(output_dir, step)
     tmp = final.with_name(final.name + TMP_SUFFIX)
+    try:
+        if accelerator.is_main_process:
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir(parents=True)
+        accelerator.wait_for_everyone()
+        accelerator.save_state(str(tmp), safe_serialization=True)
+        accelerator.wait_for_everyone()
+        if accelerator.is_main_process:
+            if fault_active("disk-full", step):
+                (tmp / "optimizer.bin").write_bytes(b"\0" * 64)  # a write cut short ...
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(tmp / "optimizer.bin"))
+            if fault_active("kill-during-save", step):
+                os.kill(os.getpid(), signal.SIGKILL)  # state written, no manifest: a torn checkpoint
+            (tmp / TRAIN_STATE).write_text(json.dumps(train_state, indent=1))
+            model_config.save_pretrained(tmp)
+            tokenizer.save_pretrained(tmp)
+            write_manifest(tmp)
+            if final.exists():  # a re-save of the same step (e.g. after a resume): replace it whole
+                shutil.rmtree(final)
+            os.replace(tmp, final)
+            _fsync(final.parent)
+    except OSError as exc:
+        if accelerator.is_main_process:
+            shutil.rmtree(tmp, ignore_errors=True)
+        previous = next((c.path for c in list_checkpoints(output_dir) if c.step < step), None)
+        free = shutil.disk_usage(checkpoints_root(output_dir)).free / 1e9
+        raise CheckpointSaveError(
+            f"saving the step {step} checkpoint into {tmp} failed: {exc.strerror or exc} "
+            f"({exc.filename or tmp}); {free:.2f} GB free on that volume. "
+            + (f"The previous checkpoint {previous} is intact: free some space and rerun the same command to "
+               f"resume from it." if previous else "There is no earlier checkpoint: the run starts over when rerun.")
+        ) from exc
     if accelerator.is_main_process:
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
-    accelerator.wait_for_everyone()
-    accelerator.save_state(str(tmp), safe_serialization=True)
-    accelerator.wait_for_everyone()
-    if accelerator.is_main_process:
-        (tmp / TRAIN_STATE).write_text(json.dumps(train_state, indent=1))
-        model_config.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
-        write_manifest(tmp)
-        if final.exists():  # a re-save of the same step (e.g. after a resume): replace it whole
-            shutil.rmtree(final)
-        os.replace(tmp, final)
-        _fsync(final.parent)
-        prune_checkpoints(output_dir, keep)
+        prune_checkpoints(output_dir, keep, milestone_interval)
     accelerator.wait_for_everyone()
     return final
 
 
-def prune_checkpoints(output_dir: str | Path, keep: int) -> None:
-    """Delete all but the newest `keep` checkpoints; only ever called after a save completed."""
+def prune_checkpoints(output_dir: str | Path, keep: int, milestone_interval: int = 0) -> None:
+    """Delete all but the newest `keep` checkpoints and the milestones (every `milestone_interval`
+    steps); only ever called after a save completed. Leftover `.tmp` folders of older steps go too."""
     for old in list_checkpoints(output_dir)[keep:]:
-        shutil.rmtree(old.path, ignore_errors=True)
-
-
-def load_checkpoint(accelerator: Accelerator, folder: Path) -> dict[str, Any]:
-    """Restore model, optimizer and RNG states from `folder`; returns its train state."""
-    train_state = json.loads((folder / TRAIN_STATE).read_text())
-    accelerator.load_state(str(folder))
-    return train_state
+        if not (milestone_interval and old.step % milestone_interval == 0):
+            shutil.rmtree(old.path, ignore_errors=True)
+    newest = max((c.step for c in list_checkpoints(output_dir)), default=0)
+    for leftover in checkpoints_root(output_dir).glob(f"{PREFIX}*{TMP_SUFFIX}"):
+        if int(leftover.name[len(PREFIX):-len(TMP_SUFFIX)]) <= newest:
+            shutil.rmtree(leftover, ignore_errors=True)

@@ -12,9 +12,11 @@ Any recipe key can be overridden: `--max_steps 100 --output_dir runs/try`. `--he
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -22,9 +24,10 @@ from accelerate import Accelerator, PartialState
 from accelerate.utils import set_seed
 from tqdm.auto import tqdm
 
-from hf_pretrain.checkpoint import find_resume_checkpoint, load_checkpoint, save_checkpoint
+from hf_pretrain.checkpoint import CheckpointSaveError, resume_training_state, save_checkpoint
 from hf_pretrain.config import Recipe, parse_recipe_args, save_recipe
 from hf_pretrain.data import build_train_loader, build_val_loader, check_prepared_data, load_tokenizer
+from hf_pretrain.faults import fault_active
 from hf_pretrain.metrics import (
     JsonlWriter,
     ThroughputMeter,
@@ -35,6 +38,7 @@ from hf_pretrain.metrics import (
 )
 from hf_pretrain.model import apply_liger, build_model, count_parameters, flops_per_token, llama_config
 from hf_pretrain.optim import build_optimizer, learning_rate_at, set_learning_rate
+from hf_pretrain.preemption import EXIT_DIVERGED, EXIT_PREEMPTED, EXIT_SAVE_FAILED, GracefulStop
 
 
 def resolve_mixed_precision(requested: str) -> str:
@@ -44,9 +48,21 @@ def resolve_mixed_precision(requested: str) -> str:
     return "bf16" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "no"
 
 
-def train(recipe: Recipe) -> Path | None:
-    """Run the recipe to `max_steps` (resuming when asked) and return the `final/` model folder,
-    or None when the run stopped early at `stop_at_step` with a checkpoint."""
+@dataclass
+class Outcome:
+    """How a call to `train` ended: the process exit code, a line for the user, the final model."""
+
+    exit_code: int
+    message: str
+    final_model: Path | None = None
+
+
+def train(recipe: Recipe) -> Outcome:
+    """Run the recipe to `max_steps`, resuming when asked, and write `final/`.
+
+    Stops early, always with a checkpoint, on `stop_at_step`, on SIGTERM/SIGINT, or after
+    `max_bad_steps` non-finite steps in a row; a checkpoint that cannot be written stops it too.
+    """
     train_cfg = recipe.train
     out = Path(train_cfg.output_dir)
     # Without CUDA the processes must run on the CPU; saying so up front is what makes Accelerate
@@ -89,14 +105,15 @@ def train(recipe: Recipe) -> Path | None:
     model, optimizer = accelerator.prepare(model, optimizer)
 
     # ---- resume: weights, optimizer and RNG from the checkpoint; data position from its sidecar
-    state = {"step": 0, "tokens_seen": 0, "elapsed_seconds": 0.0, "recipe_fingerprint": recipe.fingerprint()}
-    resume_from = find_resume_checkpoint(out, train_cfg.resume, log=say)
-    if resume_from is not None:
-        saved = load_checkpoint(accelerator, resume_from)
+    state = {"step": 0, "tokens_seen": 0, "elapsed_seconds": 0.0, "skipped_steps": 0,
+             "recipe_fingerprint": recipe.fingerprint()}
+    resumed = resume_training_state(accelerator, out, train_cfg.resume, log=say)
+    if resumed is not None:
+        folder, saved = resumed
         if saved.get("recipe_fingerprint") != state["recipe_fingerprint"]:
-            say(f"warning: {resume_from} was written by a recipe with different math settings; continuing with the new ones")
+            say(f"warning: {folder} was written by a recipe with different math settings; continuing with the new ones")
         state.update(saved, recipe_fingerprint=state["recipe_fingerprint"])
-        say(f"resumed from {resume_from} at step {state['step']}")
+        say(f"resumed from {folder} at step {state['step']}")
     if accelerator.is_main_process:
         # a resumed run rewrites the steps after its checkpoint, so the files hold one clean curve
         truncate_jsonl(out / "metrics.jsonl", after_step=state["step"])
@@ -115,11 +132,15 @@ def train(recipe: Recipe) -> Path | None:
         f"{train_cfg.micro_batch_size} x {recipe.data.seq_len} tokens = {tokens_per_step:,} tokens/step | "
         f"precision {accelerator.mixed_precision}")
 
+    run_start, elapsed_before = time.perf_counter(), state["elapsed_seconds"]
+
+    def elapsed() -> float:
+        return elapsed_before + time.perf_counter() - run_start
+
     def evaluate_and_sample(step: int) -> None:
         started = meter.pause()
         val_loss = evaluate(accelerator, model, val_loader)
-        record = {"kind": "eval", "step": step, "tokens": state["tokens_seen"], "val_loss": val_loss}
-        metrics.write(record)
+        metrics.write({"kind": "eval", "step": step, "tokens": state["tokens_seen"], "val_loss": val_loss})
         accelerator.log({"val/loss": val_loss}, step=step)
         for prompt, text in generate_samples(accelerator, model, tokenizer, train_cfg.prompts,
                                              train_cfg.sample_max_new_tokens):
@@ -127,77 +148,121 @@ def train(recipe: Recipe) -> Path | None:
         say(f"step {step}: val_loss {val_loss:.4f}")
         meter.skip(meter.pause() - started)
 
-    def checkpoint() -> None:
+    def checkpoint() -> Path:
         started = meter.pause()
         state["elapsed_seconds"] = elapsed()
-        path = save_checkpoint(accelerator, out, dict(state), train_cfg.keep_checkpoints, config, tokenizer)
+        path = save_checkpoint(accelerator, out, dict(state), train_cfg.keep_checkpoints, config, tokenizer,
+                               train_cfg.milestone_interval)
         say(f"step {state['step']}: saved {path}")
         meter.skip(meter.pause() - started)
+        return path
 
-    run_start, elapsed_before = time.perf_counter(), state["elapsed_seconds"]
-
-    def elapsed() -> float:
-        return elapsed_before + time.perf_counter() - run_start
+    def stop(exit_code: int, message: str) -> Outcome:
+        progress.close()
+        say(message)
+        accelerator.end_training()
+        return Outcome(exit_code, message)
 
     # ---- the loop: one iteration is one optimizer step of `tokens_per_step` tokens
     batches = iter(train_loader)
     model.train()
     progress = tqdm(total=train_cfg.max_steps, initial=state["step"], disable=not accelerator.is_main_process,
                     desc="train", dynamic_ncols=True)
-    loss_sum, loss_count = torch.zeros((), device=accelerator.device), 0  # micro-batch losses since the last log
-    while state["step"] < train_cfg.max_steps:
-        lr = learning_rate_at(state["step"], train_cfg)
-        set_learning_rate(optimizer, lr)
-        for _ in range(grad_accum):
-            tokens = next(batches).to(accelerator.device, non_blocking=True)
-            inputs, targets = tokens[:, :-1], tokens[:, 1:].contiguous()
-            with accelerator.accumulate(model):
-                # the targets are already shifted; `shift_labels` tells the loss not to shift again
-                loss = model(input_ids=inputs, labels=targets, shift_labels=targets).loss
-                accelerator.backward(loss)
-                if accelerator.sync_gradients:
-                    grad_norm = accelerator.clip_grad_norm_(model.parameters(), train_cfg.grad_clip or float("inf"))
+    window_losses: list[float] = []  # this process's step losses since the last log line
+    recent_loss = None  # running average for spike detection
+    bad_in_a_row = 0
+    with GracefulStop(say) as signals:
+        while state["step"] < train_cfg.max_steps:
+            step = state["step"] + 1
+            lr = learning_rate_at(state["step"], train_cfg)
+            set_learning_rate(optimizer, lr)
+            loss = forward_backward(accelerator, model, batches, grad_accum, poison=fault_active("nan-loss", step))
+            # After the last micro-batch the gradients are synchronised, so every process sees the
+            # same norm and takes the same decision: a non-finite step is skipped, weights untouched.
+            grad_norm = accelerator.clip_grad_norm_(model.parameters(), train_cfg.grad_clip or float("inf")).item()
+            finite = math.isfinite(grad_norm) and math.isfinite(loss)
+            if finite:
                 optimizer.step()
-                optimizer.zero_grad(set_to_none=True)
-            loss_sum += loss.detach()
-            loss_count += 1
-        state["step"] += 1
-        state["tokens_seen"] += tokens_per_step
-        meter.add(tokens_per_step)
-        progress.update(1)
-        step = state["step"]
+            optimizer.zero_grad(set_to_none=True)
+            state["step"], state["tokens_seen"] = step, state["tokens_seen"] + tokens_per_step
+            meter.add(tokens_per_step)
+            progress.update(1)
 
-        if step % train_cfg.log_interval == 0 or step == train_cfg.max_steps:
-            loss_value = accelerator.reduce(loss_sum / loss_count, "mean").item()
-            loss_sum.zero_()
-            loss_count = 0
-            tokens_per_s, mfu = meter.read()
-            record = {"kind": "train", "step": step, "tokens": state["tokens_seen"], "loss": loss_value, "lr": lr,
-                      "grad_norm": float(grad_norm), "tokens_per_s": tokens_per_s, "elapsed": elapsed()}
-            if mfu is not None:
-                record["mfu"] = mfu
-                record["peak_memory_gib"] = peak_memory_gib(accelerator.device)
-            metrics.write(record)
-            accelerator.log({f"train/{k}": v for k, v in record.items() if k not in ("kind", "step")}, step=step)
-            progress.set_postfix(loss=f"{loss_value:.3f}", lr=f"{lr:.2e}", tok_s=f"{tokens_per_s:,.0f}",
-                                 **({"mfu": f"{mfu:.1%}"} if mfu is not None else {}))
-        if train_cfg.eval_interval and (step % train_cfg.eval_interval == 0 or step == train_cfg.max_steps):
-            evaluate_and_sample(step)
-        stopping_early = step == train_cfg.stop_at_step
-        if step % train_cfg.save_interval == 0 or step == train_cfg.max_steps or stopping_early:
-            checkpoint()
-        if stopping_early:
-            progress.close()
-            say(f"stopped at step {step} as asked (stop_at_step); rerun the same command to continue")
-            accelerator.end_training()
-            return None
+            if not finite:
+                bad_in_a_row += 1
+                state["skipped_steps"] += 1
+                metrics.write({"kind": "skipped", "step": step, "loss": str(loss), "grad_norm": str(grad_norm)})
+                say(f"step {step}: non-finite loss {loss} / grad norm {grad_norm}: step skipped, weights untouched "
+                    f"({bad_in_a_row} in a row, stop at {train_cfg.max_bad_steps})")
+                if bad_in_a_row >= train_cfg.max_bad_steps:
+                    path = checkpoint()
+                    return stop(EXIT_DIVERGED,
+                                f"stopped: {bad_in_a_row} non-finite steps in a row. {path} holds the weights from "
+                                f"before step {step - bad_in_a_row + 1} (skipped steps change nothing) with the data "
+                                f"position past the bad batches; lower learning_rate or raise warmup_steps, then "
+                                f"rerun to resume.")
+                continue
+            bad_in_a_row = 0
+            if recent_loss is not None and loss > train_cfg.loss_spike_factor * recent_loss:
+                metrics.write({"kind": "spike", "step": step, "loss": loss, "recent_loss": recent_loss})
+                say(f"step {step}: loss spike {loss:.3f} against a recent average of {recent_loss:.3f}")
+            recent_loss = loss if recent_loss is None else 0.9 * recent_loss + 0.1 * loss
+            window_losses.append(loss)
+
+            if step % train_cfg.log_interval == 0 or step == train_cfg.max_steps:
+                mean_loss = accelerator.reduce(torch.tensor(sum(window_losses) / len(window_losses),
+                                                            device=accelerator.device), "mean").item()
+                window_losses.clear()
+                tokens_per_s, mfu = meter.read()
+                record = {"kind": "train", "step": step, "tokens": state["tokens_seen"], "loss": mean_loss, "lr": lr,
+                          "grad_norm": grad_norm, "tokens_per_s": tokens_per_s, "elapsed": elapsed()}
+                if mfu is not None:
+                    record["mfu"] = mfu
+                    record["peak_memory_gib"] = peak_memory_gib(accelerator.device)
+                metrics.write(record)
+                accelerator.log({f"train/{k}": v for k, v in record.items() if k not in ("kind", "step")}, step=step)
+                progress.set_postfix(loss=f"{mean_loss:.3f}", lr=f"{lr:.2e}", tok_s=f"{tokens_per_s:,.0f}",
+                                     **({"mfu": f"{mfu:.1%}"} if mfu is not None else {}))
+            if train_cfg.eval_interval and (step % train_cfg.eval_interval == 0 or step == train_cfg.max_steps):
+                evaluate_and_sample(step)
+
+            preempted = signals.requested(accelerator)
+            if preempted or step == train_cfg.stop_at_step or step % train_cfg.save_interval == 0 \
+                    or step == train_cfg.max_steps:
+                try:
+                    path = checkpoint()
+                except CheckpointSaveError as exc:
+                    return stop(EXIT_SAVE_FAILED, f"stopped: {exc}")
+            if preempted:
+                return stop(EXIT_PREEMPTED, f"stopped by {signals.signal_name or 'a signal to another process'} "
+                                            f"after step {step}; checkpoint {path}. Rerun the same command to resume.")
+            if step == train_cfg.stop_at_step:
+                return stop(0, f"stopped at step {step} as asked (stop_at_step); rerun the same command to continue")
     progress.close()
 
     final = save_final_model(accelerator, model, tokenizer, out / "final")
-    say(f"done: {state['step']} steps, {state['tokens_seen']:,} tokens in {elapsed():.0f}s | "
-        f"metrics {out / 'metrics.jsonl'} | samples {out / 'samples.jsonl'} | model {final}")
+    message = (f"done: {state['step']} steps, {state['tokens_seen']:,} tokens in {elapsed():.0f}s | "
+               f"metrics {out / 'metrics.jsonl'} | samples {out / 'samples.jsonl'} | model {final}")
+    say(message)
     accelerator.end_training()
-    return final
+    return Outcome(0, message, final)
+
+
+def forward_backward(accelerator: Accelerator, model: torch.nn.Module, batches, grad_accum: int,
+                     poison: bool = False) -> float:
+    """Accumulate gradients over `grad_accum` micro-batches; returns this process's mean loss."""
+    total = torch.zeros((), device=accelerator.device)
+    for _ in range(grad_accum):
+        tokens = next(batches).to(accelerator.device, non_blocking=True)
+        inputs, targets = tokens[:, :-1], tokens[:, 1:].contiguous()
+        with accelerator.accumulate(model):  # no gradient all-reduce until the last micro-batch
+            # the targets are already shifted; `shift_labels` tells the loss not to shift again
+            loss = model(input_ids=inputs, labels=targets, shift_labels=targets).loss
+            if poison:  # fault injection for the numerical-guard tests
+                loss = loss * float("nan")
+            accelerator.backward(loss)
+        total += loss.detach()
+    return (total / grad_accum).item()
 
 
 @torch.no_grad()
@@ -257,8 +322,7 @@ def _flat_config(recipe: Recipe) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     recipe, _ = parse_recipe_args(argv, prog="train.py", description=__doc__.split("\n")[0])
-    train(recipe)
-    return 0
+    return train(recipe).exit_code
 
 
 if __name__ == "__main__":

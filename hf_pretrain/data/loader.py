@@ -8,6 +8,7 @@ a resumed run, or the same run on another number of processes, see the same samp
 
 from __future__ import annotations
 
+import signal
 from bisect import bisect_right
 from collections.abc import Iterator
 from pathlib import Path
@@ -149,6 +150,13 @@ def _split_dataset(recipe: Recipe, split: str) -> PackedDataset:
     return PackedDataset(shard_paths(data_dir, meta, split), recipe.data.seq_len, meta["dtype"], recipe.data.preload)
 
 
+def ignore_stop_signals(worker_id: int) -> None:
+    """Workers leave SIGINT/SIGTERM to the training process, which finishes its step and saves a
+    checkpoint; a Ctrl-C reaching the whole process group would otherwise kill the workers first."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+
 def build_train_loader(recipe: Recipe, rank: int, world_size: int, grad_accum: int, start_step: int,
                        pin_memory: bool = False) -> DataLoader:
     """Endless [micro_batch_size, seq_len + 1] LongTensor batches for `rank`, from `start_step` on."""
@@ -156,7 +164,8 @@ def build_train_loader(recipe: Recipe, rank: int, world_size: int, grad_accum: i
     sampler = StepBatchSampler(len(dataset), recipe.train.micro_batch_size, grad_accum, world_size, rank,
                                recipe.train.seed, start_step)
     workers = recipe.data.num_workers
-    worker_options: dict[str, Any] = {"persistent_workers": True, "prefetch_factor": PREFETCH_FACTOR} if workers else {}
+    worker_options: dict[str, Any] = {"persistent_workers": True, "prefetch_factor": PREFETCH_FACTOR,
+                                      "worker_init_fn": ignore_stop_signals} if workers else {}
     return DataLoader(dataset, batch_sampler=sampler, collate_fn=stack_samples, num_workers=workers,
                       pin_memory=pin_memory, **worker_options)
 

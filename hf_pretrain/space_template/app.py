@@ -20,8 +20,13 @@ from typing import Any
 import gradio as gr
 import torch
 from huggingface_hub import ModelCard, hf_hub_download
-from transformers import (AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase,
-                          TextIteratorStreamer)
+from transformers import (
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+    TextIteratorStreamer,
+)
 
 MAX_COLUMNS = 3  # wider pages get unreadable; more models are still offered, three at a time
 UNKNOWN = "unknown"
@@ -37,10 +42,10 @@ class ModelChoice:
 
     name: str  # shown in the picker, and what API callers pass
     source: str  # what from_pretrained loads: a local model folder or a Hub repo id
-    # "step 12 · 24,576 tokens trained"; read from the source's files on first use when empty.
+    # "step 12 · 24,576 tokens trained" (format_progress); read from the source's files on first use when empty.
     progress: str = ""
     # Makes a loadable folder first and returns it (hf-pretrain demo exports training checkpoints so).
-    prepare: Callable[[], str] | None = None
+    prepare: Callable[[], str | Path] | None = None
 
 
 @dataclass
@@ -56,7 +61,9 @@ class Settings:
 
 
 # ---------------------------------------------------------------------------------- training progress
-def format_progress(step: Any, tokens: Any) -> str:
+def format_progress(record: dict[str, Any] | None) -> str:
+    """`step 12 · 24,576 tokens trained` from a record with `step` and `tokens_seen`; "unknown" where absent."""
+    step, tokens = (record or {}).get("step"), (record or {}).get("tokens_seen")
     step_text = f"step {step:,}" if isinstance(step, int) else f"step {UNKNOWN}"
     tokens_text = f"{tokens:,} tokens trained" if isinstance(tokens, int) else f"tokens trained {UNKNOWN}"
     return f"{step_text} · {tokens_text}"
@@ -82,14 +89,14 @@ def _metadata(path: Path) -> dict[str, Any]:
         return {}
 
 
-def read_progress(source: str) -> str:
-    """How far `source` was trained, from the first of PROGRESS_FILES that says so."""
+def read_progress(source: str) -> dict[str, Any] | None:
+    """The first of PROGRESS_FILES in `source` that says how far it was trained, as a mapping."""
     for filename in PROGRESS_FILES:
         path = _local_or_hub_file(source, filename)
         data = _metadata(path) if path else {}
         if "step" in data or "tokens_seen" in data:
-            return format_progress(data.get("step"), data.get("tokens_seen"))
-    return format_progress(None, None)
+            return data
+    return None
 
 
 # ---------------------------------------------------------------------------------- models
@@ -119,7 +126,7 @@ class ModelLibrary:
     def progress(self, name: str) -> str:
         choice = self.choices[name]
         if not choice.progress:
-            choice.progress = read_progress(choice.source)
+            choice.progress = format_progress(read_progress(choice.source))
         return choice.progress
 
     def get(self, name: str) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
@@ -185,6 +192,10 @@ def stream_completion(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase
     yield tokenizer.decode(result["ids"][0, inputs.input_ids.shape[1]:], skip_special_tokens=True)
 
 
+def _first_line(exc: Exception) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+
+
 def compare(library: ModelLibrary, prompt: str, names: list[str], settings: Settings,
             columns: int) -> Iterator[list[str]]:
     """The texts of all `columns` after every streamed piece, one model after the other.
@@ -206,7 +217,7 @@ def compare(library: ModelLibrary, prompt: str, names: list[str], settings: Sett
         try:
             model, tokenizer = library.get(name)
         except Exception as exc:  # a missing repo, a broken folder: say so in its column, run the others
-            texts[column] = f"⚠ could not load {name}: {exc}"
+            texts[column] = f"⚠ could not load {name}: {_first_line(exc)}"
             gr.Warning(texts[column])
             yield texts
             continue
@@ -215,7 +226,7 @@ def compare(library: ModelLibrary, prompt: str, names: list[str], settings: Sett
                 texts[column] = text
                 yield texts
         except Exception as exc:  # e.g. a prompt longer than the model's context
-            texts[column] = f"⚠ generation failed for {name}: {exc}"
+            texts[column] = f"⚠ generation failed for {name}: {_first_line(exc)}"
             gr.Warning(texts[column])
             yield texts
 
@@ -241,8 +252,9 @@ def build_demo(library: ModelLibrary, prompts: list[str], title: str = "Compare 
     with gr.Blocks(title=title) as demo:
         gr.Markdown(f"# {title}\nThe same prompt through each picked model; temperature 0 is greedy decoding.")
         with gr.Row():
-            prompt = gr.Textbox(label="Prompt", lines=2, scale=4, placeholder="The capital of France is")
-            button = gr.Button("Generate", variant="primary", scale=1)
+            prompt = gr.Textbox(label="Prompt", lines=2, scale=4, placeholder="The capital of France is",
+                                elem_id="prompt")
+            button = gr.Button("Generate", variant="primary", scale=1, elem_id="generate")
         models = gr.Dropdown(names, value=selected, multiselect=True, max_choices=columns,
                              label=f"Models (up to {columns}, in column order)")
         with gr.Row():
@@ -259,7 +271,8 @@ def build_demo(library: ModelLibrary, prompts: list[str], title: str = "Compare 
                 name = selected[column] if column < len(selected) else None
                 with gr.Column(visible=name is not None) as panel:
                     headers.append(gr.Markdown(header(name)))
-                    outputs.append(gr.Textbox(label="Completion", lines=8, interactive=False, buttons=["copy"]))
+                    outputs.append(gr.Textbox(label="Completion", lines=8, interactive=False, buttons=["copy"],
+                                              elem_id=f"completion-{column}"))
                 panels.append(panel)
         if prompts:
             gr.Examples([[p] for p in prompts], inputs=[prompt], label="Milestone prompts")

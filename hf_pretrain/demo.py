@@ -1,0 +1,195 @@
+"""`hf-pretrain demo`: a Gradio page that compares checkpoints of a run, or any models, on one prompt.
+
+    hf-pretrain demo --model runs/smoke                  # every checkpoint of the run, and its final model
+    hf-pretrain demo --model runs/1b/final --model TinyLlama/TinyLlama_v1.1 --port 7860
+
+The page lives in hf_pretrain/space_template/app.py, self-contained so that a Space runs it without
+hf-pretrain; this module turns run folders and training checkpoints into the page's model choices.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import os
+import shutil
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import gradio as gr
+from huggingface_hub.utils import HFValidationError, validate_repo_id
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from hf_pretrain.checkpoint import (
+    MANIFEST,
+    TRAIN_STATE,
+    CheckpointError,
+    checkpoint_path,
+    list_checkpoints,
+    verify_checkpoint,
+)
+from hf_pretrain.config import DEFAULT_PROMPTS, RecipeError, load_recipe
+from hf_pretrain.space_template.app import ModelChoice, ModelLibrary, build_demo, format_progress, read_progress
+
+RESOLVED_RECIPE = "resolved_recipe.yaml"  # what train.py writes at the top of a run folder
+DEFAULT_CACHE_DIR = Path(os.environ.get("XDG_CACHE_HOME", "~/.cache")).expanduser() / "hf_pretrain" / "demo"
+
+
+class DemoError(ValueError):
+    """A --model that names nothing the demo can offer."""
+
+
+# ---------------------------------------------------------------------------------- checkpoints
+def export_checkpoint(checkpoint: Path, cache_dir: Path) -> Path:
+    """A standard Hugging Face folder for a training checkpoint, written once into `cache_dir`.
+
+    A minimal stand-in until hf_pretrain.export lands (then call its checkpoint export here): a
+    checkpoint holds config.json and Accelerate's model.safetensors without the tied lm_head, which
+    from_pretrained re-ties. The folder name carries a hash of the checkpoint's manifest, so a
+    checkpoint re-saved at the same step is exported again.
+    """
+    digest = hashlib.sha256((checkpoint / MANIFEST).read_bytes()).hexdigest()[:16]
+    target = cache_dir / f"{checkpoint.name}-{digest}"
+    if target.is_dir():  # written under a temporary name and renamed, so present means complete
+        return target
+    tmp = target.with_name(target.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model = AutoModelForCausalLM.from_pretrained(checkpoint)
+    model.config.use_cache = True  # the training config turns the KV cache off
+    model.save_pretrained(tmp)
+    AutoTokenizer.from_pretrained(checkpoint).save_pretrained(tmp)
+    shutil.copy2(checkpoint / TRAIN_STATE, tmp / TRAIN_STATE)
+    os.replace(tmp, target)
+    return target
+
+
+def _export_later(checkpoint: Path, cache_dir: Path) -> Callable[[], Path]:
+    return lambda: export_checkpoint(checkpoint, cache_dir)
+
+
+def checkpoint_choice(checkpoint: Path, name: str, cache_dir: Path) -> ModelChoice:
+    state = verify_checkpoint(checkpoint, checksums=False)  # hashing a 1B model's optimizer state takes minutes
+    return ModelChoice(name=name, source=str(checkpoint), progress=format_progress(state),
+                       prepare=_export_later(checkpoint, cache_dir))
+
+
+def run_of(path: Path) -> Path | None:
+    """The run folder holding `path`: the run itself, its final/, or one of its checkpoints."""
+    for candidate in (path, path.parent, path.parent.parent):
+        if (candidate / RESOLVED_RECIPE).is_file():
+            return candidate
+    return None
+
+
+def final_model_progress(final: Path) -> str:
+    """From the model folder's own files, else from its run's checkpoint at max_steps: train.py always
+    saves one there, holding the very weights final/ was written from."""
+    record = read_progress(str(final))
+    run = run_of(final)
+    if record is None and run is not None:
+        try:
+            max_steps = load_recipe(str(run / RESOLVED_RECIPE)).train.max_steps
+            record = verify_checkpoint(checkpoint_path(run, max_steps), checksums=False)
+        except (RecipeError, CheckpointError):
+            pass
+    return format_progress(record)
+
+
+def run_choices(run: Path, cache_dir: Path, log: Callable[[str], None]) -> list[ModelChoice]:
+    """Every complete checkpoint, oldest first, then final/ when the run finished."""
+    choices = []
+    for candidate in reversed(list_checkpoints(run)):
+        try:
+            choices.append(checkpoint_choice(candidate.path, f"{run.name}/{candidate.path.name}", cache_dir))
+        except CheckpointError as exc:
+            log(f"demo: skipping {candidate.path}: {exc}")
+    if (run / "final" / "config.json").is_file():
+        choices.append(ModelChoice(name=f"{run.name}/final", source=str(run / "final"),
+                                   progress=final_model_progress(run / "final")))
+    return choices
+
+
+# ---------------------------------------------------------------------------------- --model values
+def model_choices(spec: str, cache_dir: Path, log: Callable[[str], None] = print) -> list[ModelChoice]:
+    """What one --model offers: a run's checkpoints, one checkpoint, a model folder or a Hub repo."""
+    path = Path(spec).expanduser()
+    if not path.exists():
+        try:
+            validate_repo_id(spec)
+        except HFValidationError as exc:
+            raise DemoError(f"--model {spec}: no such folder, and not a Hub repo id either ({exc})") from exc
+        log(f"demo: {spec} is not a local folder; it will be loaded from the Hub")
+        return [ModelChoice(name=spec, source=spec)]
+    if (path / "checkpoints").is_dir() or (path / RESOLVED_RECIPE).is_file():
+        choices = run_choices(path, cache_dir, log)
+        if not choices:
+            raise DemoError(f"--model {spec}: the run has no complete checkpoint and no final/ model yet")
+        return choices
+    if (path / TRAIN_STATE).is_file():
+        run = run_of(path)
+        name = f"{run.name}/{path.name}" if run else spec
+        try:
+            return [checkpoint_choice(path, name, cache_dir)]
+        except CheckpointError as exc:
+            raise DemoError(f"--model {spec}: {exc}") from exc
+    if (path / "config.json").is_file():
+        return [ModelChoice(name=spec, source=str(path), progress=final_model_progress(path))]
+    raise DemoError(f"--model {spec}: not a run folder, a checkpoint, or a model folder with config.json")
+
+
+def milestone_prompts(specs: list[str]) -> list[str]:
+    """The example prompts: the runs' `train.prompts` (those sampled during training), else the defaults."""
+    prompts: list[str] = []
+    for spec in specs:
+        run = run_of(Path(spec).expanduser())
+        if run is None:
+            continue
+        try:
+            prompts += load_recipe(str(run / RESOLVED_RECIPE)).train.prompts
+        except RecipeError:  # a recipe from an older version of hf-pretrain: the defaults will do
+            continue
+    return list(dict.fromkeys(prompts)) or list(DEFAULT_PROMPTS)
+
+
+def _unique_names(choices: list[ModelChoice]) -> list[ModelChoice]:
+    seen: dict[str, int] = {}
+    for choice in choices:
+        seen[choice.name] = seen.get(choice.name, 0) + 1
+        if seen[choice.name] > 1:
+            choice.name = f"{choice.name} ({seen[choice.name]})"
+    return choices
+
+
+def build(specs: list[str], cache_dir: str | Path = DEFAULT_CACHE_DIR, title: str = "Compare checkpoints",
+          log: Callable[[str], None] = print) -> gr.Blocks:
+    """The page for these --model values (not launched); raises DemoError naming a bad one."""
+    cache_dir = Path(cache_dir)
+    choices = _unique_names([choice for spec in specs for choice in model_choices(spec, cache_dir, log)])
+    return build_demo(ModelLibrary(choices), milestone_prompts(specs), title)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="hf-pretrain demo", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", action="append", required=True, metavar="PATH_OR_REPO",
+                        help="a run folder (all its checkpoints), a checkpoint, a model folder or a Hub repo id; "
+                             "repeat to compare several")
+    parser.add_argument("--port", type=int, default=None, help="default: GRADIO_SERVER_PORT or 7860")
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
+    parser.add_argument("--share", action="store_true", help="also serve through a public gradio.live link")
+    parser.add_argument("--cache_dir", type=Path, default=DEFAULT_CACHE_DIR,
+                        help=f"where checkpoints are exported to model folders (default: {DEFAULT_CACHE_DIR})")
+    parser.add_argument("--title", default="Compare checkpoints")
+    args = parser.parse_args(argv)
+    try:
+        demo = build(args.model, args.cache_dir, args.title)
+    except DemoError as exc:
+        print(f"hf-pretrain demo: {exc}", file=sys.stderr)
+        return 2
+    demo.launch(server_name=args.host, server_port=args.port, share=args.share)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,30 @@
+"""Fault injection for the survival tests: make a run fail at a chosen point, on purpose.
+
+`HF_PRETRAIN_FAULTS` holds comma-separated `name:STEP` or `name:FIRST-LAST` entries, e.g.
+`kill-during-save:8,nan-loss:5-7`. Unset (always, outside tests) it costs one dict lookup.
+
+- `kill-during-save`: SIGKILL this process after the checkpoint's state files are written but
+  before its manifest, i.e. a torn checkpoint.
+- `disk-full`: the checkpoint write fails with ENOSPC halfway.
+- `nan-loss`: the loss of these steps becomes NaN.
+"""
+
+from __future__ import annotations
+
+import os
+
+ENV_VAR = "HF_PRETRAIN_FAULTS"
+
+
+def fault_active(name: str, step: int) -> bool:
+    spec = os.environ.get(ENV_VAR)
+    if not spec:
+        return False
+    for entry in spec.split(","):
+        fault, _, steps = entry.strip().partition(":")
+        if fault != name:
+            continue
+        first, _, last = steps.partition("-")
+        if int(first) <= step <= int(last or first):
+            return True
+    return False

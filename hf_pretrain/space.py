@@ -1,0 +1,96 @@
+"""`hf-pretrain space`: write a Hugging Face Space that serves the demo for Hub models, and push it.
+
+    hf-pretrain space --model me/llama-1b-step10k --model me/llama-1b --out space/
+    hf-pretrain space --model me/llama-1b --out space/ --push me/llama-1b-demo
+
+The Space holds app.py (hf_pretrain/space_template/app.py as is: it needs neither hf-pretrain nor
+this repository), demo.json (the models and example prompts it reads), requirements.txt and a
+README.md whose front matter the Hub reads (sdk, sdk_version, app_file, title, models).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import importlib.resources
+import json
+import sys
+from pathlib import Path
+
+from huggingface_hub import HfApi, SpaceCard, SpaceCardData
+from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+from hf_pretrain.config import DEFAULT_PROMPTS
+
+TEMPLATE_PACKAGE = "hf_pretrain.space_template"
+DEFAULT_TITLE = "Compare checkpoints"
+# What app.py imports beyond gradio (the Space installs gradio itself, at sdk_version, with
+# huggingface_hub). Pinned to the versions installed here, the ones the app was tested with.
+RUNTIME_PACKAGES = ("torch", "transformers")
+
+
+def installed_version(package: str) -> str:
+    return importlib.metadata.version(package).split("+")[0]  # 2.13.0+cpu -> 2.13.0: PyPI has no local tags
+
+
+def requirements_txt() -> str:
+    return "".join(f"{package}=={installed_version(package)}\n" for package in RUNTIME_PACKAGES)
+
+
+def readme(models: list[str], title: str) -> str:
+    data = SpaceCardData(title=title, sdk="gradio", sdk_version=installed_version("gradio"), app_file="app.py",
+                         models=models, short_description="Compare checkpoints of a pretraining run")
+    body = (f"# {title}\n\nThe same prompt through each model, side by side, streamed token by token:\n\n"
+            + "".join(f"- [{m}](https://huggingface.co/{m})\n" for m in models)
+            + "\nMade with `hf-pretrain space`; `python app.py` runs it locally (`DEMO_MODELS=a,b` to change "
+            "the models).\n")
+    return str(SpaceCard(f"---\n{data.to_yaml()}\n---\n\n{body}"))
+
+
+def write_space(models: list[str], out: Path, title: str = DEFAULT_TITLE,
+                prompts: list[str] | None = None) -> Path:
+    """The Space's files in `out` (created if needed; files of the same names are replaced)."""
+    out.mkdir(parents=True, exist_ok=True)
+    app = importlib.resources.files(TEMPLATE_PACKAGE).joinpath("app.py").read_text()
+    (out / "app.py").write_text(app)
+    demo_config = {"title": title, "models": models, "prompts": list(DEFAULT_PROMPTS if prompts is None else prompts)}
+    (out / "demo.json").write_text(json.dumps(demo_config, indent=1) + "\n")
+    (out / "requirements.txt").write_text(requirements_txt())
+    (out / "README.md").write_text(readme(models, title))
+    return out
+
+
+def push_space(folder: Path, space_id: str, private: bool = False) -> str:
+    """Create the Space repo if needed and upload `folder` as one commit; returns the commit's URL."""
+    api = HfApi()
+    api.create_repo(space_id, repo_type="space", space_sdk="gradio", private=private, exist_ok=True)
+    commit = api.upload_folder(folder_path=folder, repo_id=space_id, repo_type="space",
+                               commit_message="Update the checkpoint demo (hf-pretrain space)")
+    return commit.commit_url
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="hf-pretrain space", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", action="append", required=True, metavar="REPO_ID",
+                        help="a model repo on the Hub (export a checkpoint first); repeat to compare several")
+    parser.add_argument("--out", type=Path, required=True, help="folder to write the Space into")
+    parser.add_argument("--push", metavar="SPACE_ID", help="also upload the folder to this Space (created if needed)")
+    parser.add_argument("--private", action="store_true", help="create the Space private")
+    parser.add_argument("--title", default=DEFAULT_TITLE)
+    args = parser.parse_args(argv)
+    for repo_id in args.model + ([args.push] if args.push else []):
+        try:
+            validate_repo_id(repo_id)
+        except HFValidationError as exc:
+            print(f"hf-pretrain space: {repo_id!r} is not a Hub repo id: {exc}", file=sys.stderr)
+            return 2
+    folder = write_space(args.model, args.out, args.title)
+    print(f"space written to {folder} (try it: cd {folder} && python app.py)")
+    if args.push:
+        print(f"pushed: {push_space(folder, args.push, args.private)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
