@@ -1,0 +1,39 @@
+"""`hf-pretrain doctor --recipe NAME [--key value ...]`: check the plumbing of a run before paying for it.
+
+It takes exactly the arguments of training, so it checks the run that would start: package
+versions, CUDA / bf16 / TF32, the prepared data against the recipe, a loader that survives
+worker processes, a writable output folder with room for the checkpoints and the export, the
+estimated GPU memory, and the time and cost of the run. It prints one row per check (pass, warn,
+fail, skip) with the reason and the fix, and exits non-zero when any check fails. Training runs
+the same checks first (`hf_pretrain.preflight.preflight`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from hf_pretrain.config import parse_recipe_args
+from hf_pretrain.preflight import CheckResult, PreflightError, format_table, preflight, run_checks
+
+__all__ = ["CheckResult", "PreflightError", "main", "preflight", "run_checks"]
+
+
+def _doctor_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--num_processes", type=int, default=int(os.environ.get("WORLD_SIZE", "1")),
+                        help="processes the run will use (the batch must split over them; default: 1)")
+
+
+def main(argv: list[str] | None = None) -> int:
+    recipe, args = parse_recipe_args(argv, prog="hf-pretrain doctor", description=__doc__.split("\n")[0],
+                                     extra=_doctor_arguments)
+    print(f"hf-pretrain doctor: recipe `{recipe.name}`, {args.num_processes} process(es), "
+          f"data {recipe.data.data_dir}, output {recipe.train.output_dir}\n")
+    results = run_checks(recipe, world_size=args.num_processes)
+    print(format_table(results))
+    return 1 if any(r.status == "fail" for r in results) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

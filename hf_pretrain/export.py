@@ -1,0 +1,211 @@
+"""`hf-pretrain export`: a standard Hugging Face model folder from a training checkpoint, optionally pushed.
+
+    hf-pretrain export --checkpoint runs/1b --out exports/1b                  # the newest complete checkpoint
+    hf-pretrain export --checkpoint runs/1b/checkpoints/step_00050000 --out exports/1b-50k --dtype fp32
+    hf-pretrain export --checkpoint runs/1b --out exports/1b --push-to-hub me/tiny-1b [--private] [--revision BRANCH]
+
+The folder holds safetensors weights, `config.json`, `generation_config.json`, a tokenizer that
+current and older transformers both load as a plain fast tokenizer, a model card (`README.md`) and
+the loss curve it shows. Plain checkpoints and FSDP sharded ones (`pytorch_model_fsdp_0/`) work alike.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig, PreTrainedModel
+
+from hf_pretrain.checkpoint import (MANIFEST, TRAIN_STATE, CheckpointError, checkpoints_root, list_checkpoints,
+                                    verify_checkpoint)
+from hf_pretrain.hub import HubError, push_folder
+from hf_pretrain.model_card import CardOptions, write_model_card
+
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+WEIGHTS = "model.safetensors"
+# Accelerate's SHARDED_STATE_DICT save: one torch.distributed.checkpoint (DCP) folder for the model.
+FSDP_SHARDED_WEIGHTS = "pytorch_model_fsdp_0"
+# Prefixes wrappers put in front of parameter names: torch.compile, DDP.
+_WRAPPER_PREFIXES = ("_orig_mod.", "module.")
+
+
+class ExportError(RuntimeError):
+    """A checkpoint that cannot be exported, with the reason."""
+
+
+@dataclass
+class Checkpoint:
+    path: Path
+    train_state: dict
+
+    @property
+    def run_dir(self) -> Path | None:
+        """The run folder a `RUN/checkpoints/step_X` checkpoint belongs to, for its metrics and samples."""
+        return self.path.parent.parent if self.path.parent.name == checkpoints_root("").name else None
+
+
+def resolve_checkpoint(path: str | Path, checksums: bool = True, log=print) -> Checkpoint:
+    """The checkpoint `path` names: itself when it is one (checked against its manifest), or the
+    newest complete checkpoint of a run folder (broken ones are skipped, with the reason)."""
+    path = Path(path)
+    if (path / MANIFEST).is_file() or (path / TRAIN_STATE).is_file():
+        try:
+            return Checkpoint(path, verify_checkpoint(path, checksums))
+        except CheckpointError as exc:
+            raise ExportError(str(exc)) from None
+    if not checkpoints_root(path).is_dir():
+        raise ExportError(f"{path} is neither a checkpoint (no {TRAIN_STATE}) nor a run folder (no checkpoints/)")
+    skipped = []
+    for candidate in list_checkpoints(path):
+        try:
+            checkpoint = Checkpoint(candidate.path, verify_checkpoint(candidate.path, checksums))
+        except CheckpointError as exc:
+            skipped.append(f"{candidate.path.name}: {exc}")
+            continue
+        for reason in skipped:
+            log(f"export: skipping {reason}")
+        return checkpoint
+    raise ExportError(f"no complete checkpoint in {checkpoints_root(path)}" + "".join(f"; {s}" for s in skipped))
+
+
+def _state_dict(checkpoint: Path, scratch: Path) -> dict[str, torch.Tensor]:
+    """The model weights of a checkpoint, whichever way Accelerate saved them."""
+    if (checkpoint / FSDP_SHARDED_WEIGHTS).is_dir():
+        # The routine accelerate's `merge_fsdp_weights` wraps, called directly: that helper also
+        # waits for every process, which would hang when only the main process exports mid-run.
+        from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+        merged = scratch / "merged.pt"
+        dcp_to_torch_save(checkpoint / FSDP_SHARDED_WEIGHTS, merged)
+        state = torch.load(merged, weights_only=True)
+        return state["model"] if set(state) == {"model"} else state  # accelerate saves {"model": weights}
+    if (checkpoint / WEIGHTS).is_file():
+        return load_file(checkpoint / WEIGHTS)
+    raise ExportError(f"{checkpoint} has neither {WEIGHTS} nor {FSDP_SHARDED_WEIGHTS}/: no model weights to export")
+
+
+def _without_wrapper_prefix(name: str) -> str:
+    for prefix in _WRAPPER_PREFIXES:
+        if name.startswith(prefix):
+            return name[len(prefix):]
+    return name
+
+
+def load_checkpoint_model(checkpoint: Path, dtype: torch.dtype = torch.float32) -> PreTrainedModel:
+    """The trained model of a checkpoint folder, every weight accounted for, ready for generation."""
+    config = AutoConfig.from_pretrained(checkpoint, local_files_only=True)
+    config.use_cache = True  # training turns the KV cache off; inference wants it
+    model = AutoModelForCausalLM.from_config(config)
+    with tempfile.TemporaryDirectory() as scratch:
+        state = {_without_wrapper_prefix(k): v for k, v in _state_dict(checkpoint, Path(scratch)).items()}
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    # A tied output projection is saved once, under the input embedding's name; it counts as loaded.
+    own = model.state_dict()
+    loaded = {own[name].data_ptr() for name in state if name in own}
+    missing = [name for name in missing if own[name].data_ptr() not in loaded]
+    if missing or unexpected:
+        raise ExportError(f"{checkpoint}: the weights do not match config.json (missing {missing[:5]}, "
+                          f"unexpected {unexpected[:5]})")
+    return model.to(dtype).eval()
+
+
+def save_plain_fast_tokenizer(tokenizer, folder: Path, model_max_length: int) -> None:
+    """tokenizer.json plus a `PreTrainedTokenizerFast` tokenizer_config.json and special_tokens_map.json:
+    what transformers 4 and 5, and loaders that expect a plain fast tokenizer, all read the same way."""
+    tokenizer.backend_tokenizer.save(str(folder / "tokenizer.json"))
+    special = {key: str(value) for key, value in tokenizer.special_tokens_map.items() if isinstance(value, str)}
+    added = {str(i): {"content": t.content, "lstrip": t.lstrip, "normalized": t.normalized, "rstrip": t.rstrip,
+                      "single_word": t.single_word, "special": t.special}
+             for i, t in sorted(tokenizer.added_tokens_decoder.items())}
+    config = {"tokenizer_class": "PreTrainedTokenizerFast", **special, "added_tokens_decoder": added,
+              "model_max_length": model_max_length, "clean_up_tokenization_spaces": False}
+    (folder / "tokenizer_config.json").write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n")
+    (folder / "special_tokens_map.json").write_text(json.dumps(special, indent=2, ensure_ascii=False) + "\n")
+
+
+def export_checkpoint(checkpoint: Checkpoint, out: str | Path, dtype: str = "bf16",
+                      card: CardOptions | None = None, overwrite: bool = False) -> Path:
+    """Write the model folder for `checkpoint` to `out`, whole or not at all (built beside it, then renamed)."""
+    out = Path(out)
+    if out.exists() and any(out.iterdir()) and not overwrite:
+        raise ExportError(f"{out} already exists and is not empty; pass --overwrite to replace it")
+    tokenizer = AutoTokenizer.from_pretrained(checkpoint.path, local_files_only=True)
+    model = load_checkpoint_model(checkpoint.path, DTYPES[dtype])
+    # Generation stops at the tokenizer's end-of-text and pads with its pad token, not at hard-coded ids.
+    ids = {"bos_token_id": tokenizer.bos_token_id, "eos_token_id": tokenizer.eos_token_id,
+           "pad_token_id": tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id}
+    for key, value in ids.items():
+        setattr(model.config, key, value)
+    model.generation_config = GenerationConfig(**ids)
+
+    building = out.with_name(out.name + ".tmp")
+    shutil.rmtree(building, ignore_errors=True)
+    building.mkdir(parents=True)
+    model.save_pretrained(building)
+    save_plain_fast_tokenizer(tokenizer, building, model.config.max_position_embeddings)
+    write_model_card(building, checkpoint.path, checkpoint.train_state, checkpoint.run_dir, model,
+                     card or CardOptions(model_name=out.name))
+    if out.exists():
+        shutil.rmtree(out)
+    os.replace(building, out)
+    return out
+
+
+def push_checkpoint(checkpoint_dir: str | Path, repo_id: str, step: int, private: bool = False) -> str:
+    """Export `checkpoint_dir` (bf16) and push it to branch `step-{step}` of `repo_id`; returns the
+    commit URL. For the training loop: call it on the main process only; it raises `HubError`."""
+    checkpoint = resolve_checkpoint(checkpoint_dir, checksums=False)  # just written by us: skip the hashing
+    with tempfile.TemporaryDirectory() as scratch:
+        folder = export_checkpoint(checkpoint, Path(scratch) / repo_id.split("/")[-1],
+                                   card=CardOptions(model_name=repo_id))
+        return push_folder(folder, repo_id, private=private, revision=f"step-{step}",
+                           commit_message=f"Checkpoint at step {step}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="hf-pretrain export", description=__doc__.split("\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--checkpoint", required=True, help="a run folder (its newest complete checkpoint) or a checkpoint folder")
+    parser.add_argument("--out", required=True, help="folder to write the model to")
+    parser.add_argument("--dtype", choices=sorted(DTYPES), default="bf16", help="weight precision (default: bf16)")
+    parser.add_argument("--overwrite", action="store_true", help="replace --out if it already holds something")
+    parser.add_argument("--push-to-hub", metavar="REPO_ID", help="upload the folder to this model repo (created if missing)")
+    parser.add_argument("--private", action="store_true", help="create the repo private")
+    parser.add_argument("--revision", metavar="BRANCH", help="push to this branch (created from main if missing)")
+    parser.add_argument("--license", default="apache-2.0", help="license in the model card (default: apache-2.0)")
+    parser.add_argument("--hardware", help="what the run trained on, for the card, e.g. '1x H100 80GB'")
+    parser.add_argument("--cost-per-hour", type=float, metavar="USD",
+                        help="price of that hardware per hour; the card shows the run's cost")
+    args = parser.parse_args(argv)
+
+    options = CardOptions(model_name=args.push_to_hub or Path(args.out).name, license=args.license,
+                          hardware=args.hardware, cost_per_hour=args.cost_per_hour)
+    try:
+        checkpoint = resolve_checkpoint(args.checkpoint)
+        print(f"export: {checkpoint.path} (step {checkpoint.train_state.get('step')}) -> {args.out} [{args.dtype}]")
+        out = export_checkpoint(checkpoint, args.out, args.dtype, options, args.overwrite)
+    except ExportError as exc:
+        print(f"hf-pretrain export: error: {exc}", file=sys.stderr)
+        return 1
+    print(f"export: wrote {out}")
+    if args.push_to_hub:
+        try:
+            url = push_folder(out, args.push_to_hub, private=args.private, revision=args.revision)
+        except HubError as exc:
+            print(f"hf-pretrain export: error: {exc}\nThe export in {out} is complete; push it again with the "
+                  f"same command once the problem is fixed.", file=sys.stderr)
+            return 1
+        print(f"export: pushed to {url}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,51 @@
+"""Uploads to the Hugging Face Hub: create the repo if needed, a branch when asked, upload a folder.
+
+huggingface_hub finds the token itself (the `HF_TOKEN` variable, else the `hf auth login` file)
+and sends it to `HF_ENDPOINT` (the Hub unless set otherwise). We never print it: every error
+leaves this module as a `HubError` whose message has the token scrubbed out, so neither a log nor
+a traceback can carry it.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from huggingface_hub import HfApi, constants, get_token
+
+# The shape of a Hub user access token; scrubbed too, in case a message quotes one we were not given.
+_TOKEN_LIKE = re.compile(r"hf_[A-Za-z0-9]{8,}")
+
+
+class HubError(RuntimeError):
+    """An upload that did not happen, with a message that is safe to print."""
+
+
+def scrub(text: str, token: str | None) -> str:
+    """`text` with `token`, and anything shaped like a Hub token, replaced by `***`."""
+    if token:
+        text = text.replace(token, "***")
+    return _TOKEN_LIKE.sub("hf_***", text)
+
+
+def push_folder(folder: str | Path, repo_id: str, *, private: bool = False, revision: str | None = None,
+                commit_message: str = "Upload model exported with hf-pretrain") -> str:
+    """Upload every file in `folder` to the model repo `repo_id` (created when missing) on branch
+    `revision` (created from main when missing; None = main). Returns the commit URL."""
+    if constants.is_offline_mode():
+        raise HubError(f"cannot push to {repo_id}: HF_HUB_OFFLINE is set, so huggingface_hub makes no network "
+                       f"calls; unset it and push again")
+    token = get_token()
+    api = HfApi(token=token)
+    try:
+        api.create_repo(repo_id, repo_type="model", private=private, exist_ok=True)
+        if revision:
+            api.create_branch(repo_id, branch=revision, repo_type="model", exist_ok=True)
+        commit = api.upload_folder(repo_id=repo_id, folder_path=str(folder), repo_type="model", revision=revision,
+                                   commit_message=commit_message)
+    except Exception as exc:  # noqa: BLE001 - every failure becomes one scrubbed message
+        reason = scrub(f"{type(exc).__name__}: {exc}", token)
+        hint = "" if token else " (no token found: set HF_TOKEN or run `hf auth login`)"
+        # `from None`: the original exception (and any token in its text) must not reach a traceback
+        raise HubError(f"upload of {folder} to {constants.ENDPOINT}/{repo_id} failed{hint}: {reason}") from None
+    return commit.commit_url

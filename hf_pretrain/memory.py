@@ -1,0 +1,119 @@
+"""GPU memory a recipe needs on one process, before anything is allocated.
+
+Static state, for N parameters (tied embeddings counted once):
+    fp32 master weights 4N + fp32 gradients 4N + AdamW exp_avg and exp_avg_sq 8N,
+    plus 2N for the bf16/fp16 weight copies autocast keeps for the matmuls (mixed precision only).
+
+Activations saved for the backward pass follow Korthikanti et al. 2022 ("Reducing Activation
+Recomputation in Large Transformer Models", sec. 4.1: s*b*h*(34 + 5*a*s/h) bytes per GPT layer),
+adapted to what a Hugging Face Llama layer keeps under Accelerate's autocast with SDPA attention.
+Per token and layer, with h = hidden_size, h_kv = num_key_value_heads * head_dim (GQA),
+I = intermediate_size (SwiGLU), a = num_attention_heads:
+    mixed precision:  30h + 4*h_kv + 8I + 4a + 8 bytes
+        the residual stream stays fp32 (the weights are fp32, autocast only casts matmul inputs),
+        so each RMSNorm keeps its fp32 input and normalised output and hands a bf16 copy to the
+        next matmul; Q, K and V (K and V at h_kv width: SDPA takes GQA without repeating heads),
+        the attention output and o_proj's input in bf16; gate, up, SiLU(gate) and their product
+        (4 x 2I); the fp32 log-sum-exp of the attention rows (4a) and the norms' rsqrt (8).
+        Flash / memory-efficient SDPA never stores the s x s scores, so Korthikanti's 5as/h term
+        and the dropout masks are gone.
+    fp32 (no mixed precision):  32h + 8*h_kv + 16I + 4a + 8 bytes.
+These coefficients were measured with `torch.autograd.graph.saved_tensors_hooks` on
+transformers 5.x (CPU SDPA, which saves the same tensors as the flash kernel).
+With gradient checkpointing (per decoder layer) only each layer's fp32 input is kept (4h per token
+and layer) and one layer's activations are recomputed at a time during the backward pass.
+The head adds, per token, the final norm (10h mixed, 12h fp32) and the logits at the loss:
+bf16 logits, their fp32 upcast and the fp32 log-softmax kept for backward (10V mixed, 8V fp32);
+Liger's fused linear cross entropy never materialises them (chunked), so they count as 0 there.
+
+It is an estimate for one process without FSDP sharding (FSDP divides the static state by the
+number of processes): torch.compile and Liger kernels only lower the real figure, while the CUDA
+context, cuBLAS workspaces and allocator fragmentation are left to the caller's headroom.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from hf_pretrain.config import Recipe
+from hf_pretrain.model import build_model, count_parameters, llama_config
+
+# Bytes per parameter: fp32 weights, fp32 gradients, AdamW's two fp32 moments, autocast's 16-bit copy.
+WEIGHT_BYTES, GRADIENT_BYTES, ADAM_BYTES, HALF_COPY_BYTES = 4, 4, 8, 2
+# Bytes per token per layer of the fp32 residual stream kept at each checkpointed layer boundary.
+RESIDUAL_BYTES = 4
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    """Bytes on one GPU for the recipe's micro-batch; `total(checkpointing)` is the peak."""
+
+    parameters: int
+    weights: int
+    gradients: int
+    optimizer: int
+    weight_copies: int  # autocast's bf16/fp16 copies of the weights (0 in fp32)
+    activations: int  # every layer's saved activations, no checkpointing
+    checkpointed_activations: int  # layer inputs + one layer's activations being recomputed
+    head: int  # final norm + logits and loss
+
+    @property
+    def static(self) -> int:
+        return self.weights + self.gradients + self.optimizer + self.weight_copies
+
+    def total(self, checkpointing: bool) -> int:
+        activations = self.checkpointed_activations if checkpointing else self.activations
+        return self.static + activations + self.head
+
+
+def uses_mixed_precision(recipe: Recipe, cuda_available: bool) -> bool:
+    """bf16/fp16 autocast: asked for explicitly, or `auto` on a GPU."""
+    requested = recipe.train.mixed_precision
+    return requested in ("bf16", "fp16") or (requested == "auto" and cuda_available)
+
+
+def layer_activation_bytes_per_token(recipe: Recipe, mixed_precision: bool) -> int:
+    """Bytes one decoder layer saves for backward per token (formula in the module docstring)."""
+    m = recipe.model
+    h, inner, heads = m.hidden_size, m.intermediate_size, m.num_attention_heads
+    kv_width = m.num_key_value_heads * (h // heads)
+    if mixed_precision:
+        return 30 * h + 4 * kv_width + 8 * inner + 4 * heads + 8
+    return 32 * h + 8 * kv_width + 16 * inner + 4 * heads + 8
+
+
+def head_bytes_per_token(recipe: Recipe, vocab_rows: int, mixed_precision: bool) -> int:
+    """Final norm plus logits at the loss, per token (0 for the logits under Liger's fused loss)."""
+    h = recipe.model.hidden_size
+    norm = 10 * h if mixed_precision else 12 * h
+    logits = 0 if recipe.train.liger else (10 if mixed_precision else 8) * vocab_rows
+    return norm + logits
+
+
+def estimate_memory(recipe: Recipe, tokenizer_size: int, cuda_available: bool = True) -> MemoryEstimate:
+    """Peak training memory of one process for `recipe` (see the module docstring for the formulas).
+
+    `cuda_available` resolves `mixed_precision: auto` the way training will (bf16 on a GPU).
+    """
+    config = llama_config(recipe.model, tokenizer_size)
+    n = count_parameters(build_model(config, device="meta"))
+    mixed = uses_mixed_precision(recipe, cuda_available)
+    tokens = recipe.train.micro_batch_size * recipe.data.seq_len
+    layers = recipe.model.num_hidden_layers
+    per_layer = tokens * layer_activation_bytes_per_token(recipe, mixed)
+    return MemoryEstimate(
+        parameters=n,
+        weights=WEIGHT_BYTES * n,
+        gradients=GRADIENT_BYTES * n,
+        optimizer=ADAM_BYTES * n,
+        weight_copies=HALF_COPY_BYTES * n if mixed else 0,
+        activations=layers * per_layer,
+        checkpointed_activations=layers * tokens * recipe.model.hidden_size * RESIDUAL_BYTES + per_layer,
+        head=tokens * head_bytes_per_token(recipe, config.vocab_size, mixed),
+    )
+
+
+def with_micro_batch(recipe: Recipe, micro_batch_size: int) -> Recipe:
+    """The same recipe at another micro-batch size (for 'what would fit' questions)."""
+    return dataclasses.replace(recipe, train=dataclasses.replace(recipe.train, micro_batch_size=micro_batch_size))

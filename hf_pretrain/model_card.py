@@ -1,0 +1,243 @@
+"""The model card (README.md) of an exported model, its loss-curve image, and its evaluation section.
+
+Everything on the card comes from the run folder: the resolved recipe, `metrics.jsonl`,
+`samples.jsonl` and the checkpoint's train state. `hf-pretrain eval` later fills the section between
+the two `hf-pretrain:eval` markers and the `model-index` metadata (`write_eval_section`).
+"""
+
+from __future__ import annotations
+
+import html
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+from huggingface_hub import EvalResult, ModelCard, ModelCardData
+
+from hf_pretrain.metrics import read_jsonl
+from hf_pretrain.model import count_parameters
+
+LOSS_CURVE = "loss_curve.png"
+EVAL_START = "<!-- hf-pretrain:eval:start -->"
+EVAL_END = "<!-- hf-pretrain:eval:end -->"
+# Milestones of samples.jsonl shown on the card (first, last and evenly spaced between).
+MAX_SAMPLE_MILESTONES = 6
+TAGS = ["hf-pretrain", "llama", "pretrained", "text-generation"]
+
+TEMPLATE = """---
+{{ card_data }}
+---
+
+# {{ model_name }}
+
+A {{ params }}-parameter Llama model pretrained from scratch with hf-pretrain (recipe `{{ recipe_name }}`):
+step {{ step }}{% if max_steps %} of {{ max_steps }}{% endif %}, {{ tokens }} tokens.
+
+```python
+from transformers import pipeline
+
+generator = pipeline("text-generation", model="{{ model_name }}")
+print(generator("The capital of France is", max_new_tokens=32)[0]["generated_text"])
+```
+
+## Architecture
+
+| | |
+|---|---|
+{% for key, value in architecture %}| {{ key }} | {{ value }} |
+{% endfor %}
+## Training
+
+| | |
+|---|---|
+{% for key, value in training %}| {{ key }} | {{ value }} |
+{% endfor %}
+{% if sources %}Data mixture (relative document shares):
+{% for source in sources %}
+- {{ source }}{% endfor %}
+{% endif %}
+{% if loss_curve %}![Training and validation loss]({{ loss_curve }})
+{% endif %}
+{% if samples %}## Samples
+
+Greedy completions of the run's fixed prompts, as the model wrote them during training.
+{% for step, tokens_at, rows in samples %}
+**Step {{ step }}** ({{ tokens_at }} tokens)
+
+| prompt | completion |
+|---|---|
+{% for prompt, completion in rows %}| {{ prompt }} | {{ completion }} |
+{% endfor %}{% endfor %}{% endif %}
+## Evaluation
+
+{{ eval_start }}
+Not evaluated yet: `hf-pretrain eval --model <this folder>` fills this section and the card's `model-index`.
+{{ eval_end }}
+
+"""
+
+
+@dataclass
+class CardOptions:
+    """What the run folder cannot tell the card."""
+
+    model_name: str
+    license: str = "apache-2.0"
+    hardware: str | None = None  # e.g. "1x H100 80GB"
+    cost_per_hour: float | None = None  # USD for that hardware; the card shows the run's cost
+
+
+def _human(count: float) -> str:
+    for unit, size in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if count >= size:
+            return f"{count / size:.2f}{unit}"
+    return f"{count:g}"
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.1f} s"
+    return f"{seconds / 60:.1f} min" if seconds < 7200 else f"{seconds / 3600:.2f} h"
+
+
+def _cell(text: str) -> str:
+    """Text that stays inside one markdown table cell."""
+    return html.escape(text).replace("|", "&#124;").replace("\n", "<br>") or " "
+
+
+def _last(records: list[dict], key: str) -> float | None:
+    values = [r[key] for r in records if key in r]
+    return values[-1] if values else None
+
+
+def _median(records: list[dict], key: str) -> float | None:
+    values = [r[key] for r in records if r.get(key) is not None]
+    return statistics.median(values) if values else None
+
+
+def plot_loss_curve(records: list[dict], path: Path) -> bool:
+    """Train loss (and validation points) against tokens seen, as a PNG; False without matplotlib."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")  # files only: never open a window
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    train = [r for r in records if r.get("kind") == "train"]
+    val = [r for r in records if r.get("kind") == "eval"]
+    fig, ax = plt.subplots(figsize=(7, 4), dpi=120)
+    ax.plot([r["tokens"] for r in train], [r["loss"] for r in train], label="train", linewidth=1)
+    if val:
+        ax.plot([r["tokens"] for r in val], [r["val_loss"] for r in val], "o-", label="validation")
+    ax.set_xlabel("tokens")
+    ax.set_ylabel("cross-entropy loss (nats/token)")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return True
+
+
+def _milestones(samples: list[dict]) -> list[tuple[int, str, list[tuple[str, str]]]]:
+    steps = sorted({s["step"] for s in samples})
+    if len(steps) > MAX_SAMPLE_MILESTONES:
+        last = len(steps) - 1
+        steps = [steps[round(i * last / (MAX_SAMPLE_MILESTONES - 1))] for i in range(MAX_SAMPLE_MILESTONES)]
+    return [(step, f"{next(s['tokens'] for s in samples if s['step'] == step):,}",
+             [(_cell(s["prompt"]), _cell(s["completion"])) for s in samples if s["step"] == step])
+            for step in steps]
+
+
+def _architecture(model) -> list[tuple[str, Any]]:
+    c = model.config
+    rope = (getattr(c, "rope_parameters", None) or {}).get("rope_theta", getattr(c, "rope_theta", None))
+    return [("parameters", f"{count_parameters(model):,}"), ("layers", c.num_hidden_layers),
+            ("hidden size", c.hidden_size), ("feed-forward (SwiGLU)", c.intermediate_size),
+            ("attention heads (query / key-value)", f"{c.num_attention_heads} / {c.num_key_value_heads}"),
+            ("vocabulary", f"{c.vocab_size:,}"), ("context length", f"{c.max_position_embeddings:,}"),
+            ("RoPE theta", rope), ("tied embeddings", c.tie_word_embeddings),
+            ("weights", str(model.dtype).replace("torch.", ""))]
+
+
+def _training(recipe: dict, train_state: dict, records: list[dict], options: CardOptions) -> list[tuple[str, Any]]:
+    train_cfg, data_cfg = recipe.get("train", {}), recipe.get("data", {})
+    train = [r for r in records if r.get("kind") == "train"]
+    val = [r for r in records if r.get("kind") == "eval"]
+    rows: list[tuple[str, Any]] = [("steps", f"{train_state.get('step', 0):,}"),
+                                   ("tokens", f"{train_state.get('tokens_seen', 0):,}")]
+    if train_cfg:
+        rows += [("batch", f"{train_cfg.get('global_batch_tokens', 0):,} tokens/step"),
+                 ("sequence length", data_cfg.get("seq_len")),
+                 ("peak learning rate", train_cfg.get("learning_rate")),
+                 ("schedule", f"{train_cfg.get('warmup_steps')} warmup steps, cosine to "
+                              f"{train_cfg.get('min_lr_ratio')} x peak over {train_cfg.get('max_steps'):,} steps")]
+    rows.append(("hardware", options.hardware or "not recorded"))
+    seconds = train_state.get("elapsed_seconds")
+    if seconds:
+        rows.append(("training time", _duration(seconds)))
+        if options.cost_per_hour is not None:
+            rows.append(("cost", f"${seconds / 3600 * options.cost_per_hour:,.2f} "
+                                 f"(at ${options.cost_per_hour:g}/h)"))
+    for label, value, fmt in [("throughput (median)", _median(train, "tokens_per_s"), "{:,.0f} tokens/s"),
+                              ("MFU (median)", _median(train, "mfu"), "{:.1%}"),
+                              ("peak GPU memory", max((r["peak_memory_gib"] for r in train
+                                                       if r.get("peak_memory_gib")), default=None), "{:.1f} GiB"),
+                              ("final train loss", _last(train, "loss"), "{:.4f}"),
+                              ("final validation loss", _last(val, "val_loss"), "{:.4f}")]:
+        if value is not None:
+            rows.append((label, fmt.format(value)))
+    return rows
+
+
+def write_model_card(folder: Path, checkpoint: Path, train_state: dict, run_dir: Path | None, model,
+                     options: CardOptions) -> Path:
+    """README.md (and the loss curve it shows) for the model exported into `folder`."""
+    step = train_state.get("step", 0)
+    recipe: dict = {}
+    records: list[dict] = []
+    samples: list[dict] = []
+    if run_dir is not None:
+        if (run_dir / "resolved_recipe.yaml").is_file():
+            recipe = yaml.safe_load((run_dir / "resolved_recipe.yaml").read_text()) or {}
+        # only what happened up to this checkpoint: a later one's numbers would misdescribe it
+        records = [r for r in read_jsonl(run_dir / "metrics.jsonl") if r.get("step", 0) <= step]
+        samples = [s for s in read_jsonl(run_dir / "samples.jsonl") if s.get("step", 0) <= step]
+    sources = recipe.get("data", {}).get("sources", [])
+    hub_datasets = [s["name"] for s in sources if s.get("kind") == "hub"]
+    card_data = ModelCardData(license=options.license, library_name="transformers", pipeline_tag="text-generation",
+                              tags=TAGS, datasets=hub_datasets or None, model_name=options.model_name)
+    card = ModelCard.from_template(
+        card_data, template_str=TEMPLATE, model_name=options.model_name, params=_human(count_parameters(model)),
+        recipe_name=recipe.get("name", "unknown"), step=f"{step:,}",
+        max_steps=f"{recipe['train']['max_steps']:,}" if recipe.get("train") else None,
+        tokens=f"{train_state.get('tokens_seen', 0):,}", architecture=_architecture(model),
+        training=_training(recipe, train_state, records, options),
+        sources=[f"{s.get('kind')} `{s.get('name') or ', '.join(s.get('paths', []))}`, weight {s.get('weight')}"
+                 for s in sources],
+        loss_curve=LOSS_CURVE if records and plot_loss_curve(records, folder / LOSS_CURVE) else None,
+        samples=_milestones(samples), eval_start=EVAL_START, eval_end=EVAL_END)
+    path = folder / "README.md"
+    card.save(path)
+    return path
+
+
+def write_eval_section(folder: Path, eval_results: list[EvalResult], markdown: str) -> bool:
+    """Put `markdown` between the card's evaluation markers and `eval_results` into its model-index.
+    False (and nothing written) when `folder` holds no card written by `write_model_card`."""
+    path = folder / "README.md"
+    if not path.is_file():
+        return False
+    card = ModelCard.load(path)
+    head, start, rest = card.text.partition(EVAL_START)
+    _, end, tail = rest.partition(EVAL_END)
+    if not start or not end:
+        return False
+    card.data.eval_results = eval_results or None  # `card.content` renders them as model-index
+    card.data.model_name = card.data.model_name or folder.name
+    card.text = f"{head}{EVAL_START}\n{markdown.strip()}\n{EVAL_END}{tail}"
+    card.save(path)
+    return True

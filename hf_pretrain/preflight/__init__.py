@@ -1,0 +1,67 @@
+"""Preflight: cheap checks that refuse a run which is going to die of its plumbing.
+
+Every check is a small function returning a `CheckResult` (pass / warn / fail / skip, with a
+reason and a fix). `run_checks` runs them all; `preflight` also logs the table and raises
+`PreflightError` when any check fails, so `train` can stop before a model is built.
+`hf-pretrain doctor` (hf_pretrain/doctor.py) prints the same table.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from hf_pretrain.config import Recipe
+from hf_pretrain.preflight.cost import check_cost
+from hf_pretrain.preflight.data import (
+    check_batch_split,
+    check_context,
+    check_loader_pickling,
+    check_num_workers,
+    check_prepared,
+)
+from hf_pretrain.preflight.disk import check_disk_space, check_output_writable
+from hf_pretrain.preflight.gpu import check_bf16, check_cuda, check_memory, check_tf32
+from hf_pretrain.preflight.result import CheckResult, PreflightError, format_table
+from hf_pretrain.preflight.versions import check_versions
+
+__all__ = ["CheckResult", "PreflightError", "format_table", "preflight", "run_checks"]
+
+
+def _guarded(name: str, check: Callable[[], CheckResult | list[CheckResult]]) -> list[CheckResult]:
+    """A check that crashes is reported, not raised: the doctor must never be what kills a run."""
+    try:
+        result = check()
+    except Exception as exc:
+        return [CheckResult(name, "warn", f"the check could not run: {type(exc).__name__}: {exc}",
+                            "report this; the run itself may still be fine")]
+    return result if isinstance(result, list) else [result]
+
+
+def run_checks(recipe: Recipe, world_size: int = 1, device_memory_bytes: int | None = None) -> list[CheckResult]:
+    """Every check, in the order a run meets them: software, GPU, data, disk, memory, money."""
+    checks: list[tuple[str, Callable[[], CheckResult | list[CheckResult]]]] = [
+        ("versions", lambda: check_versions(recipe)),
+        ("cuda", lambda: check_cuda(recipe)),
+        ("bf16", lambda: check_bf16(recipe)),
+        ("tf32", lambda: check_tf32(recipe)),
+        ("data", lambda: check_prepared(recipe)),
+        ("seq_len", lambda: check_context(recipe)),
+        ("batch", lambda: check_batch_split(recipe, world_size)),
+        ("num_workers", lambda: check_num_workers(recipe)),
+        ("loader", lambda: check_loader_pickling(recipe)),
+        ("output_dir", lambda: check_output_writable(recipe)),
+        ("disk space", lambda: check_disk_space(recipe)),
+        ("gpu memory", lambda: check_memory(recipe, device_memory_bytes)),
+        ("time and cost", lambda: check_cost(recipe)),
+    ]
+    return [result for name, check in checks for result in _guarded(name, check)]
+
+
+def preflight(recipe: Recipe, world_size: int, log: Callable[[str], None] = print) -> list[CheckResult]:
+    """Run every check, log the table, and raise `PreflightError` (the failed checks with their
+    fixes) when any fails; returns the results otherwise (warnings included)."""
+    results = run_checks(recipe, world_size)
+    log(format_table(results))
+    if any(r.status == "fail" for r in results):
+        raise PreflightError(results)
+    return results

@@ -1,0 +1,85 @@
+"""The data side of a run: prepared shards that match the recipe, and a loader that survives workers."""
+
+from __future__ import annotations
+
+import pickle
+
+import torch
+
+from hf_pretrain.config import Recipe, RecipeError
+from hf_pretrain.data import DataMismatchError, build_train_loader, check_prepared_data
+from hf_pretrain.preflight.result import CheckResult
+
+
+def prepare_fix(recipe: Recipe) -> str:
+    return f"run `hf-pretrain prepare --recipe {recipe.name}`"
+
+
+def check_prepared(recipe: Recipe) -> CheckResult:
+    """meta.json, tokenizer and shards in data_dir agree with the recipe (tokenizer, vocabulary, sizes)."""
+    fix = prepare_fix(recipe)
+    try:
+        meta = check_prepared_data(recipe)
+    except DataMismatchError as exc:
+        # The message already ends with the prepare hint; the table shows it once, as the fix.
+        return CheckResult("data", "fail", str(exc).removesuffix(f"; {fix}"), fix)
+    train_tokens = meta["splits"]["train"]["tokens"]
+    return CheckResult("data", "pass", f"{recipe.data.data_dir}: {train_tokens:,} training tokens, "
+                                       f"vocabulary {meta['vocab_size']:,}, {meta['dtype']}")
+
+
+def check_context(recipe: Recipe) -> CheckResult:
+    seq_len, limit = recipe.data.seq_len, recipe.model.max_position_embeddings
+    if seq_len > limit:
+        return CheckResult("seq_len", "fail", f"seq_len={seq_len} exceeds max_position_embeddings={limit}",
+                           f"--seq_len {limit} or --max_position_embeddings {seq_len}")
+    return CheckResult("seq_len", "pass", f"{seq_len} within max_position_embeddings={limit}")
+
+
+def check_batch_split(recipe: Recipe, world_size: int) -> CheckResult:
+    """The global batch splits into whole micro-batches on `world_size` processes."""
+    try:
+        accumulation = recipe.grad_accum_steps(world_size)
+    except RecipeError as exc:
+        return CheckResult("batch", "fail", str(exc), "change global_batch_tokens or micro_batch_size")
+    t = recipe.train
+    return CheckResult("batch", "pass", f"{t.global_batch_tokens:,} tokens/step = {world_size} process(es) x "
+                                        f"{accumulation} micro-batch(es) x {t.micro_batch_size} x {recipe.data.seq_len}")
+
+
+def check_num_workers(recipe: Recipe) -> CheckResult:
+    workers = recipe.data.num_workers
+    if workers == 0:
+        return CheckResult("num_workers", "warn", "num_workers=0: the training thread waits while every batch is read",
+                           "--num_workers 2 (or more)")
+    return CheckResult("num_workers", "pass", f"{workers} loader process(es)")
+
+
+def check_loader_pickling(recipe: Recipe) -> CheckResult:
+    """What a worker process receives (dataset, batch sampler, collate_fn) survives pickling and
+    yields a batch from the copy, the way a `spawn`/`forkserver` worker would get it.
+
+    Neither builds worker processes nor iterates the DataLoader: only its parts are touched.
+    """
+    name, fix = "loader", "keep the dataset and collate_fn picklable: module-level functions, no open files or locks"
+    try:
+        loader = build_train_loader(recipe, rank=0, world_size=1, grad_accum=recipe.grad_accum_steps(1), start_step=0)
+    except (DataMismatchError, RecipeError):
+        return CheckResult(name, "skip", "needs valid prepared data and batch settings (see `data` and `batch`)")
+    parts = (loader.dataset, loader.batch_sampler, loader.collate_fn)
+    try:
+        dataset, batch_sampler, collate_fn = pickle.loads(pickle.dumps(parts))
+    except Exception as exc:  # pickling raises many types (PicklingError, TypeError, AttributeError)
+        return CheckResult(name, "fail", f"the loader does not survive pickling for worker processes: "
+                                         f"{type(exc).__name__}: {exc}", fix)
+    try:
+        batch = collate_fn([dataset[i] for i in next(iter(batch_sampler))])
+    except Exception as exc:  # whatever a worker would die of
+        return CheckResult(name, "fail", f"the unpickled loader cannot produce a batch: {type(exc).__name__}: {exc}",
+                           fix)
+    expected = (recipe.train.micro_batch_size, recipe.data.seq_len + 1)
+    if not isinstance(batch, torch.Tensor) or tuple(batch.shape) != expected or batch.dtype != torch.long:
+        found = f"{tuple(batch.shape)} {batch.dtype}" if isinstance(batch, torch.Tensor) else type(batch).__name__
+        return CheckResult(name, "fail", f"the loader yields {found}, expected {expected} torch.int64", fix)
+    return CheckResult(name, "pass", f"dataset, sampler and collate_fn pickle for workers and yield "
+                                     f"[{expected[0]}, {expected[1]}] batches")

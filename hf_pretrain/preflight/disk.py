@@ -1,0 +1,80 @@
+"""The output folder: writable, with room for the checkpoints and the exported model."""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+
+from hf_pretrain.checkpoint import list_checkpoints
+from hf_pretrain.config import Recipe
+from hf_pretrain.memory import uses_mixed_precision
+from hf_pretrain.model import build_model, count_parameters, llama_config, recipe_tokenizer_size
+from hf_pretrain.preflight.result import CheckResult, human_bytes
+
+# Bytes per parameter in a checkpoint: fp32 weights (4) + AdamW's two fp32 moments (8). Under FSDP
+# the same total is spread over one file per process.
+CHECKPOINT_BYTES_PER_PARAMETER = 12
+# RNG states, tokenizer, config, manifest and train state beside the tensors: a few MB, rounded up.
+CHECKPOINT_SLACK_BYTES = 64 * 2**20
+
+
+def nearest_existing(path: Path) -> Path:
+    """`path` itself or its closest ancestor that exists (the folder a run would create it in)."""
+    path = path.absolute()
+    while not path.exists():
+        path = path.parent
+    return path
+
+
+def check_output_writable(recipe: Recipe) -> CheckResult:
+    output_dir = Path(recipe.train.output_dir)
+    existing = nearest_existing(output_dir)
+    fix = "--output_dir on a writable disk"
+    if not existing.is_dir():
+        return CheckResult("output_dir", "fail", f"cannot create {output_dir}: {existing} is a file, not a folder", fix)
+    try:
+        with tempfile.NamedTemporaryFile(dir=existing, prefix=".hf-pretrain-doctor-"):
+            pass
+    except OSError as exc:
+        return CheckResult("output_dir", "fail", f"cannot write in {existing}: {exc.strerror or exc}", fix)
+    where = "exists" if existing == output_dir.absolute() else f"will be created in {existing}"
+    return CheckResult("output_dir", "pass", f"{output_dir} {where}, writable")
+
+
+def milestone_count(recipe: Recipe) -> int:
+    """Checkpoints kept forever at multiples of milestone_interval, before the final step's."""
+    interval = recipe.train.milestone_interval
+    return (recipe.train.max_steps - 1) // interval if interval else 0
+
+
+def existing_checkpoint_bytes(output_dir: str | Path) -> int:
+    return sum(f.stat().st_size for c in list_checkpoints(output_dir) for f in c.path.rglob("*") if f.is_file())
+
+
+def check_disk_space(recipe: Recipe) -> CheckResult:
+    """Free space for keep_checkpoints + 1 checkpoints (a new one is complete before the oldest is
+    pruned), the milestones, and the final export, less what the run's checkpoints already take."""
+    t = recipe.train
+    n = count_parameters(build_model(llama_config(recipe.model, recipe_tokenizer_size(recipe)), device="meta"))
+    checkpoint = CHECKPOINT_BYTES_PER_PARAMETER * n + CHECKPOINT_SLACK_BYTES
+    export = (2 if uses_mixed_precision(recipe, torch.cuda.is_available()) else 4) * n  # bf16 or fp32 weights
+    milestones = milestone_count(recipe)
+    already = existing_checkpoint_bytes(t.output_dir)
+    needed = max(0, (t.keep_checkpoints + 1 + milestones) * checkpoint + export - already)
+    disk = nearest_existing(Path(t.output_dir))
+    if not disk.is_dir():
+        return CheckResult("disk space", "skip", f"{disk} is not a folder (see output_dir)")
+    free = shutil.disk_usage(disk).free
+    count = t.keep_checkpoints + 1 + milestones
+    parts = f"{t.keep_checkpoints} kept + 1 being written" + (f" + {milestones} milestones" if milestones else "")
+    existing = f" - {human_bytes(already)} in existing checkpoints" if already else ""
+    reason = (f"needs {human_bytes(needed)} = {count} checkpoints of {human_bytes(checkpoint)} ({parts}) + a "
+              f"{human_bytes(export)} export{existing}; {human_bytes(free)} free on {disk}")
+    if free < needed:
+        return CheckResult("disk space", "fail", reason,
+                           "free space, put --output_dir on a bigger disk, or lower --keep_checkpoints"
+                           + (" / --milestone_interval" if milestones else ""))
+    return CheckResult("disk space", "pass", reason)

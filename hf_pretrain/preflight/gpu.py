@@ -1,0 +1,126 @@
+"""The GPU side of a run: CUDA where the recipe expects it, bf16 and TF32, and whether it fits in memory."""
+
+from __future__ import annotations
+
+import torch
+
+from hf_pretrain.config import Recipe
+from hf_pretrain.memory import MemoryEstimate, estimate_memory, with_micro_batch
+from hf_pretrain.model import recipe_tokenizer_size
+from hf_pretrain.preflight.result import CheckResult, human_bytes
+
+# Share of the device's memory a run can count on: the CUDA context, cuBLAS/NCCL workspaces and
+# allocator fragmentation take the rest.
+USABLE_MEMORY_FRACTION = 0.9
+CPU_FIX = "to run on the CPU anyway: --mixed_precision no --compile false --liger false"
+
+
+def gpu_requirements(recipe: Recipe) -> list[str]:
+    """The recipe keys that only make sense on a GPU."""
+    t = recipe.train
+    wanted = [f"mixed_precision={t.mixed_precision}"] if t.mixed_precision in ("bf16", "fp16") else []
+    return wanted + ["compile=true"] * t.compile + ["liger=true"] * t.liger
+
+
+def check_cuda(recipe: Recipe) -> CheckResult:
+    needs = gpu_requirements(recipe)
+    if torch.cuda.is_available():
+        props = torch.cuda.get_device_properties(0)
+        return CheckResult("cuda", "pass", f"{props.name}, {human_bytes(props.total_memory)}, "
+                                           f"torch {torch.__version__} (CUDA {torch.version.cuda})")
+    if needs:
+        return CheckResult("cuda", "fail",
+                           f"the recipe expects a GPU ({', '.join(needs)}) but torch {torch.__version__} sees no "
+                           f"CUDA device",
+                           f"check `nvidia-smi` and that torch is a CUDA build "
+                           f"(pip install -c constraints.txt -e .); {CPU_FIX}")
+    if recipe.train.mixed_precision == "auto":
+        return CheckResult("cuda", "warn", "no CUDA device: mixed_precision=auto will train in fp32 on the CPU",
+                           "fine for the smoke recipe; for real runs use a GPU machine")
+    return CheckResult("cuda", "pass", "no CUDA device; the recipe runs on the CPU (mixed_precision=no)")
+
+
+def check_bf16(recipe: Recipe) -> CheckResult:
+    requested = recipe.train.mixed_precision
+    if not torch.cuda.is_available():
+        return CheckResult("bf16", "skip", "no CUDA device")
+    if requested not in ("bf16", "auto"):
+        return CheckResult("bf16", "skip", f"not asked for (mixed_precision={requested})")
+    if torch.cuda.is_bf16_supported():
+        return CheckResult("bf16", "pass", f"supported by {torch.cuda.get_device_name(0)}")
+    if requested == "auto":
+        return CheckResult("bf16", "warn", "this GPU has no bf16: mixed_precision=auto falls back to fp32",
+                           "--mixed_precision fp16 (with loss scaling) for speed")
+    return CheckResult("bf16", "fail", f"mixed_precision=bf16 but {torch.cuda.get_device_name(0)} has no bf16",
+                       "--mixed_precision fp16, or a GPU from Ampere (A100, A10, RTX 30xx) on")
+
+
+def check_tf32(recipe: Recipe) -> CheckResult:
+    if not torch.cuda.is_available():
+        return CheckResult("tf32", "skip", "only matters on CUDA")
+    if recipe.train.tf32:
+        return CheckResult("tf32", "pass", "TF32 matmuls on (tf32=true)")
+    return CheckResult("tf32", "warn", "tf32=false: fp32 matmuls run several times slower on Ampere and later",
+                       "--tf32 true")
+
+
+def device_memory() -> int | None:
+    """Total memory of the first CUDA device, or None without one."""
+    return torch.cuda.get_device_properties(0).total_memory if torch.cuda.is_available() else None
+
+
+def describe(estimate: MemoryEstimate) -> str:
+    n = estimate.parameters
+    size = f"{n / 1e9:.2f}B" if n >= 1e9 else f"{n / 1e6:.1f}M"
+    return (f"{size} parameters need {human_bytes(estimate.total(False))} ({human_bytes(estimate.static)} weights, "
+            f"gradients and AdamW, {human_bytes(estimate.activations)} activations, {human_bytes(estimate.head)} "
+            f"logits), {human_bytes(estimate.total(True))} with gradient checkpointing")
+
+
+def largest_micro_batch(recipe: Recipe, tokenizer_size: int, usable: float, checkpointing: bool,
+                        cuda_available: bool) -> int | None:
+    """The largest micro-batch below the recipe's that fits and still divides the global batch."""
+    for size in range(recipe.train.micro_batch_size - 1, 0, -1):
+        if recipe.train.global_batch_tokens % (size * recipe.data.seq_len):
+            continue
+        estimate = estimate_memory(with_micro_batch(recipe, size), tokenizer_size, cuda_available)
+        if estimate.total(checkpointing) <= usable:
+            return size
+    return None
+
+
+def check_memory(recipe: Recipe, device_memory_bytes: int | None = None) -> CheckResult:
+    """Estimated peak memory (hf_pretrain.memory) against the device's, with and without checkpointing.
+
+    `device_memory_bytes` defaults to the first CUDA device's; passing it lets the verdict be
+    computed for any GPU, on any machine.
+    """
+    total = device_memory_bytes if device_memory_bytes is not None else device_memory()
+    cuda = total is not None
+    tokenizer_size = recipe_tokenizer_size(recipe)
+    estimate = estimate_memory(recipe, tokenizer_size, cuda_available=cuda)
+    if total is None:
+        return CheckResult("gpu memory", "skip", f"no GPU to compare against; {describe(estimate)}")
+    usable = USABLE_MEMORY_FRACTION * total
+    fits_plain, fits_checkpointed = estimate.total(False) <= usable, estimate.total(True) <= usable
+    where = f"{describe(estimate)}; the device has {human_bytes(total)}, {human_bytes(usable)} usable"
+    checkpointing = recipe.train.gradient_checkpointing
+    if checkpointing and fits_plain:
+        return CheckResult("gpu memory", "warn", f"fits without gradient checkpointing: {where}",
+                           "--gradient_checkpointing false (checkpointing costs 15-20% of throughput)")
+    if fits_plain or (checkpointing and fits_checkpointed):
+        return CheckResult("gpu memory", "pass", where)
+    # It would run out of memory: offer the cheapest ways out, a smaller micro-batch first (more
+    # accumulation costs little), then checkpointing (recomputation costs 15-20%).
+    smaller = largest_micro_batch(recipe, tokenizer_size, usable, False, cuda)
+    options = [f"--micro_batch_size {smaller}"] if smaller else []
+    if fits_checkpointed:
+        options.append("--gradient_checkpointing true")
+    elif not smaller:
+        smaller = largest_micro_batch(recipe, tokenizer_size, usable, True, cuda)
+        if smaller:
+            options.append(f"--gradient_checkpointing true --micro_batch_size {smaller}")
+    fix = (" or ".join(options) + " (accumulation keeps the global batch)" if options
+           else "a GPU with more memory, FSDP over several GPUs, or a smaller model")
+    how = "without gradient checkpointing" if fits_checkpointed else "even with gradient checkpointing"
+    return CheckResult("gpu memory", "fail", f"does not fit {how}: {where}", fix)

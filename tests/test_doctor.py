@@ -1,0 +1,375 @@
+"""`hf-pretrain doctor` and `preflight`: every check can fail (or warn, where that is its worst), and says why."""
+
+from __future__ import annotations
+
+import os
+
+os.environ["HF_HUB_OFFLINE"] = "1"  # before transformers is imported: no test may reach the Hub
+
+import importlib.metadata
+import shutil
+import subprocess
+import sys
+import threading
+from collections import namedtuple
+from pathlib import Path
+
+import pytest
+import torch
+
+from hf_pretrain.config import Recipe, load_recipe
+from hf_pretrain.data import PackedDataset
+from hf_pretrain.data import loader as loader_module
+from hf_pretrain.memory import estimate_memory, layer_activation_bytes_per_token
+from hf_pretrain.model import recipe_tokenizer_size
+from hf_pretrain.preflight import CheckResult, PreflightError, format_table, preflight, run_checks
+from hf_pretrain.preflight.cost import check_cost, run_cost, run_hours
+from hf_pretrain.preflight.data import (
+    check_batch_split,
+    check_context,
+    check_loader_pickling,
+    check_num_workers,
+    check_prepared,
+)
+from hf_pretrain.preflight.disk import check_disk_space, check_output_writable
+from hf_pretrain.preflight.gpu import check_bf16, check_cuda, check_memory, check_tf32
+from hf_pretrain.preflight.result import human_bytes
+from hf_pretrain.preflight.versions import check_versions
+from tests.helpers import ROOT, offline_env
+
+ON_GPU = torch.cuda.is_available()
+cpu_only = pytest.mark.skipif(ON_GPU, reason="checks what happens without CUDA")
+N_1B = 1_038_813_184  # the 1b recipe's parameters, as tests/test_recipes.py holds it
+
+
+def smoke(smoke_data: Path, tmp_path: Path, **overrides) -> Recipe:
+    return load_recipe("smoke", {"data_dir": str(smoke_data), "output_dir": str(tmp_path / "run"), **overrides})
+
+
+def one_b(**overrides) -> Recipe:
+    return load_recipe("1b", overrides)
+
+
+def by_name(results: list[CheckResult]) -> dict[str, CheckResult]:
+    return {r.name: r for r in results}
+
+
+# ---------------------------------------------------------------------- versions
+def fake_versions(monkeypatch: pytest.MonkeyPatch, versions: dict[str, str | None],
+                  requires: dict[str, list[str]] | None = None) -> None:
+    """Pretend these packages are installed at these versions (None: not installed)."""
+    real_version, real_requires = importlib.metadata.version, importlib.metadata.requires
+
+    def version(name: str) -> str:
+        if name in versions:
+            if versions[name] is None:
+                raise importlib.metadata.PackageNotFoundError(name)
+            return versions[name]
+        return real_version(name)
+
+    def requires_(name: str) -> list[str] | None:
+        return (requires or {}).get(name) or real_requires(name)
+
+    monkeypatch.setattr(importlib.metadata, "version", version)
+    monkeypatch.setattr(importlib.metadata, "requires", requires_)
+
+
+def test_installed_stack_is_within_the_declared_ranges(tmp_path):
+    results = by_name(check_versions(one_b()))
+    assert [results[p].status for p in ("torch", "transformers", "accelerate", "datasets", "tokenizers")] == ["pass"] * 5
+    assert "liger-kernel" not in results  # only checked when the recipe turns Liger on
+
+
+def test_version_outside_the_range_fails(monkeypatch):
+    fake_versions(monkeypatch, {"transformers": "4.46.0", "datasets": None})
+    results = by_name(check_versions(one_b()))
+    assert results["transformers"].status == "fail"
+    assert "4.46.0 is outside the supported range" in results["transformers"].reason
+    assert "<6,>=5.0" in results["transformers"].reason  # read from the installed hf-pretrain metadata
+    assert "constraints.txt" in results["transformers"].fix
+    assert results["datasets"].status == "fail" and "not installed" in results["datasets"].reason
+    assert results["torch"].status == "pass"
+
+
+def test_liger_needs_its_packages_and_warns_outside_its_torch_range(monkeypatch):
+    fake_versions(monkeypatch, {"liger-kernel": None, "triton": None})
+    results = by_name(check_versions(one_b(liger=True)))
+    assert results["liger-kernel"].status == "fail" and "not installed (needed: >=0.6)" in results["liger-kernel"].reason
+    assert "[liger]" in results["liger-kernel"].fix
+    assert results["triton"].status == "fail"
+
+    fake_versions(monkeypatch, {"liger-kernel": "0.6.2", "triton": "3.1.0", "torch": "2.9.0"},
+                  requires={"liger-kernel": ["torch<2.8,>=2.1.2", "triton>=2.3.1"]})
+    results = by_name(check_versions(one_b(liger=True)))
+    assert results["liger-kernel"].status == results["triton"].status == "pass"
+    assert "(supported: >=2.3.1)" in results["triton"].reason  # Triton's range comes from Liger's metadata
+    warning = results["liger + torch"]
+    assert warning.status == "warn"
+    assert "torch 2.9.0 is outside liger-kernel's tested torch range <2.8,>=2.1.2" in warning.reason
+
+
+# ---------------------------------------------------------------------- CUDA, bf16, TF32
+@cpu_only
+def test_gpu_recipe_without_cuda_fails():
+    result = check_cuda(one_b(compile=False))
+    assert result.status == "fail"
+    assert "expects a GPU (mixed_precision=bf16)" in result.reason and "no CUDA device" in result.reason
+    assert "--mixed_precision no --compile false --liger false" in result.fix
+    assert "compile=true, liger=true" in check_cuda(one_b(mixed_precision="no", liger=True)).reason
+
+
+@cpu_only
+def test_auto_precision_on_cpu_warns_and_gpu_only_checks_skip():
+    result = check_cuda(load_recipe("smoke"))
+    assert result.status == "warn" and "fp32 on the CPU" in result.reason
+    assert check_cuda(load_recipe("smoke", {"mixed_precision": "no"})).status == "pass"
+    assert check_bf16(one_b()).status == "skip"
+    assert check_tf32(one_b(tf32=False)).status == "skip"
+
+
+# ---------------------------------------------------------------------- data and loader
+def test_prepared_data_that_matches_passes(smoke_data, tmp_path):
+    result = check_prepared(smoke(smoke_data, tmp_path))
+    assert result.status == "pass" and "training tokens" in result.reason
+
+
+def test_missing_prepared_data_fails_with_the_prepare_hint(tmp_path):
+    result = check_prepared(load_recipe("smoke", {"data_dir": str(tmp_path / "nothing")}))
+    assert result.status == "fail"
+    assert "meta.json not found" in result.reason
+    assert result.fix == "run `hf-pretrain prepare --recipe smoke`"
+    assert "hf-pretrain prepare" not in result.reason  # the hint is shown once, as the fix
+
+
+def test_metadata_that_does_not_match_the_recipe_fails_naming_the_field(smoke_data, tmp_path):
+    # prepared with vocab_size 4096, checked with 4000
+    result = check_prepared(smoke(smoke_data, tmp_path, vocab_size=4000))
+    assert result.status == "fail"
+    assert "vocab_size expected 4000, found 4096" in result.reason
+    assert "hf-pretrain prepare --recipe smoke" in result.fix
+
+
+def test_seq_len_beyond_max_position_embeddings_fails():
+    recipe = load_recipe("smoke")
+    assert check_context(recipe).status == "pass"
+    recipe.data.seq_len = 1024  # the parser rejects this, so build a valid recipe and break it afterwards
+    result = check_context(recipe)
+    assert result.status == "fail" and "seq_len=1024 exceeds max_position_embeddings=512" in result.reason
+
+
+def test_batch_that_does_not_split_over_the_processes_fails():
+    recipe = load_recipe("smoke")
+    assert check_batch_split(recipe, 2).status == "pass"
+    result = check_batch_split(recipe, 3)
+    assert result.status == "fail" and "global_batch_tokens=4096 is not a multiple" in result.reason
+
+
+def test_zero_workers_warn():
+    assert check_num_workers(load_recipe("smoke")).status == "pass"
+    result = check_num_workers(load_recipe("smoke", {"num_workers": 0}))
+    assert result.status == "warn" and "training thread waits" in result.reason
+    assert "--num_workers" in result.fix
+
+
+def test_loader_survives_pickling_and_yields_a_batch(smoke_data, tmp_path):
+    result = check_loader_pickling(smoke(smoke_data, tmp_path))
+    assert result.status == "pass" and "[16, 129]" in result.reason
+
+
+def test_unpicklable_collate_fails(smoke_data, tmp_path, monkeypatch):
+    monkeypatch.setattr(loader_module, "stack_samples", lambda samples: torch.stack(samples))
+    result = check_loader_pickling(smoke(smoke_data, tmp_path))
+    assert result.status == "fail"
+    assert "does not survive pickling for worker processes" in result.reason and "lambda" in result.reason
+
+
+def test_unpicklable_dataset_fails(smoke_data, tmp_path, monkeypatch):
+    def state_with_a_lock(self):
+        return {**self.__dict__, "_shards": None, "lock": threading.Lock()}
+
+    monkeypatch.setattr(PackedDataset, "__getstate__", state_with_a_lock)
+    result = check_loader_pickling(smoke(smoke_data, tmp_path))
+    assert result.status == "fail" and "lock" in result.reason
+
+
+def test_loader_that_breaks_after_unpickling_fails(smoke_data, tmp_path, monkeypatch):
+    # the copy a worker gets has lost its shard list: pickling works, reading does not
+    monkeypatch.setattr(PackedDataset, "__getstate__", lambda self: {**self.__dict__, "_shards": None,
+                                                                        "shard_paths": []})
+    result = check_loader_pickling(smoke(smoke_data, tmp_path))
+    assert result.status == "fail" and "cannot produce a batch" in result.reason
+
+
+def test_loader_check_skips_without_data(tmp_path):
+    result = check_loader_pickling(load_recipe("smoke", {"data_dir": str(tmp_path / "nothing")}))
+    assert result.status == "skip"
+
+
+# ---------------------------------------------------------------------- output folder and disk
+def test_output_dir_under_a_file_fails(tmp_path):
+    (tmp_path / "file.txt").write_text("not a folder")
+    recipe = load_recipe("smoke", {"output_dir": str(tmp_path / "file.txt" / "run")})
+    result = check_output_writable(recipe)
+    assert result.status == "fail" and "file.txt is a file, not a folder" in result.reason
+    assert check_output_writable(load_recipe("smoke", {"output_dir": str(tmp_path / "a" / "b")})).status == "pass"
+
+
+def test_unwritable_output_dir_fails(tmp_path, monkeypatch):
+    def refuse(*args, **kwargs):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr("tempfile.NamedTemporaryFile", refuse)  # root ignores chmod, so refuse the write itself
+    result = check_output_writable(load_recipe("smoke", {"output_dir": str(tmp_path / "run")}))
+    assert result.status == "fail" and "Permission denied" in result.reason
+
+
+DiskUsage = namedtuple("DiskUsage", "total used free")
+
+
+def test_too_little_disk_fails_with_needed_and_free(tmp_path, monkeypatch):
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: DiskUsage(10**12, 10**12 - 10**11, 10**11))
+    recipe = one_b(output_dir=str(tmp_path / "run"), milestone_interval=0)
+    checkpoint = 12 * N_1B + 64 * 2**20  # fp32 weights + AdamW moments + slack
+    needed = 4 * checkpoint + 2 * N_1B  # 3 kept + 1 being written, and a bf16 export
+    result = check_disk_space(recipe)
+    assert result.status == "pass"
+    assert f"needs {human_bytes(needed)} = 4 checkpoints of {human_bytes(checkpoint)}" in result.reason
+    assert human_bytes(needed) == "52.2 GB" and "100.0 GB free" in result.reason
+
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: DiskUsage(10**12, 10**12 - 40 * 10**9, 40 * 10**9))
+    result = check_disk_space(recipe)
+    assert result.status == "fail"
+    assert "needs 52.2 GB" in result.reason and "40.0 GB free" in result.reason
+    assert "--keep_checkpoints" in result.fix
+
+    with_milestones = check_disk_space(one_b(output_dir=str(tmp_path / "run")))  # every 10,000 of 90,000 steps
+    assert "12 checkpoints" in with_milestones.reason and "8 milestones" in with_milestones.reason
+
+
+def test_existing_checkpoints_count_against_the_need(tmp_path, monkeypatch):
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: DiskUsage(10**12, 0, 10**12))
+    recipe = load_recipe("smoke", {"output_dir": str(tmp_path / "run"), "mixed_precision": "no"})
+    n = estimate_memory(recipe, recipe_tokenizer_size(recipe)).parameters
+    step = tmp_path / "run" / "checkpoints" / "step_00000100"
+    step.mkdir(parents=True)
+    with (step / "model.safetensors").open("wb") as f:
+        f.truncate(100_000_000)  # sparse: counts its size without writing it
+    needed = 3 * (12 * n + 64 * 2**20) + 4 * n - 100_000_000  # 2 kept + 1 being written + fp32 export
+    result = check_disk_space(recipe)
+    assert f"needs {human_bytes(needed)} = 3 checkpoints" in result.reason
+    assert "100.0 MB in existing checkpoints" in result.reason
+
+
+# ---------------------------------------------------------------------- GPU memory
+def test_memory_estimate_of_the_1b_recipe():
+    recipe = one_b()
+    estimate = estimate_memory(recipe, recipe_tokenizer_size(recipe))
+    n, tokens = N_1B, 8 * 2048
+    assert estimate.parameters == n
+    assert (estimate.weights, estimate.gradients, estimate.optimizer, estimate.weight_copies) == (4 * n, 4 * n, 8 * n, 2 * n)
+    # 30h + 4 h_kv + 8I + 4a + 8 bytes per token and layer, h=2048, h_kv=8*64, I=8192, a=32
+    assert layer_activation_bytes_per_token(recipe, mixed_precision=True) == 129_160
+    assert estimate.activations == 16 * tokens * 129_160
+    assert estimate.checkpointed_activations == 16 * tokens * 4 * 2048 + tokens * 129_160
+    assert estimate.head == tokens * (10 * 2048 + 10 * 32_064)  # final norm + logits at the loss, 32,064 rows
+    assert round(estimate.total(False) / 1e9, 1) == 58.1 and round(estimate.total(True) / 1e9, 1) == 28.6
+    assert estimate_memory(one_b(liger=True), 32_005).head == tokens * 10 * 2048  # fused loss: no logits
+
+
+def test_checkpointing_that_is_not_needed_warns():
+    result = check_memory(one_b(gradient_checkpointing=True), device_memory_bytes=141 * 10**9)
+    assert result.status == "warn" and "fits without gradient checkpointing" in result.reason
+    assert "need 58.1 GB (18.7 GB weights, gradients and AdamW, 33.9 GB activations, 5.6 GB logits), 28.6 GB with gradient checkpointing" in result.reason
+    assert "--gradient_checkpointing false" in result.fix
+    assert check_memory(one_b(), device_memory_bytes=141 * 10**9).status == "pass"
+
+
+def test_run_that_fits_only_with_checkpointing_fails_without_it():
+    result = check_memory(one_b(), device_memory_bytes=48 * 10**9)  # 43.2 GB usable: 28.6 fits, 58.1 does not
+    assert result.status == "fail" and "does not fit without gradient checkpointing" in result.reason
+    assert "--micro_batch_size 4" in result.fix and "--gradient_checkpointing true" in result.fix
+    assert check_memory(one_b(gradient_checkpointing=True), device_memory_bytes=48 * 10**9).status == "pass"
+
+
+def test_run_that_cannot_fit_either_way_fails():
+    result = check_memory(one_b(gradient_checkpointing=True), device_memory_bytes=16 * 10**9)
+    assert result.status == "fail" and "does not fit even with gradient checkpointing" in result.reason
+    assert "the device has 16.0 GB, 14.4 GB usable" in result.reason
+
+
+@cpu_only
+def test_memory_without_a_gpu_skips_but_shows_the_estimate():
+    result = check_memory(one_b())
+    assert result.status == "skip" and "no GPU to compare against" in result.reason
+    assert "1.04B parameters need 58.1 GB" in result.reason
+
+
+# ---------------------------------------------------------------------- time and cost
+def test_time_and_cost_come_from_the_recipe():
+    recipe = one_b(expected_tokens_per_s=30_000, price_per_hour=1.29)
+    # 90,000 steps x 131,072 tokens = 11,796,480,000 tokens; / 30,000 tokens/s = 393,216 s
+    assert run_hours(recipe) == pytest.approx(109.2267, abs=1e-4)
+    assert run_cost(recipe) == pytest.approx(140.90, abs=0.01)
+    result = check_cost(recipe)
+    assert result.status == "pass" and "109.2 h at 30,000 tokens/s, $140.90 at $1.29/h" in result.reason
+
+
+def test_unknown_throughput_or_price_warns():
+    unknown_rate = check_cost(one_b())
+    assert unknown_rate.status == "warn" and "time and cost unknown" in unknown_rate.reason
+    assert "hf-pretrain bench" in unknown_rate.fix
+    unknown_price = check_cost(one_b(expected_tokens_per_s=30_000, price_per_hour=0))
+    assert unknown_price.status == "warn" and "cost unknown" in unknown_price.reason and "109.2 h" in unknown_price.reason
+    assert "--price_per_hour" in unknown_price.fix
+
+
+# ---------------------------------------------------------------------- preflight and the command
+def test_preflight_passes_a_good_run_and_logs_the_table(smoke_data, tmp_path):
+    lines: list[str] = []
+    results = preflight(smoke(smoke_data, tmp_path), world_size=1, log=lines.append)
+    assert not [r for r in results if r.status == "fail"]
+    assert "ready to train" in lines[0]
+
+
+def test_preflight_raises_with_the_failed_checks_and_their_fixes(tmp_path):
+    recipe = load_recipe("smoke", {"data_dir": str(tmp_path / "nothing"), "num_workers": 0})
+    with pytest.raises(PreflightError) as error:
+        preflight(recipe, world_size=3, log=lambda _: None)
+    message = str(error.value)
+    assert "data: " in message and "fix: run `hf-pretrain prepare --recipe smoke`" in message
+    assert "batch: " in message and "num_workers" not in message  # warnings do not stop a run
+    assert {r.name for r in error.value.results if r.status == "fail"} >= {"data", "batch"}
+
+
+def test_a_check_that_crashes_is_reported_not_raised(monkeypatch):
+    def broken(recipe):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr("hf_pretrain.preflight.check_cost", broken)
+    result = by_name(run_checks(load_recipe("smoke")))["time and cost"]
+    assert result.status == "warn" and "RuntimeError: boom" in result.reason
+
+
+def test_table_shows_fixes_under_problems_only():
+    table = format_table([CheckResult("a", "pass", "fine", "unused"), CheckResult("b", "fail", "broken", "mend it")])
+    assert "unused" not in table and "FAIL" in table and "fix: mend it" in table
+    assert "1 passed, 0 warning(s), 1 failed" in table
+
+
+def doctor(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "hf_pretrain.cli", "doctor", "--recipe", "smoke", *args],
+                          cwd=ROOT, env=offline_env(), capture_output=True, text=True, timeout=120)
+
+
+def test_doctor_command_passes_a_prepared_smoke_run(smoke_data, tmp_path):
+    result = doctor("--data_dir", str(smoke_data), "--output_dir", str(tmp_path / "run"))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "check" in result.stdout and "status" in result.stdout and "ready to train" in result.stdout
+    for name in ("torch", "data", "loader", "output_dir", "disk space", "gpu memory", "time and cost"):
+        assert f"\n{name} " in result.stdout
+
+
+def test_doctor_command_exits_nonzero_on_a_failure(tmp_path):
+    result = doctor("--data_dir", str(tmp_path / "nothing"), "--output_dir", str(tmp_path / "run"))
+    assert result.returncode == 1
+    assert "FAIL" in result.stdout and "hf-pretrain prepare --recipe smoke" in result.stdout

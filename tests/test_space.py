@@ -1,0 +1,113 @@
+"""`hf-pretrain space`: the files of the Space, its app.py served on its own, and a push to a Hub stand-in."""
+
+from __future__ import annotations
+
+import ast
+import importlib.metadata
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from huggingface_hub import SpaceCard
+
+from hf_pretrain.config import DEFAULT_PROMPTS
+from hf_pretrain.space import write_space
+from tests.helpers import ROOT, offline_env
+from tests.space_hub_standin import SpaceHubStandin
+from tests.test_demo import free_port, greedy_completion
+
+pytestmark = pytest.mark.filterwarnings("ignore:.*:Warning:gradio.queueing")  # gradio's own pandas deprecations
+
+TEMPLATE = ROOT / "hf_pretrain" / "space_template" / "app.py"
+# What a Space provides to app.py: the standard library, the gradio SDK (with huggingface_hub) and
+# requirements.txt.
+SPACE_MODULES = set(sys.stdlib_module_names) | {"gradio", "huggingface_hub", "torch", "transformers"}
+
+
+def hf_pretrain_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "hf_pretrain.cli", *args], cwd=ROOT, env=env or offline_env(),
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_the_space_has_an_app_its_requirements_and_a_readme_the_hub_reads(tmp_path):
+    out = write_space(["me/llama-step10k", "me/llama-final"], tmp_path / "space", title="Llama, step by step")
+    assert sorted(p.name for p in out.iterdir()) == ["README.md", "app.py", "demo.json", "requirements.txt"]
+    card = SpaceCard.load(out / "README.md")
+    assert card.data.sdk == "gradio"
+    assert card.data.sdk_version == importlib.metadata.version("gradio")
+    assert card.data.app_file == "app.py"
+    assert card.data.title == "Llama, step by step"
+    assert card.data.models == ["me/llama-step10k", "me/llama-final"]
+    requirements = (out / "requirements.txt").read_text().split()
+    assert f"transformers=={importlib.metadata.version('transformers')}" in requirements
+    assert any(line.startswith("torch==") and "+" not in line for line in requirements)
+    assert (out / "app.py").read_text() == TEMPLATE.read_text()
+    assert '"prompts"' in (out / "demo.json").read_text() and DEFAULT_PROMPTS[0] in (out / "demo.json").read_text()
+
+
+def test_the_app_imports_only_what_a_space_has():
+    imported = set()
+    for node in ast.walk(ast.parse(TEMPLATE.read_text())):
+        if isinstance(node, ast.Import):
+            imported |= {alias.name.split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0:
+            imported.add(node.module.split(".")[0])
+    assert imported <= SPACE_MODULES, imported - SPACE_MODULES
+
+
+@pytest.mark.slow
+def test_the_space_app_serves_a_local_model_from_its_own_folder(reference_run, tmp_path):
+    from gradio_client import Client
+
+    final = reference_run[0] / "final"
+    out = write_space(["me/llama"], tmp_path / "space")
+    port = free_port()
+    # -I: neither this repository nor the current folder on sys.path, as on a Space
+    env = dict(offline_env(), DEMO_MODELS=str(final), GRADIO_SERVER_NAME="127.0.0.1", GRADIO_SERVER_PORT=str(port),
+               GRADIO_ANALYTICS_ENABLED="False")
+    server = subprocess.Popen([sys.executable, "-I", "app.py"], cwd=out, env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True)
+    try:
+        client, deadline = None, time.monotonic() + 90
+        while client is None:
+            if server.poll() is not None or time.monotonic() > deadline:
+                server.kill()
+                pytest.fail(f"app.py did not come up:\n{server.communicate()[0][-3000:]}")
+            try:
+                client = Client(f"http://127.0.0.1:{port}/", verbose=False)
+            except Exception:  # not listening yet
+                time.sleep(0.5)
+        text = client.predict("def fibonacci(n):", [str(final)], 12, 0.0, 50, 1.0, 1.0, 0, api_name="/generate")
+        assert text == greedy_completion(final, "def fibonacci(n):", 12)
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+
+
+def test_push_creates_a_gradio_space_and_uploads_the_folder(tmp_path):
+    with SpaceHubStandin() as hub:
+        env = dict(offline_env(), HF_ENDPOINT=hub.url, HF_HUB_OFFLINE="0", HF_TOKEN="hf_standin_token",
+                   HF_HOME=str(tmp_path / "hf_home"), HF_HUB_DISABLE_TELEMETRY="1")
+        result = hf_pretrain_cli("space", "--model", "me/llama", "--out", str(tmp_path / "space"),
+                                 "--push", "me/llama-demo", env=env)
+    assert result.returncode == 0, result.stderr
+    assert "pushed: " in result.stdout
+    assert hub.record.unexpected == []
+    [created] = hub.record.created
+    assert created | {"visibility": "public"} == {"organization": "me", "name": "llama-demo", "type": "space",
+                                                  "sdk": "gradio", "visibility": "public"}
+    assert set(hub.record.authorization) == {"Bearer hf_standin_token"}
+    [commit] = hub.record.commits
+    assert commit["repo"] == "me/llama-demo"
+    written = {p.name: p.read_bytes() for p in (tmp_path / "space").iterdir()}
+    assert commit["files"] == written
+
+
+def test_a_model_that_is_not_a_repo_id_is_refused(tmp_path):
+    result = hf_pretrain_cli("space", "--model", "runs/smoke/final/", "--out", str(tmp_path / "space"))
+    assert result.returncode == 2
+    assert "is not a Hub repo id" in result.stderr
+    assert not (tmp_path / "space").exists()

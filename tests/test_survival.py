@@ -1,0 +1,224 @@
+"""Runs that survive: kills at any moment, torn checkpoints, a full disk, non-finite steps.
+
+The harness starts training as a subprocess, kills it (SIGTERM and SIGKILL, at chosen and at
+random moments, including in the middle of a checkpoint write), resumes until the run is done,
+and then holds it to the uninterrupted reference run: the same loss curve and the same final
+weights, bitwise.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from hf_pretrain.checkpoint import CheckpointError, verify_checkpoint
+from hf_pretrain.metrics import read_jsonl
+from hf_pretrain.preemption import EXIT_DIVERGED, EXIT_PREEMPTED, EXIT_SAVE_FAILED
+from tests.helpers import ROOT, SHORT_RUN, launch_training, offline_env
+
+MIN_KILLS = 10
+
+
+def train_losses(run_dir: Path) -> list[float]:
+    return [r["loss"] for r in read_jsonl(run_dir / "metrics.jsonl") if r["kind"] == "train"]
+
+
+def last_logged_step(run_dir: Path) -> int:
+    records = [r for r in read_jsonl(run_dir / "metrics.jsonl") if r["kind"] == "train"] \
+        if (run_dir / "metrics.jsonl").exists() else []
+    return records[-1]["step"] if records else 0
+
+
+def complete_steps(run_dir: Path) -> list[int]:
+    root = run_dir / "checkpoints"
+    return sorted(int(p.name[5:]) for p in root.glob("step_*") if p.name[5:].isdigit()) if root.exists() else []
+
+
+def start_training(data_dir: Path, run_dir: Path, faults: str = "", **overrides) -> subprocess.Popen:
+    """The training process itself (no launcher in between), so signals reach it directly."""
+    args = {**SHORT_RUN, "data_dir": data_dir, "output_dir": run_dir, "save_interval": 1,
+            "keep_checkpoints": 3, "num_workers": 1, **overrides}
+    cmd = [sys.executable, str(ROOT / "hf_pretrain" / "train.py"), "--recipe", "smoke"]
+    for key, value in args.items():
+        cmd += [f"--{key}", str(value)]
+    env = offline_env()
+    if faults:
+        env["HF_PRETRAIN_FAULTS"] = faults
+    return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def wait_for_step(process: subprocess.Popen, run_dir: Path, step: int, timeout: float = 120) -> bool:
+    """Wait until the run has logged `step` (True) or the process has ended (False)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if last_logged_step(run_dir) >= step:
+            return True
+        if process.poll() is not None:
+            return False
+        time.sleep(0.02)
+    raise AssertionError(f"no step {step} within {timeout}s")
+
+
+@pytest.mark.slow
+def test_kills_at_any_moment_lose_nothing_but_recent_steps(reference_run, smoke_data, tmp_path):
+    reference_dir, _ = reference_run
+    run_dir = tmp_path / "killed"
+    rng = random.Random(7)
+    # chosen moments first (a torn checkpoint write, a graceful SIGTERM, a kill mid-step), then random ones
+    plan = ["kill-during-save", "sigterm", "sigkill-after-step", "sigkill-random", "kill-during-save",
+            "sigterm", "sigkill-random", "sigkill-after-step", "sigkill-random", "sigterm", "sigkill-random",
+            "kill-during-save"]
+    kills, lost_steps, torn = 0, [], 0
+    for action in plan:
+        done = complete_steps(run_dir)
+        resume_step = done[-1] if done else 0
+        if resume_step >= SHORT_RUN["max_steps"] - 1:
+            break
+        if action == "kill-during-save":
+            process = start_training(smoke_data, run_dir, faults=f"kill-during-save:{resume_step + 2}")
+            process.wait(timeout=300)
+            assert process.returncode == -signal.SIGKILL, process.stdout.read()[-2000:]
+            assert (run_dir / "checkpoints" / f"step_{resume_step + 2:08d}.tmp").exists()
+            torn += 1
+        else:
+            # a killed run may have logged steps past its last checkpoint: wait for fresh ones
+            target = max(resume_step, last_logged_step(run_dir)) + 1 + rng.randrange(2)
+            process = start_training(smoke_data, run_dir)
+            if action == "sigkill-random":
+                time.sleep(rng.uniform(0.5, 5.0))  # anywhere: start-up, a step, an eval, a checkpoint write
+            elif not wait_for_step(process, run_dir, target):
+                break  # it finished before we could kill it
+            process.send_signal(signal.SIGTERM if action == "sigterm" else signal.SIGKILL)
+            output = process.communicate(timeout=300)[0]
+            if action == "sigterm" and process.returncode == EXIT_PREEMPTED:
+                assert "SIGTERM received" in output and "Rerun the same command to resume" in output
+                # a graceful stop checkpoints the step it finished: nothing lost
+                assert complete_steps(run_dir)[-1] == last_logged_step(run_dir)
+            elif process.returncode == 0:
+                break
+            else:
+                # a SIGTERM that lands before the handler is installed (start-up) ends the process as usual
+                assert process.returncode in (-signal.SIGKILL, -signal.SIGTERM, EXIT_PREEMPTED), output[-2000:]
+        kills += 1
+        survivors = complete_steps(run_dir)
+        lost_steps.append(max(0, last_logged_step(run_dir) - (survivors[-1] if survivors else 0)))
+
+    # resume to the end; unfinished writes are skipped with the reason
+    log = launch_training(smoke_data, run_dir, save_interval=1, keep_checkpoints=3)
+    assert kills >= MIN_KILLS, f"only {kills} kills happened"
+    print(f"\nsurvival: {kills} kills ({torn} during a checkpoint write), steps lost per kill {lost_steps}")
+    assert train_losses(run_dir) == train_losses(reference_dir)
+    final_ref = load_file(reference_dir / "final" / "model.safetensors")
+    final_got = load_file(run_dir / "final" / "model.safetensors")
+    assert all(torch.equal(final_ref[k], final_got[k]) for k in final_ref)
+    assert not list((run_dir / "checkpoints").glob("*.tmp")), log
+
+
+def copy_checkpoint_run(reference_dir: Path, tmp_path: Path) -> Path:
+    run_dir = tmp_path / "run"
+    shutil.copytree(reference_dir / "checkpoints", run_dir / "checkpoints")
+    return run_dir
+
+
+@pytest.mark.parametrize("damage, reason", [
+    ("truncate", r"optimizer.bin has \d+ bytes, the manifest says \d+"),
+    ("delete", r"model.safetensors is missing"),
+    ("manifest", r"manifest.json is unreadable"),
+    ("flip", r"model.safetensors fails its SHA-256 check"),
+    ("no-manifest", r"has no manifest.json: the save did not finish"),
+])
+def test_torn_checkpoint_is_refused_with_the_reason(reference_run, tmp_path, damage, reason):
+    run_dir = copy_checkpoint_run(reference_run[0], tmp_path)
+    newest = run_dir / "checkpoints" / "step_00000012"
+    verify_checkpoint(newest)  # intact before we damage it
+    if damage == "truncate":
+        path = newest / "optimizer.bin"
+        path.write_bytes(path.read_bytes()[:100])
+    elif damage == "delete":
+        (newest / "model.safetensors").unlink()
+    elif damage == "manifest":
+        (newest / "manifest.json").write_text("{not json")
+    elif damage == "flip":
+        path = newest / "model.safetensors"
+        data = bytearray(path.read_bytes())
+        data[-1] ^= 0xFF
+        path.write_bytes(bytes(data))
+    else:
+        (newest / "manifest.json").unlink()
+    with pytest.raises(CheckpointError, match=reason):
+        verify_checkpoint(newest)
+
+
+@pytest.mark.slow
+def test_resume_auto_skips_torn_checkpoints_and_a_named_one_must_be_good(reference_run, smoke_data, tmp_path):
+    reference_dir, _ = reference_run
+    run_dir = copy_checkpoint_run(reference_dir, tmp_path)
+    shutil.copy(reference_dir / "metrics.jsonl", run_dir / "metrics.jsonl")
+    newest = run_dir / "checkpoints" / "step_00000012"
+    (newest / "optimizer.bin").write_bytes(b"torn")
+    log = launch_training(smoke_data, run_dir, max_steps=12)
+    assert "skipping step_00000012" in log and "optimizer.bin has 4 bytes" in log
+    assert "at step 8" in log
+    assert train_losses(run_dir) == train_losses(reference_dir)
+
+    (newest / "model.safetensors").unlink()
+    log = launch_training(smoke_data, run_dir, check=False, resume=str(newest))
+    assert "model.safetensors is missing" in log
+
+
+@pytest.mark.slow
+def test_full_disk_during_save_keeps_the_previous_checkpoint(smoke_data, tmp_path):
+    run_dir = tmp_path / "full"
+    process = start_training(smoke_data, run_dir, faults="disk-full:8", save_interval=4)
+    output = process.communicate(timeout=300)[0]
+    assert process.returncode == EXIT_SAVE_FAILED, output[-2000:]
+    assert "No space left on device" in output and "step_00000008.tmp" in output
+    assert "step_00000004" in output and "is intact" in output
+    assert complete_steps(run_dir) == [4]
+    state = verify_checkpoint(run_dir / "checkpoints" / "step_00000004")
+    assert state["step"] == 4
+    assert not (run_dir / "checkpoints" / "step_00000008.tmp").exists()
+    log = launch_training(smoke_data, run_dir)  # the disk has room again: resume and finish
+    assert "at step 4" in log and (run_dir / "final").exists()
+
+
+@pytest.mark.slow
+def test_non_finite_steps_are_skipped_then_the_run_stops(smoke_data, tmp_path):
+    run_dir = tmp_path / "nan"
+    process = start_training(smoke_data, run_dir, faults="nan-loss:3,nan-loss:6-8", save_interval=4)
+    output = process.communicate(timeout=300)[0]
+    assert process.returncode == EXIT_DIVERGED, output[-2000:]
+    skipped = [r for r in read_jsonl(run_dir / "metrics.jsonl") if r["kind"] == "skipped"]
+    assert [r["step"] for r in skipped] == [3, 6, 7, 8]
+    assert "3 non-finite steps in a row" in output and "before step 6" in output
+    state = json.loads((run_dir / "checkpoints" / "step_00000008" / "train_state.json").read_text())
+    assert state["skipped_steps"] == 4
+    # skipped steps leave the weights alone: step 8's weights are step 5's
+    step5 = load_file(run_dir / "checkpoints" / "step_00000005" / "model.safetensors") \
+        if (run_dir / "checkpoints" / "step_00000005").exists() else None
+    step8 = load_file(run_dir / "checkpoints" / "step_00000008" / "model.safetensors")
+    assert all(torch.isfinite(t).all() for t in step8.values())
+    if step5 is not None:
+        assert all(torch.equal(step5[k], step8[k]) for k in step5)
+
+
+def test_milestones_survive_pruning(tmp_path):
+    from hf_pretrain.checkpoint import prune_checkpoints
+
+    root = tmp_path / "checkpoints"
+    for step in (2, 4, 5, 6, 8, 9, 10):
+        (root / f"step_{step:08d}").mkdir(parents=True)
+    (root / "step_00000003.tmp").mkdir()
+    prune_checkpoints(tmp_path, keep=2, milestone_interval=4)
+    assert sorted(p.name for p in root.iterdir()) == ["step_00000004", "step_00000008", "step_00000009",
+                                                      "step_00000010"]
