@@ -32,12 +32,12 @@ def free_port() -> int:
 
 
 def greedy_completion(folder: Path, prompt: str, max_new_tokens: int) -> str:
-    """What plain `model.generate` produces greedily: the reference the page must match."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    """What plain `model.generate` produces greedily: the reference the page must match. The model is
+    loaded as the page loads it (its device and dtype), so the two agree on a GPU machine too."""
+    from hf_pretrain.space_template.app import load_model
 
-    tokenizer = AutoTokenizer.from_pretrained(folder)
-    model = AutoModelForCausalLM.from_pretrained(folder)
-    inputs = tokenizer(prompt, return_tensors="pt")
+    model, tokenizer = load_model(str(folder))
+    inputs = tokenizer(prompt, return_tensors="pt").to(model.device)
     out = model.generate(input_ids=inputs.input_ids, attention_mask=inputs.attention_mask,
                          max_new_tokens=max_new_tokens, do_sample=False)
     return tokenizer.decode(out[0, inputs.input_ids.shape[1]:], skip_special_tokens=True)

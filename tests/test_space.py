@@ -4,11 +4,9 @@ from __future__ import annotations
 
 import ast
 import importlib.metadata
-import os
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 from huggingface_hub import SpaceCard
