@@ -154,6 +154,17 @@ class TrainConfig:
     # Expected throughput of the whole job, tokens/s, for time and cost estimates before
     # the run (0 = unknown; `hf-pretrain bench` measures it).
     expected_tokens_per_s: float = 0.0
+    # Named phases by their last step, e.g. {smoke: 200, proof-of-life: 10000}: each gets a row
+    # (loss drop, cost, cost per loss point) in phases.md when it ends.
+    phases: dict[str, int] = field(default_factory=dict)
+    # Stop (with a checkpoint and final/) when the last `early_stop_window` steps cost more than
+    # this many dollars per loss point (0 = off; needs price_per_hour).
+    early_stop_cost_per_loss_point: float = 0.0
+    early_stop_window: int = 1000
+    # Stop when validation loss has not improved by `early_stop_min_delta` for this many
+    # evaluations in a row (0 = off).
+    early_stop_patience: int = 0
+    early_stop_min_delta: float = 0.01
     eval_interval: int = 100
     # Validation batches (per process) per evaluation.
     eval_batches: int = 8
@@ -198,7 +209,8 @@ class Recipe:
         d = self.to_dict()
         for volatile in ("output_dir", "resume", "report_to", "save_interval", "keep_checkpoints", "stop_at_step",
                          "milestone_interval", "max_bad_steps", "loss_spike_factor", "price_per_hour",
-                         "expected_tokens_per_s",
+                         "expected_tokens_per_s", "phases", "early_stop_cost_per_loss_point", "early_stop_window",
+                         "early_stop_patience", "early_stop_min_delta",
                          "log_interval", "eval_interval", "max_steps"):
             d["train"].pop(volatile)
         d["data"].pop("num_workers")
@@ -231,9 +243,18 @@ class Recipe:
         for key, value in [("num_workers", d.num_workers), ("eval_interval", t.eval_interval),
                            ("eval_batches", t.eval_batches), ("max_tokens", d.max_tokens),
                            ("stop_at_step", t.stop_at_step), ("milestone_interval", t.milestone_interval),
-                           ("price_per_hour", t.price_per_hour), ("expected_tokens_per_s", t.expected_tokens_per_s)]:
+                           ("price_per_hour", t.price_per_hour), ("expected_tokens_per_s", t.expected_tokens_per_s),
+                           ("early_stop_cost_per_loss_point", t.early_stop_cost_per_loss_point),
+                           ("early_stop_patience", t.early_stop_patience), ("early_stop_min_delta", t.early_stop_min_delta)]:
             if value < 0:
                 raise RecipeError(f"{key}={value} must not be negative")
+        if t.early_stop_cost_per_loss_point and not t.price_per_hour:
+            raise RecipeError("early_stop_cost_per_loss_point needs price_per_hour: without a price there is no cost")
+        if t.early_stop_window <= 0:
+            raise RecipeError(f"early_stop_window={t.early_stop_window} must be positive")
+        for phase, end in t.phases.items():
+            if not 0 < end <= t.max_steps:
+                raise RecipeError(f"phases.{phase}={end} must be a step in 1..max_steps={t.max_steps}")
         if t.max_bad_steps < 1 or t.loss_spike_factor <= 1.0:
             raise RecipeError("max_bad_steps must be at least 1 and loss_spike_factor above 1")
         _choice("mixed_precision", t.mixed_precision, ["auto", "no", "bf16", "fp16"])
@@ -300,6 +321,11 @@ def coerce(key: str, value: Any, expected: Any) -> Any:
         if not isinstance(value, list):
             raise RecipeError(f"{key} must be a list, got {type(value).__name__} {value!r}")
         return [coerce(f"{key}[{i}]", v, item_type) for i, v in enumerate(value)]
+    if origin is dict:
+        key_type, value_type = typing.get_args(expected)
+        if not isinstance(value, dict):
+            raise RecipeError(f"{key} must be a mapping, got {type(value).__name__} {value!r}")
+        return {coerce(f"{key} key", k, key_type): coerce(f"{key}.{k}", v, value_type) for k, v in value.items()}
     if dataclasses.is_dataclass(expected):
         if not isinstance(value, dict):
             raise RecipeError(f"{key} must be a mapping, got {value!r}")

@@ -6,9 +6,13 @@ training loop, `hf-pretrain report` and the tests compute the same numbers the s
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
+
+from hf_pretrain.config import TrainConfig
 
 
 @dataclass
@@ -105,3 +109,22 @@ def markdown_table(rows: list[PhaseRow]) -> str:
         lines.append(f"| {r.name} | {r.start_step}-{r.end_step} | {r.loss_start:.3f} | {r.loss_end:.3f} | "
                      f"{r.loss_drop:.3f} | {r.hours:.3f} | {r.cost:,.2f} | {per_point} |")
     return "\n".join(lines) + "\n"
+
+
+def cost_record(record: dict[str, Any], train: TrainConfig) -> dict[str, float]:
+    """The money fields of a metrics record: spent so far, $ per billion tokens now, projected total."""
+    spent = dollars(record["elapsed"] / 3600, train.price_per_hour)
+    return {
+        "cost": spent,
+        "usd_per_billion_tokens": dollars_per_billion_tokens(record["tokens_per_s"], train.price_per_hour),
+        "projected_cost": spent / record["step"] * train.max_steps,
+    }
+
+
+def write_phase_table(out: Path, records: list[dict[str, Any]], phases: list[Phase], price_per_hour: float) -> str:
+    """Rows for the phases that have ended, kept as phases.json and phases.md; returns the table."""
+    rows = [phase_row(records, phase, price_per_hour) for phase in phases]
+    (out / "phases.json").write_text(json.dumps([r.to_dict() for r in rows], indent=1))
+    table = markdown_table(rows)
+    (out / "phases.md").write_text(table)
+    return table

@@ -13,6 +13,7 @@ from accelerate import Accelerator
 EXIT_PREEMPTED = 75  # EX_TEMPFAIL: stopped on a signal with a good checkpoint; rerun to resume
 EXIT_SAVE_FAILED = 74  # EX_IOERR: a checkpoint could not be written; the previous one is intact
 EXIT_DIVERGED = 65  # EX_DATAERR: too many non-finite steps in a row
+EXIT_PREFLIGHT = 78  # EX_CONFIG: a preflight check failed; nothing was started
 
 
 class GracefulStop:
@@ -44,7 +45,11 @@ class GracefulStop:
 
     def requested(self, accelerator: Accelerator) -> bool:
         """True on every process once any process got a signal, so they all stop at the same step."""
-        if accelerator.num_processes == 1:
-            return self.signal_name is not None
-        flag = torch.tensor(float(self.signal_name is not None), device=accelerator.device)
-        return bool(accelerator.reduce(flag, "max").item())
+        return any_process(accelerator, self.signal_name is not None)
+
+
+def any_process(accelerator: Accelerator, flag: bool) -> bool:
+    """True on every process when `flag` is true on at least one: a decision they all take together."""
+    if accelerator.num_processes == 1:
+        return flag
+    return bool(accelerator.reduce(torch.tensor(float(flag), device=accelerator.device), "max").item())

@@ -26,19 +26,30 @@ from tqdm.auto import tqdm
 
 from hf_pretrain.checkpoint import CheckpointSaveError, resume_training_state, save_checkpoint
 from hf_pretrain.config import Recipe, parse_recipe_args, save_recipe
-from hf_pretrain.data import build_train_loader, build_val_loader, check_prepared_data, load_tokenizer
+from hf_pretrain.cost import cost_record, phases_from_recipe, write_phase_table
+from hf_pretrain.data import build_train_loader, build_val_loader, load_tokenizer
+from hf_pretrain.early_stopping import EarlyStop
 from hf_pretrain.faults import fault_active
 from hf_pretrain.metrics import (
     JsonlWriter,
     ThroughputMeter,
     device_peak_flops,
     peak_memory_gib,
+    read_jsonl,
     trackers_for,
     truncate_jsonl,
 )
 from hf_pretrain.model import apply_liger, build_model, count_parameters, flops_per_token, llama_config
 from hf_pretrain.optim import build_optimizer, learning_rate_at, set_learning_rate
-from hf_pretrain.preemption import EXIT_DIVERGED, EXIT_PREEMPTED, EXIT_SAVE_FAILED, GracefulStop
+from hf_pretrain.preemption import (
+    EXIT_DIVERGED,
+    EXIT_PREEMPTED,
+    EXIT_PREFLIGHT,
+    EXIT_SAVE_FAILED,
+    GracefulStop,
+    any_process,
+)
+from hf_pretrain.preflight import PreflightError, preflight
 
 
 def resolve_mixed_precision(requested: str) -> str:
@@ -71,8 +82,9 @@ def train(recipe: Recipe) -> Outcome:
     world_size = PartialState(cpu=on_cpu).num_processes
     grad_accum = recipe.grad_accum_steps(world_size)
 
-    # ---- plumbing first: data and tokenizer must match the recipe before anything is built
-    check_prepared_data(recipe)
+    # ---- plumbing first: versions, device, data, disk and memory, before anything is built
+    is_main = PartialState().is_main_process
+    preflight(recipe, world_size, log=print if is_main else lambda _: None)
     tokenizer = load_tokenizer(recipe.data.data_dir)
 
     accelerator = Accelerator(
@@ -137,7 +149,7 @@ def train(recipe: Recipe) -> Outcome:
     def elapsed() -> float:
         return elapsed_before + time.perf_counter() - run_start
 
-    def evaluate_and_sample(step: int) -> None:
+    def evaluate_and_sample(step: int) -> float:
         started = meter.pause()
         val_loss = evaluate(accelerator, model, val_loader)
         metrics.write({"kind": "eval", "step": step, "tokens": state["tokens_seen"], "val_loss": val_loss})
@@ -147,6 +159,7 @@ def train(recipe: Recipe) -> Outcome:
             samples.write({"step": step, "tokens": state["tokens_seen"], "prompt": prompt, "completion": text})
         say(f"step {step}: val_loss {val_loss:.4f}")
         meter.skip(meter.pause() - started)
+        return val_loss
 
     def checkpoint() -> Path:
         started = meter.pause()
@@ -168,7 +181,11 @@ def train(recipe: Recipe) -> Outcome:
     model.train()
     progress = tqdm(total=train_cfg.max_steps, initial=state["step"], disable=not accelerator.is_main_process,
                     desc="train", dynamic_ncols=True)
+    history = [r for r in read_jsonl(out / "metrics.jsonl") if r["kind"] == "train"]  # for cost per phase
+    phases = phases_from_recipe(train_cfg.phases)
+    early_stop = EarlyStop(train_cfg)
     window_losses: list[float] = []  # this process's step losses since the last log line
+    data_wait = 0.0  # seconds spent waiting for batches since the last log line
     recent_loss = None  # running average for spike detection
     bad_in_a_row = 0
     with GracefulStop(say) as signals:
@@ -176,7 +193,9 @@ def train(recipe: Recipe) -> Outcome:
             step = state["step"] + 1
             lr = learning_rate_at(state["step"], train_cfg)
             set_learning_rate(optimizer, lr)
-            loss = forward_backward(accelerator, model, batches, grad_accum, poison=fault_active("nan-loss", step))
+            loss, waited = forward_backward(accelerator, model, batches, grad_accum,
+                                            poison=fault_active("nan-loss", step))
+            data_wait += waited
             # After the last micro-batch the gradients are synchronised, so every process sees the
             # same norm and takes the same decision: a non-finite step is skipped, weights untouched.
             grad_norm = accelerator.clip_grad_norm_(model.parameters(), train_cfg.grad_clip or float("inf")).item()
@@ -213,21 +232,32 @@ def train(recipe: Recipe) -> Outcome:
                 mean_loss = accelerator.reduce(torch.tensor(sum(window_losses) / len(window_losses),
                                                             device=accelerator.device), "mean").item()
                 window_losses.clear()
+                window_seconds = meter.pause()
                 tokens_per_s, mfu = meter.read()
                 record = {"kind": "train", "step": step, "tokens": state["tokens_seen"], "loss": mean_loss, "lr": lr,
-                          "grad_norm": grad_norm, "tokens_per_s": tokens_per_s, "elapsed": elapsed()}
+                          "grad_norm": grad_norm, "tokens_per_s": tokens_per_s, "elapsed": elapsed(),
+                          "data_wait_share": min(1.0, data_wait / max(window_seconds, 1e-9))}
+                data_wait = 0.0
                 if mfu is not None:
                     record["mfu"] = mfu
                     record["peak_memory_gib"] = peak_memory_gib(accelerator.device)
+                if train_cfg.price_per_hour:
+                    record.update(cost_record(record, train_cfg))
                 metrics.write(record)
+                history.append(record)
                 accelerator.log({f"train/{k}": v for k, v in record.items() if k not in ("kind", "step")}, step=step)
                 progress.set_postfix(loss=f"{mean_loss:.3f}", lr=f"{lr:.2e}", tok_s=f"{tokens_per_s:,.0f}",
                                      **({"mfu": f"{mfu:.1%}"} if mfu is not None else {}))
             if train_cfg.eval_interval and (step % train_cfg.eval_interval == 0 or step == train_cfg.max_steps):
-                evaluate_and_sample(step)
+                early_stop.observe_val_loss(evaluate_and_sample(step))
+            if any(phase.end_step == step for phase in phases) and accelerator.is_main_process:
+                say(write_phase_table(out, history, [p for p in phases if p.end_step <= step], train_cfg.price_per_hour))
+            if step % train_cfg.log_interval == 0:
+                early_stop.observe_cost(history)
+            stop_now = any_process(accelerator, early_stop.reason is not None and accelerator.is_main_process)
 
             preempted = signals.requested(accelerator)
-            if preempted or step == train_cfg.stop_at_step or step % train_cfg.save_interval == 0 \
+            if preempted or stop_now or step == train_cfg.stop_at_step or step % train_cfg.save_interval == 0 \
                     or step == train_cfg.max_steps:
                 try:
                     path = checkpoint()
@@ -238,6 +268,9 @@ def train(recipe: Recipe) -> Outcome:
                                             f"after step {step}; checkpoint {path}. Rerun the same command to resume.")
             if step == train_cfg.stop_at_step:
                 return stop(0, f"stopped at step {step} as asked (stop_at_step); rerun the same command to continue")
+            if stop_now:
+                say(f"early stop at step {step}: {early_stop.reason or 'decided on the main process'}")
+                break
     progress.close()
 
     final = save_final_model(accelerator, model, tokenizer, out / "final")
@@ -249,11 +282,18 @@ def train(recipe: Recipe) -> Outcome:
 
 
 def forward_backward(accelerator: Accelerator, model: torch.nn.Module, batches, grad_accum: int,
-                     poison: bool = False) -> float:
-    """Accumulate gradients over `grad_accum` micro-batches; returns this process's mean loss."""
+                     poison: bool = False) -> tuple[float, float]:
+    """Accumulate gradients over `grad_accum` micro-batches.
+
+    Returns this process's mean loss and the seconds spent waiting for batches.
+    """
     total = torch.zeros((), device=accelerator.device)
+    waited = 0.0
     for _ in range(grad_accum):
-        tokens = next(batches).to(accelerator.device, non_blocking=True)
+        before = time.perf_counter()
+        tokens = next(batches)
+        waited += time.perf_counter() - before
+        tokens = tokens.to(accelerator.device, non_blocking=True)
         inputs, targets = tokens[:, :-1], tokens[:, 1:].contiguous()
         with accelerator.accumulate(model):  # no gradient all-reduce until the last micro-batch
             # the targets are already shifted; `shift_labels` tells the loss not to shift again
@@ -262,7 +302,7 @@ def forward_backward(accelerator: Accelerator, model: torch.nn.Module, batches, 
                 loss = loss * float("nan")
             accelerator.backward(loss)
         total += loss.detach()
-    return (total / grad_accum).item()
+    return (total / grad_accum).item(), waited
 
 
 @torch.no_grad()
@@ -322,7 +362,11 @@ def _flat_config(recipe: Recipe) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     recipe, _ = parse_recipe_args(argv, prog="train.py", description=__doc__.split("\n")[0])
-    return train(recipe).exit_code
+    try:
+        return train(recipe).exit_code
+    except PreflightError as exc:
+        print(f"train.py: preflight failed, nothing was started:\n{exc}", file=sys.stderr)
+        return EXIT_PREFLIGHT
 
 
 if __name__ == "__main__":

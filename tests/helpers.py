@@ -20,6 +20,8 @@ SHORT_RUN = {
     "eval_batches": 2,
     "log_interval": 1,
     "sample_max_new_tokens": 8,
+    "price_per_hour": 2.0,
+    "phases": {"warmup": 2, "first-half": 6, "second-half": 12},
 }
 
 

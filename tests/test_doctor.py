@@ -244,6 +244,9 @@ def test_too_little_disk_fails_with_needed_and_free(tmp_path, monkeypatch):
 
     with_milestones = check_disk_space(one_b(output_dir=str(tmp_path / "run")))  # every 10,000 of 90,000 steps
     assert "12 checkpoints" in with_milestones.reason and "8 milestones" in with_milestones.reason
+    # milestones exist only where a save happens: every 3,000 steps for saves every 1,000 and milestones every 1,500
+    odd_milestones = check_disk_space(one_b(output_dir=str(tmp_path / "run"), milestone_interval=1500))
+    assert "29 milestones" in odd_milestones.reason
 
 
 def test_existing_checkpoints_count_against_the_need(tmp_path, monkeypatch):
@@ -312,6 +315,7 @@ def test_time_and_cost_come_from_the_recipe():
     assert run_cost(recipe) == pytest.approx(140.90, abs=0.01)
     result = check_cost(recipe)
     assert result.status == "pass" and "109.2 h at 30,000 tokens/s, $140.90 at $1.29/h" in result.reason
+    assert "($11.94 per billion tokens)" in result.reason
 
 
 def test_unknown_throughput_or_price_warns():

@@ -39,6 +39,12 @@ def test_short_run_writes_every_output_and_a_loadable_model(reference_run):
     first = next(r for r in records if r["kind"] == "train")
     assert set(first) >= {"step", "tokens", "loss", "lr", "grad_norm", "tokens_per_s", "elapsed"}
     assert first["tokens"] == SHORT_RUN["global_batch_tokens"]
+    assert 0.0 <= first["data_wait_share"] <= 1.0
+    assert first["cost"] == pytest.approx(first["elapsed"] / 3600 * 2.0)
+    assert first["projected_cost"] == pytest.approx(first["cost"] * 12)
+    phases = json.loads((run_dir / "phases.json").read_text())
+    assert [p["name"] for p in phases] == ["warmup", "first-half", "second-half"]
+    assert "| warmup | 0-2 |" in (run_dir / "phases.md").read_text()
     assert any(r["kind"] == "eval" and r["val_loss"] > 0 for r in records)
     samples = read_jsonl(run_dir / "samples.jsonl")
     assert {s["prompt"] for s in samples} == {"The capital of France is", "def fibonacci(n):",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from hf_pretrain.config import Recipe
+from hf_pretrain.cost import dollars, dollars_per_billion_tokens
 from hf_pretrain.preflight.result import CheckResult
 
 
@@ -19,7 +20,7 @@ def run_hours(recipe: Recipe) -> float | None:
 def run_cost(recipe: Recipe) -> float | None:
     """Dollars at price_per_hour for the whole job, or None when throughput or price is unknown."""
     hours, price = run_hours(recipe), recipe.train.price_per_hour
-    return hours * price if hours is not None and price else None
+    return dollars(hours, price) if hours is not None and price else None
 
 
 def check_cost(recipe: Recipe) -> CheckResult:
@@ -34,4 +35,6 @@ def check_cost(recipe: Recipe) -> CheckResult:
     if cost is None:
         return CheckResult("time and cost", "warn", f"{tokens}: {duration}; cost unknown (price_per_hour=0)",
                            "set --price_per_hour (the job's $/hour, all GPUs)")
-    return CheckResult("time and cost", "pass", f"{tokens}: {duration}, ${cost:,.2f} at ${t.price_per_hour:,.2f}/h")
+    per_billion = dollars_per_billion_tokens(t.expected_tokens_per_s, t.price_per_hour)
+    return CheckResult("time and cost", "pass", f"{tokens}: {duration}, ${cost:,.2f} at ${t.price_per_hour:,.2f}/h "
+                                                f"(${per_billion:,.2f} per billion tokens)")

@@ -56,19 +56,22 @@ def check_num_workers(recipe: Recipe) -> CheckResult:
 
 
 def check_loader_pickling(recipe: Recipe) -> CheckResult:
-    """What a worker process receives (dataset, batch sampler, collate_fn) survives pickling and
-    yields a batch from the copy, the way a `spawn`/`forkserver` worker would get it.
+    """What a worker process receives (dataset, collate_fn, worker_init_fn) survives pickling and
+    yields a batch from the copy, the way a `spawn`/`forkserver` worker would get it. The batch
+    sampler stays in the training process, but goes through the same round trip so that the
+    batch is drawn exactly as the run would draw it.
 
-    Neither builds worker processes nor iterates the DataLoader: only its parts are touched.
+    Neither starts worker processes nor iterates the DataLoader: only its parts are touched.
     """
-    name, fix = "loader", "keep the dataset and collate_fn picklable: module-level functions, no open files or locks"
+    name = "loader"
+    fix = "keep what workers receive picklable: module-level functions, no lambdas, open files or locks"
     try:
         loader = build_train_loader(recipe, rank=0, world_size=1, grad_accum=recipe.grad_accum_steps(1), start_step=0)
     except (DataMismatchError, RecipeError):
         return CheckResult(name, "skip", "needs valid prepared data and batch settings (see `data` and `batch`)")
-    parts = (loader.dataset, loader.batch_sampler, loader.collate_fn)
+    parts = (loader.dataset, loader.batch_sampler, loader.collate_fn, loader.worker_init_fn)
     try:
-        dataset, batch_sampler, collate_fn = pickle.loads(pickle.dumps(parts))
+        dataset, batch_sampler, collate_fn, _worker_init_fn = pickle.loads(pickle.dumps(parts))
     except Exception as exc:  # pickling raises many types (PicklingError, TypeError, AttributeError)
         return CheckResult(name, "fail", f"the loader does not survive pickling for worker processes: "
                                          f"{type(exc).__name__}: {exc}", fix)
@@ -81,5 +84,5 @@ def check_loader_pickling(recipe: Recipe) -> CheckResult:
     if not isinstance(batch, torch.Tensor) or tuple(batch.shape) != expected or batch.dtype != torch.long:
         found = f"{tuple(batch.shape)} {batch.dtype}" if isinstance(batch, torch.Tensor) else type(batch).__name__
         return CheckResult(name, "fail", f"the loader yields {found}, expected {expected} torch.int64", fix)
-    return CheckResult(name, "pass", f"dataset, sampler and collate_fn pickle for workers and yield "
-                                     f"[{expected[0]}, {expected[1]}] batches")
+    return CheckResult(name, "pass", f"dataset, sampler, collate_fn and worker_init_fn pickle for workers and "
+                                     f"yield [{expected[0]}, {expected[1]}] batches")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import shutil
 import tempfile
 from pathlib import Path
@@ -45,13 +46,16 @@ def check_output_writable(recipe: Recipe) -> CheckResult:
 
 
 def milestone_count(recipe: Recipe) -> int:
-    """Checkpoints kept forever at multiples of milestone_interval, before the final step's."""
-    interval = recipe.train.milestone_interval
-    return (recipe.train.max_steps - 1) // interval if interval else 0
+    """Checkpoints never pruned: saves (every save_interval) at multiples of milestone_interval,
+    before the final step's, which is among the kept ones anyway."""
+    t = recipe.train
+    return (t.max_steps - 1) // math.lcm(t.save_interval, t.milestone_interval) if t.milestone_interval else 0
 
 
 def existing_checkpoint_bytes(output_dir: str | Path) -> int:
-    return sum(f.stat().st_size for c in list_checkpoints(output_dir) for f in c.path.rglob("*") if f.is_file())
+    """Bytes in the run's checkpoint folders, unfinished ones included (the next saves prune them)."""
+    folders = list_checkpoints(output_dir, include_unfinished=True)
+    return sum(f.stat().st_size for c in folders for f in c.path.rglob("*") if f.is_file())
 
 
 def check_disk_space(recipe: Recipe) -> CheckResult:
