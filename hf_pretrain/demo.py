@@ -12,14 +12,13 @@ from __future__ import annotations
 import argparse
 import hashlib
 import os
-import shutil
 import sys
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 import gradio as gr
 from huggingface_hub.utils import HFValidationError, validate_repo_id
-from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from hf_pretrain.checkpoint import (
     MANIFEST,
@@ -30,7 +29,15 @@ from hf_pretrain.checkpoint import (
     verify_checkpoint,
 )
 from hf_pretrain.config import DEFAULT_PROMPTS, RecipeError, load_recipe
-from hf_pretrain.space_template.app import ModelChoice, ModelLibrary, build_demo, format_progress, read_progress
+from hf_pretrain.export import Checkpoint, ExportError, export_checkpoint, resolve_checkpoint
+from hf_pretrain.space_template.app import (
+    DEFAULT_TITLE,
+    ModelChoice,
+    ModelLibrary,
+    build_demo,
+    format_progress,
+    read_progress,
+)
 
 RESOLVED_RECIPE = "resolved_recipe.yaml"  # what train.py writes at the top of a run folder
 DEFAULT_CACHE_DIR = Path(os.environ.get("XDG_CACHE_HOME", "~/.cache")).expanduser() / "hf_pretrain" / "demo"
@@ -41,37 +48,21 @@ class DemoError(ValueError):
 
 
 # ---------------------------------------------------------------------------------- checkpoints
-def export_checkpoint(checkpoint: Path, cache_dir: Path) -> Path:
-    """A standard Hugging Face folder for a training checkpoint, written once into `cache_dir`.
-
-    A minimal stand-in until hf_pretrain.export lands (then call its checkpoint export here): a
-    checkpoint holds config.json and Accelerate's model.safetensors without the tied lm_head, which
-    from_pretrained re-ties. The folder name carries a hash of the checkpoint's manifest, so a
-    checkpoint re-saved at the same step is exported again.
-    """
-    digest = hashlib.sha256((checkpoint / MANIFEST).read_bytes()).hexdigest()[:16]
-    target = cache_dir / f"{checkpoint.name}-{digest}"
-    if target.is_dir():  # written under a temporary name and renamed, so present means complete
-        return target
-    tmp = target.with_name(target.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    model = AutoModelForCausalLM.from_pretrained(checkpoint)
-    model.config.use_cache = True  # the training config turns the KV cache off
-    model.save_pretrained(tmp)
-    AutoTokenizer.from_pretrained(checkpoint).save_pretrained(tmp)
-    shutil.copy2(checkpoint / TRAIN_STATE, tmp / TRAIN_STATE)
-    os.replace(tmp, target)
+def cached_export(checkpoint: Checkpoint, cache_dir: Path) -> Path:
+    """The checkpoint as a standard model folder (hf_pretrain.export, fp32: the weights as trained),
+    exported once into `cache_dir`. The folder name carries a hash of the checkpoint's manifest, so a
+    checkpoint re-saved at the same step is exported again."""
+    digest = hashlib.sha256((checkpoint.path / MANIFEST).read_bytes()).hexdigest()[:16]
+    target = cache_dir / f"{checkpoint.path.name}-{digest}"
+    if not target.is_dir():  # export builds beside it and renames: present means complete
+        export_checkpoint(checkpoint, target, dtype="fp32")
     return target
 
 
-def _export_later(checkpoint: Path, cache_dir: Path) -> Callable[[], Path]:
-    return lambda: export_checkpoint(checkpoint, cache_dir)
-
-
-def checkpoint_choice(checkpoint: Path, name: str, cache_dir: Path) -> ModelChoice:
-    state = verify_checkpoint(checkpoint, checksums=False)  # hashing a 1B model's optimizer state takes minutes
-    return ModelChoice(name=name, source=str(checkpoint), progress=format_progress(state),
-                       prepare=_export_later(checkpoint, cache_dir))
+def checkpoint_choice(path: Path, name: str, cache_dir: Path) -> ModelChoice:
+    checkpoint = resolve_checkpoint(path, checksums=False)  # hashing a 1B model's optimizer state takes minutes
+    return ModelChoice(name=name, source=str(path), progress=format_progress(checkpoint.train_state),
+                       prepare=partial(cached_export, checkpoint, cache_dir))
 
 
 def run_of(path: Path) -> Path | None:
@@ -82,12 +73,12 @@ def run_of(path: Path) -> Path | None:
     return None
 
 
-def final_model_progress(final: Path) -> str:
-    """From the model folder's own files, else from its run's checkpoint at max_steps: train.py always
-    saves one there, holding the very weights final/ was written from."""
-    record = read_progress(str(final))
-    run = run_of(final)
-    if record is None and run is not None:
+def model_folder_progress(folder: Path) -> str:
+    """From the folder's own files; for a run's final/, else from the run's checkpoint at max_steps:
+    train.py always saves one there, holding the very weights final/ was written from."""
+    record = read_progress(str(folder))
+    run = folder.parent
+    if record is None and folder.name == "final" and (run / RESOLVED_RECIPE).is_file():
         try:
             max_steps = load_recipe(str(run / RESOLVED_RECIPE)).train.max_steps
             record = verify_checkpoint(checkpoint_path(run, max_steps), checksums=False)
@@ -102,11 +93,11 @@ def run_choices(run: Path, cache_dir: Path, log: Callable[[str], None]) -> list[
     for candidate in reversed(list_checkpoints(run)):
         try:
             choices.append(checkpoint_choice(candidate.path, f"{run.name}/{candidate.path.name}", cache_dir))
-        except CheckpointError as exc:
+        except ExportError as exc:
             log(f"demo: skipping {candidate.path}: {exc}")
     if (run / "final" / "config.json").is_file():
         choices.append(ModelChoice(name=f"{run.name}/final", source=str(run / "final"),
-                                   progress=final_model_progress(run / "final")))
+                                   progress=model_folder_progress(run / "final")))
     return choices
 
 
@@ -131,10 +122,10 @@ def model_choices(spec: str, cache_dir: Path, log: Callable[[str], None] = print
         name = f"{run.name}/{path.name}" if run else spec
         try:
             return [checkpoint_choice(path, name, cache_dir)]
-        except CheckpointError as exc:
+        except ExportError as exc:
             raise DemoError(f"--model {spec}: {exc}") from exc
     if (path / "config.json").is_file():
-        return [ModelChoice(name=spec, source=str(path), progress=final_model_progress(path))]
+        return [ModelChoice(name=spec, source=str(path), progress=model_folder_progress(path))]
     raise DemoError(f"--model {spec}: not a run folder, a checkpoint, or a model folder with config.json")
 
 
@@ -152,20 +143,27 @@ def milestone_prompts(specs: list[str]) -> list[str]:
     return list(dict.fromkeys(prompts)) or list(DEFAULT_PROMPTS)
 
 
-def _unique_names(choices: list[ModelChoice]) -> list[ModelChoice]:
-    seen: dict[str, int] = {}
+def _unique(choices: list[ModelChoice]) -> list[ModelChoice]:
+    """One entry per source (a checkpoint named alone and through its run), and distinct names."""
+    unique, sources, names = [], set(), set()
     for choice in choices:
-        seen[choice.name] = seen.get(choice.name, 0) + 1
-        if seen[choice.name] > 1:
-            choice.name = f"{choice.name} ({seen[choice.name]})"
-    return choices
+        if choice.source in sources:
+            continue
+        base, n = choice.name, 1
+        while choice.name in names:
+            n += 1
+            choice.name = f"{base} ({n})"
+        sources.add(choice.source)
+        names.add(choice.name)
+        unique.append(choice)
+    return unique
 
 
-def build(specs: list[str], cache_dir: str | Path = DEFAULT_CACHE_DIR, title: str = "Compare checkpoints",
+def build(specs: list[str], cache_dir: str | Path = DEFAULT_CACHE_DIR, title: str = DEFAULT_TITLE,
           log: Callable[[str], None] = print) -> gr.Blocks:
     """The page for these --model values (not launched); raises DemoError naming a bad one."""
     cache_dir = Path(cache_dir)
-    choices = _unique_names([choice for spec in specs for choice in model_choices(spec, cache_dir, log)])
+    choices = _unique([choice for spec in specs for choice in model_choices(spec, cache_dir, log)])
     return build_demo(ModelLibrary(choices), milestone_prompts(specs), title)
 
 
@@ -180,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--share", action="store_true", help="also serve through a public gradio.live link")
     parser.add_argument("--cache_dir", type=Path, default=DEFAULT_CACHE_DIR,
                         help=f"where checkpoints are exported to model folders (default: {DEFAULT_CACHE_DIR})")
-    parser.add_argument("--title", default="Compare checkpoints")
+    parser.add_argument("--title", default=DEFAULT_TITLE)
     args = parser.parse_args(argv)
     try:
         demo = build(args.model, args.cache_dir, args.title)

@@ -60,8 +60,9 @@ def write_space(models: list[str], out: Path, title: str = DEFAULT_TITLE,
     return out
 
 
-def push_space(folder: Path, space_id: str, private: bool = False) -> str:
-    """Create the Space repo if needed and upload `folder` as one commit; returns the commit's URL."""
+def push_space(folder: Path, space_id: str, private: bool | None = None) -> str:
+    """Create the Space repo if needed (private=None: the account's default visibility) and upload
+    `folder` as one commit; returns the commit's URL."""
     api = HfApi()
     api.create_repo(space_id, repo_type="space", space_sdk="gradio", private=private, exist_ok=True)
     commit = api.upload_folder(folder_path=folder, repo_id=space_id, repo_type="space",
@@ -88,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     folder = write_space(args.model, args.out, args.title)
     print(f"space written to {folder} (try it: cd {folder} && python app.py)")
     if args.push:
-        print(f"pushed: {push_space(folder, args.push, args.private)}")
+        print(f"pushed: {push_space(folder, args.push, private=True if args.private else None)}")
     return 0
 
 

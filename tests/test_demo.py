@@ -13,7 +13,9 @@ import pytest
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 
 from hf_pretrain.config import DEFAULT_PROMPTS, load_recipe, save_recipe  # noqa: E402
-from hf_pretrain.demo import DemoError, build, export_checkpoint, milestone_prompts, model_choices  # noqa: E402
+from hf_pretrain.demo import DemoError, build, cached_export, milestone_prompts, model_choices  # noqa: E402
+from hf_pretrain.export import resolve_checkpoint  # noqa: E402
+from hf_pretrain.space_template.app import format_progress, load_model, read_progress  # noqa: E402
 
 PROMPT = "The capital of France is"
 MISSING_REPO = "nobody/no-such-model"  # offline, so loading it fails the way a missing repo does
@@ -34,8 +36,6 @@ def free_port() -> int:
 def greedy_completion(folder: Path, prompt: str, max_new_tokens: int) -> str:
     """What plain `model.generate` produces greedily: the reference the page must match. The model is
     loaded as the page loads it (its device and dtype), so the two agree on a GPU machine too."""
-    from hf_pretrain.space_template.app import load_model
-
     model, tokenizer = load_model(str(folder))
     inputs = tokenizer(prompt, return_tensors="pt").to(model.device)
     out = model.generate(input_ids=inputs.input_ids, attention_mask=inputs.attention_mask,
@@ -95,16 +95,28 @@ def test_a_checkpoint_exports_once_and_reloads_with_tied_weights_equal_to_the_fi
     from transformers import AutoModelForCausalLM
 
     run_dir = reference_run[0]
-    exported = export_checkpoint(run_dir / "checkpoints" / "step_00000012", tmp_path)
-    assert export_checkpoint(run_dir / "checkpoints" / "step_00000012", tmp_path) == exported
-    assert sorted(p.name for p in tmp_path.iterdir()) == [exported.name]  # the cache, no leftovers
+    checkpoint = resolve_checkpoint(run_dir / "checkpoints" / "step_00000012")
+    exported = cached_export(checkpoint, tmp_path)
+    written = (exported / "model.safetensors").stat().st_mtime_ns
+    assert cached_export(checkpoint, tmp_path) == exported
+    assert (exported / "model.safetensors").stat().st_mtime_ns == written  # served from the cache
+    assert sorted(p.name for p in tmp_path.iterdir()) == [exported.name]  # no leftovers
     model = AutoModelForCausalLM.from_pretrained(exported)
     final = AutoModelForCausalLM.from_pretrained(run_dir / "final")
     assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
     for (name, weight), (final_name, final_weight) in zip(model.state_dict().items(), final.state_dict().items(),
                                                           strict=True):
         assert name == final_name and torch.equal(weight, final_weight), name
-    assert (exported / "train_state.json").is_file()
+    # an export says how far it was trained in its model card, and the page reads it there
+    assert format_progress(read_progress(str(exported))) == format_progress(checkpoint.train_state)
+    assert format_progress(checkpoint.train_state).startswith("step 12 · ")
+
+
+@pytest.mark.slow
+def test_a_model_folder_without_a_card_or_sidecar_has_unknown_progress(untrained_model, tmp_path):
+    [choice] = model_choices(str(untrained_model), tmp_path)
+    assert (choice.name, choice.source) == (str(untrained_model), str(untrained_model))
+    assert format_progress(read_progress(choice.source)) == "step unknown · tokens trained unknown"
 
 
 def test_example_prompts_come_from_the_runs_recipe_else_the_defaults(tmp_path):

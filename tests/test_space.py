@@ -95,8 +95,7 @@ def test_push_creates_a_gradio_space_and_uploads_the_folder(tmp_path):
     assert "pushed: " in result.stdout
     assert hub.record.unexpected == []
     [created] = hub.record.created
-    assert created | {"visibility": "public"} == {"organization": "me", "name": "llama-demo", "type": "space",
-                                                  "sdk": "gradio", "visibility": "public"}
+    assert created == {"organization": "me", "name": "llama-demo", "type": "space", "sdk": "gradio"}
     assert set(hub.record.authorization) == {"Bearer hf_standin_token"}
     [commit] = hub.record.commits
     assert commit["repo"] == "me/llama-demo"

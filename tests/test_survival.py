@@ -46,8 +46,7 @@ def complete_steps(run_dir: Path) -> list[int]:
 
 def start_training(data_dir: Path, run_dir: Path, faults: str = "", **overrides) -> subprocess.Popen:
     """The training process itself (no launcher in between), so signals reach it directly."""
-    args = {**SHORT_RUN, "data_dir": data_dir, "output_dir": run_dir, "save_interval": 1,
-            "keep_checkpoints": 3, "num_workers": 1, **overrides}
+    args = {**SHORT_RUN, "data_dir": data_dir, "output_dir": run_dir, **overrides}
     cmd = [sys.executable, str(ROOT / "hf_pretrain" / "train.py"), "--recipe", "smoke"]
     for key, value in args.items():
         cmd += [f"--{key}", str(value)]
@@ -69,53 +68,57 @@ def wait_for_step(process: subprocess.Popen, run_dir: Path, step: int, timeout: 
     raise AssertionError(f"no step {step} within {timeout}s")
 
 
+KILL_RUN_STEPS = 30  # long enough that a dozen kills, each after a step or two, cannot finish the run
+
+
 @pytest.mark.slow
-def test_kills_at_any_moment_lose_nothing_but_recent_steps(reference_run, smoke_data, tmp_path):
-    reference_dir, _ = reference_run
+def test_kills_at_any_moment_lose_nothing_but_recent_steps(smoke_data, tmp_path):
+    overrides = {"max_steps": KILL_RUN_STEPS, "eval_interval": 10, "save_interval": 1, "keep_checkpoints": 3}
+    reference_dir = tmp_path / "uninterrupted"
+    launch_training(smoke_data, reference_dir, **overrides)
     run_dir = tmp_path / "killed"
     rng = random.Random(7)
     # chosen moments first (a torn checkpoint write, a graceful SIGTERM, a kill mid-step), then random ones
     plan = ["kill-during-save", "sigterm", "sigkill-after-step", "sigkill-random", "kill-during-save",
-            "sigterm", "sigkill-random", "sigkill-after-step", "sigkill-random", "sigterm", "sigkill-random",
+            "sigterm", "sigkill-random", "sigkill-after-step", "sigkill-anytime", "sigterm", "sigkill-random",
             "kill-during-save"]
     kills, lost_steps, torn = 0, [], 0
     for action in plan:
         done = complete_steps(run_dir)
         resume_step = done[-1] if done else 0
-        if resume_step >= SHORT_RUN["max_steps"] - 1:
-            break
         if action == "kill-during-save":
-            process = start_training(smoke_data, run_dir, faults=f"kill-during-save:{resume_step + 2}")
-            process.wait(timeout=300)
-            assert process.returncode == -signal.SIGKILL, process.stdout.read()[-2000:]
+            process = start_training(smoke_data, run_dir, faults=f"kill-during-save:{resume_step + 2}", **overrides)
+            output = process.communicate(timeout=300)[0]
+            assert process.returncode == -signal.SIGKILL, output[-2000:]
             assert (run_dir / "checkpoints" / f"step_{resume_step + 2:08d}.tmp").exists()
             torn += 1
         else:
             # a killed run may have logged steps past its last checkpoint: wait for fresh ones
             target = max(resume_step, last_logged_step(run_dir)) + 1 + rng.randrange(2)
-            process = start_training(smoke_data, run_dir)
-            if action == "sigkill-random":
-                time.sleep(rng.uniform(0.5, 5.0))  # anywhere: start-up, a step, an eval, a checkpoint write
-            elif not wait_for_step(process, run_dir, target):
-                break  # it finished before we could kill it
+            process = start_training(smoke_data, run_dir, **overrides)
+            if action == "sigkill-anytime":
+                time.sleep(rng.uniform(0.5, 5.0))  # start-up, a step, an eval or a checkpoint write
+            else:
+                assert wait_for_step(process, run_dir, target), process.communicate()[0][-2000:]
+                if action == "sigkill-random":
+                    time.sleep(rng.uniform(0.0, 0.3))  # somewhere in the next step or its checkpoint
             process.send_signal(signal.SIGTERM if action == "sigterm" else signal.SIGKILL)
             output = process.communicate(timeout=300)[0]
             if action == "sigterm" and process.returncode == EXIT_PREEMPTED:
                 assert "SIGTERM received" in output and "Rerun the same command to resume" in output
                 # a graceful stop checkpoints the step it finished: nothing lost
                 assert complete_steps(run_dir)[-1] == last_logged_step(run_dir)
-            elif process.returncode == 0:
-                break
             else:
                 # a SIGTERM that lands before the handler is installed (start-up) ends the process as usual
                 assert process.returncode in (-signal.SIGKILL, -signal.SIGTERM, EXIT_PREEMPTED), output[-2000:]
         kills += 1
         survivors = complete_steps(run_dir)
         lost_steps.append(max(0, last_logged_step(run_dir) - (survivors[-1] if survivors else 0)))
+        assert not (run_dir / "final").exists(), "the run finished before the kills did"
 
     # resume to the end; unfinished writes are skipped with the reason
-    log = launch_training(smoke_data, run_dir, save_interval=1, keep_checkpoints=3)
-    assert kills >= MIN_KILLS, f"only {kills} kills happened"
+    log = launch_training(smoke_data, run_dir, **overrides)
+    assert kills >= MIN_KILLS
     print(f"\nsurvival: {kills} kills ({torn} during a checkpoint write), steps lost per kill {lost_steps}")
     assert train_losses(run_dir) == train_losses(reference_dir)
     final_ref = load_file(reference_dir / "final" / "model.safetensors")

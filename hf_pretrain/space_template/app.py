@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
@@ -29,11 +30,15 @@ from transformers import (
 )
 
 MAX_COLUMNS = 3  # wider pages get unreadable; more models are still offered, three at a time
+DEFAULT_TITLE = "Compare checkpoints"
 UNKNOWN = "unknown"
 # Files that may say how far a model was trained, in the order they are trusted: hf-pretrain's
-# checkpoint sidecar, then the model card's metadata, then the config. Each is read for the keys
-# `step` and `tokens_seen`, the names train_state.json uses.
+# checkpoint sidecar, then the model card, then the config. Each is read for the keys `step` and
+# `tokens_seen`, the names train_state.json uses.
 PROGRESS_FILES = ("train_state.json", "README.md", "config.json")
+# The sentence an hf-pretrain model card (hf_pretrain/model_card.py) opens with, where its metadata
+# has no such keys: "... step 50,000 of 90,000, 6,553,600,000 tokens."
+CARD_PROGRESS = re.compile(r"\bstep ([\d,]+)(?: of [\d,]+)?, ([\d,]+) tokens\b")
 
 
 @dataclass
@@ -79,10 +84,18 @@ def _local_or_hub_file(source: str, filename: str) -> Path | None:
         return None
 
 
+def _card_metadata(path: Path) -> dict[str, Any]:
+    card = ModelCard.load(path)
+    data = card.data.to_dict()
+    if "step" not in data and (match := CARD_PROGRESS.search(card.text)):
+        data.update(step=int(match[1].replace(",", "")), tokens_seen=int(match[2].replace(",", "")))
+    return data
+
+
 def _metadata(path: Path) -> dict[str, Any]:
     try:
         if path.name == "README.md":
-            return ModelCard.load(path).data.to_dict()
+            return _card_metadata(path)
         data = json.loads(path.read_text())
         return data if isinstance(data, dict) else {}
     except (OSError, ValueError):
@@ -192,6 +205,11 @@ def stream_completion(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase
     yield tokenizer.decode(result["ids"][0, inputs.input_ids.shape[1]:], skip_special_tokens=True)
 
 
+def bad_input(message: str) -> gr.Error:
+    """An error the page shows as a message; the server's log gets no traceback for a user's typo."""
+    return gr.Error(message, print_exception=False)
+
+
 def _first_line(exc: Exception) -> str:
     return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
 
@@ -204,14 +222,14 @@ def compare(library: ModelLibrary, prompt: str, names: list[str], settings: Sett
     prompt and the settings, never on which other models share the page.
     """
     if not prompt or not prompt.strip():
-        raise gr.Error("Type a prompt first.")
+        raise bad_input("Type a prompt first.")
     if not names:
-        raise gr.Error("Pick at least one model.")
+        raise bad_input("Pick at least one model.")
     unknown = [name for name in names if name not in library.choices]
     if unknown:
-        raise gr.Error(f"Unknown model {unknown[0]!r}; the choices are: {', '.join(library.names())}.")
+        raise bad_input(f"Unknown model {unknown[0]!r}; the choices are: {', '.join(library.names())}.")
     if len(names) > columns:
-        raise gr.Error(f"At most {columns} models side by side; {len(names)} were picked.")
+        raise bad_input(f"At most {columns} models side by side; {len(names)} were picked.")
     texts = [""] * columns
     for column, name in enumerate(names):
         try:
@@ -241,7 +259,7 @@ def default_selection(names: list[str], columns: int) -> list[str]:
     return [names[round(i * (len(names) - 1) / (columns - 1))] for i in range(columns)]
 
 
-def build_demo(library: ModelLibrary, prompts: list[str], title: str = "Compare checkpoints") -> gr.Blocks:
+def build_demo(library: ModelLibrary, prompts: list[str], title: str = DEFAULT_TITLE) -> gr.Blocks:
     names = library.names()
     columns = min(len(names), MAX_COLUMNS)
     selected = default_selection(names, columns)
@@ -255,6 +273,8 @@ def build_demo(library: ModelLibrary, prompts: list[str], title: str = "Compare 
             prompt = gr.Textbox(label="Prompt", lines=2, scale=4, placeholder="The capital of France is",
                                 elem_id="prompt")
             button = gr.Button("Generate", variant="primary", scale=1, elem_id="generate")
+        if prompts:
+            gr.Examples([[p] for p in prompts], inputs=[prompt], label="Milestone prompts")
         models = gr.Dropdown(names, value=selected, multiselect=True, max_choices=columns,
                              label=f"Models (up to {columns}, in column order)")
         with gr.Row():
@@ -274,8 +294,6 @@ def build_demo(library: ModelLibrary, prompts: list[str], title: str = "Compare 
                     outputs.append(gr.Textbox(label="Completion", lines=8, interactive=False, buttons=["copy"],
                                               elem_id=f"completion-{column}"))
                 panels.append(panel)
-        if prompts:
-            gr.Examples([[p] for p in prompts], inputs=[prompt], label="Milestone prompts")
 
         def generate(prompt: str, models: list[str], max_new_tokens: float, temperature: float, top_k: float,
                      top_p: float, repetition_penalty: float, seed: float) -> Iterator[Any]:
@@ -291,8 +309,9 @@ def build_demo(library: ModelLibrary, prompts: list[str], title: str = "Compare 
                     + [""] * columns)  # texts of the previous picks would now sit under the wrong header
 
         inputs = [prompt, models, max_new_tokens, temperature, top_k, top_p, repetition_penalty, seed]
-        button.click(generate, inputs, outputs, api_name="generate")
-        prompt.submit(generate, inputs, outputs, api_visibility="private")
+        # One event for the button and Enter, so gradio's default of one run at a time covers both:
+        # the loaded models and torch's global RNG are shared by every visitor.
+        gr.on([button.click, prompt.submit], generate, inputs, outputs, api_name="generate")
         models.change(show_columns, models, panels + headers + outputs, api_visibility="private")
     return demo
 
@@ -306,7 +325,7 @@ def main() -> None:
         raise SystemExit("no models: list them in demo.json or DEMO_MODELS")
     library = ModelLibrary([ModelChoice(name=source, source=source) for source in sources])
     # launch() reads GRADIO_SERVER_NAME / GRADIO_SERVER_PORT, which a Space sets
-    build_demo(library, config.get("prompts", []), config.get("title", "Compare checkpoints")).launch()
+    build_demo(library, config.get("prompts", []), config.get("title", DEFAULT_TITLE)).launch()
 
 
 if __name__ == "__main__":
