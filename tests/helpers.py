@@ -21,6 +21,7 @@ SHORT_RUN = {
     "log_interval": 1,
     "sample_max_new_tokens": 8,
     "price_per_hour": 2.0,
+    "report_to": "tensorboard",
     "phases": {"warmup": 2, "first-half": 6, "second-half": 12},
 }
 

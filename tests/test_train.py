@@ -45,6 +45,7 @@ def test_short_run_writes_every_output_and_a_loadable_model(reference_run):
     phases = json.loads((run_dir / "phases.json").read_text())
     assert [p["name"] for p in phases] == ["warmup", "first-half", "second-half"]
     assert "| warmup | 0-2 |" in (run_dir / "phases.md").read_text()
+    assert list(run_dir.rglob("events.out.tfevents.*")), "report_to=tensorboard wrote no event file"
     assert any(r["kind"] == "eval" and r["val_loss"] > 0 for r in records)
     samples = read_jsonl(run_dir / "samples.jsonl")
     assert {s["prompt"] for s in samples} == {"The capital of France is", "def fibonacci(n):",
