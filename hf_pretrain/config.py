@@ -165,6 +165,16 @@ class TrainConfig:
     # evaluations in a row (0 = off).
     early_stop_patience: int = 0
     early_stop_min_delta: float = 0.01
+    # Hub repo to publish to (empty = none): final/ goes to `main` at the end and, with
+    # push_checkpoints, every checkpoint to a `step-N` branch as it is saved.
+    push_to_hub: str = ""
+    push_checkpoints: bool = False
+    push_private: bool = False
+    # lm-eval tasks scored (on `benchmark_limit` examples each) at every saved checkpoint into
+    # benchmarks.jsonl (empty = none); `benchmark_data_dir` holds local ARC JSONL for offline tasks.
+    benchmark_tasks: list[str] = field(default_factory=list)
+    benchmark_limit: int = 50
+    benchmark_data_dir: str | None = None
     eval_interval: int = 100
     # Validation batches (per process) per evaluation.
     eval_batches: int = 8
@@ -210,7 +220,8 @@ class Recipe:
         for volatile in ("output_dir", "resume", "report_to", "save_interval", "keep_checkpoints", "stop_at_step",
                          "milestone_interval", "max_bad_steps", "loss_spike_factor", "price_per_hour",
                          "expected_tokens_per_s", "phases", "early_stop_cost_per_loss_point", "early_stop_window",
-                         "early_stop_patience", "early_stop_min_delta",
+                         "early_stop_patience", "early_stop_min_delta", "push_to_hub", "push_checkpoints",
+                         "push_private", "benchmark_tasks", "benchmark_limit", "benchmark_data_dir",
                          "log_interval", "eval_interval", "max_steps"):
             d["train"].pop(volatile)
         d["data"].pop("num_workers")
@@ -250,6 +261,8 @@ class Recipe:
                 raise RecipeError(f"{key}={value} must not be negative")
         if t.early_stop_cost_per_loss_point and not t.price_per_hour:
             raise RecipeError("early_stop_cost_per_loss_point needs price_per_hour: without a price there is no cost")
+        if t.push_checkpoints and not t.push_to_hub:
+            raise RecipeError("push_checkpoints needs push_to_hub: the repo id to push to")
         if t.early_stop_window <= 0:
             raise RecipeError(f"early_stop_window={t.early_stop_window} must be positive")
         for phase, end in t.phases.items():

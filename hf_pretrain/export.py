@@ -24,8 +24,14 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig, PreTrainedModel
 
-from hf_pretrain.checkpoint import (MANIFEST, TRAIN_STATE, CheckpointError, checkpoints_root, list_checkpoints,
-                                    verify_checkpoint)
+from hf_pretrain.checkpoint import (
+    MANIFEST,
+    TRAIN_STATE,
+    CheckpointError,
+    checkpoints_root,
+    list_checkpoints,
+    verify_checkpoint,
+)
 from hf_pretrain.hub import HubError, push_folder
 from hf_pretrain.model_card import CardOptions, write_model_card
 
@@ -52,11 +58,20 @@ class Checkpoint:
         return self.path.parent.parent if self.path.parent.name == checkpoints_root("").name else None
 
 
+def _is_checkpoint(path: Path) -> bool:
+    return (path / MANIFEST).is_file() or (path / TRAIN_STATE).is_file()
+
+
+def is_training_output(path: str | Path) -> bool:
+    """A checkpoint or a run folder (what `resolve_checkpoint` takes), rather than a model folder."""
+    return _is_checkpoint(Path(path)) or checkpoints_root(path).is_dir()
+
+
 def resolve_checkpoint(path: str | Path, checksums: bool = True, log=print) -> Checkpoint:
     """The checkpoint `path` names: itself when it is one (checked against its manifest), or the
     newest complete checkpoint of a run folder (broken ones are skipped, with the reason)."""
     path = Path(path)
-    if (path / MANIFEST).is_file() or (path / TRAIN_STATE).is_file():
+    if _is_checkpoint(path):
         try:
             return Checkpoint(path, verify_checkpoint(path, checksums))
         except CheckpointError as exc:
@@ -151,8 +166,7 @@ def export_checkpoint(checkpoint: Checkpoint, out: str | Path, dtype: str = "bf1
     building.mkdir(parents=True)
     model.save_pretrained(building)
     save_plain_fast_tokenizer(tokenizer, building, model.config.max_position_embeddings)
-    write_model_card(building, checkpoint.path, checkpoint.train_state, checkpoint.run_dir, model,
-                     card or CardOptions(model_name=out.name))
+    write_model_card(building, checkpoint.train_state, checkpoint.run_dir, model, card or CardOptions(out.name))
     if out.exists():
         shutil.rmtree(out)
     os.replace(building, out)
@@ -172,7 +186,8 @@ def push_checkpoint(checkpoint_dir: str | Path, repo_id: str, step: int, private
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="hf-pretrain export", description=__doc__.split("\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+                                     formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     epilog=__doc__.split("\n", 1)[1])
     parser.add_argument("--checkpoint", required=True, help="a run folder (its newest complete checkpoint) or a checkpoint folder")
     parser.add_argument("--out", required=True, help="folder to write the model to")
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="bf16", help="weight precision (default: bf16)")
@@ -182,12 +197,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--revision", metavar="BRANCH", help="push to this branch (created from main if missing)")
     parser.add_argument("--license", default="apache-2.0", help="license in the model card (default: apache-2.0)")
     parser.add_argument("--hardware", help="what the run trained on, for the card, e.g. '1x H100 80GB'")
-    parser.add_argument("--cost-per-hour", type=float, metavar="USD",
-                        help="price of that hardware per hour; the card shows the run's cost")
+    parser.add_argument("--price-per-hour", type=float, metavar="USD",
+                        help="what the whole job cost per hour, for the card's cost line (default: the recipe's "
+                             "price_per_hour; no cost line when neither is set)")
     args = parser.parse_args(argv)
 
     options = CardOptions(model_name=args.push_to_hub or Path(args.out).name, license=args.license,
-                          hardware=args.hardware, cost_per_hour=args.cost_per_hour)
+                          hardware=args.hardware, price_per_hour=args.price_per_hour)
     try:
         checkpoint = resolve_checkpoint(args.checkpoint)
         print(f"export: {checkpoint.path} (step {checkpoint.train_state.get('step')}) -> {args.out} [{args.dtype}]")
@@ -200,8 +216,9 @@ def main(argv: list[str] | None = None) -> int:
         try:
             url = push_folder(out, args.push_to_hub, private=args.private, revision=args.revision)
         except HubError as exc:
-            print(f"hf-pretrain export: error: {exc}\nThe export in {out} is complete; push it again with the "
-                  f"same command once the problem is fixed.", file=sys.stderr)
+            later = f"hf upload {args.push_to_hub} {out}" + (f" --revision {args.revision}" if args.revision else "")
+            print(f"hf-pretrain export: error: {exc}\nThe export in {out} is complete: push it later with "
+                  f"`{later}`, or rerun this command with --overwrite.", file=sys.stderr)
             return 1
         print(f"export: pushed to {url}")
     return 0

@@ -16,12 +16,13 @@ from typing import Any
 import yaml
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
+from hf_pretrain.cost import dollars
 from hf_pretrain.metrics import read_jsonl
 from hf_pretrain.model import count_parameters
 
 LOSS_CURVE = "loss_curve.png"
-EVAL_START = "<!-- hf-pretrain:eval:start -->"
-EVAL_END = "<!-- hf-pretrain:eval:end -->"
+# The Evaluation section's benchmark block, which `hf-pretrain eval` fills (see write_eval_section).
+EVAL_START, EVAL_END = "<!-- hf-pretrain:eval:start -->", "<!-- hf-pretrain:eval:end -->"
 # Milestones of samples.jsonl shown on the card (first, last and evenly spaced between).
 MAX_SAMPLE_MILESTONES = 6
 TAGS = ["hf-pretrain", "llama", "pretrained", "text-generation"]
@@ -75,7 +76,6 @@ Greedy completions of the run's fixed prompts, as the model wrote them during tr
 {{ eval_start }}
 Not evaluated yet: `hf-pretrain eval --model <this folder>` fills this section and the card's `model-index`.
 {{ eval_end }}
-
 """
 
 
@@ -86,7 +86,7 @@ class CardOptions:
     model_name: str
     license: str = "apache-2.0"
     hardware: str | None = None  # e.g. "1x H100 80GB"
-    cost_per_hour: float | None = None  # USD for that hardware; the card shows the run's cost
+    price_per_hour: float | None = None  # USD for the whole job; default the recipe's price_per_hour
 
 
 def _human(count: float) -> str:
@@ -175,13 +175,13 @@ def _training(recipe: dict, train_state: dict, records: list[dict], options: Car
                  ("peak learning rate", train_cfg.get("learning_rate")),
                  ("schedule", f"{train_cfg.get('warmup_steps')} warmup steps, cosine to "
                               f"{train_cfg.get('min_lr_ratio')} x peak over {train_cfg.get('max_steps'):,} steps")]
-    rows.append(("hardware", options.hardware or "not recorded"))
+    rows.append(("hardware", options.hardware or train_state.get("hardware") or "not recorded"))
     seconds = train_state.get("elapsed_seconds")
     if seconds:
         rows.append(("training time", _duration(seconds)))
-        if options.cost_per_hour is not None:
-            rows.append(("cost", f"${seconds / 3600 * options.cost_per_hour:,.2f} "
-                                 f"(at ${options.cost_per_hour:g}/h)"))
+        price = options.price_per_hour or train_cfg.get("price_per_hour")  # 0 or absent: unknown, no row
+        if price:
+            rows.append(("cost", f"${dollars(seconds / 3600, price):,.2f} (at ${price:g}/h)"))
     for label, value, fmt in [("throughput (median)", _median(train, "tokens_per_s"), "{:,.0f} tokens/s"),
                               ("MFU (median)", _median(train, "mfu"), "{:.1%}"),
                               ("peak GPU memory", max((r["peak_memory_gib"] for r in train
@@ -193,9 +193,9 @@ def _training(recipe: dict, train_state: dict, records: list[dict], options: Car
     return rows
 
 
-def write_model_card(folder: Path, checkpoint: Path, train_state: dict, run_dir: Path | None, model,
-                     options: CardOptions) -> Path:
-    """README.md (and the loss curve it shows) for the model exported into `folder`."""
+def write_model_card(folder: Path, train_state: dict, run_dir: Path | None, model, options: CardOptions) -> Path:
+    """README.md (and the loss curve it shows) for `model`, exported into `folder` from a checkpoint
+    with `train_state` that belongs to `run_dir` (None: a checkpoint outside a run folder)."""
     step = train_state.get("step", 0)
     recipe: dict = {}
     records: list[dict] = []
@@ -221,23 +221,40 @@ def write_model_card(folder: Path, checkpoint: Path, train_state: dict, run_dir:
         loss_curve=LOSS_CURVE if records and plot_loss_curve(records, folder / LOSS_CURVE) else None,
         samples=_milestones(samples), eval_start=EVAL_START, eval_end=EVAL_END)
     path = folder / "README.md"
-    card.save(path)
+    _save(card, path)
     return path
 
 
-def write_eval_section(folder: Path, eval_results: list[EvalResult], markdown: str) -> bool:
-    """Put `markdown` between the card's evaluation markers and `eval_results` into its model-index.
-    False (and nothing written) when `folder` holds no card written by `write_model_card`."""
+def _save(card: ModelCard, path: Path) -> None:
+    card.text = card.text.rstrip("\n") + "\n"  # Jinja drops the template's final newline
+    card.save(path)
+
+
+def _markers(part: str) -> tuple[str, str]:
+    return f"<!-- hf-pretrain:{part}:start -->", f"<!-- hf-pretrain:{part}:end -->"
+
+
+def write_eval_section(folder: Path, part: str, markdown: str, eval_results: list[EvalResult] | None = None) -> bool:
+    """Put `markdown` in the card's `part` block of the Evaluation section: `eval` (the benchmark
+    table, there from the start) or another name (added after it when missing), and `eval_results`,
+    when given, into the model-index. Other blocks stay as they are, so a run of one measurement
+    does not erase another's. False (nothing written) for a card `write_model_card` did not write."""
     path = folder / "README.md"
     if not path.is_file():
         return False
     card = ModelCard.load(path)
-    head, start, rest = card.text.partition(EVAL_START)
-    _, end, tail = rest.partition(EVAL_END)
-    if not start or not end:
+    if EVAL_END not in card.text:
         return False
-    card.data.eval_results = eval_results or None  # `card.content` renders them as model-index
-    card.data.model_name = card.data.model_name or folder.name
-    card.text = f"{head}{EVAL_START}\n{markdown.strip()}\n{EVAL_END}{tail}"
-    card.save(path)
+    start, end = _markers(part)
+    block = f"{start}\n{markdown.strip()}\n{end}"
+    head, found_start, rest = card.text.partition(start)
+    _, found_end, tail = rest.partition(end)
+    if found_start and found_end:
+        card.text = f"{head}{block}{tail}"
+    else:
+        card.text = card.text.replace(EVAL_END, f"{EVAL_END}\n\n{block}", 1)
+    if eval_results is not None:
+        card.data.eval_results = eval_results or None  # `card.content` renders them as model-index
+        card.data.model_name = card.data.model_name or folder.name
+    _save(card, path)
     return True

@@ -14,6 +14,7 @@ EVAL_DIR = Path(__file__).resolve().parent.parent / "eval"
 REFERENCE_SCORES = EVAL_DIR / "reference_scores.yaml"
 # The metrics the suite compares; everything else lm-eval reports stays in results.json.
 METRICS = ("acc", "acc_norm")
+LM_EVAL_URL = "https://github.com/EleutherAI/lm-evaluation-harness"
 _METRIC_NAMES = {"acc": "accuracy", "acc_norm": "length-normalised accuracy"}
 
 
@@ -98,5 +99,5 @@ def eval_results(scores: list[Score], results: dict[str, Any], limit: int | floa
             dataset_split=config.get("test_split") or config.get("validation_split"), dataset_args=args,
             metric_type=s.metric, metric_value=round(s.value, 2),
             metric_name=_METRIC_NAMES[s.metric] + (f" (first {limit} examples)" if limit else ""),
-            source_name="lm-evaluation-harness via hf-pretrain eval"))
+            source_name="lm-evaluation-harness (hf-pretrain eval)", source_url=LM_EVAL_URL))
     return entries

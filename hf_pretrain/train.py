@@ -25,11 +25,13 @@ from accelerate.utils import set_seed
 from tqdm.auto import tqdm
 
 from hf_pretrain.checkpoint import CheckpointSaveError, resume_training_state, save_checkpoint
-from hf_pretrain.config import Recipe, parse_recipe_args, save_recipe
+from hf_pretrain.config import Recipe, TrainConfig, parse_recipe_args, save_recipe
 from hf_pretrain.cost import cost_record, phases_from_recipe, write_phase_table
 from hf_pretrain.data import build_train_loader, build_val_loader, load_tokenizer
 from hf_pretrain.early_stopping import EarlyStop
+from hf_pretrain.export import export_checkpoint, push_checkpoint, resolve_checkpoint
 from hf_pretrain.faults import fault_active
+from hf_pretrain.hub import HubError, push_folder
 from hf_pretrain.metrics import (
     JsonlWriter,
     ThroughputMeter,
@@ -118,18 +120,19 @@ def train(recipe: Recipe) -> Outcome:
 
     # ---- resume: weights, optimizer and RNG from the checkpoint; data position from its sidecar
     state = {"step": 0, "tokens_seen": 0, "elapsed_seconds": 0.0, "skipped_steps": 0,
-             "recipe_fingerprint": recipe.fingerprint()}
+             "recipe_fingerprint": recipe.fingerprint(), "hardware": describe_hardware(accelerator)}
     resumed = resume_training_state(accelerator, out, train_cfg.resume, log=say)
     if resumed is not None:
         folder, saved = resumed
         if saved.get("recipe_fingerprint") != state["recipe_fingerprint"]:
             say(f"warning: {folder} was written by a recipe with different math settings; continuing with the new ones")
-        state.update(saved, recipe_fingerprint=state["recipe_fingerprint"])
+        state.update(saved, recipe_fingerprint=state["recipe_fingerprint"], hardware=state["hardware"])
         say(f"resumed from {folder} at step {state['step']}")
     if accelerator.is_main_process:
         # a resumed run rewrites the steps after its checkpoint, so the files hold one clean curve
         truncate_jsonl(out / "metrics.jsonl", after_step=state["step"])
         truncate_jsonl(out / "samples.jsonl", after_step=state["step"])
+        truncate_jsonl(out / "benchmarks.jsonl", after_step=state["step"])
     metrics = JsonlWriter(out / "metrics.jsonl", accelerator.is_main_process)
     samples = JsonlWriter(out / "samples.jsonl", accelerator.is_main_process)
     accelerator.init_trackers("hf-pretrain", config=_flat_config(recipe))
@@ -167,7 +170,10 @@ def train(recipe: Recipe) -> Outcome:
         path = save_checkpoint(accelerator, out, dict(state), train_cfg.keep_checkpoints, config, tokenizer,
                                train_cfg.milestone_interval)
         say(f"step {state['step']}: saved {path}")
-        meter.skip(meter.pause() - started)
+        if accelerator.is_main_process:
+            publish_checkpoint(path, state["step"], train_cfg, say)
+        accelerator.wait_for_everyone()
+        meter.skip(meter.pause() - started)  # saving, pushing and scoring stay out of tokens/s
         return path
 
     def stop(exit_code: int, message: str) -> Outcome:
@@ -273,7 +279,7 @@ def train(recipe: Recipe) -> Outcome:
                 break
     progress.close()
 
-    final = save_final_model(accelerator, model, tokenizer, out / "final")
+    final = write_final_model(accelerator, out, train_cfg, say)
     message = (f"done: {state['step']} steps, {state['tokens_seen']:,} tokens in {elapsed():.0f}s | "
                f"metrics {out / 'metrics.jsonl'} | samples {out / 'samples.jsonl'} | model {final}")
     say(message)
@@ -337,18 +343,47 @@ def generate_samples(accelerator: Accelerator, model: torch.nn.Module, tokenizer
     return completions
 
 
-def save_final_model(accelerator: Accelerator, model: torch.nn.Module, tokenizer, folder: Path) -> Path:
-    """A standard Hugging Face folder (safetensors, config, tokenizer) that from_pretrained loads."""
+def write_final_model(accelerator: Accelerator, out: Path, train: TrainConfig, say) -> Path:
+    """`final/`: the last checkpoint exported in fp32 as a standard Hugging Face folder with its
+    model card; the same code path as `hf-pretrain export`, so FSDP shards are merged too."""
+    final = out / "final"
     accelerator.wait_for_everyone()
-    state_dict = accelerator.get_state_dict(model)  # gathers FSDP shards onto the main process
-    net = accelerator.unwrap_model(model)
-    net.config.use_cache = True
-    net.save_pretrained(folder, state_dict=state_dict, is_main_process=accelerator.is_main_process,
-                        save_function=accelerator.save)
     if accelerator.is_main_process:
-        tokenizer.save_pretrained(folder)
+        newest = resolve_checkpoint(out, checksums=False, log=say)  # the one this run just saved
+        export_checkpoint(newest, final, dtype="fp32", overwrite=True)
+        if train.push_to_hub:
+            try:
+                say(f"pushed final/ to {push_folder(final, train.push_to_hub, private=train.push_private)}")
+            except HubError as exc:
+                say(f"warning: {exc}; push it later with `hf-pretrain export --checkpoint {out} --push-to-hub ...`")
     accelerator.wait_for_everyone()
-    return folder
+    return final
+
+
+def publish_checkpoint(path: Path, step: int, train: TrainConfig, say) -> None:
+    """The optional side jobs of a saved checkpoint: push it to a `step-N` branch, score it on a few
+    benchmarks. Neither may stop the run: a failure is logged and training goes on."""
+    if train.push_checkpoints:
+        try:
+            say(f"step {step}: pushed to {push_checkpoint(path, train.push_to_hub, step, private=train.push_private)}")
+        except HubError as exc:
+            say(f"warning: step {step} was not pushed: {exc}")
+    if train.benchmark_tasks:
+        from hf_pretrain.evaluation import evaluate_checkpoint  # lm-eval is the optional `eval` extra
+
+        try:
+            record = evaluate_checkpoint(path, train.benchmark_tasks, train.benchmark_limit,
+                                         data_dir=train.benchmark_data_dir)
+            say(f"step {step}: benchmarks {record['tasks']}")
+        except Exception as exc:  # a benchmark is a measurement, never a reason to lose the run
+            say(f"warning: step {step} benchmarks failed: {type(exc).__name__}: {exc}")
+
+
+def describe_hardware(accelerator: Accelerator) -> str:
+    """What the run ran on, for the model card: `1 x NVIDIA H200` or `2 x CPU (16 cores)`."""
+    device = accelerator.device
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU ({os.cpu_count()} cores)"
+    return f"{accelerator.num_processes} x {name}"
 
 
 def _flat_config(recipe: Recipe) -> dict:

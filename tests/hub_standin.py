@@ -98,10 +98,11 @@ class _Handler(BaseHTTPRequestHandler):
         if repo is None:
             self._error(404, f"Repository {repo_id} not found", "RepoNotFound")
             return None
-        if revision not in repo.branches:
+        # a branch name, or the commit a branch points at (downloads pin the commit they resolved)
+        found = repo.branches.get(revision) or next((b for b in repo.branches.values() if b.commit == revision), None)
+        if found is None:
             self._error(404, f"Invalid rev id: {revision}", "RevisionNotFound")
-            return None
-        return repo.branches[revision]
+        return found
 
     # ------------------------------------------------------------------ verbs
     def do_POST(self) -> None:  # noqa: N802 (http.server's naming)
@@ -167,12 +168,14 @@ class _Handler(BaseHTTPRequestHandler):
     # ------------------------------------------------------------------ endpoints
     def _create_repo(self, payload: dict) -> None:
         repo_id = f"{payload.get('organization') or 'user'}/{payload['name']}"
-        if repo_id in self.state.repos:
-            return self._error(409, "You already created this model repo")
+        url = f"http://{self.headers['Host']}/{repo_id}"
+        if repo_id in self.state.repos:  # the Hub's 409 names the existing repo, which the client reads
+            message = "You already created this model repo"
+            return self._reply(409, {"error": message, "url": url}, {"X-Error-Message": message})
         initial = b"*.safetensors filter=lfs diff=lfs merge=lfs -text\n"
         main = Branch(_commit_id("", initial), {".gitattributes": initial})
         self.state.repos[repo_id] = Repo(payload.get("visibility") == "private", {"main": main})
-        self._reply(200, {"url": f"http://{self.headers['Host']}/{repo_id}"})
+        self._reply(200, {"url": url})
 
     def _create_branch(self, repo_id: str, name: str) -> None:
         main = self._branch(repo_id, "main")

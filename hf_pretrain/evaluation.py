@@ -1,0 +1,236 @@
+"""`hf-pretrain eval`: score a model with lm-evaluation-harness and set it beside reference models.
+
+    hf-pretrain eval --model exports/1b                        # the default zero-shot suite (eval/suites/default.yaml)
+    hf-pretrain eval --model exports/1b --tasks arc_easy,hellaswag --limit 200
+    hf-pretrain eval --model exports/1b --tasks arc_easy_local,arc_challenge_local --data-dir ../shared/data/arc
+    hf-pretrain eval --model exports/1b --tasks none --text held_out.txt    # perplexity and bits per byte only
+
+`--model` is an exported folder, a Hub repo id, a run folder or a checkpoint. Results go to
+`--output` (default: `<model folder>/eval`): lm-eval's own `results.json` and `results.md`, a
+table of this model beside the references in eval/reference_scores.yaml. Pointed at an export,
+the scores also go into its model card (`model-index` and the Evaluation section).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+import yaml
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from hf_pretrain.export import ExportError, is_training_output, load_checkpoint_model, resolve_checkpoint
+from hf_pretrain.metrics import JsonlWriter
+from hf_pretrain.model_card import write_eval_section
+from hf_pretrain.scores import EVAL_DIR, comparison_table, eval_results, load_references, scores_from_results
+
+SUITES_DIR = EVAL_DIR / "suites"
+LOCAL_TASKS_DIR = EVAL_DIR / "tasks"
+BITS_PER_BYTE_METRIC = EVAL_DIR / "metrics" / "bits_per_byte"
+BENCHMARKS = "benchmarks.jsonl"
+# lm-eval's automatic batch size probes for CUDA out-of-memory; on a CPU it would try batches of
+# up to 64 full-length sequences, so the CPU gets a fixed batch instead.
+CPU_BATCH_SIZE = 8
+
+
+class EvalError(RuntimeError):
+    """An evaluation that cannot run as asked, with the reason."""
+
+
+def pick_device() -> tuple[str, torch.dtype]:
+    """cuda with bf16 (fp16 on GPUs without bf16) when there is a GPU, else the CPU in fp32."""
+    if torch.cuda.is_available():
+        return "cuda", torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    return "cpu", torch.float32
+
+
+def resolve_tasks(spec: str) -> tuple[list[str], int | None]:
+    """Tasks and the suite's shot count for `--tasks`: a suite name in eval/suites, a suite YAML,
+    `none`, or comma-separated lm-eval task names (shots then come from --num_fewshot or lm-eval)."""
+    if spec == "none":
+        return [], None
+    path = Path(spec) if spec.endswith((".yaml", ".yml")) else SUITES_DIR / f"{spec}.yaml"
+    if path.is_file():
+        suite = yaml.safe_load(path.read_text())
+        return list(suite["tasks"]), suite.get("num_fewshot")
+    return [t.strip() for t in spec.split(",") if t.strip()], None
+
+
+def local_tasks(data_dir: Path, into: Path) -> Path:
+    """A copy of eval/tasks whose `data_files` name files inside `data_dir` (they must exist)."""
+    into.mkdir(parents=True, exist_ok=True)
+    for source in sorted(LOCAL_TASKS_DIR.glob("*.yaml")):
+        config = yaml.safe_load(source.read_text())
+        data_files = (config.get("dataset_kwargs") or {}).get("data_files") or {}
+        for split, name in data_files.items():
+            path = (data_dir / name).resolve()
+            if not path.is_file():
+                raise EvalError(f"task {config['task']} needs {path} (split {split}), which does not exist; "
+                                f"--data-dir must hold {', '.join(data_files.values())}")
+            data_files[split] = str(path)
+        (into / source.name).write_text(yaml.safe_dump(config, sort_keys=False))
+    return into
+
+
+def _local_task_names() -> set[str]:
+    return {yaml.safe_load(p.read_text())["task"] for p in LOCAL_TASKS_DIR.glob("*.yaml")}
+
+
+def load_model(source: str, dtype: torch.dtype, device: str):
+    """(model, tokenizer) from a checkpoint or run folder, an exported folder or a Hub repo id."""
+    if is_training_output(source):
+        checkpoint = resolve_checkpoint(source, checksums=False)
+        model, tokenizer_source = load_checkpoint_model(checkpoint.path, dtype), checkpoint.path
+    else:
+        model, tokenizer_source = AutoModelForCausalLM.from_pretrained(source, dtype=dtype).eval(), source
+    return model.to(device), AutoTokenizer.from_pretrained(tokenizer_source)
+
+
+def run_lm_eval(model, tokenizer, tasks: list[str], *, limit: int | float | None = None,
+                num_fewshot: int | None = None, include_paths: list[str] | None = None,
+                data_dir: str | Path | None = None, batch_size: int | str | None = None) -> dict[str, Any]:
+    """`lm_eval.simple_evaluate` on an in-memory model; returns lm-eval's results dictionary."""
+    # lm-eval is imported here, not at the top: the training loop imports this module, and
+    # lm-eval's import is slow and optional (`pip install 'hf-pretrain[eval]'`).
+    import lm_eval
+    from lm_eval.models.huggingface import HFLM
+    from lm_eval.tasks import TaskManager
+
+    wanted_local = sorted(set(tasks) & _local_task_names())
+    if wanted_local and data_dir is None:
+        raise EvalError(f"{', '.join(wanted_local)} read local files: pass --data-dir with the folder that holds them")
+    if batch_size is None:
+        batch_size = "auto" if model.device.type == "cuda" else CPU_BATCH_SIZE
+    with tempfile.TemporaryDirectory() as scratch:
+        paths = list(include_paths or [])
+        if data_dir is not None:
+            paths.append(str(local_tasks(Path(data_dir), Path(scratch) / "tasks")))
+        task_manager = TaskManager(include_path=paths or None)
+        unknown = [t for t in tasks if t not in task_manager.all_tasks]
+        if unknown:
+            raise EvalError(f"unknown lm-eval task(s): {', '.join(unknown)} (see `lm_eval ls tasks`, or --include-path)")
+        lm = HFLM(pretrained=model, tokenizer=tokenizer, batch_size=batch_size)
+        return lm_eval.simple_evaluate(model=lm, tasks=tasks, num_fewshot=num_fewshot, limit=limit,
+                                       task_manager=task_manager, log_samples=False)
+
+
+def text_metrics(model: str, text_file: Path) -> dict[str, float]:
+    """Perplexity and bits per byte of `model` on a text file, with the local `evaluate` metric."""
+    import evaluate
+
+    metric = evaluate.load(str(BITS_PER_BYTE_METRIC))
+    device, dtype = pick_device()
+    return metric.compute(predictions=[text_file.read_text(encoding="utf-8")], model_id=model, device=device,
+                          dtype=str(dtype).replace("torch.", ""))
+
+
+def evaluate_checkpoint(checkpoint_dir: str | Path, tasks: list[str], limit: int | float | None,
+                        *, data_dir: str | Path | None = None, num_fewshot: int = 0) -> dict[str, Any]:
+    """Score a checkpoint on a few lm-eval tasks and append the record to RUN_DIR/benchmarks.jsonl.
+
+    For the training loop: call it on the main process after a checkpoint is saved. The record is
+    {"step", "tokens", "limit", "num_fewshot", "tasks": {task: {metric: percent, metric_stderr: percent}}}.
+    """
+    checkpoint = resolve_checkpoint(checkpoint_dir, checksums=False)
+    device, dtype = pick_device()
+    model, tokenizer = load_model(str(checkpoint.path), dtype, device)
+    results = run_lm_eval(model, tokenizer, tasks, limit=limit, num_fewshot=num_fewshot, data_dir=data_dir)
+    record: dict[str, Any] = {"step": checkpoint.train_state.get("step"),
+                              "tokens": checkpoint.train_state.get("tokens_seen"),
+                              "limit": limit, "num_fewshot": num_fewshot, "tasks": {}}
+    for s in scores_from_results(results):
+        record["tasks"].setdefault(s.task, {})[s.metric] = round(s.value, 4)
+        record["tasks"][s.task][f"{s.metric}_stderr"] = None if s.stderr is None else round(s.stderr, 4)
+    if checkpoint.run_dir is not None:
+        JsonlWriter(checkpoint.run_dir / BENCHMARKS, enabled=True).write(record)
+    del model
+    if device == "cuda":
+        torch.cuda.empty_cache()  # hand the evaluation's memory back to the training run
+    return record
+
+
+def _default_output(model: str) -> Path:
+    path = Path(model)
+    return path / "eval" if path.is_dir() else Path("eval_results") / model.replace("/", "__")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="hf-pretrain eval", description=__doc__.split("\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     epilog=__doc__.split("\n", 1)[1])
+    parser.add_argument("--model", required=True, help="exported folder, Hub repo id, run folder or checkpoint")
+    parser.add_argument("--tasks", default="default",
+                        help="suite name in eval/suites, a suite YAML, comma-separated lm-eval tasks, or `none` (default: default)")
+    parser.add_argument("--limit", type=float, help="score only the first N documents of each task (a fraction if < 1)")
+    parser.add_argument("--num_fewshot", "--num-fewshot", type=int,
+                        help="examples in each prompt (default: the suite's, else lm-eval's)")
+    parser.add_argument("--output", type=Path, help="results folder (default: <model folder>/eval)")
+    parser.add_argument("--include-path", action="append", default=[], metavar="DIR", help="extra lm-eval task YAMLs")
+    parser.add_argument("--data-dir", type=Path,
+                        help="folder of local data for the offline tasks in eval/tasks (e.g. ARC-Easy-test.jsonl)")
+    parser.add_argument("--batch-size", help="lm-eval batch size (default: auto on a GPU, 8 on the CPU)")
+    parser.add_argument("--text", type=Path, metavar="FILE", help="also report perplexity and bits per byte on this text")
+    args = parser.parse_args(argv)
+
+    tasks, suite_shots = resolve_tasks(args.tasks)
+    if not tasks and args.text is None:
+        parser.error("nothing to do: --tasks none needs --text FILE")
+    limit = int(args.limit) if args.limit and args.limit >= 1 else args.limit
+    num_fewshot = args.num_fewshot if args.num_fewshot is not None else suite_shots
+    output = args.output or _default_output(args.model)
+    if args.text is not None and is_training_output(args.model):
+        parser.error("--text needs a model folder or Hub repo id: `hf-pretrain export` the checkpoint first")
+    try:
+        if tasks:
+            device, dtype = pick_device()
+            model, tokenizer = load_model(args.model, dtype, device)
+            batch = int(args.batch_size) if args.batch_size and args.batch_size.isdigit() else args.batch_size
+            results = run_lm_eval(model, tokenizer, tasks, limit=limit, num_fewshot=num_fewshot,
+                                  include_paths=args.include_path, data_dir=args.data_dir, batch_size=batch)
+            del model
+        if args.text is not None:
+            bpb = text_metrics(args.model, args.text)
+    except (EvalError, ExportError) as exc:
+        print(f"hf-pretrain eval: error: {exc}", file=sys.stderr)
+        return 1
+
+    output.mkdir(parents=True, exist_ok=True)
+    model_folder = Path(args.model) if Path(args.model).is_dir() else None
+    if tasks:
+        report_benchmarks(results, args.model, output, model_folder, limit)
+    if args.text is not None:
+        report_text_metrics(bpb, args.text, output, model_folder)
+    print(f"eval: results in {output}")
+    return 0
+
+
+def report_benchmarks(results: dict[str, Any], model: str, output: Path, model_folder: Path | None,
+                      limit: int | float | None) -> None:
+    """lm-eval's results.json, the comparison table (results.md, stdout) and, for an export, its card."""
+    from lm_eval.utils import handle_non_serializable, make_table
+
+    (output / "results.json").write_text(json.dumps(results, indent=2, default=handle_non_serializable))
+    scores = scores_from_results(results)
+    table = comparison_table(scores, load_references(), limit)
+    (output / "results.md").write_text(f"# {model}\n\n{table}\n## lm-eval's table\n\n{make_table(results)}")
+    print(table)
+    if model_folder and write_eval_section(model_folder, "eval", table, eval_results(scores, results, limit)):
+        print(f"eval: wrote the scores into {model_folder / 'README.md'} (Evaluation, model-index)")
+
+
+def report_text_metrics(metrics: dict[str, float], text_file: Path, output: Path, model_folder: Path | None) -> None:
+    (output / "text_metrics.json").write_text(json.dumps({"file": str(text_file), **metrics}, indent=2))
+    line = (f"Held-out text `{text_file.name}`: {metrics['bits_per_byte']:.4f} bits per byte, token perplexity "
+            f"{metrics['perplexity']:.2f} ({metrics['tokens']:,} tokens, {metrics['bytes']:,} bytes).")
+    print(line)
+    if model_folder and write_eval_section(model_folder, "text", line):
+        print(f"eval: wrote the text metrics into {model_folder / 'README.md'}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
