@@ -46,6 +46,7 @@ style: $(VENV)/.installed-dev
 bench: $(VENV)/.installed-dev
 	$(BIN)/python bench/bench_prepare.py
 	$(BIN)/python bench/bench_loop.py
+	$(BIN)/python bench/bench_trainer.py
 
 clean:
 	rm -rf $(RUN_DIR) data/smoke

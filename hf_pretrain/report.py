@@ -1,0 +1,296 @@
+"""`hf-pretrain report RUN_DIR`: plots and a markdown page for a run folder.
+
+    hf-pretrain report runs/1b                      # writes runs/1b/report/report.md and its PNGs
+    hf-pretrain report runs/1b --price 2.49 --output /tmp/report
+
+Reads what training leaves in the folder: metrics.jsonl (loss, tokens/s, lr, elapsed time),
+samples.jsonl, resolved_recipe.yaml (price_per_hour, phases, milestone_interval), phases.json when
+a phase has ended, and benchmarks.jsonl when the model was scored. Anything missing is left out
+of the page with a line that says why, so a report works on a run that is still going.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import re
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+
+from hf_pretrain.cost import Phase, PhaseRow, dollars_per_billion_tokens, markdown_table, phase_row, phases_from_recipe
+from hf_pretrain.metrics import read_jsonl
+from hf_pretrain.plan import human_count
+
+# One colour per phase band, cycled; light enough that the curves stay readable on top.
+PHASE_COLOURS = ["#dbe9f6", "#fde2c8", "#d9f0d3", "#eadcf2", "#fbe3e8", "#e8e8e8"]
+
+
+@dataclass
+class RunData:
+    """Everything the report reads from a run folder."""
+
+    name: str
+    train: list[dict[str, Any]]  # "train" records of metrics.jsonl, in step order
+    evals: list[dict[str, Any]]
+    samples: list[dict[str, Any]]
+    benchmarks: list[dict[str, Any]]
+    price_per_hour: float  # 0 = unknown
+    milestone_interval: int
+    phases: list[PhaseRow]
+
+
+def load_run(run_dir: Path, price_override: float | None = None) -> RunData:
+    metrics = read_jsonl(run_dir / "metrics.jsonl")
+    train = [r for r in metrics if r.get("kind") == "train"]
+    if not train:
+        raise FileNotFoundError(f"{run_dir / 'metrics.jsonl'} holds no training records yet")
+    recipe_file = run_dir / "resolved_recipe.yaml"
+    recipe = yaml.safe_load(recipe_file.read_text()) if recipe_file.exists() else {}
+    train_cfg = recipe.get("train") or {}
+    price = price_override if price_override is not None else float(train_cfg.get("price_per_hour") or 0.0)
+    return RunData(
+        name=recipe.get("name") or run_dir.name,
+        train=train,
+        evals=[r for r in metrics if r.get("kind") == "eval"],
+        samples=read_jsonl(run_dir / "samples.jsonl"),
+        benchmarks=read_jsonl(run_dir / "benchmarks.jsonl"),
+        price_per_hour=price,
+        milestone_interval=int(train_cfg.get("milestone_interval") or 0),
+        phases=load_phases(run_dir, train, train_cfg.get("phases") or {}, price, price_override is not None),
+    )
+
+
+def load_phases(run_dir: Path, train: list[dict[str, Any]], phase_ends: dict[str, int], price: float,
+                reprice: bool) -> list[PhaseRow]:
+    """The run's phases.json rows, else rows computed from the recipe's `phases` for those that ended.
+
+    With `reprice` (a `--price` given) the rows are recomputed at `price`.
+    """
+    phases_file = run_dir / "phases.json"
+    if phases_file.exists():
+        rows = [PhaseRow(**row) for row in json.loads(phases_file.read_text())]
+        if not reprice:
+            return rows
+        phases = [Phase(row.name, row.start_step, row.end_step) for row in rows]
+    else:
+        phases = [p for p in phases_from_recipe(phase_ends) if p.end_step <= train[-1]["step"]]
+    return [phase_row(train, phase, price) for phase in phases]
+
+
+# ---------------------------------------------------------------------- positions on the x axes
+def _at_steps(train: list[dict[str, Any]], key: str, steps: list[float]) -> np.ndarray:
+    """`key` (tokens or elapsed seconds) at arbitrary steps, linear between logged records, 0 at step 0."""
+    known_steps = [0] + [r["step"] for r in train]
+    known_values = [0.0] + [float(r[key]) for r in train]
+    return np.interp(steps, known_steps, known_values)
+
+
+def dollars_at_steps(run: RunData, steps: list[float]) -> np.ndarray:
+    return _at_steps(run.train, "elapsed", steps) / 3600 * run.price_per_hour
+
+
+# ---------------------------------------------------------------------- plots
+def _token_unit(largest: float) -> tuple[float, str]:
+    """Divisor and axis label that keep token counts readable: billions for real runs, less for smoke."""
+    for size, name in ((1e9, "billions"), (1e6, "millions")):
+        if largest >= size:
+            return size, f"tokens ({name})"
+    return 1e3, "tokens (thousands)"
+
+
+def _new_axes(width: float = 7.0, height: float = 4.0, rows: int = 1):
+    from matplotlib.figure import Figure  # no pyplot: no global state, no display needed
+
+    figure = Figure(figsize=(width, height * rows), layout="constrained")
+    return figure, figure.subplots(rows, 1, sharex=True, squeeze=False)[:, 0]
+
+
+def _shade_phases(axes, run: RunData, to_x) -> None:
+    """A band per phase over [start, end] in the axis' units, named at the top."""
+    for index, phase in enumerate(run.phases):
+        start, end = to_x([phase.start_step, phase.end_step])
+        axes.axvspan(start, end, color=PHASE_COLOURS[index % len(PHASE_COLOURS)], zorder=0, lw=0)
+        axes.text((start + end) / 2, 1.0, phase.name, transform=axes.get_xaxis_transform(), ha="center", va="bottom",
+                  fontsize=8)
+
+
+def plot_loss(run: RunData, path: Path, against: str) -> Path:
+    """Train and validation loss against tokens (`against="tokens"`) or dollars (`"dollars"`)."""
+    if against == "tokens":
+        unit, label = _token_unit(run.train[-1]["tokens"])
+
+        def to_x(steps):
+            return _at_steps(run.train, "tokens", steps) / unit
+    else:
+        def to_x(steps):
+            return dollars_at_steps(run, steps)
+        label = f"dollars spent (at ${run.price_per_hour:,.2f}/h)"
+    figure, (axes,) = _new_axes()
+    _shade_phases(axes, run, to_x)
+    axes.plot(to_x([r["step"] for r in run.train]), [r["loss"] for r in run.train], label="train loss", lw=1.2)
+    if run.evals:
+        axes.plot(to_x([r["step"] for r in run.evals]), [r["val_loss"] for r in run.evals], "o-",
+                  label="validation loss", lw=1.2, ms=4)
+    axes.set_xlabel(label)
+    axes.set_ylabel("loss (nats/token)")
+    axes.grid(alpha=0.3)
+    axes.legend()
+    figure.savefig(path, dpi=110)
+    return path
+
+
+def plot_throughput_and_lr(run: RunData, path: Path) -> Path:
+    figure, (top, bottom) = _new_axes(height=2.6, rows=2)
+    steps = [r["step"] for r in run.train]
+    top.plot(steps, [r["tokens_per_s"] for r in run.train], lw=1.2)
+    top.set_ylabel("tokens/s")
+    top.set_ylim(bottom=0)
+    bottom.plot(steps, [r["lr"] for r in run.train], lw=1.2, color="tab:orange")
+    bottom.set_ylabel("learning rate")
+    bottom.set_xlabel("optimizer step")
+    for axes in (top, bottom):
+        _shade_phases(axes, run, lambda s: s)
+        axes.grid(alpha=0.3)
+    figure.savefig(path, dpi=110)
+    return path
+
+
+def plot_cost_per_loss_point(run: RunData, path: Path) -> Path:
+    """A bar per phase: dollars per unit of loss it bought (no bar, a note, where the loss rose)."""
+    figure, (axes,) = _new_axes(height=3.5)
+    names = [row.name for row in run.phases]
+    values = [row.cost_per_loss_point or 0.0 for row in run.phases]
+    bars = axes.bar(names, values, color=[PHASE_COLOURS[i % len(PHASE_COLOURS)] for i in range(len(names))],
+                    edgecolor="black", lw=0.6)
+    for bar, row in zip(bars, run.phases, strict=True):
+        note = "no drop" if row.cost_per_loss_point is None else f"${row.cost_per_loss_point:,.2f}"
+        axes.annotate(note, (bar.get_x() + bar.get_width() / 2, bar.get_height()), ha="center", va="bottom",
+                      fontsize=8, xytext=(0, 2), textcoords="offset points")
+    axes.set_ylabel("$ per loss point")
+    axes.set_title("what each phase paid for a unit of loss", fontsize=10)
+    axes.grid(axis="y", alpha=0.3)
+    figure.savefig(path, dpi=110)
+    return path
+
+
+# ---------------------------------------------------------------------- tables
+def _cell(text: str) -> str:
+    """Text that stays inside one markdown table cell: pipes escaped, runs of blank lines as one break."""
+    text = text.replace("\\", "\\\\").replace("|", "\\|").replace("\r", "").strip()
+    if not text:
+        return "*(blank)*"
+    return re.sub(r"\n\s*", "<br>", text)
+
+
+def sample_steps(samples: list[dict[str, Any]], milestone_interval: int) -> list[int]:
+    """Steps to show: the milestones (and the last step) when the run keeps milestones, else all."""
+    steps = sorted({s["step"] for s in samples})
+    if milestone_interval and steps:
+        return [s for s in steps if s % milestone_interval == 0 or s == steps[-1]]
+    return steps
+
+
+def samples_table(samples: list[dict[str, Any]], milestone_interval: int = 0) -> str:
+    """Rows are steps, columns the prompts: how the completions changed as the model trained."""
+    prompts = list(dict.fromkeys(s["prompt"] for s in samples))
+    by_key = {(s["step"], s["prompt"]): s for s in samples}
+    lines = ["| step | tokens | " + " | ".join(f"`{_cell(p)}`" for p in prompts) + " |",
+             "|---|---|" + "---|" * len(prompts)]
+    for step in sample_steps(samples, milestone_interval):
+        row = [by_key.get((step, p)) for p in prompts]
+        tokens = next((s["tokens"] for s in row if s), 0)
+        lines.append(f"| {step} | {human_count(tokens)} | "
+                     + " | ".join(_cell(s["completion"]) if s else " " for s in row) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def benchmarks_table(records: list[dict[str, Any]]) -> str:
+    """Rows are steps, columns `task metric`, from `evaluate_checkpoint`'s records
+    ({"step", "tasks": {task: {metric: percent, metric_stderr: percent}}})."""
+    values = {(r["step"], f"{task} {metric}"): value
+              for r in records for task, metrics in r["tasks"].items()
+              for metric, value in metrics.items() if not metric.endswith("_stderr")}
+    columns = list(dict.fromkeys(column for _, column in values))
+    lines = ["| step | " + " | ".join(_cell(c) for c in columns) + " |", "|---|" + "---|" * len(columns)]
+    for step in sorted({r["step"] for r in records}):
+        cells = [values.get((step, c)) for c in columns]
+        lines.append(f"| {step} | " + " | ".join(f"{v:.4g}" if isinstance(v, (int, float)) else " " for v in cells)
+                     + " |")
+    return "\n".join(lines) + "\n"
+
+
+def summary(run: RunData) -> str:
+    last = run.train[-1]
+    hours = last["elapsed"] / 3600
+    parts = [f"{last['step']:,} steps", f"{human_count(last['tokens'])} tokens", f"{hours:,.2f} h",
+             f"last train loss {last['loss']:.3f}"]
+    if run.evals:
+        parts.append(f"best validation loss {min(r['val_loss'] for r in run.evals):.3f}")
+    if run.price_per_hour:
+        average_rate = last["tokens"] / last["elapsed"] if last["elapsed"] else 0.0
+        per_billion = dollars_per_billion_tokens(average_rate, run.price_per_hour)
+        parts.append(f"${hours * run.price_per_hour:,.2f} at ${run.price_per_hour:,.2f}/h "
+                     f"(${per_billion:,.2f} per billion tokens)")
+    return " | ".join(parts)
+
+
+# ---------------------------------------------------------------------- the page
+def write_report(run_dir: Path, output: Path, price: float | None = None) -> Path:
+    """report.md and its PNGs in `output`; returns the page's path."""
+    run = load_run(run_dir, price)
+    output.mkdir(parents=True, exist_ok=True)
+    page = [f"# Run report: {run.name}", "", summary(run), "", "## Loss", ""]
+    page.append(f"![loss against tokens]({plot_loss(run, output / 'loss_vs_tokens.png', 'tokens').name})")
+    if run.price_per_hour:
+        page.append(f"![loss against dollars]({plot_loss(run, output / 'loss_vs_dollars.png', 'dollars').name})")
+    else:
+        page.append("\nNo loss-against-dollars plot: the run has no price (set train.price_per_hour or pass "
+                    "`--price`).")
+    page += ["", "## Throughput and learning rate", "",
+             f"![tokens/s and learning rate]({plot_throughput_and_lr(run, output / 'throughput_lr.png').name})",
+             "", "## Phases", ""]
+    if run.phases:
+        page += [markdown_table(run.phases),
+                 f"![cost per loss point]({plot_cost_per_loss_point(run, output / 'cost_per_loss_point.png').name})"]
+        if not run.price_per_hour:
+            page.append("\nCosts are zero: the run has no price (set train.price_per_hour or pass `--price`).")
+    else:
+        page.append("No phase has ended yet, or the recipe names none (train.phases).")
+    page += ["", "## Samples", ""]
+    page.append(samples_table(run.samples, run.milestone_interval) if run.samples
+                else "No samples yet (samples.jsonl is written at every evaluation).")
+    page += ["", "## Benchmarks", ""]
+    page.append(benchmarks_table(run.benchmarks) if run.benchmarks
+                else "No benchmark scores (benchmarks.jsonl) in this run folder.")
+    report = output / "report.md"
+    report.write_text("\n".join(page).rstrip() + "\n")
+    return report
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="hf-pretrain report", description=__doc__.split("\n")[0],
+                                     allow_abbrev=False)
+    parser.add_argument("run_dir", type=Path, help="a run folder (the recipe's output_dir)")
+    parser.add_argument("--output", type=Path, help="where the page and plots go (default RUN_DIR/report)")
+    parser.add_argument("--price", type=float, help="$ per hour for the whole job (default: the run's price_per_hour)")
+    args = parser.parse_args(argv)
+    if args.price is not None and (args.price < 0 or not math.isfinite(args.price)):
+        parser.error("--price must be a non-negative number of dollars per hour")
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        print("hf-pretrain report: needs matplotlib: pip install matplotlib", file=sys.stderr)
+        return 2
+    try:
+        page = write_report(args.run_dir, args.output or args.run_dir / "report", args.price)
+    except FileNotFoundError as exc:
+        print(f"hf-pretrain report: error: {exc}", file=sys.stderr)
+        return 2
+    print(f"written: {page} and its plots in {page.parent}")
+    return 0
