@@ -13,7 +13,6 @@ import torch
 # Dense bf16 tensor-core peaks (FLOP/s, no sparsity) from the vendors' data sheets.
 PEAK_BF16_FLOPS = {
     "H200": 989e12,
-    "H100 SXM": 989e12,
     "H100 PCIe": 756e12,
     "H100": 989e12,
     "A100": 312e12,
@@ -29,11 +28,11 @@ def device_peak_flops(device: torch.device) -> float | None:
     """The bf16 peak of a known CUDA device, or None (CPU, unknown GPU): then no MFU is shown."""
     if device.type != "cuda":
         return None
-    name = torch.cuda.get_device_name(device)
-    for key, flops in PEAK_BF16_FLOPS.items():
-        if key in name:
-            return flops
-    return None
+    # imported here: prices.py builds on this module's table, and matches whole words, so
+    # "NVIDIA L40S" is never taken for an L4 nor "NVIDIA H100 80GB HBM3" missed
+    from hf_pretrain.prices import peak_flops_for_name
+
+    return peak_flops_for_name(torch.cuda.get_device_name(device))
 
 
 def peak_memory_gib(device: torch.device) -> float | None:
