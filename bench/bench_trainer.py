@@ -33,10 +33,11 @@ import torch
 
 from hf_pretrain.config import Recipe, load_recipe
 from hf_pretrain.data import PackedDataset, load_tokenizer, prepare, read_meta
-from hf_pretrain.metrics import read_jsonl
+from hf_pretrain.hardware import training_precision
 from hf_pretrain.model import build_model, llama_config
 from hf_pretrain.optim import build_optimizer, learning_rate_at
-from hf_pretrain.train import resolve_mixed_precision, train
+from hf_pretrain.run_dir import read_jsonl
+from hf_pretrain.train import train
 
 ROOT = Path(__file__).resolve().parent.parent
 CONTENDERS = ("hf-pretrain", "trainer")
@@ -101,7 +102,7 @@ def trainer_window_rates(recipe: Recipe, warmup: int) -> list[float]:
                     torch.cuda.synchronize()
                 self.times.append(time.perf_counter())
 
-    precision = resolve_mixed_precision(train_cfg.mixed_precision)
+    precision = training_precision(train_cfg.mixed_precision)
     args = TrainingArguments(
         output_dir=train_cfg.output_dir, max_steps=train_cfg.max_steps,
         per_device_train_batch_size=train_cfg.micro_batch_size,

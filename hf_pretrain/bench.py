@@ -42,11 +42,12 @@ from typing import Any
 import torch
 
 from hf_pretrain.config import Recipe, RecipeError, build_recipe, parse_recipe_args, save_recipe
-from hf_pretrain.cost import dollars_per_billion_tokens
 from hf_pretrain.data import DataMismatchError, check_prepared_data, prepare
-from hf_pretrain.metrics import device_peak_flops, read_jsonl
-from hf_pretrain.model import build_model, count_parameters, flops_per_token, llama_config, recipe_tokenizer_size
-from hf_pretrain.prices import PriceError, best_match, price_table
+from hf_pretrain.economics.cost import dollars_per_billion_tokens
+from hf_pretrain.economics.prices import PriceError, price_table
+from hf_pretrain.hardware import best_match, device_peak_flops
+from hf_pretrain.model import recipe_flops_per_token
+from hf_pretrain.run_dir import read_jsonl
 
 # A variant must beat the recipe by more than this to count as speed left on the table: short
 # runs on a busy machine wobble by a few percent.
@@ -244,9 +245,7 @@ def process_peak_memory_gib(device: torch.device) -> float:
 
 
 def model_flops_per_token(recipe: Recipe) -> tuple[int, float]:
-    config = llama_config(recipe.model, recipe_tokenizer_size(recipe))
-    n_params = count_parameters(build_model(config, device="meta"))
-    return n_params, flops_per_token(config, n_params, recipe.data.seq_len)
+    return recipe_flops_per_token(recipe)
 
 
 # ---------------------------------------------------------------------- worker (child process)

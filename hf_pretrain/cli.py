@@ -8,16 +8,16 @@ import sys
 
 # command -> (module whose `main(argv) -> int` runs it, one line of help)
 COMMANDS = {
-    "prepare": ("hf_pretrain.prepare", "tokenize the recipe's corpus into shards (fits the tokenizer when asked)"),
+    "prepare": ("hf_pretrain.data.prepare", "tokenize the recipe's corpus into shards (fits the tokenizer when asked)"),
     "train": ("hf_pretrain.train", "train the recipe in this process (`accelerate launch hf_pretrain/train.py` for several)"),
-    "doctor": ("hf_pretrain.doctor", "check the plumbing of a run before spending money on it"),
-    "export": ("hf_pretrain.export", "write a standard Hugging Face model folder from a checkpoint, optionally push it"),
-    "eval": ("hf_pretrain.evaluation", "score a model with lm-evaluation-harness"),
+    "doctor": ("hf_pretrain.preflight.doctor", "check the plumbing of a run before spending money on it"),
+    "export": ("hf_pretrain.publish.export", "write a standard Hugging Face model folder from a checkpoint, optionally push it"),
+    "eval": ("hf_pretrain.evaluation.harness", "score a model with lm-evaluation-harness"),
     "bench": ("hf_pretrain.bench", "measure tokens/s, MFU, memory and $/token for recipe variants"),
-    "plan": ("hf_pretrain.plan", "tokens, time and cost of a run before it starts"),
+    "plan": ("hf_pretrain.economics.plan", "tokens, time and cost of a run before it starts"),
     "report": ("hf_pretrain.report", "plots and a page for a run folder"),
-    "demo": ("hf_pretrain.demo", "a Gradio app that compares checkpoints"),
-    "space": ("hf_pretrain.space", "write (and push) a Hugging Face Space for the demo"),
+    "demo": ("hf_pretrain.publish.demo", "a Gradio app that compares checkpoints"),
+    "space": ("hf_pretrain.publish.space", "write (and push) a Hugging Face Space for the demo"),
 }
 
 

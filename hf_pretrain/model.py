@@ -58,6 +58,22 @@ def count_parameters(model: torch.nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
+def recipe_parameter_count(recipe: Recipe, tokenizer_size: int | None = None) -> int:
+    """Parameters of the recipe's model, counted on the meta device (nothing is allocated).
+
+    `tokenizer_size` defaults to what the recipe's tokenizer will have; pass a prepared one's.
+    """
+    size = recipe_tokenizer_size(recipe) if tokenizer_size is None else tokenizer_size
+    return count_parameters(build_model(llama_config(recipe.model, size), device="meta"))
+
+
+def recipe_flops_per_token(recipe: Recipe) -> tuple[int, float]:
+    """(parameters, training FLOPs per token) of the recipe's model at its context length."""
+    n_params = recipe_parameter_count(recipe)
+    config = llama_config(recipe.model, recipe_tokenizer_size(recipe))
+    return n_params, flops_per_token(config, n_params, recipe.data.seq_len)
+
+
 def flops_per_token(config: LlamaConfig, n_params: int, seq_len: int) -> float:
     """Training FLOPs per token: 6N for the matmuls plus the attention scores (PaLM appendix B).
 

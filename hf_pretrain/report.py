@@ -23,9 +23,16 @@ from typing import Any
 import numpy as np
 import yaml
 
-from hf_pretrain.cost import Phase, PhaseRow, dollars_per_billion_tokens, markdown_table, phase_row, phases_from_recipe
-from hf_pretrain.metrics import read_jsonl
-from hf_pretrain.plan import human_count
+from hf_pretrain.economics.cost import (
+    Phase,
+    PhaseRow,
+    dollars_per_billion_tokens,
+    markdown_table,
+    phase_row,
+    phases_from_recipe,
+)
+from hf_pretrain.economics.plan import human_count
+from hf_pretrain.run_dir import read_jsonl
 
 # One colour per phase band, cycled; light enough that the curves stay readable on top.
 PHASE_COLOURS = ["#dbe9f6", "#fde2c8", "#d9f0d3", "#eadcf2", "#fbe3e8", "#e8e8e8"]

@@ -24,26 +24,21 @@ from accelerate import Accelerator, PartialState
 from accelerate.utils import set_seed
 from tqdm.auto import tqdm
 
-from hf_pretrain.checkpoint import CheckpointSaveError, resume_training_state, save_checkpoint
 from hf_pretrain.config import Recipe, TrainConfig, parse_recipe_args, save_recipe
-from hf_pretrain.cost import cost_record, phases_from_recipe, write_phase_table
 from hf_pretrain.data import build_train_loader, build_val_loader, load_tokenizer
-from hf_pretrain.early_stopping import EarlyStop
-from hf_pretrain.export import export_checkpoint, push_checkpoint, resolve_checkpoint
-from hf_pretrain.faults import fault_active
-from hf_pretrain.hub import HubError, push_folder
-from hf_pretrain.metrics import (
-    JsonlWriter,
-    ThroughputMeter,
-    device_peak_flops,
-    peak_memory_gib,
-    read_jsonl,
-    trackers_for,
-    truncate_jsonl,
-)
+from hf_pretrain.economics.cost import cost_record, phases_from_recipe, write_phase_table
+from hf_pretrain.hardware import describe_hardware, device_peak_flops, peak_memory_gib, training_precision
 from hf_pretrain.model import apply_liger, build_model, count_parameters, flops_per_token, llama_config
 from hf_pretrain.optim import build_optimizer, learning_rate_at, set_learning_rate
-from hf_pretrain.preemption import (
+from hf_pretrain.preflight import PreflightError, preflight
+from hf_pretrain.publish.export import export_checkpoint, push_checkpoint, resolve_checkpoint
+from hf_pretrain.publish.hub import HubError, push_folder
+from hf_pretrain.run_dir import FINAL_DTYPE, JsonlWriter, read_jsonl, truncate_jsonl
+from hf_pretrain.training.checkpoint import CheckpointSaveError, resume_training_state, save_checkpoint
+from hf_pretrain.training.early_stopping import EarlyStop
+from hf_pretrain.training.faults import fault_active
+from hf_pretrain.training.metrics import ThroughputMeter, trackers_for
+from hf_pretrain.training.signals import (
     EXIT_DIVERGED,
     EXIT_PREEMPTED,
     EXIT_PREFLIGHT,
@@ -51,14 +46,6 @@ from hf_pretrain.preemption import (
     GracefulStop,
     any_process,
 )
-from hf_pretrain.preflight import PreflightError, preflight
-
-
-def resolve_mixed_precision(requested: str) -> str:
-    """`auto` means bf16 where the GPU supports it and full fp32 on CPU."""
-    if requested != "auto":
-        return requested
-    return "bf16" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "no"
 
 
 @dataclass
@@ -91,7 +78,7 @@ def train(recipe: Recipe) -> Outcome:
 
     accelerator = Accelerator(
         cpu=on_cpu,
-        mixed_precision=resolve_mixed_precision(train_cfg.mixed_precision),
+        mixed_precision=training_precision(train_cfg.mixed_precision),
         gradient_accumulation_steps=grad_accum,
         log_with=trackers_for(train_cfg.report_to) or None,
         project_dir=str(out),
@@ -120,7 +107,7 @@ def train(recipe: Recipe) -> Outcome:
 
     # ---- resume: weights, optimizer and RNG from the checkpoint; data position from its sidecar
     state = {"step": 0, "tokens_seen": 0, "elapsed_seconds": 0.0, "skipped_steps": 0,
-             "recipe_fingerprint": recipe.fingerprint(), "hardware": describe_hardware(accelerator)}
+             "recipe_fingerprint": recipe.fingerprint(), "hardware": describe_hardware(accelerator.device, accelerator.num_processes)}
     resumed = resume_training_state(accelerator, out, train_cfg.resume, log=say)
     if resumed is not None:
         folder, saved = resumed
@@ -350,7 +337,7 @@ def write_final_model(accelerator: Accelerator, out: Path, train: TrainConfig, s
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
         newest = resolve_checkpoint(out, checksums=False, log=say)  # the one this run just saved
-        export_checkpoint(newest, final, dtype="fp32", overwrite=True)
+        export_checkpoint(newest, final, dtype=FINAL_DTYPE, overwrite=True)
         if train.push_to_hub:
             try:
                 say(f"pushed final/ to {push_folder(final, train.push_to_hub, private=train.push_private)}")
@@ -369,7 +356,7 @@ def publish_checkpoint(path: Path, step: int, train: TrainConfig, say) -> None:
         except HubError as exc:
             say(f"warning: step {step} was not pushed: {exc}")
     if train.benchmark_tasks:
-        from hf_pretrain.evaluation import evaluate_checkpoint  # lm-eval is the optional `eval` extra
+        from hf_pretrain.evaluation.harness import evaluate_checkpoint  # lm-eval is the optional `eval` extra
 
         try:
             record = evaluate_checkpoint(path, train.benchmark_tasks, train.benchmark_limit,
@@ -377,13 +364,6 @@ def publish_checkpoint(path: Path, step: int, train: TrainConfig, say) -> None:
             say(f"step {step}: benchmarks {record['tasks']}")
         except Exception as exc:  # a benchmark is a measurement, never a reason to lose the run
             say(f"warning: step {step} benchmarks failed: {type(exc).__name__}: {exc}")
-
-
-def describe_hardware(accelerator: Accelerator) -> str:
-    """What the run ran on, for the model card: `1 x NVIDIA H200` or `2 x CPU (16 cores)`."""
-    device = accelerator.device
-    name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU ({os.cpu_count()} cores)"
-    return f"{accelerator.num_processes} x {name}"
 
 
 def _flat_config(recipe: Recipe) -> dict:

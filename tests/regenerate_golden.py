@@ -14,7 +14,7 @@ import torch
 
 from hf_pretrain.config import load_recipe
 from hf_pretrain.data import prepare
-from hf_pretrain.metrics import read_jsonl
+from hf_pretrain.run_dir import read_jsonl
 from tests.helpers import SHORT_RUN, launch_training
 
 GOLDEN = Path(__file__).parent / "assets" / "golden_smoke_losses.json"

@@ -10,9 +10,11 @@ import math
 import pytest
 import yaml
 
-from hf_pretrain import bench, plan, report
-from hf_pretrain.cost import Phase, phase_row
-from hf_pretrain.prices import PriceError, best_match, parse_price, price_table
+from hf_pretrain import bench, report
+from hf_pretrain.economics import plan
+from hf_pretrain.economics.cost import Phase, phase_row
+from hf_pretrain.economics.prices import PriceError, parse_price, price_table
+from hf_pretrain.hardware import best_match
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -209,7 +211,7 @@ def write_synthetic_run(run_dir, price=2.0, phases=True, extras=True):
                     "completion": f"step {step} | line one\n\n\nline two" if i == 0 else "\n\n"}
                    for step in (20, 50, 100) for i, prompt in enumerate(PROMPTS)]
         (run_dir / "samples.jsonl").write_text("".join(json.dumps(s) + "\n" for s in samples))
-        # the records hf_pretrain.evaluation.evaluate_checkpoint appends
+        # the records hf_pretrain.evaluation.harness.evaluate_checkpoint appends
         scores = [{"step": step, "tokens": step * 4096, "limit": 50, "num_fewshot": 0,
                    "tasks": {"hellaswag": {"acc": 0.25 + step / 1000, "acc_stderr": 0.01},
                              "arc_easy": {"acc": 0.3, "acc_stderr": 0.02}}} for step in (50, 100)]

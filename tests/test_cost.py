@@ -5,7 +5,7 @@ import math
 import pytest
 
 from hf_pretrain.config import build_recipe
-from hf_pretrain.cost import (
+from hf_pretrain.economics.cost import (
     Phase,
     dollars_per_billion_tokens,
     markdown_table,
@@ -14,7 +14,7 @@ from hf_pretrain.cost import (
     window_cost_per_loss_point,
     write_phase_table,
 )
-from hf_pretrain.early_stopping import EarlyStop
+from hf_pretrain.training.early_stopping import EarlyStop
 
 
 def synthetic_records(losses, seconds_per_step=36.0):

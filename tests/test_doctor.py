@@ -20,7 +20,7 @@ import torch
 from hf_pretrain.config import Recipe, load_recipe
 from hf_pretrain.data import PackedDataset
 from hf_pretrain.data import loader as loader_module
-from hf_pretrain.memory import estimate_memory, layer_activation_bytes_per_token
+from hf_pretrain.economics.memory import estimate_memory, layer_activation_bytes_per_token
 from hf_pretrain.model import recipe_tokenizer_size
 from hf_pretrain.preflight import CheckResult, PreflightError, format_table, preflight, run_checks
 from hf_pretrain.preflight.cost import check_cost, run_cost, run_hours
@@ -230,16 +230,16 @@ def test_too_little_disk_fails_with_needed_and_free(tmp_path, monkeypatch):
     monkeypatch.setattr(shutil, "disk_usage", lambda path: DiskUsage(10**12, 10**12 - 10**11, 10**11))
     recipe = one_b(output_dir=str(tmp_path / "run"), milestone_interval=0)
     checkpoint = 12 * N_1B + 64 * 2**20  # fp32 weights + AdamW moments + slack
-    needed = 4 * checkpoint + 2 * N_1B  # 3 kept + 1 being written, and a bf16 export
+    needed = 4 * checkpoint + 4 * N_1B  # 3 kept + 1 being written, and final/ exported in fp32
     result = check_disk_space(recipe)
     assert result.status == "pass"
     assert f"needs {human_bytes(needed)} = 4 checkpoints of {human_bytes(checkpoint)}" in result.reason
-    assert human_bytes(needed) == "52.2 GB" and "100.0 GB free" in result.reason
+    assert human_bytes(needed) == "54.3 GB" and "100.0 GB free" in result.reason
 
     monkeypatch.setattr(shutil, "disk_usage", lambda path: DiskUsage(10**12, 10**12 - 40 * 10**9, 40 * 10**9))
     result = check_disk_space(recipe)
     assert result.status == "fail"
-    assert "needs 52.2 GB" in result.reason and "40.0 GB free" in result.reason
+    assert "needs 54.3 GB" in result.reason and "40.0 GB free" in result.reason
     assert "--keep_checkpoints" in result.fix
 
     with_milestones = check_disk_space(one_b(output_dir=str(tmp_path / "run")))  # every 10,000 of 90,000 steps

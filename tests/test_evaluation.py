@@ -14,10 +14,10 @@ import yaml
 from huggingface_hub import EvalResult, ModelCard
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from hf_pretrain import evaluation
-from hf_pretrain.metrics import read_jsonl
-from hf_pretrain.model_card import write_eval_section
-from hf_pretrain.scores import METRICS, REFERENCE_SCORES, Score, comparison_table, load_references
+from hf_pretrain.evaluation import harness as evaluation
+from hf_pretrain.evaluation.scores import METRICS, REFERENCE_SCORES, Score, comparison_table, load_references
+from hf_pretrain.publish.model_card import write_eval_section
+from hf_pretrain.run_dir import read_jsonl
 from tests.helpers import ROOT
 
 ARC = ROOT.parent / "shared" / "data" / "arc"

@@ -15,12 +15,12 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast, pipeline
 
-from hf_pretrain import export
-from hf_pretrain.checkpoint import write_manifest
 from hf_pretrain.config import load_recipe
-from hf_pretrain.metrics import read_jsonl
 from hf_pretrain.model import build_model
 from hf_pretrain.optim import build_optimizer
+from hf_pretrain.publish import export
+from hf_pretrain.run_dir import read_jsonl
+from hf_pretrain.training.checkpoint import write_manifest
 from tests.helpers import ROOT, SHORT_RUN, offline_env
 
 pytestmark = pytest.mark.slow
@@ -113,7 +113,7 @@ def test_model_card_describes_the_run(reference_run, exports):
     assert card.data.license == "apache-2.0" and "hf-pretrain" in card.data.tags
     assert card.data.pipeline_tag == "text-generation" and card.data.library_name == "transformers"
     assert not card.data.eval_results  # nothing measured yet
-    # the opening sentence the demo Space reads progress from (hf_pretrain/space_template/app.py)
+    # the opening sentence the demo Space reads progress from (hf_pretrain/publish/space_template/app.py)
     assert "step 12 of 12, 24,576 tokens." in card.text
     records = read_jsonl(run_dir / "metrics.jsonl")
     last_train = [r for r in records if r["kind"] == "train"][-1]["loss"]

@@ -11,8 +11,8 @@ import torch
 from huggingface_hub import snapshot_download
 from transformers import AutoModelForCausalLM
 
-from hf_pretrain import export
-from hf_pretrain.hub import scrub
+from hf_pretrain.publish import export
+from hf_pretrain.publish.hub import scrub
 from tests.helpers import ROOT, offline_env
 from tests.hub_standin import HubStandIn
 

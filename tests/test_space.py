@@ -12,14 +12,14 @@ import pytest
 from huggingface_hub import SpaceCard
 
 from hf_pretrain.config import DEFAULT_PROMPTS
-from hf_pretrain.space import write_space
+from hf_pretrain.publish.space import write_space
 from tests.helpers import ROOT, offline_env
 from tests.space_hub_standin import SpaceHubStandin
 from tests.test_demo import free_port, greedy_completion
 
 pytestmark = pytest.mark.filterwarnings("ignore:.*:Warning:gradio.queueing")  # gradio's own pandas deprecations
 
-TEMPLATE = ROOT / "hf_pretrain" / "space_template" / "app.py"
+TEMPLATE = ROOT / "hf_pretrain" / "publish" / "space_template" / "app.py"
 # What a Space provides to app.py: the standard library, the gradio SDK (with huggingface_hub) and
 # requirements.txt.
 SPACE_MODULES = set(sys.stdlib_module_names) | {"gradio", "huggingface_hub", "torch", "transformers"}

@@ -21,9 +21,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from hf_pretrain.checkpoint import CheckpointError, verify_checkpoint
-from hf_pretrain.metrics import read_jsonl
-from hf_pretrain.preemption import EXIT_DIVERGED, EXIT_PREEMPTED, EXIT_SAVE_FAILED
+from hf_pretrain.run_dir import read_jsonl
+from hf_pretrain.training.checkpoint import CheckpointError, verify_checkpoint
+from hf_pretrain.training.signals import EXIT_DIVERGED, EXIT_PREEMPTED, EXIT_SAVE_FAILED
 from tests.helpers import ROOT, SHORT_RUN, launch_training, offline_env
 
 MIN_KILLS = 10
@@ -214,7 +214,7 @@ def test_non_finite_steps_are_skipped_then_the_run_stops(smoke_data, tmp_path):
 
 
 def test_milestones_survive_pruning(tmp_path):
-    from hf_pretrain.checkpoint import prune_checkpoints
+    from hf_pretrain.training.checkpoint import prune_checkpoints
 
     root = tmp_path / "checkpoints"
     for step in (2, 4, 5, 6, 8, 9, 10):

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from hf_pretrain.config import Recipe
-from hf_pretrain.cost import dollars, dollars_per_billion_tokens
+from hf_pretrain.economics.cost import dollars, dollars_per_billion_tokens
 from hf_pretrain.preflight.result import CheckResult
 
 

@@ -7,13 +7,12 @@ import shutil
 import tempfile
 from pathlib import Path
 
-import torch
-
-from hf_pretrain.checkpoint import list_checkpoints
 from hf_pretrain.config import Recipe
-from hf_pretrain.memory import uses_mixed_precision
-from hf_pretrain.model import build_model, count_parameters, llama_config, recipe_tokenizer_size
+from hf_pretrain.hardware import DTYPE_BYTES
+from hf_pretrain.model import recipe_parameter_count
 from hf_pretrain.preflight.result import CheckResult, human_bytes
+from hf_pretrain.run_dir import FINAL_DTYPE
+from hf_pretrain.training.checkpoint import list_checkpoints
 
 # Bytes per parameter in a checkpoint: fp32 weights (4) + AdamW's two fp32 moments (8). Under FSDP
 # the same total is spread over one file per process.
@@ -62,9 +61,9 @@ def check_disk_space(recipe: Recipe) -> CheckResult:
     """Free space for keep_checkpoints + 1 checkpoints (a new one is complete before the oldest is
     pruned), the milestones, and the final export, less what the run's checkpoints already take."""
     t = recipe.train
-    n = count_parameters(build_model(llama_config(recipe.model, recipe_tokenizer_size(recipe)), device="meta"))
+    n = recipe_parameter_count(recipe)
     checkpoint = CHECKPOINT_BYTES_PER_PARAMETER * n + CHECKPOINT_SLACK_BYTES
-    export = (2 if uses_mixed_precision(recipe, torch.cuda.is_available()) else 4) * n  # bf16 or fp32 weights
+    export = DTYPE_BYTES[FINAL_DTYPE] * n  # final/ is exported in FINAL_DTYPE whatever the training precision
     milestones = milestone_count(recipe)
     already = existing_checkpoint_bytes(t.output_dir)
     needed = max(0, (t.keep_checkpoints + 1 + milestones) * checkpoint + export - already)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from hf_pretrain.config import Recipe
-from hf_pretrain.memory import MemoryEstimate, estimate_memory, with_micro_batch
+from hf_pretrain.economics.memory import MemoryEstimate, estimate_memory, with_micro_batch
 from hf_pretrain.model import recipe_tokenizer_size
 from hf_pretrain.preflight.result import CheckResult, human_bytes
 
@@ -90,7 +90,7 @@ def largest_micro_batch(recipe: Recipe, tokenizer_size: int, usable: float, chec
 
 
 def check_memory(recipe: Recipe, device_memory_bytes: int | None = None) -> CheckResult:
-    """Estimated peak memory (hf_pretrain.memory) against the device's, with and without checkpointing.
+    """Estimated peak memory (hf_pretrain.economics.memory) against the device's, with and without checkpointing.
 
     `device_memory_bytes` defaults to the first CUDA device's; passing it lets the verdict be
     computed for any GPU, on any machine.

@@ -24,7 +24,9 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig, PreTrainedModel
 
-from hf_pretrain.checkpoint import (
+from hf_pretrain.publish.hub import HubError, push_folder
+from hf_pretrain.publish.model_card import CardOptions, write_model_card
+from hf_pretrain.training.checkpoint import (
     MANIFEST,
     TRAIN_STATE,
     CheckpointError,
@@ -32,8 +34,6 @@ from hf_pretrain.checkpoint import (
     list_checkpoints,
     verify_checkpoint,
 )
-from hf_pretrain.hub import HubError, push_folder
-from hf_pretrain.model_card import CardOptions, write_model_card
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 WEIGHTS = "model.safetensors"

@@ -3,7 +3,7 @@
     hf-pretrain space --model me/llama-1b-step10k --model me/llama-1b --out space/
     hf-pretrain space --model me/llama-1b --out space/ --push me/llama-1b-demo
 
-The Space holds app.py (hf_pretrain/space_template/app.py as is: it needs neither hf-pretrain nor
+The Space holds app.py (hf_pretrain/publish/space_template/app.py as is: it needs neither hf-pretrain nor
 this repository), demo.json (the models and example prompts it reads), requirements.txt and a
 README.md whose front matter the Hub reads (sdk, sdk_version, app_file, title, models).
 """
@@ -22,7 +22,7 @@ from huggingface_hub.utils import HFValidationError, validate_repo_id
 
 from hf_pretrain.config import DEFAULT_PROMPTS
 
-TEMPLATE_PACKAGE = "hf_pretrain.space_template"
+TEMPLATE_PACKAGE = "hf_pretrain.publish.space_template"
 DEFAULT_TITLE = "Compare checkpoints"
 # What app.py imports beyond gradio (the Space installs gradio itself, at sdk_version, with
 # huggingface_hub). Pinned to the versions installed here, the ones the app was tested with.

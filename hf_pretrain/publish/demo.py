@@ -3,7 +3,7 @@
     hf-pretrain demo --model runs/smoke                  # every checkpoint of the run, and its final model
     hf-pretrain demo --model runs/1b/final --model TinyLlama/TinyLlama_v1.1 --port 7860
 
-The page lives in hf_pretrain/space_template/app.py, self-contained so that a Space runs it without
+The page lives in hf_pretrain/publish/space_template/app.py, self-contained so that a Space runs it without
 hf-pretrain; this module turns run folders and training checkpoints into the page's model choices.
 """
 
@@ -20,23 +20,23 @@ from pathlib import Path
 import gradio as gr
 from huggingface_hub.utils import HFValidationError, validate_repo_id
 
-from hf_pretrain.checkpoint import (
-    MANIFEST,
-    TRAIN_STATE,
-    CheckpointError,
-    checkpoint_path,
-    list_checkpoints,
-    verify_checkpoint,
-)
 from hf_pretrain.config import DEFAULT_PROMPTS, RecipeError, load_recipe
-from hf_pretrain.export import Checkpoint, ExportError, export_checkpoint, resolve_checkpoint
-from hf_pretrain.space_template.app import (
+from hf_pretrain.publish.export import Checkpoint, ExportError, export_checkpoint, resolve_checkpoint
+from hf_pretrain.publish.space_template.app import (
     DEFAULT_TITLE,
     ModelChoice,
     ModelLibrary,
     build_demo,
     format_progress,
     read_progress,
+)
+from hf_pretrain.training.checkpoint import (
+    MANIFEST,
+    TRAIN_STATE,
+    CheckpointError,
+    checkpoint_path,
+    list_checkpoints,
+    verify_checkpoint,
 )
 
 RESOLVED_RECIPE = "resolved_recipe.yaml"  # what train.py writes at the top of a run folder
@@ -49,7 +49,7 @@ class DemoError(ValueError):
 
 # ---------------------------------------------------------------------------------- checkpoints
 def cached_export(checkpoint: Checkpoint, cache_dir: Path) -> Path:
-    """The checkpoint as a standard model folder (hf_pretrain.export, fp32: the weights as trained),
+    """The checkpoint as a standard model folder (hf_pretrain.publish.export, fp32: the weights as trained),
     exported once into `cache_dir`. The folder name carries a hash of the checkpoint's manifest, so a
     checkpoint re-saved at the same step is exported again."""
     digest = hashlib.sha256((checkpoint.path / MANIFEST).read_bytes()).hexdigest()[:16]

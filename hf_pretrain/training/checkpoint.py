@@ -21,7 +21,7 @@ from typing import Any
 from accelerate import Accelerator
 from transformers import PretrainedConfig, PreTrainedTokenizerBase
 
-from hf_pretrain.faults import fault_active
+from hf_pretrain.training.faults import fault_active
 
 MANIFEST = "manifest.json"
 TRAIN_STATE = "train_state.json"

@@ -24,10 +24,11 @@ import torch
 import yaml
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from hf_pretrain.export import ExportError, is_training_output, load_checkpoint_model, resolve_checkpoint
-from hf_pretrain.metrics import JsonlWriter
-from hf_pretrain.model_card import write_eval_section
-from hf_pretrain.scores import EVAL_DIR, comparison_table, eval_results, load_references, scores_from_results
+from hf_pretrain.evaluation.scores import EVAL_DIR, comparison_table, eval_results, load_references, scores_from_results
+from hf_pretrain.hardware import inference_device_and_dtype
+from hf_pretrain.publish.export import ExportError, is_training_output, load_checkpoint_model, resolve_checkpoint
+from hf_pretrain.publish.model_card import write_eval_section
+from hf_pretrain.run_dir import JsonlWriter
 
 SUITES_DIR = EVAL_DIR / "suites"
 LOCAL_TASKS_DIR = EVAL_DIR / "tasks"
@@ -40,13 +41,6 @@ CPU_BATCH_SIZE = 8
 
 class EvalError(RuntimeError):
     """An evaluation that cannot run as asked, with the reason."""
-
-
-def pick_device() -> tuple[str, torch.dtype]:
-    """cuda with bf16 (fp16 on GPUs without bf16) when there is a GPU, else the CPU in fp32."""
-    if torch.cuda.is_available():
-        return "cuda", torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-    return "cpu", torch.float32
 
 
 def resolve_tasks(spec: str) -> tuple[list[str], int | None]:
@@ -124,7 +118,7 @@ def text_metrics(model: str, text_file: Path) -> dict[str, float]:
     import evaluate
 
     metric = evaluate.load(str(BITS_PER_BYTE_METRIC))
-    device, dtype = pick_device()
+    device, dtype = inference_device_and_dtype()
     return metric.compute(predictions=[text_file.read_text(encoding="utf-8")], model_id=model, device=device,
                           dtype=str(dtype).replace("torch.", ""))
 
@@ -137,7 +131,7 @@ def evaluate_checkpoint(checkpoint_dir: str | Path, tasks: list[str], limit: int
     {"step", "tokens", "limit", "num_fewshot", "tasks": {task: {metric: percent, metric_stderr: percent}}}.
     """
     checkpoint = resolve_checkpoint(checkpoint_dir, checksums=False)
-    device, dtype = pick_device()
+    device, dtype = inference_device_and_dtype()
     model, tokenizer = load_model(str(checkpoint.path), dtype, device)
     results = run_lm_eval(model, tokenizer, tasks, limit=limit, num_fewshot=num_fewshot, data_dir=data_dir)
     record: dict[str, Any] = {"step": checkpoint.train_state.get("step"),
@@ -187,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--text needs a model folder or Hub repo id: `hf-pretrain export` the checkpoint first")
     try:
         if tasks:
-            device, dtype = pick_device()
+            device, dtype = inference_device_and_dtype()
             model, tokenizer = load_model(args.model, dtype, device)
             batch = int(args.batch_size) if args.batch_size and args.batch_size.isdigit() else args.batch_size
             results = run_lm_eval(model, tokenizer, tasks, limit=limit, num_fewshot=num_fewshot,

@@ -10,7 +10,7 @@ from typing import Any
 import yaml
 from huggingface_hub import EvalResult
 
-EVAL_DIR = Path(__file__).resolve().parent.parent / "eval"
+EVAL_DIR = Path(__file__).resolve().parent / "assets"  # the top-level eval/ folder links here
 REFERENCE_SCORES = EVAL_DIR / "reference_scores.yaml"
 # The metrics the suite compares; everything else lm-eval reports stays in results.json.
 METRICS = ("acc", "acc_norm")

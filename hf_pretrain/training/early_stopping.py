@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from hf_pretrain.config import TrainConfig
-from hf_pretrain.cost import window_cost_per_loss_point
+from hf_pretrain.economics.cost import window_cost_per_loss_point
 
 
 class EarlyStop:

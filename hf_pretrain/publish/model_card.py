@@ -16,9 +16,9 @@ from typing import Any
 import yaml
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
-from hf_pretrain.cost import dollars
-from hf_pretrain.metrics import read_jsonl
+from hf_pretrain.economics.cost import dollars
 from hf_pretrain.model import count_parameters
+from hf_pretrain.run_dir import read_jsonl
 
 LOSS_CURVE = "loss_curve.png"
 # The Evaluation section's benchmark block, which `hf-pretrain eval` fills (see write_eval_section).

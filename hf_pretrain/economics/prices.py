@@ -1,4 +1,4 @@
-"""The GPU price table ($ per GPU-hour) and matching GPU names to it and to the peak-FLOPs table.
+"""The GPU price table ($ per GPU-hour); `hardware.best_match` finds a GPU's entry in it.
 
 The defaults live in prices.yaml next to this file; `--prices FILE` replaces them and
 `--price NAME=USD` adds or overrides single entries, so the table is data, never code.
@@ -6,13 +6,10 @@ The defaults live in prices.yaml next to this file; `--prices FILE` replaces the
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable
 from pathlib import Path
 
 import yaml
-
-from hf_pretrain.metrics import PEAK_BF16_FLOPS
 
 DEFAULT_PRICES_FILE = Path(__file__).resolve().parent / "prices.yaml"
 
@@ -56,24 +53,3 @@ def _positive_price(name: str, value: object, where: str) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
         raise PriceError(f"{where}: the price of {name} must be a positive number of dollars per hour, got {value!r}")
     return float(value)
-
-
-def _words(name: str) -> set[str]:
-    return {w for w in re.split(r"[^0-9a-z]+", name.lower()) if w}
-
-
-def best_match(name: str, keys: Iterable[str]) -> str | None:
-    """The key all of whose words are words of `name`, the most specific (most words) first.
-
-    `best_match("NVIDIA A100-SXM4-80GB", ["A100 40GB", "A100 80GB"])` is "A100 80GB";
-    whole words only, so "L4" never matches "NVIDIA L40S".
-    """
-    words = _words(name)
-    matching = [key for key in keys if _words(key) and _words(key) <= words]
-    return max(matching, key=lambda key: len(_words(key)), default=None)
-
-
-def peak_flops_for_name(name: str) -> float | None:
-    """Datasheet dense bf16 FLOP/s of a GPU named like a price entry or a CUDA device, or None."""
-    key = best_match(name, PEAK_BF16_FLOPS)
-    return PEAK_BF16_FLOPS[key] if key else None

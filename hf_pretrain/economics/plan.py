@@ -19,9 +19,10 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from hf_pretrain.config import RecipeError, load_recipe
-from hf_pretrain.cost import dollars_per_billion_tokens
-from hf_pretrain.model import build_model, count_parameters, flops_per_token, llama_config, recipe_tokenizer_size
-from hf_pretrain.prices import PriceError, best_match, load_prices, peak_flops_for_name
+from hf_pretrain.economics.cost import dollars_per_billion_tokens
+from hf_pretrain.economics.prices import PriceError, load_prices
+from hf_pretrain.hardware import best_match, peak_flops_for_name
+from hf_pretrain.model import recipe_flops_per_token
 
 # Chinchilla (Hoffmann et al. 2022): about 20 training tokens per parameter is compute-optimal.
 TOKENS_PER_PARAMETER = 20
@@ -126,9 +127,7 @@ def make_plan(args: argparse.Namespace) -> Plan:
     """The plan for parsed command-line arguments; raises ValueError with what to give instead."""
     if args.recipe:
         recipe = load_recipe(args.recipe)
-        config = llama_config(recipe.model, recipe_tokenizer_size(recipe))
-        n_params = count_parameters(build_model(config, device="meta"))
-        per_token = flops_per_token(config, n_params, recipe.data.seq_len)
+        n_params, per_token = recipe_flops_per_token(recipe)
         source = f"recipe {recipe.name}"
         default_tokens = recipe.train.max_steps * recipe.train.global_batch_tokens
         batch_tokens = recipe.train.global_batch_tokens

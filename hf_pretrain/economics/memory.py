@@ -37,7 +37,8 @@ import dataclasses
 from dataclasses import dataclass
 
 from hf_pretrain.config import Recipe
-from hf_pretrain.model import build_model, count_parameters, llama_config
+from hf_pretrain.hardware import training_precision
+from hf_pretrain.model import llama_config, recipe_parameter_count
 
 # Bytes per parameter: fp32 weights, fp32 gradients, AdamW's two fp32 moments, autocast's 16-bit copy.
 WEIGHT_BYTES, GRADIENT_BYTES, ADAM_BYTES, HALF_COPY_BYTES = 4, 4, 8, 2
@@ -68,9 +69,8 @@ class MemoryEstimate:
 
 
 def uses_mixed_precision(recipe: Recipe, cuda_available: bool) -> bool:
-    """bf16/fp16 autocast: asked for explicitly, or `auto` on a GPU."""
-    requested = recipe.train.mixed_precision
-    return requested in ("bf16", "fp16") or (requested == "auto" and cuda_available)
+    """bf16/fp16 autocast, decided the way training decides (`hardware.training_precision`)."""
+    return training_precision(recipe.train.mixed_precision, cuda_available) != "no"
 
 
 def layer_activation_bytes_per_token(recipe: Recipe, mixed_precision: bool) -> int:
@@ -97,7 +97,7 @@ def estimate_memory(recipe: Recipe, tokenizer_size: int, cuda_available: bool = 
     `cuda_available` resolves `mixed_precision: auto` the way training will (bf16 on a GPU).
     """
     config = llama_config(recipe.model, tokenizer_size)
-    n = count_parameters(build_model(config, device="meta"))
+    n = recipe_parameter_count(recipe, tokenizer_size)
     mixed = uses_mixed_precision(recipe, cuda_available)
     tokens = recipe.train.micro_batch_size * recipe.data.seq_len
     layers = recipe.model.num_hidden_layers

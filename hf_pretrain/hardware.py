@@ -1,0 +1,98 @@
+"""The one home of what depends on the machine: precision, peak FLOPs, device names, peak memory.
+
+Every other module asks here instead of deciding again, so training, the doctor, the memory and
+disk estimates, evaluation and the benchmarks always agree on what `mixed_precision: auto` means
+on this machine and on which GPU a name refers to.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterable
+
+import torch
+
+# Dense bf16 tensor-core peaks (FLOP/s, no sparsity) from the vendors' data sheets.
+PEAK_BF16_FLOPS = {
+    "H200": 989e12,
+    "H100 PCIe": 756e12,
+    "H100": 989e12,
+    "A100": 312e12,
+    "L40S": 362e12,
+    "A10G": 70e12,
+    "L4": 121e12,
+    "RTX 4090": 165e12,
+    "RTX 3090": 71e12,
+}
+
+
+def cuda_bf16_available() -> bool:
+    return torch.cuda.is_available() and torch.cuda.is_bf16_supported()
+
+
+def training_precision(requested: str, cuda_available: bool | None = None, bf16_supported: bool | None = None) -> str:
+    """Accelerate's `mixed_precision` for the recipe's value: `auto` is bf16 on a GPU that supports
+    it and full fp32 (`no`) elsewhere; an explicit `no`/`bf16`/`fp16` is kept as asked.
+
+    `cuda_available`/`bf16_supported` default to this machine; the doctor passes them to ask "what
+    would a run do on the GPU it will rent".
+    """
+    if requested != "auto":
+        return requested
+    cuda = torch.cuda.is_available() if cuda_available is None else cuda_available
+    bf16 = (cuda_bf16_available() if bf16_supported is None else bf16_supported) if cuda else False
+    return "bf16" if cuda and bf16 else "no"
+
+
+# Bytes per parameter of a weight copy in each export dtype.
+DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
+
+
+def inference_device_and_dtype() -> tuple[str, torch.dtype]:
+    """Where and in what dtype to run a model for evaluation: a GPU in bf16 (fp16 where bf16 is
+    missing, fine for inference), else the CPU in fp32."""
+    if torch.cuda.is_available():
+        return "cuda", torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    return "cpu", torch.float32
+
+
+def _words(name: str) -> set[str]:
+    return {w for w in re.split(r"[^0-9a-z]+", name.lower()) if w}
+
+
+def best_match(name: str, keys: Iterable[str]) -> str | None:
+    """The key all of whose words are words of `name`, the most specific (most words) first.
+
+    `best_match("NVIDIA A100-SXM4-80GB", ["A100 40GB", "A100 80GB"])` is "A100 80GB";
+    whole words only, so "L4" never matches "NVIDIA L40S".
+    """
+    words = _words(name)
+    matching = [key for key in keys if _words(key) and _words(key) <= words]
+    return max(matching, key=lambda key: len(_words(key)), default=None)
+
+
+def peak_flops_for_name(name: str) -> float | None:
+    """Datasheet dense bf16 FLOP/s of a GPU named like a price entry or a CUDA device, or None."""
+    key = best_match(name, PEAK_BF16_FLOPS)
+    return PEAK_BF16_FLOPS[key] if key else None
+
+
+def device_peak_flops(device: torch.device) -> float | None:
+    """The bf16 peak of a known CUDA device, or None (CPU, unknown GPU): then no MFU is shown."""
+    if device.type != "cuda":
+        return None
+    return peak_flops_for_name(torch.cuda.get_device_name(device))
+
+
+def peak_memory_gib(device: torch.device) -> float | None:
+    """Peak CUDA memory torch allocated on `device`, or None on the CPU."""
+    if device.type != "cuda":
+        return None
+    return torch.cuda.max_memory_allocated(device) / 2**30
+
+
+def describe_hardware(device: torch.device, num_processes: int) -> str:
+    """What a run ran on, for the model card: `1 x NVIDIA H200` or `2 x CPU (16 cores)`."""
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU ({os.cpu_count()} cores)"
+    return f"{num_processes} x {name}"
