@@ -1,4 +1,5 @@
-"""`hf-pretrain` subcommands. Each one is thin: it hands its arguments to one module's `main`."""
+"""`hf-pretrain` subcommands. Each one is thin: it hands its arguments to one module's `main`, whose
+parser is `hf_pretrain.config.CommandParser`, so every command spells and checks its flags the same way."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import sys
 
 # command -> (module whose `main(argv) -> int` runs it, one line of help)
 COMMANDS = {
-    "prepare": ("hf_pretrain.data.prepare", "tokenize the recipe's corpus into shards (fits the tokenizer when asked)"),
+    "prepare": ("hf_pretrain.data.command", "tokenize the recipe's corpus into shards (fits the tokenizer when asked)"),
     "train": ("hf_pretrain.train", "train the recipe in this process (`accelerate launch hf_pretrain/train.py` for several)"),
     "doctor": ("hf_pretrain.preflight.doctor", "check the plumbing of a run before spending money on it"),
     "export": ("hf_pretrain.publish.export", "write a standard Hugging Face model folder from a checkpoint, optionally push it"),
@@ -18,6 +19,7 @@ COMMANDS = {
     "report": ("hf_pretrain.report", "plots and a page for a run folder"),
     "demo": ("hf_pretrain.publish.demo", "a Gradio app that compares checkpoints"),
     "space": ("hf_pretrain.publish.space", "write (and push) a Hugging Face Space for the demo"),
+    "gguf": ("hf_pretrain.publish.gguf", "write an exported model as a GGUF file for llama.cpp"),
 }
 
 
@@ -26,7 +28,7 @@ def usage() -> str:
     width = max(map(len, available))
     lines = [f"  {name.ljust(width)}  {help_}" for name, help_ in available.items()]
     return ("usage: hf-pretrain <command> [--recipe NAME] [--key value ...]\n\ncommands:\n" + "\n".join(lines)
-            + "\n\n`hf-pretrain <command> --help` lists the command's options.\n")
+            + "\n\n`hf-pretrain <command> --help` lists the command's options (snake_case, like the recipe keys).\n")
 
 
 def main(argv: list[str] | None = None) -> int:

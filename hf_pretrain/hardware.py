@@ -8,6 +8,7 @@ on this machine and on which GPU a name refers to.
 from __future__ import annotations
 
 import os
+import platform
 import re
 from collections.abc import Iterable
 
@@ -92,7 +93,14 @@ def peak_memory_gib(device: torch.device) -> float | None:
     return torch.cuda.max_memory_allocated(device) / 2**30
 
 
+def device_name(device: torch.device) -> str:
+    """`NVIDIA H100 80GB HBM3 (79 GiB)` or `CPU (x86_64, 16 cores)`: what the bench and the card name."""
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        return f"{props.name} ({props.total_memory / 2**30:.0f} GiB)"
+    return f"CPU ({platform.processor() or platform.machine()}, {os.cpu_count()} cores)"
+
+
 def describe_hardware(device: torch.device, num_processes: int) -> str:
-    """What a run ran on, for the model card: `1 x NVIDIA H200` or `2 x CPU (16 cores)`."""
-    name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU ({os.cpu_count()} cores)"
-    return f"{num_processes} x {name}"
+    """What a run ran on, for the model card: `1 x NVIDIA H200 (140 GiB)` or `2 x CPU (x86_64, 16 cores)`."""
+    return f"{num_processes} x {device_name(device)}"

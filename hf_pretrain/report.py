@@ -1,7 +1,7 @@
 """`hf-pretrain report RUN_DIR`: plots and a markdown page for a run folder.
 
     hf-pretrain report runs/1b                      # writes runs/1b/report/report.md and its PNGs
-    hf-pretrain report runs/1b --price 2.49 --output /tmp/report
+    hf-pretrain report runs/1b --price_per_hour 2.49 --output /tmp/report
 
 Reads what training leaves in the folder: metrics.jsonl (loss, tokens/s, lr, elapsed time),
 samples.jsonl, resolved_recipe.yaml (price_per_hour, phases, milestone_interval), phases.json when
@@ -11,18 +11,16 @@ of the page with a line that says why, so a report works on a run that is still 
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
-import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import yaml
 
+from hf_pretrain.config import CommandParser
 from hf_pretrain.economics.cost import (
     Phase,
     PhaseRow,
@@ -31,8 +29,9 @@ from hf_pretrain.economics.cost import (
     phase_row,
     phases_from_recipe,
 )
-from hf_pretrain.economics.plan import human_count
-from hf_pretrain.run_dir import read_jsonl
+from hf_pretrain.formatting import human_count, table_cell, usd
+from hf_pretrain.plots import new_axes, plot_loss, tokens_axis, value_at_steps
+from hf_pretrain.run_dir import RunDir, read_jsonl
 
 # One colour per phase band, cycled; light enough that the curves stay readable on top.
 PHASE_COLOURS = ["#dbe9f6", "#fde2c8", "#d9f0d3", "#eadcf2", "#fbe3e8", "#e8e8e8"]
@@ -53,33 +52,32 @@ class RunData:
 
 
 def load_run(run_dir: Path, price_override: float | None = None) -> RunData:
-    metrics = read_jsonl(run_dir / "metrics.jsonl")
+    run = RunDir(run_dir)
+    metrics = read_jsonl(run.metrics)
     train = [r for r in metrics if r.get("kind") == "train"]
     if not train:
-        raise FileNotFoundError(f"{run_dir / 'metrics.jsonl'} holds no training records yet")
-    recipe_file = run_dir / "resolved_recipe.yaml"
-    recipe = yaml.safe_load(recipe_file.read_text()) if recipe_file.exists() else {}
-    train_cfg = recipe.get("train") or {}
-    price = price_override if price_override is not None else float(train_cfg.get("price_per_hour") or 0.0)
+        raise FileNotFoundError(f"{run.metrics} holds no training records yet")
+    recipe = run.load_recipe()
+    price = price_override if price_override is not None else (recipe.train.price_per_hour if recipe else 0.0)
     return RunData(
-        name=recipe.get("name") or run_dir.name,
+        name=recipe.name if recipe else run_dir.name,
         train=train,
         evals=[r for r in metrics if r.get("kind") == "eval"],
-        samples=read_jsonl(run_dir / "samples.jsonl"),
-        benchmarks=read_jsonl(run_dir / "benchmarks.jsonl"),
+        samples=read_jsonl(run.samples),
+        benchmarks=read_jsonl(run.benchmarks),
         price_per_hour=price,
-        milestone_interval=int(train_cfg.get("milestone_interval") or 0),
-        phases=load_phases(run_dir, train, train_cfg.get("phases") or {}, price, price_override is not None),
+        milestone_interval=recipe.train.milestone_interval if recipe else 0,
+        phases=load_phases(run, train, recipe.train.phases if recipe else {}, price, price_override is not None),
     )
 
 
-def load_phases(run_dir: Path, train: list[dict[str, Any]], phase_ends: dict[str, int], price: float,
+def load_phases(run: RunDir, train: list[dict[str, Any]], phase_ends: dict[str, int], price: float,
                 reprice: bool) -> list[PhaseRow]:
     """The run's phases.json rows, else rows computed from the recipe's `phases` for those that ended.
 
     With `reprice` (a `--price` given) the rows are recomputed at `price`.
     """
-    phases_file = run_dir / "phases.json"
+    phases_file = run.phases_json
     if phases_file.exists():
         rows = [PhaseRow(**row) for row in json.loads(phases_file.read_text())]
         if not reprice:
@@ -90,32 +88,9 @@ def load_phases(run_dir: Path, train: list[dict[str, Any]], phase_ends: dict[str
     return [phase_row(train, phase, price) for phase in phases]
 
 
-# ---------------------------------------------------------------------- positions on the x axes
-def _at_steps(train: list[dict[str, Any]], key: str, steps: list[float]) -> np.ndarray:
-    """`key` (tokens or elapsed seconds) at arbitrary steps, linear between logged records, 0 at step 0."""
-    known_steps = [0] + [r["step"] for r in train]
-    known_values = [0.0] + [float(r[key]) for r in train]
-    return np.interp(steps, known_steps, known_values)
-
-
-def dollars_at_steps(run: RunData, steps: list[float]) -> np.ndarray:
-    return _at_steps(run.train, "elapsed", steps) / 3600 * run.price_per_hour
-
-
 # ---------------------------------------------------------------------- plots
-def _token_unit(largest: float) -> tuple[float, str]:
-    """Divisor and axis label that keep token counts readable: billions for real runs, less for smoke."""
-    for size, name in ((1e9, "billions"), (1e6, "millions")):
-        if largest >= size:
-            return size, f"tokens ({name})"
-    return 1e3, "tokens (thousands)"
-
-
-def _new_axes(width: float = 7.0, height: float = 4.0, rows: int = 1):
-    from matplotlib.figure import Figure  # no pyplot: no global state, no display needed
-
-    figure = Figure(figsize=(width, height * rows), layout="constrained")
-    return figure, figure.subplots(rows, 1, sharex=True, squeeze=False)[:, 0]
+def dollars_at_steps(run: RunData, steps: list[float]) -> np.ndarray:
+    return value_at_steps(run.train, "elapsed", steps) / 3600 * run.price_per_hour
 
 
 def _shade_phases(axes, run: RunData, to_x) -> None:
@@ -127,33 +102,19 @@ def _shade_phases(axes, run: RunData, to_x) -> None:
                   fontsize=8)
 
 
-def plot_loss(run: RunData, path: Path, against: str) -> Path:
-    """Train and validation loss against tokens (`against="tokens"`) or dollars (`"dollars"`)."""
+def plot_run_loss(run: RunData, path: Path, against: str) -> Path:
+    """Train and validation loss against tokens (`against="tokens"`) or dollars (`"dollars"`), phases shaded."""
     if against == "tokens":
-        unit, label = _token_unit(run.train[-1]["tokens"])
-
-        def to_x(steps):
-            return _at_steps(run.train, "tokens", steps) / unit
+        to_x, label = tokens_axis(run.train)
     else:
         def to_x(steps):
             return dollars_at_steps(run, steps)
-        label = f"dollars spent (at ${run.price_per_hour:,.2f}/h)"
-    figure, (axes,) = _new_axes()
-    _shade_phases(axes, run, to_x)
-    axes.plot(to_x([r["step"] for r in run.train]), [r["loss"] for r in run.train], label="train loss", lw=1.2)
-    if run.evals:
-        axes.plot(to_x([r["step"] for r in run.evals]), [r["val_loss"] for r in run.evals], "o-",
-                  label="validation loss", lw=1.2, ms=4)
-    axes.set_xlabel(label)
-    axes.set_ylabel("loss (nats/token)")
-    axes.grid(alpha=0.3)
-    axes.legend()
-    figure.savefig(path, dpi=110)
-    return path
+        label = f"dollars spent (at {usd(run.price_per_hour)}/h)"
+    return plot_loss(path, run.train, run.evals, to_x, label, background=lambda axes: _shade_phases(axes, run, to_x))
 
 
 def plot_throughput_and_lr(run: RunData, path: Path) -> Path:
-    figure, (top, bottom) = _new_axes(height=2.6, rows=2)
+    figure, (top, bottom) = new_axes(height=2.6, rows=2)
     steps = [r["step"] for r in run.train]
     top.plot(steps, [r["tokens_per_s"] for r in run.train], lw=1.2)
     top.set_ylabel("tokens/s")
@@ -170,13 +131,13 @@ def plot_throughput_and_lr(run: RunData, path: Path) -> Path:
 
 def plot_cost_per_loss_point(run: RunData, path: Path) -> Path:
     """A bar per phase: dollars per unit of loss it bought (no bar, a note, where the loss rose)."""
-    figure, (axes,) = _new_axes(height=3.5)
+    figure, (axes,) = new_axes(height=3.5)
     names = [row.name for row in run.phases]
     values = [row.cost_per_loss_point or 0.0 for row in run.phases]
     bars = axes.bar(names, values, color=[PHASE_COLOURS[i % len(PHASE_COLOURS)] for i in range(len(names))],
                     edgecolor="black", lw=0.6)
     for bar, row in zip(bars, run.phases, strict=True):
-        note = "no drop" if row.cost_per_loss_point is None else f"${row.cost_per_loss_point:,.2f}"
+        note = "no drop" if row.cost_per_loss_point is None else usd(row.cost_per_loss_point)
         axes.annotate(note, (bar.get_x() + bar.get_width() / 2, bar.get_height()), ha="center", va="bottom",
                       fontsize=8, xytext=(0, 2), textcoords="offset points")
     axes.set_ylabel("$ per loss point")
@@ -187,14 +148,6 @@ def plot_cost_per_loss_point(run: RunData, path: Path) -> Path:
 
 
 # ---------------------------------------------------------------------- tables
-def _cell(text: str) -> str:
-    """Text that stays inside one markdown table cell: pipes escaped, runs of blank lines as one break."""
-    text = text.replace("\\", "\\\\").replace("|", "\\|").replace("\r", "").strip()
-    if not text:
-        return "*(blank)*"
-    return re.sub(r"\n\s*", "<br>", text)
-
-
 def sample_steps(samples: list[dict[str, Any]], milestone_interval: int) -> list[int]:
     """Steps to show: the milestones (and the last step) when the run keeps milestones, else all."""
     steps = sorted({s["step"] for s in samples})
@@ -207,13 +160,13 @@ def samples_table(samples: list[dict[str, Any]], milestone_interval: int = 0) ->
     """Rows are steps, columns the prompts: how the completions changed as the model trained."""
     prompts = list(dict.fromkeys(s["prompt"] for s in samples))
     by_key = {(s["step"], s["prompt"]): s for s in samples}
-    lines = ["| step | tokens | " + " | ".join(f"`{_cell(p)}`" for p in prompts) + " |",
+    lines = ["| step | tokens | " + " | ".join(f"`{table_cell(p)}`" for p in prompts) + " |",
              "|---|---|" + "---|" * len(prompts)]
     for step in sample_steps(samples, milestone_interval):
         row = [by_key.get((step, p)) for p in prompts]
         tokens = next((s["tokens"] for s in row if s), 0)
         lines.append(f"| {step} | {human_count(tokens)} | "
-                     + " | ".join(_cell(s["completion"]) if s else " " for s in row) + " |")
+                     + " | ".join(table_cell(s["completion"]) if s else " " for s in row) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -224,7 +177,7 @@ def benchmarks_table(records: list[dict[str, Any]]) -> str:
               for r in records for task, metrics in r["tasks"].items()
               for metric, value in metrics.items() if not metric.endswith("_stderr")}
     columns = list(dict.fromkeys(column for _, column in values))
-    lines = ["| step | " + " | ".join(_cell(c) for c in columns) + " |", "|---|" + "---|" * len(columns)]
+    lines = ["| step | " + " | ".join(table_cell(c) for c in columns) + " |", "|---|" + "---|" * len(columns)]
     for step in sorted({r["step"] for r in records}):
         cells = [values.get((step, c)) for c in columns]
         lines.append(f"| {step} | " + " | ".join(f"{v:.4g}" if isinstance(v, (int, float)) else " " for v in cells)
@@ -242,8 +195,8 @@ def summary(run: RunData) -> str:
     if run.price_per_hour:
         average_rate = last["tokens"] / last["elapsed"] if last["elapsed"] else 0.0
         per_billion = dollars_per_billion_tokens(average_rate, run.price_per_hour)
-        parts.append(f"${hours * run.price_per_hour:,.2f} at ${run.price_per_hour:,.2f}/h "
-                     f"(${per_billion:,.2f} per billion tokens)")
+        parts.append(f"{usd(hours * run.price_per_hour)} at {usd(run.price_per_hour)}/h "
+                     f"({usd(per_billion)} per billion tokens)")
     return " | ".join(parts)
 
 
@@ -253,9 +206,9 @@ def write_report(run_dir: Path, output: Path, price: float | None = None) -> Pat
     run = load_run(run_dir, price)
     output.mkdir(parents=True, exist_ok=True)
     page = [f"# Run report: {run.name}", "", summary(run), "", "## Loss", ""]
-    page.append(f"![loss against tokens]({plot_loss(run, output / 'loss_vs_tokens.png', 'tokens').name})")
+    page.append(f"![loss against tokens]({plot_run_loss(run, output / 'loss_vs_tokens.png', 'tokens').name})")
     if run.price_per_hour:
-        page.append(f"![loss against dollars]({plot_loss(run, output / 'loss_vs_dollars.png', 'dollars').name})")
+        page.append(f"![loss against dollars]({plot_run_loss(run, output / 'loss_vs_dollars.png', 'dollars').name})")
     else:
         page.append("\nNo loss-against-dollars plot: the run has no price (set train.price_per_hour or pass "
                     "`--price`).")
@@ -281,21 +234,23 @@ def write_report(run_dir: Path, output: Path, price: float | None = None) -> Pat
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="hf-pretrain report", description=__doc__.split("\n")[0],
-                                     allow_abbrev=False)
+    parser = CommandParser(prog="hf-pretrain report", description=__doc__.split("\n")[0],
+                           epilog=__doc__.split("\n", 1)[1], renamed={"--price": "--price_per_hour"})
     parser.add_argument("run_dir", type=Path, help="a run folder (the recipe's output_dir)")
-    parser.add_argument("--output", type=Path, help="where the page and plots go (default RUN_DIR/report)")
-    parser.add_argument("--price", type=float, help="$ per hour for the whole job (default: the run's price_per_hour)")
+    parser.add_argument("--output", type=Path, help="where the page and plots go (unset: RUN_DIR/report)")
+    parser.add_argument("--price_per_hour", type=float,
+                        help="$ per hour for the whole job (unset: the run's price_per_hour)")
     args = parser.parse_args(argv)
-    if args.price is not None and (args.price < 0 or not math.isfinite(args.price)):
-        parser.error("--price must be a non-negative number of dollars per hour")
+    price = args.price_per_hour
+    if price is not None and (price < 0 or not math.isfinite(price)):
+        parser.error("--price_per_hour must be a non-negative number of dollars per hour")
     try:
         import matplotlib  # noqa: F401
     except ImportError:
         print("hf-pretrain report: needs matplotlib: pip install matplotlib", file=sys.stderr)
         return 2
     try:
-        page = write_report(args.run_dir, args.output or args.run_dir / "report", args.price)
+        page = write_report(args.run_dir, args.output or args.run_dir / "report", price)
     except FileNotFoundError as exc:
         print(f"hf-pretrain report: error: {exc}", file=sys.stderr)
         return 2

@@ -68,10 +68,17 @@ class RunDir:
         return self.checkpoints.is_dir() or self.resolved_recipe.is_file()
 
     def load_recipe(self) -> Recipe | None:
-        """The recipe this run was started with, or None when the folder has none."""
-        from hf_pretrain.config import load_recipe  # config is a leaf; imported late to keep this one too
+        """The recipe this run was started with, typed; None when the folder has none, or has one this
+        version of hf-pretrain no longer reads (a renamed key): the report, the card and the demo then
+        do without it rather than fail on an old run."""
+        from hf_pretrain.config import RecipeError, load_recipe  # imported late: run_dir stays importable alone
 
-        return load_recipe(str(self.resolved_recipe)) if self.resolved_recipe.is_file() else None
+        if not self.resolved_recipe.is_file():
+            return None
+        try:
+            return load_recipe(str(self.resolved_recipe))
+        except RecipeError:
+            return None
 
 
 class JsonlWriter:

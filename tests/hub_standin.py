@@ -1,11 +1,13 @@
 """A stand-in for the Hugging Face Hub API on loopback, for upload tests that never leave the machine.
 
-It implements only what `huggingface_hub` 2.4 calls to create a repo, a branch, and a commit of
-small files, and to download them again: `POST /api/repos/create`, `POST /api/validate-yaml`,
-`POST /api/models/{repo}/preupload/{rev}` (every file answers `regular`, so the client sends it
-base64 inside the commit instead of through LFS or Xet), `POST /api/models/{repo}/commit/{rev}`
-(NDJSON), `POST /api/models/{repo}/branch/{name}`, `GET /api/models/{repo}/revision/{rev}`,
-`GET /api/models/{repo}/tree/{rev}` and `HEAD`/`GET /{repo}/resolve/{rev}/{path}`.
+It implements only what `huggingface_hub` 2.4 calls to create a model or Space repo, a branch, and a
+commit of small files, and to download them again: `POST /api/repos/create`, `POST /api/validate-yaml`
+(a Space's README front matter), and for `{kind}` = `models` or `spaces`:
+`POST /api/{kind}/{repo}/preupload/{rev}` (every file answers `regular`, so the client sends it
+base64 inside the commit instead of through LFS or Xet), `POST /api/{kind}/{repo}/commit/{rev}`
+(NDJSON), `POST /api/{kind}/{repo}/branch/{name}`, `GET /api/{kind}/{repo}/revision/{rev}`,
+`GET /api/{kind}/{repo}/tree/{rev}` and `HEAD`/`GET /[spaces/]{repo}/resolve/{rev}/{path}`.
+Anything else answers 404 and is kept in `unexpected`, so a test sees a new call.
 
 Point the real client at it with `HF_ENDPOINT=<stand-in url>`. Requests must carry `token` as a
 Bearer token. With `refuse_writes` set, every write answers 403 with a message that repeats the
@@ -18,8 +20,11 @@ import base64
 import hashlib
 import json
 import threading
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
 from urllib.parse import unquote, urlsplit
 
 
@@ -39,8 +44,21 @@ class Repo:
 class HubState:
     token: str
     refuse_writes: bool = False
-    repos: dict[str, Repo] = field(default_factory=dict)
+    repos: dict[str, Repo] = field(default_factory=dict)  # by repo id; Spaces as "spaces/{repo id}"
     requests: list[str] = field(default_factory=list)  # "METHOD path", in arrival order
+    created: list[dict] = field(default_factory=list)  # the payloads of repo creations
+    commits: list[dict] = field(default_factory=list)  # {"repo", "summary", "files": {path: bytes}} of each commit
+    authorization: list[str] = field(default_factory=list)  # the Authorization header of every request
+    unexpected: list[str] = field(default_factory=list)  # requests for endpoints the stand-in does not have
+    # A slow Hub: each commit answers after `commit_delay` seconds. `watch`, when set, is sampled as a
+    # commit arrives and again as it is answered, into `watched` as (revision, on arrival, on answer).
+    commit_delay: float = 0.0
+    watch: Callable[[], Any] | None = None
+    watched: list[tuple[str, Any, Any]] = field(default_factory=list)
+
+
+# URL segment -> key prefix in `HubState.repos`
+KINDS = {"models": "", "spaces": "spaces/"}
 
 
 def _commit_id(parent: str, payload: bytes) -> str:
@@ -72,10 +90,15 @@ class _Handler(BaseHTTPRequestHandler):
         headers = {"X-Error-Message": message, **({"X-Error-Code": code} if code else {})}
         self._reply(status, {"error": message}, headers)
 
+    def _unexpected(self) -> None:
+        self.state.unexpected.append(f"{self.command} {urlsplit(self.path).path}")
+        self._error(404, f"no such endpoint: {self.command} {self.path}")
+
     def _body(self) -> bytes:
         return self.rfile.read(int(self.headers.get("Content-Length") or 0))
 
     def _authorized(self) -> bool:
+        self.state.authorization.append(self.headers.get("Authorization", ""))
         if self.headers.get("Authorization") != f"Bearer {self.state.token}":
             self._error(401, "Invalid credentials in Authorization header")
             return False
@@ -116,15 +139,15 @@ class _Handler(BaseHTTPRequestHandler):
             return
         if parts == ["api", "repos", "create"]:
             return self._create_repo(json.loads(body))
-        if len(parts) == 6 and parts[:2] == ["api", "models"]:
-            repo_id, action, name = f"{parts[2]}/{parts[3]}", parts[4], parts[5]
+        if len(parts) == 6 and parts[0] == "api" and parts[1] in KINDS:
+            repo_id, action, name = f"{KINDS[parts[1]]}{parts[2]}/{parts[3]}", parts[4], parts[5]
             if action == "preupload":
                 return self._preupload(repo_id, name, json.loads(body))
             if action == "commit":
                 return self._commit(repo_id, name, body)
             if action == "branch":
                 return self._create_branch(repo_id, name)
-        self._error(404, f"no such endpoint: POST {self.path}")
+        self._unexpected()
 
     def do_GET(self) -> None:  # noqa: N802
         self._read(head_only=False)
@@ -136,8 +159,8 @@ class _Handler(BaseHTTPRequestHandler):
         parts, _ = self._route()
         if not self._authorized():
             return
-        if len(parts) == 6 and parts[:2] == ["api", "models"] and parts[4] in ("revision", "tree"):
-            repo_id = f"{parts[2]}/{parts[3]}"
+        if len(parts) == 6 and parts[0] == "api" and parts[1] in KINDS and parts[4] in ("revision", "tree"):
+            repo_id = f"{KINDS[parts[1]]}{parts[2]}/{parts[3]}"
             branch = self._branch(repo_id, parts[5])
             if branch is None:
                 return
@@ -147,8 +170,10 @@ class _Handler(BaseHTTPRequestHandler):
                                          "siblings": [{"rfilename": p} for p in sorted(branch.files)]})
             return self._reply(200, [{"type": "file", "path": p, "size": len(data),
                                       "oid": hashlib.sha1(data).hexdigest()} for p, data in sorted(branch.files.items())])
+        prefix = "spaces/" if parts[0] == "spaces" else ""
+        parts = parts[1:] if prefix else parts
         if len(parts) >= 5 and parts[2] == "resolve":
-            branch = self._branch(f"{parts[0]}/{parts[1]}", parts[3])
+            branch = self._branch(f"{prefix}{parts[0]}/{parts[1]}", parts[3])
             if branch is None:
                 return
             data = branch.files.get("/".join(parts[4:]))
@@ -163,11 +188,13 @@ class _Handler(BaseHTTPRequestHandler):
             if not head_only:
                 self.wfile.write(data)
             return
-        self._error(404, f"no such endpoint: {self.command} {self.path}")
+        self._unexpected()
 
     # ------------------------------------------------------------------ endpoints
     def _create_repo(self, payload: dict) -> None:
-        repo_id = f"{payload.get('organization') or 'user'}/{payload['name']}"
+        self.state.created.append(payload)
+        prefix = "spaces/" if payload.get("type") == "space" else ""
+        repo_id = f"{prefix}{payload.get('organization') or 'user'}/{payload['name']}"
         url = f"http://{self.headers['Host']}/{repo_id}"
         if repo_id in self.state.repos:  # the Hub's 409 names the existing repo, which the client reads
             message = "You already created this model repo"
@@ -194,19 +221,27 @@ class _Handler(BaseHTTPRequestHandler):
                                     for f in payload["files"]]})
 
     def _commit(self, repo_id: str, revision: str, body: bytes) -> None:
+        arrival = self.state.watch() if self.state.watch else None
+        time.sleep(self.state.commit_delay)
+        if self.state.watch:
+            self.state.watched.append((revision, arrival, self.state.watch()))
         branch = self._branch(repo_id, revision)
         if branch is None:
             return
+        files, summary = {}, ""
         for line in body.splitlines():
             entry = json.loads(line)
-            if entry["key"] == "file":
+            if entry["key"] == "header":
+                summary = entry["value"].get("summary", "")
+            elif entry["key"] == "file":
                 value = entry["value"]
-                branch.files[value["path"]] = base64.b64decode(value["content"])
+                files[value["path"]] = branch.files[value["path"]] = base64.b64decode(value["content"])
             elif entry["key"] == "deletedFile":
                 branch.files.pop(entry["value"]["path"], None)
-            elif entry["key"] != "header":  # lfsFile, copies: this stand-in never asks for them
+            else:  # lfsFile, copies: this stand-in never asks for them
                 return self._error(400, f"unsupported commit entry {entry['key']}")
         branch.commit = _commit_id(branch.commit, body)
+        self.state.commits.append({"repo": repo_id.removeprefix("spaces/"), "summary": summary, "files": files})
         host = self.headers["Host"]
         self._reply(200, {"commitUrl": f"http://{host}/{repo_id}/commit/{branch.commit}",
                           "commitOid": branch.commit, "pullRequestUrl": None})
@@ -230,5 +265,5 @@ class HubStandIn:
         self._server.shutdown()
         self._server.server_close()
 
-    def files(self, repo_id: str, branch: str = "main") -> dict[str, bytes]:
-        return self.state.repos[repo_id].branches[branch].files
+    def files(self, repo_id: str, branch: str = "main", repo_type: str = "model") -> dict[str, bytes]:
+        return self.state.repos[("spaces/" if repo_type == "space" else "") + repo_id].branches[branch].files

@@ -53,7 +53,7 @@ def test_more_gpus_buy_time_not_money():
 
 
 def test_plan_command_json(capsys):
-    assert plan.main(["--params", "1e9", "--tokens-per-s", "10000", "--price", "2", "--max-gpus", "2",
+    assert plan.main(["--params", "1e9", "--tokens_per_s", "10000", "--price_per_gpu_hour", "2", "--max_gpus", "2",
                       "--interconnect", "ethernet", "--json"]) == 0
     result = json.loads(capsys.readouterr().out)
     assert result["tokens"] == pytest.approx(2e10)  # 20 tokens per parameter by default
@@ -70,7 +70,7 @@ def test_plan_command_json(capsys):
 
 
 def test_plan_from_a_recipe_and_a_named_gpu(capsys):
-    assert plan.main(["--recipe", "smoke", "--gpu", "A100 80GB", "--max-gpus", "1"]) == 0
+    assert plan.main(["--recipe", "smoke", "--gpu", "A100 80GB", "--max_gpus", "1"]) == 0
     out = capsys.readouterr().out
     assert "recipe smoke" in out and "A100 80GB" in out and "$1.79/h" in out and "| 1 |" in out
 
@@ -152,7 +152,7 @@ def test_bench_smoke_measures_variants_and_finds_the_largest_micro_batch(smoke_d
     out = tmp_path / "bench"
     code = bench.main(["--recipe", "smoke", "--data_dir", str(smoke_data), "--variants",
                        "gradient_checkpointing=true,false", "--steps", "3", "--warmup", "1",
-                       "--memory-gib", str(budget), "--price", "test-gpu=1.5", "--output", str(out)])
+                       "--memory_gib", str(budget), "--gpu_price", "test-gpu=1.5", "--output", str(out)])
     assert code == 0
     result = json.loads((out / "bench.json").read_text())
     assert (out / "bench.md").read_text().startswith("# hf-pretrain bench: smoke")

@@ -14,7 +14,7 @@ from hf_pretrain.economics.cost import (
     window_cost_per_loss_point,
     write_phase_table,
 )
-from hf_pretrain.training.early_stopping import EarlyStop
+from hf_pretrain.training.guards import EarlyStop
 
 
 def synthetic_records(losses, seconds_per_step=36.0):

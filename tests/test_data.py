@@ -6,10 +6,13 @@ import os
 
 os.environ["HF_HUB_OFFLINE"] = "1"  # before transformers is imported: no test may reach the Hub
 
+import dataclasses
 import json
 import pickle
 import random
 import shutil
+import subprocess
+import sys
 from itertools import islice
 from pathlib import Path
 from typing import Any
@@ -37,6 +40,7 @@ from hf_pretrain.data import (
 from hf_pretrain.data.loader import StepBatchSampler, validation_batches
 from hf_pretrain.data.sources import SourceError, is_validation, iter_source, mix, mixture
 from hf_pretrain.data.tokenizer import load_pretrained_tokenizer, save_tokenizer, tokenizer_hash, train_tokenizer
+from hf_pretrain.data.verify import VERIFIED_FILE, verify_shards
 
 VOCAB = 320
 WORDS = ("the of and to in is was for on that with as by at from data model token python loss batch "
@@ -107,8 +111,10 @@ def expected_split(recipe: Recipe, split: str) -> list[str]:
 
 
 def data_files(data_dir: Path) -> dict[str, bytes]:
-    """Every file of a prepared folder, with meta.json's creation time blanked."""
-    files = {str(p.relative_to(data_dir)): p.read_bytes() for p in sorted(data_dir.rglob("*")) if p.is_file()}
+    """Every file of a prepared folder, with meta.json's creation time blanked (and without the record
+    of when its shards were last verified, which is about the files, not part of them)."""
+    files = {str(p.relative_to(data_dir)): p.read_bytes() for p in sorted(data_dir.rglob("*"))
+             if p.is_file() and p.name != VERIFIED_FILE}
     meta = json.loads(files["meta.json"])
     meta["created_at"] = None
     files["meta.json"] = json.dumps(meta).encode()
@@ -379,3 +385,175 @@ def test_val_loader_is_sequential_disjoint_and_even_across_ranks(prepared: Recip
     assert validation_batches(3, 8, 2, 0, 100) == [[0]]  # too few samples for a full micro-batch
     with pytest.raises(DataMismatchError, match="fewer than the 4 processes"):
         validation_batches(3, 8, 4, 0, 100)
+
+
+# ---------------------------------------------------------------------- shard integrity
+def _copy_of(prepared: Recipe, tmp_path: Path) -> Recipe:
+    data_dir = tmp_path / "copy"
+    shutil.copytree(prepared.data.data_dir, data_dir)
+    return dataclasses.replace(prepared, data=dataclasses.replace(prepared.data, data_dir=str(data_dir)))
+
+
+def _flip(path: Path, byte: int, mask: int) -> None:
+    data = bytearray(path.read_bytes())
+    data[byte] ^= mask
+    path.write_bytes(bytes(data))
+
+
+def test_a_flipped_bit_in_a_shard_is_refused_by_its_checksum(prepared: Recipe, tmp_path: Path) -> None:
+    recipe = _copy_of(prepared, tmp_path)
+    _flip(Path(recipe.data.data_dir) / "train_00001.bin", byte=10, mask=0x01)  # still a valid token id
+    with pytest.raises(DataMismatchError, match=r"train_00001.bin: SHA-256 .* differs .* meta.json"):
+        check_prepared_data(recipe)
+
+
+def test_a_token_past_the_vocabulary_is_refused_with_shard_and_offset(prepared: Recipe, tmp_path: Path) -> None:
+    recipe = _copy_of(prepared, tmp_path)
+    _flip(Path(recipe.data.data_dir) / "val_00000.bin", byte=2 * 7 + 1, mask=0x80)  # high byte of token 7
+    with pytest.raises(DataMismatchError, match=r"val_00000.bin: token id \d+ at token 7 \(byte offset 14\) is past "
+                                                r"the vocabulary of 320 tokens"):
+        check_prepared_data(recipe)
+
+
+def test_a_recorded_verification_is_trusted_until_the_file_changes(prepared: Recipe, tmp_path: Path) -> None:
+    recipe = _copy_of(prepared, tmp_path)
+    data_dir = Path(recipe.data.data_dir)
+    meta = read_meta(data_dir)
+    total = sum(p.stat().st_size for p in data_dir.glob("*.bin"))
+    assert verify_shards(data_dir, meta, trust_recorded=False) == {"hashed": total, "trusted": 0}
+    assert verify_shards(data_dir, meta) == {"hashed": 0, "trusted": total}  # what training does at every start
+    shard = data_dir / "train_00000.bin"
+    os.utime(shard, ns=(shard.stat().st_atime_ns, shard.stat().st_mtime_ns + 1))
+    assert verify_shards(data_dir, meta)["hashed"] == shard.stat().st_size
+
+
+# ---------------------------------------------------------------------- long documents
+def test_long_documents_encode_in_pieces_to_the_same_tokens(prepared: Recipe) -> None:
+    backend = load_tokenizer(prepared.data.data_dir).backend_tokenizer
+    rng = random.Random(1)
+    text = "  ".join(_paragraph(rng) for _ in range(4000)) + "\n\tend   of   text"  # single, double, tab spaces
+    pieces = shards.split_long_text(text, piece_chars=5000)
+    assert len(pieces) > 20 and "".join(pieces) == text and max(map(len, pieces)) <= 5000
+    whole = backend.encode(text, add_special_tokens=False).ids
+    assert [i for p in pieces for i in backend.encode(p, add_special_tokens=False).ids] == whole
+
+
+@pytest.mark.slow
+def test_one_huge_line_is_prepared_in_bounded_memory(tmp_path: Path) -> None:
+    """20 MB on one line: encoded whole, the Rust pre-tokenizer alone would hold about 2.2 GB."""
+    rng = random.Random(2)
+    words = WORDS + ["café", "東京"]
+    (tmp_path / "huge.txt").write_text(" ".join(rng.choices(words, k=3_500_000)), encoding="utf-8")
+    (tmp_path / "small.txt").write_text("\n\n".join(_paragraph(rng) for _ in range(200)), encoding="utf-8")
+    script = (
+        "import resource, sys\n"
+        "from hf_pretrain.config import build_recipe\n"
+        "from hf_pretrain.data import prepare\n"
+        f"raw = {{'data': {{'sources': [{{'kind': 'files', 'paths': [{str(tmp_path / '*.txt')!r}]}}]}}}}\n"
+        f"prepare(build_recipe(raw, {{'data_dir': {str(tmp_path / 'data')!r}, 'vocab_size': 300, 'val_every': 2, "
+        " 'seq_len': 16, 'micro_batch_size': 2, 'global_batch_tokens': 64}), "
+        "log=lambda _: None)\n"
+        "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024)\n")
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600,
+                            env=dict(os.environ, OMP_NUM_THREADS="1", RAYON_NUM_THREADS="2"))
+    assert result.returncode == 0, result.stderr[-2000:]
+    peak_mib = int(result.stdout.split()[-1])
+    assert peak_mib < 1600, f"prepare peaked at {peak_mib} MiB"
+    assert read_meta(tmp_path / "data")["splits"]["train"]["tokens"] > 3_000_000
+
+
+# ---------------------------------------------------------------------- bad input to prepare
+def _prepare_cli(tmp_path: Path, files: dict[str, bytes], **overrides: Any) -> subprocess.CompletedProcess:
+    corpus_dir = tmp_path / "corpus"
+    corpus_dir.mkdir()
+    for name, data in files.items():
+        (corpus_dir / name).write_bytes(data)
+    settings = {"data_dir": tmp_path / "data", "vocab_size": 300, "val_every": 2, "seq_len": 16,
+                "micro_batch_size": 2, "global_batch_tokens": 64, **overrides}
+    args = ["--sources", json.dumps([{"kind": "files", "paths": [str(corpus_dir / "*")]}])]
+    for key, value in settings.items():
+        args += [f"--{key}", str(value)]
+    return subprocess.run([sys.executable, "-m", "hf_pretrain.cli", "prepare", "--recipe", "smoke", *args],
+                          capture_output=True, text=True, timeout=300, env=dict(os.environ, HF_HUB_OFFLINE="1"))
+
+
+def _text(rng: random.Random, paragraphs: int) -> bytes:
+    return "\n\n".join(_paragraph(rng) for _ in range(paragraphs)).encode()
+
+
+def test_a_few_undecodable_bytes_are_replaced_and_named(tmp_path: Path) -> None:
+    rng = random.Random(3)
+    good = _text(rng, 300)
+    result = _prepare_cli(tmp_path, {"a.txt": good[:5000] + b"\xff\xfe" + good[5000:], "b.txt": _text(rng, 300)})
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.count("a.txt: 2 undecodable bytes replaced by U+FFFD") == 1
+
+
+def test_a_file_that_is_not_utf8_is_refused_without_a_traceback(tmp_path: Path) -> None:
+    rng = random.Random(4)
+    latin1 = "\n\n".join(_paragraph(rng) + " café déjà vu à la carte" for _ in range(300)).encode("latin-1")
+    result = _prepare_cli(tmp_path, {"a.txt": latin1})
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert "a.txt" in result.stderr and "are not valid UTF-8" in result.stderr and "iconv" in result.stderr
+
+
+def test_an_empty_corpus_is_named_as_such(tmp_path: Path) -> None:
+    result = _prepare_cli(tmp_path, {"empty.txt": b"", "blank.jsonl": b""})
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert "holds no text: every document in it is empty" in result.stderr and "vocab_size" not in result.stderr
+
+
+def test_no_validation_tokens_is_refused_naming_val_every(tmp_path: Path) -> None:
+    rng = random.Random(5)
+    result = _prepare_cli(tmp_path, {"a.jsonl": "".join(json.dumps({"text": _paragraph(rng) * 20}) + "\n"
+                                                        for _ in range(30)).encode()}, val_every=1000)
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert "no validation tokens" in result.stderr and "lower val_every" in result.stderr
+    assert not (tmp_path / "data" / "meta.json").exists()
+
+
+# ---------------------------------------------------------------------- a flaky network
+def test_a_streamed_source_resumes_where_the_connection_dropped(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import datasets
+
+    from hf_pretrain.data import sources
+
+    rows = [{"text": f"document {i}"} for i in range(40)]
+    (tmp_path / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    real_load = datasets.load_dataset
+    loads = []
+    flaky = {"at_row": 15, "opens": 2}  # the connection drops at this row, the first `opens` times
+
+    class Flaky:
+        """A streamed dataset whose connection drops as `flaky` says."""
+
+        def __init__(self, dataset):
+            self.dataset = dataset
+
+        def __iter__(self):
+            for count, row in enumerate(self.dataset):
+                if len(loads) <= flaky["opens"] and count == flaky["at_row"]:
+                    raise ConnectionError("connection reset by peer")
+                yield row
+
+        def state_dict(self):
+            return self.dataset.state_dict()
+
+        def load_state_dict(self, state):
+            self.dataset.load_state_dict(state)
+
+    def fake_load(name, config=None, split=None, streaming=False):
+        loads.append(name)
+        return Flaky(real_load("json", data_files=str(tmp_path / "rows.jsonl"), split="train", streaming=True))
+
+    monkeypatch.setattr(datasets, "load_dataset", fake_load)
+    monkeypatch.setattr(sources, "HUB_BACKOFF_SECONDS", 0.01)
+    texts = list(iter_source(SourceConfig(kind="hub", name="someone/corpus")))
+    assert texts == [r["text"] for r in rows]  # nothing lost, nothing read twice
+    assert len(loads) == 3
+
+    monkeypatch.setattr(sources, "HUB_RETRIES", 1)
+    loads.clear()
+    flaky.update(at_row=0, opens=99)  # no progress at all: give up after the retries
+    with pytest.raises(SourceError, match="the network failed 2 times in a row .* it resumes"):
+        list(iter_source(SourceConfig(kind="hub", name="someone/corpus")))

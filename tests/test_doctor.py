@@ -21,6 +21,7 @@ from hf_pretrain.config import Recipe, load_recipe
 from hf_pretrain.data import PackedDataset
 from hf_pretrain.data import loader as loader_module
 from hf_pretrain.economics.memory import estimate_memory, layer_activation_bytes_per_token
+from hf_pretrain.formatting import human_bytes
 from hf_pretrain.model import recipe_tokenizer_size
 from hf_pretrain.preflight import CheckResult, PreflightError, format_table, preflight, run_checks
 from hf_pretrain.preflight.cost import check_cost, run_cost, run_hours
@@ -33,7 +34,6 @@ from hf_pretrain.preflight.data import (
 )
 from hf_pretrain.preflight.disk import check_disk_space, check_output_writable
 from hf_pretrain.preflight.gpu import check_bf16, check_cuda, check_memory, check_tf32
-from hf_pretrain.preflight.result import human_bytes
 from hf_pretrain.preflight.versions import check_versions
 from tests.helpers import ROOT, offline_env
 

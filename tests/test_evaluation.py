@@ -38,7 +38,7 @@ def fresh_export(exported, tmp_path):
 def test_eval_scores_local_arc_beside_the_references_and_fills_the_card(fresh_export, tmp_path):
     output = tmp_path / "results"
     assert evaluation.main(["--model", str(fresh_export), "--tasks", "arc_easy_local,arc_challenge_local",
-                            "--limit", "20", "--data-dir", str(ARC), "--output", str(output)]) == 0
+                            "--limit", "20", "--data_dir", str(ARC), "--output", str(output)]) == 0
     results = json.loads((output / "results.json").read_text())  # lm-eval's own
     for task in ("arc_easy_local", "arc_challenge_local"):
         assert results["n-samples"][task]["effective"] == 20
@@ -162,7 +162,7 @@ def test_comparison_table_never_sets_numbers_of_different_metrics_side_by_side()
 
 
 def test_local_tasks_say_which_data_they_need(tmp_path):
-    with pytest.raises(evaluation.EvalError, match="--data-dir"):
+    with pytest.raises(evaluation.EvalError, match="--data_dir"):
         evaluation.run_lm_eval(None, None, ["arc_easy_local"])
     with pytest.raises(evaluation.EvalError, match=r"needs .*-train\.jsonl .* does not exist"):
         evaluation.local_tasks(tmp_path / "empty", tmp_path / "tasks")

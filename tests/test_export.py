@@ -36,7 +36,7 @@ def exports(reference_run, tmp_path_factory):
     """The reference run exported twice, fp32 and bf16 (the default), through the command line."""
     run_dir, _ = reference_run
     root = tmp_path_factory.mktemp("exports")
-    common = ["--checkpoint", str(run_dir), "--hardware", "2 CPU cores", "--price-per-hour", "0.5"]
+    common = ["--checkpoint", str(run_dir), "--hardware", "2 CPU cores", "--price_per_hour", "0.5"]
     assert export.main([*common, "--out", str(root / "fp32"), "--dtype", "fp32"]) == 0
     assert export.main([*common, "--out", str(root / "bf16")]) == 0
     return root

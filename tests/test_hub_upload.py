@@ -60,7 +60,7 @@ def test_export_cli_pushes_through_hf_endpoint_and_the_files_load_again(referenc
            "HF_HOME": str(tmp_path / "hf_home")}
     out = tmp_path / "pushed"
     result = subprocess.run([sys.executable, "-m", "hf_pretrain.cli", "export", "--checkpoint", str(run_dir),
-                             "--out", str(out), "--push-to-hub", "me/tiny-llama", "--private"],
+                             "--out", str(out), "--push_to_hub", "me/tiny-llama", "--private"],
                             cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     log = result.stdout + result.stderr
     assert result.returncode == 0, log
@@ -97,16 +97,20 @@ def test_push_checkpoint_goes_to_a_step_branch(reference_run, exported, online, 
 def test_training_publishes_each_checkpoint_and_survives_a_refusal(reference_run, online):
     """The training loop's hook: a checkpoint goes to its `step-N` branch; a refused push only warns."""
     from hf_pretrain.config import build_recipe
-    from hf_pretrain.train import publish_checkpoint
+    from hf_pretrain.publish.side_jobs import SideJobs
 
     train_cfg = build_recipe({}, {"push_to_hub": "me/run", "push_checkpoints": True}).train
     said = []
-    publish_checkpoint(reference_run[0] / "checkpoints" / "step_00000012", 12, train_cfg, said.append)
+    side_jobs = SideJobs(train_cfg, log=said.append)
+    side_jobs.on_checkpoint_saved(reference_run[0] / "checkpoints" / "step_00000012", 12)
+    side_jobs.wait()
     assert "config.json" in online.state.repos["me/run"].branches["step-12"].files
     assert "pushed to" in said[-1]
     online.state.refuse_writes = True
-    publish_checkpoint(reference_run[0] / "checkpoints" / "step_00000008", 8, train_cfg, said.append)
+    side_jobs.on_checkpoint_saved(reference_run[0] / "checkpoints" / "step_00000008", 8)
+    side_jobs.wait()
     assert said[-1].startswith("warning: step 8 was not pushed") and TOKEN not in said[-1]
+    assert not list((reference_run[0] / "checkpoints").glob("*.pin"))  # the jobs' pinned copies are gone
 
 
 def test_a_refused_upload_fails_clearly_without_the_token_and_keeps_the_export(reference_run, online, tmp_path,
@@ -118,7 +122,7 @@ def test_a_refused_upload_fails_clearly_without_the_token_and_keeps_the_export(r
     monkeypatch.setattr(huggingface_hub.constants, "HF_TOKEN_PATH", str(login))  # set from HF_HOME at import
     online.state.refuse_writes = True
     out = tmp_path / "kept"
-    code = export.main(["--checkpoint", str(run_dir), "--out", str(out), "--push-to-hub", "me/refused"])
+    code = export.main(["--checkpoint", str(run_dir), "--out", str(out), "--push_to_hub", "me/refused"])
     captured = capsys.readouterr()
     assert code == 1
     assert "403" in captured.err and "me/refused" in captured.err
@@ -133,7 +137,7 @@ def test_offline_mode_fails_before_any_request(reference_run, hub, tmp_path, cap
     run_dir, _ = reference_run
     assert huggingface_hub.constants.HF_HUB_OFFLINE  # the test session runs offline
     out = tmp_path / "offline"
-    assert export.main(["--checkpoint", str(run_dir), "--out", str(out), "--push-to-hub", "me/offline"]) == 1
+    assert export.main(["--checkpoint", str(run_dir), "--out", str(out), "--push_to_hub", "me/offline"]) == 1
     assert "HF_HUB_OFFLINE" in capsys.readouterr().err
     assert hub.state.requests == []
     assert (out / "model.safetensors").is_file()

@@ -48,7 +48,8 @@ def test_1b_is_the_published_architecture():
     assert (m.num_hidden_layers, m.hidden_size, m.intermediate_size) == (16, 2048, 8192)
     assert (m.num_attention_heads, m.num_key_value_heads, m.rope_theta) == (32, 8, 500000.0)
     assert m.tie_word_embeddings and d.seq_len == 2048
-    assert recipe_tokenizer_size(recipe) == 32005
+    assert recipe_tokenizer_size(recipe) == 32002  # 32,000 BPE tokens + ChatML's two markers
+    assert d.special_tokens == ["<|im_start|>", "<|im_end|>"]  # one chat convention, not two
     assert t.global_batch_tokens == 131072 and recipe.grad_accum_steps(1) == 8
     assert t.max_steps == 90000 and t.compile and not t.gradient_checkpointing
     assert t.mixed_precision == "bf16"

@@ -14,7 +14,7 @@ from huggingface_hub import SpaceCard
 from hf_pretrain.config import DEFAULT_PROMPTS
 from hf_pretrain.publish.space import write_space
 from tests.helpers import ROOT, offline_env
-from tests.space_hub_standin import SpaceHubStandin
+from tests.hub_standin import HubStandIn
 from tests.test_demo import free_port, greedy_completion
 
 pytestmark = pytest.mark.filterwarnings("ignore:.*:Warning:gradio.queueing")  # gradio's own pandas deprecations
@@ -23,6 +23,7 @@ TEMPLATE = ROOT / "hf_pretrain" / "publish" / "space_template" / "app.py"
 # What a Space provides to app.py: the standard library, the gradio SDK (with huggingface_hub) and
 # requirements.txt.
 SPACE_MODULES = set(sys.stdlib_module_names) | {"gradio", "huggingface_hub", "torch", "transformers"}
+TOKEN = "hf_standinToken0123456789"
 
 
 def hf_pretrain_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
@@ -85,22 +86,42 @@ def test_the_space_app_serves_a_local_model_from_its_own_folder(reference_run, t
         server.wait(timeout=30)
 
 
+def push_env(hub: HubStandIn, tmp_path, offline: bool = False) -> dict[str, str]:
+    return dict(offline_env(), HF_ENDPOINT=hub.url, HF_HUB_OFFLINE="1" if offline else "0", HF_TOKEN=TOKEN,
+                HF_HOME=str(tmp_path / "hf_home"), HF_HUB_DISABLE_TELEMETRY="1")
+
+
 def test_push_creates_a_gradio_space_and_uploads_the_folder(tmp_path):
-    with SpaceHubStandin() as hub:
-        env = dict(offline_env(), HF_ENDPOINT=hub.url, HF_HUB_OFFLINE="0", HF_TOKEN="hf_standin_token",
-                   HF_HOME=str(tmp_path / "hf_home"), HF_HUB_DISABLE_TELEMETRY="1")
+    with HubStandIn(TOKEN) as hub:
         result = hf_pretrain_cli("space", "--model", "me/llama", "--out", str(tmp_path / "space"),
-                                 "--push", "me/llama-demo", env=env)
+                                 "--push", "me/llama-demo", env=push_env(hub, tmp_path))
     assert result.returncode == 0, result.stderr
-    assert "pushed: " in result.stdout
-    assert hub.record.unexpected == []
-    [created] = hub.record.created
+    assert f"pushed: {hub.url}/spaces/me/llama-demo/commit/" in result.stdout
+    assert hub.state.unexpected == []
+    [created] = hub.state.created
     assert created == {"organization": "me", "name": "llama-demo", "type": "space", "sdk": "gradio"}
-    assert set(hub.record.authorization) == {"Bearer hf_standin_token"}
-    [commit] = hub.record.commits
+    assert set(hub.state.authorization) == {f"Bearer {TOKEN}"}
+    [commit] = hub.state.commits
     assert commit["repo"] == "me/llama-demo"
     written = {p.name: p.read_bytes() for p in (tmp_path / "space").iterdir()}
     assert commit["files"] == written
+
+
+def test_a_space_push_goes_through_the_one_upload_path(tmp_path):
+    """push_folder's offline check and token scrubbing hold for Spaces too; the folder stays for a later push."""
+    with HubStandIn(TOKEN) as hub:
+        offline = hf_pretrain_cli("space", "--model", "me/llama", "--out", str(tmp_path / "space"),
+                                  "--push", "me/llama-demo", env=push_env(hub, tmp_path, offline=True))
+        assert offline.returncode == 1 and "HF_HUB_OFFLINE" in offline.stderr
+        assert hub.state.requests == []  # refused before any request
+        hub.state.refuse_writes = True
+        refused = hf_pretrain_cli("space", "--model", "me/llama", "--out", str(tmp_path / "space"),
+                                  "--push", "me/llama-demo", env=push_env(hub, tmp_path))
+    assert refused.returncode == 1
+    assert "me/llama-demo" in refused.stderr and "hf upload me/llama-demo" in refused.stderr
+    assert hub.state.requests  # the refusal came from the stand-in, which repeats the token in its message
+    assert TOKEN not in refused.stdout + refused.stderr
+    assert (tmp_path / "space" / "app.py").is_file()
 
 
 def test_a_model_that_is_not_a_repo_id_is_refused(tmp_path):

@@ -12,6 +12,7 @@ import json
 import random
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -23,7 +24,7 @@ from safetensors.torch import load_file
 
 from hf_pretrain.run_dir import read_jsonl
 from hf_pretrain.training.checkpoint import CheckpointError, verify_checkpoint
-from hf_pretrain.training.signals import EXIT_DIVERGED, EXIT_PREEMPTED, EXIT_SAVE_FAILED
+from hf_pretrain.training.guards import EXIT_DIVERGED, EXIT_PREEMPTED, EXIT_SAVE_FAILED
 from tests.helpers import ROOT, SHORT_RUN, launch_training, offline_env
 
 MIN_KILLS = 10
@@ -193,6 +194,57 @@ def test_full_disk_during_save_keeps_the_previous_checkpoint(smoke_data, tmp_pat
     assert not (run_dir / "checkpoints" / "step_00000008.tmp").exists()
     log = launch_training(smoke_data, run_dir)  # the disk has room again: resume and finish
     assert "at step 4" in log and (run_dir / "final").exists()
+
+
+def start_process(data_dir: Path, run_dir: Path, process: int, port: int, faults: str, **overrides) -> subprocess.Popen:
+    """Process `process` of a two-process CPU job, with the environment torchrun would give it, so
+    that each process's exit code and output can be read on their own."""
+    args = {**SHORT_RUN, "data_dir": data_dir, "output_dir": run_dir, **overrides}
+    cmd = [sys.executable, str(ROOT / "hf_pretrain" / "train.py"), "--recipe", "smoke"]
+    for key, value in args.items():
+        cmd += [f"--{key}", str(value)]
+    env = {**offline_env(), "HF_PRETRAIN_FAULTS": faults, "ACCELERATE_USE_CPU": "true", "MASTER_ADDR": "127.0.0.1",
+           "MASTER_PORT": str(port), "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2", "RANK": str(process),
+           "LOCAL_RANK": str(process)}
+    return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("failing", [0, 1])
+def test_a_save_failure_on_one_process_ends_every_process_with_exit_74(smoke_data, tmp_path, failing):
+    run_dir = tmp_path / "run"
+    port = free_port()
+    processes = [start_process(smoke_data, run_dir, p, port, f"disk-full@{failing}:8") for p in (0, 1)]
+    deadline = time.monotonic() + 300
+    try:
+        outputs = [p.communicate(timeout=max(1.0, deadline - time.monotonic()))[0] for p in processes]
+    except subprocess.TimeoutExpired:
+        for p in processes:
+            p.kill()
+        pytest.fail(f"a process still ran 300 s after the disk-full fault on process {failing}: one was left waiting")
+    assert [p.returncode for p in processes] == [EXIT_SAVE_FAILED, EXIT_SAVE_FAILED], outputs[0][-2000:] + outputs[1][-2000:]
+    message = next(line for line in outputs[0].splitlines() if line.startswith("stopped: "))
+    assert f"failed on process {failing}: No space left on device" in message and "step_00000004 is intact" in message
+    assert f"[process 1] {message}" in outputs[1].splitlines()  # the same words in each process's log
+    assert complete_steps(run_dir) == [4]
+    assert not (run_dir / "checkpoints" / "step_00000008.tmp").exists()
+
+
+@pytest.mark.slow
+def test_a_save_failure_ends_a_launched_two_process_job(smoke_data, tmp_path):
+    """The same through `accelerate launch`: the job ends (no process left waiting) with the reason."""
+    run_dir = tmp_path / "launched"
+    log = launch_training(smoke_data, run_dir, processes=2, check=False, timeout=300,
+                          env={"HF_PRETRAIN_FAULTS": "disk-full@0:8"})
+    assert "stopped: saving the step 8 checkpoint" in log and "No space left on device" in log, log[-3000:]
+    assert "exitcode  : 74" in log  # torchrun's summary of the failed processes
+    assert complete_steps(run_dir) == [4]
 
 
 @pytest.mark.slow

@@ -22,14 +22,14 @@ import shutil
 import time
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from importlib import metadata
 from itertools import islice
 from pathlib import Path
 from typing import Any, NamedTuple
 
 import numpy as np
-from tokenizers import Encoding, Tokenizer
+from tokenizers import Tokenizer
 from transformers import PreTrainedTokenizerFast
 
 from hf_pretrain.config import Recipe
@@ -42,6 +42,7 @@ from hf_pretrain.data.tokenizer import (
     tokenizer_hash,
     train_tokenizer,
 )
+from hf_pretrain.data.verify import ShardCorruptError, verify_shards
 
 FORMAT_VERSION = 1
 META_FILE = "meta.json"
@@ -53,6 +54,9 @@ SPLIT_PREFIX = {"train": "train", "validation": "val"}
 # core, small enough that the text of one batch stays a few MB.
 BATCH_DOCUMENTS = 1024
 BATCH_CHARS = 8_000_000
+# The Rust pre-tokenizer holds about 110 bytes per character of the text it encodes at once, so a
+# 50 MB one-line document would need gigabytes; longer documents are encoded in pieces this long.
+PIECE_CHARS = 100_000
 
 
 class DataMismatchError(RuntimeError):
@@ -159,6 +163,23 @@ class SplitWriter:
 
 
 # ---------------------------------------------------------------------- the tokenizing pass
+def split_long_text(text: str, piece_chars: int = PIECE_CHARS) -> list[str]:
+    """`text` in pieces of at most about `piece_chars`, cut before a single space between two
+    non-space characters where there is one: GPT-2's pre-tokenizer starts a new word there, so the
+    pieces encode to exactly the tokens of the whole (merges never cross a word)."""
+    pieces, start = [], 0
+    while len(text) - start > piece_chars:
+        end = start + piece_chars
+        cut = text.rfind(" ", start + piece_chars // 2, end)
+        while cut > start and (text[cut - 1].isspace() or cut + 1 >= len(text) or text[cut + 1].isspace()):
+            cut = text.rfind(" ", start + piece_chars // 2, cut)
+        cut = cut if cut > start else end  # no word boundary at all: cut anywhere (tokens may differ there)
+        pieces.append(text[start:cut])
+        start = cut
+    pieces.append(text[start:])
+    return pieces
+
+
 def _document_encoder(tokenizer: PreTrainedTokenizerFast) -> Tokenizer:
     """A copy of the backend that reads special-token strings inside documents as plain text,
     so a document quoting `<|endoftext|>` cannot forge a document boundary."""
@@ -200,9 +221,9 @@ class ShardPass:
         # The Rust tokenizer encodes one batch (without the GIL) while this thread reads the next
         # documents and stores the previous batch's tokens, so the Python side hides behind it.
         with ThreadPoolExecutor(max_workers=1) as encoder_thread:
-            previous: tuple[list[_Document], Future[list[Encoding]]] | None = None
+            previous: tuple[list[_Document], Future[list[list[int]]]] | None = None
             for batch in self._batches():
-                encodings = encoder_thread.submit(self.encode, [d.text for d in batch], add_special_tokens=False)
+                encodings = encoder_thread.submit(self._encode_documents, [d.text for d in batch])
                 if previous is not None:
                     self._store(*previous)
                 previous = batch, encodings
@@ -232,12 +253,31 @@ class ShardPass:
         if batch:
             yield batch
 
-    def _store(self, batch: list[_Document], encodings: Future[list[Encoding]]) -> None:
+    def _encode_documents(self, texts: list[str]) -> list[list[int]]:
+        """Token ids of each text, long ones encoded piece by piece so memory stays bounded."""
+        pieces, owners = [], []
+        for owner, text in enumerate(texts):
+            for piece in split_long_text(text) if len(text) > PIECE_CHARS else [text]:
+                pieces.append(piece)
+                owners.append(owner)
+        ids: list[list[int]] = [[] for _ in texts]
+        start = 0
+        while start < len(pieces):  # at most BATCH_CHARS per call into Rust, however the text was cut
+            end, chars = start + 1, len(pieces[start])
+            while end < len(pieces) and chars + len(pieces[end]) <= BATCH_CHARS:
+                chars += len(pieces[end])
+                end += 1
+            for owner, encoding in zip(owners[start:end], self.encode(pieces[start:end], add_special_tokens=False),
+                                       strict=True):
+                ids[owner].extend(encoding.ids)
+            start = end
+        return ids
+
+    def _store(self, batch: list[_Document], encodings: Future[list[list[int]]]) -> None:
         """Queue each document's tokens plus EOS in its split, up to the token budget."""
-        for document, encoding in zip(batch, encodings.result(), strict=True):
+        for document, token_ids in zip(batch, encodings.result(), strict=True):
             if self.stop_at is not None and document.index >= self.stop_at:
                 return
-            token_ids = encoding.ids
             ids = np.empty(len(token_ids) + 1, dtype=self.dtype)
             ids[:-1] = token_ids
             ids[-1] = self.eos_id
@@ -277,6 +317,12 @@ def prepare(recipe: Recipe, log: Callable[[str], None] = print) -> Path:
     tokenizer, progress = _tokenizer_and_progress(recipe, data_dir, fingerprint, log)
     shard_pass = ShardPass(recipe, tokenizer, data_dir, progress, log)
     writers = shard_pass.run()
+    if writers["validation"].tokens == 0:
+        raise DataMismatchError(
+            f"{data_dir}: no validation tokens: every val_every={recipe.data.val_every}th document is held out and "
+            f"the {writers['train'].documents:,} documents read"
+            + (f" (max_tokens={recipe.data.max_tokens:,} stopped the reading)" if recipe.data.max_tokens else "")
+            + " include none; lower val_every" + (" or raise max_tokens" if recipe.data.max_tokens else ""))
     # meta.json last: its presence is what marks the folder complete.
     _write_json_atomically(data_dir / META_FILE, _meta(recipe, tokenizer, progress, writers))
     (data_dir / PROGRESS_FILE).unlink(missing_ok=True)
@@ -349,7 +395,9 @@ def _fresh_tokenizer(recipe: Recipe, data_dir: Path, log: Callable[[str], None])
         texts: Iterable[str] = (text for _, text in mixture(recipe))
         if limit:
             texts = islice(texts, limit)
-        tokenizer = train_tokenizer(texts, d.vocab_size, d.special_tokens)
+        # long documents in pieces here too: fitting pre-tokenizes them just like encoding does
+        pieces = (piece for text in texts for piece in (split_long_text(text) if len(text) > PIECE_CHARS else [text]))
+        tokenizer = train_tokenizer(pieces, d.vocab_size, d.special_tokens)
     else:
         log(f"using the tokenizer at {d.tokenizer}")
         tokenizer = load_pretrained_tokenizer(d.tokenizer)
@@ -378,7 +426,7 @@ def _meta(recipe: Recipe, tokenizer: PreTrainedTokenizerFast, progress: dict[str
     return {
         "format_version": FORMAT_VERSION,
         "created_by": f"hf-pretrain {_package_version()}",
-        "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "created_at": datetime.now(UTC).isoformat(timespec="seconds"),
         "data_fingerprint": progress["data_fingerprint"],
         "tokenizer_hash": progress["tokenizer_hash"],
         "vocab_size": len(tokenizer),
@@ -417,8 +465,13 @@ def shard_paths(data_dir: str | Path, meta: dict[str, Any], split: str) -> list[
     return paths
 
 
-def check_prepared_data(recipe: Recipe) -> dict[str, Any]:
-    """meta.json of the recipe's data_dir, after checking it fits the recipe and the saved tokenizer."""
+def check_prepared_data(recipe: Recipe, verify: str = "recorded", progress: bool = False) -> dict[str, Any]:
+    """meta.json of the recipe's data_dir, after checking it fits the recipe and the saved tokenizer.
+
+    `verify` checks the shards' bytes (SHA-256, token ids below the vocabulary): `recorded` trusts
+    a verification recorded beside the data that still matches the files, `full` hashes every
+    shard again, `none` only checks sizes.
+    """
     data_dir = Path(recipe.data.data_dir)
     meta_file = data_dir / META_FILE
     meta = read_meta(data_dir, recipe.name)
@@ -457,4 +510,9 @@ def check_prepared_data(recipe: Recipe) -> dict[str, Any]:
                        "one sample of seq_len + 1 tokens; lower val_every or add documents")
     for split in SPLIT_PREFIX:
         shard_paths(data_dir, meta, split)
+    if verify != "none":
+        try:
+            verify_shards(data_dir, meta, trust_recorded=verify == "recorded", progress=progress)
+        except ShardCorruptError as exc:
+            raise DataMismatchError(str(exc)) from None
     return meta

@@ -10,7 +10,9 @@ import glob
 import json
 import random
 import re
+import sys
 import sysconfig
+import time
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
@@ -28,8 +30,32 @@ TXT_SPLIT_BYTES = 1_000_000
 _BLANK_LINES = re.compile(r"\n(?:[ \t\f\v]*\n)+")
 
 
+# A file with more undecodable bytes than this share is not UTF-8 text (another encoding, a binary):
+# refused. Below it, each bad byte becomes U+FFFD and the file is named once on stderr.
+MAX_UNDECODABLE_SHARE = 0.001
+
+
 class SourceError(ValueError):
     """A source that cannot be read as described by the recipe."""
+
+
+_reported_undecodable: set[Path] = set()
+
+
+def decode_utf8(data: bytes, where: Path) -> str:
+    """`data` as text; undecodable bytes become U+FFFD, are counted, and refused above the threshold."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        pass
+    bad = len(data) - len(data.decode("utf-8", errors="ignore").encode("utf-8"))
+    if bad > MAX_UNDECODABLE_SHARE * len(data):
+        raise SourceError(f"{where}: {bad:,} of {len(data):,} bytes are not valid UTF-8 ({bad / len(data):.1%}); it is "
+                          f"not UTF-8 text: convert it (e.g. `iconv -f latin1 -t utf-8`) or leave it out of `paths`")
+    if where not in _reported_undecodable:  # `prepare` reads the mixture twice (tokenizer, shards): say it once
+        _reported_undecodable.add(where)
+        print(f"warning: {where}: {bad:,} undecodable bytes replaced by U+FFFD", file=sys.stderr)
+    return data.decode("utf-8", errors="replace")
 
 
 # ---------------------------------------------------------------------- builtin corpora
@@ -72,8 +98,9 @@ def expand_globs(patterns: list[str]) -> list[Path]:
 
 
 def _jsonl_documents(path: Path, column: str) -> Iterator[str]:
-    with path.open(encoding="utf-8") as lines:
-        for number, line in enumerate(lines, start=1):
+    with path.open("rb") as raw_lines:
+        for number, raw in enumerate(raw_lines, start=1):
+            line = decode_utf8(raw, Path(f"{path}:{number}"))
             if not line.strip():
                 continue
             try:
@@ -96,8 +123,8 @@ def _parquet_documents(path: Path, column: str) -> Iterator[str]:
 
 
 def _text_documents(path: Path) -> Iterator[str]:
-    # utf-8-sig drops a byte-order mark, which would otherwise start the first document.
-    text = path.read_text(encoding="utf-8-sig", errors="replace")
+    text = decode_utf8(path.read_bytes(), path).removeprefix("\ufeff")  # a byte-order mark is no text
+    text = text.replace("\r\n", "\n").replace("\r", "\n")  # universal newlines, as text mode reads
     if path.suffix != ".txt":
         yield text
     elif EOS_TOKEN in text:
@@ -119,18 +146,58 @@ def _file_documents(files: list[Path], column: str) -> Iterator[str]:
 
 
 # ---------------------------------------------------------------------- Hugging Face Hub
+# A streamed Hub source survives this many network failures in a row, waiting 2, 4, 8 ... seconds.
+HUB_RETRIES = 5
+HUB_BACKOFF_SECONDS = 2.0
+
+
+def _is_transient(exc: BaseException) -> bool:
+    """A network failure worth retrying (a dropped connection, a timeout, a 5xx), not a bad request."""
+    if isinstance(exc, (ConnectionError, TimeoutError)):
+        return True
+    name = type(exc).__name__
+    status = getattr(getattr(exc, "response", None), "status_code", None)
+    return name in ("ConnectError", "ReadTimeout", "RemoteProtocolError", "ChunkedEncodingError", "ReadError") \
+        or (isinstance(status, int) and status >= 500)
+
+
 def _hub_documents(source: SourceConfig) -> Iterator[str]:
+    """The rows' text. A streamed source that loses its connection resumes where it was
+    (`IterableDataset.state_dict()`), after a growing wait, instead of failing the whole prepare."""
     import datasets
 
-    rows = datasets.load_dataset(source.name, source.config, split=source.split, streaming=source.streaming)
-    for row in rows:
-        if source.column not in row:
-            raise SourceError(
-                f"hub dataset `{source.name}` has no column `{source.column}`; available columns: "
-                f"{', '.join(sorted(row))}. Some code corpora carry only blob ids that point to files stored "
-                f"elsewhere, not the text itself: choose a dataset (or set `column`) that holds the text"
-            )
-        yield row[source.column]
+    def load():
+        return datasets.load_dataset(source.name, source.config, split=source.split, streaming=source.streaming)
+
+    rows, position, failures = load(), None, 0
+    while True:
+        try:
+            for row in rows:
+                if source.column not in row:
+                    raise SourceError(
+                        f"hub dataset `{source.name}` has no column `{source.column}`; available columns: "
+                        f"{', '.join(sorted(row))}. Some code corpora carry only blob ids that point to files "
+                        f"stored elsewhere, not the text itself: choose a dataset (or set `column`) that holds the text"
+                    )
+                failures = 0
+                if source.streaming and hasattr(rows, "state_dict"):  # datasets' IterableDataset
+                    position = rows.state_dict()
+                yield row[source.column]
+            return
+        except Exception as exc:
+            if not (source.streaming and _is_transient(exc)) or failures >= HUB_RETRIES:
+                if _is_transient(exc):
+                    raise SourceError(f"hub dataset `{source.name}`: the network failed {failures + 1} times in a "
+                                      f"row ({type(exc).__name__}: {exc}); rerun `prepare` later: it resumes") from exc
+                raise
+            wait = HUB_BACKOFF_SECONDS * 2**failures
+            failures += 1
+            print(f"warning: hub dataset `{source.name}`: {type(exc).__name__}: {exc}; retrying in {wait:.0f}s "
+                  f"({failures}/{HUB_RETRIES})", file=sys.stderr)
+            time.sleep(wait)
+            rows = load()
+            if position is not None:
+                rows.load_state_dict(position)
 
 
 # ---------------------------------------------------------------------- one source, the mixture
@@ -148,10 +215,10 @@ def iter_source(source: SourceConfig) -> Iterator[str]:
         texts = _hub_documents(source)
     else:
         raise SourceError(f"unknown source kind `{source.kind}`; valid kinds: builtin, files, hub")
-    return _non_empty(texts, source.max_documents)
+    return _non_empty(texts, source.max_documents, source)
 
 
-def _non_empty(texts: Iterable[str], max_documents: int) -> Iterator[str]:
+def _non_empty(texts: Iterable[str], max_documents: int, source: SourceConfig) -> Iterator[str]:
     count = 0
     for text in texts:
         # Empty documents carry nothing to learn and would leave bare end-of-text tokens in the data.
@@ -161,6 +228,9 @@ def _non_empty(texts: Iterable[str], max_documents: int) -> Iterator[str]:
         count += 1
         if count == max_documents:
             return
+    if count == 0:
+        where = ", ".join(source.paths) if source.kind == "files" else source.name
+        raise SourceError(f"the {source.kind} source `{where}` holds no text: every document in it is empty")
 
 
 def normalised_weights(sources: list[SourceConfig]) -> list[float]:

@@ -15,6 +15,9 @@ from transformers import AutoTokenizer, PreTrainedTokenizerFast
 EOS_TOKEN = "<|endoftext|>"
 # Folder inside data_dir; `AutoTokenizer.from_pretrained(data_dir / TOKENIZER_DIR)` loads it.
 TOKENIZER_DIR = "tokenizer"
+# What the model's forward takes. Saved in tokenizer_config.json: without it transformers 4.x also
+# returns `token_type_ids`, and `model.generate(**tokenizer(prompt, return_tensors="pt"))` fails.
+MODEL_INPUT_NAMES = ["input_ids", "attention_mask"]
 # Documents handed to the BPE trainer per call into Rust (one call per document is much slower).
 _TRAIN_BATCH = 1000
 
@@ -27,7 +30,8 @@ def _batches(texts: Iterable[str], size: int) -> Iterator[list[str]]:
 
 def _wrap(backend: Tokenizer) -> PreTrainedTokenizerFast:
     return PreTrainedTokenizerFast(
-        tokenizer_object=backend, bos_token=EOS_TOKEN, eos_token=EOS_TOKEN, unk_token=EOS_TOKEN, pad_token=EOS_TOKEN
+        tokenizer_object=backend, bos_token=EOS_TOKEN, eos_token=EOS_TOKEN, unk_token=EOS_TOKEN, pad_token=EOS_TOKEN,
+        model_input_names=MODEL_INPUT_NAMES,
     )
 
 
@@ -72,6 +76,7 @@ def load_pretrained_tokenizer(path: str | Path) -> PreTrainedTokenizerFast:
         raise ValueError(f"tokenizer in {path} is not a fast (Rust `tokenizers`) tokenizer; save it with a tokenizer.json")
     if tokenizer.eos_token_id is None:
         raise ValueError(f"tokenizer in {path} has no eos_token; documents need one to be separated")
+    tokenizer.model_input_names = MODEL_INPUT_NAMES  # saved with every checkpoint's tokenizer
     return tokenizer
 
 

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from hf_pretrain.config import TrainConfig
+from hf_pretrain.run_dir import RunDir
 
 
 @dataclass
@@ -122,9 +123,11 @@ def cost_record(record: dict[str, Any], train: TrainConfig) -> dict[str, float]:
 
 
 def write_phase_table(out: Path, records: list[dict[str, Any]], phases: list[Phase], price_per_hour: float) -> str:
-    """Rows for the phases that have ended, kept as phases.json and phases.md; returns the table."""
+    """Rows for the phases that have ended, kept as phases.json and phases.md of the run folder `out`;
+    returns the table."""
     rows = [phase_row(records, phase, price_per_hour) for phase in phases]
-    (out / "phases.json").write_text(json.dumps([r.to_dict() for r in rows], indent=1))
+    run = RunDir(out)
+    run.phases_json.write_text(json.dumps([r.to_dict() for r in rows], indent=1))
     table = markdown_table(rows)
-    (out / "phases.md").write_text(table)
+    run.phases_md.write_text(table)
     return table

@@ -1,7 +1,7 @@
 """`hf-pretrain plan`: tokens, FLOPs, time and money of a run before it starts, on 1..N GPUs.
 
     hf-pretrain plan --recipe 1b --gpu H100
-    hf-pretrain plan --params 1.04e9 --tokens 20e9 --tokens-per-s 40000 --price 2.99 --max-gpus 8 --json
+    hf-pretrain plan --params 1.04e9 --tokens 20e9 --tokens_per_s 40000 --price_per_gpu_hour 2.99 --max_gpus 8 --json
 
 Every number comes from a pure function below, so the tests check them against hand-computed
 values. The multi-GPU model is deliberately simple and pessimistic: data parallelism with one ring
@@ -18,9 +18,10 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from hf_pretrain.config import RecipeError, load_recipe
+from hf_pretrain.config import CommandParser, RecipeError, load_recipe
 from hf_pretrain.economics.cost import dollars_per_billion_tokens
 from hf_pretrain.economics.prices import PriceError, load_prices
+from hf_pretrain.formatting import human_count, usd
 from hf_pretrain.hardware import best_match, peak_flops_for_name
 from hf_pretrain.model import recipe_flops_per_token
 
@@ -144,10 +145,10 @@ def make_plan(args: argparse.Namespace) -> Plan:
     gpu = None
     if args.gpu:
         gpu = best_match(args.gpu, prices) or args.gpu
-    price = args.price or (prices.get(gpu) if gpu else None) or recipe_price or None
+    price = args.price_per_gpu_hour or (prices.get(gpu) if gpu else None) or recipe_price or None
 
     if args.tokens_per_s:
-        rate, rate_source = args.tokens_per_s, "--tokens-per-s"
+        rate, rate_source = args.tokens_per_s, "--tokens_per_s"
     elif recipe_rate:
         rate, rate_source = recipe_rate, "the recipe's expected_tokens_per_s"
     elif gpu and peak_flops_for_name(gpu):
@@ -157,7 +158,7 @@ def make_plan(args: argparse.Namespace) -> Plan:
                        f"measure it with `hf-pretrain bench`")
     else:
         known = f" (known: {', '.join(prices)})" if gpu else ""
-        raise ValueError(f"no throughput: give --tokens-per-s, or --gpu with a GPU whose peak is known{known}")
+        raise ValueError(f"no throughput: give --tokens_per_s, or --gpu with a GPU whose peak is known{known}")
 
     gbps = args.interconnect_gbps or INTERCONNECT_GBPS[args.interconnect]
     gradient_bytes = args.gradient_bytes * n_params
@@ -178,17 +179,9 @@ def make_plan(args: argparse.Namespace) -> Plan:
 
 
 # ---------------------------------------------------------------------- printing
-def human_count(x: float) -> str:
-    """1.04B, 350M, 20.8B: parameters and tokens the way people say them."""
-    for unit, size in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):
-        if abs(x) >= size:
-            return f"{x / size:.3g}{unit}"
-    return f"{x:.3g}"
-
-
 def format_plan(plan: Plan) -> str:
-    price = f"${plan.price_per_gpu_hour:,.2f}/h per GPU" if plan.price_per_gpu_hour else "price unknown (--price)"
-    per_billion = (f", ${plan.usd_per_billion_tokens:,.2f} per billion tokens"
+    price = f"{usd(plan.price_per_gpu_hour)}/h per GPU" if plan.price_per_gpu_hour else "price unknown (--price_per_gpu_hour)"
+    per_billion = (f", {usd(plan.usd_per_billion_tokens)} per billion tokens"
                    if plan.usd_per_billion_tokens is not None else "")
     lines = [
         f"model: {human_count(plan.parameters)} parameters ({plan.source}), {plan.flops_per_token / 1e9:,.2f} GFLOP "
@@ -216,31 +209,34 @@ def format_plan(plan: Plan) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="hf-pretrain plan", description=__doc__.split("\n")[0], allow_abbrev=False)
+    # `--price` was this command's $/GPU-hour while `bench --price` took NAME=USD: one name, one meaning.
+    parser = CommandParser(prog="hf-pretrain plan", description=__doc__.split("\n")[0], epilog=__doc__.split("\n", 1)[1],
+                           renamed={"--price": "--price_per_gpu_hour"})
     model = parser.add_mutually_exclusive_group(required=True)
     model.add_argument("--recipe", help="recipe name or YAML path: parameters from a meta-device build")
     model.add_argument("--params", type=float, help="parameter count, e.g. 1.04e9 (FLOPs per token then 6N)")
     parser.add_argument("--tokens", type=float,
-                        help="token budget (default: the recipe's max_steps x global_batch_tokens, else 20 x params)")
-    parser.add_argument("--global-batch-tokens", type=int,
-                        help=f"tokens per optimizer step (default: the recipe's, else {DEFAULT_GLOBAL_BATCH_TOKENS:,})")
+                        help="token budget (unset: the recipe's max_steps x global_batch_tokens, else 20 x params)")
+    parser.add_argument("--global_batch_tokens", type=int,
+                        help=f"tokens per optimizer step (unset: the recipe's, else {DEFAULT_GLOBAL_BATCH_TOKENS:,})")
     parser.add_argument("--gpu", help="a GPU from the price table (its price and datasheet peak), e.g. H100")
-    parser.add_argument("--prices", help="price table YAML (default: the shipped hf_pretrain/prices.yaml)")
-    parser.add_argument("--price", type=float, help="$ per GPU-hour (default: the --gpu entry, else the recipe's)")
-    parser.add_argument("--tokens-per-s", type=float,
-                        help="measured tokens/s of one GPU (default: the recipe's expected_tokens_per_s, else "
+    parser.add_argument("--prices", help="price table YAML (unset: the shipped hf_pretrain/economics/prices.yaml)")
+    parser.add_argument("--price_per_gpu_hour", type=float,
+                        help="$ per GPU-hour (unset: the --gpu entry, else the recipe's price_per_hour)")
+    parser.add_argument("--tokens_per_s", type=float,
+                        help="measured tokens/s of one GPU (unset: the recipe's expected_tokens_per_s, else "
                              "--gpu's peak x --mfu)")
     parser.add_argument("--mfu", type=float, default=DEFAULT_MFU,
-                        help=f"assumed model FLOPs utilisation with --gpu and no measured rate (default {DEFAULT_MFU})")
-    parser.add_argument("--max-gpus", type=int, default=8, help="table rows for 1..N GPUs (default 8)")
+                        help="assumed model FLOPs utilisation with --gpu and no measured rate")
+    parser.add_argument("--max_gpus", type=int, default=8, help="table rows for 1..N GPUs")
     parser.add_argument("--interconnect", choices=sorted(INTERCONNECT_GBPS), default="nvlink",
                         help="link between the GPUs: " + ", ".join(f"{k} {v:,.0f} Gbit/s"
                                                                    for k, v in INTERCONNECT_GBPS.items()))
-    parser.add_argument("--interconnect-gbps", type=float,
+    parser.add_argument("--interconnect_gbps", type=float,
                         help="link rate in Gbit/s per GPU, one direction (overrides --interconnect)")
-    parser.add_argument("--gradient-bytes", type=float, default=GRADIENT_BYTES_PER_PARAMETER,
-                        help="bytes per parameter all-reduced each step (default 4: fp32 gradients; 2 with a "
-                             "bf16 compression hook)")
+    parser.add_argument("--gradient_bytes", type=float, default=GRADIENT_BYTES_PER_PARAMETER,
+                        help="bytes per parameter all-reduced each step (4: fp32 gradients; 2 with a bf16 "
+                             "compression hook)")
     parser.add_argument("--json", action="store_true", help="print the plan as JSON")
     return parser
 
@@ -248,12 +244,12 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    for name in ("params", "tokens", "tokens_per_s", "price", "mfu", "interconnect_gbps", "gradient_bytes"):
+    for name in ("params", "tokens", "tokens_per_s", "price_per_gpu_hour", "mfu", "interconnect_gbps", "gradient_bytes"):
         value = getattr(args, name)
         if value is not None and value <= 0:
-            parser.error(f"--{name.replace('_', '-')} must be positive")
+            parser.error(f"--{name} must be positive")
     if args.max_gpus < 1:
-        parser.error("--max-gpus must be at least 1")
+        parser.error("--max_gpus must be at least 1")
     try:
         plan = make_plan(args)
     except (RecipeError, PriceError, ValueError) as exc:

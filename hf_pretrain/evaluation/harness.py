@@ -2,7 +2,7 @@
 
     hf-pretrain eval --model exports/1b                        # the default zero-shot suite (eval/suites/default.yaml)
     hf-pretrain eval --model exports/1b --tasks arc_easy,hellaswag --limit 200
-    hf-pretrain eval --model exports/1b --tasks arc_easy_local,arc_challenge_local --data-dir ../shared/data/arc
+    hf-pretrain eval --model exports/1b --tasks arc_easy_local,arc_challenge_local --data_dir ../shared/data/arc
     hf-pretrain eval --model exports/1b --tasks none --text held_out.txt    # perplexity and bits per byte only
 
 `--model` is an exported folder, a Hub repo id, a run folder or a checkpoint. Results go to
@@ -13,7 +13,6 @@ the scores also go into its model card (`model-index` and the Evaluation section
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import tempfile
@@ -24,16 +23,16 @@ import torch
 import yaml
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from hf_pretrain.config import CommandParser
 from hf_pretrain.evaluation.scores import EVAL_DIR, comparison_table, eval_results, load_references, scores_from_results
 from hf_pretrain.hardware import inference_device_and_dtype
 from hf_pretrain.publish.export import ExportError, is_training_output, load_checkpoint_model, resolve_checkpoint
 from hf_pretrain.publish.model_card import write_eval_section
-from hf_pretrain.run_dir import JsonlWriter
+from hf_pretrain.run_dir import JsonlWriter, RunDir
 
 SUITES_DIR = EVAL_DIR / "suites"
 LOCAL_TASKS_DIR = EVAL_DIR / "tasks"
 BITS_PER_BYTE_METRIC = EVAL_DIR / "metrics" / "bits_per_byte"
-BENCHMARKS = "benchmarks.jsonl"
 # lm-eval's automatic batch size probes for CUDA out-of-memory; on a CPU it would try batches of
 # up to 64 full-length sequences, so the CPU gets a fixed batch instead.
 CPU_BATCH_SIZE = 8
@@ -65,7 +64,7 @@ def local_tasks(data_dir: Path, into: Path) -> Path:
             path = (data_dir / name).resolve()
             if not path.is_file():
                 raise EvalError(f"task {config['task']} needs {path} (split {split}), which does not exist; "
-                                f"--data-dir must hold {', '.join(data_files.values())}")
+                                f"--data_dir must hold {', '.join(data_files.values())}")
             data_files[split] = str(path)
         (into / source.name).write_text(yaml.safe_dump(config, sort_keys=False))
     return into
@@ -97,7 +96,7 @@ def run_lm_eval(model, tokenizer, tasks: list[str], *, limit: int | float | None
 
     wanted_local = sorted(set(tasks) & _local_task_names())
     if wanted_local and data_dir is None:
-        raise EvalError(f"{', '.join(wanted_local)} read local files: pass --data-dir with the folder that holds them")
+        raise EvalError(f"{', '.join(wanted_local)} read local files: pass --data_dir with the folder that holds them")
     if batch_size is None:
         batch_size = "auto" if model.device.type == "cuda" else CPU_BATCH_SIZE
     with tempfile.TemporaryDirectory() as scratch:
@@ -107,7 +106,7 @@ def run_lm_eval(model, tokenizer, tasks: list[str], *, limit: int | float | None
         task_manager = TaskManager(include_path=paths or None)
         unknown = [t for t in tasks if t not in task_manager.all_tasks]
         if unknown:
-            raise EvalError(f"unknown lm-eval task(s): {', '.join(unknown)} (see `lm_eval ls tasks`, or --include-path)")
+            raise EvalError(f"unknown lm-eval task(s): {', '.join(unknown)} (see `lm_eval ls tasks`, or --include_path)")
         lm = HFLM(pretrained=model, tokenizer=tokenizer, batch_size=batch_size)
         return lm_eval.simple_evaluate(model=lm, tasks=tasks, num_fewshot=num_fewshot, limit=limit,
                                        task_manager=task_manager, log_samples=False)
@@ -141,7 +140,7 @@ def evaluate_checkpoint(checkpoint_dir: str | Path, tasks: list[str], limit: int
         record["tasks"].setdefault(s.task, {})[s.metric] = round(s.value, 4)
         record["tasks"][s.task][f"{s.metric}_stderr"] = None if s.stderr is None else round(s.stderr, 4)
     if checkpoint.run_dir is not None:
-        JsonlWriter(checkpoint.run_dir / BENCHMARKS, enabled=True).write(record)
+        JsonlWriter(RunDir(checkpoint.run_dir).benchmarks, enabled=True).write(record)
     del model
     if device == "cuda":
         torch.cuda.empty_cache()  # hand the evaluation's memory back to the training run
@@ -154,20 +153,18 @@ def _default_output(model: str) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="hf-pretrain eval", description=__doc__.split("\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter,
-                                     epilog=__doc__.split("\n", 1)[1])
+    parser = CommandParser(prog="hf-pretrain eval", description=__doc__.split("\n")[0],
+                           epilog=__doc__.split("\n", 1)[1])
     parser.add_argument("--model", required=True, help="exported folder, Hub repo id, run folder or checkpoint")
     parser.add_argument("--tasks", default="default",
-                        help="suite name in eval/suites, a suite YAML, comma-separated lm-eval tasks, or `none` (default: default)")
+                        help="suite name in eval/suites, a suite YAML, comma-separated lm-eval tasks, or `none`")
     parser.add_argument("--limit", type=float, help="score only the first N documents of each task (a fraction if < 1)")
-    parser.add_argument("--num_fewshot", "--num-fewshot", type=int,
-                        help="examples in each prompt (default: the suite's, else lm-eval's)")
-    parser.add_argument("--output", type=Path, help="results folder (default: <model folder>/eval)")
-    parser.add_argument("--include-path", action="append", default=[], metavar="DIR", help="extra lm-eval task YAMLs")
-    parser.add_argument("--data-dir", type=Path,
+    parser.add_argument("--num_fewshot", type=int, help="examples in each prompt (unset: the suite's, else lm-eval's)")
+    parser.add_argument("--output", type=Path, help="results folder (unset: <model folder>/eval)")
+    parser.add_argument("--include_path", action="append", default=[], metavar="DIR", help="extra lm-eval task YAMLs")
+    parser.add_argument("--data_dir", type=Path,
                         help="folder of local data for the offline tasks in eval/tasks (e.g. ARC-Easy-test.jsonl)")
-    parser.add_argument("--batch-size", help="lm-eval batch size (default: auto on a GPU, 8 on the CPU)")
+    parser.add_argument("--batch_size", help="lm-eval batch size (unset: auto on a GPU, 8 on the CPU)")
     parser.add_argument("--text", type=Path, metavar="FILE", help="also report perplexity and bits per byte on this text")
     args = parser.parse_args(argv)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from hf_pretrain.config import Recipe
 from hf_pretrain.economics.cost import dollars, dollars_per_billion_tokens
+from hf_pretrain.formatting import usd
 from hf_pretrain.preflight.result import CheckResult
 
 
@@ -36,5 +37,5 @@ def check_cost(recipe: Recipe) -> CheckResult:
         return CheckResult("time and cost", "warn", f"{tokens}: {duration}; cost unknown (price_per_hour=0)",
                            "set --price_per_hour (the job's $/hour, all GPUs)")
     per_billion = dollars_per_billion_tokens(t.expected_tokens_per_s, t.price_per_hour)
-    return CheckResult("time and cost", "pass", f"{tokens}: {duration}, ${cost:,.2f} at ${t.price_per_hour:,.2f}/h "
-                                                f"(${per_billion:,.2f} per billion tokens)")
+    return CheckResult("time and cost", "pass", f"{tokens}: {duration}, {usd(cost)} at {usd(t.price_per_hour)}/h "
+                                                f"({usd(per_billion)} per billion tokens)")

@@ -8,9 +8,10 @@ import tempfile
 from pathlib import Path
 
 from hf_pretrain.config import Recipe
+from hf_pretrain.formatting import human_bytes
 from hf_pretrain.hardware import DTYPE_BYTES
 from hf_pretrain.model import recipe_parameter_count
-from hf_pretrain.preflight.result import CheckResult, human_bytes
+from hf_pretrain.preflight.result import CheckResult
 from hf_pretrain.run_dir import FINAL_DTYPE
 from hf_pretrain.training.checkpoint import list_checkpoints
 

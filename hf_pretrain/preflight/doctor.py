@@ -22,7 +22,7 @@ __all__ = ["CheckResult", "PreflightError", "main", "preflight", "run_checks"]
 
 def _doctor_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--num_processes", type=int, default=int(os.environ.get("WORLD_SIZE", "1")),
-                        help="processes the run will use (the batch must split over them; default: 1)")
+                        help="processes the run will use (the batch must split over them); WORLD_SIZE when set")
 
 
 def main(argv: list[str] | None = None) -> int:

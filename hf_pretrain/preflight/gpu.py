@@ -6,8 +6,9 @@ import torch
 
 from hf_pretrain.config import Recipe
 from hf_pretrain.economics.memory import MemoryEstimate, estimate_memory, with_micro_batch
+from hf_pretrain.formatting import human_bytes, human_count
 from hf_pretrain.model import recipe_tokenizer_size
-from hf_pretrain.preflight.result import CheckResult, human_bytes
+from hf_pretrain.preflight.result import CheckResult
 
 # Share of the device's memory a run can count on: the CUDA context, cuBLAS/NCCL workspaces and
 # allocator fragmentation take the rest.
@@ -70,9 +71,7 @@ def device_memory() -> int | None:
 
 
 def describe(estimate: MemoryEstimate) -> str:
-    n = estimate.parameters
-    size = f"{n / 1e9:.2f}B" if n >= 1e9 else f"{n / 1e6:.1f}M"
-    return (f"{size} parameters need {human_bytes(estimate.total(False))} ({human_bytes(estimate.static)} weights, "
+    return (f"{human_count(estimate.parameters)} parameters need {human_bytes(estimate.total(False))} ({human_bytes(estimate.static)} weights, "
             f"gradients and AdamW, {human_bytes(estimate.activations)} activations, {human_bytes(estimate.head)} "
             f"logits), {human_bytes(estimate.total(True))} with gradient checkpointing")
 

@@ -33,14 +33,6 @@ class PreflightError(RuntimeError):
         super().__init__("\n".join(lines))
 
 
-def human_bytes(n_bytes: float) -> str:
-    """Decimal units (GB, MB), the ones disks and GPU data sheets are sold in."""
-    for unit, size in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6)):
-        if abs(n_bytes) >= size:
-            return f"{n_bytes / size:,.1f} {unit}"
-    return f"{n_bytes / 1e3:,.1f} kB"
-
-
 def format_table(results: Iterable[CheckResult]) -> str:
     """One row per check; a fix goes on its own line under anything that is not a pass."""
     results = list(results)

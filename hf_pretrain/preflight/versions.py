@@ -11,10 +11,10 @@ from importlib import metadata
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.specifiers import SpecifierSet
 from packaging.utils import canonicalize_name
-from packaging.version import InvalidVersion, Version
 
 from hf_pretrain.config import Recipe
 from hf_pretrain.preflight.result import CheckResult
+from hf_pretrain.versions import installed_version
 
 CORE_PACKAGES = ["torch", "transformers", "accelerate", "datasets", "tokenizers"]
 INSTALL_FIX = "pip install -c constraints.txt -e .  (constraints.txt pins the tested set)"
@@ -31,13 +31,6 @@ def declared_ranges(distribution: str) -> dict[str, SpecifierSet]:
             continue
         ranges[canonicalize_name(requirement.name)] = requirement.specifier
     return ranges
-
-
-def installed_version(package: str) -> Version | None:
-    try:
-        return Version(metadata.version(package))
-    except (metadata.PackageNotFoundError, InvalidVersion):
-        return None
 
 
 def check_package(package: str, supported: SpecifierSet | None, fix: str) -> CheckResult:

@@ -9,7 +9,6 @@ hf-pretrain; this module turns run folders and training checkpoints into the pag
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import os
 import sys
@@ -20,7 +19,7 @@ from pathlib import Path
 import gradio as gr
 from huggingface_hub.utils import HFValidationError, validate_repo_id
 
-from hf_pretrain.config import DEFAULT_PROMPTS, RecipeError, load_recipe
+from hf_pretrain.config import DEFAULT_PROMPTS, CommandParser
 from hf_pretrain.publish.export import Checkpoint, ExportError, export_checkpoint, resolve_checkpoint
 from hf_pretrain.publish.space_template.app import (
     DEFAULT_TITLE,
@@ -30,6 +29,7 @@ from hf_pretrain.publish.space_template.app import (
     format_progress,
     read_progress,
 )
+from hf_pretrain.run_dir import RunDir
 from hf_pretrain.training.checkpoint import (
     MANIFEST,
     TRAIN_STATE,
@@ -39,7 +39,6 @@ from hf_pretrain.training.checkpoint import (
     verify_checkpoint,
 )
 
-RESOLVED_RECIPE = "resolved_recipe.yaml"  # what train.py writes at the top of a run folder
 DEFAULT_CACHE_DIR = Path(os.environ.get("XDG_CACHE_HOME", "~/.cache")).expanduser() / "hf_pretrain" / "demo"
 
 
@@ -68,7 +67,7 @@ def checkpoint_choice(path: Path, name: str, cache_dir: Path) -> ModelChoice:
 def run_of(path: Path) -> Path | None:
     """The run folder holding `path`: the run itself, its final/, or one of its checkpoints."""
     for candidate in (path, path.parent, path.parent.parent):
-        if (candidate / RESOLVED_RECIPE).is_file():
+        if RunDir(candidate).resolved_recipe.is_file():
             return candidate
     return None
 
@@ -77,12 +76,12 @@ def model_folder_progress(folder: Path) -> str:
     """From the folder's own files; for a run's final/, else from the run's checkpoint at max_steps:
     train.py always saves one there, holding the very weights final/ was written from."""
     record = read_progress(str(folder))
-    run = folder.parent
-    if record is None and folder.name == "final" and (run / RESOLVED_RECIPE).is_file():
+    run = RunDir(folder.parent)
+    recipe = run.load_recipe() if record is None and folder == run.final else None
+    if recipe is not None:
         try:
-            max_steps = load_recipe(str(run / RESOLVED_RECIPE)).train.max_steps
-            record = verify_checkpoint(checkpoint_path(run, max_steps), checksums=False)
-        except (RecipeError, CheckpointError):
+            record = verify_checkpoint(checkpoint_path(run.path, recipe.train.max_steps), checksums=False)
+        except CheckpointError:
             pass
     return format_progress(record)
 
@@ -95,9 +94,9 @@ def run_choices(run: Path, cache_dir: Path, log: Callable[[str], None]) -> list[
             choices.append(checkpoint_choice(candidate.path, f"{run.name}/{candidate.path.name}", cache_dir))
         except ExportError as exc:
             log(f"demo: skipping {candidate.path}: {exc}")
-    if (run / "final" / "config.json").is_file():
-        choices.append(ModelChoice(name=f"{run.name}/final", source=str(run / "final"),
-                                   progress=model_folder_progress(run / "final")))
+    final = RunDir(run).final
+    if (final / "config.json").is_file():
+        choices.append(ModelChoice(name=f"{run.name}/final", source=str(final), progress=model_folder_progress(final)))
     return choices
 
 
@@ -112,7 +111,7 @@ def model_choices(spec: str, cache_dir: Path, log: Callable[[str], None] = print
             raise DemoError(f"--model {spec}: no such folder, and not a Hub repo id either ({exc})") from exc
         log(f"demo: {spec} is not a local folder; it will be loaded from the Hub")
         return [ModelChoice(name=spec, source=spec)]
-    if (path / "checkpoints").is_dir() or (path / RESOLVED_RECIPE).is_file():
+    if RunDir(path).is_run():
         choices = run_choices(path, cache_dir, log)
         if not choices:
             raise DemoError(f"--model {spec}: the run has no complete checkpoint and no final/ model yet")
@@ -134,12 +133,9 @@ def milestone_prompts(specs: list[str]) -> list[str]:
     prompts: list[str] = []
     for spec in specs:
         run = run_of(Path(spec).expanduser())
-        if run is None:
-            continue
-        try:
-            prompts += load_recipe(str(run / RESOLVED_RECIPE)).train.prompts
-        except RecipeError:  # a recipe from an older version of hf-pretrain: the defaults will do
-            continue
+        recipe = RunDir(run).load_recipe() if run is not None else None
+        if recipe is not None:  # none, or one from an older hf-pretrain: the defaults will do
+            prompts += recipe.train.prompts
     return list(dict.fromkeys(prompts)) or list(DEFAULT_PROMPTS)
 
 
@@ -168,17 +164,16 @@ def build(specs: list[str], cache_dir: str | Path = DEFAULT_CACHE_DIR, title: st
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="hf-pretrain demo", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = CommandParser(prog="hf-pretrain demo", description=__doc__)
     parser.add_argument("--model", action="append", required=True, metavar="PATH_OR_REPO",
                         help="a run folder (all its checkpoints), a checkpoint, a model folder or a Hub repo id; "
                              "repeat to compare several")
-    parser.add_argument("--port", type=int, default=None, help="default: GRADIO_SERVER_PORT or 7860")
-    parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
+    parser.add_argument("--port", type=int, default=None, help="port to listen on (unset: GRADIO_SERVER_PORT or 7860)")
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on")
     parser.add_argument("--share", action="store_true", help="also serve through a public gradio.live link")
     parser.add_argument("--cache_dir", type=Path, default=DEFAULT_CACHE_DIR,
-                        help=f"where checkpoints are exported to model folders (default: {DEFAULT_CACHE_DIR})")
-    parser.add_argument("--title", default=DEFAULT_TITLE)
+                        help="where checkpoints are exported to model folders")
+    parser.add_argument("--title", default=DEFAULT_TITLE, help="the page's title")
     args = parser.parse_args(argv)
     try:
         demo = build(args.model, args.cache_dir, args.title)

@@ -2,7 +2,7 @@
 
     hf-pretrain export --checkpoint runs/1b --out exports/1b                  # the newest complete checkpoint
     hf-pretrain export --checkpoint runs/1b/checkpoints/step_00050000 --out exports/1b-50k --dtype fp32
-    hf-pretrain export --checkpoint runs/1b --out exports/1b --push-to-hub me/tiny-1b [--private] [--revision BRANCH]
+    hf-pretrain export --checkpoint runs/1b --out exports/1b --push_to_hub me/tiny-1b [--private] [--revision BRANCH]
 
 The folder holds safetensors weights, `config.json`, `generation_config.json`, a tokenizer that
 current and older transformers both load as a plain fast tokenizer, a model card (`README.md`) and
@@ -11,7 +11,6 @@ the loss curve it shows. Plain checkpoints and FSDP sharded ones (`pytorch_model
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
@@ -24,14 +23,17 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig, PreTrainedModel
 
-from hf_pretrain.publish.hub import HubError, push_folder
+from hf_pretrain.config import CommandParser
+from hf_pretrain.data.tokenizer import MODEL_INPUT_NAMES
+from hf_pretrain.publish.hub import push_folder, push_or_explain
 from hf_pretrain.publish.model_card import CardOptions, write_model_card
+from hf_pretrain.run_dir import RunDir
 from hf_pretrain.training.checkpoint import (
     MANIFEST,
     TRAIN_STATE,
     CheckpointError,
     checkpoints_root,
-    list_checkpoints,
+    newest_good_checkpoint,
     verify_checkpoint,
 )
 
@@ -55,7 +57,8 @@ class Checkpoint:
     @property
     def run_dir(self) -> Path | None:
         """The run folder a `RUN/checkpoints/step_X` checkpoint belongs to, for its metrics and samples."""
-        return self.path.parent.parent if self.path.parent.name == checkpoints_root("").name else None
+        run = RunDir(self.path.parent.parent)
+        return run.path if self.path.parent == run.checkpoints else None
 
 
 def _is_checkpoint(path: Path) -> bool:
@@ -78,17 +81,13 @@ def resolve_checkpoint(path: str | Path, checksums: bool = True, log=print) -> C
             raise ExportError(str(exc)) from None
     if not checkpoints_root(path).is_dir():
         raise ExportError(f"{path} is neither a checkpoint (no {TRAIN_STATE}) nor a run folder (no checkpoints/)")
-    skipped = []
-    for candidate in list_checkpoints(path):
-        try:
-            checkpoint = Checkpoint(candidate.path, verify_checkpoint(candidate.path, checksums))
-        except CheckpointError as exc:
-            skipped.append(f"{candidate.path.name}: {exc}")
-            continue
-        for reason in skipped:
-            log(f"export: skipping {reason}")
-        return checkpoint
-    raise ExportError(f"no complete checkpoint in {checkpoints_root(path)}" + "".join(f"; {s}" for s in skipped))
+    skipped: list[str] = []
+    found = newest_good_checkpoint(path, checksums, log=skipped.append)
+    if found is None:
+        raise ExportError(f"no complete checkpoint in {checkpoints_root(path)}" + "".join(f"; {s}" for s in skipped))
+    for reason in skipped:  # said only once a good one is found; without one they go into the error
+        log(f"export: {reason}")
+    return Checkpoint(*found)
 
 
 def _state_dict(checkpoint: Path, scratch: Path) -> dict[str, torch.Tensor]:
@@ -141,9 +140,23 @@ def save_plain_fast_tokenizer(tokenizer, folder: Path, model_max_length: int) ->
                       "single_word": t.single_word, "special": t.special}
              for i, t in sorted(tokenizer.added_tokens_decoder.items())}
     config = {"tokenizer_class": "PreTrainedTokenizerFast", **special, "added_tokens_decoder": added,
-              "model_max_length": model_max_length, "clean_up_tokenization_spaces": False}
+              "model_input_names": MODEL_INPUT_NAMES, "model_max_length": model_max_length,
+              "clean_up_tokenization_spaces": False}
     (folder / "tokenizer_config.json").write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n")
     (folder / "special_tokens_map.json").write_text(json.dumps(special, indent=2, ensure_ascii=False) + "\n")
+
+
+def add_transformers4_config_keys(config_file: Path) -> None:
+    """Also write the keys transformers 4.x reads for a Llama: v5 keeps RoPE in `rope_parameters`,
+    which 4.57 ignores, silently falling back to theta 10000 (different logits, no warning)."""
+    config = json.loads(config_file.read_text())
+    rope = config.get("rope_parameters") or {}
+    config.setdefault("rope_theta", rope.get("rope_theta", 10000.0))
+    if rope.get("rope_type", "default") != "default":
+        config.setdefault("rope_scaling", rope)
+    if "dtype" in config:
+        config.setdefault("torch_dtype", config["dtype"])
+    config_file.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
 
 
 def export_checkpoint(checkpoint: Checkpoint, out: str | Path, dtype: str = "bf16",
@@ -165,6 +178,7 @@ def export_checkpoint(checkpoint: Checkpoint, out: str | Path, dtype: str = "bf1
     shutil.rmtree(building, ignore_errors=True)
     building.mkdir(parents=True)
     model.save_pretrained(building)
+    add_transformers4_config_keys(building / "config.json")
     save_plain_fast_tokenizer(tokenizer, building, model.config.max_position_embeddings)
     write_model_card(building, checkpoint.train_state, checkpoint.run_dir, model, card or CardOptions(out.name))
     if out.exists():
@@ -185,20 +199,19 @@ def push_checkpoint(checkpoint_dir: str | Path, repo_id: str, step: int, private
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="hf-pretrain export", description=__doc__.split("\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter,
-                                     epilog=__doc__.split("\n", 1)[1])
+    parser = CommandParser(prog="hf-pretrain export", description=__doc__.split("\n")[0],
+                           epilog=__doc__.split("\n", 1)[1])
     parser.add_argument("--checkpoint", required=True, help="a run folder (its newest complete checkpoint) or a checkpoint folder")
     parser.add_argument("--out", required=True, help="folder to write the model to")
-    parser.add_argument("--dtype", choices=sorted(DTYPES), default="bf16", help="weight precision (default: bf16)")
+    parser.add_argument("--dtype", choices=sorted(DTYPES), default="bf16", help="weight precision")
     parser.add_argument("--overwrite", action="store_true", help="replace --out if it already holds something")
-    parser.add_argument("--push-to-hub", metavar="REPO_ID", help="upload the folder to this model repo (created if missing)")
+    parser.add_argument("--push_to_hub", metavar="REPO_ID", help="upload the folder to this model repo (created if missing)")
     parser.add_argument("--private", action="store_true", help="create the repo private")
     parser.add_argument("--revision", metavar="BRANCH", help="push to this branch (created from main if missing)")
-    parser.add_argument("--license", default="apache-2.0", help="license in the model card (default: apache-2.0)")
+    parser.add_argument("--license", default="apache-2.0", help="license in the model card")
     parser.add_argument("--hardware", help="what the run trained on, for the card, e.g. '1x H100 80GB'")
-    parser.add_argument("--price-per-hour", type=float, metavar="USD",
-                        help="what the whole job cost per hour, for the card's cost line (default: the recipe's "
+    parser.add_argument("--price_per_hour", type=float, metavar="USD",
+                        help="what the whole job cost per hour, for the card's cost line (unset: the recipe's "
                              "price_per_hour; no cost line when neither is set)")
     args = parser.parse_args(argv)
 
@@ -213,12 +226,10 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     print(f"export: wrote {out}")
     if args.push_to_hub:
-        try:
-            url = push_folder(out, args.push_to_hub, private=args.private, revision=args.revision)
-        except HubError as exc:
-            later = f"hf upload {args.push_to_hub} {out}" + (f" --revision {args.revision}" if args.revision else "")
-            print(f"hf-pretrain export: error: {exc}\nThe export in {out} is complete: push it later with "
-                  f"`{later}`, or rerun this command with --overwrite.", file=sys.stderr)
+        url = push_or_explain(out, args.push_to_hub, prog="hf-pretrain export", what="export",
+                              rerun_hint=", or rerun this command with --overwrite", private=args.private,
+                              revision=args.revision)
+        if url is None:
             return 1
         print(f"export: pushed to {url}")
     return 0

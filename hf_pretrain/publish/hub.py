@@ -1,5 +1,7 @@
 """Uploads to the Hugging Face Hub: create the repo if needed, a branch when asked, upload a folder.
 
+The one upload path: exports, checkpoints, final models and Spaces all go through `push_folder`.
+
 huggingface_hub finds the token itself (the `HF_TOKEN` variable, else the `hf auth login` file)
 and sends it to `HF_ENDPOINT` (the Hub unless set otherwise). We never print it: every error
 leaves this module as a `HubError` whose message has the token scrubbed out, so neither a log nor
@@ -9,6 +11,7 @@ a traceback can carry it.
 from __future__ import annotations
 
 import re
+import sys
 from pathlib import Path
 
 from huggingface_hub import HfApi, constants, get_token
@@ -28,9 +31,11 @@ def scrub(text: str, token: str | None) -> str:
     return _TOKEN_LIKE.sub("hf_***", text)
 
 
-def push_folder(folder: str | Path, repo_id: str, *, private: bool = False, revision: str | None = None,
-                commit_message: str = "Upload model exported with hf-pretrain") -> str:
-    """Upload every file in `folder` to the model repo `repo_id` (created when missing) on branch
+def push_folder(folder: str | Path, repo_id: str, *, private: bool | None = None, revision: str | None = None,
+                commit_message: str = "Upload model exported with hf-pretrain", repo_type: str = "model",
+                space_sdk: str | None = None) -> str:
+    """Upload every file in `folder` to the repo `repo_id` of `repo_type` (`model`, or `space` with its
+    `space_sdk`), created when missing (private=None: the account's default visibility), on branch
     `revision` (created from main when missing; None = main). Returns the commit URL."""
     if constants.is_offline_mode():
         raise HubError(f"cannot push to {repo_id}: HF_HUB_OFFLINE is set, so huggingface_hub makes no network "
@@ -38,14 +43,32 @@ def push_folder(folder: str | Path, repo_id: str, *, private: bool = False, revi
     token = get_token()
     api = HfApi(token=token)
     try:
-        api.create_repo(repo_id, repo_type="model", private=private, exist_ok=True)
+        api.create_repo(repo_id, repo_type=repo_type, private=private, exist_ok=True, space_sdk=space_sdk)
         if revision:
-            api.create_branch(repo_id, branch=revision, repo_type="model", exist_ok=True)
-        commit = api.upload_folder(repo_id=repo_id, folder_path=str(folder), repo_type="model", revision=revision,
+            api.create_branch(repo_id, branch=revision, repo_type=repo_type, exist_ok=True)
+        commit = api.upload_folder(repo_id=repo_id, folder_path=str(folder), repo_type=repo_type, revision=revision,
                                    commit_message=commit_message)
     except Exception as exc:  # noqa: BLE001 - every failure becomes one scrubbed message
         reason = scrub(f"{type(exc).__name__}: {exc}", token)
         hint = "" if token else " (no token found: set HF_TOKEN or run `hf auth login`)"
+        where = f"{constants.ENDPOINT}/{'spaces/' if repo_type == 'space' else ''}{repo_id}"
         # `from None`: the original exception (and any token in its text) must not reach a traceback
-        raise HubError(f"upload of {folder} to {constants.ENDPOINT}/{repo_id} failed{hint}: {reason}") from None
+        raise HubError(f"upload of {folder} to {where} failed{hint}: {reason}") from None
     return commit.commit_url
+
+
+def push_or_explain(folder: str | Path, repo_id: str, *, prog: str, what: str, rerun_hint: str = "",
+                    **options) -> str | None:
+    """`push_folder(folder, repo_id, **options)` for a command line: the commit URL, or None after
+    printing why it failed (token-free) and the `hf upload` command that pushes the finished `what` later."""
+    try:
+        return push_folder(folder, repo_id, **options)
+    except HubError as exc:
+        later = f"hf upload {repo_id} {folder}"
+        if options.get("repo_type", "model") != "model":
+            later += f" --repo-type {options['repo_type']}"
+        if options.get("revision"):
+            later += f" --revision {options['revision']}"
+        print(f"{prog}: error: {exc}\nThe {what} in {folder} is complete: push it later with `{later}`{rerun_hint}.",
+              file=sys.stderr)
+        return None

@@ -7,18 +7,19 @@ the two `hf-pretrain:eval` markers and the `model-index` metadata (`write_eval_s
 
 from __future__ import annotations
 
-import html
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
+from hf_pretrain.config import Recipe
 from hf_pretrain.economics.cost import dollars
+from hf_pretrain.formatting import human_count, human_duration, table_cell, usd
 from hf_pretrain.model import count_parameters
-from hf_pretrain.run_dir import read_jsonl
+from hf_pretrain.plots import plot_loss
+from hf_pretrain.run_dir import RunDir, read_jsonl
 
 LOSS_CURVE = "loss_curve.png"
 # The Evaluation section's benchmark block, which `hf-pretrain eval` fills (see write_eval_section).
@@ -89,24 +90,6 @@ class CardOptions:
     price_per_hour: float | None = None  # USD for the whole job; default the recipe's price_per_hour
 
 
-def _human(count: float) -> str:
-    for unit, size in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
-        if count >= size:
-            return f"{count / size:.2f}{unit}"
-    return f"{count:g}"
-
-
-def _duration(seconds: float) -> str:
-    if seconds < 120:
-        return f"{seconds:.1f} s"
-    return f"{seconds / 60:.1f} min" if seconds < 7200 else f"{seconds / 3600:.2f} h"
-
-
-def _cell(text: str) -> str:
-    """Text that stays inside one markdown table cell."""
-    return html.escape(text).replace("|", "&#124;").replace("\n", "<br>") or " "
-
-
 def _last(records: list[dict], key: str) -> float | None:
     values = [r[key] for r in records if key in r]
     return values[-1] if values else None
@@ -118,27 +101,15 @@ def _median(records: list[dict], key: str) -> float | None:
 
 
 def plot_loss_curve(records: list[dict], path: Path) -> bool:
-    """Train loss (and validation points) against tokens seen, as a PNG; False without matplotlib."""
+    """Train loss (and validation points) against tokens seen, as a PNG (the report's loss plot);
+    False when there is nothing to plot or no matplotlib."""
+    train = [r for r in records if r.get("kind") == "train"]
+    if not train:
+        return False
     try:
-        import matplotlib
-
-        matplotlib.use("Agg")  # files only: never open a window
-        import matplotlib.pyplot as plt
+        plot_loss(path, train, [r for r in records if r.get("kind") == "eval"])
     except ImportError:
         return False
-    train = [r for r in records if r.get("kind") == "train"]
-    val = [r for r in records if r.get("kind") == "eval"]
-    fig, ax = plt.subplots(figsize=(7, 4), dpi=120)
-    ax.plot([r["tokens"] for r in train], [r["loss"] for r in train], label="train", linewidth=1)
-    if val:
-        ax.plot([r["tokens"] for r in val], [r["val_loss"] for r in val], "o-", label="validation")
-    ax.set_xlabel("tokens")
-    ax.set_ylabel("cross-entropy loss (nats/token)")
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
     return True
 
 
@@ -148,7 +119,7 @@ def _milestones(samples: list[dict]) -> list[tuple[int, str, list[tuple[str, str
         last = len(steps) - 1
         steps = [steps[round(i * last / (MAX_SAMPLE_MILESTONES - 1))] for i in range(MAX_SAMPLE_MILESTONES)]
     return [(step, f"{next(s['tokens'] for s in samples if s['step'] == step):,}",
-             [(_cell(s["prompt"]), _cell(s["completion"])) for s in samples if s["step"] == step])
+             [(table_cell(s["prompt"]), table_cell(s["completion"])) for s in samples if s["step"] == step])
             for step in steps]
 
 
@@ -163,25 +134,27 @@ def _architecture(model) -> list[tuple[str, Any]]:
             ("weights", str(model.dtype).replace("torch.", ""))]
 
 
-def _training(recipe: dict, train_state: dict, records: list[dict], options: CardOptions) -> list[tuple[str, Any]]:
-    train_cfg, data_cfg = recipe.get("train", {}), recipe.get("data", {})
+def _training(recipe: Recipe | None, train_state: dict, records: list[dict],
+              options: CardOptions) -> list[tuple[str, Any]]:
     train = [r for r in records if r.get("kind") == "train"]
     val = [r for r in records if r.get("kind") == "eval"]
     rows: list[tuple[str, Any]] = [("steps", f"{train_state.get('step', 0):,}"),
                                    ("tokens", f"{train_state.get('tokens_seen', 0):,}")]
-    if train_cfg:
-        rows += [("batch", f"{train_cfg.get('global_batch_tokens', 0):,} tokens/step"),
-                 ("sequence length", data_cfg.get("seq_len")),
-                 ("peak learning rate", train_cfg.get("learning_rate")),
-                 ("schedule", f"{train_cfg.get('warmup_steps')} warmup steps, cosine to "
-                              f"{train_cfg.get('min_lr_ratio')} x peak over {train_cfg.get('max_steps'):,} steps")]
+    if recipe is not None:
+        t = recipe.train
+        rows += [("batch", f"{t.global_batch_tokens:,} tokens/step"),
+                 ("sequence length", recipe.data.seq_len),
+                 ("peak learning rate", t.learning_rate),
+                 ("schedule", f"{t.warmup_steps} warmup steps, cosine to {t.min_lr_ratio} x peak over "
+                              f"{t.max_steps:,} steps")]
     rows.append(("hardware", options.hardware or train_state.get("hardware") or "not recorded"))
     seconds = train_state.get("elapsed_seconds")
     if seconds:
-        rows.append(("training time", _duration(seconds)))
-        price = options.price_per_hour or train_cfg.get("price_per_hour")  # 0 or absent: unknown, no row
+        rows.append(("training time", human_duration(seconds)))
+        # 0 or absent: unknown, no row
+        price = options.price_per_hour or (recipe.train.price_per_hour if recipe is not None else 0.0)
         if price:
-            rows.append(("cost", f"${dollars(seconds / 3600, price):,.2f} (at ${price:g}/h)"))
+            rows.append(("cost", f"{usd(dollars(seconds / 3600, price))} (at ${price:g}/h)"))
     for label, value, fmt in [("throughput (median)", _median(train, "tokens_per_s"), "{:,.0f} tokens/s"),
                               ("MFU (median)", _median(train, "mfu"), "{:.1%}"),
                               ("peak GPU memory", max((r["peak_memory_gib"] for r in train
@@ -197,26 +170,26 @@ def write_model_card(folder: Path, train_state: dict, run_dir: Path | None, mode
     """README.md (and the loss curve it shows) for `model`, exported into `folder` from a checkpoint
     with `train_state` that belongs to `run_dir` (None: a checkpoint outside a run folder)."""
     step = train_state.get("step", 0)
-    recipe: dict = {}
+    recipe: Recipe | None = None
     records: list[dict] = []
     samples: list[dict] = []
     if run_dir is not None:
-        if (run_dir / "resolved_recipe.yaml").is_file():
-            recipe = yaml.safe_load((run_dir / "resolved_recipe.yaml").read_text()) or {}
+        run = RunDir(run_dir)
+        recipe = run.load_recipe()
         # only what happened up to this checkpoint: a later one's numbers would misdescribe it
-        records = [r for r in read_jsonl(run_dir / "metrics.jsonl") if r.get("step", 0) <= step]
-        samples = [s for s in read_jsonl(run_dir / "samples.jsonl") if s.get("step", 0) <= step]
-    sources = recipe.get("data", {}).get("sources", [])
-    hub_datasets = [s["name"] for s in sources if s.get("kind") == "hub"]
+        records = [r for r in read_jsonl(run.metrics) if r.get("step", 0) <= step]
+        samples = [s for s in read_jsonl(run.samples) if s.get("step", 0) <= step]
+    sources = recipe.data.sources if recipe is not None else []
+    hub_datasets = [s.name for s in sources if s.kind == "hub"]
     card_data = ModelCardData(license=options.license, library_name="transformers", pipeline_tag="text-generation",
                               tags=TAGS, datasets=hub_datasets or None, model_name=options.model_name)
     card = ModelCard.from_template(
-        card_data, template_str=TEMPLATE, model_name=options.model_name, params=_human(count_parameters(model)),
-        recipe_name=recipe.get("name", "unknown"), step=f"{step:,}",
-        max_steps=f"{recipe['train']['max_steps']:,}" if recipe.get("train") else None,
+        card_data, template_str=TEMPLATE, model_name=options.model_name, params=human_count(count_parameters(model)),
+        recipe_name=recipe.name if recipe is not None else "unknown", step=f"{step:,}",
+        max_steps=f"{recipe.train.max_steps:,}" if recipe is not None else None,
         tokens=f"{train_state.get('tokens_seen', 0):,}", architecture=_architecture(model),
         training=_training(recipe, train_state, records, options),
-        sources=[f"{s.get('kind')} `{s.get('name') or ', '.join(s.get('paths', []))}`, weight {s.get('weight')}"
+        sources=[f"{s.kind} `{', '.join(s.paths) if s.kind == 'files' else s.name}`, weight {s.weight}"
                  for s in sources],
         loss_curve=LOSS_CURVE if records and plot_loss_curve(records, folder / LOSS_CURVE) else None,
         samples=_milestones(samples), eval_start=EVAL_START, eval_end=EVAL_END)

@@ -10,17 +10,17 @@ README.md whose front matter the Hub reads (sdk, sdk_version, app_file, title, m
 
 from __future__ import annotations
 
-import argparse
-import importlib.metadata
 import importlib.resources
 import json
 import sys
 from pathlib import Path
 
-from huggingface_hub import HfApi, SpaceCard, SpaceCardData
+from huggingface_hub import SpaceCard, SpaceCardData
 from huggingface_hub.utils import HFValidationError, validate_repo_id
 
-from hf_pretrain.config import DEFAULT_PROMPTS
+from hf_pretrain.config import DEFAULT_PROMPTS, CommandParser
+from hf_pretrain.publish.hub import push_or_explain
+from hf_pretrain.versions import installed_version
 
 TEMPLATE_PACKAGE = "hf_pretrain.publish.space_template"
 DEFAULT_TITLE = "Compare checkpoints"
@@ -29,16 +29,21 @@ DEFAULT_TITLE = "Compare checkpoints"
 RUNTIME_PACKAGES = ("torch", "transformers")
 
 
-def installed_version(package: str) -> str:
-    return importlib.metadata.version(package).split("+")[0]  # 2.13.0+cpu -> 2.13.0: PyPI has no local tags
+def pinned_version(package: str) -> str:
+    """The installed version without its local tag (2.13.0+cpu -> 2.13.0: PyPI has no local tags)."""
+    version = installed_version(package)
+    if version is None:
+        raise RuntimeError(f"{package} is not installed, so the Space cannot pin the version tested here: "
+                           f"pip install 'hf-pretrain[demo]'")
+    return version.public
 
 
 def requirements_txt() -> str:
-    return "".join(f"{package}=={installed_version(package)}\n" for package in RUNTIME_PACKAGES)
+    return "".join(f"{package}=={pinned_version(package)}\n" for package in RUNTIME_PACKAGES)
 
 
 def readme(models: list[str], title: str) -> str:
-    data = SpaceCardData(title=title, sdk="gradio", sdk_version=installed_version("gradio"), app_file="app.py",
+    data = SpaceCardData(title=title, sdk="gradio", sdk_version=pinned_version("gradio"), app_file="app.py",
                          models=models, short_description="Compare checkpoints of a pretraining run")
     body = (f"# {title}\n\nThe same prompt through each model, side by side, streamed token by token:\n\n"
             + "".join(f"- [{m}](https://huggingface.co/{m})\n" for m in models)
@@ -60,25 +65,23 @@ def write_space(models: list[str], out: Path, title: str = DEFAULT_TITLE,
     return out
 
 
-def push_space(folder: Path, space_id: str, private: bool | None = None) -> str:
+def push_space(folder: Path, space_id: str, private: bool | None = None) -> str | None:
     """Create the Space repo if needed (private=None: the account's default visibility) and upload
-    `folder` as one commit; returns the commit's URL."""
-    api = HfApi()
-    api.create_repo(space_id, repo_type="space", space_sdk="gradio", private=private, exist_ok=True)
-    commit = api.upload_folder(folder_path=folder, repo_id=space_id, repo_type="space",
-                               commit_message="Update the checkpoint demo (hf-pretrain space)")
-    return commit.commit_url
+    `folder` as one commit, through the one upload path (offline check, token scrubbing); returns the
+    commit's URL, or None after saying why not and how to push later."""
+    return push_or_explain(folder, space_id, prog="hf-pretrain space", what="Space", private=private,
+                           repo_type="space", space_sdk="gradio",
+                           commit_message="Update the checkpoint demo (hf-pretrain space)")
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="hf-pretrain space", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = CommandParser(prog="hf-pretrain space", description=__doc__)
     parser.add_argument("--model", action="append", required=True, metavar="REPO_ID",
                         help="a model repo on the Hub (export a checkpoint first); repeat to compare several")
     parser.add_argument("--out", type=Path, required=True, help="folder to write the Space into")
     parser.add_argument("--push", metavar="SPACE_ID", help="also upload the folder to this Space (created if needed)")
     parser.add_argument("--private", action="store_true", help="create the Space private")
-    parser.add_argument("--title", default=DEFAULT_TITLE)
+    parser.add_argument("--title", default=DEFAULT_TITLE, help="the page's title")
     args = parser.parse_args(argv)
     for repo_id in args.model + ([args.push] if args.push else []):
         try:
@@ -89,7 +92,10 @@ def main(argv: list[str] | None = None) -> int:
     folder = write_space(args.model, args.out, args.title)
     print(f"space written to {folder} (try it: cd {folder} && python app.py)")
     if args.push:
-        print(f"pushed: {push_space(folder, args.push, private=True if args.private else None)}")
+        url = push_space(folder, args.push, private=True if args.private else None)
+        if url is None:
+            return 1
+        print(f"pushed: {url}")
     return 0
 
 

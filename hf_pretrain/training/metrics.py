@@ -1,9 +1,24 @@
-"""Throughput (tokens/s, MFU) over a logging window, and the trackers a run reports to."""
+"""What a run reports: metrics.jsonl and samples.jsonl records, the trackers, the progress bar,
+the phase tables, and the throughput (tokens/s, MFU) of each logging window."""
 
 from __future__ import annotations
 
 import importlib.util
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+from accelerate import Accelerator
+from tqdm.auto import tqdm
+
+from hf_pretrain.config import Recipe
+from hf_pretrain.economics.cost import cost_record, phases_from_recipe, write_phase_table
+from hf_pretrain.hardware import device_peak_flops, peak_memory_gib
+from hf_pretrain.run_dir import JsonlWriter, RunDir, read_jsonl
+from hf_pretrain.training.state import TrainState
+from hf_pretrain.training.step import StepResult
 
 
 class ThroughputMeter:
@@ -42,3 +57,99 @@ def trackers_for(report_to: str) -> list[str]:
         if importlib.util.find_spec(module) is None:
             raise RuntimeError(f"report_to={report_to} needs `{module}`: pip install {module}")
     return wanted
+
+
+def flat_config(recipe: Recipe) -> dict[str, Any]:
+    """The recipe as one flat dict of scalars, the shape trackers accept."""
+    flat = {}
+    for section in ("model", "data", "train"):
+        for key, value in recipe.to_dict()[section].items():
+            flat[key] = value if isinstance(value, (int, float, str, bool)) else str(value)
+    return flat
+
+
+class RunLogger:
+    """The run's records and its logging window. Every process calls it alike (the window's mean
+    loss is averaged over all of them); only the main process writes files and prints."""
+
+    def __init__(self, accelerator: Accelerator, recipe: Recipe, run: RunDir, state: TrainState,
+                 flops_per_token: float):
+        self.accelerator, self.train, self.run = accelerator, recipe.train, run
+        self.main = accelerator.is_main_process
+        self.metrics = JsonlWriter(run.metrics, self.main)
+        self.samples = JsonlWriter(run.samples, self.main)
+        accelerator.init_trackers("hf-pretrain", config=flat_config(recipe))
+        self.meter = ThroughputMeter(flops_per_token, device_peak_flops(accelerator.device), accelerator.num_processes)
+        self.history = [r for r in read_jsonl(run.metrics) if r["kind"] == "train"]  # for cost per phase
+        self.phases = phases_from_recipe(self.train.phases)
+        self.window_losses: list[float] = []  # this process's step losses since the last record
+        self.data_wait = 0.0  # seconds spent waiting for batches since the last record
+        self.progress = tqdm(total=self.train.max_steps, initial=state.step, disable=not self.main, desc="train",
+                             dynamic_ncols=True)
+
+    def say(self, text: str, every_process: bool = False) -> None:
+        """Print once per machine (as `accelerator.print`); with `every_process`, every other process
+        prints it too, marked with its index, so each process's log says why it ended."""
+        if self.accelerator.is_local_main_process:
+            print(text)
+        elif every_process:
+            print(f"[process {self.accelerator.process_index}] {text}", flush=True)
+
+    def record(self, record: dict[str, Any]) -> None:
+        self.metrics.write(record)
+
+    @contextmanager
+    def paused(self) -> Iterator[None]:
+        """Leave the time spent inside (evaluation, checkpoints) out of tokens/s."""
+        started = self.meter.pause()
+        try:
+            yield
+        finally:
+            self.meter.skip(self.meter.pause() - started)
+
+    def step(self, state: TrainState, result: StepResult) -> None:
+        """After each step: the progress bar, the window, a train record every `log_interval` steps
+        and at the last one, a phase table when a phase ends. A skipped step has no loss to add."""
+        self.meter.add(self.train.global_batch_tokens)
+        self.progress.update(1)
+        self.data_wait += result.data_wait
+        if not result.finite:
+            return
+        self.window_losses.append(result.loss)
+        if state.step % self.train.log_interval == 0 or state.step == self.train.max_steps:
+            self._train_record(state, result)
+        if self.main and any(phase.end_step == state.step for phase in self.phases):
+            ended = [p for p in self.phases if p.end_step <= state.step]
+            self.say(write_phase_table(self.run.path, self.history, ended, self.train.price_per_hour))
+
+    def _train_record(self, state: TrainState, result: StepResult) -> None:
+        device = self.accelerator.device
+        mean_loss = self.accelerator.reduce(torch.tensor(sum(self.window_losses) / len(self.window_losses),
+                                                         device=device), "mean").item()
+        self.window_losses.clear()
+        window_seconds = self.meter.pause()
+        tokens_per_s, mfu = self.meter.read()
+        record = {"kind": "train", "step": state.step, "tokens": state.tokens_seen, "loss": mean_loss,
+                  "lr": result.lr, "grad_norm": result.grad_norm, "tokens_per_s": tokens_per_s,
+                  "elapsed": state.elapsed(), "data_wait_share": min(1.0, self.data_wait / max(window_seconds, 1e-9))}
+        self.data_wait = 0.0
+        if mfu is not None:
+            record["mfu"] = mfu
+            record["peak_memory_gib"] = peak_memory_gib(device)
+        if self.train.price_per_hour:
+            record.update(cost_record(record, self.train))
+        self.metrics.write(record)
+        self.history.append(record)
+        self.accelerator.log({f"train/{k}": v for k, v in record.items() if k not in ("kind", "step")}, step=state.step)
+        self.progress.set_postfix(loss=f"{mean_loss:.3f}", lr=f"{result.lr:.2e}", tok_s=f"{tokens_per_s:,.0f}",
+                                  **({"mfu": f"{mfu:.1%}"} if mfu is not None else {}))
+
+    def evaluation(self, state: TrainState, val_loss: float, samples: list[tuple[str, str]]) -> None:
+        self.metrics.write({"kind": "eval", "step": state.step, "tokens": state.tokens_seen, "val_loss": val_loss})
+        self.accelerator.log({"val/loss": val_loss}, step=state.step)
+        for prompt, text in samples:
+            self.samples.write({"step": state.step, "tokens": state.tokens_seen, "prompt": prompt, "completion": text})
+        self.say(f"step {state.step}: val_loss {val_loss:.4f}")
+
+    def close(self) -> None:
+        self.progress.close()

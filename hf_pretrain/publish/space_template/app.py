@@ -36,7 +36,7 @@ UNKNOWN = "unknown"
 # checkpoint sidecar, then the model card, then the config. Each is read for the keys `step` and
 # `tokens_seen`, the names train_state.json uses.
 PROGRESS_FILES = ("train_state.json", "README.md", "config.json")
-# The sentence an hf-pretrain model card (hf_pretrain/model_card.py) opens with, where its metadata
+# The sentence an hf-pretrain model card (hf_pretrain/publish/model_card.py) opens with, where its metadata
 # has no such keys: "... step 50,000 of 90,000, 6,553,600,000 tokens."
 CARD_PROGRESS = re.compile(r"\bstep ([\d,]+)(?: of [\d,]+)?, ([\d,]+) tokens\b")
 
@@ -113,6 +113,8 @@ def read_progress(source: str) -> dict[str, Any] | None:
 
 
 # ---------------------------------------------------------------------------------- models
+# Device and dtype are decided here again on purpose: inside hf-pretrain `hardware.py` is their one
+# home, but this file runs in a Space where hf-pretrain is not installed, so it cannot import it.
 def pick_device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 

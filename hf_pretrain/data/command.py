@@ -5,13 +5,18 @@ from __future__ import annotations
 import sys
 
 from hf_pretrain.config import parse_recipe_args
-from hf_pretrain.data import prepare
+from hf_pretrain.data import DataMismatchError, prepare
+from hf_pretrain.data.sources import SourceError
 
 
 def main(argv: list[str] | None = None) -> int:
     recipe, _ = parse_recipe_args(argv, prog="hf-pretrain prepare",
                                   description="Tokenize a recipe's corpus into token shards.")
-    data_dir = prepare(recipe)
+    try:
+        data_dir = prepare(recipe)
+    except (SourceError, DataMismatchError) as exc:  # bad input: say what and where, no traceback
+        print(f"hf-pretrain prepare: {exc}", file=sys.stderr)
+        return 1
     print(f"prepared data in {data_dir}")
     return 0
 

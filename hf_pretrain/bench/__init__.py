@@ -1,0 +1,19 @@
+"""`hf-pretrain bench`: measure recipe variants with short runs of the real training loop.
+
+    command.py   the command: the recipe as written, the variants asked for, the micro-batch search
+    variants.py  one variant: a short run in a child process, and what it measured
+    measure.py   throughput from metrics records, the matmul peak, peak memory, MFU and money
+    search.py    the largest micro-batch that fits without gradient checkpointing
+    report.py    the verdict and bench.md
+
+`python -m hf_pretrain.bench` runs the command (each variant's child process runs it too).
+"""
+
+from __future__ import annotations
+
+from hf_pretrain.bench.command import main
+from hf_pretrain.bench.measure import timed_throughput
+from hf_pretrain.bench.search import largest_fitting
+from hf_pretrain.bench.variants import variant_grid
+
+__all__ = ["largest_fitting", "main", "timed_throughput", "variant_grid"]

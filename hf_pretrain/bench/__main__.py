@@ -1,0 +1,7 @@
+"""`python -m hf_pretrain.bench`: the command, and the worker each variant's child process runs."""
+
+import sys
+
+from hf_pretrain.bench.command import main
+
+sys.exit(main())

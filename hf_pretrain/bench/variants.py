@@ -1,0 +1,194 @@
+"""One variant of a recipe: a short run of the real training loop (`hf_pretrain.train.train`) in its
+own process, and what it measured.
+
+A child process per run: Accelerate's state is a process singleton, and a fresh process also gives
+each variant a clean peak-memory count. The child is `python -m hf_pretrain.bench --worker_result
+FILE`, which trains here (`run_in_this_process`) and writes a `RunResult`.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from hf_pretrain.bench.measure import process_peak_memory_gib, timed_throughput
+from hf_pretrain.config import Recipe, RecipeError, build_recipe, save_recipe
+from hf_pretrain.formatting import formatted
+from hf_pretrain.model import recipe_flops_per_token
+from hf_pretrain.run_dir import RunDir, read_jsonl
+
+
+@dataclass
+class RunResult:
+    """What a worker process reports about one short training run."""
+
+    status: str  # ok | oom | oom-estimated (refused by preflight's memory check) | preflight | failed
+    message: str = ""
+    peak_memory_gib: float | None = None  # CUDA max allocated, or the process's peak RSS on CPU
+
+
+@dataclass
+class VariantResult:
+    name: str
+    overrides: dict[str, Any]  # recipe keys this variant changes
+    status: str
+    message: str = ""
+    flops_per_token: float | None = None
+    tokens_per_s: float | None = None
+    step_seconds: float | None = None
+    mfu: float | None = None  # against the datasheet bf16 peak (GPUs in hardware.PEAK_BF16_FLOPS)
+    mfu_measured_peak: float | None = None  # against the matmul rate measured in this run
+    peak_memory_gib: float | None = None
+    data_wait_share: float | None = None  # None when the run's metrics do not log it
+    usd_per_billion_tokens: dict[str, float] = field(default_factory=dict)
+    speedup_vs_recipe: float | None = None
+
+
+# ---------------------------------------------------------------------- naming the variants
+def variant_grid(specs: list[str]) -> list[dict[str, str]]:
+    """`["compile=true,false", "micro_batch_size=4,8"]` -> every combination, as override dicts."""
+    axes: list[tuple[str, list[str]]] = []
+    for spec in specs:
+        key, sep, values = spec.partition("=")
+        if not sep or not key or not values:
+            raise RecipeError(f"--variants {spec!r} must look like KEY=VALUE[,VALUE...], e.g. compile=true,false")
+        axes.append((key, [v.strip() for v in values.split(",") if v.strip()]))
+    keys = [key for key, _ in axes]
+    return [dict(zip(keys, combo, strict=True)) for combo in itertools.product(*(values for _, values in axes))]
+
+
+def recipe_value(value: Any) -> str:
+    """A value the way a recipe or the command line spells it (`true`, not `True`)."""
+    return json.dumps(value) if isinstance(value, bool) else str(value)
+
+
+def variant_name(overrides: dict[str, Any]) -> str:
+    return " ".join(f"{k}={recipe_value(v)}" for k, v in overrides.items()) or "recipe as written"
+
+
+def short_run_overrides(steps: int, warmup_steps: int, output_dir: Path) -> dict[str, Any]:
+    """A short timed run: no evaluation, one checkpoint at the end, a metrics line per step."""
+    return {"max_steps": steps, "warmup_steps": warmup_steps, "eval_interval": 0, "save_interval": steps,
+            "log_interval": 1, "resume": "none", "report_to": "none", "output_dir": str(output_dir),
+            "stop_at_step": 0, "milestone_interval": 0, "keep_checkpoints": 1, "phases": {},
+            "early_stop_cost_per_loss_point": 0.0, "early_stop_patience": 0}
+
+
+def settings_of(recipe: Recipe, keys: list[str]) -> dict[str, Any]:
+    """The recipe's values for `keys` (top-level or section keys), for comparing variants."""
+    flat = {k: v for section in ("model", "data", "train") for k, v in recipe.to_dict()[section].items()}
+    return {k: flat.get(k, getattr(recipe, k, None)) for k in keys}
+
+
+def is_recipe_as_written(recipe: Recipe, overrides: dict[str, Any]) -> bool:
+    """Whether `overrides` change nothing (that variant is the baseline); invalid ones change something."""
+    try:
+        changed = build_recipe(recipe.to_dict(), overrides)
+    except RecipeError:
+        return False
+    return settings_of(changed, list(overrides)) == settings_of(recipe, list(overrides))
+
+
+# ---------------------------------------------------------------------- running one
+def run_in_this_process(recipe: Recipe, result_path: Path) -> int:
+    """Train `recipe` here and write a RunResult; what `--worker_result` runs in each child."""
+    from hf_pretrain.preflight import PreflightError
+    from hf_pretrain.train import train
+
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        outcome = train(recipe)
+        result = RunResult("ok" if outcome.exit_code == 0 else "failed", outcome.message)
+    except PreflightError as exc:
+        # preflight refuses a micro-batch its memory estimate says cannot fit, before trying it
+        memory_only = all(r.name == "gpu memory" for r in exc.results if r.status == "fail")
+        result = RunResult("oom-estimated" if memory_only else "preflight", str(exc))
+    except torch.cuda.OutOfMemoryError as exc:
+        result = RunResult("oom", str(exc).splitlines()[0])
+    except RuntimeError as exc:
+        # compiled graphs and some kernels report CUDA running out of memory as a plain RuntimeError
+        if "out of memory" not in str(exc):
+            raise
+        result = RunResult("oom", str(exc).splitlines()[0])
+    result.peak_memory_gib = process_peak_memory_gib(device)
+    result_path.write_text(json.dumps(asdict(result)))
+    return 0
+
+
+def run_in_child(recipe: Recipe, folder: Path) -> RunResult:
+    """Run `recipe` in a fresh process; its log, recipe and result stay in `folder`."""
+    folder.mkdir(parents=True, exist_ok=True)
+    recipe_file, result_file, log_file = folder / "recipe.yaml", folder / "result.json", folder / "log.txt"
+    save_recipe(recipe, recipe_file)
+    result_file.unlink(missing_ok=True)
+    package_root = str(Path(__file__).resolve().parents[2])  # the folder holding hf_pretrain/
+    env = dict(os.environ, TOKENIZERS_PARALLELISM="false",
+               PYTHONPATH=os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")])))
+    command = [sys.executable, "-m", "hf_pretrain.bench", "--recipe", str(recipe_file),
+               "--worker_result", str(result_file)]
+    with log_file.open("w") as log:
+        code = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, env=env).returncode
+    # A checkpoint of a 1B model is 12 GB: keep the metrics, drop the weights.
+    run = RunDir(recipe.train.output_dir)
+    for heavy in (run.checkpoints, run.final):
+        shutil.rmtree(heavy, ignore_errors=True)
+    if result_file.exists():
+        return RunResult(**json.loads(result_file.read_text()))
+    tail = log_file.read_text()[-2000:]
+    if code in (-9, 137):  # SIGKILL: on Linux, most often the kernel's out-of-memory killer
+        return RunResult("oom", f"killed (exit {code}), probably out of memory; see {log_file}")
+    return RunResult("failed", f"exit {code}; see {log_file}:\n{tail}")
+
+
+def measure_variant(recipe: Recipe, overrides: dict[str, Any], folder: Path, warmup: int) -> VariantResult:
+    run = run_in_child(recipe, folder)
+    result = VariantResult(variant_name(overrides), overrides, run.status, run.message,
+                           peak_memory_gib=run.peak_memory_gib)
+    timed = timed_throughput(read_jsonl(RunDir(recipe.train.output_dir).metrics), warmup)
+    if run.status == "ok" and timed:
+        result.tokens_per_s, result.step_seconds, result.data_wait_share = timed
+        result.message = ""
+    elif run.status == "ok":
+        result.status, result.message = "failed", "no train records after the warm-up steps"
+    return result
+
+
+class VariantRunner:
+    """Runs variants of one recipe with the same short-run settings, numbering their folders in `out`."""
+
+    def __init__(self, recipe: Recipe, out: Path, steps: int, warmup: int, say: Callable[[str], None]) -> None:
+        self.recipe, self.out, self.warmup, self.say = recipe, out, warmup, say
+        self.short_run = short_run_overrides(steps, min(recipe.train.warmup_steps, steps - 1), out)
+        self.results: list[VariantResult] = []
+        self._settings: list[dict[str, Any]] = []  # micro-batch and checkpointing of each one run
+
+    def run(self, overrides: dict[str, Any]) -> VariantResult:
+        index = len(self.results)
+        folder = self.out / "variants" / f"{index:02d}"
+        try:
+            variant = build_recipe(self.recipe.to_dict(), {**self.short_run, "output_dir": str(folder / "run"),
+                                                           **overrides})
+        except RecipeError as exc:
+            result = VariantResult(variant_name(overrides), overrides, "invalid", str(exc))
+        else:
+            self.say(f"variant {index}: {variant_name(overrides)}")
+            result = measure_variant(variant, overrides, folder, self.warmup)
+            result.flops_per_token = recipe_flops_per_token(variant)[1]
+            self.say(f"  {result.status}: {formatted(result.tokens_per_s, ',.0f')} tokens/s, "
+                     f"peak memory {formatted(result.peak_memory_gib, '.2f')} GiB")
+            self._settings.append(settings_of(variant, ["micro_batch_size", "gradient_checkpointing"]))
+        self.results.append(result)
+        return result
+
+    def has_run(self, settings: dict[str, Any]) -> bool:
+        return settings in self._settings

@@ -1,0 +1,300 @@
+"""Reading a recipe (YAML, then `--key value` on top) and the one parser every command uses.
+
+Precedence is CLI > YAML > dataclass defaults: as in TRL's TrlParser, the recipe's values become the
+defaults of flags that `transformers.HfArgumentParser` builds from the schema, so `--help` shows what a
+run of that recipe would use. Anything unknown, mistyped or contradictory raises `RecipeError` (on the
+command line: exit status 2) naming the key, before any work starts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import difflib
+import json
+import os
+import sys
+import types
+import typing
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+from transformers import HfArgumentParser
+
+from .schema import KEY_SECTION, SECTIONS, TOP_LEVEL_KEYS, Recipe, RecipeError
+
+RECIPES_DIR = Path(__file__).resolve().parent.parent / "recipes"
+
+
+def _suggest(key: str, valid: Iterable[str]) -> str:
+    close = difflib.get_close_matches(key, list(valid), n=1, cutoff=0.6)
+    return f" (did you mean `{close[0]}`?)" if close else ""
+
+
+def _field_types(cls: type) -> dict[str, Any]:
+    hints = typing.get_type_hints(cls)
+    return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
+
+
+# ---------------------------------------------------------------------- typed values
+def coerce(key: str, value: Any, expected: Any) -> Any:
+    """Check `value` against the annotation `expected`, converting only what is lossless."""
+    origin = typing.get_origin(expected)
+    if origin in (typing.Union, types.UnionType):
+        options = typing.get_args(expected)
+        if value is None and type(None) in options:
+            return None
+        inner = [o for o in options if o is not type(None)]
+        return coerce(key, value, inner[0])
+    if origin is list:
+        (item_type,) = typing.get_args(expected)
+        if not isinstance(value, list):
+            raise RecipeError(f"{key} must be a list, got {type(value).__name__} {value!r}")
+        return [coerce(f"{key}[{i}]", v, item_type) for i, v in enumerate(value)]
+    if origin is dict:
+        key_type, value_type = typing.get_args(expected)
+        if not isinstance(value, dict):
+            raise RecipeError(f"{key} must be a mapping, got {type(value).__name__} {value!r}")
+        return {coerce(f"{key} key", k, key_type): coerce(f"{key}.{k}", v, value_type) for k, v in value.items()}
+    if dataclasses.is_dataclass(expected):
+        if not isinstance(value, dict):
+            raise RecipeError(f"{key} must be a mapping, got {value!r}")
+        return _build(expected, value, key)
+    if expected is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("true", "false", "yes", "no", "1", "0"):
+            return value.lower() in ("true", "yes", "1")
+    elif expected is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if isinstance(value, str):
+            try:
+                return int(value.replace("_", ""))
+            except ValueError:
+                pass
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+    elif expected is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        if isinstance(value, str):  # YAML 1.1 reads `3e-4` (no dot) as a string
+            try:
+                return float(value)
+            except ValueError:
+                pass
+    elif expected is str:
+        if isinstance(value, (str, int, float)) and not isinstance(value, bool):
+            return str(value)
+    raise RecipeError(f"{key} must be {getattr(expected, '__name__', expected)}, got {value!r}")
+
+
+def _build(cls: type, values: dict[str, Any], where: str) -> Any:
+    types_ = _field_types(cls)
+    unknown = [k for k in values if k not in types_]
+    if unknown:
+        k = unknown[0]
+        raise RecipeError(f"unknown key `{k}` in {where}{_suggest(k, types_)}")
+    return cls(**{k: coerce(f"{where}.{k}", v, types_[k]) for k, v in values.items()})
+
+
+# ---------------------------------------------------------------------- YAML recipes
+def resolve_recipe_path(name_or_path: str) -> Path:
+    path = Path(name_or_path)
+    if path.suffix in (".yaml", ".yml") or path.exists():
+        if not path.is_file():
+            raise RecipeError(f"recipe file {path} does not exist")
+        return path
+    candidate = RECIPES_DIR / f"{name_or_path}.yaml"
+    if not candidate.is_file():
+        known = sorted(p.stem for p in RECIPES_DIR.glob("*.yaml"))
+        raise RecipeError(f"no recipe named `{name_or_path}` in {RECIPES_DIR}{_suggest(name_or_path, known)}; "
+                          f"known recipes: {', '.join(known)}")
+    return candidate
+
+
+def recipe_dict_from_yaml(path: Path) -> dict[str, Any]:
+    try:
+        raw = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise RecipeError(f"{path} is not valid YAML: {exc}") from exc
+    if not isinstance(raw, dict):
+        raise RecipeError(f"{path} must hold a mapping of sections")
+    valid = list(SECTIONS) + TOP_LEVEL_KEYS
+    for key, value in raw.items():
+        if key not in valid:
+            hint = f" (`{key}` belongs in the `{KEY_SECTION[key]}:` section)" if key in KEY_SECTION else _suggest(key, valid)
+            raise RecipeError(f"unknown key `{key}` at the top of {path}{hint}")
+        if key in SECTIONS and not isinstance(value or {}, dict):
+            raise RecipeError(f"section `{key}` in {path} must be a mapping")
+    return raw
+
+
+def _assemble(raw: dict[str, Any], overrides: dict[str, Any] | None, where: str) -> Recipe:
+    """Recipe from a YAML mapping plus flat overrides (`{"max_steps": 10}`), typed but not yet validated."""
+    sections = {s: dict(raw.get(s) or {}) for s in SECTIONS}
+    top = {k: raw[k] for k in TOP_LEVEL_KEYS if k in raw}
+    for key, value in (overrides or {}).items():
+        if key in TOP_LEVEL_KEYS:
+            top[key] = value
+        elif key in KEY_SECTION:
+            sections[KEY_SECTION[key]][key] = value
+        else:
+            raise RecipeError(f"unknown key `{key}`{_suggest(key, list(KEY_SECTION) + TOP_LEVEL_KEYS)}")
+    return Recipe(
+        **{k: coerce(k, v, str) for k, v in top.items()},
+        **{s: _build(cls, sections[s], f"{where}:{s}") for s, cls in SECTIONS.items()},
+    )
+
+
+def build_recipe(raw: dict[str, Any], overrides: dict[str, Any] | None = None, where: str = "recipe") -> Recipe:
+    """Recipe from a YAML mapping plus flat overrides (`{"max_steps": 10}`), validated."""
+    recipe = _assemble(raw, overrides, where)
+    recipe.validate()
+    return recipe
+
+
+def load_recipe(name_or_path: str, overrides: dict[str, Any] | None = None) -> Recipe:
+    path = resolve_recipe_path(name_or_path)
+    return build_recipe(recipe_dict_from_yaml(path), overrides, where=str(path))
+
+
+def save_recipe(recipe: Recipe, path: str | os.PathLike) -> None:
+    Path(path).write_text(yaml.safe_dump(recipe.to_dict(), sort_keys=False))
+
+
+# ---------------------------------------------------------------------- the command line
+class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
+    """Descriptions and epilogs keep their line breaks; every option shows its default."""
+
+
+def _is_kebab(flag: str) -> bool:
+    return flag.startswith("--") and "-" in flag[2:]
+
+
+class CommandParser(HfArgumentParser):
+    """The parser of every `hf-pretrain` command, so that they all parse the same way.
+
+    HfArgumentParser builds flags from dataclass fields (help from their metadata, `--flag` or
+    `--flag false` for booleans, several values for lists). On top of it:
+    - flags are snake_case, like the recipe keys. A kebab-case spelling (`--push-to-hub`) or a flag
+      listed in `renamed` (old -> new) still works for one release, with a one-line note naming the
+      new spelling; neither shows in `--help`;
+    - an unknown flag is named with the nearest valid one; flags are never abbreviated.
+    """
+
+    def __init__(self, dataclass_types: Any = None, *, renamed: dict[str, str] | None = None, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        kwargs.setdefault("formatter_class", HelpFormatter)
+        self.renamed = dict(renamed or {})
+        super().__init__(dataclass_types, **kwargs)
+
+    def add_argument(self, *names: str, **kwargs: Any) -> argparse.Action:
+        # HfArgumentParser gives each snake_case flag a kebab-case twin: keep one spelling (parse_known_args
+        # still translates the other, with the note).
+        snake = [n for n in names if not _is_kebab(n)]
+        if not snake:
+            raise ValueError(f"flags are snake_case, like the recipe keys: {names}")
+        return super().add_argument(*snake, **kwargs)
+
+    def parse_known_args(self, args: Sequence[str] | None = None, namespace: Any = None) -> Any:
+        args = sys.argv[1:] if args is None else list(args)
+        return super().parse_known_args(self._current_spelling(args), namespace)
+
+    def _current_spelling(self, args: list[str]) -> list[str]:
+        out: list[str] = []
+        for i, arg in enumerate(args):
+            if arg == "--":  # everything after it is a value
+                return out + args[i:]
+            flag, equals, value = arg.partition("=")
+            new = self.renamed.get(flag) or ("--" + flag[2:].replace("-", "_") if _is_kebab(flag) else None)
+            if new:
+                print(f"{self.prog}: note: `{flag}` is now `{new}`; the old spelling goes in the next release",
+                      file=sys.stderr)
+                arg = new + equals + value
+            out.append(arg)
+        return out
+
+    def error(self, message: str) -> typing.NoReturn:  # type: ignore[override]
+        if message.startswith("unrecognized arguments"):
+            bad = [a for a in message.split(":", 1)[1].split() if a.startswith("--")]
+            if bad:
+                key = bad[0][2:].split("=", 1)[0]
+                valid = [a.lstrip("-") for a in self._option_string_actions if a.startswith("--")]
+                message = f"unknown key `{key}`{_suggest(key, valid)}"
+        super().error(message)
+
+
+def _is_structure(annotation: Any) -> bool:
+    """A key whose value is a mapping or a list of mappings (`phases`, `sources`): YAML/JSON text on the command line."""
+    args = typing.get_args(annotation)
+    return typing.get_origin(annotation) is dict or (typing.get_origin(annotation) is list and dataclasses.is_dataclass(args[0]))
+
+
+STRUCTURED_KEYS = {k for cls in SECTIONS.values() for k, t in _field_types(cls).items() if _is_structure(t)}
+
+
+def _flags_of(cls: type) -> type:
+    """`cls` as HfArgumentParser should see it: it hands a field's whole metadata to argparse, so this view
+    keeps only the help; structured keys take text; the defaults come from the recipe (`set_defaults`)."""
+    types_ = _field_types(cls)
+    fields = []
+    for f in dataclasses.fields(cls):
+        if f.name in SECTIONS:  # Recipe's sections: their keys come from their own classes
+            continue
+        annotation = str if _is_structure(types_[f.name]) else types_[f.name]
+        help_ = f.metadata["help"].replace("%", "%%")  # argparse formats help with %-placeholders
+        fields.append((f.name, annotation, dataclasses.field(default=None, metadata={"help": help_})))
+    return dataclasses.make_dataclass(f"{cls.__name__}Flags", fields)
+
+
+def _flag_defaults(recipe: Recipe) -> dict[str, Any]:
+    values: dict[str, Any] = {k: getattr(recipe, k) for k in TOP_LEVEL_KEYS}
+    for section in SECTIONS:
+        for k, v in dataclasses.asdict(getattr(recipe, section)).items():
+            values[k] = json.dumps(v) if k in STRUCTURED_KEYS else v
+    return values
+
+
+def _from_flag(key: str, value: Any) -> Any:
+    """A flag's value as the recipe key takes it: YAML/JSON text for structures (`--phases '{a: 10}'`);
+    a list also as one YAML list (`--prompts '["a", "b"]'`, the spelling before lists took several values)."""
+    if key in STRUCTURED_KEYS and isinstance(value, str):
+        return _yaml_value(value)
+    if isinstance(value, list) and len(value) == 1 and isinstance(value[0], str) and value[0].startswith("["):
+        return _yaml_value(value[0])
+    return value
+
+
+def _yaml_value(text: str) -> Any:
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError:
+        return text  # typed check below names the key
+
+
+def parse_recipe_args(argv: list[str] | None, prog: str, description: str,
+                      extra: Callable[[argparse.ArgumentParser], None] | None = None,
+                      renamed: dict[str, str] | None = None) -> tuple[Recipe, argparse.Namespace]:
+    """The recipe named by `--recipe`, every key overridable as `--key value`, validated; `extra` adds the
+    command's own flags (they come back in the namespace), `renamed` its old flag names (see CommandParser)."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    recipe_flag = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    recipe_flag.add_argument("--recipe", default="smoke", help="recipe name in recipes/ or a path to a YAML file")
+    chosen, _ = recipe_flag.parse_known_args(argv)
+    parser = CommandParser([_flags_of(cls) for cls in (Recipe, *SECTIONS.values())], prog=prog,
+                           usage="%(prog)s [--recipe NAME] [--key VALUE ...]", description=description,
+                           parents=[recipe_flag], renamed=renamed)
+    if extra:
+        extra(parser)
+    try:
+        path = resolve_recipe_path(chosen.recipe)
+        parser.set_defaults(**_flag_defaults(_assemble(recipe_dict_from_yaml(path), None, where=str(path))))
+        args = parser.parse_args(argv)
+        flat = {k: _from_flag(k, getattr(args, k)) for k in TOP_LEVEL_KEYS + list(KEY_SECTION)}
+        recipe = build_recipe({}, flat, where="command line")
+    except RecipeError as exc:
+        parser.exit(2, f"{prog}: error: {exc}\n")
+    return recipe, args

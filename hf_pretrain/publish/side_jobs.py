@@ -1,0 +1,147 @@
+"""The side jobs of a training run: publish and score its checkpoints without holding it up.
+
+`hf_pretrain/train.py` hands `SideJobs(recipe.train)` to the loop, which calls it on the main
+process only (training/callbacks.py):
+
+- each saved checkpoint, with `push_checkpoints`: exported (bf16) and pushed to branch `step-N`
+  of `push_to_hub`, on a background thread (one upload at a time, in order);
+- each saved checkpoint, with `benchmark_tasks`: scored with lm-eval in a subprocess
+  (`python -m hf_pretrain.publish.side_jobs benchmark ...`), which appends its record to the run's
+  benchmarks.jsonl when it is ready;
+- at the end of the schedule: `final/`, the last checkpoint exported in `FINAL_DTYPE` (the size
+  the disk check counts), then pushed to `main` of `push_to_hub` in the background.
+
+A job reads a pinned copy of its checkpoint (hard links), so pruning cannot pull it away while the
+run goes on. A failure only warns: a push or a benchmark is never a reason to lose the run. At its
+end the run waits for what is still pending, and says so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import subprocess
+import sys
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+
+from hf_pretrain.config import TrainConfig
+from hf_pretrain.publish.export import export_checkpoint, push_checkpoint, resolve_checkpoint
+from hf_pretrain.publish.hub import HubError, push_folder
+from hf_pretrain.run_dir import FINAL_DTYPE, RunDir
+from hf_pretrain.training.callbacks import Callback
+from hf_pretrain.training.checkpoint import pin_checkpoint
+
+
+class SideJobs(Callback):
+    """The recipe's publishing and benchmark jobs; `log` says what they did (from any thread)."""
+
+    def __init__(self, train: TrainConfig, log: Callable[[str], None] = print):
+        self.train, self.log = train, log
+        self._uploads = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hf-pretrain-upload")
+        self._benchmarks = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hf-pretrain-benchmark")
+        self._pending: list[tuple[str, Future]] = []
+
+    def on_checkpoint_saved(self, path: Path, step: int) -> None:
+        jobs = []
+        if self.train.push_checkpoints:
+            jobs.append((f"the push of step {step}", self._uploads, self._push_checkpoint))
+        if self.train.benchmark_tasks:
+            jobs.append((f"the benchmarks of step {step}", self._benchmarks, self._benchmark))
+        if not jobs:
+            return
+        pin = _Pin(pin_checkpoint(path), users=len(jobs))
+        for name, worker, job in jobs:
+            self._pending.append((name, worker.submit(self._run, name, job, pin, step)))
+
+    def on_train_end(self, run: RunDir) -> None:
+        """`final/`: a standard Hugging Face folder with its model card, by the same code path as
+        `hf-pretrain export` (FSDP shards are merged too). Written before the run returns."""
+        newest = resolve_checkpoint(run.path, checksums=False, log=self.log)  # the one this run just saved
+        export_checkpoint(newest, run.final, dtype=FINAL_DTYPE, overwrite=True)
+        if self.train.push_to_hub:
+            self._pending.append(("the push of final/", self._uploads.submit(self._push_final, run)))
+
+    def wait(self) -> None:
+        pending = [name for name, future in self._pending if not future.done()]
+        if pending:
+            self.log(f"waiting for {len(pending)} side job(s) to finish: {', '.join(pending)}")
+        for _, future in self._pending:
+            future.result()  # the jobs catch their own failures
+        self._pending.clear()
+
+    # ------------------------------------------------------------------ the jobs (background threads)
+    def _run(self, name: str, job: Callable[[Path, int], None], pin: _Pin, step: int) -> None:
+        try:
+            job(pin.path, step)
+        except Exception as exc:  # a side job is a service to the run, never a reason to lose it
+            self.log(f"warning: {name} failed: {type(exc).__name__}: {exc}")
+        finally:
+            pin.release()
+
+    def _push_checkpoint(self, checkpoint: Path, step: int) -> None:
+        try:
+            url = push_checkpoint(checkpoint, self.train.push_to_hub, step, private=self.train.push_private)
+        except HubError as exc:
+            self.log(f"warning: step {step} was not pushed: {exc}")
+            return
+        self.log(f"step {step}: pushed to {url}")
+
+    def _benchmark(self, checkpoint: Path, step: int) -> None:
+        command = [sys.executable, "-m", "hf_pretrain.publish.side_jobs", "benchmark", str(checkpoint),
+                   "--tasks", ",".join(self.train.benchmark_tasks), "--limit", str(self.train.benchmark_limit)]
+        if self.train.benchmark_data_dir:
+            command += ["--data_dir", self.train.benchmark_data_dir]
+        # lm-eval loads its own copy of the model: in its own process it shares no memory, lock or
+        # RNG with training, and ends by giving all of it back
+        result = subprocess.run(command, capture_output=True, text=True)
+        lines = result.stdout.strip().splitlines()
+        if result.returncode != 0 or not lines:
+            reason = (result.stderr.strip().splitlines() or [f"exit code {result.returncode}"])[-1]
+            self.log(f"warning: step {step} benchmarks failed: {reason}")
+            return
+        self.log(f"step {step}: benchmarks {json.loads(lines[-1])['tasks']}")
+
+    def _push_final(self, run: RunDir) -> None:
+        try:
+            self.log(f"pushed final/ to {push_folder(run.final, self.train.push_to_hub, private=self.train.push_private)}")
+        except HubError as exc:
+            self.log(f"warning: {exc}; push it later with `hf-pretrain export --checkpoint {run.path} --push_to_hub ...`")
+
+
+class _Pin:
+    """A pinned checkpoint shared by the jobs of one save; the last of them to finish removes it."""
+
+    def __init__(self, path: Path, users: int):
+        self.path, self._users, self._lock = path, users, threading.Lock()
+
+    def release(self) -> None:
+        with self._lock:
+            self._users -= 1
+            last = self._users == 0
+        if last:
+            shutil.rmtree(self.path, ignore_errors=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The benchmark job's own process: score one checkpoint, append the record to its run's
+    benchmarks.jsonl, print the record as the last line."""
+    parser = argparse.ArgumentParser(prog="python -m hf_pretrain.publish.side_jobs")
+    parser.add_argument("job", choices=["benchmark"])
+    parser.add_argument("checkpoint", type=Path)
+    parser.add_argument("--tasks", required=True, help="comma-separated lm-eval tasks")
+    parser.add_argument("--limit", type=int, required=True, help="examples per task")
+    parser.add_argument("--data_dir", help="local data for the offline tasks")
+    args = parser.parse_args(argv)
+    from hf_pretrain.evaluation.harness import evaluate_checkpoint  # lm-eval is the optional `eval` extra
+
+    record = evaluate_checkpoint(args.checkpoint, args.tasks.split(","), args.limit, data_dir=args.data_dir)
+    print(json.dumps(record))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

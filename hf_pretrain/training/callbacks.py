@@ -1,0 +1,46 @@
+"""How training reaches the work that is not training: publishing and scoring, as callbacks.
+
+The loop calls these on the main process only, and no other process waits for them: a callback
+must return at once and do slow work (uploads, benchmarks) in the background. `wait` is the one
+place the run blocks on that work, at its very end. Training never imports publish/ or
+evaluation/; `hf_pretrain/train.py` hands their side jobs in (publish/side_jobs.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+from hf_pretrain.run_dir import RunDir
+
+
+class Callback:
+    """A side job of a run; override what it needs."""
+
+    def on_checkpoint_saved(self, path: Path, step: int) -> None:
+        """A complete checkpoint of `step` is at `path` (it may be pruned later; pin it to keep reading)."""
+
+    def on_train_end(self, run: RunDir) -> None:
+        """The schedule is complete (the last step, or early stopping) and its last checkpoint saved."""
+
+    def wait(self) -> None:
+        """Return when the work started in the background has finished; called once, at every exit."""
+
+
+class CallbackList(Callback):
+    """Several callbacks called in order, as one."""
+
+    def __init__(self, callbacks: Sequence[Callback]):
+        self.callbacks = list(callbacks)
+
+    def on_checkpoint_saved(self, path: Path, step: int) -> None:
+        for callback in self.callbacks:
+            callback.on_checkpoint_saved(path, step)
+
+    def on_train_end(self, run: RunDir) -> None:
+        for callback in self.callbacks:
+            callback.on_train_end(run)
+
+    def wait(self) -> None:
+        for callback in self.callbacks:
+            callback.wait()

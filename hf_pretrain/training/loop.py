@@ -1,0 +1,172 @@
+"""The training loop: `setup` builds the parts of a run, `train` steps them until a guard says stop.
+
+Each part decides its own timing from the step: the logger writes a record every `log_interval`
+steps, the evaluation runs every `eval_interval`, the checkpointer saves every `save_interval`, and
+the guards (guards.py) decide, together on every process, when the run ends. Side jobs (publishing,
+benchmarks) hang off the saved checkpoints as callbacks and never hold the loop up.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from accelerate import Accelerator, PartialState
+from accelerate.utils import set_seed
+
+from hf_pretrain.config import Recipe, save_recipe
+from hf_pretrain.data import build_train_loader, build_val_loader, load_tokenizer
+from hf_pretrain.hardware import describe_hardware, training_precision
+from hf_pretrain.model import apply_liger, build_model, count_parameters, flops_per_token, llama_config
+from hf_pretrain.optim import build_optimizer
+from hf_pretrain.preflight import preflight
+from hf_pretrain.run_dir import RunDir, truncate_jsonl
+from hf_pretrain.training.callbacks import Callback, CallbackList
+from hf_pretrain.training.checkpoint import Checkpointer, CheckpointSaveError, remove_pins, resume_training_state
+from hf_pretrain.training.guards import EXIT_SAVE_FAILED, Guards, Stop
+from hf_pretrain.training.metrics import RunLogger, trackers_for
+from hf_pretrain.training.state import TrainState
+from hf_pretrain.training.step import Evaluation, TrainStep
+
+
+@dataclass
+class Outcome:
+    """How a call to `train` ended: the process exit code, a line for the user, the final model."""
+
+    exit_code: int
+    message: str
+    final_model: Path | None = None
+
+
+def train(recipe: Recipe, callbacks: Sequence[Callback] = ()) -> Outcome:
+    """Run the recipe to `max_steps`, resuming when asked; one iteration is one optimizer step.
+
+    Stops early, always with a checkpoint, on `stop_at_step`, on SIGTERM/SIGINT, on early stopping,
+    or after `max_bad_steps` non-finite steps in a row; a checkpoint that cannot be written stops it too.
+    """
+    run = setup(recipe)
+    state, log, cfg = run.state, run.log, recipe.train
+    side_jobs = CallbackList(callbacks if run.accelerator.is_main_process else [])  # nobody waits for them
+    stop = Stop(0, finished=True) if state.step >= cfg.max_steps else None
+    checkpoint = None
+    with Guards(cfg, run.accelerator, log) as guards:
+        state.start_clock()
+        while stop is None:
+            result = run.train_step(state.step + 1)
+            state.advance(cfg.global_batch_tokens, skipped=not result.finite)
+            healthy = guards.check(state.step, result)  # a non-finite step was skipped, weights untouched
+            log.step(state, result)
+            if healthy and run.evaluation.due(state.step):
+                with log.paused():
+                    val_loss, samples = run.evaluation()
+                log.evaluation(state, val_loss, samples)
+                guards.observe_val_loss(val_loss)
+            stop = guards.decide(state.step, log.history)  # the step's one exchange between processes
+            if stop is not None or run.checkpoints.due(state.step):
+                try:
+                    with log.paused():
+                        checkpoint = run.checkpoints.save(state.state_dict())
+                except CheckpointSaveError as exc:
+                    stop = Stop(EXIT_SAVE_FAILED, f"stopped: {exc}")
+                    break
+                side_jobs.on_checkpoint_saved(checkpoint, state.step)
+        log.close()
+        if stop.reason:
+            log.say(stop.message(checkpoint), every_process=stop.exit_code != 0)
+        if stop.finished:
+            side_jobs.on_train_end(run.dir)
+        side_jobs.wait()  # inside the guards: a second signal still ends the wait at once
+    run.accelerator.end_training()
+    if not stop.finished:
+        return Outcome(stop.exit_code, stop.message(checkpoint))
+    final = run.dir.final if run.dir.final.is_dir() else None
+    message = (f"done: {state.step} steps, {state.tokens_seen:,} tokens in {state.elapsed():.0f}s | "
+               f"metrics {run.dir.metrics} | samples {run.dir.samples}" + (f" | model {final}" if final else ""))
+    log.say(message)
+    return Outcome(0, message, final)
+
+
+@dataclass
+class Run:
+    """The parts of a run, ready for its first step."""
+
+    accelerator: Accelerator
+    dir: RunDir
+    state: TrainState
+    train_step: TrainStep
+    evaluation: Evaluation
+    checkpoints: Checkpointer
+    log: RunLogger
+
+
+def setup(recipe: Recipe) -> Run:
+    """Build a run, the cheap checks first: preflight (versions, device, data, disk, memory) before
+    anything is built, then the Accelerator, model and optimizer, the resumed state, the data."""
+    cfg = recipe.train
+    run_dir = RunDir(cfg.output_dir)
+    # Without CUDA the processes must run on the CPU; saying so up front is what makes Accelerate
+    # join processes started by torchrun (`accelerate launch --multi_gpu`) into a gloo group.
+    on_cpu = not torch.cuda.is_available() or os.environ.get("ACCELERATE_USE_CPU", "").lower() in ("1", "true")
+    world_size = PartialState(cpu=on_cpu).num_processes
+    grad_accum = recipe.grad_accum_steps(world_size)
+    preflight(recipe, world_size, log=print if PartialState().is_main_process else lambda _: None)
+    tokenizer = load_tokenizer(recipe.data.data_dir)
+
+    accelerator = Accelerator(
+        cpu=on_cpu,
+        mixed_precision=training_precision(cfg.mixed_precision),
+        gradient_accumulation_steps=grad_accum,
+        log_with=trackers_for(cfg.report_to) or None,
+        project_dir=str(run_dir.path),
+        dynamo_backend="inductor" if cfg.compile else "no",
+    )
+    say = accelerator.print
+    if accelerator.is_main_process:
+        run_dir.path.mkdir(parents=True, exist_ok=True)
+        save_recipe(recipe, run_dir.resolved_recipe)
+    if torch.cuda.is_available() and cfg.tf32:
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+
+    set_seed(cfg.seed)
+    config = llama_config(recipe.model, len(tokenizer), tokenizer.bos_token_id, tokenizer.eos_token_id,
+                          tokenizer.pad_token_id)
+    model = build_model(config)
+    n_params = count_parameters(model)
+    if cfg.gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if cfg.liger:
+        apply_liger(model, log=say)
+    optimizer = build_optimizer(model, cfg, fused=accelerator.device.type == "cuda")
+    model, optimizer = accelerator.prepare(model, optimizer)
+
+    # resume: weights, optimizer and RNG from the checkpoint; the data position is the step
+    state = TrainState(recipe.fingerprint(), describe_hardware(accelerator.device, accelerator.num_processes))
+    resumed = resume_training_state(accelerator, run_dir.path, cfg.resume, log=say)
+    if resumed is not None:
+        folder, saved = resumed
+        if saved.get("recipe_fingerprint") != state.recipe_fingerprint:
+            say(f"warning: {folder} was written by a recipe with different math settings; continuing with the new ones")
+        state.load_state_dict(saved)
+        say(f"resumed from {folder} at step {state.step}")
+    if accelerator.is_main_process:
+        # a resumed run rewrites the steps after its checkpoint, so the files hold one clean curve
+        for records in (run_dir.metrics, run_dir.samples, run_dir.benchmarks):
+            truncate_jsonl(records, after_step=state.step)
+        remove_pins(run_dir.path)  # held by side jobs of a session that was killed
+
+    train_loader = build_train_loader(recipe, accelerator.process_index, world_size, grad_accum,
+                                      start_step=state.step, pin_memory=accelerator.device.type == "cuda")
+    val_loader = build_val_loader(recipe, accelerator.process_index, world_size)
+    say(f"model: {n_params / 1e6:.2f}M parameters | {world_size} process(es) x {grad_accum} micro-batches of "
+        f"{cfg.micro_batch_size} x {recipe.data.seq_len} tokens = {cfg.global_batch_tokens:,} tokens/step | "
+        f"precision {accelerator.mixed_precision}")
+    log = RunLogger(accelerator, recipe, run_dir, state, flops_per_token(config, n_params, recipe.data.seq_len))
+    return Run(accelerator, run_dir, state,
+               TrainStep(accelerator, model, optimizer, train_loader, cfg, grad_accum),
+               Evaluation(accelerator, model, val_loader, tokenizer, cfg),
+               Checkpointer(accelerator, cfg, config, tokenizer, log=say),
+               log)

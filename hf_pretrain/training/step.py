@@ -1,0 +1,126 @@
+"""The compute of a run: one optimizer step over its micro-batches, the validation loss, greedy samples."""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+
+import torch
+from accelerate import Accelerator
+
+from hf_pretrain.config import TrainConfig
+from hf_pretrain.optim import learning_rate_at, set_learning_rate
+from hf_pretrain.training.faults import fault_active
+
+
+@dataclass
+class StepResult:
+    loss: float  # this process's mean over the micro-batches
+    grad_norm: float  # before clipping; the same on every process
+    lr: float
+    data_wait: float  # seconds spent waiting for batches
+
+    @property
+    def finite(self) -> bool:
+        return math.isfinite(self.grad_norm) and math.isfinite(self.loss)
+
+
+class TrainStep:
+    """`step(n)` runs optimizer step n (1-based) on `global_batch_tokens` tokens: the learning rate of
+    the schedule, `grad_accum` micro-batches, clipping, and the update, which a non-finite step skips."""
+
+    def __init__(self, accelerator: Accelerator, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                 train_loader, train: TrainConfig, grad_accum: int):
+        self.accelerator, self.model, self.optimizer = accelerator, model, optimizer
+        self.train, self.grad_accum = train, grad_accum
+        self.batches = iter(train_loader)
+        model.train()
+
+    def __call__(self, step: int) -> StepResult:
+        lr = learning_rate_at(step - 1, self.train)
+        set_learning_rate(self.optimizer, lr)
+        loss, waited = forward_backward(self.accelerator, self.model, self.batches, self.grad_accum,
+                                        poison=fault_active("nan-loss", step))
+        # After the last micro-batch the gradients are synchronised, so every process sees the
+        # same norm and takes the same decision: a non-finite step is skipped, weights untouched.
+        grad_norm = self.accelerator.clip_grad_norm_(self.model.parameters(), self.train.grad_clip or float("inf"))
+        result = StepResult(loss, grad_norm.item(), lr, waited)
+        if result.finite:
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return result
+
+
+def forward_backward(accelerator: Accelerator, model: torch.nn.Module, batches, grad_accum: int,
+                     poison: bool = False) -> tuple[float, float]:
+    """Accumulate gradients over `grad_accum` micro-batches.
+
+    Returns this process's mean loss and the seconds spent waiting for batches.
+    """
+    total = torch.zeros((), device=accelerator.device)
+    waited = 0.0
+    for _ in range(grad_accum):
+        before = time.perf_counter()
+        tokens = next(batches)
+        waited += time.perf_counter() - before
+        tokens = tokens.to(accelerator.device, non_blocking=True)
+        inputs, targets = tokens[:, :-1], tokens[:, 1:].contiguous()
+        with accelerator.accumulate(model):  # no gradient all-reduce until the last micro-batch
+            # the targets are already shifted; `shift_labels` tells the loss not to shift again
+            loss = model(input_ids=inputs, labels=targets, shift_labels=targets).loss
+            if poison:  # fault injection for the numerical-guard tests
+                loss = loss * float("nan")
+            accelerator.backward(loss)
+        total += loss.detach()
+    return (total / grad_accum).item(), waited
+
+
+class Evaluation:
+    """The validation loss and greedy samples of the fixed prompts, every `eval_interval` steps and
+    at the last step."""
+
+    def __init__(self, accelerator: Accelerator, model: torch.nn.Module, val_loader, tokenizer, train: TrainConfig):
+        self.accelerator, self.model, self.val_loader, self.tokenizer = accelerator, model, val_loader, tokenizer
+        self.train = train
+
+    def due(self, step: int) -> bool:
+        return bool(self.train.eval_interval) and (step % self.train.eval_interval == 0 or step == self.train.max_steps)
+
+    def __call__(self) -> tuple[float, list[tuple[str, str]]]:
+        val_loss = evaluate(self.accelerator, self.model, self.val_loader)
+        samples = generate_samples(self.accelerator, self.model, self.tokenizer, self.train.prompts,
+                                   self.train.sample_max_new_tokens)
+        return val_loss, samples
+
+
+@torch.no_grad()
+def evaluate(accelerator: Accelerator, model: torch.nn.Module, val_loader) -> float:
+    """Mean loss over the held-out batches, averaged over every process."""
+    model.eval()
+    total = torch.zeros((), device=accelerator.device)
+    count = 0
+    for tokens in val_loader:
+        tokens = tokens.to(accelerator.device)
+        targets = tokens[:, 1:].contiguous()
+        total += model(input_ids=tokens[:, :-1], labels=targets, shift_labels=targets).loss.float()
+        count += 1
+    model.train()
+    return accelerator.reduce(total / max(count, 1), "mean").item()
+
+
+@torch.no_grad()
+def generate_samples(accelerator: Accelerator, model: torch.nn.Module, tokenizer, prompts: list[str],
+                     max_new_tokens: int) -> list[tuple[str, str]]:
+    """Greedy completions of the fixed prompts. Every process generates (FSDP needs them all)."""
+    net = accelerator.unwrap_model(model)
+    net.eval()
+    completions = []
+    for prompt in prompts:
+        ids = tokenizer(prompt, return_tensors="pt").input_ids.to(accelerator.device)
+        with accelerator.autocast():
+            out = net.generate(ids, max_new_tokens=max_new_tokens, do_sample=False, use_cache=True,
+                               eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+        completions.append((prompt, tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=True)))
+    net.train()
+    return completions

@@ -1,0 +1,127 @@
+"""The rules of the house (docs/architecture.md), read off the source: no import cycle between the
+package's modules, and the arrows between rooms point one way."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import ROOT
+
+PACKAGE = "hf_pretrain"
+# publish/space_template/app.py runs in a Space without hf-pretrain: it is data to the package.
+NOT_MODULES = {f"{PACKAGE}.publish.space_template.app"}
+
+
+def module_of(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {module_of(p): p for p in sorted((ROOT / PACKAGE).rglob("*.py"))}
+MODULES = {name: path for name, path in MODULES.items() if name not in NOT_MODULES}
+
+
+def _is_type_checking(node: ast.If) -> bool:
+    return isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING" or (
+        isinstance(node.test, ast.Attribute) and node.test.attr == "TYPE_CHECKING")
+
+
+def _import_nodes(tree: ast.Module, module_level_only: bool):
+    """Import statements; with `module_level_only`, those that run when the module is imported
+    (not inside functions or classes, not under `if TYPE_CHECKING:`)."""
+    if not module_level_only:
+        yield from (n for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom)))
+        return
+    pending = list(tree.body)
+    while pending:
+        node = pending.pop()
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            yield node
+        elif isinstance(node, ast.If) and not _is_type_checking(node):
+            pending += node.body + node.orelse
+        elif isinstance(node, ast.Try):
+            pending += node.body + node.orelse + node.finalbody + [s for h in node.handlers for s in h.body]
+        elif isinstance(node, ast.With):
+            pending += node.body
+
+
+def imported_modules(module: str, module_level_only: bool = False) -> set[str]:
+    """The package modules `module` imports: `from a.b import c` names a.b.c when that is a module.
+    Importing a.b.c first runs the __init__ of each package above it that `module` is not inside."""
+    path = MODULES[module]
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    found = set()
+    for node in _import_nodes(ast.parse(path.read_text()), module_level_only):
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        else:
+            base = node.module or ""
+            if node.level:  # relative: from the package `level - 1` steps up
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(anchor + ([base] if base else []))
+            targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in MODULES else base for a in node.names]
+        for target in targets:
+            if not target.startswith(PACKAGE + ".") and target != PACKAGE:
+                continue
+            parts = target.split(".")
+            for depth in range(1, len(parts) + 1):
+                ancestor = ".".join(parts[:depth])
+                inside = module == ancestor or module.startswith(ancestor + ".")
+                if ancestor in MODULES and ancestor != module and (depth == len(parts) or not inside):
+                    found.add(ancestor)
+    return found
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import cycle as [a, b, ..., a], or None."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        path.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                return path[path.index(nxt):] + [nxt]
+            if nxt not in state and (cycle := visit(nxt)):
+                return cycle
+        path.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state and (cycle := visit(node)):
+            return cycle
+    return None
+
+
+def test_no_module_level_import_cycle():
+    graph = {module: imported_modules(module, module_level_only=True) for module in MODULES}
+    assert find_cycle(graph) is None, " -> ".join(find_cycle(graph))
+
+
+def test_the_cycle_finder_finds_one():
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b"}, "b": set()}) is None
+
+
+def _room(module: str) -> list[str]:
+    return [m for m in MODULES if m == module or m.startswith(module + ".")]
+
+
+@pytest.mark.parametrize("room, forbidden", [
+    ("hf_pretrain.config", ["hf_pretrain"]),  # config is a leaf
+    ("hf_pretrain.training", ["hf_pretrain.publish", "hf_pretrain.evaluation"]),  # only through callbacks
+    ("hf_pretrain.data", ["hf_pretrain.training"]),  # data and model know nothing of the loop
+    ("hf_pretrain.model", ["hf_pretrain.training"]),
+])
+def test_the_arrows_between_rooms_point_one_way(room, forbidden):
+    assert _room(room), f"no module {room}"
+    wrong = {f"{module} imports {target}" for module in _room(room)
+             for target in imported_modules(module)  # lazy imports inside functions count too
+             for prefix in forbidden
+             if (target == prefix or target.startswith(prefix + ".")) and not target.startswith(room)}
+    assert not wrong, sorted(wrong)
