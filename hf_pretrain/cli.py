@@ -11,6 +11,7 @@ import sys
 COMMANDS = {
     "prepare": ("hf_pretrain.data.command", "tokenize the recipe's corpus into shards (fits the tokenizer when asked)"),
     "train": ("hf_pretrain.train", "train the recipe in this process (`accelerate launch hf_pretrain/train.py` for several)"),
+    "stop": ("hf_pretrain.training.stop_request", "ask a running job to finish now: decay (wsd), save, write final/"),
     "doctor": ("hf_pretrain.preflight.doctor", "check the plumbing of a run before spending money on it"),
     "export": ("hf_pretrain.publish.export", "write a standard Hugging Face model folder from a checkpoint, optionally push it"),
     "eval": ("hf_pretrain.evaluation.harness", "score a model with lm-evaluation-harness"),

@@ -46,6 +46,15 @@ def training_precision(requested: str, cuda_available: bool | None = None, bf16_
     return "bf16" if cuda and bf16 else "no"
 
 
+def cpu_has_bf16_kernels() -> bool:
+    """Whether oneDNN has bf16 kernels for this CPU (AVX-512 and later; AMX and AVX512-BF16 do the
+    math in hardware). Without them, bf16 autocast on the CPU mostly converts, and runs slower than fp32."""
+    try:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):  # a torch built without oneDNN
+        return False
+
+
 # Bytes per parameter of a weight copy in each export dtype.
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 

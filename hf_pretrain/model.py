@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
+from typing import Any
 
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
@@ -18,6 +20,18 @@ def padded_vocab_size(tokenizer_size: int, multiple: int) -> int:
 def recipe_tokenizer_size(recipe: Recipe) -> int:
     """Tokens the recipe's tokenizer will have: the BPE vocabulary plus the extra special tokens."""
     return recipe.data.vocab_size + len(recipe.data.special_tokens)
+
+
+# The config keys that fix the shapes of the weights: a checkpoint saved under other values cannot be
+# loaded into the model (the recipe's model section names all but vocab_size and head_dim the same way).
+SHAPE_KEYS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+              "num_key_value_heads", "head_dim", "tie_word_embeddings")
+
+
+def shape_differences(saved: Mapping[str, Any], wanted: Mapping[str, Any]) -> dict[str, tuple[Any, Any]]:
+    """{key: (saved value, wanted value)} for each shape key that both name and that differs."""
+    return {key: (saved[key], wanted[key]) for key in SHAPE_KEYS
+            if key in saved and key in wanted and saved[key] != wanted[key]}
 
 
 def llama_config(model: ModelConfig, tokenizer_size: int, bos_token_id: int | None = None,
@@ -84,6 +98,11 @@ def flops_per_token(config: LlamaConfig, n_params: int, seq_len: int) -> float:
     return 6.0 * n_params + 12.0 * config.num_hidden_layers * config.hidden_size * seq_len
 
 
+# What `liger: true` swaps in; tests/test_gpu_paths.py holds the patched model to it.
+LIGER_KERNELS = {"rope": True, "rms_norm": True, "swiglu": True, "fused_linear_cross_entropy": True,
+                 "cross_entropy": False}
+
+
 def apply_liger(model: LlamaForCausalLM, log=print) -> bool:
     """Swap in Liger's Triton kernels (RMSNorm, SwiGLU, RoPE, fused linear cross entropy).
 
@@ -93,10 +112,21 @@ def apply_liger(model: LlamaForCausalLM, log=print) -> bool:
         log("liger: CUDA is not available, training with the standard kernels")
         return False
     try:
-        from liger_kernel.transformers import _apply_liger_kernel_to_instance
+        patch_with_liger(model)
     except ImportError as exc:
         raise RuntimeError("liger=true needs liger-kernel: pip install 'hf-pretrain[liger]'") from exc
-    _apply_liger_kernel_to_instance(model=model, rope=True, rms_norm=True, swiglu=True,
-                                    fused_linear_cross_entropy=True, cross_entropy=False)
     log("liger: RMSNorm, SwiGLU, RoPE and fused linear cross entropy kernels applied")
     return True
+
+
+def patch_with_liger(model: LlamaForCausalLM) -> None:
+    """liger-kernel's public `apply_liger_kernel_to_llama` on this instance. Its fused loss takes the
+    loop's call as it is (`labels` + `shift_labels`: already shifted, not shifted again) and never
+    materialises the logits. Patching runs no kernel, so it works wherever liger-kernel imports.
+
+    Note that Liger also patches `transformers.models.llama.modeling_llama` itself (RoPE, the
+    RMSNorm and MLP classes): every Llama built afterwards in this process uses its kernels too.
+    """
+    from liger_kernel.transformers import apply_liger_kernel_to_llama
+
+    apply_liger_kernel_to_llama(model=model, **LIGER_KERNELS)

@@ -1,8 +1,20 @@
-"""AdamW with decay only where it belongs, and the warmup + cosine schedule in optimizer steps."""
+"""AdamW with decay only where it belongs, and the learning-rate schedule in optimizer steps.
+
+Two schedules (`lr_schedule`):
+- `cosine`: linear warmup, then a cosine from the peak to `min_lr_ratio` of it at `max_steps`.
+  Every step's rate depends on `max_steps`, so a run stopped early never finished its decay, and
+  a run extended later jumps back up the curve.
+- `wsd` (warmup, stable, decay): linear warmup, the peak held, and a decay over the last
+  `decay_fraction` of `max_steps` (`decay_shape` linear or 1-sqrt). Until the decay starts the rate
+  does not depend on `max_steps`, so the run can stop with a finished model at any step (a
+  `Cooldown`: decay from here), or go further from its last checkpoint before the decay.
+"""
 
 from __future__ import annotations
 
 import math
+from dataclasses import asdict, dataclass
+from typing import Any
 
 import torch
 
@@ -23,17 +35,103 @@ def build_optimizer(model: torch.nn.Module, train: TrainConfig, fused: bool) -> 
                              eps=train.adam_eps, fused=fused)
 
 
-def learning_rate_at(step: int, train: TrainConfig) -> float:
-    """Linear warmup to the peak, then cosine decay to `min_lr_ratio` of it at `max_steps`.
+@dataclass(frozen=True)
+class Cooldown:
+    """A decay the run began on request (`hf-pretrain stop`, early stopping): steps `start + 1` to
+    `end` fall from the rate step `start` had to the schedule's floor. `start == end`: stopped at once."""
+
+    start: int
+    end: int
+    reason: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, saved: dict[str, Any] | None) -> Cooldown | None:
+        return cls(**saved) if saved else None
+
+
+class Schedule:
+    """The learning rate of every optimizer step of a recipe; steps are counted from 1.
 
     Counted in optimizer steps, so the schedule is the same on 1 process or 64.
     """
-    peak = train.learning_rate
-    if step < train.warmup_steps:
-        return peak * (step + 1) / train.warmup_steps
-    progress = min(1.0, (step - train.warmup_steps) / max(1, train.max_steps - train.warmup_steps))
-    floor = peak * train.min_lr_ratio
-    return floor + 0.5 * (peak - floor) * (1.0 + math.cos(math.pi * progress))
+
+    def __init__(self, train: TrainConfig):
+        self.train = train
+        self.kind = train.lr_schedule
+        self.peak = train.learning_rate
+        self.floor = train.learning_rate * train.min_lr_ratio
+        self.max_steps = train.max_steps
+        self.warmup = train.effective_warmup_steps
+        # wsd: the final decay takes the last `decay_fraction` of the steps, never the warmup's
+        self.decay_steps = min(round(train.decay_fraction * train.max_steps), train.max_steps - self.warmup)
+
+    def lr(self, step: int, cooldown: Cooldown | None = None) -> float:
+        if cooldown is not None and step > cooldown.start:
+            start_lr = self.lr(cooldown.start)
+            return self._decayed(start_lr, (step - cooldown.start) / max(1, cooldown.end - cooldown.start))
+        if step <= self.warmup:
+            return self.peak * step / self.warmup
+        if self.kind == "cosine":
+            progress = min(1.0, (step - 1 - self.warmup) / max(1, self.max_steps - self.warmup))
+            return self.floor + 0.5 * (self.peak - self.floor) * (1.0 + math.cos(math.pi * progress))
+        start = self.max_steps - self.decay_steps
+        if step <= start:
+            return self.peak
+        return self._decayed(self.peak, (step - start) / self.decay_steps)
+
+    def _decayed(self, start_lr: float, progress: float) -> float:
+        """From `start_lr` (progress 0) to the floor (progress 1) in the recipe's decay shape."""
+        progress = min(1.0, progress)
+        remaining = 1.0 - progress if self.train.decay_shape == "linear" else 1.0 - math.sqrt(progress)
+        return self.floor + (start_lr - self.floor) * remaining
+
+    def end(self, cooldown: Cooldown | None = None) -> int:
+        """The last step of the run: `max_steps`, or the end of a cooldown."""
+        return cooldown.end if cooldown is not None else self.max_steps
+
+    def decay_start(self, cooldown: Cooldown | None = None) -> int | None:
+        """The last step before the final decay (the checkpoint a run goes further from); None for a
+        cosine, which decays from the end of its warmup on."""
+        if cooldown is not None:
+            return cooldown.start
+        if self.kind == "wsd" and self.decay_steps > 0:
+            return self.max_steps - self.decay_steps
+        return None
+
+    def stable_steps(self, cooldown: Cooldown | None = None) -> tuple[int, int]:
+        """(first, last) steps after the warmup and before any decay: where the loss follows the
+        data alone, so a power law fits it (for a cosine, every step after the warmup)."""
+        last = self.decay_start(cooldown)
+        return self.warmup + 1, self.end(cooldown) if last is None else last
+
+    def cools_down_on_stop(self) -> bool:
+        """Whether a stop request decays before it stops by default: a wsd run at its peak would
+        otherwise leave an unfinished model; a cosine is already somewhere down its curve."""
+        return self.kind == "wsd"
+
+    def default_cooldown_steps(self, step: int) -> int:
+        """The recipe's decay fraction of the steps done so far."""
+        return max(1, round(self.train.decay_fraction * step)) if self.cools_down_on_stop() else 0
+
+    def cooldown(self, step: int, steps: int, reason: str) -> Cooldown:
+        """A decay of `steps` steps after `step`, never past `max_steps`."""
+        return Cooldown(step, min(step + max(0, steps), max(step, self.max_steps)), reason)
+
+    def describe(self) -> str:
+        """One line for the log and the model card."""
+        floor = f"{self.train.min_lr_ratio:g} x peak"
+        if self.kind == "cosine":
+            return f"{self.warmup:,} warmup steps, cosine to {floor} over {self.max_steps:,} steps"
+        return (f"wsd: {self.warmup:,} warmup steps, the peak held to step {self.max_steps - self.decay_steps:,}, "
+                f"{self.train.decay_shape} decay to {floor} over the last {self.decay_steps:,} steps")
+
+
+def learning_rate_at(step: int, train: TrainConfig) -> float:
+    """The rate of the step with 0-based index `step` (optimizer step `step + 1`)."""
+    return Schedule(train).lr(step + 1)
 
 
 def set_learning_rate(optimizer: torch.optim.Optimizer, lr: float) -> None:

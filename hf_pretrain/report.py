@@ -7,6 +7,9 @@ Reads what training leaves in the folder: metrics.jsonl (loss, tokens/s, lr, ela
 samples.jsonl, resolved_recipe.yaml (price_per_hour, phases, milestone_interval), phases.json when
 a phase has ended, and benchmarks.jsonl when the model was scored. Anything missing is left out
 of the page with a line that says why, so a report works on a run that is still going.
+
+The forecast plot draws the power law fitted to the stable part of the loss curve
+(economics/forecast.py) out to the end of the plan, with its uncertainty band, over the measured curve.
 """
 
 from __future__ import annotations
@@ -29,8 +32,10 @@ from hf_pretrain.economics.cost import (
     phase_row,
     phases_from_recipe,
 )
+from hf_pretrain.economics.forecast import BAND_SIGMAS, LossFit, fit_run
 from hf_pretrain.formatting import human_count, table_cell, usd
-from hf_pretrain.plots import new_axes, plot_loss, tokens_axis, value_at_steps
+from hf_pretrain.optim import Cooldown, Schedule
+from hf_pretrain.plots import new_axes, plot_loss, token_unit, tokens_axis, value_at_steps
 from hf_pretrain.run_dir import RunDir, read_jsonl
 
 # One colour per phase band, cycled; light enough that the curves stay readable on top.
@@ -49,6 +54,8 @@ class RunData:
     price_per_hour: float  # 0 = unknown
     milestone_interval: int
     phases: list[PhaseRow]
+    stable_steps: tuple[int, int]  # the stretch of the curve the forecast fits
+    end_step: int  # where the plan ends (max_steps, or the end of a cooldown)
 
 
 def load_run(run_dir: Path, price_override: float | None = None) -> RunData:
@@ -59,6 +66,13 @@ def load_run(run_dir: Path, price_override: float | None = None) -> RunData:
         raise FileNotFoundError(f"{run.metrics} holds no training records yet")
     recipe = run.load_recipe()
     price = price_override if price_override is not None else (recipe.train.price_per_hour if recipe else 0.0)
+    cooldowns = [r for r in metrics if r.get("kind") == "cooldown"]
+    cooldown = Cooldown(cooldowns[-1]["step"], cooldowns[-1]["end"]) if cooldowns else None
+    if recipe is not None:
+        schedule = Schedule(recipe.train)
+        stable, end = schedule.stable_steps(cooldown), schedule.end(cooldown)
+    else:  # no recipe: skip the first tenth of the curve, where a warmup would be
+        stable, end = (train[-1]["step"] // 10 + 1, train[-1]["step"]), train[-1]["step"]
     return RunData(
         name=recipe.name if recipe else run_dir.name,
         train=train,
@@ -68,6 +82,8 @@ def load_run(run_dir: Path, price_override: float | None = None) -> RunData:
         price_per_hour=price,
         milestone_interval=recipe.train.milestone_interval if recipe else 0,
         phases=load_phases(run, train, recipe.train.phases if recipe else {}, price, price_override is not None),
+        stable_steps=stable,
+        end_step=end,
     )
 
 
@@ -127,6 +143,49 @@ def plot_throughput_and_lr(run: RunData, path: Path) -> Path:
         axes.grid(alpha=0.3)
     figure.savefig(path, dpi=110)
     return path
+
+
+def plot_forecast(run: RunData, fit: LossFit, path: Path) -> Path:
+    """The measured train loss against tokens, the fitted law out to the end of the plan, and its band."""
+    figure, (axes,) = new_axes()
+    tokens_per_step = run.train[-1]["tokens"] / run.train[-1]["step"]
+    end_tokens = max(run.end_step * tokens_per_step, run.train[-1]["tokens"])
+    unit, label = token_unit(end_tokens)
+    axes.plot([r["tokens"] / unit for r in run.train], [r["loss"] for r in run.train], lw=1.0, color="tab:blue",
+              label="train loss (measured)")
+    x = np.linspace(fit.first_tokens, end_tokens, 200)
+    y, band = fit.loss_at(x), BAND_SIGMAS * fit.sd_at(x)
+    axes.fill_between(x / unit, y - band, y + band, color="tab:orange", alpha=0.25, lw=0,
+                      label=f"forecast +/- {BAND_SIGMAS:g} sd")
+    axes.plot(x / unit, y, "--", color="tab:orange", lw=1.4,
+              label=f"fit: {fit.irreducible:.2f} + {fit.amplitude:.2f} (D/D0)^-{fit.exponent:.2f}")
+    axes.axvspan(fit.first_tokens / unit, fit.last_tokens / unit, color="#eeeeee", zorder=0, lw=0)
+    axes.set_xlabel(label)
+    axes.set_ylabel("loss (nats/token)")
+    low = min(float((y - band).min()), min(r["loss"] for r in run.train))
+    axes.set_ylim(low - 0.05 * abs(low), max(r["loss"] for r in run.train if r["tokens"] >= fit.first_tokens) * 1.1)
+    axes.grid(alpha=0.3)
+    axes.legend(fontsize=8)
+    axes.set_title("where the loss is heading (grey: the fitted stretch; a final decay drops it further)", fontsize=9)
+    figure.savefig(path, dpi=110)
+    return path
+
+
+def forecast_section(run: RunData, output: Path) -> list[str]:
+    fit = fit_run(run.train, *run.stable_steps)
+    if fit is None:
+        return [f"No forecast yet: the fit needs more logged steps between steps {run.stable_steps[0]:,} and "
+                f"{run.stable_steps[1]:,} (after the warmup, before any decay)."]
+    tokens_per_step = run.train[-1]["tokens"] / run.train[-1]["step"]
+    end_tokens = run.end_step * tokens_per_step
+    loss, sd = float(fit.loss_at(end_tokens)), float(fit.sd_at(end_tokens))
+    return [f"![forecast]({plot_forecast(run, fit, output / 'forecast.png').name})", "",
+            f"Fitted over steps {round(fit.first_tokens / tokens_per_step):,}-{round(fit.last_tokens / tokens_per_step):,} "
+            f"(the later half of the stable phase so far): "
+            f"L = {fit.irreducible:.3f} + {fit.amplitude:.3f} x (D / {human_count(fit.tokens_0)})^-{fit.exponent:.3f}. "
+            f"At the end of the plan (step {run.end_step:,}, {human_count(end_tokens)} tokens) the curve is "
+            f"forecast at {loss:.3f} +/- {BAND_SIGMAS * sd:.3f}, before any final decay. "
+            f"`hf-pretrain plan --run RUN_DIR --tokens N` prices going further."]
 
 
 def plot_cost_per_loss_point(run: RunData, path: Path) -> Path:
@@ -212,6 +271,7 @@ def write_report(run_dir: Path, output: Path, price: float | None = None) -> Pat
     else:
         page.append("\nNo loss-against-dollars plot: the run has no price (set train.price_per_hour or pass "
                     "`--price`).")
+    page += ["", "## Forecast", ""] + forecast_section(run, output)
     page += ["", "## Throughput and learning rate", "",
              f"![tokens/s and learning rate]({plot_throughput_and_lr(run, output / 'throughput_lr.png').name})",
              "", "## Phases", ""]

@@ -12,7 +12,8 @@ or in this one process: `hf-pretrain train --recipe smoke`.
 Any recipe key can be overridden: `--max_steps 100 --output_dir runs/try`. `--help` lists them.
 
 The loop is training/loop.py; what happens beside it (final/, pushes, benchmarks) is
-publish/side_jobs.py, wired in here.
+publish/side_jobs.py, wired in here. The exit code (training/guards.py) and `output_dir/status.json`
+(training/session.py) say how the run ended; under a launcher, status.json is what a script can read.
 """
 
 from __future__ import annotations
@@ -20,25 +21,29 @@ from __future__ import annotations
 import sys
 
 from hf_pretrain.config import Recipe, parse_recipe_args
-from hf_pretrain.preflight import PreflightError
 from hf_pretrain.publish.side_jobs import SideJobs
-from hf_pretrain.training.guards import EXIT_PREFLIGHT
 from hf_pretrain.training.loop import Outcome
 from hf_pretrain.training.loop import train as train_loop
+from hf_pretrain.training.session import REFUSALS, RunLocked, Session, describe, exit_code_of
 
 
 def train(recipe: Recipe) -> Outcome:
-    """The loop with the recipe's side jobs: final/ at the end, and the pushes and benchmarks it asks for."""
-    return train_loop(recipe, callbacks=[SideJobs(recipe.train)])
+    """The loop with the recipe's side jobs (final/ at the end, the pushes and benchmarks it asks for),
+    in a session that holds the run folder and leaves its status.json (training/session.py)."""
+    with Session(recipe.train.output_dir) as session:
+        outcome = train_loop(recipe, callbacks=[SideJobs(recipe.train)])
+        session.ended(outcome.exit_code, outcome.message, outcome.finished)
+        return outcome
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The exit code: 0, or one a scheduler can act on (training/guards.py); status.json says the same."""
     recipe, _ = parse_recipe_args(argv, prog="train.py", description=__doc__.split("\n")[0])
     try:
         return train(recipe).exit_code
-    except PreflightError as exc:
-        print(f"train.py: preflight failed, nothing was started:\n{exc}", file=sys.stderr)
-        return EXIT_PREFLIGHT
+    except (RunLocked, *REFUSALS) as exc:  # nothing was started: the reason is the whole story
+        print(f"train.py: {describe(exc)}", file=sys.stderr)
+        return exit_code_of(exc)
 
 
 if __name__ == "__main__":

@@ -9,15 +9,17 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 
-# The smoke model with a 12-step schedule: fast enough to run several times in CI.
+# The smoke model with a 12-step schedule: fast enough to run several times in CI. It keeps the cosine
+# its golden curve was recorded with (the smoke recipe itself is wsd; tests/test_run_life.py runs that).
 SHORT_RUN = {
     "max_steps": 12,
     "warmup_steps": 2,
+    "lr_schedule": "cosine",
     "global_batch_tokens": 2048,
     "micro_batch_size": 8,
     "save_interval": 4,
     "eval_interval": 6,
-    "eval_batches": 2,
+    "eval_tokens": 2048,
     "log_interval": 1,
     "sample_max_new_tokens": 8,
     "price_per_hour": 2.0,

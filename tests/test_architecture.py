@@ -125,3 +125,25 @@ def test_the_arrows_between_rooms_point_one_way(room, forbidden):
              for prefix in forbidden
              if (target == prefix or target.startswith(prefix + ".")) and not target.startswith(room)}
     assert not wrong, sorted(wrong)
+
+
+def test_no_submodule_shadows_a_name_its_package_exports():
+    """`from hf_pretrain.data import prepare` must give the function even after something imported
+    the submodule of the same name (which rebinds the package attribute): no such pairs exist."""
+    clashes = []
+    for module, path in MODULES.items():
+        if path.name != "__init__.py":
+            continue
+        tree = ast.parse(path.read_text())
+        exported = {alias.asname or alias.name for node in tree.body if isinstance(node, ast.ImportFrom)
+                    for alias in node.names}
+        exported |= {node.name for node in tree.body if isinstance(node, (ast.FunctionDef, ast.ClassDef))}
+        clashes += [f"{module}.{name}" for name in exported if f"{module}.{name}" in MODULES
+                    and not _is_submodule_import(tree, module, name)]
+    assert not clashes, f"a module and a name exported by its package share a name: {clashes}"
+
+
+def _is_submodule_import(tree: ast.Module, package: str, name: str) -> bool:
+    """`from pkg import submodule` re-exports the module itself: that is no clash."""
+    return any(isinstance(node, ast.ImportFrom) and node.module == package and any(a.name == name for a in node.names)
+               for node in tree.body)

@@ -23,10 +23,10 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 def test_chinchilla_and_the_compute_optimal_fit():
     assert plan.chinchilla_tokens(1.04e9) == pytest.approx(20.8e9)
     assert plan.training_flops(1e9, 2e10) == pytest.approx(1.2e20)
-    # 0.2536 * (1e20)^0.4995 = 0.2536 * 10^9.99 and 1.7424 * (1e20)^0.5005 = 1.7424 * 10^10.01
+    # G = (0.3478 * 482.01 / (0.3658 * 2085.43))^(1 / 0.7136) = 0.119630; N_opt = G (1e20 / 6)^(0.3658 / 0.7136)
     n_opt, d_opt = plan.compute_optimal(1e20)
-    assert n_opt == pytest.approx(0.2536 * 9.772372e9, rel=1e-6)
-    assert d_opt == pytest.approx(1.7424 * 1.023293e10, rel=1e-6)
+    assert n_opt == pytest.approx(0.119630 * (1e20 / 6) ** (0.3658 / 0.7136), rel=1e-4)
+    assert n_opt * d_opt == pytest.approx(1e20 / 6)
 
 
 def test_throughput_from_mfu_and_the_ring_all_reduce():
@@ -75,10 +75,10 @@ def test_plan_from_a_recipe_and_a_named_gpu(capsys):
     assert "recipe smoke" in out and "A100 80GB" in out and "$1.79/h" in out and "| 1 |" in out
 
 
-def test_plan_refuses_a_plan_without_throughput():
-    with pytest.raises(SystemExit) as exit_info:
-        plan.main(["--params", "1e9"])
-    assert exit_info.value.code == 2
+def test_plan_without_throughput_says_what_time_and_cost_need(capsys):
+    assert plan.main(["--params", "1e9"]) == 0
+    out = capsys.readouterr().out
+    assert "time and cost: unknown" in out and "--tokens_per_s" in out and "| GPUs |" not in out
 
 
 # ---------------------------------------------------------------------- prices
@@ -176,9 +176,9 @@ def test_bench_smoke_measures_variants_and_finds_the_largest_micro_batch(smoke_d
     for probe in probes.values():
         assert probe["fits"] == (probe["status"] == "ok" and probe["peak_memory_gib"] <= budget)
     assert any(not p["fits"] for p in probes.values()), "the budget should have stopped the search"
-    best = search["largest_fitting"]
-    assert all(p["fits"] == (size <= best) for size, p in probes.items())
-    if best < 32:
+    best = search["largest_fitting"]  # None when even one sequence needs more (a busy machine's RSS)
+    assert all(p["fits"] == (best is not None and size <= best) for size, p in probes.items())
+    if best is not None and best < 32:
         assert not probes[[c for c in search["candidates"] if c > best][0]]["fits"]
     if best > 16:  # a micro-batch above the recipe's is measured like any variant
         assert any(v["overrides"].get("micro_batch_size") == best for v in result["variants"])

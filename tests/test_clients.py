@@ -207,3 +207,26 @@ def test_transformers_4_gives_the_same_logits_and_greedy_tokens(one_b_shaped_exp
     logits, greedy = hf_logits_and_greedy(one_b_shaped_export)
     assert torch.allclose(torch.tensor(old["logits"]), logits[0], atol=1e-4)
     assert old["greedy"] == greedy
+
+
+# ------------------------------------------------------------------------------ the Hub page
+@pytest.mark.slow
+def test_the_card_says_language_base_model_and_where_to_load_from(reference_run, tmp_path):
+    from huggingface_hub import ModelCard
+
+    run_dir, _ = reference_run
+    local = tmp_path / "exports" / "tiny"
+    assert export.main(["--checkpoint", str(run_dir), "--out", str(local), "--gguf", "--gguf_type", "q8_0"]) == 0
+    card = ModelCard.load(local / "README.md")
+    assert card.data.language == ["en"]
+    assert f'model="{local}"' in card.text  # a local export loads from where it was written, not `tiny`
+    assert "This is a base model" in card.text and "no chat template" in card.text
+    assert (local / "tiny-q8_0.gguf").is_file()
+    assert "chat_template" not in json.loads((local / "tokenizer_config.json").read_text())
+    for checkpoint in (run_dir / "checkpoints").glob("step_*"):  # their tokenizers too, for 4.x readers
+        names = json.loads((checkpoint / "tokenizer_config.json").read_text())["model_input_names"]
+        assert names == ["input_ids", "attention_mask"]
+
+    checkpoint = export.resolve_checkpoint(run_dir)
+    hub_bound = export.export_checkpoint(checkpoint, tmp_path / "hub", card=export.CardOptions("me/tiny", repo_id="me/tiny"))
+    assert 'model="me/tiny"' in ModelCard.load(hub_bound / "README.md").text

@@ -90,11 +90,12 @@ def test_wrong_type_names_the_key(overrides, message):
 @pytest.mark.parametrize("overrides, message", [
     ({"global_batch_tokens": 1000}, r"global_batch_tokens=1000 is not a multiple"),
     ({"seq_len": 4096, "max_position_embeddings": 2048}, r"seq_len=4096 exceeds max_position_embeddings=2048"),
-    ({"warmup_steps": 100, "max_steps": 50}, r"warmup_steps=100 must be smaller than max_steps=50"),
+    ({"lr_schedule": "linear"}, r"lr_schedule='linear' is not one of cosine, wsd"),  # (warmup >= max_steps: a note)
+    ({"decay_fraction": 1.5}, r"decay_fraction=1.5 must be in \[0, 1\]"),
     ({"num_attention_heads": 3}, r"hidden_size=128 must be divisible by num_attention_heads=3"),
     ({"num_key_value_heads": 3}, r"num_attention_heads=4 must be divisible by num_key_value_heads=3"),
     ({"mixed_precision": "fp8"}, r"mixed_precision='fp8' is not one of"),
-    ({"micro_batch_size": 0}, r"micro_batch_size=0 must be positive"),
+    ({"micro_batch_size": 0}, r"micro_batch_size=0 must be >= 1"),
 ])
 def test_contradictions_fail_early(overrides, message):
     with pytest.raises(RecipeError, match=message):
@@ -159,7 +160,7 @@ def test_every_key_has_help_and_says_whether_it_changes_the_math(owner, f):
 
 def test_fingerprint_moves_with_the_math_keys_only():
     base = build_recipe({}).fingerprint()
-    for overrides in ({"output_dir": "elsewhere"}, {"log_interval": 3}, {"eval_interval": 7}, {"eval_batches": 1},
+    for overrides in ({"output_dir": "elsewhere"}, {"log_interval": 3}, {"eval_interval": 7}, {"eval_tokens": 1},
                       {"prompts": ["hi"]}, {"sample_max_new_tokens": 5}, {"save_interval": 9}, {"name": "renamed"},
                       {"report_to": "tensorboard"}, {"num_workers": 0}, {"push_to_hub": "me/x", "push_checkpoints": True}):
         assert build_recipe({}, overrides).fingerprint() == base, overrides
@@ -188,7 +189,7 @@ def test_yaml_values_are_the_flags_defaults_and_the_command_line_wins(tmp_path, 
     with pytest.raises(SystemExit):
         parse_recipe_args(["--recipe", str(path), "--help"], prog="t", description="")
     out = capsys.readouterr().out
-    assert "optimizer steps (default: 40)" in out and "(default: 1234)" in out  # the recipe's value, else the default
+    assert "optimizer steps; valid >= 1 (default: 40)" in out and "(default: 1234)" in out  # the recipe's value, else the default
 
 
 def test_shipped_recipes_read_the_same_from_the_command_line():

@@ -79,7 +79,7 @@ def make_recipe(corpus: dict[str, Any], data_dir: Path, **overrides: Any) -> Rec
                                 {"kind": "files", "paths": [str(corpus["root"] / "*.txt")], "weight": 2.0}]}}
     settings = {"data_dir": str(data_dir), "vocab_size": VOCAB, "val_every": 5, "shard_tokens": 300, "seq_len": 16,
                 "micro_batch_size": 2, "global_batch_tokens": 64, "num_workers": 0, "max_steps": 10,
-                "warmup_steps": 1, "eval_batches": 3}
+                "warmup_steps": 1, "eval_tokens": 96}
     return build_recipe(raw, {**settings, **overrides})
 
 
@@ -375,16 +375,18 @@ def test_train_loader_with_a_worker_matches_in_process(prepared: Recipe, corpus:
 
 
 def test_val_loader_is_sequential_disjoint_and_even_across_ranks(prepared: Recipe) -> None:
-    single = list(build_val_loader(prepared, 0, 1))
-    assert len(single) == prepared.train.eval_batches and all(b.shape == (2, 17) for b in single)
-    assert torch.equal(single[0][0][-1], single[0][1][0])  # sequential samples, one shared token
+    single = list(build_val_loader(prepared, 0, 1))  # eval_tokens 96 = 6 samples of 16 = 3 batches of 2
+    assert len(single) == 3 and all(b.shape == (2, 17) and n == 2 for b, n in single)
+    assert torch.equal(single[0][0][0][-1], single[0][0][1][0])  # sequential samples, one shared token
     per_rank = [list(build_val_loader(prepared, rank, 2)) for rank in (0, 1)]
-    assert len(per_rank[0]) == len(per_rank[1]) > 0
-    assert torch.equal(per_rank[0][0], single[0]) and torch.equal(per_rank[1][0], single[1])
-    assert validation_batches(7, 2, 2, 1, 100) == [[2, 3]]  # 3 whole batches: the third is dropped
-    assert validation_batches(3, 8, 2, 0, 100) == [[0]]  # too few samples for a full micro-batch
-    with pytest.raises(DataMismatchError, match="fewer than the 4 processes"):
-        validation_batches(3, 8, 4, 0, 100)
+    assert len(per_rank[0]) == len(per_rank[1]) == 2  # the same count on every rank: a filler evens them
+    assert torch.equal(per_rank[0][0][0], single[0][0]) and torch.equal(per_rank[1][0][0], single[1][0])
+    assert per_rank[1][1][1] == 0  # the filler counts for nothing
+    assert validation_batches(7, 2, 2, 1, 100) == [([2, 3], 2), ([6], 1)]  # every sample, the last batch short
+    assert validation_batches(3, 8, 4, 0, 100) == [([0, 1, 2], 3)]  # fewer samples than processes
+    assert validation_batches(3, 8, 4, 3, 100) == [([0], 0)]
+    with pytest.raises(DataMismatchError, match="no complete sample"):
+        validation_batches(0, 8, 1, 0, 100)
 
 
 # ---------------------------------------------------------------------- shard integrity

@@ -192,6 +192,25 @@ def test_bad_input_comes_back_as_a_message(served):
     assert texts[1]  # the other column still ran
 
 
+@pytest.mark.slow
+def test_a_prompt_longer_than_the_context_is_cut_and_the_api_says_so(served, untrained_model):
+    from hf_pretrain.publish.space_template.app import fit_to_context
+
+    _, client = served
+    model, tokenizer = load_model(str(untrained_model))
+    context = model.config.max_position_embeddings
+    prompt = PROMPT + " and" * (2 * context)
+    text = ask(client, [str(untrained_model)], prompt=prompt, max_new_tokens=16)[0]
+    notice, completion = text.split("\n\n", 1)
+    ids = tokenizer(prompt, return_tensors="pt").input_ids
+    assert notice.startswith(f"⚠ the prompt and 16 new tokens exceed this model's {context}-token context: "
+                             f"kept the last {context - 16} of the prompt's {ids.shape[1]:,} tokens")
+    kept = tokenizer.decode(ids[0, -(context - 16):])
+    assert completion == greedy_completion(untrained_model, kept, 16)  # the prompt's end, in the context
+    assert fit_to_context(ids[:, :10], context, 16) == (10, 16, "")  # a prompt that fits is left alone
+    assert fit_to_context(ids[:, :10], 8, 16)[:2] == (1, 7)  # more new tokens than the context holds
+
+
 # ---------------------------------------------------------------------------------- a real browser
 def chromium_driver(profile: Path):
     webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is not installed (the dev extra has it)")

@@ -74,7 +74,7 @@ def test_export_writes_a_standard_model_folder(exports):
     assert generation["eos_token_id"] == tokenizer.eos_token_id
     assert generation["bos_token_id"] == tokenizer.bos_token_id
     assert generation["pad_token_id"] == tokenizer.pad_token_id
-    assert not list(exports.glob("*.tmp"))  # built beside --out and renamed into place
+    assert sorted(p.name for p in exports.iterdir()) == ["bf16", "fp32"]  # built beside --out, renamed into place
 
 
 def test_exported_logits_equal_the_training_model(reference_run, exports):

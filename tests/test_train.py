@@ -111,6 +111,10 @@ def test_two_process_ddp_matches_one_process(reference_run, smoke_data, tmp_path
     ref_w, got_w = checkpoint_weights(reference_dir, 12), checkpoint_weights(run_dir, 12)
     for key in ref_w:
         torch.testing.assert_close(got_w[key], ref_w[key], rtol=1e-3, atol=2e-4)
+    # eval_tokens are the same tokens on 1 or 2 processes, so the validation curves agree too
+    ref_val, got_val = ([r["val_loss"] for r in read_jsonl(d / "metrics.jsonl") if r["kind"] == "eval"]
+                        for d in (reference_dir, run_dir))
+    assert len(got_val) == len(ref_val) == 2 and got_val == pytest.approx(ref_val, rel=2e-4)
 
 
 @pytest.mark.slow

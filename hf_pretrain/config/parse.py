@@ -23,7 +23,7 @@ from typing import Any
 import yaml
 from transformers import HfArgumentParser
 
-from .schema import KEY_SECTION, SECTIONS, TOP_LEVEL_KEYS, Recipe, RecipeError
+from .schema import KEY_SECTION, SECTIONS, TOP_LEVEL_KEYS, Recipe, RecipeError, range_text
 
 RECIPES_DIR = Path(__file__).resolve().parent.parent / "recipes"
 
@@ -101,6 +101,40 @@ def _build(cls: type, values: dict[str, Any], where: str) -> Any:
 
 
 # ---------------------------------------------------------------------- YAML recipes
+class DuplicateKeyError(yaml.YAMLError):
+    """A mapping that names one key twice: plain YAML keeps the last silently."""
+
+    def __init__(self, key: Any, line: int, first_line: int):
+        super().__init__(f"line {line}: `{key}` is given twice (first on line {first_line}); "
+                         f"keep one, as YAML would otherwise silently use the last")
+        self.key, self.line, self.first_line = key, line, first_line
+
+
+class StrictLoader(yaml.SafeLoader):
+    """`yaml.SafeLoader` that refuses a key given twice in one mapping (a repeated `max_steps:`, or a
+    second `train:` section, which would drop the first), naming both lines. Keys a `<<` merge brings
+    in may still be overridden: that is what a merge is for."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key = self.construct_object(key_node, deep=True)
+            try:
+                first = seen.setdefault(key, key_node.start_mark.line + 1)
+            except TypeError:  # an unhashable key: the base loader says what is wrong with it
+                continue
+            if first != key_node.start_mark.line + 1:
+                raise DuplicateKeyError(key, key_node.start_mark.line + 1, first)
+        return super().construct_mapping(node, deep=deep)
+
+
+def strict_yaml_load(text: str) -> Any:
+    """`yaml.safe_load`, refusing duplicate keys (`DuplicateKeyError`, a `yaml.YAMLError`)."""
+    return yaml.load(text, Loader=StrictLoader)  # a SafeLoader: no arbitrary objects
+
+
 def resolve_recipe_path(name_or_path: str) -> Path:
     path = Path(name_or_path)
     if path.suffix in (".yaml", ".yml") or path.exists():
@@ -117,7 +151,9 @@ def resolve_recipe_path(name_or_path: str) -> Path:
 
 def recipe_dict_from_yaml(path: Path) -> dict[str, Any]:
     try:
-        raw = yaml.safe_load(path.read_text()) or {}
+        raw = strict_yaml_load(path.read_text()) or {}
+    except DuplicateKeyError as exc:
+        raise RecipeError(f"{path}, {exc}") from None
     except yaml.YAMLError as exc:
         raise RecipeError(f"{path} is not valid YAML: {exc}") from exc
     if not isinstance(raw, dict):
@@ -132,21 +168,39 @@ def recipe_dict_from_yaml(path: Path) -> dict[str, Any]:
     return raw
 
 
+# `eval_batches` (validation micro-batches per process) became `eval_tokens` (the same tokens whatever
+# the number of processes): a recipe, an old run's resolved_recipe.yaml or a flag with the old key
+# still reads, as the tokens it meant on one process, with a note. Goes in the next release.
+OLD_EVAL_KEY = "eval_batches"
+
+
 def _assemble(raw: dict[str, Any], overrides: dict[str, Any] | None, where: str) -> Recipe:
     """Recipe from a YAML mapping plus flat overrides (`{"max_steps": 10}`), typed but not yet validated."""
     sections = {s: dict(raw.get(s) or {}) for s in SECTIONS}
     top = {k: raw[k] for k in TOP_LEVEL_KEYS if k in raw}
+    old_eval = sections["train"].pop(OLD_EVAL_KEY, None)
+    if old_eval is not None and "eval_tokens" in sections["train"]:
+        raise RecipeError(f"{where}: give eval_tokens or the old {OLD_EVAL_KEY}, not both")
     for key, value in (overrides or {}).items():
         if key in TOP_LEVEL_KEYS:
             top[key] = value
         elif key in KEY_SECTION:
             sections[KEY_SECTION[key]][key] = value
+        elif key == OLD_EVAL_KEY:
+            old_eval = value if value is not None else old_eval
         else:
             raise RecipeError(f"unknown key `{key}`{_suggest(key, list(KEY_SECTION) + TOP_LEVEL_KEYS)}")
-    return Recipe(
+    recipe = Recipe(
         **{k: coerce(k, v, str) for k, v in top.items()},
         **{s: _build(cls, sections[s], f"{where}:{s}") for s, cls in SECTIONS.items()},
     )
+    if old_eval is not None:
+        batches = coerce(OLD_EVAL_KEY, old_eval, int)
+        recipe.train.eval_tokens = batches * recipe.train.micro_batch_size * recipe.data.seq_len
+        print(f"note: {where}: `{OLD_EVAL_KEY}: {batches}` (micro-batches per process) is now "
+              f"`eval_tokens: {recipe.train.eval_tokens}` (the same tokens whatever the number of processes); "
+              f"the old key goes in the next release", file=sys.stderr)
+    return recipe
 
 
 def build_recipe(raw: dict[str, Any], overrides: dict[str, Any] | None = None, where: str = "recipe") -> Recipe:
@@ -245,7 +299,9 @@ def _flags_of(cls: type) -> type:
         if f.name in SECTIONS:  # Recipe's sections: their keys come from their own classes
             continue
         annotation = str if _is_structure(types_[f.name]) else types_[f.name]
-        help_ = f.metadata["help"].replace("%", "%%")  # argparse formats help with %-placeholders
+        bounds = f.metadata.get("range")  # the valid range, as Recipe.validate checks it
+        valid = f"; valid {range_text(bounds).removeprefix('in ')}" if bounds else ""
+        help_ = (f.metadata["help"] + valid).replace("%", "%%")  # argparse formats help with %-placeholders
         fields.append((f.name, annotation, dataclasses.field(default=None, metadata={"help": help_})))
     return dataclasses.make_dataclass(f"{cls.__name__}Flags", fields)
 
@@ -270,7 +326,9 @@ def _from_flag(key: str, value: Any) -> Any:
 
 def _yaml_value(text: str) -> Any:
     try:
-        return yaml.safe_load(text)
+        return strict_yaml_load(text)
+    except DuplicateKeyError as exc:
+        raise RecipeError(f"command-line value {text!r}: {exc}") from None
     except yaml.YAMLError:
         return text  # typed check below names the key
 
@@ -287,6 +345,7 @@ def parse_recipe_args(argv: list[str] | None, prog: str, description: str,
     parser = CommandParser([_flags_of(cls) for cls in (Recipe, *SECTIONS.values())], prog=prog,
                            usage="%(prog)s [--recipe NAME] [--key VALUE ...]", description=description,
                            parents=[recipe_flag], renamed=renamed)
+    parser.add_argument(f"--{OLD_EVAL_KEY}", type=int, default=None, help=argparse.SUPPRESS)
     if extra:
         extra(parser)
     try:
@@ -294,6 +353,7 @@ def parse_recipe_args(argv: list[str] | None, prog: str, description: str,
         parser.set_defaults(**_flag_defaults(_assemble(recipe_dict_from_yaml(path), None, where=str(path))))
         args = parser.parse_args(argv)
         flat = {k: _from_flag(k, getattr(args, k)) for k in TOP_LEVEL_KEYS + list(KEY_SECTION)}
+        flat[OLD_EVAL_KEY] = args.eval_batches
         recipe = build_recipe({}, flat, where="command line")
     except RecipeError as exc:
         parser.exit(2, f"{prog}: error: {exc}\n")

@@ -4,10 +4,14 @@ The training order is a pure function of (seed, step, micro-step, rank), which i
 a resumed run, or the same run on another number of processes, see the same samples:
     position p of the stream -> sample perm_{p // N}[p % N], perm_e = randperm(N, seed + e)
     step s, micro-step k, rank r -> positions s*G + k*W*B + r*B + j, j < B   (G = B*A*W)
+A run that changed its batch on a resume counts from an origin instead: P0 + (s - s0)*G + ..., where
+step s0 starts at position P0 (the tokens read so far, in samples of the new length).
 """
 
 from __future__ import annotations
 
+import atexit
+import multiprocessing
 import signal
 from bisect import bisect_right
 from collections.abc import Iterator
@@ -21,6 +25,7 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 
 from hf_pretrain.config import Recipe
 from hf_pretrain.data.shards import DataMismatchError, read_meta, shard_paths
+from hf_pretrain.processes import die_with_parent
 
 # Batches each worker keeps ready: training batches are tiny to produce, so a few cover any hiccup.
 PREFETCH_FACTOR = 4
@@ -89,7 +94,7 @@ class StepBatchSampler(Sampler[list[int]]):
     """One rank's micro-batches of sample indices, from optimizer step `start_step` on, forever."""
 
     def __init__(self, num_samples: int, micro_batch_size: int, grad_accum: int, world_size: int,
-                 rank: int, seed: int, start_step: int = 0) -> None:
+                 rank: int, seed: int, start_step: int = 0, origin: tuple[int, int] = (0, 0)) -> None:
         super().__init__()
         if num_samples <= 0:
             raise DataMismatchError("the training split holds no complete sample of seq_len + 1 tokens")
@@ -99,6 +104,7 @@ class StepBatchSampler(Sampler[list[int]]):
                              f"micro_batch_size={micro_batch_size}, start_step={start_step}")
         self.num_samples, self.micro_batch_size, self.grad_accum = num_samples, micro_batch_size, grad_accum
         self.world_size, self.rank, self.seed, self.start_step = world_size, rank, seed, start_step
+        self.origin = origin  # (step, position) the stream counts from
         self._epoch = -1
         self._permutation = torch.empty(0, dtype=torch.long)
 
@@ -108,9 +114,15 @@ class StepBatchSampler(Sampler[list[int]]):
 
     def positions(self, step: int, micro_step: int) -> range:
         """Stream positions this rank reads at (step, micro_step)."""
-        first = (step * self.positions_per_step + micro_step * self.world_size * self.micro_batch_size
-                 + self.rank * self.micro_batch_size)
+        origin_step, origin_position = self.origin
+        first = (origin_position + (step - origin_step) * self.positions_per_step
+                 + micro_step * self.world_size * self.micro_batch_size + self.rank * self.micro_batch_size)
         return range(first, first + self.micro_batch_size)
+
+    def epochs_after(self, steps: int) -> int:
+        """Whole passes over the samples completed once `steps` optimizer steps have run."""
+        origin_step, origin_position = self.origin
+        return (origin_position + (steps - origin_step) * self.positions_per_step) // self.num_samples
 
     def sample_at(self, position: int) -> int:
         epoch, offset = divmod(position, self.num_samples)
@@ -129,19 +141,41 @@ class StepBatchSampler(Sampler[list[int]]):
 
 
 def validation_batches(num_samples: int, micro_batch_size: int, world_size: int, rank: int,
-                       max_batches: int) -> list[list[int]]:
-    """Consecutive micro-batches of the validation samples; rank r takes every world_size-th one,
-    and every rank gets the same number, so gathering the losses never waits on a missing batch.
+                       eval_samples: int) -> list[tuple[list[int], int]]:
+    """This rank's micro-batches of the first `eval_samples` validation samples (all of them when the
+    split holds fewer), each with the number of samples it counts for.
 
-    A validation split too small for one micro-batch per rank gets smaller batches rather than none.
+    The samples are the same whatever the world size, so val_loss compares across runs: batch b of
+    them goes to rank b % world_size. Every rank runs the same number of batches (under FSDP each
+    forward is a collective): a rank short of one runs a one-sample filler that counts for nothing.
     """
-    batch_size = min(micro_batch_size, num_samples // world_size)
-    if batch_size == 0:
-        raise DataMismatchError(f"the validation split holds {num_samples} samples of seq_len + 1 tokens, "
-                                f"fewer than the {world_size} processes that each need one; lower val_every "
-                                f"or add documents")
-    per_rank = min(max_batches, num_samples // batch_size // world_size)
-    return [list(range(b * batch_size, (b + 1) * batch_size)) for b in range(rank, per_rank * world_size, world_size)]
+    if num_samples <= 0:
+        raise DataMismatchError("the validation split holds no complete sample of seq_len + 1 tokens; "
+                                "lower val_every or add documents")
+    samples = min(eval_samples, num_samples)
+    starts = range(0, samples, micro_batch_size)
+    batches = []
+    for b in range(rank, -(-len(starts) // world_size) * world_size, world_size):
+        if b < len(starts):
+            indices = list(range(starts[b], min(starts[b] + micro_batch_size, samples)))
+            batches.append((indices, len(indices)))
+        else:
+            batches.append(([0], 0))
+    return batches
+
+
+class ValidationBatches:
+    """(tokens [n, seq_len + 1], samples it counts for) for each of this rank's validation batches."""
+
+    def __init__(self, dataset: PackedDataset, batches: list[tuple[list[int], int]]) -> None:
+        self.dataset, self.batches = dataset, batches
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, int]]:
+        for indices, counted in self.batches:
+            yield stack_samples([self.dataset[i] for i in indices]), counted
 
 
 def _split_dataset(recipe: Recipe, split: str) -> PackedDataset:
@@ -152,27 +186,48 @@ def _split_dataset(recipe: Recipe, split: str) -> PackedDataset:
 
 def ignore_stop_signals(worker_id: int) -> None:
     """Workers leave SIGINT/SIGTERM to the training process, which finishes its step and saves a
-    checkpoint; a Ctrl-C reaching the whole process group would otherwise kill the workers first."""
+    checkpoint; a Ctrl-C reaching the whole process group would otherwise kill the workers first.
+    They die with the training process instead, however it ends (see `end_workers_at_exit`)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    die_with_parent(signal.SIGKILL)
+
+
+def end_workers_at_exit() -> None:
+    """Kill the workers still alive when the training process exits. Python's own exit handler
+    terminates daemon processes with SIGTERM, which workers ignore, then waits for them: after an
+    uncaught exception (the loader still referenced by the traceback) it would wait forever. Run
+    before that handler (atexit runs the last registered first); registering twice is harmless."""
+    for process in multiprocessing.active_children():
+        if process.daemon:  # DataLoader workers are daemons; a process started for other reasons is not
+            process.kill()
+            process.join(timeout=5)
 
 
 def build_train_loader(recipe: Recipe, rank: int, world_size: int, grad_accum: int, start_step: int,
-                       pin_memory: bool = False) -> DataLoader:
-    """Endless [micro_batch_size, seq_len + 1] LongTensor batches for `rank`, from `start_step` on."""
+                       pin_memory: bool = False, origin: tuple[int, int] = (0, 0)) -> DataLoader:
+    """Endless [micro_batch_size, seq_len + 1] LongTensor batches for `rank`, from `start_step` on
+    (`origin`: see StepBatchSampler)."""
     dataset = _split_dataset(recipe, "train")
     sampler = StepBatchSampler(len(dataset), recipe.train.micro_batch_size, grad_accum, world_size, rank,
-                               recipe.train.seed, start_step)
+                               recipe.train.seed, start_step, origin)
     workers = recipe.data.num_workers
+    if workers:
+        atexit.unregister(end_workers_at_exit)
+        atexit.register(end_workers_at_exit)
     worker_options: dict[str, Any] = {"persistent_workers": True, "prefetch_factor": PREFETCH_FACTOR,
                                       "worker_init_fn": ignore_stop_signals} if workers else {}
     return DataLoader(dataset, batch_sampler=sampler, collate_fn=stack_samples, num_workers=workers,
                       pin_memory=pin_memory, **worker_options)
 
 
-def build_val_loader(recipe: Recipe, rank: int, world_size: int) -> DataLoader:
-    """At most `eval_batches` sequential validation batches for `rank`, the same count on every rank."""
+def eval_samples(recipe: Recipe) -> int:
+    """Validation samples per evaluation: `eval_tokens` rounded up to whole sequences."""
+    return -(-recipe.train.eval_tokens // recipe.data.seq_len)
+
+
+def build_val_loader(recipe: Recipe, rank: int, world_size: int) -> ValidationBatches:
+    """`rank`'s share of the first `eval_tokens` validation tokens, in sequential micro-batches."""
     dataset = _split_dataset(recipe, "validation")
-    batches = validation_batches(len(dataset), recipe.train.micro_batch_size, world_size, rank,
-                                 recipe.train.eval_batches)
-    return DataLoader(dataset, batch_sampler=batches, collate_fn=stack_samples, num_workers=0)
+    return ValidationBatches(dataset, validation_batches(len(dataset), recipe.train.micro_batch_size, world_size,
+                                                         rank, eval_samples(recipe)))

@@ -76,7 +76,8 @@ def load_pretrained_tokenizer(path: str | Path) -> PreTrainedTokenizerFast:
         raise ValueError(f"tokenizer in {path} is not a fast (Rust `tokenizers`) tokenizer; save it with a tokenizer.json")
     if tokenizer.eos_token_id is None:
         raise ValueError(f"tokenizer in {path} has no eos_token; documents need one to be separated")
-    tokenizer.model_input_names = MODEL_INPUT_NAMES  # saved with every checkpoint's tokenizer
+    tokenizer.model_input_names = MODEL_INPUT_NAMES
+    tokenizer.init_kwargs["model_input_names"] = MODEL_INPUT_NAMES  # what save_pretrained writes: checkpoints too
     return tokenizer
 
 

@@ -1,8 +1,18 @@
 """GPU memory a recipe needs on one process, before anything is allocated.
 
-Static state, for N parameters (tied embeddings counted once):
-    fp32 master weights 4N + fp32 gradients 4N + AdamW exp_avg and exp_avg_sq 8N,
-    plus 2N for the bf16/fp16 weight copies autocast keeps for the matmuls (mixed precision only).
+State, for N parameters (tied embeddings counted once):
+    fp32 master weights 4N + AdamW exp_avg and exp_avg_sq 8N, always;
+    fp32 gradients 4N, from the first backward pass to the optimizer step (`zero_grad` frees them);
+    2N for the bf16/fp16 weight copies autocast makes for the matmuls (mixed precision only), which
+    the matmuls keep for their backward: they live as long as the activations.
+
+The peak of a step is the larger of two moments:
+    the start of the backward pass: weights, AdamW, the weight copies, every saved activation and
+        the loss's buffers, plus the gradients when the step accumulates micro-batches (from the
+        second micro-batch on, the gradients of the first are alive through the forward pass);
+    the end of the backward pass: weights, AdamW and every gradient, plus, with a tied embedding,
+        two V x h fp32 buffers: the lookup's dense gradient and the sum autograd makes of it and
+        the output projection's gradient (8Vh).
 
 Activations saved for the backward pass follow Korthikanti et al. 2022 ("Reducing Activation
 Recomputation in Large Transformer Models", sec. 4.1: s*b*h*(34 + 5*a*s/h) bytes per GPT layer),
@@ -22,9 +32,15 @@ These coefficients were measured with `torch.autograd.graph.saved_tensors_hooks`
 transformers 5.x (CPU SDPA, which saves the same tensors as the flash kernel).
 With gradient checkpointing (per decoder layer) only each layer's fp32 input is kept (4h per token
 and layer) and one layer's activations are recomputed at a time during the backward pass.
-The head adds, per token, the final norm (10h mixed, 12h fp32) and the logits at the loss:
-bf16 logits, their fp32 upcast and the fp32 log-softmax kept for backward (10V mixed, 8V fp32);
+The head adds, per token, the final norm (10h mixed, 12h fp32) and the logits at the loss: 12V in
+both precisions, at the loss's backward: the fp32 log-softmax kept for it, its incoming gradient and
+the logits' gradient (in mixed precision the bf16 logits and their gradient come and go around them);
 Liger's fused linear cross entropy never materialises them (chunked), so they count as 0 there.
+
+Calibrated 2026-11-23 against the measured peak of real CPU optimizer steps (`bench/bench_memory.py`:
+the CPU allocator's live tensor bytes, not RSS), 1.3M to 187M parameters, fp32 and bf16, with and
+without accumulation and checkpointing: every estimate within 3% (docs/gpu.md); the previous
+formula (always the sum of everything, 8V/10V at the loss) was 17% low to 21% high.
 
 It is an estimate for one process without FSDP sharding (FSDP divides the static state by the
 number of processes): torch.compile and Liger kernels only lower the real figure, while the CUDA
@@ -44,6 +60,8 @@ from hf_pretrain.model import llama_config, recipe_parameter_count
 WEIGHT_BYTES, GRADIENT_BYTES, ADAM_BYTES, HALF_COPY_BYTES = 4, 4, 8, 2
 # Bytes per token per layer of the fp32 residual stream kept at each checkpointed layer boundary.
 RESIDUAL_BYTES = 4
+# Bytes per token and vocabulary row at the loss's backward: three fp32 buffers (module docstring).
+LOSS_BYTES_PER_LOGIT = 12
 
 
 @dataclass(frozen=True)
@@ -58,14 +76,19 @@ class MemoryEstimate:
     activations: int  # every layer's saved activations, no checkpointing
     checkpointed_activations: int  # layer inputs + one layer's activations being recomputed
     head: int  # final norm + logits and loss
+    embedding_gradient: int = 0  # the tied embedding's gradient being summed at the end of the backward
+    accumulating: bool = True  # more than one micro-batch per step: gradients live through the forward
 
     @property
     def static(self) -> int:
         return self.weights + self.gradients + self.optimizer + self.weight_copies
 
     def total(self, checkpointing: bool) -> int:
+        """The step's peak: the larger of the start and the end of the backward pass (module docstring)."""
         activations = self.checkpointed_activations if checkpointing else self.activations
-        return self.static + activations + self.head
+        start = self.weight_copies + activations + self.head + (self.gradients if self.accumulating else 0)
+        end = self.gradients + self.embedding_gradient
+        return self.weights + self.optimizer + max(start, end)
 
 
 def uses_mixed_precision(recipe: Recipe, cuda_available: bool) -> bool:
@@ -87,14 +110,16 @@ def head_bytes_per_token(recipe: Recipe, vocab_rows: int, mixed_precision: bool)
     """Final norm plus logits at the loss, per token (0 for the logits under Liger's fused loss)."""
     h = recipe.model.hidden_size
     norm = 10 * h if mixed_precision else 12 * h
-    logits = 0 if recipe.train.liger else (10 if mixed_precision else 8) * vocab_rows
+    logits = 0 if recipe.train.liger else LOSS_BYTES_PER_LOGIT * vocab_rows
     return norm + logits
 
 
-def estimate_memory(recipe: Recipe, tokenizer_size: int, cuda_available: bool = True) -> MemoryEstimate:
+def estimate_memory(recipe: Recipe, tokenizer_size: int, cuda_available: bool = True,
+                    world_size: int = 1) -> MemoryEstimate:
     """Peak training memory of one process for `recipe` (see the module docstring for the formulas).
 
-    `cuda_available` resolves `mixed_precision: auto` the way training will (bf16 on a GPU).
+    `cuda_available` resolves `mixed_precision: auto` the way training will (bf16 on a GPU);
+    `world_size` decides whether a process accumulates micro-batches.
     """
     config = llama_config(recipe.model, tokenizer_size)
     n = recipe_parameter_count(recipe, tokenizer_size)
@@ -111,6 +136,8 @@ def estimate_memory(recipe: Recipe, tokenizer_size: int, cuda_available: bool = 
         activations=layers * per_layer,
         checkpointed_activations=layers * tokens * recipe.model.hidden_size * RESIDUAL_BYTES + per_layer,
         head=tokens * head_bytes_per_token(recipe, config.vocab_size, mixed),
+        embedding_gradient=2 * WEIGHT_BYTES * config.vocab_size * config.hidden_size if config.tie_word_embeddings else 0,
+        accumulating=recipe.train.global_batch_tokens > tokens * world_size,  # more than one micro-batch a step
     )
 
 

@@ -1,7 +1,10 @@
-"""`hf-pretrain plan`: tokens, FLOPs, time and money of a run before it starts, on 1..N GPUs.
+"""`hf-pretrain plan`: tokens, FLOPs, time and money of a run before it starts, on 1..N GPUs; or what
+going further would buy a run that is under way.
 
+    hf-pretrain plan --recipe 1b                      # tokens, FLOPs, Chinchilla; time and cost when the recipe knows
     hf-pretrain plan --recipe 1b --gpu H100
     hf-pretrain plan --params 1.04e9 --tokens 20e9 --tokens_per_s 40000 --price_per_gpu_hour 2.99 --max_gpus 8 --json
+    hf-pretrain plan --run runs/1b --tokens 20.8e9    # from the run's own loss curve, pace and price
 
 Every number comes from a pure function below, so the tests check them against hand-computed
 values. The multi-GPU model is deliberately simple and pessimistic: data parallelism with one ring
@@ -20,16 +23,22 @@ from typing import Any
 
 from hf_pretrain.config import CommandParser, RecipeError, load_recipe
 from hf_pretrain.economics.cost import dollars_per_billion_tokens
+from hf_pretrain.economics.forecast import BAND_SIGMAS, GoingFurther, going_further
 from hf_pretrain.economics.prices import PriceError, load_prices
 from hf_pretrain.formatting import human_count, usd
 from hf_pretrain.hardware import best_match, peak_flops_for_name
-from hf_pretrain.model import recipe_flops_per_token
+from hf_pretrain.model import recipe_flops_per_token, recipe_parameter_count
+from hf_pretrain.optim import Cooldown, Schedule
+from hf_pretrain.run_dir import RunDir, read_jsonl
 
 # Chinchilla (Hoffmann et al. 2022): about 20 training tokens per parameter is compute-optimal.
 TOKENS_PER_PARAMETER = 20
-# The compute-optimal fit N_opt = a * C^alpha, D_opt = b * C^beta, with C in FLOPs (C = 6ND).
-FIT_N_COEFFICIENT, FIT_N_EXPONENT = 0.2536, 0.4995
-FIT_D_COEFFICIENT, FIT_D_EXPONENT = 1.7424, 0.5005
+# Chinchilla's parametric loss L(N, D) = E + A / N^alpha + B / D^beta ("approach 3" of Hoffmann et al.
+# 2022), with the coefficients of its replication by Besiroglu, Erdil, Barnett and You 2024, "Chinchilla
+# Scaling: A replication attempt" (arXiv:2404.10102, Table 1), which corrects the original fit: its
+# compute-optimal split is ~20 tokens per parameter, consistent with Hoffmann's approaches 1 and 2.
+CHINCHILLA_E, CHINCHILLA_A, CHINCHILLA_B = 1.8172, 482.01, 2085.43
+CHINCHILLA_ALPHA, CHINCHILLA_BETA = 0.3478, 0.3658
 # Per-GPU, one-direction link rates in Gbit/s: NVLink 4 on H100 SXM (450 GB/s), PCIe 4.0 x16
 # (32 GB/s), and a common 100 GbE cloud NIC between nodes.
 INTERCONNECT_GBPS = {"nvlink": 3600.0, "pcie": 256.0, "ethernet": 100.0}
@@ -53,9 +62,21 @@ def training_flops(n_params: float, tokens: float) -> float:
 
 
 def compute_optimal(compute_flops: float) -> tuple[float, float]:
-    """(N_opt parameters, D_opt tokens) of the compute-optimal fit for a budget of C FLOPs."""
-    return (FIT_N_COEFFICIENT * compute_flops ** FIT_N_EXPONENT,
-            FIT_D_COEFFICIENT * compute_flops ** FIT_D_EXPONENT)
+    """(N_opt parameters, D_opt tokens) minimising Chinchilla's L(N, D) for a budget of C = 6ND FLOPs.
+
+    With G = (alpha A / (beta B))^(1 / (alpha + beta)) (Hoffmann et al. 2022, eq. 4):
+    N_opt = G (C/6)^(beta / (alpha + beta)) and D_opt = (C/6) / N_opt, so 6 N_opt D_opt = C exactly.
+    """
+    a, b = CHINCHILLA_ALPHA, CHINCHILLA_BETA
+    g = (a * CHINCHILLA_A / (b * CHINCHILLA_B)) ** (1.0 / (a + b))
+    n_opt = g * (compute_flops / 6.0) ** (b / (a + b))
+    return n_opt, compute_flops / 6.0 / n_opt
+
+
+def chinchilla_loss(n_params: float, tokens: float) -> float:
+    """Chinchilla's fitted loss for N parameters trained on D tokens (its data and tokenizer, not ours:
+    a guide to the shape of the trade, not a prediction of this run's numbers)."""
+    return CHINCHILLA_E + CHINCHILLA_A / n_params ** CHINCHILLA_ALPHA + CHINCHILLA_B / tokens ** CHINCHILLA_BETA
 
 
 def tokens_per_s_at_mfu(peak_flops: float, mfu: float, flops_per_token_: float) -> float:
@@ -106,10 +127,12 @@ class Plan:
     chinchilla_tokens: float
     total_flops: float  # flops_per_token * tokens (attention included when a recipe is known)
     compute_6nd: float
-    optimal_parameters: float  # the compute-optimal fit at C = 6ND
+    optimal_parameters: float  # Chinchilla's compute-optimal split of C = 6ND
     optimal_tokens: float
+    chinchilla_loss: float  # Chinchilla's L(N, D) for this plan
+    optimal_loss: float  # ... and for the compute-optimal split of the same compute
     gpu: str | None
-    tokens_per_s_per_gpu: float
+    tokens_per_s_per_gpu: float | None  # None: unknown, so no time or cost
     throughput_source: str
     price_per_gpu_hour: float | None
     usd_per_billion_tokens: float | None
@@ -147,6 +170,7 @@ def make_plan(args: argparse.Namespace) -> Plan:
         gpu = best_match(args.gpu, prices) or args.gpu
     price = args.price_per_gpu_hour or (prices.get(gpu) if gpu else None) or recipe_price or None
 
+    rate: float | None
     if args.tokens_per_s:
         rate, rate_source = args.tokens_per_s, "--tokens_per_s"
     elif recipe_rate:
@@ -157,8 +181,11 @@ def make_plan(args: argparse.Namespace) -> Plan:
         rate_source = (f"assumed {args.mfu:.0%} MFU of the {peak / 1e12:,.0f} TFLOP/s datasheet peak; "
                        f"measure it with `hf-pretrain bench`")
     else:
-        known = f" (known: {', '.join(prices)})" if gpu else ""
-        raise ValueError(f"no throughput: give --tokens_per_s, or --gpu with a GPU whose peak is known{known}")
+        rate = None
+        known = f"no datasheet peak is known for `{gpu}` (known: {', '.join(prices)}); " if gpu else ""
+        rate_source = (f"{known}time and cost need a throughput: --gpu NAME (assumes {args.mfu:.0%} MFU of its "
+                       f"datasheet peak), --tokens_per_s, or the recipe's expected_tokens_per_s "
+                       f"(`hf-pretrain bench` measures it)")
 
     gbps = args.interconnect_gbps or INTERCONNECT_GBPS[args.interconnect]
     gradient_bytes = args.gradient_bytes * n_params
@@ -169,12 +196,14 @@ def make_plan(args: argparse.Namespace) -> Plan:
         source=source, parameters=n_params, flops_per_token=per_token, tokens=tokens,
         tokens_per_parameter=tokens / n_params, chinchilla_tokens=chinchilla_tokens(n_params),
         total_flops=per_token * tokens, compute_6nd=c_6nd, optimal_parameters=n_opt, optimal_tokens=d_opt,
+        chinchilla_loss=chinchilla_loss(n_params, tokens), optimal_loss=chinchilla_loss(n_opt, d_opt),
         gpu=gpu, tokens_per_s_per_gpu=rate, throughput_source=rate_source, price_per_gpu_hour=price,
-        usd_per_billion_tokens=dollars_per_billion_tokens(rate, price) if price else None,
+        usd_per_billion_tokens=dollars_per_billion_tokens(rate, price) if price and rate else None,
         global_batch_tokens=batch_tokens, optimizer_steps=steps,
         interconnect=args.interconnect if not args.interconnect_gbps else "custom", interconnect_gbps=gbps,
         gradient_bytes=gradient_bytes,
-        scaling=[scaling_row(n, tokens, rate, price, steps, gradient_bytes, gbps) for n in range(1, args.max_gpus + 1)],
+        scaling=[scaling_row(n, tokens, rate, price, steps, gradient_bytes, gbps)
+                 for n in range(1, args.max_gpus + 1)] if rate else [],
     )
 
 
@@ -188,9 +217,15 @@ def format_plan(plan: Plan) -> str:
         f"per training token",
         f"tokens: {human_count(plan.tokens)} = {plan.tokens_per_parameter:.1f} per parameter "
         f"(Chinchilla's 20 per parameter: {human_count(plan.chinchilla_tokens)})",
-        f"compute: {plan.total_flops:.3g} FLOPs; for C = 6ND = {plan.compute_6nd:.3g} the compute-optimal fit "
-        f"gives N_opt {human_count(plan.optimal_parameters)} parameters, "
-        f"D_opt {human_count(plan.optimal_tokens)} tokens",
+        f"compute: {plan.total_flops:.3g} FLOPs; for C = 6ND = {plan.compute_6nd:.3g} Chinchilla's fit "
+        f"(Besiroglu et al. 2024) splits it best as N_opt {human_count(plan.optimal_parameters)} parameters x "
+        f"D_opt {human_count(plan.optimal_tokens)} tokens ({plan.optimal_tokens / plan.optimal_parameters:.1f} "
+        f"per parameter); its L(N, D): {plan.chinchilla_loss:.3f} for this plan, {plan.optimal_loss:.3f} at the "
+        f"optimum (Chinchilla's data, not yours: the shape of the trade, not this run's loss)",
+    ]
+    if plan.tokens_per_s_per_gpu is None:
+        return "\n".join(lines + [f"time and cost: unknown: {plan.throughput_source}; {price}"]) + "\n"
+    lines += [
         f"GPU: {plan.gpu or '(not named)'}: {plan.tokens_per_s_per_gpu:,.0f} tokens/s each ({plan.throughput_source}), "
         f"{price}{per_billion}",
         f"several GPUs: data parallel, {plan.optimizer_steps:,} optimizer steps of {plan.global_batch_tokens:,} "
@@ -208,6 +243,62 @@ def format_plan(plan: Plan) -> str:
     return "\n".join(lines) + "\n"
 
 
+# ---------------------------------------------------------------------- going further with a run
+@dataclass(frozen=True)
+class FurtherPlan:
+    run: str
+    parameters: int | None
+    chinchilla_tokens: float | None
+    stable_steps: tuple[int, int]
+    price_per_hour: float
+    further: GoingFurther
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def plan_further(run_dir: str, target_tokens: float | None, price_per_hour: float | None) -> FurtherPlan:
+    """What training the run in `run_dir` on to `target_tokens` (unset: Chinchilla's 20 per parameter)
+    buys, from its own loss curve, pace and price; raises ValueError saying what is missing."""
+    run = RunDir(run_dir)
+    recipe = run.load_recipe()
+    if recipe is None:
+        raise ValueError(f"{run.resolved_recipe} is missing or unreadable: is {run_dir} a run folder?")
+    records = read_jsonl(run.metrics)
+    cooldowns = [r for r in records if r.get("kind") == "cooldown"]
+    cooldown = Cooldown(cooldowns[-1]["step"], cooldowns[-1]["end"]) if cooldowns else None
+    stable = Schedule(recipe.train).stable_steps(cooldown)
+    n_params = recipe_parameter_count(recipe)
+    target = target_tokens or chinchilla_tokens(n_params)
+    price = recipe.train.price_per_hour if price_per_hour is None else price_per_hour
+    further = going_further([r for r in records if r.get("kind") == "train"], stable, target, price)
+    if further is None:
+        raise ValueError(f"{run.metrics} has too few logged steps between steps {stable[0]:,} and {stable[1]:,} "
+                         f"(after the warmup, before any decay) to fit the loss curve yet")
+    return FurtherPlan(str(run_dir), n_params, chinchilla_tokens(n_params), stable, price, further)
+
+
+def format_further(plan: FurtherPlan) -> str:
+    f, fit = plan.further, plan.further.fit
+    lines = [f"run {plan.run}: {human_count(f.tokens_now)} tokens so far; the loss curve over steps "
+             f"{plan.stable_steps[0]:,}-{plan.stable_steps[1]:,} fits L = {fit.irreducible:.3f} + "
+             f"{fit.amplitude:.3f} x (D / {human_count(fit.tokens_0)})^-{fit.exponent:.3f}"]
+    if plan.chinchilla_tokens:
+        lines.append(f"target: {human_count(f.target_tokens)} tokens = {f.target_tokens / plan.parameters:.1f} per "
+                     f"parameter (Chinchilla's 20: {human_count(plan.chinchilla_tokens)})")
+    if f.steps == 0:
+        return "\n".join(lines + ["the run has already read that many tokens"]) + "\n"
+    cost = f"{usd(f.cost)}" if f.cost is not None else "cost unknown (the run has no price_per_hour; --price_per_hour)"
+    lines.append(f"going there: {f.steps:,} more steps, {f.hours:,.2f} h at the run's own pace, {cost}")
+    per_point = f", {usd(f.usd_per_loss_point)} per loss point" if f.usd_per_loss_point is not None else ""
+    lines.append(f"loss (fitted curve, +/- {BAND_SIGMAS:g} sd): {f.loss_now:.3f} +/- {BAND_SIGMAS * f.loss_now_sd:.3f} "
+                 f"now -> {f.loss_target:.3f} +/- {BAND_SIGMAS * f.loss_target_sd:.3f}, a drop of "
+                 f"{f.loss_now - f.loss_target:.3f}{per_point}")
+    lines.append("the fit describes the curve before any final decay: a wsd run's decay (or a cooldown) drops the loss "
+                 "further at the end; go further with `--max_steps` on the same output_dir (README: stop, go further)")
+    return "\n".join(lines) + "\n"
+
+
 def build_parser() -> argparse.ArgumentParser:
     # `--price` was this command's $/GPU-hour while `bench --price` took NAME=USD: one name, one meaning.
     parser = CommandParser(prog="hf-pretrain plan", description=__doc__.split("\n")[0], epilog=__doc__.split("\n", 1)[1],
@@ -215,8 +306,10 @@ def build_parser() -> argparse.ArgumentParser:
     model = parser.add_mutually_exclusive_group(required=True)
     model.add_argument("--recipe", help="recipe name or YAML path: parameters from a meta-device build")
     model.add_argument("--params", type=float, help="parameter count, e.g. 1.04e9 (FLOPs per token then 6N)")
+    model.add_argument("--run", help="a run folder: what going on to --tokens would buy, from its loss curve so far")
     parser.add_argument("--tokens", type=float,
-                        help="token budget (unset: the recipe's max_steps x global_batch_tokens, else 20 x params)")
+                        help="token budget (unset: the recipe's max_steps x global_batch_tokens, else 20 x params; "
+                             "with --run, 20 x the run's parameters)")
     parser.add_argument("--global_batch_tokens", type=int,
                         help=f"tokens per optimizer step (unset: the recipe's, else {DEFAULT_GLOBAL_BATCH_TOKENS:,})")
     parser.add_argument("--gpu", help="a GPU from the price table (its price and datasheet peak), e.g. H100")
@@ -237,6 +330,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--gradient_bytes", type=float, default=GRADIENT_BYTES_PER_PARAMETER,
                         help="bytes per parameter all-reduced each step (4: fp32 gradients; 2 with a bf16 "
                              "compression hook)")
+    parser.add_argument("--price_per_hour", type=float,
+                        help="with --run: $ per hour of the whole job (unset: the run's price_per_hour)")
     parser.add_argument("--json", action="store_true", help="print the plan as JSON")
     return parser
 
@@ -250,7 +345,13 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"--{name} must be positive")
     if args.max_gpus < 1:
         parser.error("--max_gpus must be at least 1")
+    if args.price_per_hour is not None and (args.price_per_hour < 0 or not args.run):
+        parser.error("--price_per_hour goes with --run and is not negative")
     try:
+        if args.run:
+            further = plan_further(args.run, args.tokens, args.price_per_hour)
+            print(json.dumps(further.to_dict(), indent=1) if args.json else format_further(further))
+            return 0
         plan = make_plan(args)
     except (RecipeError, PriceError, ValueError) as exc:
         parser.exit(2, f"hf-pretrain plan: error: {exc}\n")

@@ -15,13 +15,15 @@ from hf_pretrain.preflight.cost import check_cost
 from hf_pretrain.preflight.data import (
     check_batch_split,
     check_context,
+    check_data_budget,
     check_loader_pickling,
     check_num_workers,
     check_prepared,
 )
-from hf_pretrain.preflight.disk import check_disk_space, check_output_writable
-from hf_pretrain.preflight.gpu import check_bf16, check_cuda, check_memory, check_tf32
+from hf_pretrain.preflight.disk import check_disk_space, check_not_in_use, check_output_writable
+from hf_pretrain.preflight.gpu import check_bf16, check_compiler, check_cuda, check_memory, check_tf32
 from hf_pretrain.preflight.result import CheckResult, PreflightError, format_table
+from hf_pretrain.preflight.resume import check_resume
 from hf_pretrain.preflight.versions import check_versions
 
 __all__ = ["CheckResult", "PreflightError", "format_table", "preflight", "run_checks"]
@@ -44,14 +46,18 @@ def run_checks(recipe: Recipe, world_size: int = 1, device_memory_bytes: int | N
         ("cuda", lambda: check_cuda(recipe)),
         ("bf16", lambda: check_bf16(recipe)),
         ("tf32", lambda: check_tf32(recipe)),
+        ("compiler", lambda: check_compiler(recipe)),
         ("data", lambda: check_prepared(recipe)),
+        ("data budget", lambda: check_data_budget(recipe)),
         ("seq_len", lambda: check_context(recipe)),
         ("batch", lambda: check_batch_split(recipe, world_size)),
         ("num_workers", lambda: check_num_workers(recipe)),
         ("loader", lambda: check_loader_pickling(recipe)),
         ("output_dir", lambda: check_output_writable(recipe)),
+        ("in use", lambda: check_not_in_use(recipe)),
+        ("resume", lambda: check_resume(recipe)),
         ("disk space", lambda: check_disk_space(recipe)),
-        ("gpu memory", lambda: check_memory(recipe, device_memory_bytes)),
+        ("gpu memory", lambda: check_memory(recipe, device_memory_bytes, world_size)),
         ("time and cost", lambda: check_cost(recipe)),
     ]
     return [result for name, check in checks for result in _guarded(name, check)]

@@ -23,9 +23,35 @@ def check_prepared(recipe: Recipe) -> CheckResult:
     except DataMismatchError as exc:
         # The message already ends with the prepare hint; the table shows it once, as the fix.
         return CheckResult("data", "fail", str(exc).removesuffix(f"; {fix}"), fix)
-    train_tokens = meta["splits"]["train"]["tokens"]
-    return CheckResult("data", "pass", f"{recipe.data.data_dir}: {train_tokens:,} training tokens, "
-                                       f"vocabulary {meta['vocab_size']:,}, {meta['dtype']}")
+    train_tokens, val_tokens = meta["splits"]["train"]["tokens"], meta["splits"]["validation"]["tokens"]
+    reason = (f"{recipe.data.data_dir}: {train_tokens:,} training tokens, {val_tokens:,} validation tokens, "
+              f"vocabulary {meta['vocab_size']:,}, {meta['dtype']}")
+    if val_tokens < recipe.train.eval_tokens:  # val_loss then covers all of them: still the same on any world size
+        return CheckResult("data", "warn", f"{reason}; eval_tokens={recipe.train.eval_tokens:,} asks for more, so "
+                                           f"every evaluation uses all {val_tokens:,}",
+                           f"--eval_tokens {val_tokens} to say so, or a lower val_every at the next prepare")
+    return CheckResult("data", "pass", reason)
+
+
+def check_data_budget(recipe: Recipe) -> CheckResult:
+    """How many passes over the prepared training data the plan makes: past one, the run repeats data
+    (each boundary is logged); a few passes cost little, many make the later tokens worth less."""
+    try:
+        meta = check_prepared_data(recipe)
+    except DataMismatchError:
+        return CheckResult("data budget", "skip", "needs valid prepared data (see `data`)")
+    t, seq_len = recipe.train, recipe.data.seq_len
+    prepared = meta["splits"]["train"]["tokens"]
+    samples = max(0, (prepared - 1) // seq_len)  # the loader's samples of seq_len + 1 tokens
+    planned = t.max_steps * t.global_batch_tokens
+    epochs = planned / seq_len / samples if samples else float("inf")
+    reason = (f"the plan reads {planned:,} tokens ({t.max_steps:,} steps x {t.global_batch_tokens:,}) of "
+              f"{prepared:,} prepared: {epochs:.2f} epochs")
+    if epochs <= 1:
+        return CheckResult("data budget", "pass", reason)
+    return CheckResult("data budget", "warn", reason + "; the data repeats, each epoch boundary is logged",
+                       f"prepare more (data.max_tokens, more sources: `hf-pretrain prepare --recipe {recipe.name}`), "
+                       f"or accept it: up to ~4 epochs cost little (Muennighoff et al. 2023)")
 
 
 def check_context(recipe: Recipe) -> CheckResult:

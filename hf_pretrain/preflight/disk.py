@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 import shutil
 import tempfile
 from pathlib import Path
@@ -14,12 +15,16 @@ from hf_pretrain.model import recipe_parameter_count
 from hf_pretrain.preflight.result import CheckResult
 from hf_pretrain.run_dir import FINAL_DTYPE
 from hf_pretrain.training.checkpoint import list_checkpoints
+from hf_pretrain.training.run_lock import holder_of
 
 # Bytes per parameter in a checkpoint: fp32 weights (4) + AdamW's two fp32 moments (8). Under FSDP
 # the same total is spread over one file per process.
 CHECKPOINT_BYTES_PER_PARAMETER = 12
 # RNG states, tokenizer, config, manifest and train state beside the tensors: a few MB, rounded up.
 CHECKPOINT_SLACK_BYTES = 64 * 2**20
+# A milestone past the kept checkpoints keeps its weights only, in bf16 (training/checkpoint.py),
+# unless milestone_full_state keeps it whole.
+MILESTONE_BYTES_PER_PARAMETER = DTYPE_BYTES["bf16"]
 
 
 def nearest_existing(path: Path) -> Path:
@@ -45,6 +50,18 @@ def check_output_writable(recipe: Recipe) -> CheckResult:
     return CheckResult("output_dir", "pass", f"{output_dir} {where}, writable")
 
 
+def check_not_in_use(recipe: Recipe) -> CheckResult:
+    """Whether another training holds the run folder now (training/run_lock.py): it would refuse this one."""
+    if os.environ.get("RANK", "0") != "0":
+        return CheckResult("in use", "skip", "the job's first process takes the run folder's lock")
+    holder = holder_of(recipe.train.output_dir)
+    if holder is None or holder.get("pid") == os.getpid():
+        return CheckResult("in use", "pass", f"no other training writes {recipe.train.output_dir}")
+    who = f"pid {holder.get('pid')} on {holder.get('host')} since {holder.get('since')}" if holder else "a training"
+    return CheckResult("in use", "fail", f"{recipe.train.output_dir} is in use by {who}",
+                       "wait for it to end, stop it, or choose another --output_dir")
+
+
 def milestone_count(recipe: Recipe) -> int:
     """Checkpoints never pruned: saves (every save_interval) at multiples of milestone_interval,
     before the final step's, which is among the kept ones anyway."""
@@ -64,19 +81,22 @@ def check_disk_space(recipe: Recipe) -> CheckResult:
     t = recipe.train
     n = recipe_parameter_count(recipe)
     checkpoint = CHECKPOINT_BYTES_PER_PARAMETER * n + CHECKPOINT_SLACK_BYTES
+    milestone = checkpoint if t.milestone_full_state else MILESTONE_BYTES_PER_PARAMETER * n + CHECKPOINT_SLACK_BYTES
     export = DTYPE_BYTES[FINAL_DTYPE] * n  # final/ is exported in FINAL_DTYPE whatever the training precision
     milestones = milestone_count(recipe)
     already = existing_checkpoint_bytes(t.output_dir)
-    needed = max(0, (t.keep_checkpoints + 1 + milestones) * checkpoint + export - already)
+    needed = max(0, (t.keep_checkpoints + 1) * checkpoint + milestones * milestone + export - already)
     disk = nearest_existing(Path(t.output_dir))
     if not disk.is_dir():
         return CheckResult("disk space", "skip", f"{disk} is not a folder (see output_dir)")
     free = shutil.disk_usage(disk).free
-    count = t.keep_checkpoints + 1 + milestones
-    parts = f"{t.keep_checkpoints} kept + 1 being written" + (f" + {milestones} milestones" if milestones else "")
+    count = t.keep_checkpoints + 1
+    kind = "whole" if t.milestone_full_state else "bf16 weights only"
+    kept = f" + {milestones} milestones of {human_bytes(milestone)} ({kind})" if milestones else ""
     existing = f" - {human_bytes(already)} in existing checkpoints" if already else ""
-    reason = (f"needs {human_bytes(needed)} = {count} checkpoints of {human_bytes(checkpoint)} ({parts}) + a "
-              f"{human_bytes(export)} export{existing}; {human_bytes(free)} free on {disk}")
+    reason = (f"needs {human_bytes(needed)} = {count} checkpoints of {human_bytes(checkpoint)} "
+              f"({t.keep_checkpoints} kept + 1 being written){kept} + a {human_bytes(export)} export{existing}; "
+              f"{human_bytes(free)} free on {disk}")
     if free < needed:
         return CheckResult("disk space", "fail", reason,
                            "free space, put --output_dir on a bigger disk, or lower --keep_checkpoints"

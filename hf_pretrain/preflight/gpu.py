@@ -2,43 +2,76 @@
 
 from __future__ import annotations
 
+import importlib.util
+import os
+import shutil
+
 import torch
 
 from hf_pretrain.config import Recipe
 from hf_pretrain.economics.memory import MemoryEstimate, estimate_memory, with_micro_batch
 from hf_pretrain.formatting import human_bytes, human_count
+from hf_pretrain.hardware import cpu_has_bf16_kernels
 from hf_pretrain.model import recipe_tokenizer_size
 from hf_pretrain.preflight.result import CheckResult
 
 # Share of the device's memory a run can count on: the CUDA context, cuBLAS/NCCL workspaces and
 # allocator fragmentation take the rest.
 USABLE_MEMORY_FRACTION = 0.9
-CPU_FIX = "to run on the CPU anyway: --mixed_precision no --compile false --liger false"
+LIGER_FIX = "--liger false (the rest of the recipe runs on the CPU too), or a CUDA machine"
 
 
-def gpu_requirements(recipe: Recipe) -> list[str]:
-    """The recipe keys that only make sense on a GPU."""
-    t = recipe.train
-    wanted = [f"mixed_precision={t.mixed_precision}"] if t.mixed_precision in ("bf16", "fp16") else []
-    return wanted + ["compile=true"] * t.compile + ["liger=true"] * t.liger
+def cpu_costs(recipe: Recipe) -> list[str]:
+    """What the recipe's GPU options cost when the run goes on the CPU (docs/gpu.md has the figures)."""
+    t, costs = recipe.train, []
+    if t.compile:
+        costs.append("compile=true compiles with inductor's C++ backend on the first step (tens of seconds "
+                     "for a small model, minutes at 1B), then runs the compiled kernels")
+    if t.mixed_precision == "bf16":
+        costs.append("bf16 autocast " + ("uses oneDNN's bf16 kernels" if cpu_has_bf16_kernels() else
+                                         "has no bf16 kernels on this CPU (AVX-512 or AMX has them) and "
+                                         "runs slower than fp32"))
+    return costs
 
 
 def check_cuda(recipe: Recipe) -> CheckResult:
-    needs = gpu_requirements(recipe)
+    """CUDA when there is one; without it, the run goes on the CPU with every option but Liger's
+    kernels and fp16 (torch.compile and bf16 autocast work there, at a cost this check states)."""
     if torch.cuda.is_available():
         props = torch.cuda.get_device_properties(0)
         return CheckResult("cuda", "pass", f"{props.name}, {human_bytes(props.total_memory)}, "
                                            f"torch {torch.__version__} (CUDA {torch.version.cuda})")
-    if needs:
-        return CheckResult("cuda", "fail",
-                           f"the recipe expects a GPU ({', '.join(needs)}) but torch {torch.__version__} sees no "
-                           f"CUDA device",
-                           f"check `nvidia-smi` and that torch is a CUDA build "
-                           f"(pip install -c constraints.txt -e .); {CPU_FIX}")
-    if recipe.train.mixed_precision == "auto":
+    t = recipe.train
+    if t.liger:
+        return CheckResult("cuda", "fail", f"liger=true but torch {torch.__version__} sees no CUDA device: "
+                                           f"Liger's kernels are Triton, which runs on GPUs only", LIGER_FIX)
+    if t.mixed_precision == "fp16":
+        return CheckResult("cuda", "fail", "mixed_precision=fp16 needs CUDA (Accelerate has no fp16 autocast "
+                                           "and loss scaling on the CPU)", "--mixed_precision bf16 or no")
+    costs = cpu_costs(recipe)
+    if costs:
+        return CheckResult("cuda", "warn", "no CUDA device: the run goes on the CPU, where " + "; ".join(costs),
+                           "fine for checking every code path (docs/gpu.md); for real runs use a GPU machine")
+    if t.mixed_precision == "auto":
         return CheckResult("cuda", "warn", "no CUDA device: mixed_precision=auto will train in fp32 on the CPU",
                            "fine for the smoke recipe; for real runs use a GPU machine")
     return CheckResult("cuda", "pass", "no CUDA device; the recipe runs on the CPU (mixed_precision=no)")
+
+
+def check_compiler(recipe: Recipe) -> CheckResult:
+    """torch.compile's inductor writes kernels at run time: Triton on a GPU, C++ on the CPU."""
+    if not recipe.train.compile:
+        return CheckResult("compiler", "skip", "compile=false")
+    if torch.cuda.is_available():
+        found = importlib.util.find_spec("triton") is not None
+        what, fix = "Triton", "a CUDA build of torch brings Triton (pip install -c constraints.txt -e .)"
+    else:
+        found = any(shutil.which(c) for c in (os.environ.get("CXX") or "", "c++", "g++", "clang++") if c)
+        what, fix = "a C++ compiler", "apt install g++ (or set CXX), or --compile false"
+    if found:
+        return CheckResult("compiler", "pass", f"compile=true: inductor finds {what}")
+    return CheckResult("compiler", "fail", f"compile=true but inductor cannot find {what} to build its kernels with",
+                       fix)
 
 
 def check_bf16(recipe: Recipe) -> CheckResult:
@@ -71,24 +104,25 @@ def device_memory() -> int | None:
 
 
 def describe(estimate: MemoryEstimate) -> str:
-    return (f"{human_count(estimate.parameters)} parameters need {human_bytes(estimate.total(False))} ({human_bytes(estimate.static)} weights, "
-            f"gradients and AdamW, {human_bytes(estimate.activations)} activations, {human_bytes(estimate.head)} "
-            f"logits), {human_bytes(estimate.total(True))} with gradient checkpointing")
+    return (f"{human_count(estimate.parameters)} parameters need {human_bytes(estimate.total(False))} at the peak "
+            f"({human_bytes(estimate.static)} weights, gradients and AdamW, {human_bytes(estimate.activations)} "
+            f"activations, {human_bytes(estimate.head)} logits), {human_bytes(estimate.total(True))} with gradient "
+            f"checkpointing")
 
 
 def largest_micro_batch(recipe: Recipe, tokenizer_size: int, usable: float, checkpointing: bool,
-                        cuda_available: bool) -> int | None:
+                        cuda_available: bool, world_size: int = 1) -> int | None:
     """The largest micro-batch below the recipe's that fits and still divides the global batch."""
     for size in range(recipe.train.micro_batch_size - 1, 0, -1):
         if recipe.train.global_batch_tokens % (size * recipe.data.seq_len):
             continue
-        estimate = estimate_memory(with_micro_batch(recipe, size), tokenizer_size, cuda_available)
+        estimate = estimate_memory(with_micro_batch(recipe, size), tokenizer_size, cuda_available, world_size)
         if estimate.total(checkpointing) <= usable:
             return size
     return None
 
 
-def check_memory(recipe: Recipe, device_memory_bytes: int | None = None) -> CheckResult:
+def check_memory(recipe: Recipe, device_memory_bytes: int | None = None, world_size: int = 1) -> CheckResult:
     """Estimated peak memory (hf_pretrain.economics.memory) against the device's, with and without checkpointing.
 
     `device_memory_bytes` defaults to the first CUDA device's; passing it lets the verdict be
@@ -97,7 +131,7 @@ def check_memory(recipe: Recipe, device_memory_bytes: int | None = None) -> Chec
     total = device_memory_bytes if device_memory_bytes is not None else device_memory()
     cuda = total is not None
     tokenizer_size = recipe_tokenizer_size(recipe)
-    estimate = estimate_memory(recipe, tokenizer_size, cuda_available=cuda)
+    estimate = estimate_memory(recipe, tokenizer_size, cuda_available=cuda, world_size=world_size)
     if total is None:
         return CheckResult("gpu memory", "skip", f"no GPU to compare against; {describe(estimate)}")
     usable = USABLE_MEMORY_FRACTION * total
@@ -111,12 +145,12 @@ def check_memory(recipe: Recipe, device_memory_bytes: int | None = None) -> Chec
         return CheckResult("gpu memory", "pass", where)
     # It would run out of memory: offer the cheapest ways out, a smaller micro-batch first (more
     # accumulation costs little), then checkpointing (recomputation costs 15-20%).
-    smaller = largest_micro_batch(recipe, tokenizer_size, usable, False, cuda)
+    smaller = largest_micro_batch(recipe, tokenizer_size, usable, False, cuda, world_size)
     options = [f"--micro_batch_size {smaller}"] if smaller else []
     if fits_checkpointed:
         options.append("--gradient_checkpointing true")
     elif not smaller:
-        smaller = largest_micro_batch(recipe, tokenizer_size, usable, True, cuda)
+        smaller = largest_micro_batch(recipe, tokenizer_size, usable, True, cuda, world_size)
         if smaller:
             options.append(f"--gradient_checkpointing true --micro_batch_size {smaller}")
     fix = (" or ".join(options) + " (accumulation keeps the global batch)" if options

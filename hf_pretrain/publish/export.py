@@ -3,6 +3,7 @@
     hf-pretrain export --checkpoint runs/1b --out exports/1b                  # the newest complete checkpoint
     hf-pretrain export --checkpoint runs/1b/checkpoints/step_00050000 --out exports/1b-50k --dtype fp32
     hf-pretrain export --checkpoint runs/1b --out exports/1b --push_to_hub me/tiny-1b [--private] [--revision BRANCH]
+    hf-pretrain export --checkpoint runs/1b --out exports/1b --gguf [--gguf_type q8_0]  # plus a GGUF for llama.cpp
 
 The folder holds safetensors weights, `config.json`, `generation_config.json`, a tokenizer that
 current and older transformers both load as a plain fast tokenizer, a model card (`README.md`) and
@@ -11,6 +12,7 @@ the loss curve it shows. Plain checkpoints and FSDP sharded ones (`pytorch_model
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import os
 import shutil
@@ -25,8 +27,9 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, Genera
 
 from hf_pretrain.config import CommandParser
 from hf_pretrain.data.tokenizer import MODEL_INPUT_NAMES
+from hf_pretrain.publish.gguf import GGUF_TYPES, GGUFError, write_gguf
 from hf_pretrain.publish.hub import push_folder, push_or_explain
-from hf_pretrain.publish.model_card import CardOptions, write_model_card
+from hf_pretrain.publish.model_card import LOSS_CURVE, CardOptions, write_model_card
 from hf_pretrain.run_dir import RunDir
 from hf_pretrain.training.checkpoint import (
     MANIFEST,
@@ -39,6 +42,13 @@ from hf_pretrain.training.checkpoint import (
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 WEIGHTS = "model.safetensors"
+# What an export folder holds: the files `export_checkpoint` writes, sharded weights, a GGUF (`--gguf`), and
+# what a Hub clone or push leaves. `--overwrite` replaces a folder holding nothing else.
+EXPORT_FILES = {WEIGHTS, "model.safetensors.index.json", "config.json", "generation_config.json", "tokenizer.json",
+                "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja", "README.md", LOSS_CURVE,
+                ".gitattributes"}
+EXPORT_PATTERNS = ("model-*-of-*.safetensors", "*.gguf")
+EXPORT_FOLDERS = {".cache"}  # huggingface_hub's metadata of a local folder it uploaded or downloaded
 # Accelerate's SHARDED_STATE_DICT save: one torch.distributed.checkpoint (DCP) folder for the model.
 FSDP_SHARDED_WEIGHTS = "pytorch_model_fsdp_0"
 # Prefixes wrappers put in front of parameter names: torch.compile, DDP.
@@ -109,8 +119,10 @@ def _state_dict(checkpoint: Path, scratch: Path) -> dict[str, torch.Tensor]:
 def _without_wrapper_prefix(name: str) -> str:
     for prefix in _WRAPPER_PREFIXES:
         if name.startswith(prefix):
-            return name[len(prefix):]
-    return name
+            name = name[len(prefix):]
+            break
+    # regional compilation (`compile_regions`) wraps each block: model.layers.0._orig_mod.mlp...
+    return name.replace("._orig_mod.", ".")
 
 
 def load_checkpoint_model(checkpoint: Path, dtype: torch.dtype = torch.float32) -> PreTrainedModel:
@@ -159,12 +171,42 @@ def add_transformers4_config_keys(config_file: Path) -> None:
     config_file.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
 
 
+def is_export_entry(path: Path) -> bool:
+    """Whether `path`, in an export folder, is something an export (or its push, or `--gguf`) wrote."""
+    if path.is_dir():
+        return path.name in EXPORT_FOLDERS
+    return path.name in EXPORT_FILES or any(fnmatch.fnmatch(path.name, pattern) for pattern in EXPORT_PATTERNS)
+
+
+def check_replaceable(out: Path, checkpoint: Path, overwrite: bool) -> None:
+    """Raise unless `out` is absent, empty, or (with `overwrite`) a previous export and nothing more:
+    `--overwrite` must never delete a user's own files, a run folder or the checkpoint being exported."""
+    if not out.exists():
+        return
+    if not out.is_dir():
+        raise ExportError(f"{out} is a file, not a folder; choose another --out")
+    entries = sorted(out.iterdir())
+    if not entries:
+        return
+    if not overwrite:
+        raise ExportError(f"{out} already exists and is not empty; pass --overwrite to replace a previous export")
+    if checkpoint.resolve().is_relative_to(out.resolve()):
+        raise ExportError(f"--out {out} holds the checkpoint being exported ({checkpoint}); --overwrite would delete "
+                          f"it. Choose another --out")
+    foreign = [p.name + ("/" if p.is_dir() else "") for p in entries if not is_export_entry(p)]
+    if foreign or not (out / "config.json").is_file():
+        listed = ", ".join(foreign[:8]) + (f" and {len(foreign) - 8} more" if len(foreign) > 8 else "")
+        raise ExportError(f"--overwrite replaces only a previous export, and {out} is not one: it also holds "
+                          f"{listed or 'no config.json'}. Choose another --out, or move those away yourself")
+
+
 def export_checkpoint(checkpoint: Checkpoint, out: str | Path, dtype: str = "bf16",
                       card: CardOptions | None = None, overwrite: bool = False) -> Path:
-    """Write the model folder for `checkpoint` to `out`, whole or not at all (built beside it, then renamed)."""
+    """Write the model folder for `checkpoint` to `out`, whole or not at all (built beside it, then
+    renamed); `overwrite` replaces a previous export there, and nothing else (`check_replaceable`)."""
     out = Path(out)
-    if out.exists() and any(out.iterdir()) and not overwrite:
-        raise ExportError(f"{out} already exists and is not empty; pass --overwrite to replace it")
+    check_replaceable(out, checkpoint.path, overwrite)
+    target = out.resolve()  # `--out .` has no name to build beside
     tokenizer = AutoTokenizer.from_pretrained(checkpoint.path, local_files_only=True)
     model = load_checkpoint_model(checkpoint.path, DTYPES[dtype])
     # Generation stops at the tokenizer's end-of-text and pads with its pad token, not at hard-coded ids.
@@ -174,16 +216,28 @@ def export_checkpoint(checkpoint: Checkpoint, out: str | Path, dtype: str = "bf1
         setattr(model.config, key, value)
     model.generation_config = GenerationConfig(**ids)
 
-    building = out.with_name(out.name + ".tmp")
-    shutil.rmtree(building, ignore_errors=True)
-    building.mkdir(parents=True)
-    model.save_pretrained(building)
-    add_transformers4_config_keys(building / "config.json")
-    save_plain_fast_tokenizer(tokenizer, building, model.config.max_position_embeddings)
-    write_model_card(building, checkpoint.train_state, checkpoint.run_dir, model, card or CardOptions(out.name))
-    if out.exists():
-        shutil.rmtree(out)
-    os.replace(building, out)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    # built in a fresh hidden folder beside the target: no name of the user's is ever reused or removed
+    building = Path(tempfile.mkdtemp(prefix=f".{target.name}.export-", dir=target.parent))
+    try:
+        model.save_pretrained(building)
+        add_transformers4_config_keys(building / "config.json")
+        save_plain_fast_tokenizer(tokenizer, building, model.config.max_position_embeddings)
+        write_model_card(building, checkpoint.train_state, checkpoint.run_dir, model, card or CardOptions(target.name))
+        if target == Path.cwd().resolve():  # `--out .`: the shell stays in this folder, so fill it in place
+            for old in target.iterdir():  # a previous export (checked above)
+                shutil.rmtree(old) if old.is_dir() else old.unlink()
+            for new in building.iterdir():
+                os.replace(new, target / new.name)
+        elif target.exists():  # a previous export (checked above), or an empty folder
+            previous = Path(tempfile.mkdtemp(prefix=f".{target.name}.previous-", dir=target.parent))
+            os.replace(target, previous)  # onto the empty folder mkdtemp made
+            os.replace(building, target)
+            shutil.rmtree(previous, ignore_errors=True)
+        else:
+            os.replace(building, target)
+    finally:
+        shutil.rmtree(building, ignore_errors=True)  # gone already unless something failed
     return out
 
 
@@ -193,7 +247,7 @@ def push_checkpoint(checkpoint_dir: str | Path, repo_id: str, step: int, private
     checkpoint = resolve_checkpoint(checkpoint_dir, checksums=False)  # just written by us: skip the hashing
     with tempfile.TemporaryDirectory() as scratch:
         folder = export_checkpoint(checkpoint, Path(scratch) / repo_id.split("/")[-1],
-                                   card=CardOptions(model_name=repo_id))
+                                   card=CardOptions(model_name=repo_id, repo_id=repo_id))
         return push_folder(folder, repo_id, private=private, revision=f"step-{step}",
                            commit_message=f"Checkpoint at step {step}")
 
@@ -213,10 +267,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--price_per_hour", type=float, metavar="USD",
                         help="what the whole job cost per hour, for the card's cost line (unset: the recipe's "
                              "price_per_hour; no cost line when neither is set)")
+    parser.add_argument("--gguf", action="store_true",
+                        help="also write the model as a GGUF file for llama.cpp into the folder (`hf-pretrain gguf`)")
+    parser.add_argument("--gguf_type", choices=GGUF_TYPES, default="f16", help="tensor type of the GGUF file")
     args = parser.parse_args(argv)
 
-    options = CardOptions(model_name=args.push_to_hub or Path(args.out).name, license=args.license,
-                          hardware=args.hardware, price_per_hour=args.price_per_hour)
+    options = CardOptions(model_name=args.push_to_hub or Path(args.out).resolve().name, license=args.license,
+                          hardware=args.hardware, price_per_hour=args.price_per_hour, repo_id=args.push_to_hub,
+                          local_path=args.out)
     try:
         checkpoint = resolve_checkpoint(args.checkpoint)
         print(f"export: {checkpoint.path} (step {checkpoint.train_state.get('step')}) -> {args.out} [{args.dtype}]")
@@ -225,6 +283,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"hf-pretrain export: error: {exc}", file=sys.stderr)
         return 1
     print(f"export: wrote {out}")
+    if args.gguf:
+        try:
+            print(f"export: wrote {write_gguf(out, gguf_type=args.gguf_type)}")
+        except GGUFError as exc:
+            print(f"hf-pretrain export: error: {exc} (the HF folder {out} is complete)", file=sys.stderr)
+            return 1
     if args.push_to_hub:
         url = push_or_explain(out, args.push_to_hub, prog="hf-pretrain export", what="export",
                               rerun_hint=", or rerun this command with --overwrite", private=args.private,

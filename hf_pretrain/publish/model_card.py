@@ -18,6 +18,7 @@ from hf_pretrain.config import Recipe
 from hf_pretrain.economics.cost import dollars
 from hf_pretrain.formatting import human_count, human_duration, table_cell, usd
 from hf_pretrain.model import count_parameters
+from hf_pretrain.optim import Schedule
 from hf_pretrain.plots import plot_loss
 from hf_pretrain.run_dir import RunDir, read_jsonl
 
@@ -40,9 +41,13 @@ step {{ step }}{% if max_steps %} of {{ max_steps }}{% endif %}, {{ tokens }} to
 ```python
 from transformers import pipeline
 
-generator = pipeline("text-generation", model="{{ model_name }}")
+generator = pipeline("text-generation", model="{{ load_from }}")
 print(generator("The capital of France is", max_new_tokens=32)[0]["generated_text"])
 ```
+
+This is a base model: it continues text. It has no chat template{% if chat_markers %}; its tokenizer
+reserves ChatML's {{ chat_markers }} so that a chat fine-tune needs no new embeddings{% endif %}.
+A GGUF file for llama.cpp: `hf-pretrain gguf <this folder>`.
 
 ## Architecture
 
@@ -86,6 +91,8 @@ class CardOptions:
 
     model_name: str
     license: str = "apache-2.0"
+    repo_id: str | None = None  # the Hub repo it goes to: the usage snippet loads from there
+    local_path: str | None = None  # where it was written, for the snippet when there is no repo
     hardware: str | None = None  # e.g. "1x H100 80GB"
     price_per_hour: float | None = None  # USD for the whole job; default the recipe's price_per_hour
 
@@ -134,6 +141,24 @@ def _architecture(model) -> list[tuple[str, Any]]:
             ("weights", str(model.dtype).replace("torch.", ""))]
 
 
+def _how_it_ended(schedule: Schedule, train_state: dict) -> list[tuple[str, Any]]:
+    """Rows for a run that stopped early, did not finish its decay, or went further from a branch."""
+    rows: list[tuple[str, Any]] = []
+    cooldown, lr = train_state.get("cooldown"), train_state.get("lr")
+    if cooldown:
+        decay = (f"; the learning rate decayed over steps {cooldown['start'] + 1:,}-{cooldown['end']:,}"
+                 if cooldown["end"] > cooldown["start"] else "")
+        rows.append(("stopped early", f"at step {cooldown['start']:,}: {table_cell(cooldown['reason'])}{decay}"))
+    if lr is not None and lr > schedule.floor * 1.01:
+        rows.append(("decay", f"**not finished**: the learning rate was {lr:.3g} ({lr / schedule.peak:.0%} of the "
+                              f"peak) at this step; a finished model ends at {schedule.floor:.3g}"))
+    for branch in train_state.get("lineage", []):
+        rows.append(("lineage", f"a run planned for {branch['from_max_steps']:,} steps, at step {branch['from_step']:,}, "
+                                f"went further from its checkpoint of step {branch['branch_step']:,} (the last "
+                                f"before its decay) to max_steps {branch['max_steps']:,}"))
+    return rows
+
+
 def _training(recipe: Recipe | None, train_state: dict, records: list[dict],
               options: CardOptions) -> list[tuple[str, Any]]:
     train = [r for r in records if r.get("kind") == "train"]
@@ -145,8 +170,8 @@ def _training(recipe: Recipe | None, train_state: dict, records: list[dict],
         rows += [("batch", f"{t.global_batch_tokens:,} tokens/step"),
                  ("sequence length", recipe.data.seq_len),
                  ("peak learning rate", t.learning_rate),
-                 ("schedule", f"{t.warmup_steps} warmup steps, cosine to {t.min_lr_ratio} x peak over "
-                              f"{t.max_steps:,} steps")]
+                 ("schedule", Schedule(t).describe())]
+        rows += _how_it_ended(Schedule(t), train_state)
     rows.append(("hardware", options.hardware or train_state.get("hardware") or "not recorded"))
     seconds = train_state.get("elapsed_seconds")
     if seconds:
@@ -182,9 +207,13 @@ def write_model_card(folder: Path, train_state: dict, run_dir: Path | None, mode
     sources = recipe.data.sources if recipe is not None else []
     hub_datasets = [s.name for s in sources if s.kind == "hub"]
     card_data = ModelCardData(license=options.license, library_name="transformers", pipeline_tag="text-generation",
-                              tags=TAGS, datasets=hub_datasets or None, model_name=options.model_name)
+                              tags=TAGS, datasets=hub_datasets or None, model_name=options.model_name,
+                              language=recipe.data.language if recipe is not None else None)
+    markers = [t for t in (recipe.data.special_tokens if recipe is not None else []) if t.startswith("<|im_")]
     card = ModelCard.from_template(
         card_data, template_str=TEMPLATE, model_name=options.model_name, params=human_count(count_parameters(model)),
+        load_from=options.repo_id or options.local_path or options.model_name,
+        chat_markers=" and ".join(f"`{m}`" for m in markers),
         recipe_name=recipe.name if recipe is not None else "unknown", step=f"{step:,}",
         max_steps=f"{recipe.train.max_steps:,}" if recipe is not None else None,
         tokens=f"{train_state.get('tokens_seen', 0):,}", architecture=_architecture(model),

@@ -31,6 +31,7 @@ from pathlib import Path
 from hf_pretrain.config import TrainConfig
 from hf_pretrain.publish.export import export_checkpoint, push_checkpoint, resolve_checkpoint
 from hf_pretrain.publish.hub import HubError, push_folder
+from hf_pretrain.publish.model_card import CardOptions
 from hf_pretrain.run_dir import FINAL_DTYPE, RunDir
 from hf_pretrain.training.callbacks import Callback
 from hf_pretrain.training.checkpoint import pin_checkpoint
@@ -61,7 +62,9 @@ class SideJobs(Callback):
         """`final/`: a standard Hugging Face folder with its model card, by the same code path as
         `hf-pretrain export` (FSDP shards are merged too). Written before the run returns."""
         newest = resolve_checkpoint(run.path, checksums=False, log=self.log)  # the one this run just saved
-        export_checkpoint(newest, run.final, dtype=FINAL_DTYPE, overwrite=True)
+        export_checkpoint(newest, run.final, dtype=FINAL_DTYPE, overwrite=True,
+                          card=CardOptions(model_name=self.train.push_to_hub or run.path.name,
+                                           repo_id=self.train.push_to_hub or None, local_path=str(run.final)))
         if self.train.push_to_hub:
             self._pending.append(("the push of final/", self._uploads.submit(self._push_final, run)))
 

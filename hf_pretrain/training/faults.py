@@ -8,6 +8,7 @@ e.g. `disk-full@0:8`. Unset (always, outside tests) it costs one dict lookup.
   but before its manifest, i.e. a torn checkpoint.
 - `disk-full`: the checkpoint write fails with ENOSPC halfway.
 - `nan-loss`: the loss of these steps becomes NaN.
+- `crash`: an uncaught exception in the step (a bug, a bad batch): the process must still end.
 """
 
 from __future__ import annotations

@@ -1,9 +1,14 @@
-"""When a run stops: non-finite steps, loss spikes, SIGTERM/SIGINT, early stopping, the schedule.
+"""When a run stops: non-finite steps, loss spikes, SIGTERM/SIGINT, early stopping, a stop request,
+the schedule.
 
 Every process must stop at the same step. Non-finite steps, `stop_at_step` and `max_steps` need no
 exchange (every process sees the same synchronised gradient norm and the same step); a signal can
-reach one process only, and early stopping is decided on the main process, so those two flags are
-combined in one all-reduce per step (`Guards.decide`).
+reach one process only, and early stopping and `hf-pretrain stop` are seen on the main process, so
+those are combined in one all-reduce per step (`Guards.decide`).
+
+Finishing early (a stop request, early stopping) does not cut a wsd run: it begins a cooldown, a
+decay from the rate of the moment (training/state.py keeps it), and the run ends, with final/, when
+the cooldown does. A cosine run stops at once, and says that its decay is unfinished.
 """
 
 from __future__ import annotations
@@ -20,16 +25,21 @@ from accelerate import Accelerator
 
 from hf_pretrain.config import TrainConfig
 from hf_pretrain.economics.cost import window_cost_per_loss_point
+from hf_pretrain.processes import LAUNCHER_GONE, followed_launcher, launcher_gone
+from hf_pretrain.training.stop_request import clear_stop_request, read_stop_request
 
 if TYPE_CHECKING:
     from hf_pretrain.training.metrics import RunLogger
+    from hf_pretrain.training.state import TrainState
     from hf_pretrain.training.step import StepResult
 
 # Exit codes a job scheduler or wrapper script can act on.
 EXIT_PREEMPTED = 75  # EX_TEMPFAIL: stopped on a signal with a good checkpoint; rerun to resume
 EXIT_SAVE_FAILED = 74  # EX_IOERR: a checkpoint could not be written; the previous one is intact
 EXIT_DIVERGED = 65  # EX_DATAERR: too many non-finite steps in a row
-EXIT_PREFLIGHT = 78  # EX_CONFIG: a preflight check failed; nothing was started
+EXIT_PREFLIGHT = 78  # EX_CONFIG: a preflight check failed, or the checkpoint does not fit the recipe; nothing was started
+EXIT_LOCKED = 73  # EX_CANTCREAT: another session holds the run folder; nothing was touched
+EXIT_CRASHED = 1  # an uncaught exception; the traceback says what failed
 
 CHECKPOINT = "{checkpoint}"  # stands in a stop message for the checkpoint saved on the way out
 
@@ -47,17 +57,19 @@ class Stop:
         return self.reason.replace(CHECKPOINT, str(checkpoint))
 
 
-def agree(accelerator: Accelerator, *flags: bool) -> list[bool]:
-    """Each flag, true on every process when it is true on at least one: one all-reduce for all of them."""
+def agree(accelerator: Accelerator, *values: float) -> list[float]:
+    """Each value's maximum over the processes (a flag: true on every process when it is true on at
+    least one): one all-reduce for all of them."""
     if accelerator.num_processes == 1:
-        return list(flags)
-    together = accelerator.reduce(torch.tensor([float(f) for f in flags], device=accelerator.device), "max")
-    return [bool(v) for v in together.tolist()]
+        return [float(v) for v in values]
+    together = accelerator.reduce(torch.tensor([float(v) for v in values], device=accelerator.device), "max")
+    return together.tolist()
 
 
 class GracefulStop:
     """Records the first SIGTERM/SIGINT so the loop can stop at the next step boundary with a
-    checkpoint; a second signal exits at once."""
+    checkpoint; a second signal exits at once. Under a launcher, the launcher's exit (its signal,
+    or our parent pid changing) stops the run the same way (processes.py)."""
 
     SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
@@ -69,7 +81,22 @@ class GracefulStop:
     def __enter__(self) -> GracefulStop:
         for sig in self.SIGNALS:
             self._previous[sig] = signal.signal(sig, self._handle)
+        if followed_launcher() is not None:
+            self._previous[LAUNCHER_GONE] = signal.signal(LAUNCHER_GONE, self._launcher_exited)
         return self
+
+    def stopping(self) -> bool:
+        """Whether a stop was asked for; polls the launcher too, where no signal tells of its exit."""
+        if self.signal_name is None and launcher_gone():
+            self._launcher_exited(LAUNCHER_GONE, None)
+        return self.signal_name is not None
+
+    def _launcher_exited(self, signum: int, frame) -> None:
+        # The kernel also sends it when the launcher's thread that started us ends: only a new parent counts.
+        # Never a second signal either: a launcher may forward SIGTERM first, then exit.
+        if self.signal_name is None and launcher_gone():
+            self.signal_name = f"the exit of its launcher (pid {followed_launcher()})"
+            self.log(f"\nthe launcher (pid {followed_launcher()}) exited: finishing this step and writing a checkpoint")
 
     def __exit__(self, *exc) -> None:
         for sig, handler in self._previous.items():
@@ -157,13 +184,17 @@ class Guards:
     def observe_val_loss(self, val_loss: float) -> None:
         self.early_stop.observe_val_loss(val_loss)
 
-    def decide(self, step: int, history: list[dict[str, Any]]) -> Stop | None:
-        """Whether the run stops after `step`, the same answer on every process."""
+    def decide(self, state: TrainState, history: list[dict[str, Any]]) -> Stop | None:
+        """Whether the run stops after `state.step` (or begins its cooldown), the same answer on every process."""
+        step, main = state.step, self.accelerator.is_main_process
         if self.last_step_healthy and step % self.train.log_interval == 0:
             self.early_stop.observe_cost(history)
-        # the step's one exchange: a signal may have reached any process; early stopping is the main one's call
-        signalled, stop_early = agree(self.accelerator, self.signals.signal_name is not None,
-                                      self.early_stop.reason is not None and self.accelerator.is_main_process)
+        request = read_stop_request(self.train.output_dir) if main and state.cooldown is None else None
+        # the step's one exchange: a signal may have reached any process; early stopping and stop requests
+        # are the main one's call (a request's cooldown travels as steps + 1, 0 for the default)
+        signalled, stop_early, requested, cooldown_code = agree(
+            self.accelerator, self.signals.stopping(), self.early_stop.reason is not None and main,
+            request is not None, request.cooldown_steps + 1 if request and request.cooldown_steps is not None else 0)
         if self.bad_in_a_row >= self.train.max_bad_steps:
             return Stop(EXIT_DIVERGED,
                         f"stopped: {self.bad_in_a_row} non-finite steps in a row. {CHECKPOINT} holds the weights from "
@@ -175,9 +206,44 @@ class Guards:
                                         f"after step {step}; checkpoint {CHECKPOINT}. Rerun the same command to resume.")
         if step == self.train.stop_at_step:
             return Stop(0, f"stopped at step {step} as asked (stop_at_step); rerun the same command to continue")
-        if stop_early:
-            return Stop(0, f"early stop at step {step}: {self.early_stop.reason or 'decided on the main process'}",
-                        finished=True)
-        if step >= self.train.max_steps:
-            return Stop(0, finished=True)
+        if (requested or stop_early) and state.cooldown is None:
+            if requested:
+                reason, steps = "stop requested (hf-pretrain stop)", int(cooldown_code) - 1 if cooldown_code else None
+            else:
+                reason, steps = f"early stop: {self.early_stop.reason or 'decided on the main process'}", None
+            stop = self._finish(state, reason, steps)
+            if stop is not None:
+                return stop
+        if step >= state.end:
+            if main:
+                clear_stop_request(self.train.output_dir)  # it was answered; a later run must not read it
+            cooldown = state.cooldown
+            return Stop(0, f"finished at step {step}: {cooldown.reason}; the learning rate decayed from step "
+                           f"{cooldown.start} on" if cooldown else "", finished=True)
         return None
+
+    def _finish(self, state: TrainState, reason: str, cooldown_steps: int | None) -> Stop | None:
+        """Begin the cooldown that finishes the run (None: go on), or stop now when there is none to run."""
+        step, schedule = state.step, state.schedule
+        steps = schedule.default_cooldown_steps(step) if cooldown_steps is None else cooldown_steps
+        state.cooldown = schedule.cooldown(step, steps, reason)
+        if state.cooldown.end > step:
+            self.log.record({"kind": "cooldown", "step": step, "end": state.cooldown.end, "reason": reason})
+            self.log.say(f"step {step}: {reason}: the learning rate decays from {state.lr(step):.3g} to "
+                         f"{schedule.floor:.3g} over steps {step + 1}-{state.cooldown.end} ({schedule.train.decay_shape}), "
+                         f"then the run saves and writes final/")
+            return None
+        if self.accelerator.is_main_process:
+            clear_stop_request(self.train.output_dir)
+        return Stop(0, f"{reason}: stopped at step {step}. {unfinished_decay(state) or ''}".rstrip(), finished=True)
+
+
+def unfinished_decay(state: TrainState) -> str | None:
+    """What the log and the model card say when the run stopped above its schedule's floor."""
+    lr, schedule = state.lr(state.step), state.schedule
+    if lr <= schedule.floor * 1.01:
+        return None
+    how = (f"its cosine decays until max_steps={schedule.max_steps:,}" if schedule.kind == "cosine"
+           else "no cooldown was run")
+    return (f"The model did not finish its decay: the learning rate was {lr:.3g} ({lr / schedule.peak:.0%} of the "
+            f"peak) when it stopped ({how}). A wsd schedule stops with a finished model.")

@@ -26,31 +26,36 @@ from hf_pretrain.preflight import preflight
 from hf_pretrain.run_dir import RunDir, truncate_jsonl
 from hf_pretrain.training.callbacks import Callback, CallbackList
 from hf_pretrain.training.checkpoint import Checkpointer, CheckpointSaveError, remove_pins, resume_training_state
+from hf_pretrain.training.compiling import dynamo_plugin
 from hf_pretrain.training.guards import EXIT_SAVE_FAILED, Guards, Stop
 from hf_pretrain.training.metrics import RunLogger, trackers_for
+from hf_pretrain.training.resume import plan_resume
 from hf_pretrain.training.state import TrainState
 from hf_pretrain.training.step import Evaluation, TrainStep
 
 
 @dataclass
 class Outcome:
-    """How a call to `train` ended: the process exit code, a line for the user, the final model."""
+    """How a call to `train` ended: the process exit code, a line for the user, the final model, and
+    whether the schedule was run to its end (rather than stopped on the way, to go on later)."""
 
     exit_code: int
     message: str
     final_model: Path | None = None
+    finished: bool = False
 
 
 def train(recipe: Recipe, callbacks: Sequence[Callback] = ()) -> Outcome:
     """Run the recipe to `max_steps`, resuming when asked; one iteration is one optimizer step.
 
-    Stops early, always with a checkpoint, on `stop_at_step`, on SIGTERM/SIGINT, on early stopping,
-    or after `max_bad_steps` non-finite steps in a row; a checkpoint that cannot be written stops it too.
+    Stops early, always with a checkpoint, on `stop_at_step`, on SIGTERM/SIGINT, or after
+    `max_bad_steps` non-finite steps in a row; a checkpoint that cannot be written stops it too.
+    `hf-pretrain stop` and early stopping finish it early: a wsd run decays first (guards.py).
     """
     run = setup(recipe)
     state, log, cfg = run.state, run.log, recipe.train
     side_jobs = CallbackList(callbacks if run.accelerator.is_main_process else [])  # nobody waits for them
-    stop = Stop(0, finished=True) if state.step >= cfg.max_steps else None
+    stop = Stop(0, finished=True) if state.step >= state.end else None
     checkpoint = None
     with Guards(cfg, run.accelerator, log) as guards:
         state.start_clock()
@@ -59,20 +64,21 @@ def train(recipe: Recipe, callbacks: Sequence[Callback] = ()) -> Outcome:
             state.advance(cfg.global_batch_tokens, skipped=not result.finite)
             healthy = guards.check(state.step, result)  # a non-finite step was skipped, weights untouched
             log.step(state, result)
-            if healthy and run.evaluation.due(state.step):
+            if healthy and run.evaluation.due(state):
                 with log.paused():
                     val_loss, samples = run.evaluation()
                 log.evaluation(state, val_loss, samples)
                 guards.observe_val_loss(val_loss)
-            stop = guards.decide(state.step, log.history)  # the step's one exchange between processes
-            if stop is not None or run.checkpoints.due(state.step):
+            stop = guards.decide(state, log.history)  # the step's one exchange between processes
+            if stop is not None or run.checkpoints.due(state):
                 try:
                     with log.paused():
-                        checkpoint = run.checkpoints.save(state.state_dict())
+                        # a periodic save seals in the background, the last one before it returns
+                        checkpoint = run.checkpoints.save(state.state_dict() | log.state_dict(), last=stop is not None,
+                                                          then=side_jobs.on_checkpoint_saved)
                 except CheckpointSaveError as exc:
                     stop = Stop(EXIT_SAVE_FAILED, f"stopped: {exc}")
                     break
-                side_jobs.on_checkpoint_saved(checkpoint, state.step)
         log.close()
         if stop.reason:
             log.say(stop.message(checkpoint), every_process=stop.exit_code != 0)
@@ -86,7 +92,7 @@ def train(recipe: Recipe, callbacks: Sequence[Callback] = ()) -> Outcome:
     message = (f"done: {state.step} steps, {state.tokens_seen:,} tokens in {state.elapsed():.0f}s | "
                f"metrics {run.dir.metrics} | samples {run.dir.samples}" + (f" | model {final}" if final else ""))
     log.say(message)
-    return Outcome(0, message, final)
+    return Outcome(0, message, final, finished=True)
 
 
 @dataclass
@@ -121,12 +127,9 @@ def setup(recipe: Recipe) -> Run:
         gradient_accumulation_steps=grad_accum,
         log_with=trackers_for(cfg.report_to) or None,
         project_dir=str(run_dir.path),
-        dynamo_backend="inductor" if cfg.compile else "no",
+        dynamo_plugin=dynamo_plugin(cfg),  # compiled in `prepare`: whole model, regions, or not at all
     )
     say = accelerator.print
-    if accelerator.is_main_process:
-        run_dir.path.mkdir(parents=True, exist_ok=True)
-        save_recipe(recipe, run_dir.resolved_recipe)
     if torch.cuda.is_available() and cfg.tf32:
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
@@ -143,30 +146,40 @@ def setup(recipe: Recipe) -> Run:
     optimizer = build_optimizer(model, cfg, fused=accelerator.device.type == "cuda")
     model, optimizer = accelerator.prepare(model, optimizer)
 
-    # resume: weights, optimizer and RNG from the checkpoint; the data position is the step
-    state = TrainState(recipe.fingerprint(), describe_hardware(accelerator.device, accelerator.num_processes))
-    resumed = resume_training_state(accelerator, run_dir.path, cfg.resume, log=say)
+    # resume: weights, optimizer and RNG from the checkpoint the continuation names (resume.py: the
+    # newest, or the last one before the decay of a run that goes further); the data position is the step
+    state = TrainState.for_recipe(recipe, describe_hardware(accelerator.device, accelerator.num_processes))
+    continuation = plan_resume(recipe)
+    resumed = resume_training_state(accelerator, run_dir.path, continuation.resume, log=say, model_config=config)
+    saved = resumed[1] if resumed is not None else {}
     if resumed is not None:
-        folder, saved = resumed
-        if saved.get("recipe_fingerprint") != state.recipe_fingerprint:
-            say(f"warning: {folder} was written by a recipe with different math settings; continuing with the new ones")
         state.load_state_dict(saved)
-        say(f"resumed from {folder} at step {state.step}")
-    if accelerator.is_main_process:
+        for note in continuation.apply(state, saved):
+            say(note)
+        say(f"resumed from {resumed[0]} at step {state.step}")
+    if accelerator.is_main_process:  # only now, resumed or started: a refused run leaves the folder as it was
+        run_dir.path.mkdir(parents=True, exist_ok=True)
+        save_recipe(recipe, run_dir.resolved_recipe)
+        for note in continuation.set_aside(run_dir):  # going further: the old ending stays, out of the way
+            say(note)
         # a resumed run rewrites the steps after its checkpoint, so the files hold one clean curve
         for records in (run_dir.metrics, run_dir.samples, run_dir.benchmarks):
             truncate_jsonl(records, after_step=state.step)
         remove_pins(run_dir.path)  # held by side jobs of a session that was killed
 
-    train_loader = build_train_loader(recipe, accelerator.process_index, world_size, grad_accum,
-                                      start_step=state.step, pin_memory=accelerator.device.type == "cuda")
+    train_loader = build_train_loader(recipe, accelerator.process_index, world_size, grad_accum, start_step=state.step,
+                                      pin_memory=accelerator.device.type == "cuda", origin=state.data_origin)
     val_loader = build_val_loader(recipe, accelerator.process_index, world_size)
     say(f"model: {n_params / 1e6:.2f}M parameters | {world_size} process(es) x {grad_accum} micro-batches of "
         f"{cfg.micro_batch_size} x {recipe.data.seq_len} tokens = {cfg.global_batch_tokens:,} tokens/step | "
-        f"precision {accelerator.mixed_precision}")
-    log = RunLogger(accelerator, recipe, run_dir, state, flops_per_token(config, n_params, recipe.data.seq_len))
+        f"precision {accelerator.mixed_precision}\nschedule: {state.schedule.describe()}")
+    for note in recipe.notes():
+        say(f"note: {note}")
+    log = RunLogger(accelerator, recipe, run_dir, state, flops_per_token(config, n_params, recipe.data.seq_len),
+                    epochs_after=train_loader.batch_sampler.epochs_after)
+    log.load_state_dict(saved)
     return Run(accelerator, run_dir, state,
-               TrainStep(accelerator, model, optimizer, train_loader, cfg, grad_accum),
+               TrainStep(accelerator, model, optimizer, train_loader, cfg, grad_accum, lr_of=state.lr),
                Evaluation(accelerator, model, val_loader, tokenizer, cfg),
                Checkpointer(accelerator, cfg, config, tokenizer, log=say),
                log)

@@ -1,22 +1,26 @@
 """What a run reports: metrics.jsonl and samples.jsonl records, the trackers, the progress bar,
-the phase tables, and the throughput (tokens/s, MFU) of each logging window."""
+the phase tables, the throughput (tokens/s, MFU) of each logging window, the forecast of where the
+loss is heading (economics/forecast.py), and each pass over the training data."""
 
 from __future__ import annotations
 
 import importlib.util
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
 import torch
 from accelerate import Accelerator
+from accelerate.utils import gather_object
 from tqdm.auto import tqdm
 
 from hf_pretrain.config import Recipe
 from hf_pretrain.economics.cost import cost_record, phases_from_recipe, write_phase_table
+from hf_pretrain.economics.forecast import forecast_fields
 from hf_pretrain.hardware import device_peak_flops, peak_memory_gib
 from hf_pretrain.run_dir import JsonlWriter, RunDir, read_jsonl
+from hf_pretrain.training.compiling import CompileWatch
 from hf_pretrain.training.state import TrainState
 from hf_pretrain.training.step import StepResult
 
@@ -73,19 +77,34 @@ class RunLogger:
     loss is averaged over all of them); only the main process writes files and prints."""
 
     def __init__(self, accelerator: Accelerator, recipe: Recipe, run: RunDir, state: TrainState,
-                 flops_per_token: float):
+                 flops_per_token: float, epochs_after: Callable[[int], int] | None = None):
         self.accelerator, self.train, self.run = accelerator, recipe.train, run
         self.main = accelerator.is_main_process
         self.metrics = JsonlWriter(run.metrics, self.main)
         self.samples = JsonlWriter(run.samples, self.main)
         accelerator.init_trackers("hf-pretrain", config=flat_config(recipe))
         self.meter = ThroughputMeter(flops_per_token, device_peak_flops(accelerator.device), accelerator.num_processes)
+        self.compile_watch = CompileWatch() if self.train.compile else None  # what compiling cost, how often
         self.history = [r for r in read_jsonl(run.metrics) if r["kind"] == "train"]  # for cost per phase
-        self.phases = phases_from_recipe(self.train.phases)
-        self.window_losses: list[float] = []  # this process's step losses since the last record
+        self.phases = phases_from_recipe(self.train.run_phases)
+        # this process's step losses since the last record; a checkpoint keeps them (state_dict), so the
+        # first record after a resume averages the same steps as the uninterrupted run's
+        self.window_losses: list[float] = []
         self.data_wait = 0.0  # seconds spent waiting for batches since the last record
-        self.progress = tqdm(total=self.train.max_steps, initial=state.step, disable=not self.main, desc="train",
+        self.epochs_after = epochs_after  # passes over the training data completed after a step
+        self.epochs_done = epochs_after(state.step) if epochs_after else 0
+        self.forecast: dict[str, Any] = {}  # the newest forecast fields (economics/forecast.py)
+        self.progress = tqdm(total=state.end, initial=state.step, disable=not self.main, desc="train",
                              dynamic_ncols=True)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The logging window, for the checkpoint: each step's loss averaged over the processes (every
+        process calls this; the average is what the record would have used, whatever the world size)."""
+        windows = gather_object([self.window_losses]) if self.accelerator.num_processes > 1 else [self.window_losses]
+        return {"log_window": [sum(losses) / len(losses) for losses in zip(*windows, strict=False)]}
+
+    def load_state_dict(self, saved: dict[str, Any]) -> None:
+        self.window_losses = list(saved.get("log_window", []))
 
     def say(self, text: str, every_process: bool = False) -> None:
         """Print once per machine (as `accelerator.print`); with `every_process`, every other process
@@ -105,20 +124,28 @@ class RunLogger:
         try:
             yield
         finally:
-            self.meter.skip(self.meter.pause() - started)
+            paused = self.meter.pause() - started
+            self.meter.skip(paused)
+            if self.compile_watch:
+                self.compile_watch.skip(paused)
 
     def step(self, state: TrainState, result: StepResult) -> None:
         """After each step: the progress bar, the window, a train record every `log_interval` steps
         and at the last one, a phase table when a phase ends. A skipped step has no loss to add."""
         self.meter.add(self.train.global_batch_tokens)
+        self.progress.total = state.end  # a cooldown moves the end
         self.progress.update(1)
         self.data_wait += result.data_wait
+        if self.compile_watch and (line := self.compile_watch.step(result.data_wait)):
+            self.say(line)
+        self._epoch(state)
         if not result.finite:
             return
         self.window_losses.append(result.loss)
-        if state.step % self.train.log_interval == 0 or state.step == self.train.max_steps:
+        if state.step % self.train.log_interval == 0 or state.step == state.end:
             self._train_record(state, result)
-        if self.main and any(phase.end_step == state.step for phase in self.phases):
+        # a phase that ends before the first record has no loss yet: its row comes with the next table
+        if self.main and self.history and any(phase.end_step == state.step for phase in self.phases):
             ended = [p for p in self.phases if p.end_step <= state.step]
             self.say(write_phase_table(self.run.path, self.history, ended, self.train.price_per_hour))
 
@@ -138,6 +165,12 @@ class RunLogger:
             record["peak_memory_gib"] = peak_memory_gib(device)
         if self.train.price_per_hour:
             record.update(cost_record(record, self.train))
+        if self.main:  # a fit of the curve so far: only the main process writes it
+            self.forecast = forecast_fields(self.history + [record], state.schedule.stable_steps(state.cooldown),
+                                            state.end, self.phases, self.train.price_per_hour)
+            record.update(self.forecast)
+        if self.compile_watch:
+            record.update(self.compile_watch.record())
         self.metrics.write(record)
         self.history.append(record)
         self.accelerator.log({f"train/{k}": v for k, v in record.items() if k not in ("kind", "step")}, step=state.step)
@@ -145,11 +178,36 @@ class RunLogger:
                                   **({"mfu": f"{mfu:.1%}"} if mfu is not None else {}))
 
     def evaluation(self, state: TrainState, val_loss: float, samples: list[tuple[str, str]]) -> None:
-        self.metrics.write({"kind": "eval", "step": state.step, "tokens": state.tokens_seen, "val_loss": val_loss})
+        self.metrics.write({"kind": "eval", "step": state.step, "tokens": state.tokens_seen, "val_loss": val_loss,
+                            **(self.compile_watch.record() if self.compile_watch else {})})
         self.accelerator.log({"val/loss": val_loss}, step=state.step)
         for prompt, text in samples:
             self.samples.write({"step": state.step, "tokens": state.tokens_seen, "prompt": prompt, "completion": text})
-        self.say(f"step {state.step}: val_loss {val_loss:.4f}")
+        self.say(f"step {state.step}: val_loss {val_loss:.4f}" + self._forecast_text(state))
+
+    def _forecast_text(self, state: TrainState) -> str:
+        f = self.forecast
+        if "forecast_loss" not in f:
+            return ""
+        text = f" | forecast: train loss {f['forecast_loss']:.3f} +/- {2 * f['forecast_loss_sd']:.3f} at step {state.end:,}"
+        if state.decay_start is not None and state.step <= state.decay_start:
+            text += " before the final decay"
+        if "usd_left" in f:
+            text += f", ${f['usd_left']:,.2f} left"
+        if "next_phase_usd_per_loss_point" in f:
+            text += f"; next phase ({f['next_phase']}): ${f['next_phase_usd_per_loss_point']:,.2f} per loss point"
+        return text
+
+    def _epoch(self, state: TrainState) -> None:
+        """A record and a line each time the run finishes a pass over its training data."""
+        if self.epochs_after is None:
+            return
+        done = self.epochs_after(state.step)
+        if done > self.epochs_done:
+            self.epochs_done = done
+            self.metrics.write({"kind": "epoch", "step": state.step, "tokens": state.tokens_seen, "epochs": done})
+            self.say(f"step {state.step}: finished pass {done} over the training data; the next pass reads it "
+                     f"again, in a new order")
 
     def close(self) -> None:
         self.progress.close()

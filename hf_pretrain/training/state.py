@@ -6,24 +6,60 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from hf_pretrain.config import Recipe, math_keys
+from hf_pretrain.optim import Cooldown, Schedule
+
 
 @dataclass
 class TrainState:
-    """Step, tokens and wall time so far, for this run across all its resumed sessions.
+    """Step, tokens and wall time so far, for this run across all its resumed sessions, and where
+    the run stands on its schedule.
 
-    `recipe_fingerprint` and `hardware` describe the session that saved it; a resume keeps its
-    own and only warns when the fingerprint differs. The data position is the step itself: the
-    loader's order is a pure function of it.
+    `recipe_fingerprint`, `math_keys` and `hardware` describe the session that saved it; a resume
+    keeps its own (training/resume.py compares them). The data position is a pure function of the
+    step: sample `data_origin[1] + (step - data_origin[0]) * samples_per_step`, where the origin
+    moves only when a resume changes the batch (`allow_recipe_change`).
     """
 
     recipe_fingerprint: str
     hardware: str
+    schedule: Schedule = field(repr=False)
+    math_keys: dict[str, Any] = field(repr=False)
+    samples_per_step: int = 1
     step: int = 0
     tokens_seen: int = 0
     elapsed_seconds: float = 0.0  # wall time of the sessions before this one
     skipped_steps: int = 0
+    cooldown: Cooldown | None = None  # a decay begun by a stop request or early stopping
+    lineage: list[dict[str, Any]] = field(default_factory=list)  # each time the run went further from a branch
+    data_origin: tuple[int, int] = (0, 0)  # (step, sample position) the data stream counts from
     _session_start: float | None = field(default=None, repr=False)
 
+    @classmethod
+    def for_recipe(cls, recipe: Recipe, hardware: str) -> TrainState:
+        return cls(recipe.fingerprint(), hardware, Schedule(recipe.train), math_keys(recipe),
+                   recipe.train.global_batch_tokens // recipe.data.seq_len)
+
+    # ------------------------------------------------------------------ the schedule, where the run stands
+    @property
+    def end(self) -> int:
+        """The run's last step: max_steps, or the end of its cooldown."""
+        return self.schedule.end(self.cooldown)
+
+    @property
+    def decay_start(self) -> int | None:
+        """The last step before the final decay; its checkpoint is kept, for going further."""
+        return self.schedule.decay_start(self.cooldown)
+
+    def lr(self, step: int) -> float:
+        return self.schedule.lr(step, self.cooldown)
+
+    def data_position(self, step: int) -> int:
+        """The first training sample of the step after `step` (samples before it have been read)."""
+        origin_step, origin_position = self.data_origin
+        return origin_position + (step - origin_step) * self.samples_per_step
+
+    # ------------------------------------------------------------------ progress
     def start_clock(self) -> None:
         self._session_start = time.perf_counter()
 
@@ -40,11 +76,20 @@ class TrainState:
     def state_dict(self) -> dict[str, Any]:
         return {"step": self.step, "tokens_seen": self.tokens_seen, "elapsed_seconds": self.elapsed(),
                 "skipped_steps": self.skipped_steps, "recipe_fingerprint": self.recipe_fingerprint,
-                "hardware": self.hardware}
+                "hardware": self.hardware,
+                # where the run stands on its schedule: what a resume under another recipe compares
+                "max_steps": self.schedule.max_steps, "lr_schedule": self.schedule.kind, "lr": self.lr(self.step),
+                "end": self.end, "decay_start": self.decay_start,
+                "cooldown": self.cooldown.to_dict() if self.cooldown else None, "lineage": self.lineage,
+                "data_origin": list(self.data_origin), "data_position": self.data_position(self.step),
+                "math_keys": self.math_keys}
 
     def load_state_dict(self, saved: dict[str, Any]) -> None:
-        """Progress from a checkpoint; this session's fingerprint and hardware stay."""
+        """Progress from a checkpoint; this session's fingerprint, math keys and hardware stay."""
         self.step = saved["step"]
         self.tokens_seen = saved["tokens_seen"]
         self.elapsed_seconds = saved.get("elapsed_seconds", 0.0)
         self.skipped_steps = saved.get("skipped_steps", 0)
+        self.cooldown = Cooldown.from_dict(saved.get("cooldown"))
+        self.lineage = list(saved.get("lineage", []))
+        self.data_origin = tuple(saved.get("data_origin", (0, 0)))

@@ -4,14 +4,19 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from accelerate import Accelerator
 
 from hf_pretrain.config import TrainConfig
-from hf_pretrain.optim import learning_rate_at, set_learning_rate
+from hf_pretrain.optim import set_learning_rate
 from hf_pretrain.training.faults import fault_active
+
+if TYPE_CHECKING:
+    from hf_pretrain.training.state import TrainState
 
 
 @dataclass
@@ -27,18 +32,21 @@ class StepResult:
 
 
 class TrainStep:
-    """`step(n)` runs optimizer step n (1-based) on `global_batch_tokens` tokens: the learning rate of
-    the schedule, `grad_accum` micro-batches, clipping, and the update, which a non-finite step skips."""
+    """`step(n)` runs optimizer step n (1-based) on `global_batch_tokens` tokens: the learning rate
+    `lr_of(n)` (the run's schedule, cooldown included), `grad_accum` micro-batches, clipping, and the
+    update, which a non-finite step skips."""
 
     def __init__(self, accelerator: Accelerator, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-                 train_loader, train: TrainConfig, grad_accum: int):
+                 train_loader, train: TrainConfig, grad_accum: int, lr_of: Callable[[int], float]):
         self.accelerator, self.model, self.optimizer = accelerator, model, optimizer
-        self.train, self.grad_accum = train, grad_accum
+        self.train, self.grad_accum, self.lr_of = train, grad_accum, lr_of
         self.batches = iter(train_loader)
         model.train()
 
     def __call__(self, step: int) -> StepResult:
-        lr = learning_rate_at(step - 1, self.train)
+        if fault_active("crash", step):
+            raise RuntimeError(f"injected fault: crash at step {step}")
+        lr = self.lr_of(step)
         set_learning_rate(self.optimizer, lr)
         loss, waited = forward_backward(self.accelerator, self.model, self.batches, self.grad_accum,
                                         poison=fault_active("nan-loss", step))
@@ -84,8 +92,8 @@ class Evaluation:
         self.accelerator, self.model, self.val_loader, self.tokenizer = accelerator, model, val_loader, tokenizer
         self.train = train
 
-    def due(self, step: int) -> bool:
-        return bool(self.train.eval_interval) and (step % self.train.eval_interval == 0 or step == self.train.max_steps)
+    def due(self, state: TrainState) -> bool:
+        return bool(self.train.eval_interval) and (state.step % self.train.eval_interval == 0 or state.step == state.end)
 
     def __call__(self) -> tuple[float, list[tuple[str, str]]]:
         val_loss = evaluate(self.accelerator, self.model, self.val_loader)
@@ -96,24 +104,27 @@ class Evaluation:
 
 @torch.no_grad()
 def evaluate(accelerator: Accelerator, model: torch.nn.Module, val_loader) -> float:
-    """Mean loss over the held-out batches, averaged over every process."""
+    """Mean loss per token over the validation samples of all processes together: every sample has
+    seq_len targets, so each batch's mean loss weighs as many samples as it counts for (a filler
+    batch, none). The samples are the same whatever the world size (data/loader.py)."""
     model.eval()
-    total = torch.zeros((), device=accelerator.device)
-    count = 0
-    for tokens in val_loader:
+    sums = torch.zeros(2, device=accelerator.device)  # loss x samples, samples
+    for tokens, counted in val_loader:
         tokens = tokens.to(accelerator.device)
         targets = tokens[:, 1:].contiguous()
-        total += model(input_ids=tokens[:, :-1], labels=targets, shift_labels=targets).loss.float()
-        count += 1
+        loss = model(input_ids=tokens[:, :-1], labels=targets, shift_labels=targets).loss.float()
+        sums += torch.stack([loss * counted, torch.tensor(float(counted), device=sums.device)])
     model.train()
-    return accelerator.reduce(total / max(count, 1), "mean").item()
+    total, samples = accelerator.reduce(sums, "sum").tolist()
+    return total / max(samples, 1.0)
 
 
 @torch.no_grad()
 def generate_samples(accelerator: Accelerator, model: torch.nn.Module, tokenizer, prompts: list[str],
                      max_new_tokens: int) -> list[tuple[str, str]]:
     """Greedy completions of the fixed prompts. Every process generates (FSDP needs them all)."""
-    net = accelerator.unwrap_model(model)
+    # uncompiled: decoding's growing shapes would make compiled layers (compile_regions) recompile
+    net = accelerator.unwrap_model(model, keep_torch_compile=False)
     net.eval()
     completions = []
     for prompt in prompts:

@@ -14,7 +14,7 @@ import re
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -178,17 +178,42 @@ def generation_kwargs(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase
     return kwargs
 
 
+def context_length(model: PreTrainedModel) -> int | None:
+    """Positions the model was built for (Llama-style `max_position_embeddings`, GPT-2-style `n_positions`)."""
+    return getattr(model.config, "max_position_embeddings", None) or getattr(model.config, "n_positions", None)
+
+
+def fit_to_context(input_ids: torch.Tensor, context: int | None, max_new_tokens: int) -> tuple[int, int, str]:
+    """How many of the prompt's last tokens to keep and how many to generate so that both fit in the
+    context, and a notice for the reader when that cut anything ("" when not). Past its context a
+    model still writes text, but from positions it never saw: no use without saying so."""
+    prompt_tokens = input_ids.shape[1]
+    if context is None or prompt_tokens + max_new_tokens <= context:
+        return prompt_tokens, max_new_tokens, ""
+    keep = min(prompt_tokens, max(1, context - max_new_tokens))
+    new = min(max_new_tokens, context - keep)
+    notice = (f"⚠ the prompt and {max_new_tokens:,} new tokens exceed this model's {context:,}-token context: "
+              f"kept the last {keep:,} of the prompt's {prompt_tokens:,} tokens")
+    return keep, new, notice + (f", generated {new:,} tokens" if new < max_new_tokens else "")
+
+
 def stream_completion(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, prompt: str,
                       settings: Settings) -> Iterator[str]:
-    """The completion so far after every new piece of text; the last value decodes all new tokens at once."""
+    """The completion so far after every new piece of text; the last value decodes all new tokens at once.
+    A prompt too long for the model's context keeps its last tokens, and every value then starts with a
+    line that says so (`fit_to_context`): API callers see it as the page does."""
     inputs = tokenizer(prompt, return_tensors="pt").to(model.device)
+    keep, max_new_tokens, notice = fit_to_context(inputs.input_ids, context_length(model), settings.max_new_tokens)
+    input_ids, attention_mask = inputs.input_ids[:, -keep:], inputs.attention_mask[:, -keep:]
+    settings = replace(settings, max_new_tokens=max_new_tokens)
+    head = notice + "\n\n" if notice else ""
     streamer = TextIteratorStreamer(tokenizer, skip_prompt=True, skip_special_tokens=True)
     result: dict[str, Any] = {}
 
     def run() -> None:
         try:
             with torch.inference_mode():
-                result["ids"] = model.generate(input_ids=inputs.input_ids, attention_mask=inputs.attention_mask,
+                result["ids"] = model.generate(input_ids=input_ids, attention_mask=attention_mask,
                                                streamer=streamer, **generation_kwargs(model, tokenizer, settings))
         except Exception as exc:  # handed to the page below; end() unblocks the reader
             result["error"] = exc
@@ -197,14 +222,14 @@ def stream_completion(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase
     torch.manual_seed(settings.seed)  # seeds CPU and every GPU; the worker thread draws from them
     worker = threading.Thread(target=run, daemon=True)
     worker.start()
-    text = ""
+    text = head
     for piece in streamer:
         text += piece
         yield text
     worker.join()
     if "error" in result:
         raise result["error"]
-    yield tokenizer.decode(result["ids"][0, inputs.input_ids.shape[1]:], skip_special_tokens=True)
+    yield head + tokenizer.decode(result["ids"][0, input_ids.shape[1]:], skip_special_tokens=True)
 
 
 def bad_input(message: str) -> gr.Error:

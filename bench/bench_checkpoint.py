@@ -1,0 +1,122 @@
+"""Checkpoint cost of a 1b-shaped training state (fp32 weights + AdamW moments, ~12.5 GB) on this
+machine, split into writing (Accelerate's `save_state`), hashing (SHA-256 of every file, for the
+manifest) and flushing (fsync), and what the training thread waits for with the hashing, manifest
+and rename done in the background (training/checkpoint.py) instead of inline.
+
+    python bench/bench_checkpoint.py [--layers 16] [--dir /tmp]    # --layers 8 halves the state
+
+The state is random (not zeros, which the kernel would not even copy), built on the meta device and
+filled in place, so the peak memory is the state itself plus what the writers buffer.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import shutil
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from accelerate import Accelerator
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from hf_pretrain.config import load_recipe
+from hf_pretrain.training.checkpoint import save_checkpoint
+
+
+def one_b_state(layers: int) -> tuple[torch.nn.Module, torch.optim.Optimizer, LlamaConfig]:
+    m = load_recipe("1b").model
+    config = LlamaConfig(hidden_size=m.hidden_size, intermediate_size=m.intermediate_size, num_hidden_layers=layers,
+                         num_attention_heads=m.num_attention_heads, num_key_value_heads=m.num_key_value_heads,
+                         vocab_size=32064, tie_word_embeddings=True, max_position_embeddings=2048)
+    with torch.device("meta"):
+        model = LlamaForCausalLM(config)
+    model.to_empty(device="cpu")
+    model.tie_weights()  # the output head shares the embedding, as in the recipe (to_empty untied it)
+    generator = torch.Generator().manual_seed(0)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    for p in model.parameters():
+        with torch.no_grad():
+            p.normal_(0, 0.02, generator=generator)
+        optimizer.state[p] = {"step": torch.tensor(1.0), "exp_avg": torch.randn(p.shape, generator=generator),
+                              "exp_avg_sq": torch.rand(p.shape, generator=generator)}
+    return model, optimizer, config
+
+
+def hash_and_flush(folder: Path) -> tuple[float, float]:
+    files = sorted(p for p in folder.rglob("*") if p.is_file())
+    start = time.perf_counter()
+    for p in files:
+        with p.open("rb") as f:
+            hashlib.file_digest(f, "sha256")
+    hashing = time.perf_counter() - start
+    start = time.perf_counter()
+    for p in files:
+        fd = os.open(p, os.O_RDONLY)
+        os.fsync(fd)
+        os.close(fd)
+    return hashing, time.perf_counter() - start
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--layers", type=int, default=16, help="decoder layers (the 1b recipe has 16)")
+    parser.add_argument("--dir", default=None, help="where to write (default: the temp folder)")
+    parser.add_argument("--step_seconds", type=float, default=2.2,
+                        help="seconds per optimizer step of the 1b recipe (the published run: ~2.2 s for 131,072 "
+                             "tokens on an A100)")
+    parser.add_argument("--save_interval", type=int, default=load_recipe("1b").train.save_interval)
+    parser.add_argument("--repeats", type=int, default=2, help="saves of each kind")
+    args = parser.parse_args()
+    model, optimizer, config = one_b_state(args.layers)
+    accelerator = Accelerator(cpu=True)
+    model, optimizer = accelerator.prepare(model, optimizer)
+    state_gb = sum(p.numel() for p in model.parameters()) * 4 * 3 / 1e9
+    results = {"layers": args.layers, "state_gb": round(state_gb, 2)}
+    with tempfile.TemporaryDirectory(dir=args.dir) as scratch:
+        folder = Path(scratch) / "state"
+        start = time.perf_counter()
+        accelerator.save_state(str(folder), safe_serialization=True)
+        results["write_s"] = time.perf_counter() - start
+        results["hash_s"], results["fsync_s"] = hash_and_flush(folder)
+        written = sum(p.stat().st_size for p in folder.rglob("*") if p.is_file()) / 1e9
+        results["written_gb"] = round(written, 2)
+        shutil.rmtree(folder)
+        # the real save, inline and with the seal in the background, alternately (the page cache's
+        # writeback of one save slows the next): what the training thread waits for, median of the repeats
+        timings: dict[str, list[float]] = {"inline": [], "background": [], "sealed_after": []}
+        for _ in range(args.repeats):
+            for background in (False, True):
+                run = Path(scratch) / f"run_{background}"
+                start = time.perf_counter()
+                pending = save_checkpoint(accelerator, run, {"step": 1}, keep=1, model_config=config,
+                                          tokenizer=_StandInTokenizer(), background=background)
+                timings["background" if background else "inline"].append(time.perf_counter() - start)
+                pending.wait()
+                if background:
+                    timings["sealed_after"].append(time.perf_counter() - start)
+                shutil.rmtree(run)
+        for name, values in timings.items():
+            results[f"training_thread_s_{name}" if name != "sealed_after" else "sealed_after_s"] = statistics.median(values)
+        results["repeats"] = args.repeats
+    interval_s = args.save_interval * args.step_seconds
+    for key in ("training_thread_s_inline", "training_thread_s_background"):
+        results[key.replace("training_thread_s", "share_of_step_time")] = results[key] / interval_s
+    results["save_interval"], results["interval_s"] = args.save_interval, interval_s
+    print(json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in results.items()}, indent=1))
+
+
+class _StandInTokenizer:
+    """The checkpoint's tokenizer files are a few MB at most: not what this measures."""
+
+    def save_pretrained(self, folder: Path) -> None:
+        (Path(folder) / "tokenizer.json").write_text("{}")
+
+
+if __name__ == "__main__":
+    main()

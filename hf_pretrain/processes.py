@@ -1,0 +1,72 @@
+"""How the processes of a run end together: a child that learns its parent is gone.
+
+`accelerate launch` runs the trainer as a child process and, on SIGTERM (what a scheduler or a
+container runtime sends), exits at once without passing the signal on: the trainer would go on
+as an orphan, and a restart would put two trainings in one folder. Linux sends a child a signal
+of its choice when its parent exits (`prctl(PR_SET_PDEATHSIG)`): the trainer asks for SIGHUP and
+stops as it does on SIGTERM, with a checkpoint (training/guards.py); the data loader's workers ask
+for SIGKILL, so they never outlive the trainer. Elsewhere the trainer polls its parent's pid at
+every step instead.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import sys
+
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+# What the trainer receives when its launcher exits: not SIGTERM, so that a launcher that forwards
+# SIGTERM first (torchrun) and then exits does not count as a second, immediate-exit signal.
+LAUNCHER_GONE = signal.SIGHUP
+
+_followed_parent: int | None = None  # the launcher this process stops with (`follow_launcher`)
+
+
+def launcher() -> str | None:
+    """The launcher this process runs under, from the environment it sets; None for a top process
+    (`hf-pretrain train`, `python train.py`), whose own exit code reaches whoever started it."""
+    if "TORCHELASTIC_RUN_ID" in os.environ:
+        return "torchrun"
+    if "ACCELERATE_USE_CPU" in os.environ:  # set by every `accelerate launch`
+        return "accelerate launch"
+    return None
+
+
+def die_with_parent(sig: int) -> bool:
+    """Ask the kernel to send `sig` to this process when its parent exits (Linux); False where it cannot.
+    A parent that is already gone by the time it is armed is treated as just gone: `sig` at once."""
+    if not sys.platform.startswith("linux"):
+        return False
+    parent = os.getppid()
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0) != 0:
+            return False
+    except (OSError, AttributeError):
+        return False
+    if os.getppid() != parent:
+        os.kill(os.getpid(), sig)
+    return True
+
+
+def follow_launcher() -> int | None:
+    """Under a launcher, stop when it does: LAUNCHER_GONE on its exit, and `launcher_gone()` for the
+    polls. Returns the launcher's pid (None for a top process, which must outlive a closed shell)."""
+    global _followed_parent
+    if launcher() is None:
+        return None
+    _followed_parent = os.getppid()
+    die_with_parent(LAUNCHER_GONE)
+    return _followed_parent
+
+
+def followed_launcher() -> int | None:
+    """The pid of the launcher this process follows, if any."""
+    return _followed_parent
+
+
+def launcher_gone() -> bool:
+    """Whether the launcher this process follows has exited (its pid is no longer our parent)."""
+    return _followed_parent is not None and os.getppid() != _followed_parent

@@ -1,0 +1,100 @@
+"""One training at a time in a run folder: an exclusive lock that dies with its process.
+
+`RunLock` holds an exclusive `flock` on `run.lock` for as long as the process lives: the kernel drops
+it when the process ends, however it ends (SIGKILL and the OOM killer included), on local disks and
+on NFS. The file names the holder (host, pid, start, command), so a second training is refused with
+who holds the folder, and touches nothing in it; the doctor says the same (`holder_of`).
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import json
+import os
+import shlex
+import socket
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from hf_pretrain.run_dir import RunDir
+
+
+class RunLocked(RuntimeError):
+    """Another session holds the run folder."""
+
+
+def now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S%z")
+
+
+class RunLock:
+    """An exclusive lock on a run folder for the life of this process (`acquire` / `release`)."""
+
+    def __init__(self, run_dir: RunDir):
+        self.run_dir = run_dir
+        self._fd: int | None = None
+
+    def acquire(self) -> None:
+        """Take the lock, or raise `RunLocked` naming its holder. On a filesystem without locks, warn and go on."""
+        self.run_dir.path.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.run_dir.lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            holder = _read_holder(fd)
+            os.close(fd)
+            if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                raise RunLocked(self._refusal(holder)) from None
+            print(f"warning: {self.run_dir.lock} cannot be locked ({exc.strerror}): nothing keeps a second "
+                  f"training out of {self.run_dir.path}", file=sys.stderr)
+            return
+        holder = {"host": socket.gethostname(), "pid": os.getpid(), "since": now(), "command": command_line()}
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, (json.dumps(holder) + "\n").encode(), 0)
+        self._fd = fd
+
+    def release(self) -> None:
+        if self._fd is None:
+            return
+        os.ftruncate(self._fd, 0)  # no holder named once nobody holds it
+        fcntl.flock(self._fd, fcntl.LOCK_UN)
+        os.close(self._fd)
+        self._fd = None
+
+    def _refusal(self, holder: dict[str, Any]) -> str:
+        who = (f"pid {holder.get('pid')} on {holder.get('host')}, since {holder.get('since')} "
+               f"({holder.get('command')})" if holder else "a session that is just starting")
+        stop = f"`kill -TERM {holder['pid']}` on {holder.get('host')}" if holder.get("pid") else "SIGTERM"
+        return (f"{self.run_dir.path} is in use by another training: {who}. Two trainings in one folder would "
+                f"interleave their metrics and overwrite each other's checkpoints; wait for it to end, stop it "
+                f"({stop}: it saves a checkpoint and exits), or choose another --output_dir")
+
+
+def _read_holder(fd: int) -> dict[str, Any]:
+    try:
+        return json.loads(os.pread(fd, 4096, 0).decode() or "{}")
+    except (OSError, ValueError):
+        return {}
+
+
+def holder_of(run_dir: str | Path) -> dict[str, Any] | None:
+    """Who holds the run folder's lock now (host, pid, since, command), if anyone: for the doctor."""
+    path = RunDir(run_dir).lock
+    if not path.is_file():
+        return None
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except OSError as exc:
+        return _read_holder(fd) if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES) else None
+    else:
+        return None  # free (closing this descriptor drops the shared lock again)
+    finally:
+        os.close(fd)
+
+
+def command_line() -> str:
+    return shlex.join([Path(sys.executable).name, *sys.argv])

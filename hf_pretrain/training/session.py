@@ -1,0 +1,141 @@
+"""One session of a run: this process's hold on the run folder, from its lock to its `status.json`.
+
+- One session at a time writes a run folder (run_lock.py): a second one is refused, naming the
+  holder's host, pid and start, and touches nothing in the folder.
+- `status.json` says how the session ended where the exit code cannot: `accelerate launch` turns
+  every failure into exit code 1. It reads `running` while the session runs (a `running` status
+  whose pid is gone is a session that was killed: SIGKILL, the OOM killer), then the exit code, the
+  reason, whether rerunning the same command goes on (`rerun`), and what to do next.
+- Under a launcher, the session follows it: the launcher's exit stops the run with a checkpoint.
+
+Only the job's first process (RANK 0) locks and writes; every process follows its launcher.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from hf_pretrain.preflight import PreflightError
+from hf_pretrain.processes import follow_launcher, launcher
+from hf_pretrain.run_dir import RunDir
+from hf_pretrain.training.checkpoint import CheckpointError, list_checkpoints
+from hf_pretrain.training.guards import (
+    EXIT_CRASHED,
+    EXIT_DIVERGED,
+    EXIT_LOCKED,
+    EXIT_PREEMPTED,
+    EXIT_PREFLIGHT,
+    EXIT_SAVE_FAILED,
+)
+from hf_pretrain.training.resume import ResumeRefused
+from hf_pretrain.training.run_lock import RunLock, RunLocked, command_line, now
+
+EXIT_INTERRUPTED = 128 + 2  # what a shell reports for a process ended by SIGINT
+
+
+@dataclass(frozen=True)
+class Ending:
+    """What an exit code means to whoever restarts the job: a name, whether the same command goes on."""
+
+    state: str
+    rerun: bool
+    next: str
+
+
+ENDINGS = {
+    EXIT_PREEMPTED: Ending("preempted", True, "rerun the same command: it resumes from the checkpoint"),
+    EXIT_SAVE_FAILED: Ending("save_failed", False, "free space where the checkpoints go, then rerun the same "
+                                                   "command: it resumes from the previous checkpoint"),
+    EXIT_DIVERGED: Ending("diverged", False, "lower learning_rate or raise warmup_steps, then rerun the same "
+                                             "command: it resumes from the checkpoint"),
+    EXIT_PREFLIGHT: Ending("refused", False, "fix what the reason names (`hf-pretrain doctor` runs the same "
+                                             "checks), then rerun; nothing was started"),
+    EXIT_INTERRUPTED: Ending("interrupted", False, "rerun the same command when you want to go on"),
+}
+FINISHED = Ending("finished", False, "nothing: the run is complete (`hf-pretrain report`, `hf-pretrain export`)")
+STOPPED = Ending("stopped", True, "rerun the same command to continue")
+CRASHED = Ending("crashed", False, "read the error in the log and fix its cause; then the same command resumes "
+                                   "from the newest checkpoint")
+RUNNING = Ending("running", False, "wait; if its pid is gone, it was killed (SIGKILL, out of memory): rerun the "
+                                   "same command to resume")
+
+# Failures that stop a session before it trained, said in a line (the reason is the whole story) and
+# ended with an exit code of their own; anything else is a crash, with its traceback.
+REFUSALS = (PreflightError, ResumeRefused, CheckpointError)
+
+
+def exit_code_of(error: BaseException) -> int:
+    if isinstance(error, RunLocked):
+        return EXIT_LOCKED
+    if isinstance(error, REFUSALS):
+        return EXIT_PREFLIGHT
+    if isinstance(error, SystemExit):
+        return error.code if isinstance(error.code, int) else EXIT_CRASHED
+    if isinstance(error, KeyboardInterrupt):  # Ctrl-C before the loop began (inside it, it stops the run)
+        return EXIT_INTERRUPTED
+    return EXIT_CRASHED
+
+
+def describe(error: BaseException) -> str:
+    """A refusal or a crash in a line: what failed, without the traceback."""
+    if isinstance(error, PreflightError):
+        return f"preflight failed, nothing was started:\n{error}"
+    if isinstance(error, (ResumeRefused, CheckpointError)):
+        return f"cannot go on from the run folder's checkpoint, nothing was started: {error}"
+    if isinstance(error, RunLocked):
+        return str(error)
+    return f"crashed: {type(error).__name__}: {error}"
+
+
+class Session:
+    """`with Session(output_dir) as session: ...; session.ended(code, message, finished)`: the lock is held
+    inside the block; an exception leaving it is recorded in status.json, then raised on."""
+
+    def __init__(self, output_dir: str | Path):
+        self.dir = RunDir(output_dir)
+        self.first = os.environ.get("RANK", "0") == "0"  # the job's first process; alone when unlaunched
+        self.lock = RunLock(self.dir)
+        self.started = now()
+        self._holding = False
+
+    def __enter__(self) -> Session:
+        follow_launcher()
+        if self.first:
+            self.lock.acquire()
+            self._holding = True
+            self._write(None, RUNNING, "training")
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc is not None:
+            code = exit_code_of(exc)
+            self._write(code, ENDINGS.get(code, CRASHED), describe(exc))
+        if self._holding:
+            self.lock.release()
+            self._holding = False
+
+    def ended(self, exit_code: int, message: str, finished: bool) -> None:
+        """Record how the session ended."""
+        ending = (FINISHED if finished else STOPPED) if exit_code == 0 else ENDINGS.get(exit_code, CRASHED)
+        self._write(exit_code, ending, message)
+
+    def _write(self, exit_code: int | None, ending: Ending, reason: str) -> None:
+        if not self._holding:
+            return
+        newest = next(iter(list_checkpoints(self.dir.path)), None)
+        status = {"state": ending.state, "exit_code": exit_code, "rerun": ending.rerun, "reason": reason,
+                  "next": ending.next, "checkpoint_step": newest.step if newest else None,
+                  "checkpoint": str(newest.path) if newest else None, "pid": os.getpid(),
+                  "host": socket.gethostname(), "launcher": launcher(), "started": self.started,
+                  "updated": now(), "command": command_line()}
+        tmp = self.dir.status.with_name(self.dir.status.name + ".tmp")
+        try:
+            tmp.write_text(json.dumps(status, indent=1) + "\n")
+            os.replace(tmp, self.dir.status)  # whole or not at all: a reader never sees half of it
+        except OSError as exc:  # a full disk must not hide how the session ended: the exit code still says it
+            print(f"warning: {self.dir.status} could not be written: {exc}", file=sys.stderr)

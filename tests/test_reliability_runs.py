@@ -1,0 +1,253 @@
+"""Runs that fail loudly, never hang, and never destroy (issue 12): a crash ends the process, the
+launcher's exit reaches the trainer, status.json tells a script how a session ended, one training
+per run folder, a checkpoint that does not fit stops the run, export --overwrite replaces only an
+export, and a random state that cannot be restored is said."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from accelerate import Accelerator
+from transformers import AutoConfig
+
+from hf_pretrain.config import load_recipe
+from hf_pretrain.model import build_model
+from hf_pretrain.optim import build_optimizer
+from hf_pretrain.publish import export
+from hf_pretrain.run_dir import RunDir, read_jsonl
+from hf_pretrain.training.checkpoint import resume_training_state, verify_checkpoint, write_manifest
+from hf_pretrain.training.guards import EXIT_CRASHED, EXIT_LOCKED, EXIT_PREEMPTED, EXIT_PREFLIGHT
+from hf_pretrain.training.resume import ResumeRefused, plan_resume
+from hf_pretrain.training.run_lock import RunLock, RunLocked, holder_of
+from tests.helpers import ROOT, SHORT_RUN, offline_env
+
+TRAIN = [str(ROOT / "hf_pretrain" / "train.py"), "--recipe", "smoke"]
+LAUNCH = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(ROOT / "accelerate_configs" / "cpu.yaml")]
+
+
+def arguments(data_dir: Path, run_dir: Path, **overrides) -> list[str]:
+    args = {**SHORT_RUN, "data_dir": data_dir, "output_dir": run_dir, **overrides}
+    return [part for key, value in args.items() for part in (f"--{key}", str(value))]
+
+
+def start(command: list[str], env: dict[str, str] | None = None) -> subprocess.Popen:
+    """A process in a session of its own, so that whatever it leaves behind can be found and killed."""
+    return subprocess.Popen(command, cwd=ROOT, env={**offline_env(), **(env or {})}, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+
+
+def processes_naming(run_dir: Path) -> list[int]:
+    """Pids of the live processes whose command line names `run_dir` (trainers and their loader workers)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes()
+            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if str(run_dir).encode() in cmdline and state != "Z":
+            found.append(int(entry.name))
+    return found
+
+
+def wait_until(condition, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what}: not within {timeout:.0f}s")
+        time.sleep(0.1)
+
+
+def kill_all(process: subprocess.Popen, run_dir: Path) -> None:
+    """Leave nothing running, whatever the test saw."""
+    for pid in [process.pid, *processes_naming(run_dir)]:
+        try:
+            os.killpg(pid, signal.SIGKILL) if pid == process.pid else os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+    process.wait(timeout=30)
+
+
+def status(run_dir: Path) -> dict:
+    return json.loads(RunDir(run_dir).status.read_text())
+
+
+def logged_step(run_dir: Path) -> int:
+    train = [r for r in read_jsonl(RunDir(run_dir).metrics) if r.get("kind") == "train"]
+    return train[-1]["step"] if train else 0
+
+
+# ---------------------------------------------------------------- a crash must end the process
+def test_a_crash_with_loader_workers_alive_ends_the_process(smoke_data, tmp_path):
+    run_dir = tmp_path / "crash"
+    process = start([sys.executable, *TRAIN, *arguments(smoke_data, run_dir, num_workers=1)],
+                    env={"HF_PRETRAIN_FAULTS": "crash:3"})
+    try:
+        output = process.communicate(timeout=90)[0]  # it used to wait forever for the workers
+        assert process.returncode == EXIT_CRASHED, output[-3000:]
+        assert "RuntimeError: injected fault: crash at step 3" in output  # what failed, with its traceback
+        wait_until(lambda: not processes_naming(run_dir), 15, "loader workers still alive")
+        ended = status(run_dir)
+        assert (ended["state"], ended["exit_code"], ended["rerun"]) == ("crashed", EXIT_CRASHED, False)
+        assert "injected fault" in ended["reason"]
+        assert holder_of(run_dir) is None  # the lock went with the process
+    finally:
+        kill_all(process, run_dir)
+
+
+@pytest.mark.slow  # 14 s on an idle 2-core machine, twice that when it is busy
+def test_sigterm_to_the_launcher_stops_the_trainer_with_a_checkpoint(smoke_data, tmp_path):
+    run_dir = tmp_path / "orphan"
+    launcher = start([*LAUNCH, *TRAIN, *arguments(smoke_data, run_dir, max_steps=2000, save_interval=1000)])
+    try:
+        wait_until(lambda: logged_step(run_dir) >= 2 or launcher.poll() is not None, 120, "no step 2")
+        assert launcher.poll() is None, launcher.communicate()[0][-3000:]
+        status_before = status(run_dir)
+        assert (status_before["state"], status_before["launcher"]) == ("running", "accelerate launch")
+        launcher.send_signal(signal.SIGTERM)  # the launcher alone, as a container runtime does
+        output = launcher.communicate(timeout=30)[0]
+        wait_until(lambda: not processes_naming(run_dir), 90, "the trainer outlived its launcher")
+        ended = status(run_dir)
+        assert (ended["state"], ended["exit_code"], ended["rerun"]) == ("preempted", EXIT_PREEMPTED, True), output
+        assert "launcher" in ended["reason"]
+        step = ended["checkpoint_step"]
+        assert step >= 2 and verify_checkpoint(Path(ended["checkpoint"]))["step"] == step
+        assert "exit of its launcher" in output
+    finally:
+        kill_all(launcher, run_dir)
+
+
+def test_a_finished_run_says_so_in_status_json(reference_run):
+    run_dir, _ = reference_run
+    ended = status(run_dir)
+    assert (ended["state"], ended["exit_code"], ended["rerun"]) == ("finished", 0, False)
+    assert ended["checkpoint_step"] == SHORT_RUN["max_steps"] and ended["launcher"] == "accelerate launch"
+    assert holder_of(run_dir) is None
+
+
+# ---------------------------------------------------------------- one training per run folder
+HOLD_THE_LOCK = ("import sys, time\nfrom hf_pretrain.run_dir import RunDir\nfrom hf_pretrain.training.run_lock "
+                 "import RunLock\nRunLock(RunDir(sys.argv[1])).acquire()\nprint('locked', flush=True)\ntime.sleep(600)\n")
+
+
+def test_a_second_training_in_the_same_folder_is_refused_by_name(smoke_data, tmp_path):
+    run_dir = tmp_path / "busy"
+    holder = subprocess.Popen([sys.executable, "-c", HOLD_THE_LOCK, str(run_dir)], cwd=ROOT, env=offline_env(),
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        second = subprocess.run([sys.executable, *TRAIN, *arguments(smoke_data, run_dir)], cwd=ROOT,
+                                env=offline_env(), capture_output=True, text=True, timeout=120)
+        assert second.returncode == EXIT_LOCKED, second.stderr[-2000:]
+        assert f"pid {holder.pid} on {socket.gethostname()}" in second.stderr and "in use" in second.stderr
+        assert sorted(p.name for p in run_dir.iterdir()) == ["run.lock"]  # nothing written, no status.json
+        with pytest.raises(RunLocked, match=f"pid {holder.pid}"):
+            RunLock(RunDir(run_dir)).acquire()
+    finally:
+        holder.kill()
+        holder.wait()
+    lock = RunLock(RunDir(run_dir))
+    lock.acquire()  # the holder was SIGKILLed: its lock died with it
+    assert holder_of(run_dir)["pid"] == os.getpid()
+    lock.release()
+
+
+# ---------------------------------------------------------------- a checkpoint that does not fit
+def tree_digest(folder: Path) -> dict[str, str]:
+    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("*")) if p.is_file() and p.name not in ("status.json", "run.lock")}
+
+
+@pytest.fixture
+def copied_run(reference_run, tmp_path) -> Path:
+    run_dir = tmp_path / "run"
+    shutil.copytree(reference_run[0], run_dir, ignore=shutil.ignore_patterns("final", "runs", "status.json"))
+    return run_dir
+
+
+@pytest.mark.slow  # two trainings that stop before their first step: 15 s each on an idle 2-core machine
+@pytest.mark.parametrize("change, named", [
+    ({"num_hidden_layers": 2}, "num_hidden_layers 4 -> 2"),  # seen before the model is built (preflight)
+    ({"vocab_multiple": 100}, "vocab_size 4096 -> 4100"),  # seen when the checkpoint is loaded
+])
+def test_a_checkpoint_of_another_shape_stops_the_run_and_touches_nothing(smoke_data, copied_run, change, named):
+    before = tree_digest(copied_run)
+    result = subprocess.run([sys.executable, *TRAIN, *arguments(smoke_data, copied_run, **change)],
+                            cwd=ROOT, env=offline_env(), capture_output=True, text=True, timeout=180)
+    assert result.returncode == EXIT_PREFLIGHT, (result.stdout + result.stderr)[-3000:]
+    assert named in result.stderr and "--resume none --output_dir" in result.stderr
+    assert tree_digest(copied_run) == before  # no metrics truncated, no checkpoint pruned, the recipe kept
+    assert status(copied_run)["state"] == "refused"
+
+
+def test_starting_over_on_top_of_a_run_is_refused(copied_run):
+    recipe = load_recipe(str(copied_run / "resolved_recipe.yaml"), {"output_dir": str(copied_run), "resume": "none"})
+    with pytest.raises(ResumeRefused, match="already holds a run"):
+        plan_resume(recipe)
+    for checkpoint in (copied_run / "checkpoints").iterdir():  # every checkpoint torn
+        (checkpoint / "optimizer.bin").write_bytes(b"torn")
+    with pytest.raises(ResumeRefused, match="none of the checkpoints"):
+        plan_resume(load_recipe(str(copied_run / "resolved_recipe.yaml"), {"output_dir": str(copied_run)}))
+
+
+def test_an_unreadable_random_state_is_said(copied_run):
+    checkpoint = copied_run / "checkpoints" / f"step_{SHORT_RUN['max_steps']:08d}"
+    (checkpoint / "random_states_0.pkl").write_bytes(b"not a pickle")
+    write_manifest(checkpoint)  # whole by its manifest: only the load can tell
+    config = AutoConfig.from_pretrained(checkpoint)
+    model = build_model(config)
+    optimizer = build_optimizer(model, load_recipe(str(copied_run / "resolved_recipe.yaml")).train, fused=False)
+    accelerator = Accelerator(cpu=True)
+    model, optimizer = accelerator.prepare(model, optimizer)
+    said: list[str] = []
+    resumed = resume_training_state(accelerator, copied_run, "auto", log=said.append, model_config=config)
+    assert resumed is not None and resumed[0] == checkpoint  # the weights and optimizer still resume
+    assert any("random_states_0.pkl is unreadable" in line and "fresh random state" in line for line in said), said
+
+
+# ---------------------------------------------------------------- export --overwrite
+def test_export_overwrite_replaces_a_previous_export_and_nothing_else(reference_run, exported, tmp_path,
+                                                                     monkeypatch, capsys):
+    run_dir, _ = reference_run
+    common = ["--checkpoint", str(run_dir), "--overwrite"]
+    before = tree_digest(run_dir)
+    assert export.main([*common, "--out", str(run_dir)]) == 1  # it used to delete every checkpoint, rc 0
+    assert "holds the checkpoint being exported" in capsys.readouterr().err
+    assert tree_digest(run_dir) == before
+
+    mine = tmp_path / "mine"
+    shutil.copytree(exported, mine)
+    (mine / "notes.txt").write_text("my notes")
+    (mine / "data").mkdir()
+    assert export.main([*common, "--out", str(mine)]) == 1
+    err = capsys.readouterr().err
+    assert "notes.txt" in err and "data/" in err and "not one" in err
+    assert (mine / "notes.txt").read_text() == "my notes" and (mine / "model.safetensors").is_file()
+
+    previous = tmp_path / "previous"
+    shutil.copytree(exported, previous)
+    (previous / "config.json").write_text("{}")  # stale: the new export must replace it
+    (tmp_path / "previous.tmp").mkdir()  # a folder of the user's that the old export would have deleted
+    (tmp_path / "previous.tmp" / "keep").write_text("x")
+    assert export.main([*common, "--out", str(previous)]) == 0
+    assert json.loads((previous / "config.json").read_text())["num_hidden_layers"] == 4
+    assert (tmp_path / "previous.tmp" / "keep").is_file()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mine", "previous", "previous.tmp"]  # nothing left over
+
+    here = tmp_path / "here"
+    here.mkdir()
+    monkeypatch.chdir(here)
+    assert export.main(["--checkpoint", str(run_dir), "--out", "."]) == 0  # a traceback before
+    assert (here / "model.safetensors").is_file() and (here / "config.json").is_file()
