@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 PIP_INSTALL := $(BIN)/pip install --quiet --disable-pip-version-check -c constraints.txt
 RUN_DIR := runs/smoke
 
-.PHONY: smoke test slow_test quality style bench clean
+.PHONY: smoke test slow_test quality style bench gpu_check clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -47,6 +47,16 @@ bench: $(VENV)/.installed-dev
 	$(BIN)/python bench/bench_prepare.py
 	$(BIN)/python bench/bench_loop.py
 	$(BIN)/python bench/bench_trainer.py
+
+## gpu_check: on a GPU machine, what only a GPU can show (docs/gpu.md): Liger, the 1b's options on CUDA
+gpu_check: $(VENV)/.installed-dev
+	$(PIP_INSTALL) -e '.[dev,liger]'
+	$(BIN)/hf-pretrain prepare --recipe smoke
+	$(BIN)/hf-pretrain doctor --recipe smoke --mixed_precision bf16 --compile true --liger true
+	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q tests/test_gpu_paths.py tests/test_doctor.py
+	$(BIN)/accelerate launch --config_file accelerate_configs/single_gpu.yaml hf_pretrain/train.py \
+		--recipe smoke --mixed_precision bf16 --compile true --liger true --max_steps 100 \
+		--output_dir runs/gpu_check --resume none
 
 clean:
 	rm -rf $(RUN_DIR) data/smoke

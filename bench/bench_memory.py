@@ -8,7 +8,7 @@ allocated tensor bytes (PyTorch's profiler, memory events of the CPU allocator, 
 RSS) plus what was already allocated before it (weights and moments). Each shape runs in its own
 process.
 
-    python bench/bench_memory.py                 # CPU, the default shapes, ~5 minutes
+    python bench/bench_memory.py                 # CPU, the default shapes (docs/gpu.md), ~15 minutes
     python bench/bench_memory.py --shapes smoke:8x128:no
 """
 
@@ -27,8 +27,8 @@ import torch
 
 # recipe[-layers]:micro_batch x seq_len[x accumulation]:precision[:gc]
 DEFAULT_SHAPES = ["smoke:8x128:no", "smoke:8x128x2:no", "smoke:8x128x2:bf16", "smoke:32x256x2:no",
-                  "134m:1x512:no", "134m:1x512x2:no", "134m:1x512x2:bf16", "134m:1x512x2:no:gc", "1b-2:1x512:no",
-                  "1b-2:1x512x2:no"]
+                  "134m:1x512:no", "134m:1x512x2:no", "134m:1x512:bf16", "134m:1x512:no:gc", "134m:1x512x2:no:gc",
+                  "1b-2:1x512:no", "1b-2:1x512x2:no"]
 
 
 def parse_shape(shape: str):
@@ -58,7 +58,7 @@ def measure(shape: str) -> dict:
 
     from hf_pretrain.config import load_recipe
     from hf_pretrain.economics.memory import estimate_memory
-    from hf_pretrain.model import build_model, llama_config, recipe_tokenizer_size
+    from hf_pretrain.model import build_model, enable_activation_checkpointing, llama_config, recipe_tokenizer_size
     from hf_pretrain.optim import build_optimizer
     from hf_pretrain.training.step import TrainStep
 
@@ -76,7 +76,7 @@ def measure(shape: str) -> dict:
     config = llama_config(recipe.model, tokenizer_size)
     model = build_model(config)
     if gc:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        enable_activation_checkpointing(model)
     optimizer = build_optimizer(model, train, fused=False)
     model, optimizer = accelerator.prepare(model, optimizer)
     batches = iter([torch.randint(0, config.vocab_size, (micro, seq + 1)) for _ in range(2 * accum)])

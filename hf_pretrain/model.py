@@ -67,6 +67,16 @@ def build_model(config: LlamaConfig, device: str | torch.device | None = None) -
         return LlamaForCausalLM(config)
 
 
+def enable_activation_checkpointing(model: LlamaForCausalLM) -> None:
+    """Recompute each decoder layer in the backward pass (non-reentrant, which torch.compile and FSDP
+    need). transformers 5.23 renamed `gradient_checkpointing_enable` (a deprecated alias until v6);
+    earlier 5.x releases, which the pins allow, have only the old name."""
+    if hasattr(model, "activation_checkpointing_enable"):
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+
+
 def count_parameters(model: torch.nn.Module) -> int:
     """Unique parameters: tied input and output embeddings count once."""
     return sum(p.numel() for p in model.parameters())

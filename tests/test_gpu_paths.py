@@ -3,7 +3,7 @@
 - the doctor lets `compile` and `bf16` run on a CPU and says what they cost; Liger and fp16 stay CUDA-only;
 - torch.compile: no graph break in the Llama's training step, and a compiled run (slow test) learns,
   resumes exactly after a kill, exports, stays within `COMPILED_RTOL` of the eager run, and
-  evaluation compiles its graph once, not at every evaluation;
+  evaluation compiles its graph once, not at every evaluation; `compile_regions` trains and exports;
 - bf16 autocast on the CPU (slow test): learns, resumes exactly after a kill, exports;
 - FSDP2 on 2 CPU processes (slow test): trains, saves sharded, resumes exactly, exports a model that loads;
 - Liger through liger-kernel's public API, wherever it imports;
@@ -26,7 +26,14 @@ import pytest
 import torch
 
 from hf_pretrain.config import load_recipe
-from hf_pretrain.model import LIGER_KERNELS, build_model, count_parameters, flops_per_token, llama_config
+from hf_pretrain.model import (
+    LIGER_KERNELS,
+    build_model,
+    count_parameters,
+    enable_activation_checkpointing,
+    flops_per_token,
+    llama_config,
+)
 from hf_pretrain.preflight.gpu import check_compiler, check_cuda
 from hf_pretrain.run_dir import read_jsonl
 from tests.helpers import ROOT, SHORT_RUN, launch_training, offline_env
@@ -94,6 +101,21 @@ def test_compile_needs_a_cxx_compiler_on_the_cpu(monkeypatch):
 
 
 # ---------------------------------------------------------------------- torch.compile
+def test_compile_keys_choose_how_accelerate_compiles():
+    from hf_pretrain.config import RecipeError
+    from hf_pretrain.training.compiling import dynamo_plugin
+
+    def plugin(**overrides):
+        p = dynamo_plugin(load_recipe("smoke", overrides).train)
+        return p.backend.value, p.use_regional_compilation
+
+    assert plugin() == ("NO", False)
+    assert plugin(compile=True) == ("INDUCTOR", False)
+    assert plugin(compile=True, compile_regions=True) == ("INDUCTOR", True)
+    with pytest.raises(RecipeError, match="compile_regions=true needs compile=true"):
+        load_recipe("smoke", {"compile_regions": True})
+
+
 @pytest.mark.parametrize("variant", ["fp32", "bf16-autocast", "gradient-checkpointing"])
 def test_the_training_step_has_no_graph_break(variant):
     """dynamo traces the loop's exact call (input_ids, labels, shift_labels) into one graph: the
@@ -103,7 +125,7 @@ def test_the_training_step_has_no_graph_break(variant):
     model = smoke_model(num_hidden_layers=2)
     model.train()
     if variant == "gradient-checkpointing":
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        enable_activation_checkpointing(model)
     torch._dynamo.reset()
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=variant == "bf16-autocast"):
         explained = torch._dynamo.explain(model)(**loop_call(4096))
@@ -179,7 +201,7 @@ def test_regional_compilation_trains_like_eager_and_its_checkpoint_exports(refer
     (model.layers.0._orig_mod...) exports to a model that loads."""
     reference_dir, _ = reference_run
     run_dir = tmp_path / "regional"
-    log = launch_training(smoke_data, run_dir, compile=True, compile_regions=True, stop_at_step=4, eval_interval=4)
+    log = launch_training(smoke_data, run_dir, compile=True, compile_regions=True, stop_at_step=4)
     assert "stopped at step 4" in log and "0 graph break(s)" in log
     losses, eager = train_losses(run_dir), train_losses(reference_dir)
     assert max(abs(losses[s] - eager[s]) / eager[s] for s in losses) <= COMPILED_RTOL
@@ -193,16 +215,17 @@ def test_regional_compilation_trains_like_eager_and_its_checkpoint_exports(refer
 
 @pytest.mark.slow
 def test_bf16_run_learns_resumes_exactly_and_exports(smoke_data, tmp_path):
-    """bf16 autocast on the CPU (fp32 master weights, as on a GPU): 8 steps, checkpoints every 2, killed
-    while writing step 6 and resumed from 4. Short: without AVX-512/AMX a bf16 step is ~10x an fp32 one."""
+    """bf16 autocast on the CPU (fp32 master weights, as on a GPU), kept short: without AVX-512 or AMX a
+    bf16 step costs ~10x an fp32 one. 6 steps of one 8 x 128 micro-batch, checkpoints every 2, killed
+    while writing step 4 and resumed from step 2."""
     run_dir = tmp_path / "bf16"
-    overrides = {"mixed_precision": "bf16", "max_steps": 8, "save_interval": 2, "eval_interval": 4,
-                 "phases": {"warmup": 2, "rest": 8}}
-    before, killed, log = killed_and_resumed(smoke_data, run_dir, 6, **overrides)
-    assert "precision bf16" in killed and "at step 4" in log
+    overrides = {"mixed_precision": "bf16", "max_steps": 6, "global_batch_tokens": 1024, "save_interval": 2,
+                 "eval_interval": 6, "eval_tokens": 1024, "phases": {"warmup": 2, "rest": 6}}
+    before, killed, log = killed_and_resumed(smoke_data, run_dir, 4, **overrides)
+    assert "precision bf16" in killed and "at step 2" in log
     losses = train_losses(run_dir)
-    assert_resumed_exactly(before, losses, 4, 6)
-    assert losses[8] < losses[1] - 0.5
+    assert_resumed_exactly(before, losses, 2, 4)
+    assert losses[6] < losses[1] - 0.3
     assert_exports_and_loads(run_dir, tmp_path)
 
 
@@ -280,16 +303,17 @@ def test_flops_per_token_matches_pytorchs_flop_counter(shape, overrides, seq_len
 
 # ---------------------------------------------------------------------- memory
 @pytest.mark.slow
-@pytest.mark.parametrize("shape", ["smoke:8x128x2:no", "smoke:8x128x2:bf16", "smoke:8x128:no"])
-def test_memory_estimate_is_within_15_percent_of_the_measured_peak(shape):
-    """bench/bench_memory.py measures one real CPU optimizer step (allocated tensor bytes, not RSS)
-    in its own process; the doctor's estimate must be within 15% of it. docs/gpu.md has the larger shapes."""
+@pytest.mark.parametrize("shape", ["smoke:8x128:no", "smoke:8x128x2:bf16"])
+def test_memory_estimate_is_within_5_percent_of_the_measured_peak(shape):
+    """bench/bench_memory.py measures one real CPU optimizer step (allocated tensor bytes, not RSS: the
+    same bytes every time) in its own process. The calibrated estimate is within 2.3% on every shape
+    docs/gpu.md lists; the one before it was 10% and 8% low on these two."""
     out = subprocess.run([sys.executable, str(ROOT / "bench" / "bench_memory.py"), "--child", shape],
                          env=offline_env(), capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     result = json.loads(out.stdout.strip().splitlines()[-1])
     ratio = result["estimate"] / result["measured"]
-    assert 0.85 <= ratio <= 1.15, result
+    assert 0.95 <= ratio <= 1.05, result
 
 
 # ---------------------------------------------------------------------- Liger

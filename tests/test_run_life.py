@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 import subprocess
 import sys
 import time
@@ -429,3 +430,18 @@ def test_a_shortened_run_drops_its_late_phases_warms_over_the_run_and_logs_each_
     assert epochs == [{"kind": "epoch", "step": 10, "tokens": 40960, "epochs": 1}]
     assert "finished pass 1 over the training data" in log
     assert (tmp_path / "run" / "final" / "model.safetensors").exists()
+
+
+@pytest.mark.slow
+def test_a_new_batch_stops_before_any_work_unless_allowed(reference_run, smoke_data, tmp_path):
+    run_dir = tmp_path / "rebatched"
+    shutil.copytree(reference_run[0] / "checkpoints" / "step_00000008", run_dir / "checkpoints" / "step_00000008")
+    log = launch_training(smoke_data, run_dir, check=False, global_batch_tokens=4096)
+    assert "global_batch_tokens 2048 -> 4096 since the checkpoint of step 8" in log
+    assert "--allow_recipe_change true" in log and "preflight failed, nothing was started" in log
+    log = launch_training(smoke_data, run_dir, global_batch_tokens=4096, allow_recipe_change=True)
+    assert "the data stream goes on from the tokens read so far" in log and "at step 8" in log
+    state = json.loads((run_dir / "checkpoints" / "step_00000012" / TRAIN_STATE).read_text())
+    # 8 steps of 2,048 tokens = 128 samples of 128 tokens; then 4 steps of 32 samples
+    assert state["data_origin"] == [8, 128] and state["data_position"] == 128 + 4 * 32
+    assert state["tokens_seen"] == 8 * 2048 + 4 * 4096

@@ -266,11 +266,12 @@ class Recipe:
         return hashlib.sha256(json.dumps(math_keys(self), sort_keys=True).encode()).hexdigest()[:16]
 
     def notes(self) -> list[str]:
-        """What a shortened run leaves out, in words for the log: overrides a user expects to work."""
+        """What a shortened run leaves out, one labelled line each ("note: ...", "warning: ...") for the
+        log and the doctor: overrides a user expects to work."""
         t, out = self.train, []
         dropped = sorted(set(t.phases) - set(t.run_phases), key=t.phases.get)
         if dropped:
-            out.append(f"max_steps={t.max_steps} ends before phase(s) {', '.join(f'{p} (step {t.phases[p]})' for p in dropped)}: "
+            out.append(f"note: max_steps={t.max_steps} ends before phase(s) {', '.join(f'{p} (step {t.phases[p]})' for p in dropped)}: "
                        f"dropped from phases.md")
         if t.warmup_steps >= t.max_steps:
             out.append(f"warning: warmup_steps={t.warmup_steps} is not below max_steps={t.max_steps}: the learning rate "

@@ -142,9 +142,9 @@ def forecast_fields(records: list[dict[str, Any]], stable_steps: tuple[int, int]
         start = max(phase.start_step, now["step"])
         drop = float(fit.loss_at(start * tokens_per_step) - fit.loss_at(phase.end_step * tokens_per_step))
         fields["next_phase"] = phase.name
-        if price_per_hour:
+        if price_per_hour and drop > 0:  # a curve that has stopped falling has no price per point: no field
             cost = dollars((phase.end_step - start) * seconds_per_step / 3600, price_per_hour)
-            fields["next_phase_usd_per_loss_point"] = cost / drop if drop > 0 else math.inf
+            fields["next_phase_usd_per_loss_point"] = cost / drop
     return fields
 
 

@@ -32,10 +32,13 @@ These coefficients were measured with `torch.autograd.graph.saved_tensors_hooks`
 transformers 5.x (CPU SDPA, which saves the same tensors as the flash kernel).
 With gradient checkpointing (per decoder layer) only each layer's fp32 input is kept (4h per token
 and layer) and one layer's activations are recomputed at a time during the backward pass.
-The head adds, per token, the final norm (10h mixed, 12h fp32) and the logits at the loss: 12V in
-both precisions, at the loss's backward: the fp32 log-softmax kept for it, its incoming gradient and
-the logits' gradient (in mixed precision the bf16 logits and their gradient come and go around them);
-Liger's fused linear cross entropy never materialises them (chunked), so they count as 0 there.
+The head adds, per token, the final norm (10h mixed, 12h fp32), and its backward the larger of two
+moments: the loss's backward, 12V per token in both precisions (the fp32 log-softmax kept for it, its
+incoming gradient and the logits' gradient; in mixed precision the bf16 logits and their gradient
+come and go around them), or the output projection's, the logits' gradient (4V per token) beside the
+projection's new weight gradient (4Vh), and, from a step's second micro-batch on, autograd's sum of
+it with the gradient already there (4Vh more). Liger's fused linear cross entropy never materialises
+the logits (chunked), so they count as 0 there.
 
 Calibrated 2026-11-23 against the measured peak of real CPU optimizer steps (`bench/bench_memory.py`:
 the CPU allocator's live tensor bytes, not RSS), 1.3M to 187M parameters, fp32 and bf16, with and
@@ -106,12 +109,18 @@ def layer_activation_bytes_per_token(recipe: Recipe, mixed_precision: bool) -> i
     return 32 * h + 8 * kv_width + 16 * inner + 4 * heads + 8
 
 
-def head_bytes_per_token(recipe: Recipe, vocab_rows: int, mixed_precision: bool) -> int:
-    """Final norm plus logits at the loss, per token (0 for the logits under Liger's fused loss)."""
+def head_bytes(recipe: Recipe, vocab_rows: int, tokens: int, mixed_precision: bool, accumulating: bool) -> int:
+    """Final norm plus the head's backward for `tokens` tokens (module docstring); Liger's fused loss
+    never materialises the logits, so they count as 0 there."""
     h = recipe.model.hidden_size
-    norm = 10 * h if mixed_precision else 12 * h
-    logits = 0 if recipe.train.liger else LOSS_BYTES_PER_LOGIT * vocab_rows
-    return norm + logits
+    norm = (10 * h if mixed_precision else 12 * h) * tokens
+    if recipe.train.liger:
+        return norm
+    loss = LOSS_BYTES_PER_LOGIT * vocab_rows * tokens
+    # the logits' gradient beside the output projection's new weight gradient (and its sum with the
+    # gradient of the step's earlier micro-batches)
+    projection = GRADIENT_BYTES * vocab_rows * tokens + (2 if accumulating else 1) * GRADIENT_BYTES * vocab_rows * h
+    return norm + max(loss, projection)
 
 
 def estimate_memory(recipe: Recipe, tokenizer_size: int, cuda_available: bool = True,
@@ -125,6 +134,7 @@ def estimate_memory(recipe: Recipe, tokenizer_size: int, cuda_available: bool = 
     n = recipe_parameter_count(recipe, tokenizer_size)
     mixed = uses_mixed_precision(recipe, cuda_available)
     tokens = recipe.train.micro_batch_size * recipe.data.seq_len
+    accumulating = recipe.train.global_batch_tokens > tokens * world_size  # more than one micro-batch a step
     layers = recipe.model.num_hidden_layers
     per_layer = tokens * layer_activation_bytes_per_token(recipe, mixed)
     return MemoryEstimate(
@@ -135,9 +145,9 @@ def estimate_memory(recipe: Recipe, tokenizer_size: int, cuda_available: bool = 
         weight_copies=HALF_COPY_BYTES * n if mixed else 0,
         activations=layers * per_layer,
         checkpointed_activations=layers * tokens * recipe.model.hidden_size * RESIDUAL_BYTES + per_layer,
-        head=tokens * head_bytes_per_token(recipe, config.vocab_size, mixed),
+        head=head_bytes(recipe, config.vocab_size, tokens, mixed, accumulating),
         embedding_gradient=2 * WEIGHT_BYTES * config.vocab_size * config.hidden_size if config.tie_word_embeddings else 0,
-        accumulating=recipe.train.global_batch_tokens > tokens * world_size,  # more than one micro-batch a step
+        accumulating=accumulating,
     )
 
 

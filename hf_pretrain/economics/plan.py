@@ -250,6 +250,7 @@ class FurtherPlan:
     parameters: int | None
     chinchilla_tokens: float | None
     stable_steps: tuple[int, int]
+    steps_so_far: int
     price_per_hour: float
     further: GoingFurther
 
@@ -275,13 +276,16 @@ def plan_further(run_dir: str, target_tokens: float | None, price_per_hour: floa
     if further is None:
         raise ValueError(f"{run.metrics} has too few logged steps between steps {stable[0]:,} and {stable[1]:,} "
                          f"(after the warmup, before any decay) to fit the loss curve yet")
-    return FurtherPlan(str(run_dir), n_params, chinchilla_tokens(n_params), stable, price, further)
+    steps = max(r["step"] for r in records if r.get("kind") == "train")
+    return FurtherPlan(str(run_dir), n_params, chinchilla_tokens(n_params), stable, steps, price, further)
 
 
 def format_further(plan: FurtherPlan) -> str:
     f, fit = plan.further, plan.further.fit
+    tokens_per_step = f.tokens_now / plan.steps_so_far
     lines = [f"run {plan.run}: {human_count(f.tokens_now)} tokens so far; the loss curve over steps "
-             f"{plan.stable_steps[0]:,}-{plan.stable_steps[1]:,} fits L = {fit.irreducible:.3f} + "
+             f"{round(fit.first_tokens / tokens_per_step):,}-{round(fit.last_tokens / tokens_per_step):,} (the later "
+             f"half of its stable phase) fits L = {fit.irreducible:.3f} + "
              f"{fit.amplitude:.3f} x (D / {human_count(fit.tokens_0)})^-{fit.exponent:.3f}"]
     if plan.chinchilla_tokens:
         lines.append(f"target: {human_count(f.target_tokens)} tokens = {f.target_tokens / plan.parameters:.1f} per "

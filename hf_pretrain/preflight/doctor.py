@@ -30,6 +30,8 @@ def main(argv: list[str] | None = None) -> int:
                                      extra=_doctor_arguments)
     print(f"hf-pretrain doctor: recipe `{recipe.name}`, {args.num_processes} process(es), "
           f"data {recipe.data.data_dir}, output {recipe.train.output_dir}\n")
+    for note in recipe.notes():  # what a shortened run leaves out
+        print(f"{note}\n")
     results = run_checks(recipe, world_size=args.num_processes)
     print(format_table(results))
     return 1 if any(r.status == "fail" for r in results) else 0

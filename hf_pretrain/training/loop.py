@@ -20,7 +20,14 @@ from accelerate.utils import set_seed
 from hf_pretrain.config import Recipe, save_recipe
 from hf_pretrain.data import build_train_loader, build_val_loader, load_tokenizer
 from hf_pretrain.hardware import describe_hardware, training_precision
-from hf_pretrain.model import apply_liger, build_model, count_parameters, flops_per_token, llama_config
+from hf_pretrain.model import (
+    apply_liger,
+    build_model,
+    count_parameters,
+    enable_activation_checkpointing,
+    flops_per_token,
+    llama_config,
+)
 from hf_pretrain.optim import build_optimizer
 from hf_pretrain.preflight import preflight
 from hf_pretrain.run_dir import RunDir, truncate_jsonl
@@ -140,7 +147,7 @@ def setup(recipe: Recipe) -> Run:
     model = build_model(config)
     n_params = count_parameters(model)
     if cfg.gradient_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        enable_activation_checkpointing(model)
     if cfg.liger:
         apply_liger(model, log=say)
     optimizer = build_optimizer(model, cfg, fused=accelerator.device.type == "cuda")
@@ -174,7 +181,7 @@ def setup(recipe: Recipe) -> Run:
         f"{cfg.micro_batch_size} x {recipe.data.seq_len} tokens = {cfg.global_batch_tokens:,} tokens/step | "
         f"precision {accelerator.mixed_precision}\nschedule: {state.schedule.describe()}")
     for note in recipe.notes():
-        say(f"note: {note}")
+        say(note)
     log = RunLogger(accelerator, recipe, run_dir, state, flops_per_token(config, n_params, recipe.data.seq_len),
                     epochs_after=train_loader.batch_sampler.epochs_after)
     log.load_state_dict(saved)

@@ -156,8 +156,9 @@ def plan_continuation(saved: dict[str, Any], recipe: Recipe, resume: str = "auto
         if (new.decay_start() or t.max_steps) < at:
             raise ResumeRefused(f"max_steps={t.max_steps:,} would begin its decay at step {new.decay_start():,}, before "
                                 f"step {at:,} where this run {'began its decay' if decaying else 'stands'}",
-                                f"choose max_steps of at least {smallest_max_steps(t, at):,}, or finish the run "
-                                f"now with `hf-pretrain stop {t.output_dir}` while it runs")
+                                f"choose max_steps of at least {smallest_max_steps(t, at):,}" + (
+                                    "" if decaying else f", or finish the run early with `hf-pretrain stop "
+                                                        f"{t.output_dir}` while it runs"))
         plan.notes.append(f"max_steps {old_max:,} -> {t.max_steps:,}: the peak holds to step {new.decay_start():,}, "
                           f"then the learning rate decays to step {t.max_steps:,}")
         if decaying:
