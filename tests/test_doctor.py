@@ -24,6 +24,7 @@ from hf_pretrain.economics.memory import estimate_memory, layer_activation_bytes
 from hf_pretrain.formatting import human_bytes
 from hf_pretrain.model import recipe_tokenizer_size
 from hf_pretrain.preflight import CheckResult, PreflightError, format_table, preflight, run_checks
+from hf_pretrain.preflight import disk as disk_module
 from hf_pretrain.preflight.cost import check_cost, run_cost, run_hours
 from hf_pretrain.preflight.data import (
     check_batch_split,
@@ -32,7 +33,7 @@ from hf_pretrain.preflight.data import (
     check_num_workers,
     check_prepared,
 )
-from hf_pretrain.preflight.disk import check_disk_space, check_output_writable
+from hf_pretrain.preflight.disk import check_disk_space, check_output_writable, check_save_speed, disk_write_bytes_per_s
 from hf_pretrain.preflight.gpu import check_bf16, check_cuda, check_memory, check_tf32
 from hf_pretrain.preflight.versions import check_versions
 from tests.helpers import ROOT, offline_env
@@ -266,6 +267,27 @@ def test_existing_checkpoints_count_against_the_need(tmp_path, monkeypatch):
     result = check_disk_space(recipe)
     assert f"needs {human_bytes(needed)} = 3 checkpoints" in result.reason
     assert "100.0 MB in existing checkpoints" in result.reason
+
+
+def test_a_slow_disk_warns_with_the_save_interval_that_keeps_saves_under_one_percent(tmp_path, monkeypatch):
+    """1b: 12.5 GB a checkpoint; at 60,000 tokens/s a save_interval of 1,000 is 36 minutes."""
+    def recipe(**overrides):
+        return one_b(output_dir=str(tmp_path / "run"), expected_tokens_per_s=60_000, **overrides)
+
+    monkeypatch.setattr(disk_module, "disk_write_bytes_per_s", lambda folder: 300e6)  # a network volume
+    slow = check_save_speed(recipe())
+    assert slow.status == "warn" and "300.0 MB/s" in slow.reason and "(1.9% of the run)" in slow.reason
+    interval = int(slow.fix.split()[1].replace(",", ""))
+    assert check_save_speed(recipe(save_interval=interval)).status == "pass"
+    assert check_save_speed(recipe(save_interval=interval - 50)).status == "warn"
+    monkeypatch.setattr(disk_module, "disk_write_bytes_per_s", lambda folder: 2e9)  # a local NVMe
+    assert check_save_speed(recipe()).status == "pass"
+    assert check_save_speed(one_b(output_dir=str(tmp_path / "run"))).status == "skip"  # no step time known
+
+
+def test_the_disk_probe_writes_and_leaves_nothing(tmp_path):
+    assert disk_write_bytes_per_s(tmp_path) > 1e6
+    assert not list(tmp_path.iterdir())
 
 
 # ---------------------------------------------------------------------- GPU memory

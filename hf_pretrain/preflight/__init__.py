@@ -20,7 +20,7 @@ from hf_pretrain.preflight.data import (
     check_num_workers,
     check_prepared,
 )
-from hf_pretrain.preflight.disk import check_disk_space, check_not_in_use, check_output_writable
+from hf_pretrain.preflight.disk import check_disk_space, check_not_in_use, check_output_writable, check_save_speed
 from hf_pretrain.preflight.gpu import check_bf16, check_compiler, check_cuda, check_memory, check_tf32
 from hf_pretrain.preflight.result import CheckResult, PreflightError, format_table
 from hf_pretrain.preflight.resume import check_resume
@@ -57,6 +57,7 @@ def run_checks(recipe: Recipe, world_size: int = 1, device_memory_bytes: int | N
         ("in use", lambda: check_not_in_use(recipe)),
         ("resume", lambda: check_resume(recipe)),
         ("disk space", lambda: check_disk_space(recipe)),
+        ("save speed", lambda: check_save_speed(recipe)),
         ("gpu memory", lambda: check_memory(recipe, device_memory_bytes, world_size)),
         ("time and cost", lambda: check_cost(recipe)),
     ]

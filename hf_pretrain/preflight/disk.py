@@ -6,6 +6,7 @@ import math
 import os
 import shutil
 import tempfile
+import time
 from pathlib import Path
 
 from hf_pretrain.config import Recipe
@@ -102,3 +103,47 @@ def check_disk_space(recipe: Recipe) -> CheckResult:
                            "free space, put --output_dir on a bigger disk, or lower --keep_checkpoints"
                            + (" / --milestone_interval" if milestones else ""))
     return CheckResult("disk space", "pass", reason)
+
+
+# The save blocks the training thread while it writes the tensors (hashing, fsync and the rename run
+# beside training: training/checkpoint.py), so its share of the run is bytes / disk speed over the
+# time between saves. The probe is small enough to cost about a second on a slow disk.
+SAVE_SHARE_LIMIT = 0.01
+PROBE_BYTES = 128 * 2**20
+PROBE_CHUNK = 8 * 2**20
+
+
+def disk_write_bytes_per_s(folder: Path) -> float:
+    """Sustained write speed into `folder`: PROBE_BYTES of incompressible data, flushed to the disk."""
+    chunk = os.urandom(PROBE_CHUNK)  # zeros would flatter a compressing filesystem
+    with tempfile.NamedTemporaryFile(dir=folder, prefix=".hf-pretrain-doctor-speed-") as probe:
+        started = time.perf_counter()
+        for _ in range(PROBE_BYTES // PROBE_CHUNK):
+            probe.write(chunk)
+        probe.flush()
+        os.fsync(probe.fileno())
+        return PROBE_BYTES / max(time.perf_counter() - started, 1e-9)
+
+
+def check_save_speed(recipe: Recipe) -> CheckResult:
+    """Whether writing a checkpoint every save_interval steps costs more than 1% of the run."""
+    t = recipe.train
+    if not t.expected_tokens_per_s:
+        return CheckResult("save speed", "skip", "the step time is unknown (expected_tokens_per_s=0)")
+    if os.environ.get("RANK", "0") != "0":
+        return CheckResult("save speed", "skip", "measured by the job's first process")
+    disk = nearest_existing(Path(t.output_dir))
+    if not disk.is_dir():
+        return CheckResult("save speed", "skip", f"{disk} is not a folder (see output_dir)")
+    speed = disk_write_bytes_per_s(disk)
+    write_s = (CHECKPOINT_BYTES_PER_PARAMETER * recipe_parameter_count(recipe) + CHECKPOINT_SLACK_BYTES) / speed
+    between_saves_s = t.save_interval * t.global_batch_tokens / t.expected_tokens_per_s
+    share = write_s / between_saves_s
+    reason = (f"{disk} writes {human_bytes(speed)}/s: a checkpoint blocks training ~{write_s:,.0f} s every "
+              f"{between_saves_s / 60:,.0f} min ({share:.1%} of the run)")
+    if share <= SAVE_SHARE_LIMIT:
+        return CheckResult("save speed", "pass", reason)
+    under = math.ceil(write_s / SAVE_SHARE_LIMIT / (between_saves_s / t.save_interval))
+    return CheckResult("save speed", "warn", reason,
+                       f"--save_interval {under:,} keeps it under {SAVE_SHARE_LIMIT:.0%}, or put --output_dir on a "
+                       f"faster disk (a local NVMe writes 2-3 GB/s)")
