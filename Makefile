@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 PIP_INSTALL := $(BIN)/pip install --quiet --disable-pip-version-check -c constraints.txt
 RUN_DIR := runs/smoke
 
-.PHONY: smoke test slow_test quality style bench gpu_check clean
+.PHONY: smoke test slow_test liger_test quality style bench gpu_check clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -30,6 +30,12 @@ smoke: $(VENV)/.installed-base
 ## test: install the dev extra and run the whole suite (slow tests included), offline
 test: $(VENV)/.installed-dev
 	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q
+
+## liger_test: the [liger] extra (Triton, ~1 GB) and the test of Liger's public API, which needs no GPU
+liger_test: $(VENV)/.installed-dev
+	$(PIP_INSTALL) -e '.[dev,liger]'
+	$(BIN)/python -c "import liger_kernel.transformers"  # fail here, not as a skipped test
+	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q -rs tests/test_gpu_paths.py -k liger
 
 ## slow_test: only the end-to-end runs
 slow_test: $(VENV)/.installed-dev

@@ -38,7 +38,7 @@ from hf_pretrain.data import (
     sources,
 )
 from hf_pretrain.data.loader import StepBatchSampler, validation_batches
-from hf_pretrain.data.sources import SourceError, is_validation, iter_source, mix, mixture
+from hf_pretrain.data.sources import MixedStream, SourceError, is_validation, iter_source, mixture
 from hf_pretrain.data.tokenizer import load_pretrained_tokenizer, save_tokenizer, tokenizer_hash, train_tokenizer
 from hf_pretrain.data.verify import VERIFIED_FILE, verify_shards
 
@@ -180,9 +180,9 @@ def test_hub_source_names_available_columns(monkeypatch: pytest.MonkeyPatch) -> 
 
 def test_mixture_is_seeded_weighted_and_drains_every_source() -> None:
     a, b = [f"a{i}" for i in range(300)], [f"b{i}" for i in range(100)]
-    first = list(mix([a, b], [0.75, 0.25], seed=1))
-    assert first == list(mix([a, b], [0.75, 0.25], seed=1))
-    assert first != list(mix([a, b], [0.75, 0.25], seed=2))
+    first = list(MixedStream([a, b], [0.75, 0.25], seed=1))
+    assert first == list(MixedStream([a, b], [0.75, 0.25], seed=1))
+    assert first != list(MixedStream([a, b], [0.75, 0.25], seed=2))
     # Every document exactly once, in its source's order, and the weights shape the interleaving
     # (about 50 of the first 200 documents from the 0.25 source; 35..65 is over 2.5 sigma).
     assert sorted(t for _, t in first) == sorted(a + b)
@@ -559,3 +559,132 @@ def test_a_streamed_source_resumes_where_the_connection_dropped(tmp_path: Path, 
     flaky.update(at_row=0, opens=99)  # no progress at all: give up after the retries
     with pytest.raises(SourceError, match="the network failed 2 times in a row .* it resumes"):
         list(iter_source(SourceConfig(kind="hub", name="someone/corpus")))
+
+
+# ---------------------------------------------------------------------- resuming a streamed source
+ROWS_PER_FILE = 30
+
+
+@pytest.fixture()
+def streamed_hub(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+    """`datasets.load_dataset` answering with a real streamed `IterableDataset` over 8 local jsonl
+    files (its 8 shards, as a Hub dataset's files are); `read` lists the row ids its generator
+    produces, so a test sees what a rerun downloads again (the rows it skips inside a shard included)."""
+    import datasets
+
+    rng = random.Random(3)
+    paths = []
+    for shard in range(8):
+        path = tmp_path / f"hub_{shard}.jsonl"
+        rows = range(shard * ROWS_PER_FILE, (shard + 1) * ROWS_PER_FILE)
+        path.write_text("".join(json.dumps({"id": i, "text": _paragraph(rng)}) + "\n" for i in rows))
+        paths.append(str(path))
+    read: list[int] = []
+
+    def rows_of(paths: list[str]):
+        for path in paths:
+            for line in Path(path).read_text().splitlines():
+                row = json.loads(line)
+                read.append(row["id"])
+                yield row
+
+    def fake_load(name, config=None, split=None, streaming=False):
+        assert streaming
+        return datasets.IterableDataset.from_generator(rows_of, gen_kwargs={"paths": paths})
+
+    monkeypatch.setattr(datasets, "load_dataset", fake_load)
+    # The shard pass records the mixture's position once per batch: small batches, so that this small
+    # corpus has several.
+    monkeypatch.setattr(shards, "BATCH_DOCUMENTS", 8)
+    return {"read": read, "rows": 8 * ROWS_PER_FILE}
+
+
+def hub_recipe(data_dir: Path, corpus: dict[str, Any] | None = None) -> Recipe:
+    hub = {"kind": "hub", "name": "someone/corpus", "streaming": True}
+    files = [{"kind": "files", "paths": [str(corpus["root"] / "*.txt")], "weight": 0.3}] if corpus else []
+    settings = {"data_dir": str(data_dir), "vocab_size": VOCAB, "val_every": 5, "shard_tokens": 300, "seq_len": 16,
+                "micro_batch_size": 2, "global_batch_tokens": 64, "num_workers": 0, "max_steps": 10,
+                "warmup_steps": 1, "eval_tokens": 96}
+    return build_recipe({"data": {"sources": [hub, *files]}}, settings)
+
+
+def interrupt_after_shards(recipe: Recipe, shards_written: int, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+    """Run `prepare` until it has written `shards_written` shards, kill it before it records the
+    last one, and return the progress file it left."""
+    original_flush = shards.SplitWriter.flush
+    written = []
+
+    def flush_then_die(self: shards.SplitWriter) -> bool:
+        wrote = original_flush(self)
+        written.append(wrote)
+        if sum(written) == shards_written:
+            raise KeyboardInterrupt
+        return wrote
+
+    monkeypatch.setattr(shards.SplitWriter, "flush", flush_then_die)
+    with pytest.raises(KeyboardInterrupt):
+        prepare(recipe, log=lambda _: None)
+    monkeypatch.setattr(shards.SplitWriter, "flush", original_flush)
+    return json.loads((Path(recipe.data.data_dir) / shards.PROGRESS_FILE).read_text())
+
+
+def test_a_streamed_source_resumes_from_its_saved_position(streamed_hub: dict[str, Any], tmp_path: Path,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    uninterrupted = hub_recipe(tmp_path / "whole")
+    prepare(uninterrupted, log=lambda _: None)
+
+    recipe = hub_recipe(tmp_path / "data")
+    progress = interrupt_after_shards(recipe, 20, monkeypatch)
+    stream = progress["mixture"]["sources"][0]
+    assert stream["stream"] is not None and json.loads(json.dumps(stream["stream"])) == stream["stream"]
+    assert progress["validation"]["pending"]["tokens"] > 0  # validation's queue is saved, not read again
+    documents_read = stream["documents"]
+    assert documents_read > 3 * ROWS_PER_FILE
+    streamed_hub["read"].clear()
+    logs: list[str] = []
+    prepare(recipe, log=logs.append)
+    # It reads on from the file (stream shard) that holds its position, never from row 0 ...
+    assert min(streamed_hub["read"]) == documents_read // ROWS_PER_FILE * ROWS_PER_FILE
+    assert sorted(streamed_hub["read"]) == list(range(min(streamed_hub["read"]), streamed_hub["rows"]))
+    assert any(f"the mixture goes on from document {progress['mixture']['next_document']}" in line for line in logs)
+    # ... and writes exactly what an uninterrupted prepare writes.
+    assert data_files(tmp_path / "data") == data_files(tmp_path / "whole")
+    assert not list((tmp_path / "data").glob("*.pending"))
+
+
+def test_a_hub_and_a_file_source_resume_together_byte_identical(streamed_hub: dict[str, Any], corpus: dict[str, Any],
+                                                                tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    uninterrupted = hub_recipe(tmp_path / "whole", corpus)
+    prepare(uninterrupted, log=lambda _: None)
+    for shards_written in (7, 25):
+        recipe = hub_recipe(tmp_path / f"data{shards_written}", corpus)
+        progress = interrupt_after_shards(recipe, shards_written, monkeypatch)
+        hub, files = progress["mixture"]["sources"]
+        assert files["stream"] is None and files["documents"] > 0  # local files resume by skipping
+        streamed_hub["read"].clear()
+        prepare(recipe, log=lambda _: None)
+        assert 0 not in streamed_hub["read"] and len(streamed_hub["read"]) < streamed_hub["rows"]
+        assert data_files(tmp_path / f"data{shards_written}") == data_files(tmp_path / "whole")
+
+
+def test_progress_without_a_mixture_position_reads_again_from_the_start(
+        streamed_hub: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    uninterrupted = hub_recipe(tmp_path / "whole")
+    prepare(uninterrupted, log=lambda _: None)
+    recipe = hub_recipe(tmp_path / "data")
+    progress = interrupt_after_shards(recipe, 12, monkeypatch)
+    # As an older hf-pretrain left it: no mixture position, no saved queues, and each split's next
+    # document the one after its last shard's last document (val_every 5: documents 4, 9, 14 ... are
+    # validation).
+    del progress["mixture"]
+    for split in ("train", "validation"):
+        state = progress[split]
+        del state["pending"]
+        written = sum(shard["documents"] for shard in state["shards"])
+        state["next_document"] = 5 * written if split == "validation" else written + (written - 1) // 4
+    shards._write_json_atomically(tmp_path / "data" / shards.PROGRESS_FILE, progress)
+    streamed_hub["read"].clear()
+    logs: list[str] = []
+    prepare(recipe, log=logs.append)
+    assert 0 in streamed_hub["read"] and any("reading the mixture again from its first document" in line for line in logs)
+    assert data_files(tmp_path / "data") == data_files(tmp_path / "whole")

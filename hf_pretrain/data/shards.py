@@ -6,10 +6,14 @@ Layout of data_dir:
     train_00000.bin ...     raw token ids (uint16 or uint32, no header), EOS after every document
     val_00000.bin ...
     prepare_progress.json   only while preparing: the finished shards, so a rerun continues
+    train_00004.bin.pending only while preparing: a split's documents queued for its next shard
     meta.json               written last; its presence means "complete"
 
-A shard closes at the first document boundary at or after `shard_tokens` tokens, so the state
-between shards is just "the first document not yet written" per split, and resuming is exact.
+A shard closes at the first document boundary at or after `shard_tokens` tokens. At each shard
+write the progress file records the shards, each split's saved queue, and a position of the mixture
+at most one batch before the first document not yet stored (`MixturePosition`: the draws' random
+state, each source's count, a streamed Hub source's own `state_dict()`). A rerun reads on from
+there, not from the first document, skips what is already written, and resuming is exact.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import json
 import os
 import shutil
 import time
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import UTC, datetime
@@ -33,7 +38,7 @@ from tokenizers import Tokenizer
 from transformers import PreTrainedTokenizerFast
 
 from hf_pretrain.config import Recipe
-from hf_pretrain.data.sources import is_validation, mixture, normalised_weights
+from hf_pretrain.data.sources import MixturePosition, is_validation, mixture, normalised_weights
 from hf_pretrain.data.tokenizer import (
     TOKENIZER_DIR,
     load_pretrained_tokenizer,
@@ -99,22 +104,33 @@ def _prepare_hint(recipe_name: str | None) -> str:
 
 # ---------------------------------------------------------------------- one split's shards
 class SplitWriter:
-    """Collects one split's documents and writes them as shards ending on document boundaries."""
+    """Collects one split's documents and writes them as shards ending on document boundaries.
+
+    `checkpoint()` also saves the documents queued for the next shard beside it
+    (`val_00003.bin.pending`), so a rerun goes on from the latest shard of either split: validation
+    fills a shard far more slowly than train (with val_every 1000, maybe never before the end), and
+    its queue would otherwise have to be read again from the start of the mixture.
+    """
 
     def __init__(self, data_dir: Path, prefix: str, dtype: np.dtype, shard_tokens: int,
                  num_sources: int, saved: dict[str, Any] | None) -> None:
         self.data_dir, self.prefix, self.dtype, self.shard_tokens = data_dir, prefix, dtype, shard_tokens
         saved = saved or {"shards": [], "next_document": 0,
                           "source_documents": [0] * num_sources, "source_tokens": [0] * num_sources}
-        # Everything below is persisted: it describes finished shards only.
+        # Finished shards, and the first document of the mixture this split has not yet received.
         self.shards: list[dict[str, Any]] = saved["shards"]
         self.next_document: int = saved["next_document"]
         self.source_documents: list[int] = saved["source_documents"]
         self.source_tokens: list[int] = saved["source_tokens"]
-        self._pending: list[np.ndarray] = []
-        self._pending_sources: list[int] = []
-        self._pending_tokens = 0
-        self._last_document = -1
+        # The queue for the next shard; the first `_saved_tokens` of it are in its pending file.
+        queue = saved.get("pending") or {"tokens": 0, "documents": 0, "source_documents": [0] * num_sources,
+                                         "source_tokens": [0] * num_sources}
+        self._pending_tokens, self._pending_documents = queue["tokens"], queue["documents"]
+        self._pending_source_documents, self._pending_source_tokens = queue["source_documents"], queue["source_tokens"]
+        self._pending: list[np.ndarray] = [np.fromfile(self.pending_path(), dtype=dtype, count=queue["tokens"])] \
+            if queue["tokens"] else []
+        self._saved_tokens, self._saved_arrays = queue["tokens"], len(self._pending)
+        self._written_pending: Path | None = None  # the pending file of the shard just written
 
     @property
     def tokens(self) -> int:
@@ -122,14 +138,19 @@ class SplitWriter:
 
     @property
     def documents(self) -> int:
-        return sum(self.source_documents) + len(self._pending)
+        return sum(self.source_documents) + self._pending_documents
+
+    def pending_path(self) -> Path:
+        return self.data_dir / f"{self.prefix}_{len(self.shards):05d}.bin.pending"
 
     def add(self, document_index: int, source: int, ids: np.ndarray) -> bool:
         """Queue one document (EOS included); True when this closed and wrote a shard."""
         self._pending.append(ids)
-        self._pending_sources.append(source)
         self._pending_tokens += len(ids)
-        self._last_document = document_index
+        self._pending_documents += 1
+        self._pending_source_documents[source] += 1
+        self._pending_source_tokens[source] += len(ids)
+        self.next_document = document_index + 1
         return self._pending_tokens >= self.shard_tokens and self.flush()
 
     def flush(self) -> bool:
@@ -145,18 +166,42 @@ class SplitWriter:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, self.data_dir / name)
-        for source, ids in zip(self._pending_sources, self._pending, strict=True):
-            self.source_documents[source] += 1
-            self.source_tokens[source] += len(ids)
-        self.shards.append({"file": name, "tokens": int(tokens.size), "documents": len(self._pending),
+        for source, count in enumerate(self._pending_source_documents):
+            self.source_documents[source] += count
+            self.source_tokens[source] += self._pending_source_tokens[source]
+        self.shards.append({"file": name, "tokens": int(tokens.size), "documents": self._pending_documents,
                             "sha256": hashlib.sha256(tokens.data).hexdigest()})
-        self.next_document = self._last_document + 1
-        self._pending, self._pending_sources, self._pending_tokens = [], [], 0
+        # Kept until the progress file records this shard: until then, a rerun still reads it.
+        self._written_pending = self.data_dir / (name + ".pending") if self._saved_tokens else None
+        n = len(self.source_documents)
+        self._pending, self._pending_tokens, self._pending_documents = [], 0, 0
+        self._pending_source_documents, self._pending_source_tokens = [0] * n, [0] * n
+        self._saved_tokens, self._saved_arrays = 0, 0
         return True
 
-    def state(self) -> dict[str, Any]:
+    def checkpoint(self) -> dict[str, Any]:
+        """Save the queued tokens not yet in the pending file (appended, then synced to disk) and
+        return this split's state for the progress file."""
+        if self._saved_arrays < len(self._pending):
+            path = self.pending_path()
+            with path.open("r+b" if path.exists() else "wb") as f:
+                f.truncate(self._saved_tokens * self.dtype.itemsize)  # past it: a run that died before recording
+                f.seek(0, os.SEEK_END)
+                np.concatenate(self._pending[self._saved_arrays:]).tofile(f)
+                f.flush()
+                os.fsync(f.fileno())
+            self._saved_tokens, self._saved_arrays = self._pending_tokens, len(self._pending)
         return {"shards": self.shards, "next_document": self.next_document,
-                "source_documents": self.source_documents, "source_tokens": self.source_tokens}
+                "source_documents": self.source_documents, "source_tokens": self.source_tokens,
+                "pending": {"tokens": self._pending_tokens, "documents": self._pending_documents,
+                            "source_documents": self._pending_source_documents,
+                            "source_tokens": self._pending_source_tokens}}
+
+    def drop_written_pending(self) -> None:
+        """Delete the pending file of a shard the progress file now records."""
+        if self._written_pending is not None:
+            self._written_pending.unlink(missing_ok=True)
+            self._written_pending = None
 
     def summary(self) -> dict[str, Any]:
         return {"tokens": self.tokens, "documents": self.documents, "shards": self.shards}
@@ -214,8 +259,29 @@ class ShardPass:
         # Index of the first document past the budget, once known; a rerun after the budget's last
         # train shard still has to finish the validation documents before it.
         self.stop_at: int | None = train.next_document if self.budget and train.tokens >= self.budget else None
+        saved_position = progress.get("mixture")
+        self.start = MixturePosition.from_json(saved_position) if saved_position else None
+        # Where the mixture was at the start of each batch still being read, encoded or stored (the
+        # pass reads ahead of what it writes). A shard write records the last one at or before the
+        # first document not yet stored; a rerun from there skips the few documents already written.
+        # (Once per batch, not per document: a position costs ~20 us, as much as reading a document.)
+        self.positions: deque[MixturePosition] = deque()
+        self.next_to_store = self.start.next_document if self.start else 0  # first document not yet stored
         self.started = time.perf_counter()
         self.new_tokens = 0
+        if progress["train"] is not None or progress["validation"] is not None:
+            self._say_where_it_resumes()
+
+    def _say_where_it_resumes(self) -> None:
+        if self.start is None:
+            self.log("no saved position in the mixture (progress written by an older hf-pretrain): reading the "
+                     "mixture again from its first document")
+            return
+        self.log(f"the mixture goes on from document {self.start.next_document:,}")
+        for i, (source, position) in enumerate(zip(self.recipe.data.sources, self.start.sources, strict=True)):
+            if source.kind == "hub" and position["stream"] is None and position["documents"] and i in self.start.live:
+                self.log(f"hub dataset `{source.name}` has no saved stream position: its first "
+                         f"{position['documents']:,} documents are read again")
 
     def run(self) -> dict[str, SplitWriter]:
         # The Rust tokenizer encodes one batch (without the GIL) while this thread reads the next
@@ -239,17 +305,20 @@ class ShardPass:
         batch: list[_Document] = []
         chars = 0
         val_every = self.recipe.data.val_every
-        for index, (source, text) in enumerate(mixture(self.recipe)):
+        stream = mixture(self.recipe, self.start)
+        self.positions.append(stream.position())
+        for index, (source, text) in enumerate(stream, start=stream.next_document):
             if self.stop_at is not None and index >= self.stop_at:
                 break
             split = "validation" if is_validation(index, val_every) else "train"
             if index < self.writers[split].next_document:
-                continue  # already in a finished shard of an earlier, interrupted run
+                continue  # already written (or queued and saved) by an earlier, interrupted run
             batch.append(_Document(index, source, split, text))
             chars += len(text)
             if len(batch) >= BATCH_DOCUMENTS or chars >= BATCH_CHARS:
                 yield batch
                 batch, chars = [], 0
+                self.positions.append(stream.position())
         if batch:
             yield batch
 
@@ -282,6 +351,9 @@ class ShardPass:
             ids[:-1] = token_ids
             ids[-1] = self.eos_id
             self.new_tokens += ids.size
+            self.next_to_store = document.index + 1
+            while len(self.positions) > 1 and self.positions[1].next_document <= self.next_to_store:
+                self.positions.popleft()
             writer = self.writers[document.split]
             if writer.add(document.index, document.source, ids):
                 self._shard_written(document.split)
@@ -289,8 +361,14 @@ class ShardPass:
                 self.stop_at = document.index + 1
 
     def _shard_written(self, split: str) -> None:
-        self.progress[split] = self.writers[split].state()
+        """Record the shard, the other split's queue and a position of the mixture at or before the
+        first document not yet stored: every document before that one is in a shard or a saved queue."""
+        for name, writer in self.writers.items():
+            self.progress[name] = writer.checkpoint()
+        self.progress["mixture"] = self.positions[0].to_json() if self.positions else None
         _write_json_atomically(self.data_dir / PROGRESS_FILE, self.progress)
+        for writer in self.writers.values():
+            writer.drop_written_pending()
         self.log(f"{split} shard {len(self.writers[split].shards) - 1} written; {self.status()}")
 
     def status(self) -> str:
@@ -326,6 +404,8 @@ def prepare(recipe: Recipe, log: Callable[[str], None] = print) -> Path:
     # meta.json last: its presence is what marks the folder complete.
     _write_json_atomically(data_dir / META_FILE, _meta(recipe, tokenizer, progress, writers))
     (data_dir / PROGRESS_FILE).unlink(missing_ok=True)
+    for leftover in data_dir.glob("*.bin.pending"):  # queues of a run that died between shard and record
+        leftover.unlink()
     log(f"prepared {data_dir}: {shard_pass.status()}")
     try:
         check_prepared_data(recipe)
@@ -375,6 +455,13 @@ def _resumable_run(data_dir: Path, fingerprint: str) -> tuple[PreTrainedTokenize
         return None
     if tokenizer_hash(tokenizer) != progress.get("tokenizer_hash"):
         return None
+    itemsize = token_dtype(len(tokenizer)).itemsize
+    for split, prefix in SPLIT_PREFIX.items():
+        state = progress[split] or {}
+        queued = (state.get("pending") or {}).get("tokens", 0)
+        pending = data_dir / f"{prefix}_{len(state.get('shards', [])):05d}.bin.pending"
+        if queued and (not pending.is_file() or pending.stat().st_size < queued * itemsize):
+            return None  # the saved queue is gone: start over rather than lose its documents
     return tokenizer, progress
 
 

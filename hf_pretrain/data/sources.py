@@ -1,11 +1,13 @@
 """Corpus sources: one iterator of document texts per `SourceConfig`, and their weighted mixture.
 
-Every iterator here is deterministic (sorted file lists, sorted keys, seeded draws), because
-`prepare` reruns the mixture from the start to resume and must see the same stream again.
+Every iterator here is deterministic (sorted file lists, sorted keys, seeded draws), because a
+resumed `prepare` must see the same stream again: from a saved `MixturePosition` (the draws' random
+state, each source's count and a streamed Hub source's own position), or from the start.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import glob
 import json
 import random
@@ -15,6 +17,7 @@ import sysconfig
 import time
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
+from typing import Any
 
 from hf_pretrain.config import Recipe, SourceConfig
 from hf_pretrain.data.tokenizer import EOS_TOKEN
@@ -161,15 +164,19 @@ def _is_transient(exc: BaseException) -> bool:
         or (isinstance(status, int) and status >= 500)
 
 
-def _hub_documents(source: SourceConfig) -> Iterator[str]:
-    """The rows' text. A streamed source that loses its connection resumes where it was
-    (`IterableDataset.state_dict()`), after a growing wait, instead of failing the whole prepare."""
+def _hub_rows(source: SourceConfig, start: dict[str, Any] | None = None) -> Iterator[tuple[str, dict[str, Any] | None]]:
+    """(text, position) per row; the position (`IterableDataset.state_dict()` after the row) is kept
+    for a streamed source only, and `start` is one such position to begin after. A streamed source
+    that loses its connection resumes from the last position, after a growing wait, instead of
+    failing the whole prepare."""
     import datasets
 
     def load():
         return datasets.load_dataset(source.name, source.config, split=source.split, streaming=source.streaming)
 
-    rows, position, failures = load(), None, 0
+    rows, position, failures = load(), start, 0
+    if position is not None:
+        rows.load_state_dict(position)
     while True:
         try:
             for row in rows:
@@ -182,7 +189,7 @@ def _hub_documents(source: SourceConfig) -> Iterator[str]:
                 failures = 0
                 if source.streaming and hasattr(rows, "state_dict"):  # datasets' IterableDataset
                     position = rows.state_dict()
-                yield row[source.column]
+                yield row[source.column], position
             return
         except Exception as exc:
             if not (source.streaming and _is_transient(exc)) or failures >= HUB_RETRIES:
@@ -201,36 +208,69 @@ def _hub_documents(source: SourceConfig) -> Iterator[str]:
 
 
 # ---------------------------------------------------------------------- one source, the mixture
-def iter_source(source: SourceConfig) -> Iterator[str]:
-    """The non-empty documents of one source, at most `max_documents` of them (0 = all).
+class SourceReader:
+    """The non-empty documents of one source, at most `max_documents` of them (0 = all), and where
+    it is: how many it has yielded and, for a streamed Hub source, the stream's own position after
+    the last one. `start` (a `position()`) goes on from there: a streamed source from its position,
+    any other by skipping the documents it had yielded (local, cheap; a Hub source without a
+    position downloads them again).
 
-    Not a generator itself: a bad name or an empty glob fails here, when the mixture is built,
-    rather than whenever the mixture first happens to draw from this source.
+    Opened here, not on the first draw: a bad name or an empty glob fails when the mixture is built.
+    `live=False` is a source the mixture had already drained: it is not opened again.
     """
-    if source.kind == "builtin":
-        texts = _builtin_documents(source.name)
-    elif source.kind == "files":
-        texts = _file_documents(expand_globs(source.paths), source.column)
-    elif source.kind == "hub":
-        texts = _hub_documents(source)
-    else:
-        raise SourceError(f"unknown source kind `{source.kind}`; valid kinds: builtin, files, hub")
-    return _non_empty(texts, source.max_documents, source)
+
+    def __init__(self, source: SourceConfig, start: dict[str, Any] | None = None, live: bool = True) -> None:
+        self.source = source
+        self.documents: int = start["documents"] if start else 0
+        self.stream_position: dict[str, Any] | None = start["stream"] if start else None
+        self._rows: Iterator[tuple[str, dict[str, Any] | None]] = iter(()) if not live else self._open()
+        if live and self.documents and self.stream_position is None:
+            skipped = 0
+            while skipped < self.documents and self._next_text() is not None:
+                skipped += 1
+
+    def _open(self) -> Iterator[tuple[str, dict[str, Any] | None]]:
+        source = self.source
+        if source.kind == "hub":
+            return _hub_rows(source, self.stream_position)
+        if source.kind == "builtin":
+            texts = _builtin_documents(source.name)
+        elif source.kind == "files":
+            texts = _file_documents(expand_globs(source.paths), source.column)
+        else:
+            raise SourceError(f"unknown source kind `{source.kind}`; valid kinds: builtin, files, hub")
+        return ((text, None) for text in texts)
+
+    def _next_text(self) -> str | None:
+        for text, stream_position in self._rows:
+            # Empty documents carry nothing to learn and would leave bare end-of-text tokens in the data.
+            if text:
+                self.stream_position = stream_position
+                return text
+        return None
+
+    def __iter__(self) -> SourceReader:
+        return self
+
+    def __next__(self) -> str:
+        if self.source.max_documents and self.documents >= self.source.max_documents:
+            raise StopIteration
+        text = self._next_text()
+        if text is None:
+            if self.documents == 0:
+                where = ", ".join(self.source.paths) if self.source.kind == "files" else self.source.name
+                raise SourceError(f"the {self.source.kind} source `{where}` holds no text: every document in it is empty")
+            raise StopIteration
+        self.documents += 1
+        return text
+
+    def position(self) -> dict[str, Any]:
+        return {"documents": self.documents, "stream": self.stream_position}
 
 
-def _non_empty(texts: Iterable[str], max_documents: int, source: SourceConfig) -> Iterator[str]:
-    count = 0
-    for text in texts:
-        # Empty documents carry nothing to learn and would leave bare end-of-text tokens in the data.
-        if not text:
-            continue
-        yield text
-        count += 1
-        if count == max_documents:
-            return
-    if count == 0:
-        where = ", ".join(source.paths) if source.kind == "files" else source.name
-        raise SourceError(f"the {source.kind} source `{where}` holds no text: every document in it is empty")
+def iter_source(source: SourceConfig) -> SourceReader:
+    """The non-empty documents of one source, at most `max_documents` of them (0 = all)."""
+    return SourceReader(source)
 
 
 def normalised_weights(sources: list[SourceConfig]) -> list[float]:
@@ -238,26 +278,84 @@ def normalised_weights(sources: list[SourceConfig]) -> list[float]:
     return [s.weight / total for s in sources]
 
 
-def mix(streams: list[Iterable[str]], weights: list[float], seed: int) -> Iterator[tuple[int, str]]:
+@dataclasses.dataclass(frozen=True)
+class MixturePosition:
+    """Where a mixed stream is between two documents, enough to go on from there exactly."""
+
+    next_document: int  # index in the mixed stream of the next document
+    rng_state: tuple[Any, ...]  # random.Random.getstate() of the draws
+    live: tuple[int, ...]  # sources not yet drained
+    sources: tuple[dict[str, Any], ...]  # per source: SourceReader.position()
+
+    def to_json(self) -> dict[str, Any]:
+        """As plain JSON. A stream position that JSON cannot carry unchanged is left out: that
+        source is then resumed by reading its documents again."""
+        version, internal, gauss = self.rng_state
+        return {"next_document": self.next_document, "rng_state": [version, list(internal), gauss],
+                "live": list(self.live),
+                "sources": [{"documents": s["documents"], "stream": _plain_json_or_none(s["stream"])}
+                            for s in self.sources]}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> MixturePosition:
+        version, internal, gauss = data["rng_state"]
+        return cls(data["next_document"], (version, tuple(internal), gauss), tuple(data["live"]),
+                   tuple(data["sources"]))
+
+
+def _plain_json_or_none(value: Any) -> Any:
+    try:
+        return value if json.loads(json.dumps(value)) == value else None
+    except (TypeError, ValueError):
+        return None
+
+
+class MixedStream:
     """(source index, text) pairs: each next document comes from a source drawn with probability
-    proportional to its weight among the sources that still have documents."""
-    rng = random.Random(seed)
-    iterators = [iter(s) for s in streams]
-    live = list(range(len(iterators)))
-    while live:
-        chosen = rng.choices(live, weights=[weights[i] for i in live])[0]
-        text = next(iterators[chosen], None)
-        if text is None:
-            live.remove(chosen)
-            continue
-        yield chosen, text
+    proportional to its weight among the sources that still have documents. Over `SourceReader`s,
+    `position()` says where it is; built with `start=` that position, it goes on from there."""
+
+    def __init__(self, streams: list[Iterable[str]], weights: list[float], seed: int,
+                 start: MixturePosition | None = None) -> None:
+        self.iterators = [iter(s) for s in streams]
+        self.weights = weights
+        self.rng = random.Random(seed)
+        self.live = list(range(len(self.iterators)))
+        self.next_document = 0
+        if start is not None:
+            self.rng.setstate(start.rng_state)
+            self.live = list(start.live)
+            self.next_document = start.next_document
+
+    def __iter__(self) -> MixedStream:
+        return self
+
+    def __next__(self) -> tuple[int, str]:
+        while self.live:
+            chosen = self.rng.choices(self.live, weights=[self.weights[i] for i in self.live])[0]
+            text = next(self.iterators[chosen], None)
+            if text is None:
+                self.live.remove(chosen)
+                continue
+            self.next_document += 1
+            return chosen, text
+        raise StopIteration
+
+    def position(self) -> MixturePosition:
+        """Where it is now; only for a stream over `SourceReader`s, as `mixture` builds it."""
+        return MixturePosition(self.next_document, self.rng.getstate(), tuple(self.live),
+                               tuple(reader.position() for reader in self.iterators))
 
 
-def mixture(recipe: Recipe) -> Iterator[tuple[int, str]]:
-    """The recipe's document stream, the same on every call. The token budget is applied by the
-    shard writer, which is the one that counts tokens."""
+def mixture(recipe: Recipe, start: MixturePosition | None = None) -> MixedStream:
+    """The recipe's document stream, the same on every call; from `start` on when given. The token
+    budget is applied by the shard writer, which is the one that counts tokens."""
     sources = recipe.data.sources
-    return mix([iter_source(s) for s in sources], normalised_weights(sources), recipe.train.seed)
+    if start is None:
+        readers = [SourceReader(s) for s in sources]
+    else:
+        readers = [SourceReader(s, start.sources[i], live=i in start.live) for i, s in enumerate(sources)]
+    return MixedStream(readers, normalised_weights(sources), recipe.train.seed, start)
 
 
 def is_validation(document_index: int, val_every: int) -> bool:
