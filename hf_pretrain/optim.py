@@ -101,6 +101,14 @@ class Schedule:
             return self.max_steps - self.decay_steps
         return None
 
+    def left_decay_unfinished(self, step: int, lr: float) -> bool:
+        """Whether a run that ended at `step` with learning rate `lr` stopped above its floor. A
+        cosine's last step is its end wherever its value sits; a wsd run without a decay
+        (decay_fraction 0, or warmed up over the whole run) ends at the peak: unfinished."""
+        if self.kind == "cosine" and step >= self.max_steps:
+            return False
+        return lr > self.floor * 1.01
+
     def stable_steps(self, cooldown: Cooldown | None = None) -> tuple[int, int]:
         """(first, last) steps after the warmup and before any decay: where the loss follows the
         data alone, so a power law fits it (for a cosine, every step after the warmup)."""

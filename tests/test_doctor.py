@@ -283,6 +283,7 @@ def test_a_slow_disk_warns_with_the_save_interval_that_keeps_saves_under_one_per
     monkeypatch.setattr(disk_module, "disk_write_bytes_per_s", lambda folder: 2e9)  # a local NVMe
     assert check_save_speed(recipe()).status == "pass"
     assert check_save_speed(one_b(output_dir=str(tmp_path / "run"))).status == "skip"  # no step time known
+    assert check_save_speed(recipe(save_interval=10**6)).reason == "one save, at the end of the run"
 
 
 def test_the_disk_probe_writes_and_leaves_nothing(tmp_path):
@@ -307,7 +308,8 @@ def test_memory_estimate_of_the_1b_recipe():
     # 8 micro-batches: the start of the backward, with the gradients, is the peak
     assert estimate.total(False) == estimate.static + estimate.activations + estimate.head
     assert round(estimate.total(False) / 1e9, 1) == 59.2 and round(estimate.total(True) / 1e9, 1) == 29.6
-    assert estimate_memory(one_b(liger=True), 32_005).head == tokens * 10 * 2048  # fused loss: no logits
+    # fused loss: no logits, but the projection's and the input's gradients, computed in the forward
+    assert estimate_memory(one_b(liger=True), 32_005).head == tokens * 10 * 2048 + 4 * 32_064 * 2048 + 4 * tokens * 2048
 
 
 def test_checkpointing_that_is_not_needed_warns():

@@ -76,6 +76,17 @@ def test_a_cooldown_decays_from_the_rate_it_starts_at_and_never_passes_max_steps
     assert late.end == 60 and cosine.lr(60, late) == pytest.approx(1e-4)
 
 
+def test_a_run_that_ends_at_its_peak_is_unfinished_and_a_cosines_last_step_is_its_end():
+    wsd = Schedule(train_config(lr_schedule="wsd", decay_fraction=0.2))
+    assert not wsd.left_decay_unfinished(100, wsd.lr(100))
+    assert wsd.left_decay_unfinished(60, wsd.lr(60))  # stopped in its stable phase
+    no_decay = Schedule(train_config(lr_schedule="wsd", decay_fraction=0.0))
+    assert no_decay.lr(100) == 1e-3 and no_decay.left_decay_unfinished(100, no_decay.lr(100))
+    cosine = Schedule(train_config(min_lr_ratio=0.0))
+    assert not cosine.left_decay_unfinished(100, cosine.lr(100))
+    assert cosine.left_decay_unfinished(50, cosine.lr(50))
+
+
 # ---------------------------------------------------------------------- overrides a user expects to work
 def test_a_shortened_run_drops_the_phases_past_its_end_and_warms_over_a_too_short_run():
     recipe = load_recipe("smoke", {"max_steps": 24})  # phases warmup 20, learning 100, settling 250

@@ -389,6 +389,7 @@ def prepare(recipe: Recipe, log: Callable[[str], None] = print) -> Path:
     fingerprint = data_fingerprint(recipe)
     if (data_dir / META_FILE).is_file():
         _require_same_data_settings(data_dir, fingerprint)
+        (data_dir / PROGRESS_FILE).unlink(missing_ok=True)  # left by a prepare that died just after meta.json
         log(f"{data_dir} is already prepared (delete it to prepare again)")
         return data_dir
     data_dir.mkdir(parents=True, exist_ok=True)
@@ -401,11 +402,11 @@ def prepare(recipe: Recipe, log: Callable[[str], None] = print) -> Path:
             f"the {writers['train'].documents:,} documents read"
             + (f" (max_tokens={recipe.data.max_tokens:,} stopped the reading)" if recipe.data.max_tokens else "")
             + " include none; lower val_every" + (" or raise max_tokens" if recipe.data.max_tokens else ""))
+    for leftover in data_dir.glob("*.bin.pending"):  # queues of a run that died between shard and record
+        leftover.unlink()
     # meta.json last: its presence is what marks the folder complete.
     _write_json_atomically(data_dir / META_FILE, _meta(recipe, tokenizer, progress, writers))
     (data_dir / PROGRESS_FILE).unlink(missing_ok=True)
-    for leftover in data_dir.glob("*.bin.pending"):  # queues of a run that died between shard and record
-        leftover.unlink()
     log(f"prepared {data_dir}: {shard_pass.status()}")
     try:
         check_prepared_data(recipe)

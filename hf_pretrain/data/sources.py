@@ -215,7 +215,8 @@ class SourceReader:
     any other by skipping the documents it had yielded (local, cheap; a Hub source without a
     position downloads them again).
 
-    Opened here, not on the first draw: a bad name or an empty glob fails when the mixture is built.
+    Opened here, not on the first draw: an unknown kind or an empty glob fails when the mixture is
+    built (a Hub dataset is reached on its first draw).
     `live=False` is a source the mixture had already drained: it is not opened again.
     """
 

@@ -38,7 +38,9 @@ incoming gradient and the logits' gradient; in mixed precision the bf16 logits a
 come and go around them), or the output projection's, the logits' gradient (4V per token) beside the
 projection's new weight gradient (4Vh), and, from a step's second micro-batch on, autograd's sum of
 it with the gradient already there (4Vh more). Liger's fused linear cross entropy never materialises
-the logits (chunked), so they count as 0 there.
+the logits (chunked), but computes its gradients in the forward pass and keeps them for the backward:
+the projection's weight gradient (4Vh) and the input's (4h per token), read from liger-kernel 0.8.5's
+source, not measured (its kernels need a GPU).
 
 Calibrated 2026-11-23 against the measured peak of real CPU optimizer steps (`bench/bench_memory.py`:
 the CPU allocator's live tensor bytes, not RSS), 1.3M to 187M parameters, fp32 and bf16, with and
@@ -110,12 +112,12 @@ def layer_activation_bytes_per_token(recipe: Recipe, mixed_precision: bool) -> i
 
 
 def head_bytes(recipe: Recipe, vocab_rows: int, tokens: int, mixed_precision: bool, accumulating: bool) -> int:
-    """Final norm plus the head's backward for `tokens` tokens (module docstring); Liger's fused loss
-    never materialises the logits, so they count as 0 there."""
+    """Final norm plus the head's backward for `tokens` tokens (module docstring); under Liger's fused
+    loss, the gradients it computes in the forward pass instead of the logits."""
     h = recipe.model.hidden_size
     norm = (10 * h if mixed_precision else 12 * h) * tokens
     if recipe.train.liger:
-        return norm
+        return norm + GRADIENT_BYTES * vocab_rows * h + GRADIENT_BYTES * tokens * h
     loss = LOSS_BYTES_PER_LOGIT * vocab_rows * tokens
     # the logits' gradient beside the output projection's new weight gradient (and its sum with the
     # gradient of the step's earlier micro-batches)

@@ -149,7 +149,7 @@ def _how_it_ended(schedule: Schedule, train_state: dict) -> list[tuple[str, Any]
         decay = (f"; the learning rate decayed over steps {cooldown['start'] + 1:,}-{cooldown['end']:,}"
                  if cooldown["end"] > cooldown["start"] else "")
         rows.append(("stopped early", f"at step {cooldown['start']:,}: {table_cell(cooldown['reason'])}{decay}"))
-    if lr is not None and lr > schedule.floor * 1.01 and train_state.get("step", 0) < train_state.get("max_steps", 0):
+    if lr is not None and schedule.left_decay_unfinished(train_state.get("step", 0), lr):
         rows.append(("decay", f"**not finished**: the learning rate was {lr:.3g} ({lr / schedule.peak:.0%} of the "
                               f"peak) at this step; a finished model ends at {schedule.floor:.3g}"))
     for branch in train_state.get("lineage", []):

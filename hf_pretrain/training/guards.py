@@ -241,7 +241,7 @@ class Guards:
 def unfinished_decay(state: TrainState) -> str | None:
     """What the log and the model card say when the run stopped above its schedule's floor."""
     lr, schedule = state.lr(state.step), state.schedule
-    if lr <= schedule.floor * 1.01 or state.step >= schedule.max_steps:  # a cosine's last step is its end
+    if not schedule.left_decay_unfinished(state.step, lr):
         return None
     how = (f"its cosine decays until max_steps={schedule.max_steps:,}" if schedule.kind == "cosine"
            else "no cooldown was run")
