@@ -103,6 +103,11 @@ def _prepare_hint(recipe_name: str | None) -> str:
 
 
 # ---------------------------------------------------------------------- one split's shards
+def shard_name(prefix: str, index: int) -> str:
+    """`train_00003.bin`; its queue, while it is being filled, is `train_00003.bin.pending`."""
+    return f"{prefix}_{index:05d}.bin"
+
+
 class SplitWriter:
     """Collects one split's documents and writes them as shards ending on document boundaries.
 
@@ -141,7 +146,7 @@ class SplitWriter:
         return sum(self.source_documents) + self._pending_documents
 
     def pending_path(self) -> Path:
-        return self.data_dir / f"{self.prefix}_{len(self.shards):05d}.bin.pending"
+        return self.data_dir / (shard_name(self.prefix, len(self.shards)) + ".pending")
 
     def add(self, document_index: int, source: int, ids: np.ndarray) -> bool:
         """Queue one document (EOS included); True when this closed and wrote a shard."""
@@ -158,7 +163,7 @@ class SplitWriter:
         if not self._pending:
             return False
         tokens = np.concatenate(self._pending)
-        name = f"{self.prefix}_{len(self.shards):05d}.bin"
+        name = shard_name(self.prefix, len(self.shards))
         # Written under a temporary name and renamed, so a shard file that exists is complete.
         tmp = self.data_dir / (name + ".tmp")
         with tmp.open("wb") as f:
@@ -460,7 +465,7 @@ def _resumable_run(data_dir: Path, fingerprint: str) -> tuple[PreTrainedTokenize
     for split, prefix in SPLIT_PREFIX.items():
         state = progress[split] or {}
         queued = (state.get("pending") or {}).get("tokens", 0)
-        pending = data_dir / f"{prefix}_{len(state.get('shards', [])):05d}.bin.pending"
+        pending = data_dir / (shard_name(prefix, len(state.get("shards", []))) + ".pending")
         if queued and (not pending.is_file() or pending.stat().st_size < queued * itemsize):
             return None  # the saved queue is gone: start over rather than lose its documents
     return tokenizer, progress

@@ -28,6 +28,11 @@ CHECKPOINT_SLACK_BYTES = 64 * 2**20
 MILESTONE_BYTES_PER_PARAMETER = DTYPE_BYTES["bf16"]
 
 
+def checkpoint_bytes(parameters: int) -> int:
+    """One whole checkpoint of a model: fp32 weights, AdamW's moments, the small files beside them."""
+    return CHECKPOINT_BYTES_PER_PARAMETER * parameters + CHECKPOINT_SLACK_BYTES
+
+
 def nearest_existing(path: Path) -> Path:
     """`path` itself or its closest ancestor that exists (the folder a run would create it in)."""
     path = path.absolute()
@@ -81,7 +86,7 @@ def check_disk_space(recipe: Recipe) -> CheckResult:
     pruned), the milestones, and the final export, less what the run's checkpoints already take."""
     t = recipe.train
     n = recipe_parameter_count(recipe)
-    checkpoint = CHECKPOINT_BYTES_PER_PARAMETER * n + CHECKPOINT_SLACK_BYTES
+    checkpoint = checkpoint_bytes(n)
     milestone = checkpoint if t.milestone_full_state else MILESTONE_BYTES_PER_PARAMETER * n + CHECKPOINT_SLACK_BYTES
     export = DTYPE_BYTES[FINAL_DTYPE] * n  # final/ is exported in FINAL_DTYPE whatever the training precision
     milestones = milestone_count(recipe)
@@ -138,7 +143,7 @@ def check_save_speed(recipe: Recipe) -> CheckResult:
     if not disk.is_dir():
         return CheckResult("save speed", "skip", f"{disk} is not a folder (see output_dir)")
     speed = disk_write_bytes_per_s(disk)
-    write_s = (CHECKPOINT_BYTES_PER_PARAMETER * recipe_parameter_count(recipe) + CHECKPOINT_SLACK_BYTES) / speed
+    write_s = checkpoint_bytes(recipe_parameter_count(recipe)) / speed
     between_saves_s = t.save_interval * t.global_batch_tokens / t.expected_tokens_per_s
     share = write_s / between_saves_s
     # An upper bound: the probe is flushed to the disk, while the page cache can take part of a save
