@@ -41,9 +41,12 @@ liger_test: $(VENV)/.installed-dev
 slow_test: $(VENV)/.installed-dev
 	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q -m slow
 
+## quality: what CI and the pre-commit hook check: the formatter agrees with the code, and the linter passes
 quality: $(VENV)/.installed-dev
+	$(BIN)/ruff format --check hf_pretrain tests bench
 	$(BIN)/ruff check hf_pretrain tests bench
 
+## style: rewrite the tree the way `quality` wants it
 style: $(VENV)/.installed-dev
 	$(BIN)/ruff check --fix hf_pretrain tests bench
 	$(BIN)/ruff format hf_pretrain tests bench

@@ -31,9 +31,16 @@ from hf_pretrain.training.checkpoint import save_checkpoint
 
 def one_b_state(layers: int) -> tuple[torch.nn.Module, torch.optim.Optimizer, LlamaConfig]:
     m = load_recipe("1b").model
-    config = LlamaConfig(hidden_size=m.hidden_size, intermediate_size=m.intermediate_size, num_hidden_layers=layers,
-                         num_attention_heads=m.num_attention_heads, num_key_value_heads=m.num_key_value_heads,
-                         vocab_size=32064, tie_word_embeddings=True, max_position_embeddings=2048)
+    config = LlamaConfig(
+        hidden_size=m.hidden_size,
+        intermediate_size=m.intermediate_size,
+        num_hidden_layers=layers,
+        num_attention_heads=m.num_attention_heads,
+        num_key_value_heads=m.num_key_value_heads,
+        vocab_size=32064,
+        tie_word_embeddings=True,
+        max_position_embeddings=2048,
+    )
     with torch.device("meta"):
         model = LlamaForCausalLM(config)
     model.to_empty(device="cpu")
@@ -43,8 +50,11 @@ def one_b_state(layers: int) -> tuple[torch.nn.Module, torch.optim.Optimizer, Ll
     for p in model.parameters():
         with torch.no_grad():
             p.normal_(0, 0.02, generator=generator)
-        optimizer.state[p] = {"step": torch.tensor(1.0), "exp_avg": torch.randn(p.shape, generator=generator),
-                              "exp_avg_sq": torch.rand(p.shape, generator=generator)}
+        optimizer.state[p] = {
+            "step": torch.tensor(1.0),
+            "exp_avg": torch.randn(p.shape, generator=generator),
+            "exp_avg_sq": torch.rand(p.shape, generator=generator),
+        }
     return model, optimizer, config
 
 
@@ -67,9 +77,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--layers", type=int, default=16, help="decoder layers (the 1b recipe has 16)")
     parser.add_argument("--dir", default=None, help="where to write (default: the temp folder)")
-    parser.add_argument("--step_seconds", type=float, default=2.2,
-                        help="seconds per optimizer step of the 1b recipe (the published run: ~2.2 s for 131,072 "
-                             "tokens on an A100)")
+    parser.add_argument(
+        "--step_seconds",
+        type=float,
+        default=2.2,
+        help="seconds per optimizer step of the 1b recipe (the published run: ~2.2 s for 131,072 tokens on an A100)",
+    )
     parser.add_argument("--save_interval", type=int, default=load_recipe("1b").train.save_interval)
     parser.add_argument("--repeats", type=int, default=2, help="saves of each kind")
     args = parser.parse_args()
@@ -94,15 +107,24 @@ def main() -> None:
             for background in (False, True):
                 run = Path(scratch) / f"run_{background}"
                 start = time.perf_counter()
-                pending = save_checkpoint(accelerator, run, {"step": 1}, keep=1, model_config=config,
-                                          tokenizer=_StandInTokenizer(), background=background)
+                pending = save_checkpoint(
+                    accelerator,
+                    run,
+                    {"step": 1},
+                    keep=1,
+                    model_config=config,
+                    tokenizer=_StandInTokenizer(),
+                    background=background,
+                )
                 timings["background" if background else "inline"].append(time.perf_counter() - start)
                 pending.wait()
                 if background:
                     timings["sealed_after"].append(time.perf_counter() - start)
                 shutil.rmtree(run)
         for name, values in timings.items():
-            results[f"training_thread_s_{name}" if name != "sealed_after" else "sealed_after_s"] = statistics.median(values)
+            results[f"training_thread_s_{name}" if name != "sealed_after" else "sealed_after_s"] = statistics.median(
+                values
+            )
         results["repeats"] = args.repeats
     interval_s = args.save_interval * args.step_seconds
     for key in ("training_thread_s_inline", "training_thread_s_background"):

@@ -73,9 +73,16 @@ def run_variant(shape: str, variant: str, steps: int) -> dict:
         seconds.append(time.perf_counter() - start)
     steady = statistics.median(seconds[1:])
     counts = compile_counts()
-    return {"shape": shape, "variant": variant, "parameters": sum(p.numel() for p in model.parameters()),
-            "tokens_per_step": micro_batch * seq_len, "first_step_s": seconds[0], "step_s": steady,
-            "compile_s": seconds[0] - steady, **counts}
+    return {
+        "shape": shape,
+        "variant": variant,
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "tokens_per_step": micro_batch * seq_len,
+        "first_step_s": seconds[0],
+        "step_s": steady,
+        "compile_s": seconds[0] - steady,
+        **counts,
+    }
 
 
 def main() -> None:
@@ -88,18 +95,28 @@ def main() -> None:
     if args.child:
         print(json.dumps(run_variant(args.shape, args.child, args.steps)))
         return
-    print(f"# {datetime.date.today()}, {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
-          f"torch {torch.__version__}, shape {args.shape}")
+    print(
+        f"# {datetime.date.today()}, {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
+        f"torch {torch.__version__}, shape {args.shape}"
+    )
     print("| variant | first step (s) | later steps (s) | compile (s) | graphs | recompilations | graph breaks |")
     print("|---|---|---|---|---|---|---|")
     for variant in args.variants:
         with tempfile.TemporaryDirectory() as cache:  # a cold compile: nothing reused from earlier runs
             env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=cache, HF_HUB_OFFLINE="1")
-            out = subprocess.run([sys.executable, __file__, "--shape", args.shape, "--steps", str(args.steps),
-                                  "--child", variant], env=env, capture_output=True, text=True, check=True)
+            out = subprocess.run(
+                [sys.executable, __file__, "--shape", args.shape, "--steps", str(args.steps), "--child", variant],
+                env=env,
+                capture_output=True,
+                text=True,
+                check=True,
+            )
         r = json.loads(out.stdout.strip().splitlines()[-1])
-        print(f"| {variant} | {r['first_step_s']:.1f} | {r['step_s']:.2f} | "
-              f"{r['compile_s']:.1f} | {r['graphs']} | {r['recompilations']} | {r['graph_breaks']} |", flush=True)
+        print(
+            f"| {variant} | {r['first_step_s']:.1f} | {r['step_s']:.2f} | "
+            f"{r['compile_s']:.1f} | {r['graphs']} | {r['recompilations']} | {r['graph_breaks']} |",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

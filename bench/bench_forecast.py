@@ -37,14 +37,22 @@ def honesty(run_dir: Path, cut: float) -> dict:
     predicted, band = fit.loss_at(tokens), BAND_SIGMAS * fit.sd_at(tokens)
     error = predicted - measured
     end = train[-1]
-    return {"run": str(run_dir), "schedule": recipe.train.lr_schedule, "steps": end["step"],
-            "fitted": f"{round(fit.first_tokens / (end['tokens'] / end['step']))}-{cut_step}",
-            "predicted": f"{cut_step + 1}-{last}",
-            "mean_abs_error": float(np.abs(error).mean()), "max_abs_error": float(np.abs(error).max()),
-            "error_at_last_stable": float(error[-1]), "relative_error_at_last_stable": float(error[-1] / measured[-1]),
-            "band_at_last_stable": float(band[-1]), "inside_band": float(np.mean(np.abs(error) <= band)),
-            "last_loss": end["loss"], "predicted_last": float(fit.loss_at(end["tokens"])),
-            "decay_bonus": float(fit.loss_at(end["tokens"]) - end["loss"])}
+    return {
+        "run": str(run_dir),
+        "schedule": recipe.train.lr_schedule,
+        "steps": end["step"],
+        "fitted": f"{round(fit.first_tokens / (end['tokens'] / end['step']))}-{cut_step}",
+        "predicted": f"{cut_step + 1}-{last}",
+        "mean_abs_error": float(np.abs(error).mean()),
+        "max_abs_error": float(np.abs(error).max()),
+        "error_at_last_stable": float(error[-1]),
+        "relative_error_at_last_stable": float(error[-1] / measured[-1]),
+        "band_at_last_stable": float(band[-1]),
+        "inside_band": float(np.mean(np.abs(error) <= band)),
+        "last_loss": end["loss"],
+        "predicted_last": float(fit.loss_at(end["tokens"])),
+        "decay_bonus": float(fit.loss_at(end["tokens"]) - end["loss"]),
+    }
 
 
 def main() -> None:
@@ -52,16 +60,20 @@ def main() -> None:
     parser.add_argument("runs", nargs="+", type=Path, help="finished run folders")
     parser.add_argument("--cut", type=float, default=0.5, help="share of the stable phase fitted (default 0.5)")
     args = parser.parse_args()
-    print("| run | schedule | steps | fitted steps | predicted steps | mean abs error | max abs error | "
-          "error at the last stable log (rel.) | +/- band there | logs inside the band | last loss (after decay) | "
-          "fit there |")
+    print(
+        "| run | schedule | steps | fitted steps | predicted steps | mean abs error | max abs error | "
+        "error at the last stable log (rel.) | +/- band there | logs inside the band | last loss (after decay) | "
+        "fit there |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for run_dir in args.runs:
         h = honesty(run_dir, args.cut)
-        print(f"| {h['run']} | {h['schedule']} | {h['steps']} | {h['fitted']} | {h['predicted']} | "
-              f"{h['mean_abs_error']:.3f} | {h['max_abs_error']:.3f} | {h['error_at_last_stable']:+.3f} "
-              f"({h['relative_error_at_last_stable']:+.1%}) | {h['band_at_last_stable']:.3f} | "
-              f"{h['inside_band']:.0%} | {h['last_loss']:.3f} | {h['predicted_last']:.3f} |")
+        print(
+            f"| {h['run']} | {h['schedule']} | {h['steps']} | {h['fitted']} | {h['predicted']} | "
+            f"{h['mean_abs_error']:.3f} | {h['max_abs_error']:.3f} | {h['error_at_last_stable']:+.3f} "
+            f"({h['relative_error_at_last_stable']:+.1%}) | {h['band_at_last_stable']:.3f} | "
+            f"{h['inside_band']:.0%} | {h['last_loss']:.3f} | {h['predicted_last']:.3f} |"
+        )
 
 
 if __name__ == "__main__":

@@ -37,8 +37,11 @@ def bare_pytorch_tokens_per_s(recipe, steps: int, warmup: int) -> float:
     shards = [data_dir / s["file"] for s in meta["splits"]["train"]["shards"]]
     dataset = PackedDataset(shards, recipe.data.seq_len, meta["dtype"])
     torch.manual_seed(recipe.train.seed)
-    model = build_model(llama_config(recipe.model, len(tokenizer), tokenizer.bos_token_id, tokenizer.eos_token_id,
-                                     tokenizer.pad_token_id))
+    model = build_model(
+        llama_config(
+            recipe.model, len(tokenizer), tokenizer.bos_token_id, tokenizer.eos_token_id, tokenizer.pad_token_id
+        )
+    )
     model.train()
     optimizer = build_optimizer(model, recipe.train, fused=False)
     accum = recipe.grad_accum_steps(1)
@@ -50,7 +53,7 @@ def bare_pytorch_tokens_per_s(recipe, steps: int, warmup: int) -> float:
             start = time.perf_counter()
         set_learning_rate(optimizer, learning_rate_at(step, recipe.train))
         for _ in range(accum):
-            indices = order[position % len(order): position % len(order) + micro]
+            indices = order[position % len(order) : position % len(order) + micro]
             if len(indices) < micro:
                 indices = order[:micro]
             position += micro
@@ -82,19 +85,32 @@ def main() -> None:
     assert args.steps % args.warmup == 0, "--steps must be a multiple of --warmup (the log window)"
 
     with tempfile.TemporaryDirectory() as tmp:
-        recipe = load_recipe(args.recipe, {
-            "data_dir": f"{tmp}/data", "output_dir": f"{tmp}/run", "max_steps": args.steps,
-            "warmup_steps": min(args.warmup, args.steps - 1), "log_interval": args.warmup, "eval_interval": 0,
-            "save_interval": args.steps, "resume": "none", "report_to": "none",
-        })
+        recipe = load_recipe(
+            args.recipe,
+            {
+                "data_dir": f"{tmp}/data",
+                "output_dir": f"{tmp}/run",
+                "max_steps": args.steps,
+                "warmup_steps": min(args.warmup, args.steps - 1),
+                "log_interval": args.warmup,
+                "eval_interval": 0,
+                "save_interval": args.steps,
+                "resume": "none",
+                "report_to": "none",
+            },
+        )
         prepare(recipe, log=lambda _: None)
         bare = bare_pytorch_tokens_per_s(recipe, args.steps, args.warmup)
         ours = hf_pretrain_tokens_per_s(recipe, args.warmup)
 
-    print(f"\nhardware: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, "
-          f"torch {torch.__version__}, {'CUDA' if torch.cuda.is_available() else 'CPU'} | "
-          f"{datetime.date.today().isoformat()}")
-    print(f"recipe {args.recipe}: {args.steps} steps of {recipe.train.global_batch_tokens} tokens, first {args.warmup} excluded")
+    print(
+        f"\nhardware: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, "
+        f"torch {torch.__version__}, {'CUDA' if torch.cuda.is_available() else 'CPU'} | "
+        f"{datetime.date.today().isoformat()}"
+    )
+    print(
+        f"recipe {args.recipe}: {args.steps} steps of {recipe.train.global_batch_tokens} tokens, first {args.warmup} excluded"
+    )
     print(f"bare PyTorch loop: {bare:,.0f} tokens/s")
     print(f"hf-pretrain loop:  {ours:,.0f} tokens/s")
     print(f"ratio (hf-pretrain / bare): {ours / bare:.3f}")

@@ -26,17 +26,34 @@ import sys
 import torch
 
 # recipe[-layers]:micro_batch x seq_len[x accumulation]:precision[:gc]
-DEFAULT_SHAPES = ["smoke:8x128:no", "smoke:8x128x2:no", "smoke:8x128x2:bf16", "smoke:32x256x2:no",
-                  "134m:1x512:no", "134m:1x512x2:no", "134m:1x512:bf16", "134m:1x512:no:gc", "134m:1x512x2:no:gc",
-                  "1b-2:1x512:no", "1b-2:1x512x2:no"]
+DEFAULT_SHAPES = [
+    "smoke:8x128:no",
+    "smoke:8x128x2:no",
+    "smoke:8x128x2:bf16",
+    "smoke:32x256x2:no",
+    "134m:1x512:no",
+    "134m:1x512x2:no",
+    "134m:1x512:bf16",
+    "134m:1x512:no:gc",
+    "134m:1x512x2:no:gc",
+    "1b-2:1x512:no",
+    "1b-2:1x512x2:no",
+]
 
 
 def parse_shape(shape: str):
     parts = shape.split(":")
     name, _, layers = parts[0].partition("-")
     micro, seq, accum = (parts[1].split("x") + ["1"])[:3]
-    return (name, int(layers) if layers else None, int(micro), int(seq), int(accum), parts[2],
-            len(parts) > 3 and parts[3] == "gc")
+    return (
+        name,
+        int(layers) if layers else None,
+        int(micro),
+        int(seq),
+        int(accum),
+        parts[2],
+        len(parts) > 3 and parts[3] == "gc",
+    )
 
 
 def peak_allocated(step) -> int:
@@ -65,9 +82,18 @@ def measure(shape: str) -> dict:
     name, layers, micro, seq, accum, precision, gc = parse_shape(shape)
     recipe = load_recipe(name)
     model_cfg = dataclasses.replace(recipe.model, **({"num_hidden_layers": layers} if layers else {}))
-    train = dataclasses.replace(recipe.train, micro_batch_size=micro, global_batch_tokens=micro * seq * accum,
-                                mixed_precision=precision, gradient_checkpointing=gc, liger=False, compile=False)
-    recipe = dataclasses.replace(recipe, model=model_cfg, train=train, data=dataclasses.replace(recipe.data, seq_len=seq))
+    train = dataclasses.replace(
+        recipe.train,
+        micro_batch_size=micro,
+        global_batch_tokens=micro * seq * accum,
+        mixed_precision=precision,
+        gradient_checkpointing=gc,
+        liger=False,
+        compile=False,
+    )
+    recipe = dataclasses.replace(
+        recipe, model=model_cfg, train=train, data=dataclasses.replace(recipe.data, seq_len=seq)
+    )
     tokenizer_size = recipe_tokenizer_size(recipe)
     estimate = estimate_memory(recipe, tokenizer_size, cuda_available=False)
 
@@ -80,13 +106,22 @@ def measure(shape: str) -> dict:
     optimizer = build_optimizer(model, train, fused=False)
     model, optimizer = accelerator.prepare(model, optimizer)
     batches = iter([torch.randint(0, config.vocab_size, (micro, seq + 1)) for _ in range(2 * accum)])
-    step = TrainStep(accelerator, model, optimizer, batches, train, grad_accum=accum, lr_of=lambda _: train.learning_rate)
+    step = TrainStep(
+        accelerator, model, optimizer, batches, train, grad_accum=accum, lr_of=lambda _: train.learning_rate
+    )
     step(1)  # creates AdamW's moments
     before = sum(t.nbytes for t in model.parameters()) + sum(
-        v.nbytes for s in optimizer.state.values() for v in s.values() if torch.is_tensor(v))
+        v.nbytes for s in optimizer.state.values() for v in s.values() if torch.is_tensor(v)
+    )
     peak = before + peak_allocated(lambda: step(2))
-    return {"shape": shape, "parameters": estimate.parameters, "estimate": estimate.total(gc), "measured": peak,
-            "static_estimate": estimate.static, "static_measured_before_step": before}
+    return {
+        "shape": shape,
+        "parameters": estimate.parameters,
+        "estimate": estimate.total(gc),
+        "measured": peak,
+        "static_estimate": estimate.static,
+        "static_measured_before_step": before,
+    }
 
 
 def main() -> None:
@@ -97,16 +132,26 @@ def main() -> None:
     if args.child:
         print(json.dumps(measure(args.child)))
         return
-    print(f"# {datetime.date.today()}, {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
-          f"torch {torch.__version__}")
+    print(
+        f"# {datetime.date.today()}, {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
+        f"torch {torch.__version__}"
+    )
     print("| shape | parameters | estimate (MiB) | measured peak (MiB) | estimate / measured |")
     print("|---|---|---|---|---|")
     for shape in args.shapes:
-        out = subprocess.run([sys.executable, __file__, "--child", shape], capture_output=True, text=True, check=True,
-                             env=dict(os.environ, HF_HUB_OFFLINE="1"))
+        out = subprocess.run(
+            [sys.executable, __file__, "--child", shape],
+            capture_output=True,
+            text=True,
+            check=True,
+            env=dict(os.environ, HF_HUB_OFFLINE="1"),
+        )
         r = json.loads(out.stdout.strip().splitlines()[-1])
-        print(f"| {shape} | {r['parameters'] / 1e6:.1f}M | {r['estimate'] / 2**20:,.0f} | "
-              f"{r['measured'] / 2**20:,.0f} | {r['estimate'] / r['measured']:.3f} |", flush=True)
+        print(
+            f"| {shape} | {r['parameters'] / 1e6:.1f}M | {r['estimate'] / 2**20:,.0f} | "
+            f"{r['measured'] / 2**20:,.0f} | {r['estimate'] / r['measured']:.3f} |",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

@@ -35,8 +35,9 @@ def bench_recipe(files: list[str], data_dir: Path, tokenizer: str, vocab_size: i
         sources: list[dict[str, Any]] = [{"kind": "files", "paths": files}]
     else:
         sources = [{"kind": "builtin", "name": "python-docs"}, {"kind": "builtin", "name": "python-stdlib"}]
-    return build_recipe({"data": {"sources": sources}},
-                        {"data_dir": str(data_dir), "tokenizer": tokenizer, "vocab_size": vocab_size})
+    return build_recipe(
+        {"data": {"sources": sources}}, {"data_dir": str(data_dir), "tokenizer": tokenizer, "vocab_size": vocab_size}
+    )
 
 
 def best_seconds(run: Callable[[], object], repeat: int) -> float:
@@ -50,7 +51,9 @@ def best_seconds(run: Callable[[], object], repeat: int) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--files", nargs="*", default=[], help="globs of .txt/.jsonl/.parquet files (default: built-in corpus)")
+    parser.add_argument(
+        "--files", nargs="*", default=[], help="globs of .txt/.jsonl/.parquet files (default: built-in corpus)"
+    )
     parser.add_argument("--vocab-size", type=int, default=8192)
     parser.add_argument("--repeat", type=int, default=3)
     args = parser.parse_args()
@@ -74,8 +77,10 @@ def main() -> None:
         runs = iter(range(args.repeat))
 
         def prepare_fresh() -> None:
-            prepare(bench_recipe(args.files, root / f"run{next(runs)}", str(tokenizer_dir), args.vocab_size),
-                    log=lambda _: None)
+            prepare(
+                bench_recipe(args.files, root / f"run{next(runs)}", str(tokenizer_dir), args.vocab_size),
+                log=lambda _: None,
+            )
 
         prepared = best_seconds(prepare_fresh, args.repeat)
         meta = read_meta(root / "run0")
@@ -84,10 +89,14 @@ def main() -> None:
 
     corpus = ", ".join(args.files) if args.files else "builtin python-docs + python-stdlib"
     print(f"date      {datetime.now().astimezone().isoformat(timespec='seconds')}")
-    print(f"hardware  {os.cpu_count()} CPUs ({len(os.sched_getaffinity(0))} usable), {platform.machine()}, "
-          f"{platform.platform()}, Python {platform.python_version()}, tokenizers {tokenizers.__version__}")
-    print(f"corpus    {corpus}: {len(texts):,} documents, {sum(map(len, texts)):,} characters, {tokens:,} tokens "
-          f"(vocab {args.vocab_size}); best of {args.repeat}")
+    print(
+        f"hardware  {os.cpu_count()} CPUs ({len(os.sched_getaffinity(0))} usable), {platform.machine()}, "
+        f"{platform.platform()}, Python {platform.python_version()}, tokenizers {tokenizers.__version__}"
+    )
+    print(
+        f"corpus    {corpus}: {len(texts):,} documents, {sum(map(len, texts)):,} characters, {tokens:,} tokens "
+        f"(vocab {args.vocab_size}); best of {args.repeat}"
+    )
     for name, seconds in bare.items():
         print(f"bare {name:<18} {tokens / seconds:>14,.0f} tokens/s")
     print(f"prepare()               {tokens / prepared:>14,.0f} tokens/s")

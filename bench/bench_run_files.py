@@ -26,8 +26,10 @@ def synthetic_run(folder: Path, steps: int, log_interval: int, eval_interval: in
     """What the 1b recipe's loop writes, with a smooth loss curve and noise: the same keys, the same sizes."""
     run = RunDir(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    recipe = load_recipe("1b", {"output_dir": str(folder), "log_interval": log_interval,
-                                "eval_interval": eval_interval, "max_steps": steps})
+    recipe = load_recipe(
+        "1b",
+        {"output_dir": str(folder), "log_interval": log_interval, "eval_interval": eval_interval, "max_steps": steps},
+    )
     save_recipe(recipe, run.resolved_recipe)
     rng = random.Random(0)
     tokens_per_step, price = recipe.train.global_batch_tokens, recipe.train.price_per_hour
@@ -35,17 +37,33 @@ def synthetic_run(folder: Path, steps: int, log_interval: int, eval_interval: in
         for step in range(log_interval, steps + 1, log_interval):
             tokens, elapsed = step * tokens_per_step, step * 2.2
             loss = 2.2 + 8.0 * (step / 10) ** -0.35 + rng.gauss(0, 0.02)
-            record = {"kind": "train", "step": step, "tokens": tokens, "loss": loss, "lr": 3e-4 * math.cos(step / steps),
-                      "grad_norm": 0.3 + rng.random() * 0.1, "tokens_per_s": 59_600 + rng.gauss(0, 300),
-                      "elapsed": elapsed, "data_wait_share": 0.001, "mfu": 0.42, "peak_memory_gib": 61.3,
-                      "cost": elapsed / 3600 * price, "projected_cost": steps * 2.2 / 3600 * price}
+            record = {
+                "kind": "train",
+                "step": step,
+                "tokens": tokens,
+                "loss": loss,
+                "lr": 3e-4 * math.cos(step / steps),
+                "grad_norm": 0.3 + rng.random() * 0.1,
+                "tokens_per_s": 59_600 + rng.gauss(0, 300),
+                "elapsed": elapsed,
+                "data_wait_share": 0.001,
+                "mfu": 0.42,
+                "peak_memory_gib": 61.3,
+                "cost": elapsed / 3600 * price,
+                "projected_cost": steps * 2.2 / 3600 * price,
+            }
             metrics.write(json.dumps(record) + "\n")
             if step % eval_interval == 0:
-                metrics.write(json.dumps({"kind": "eval", "step": step, "tokens": tokens, "val_loss": loss + 0.05}) + "\n")
+                metrics.write(
+                    json.dumps({"kind": "eval", "step": step, "tokens": tokens, "val_loss": loss + 0.05}) + "\n"
+                )
                 for prompt in PROMPTS:
-                    text = " ".join(rng.choice(["the", "of", "model", "data", "=", "return", "Paris"]) for _ in range(48))
-                    samples.write(json.dumps({"step": step, "tokens": tokens, "prompt": prompt, "completion": text})
-                                  + "\n")
+                    text = " ".join(
+                        rng.choice(["the", "of", "model", "data", "=", "return", "Paris"]) for _ in range(48)
+                    )
+                    samples.write(
+                        json.dumps({"step": step, "tokens": tokens, "prompt": prompt, "completion": text}) + "\n"
+                    )
     return run
 
 
@@ -67,10 +85,14 @@ def main() -> None:
     scratch = Path(tempfile.mkdtemp()) if args.keep is None else args.keep
     try:
         seconds, run = timed(synthetic_run, scratch / "run", args.steps, args.log_interval, args.eval_interval)
-        results = {"steps": args.steps, "metrics_records": sum(1 for _ in run.metrics.open()),
-                   "metrics_mb": round(run.metrics.stat().st_size / 1e6, 1),
-                   "samples_records": sum(1 for _ in run.samples.open()),
-                   "samples_mb": round(run.samples.stat().st_size / 1e6, 1), "write_s": seconds}
+        results = {
+            "steps": args.steps,
+            "metrics_records": sum(1 for _ in run.metrics.open()),
+            "metrics_mb": round(run.metrics.stat().st_size / 1e6, 1),
+            "samples_records": sum(1 for _ in run.samples.open()),
+            "samples_mb": round(run.samples.stat().st_size / 1e6, 1),
+            "write_s": seconds,
+        }
         results["read_jsonl_metrics_s"], _ = timed(read_jsonl, run.metrics)
         # a resume from the newest checkpoint: nothing after it to drop
         results["truncate_nothing_s"], _ = timed(truncate_jsonl, run.metrics, after_step=args.steps)

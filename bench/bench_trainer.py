@@ -46,12 +46,23 @@ CONTENDERS = ("hf-pretrain", "trainer")
 def bench_recipe(name: str, data_dir: Path, output_dir: Path, steps: int, warmup: int) -> Recipe:
     """The recipe with a short schedule: no evaluation, one save at the end, a log line every `warmup` steps."""
     recipe = load_recipe(name)
-    return load_recipe(name, {
-        "data_dir": str(data_dir), "output_dir": str(output_dir), "max_steps": steps,
-        "warmup_steps": min(recipe.train.warmup_steps, steps - 1), "log_interval": warmup, "eval_interval": 0,
-        "save_interval": steps, "resume": "none", "report_to": "none", "phases": {},
-        "early_stop_cost_per_loss_point": 0.0, "early_stop_patience": 0,
-    })
+    return load_recipe(
+        name,
+        {
+            "data_dir": str(data_dir),
+            "output_dir": str(output_dir),
+            "max_steps": steps,
+            "warmup_steps": min(recipe.train.warmup_steps, steps - 1),
+            "log_interval": warmup,
+            "eval_interval": 0,
+            "save_interval": steps,
+            "resume": "none",
+            "report_to": "none",
+            "phases": {},
+            "early_stop_cost_per_loss_point": 0.0,
+            "early_stop_patience": 0,
+        },
+    )
 
 
 def hf_pretrain_window_rates(recipe: Recipe, warmup: int) -> list[float]:
@@ -76,8 +87,11 @@ def trainer_window_rates(recipe: Recipe, warmup: int) -> list[float]:
     dataset = PackedDataset(shards, recipe.data.seq_len, meta["dtype"], preload=recipe.data.preload)
 
     set_seed(train_cfg.seed)
-    model = build_model(llama_config(recipe.model, len(tokenizer), tokenizer.bos_token_id, tokenizer.eos_token_id,
-                                     tokenizer.pad_token_id))
+    model = build_model(
+        llama_config(
+            recipe.model, len(tokenizer), tokenizer.bos_token_id, tokenizer.eos_token_id, tokenizer.pad_token_id
+        )
+    )
     if cuda:
         model.to("cuda")  # fused AdamW needs its parameters on the GPU before it is built
     optimizer = build_optimizer(model, train_cfg, fused=cuda)
@@ -104,18 +118,35 @@ def trainer_window_rates(recipe: Recipe, warmup: int) -> list[float]:
 
     precision = training_precision(train_cfg.mixed_precision)
     args = TrainingArguments(
-        output_dir=train_cfg.output_dir, max_steps=train_cfg.max_steps,
+        output_dir=train_cfg.output_dir,
+        max_steps=train_cfg.max_steps,
         per_device_train_batch_size=train_cfg.micro_batch_size,
-        gradient_accumulation_steps=recipe.grad_accum_steps(1), max_grad_norm=train_cfg.grad_clip,
-        bf16=precision == "bf16", fp16=precision == "fp16", tf32=train_cfg.tf32 if cuda else None,
-        use_cpu=not cuda, torch_compile=train_cfg.compile, gradient_checkpointing=train_cfg.gradient_checkpointing,
-        dataloader_num_workers=recipe.data.num_workers, logging_steps=warmup, save_strategy="no",
-        eval_strategy="no", report_to="none", seed=train_cfg.seed, remove_unused_columns=False,
+        gradient_accumulation_steps=recipe.grad_accum_steps(1),
+        max_grad_norm=train_cfg.grad_clip,
+        bf16=precision == "bf16",
+        fp16=precision == "fp16",
+        tf32=train_cfg.tf32 if cuda else None,
+        use_cpu=not cuda,
+        torch_compile=train_cfg.compile,
+        gradient_checkpointing=train_cfg.gradient_checkpointing,
+        dataloader_num_workers=recipe.data.num_workers,
+        logging_steps=warmup,
+        save_strategy="no",
+        eval_strategy="no",
+        report_to="none",
+        seed=train_cfg.seed,
+        remove_unused_columns=False,
         disable_tqdm=True,
     )
     timer = Timer()
-    Trainer(model=model, args=args, train_dataset=dataset, data_collator=collate, optimizers=(optimizer, schedule),
-            callbacks=[timer]).train()
+    Trainer(
+        model=model,
+        args=args,
+        train_dataset=dataset,
+        data_collator=collate,
+        optimizers=(optimizer, schedule),
+        callbacks=[timer],
+    ).train()
     window_tokens = warmup * train_cfg.global_batch_tokens
     return [window_tokens / (end - start) for start, end in zip(timer.times, timer.times[1:], strict=False)]
 
@@ -123,11 +154,29 @@ def trainer_window_rates(recipe: Recipe, warmup: int) -> list[float]:
 def run_contender(contender: str, args: argparse.Namespace, data_dir: Path, work: Path, round_: int) -> list[float]:
     """One timed run in a fresh process; returns the tokens/s of its windows."""
     result = work / f"{contender}-{round_}.json"
-    command = [sys.executable, __file__, "--worker", contender, "--data-dir", str(data_dir), "--result", str(result),
-               "--output-dir", str(work / f"{contender}-{round_}"), "--recipe", args.recipe,
-               "--steps", str(args.steps), "--warmup", str(args.warmup)]
-    env = dict(os.environ, TOKENIZERS_PARALLELISM="false",
-               PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+    command = [
+        sys.executable,
+        __file__,
+        "--worker",
+        contender,
+        "--data-dir",
+        str(data_dir),
+        "--result",
+        str(result),
+        "--output-dir",
+        str(work / f"{contender}-{round_}"),
+        "--recipe",
+        args.recipe,
+        "--steps",
+        str(args.steps),
+        "--warmup",
+        str(args.warmup),
+    ]
+    env = dict(
+        os.environ,
+        TOKENIZERS_PARALLELISM="false",
+        PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+    )
     done = subprocess.run(command, env=env, capture_output=True, text=True)
     if done.returncode != 0:
         raise RuntimeError(f"{contender} run failed ({done.returncode}):\n{(done.stdout + done.stderr)[-3000:]}")
@@ -145,8 +194,9 @@ def main() -> None:
     parser.add_argument("--output-dir", help=argparse.SUPPRESS)
     parser.add_argument("--result", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    assert args.steps % args.warmup == 0 and args.steps > args.warmup, \
+    assert args.steps % args.warmup == 0 and args.steps > args.warmup, (
         "--steps must be a multiple of --warmup (the log interval) and larger"
+    )
 
     if args.worker:
         recipe = bench_recipe(args.recipe, Path(args.data_dir), Path(args.output_dir), args.steps, args.warmup)
@@ -162,22 +212,32 @@ def main() -> None:
         for round_ in range(args.rounds):
             for contender in CONTENDERS if round_ % 2 == 0 else CONTENDERS[::-1]:
                 runs[contender].append(run_contender(contender, args, work / "data", work, round_))
-                print(f"round {round_ + 1}: {contender}: " + ", ".join(f"{r:,.0f}" for r in runs[contender][-1])
-                      + " tokens/s", flush=True)
+                print(
+                    f"round {round_ + 1}: {contender}: "
+                    + ", ".join(f"{r:,.0f}" for r in runs[contender][-1])
+                    + " tokens/s",
+                    flush=True,
+                )
 
-    device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else \
-        f"CPU {platform.processor() or platform.machine()}, {os.cpu_count()} cores"
+    device = (
+        torch.cuda.get_device_name(0)
+        if torch.cuda.is_available()
+        else f"CPU {platform.processor() or platform.machine()}, {os.cpu_count()} cores"
+    )
     print(f"\nhardware: {device}, torch {torch.__version__} | {datetime.date.today().isoformat()}")
-    print(f"recipe {args.recipe}: {args.steps} steps of {recipe.train.global_batch_tokens:,} tokens "
-          f"(micro-batch {recipe.train.micro_batch_size} x {recipe.grad_accum_steps(1)} accumulation), first "
-          f"{args.warmup} excluded, windows of {args.warmup} steps, {args.rounds} alternating rounds")
+    print(
+        f"recipe {args.recipe}: {args.steps} steps of {recipe.train.global_batch_tokens:,} tokens "
+        f"(micro-batch {recipe.train.micro_batch_size} x {recipe.grad_accum_steps(1)} accumulation), first "
+        f"{args.warmup} excluded, windows of {args.warmup} steps, {args.rounds} alternating rounds"
+    )
     # A shared machine drifts by more than the difference being measured, so each round's two runs,
     # back to back, are compared with each other, and the median of those ratios is the figure.
     per_run = {c: [statistics.median(windows) for windows in runs[c]] for c in CONTENDERS}
     ratios = [ours / theirs for ours, theirs in zip(per_run["hf-pretrain"], per_run["trainer"], strict=True)]
     for contender, label in (("hf-pretrain", "hf-pretrain loop:    "), ("trainer", "transformers.Trainer:")):
-        print(f"{label} " + ", ".join(f"{r:,.0f}" for r in per_run[contender])
-              + " tokens/s (median window of each run)")
+        print(
+            f"{label} " + ", ".join(f"{r:,.0f}" for r in per_run[contender]) + " tokens/s (median window of each run)"
+        )
     print("ratio per round (hf-pretrain / Trainer): " + ", ".join(f"{r:.3f}" for r in ratios))
     print(f"ratio (hf-pretrain / Trainer), median of the rounds: {statistics.median(ratios):.3f}")
 

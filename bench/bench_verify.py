@@ -27,8 +27,11 @@ def main() -> None:
         tokens.tofile(data_dir / "train_00000.bin")
         sha = hashlib.sha256(tokens.data).hexdigest()
         del tokens
-        meta = {"dtype": "uint16", "vocab_size": 32005,
-                "splits": {"train": {"shards": [{"file": "train_00000.bin", "sha256": sha}]}, "validation": {"shards": []}}}
+        meta = {
+            "dtype": "uint16",
+            "vocab_size": 32005,
+            "splits": {"train": {"shards": [{"file": "train_00000.bin", "sha256": sha}]}, "validation": {"shards": []}},
+        }
         path = data_dir / "train_00000.bin"
         size = path.stat().st_size
         path.read_bytes()  # warm the page cache for both, so both measure the CPU side

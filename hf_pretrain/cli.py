@@ -10,10 +10,16 @@ import sys
 # command -> (module whose `main(argv) -> int` runs it, one line of help)
 COMMANDS = {
     "prepare": ("hf_pretrain.data.command", "tokenize the recipe's corpus into shards (fits the tokenizer when asked)"),
-    "train": ("hf_pretrain.train", "train the recipe in this process (`accelerate launch hf_pretrain/train.py` for several)"),
+    "train": (
+        "hf_pretrain.train",
+        "train the recipe in this process (`accelerate launch hf_pretrain/train.py` for several)",
+    ),
     "stop": ("hf_pretrain.training.stop_request", "ask a running job to finish now: decay (wsd), save, write final/"),
     "doctor": ("hf_pretrain.preflight.doctor", "check the plumbing of a run before spending money on it"),
-    "export": ("hf_pretrain.publish.export", "write a standard Hugging Face model folder from a checkpoint, optionally push it"),
+    "export": (
+        "hf_pretrain.publish.export",
+        "write a standard Hugging Face model folder from a checkpoint, optionally push it",
+    ),
     "eval": ("hf_pretrain.evaluation.harness", "score a model with lm-evaluation-harness"),
     "bench": ("hf_pretrain.bench", "measure tokens/s, MFU, memory and $/token for recipe variants"),
     "plan": ("hf_pretrain.economics.plan", "tokens, time and cost of a run before it starts"),
@@ -28,8 +34,11 @@ def usage() -> str:
     available = {name: help_ for name, (module, help_) in COMMANDS.items() if importlib.util.find_spec(module)}
     width = max(map(len, available))
     lines = [f"  {name.ljust(width)}  {help_}" for name, help_ in available.items()]
-    return ("usage: hf-pretrain <command> [--recipe NAME] [--key value ...]\n\ncommands:\n" + "\n".join(lines)
-            + "\n\n`hf-pretrain <command> --help` lists the command's options (snake_case, like the recipe keys).\n")
+    return (
+        "usage: hf-pretrain <command> [--recipe NAME] [--key value ...]\n\ncommands:\n"
+        + "\n".join(lines)
+        + "\n\n`hf-pretrain <command> --help` lists the command's options (snake_case, like the recipe keys).\n"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -24,18 +24,34 @@ def recipe_tokenizer_size(recipe: Recipe) -> int:
 
 # The config keys that fix the shapes of the weights: a checkpoint saved under other values cannot be
 # loaded into the model (the recipe's model section names all but vocab_size and head_dim the same way).
-SHAPE_KEYS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-              "num_key_value_heads", "head_dim", "tie_word_embeddings")
+SHAPE_KEYS = (
+    "vocab_size",
+    "hidden_size",
+    "intermediate_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "tie_word_embeddings",
+)
 
 
 def shape_differences(saved: Mapping[str, Any], wanted: Mapping[str, Any]) -> dict[str, tuple[Any, Any]]:
     """{key: (saved value, wanted value)} for each shape key that both name and that differs."""
-    return {key: (saved[key], wanted[key]) for key in SHAPE_KEYS
-            if key in saved and key in wanted and saved[key] != wanted[key]}
+    return {
+        key: (saved[key], wanted[key])
+        for key in SHAPE_KEYS
+        if key in saved and key in wanted and saved[key] != wanted[key]
+    }
 
 
-def llama_config(model: ModelConfig, tokenizer_size: int, bos_token_id: int | None = None,
-                 eos_token_id: int | None = None, pad_token_id: int | None = None) -> LlamaConfig:
+def llama_config(
+    model: ModelConfig,
+    tokenizer_size: int,
+    bos_token_id: int | None = None,
+    eos_token_id: int | None = None,
+    pad_token_id: int | None = None,
+) -> LlamaConfig:
     return LlamaConfig(
         vocab_size=padded_vocab_size(tokenizer_size, model.vocab_multiple),
         hidden_size=model.hidden_size,
@@ -109,8 +125,13 @@ def flops_per_token(config: LlamaConfig, n_params: int, seq_len: int) -> float:
 
 
 # What `liger: true` swaps in; tests/test_gpu_paths.py holds the patched model to it.
-LIGER_KERNELS = {"rope": True, "rms_norm": True, "swiglu": True, "fused_linear_cross_entropy": True,
-                 "cross_entropy": False}
+LIGER_KERNELS = {
+    "rope": True,
+    "rms_norm": True,
+    "swiglu": True,
+    "fused_linear_cross_entropy": True,
+    "cross_entropy": False,
+}
 
 
 def apply_liger(model: LlamaForCausalLM, log=print) -> bool:

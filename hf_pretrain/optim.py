@@ -31,8 +31,9 @@ def build_optimizer(model: torch.nn.Module, train: TrainConfig, fused: bool) -> 
         {"params": decay, "weight_decay": train.weight_decay},
         {"params": no_decay, "weight_decay": 0.0},
     ]
-    return torch.optim.AdamW(groups, lr=train.learning_rate, betas=(train.adam_beta1, train.adam_beta2),
-                             eps=train.adam_eps, fused=fused)
+    return torch.optim.AdamW(
+        groups, lr=train.learning_rate, betas=(train.adam_beta1, train.adam_beta2), eps=train.adam_eps, fused=fused
+    )
 
 
 @dataclass(frozen=True)
@@ -133,8 +134,10 @@ class Schedule:
         floor = f"{self.train.min_lr_ratio:g} x peak"
         if self.kind == "cosine":
             return f"{self.warmup:,} warmup steps, cosine to {floor} over {self.max_steps:,} steps"
-        return (f"wsd: {self.warmup:,} warmup steps, the peak held to step {self.max_steps - self.decay_steps:,}, "
-                f"{self.train.decay_shape} decay to {floor} over the last {self.decay_steps:,} steps")
+        return (
+            f"wsd: {self.warmup:,} warmup steps, the peak held to step {self.max_steps - self.decay_steps:,}, "
+            f"{self.train.decay_shape} decay to {floor} over the last {self.decay_steps:,} steps"
+        )
 
 
 def learning_rate_at(step: int, train: TrainConfig) -> float:

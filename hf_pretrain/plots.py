@@ -42,9 +42,14 @@ def tokens_axis(train: list[dict[str, Any]]) -> tuple[Callable[[Sequence[float]]
     return (lambda steps: value_at_steps(train, "tokens", steps) / unit), label
 
 
-def plot_loss(path: Path, train: list[dict[str, Any]], evals: list[dict[str, Any]],
-              to_x: Callable[[Sequence[float]], Any] | None = None, xlabel: str | None = None,
-              background: Callable[[Any], None] | None = None) -> Path:
+def plot_loss(
+    path: Path,
+    train: list[dict[str, Any]],
+    evals: list[dict[str, Any]],
+    to_x: Callable[[Sequence[float]], Any] | None = None,
+    xlabel: str | None = None,
+    background: Callable[[Any], None] | None = None,
+) -> Path:
     """Train loss (a line) and validation loss (points) of metrics records against `to_x(steps)`
     (default: tokens seen); `background(axes)` draws first, under the curves."""
     if to_x is None:
@@ -54,8 +59,14 @@ def plot_loss(path: Path, train: list[dict[str, Any]], evals: list[dict[str, Any
         background(axes)
     axes.plot(to_x([r["step"] for r in train]), [r["loss"] for r in train], label="train loss", lw=1.2)
     if evals:
-        axes.plot(to_x([r["step"] for r in evals]), [r["val_loss"] for r in evals], "o-",
-                  label="validation loss", lw=1.2, ms=4)
+        axes.plot(
+            to_x([r["step"] for r in evals]),
+            [r["val_loss"] for r in evals],
+            "o-",
+            label="validation loss",
+            lw=1.2,
+            ms=4,
+        )
     axes.set_xlabel(xlabel or "")
     axes.set_ylabel("loss (nats/token)")
     axes.grid(alpha=0.3)

@@ -87,8 +87,9 @@ def load_run(run_dir: Path, price_override: float | None = None) -> RunData:
     )
 
 
-def load_phases(run: RunDir, train: list[dict[str, Any]], phase_ends: dict[str, int], price: float,
-                reprice: bool) -> list[PhaseRow]:
+def load_phases(
+    run: RunDir, train: list[dict[str, Any]], phase_ends: dict[str, int], price: float, reprice: bool
+) -> list[PhaseRow]:
     """The run's phases.json rows, else rows computed from the recipe's `phases` for those that ended.
 
     With `reprice` (a `--price` given) the rows are recomputed at `price`.
@@ -114,8 +115,15 @@ def _shade_phases(axes, run: RunData, to_x) -> None:
     for index, phase in enumerate(run.phases):
         start, end = to_x([phase.start_step, phase.end_step])
         axes.axvspan(start, end, color=PHASE_COLOURS[index % len(PHASE_COLOURS)], zorder=0, lw=0)
-        axes.text((start + end) / 2, 1.0, phase.name, transform=axes.get_xaxis_transform(), ha="center", va="bottom",
-                  fontsize=8)
+        axes.text(
+            (start + end) / 2,
+            1.0,
+            phase.name,
+            transform=axes.get_xaxis_transform(),
+            ha="center",
+            va="bottom",
+            fontsize=8,
+        )
 
 
 def plot_run_loss(run: RunData, path: Path, against: str) -> Path:
@@ -123,8 +131,10 @@ def plot_run_loss(run: RunData, path: Path, against: str) -> Path:
     if against == "tokens":
         to_x, label = tokens_axis(run.train)
     else:
+
         def to_x(steps):
             return dollars_at_steps(run, steps)
+
         label = f"dollars spent (at {usd(run.price_per_hour)}/h)"
     return plot_loss(path, run.train, run.evals, to_x, label, background=lambda axes: _shade_phases(axes, run, to_x))
 
@@ -151,14 +161,26 @@ def plot_forecast(run: RunData, fit: LossFit, path: Path) -> Path:
     tokens_per_step = run.train[-1]["tokens"] / run.train[-1]["step"]
     end_tokens = max(run.end_step * tokens_per_step, run.train[-1]["tokens"])
     unit, label = token_unit(end_tokens)
-    axes.plot([r["tokens"] / unit for r in run.train], [r["loss"] for r in run.train], lw=1.0, color="tab:blue",
-              label="train loss (measured)")
+    axes.plot(
+        [r["tokens"] / unit for r in run.train],
+        [r["loss"] for r in run.train],
+        lw=1.0,
+        color="tab:blue",
+        label="train loss (measured)",
+    )
     x = np.linspace(fit.first_tokens, end_tokens, 200)
     y, band = fit.loss_at(x), BAND_SIGMAS * fit.sd_at(x)
-    axes.fill_between(x / unit, y - band, y + band, color="tab:orange", alpha=0.25, lw=0,
-                      label=f"forecast +/- {BAND_SIGMAS:g} sd")
-    axes.plot(x / unit, y, "--", color="tab:orange", lw=1.4,
-              label=f"fit: {fit.irreducible:.2f} + {fit.amplitude:.2f} (D/D0)^-{fit.exponent:.2f}")
+    axes.fill_between(
+        x / unit, y - band, y + band, color="tab:orange", alpha=0.25, lw=0, label=f"forecast +/- {BAND_SIGMAS:g} sd"
+    )
+    axes.plot(
+        x / unit,
+        y,
+        "--",
+        color="tab:orange",
+        lw=1.4,
+        label=f"fit: {fit.irreducible:.2f} + {fit.amplitude:.2f} (D/D0)^-{fit.exponent:.2f}",
+    )
     axes.axvspan(fit.first_tokens / unit, fit.last_tokens / unit, color="#eeeeee", zorder=0, lw=0)
     axes.set_xlabel(label)
     axes.set_ylabel("loss (nats/token)")
@@ -174,18 +196,23 @@ def plot_forecast(run: RunData, fit: LossFit, path: Path) -> Path:
 def forecast_section(run: RunData, output: Path) -> list[str]:
     fit = fit_run(run.train, *run.stable_steps)
     if fit is None:
-        return [f"No forecast yet: the fit needs more logged steps between steps {run.stable_steps[0]:,} and "
-                f"{run.stable_steps[1]:,} (after the warmup, before any decay)."]
+        return [
+            f"No forecast yet: the fit needs more logged steps between steps {run.stable_steps[0]:,} and "
+            f"{run.stable_steps[1]:,} (after the warmup, before any decay)."
+        ]
     tokens_per_step = run.train[-1]["tokens"] / run.train[-1]["step"]
     end_tokens = run.end_step * tokens_per_step
     loss, sd = float(fit.loss_at(end_tokens)), float(fit.sd_at(end_tokens))
-    return [f"![forecast]({plot_forecast(run, fit, output / 'forecast.png').name})", "",
-            f"Fitted over steps {round(fit.first_tokens / tokens_per_step):,}-{round(fit.last_tokens / tokens_per_step):,} "
-            f"(the later half of the stable phase so far): "
-            f"L = {fit.irreducible:.3f} + {fit.amplitude:.3f} x (D / {human_count(fit.tokens_0)})^-{fit.exponent:.3f}. "
-            f"At the end of the plan (step {run.end_step:,}, {human_count(end_tokens)} tokens) the curve is "
-            f"forecast at {loss:.3f} +/- {BAND_SIGMAS * sd:.3f}, before any final decay. "
-            f"`hf-pretrain plan --run RUN_DIR --tokens N` prices going further."]
+    return [
+        f"![forecast]({plot_forecast(run, fit, output / 'forecast.png').name})",
+        "",
+        f"Fitted over steps {round(fit.first_tokens / tokens_per_step):,}-{round(fit.last_tokens / tokens_per_step):,} "
+        f"(the later half of the stable phase so far): "
+        f"L = {fit.irreducible:.3f} + {fit.amplitude:.3f} x (D / {human_count(fit.tokens_0)})^-{fit.exponent:.3f}. "
+        f"At the end of the plan (step {run.end_step:,}, {human_count(end_tokens)} tokens) the curve is "
+        f"forecast at {loss:.3f} +/- {BAND_SIGMAS * sd:.3f}, before any final decay. "
+        f"`hf-pretrain plan --run RUN_DIR --tokens N` prices going further.",
+    ]
 
 
 def plot_cost_per_loss_point(run: RunData, path: Path) -> Path:
@@ -193,12 +220,24 @@ def plot_cost_per_loss_point(run: RunData, path: Path) -> Path:
     figure, (axes,) = new_axes(height=3.5)
     names = [row.name for row in run.phases]
     values = [row.cost_per_loss_point or 0.0 for row in run.phases]
-    bars = axes.bar(names, values, color=[PHASE_COLOURS[i % len(PHASE_COLOURS)] for i in range(len(names))],
-                    edgecolor="black", lw=0.6)
+    bars = axes.bar(
+        names,
+        values,
+        color=[PHASE_COLOURS[i % len(PHASE_COLOURS)] for i in range(len(names))],
+        edgecolor="black",
+        lw=0.6,
+    )
     for bar, row in zip(bars, run.phases, strict=True):
         note = "no drop" if row.cost_per_loss_point is None else usd(row.cost_per_loss_point)
-        axes.annotate(note, (bar.get_x() + bar.get_width() / 2, bar.get_height()), ha="center", va="bottom",
-                      fontsize=8, xytext=(0, 2), textcoords="offset points")
+        axes.annotate(
+            note,
+            (bar.get_x() + bar.get_width() / 2, bar.get_height()),
+            ha="center",
+            va="bottom",
+            fontsize=8,
+            xytext=(0, 2),
+            textcoords="offset points",
+        )
     axes.set_ylabel("$ per loss point")
     axes.set_title("what each phase paid for a unit of loss", fontsize=10)
     axes.grid(axis="y", alpha=0.3)
@@ -219,43 +258,58 @@ def samples_table(samples: list[dict[str, Any]], milestone_interval: int = 0) ->
     """Rows are steps, columns the prompts: how the completions changed as the model trained."""
     prompts = list(dict.fromkeys(s["prompt"] for s in samples))
     by_key = {(s["step"], s["prompt"]): s for s in samples}
-    lines = ["| step | tokens | " + " | ".join(f"`{table_cell(p)}`" for p in prompts) + " |",
-             "|---|---|" + "---|" * len(prompts)]
+    lines = [
+        "| step | tokens | " + " | ".join(f"`{table_cell(p)}`" for p in prompts) + " |",
+        "|---|---|" + "---|" * len(prompts),
+    ]
     for step in sample_steps(samples, milestone_interval):
         row = [by_key.get((step, p)) for p in prompts]
         tokens = next((s["tokens"] for s in row if s), 0)
-        lines.append(f"| {step} | {human_count(tokens)} | "
-                     + " | ".join(table_cell(s["completion"]) if s else " " for s in row) + " |")
+        lines.append(
+            f"| {step} | {human_count(tokens)} | "
+            + " | ".join(table_cell(s["completion"]) if s else " " for s in row)
+            + " |"
+        )
     return "\n".join(lines) + "\n"
 
 
 def benchmarks_table(records: list[dict[str, Any]]) -> str:
     """Rows are steps, columns `task metric`, from `evaluate_checkpoint`'s records
     ({"step", "tasks": {task: {metric: percent, metric_stderr: percent}}})."""
-    values = {(r["step"], f"{task} {metric}"): value
-              for r in records for task, metrics in r["tasks"].items()
-              for metric, value in metrics.items() if not metric.endswith("_stderr")}
+    values = {
+        (r["step"], f"{task} {metric}"): value
+        for r in records
+        for task, metrics in r["tasks"].items()
+        for metric, value in metrics.items()
+        if not metric.endswith("_stderr")
+    }
     columns = list(dict.fromkeys(column for _, column in values))
     lines = ["| step | " + " | ".join(table_cell(c) for c in columns) + " |", "|---|" + "---|" * len(columns)]
     for step in sorted({r["step"] for r in records}):
         cells = [values.get((step, c)) for c in columns]
-        lines.append(f"| {step} | " + " | ".join(f"{v:.4g}" if isinstance(v, (int, float)) else " " for v in cells)
-                     + " |")
+        lines.append(
+            f"| {step} | " + " | ".join(f"{v:.4g}" if isinstance(v, (int, float)) else " " for v in cells) + " |"
+        )
     return "\n".join(lines) + "\n"
 
 
 def summary(run: RunData) -> str:
     last = run.train[-1]
     hours = last["elapsed"] / 3600
-    parts = [f"{last['step']:,} steps", f"{human_count(last['tokens'])} tokens", f"{hours:,.2f} h",
-             f"last train loss {last['loss']:.3f}"]
+    parts = [
+        f"{last['step']:,} steps",
+        f"{human_count(last['tokens'])} tokens",
+        f"{hours:,.2f} h",
+        f"last train loss {last['loss']:.3f}",
+    ]
     if run.evals:
         parts.append(f"best validation loss {min(r['val_loss'] for r in run.evals):.3f}")
     if run.price_per_hour:
         average_rate = last["tokens"] / last["elapsed"] if last["elapsed"] else 0.0
         per_billion = dollars_per_billion_tokens(average_rate, run.price_per_hour)
-        parts.append(f"{usd(hours * run.price_per_hour)} at {usd(run.price_per_hour)}/h "
-                     f"({usd(per_billion)} per billion tokens)")
+        parts.append(
+            f"{usd(hours * run.price_per_hour)} at {usd(run.price_per_hour)}/h ({usd(per_billion)} per billion tokens)"
+        )
     return " | ".join(parts)
 
 
@@ -269,37 +323,57 @@ def write_report(run_dir: Path, output: Path, price: float | None = None) -> Pat
     if run.price_per_hour:
         page.append(f"![loss against dollars]({plot_run_loss(run, output / 'loss_vs_dollars.png', 'dollars').name})")
     else:
-        page.append("\nNo loss-against-dollars plot: the run has no price (set train.price_per_hour or pass "
-                    "`--price`).")
+        page.append(
+            "\nNo loss-against-dollars plot: the run has no price (set train.price_per_hour or pass `--price`)."
+        )
     page += ["", "## Forecast", ""] + forecast_section(run, output)
-    page += ["", "## Throughput and learning rate", "",
-             f"![tokens/s and learning rate]({plot_throughput_and_lr(run, output / 'throughput_lr.png').name})",
-             "", "## Phases", ""]
+    page += [
+        "",
+        "## Throughput and learning rate",
+        "",
+        f"![tokens/s and learning rate]({plot_throughput_and_lr(run, output / 'throughput_lr.png').name})",
+        "",
+        "## Phases",
+        "",
+    ]
     if run.phases:
-        page += [markdown_table(run.phases),
-                 f"![cost per loss point]({plot_cost_per_loss_point(run, output / 'cost_per_loss_point.png').name})"]
+        page += [
+            markdown_table(run.phases),
+            f"![cost per loss point]({plot_cost_per_loss_point(run, output / 'cost_per_loss_point.png').name})",
+        ]
         if not run.price_per_hour:
             page.append("\nCosts are zero: the run has no price (set train.price_per_hour or pass `--price`).")
     else:
         page.append("No phase has ended yet, or the recipe names none (train.phases).")
     page += ["", "## Samples", ""]
-    page.append(samples_table(run.samples, run.milestone_interval) if run.samples
-                else "No samples yet (samples.jsonl is written at every evaluation).")
+    page.append(
+        samples_table(run.samples, run.milestone_interval)
+        if run.samples
+        else "No samples yet (samples.jsonl is written at every evaluation)."
+    )
     page += ["", "## Benchmarks", ""]
-    page.append(benchmarks_table(run.benchmarks) if run.benchmarks
-                else "No benchmark scores (benchmarks.jsonl) in this run folder.")
+    page.append(
+        benchmarks_table(run.benchmarks)
+        if run.benchmarks
+        else "No benchmark scores (benchmarks.jsonl) in this run folder."
+    )
     report = output / "report.md"
     report.write_text("\n".join(page).rstrip() + "\n")
     return report
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = CommandParser(prog="hf-pretrain report", description=__doc__.split("\n")[0],
-                           epilog=__doc__.split("\n", 1)[1], renamed={"--price": "--price_per_hour"})
+    parser = CommandParser(
+        prog="hf-pretrain report",
+        description=__doc__.split("\n")[0],
+        epilog=__doc__.split("\n", 1)[1],
+        renamed={"--price": "--price_per_hour"},
+    )
     parser.add_argument("run_dir", type=Path, help="a run folder (the recipe's output_dir)")
     parser.add_argument("--output", type=Path, help="where the page and plots go (unset: RUN_DIR/report)")
-    parser.add_argument("--price_per_hour", type=float,
-                        help="$ per hour for the whole job (unset: the run's price_per_hour)")
+    parser.add_argument(
+        "--price_per_hour", type=float, help="$ per hour for the whole job (unset: the run's price_per_hour)"
+    )
     args = parser.parse_args(argv)
     price = args.price_per_hour
     if price is not None and (price < 0 or not math.isfinite(price)):

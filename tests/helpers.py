@@ -34,19 +34,36 @@ def offline_env() -> dict[str, str]:
     return env
 
 
-def launch_training(data_dir: Path, run_dir: Path, processes: int = 1, check: bool = True, short: bool = True,
-                    env: dict[str, str] | None = None, timeout: float = 600, **overrides) -> str:
+def launch_training(
+    data_dir: Path,
+    run_dir: Path,
+    processes: int = 1,
+    check: bool = True,
+    short: bool = True,
+    env: dict[str, str] | None = None,
+    timeout: float = 600,
+    **overrides,
+) -> str:
     """`accelerate launch hf_pretrain/train.py --recipe smoke` (with SHORT_RUN unless `short=False`, and
     `env` on top of the offline environment); returns stdout + stderr. Past `timeout` seconds the
     launch is killed and `subprocess.TimeoutExpired` fails the test."""
     config = "cpu_2proc.yaml" if processes == 2 else "cpu.yaml"
     args = {**(SHORT_RUN if short else {}), "data_dir": data_dir, "output_dir": run_dir, **overrides}
-    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(ROOT / "accelerate_configs" / config),
-           str(ROOT / "hf_pretrain" / "train.py"), "--recipe", "smoke"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "accelerate.commands.launch",
+        "--config_file",
+        str(ROOT / "accelerate_configs" / config),
+        str(ROOT / "hf_pretrain" / "train.py"),
+        "--recipe",
+        "smoke",
+    ]
     for key, value in args.items():
         cmd += [f"--{key}", str(value)]
-    result = subprocess.run(cmd, cwd=ROOT, env={**offline_env(), **(env or {})}, capture_output=True, text=True,
-                            timeout=timeout)
+    result = subprocess.run(
+        cmd, cwd=ROOT, env={**offline_env(), **(env or {})}, capture_output=True, text=True, timeout=timeout
+    )
     log = result.stdout + result.stderr
     if check and result.returncode != 0:
         raise AssertionError(f"training failed ({result.returncode}):\n{log[-4000:]}")

@@ -73,8 +73,13 @@ class _Handler(BaseHTTPRequestHandler):
         pass
 
     # ------------------------------------------------------------------ plumbing
-    def _reply(self, status: int, body: bytes | dict | list = b"", headers: dict[str, str] | None = None,
-               head_only: bool = False) -> None:
+    def _reply(
+        self,
+        status: int,
+        body: bytes | dict | list = b"",
+        headers: dict[str, str] | None = None,
+        head_only: bool = False,
+    ) -> None:
         if not isinstance(body, bytes):
             body = json.dumps(body).encode()
             headers = {"Content-Type": "application/json", **(headers or {})}
@@ -165,11 +170,22 @@ class _Handler(BaseHTTPRequestHandler):
             if branch is None:
                 return
             if parts[4] == "revision":
-                return self._reply(200, {"id": repo_id, "sha": branch.commit,
-                                         "private": self.state.repos[repo_id].private,
-                                         "siblings": [{"rfilename": p} for p in sorted(branch.files)]})
-            return self._reply(200, [{"type": "file", "path": p, "size": len(data),
-                                      "oid": hashlib.sha1(data).hexdigest()} for p, data in sorted(branch.files.items())])
+                return self._reply(
+                    200,
+                    {
+                        "id": repo_id,
+                        "sha": branch.commit,
+                        "private": self.state.repos[repo_id].private,
+                        "siblings": [{"rfilename": p} for p in sorted(branch.files)],
+                    },
+                )
+            return self._reply(
+                200,
+                [
+                    {"type": "file", "path": p, "size": len(data), "oid": hashlib.sha1(data).hexdigest()}
+                    for p, data in sorted(branch.files.items())
+                ],
+            )
         prefix = "spaces/" if parts[0] == "spaces" else ""
         parts = parts[1:] if prefix else parts
         if len(parts) >= 5 and parts[2] == "resolve":
@@ -217,8 +233,15 @@ class _Handler(BaseHTTPRequestHandler):
     def _preupload(self, repo_id: str, revision: str, payload: dict) -> None:
         if self._branch(repo_id, revision) is None:
             return
-        self._reply(200, {"files": [{"path": f["path"], "uploadMode": "regular", "shouldIgnore": False, "oid": None}
-                                    for f in payload["files"]]})
+        self._reply(
+            200,
+            {
+                "files": [
+                    {"path": f["path"], "uploadMode": "regular", "shouldIgnore": False, "oid": None}
+                    for f in payload["files"]
+                ]
+            },
+        )
 
     def _commit(self, repo_id: str, revision: str, body: bytes) -> None:
         arrival = self.state.watch() if self.state.watch else None
@@ -243,8 +266,14 @@ class _Handler(BaseHTTPRequestHandler):
         branch.commit = _commit_id(branch.commit, body)
         self.state.commits.append({"repo": repo_id.removeprefix("spaces/"), "summary": summary, "files": files})
         host = self.headers["Host"]
-        self._reply(200, {"commitUrl": f"http://{host}/{repo_id}/commit/{branch.commit}",
-                          "commitOid": branch.commit, "pullRequestUrl": None})
+        self._reply(
+            200,
+            {
+                "commitUrl": f"http://{host}/{repo_id}/commit/{branch.commit}",
+                "commitOid": branch.commit,
+                "pullRequestUrl": None,
+            },
+        )
 
 
 class HubStandIn:

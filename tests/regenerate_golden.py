@@ -29,8 +29,24 @@ CORPUS = ASSETS / "golden_corpus.jsonl"
 # (templated sentences, arithmetic, code, a glossary of made-up words). The made-up words and the
 # three-digit numbers give the byte-level BPE enough distinct strings to learn all 4096 tokens of
 # the smoke recipe's vocabulary from 170 KB of text.
-_NAMES = ["Ada", "Bram", "Cleo", "Dov", "Esme", "Finn", "Gus", "Hana", "Ivo", "Juno", "Kai", "Lena", "Milo",
-          "Nia", "Otto", "Pia"]
+_NAMES = [
+    "Ada",
+    "Bram",
+    "Cleo",
+    "Dov",
+    "Esme",
+    "Finn",
+    "Gus",
+    "Hana",
+    "Ivo",
+    "Juno",
+    "Kai",
+    "Lena",
+    "Milo",
+    "Nia",
+    "Otto",
+    "Pia",
+]
 _THINGS = ["apple", "stone", "shell", "coin", "lamp", "book", "kite", "cup", "key", "seed", "map", "bell"]
 _COLOURS = ["red", "blue", "green", "white", "black", "golden", "grey", "yellow"]
 _PLACES = ["garden", "harbour", "market", "library", "forest", "kitchen", "station", "tower"]
@@ -61,14 +77,29 @@ def _arithmetic(rng: random.Random) -> str:
 
 def _code(rng: random.Random) -> str:
     name, k, op = rng.choice(_THINGS), rng.randint(1, 9), rng.choice(["+", "-", "*"])
-    return "\n".join([f"def scale_{name}(x):", f"    return x {op} {k}", "", "", f"def count_{name}s(items):",
-                      "    total = 0", "    for item in items:", f"        if item == \"{name}\":",
-                      "            total += 1", "    return total", ""])
+    return "\n".join(
+        [
+            f"def scale_{name}(x):",
+            f"    return x {op} {k}",
+            "",
+            "",
+            f"def count_{name}s(items):",
+            "    total = 0",
+            "    for item in items:",
+            f'        if item == "{name}":',
+            "            total += 1",
+            "    return total",
+            "",
+        ]
+    )
 
 
 def _glossary(rng: random.Random, words: list[str]) -> str:
-    return " ".join(f"In the old tongue, {rng.choice(words)} means a {rng.choice(_COLOURS)} {rng.choice(_THINGS)} "
-                    f"from the {rng.choice(_PLACES)}." for _ in range(rng.randint(5, 10)))
+    return " ".join(
+        f"In the old tongue, {rng.choice(words)} means a {rng.choice(_COLOURS)} {rng.choice(_THINGS)} "
+        f"from the {rng.choice(_PLACES)}."
+        for _ in range(rng.randint(5, 10))
+    )
 
 
 def corpus_documents(seed: int = 0, documents: int = 600) -> list[str]:
@@ -123,13 +154,24 @@ def main() -> None:
         write_corpus()
     with tempfile.TemporaryDirectory() as tmp:
         losses = golden_losses(Path(tmp))
-    GOLDEN.write_text(json.dumps({
-        "recipe": "smoke", "overrides": SHORT_RUN, "corpus": CORPUS.name,
-        "corpus_sha256": hashlib.sha256(CORPUS.read_bytes()).hexdigest(),
-        "recorded_with": {"python": platform.python_version(), "torch": torch.__version__,
-                          "machine": platform.machine()},
-        "losses": losses,
-    }, indent=1) + "\n")
+    GOLDEN.write_text(
+        json.dumps(
+            {
+                "recipe": "smoke",
+                "overrides": SHORT_RUN,
+                "corpus": CORPUS.name,
+                "corpus_sha256": hashlib.sha256(CORPUS.read_bytes()).hexdigest(),
+                "recorded_with": {
+                    "python": platform.python_version(),
+                    "torch": torch.__version__,
+                    "machine": platform.machine(),
+                },
+                "losses": losses,
+            },
+            indent=1,
+        )
+        + "\n"
+    )
     print(f"wrote {GOLDEN}: {losses}")
 
 

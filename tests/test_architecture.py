@@ -25,8 +25,11 @@ MODULES = {name: path for name, path in MODULES.items() if name not in NOT_MODUL
 
 
 def _is_type_checking(node: ast.If) -> bool:
-    return isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING" or (
-        isinstance(node.test, ast.Attribute) and node.test.attr == "TYPE_CHECKING")
+    return (
+        isinstance(node.test, ast.Name)
+        and node.test.id == "TYPE_CHECKING"
+        or (isinstance(node.test, ast.Attribute) and node.test.attr == "TYPE_CHECKING")
+    )
 
 
 def _import_nodes(tree: ast.Module, module_level_only: bool):
@@ -85,7 +88,7 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
         path.append(node)
         for nxt in sorted(graph.get(node, ())):
             if state.get(nxt) == 1:
-                return path[path.index(nxt):] + [nxt]
+                return path[path.index(nxt) :] + [nxt]
             if nxt not in state and (cycle := visit(nxt)):
                 return cycle
         path.pop()
@@ -112,18 +115,24 @@ def _room(module: str) -> list[str]:
     return [m for m in MODULES if m == module or m.startswith(module + ".")]
 
 
-@pytest.mark.parametrize("room, forbidden", [
-    ("hf_pretrain.config", ["hf_pretrain"]),  # config is a leaf
-    ("hf_pretrain.training", ["hf_pretrain.publish", "hf_pretrain.evaluation"]),  # only through callbacks
-    ("hf_pretrain.data", ["hf_pretrain.training"]),  # data and model know nothing of the loop
-    ("hf_pretrain.model", ["hf_pretrain.training"]),
-])
+@pytest.mark.parametrize(
+    "room, forbidden",
+    [
+        ("hf_pretrain.config", ["hf_pretrain"]),  # config is a leaf
+        ("hf_pretrain.training", ["hf_pretrain.publish", "hf_pretrain.evaluation"]),  # only through callbacks
+        ("hf_pretrain.data", ["hf_pretrain.training"]),  # data and model know nothing of the loop
+        ("hf_pretrain.model", ["hf_pretrain.training"]),
+    ],
+)
 def test_the_arrows_between_rooms_point_one_way(room, forbidden):
     assert _room(room), f"no module {room}"
-    wrong = {f"{module} imports {target}" for module in _room(room)
-             for target in imported_modules(module)  # lazy imports inside functions count too
-             for prefix in forbidden
-             if (target == prefix or target.startswith(prefix + ".")) and not target.startswith(room)}
+    wrong = {
+        f"{module} imports {target}"
+        for module in _room(room)
+        for target in imported_modules(module)  # lazy imports inside functions count too
+        for prefix in forbidden
+        if (target == prefix or target.startswith(prefix + ".")) and not target.startswith(room)
+    }
     assert not wrong, sorted(wrong)
 
 
@@ -135,15 +144,21 @@ def test_no_submodule_shadows_a_name_its_package_exports():
         if path.name != "__init__.py":
             continue
         tree = ast.parse(path.read_text())
-        exported = {alias.asname or alias.name for node in tree.body if isinstance(node, ast.ImportFrom)
-                    for alias in node.names}
+        exported = {
+            alias.asname or alias.name for node in tree.body if isinstance(node, ast.ImportFrom) for alias in node.names
+        }
         exported |= {node.name for node in tree.body if isinstance(node, (ast.FunctionDef, ast.ClassDef))}
-        clashes += [f"{module}.{name}" for name in exported if f"{module}.{name}" in MODULES
-                    and not _is_submodule_import(tree, module, name)]
+        clashes += [
+            f"{module}.{name}"
+            for name in exported
+            if f"{module}.{name}" in MODULES and not _is_submodule_import(tree, module, name)
+        ]
     assert not clashes, f"a module and a name exported by its package share a name: {clashes}"
 
 
 def _is_submodule_import(tree: ast.Module, package: str, name: str) -> bool:
     """`from pkg import submodule` re-exports the module itself: that is no clash."""
-    return any(isinstance(node, ast.ImportFrom) and node.module == package and any(a.name == name for a in node.names)
-               for node in tree.body)
+    return any(
+        isinstance(node, ast.ImportFrom) and node.module == package and any(a.name == name for a in node.names)
+        for node in tree.body
+    )

@@ -40,8 +40,9 @@ def test_throughput_from_mfu_and_the_ring_all_reduce():
 def test_more_gpus_buy_time_not_money():
     # 1e9 tokens at 10,000 tokens/s per GPU, $2/h, 1,000 steps, 4 GB of gradients over 100 Gbit/s
     one = plan.scaling_row(1, 1e9, 10_000, 2.0, 1000, 4e9, 100)
-    assert (one.hours, one.communication_hours, one.cost, one.cost_vs_one_gpu) == \
-        pytest.approx((100_000 / 3600, 0.0, 2 * 100_000 / 3600, 1.0))
+    assert (one.hours, one.communication_hours, one.cost, one.cost_vs_one_gpu) == pytest.approx(
+        (100_000 / 3600, 0.0, 2 * 100_000 / 3600, 1.0)
+    )
     two = plan.scaling_row(2, 1e9, 10_000, 2.0, 1000, 4e9, 100)
     # compute 50,000 s; each step's all-reduce sends 2 * 1/2 * 4e9 bytes at 12.5e9 B/s = 0.32 s
     assert two.compute_hours == pytest.approx(50_000 / 3600)
@@ -53,8 +54,24 @@ def test_more_gpus_buy_time_not_money():
 
 
 def test_plan_command_json(capsys):
-    assert plan.main(["--params", "1e9", "--tokens_per_s", "10000", "--price_per_gpu_hour", "2", "--max_gpus", "2",
-                      "--interconnect", "ethernet", "--json"]) == 0
+    assert (
+        plan.main(
+            [
+                "--params",
+                "1e9",
+                "--tokens_per_s",
+                "10000",
+                "--price_per_gpu_hour",
+                "2",
+                "--max_gpus",
+                "2",
+                "--interconnect",
+                "ethernet",
+                "--json",
+            ]
+        )
+        == 0
+    )
     result = json.loads(capsys.readouterr().out)
     assert result["tokens"] == pytest.approx(2e10)  # 20 tokens per parameter by default
     assert result["flops_per_token"] == pytest.approx(6e9)
@@ -103,10 +120,12 @@ def test_price_table_and_gpu_names(tmp_path):
 # ---------------------------------------------------------------------- bench: pure parts
 def test_variant_grid_is_every_combination():
     grid = bench.variant_grid(["gradient_checkpointing=true,false", "micro_batch_size=4,8"])
-    assert grid == [{"gradient_checkpointing": "true", "micro_batch_size": "4"},
-                    {"gradient_checkpointing": "true", "micro_batch_size": "8"},
-                    {"gradient_checkpointing": "false", "micro_batch_size": "4"},
-                    {"gradient_checkpointing": "false", "micro_batch_size": "8"}]
+    assert grid == [
+        {"gradient_checkpointing": "true", "micro_batch_size": "4"},
+        {"gradient_checkpointing": "true", "micro_batch_size": "8"},
+        {"gradient_checkpointing": "false", "micro_batch_size": "4"},
+        {"gradient_checkpointing": "false", "micro_batch_size": "8"},
+    ]
     assert bench.variant_grid([]) == [{}]
     with pytest.raises(ValueError, match="KEY=VALUE"):
         bench.variant_grid(["compile"])
@@ -126,8 +145,10 @@ def test_largest_fitting_doubles_then_bisects(limit, start, expected):
 
 
 def test_timed_throughput_leaves_the_warmup_out():
-    records = [{"kind": "train", "step": s, "tokens": 100 * s, "tokens_per_s": rate, "data_wait_share": wait}
-               for s, rate, wait in [(1, 10, 0.9), (2, 100, 0.1), (3, 50, 0.4)]]
+    records = [
+        {"kind": "train", "step": s, "tokens": 100 * s, "tokens_per_s": rate, "data_wait_share": wait}
+        for s, rate, wait in [(1, 10, 0.9), (2, 100, 0.1), (3, 50, 0.4)]
+    ]
     rate, step_seconds, wait = bench.timed_throughput(records + [{"kind": "eval", "step": 3}], warmup=1)
     # steps 2 and 3: 200 tokens in 1 s + 2 s
     assert (rate, step_seconds) == pytest.approx((200 / 3, 1.5))
@@ -150,9 +171,26 @@ def test_bench_smoke_measures_variants_and_finds_the_largest_micro_batch(smoke_d
     search below the recipe's whole batch (32 sequences)."""
     budget = 0.7
     out = tmp_path / "bench"
-    code = bench.main(["--recipe", "smoke", "--data_dir", str(smoke_data), "--variants",
-                       "gradient_checkpointing=true,false", "--steps", "3", "--warmup", "1",
-                       "--memory_gib", str(budget), "--gpu_price", "test-gpu=1.5", "--output", str(out)])
+    code = bench.main(
+        [
+            "--recipe",
+            "smoke",
+            "--data_dir",
+            str(smoke_data),
+            "--variants",
+            "gradient_checkpointing=true,false",
+            "--steps",
+            "3",
+            "--warmup",
+            "1",
+            "--memory_gib",
+            str(budget),
+            "--gpu_price",
+            "test-gpu=1.5",
+            "--output",
+            str(out),
+        ]
+    )
     assert code == 0
     result = json.loads((out / "bench.json").read_text())
     assert (out / "bench.md").read_text().startswith("# hf-pretrain bench: smoke")
@@ -195,26 +233,54 @@ def write_synthetic_run(run_dir, price=2.0, phases=True, extras=True):
     run_dir.mkdir(parents=True)
     records = []
     for step in range(10, 101, 10):
-        records.append({"kind": "train", "step": step, "tokens": step * 4096, "loss": 8 - 4 * (1 - 0.97 ** step),
-                        "lr": 1e-3 * min(1, step / 20), "grad_norm": 1.0, "tokens_per_s": 5000.0 + step,
-                        "elapsed": step * 0.8, "data_wait_share": 0.01})
+        records.append(
+            {
+                "kind": "train",
+                "step": step,
+                "tokens": step * 4096,
+                "loss": 8 - 4 * (1 - 0.97**step),
+                "lr": 1e-3 * min(1, step / 20),
+                "grad_norm": 1.0,
+                "tokens_per_s": 5000.0 + step,
+                "elapsed": step * 0.8,
+                "data_wait_share": 0.01,
+            }
+        )
         if step % 50 == 0:
-            records.append({"kind": "eval", "step": step, "tokens": step * 4096,
-                            "val_loss": 8.2 - 4 * (1 - 0.97 ** step)})
+            records.append(
+                {"kind": "eval", "step": step, "tokens": step * 4096, "val_loss": 8.2 - 4 * (1 - 0.97**step)}
+            )
     (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     train_cfg = {"price_per_hour": price, "milestone_interval": 50, "global_batch_tokens": 4096}
     if phases:
         train_cfg["phases"] = {"warmup": 30, "rest": 100}
     (run_dir / "resolved_recipe.yaml").write_text(yaml.safe_dump({"name": "synthetic", "train": train_cfg}))
     if extras:
-        samples = [{"step": step, "tokens": step * 4096, "prompt": prompt,
-                    "completion": f"step {step} | line one\n\n\nline two" if i == 0 else "\n\n"}
-                   for step in (20, 50, 100) for i, prompt in enumerate(PROMPTS)]
+        samples = [
+            {
+                "step": step,
+                "tokens": step * 4096,
+                "prompt": prompt,
+                "completion": f"step {step} | line one\n\n\nline two" if i == 0 else "\n\n",
+            }
+            for step in (20, 50, 100)
+            for i, prompt in enumerate(PROMPTS)
+        ]
         (run_dir / "samples.jsonl").write_text("".join(json.dumps(s) + "\n" for s in samples))
         # the records hf_pretrain.evaluation.harness.evaluate_checkpoint appends
-        scores = [{"step": step, "tokens": step * 4096, "limit": 50, "num_fewshot": 0,
-                   "tasks": {"hellaswag": {"acc": 0.25 + step / 1000, "acc_stderr": 0.01},
-                             "arc_easy": {"acc": 0.3, "acc_stderr": 0.02}}} for step in (50, 100)]
+        scores = [
+            {
+                "step": step,
+                "tokens": step * 4096,
+                "limit": 50,
+                "num_fewshot": 0,
+                "tasks": {
+                    "hellaswag": {"acc": 0.25 + step / 1000, "acc_stderr": 0.01},
+                    "arc_easy": {"acc": 0.3, "acc_stderr": 0.02},
+                },
+            }
+            for step in (50, 100)
+        ]
         (run_dir / "benchmarks.jsonl").write_text("".join(json.dumps(s) + "\n" for s in scores))
         train = [r for r in records if r["kind"] == "train"]
         rows = [phase_row(train, phase, price).to_dict() for phase in (Phase("warmup", 0, 30), Phase("rest", 30, 100))]

@@ -21,8 +21,10 @@ from hf_pretrain.evaluation import harness
 
 pytestmark = pytest.mark.slow
 
-TEXT = ("Pretraining a language model from scratch is mostly plumbing: data, checkpoints and the cost of "
-        "every token. Émilie paid 12.50 € for 東京 tea 🙂.\n\tIndented lines, tabs and numbers 3.14159 too.\n")
+TEXT = (
+    "Pretraining a language model from scratch is mostly plumbing: data, checkpoints and the cost of "
+    "every token. Émilie paid 12.50 € for 東京 tea 🙂.\n\tIndented lines, tabs and numbers 3.14159 too.\n"
+)
 
 ROLLING_TASK = """
 task: local_bits_per_byte
@@ -53,8 +55,9 @@ def lm_eval_bits_per_byte(folder, texts, tmp_path, max_length=None) -> float:
     (tasks / "local_bits_per_byte.yaml").write_text(ROLLING_TASK.format(data=data))
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
     lm = HFLM(pretrained=model, tokenizer=AutoTokenizer.from_pretrained(folder), batch_size=1, max_length=max_length)
-    results = simple_evaluate(model=lm, tasks=["local_bits_per_byte"], task_manager=TaskManager(include_path=str(tasks)),
-                              log_samples=False)
+    results = simple_evaluate(
+        model=lm, tasks=["local_bits_per_byte"], task_manager=TaskManager(include_path=str(tasks)), log_samples=False
+    )
     return results["results"]["local_bits_per_byte"]["bits_per_byte,none"]
 
 
@@ -76,5 +79,7 @@ def test_on_long_text_more_context_only_helps_our_figure(exported, tmp_path):
     assert ours["tokens"] > 128
     assert ours["bits_per_byte"] <= theirs * 1.001  # overlapping windows give every token more context
     assert ours["bits_per_byte"] == pytest.approx(theirs, rel=0.15)  # the same quantity, measured two ways
-    print(f"bits per byte on {ours['bytes']} bytes: ours {ours['bits_per_byte']:.4f} (window 128, stride 64), "
-          f"lm-eval {theirs:.4f} (disjoint windows of 128)")
+    print(
+        f"bits per byte on {ours['bytes']} bytes: ours {ours['bits_per_byte']:.4f} (window 128, stride 64), "
+        f"lm-eval {theirs:.4f} (disjoint windows of 128)"
+    )

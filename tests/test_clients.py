@@ -52,10 +52,16 @@ def one_b_shaped_export(tmp_path_factory) -> Path:
     """A checkpoint folder of a tiny 1b-shaped model, exported with `hf-pretrain export` (fp32)."""
     root = tmp_path_factory.mktemp("clients")
     tokenizer = train_tokenizer(corpus(), 500, ["<|im_start|>", "<|im_end|>"])
-    shape = ModelConfig(hidden_size=64, intermediate_size=192, num_hidden_layers=2, num_attention_heads=8,
-                        num_key_value_heads=2, rope_theta=500000.0, vocab_multiple=64)
-    config = llama_config(shape, len(tokenizer), tokenizer.bos_token_id, tokenizer.eos_token_id,
-                          tokenizer.pad_token_id)
+    shape = ModelConfig(
+        hidden_size=64,
+        intermediate_size=192,
+        num_hidden_layers=2,
+        num_attention_heads=8,
+        num_key_value_heads=2,
+        rope_theta=500000.0,
+        vocab_multiple=64,
+    )
+    config = llama_config(shape, len(tokenizer), tokenizer.bos_token_id, tokenizer.eos_token_id, tokenizer.pad_token_id)
     torch.manual_seed(0)
     model = build_model(config)
     checkpoint = root / "checkpoints" / "step_00000001"
@@ -113,9 +119,12 @@ def test_transformers_loads_the_gguf_with_equal_logits_and_tokens(one_b_shaped_e
 def test_gguf_metadata_as_the_reference_reader_lists_it(one_b_shaped_export, tmp_path):
     path = write_gguf(one_b_shaped_export, tmp_path / "model.gguf", "f16")
     reader = gguf.GGUFReader(path)
-    fields = {name: field.contents() for name, field in reader.fields.items()
-              if not name.startswith("tokenizer.ggml.") or name in ("tokenizer.ggml.model", "tokenizer.ggml.pre",
-                                                                    "tokenizer.ggml.eos_token_id")}
+    fields = {
+        name: field.contents()
+        for name, field in reader.fields.items()
+        if not name.startswith("tokenizer.ggml.")
+        or name in ("tokenizer.ggml.model", "tokenizer.ggml.pre", "tokenizer.ggml.eos_token_id")
+    }
     assert fields["general.architecture"] == "llama"
     assert fields["llama.context_length"] == 2048 and fields["llama.block_count"] == 2
     assert fields["llama.attention.head_count"] == 8 and fields["llama.attention.head_count_kv"] == 2
@@ -146,8 +155,11 @@ def test_the_gguf_command_writes_beside_the_folder(one_b_shaped_export):
 
 
 def test_llama_cpp_greedy_tokens_equal_transformers(one_b_shaped_export, tmp_path):
-    llama_cpp = pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (it builds llama.cpp "
-                                                        "from source); `pip install llama-cpp-python` to run this")
+    llama_cpp = pytest.importorskip(
+        "llama_cpp",
+        reason="llama-cpp-python is not installed (it builds llama.cpp "
+        "from source); `pip install llama-cpp-python` to run this",
+    )
     path = write_gguf(one_b_shaped_export, tmp_path / "model.gguf", "f32")
     llm = llama_cpp.Llama(model_path=str(path), n_ctx=256, verbose=False, logits_all=False)
     tokenizer = AutoTokenizer.from_pretrained(one_b_shaped_export)
@@ -155,7 +167,7 @@ def test_llama_cpp_greedy_tokens_equal_transformers(one_b_shaped_export, tmp_pat
     assert llm.tokenize(PROMPT.encode(), add_bos=False, special=True) == prompt_ids
     out = llm.create_completion(PROMPT, max_tokens=12, temperature=0.0, top_k=1)
     _, greedy = hf_logits_and_greedy(one_b_shaped_export)
-    assert tokenizer(PROMPT + out["choices"][0]["text"]).input_ids[:len(greedy)] == greedy[:len(prompt_ids) + 12]
+    assert tokenizer(PROMPT + out["choices"][0]["text"]).input_ids[: len(greedy)] == greedy[: len(prompt_ids) + 12]
 
 
 # ------------------------------------------------------------------------------ transformers 4.x
@@ -168,12 +180,27 @@ def transformers4_python() -> Path:
     python = cache / "bin" / "python"
     if not (cache / ".ready").is_file():
         subprocess.run([sys.executable, "-m", "venv", str(cache)], check=True)
-        site = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                              check=True, capture_output=True, text=True).stdout.strip()
+        site = subprocess.run(
+            [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
         # this venv's own packages come first; what it lacks (torch, numpy, safetensors...) comes from ours
         Path(site, "borrowed.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
-        subprocess.run([str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--no-deps",
-                        *TRANSFORMERS_4], check=True)
+        subprocess.run(
+            [
+                str(python),
+                "-m",
+                "pip",
+                "install",
+                "--quiet",
+                "--disable-pip-version-check",
+                "--no-deps",
+                *TRANSFORMERS_4,
+            ],
+            check=True,
+        )
         (cache / ".ready").write_text("ok\n")
     return python
 
@@ -197,8 +224,13 @@ print(json.dumps({"version": transformers.__version__, "rope_theta": model.confi
 def test_transformers_4_gives_the_same_logits_and_greedy_tokens(one_b_shaped_export):
     python = transformers4_python()
     env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONPATH="")
-    result = subprocess.run([str(python), "-c", LOAD_WITH_4X, str(one_b_shaped_export), PROMPT], env=env,
-                            capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        [str(python), "-c", LOAD_WITH_4X, str(one_b_shaped_export), PROMPT],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     old = json.loads(result.stdout.strip().splitlines()[-1])
     assert old["version"].startswith("4.57")
@@ -228,5 +260,7 @@ def test_the_card_says_language_base_model_and_where_to_load_from(reference_run,
         assert names == ["input_ids", "attention_mask"]
 
     checkpoint = export.resolve_checkpoint(run_dir)
-    hub_bound = export.export_checkpoint(checkpoint, tmp_path / "hub", card=export.CardOptions("me/tiny", repo_id="me/tiny"))
+    hub_bound = export.export_checkpoint(
+        checkpoint, tmp_path / "hub", card=export.CardOptions("me/tiny", repo_id="me/tiny")
+    )
     assert 'model="me/tiny"' in ModelCard.load(hub_bound / "README.md").text

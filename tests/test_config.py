@@ -19,38 +19,69 @@ def write(tmp_path, text):
 
 
 def test_yaml_overrides_defaults_and_cli_overrides_yaml(tmp_path):
-    path = write(tmp_path, """
+    path = write(
+        tmp_path,
+        """
         train:
           max_steps: 7
           warmup_steps: 2
           learning_rate: 3e-4
         data:
           seq_len: 64
-    """)
+    """,
+    )
     recipe, _ = parse_recipe_args(["--recipe", str(path)], prog="t", description="")
     assert recipe.train.max_steps == 7
     assert recipe.train.learning_rate == pytest.approx(3e-4)  # YAML 1.1 reads 3e-4 as a string: coerced
     assert recipe.data.seq_len == 64
     assert recipe.train.seed == 1234  # default
-    recipe, _ = parse_recipe_args(["--recipe", str(path), "--max_steps", "9", "--seed", "5", "--compile", "true",
-                                   "--output_dir", "x/y", "--resume", "none"], prog="t", description="")
+    recipe, _ = parse_recipe_args(
+        [
+            "--recipe",
+            str(path),
+            "--max_steps",
+            "9",
+            "--seed",
+            "5",
+            "--compile",
+            "true",
+            "--output_dir",
+            "x/y",
+            "--resume",
+            "none",
+        ],
+        prog="t",
+        description="",
+    )
     assert (recipe.train.max_steps, recipe.train.seed, recipe.train.compile) == (9, 5, True)
     assert (recipe.train.output_dir, recipe.train.resume) == ("x/y", "none")
 
 
 def test_recipe_by_name_and_every_required_override():
-    recipe = load_recipe("smoke", {"save_interval": 3, "eval_interval": 4, "micro_batch_size": 4,
-                                   "global_batch_tokens": 1024, "seq_len": 64, "learning_rate": 0.01})
+    recipe = load_recipe(
+        "smoke",
+        {
+            "save_interval": 3,
+            "eval_interval": 4,
+            "micro_batch_size": 4,
+            "global_batch_tokens": 1024,
+            "seq_len": 64,
+            "learning_rate": 0.01,
+        },
+    )
     assert recipe.name == "smoke"
     assert recipe.train.save_interval == 3 and recipe.train.eval_interval == 4
     assert recipe.grad_accum_steps(1) == 4 and recipe.grad_accum_steps(2) == 2 and recipe.grad_accum_steps(4) == 1
 
 
 def test_unknown_yaml_key_names_it_and_suggests(tmp_path):
-    path = write(tmp_path, """
+    path = write(
+        tmp_path,
+        """
         train:
           learning_rat: 0.1
-    """)
+    """,
+    )
     with pytest.raises(RecipeError, match=r"unknown key `learning_rat`.*did you mean `learning_rate`"):
         load_recipe(str(path))
 
@@ -76,27 +107,33 @@ def test_unknown_cli_key_message_has_suggestion(capsys):
     assert "unknown key `lerning_rate`" in err and "did you mean `learning_rate`" in err
 
 
-@pytest.mark.parametrize("overrides, message", [
-    ({"max_steps": "ten"}, r"max_steps must be int, got 'ten'"),
-    ({"compile": "maybe"}, r"compile must be bool"),
-    ({"learning_rate": [1]}, r"learning_rate must be float"),
-    ({"prompts": "hello"}, r"prompts must be a list"),
-])
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        ({"max_steps": "ten"}, r"max_steps must be int, got 'ten'"),
+        ({"compile": "maybe"}, r"compile must be bool"),
+        ({"learning_rate": [1]}, r"learning_rate must be float"),
+        ({"prompts": "hello"}, r"prompts must be a list"),
+    ],
+)
 def test_wrong_type_names_the_key(overrides, message):
     with pytest.raises(RecipeError, match=message):
         build_recipe({}, overrides)
 
 
-@pytest.mark.parametrize("overrides, message", [
-    ({"global_batch_tokens": 1000}, r"global_batch_tokens=1000 is not a multiple"),
-    ({"seq_len": 4096, "max_position_embeddings": 2048}, r"seq_len=4096 exceeds max_position_embeddings=2048"),
-    ({"lr_schedule": "linear"}, r"lr_schedule='linear' is not one of cosine, wsd"),  # (warmup >= max_steps: a note)
-    ({"decay_fraction": 1.5}, r"decay_fraction=1.5 must be in \[0, 1\]"),
-    ({"num_attention_heads": 3}, r"hidden_size=128 must be divisible by num_attention_heads=3"),
-    ({"num_key_value_heads": 3}, r"num_attention_heads=4 must be divisible by num_key_value_heads=3"),
-    ({"mixed_precision": "fp8"}, r"mixed_precision='fp8' is not one of"),
-    ({"micro_batch_size": 0}, r"micro_batch_size=0 must be >= 1"),
-])
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        ({"global_batch_tokens": 1000}, r"global_batch_tokens=1000 is not a multiple"),
+        ({"seq_len": 4096, "max_position_embeddings": 2048}, r"seq_len=4096 exceeds max_position_embeddings=2048"),
+        ({"lr_schedule": "linear"}, r"lr_schedule='linear' is not one of cosine, wsd"),  # (warmup >= max_steps: a note)
+        ({"decay_fraction": 1.5}, r"decay_fraction=1.5 must be in \[0, 1\]"),
+        ({"num_attention_heads": 3}, r"hidden_size=128 must be divisible by num_attention_heads=3"),
+        ({"num_key_value_heads": 3}, r"num_attention_heads=4 must be divisible by num_key_value_heads=3"),
+        ({"mixed_precision": "fp8"}, r"mixed_precision='fp8' is not one of"),
+        ({"micro_batch_size": 0}, r"micro_batch_size=0 must be >= 1"),
+    ],
+)
 def test_contradictions_fail_early(overrides, message):
     with pytest.raises(RecipeError, match=message):
         build_recipe({}, overrides)
@@ -115,29 +152,56 @@ def test_missing_recipe_suggests_nearest():
 
 
 def test_sources_are_typed(tmp_path):
-    path = write(tmp_path, """
+    path = write(
+        tmp_path,
+        """
         data:
           sources:
             - kind: files
               paths: ["a.txt"]
               wieght: 2
-    """)
+    """,
+    )
     with pytest.raises(RecipeError, match=r"unknown key `wieght`.*did you mean `weight`"):
         load_recipe(str(path))
 
 
 def test_train_help_lists_every_key_with_default():
-    out = subprocess.run([sys.executable, "-m", "hf_pretrain.cli", "train", "--help"], capture_output=True,
-                         text=True, check=True).stdout
-    for key in ("--output_dir", "--max_steps", "--seed", "--resume", "--save_interval", "--eval_interval",
-                "--micro_batch_size", "--global_batch_tokens", "--seq_len", "--learning_rate", "--hidden_size"):
+    out = subprocess.run(
+        [sys.executable, "-m", "hf_pretrain.cli", "train", "--help"], capture_output=True, text=True, check=True
+    ).stdout
+    for key in (
+        "--output_dir",
+        "--max_steps",
+        "--seed",
+        "--resume",
+        "--save_interval",
+        "--eval_interval",
+        "--micro_batch_size",
+        "--global_batch_tokens",
+        "--seq_len",
+        "--learning_rate",
+        "--hidden_size",
+    ):
         assert key in out
     assert "(default: 1234)" in out
 
 
 def test_bad_cli_key_exits_nonzero_before_any_work(tmp_path):
-    result = subprocess.run([sys.executable, "hf_pretrain/train.py", "--recipe", "smoke", "--max_stepz", "3",
-                             "--output_dir", str(tmp_path / "run")], capture_output=True, text=True)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "hf_pretrain/train.py",
+            "--recipe",
+            "smoke",
+            "--max_stepz",
+            "3",
+            "--output_dir",
+            str(tmp_path / "run"),
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert result.returncode == 2
     assert "unknown key `max_stepz`" in result.stderr and "max_steps" in result.stderr
     assert not (tmp_path / "run").exists()
@@ -146,6 +210,7 @@ def test_bad_cli_key_exits_nonzero_before_any_work(tmp_path):
 # ---------------------------------------------------------------------- keys carry their help and their math
 def leaf_fields():
     from hf_pretrain.config import DataConfig, ModelConfig, Recipe, SourceConfig, TrainConfig
+
     for cls in (Recipe, ModelConfig, DataConfig, TrainConfig, SourceConfig):
         for f in dataclasses.fields(cls):
             if f.name not in ("model", "data", "train"):
@@ -160,36 +225,60 @@ def test_every_key_has_help_and_says_whether_it_changes_the_math(owner, f):
 
 def test_fingerprint_moves_with_the_math_keys_only():
     base = build_recipe({}).fingerprint()
-    for overrides in ({"output_dir": "elsewhere"}, {"log_interval": 3}, {"eval_interval": 7}, {"eval_tokens": 1},
-                      {"prompts": ["hi"]}, {"sample_max_new_tokens": 5}, {"save_interval": 9}, {"name": "renamed"},
-                      {"report_to": "tensorboard"}, {"num_workers": 0}, {"push_to_hub": "me/x", "push_checkpoints": True}):
+    for overrides in (
+        {"output_dir": "elsewhere"},
+        {"log_interval": 3},
+        {"eval_interval": 7},
+        {"eval_tokens": 1},
+        {"prompts": ["hi"]},
+        {"sample_max_new_tokens": 5},
+        {"save_interval": 9},
+        {"name": "renamed"},
+        {"report_to": "tensorboard"},
+        {"num_workers": 0},
+        {"push_to_hub": "me/x", "push_checkpoints": True},
+    ):
         assert build_recipe({}, overrides).fingerprint() == base, overrides
-    for overrides in ({"learning_rate": 2e-3}, {"max_steps": 200}, {"seed": 1}, {"hidden_size": 256},
-                      {"sources": [{"kind": "files", "paths": ["a.txt"]}]}):
+    for overrides in (
+        {"learning_rate": 2e-3},
+        {"max_steps": 200},
+        {"seed": 1},
+        {"hidden_size": 256},
+        {"sources": [{"kind": "files", "paths": ["a.txt"]}]},
+    ):
         assert build_recipe({}, overrides).fingerprint() != base, overrides
 
 
 # ---------------------------------------------------------------------- CLI > YAML > defaults
 def test_yaml_values_are_the_flags_defaults_and_the_command_line_wins(tmp_path, capsys):
-    path = write(tmp_path, """
+    path = write(
+        tmp_path,
+        """
         train:
           max_steps: 40
           warmup_steps: 4
           phases: {a: 10, b: 40}
           benchmark_tasks: [arc_easy]
-    """)
-    recipe, _ = parse_recipe_args(["--recipe", str(path), "--warmup_steps", "2", "--phases", "{a: 20}",
-                                   "--prompts", "one", "two"], prog="t", description="")
+    """,
+    )
+    recipe, _ = parse_recipe_args(
+        ["--recipe", str(path), "--warmup_steps", "2", "--phases", "{a: 20}", "--prompts", "one", "two"],
+        prog="t",
+        description="",
+    )
     t = recipe.train
     assert (t.max_steps, t.warmup_steps, t.learning_rate) == (40, 2, 1e-3)  # YAML, command line, default
     assert (t.phases, t.benchmark_tasks, t.prompts) == ({"a": 20}, ["arc_easy"], ["one", "two"])
-    recipe, _ = parse_recipe_args(["--recipe", str(path), "--benchmark_tasks", "[]", "--prompts", '["x", "y"]'],
-                                  prog="t", description="")
+    recipe, _ = parse_recipe_args(
+        ["--recipe", str(path), "--benchmark_tasks", "[]", "--prompts", '["x", "y"]'], prog="t", description=""
+    )
     assert (recipe.train.benchmark_tasks, recipe.train.prompts) == ([], ["x", "y"])  # a YAML list still works
     with pytest.raises(SystemExit):
         parse_recipe_args(["--recipe", str(path), "--help"], prog="t", description="")
     out = capsys.readouterr().out
-    assert "optimizer steps; valid >= 1 (default: 40)" in out and "(default: 1234)" in out  # the recipe's value, else the default
+    assert (
+        "optimizer steps; valid >= 1 (default: 40)" in out and "(default: 1234)" in out
+    )  # the recipe's value, else the default
 
 
 def test_shipped_recipes_read_the_same_from_the_command_line():
@@ -239,7 +328,9 @@ def test_plan_price_is_price_per_gpu_hour_and_the_old_flags_still_work(capsys):
     assert plan.main(["--params", "1e9", "--tokens-per-s", "10000", "--price", "2", "--max-gpus", "1", "--json"]) == 0
     captured = capsys.readouterr()
     assert json.loads(captured.out)["price_per_gpu_hour"] == 2
-    assert "`--price` is now `--price_per_gpu_hour`" in captured.err and "`--max-gpus` is now `--max_gpus`" in captured.err
+    assert (
+        "`--price` is now `--price_per_gpu_hour`" in captured.err and "`--max-gpus` is now `--max_gpus`" in captured.err
+    )
 
 
 def test_report_price_is_price_per_hour(tmp_path, capsys):
@@ -265,8 +356,10 @@ def test_bench_price_is_gpu_price(capsys):
 def test_eval_takes_snake_case_flags_and_its_old_ones(capsys):
     from hf_pretrain.evaluation import harness
 
-    for argv in (["--include_path", "x", "--data_dir", "d", "--batch_size", "4"],
-                 ["--include-path", "x", "--data-dir", "d", "--batch-size", "4"]):
+    for argv in (
+        ["--include_path", "x", "--data_dir", "d", "--batch_size", "4"],
+        ["--include-path", "x", "--data-dir", "d", "--batch-size", "4"],
+    ):
         with pytest.raises(SystemExit) as exit_info:  # nothing to do: stops after parsing, before loading a model
             harness.main(["--model", "m", "--tasks", "none", *argv])
         assert exit_info.value.code == 2 and "--tasks none needs --text" in capsys.readouterr().err

@@ -19,8 +19,10 @@ from hf_pretrain.training.guards import EarlyStop
 
 def synthetic_records(losses, seconds_per_step=36.0):
     """One record per step; at 36 s/step, 100 steps are one hour."""
-    return [{"kind": "train", "step": i + 1, "loss": loss, "elapsed": (i + 1) * seconds_per_step,
-             "tokens_per_s": 1000.0} for i, loss in enumerate(losses)]
+    return [
+        {"kind": "train", "step": i + 1, "loss": loss, "elapsed": (i + 1) * seconds_per_step, "tokens_per_s": 1000.0}
+        for i, loss in enumerate(losses)
+    ]
 
 
 def test_phase_rows_and_cost_per_loss_point(tmp_path):
@@ -57,8 +59,9 @@ def test_window_cost_per_loss_point_and_plateau():
 
 
 def test_early_stop_on_cost_fires_on_a_plateau_only():
-    recipe = build_recipe({}, {"max_steps": 400, "price_per_hour": 1.0, "early_stop_cost_per_loss_point": 5.0,
-                               "early_stop_window": 100})
+    recipe = build_recipe(
+        {}, {"max_steps": 400, "price_per_hour": 1.0, "early_stop_cost_per_loss_point": 5.0, "early_stop_window": 100}
+    )
     stop = EarlyStop(recipe.train)
     losses = [10 - 0.01 * i for i in range(200)] + [8.0 - 0.0001 * i for i in range(200)]
     records = synthetic_records(losses)

@@ -43,17 +43,26 @@ from hf_pretrain.data.tokenizer import load_pretrained_tokenizer, save_tokenizer
 from hf_pretrain.data.verify import VERIFIED_FILE, verify_shards
 
 VOCAB = 320
-WORDS = ("the of and to in is was for on that with as by at from data model token python loss batch "
-         "shard merge learn rate step seed rank epoch").split()
+WORDS = (
+    "the of and to in is was for on that with as by at from data model token python loss batch "
+    "shard merge learn rate step seed rank epoch"
+).split()
 # Documents that stress the round trip: unicode, code with tabs, leading spaces, and a document that
 # quotes the end-of-text marker (it must stay text, not become a document boundary).
-TRICKY = ["naïve café — 日本語 🙂 Ünïcödé", "def f(x):\n\treturn x  # two spaces\n", "   leading spaces",
-          "quoting <|endoftext|> inside a document", "trailing newline\n\n"]
+TRICKY = [
+    "naïve café — 日本語 🙂 Ünïcödé",
+    "def f(x):\n\treturn x  # two spaces\n",
+    "   leading spaces",
+    "quoting <|endoftext|> inside a document",
+    "trailing newline\n\n",
+]
 
 
 # ---------------------------------------------------------------------- fixtures
 def _paragraph(rng: random.Random) -> str:
-    sentences = [" ".join(rng.choices(WORDS, k=rng.randint(4, 12))).capitalize() + "." for _ in range(rng.randint(1, 4))]
+    sentences = [
+        " ".join(rng.choices(WORDS, k=rng.randint(4, 12))).capitalize() + "." for _ in range(rng.randint(1, 4))
+    ]
     return " ".join(sentences)
 
 
@@ -75,11 +84,27 @@ def corpus(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 
 
 def make_recipe(corpus: dict[str, Any], data_dir: Path, **overrides: Any) -> Recipe:
-    raw = {"data": {"sources": [{"kind": "files", "paths": [str(corpus["root"] / "*.jsonl")]},
-                                {"kind": "files", "paths": [str(corpus["root"] / "*.txt")], "weight": 2.0}]}}
-    settings = {"data_dir": str(data_dir), "vocab_size": VOCAB, "val_every": 5, "shard_tokens": 300, "seq_len": 16,
-                "micro_batch_size": 2, "global_batch_tokens": 64, "num_workers": 0, "max_steps": 10,
-                "warmup_steps": 1, "eval_tokens": 96}
+    raw = {
+        "data": {
+            "sources": [
+                {"kind": "files", "paths": [str(corpus["root"] / "*.jsonl")]},
+                {"kind": "files", "paths": [str(corpus["root"] / "*.txt")], "weight": 2.0},
+            ]
+        }
+    }
+    settings = {
+        "data_dir": str(data_dir),
+        "vocab_size": VOCAB,
+        "val_every": 5,
+        "shard_tokens": 300,
+        "seq_len": 16,
+        "micro_batch_size": 2,
+        "global_batch_tokens": 64,
+        "num_workers": 0,
+        "max_steps": 10,
+        "warmup_steps": 1,
+        "eval_tokens": 96,
+    }
     return build_recipe(raw, {**settings, **overrides})
 
 
@@ -102,7 +127,10 @@ def decode_documents(data_dir: Path, split: str) -> list[str]:
     assert tokens[-1] == tokenizer.eos_token_id
     ends = np.flatnonzero(tokens == tokenizer.eos_token_id)
     starts = np.concatenate([[0], ends[:-1] + 1])
-    return [tokenizer.decode(tokens[s:e].tolist(), clean_up_tokenization_spaces=False) for s, e in zip(starts, ends, strict=True)]
+    return [
+        tokenizer.decode(tokens[s:e].tolist(), clean_up_tokenization_spaces=False)
+        for s, e in zip(starts, ends, strict=True)
+    ]
 
 
 def expected_split(recipe: Recipe, split: str) -> list[str]:
@@ -113,8 +141,11 @@ def expected_split(recipe: Recipe, split: str) -> list[str]:
 def data_files(data_dir: Path) -> dict[str, bytes]:
     """Every file of a prepared folder, with meta.json's creation time blanked (and without the record
     of when its shards were last verified, which is about the files, not part of them)."""
-    files = {str(p.relative_to(data_dir)): p.read_bytes() for p in sorted(data_dir.rglob("*"))
-             if p.is_file() and p.name != VERIFIED_FILE}
+    files = {
+        str(p.relative_to(data_dir)): p.read_bytes()
+        for p in sorted(data_dir.rglob("*"))
+        if p.is_file() and p.name != VERIFIED_FILE
+    }
     meta = json.loads(files["meta.json"])
     meta["created_at"] = None
     files["meta.json"] = json.dumps(meta).encode()
@@ -139,7 +170,10 @@ def test_unknown_builtin_and_missing_glob_are_clear_errors(tmp_path: Path) -> No
 
 def test_file_formats(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     pq.write_table(pa.table({"content": ["one", "", "two"]}), tmp_path / "x.parquet")
-    assert list(iter_source(SourceConfig(kind="files", paths=[str(tmp_path / "*.parquet")], column="content"))) == ["one", "two"]
+    assert list(iter_source(SourceConfig(kind="files", paths=[str(tmp_path / "*.parquet")], column="content"))) == [
+        "one",
+        "two",
+    ]
     with pytest.raises(SourceError, match="columns: content"):
         list(iter_source(SourceConfig(kind="files", paths=[str(tmp_path / "*.parquet")])))
     (tmp_path / "y.jsonl").write_text('{"body": "x"}\n')
@@ -154,7 +188,9 @@ def test_file_formats(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # A .txt file with end-of-text markers is split on them, whatever its size.
     (tmp_path / "stories.txt").write_text("One story.\n\nStill one.\n<|endoftext|>\nTwo.\n<|endoftext|>\n")
     assert list(iter_source(SourceConfig(kind="files", paths=[str(tmp_path / "stories.txt")]))) == [
-        "One story.\n\nStill one.", "Two."]
+        "One story.\n\nStill one.",
+        "Two.",
+    ]
 
 
 def test_shared_tinystories_sample_splits_into_stories() -> None:
@@ -191,7 +227,9 @@ def test_mixture_is_seeded_weighted_and_drains_every_source() -> None:
 
 
 # ---------------------------------------------------------------------- tokenizer
-def test_tokenizer_training_is_deterministic_and_hash_survives_round_trip(corpus: dict[str, Any], tmp_path: Path) -> None:
+def test_tokenizer_training_is_deterministic_and_hash_survives_round_trip(
+    corpus: dict[str, Any], tmp_path: Path
+) -> None:
     docs = corpus["jsonl"] + corpus["txt"]
     first = train_tokenizer(docs, VOCAB, ["<|user|>", "<|assistant|>"])
     second = train_tokenizer(docs, VOCAB, ["<|user|>", "<|assistant|>"])
@@ -250,8 +288,9 @@ def test_prepare_is_idempotent_and_refuses_other_settings(prepared: Recipe, corp
         prepare(make_recipe(corpus, data_dir, val_every=7), log=lambda _: None)
 
 
-def test_prepare_resumes_byte_identical(prepared: Recipe, corpus: dict[str, Any], tmp_path: Path,
-                                        monkeypatch: pytest.MonkeyPatch) -> None:
+def test_prepare_resumes_byte_identical(
+    prepared: Recipe, corpus: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     recipe = make_recipe(corpus, tmp_path / "data")
     original_flush = shards.SplitWriter.flush
     written = []
@@ -282,7 +321,7 @@ def test_token_budget_stops_the_train_split(corpus: dict[str, Any], tmp_path: Pa
     train = meta["splits"]["train"]
     longest = max(len(d) for d in corpus["jsonl"] + corpus["txt"])  # bytes bound tokens from above
     assert 500 <= train["tokens"] < 500 + longest + 1
-    assert decode_documents(tmp_path / "data", "train") == expected_split(recipe, "train")[:train["documents"]]
+    assert decode_documents(tmp_path / "data", "train") == expected_split(recipe, "train")[: train["documents"]]
 
 
 # ---------------------------------------------------------------------- checks against the recipe
@@ -298,8 +337,9 @@ def test_check_refuses_a_foreign_tokenizer(prepared: Recipe, corpus: dict[str, A
     assert str(data_dir / "meta.json") in str(info.value)
 
 
-def test_check_refuses_other_vocab_small_splits_and_missing_data(prepared: Recipe, corpus: dict[str, Any],
-                                                                 tmp_path: Path) -> None:
+def test_check_refuses_other_vocab_small_splits_and_missing_data(
+    prepared: Recipe, corpus: dict[str, Any], tmp_path: Path
+) -> None:
     data_dir = Path(prepared.data.data_dir)
     with pytest.raises(DataMismatchError, match=f"vocab_size expected {VOCAB + 64}, found {VOCAB}"):
         check_prepared_data(make_recipe(corpus, data_dir, vocab_size=VOCAB + 64))
@@ -337,7 +377,10 @@ def test_packed_samples_overlap_by_one_token_and_pickle_cheaply(prepared: Recipe
 def test_train_loader_is_deterministic_and_resumes_at_a_step(prepared: Recipe, corpus: dict[str, Any]) -> None:
     batches = first_batches(build_train_loader(prepared, 0, 1, grad_accum=2, start_step=0), 12)
     assert all(b.shape == (2, 17) and b.dtype == torch.long for b in batches)
-    assert all(torch.equal(a, b) for a, b in zip(batches, first_batches(build_train_loader(prepared, 0, 1, 2, 0), 12), strict=True))
+    assert all(
+        torch.equal(a, b)
+        for a, b in zip(batches, first_batches(build_train_loader(prepared, 0, 1, 2, 0), 12), strict=True)
+    )
     resumed = first_batches(build_train_loader(prepared, 0, 1, grad_accum=2, start_step=3), 6)
     assert all(torch.equal(a, b) for a, b in zip(resumed, batches[6:], strict=True))
     other_seed = make_recipe(corpus, Path(prepared.data.data_dir), seed=99)
@@ -350,7 +393,7 @@ def test_two_ranks_split_each_step_of_one_rank(prepared: Recipe) -> None:
     rank0 = first_batches(build_train_loader(prepared, 0, 2, grad_accum=1, start_step=0), steps)
     rank1 = first_batches(build_train_loader(prepared, 1, 2, grad_accum=1, start_step=0), steps)
     for step in range(steps):
-        assert torch.equal(torch.cat([rank0[step], rank1[step]]), torch.cat(single[2 * step: 2 * step + 2]))
+        assert torch.equal(torch.cat([rank0[step], rank1[step]]), torch.cat(single[2 * step : 2 * step + 2]))
     # Within an epoch no sample is read twice, by either rank.
     samplers = [StepBatchSampler(1000, 4, 3, 2, rank, seed=5) for rank in (0, 1)]
     seen = [[i for batch in islice(s, 30) for i in batch] for s in samplers]
@@ -412,8 +455,11 @@ def test_a_flipped_bit_in_a_shard_is_refused_by_its_checksum(prepared: Recipe, t
 def test_a_token_past_the_vocabulary_is_refused_with_shard_and_offset(prepared: Recipe, tmp_path: Path) -> None:
     recipe = _copy_of(prepared, tmp_path)
     _flip(Path(recipe.data.data_dir) / "val_00000.bin", byte=2 * 7 + 1, mask=0x80)  # high byte of token 7
-    with pytest.raises(DataMismatchError, match=r"val_00000.bin: token id \d+ at token 7 \(byte offset 14\) is past "
-                                                r"the vocabulary of 320 tokens"):
+    with pytest.raises(
+        DataMismatchError,
+        match=r"val_00000.bin: token id \d+ at token 7 \(byte offset 14\) is past "
+        r"the vocabulary of 320 tokens",
+    ):
         check_prepared_data(recipe)
 
 
@@ -455,9 +501,15 @@ def test_one_huge_line_is_prepared_in_bounded_memory(tmp_path: Path) -> None:
         f"prepare(build_recipe(raw, {{'data_dir': {str(tmp_path / 'data')!r}, 'vocab_size': 300, 'val_every': 2, "
         " 'seq_len': 16, 'micro_batch_size': 2, 'global_batch_tokens': 64}), "
         "log=lambda _: None)\n"
-        "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024)\n")
-    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600,
-                            env=dict(os.environ, OMP_NUM_THREADS="1", RAYON_NUM_THREADS="2"))
+        "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024)\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=dict(os.environ, OMP_NUM_THREADS="1", RAYON_NUM_THREADS="2"),
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     peak_mib = int(result.stdout.split()[-1])
     assert peak_mib < 1600, f"prepare peaked at {peak_mib} MiB"
@@ -470,13 +522,25 @@ def _prepare_cli(tmp_path: Path, files: dict[str, bytes], **overrides: Any) -> s
     corpus_dir.mkdir()
     for name, data in files.items():
         (corpus_dir / name).write_bytes(data)
-    settings = {"data_dir": tmp_path / "data", "vocab_size": 300, "val_every": 2, "seq_len": 16,
-                "micro_batch_size": 2, "global_batch_tokens": 64, **overrides}
+    settings = {
+        "data_dir": tmp_path / "data",
+        "vocab_size": 300,
+        "val_every": 2,
+        "seq_len": 16,
+        "micro_batch_size": 2,
+        "global_batch_tokens": 64,
+        **overrides,
+    }
     args = ["--sources", json.dumps([{"kind": "files", "paths": [str(corpus_dir / "*")]}])]
     for key, value in settings.items():
         args += [f"--{key}", str(value)]
-    return subprocess.run([sys.executable, "-m", "hf_pretrain.cli", "prepare", "--recipe", "smoke", *args],
-                          capture_output=True, text=True, timeout=300, env=dict(os.environ, HF_HUB_OFFLINE="1"))
+    return subprocess.run(
+        [sys.executable, "-m", "hf_pretrain.cli", "prepare", "--recipe", "smoke", *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=dict(os.environ, HF_HUB_OFFLINE="1"),
+    )
 
 
 def _text(rng: random.Random, paragraphs: int) -> bytes:
@@ -507,15 +571,20 @@ def test_an_empty_corpus_is_named_as_such(tmp_path: Path) -> None:
 
 def test_no_validation_tokens_is_refused_naming_val_every(tmp_path: Path) -> None:
     rng = random.Random(5)
-    result = _prepare_cli(tmp_path, {"a.jsonl": "".join(json.dumps({"text": _paragraph(rng) * 20}) + "\n"
-                                                        for _ in range(30)).encode()}, val_every=1000)
+    result = _prepare_cli(
+        tmp_path,
+        {"a.jsonl": "".join(json.dumps({"text": _paragraph(rng) * 20}) + "\n" for _ in range(30)).encode()},
+        val_every=1000,
+    )
     assert result.returncode == 1 and "Traceback" not in result.stderr
     assert "no validation tokens" in result.stderr and "lower val_every" in result.stderr
     assert not (tmp_path / "data" / "meta.json").exists()
 
 
 # ---------------------------------------------------------------------- a flaky network
-def test_a_streamed_source_resumes_where_the_connection_dropped(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_streamed_source_resumes_where_the_connection_dropped(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import datasets
 
     from hf_pretrain.data import sources
@@ -602,9 +671,19 @@ def streamed_hub(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, A
 def hub_recipe(data_dir: Path, corpus: dict[str, Any] | None = None) -> Recipe:
     hub = {"kind": "hub", "name": "someone/corpus", "streaming": True}
     files = [{"kind": "files", "paths": [str(corpus["root"] / "*.txt")], "weight": 0.3}] if corpus else []
-    settings = {"data_dir": str(data_dir), "vocab_size": VOCAB, "val_every": 5, "shard_tokens": 300, "seq_len": 16,
-                "micro_batch_size": 2, "global_batch_tokens": 64, "num_workers": 0, "max_steps": 10,
-                "warmup_steps": 1, "eval_tokens": 96}
+    settings = {
+        "data_dir": str(data_dir),
+        "vocab_size": VOCAB,
+        "val_every": 5,
+        "shard_tokens": 300,
+        "seq_len": 16,
+        "micro_batch_size": 2,
+        "global_batch_tokens": 64,
+        "num_workers": 0,
+        "max_steps": 10,
+        "warmup_steps": 1,
+        "eval_tokens": 96,
+    }
     return build_recipe({"data": {"sources": [hub, *files]}}, settings)
 
 
@@ -628,8 +707,9 @@ def interrupt_after_shards(recipe: Recipe, shards_written: int, monkeypatch: pyt
     return json.loads((Path(recipe.data.data_dir) / shards.PROGRESS_FILE).read_text())
 
 
-def test_a_streamed_source_resumes_from_its_saved_position(streamed_hub: dict[str, Any], tmp_path: Path,
-                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_streamed_source_resumes_from_its_saved_position(
+    streamed_hub: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     uninterrupted = hub_recipe(tmp_path / "whole")
     prepare(uninterrupted, log=lambda _: None)
 
@@ -652,8 +732,9 @@ def test_a_streamed_source_resumes_from_its_saved_position(streamed_hub: dict[st
     assert not list((tmp_path / "data").glob("*.pending"))
 
 
-def test_a_hub_and_a_file_source_resume_together_byte_identical(streamed_hub: dict[str, Any], corpus: dict[str, Any],
-                                                                tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_hub_and_a_file_source_resume_together_byte_identical(
+    streamed_hub: dict[str, Any], corpus: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     uninterrupted = hub_recipe(tmp_path / "whole", corpus)
     prepare(uninterrupted, log=lambda _: None)
     for shards_written in (7, 25):
@@ -668,7 +749,8 @@ def test_a_hub_and_a_file_source_resume_together_byte_identical(streamed_hub: di
 
 
 def test_progress_without_a_mixture_position_reads_again_from_the_start(
-        streamed_hub: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    streamed_hub: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     uninterrupted = hub_recipe(tmp_path / "whole")
     prepare(uninterrupted, log=lambda _: None)
     recipe = hub_recipe(tmp_path / "data")
@@ -686,5 +768,7 @@ def test_progress_without_a_mixture_position_reads_again_from_the_start(
     streamed_hub["read"].clear()
     logs: list[str] = []
     prepare(recipe, log=logs.append)
-    assert 0 in streamed_hub["read"] and any("reading the mixture again from its first document" in line for line in logs)
+    assert 0 in streamed_hub["read"] and any(
+        "reading the mixture again from its first document" in line for line in logs
+    )
     assert data_files(tmp_path / "data") == data_files(tmp_path / "whole")

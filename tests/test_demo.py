@@ -22,9 +22,18 @@ MISSING_REPO = "nobody/no-such-model"  # offline, so loading it fails the way a 
 pytestmark = pytest.mark.filterwarnings("ignore:.*:Warning:gradio.queueing")  # gradio's own pandas deprecations
 CHROMIUM, CHROMEDRIVER = Path("/usr/bin/chromium"), Path("/usr/bin/chromedriver")
 # Flags that keep Chromium headless, sandbox-free (CI runs as root) and off the network.
-CHROMIUM_FLAGS = ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                  "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                  "--disable-dev-shm-usage", "--window-size=1400,1000"]
+CHROMIUM_FLAGS = [
+    "--headless=new",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--disable-dev-shm-usage",
+    "--window-size=1400,1000",
+]
 
 
 def free_port() -> int:
@@ -38,9 +47,10 @@ def greedy_completion(folder: Path, prompt: str, max_new_tokens: int) -> str:
     loaded as the page loads it (its device and dtype), so the two agree on a GPU machine too."""
     model, tokenizer = load_model(str(folder))
     inputs = tokenizer(prompt, return_tensors="pt").to(model.device)
-    out = model.generate(input_ids=inputs.input_ids, attention_mask=inputs.attention_mask,
-                         max_new_tokens=max_new_tokens, do_sample=False)
-    return tokenizer.decode(out[0, inputs.input_ids.shape[1]:], skip_special_tokens=True)
+    out = model.generate(
+        input_ids=inputs.input_ids, attention_mask=inputs.attention_mask, max_new_tokens=max_new_tokens, do_sample=False
+    )
+    return tokenizer.decode(out[0, inputs.input_ids.shape[1] :], skip_special_tokens=True)
 
 
 @pytest.fixture(scope="module")
@@ -63,8 +73,11 @@ def served(reference_run, untrained_model, tmp_path_factory):
     """The page for the reference run, the untrained model and a missing repo, on 127.0.0.1: (url, client)."""
     from gradio_client import Client
 
-    demo = build([str(reference_run[0]), str(untrained_model), MISSING_REPO],
-                 cache_dir=tmp_path_factory.mktemp("demo_cache"), log=lambda _: None)
+    demo = build(
+        [str(reference_run[0]), str(untrained_model), MISSING_REPO],
+        cache_dir=tmp_path_factory.mktemp("demo_cache"),
+        log=lambda _: None,
+    )
     _, url, _ = demo.launch(server_name="127.0.0.1", server_port=free_port(), prevent_thread_lock=True, quiet=True)
     try:
         yield url, Client(url, verbose=False)
@@ -72,8 +85,9 @@ def served(reference_run, untrained_model, tmp_path_factory):
         demo.close()
 
 
-def ask(client, models: list[str], prompt: str = PROMPT, max_new_tokens: int = 24, temperature: float = 0.0,
-        seed: int = 0) -> tuple[str, ...]:
+def ask(
+    client, models: list[str], prompt: str = PROMPT, max_new_tokens: int = 24, temperature: float = 0.0, seed: int = 0
+) -> tuple[str, ...]:
     return client.predict(prompt, models, max_new_tokens, temperature, 50, 1.0, 1.0, seed, api_name="/generate")
 
 
@@ -104,8 +118,9 @@ def test_a_checkpoint_exports_once_and_reloads_with_tied_weights_equal_to_the_fi
     model = AutoModelForCausalLM.from_pretrained(exported)
     final = AutoModelForCausalLM.from_pretrained(run_dir / "final")
     assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
-    for (name, weight), (final_name, final_weight) in zip(model.state_dict().items(), final.state_dict().items(),
-                                                          strict=True):
+    for (name, weight), (final_name, final_weight) in zip(
+        model.state_dict().items(), final.state_dict().items(), strict=True
+    ):
         assert name == final_name and torch.equal(weight, final_weight), name
     # an export says how far it was trained in its model card, and the page reads it there
     assert format_progress(read_progress(str(exported))) == format_progress(checkpoint.train_state)
@@ -122,10 +137,13 @@ def test_a_model_folder_without_a_card_or_sidecar_has_unknown_progress(untrained
 def test_example_prompts_come_from_the_runs_recipe_else_the_defaults(tmp_path):
     run = tmp_path / "run"
     run.mkdir()
-    save_recipe(load_recipe("smoke", {"prompts": ["Water boils at", "The first emperor of Rome"]}),
-                run / "resolved_recipe.yaml")
+    save_recipe(
+        load_recipe("smoke", {"prompts": ["Water boils at", "The first emperor of Rome"]}), run / "resolved_recipe.yaml"
+    )
     assert milestone_prompts([str(run), str(run / "checkpoints" / "step_00000004"), "org/model"]) == [
-        "Water boils at", "The first emperor of Rome"]
+        "Water boils at",
+        "The first emperor of Rome",
+    ]
     assert milestone_prompts(["org/model"]) == DEFAULT_PROMPTS
 
 
@@ -203,9 +221,11 @@ def test_a_prompt_longer_than_the_context_is_cut_and_the_api_says_so(served, unt
     text = ask(client, [str(untrained_model)], prompt=prompt, max_new_tokens=16)[0]
     notice, completion = text.split("\n\n", 1)
     ids = tokenizer(prompt, return_tensors="pt").input_ids
-    assert notice.startswith(f"⚠ the prompt and 16 new tokens exceed this model's {context}-token context: "
-                             f"kept the last {context - 16} of the prompt's {ids.shape[1]:,} tokens")
-    kept = tokenizer.decode(ids[0, -(context - 16):])
+    assert notice.startswith(
+        f"⚠ the prompt and 16 new tokens exceed this model's {context}-token context: "
+        f"kept the last {context - 16} of the prompt's {ids.shape[1]:,} tokens"
+    )
+    kept = tokenizer.decode(ids[0, -(context - 16) :])
     assert completion == greedy_completion(untrained_model, kept, 16)  # the prompt's end, in the context
     assert fit_to_context(ids[:, :10], context, 16) == (10, 16, "")  # a prompt that fits is left alone
     assert fit_to_context(ids[:, :10], 8, 16)[:2] == (1, 7)  # more new tokens than the context holds

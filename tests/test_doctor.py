@@ -56,8 +56,9 @@ def by_name(results: list[CheckResult]) -> dict[str, CheckResult]:
 
 
 # ---------------------------------------------------------------------- versions
-def fake_versions(monkeypatch: pytest.MonkeyPatch, versions: dict[str, str | None],
-                  requires: dict[str, list[str]] | None = None) -> None:
+def fake_versions(
+    monkeypatch: pytest.MonkeyPatch, versions: dict[str, str | None], requires: dict[str, list[str]] | None = None
+) -> None:
     """Pretend these packages are installed at these versions (None: not installed)."""
     real_version, real_requires = importlib.metadata.version, importlib.metadata.requires
 
@@ -77,7 +78,9 @@ def fake_versions(monkeypatch: pytest.MonkeyPatch, versions: dict[str, str | Non
 
 def test_installed_stack_is_within_the_declared_ranges(tmp_path):
     results = by_name(check_versions(one_b()))
-    assert [results[p].status for p in ("torch", "transformers", "accelerate", "datasets", "tokenizers")] == ["pass"] * 5
+    assert [results[p].status for p in ("torch", "transformers", "accelerate", "datasets", "tokenizers")] == [
+        "pass"
+    ] * 5
     assert "liger-kernel" not in results  # only checked when the recipe turns Liger on
 
 
@@ -95,12 +98,17 @@ def test_version_outside_the_range_fails(monkeypatch):
 def test_liger_needs_its_packages_and_warns_outside_its_torch_range(monkeypatch):
     fake_versions(monkeypatch, {"liger-kernel": None, "triton": None})
     results = by_name(check_versions(one_b(liger=True)))
-    assert results["liger-kernel"].status == "fail" and "not installed (needed: >=0.6)" in results["liger-kernel"].reason
+    assert (
+        results["liger-kernel"].status == "fail" and "not installed (needed: >=0.6)" in results["liger-kernel"].reason
+    )
     assert "[liger]" in results["liger-kernel"].fix
     assert results["triton"].status == "fail"
 
-    fake_versions(monkeypatch, {"liger-kernel": "0.6.2", "triton": "3.1.0", "torch": "2.9.0"},
-                  requires={"liger-kernel": ["torch<2.8,>=2.1.2", "triton>=2.3.1"]})
+    fake_versions(
+        monkeypatch,
+        {"liger-kernel": "0.6.2", "triton": "3.1.0", "torch": "2.9.0"},
+        requires={"liger-kernel": ["torch<2.8,>=2.1.2", "triton>=2.3.1"]},
+    )
     results = by_name(check_versions(one_b(liger=True)))
     assert results["liger-kernel"].status == results["triton"].status == "pass"
     assert "(supported: >=2.3.1)" in results["triton"].reason  # Triton's range comes from Liger's metadata
@@ -195,8 +203,9 @@ def test_unpicklable_dataset_fails(smoke_data, tmp_path, monkeypatch):
 
 def test_loader_that_breaks_after_unpickling_fails(smoke_data, tmp_path, monkeypatch):
     # the copy a worker gets has lost its shard list: pickling works, reading does not
-    monkeypatch.setattr(PackedDataset, "__getstate__", lambda self: {**self.__dict__, "_shards": None,
-                                                                        "shard_paths": []})
+    monkeypatch.setattr(
+        PackedDataset, "__getstate__", lambda self: {**self.__dict__, "_shards": None, "shard_paths": []}
+    )
     result = check_loader_pickling(smoke(smoke_data, tmp_path))
     assert result.status == "fail" and "cannot produce a batch" in result.reason
 
@@ -271,6 +280,7 @@ def test_existing_checkpoints_count_against_the_need(tmp_path, monkeypatch):
 
 def test_a_slow_disk_warns_with_the_save_interval_that_keeps_saves_under_one_percent(tmp_path, monkeypatch):
     """1b: 12.5 GB a checkpoint; at 60,000 tokens/s a save_interval of 1,000 is 36 minutes."""
+
     def recipe(**overrides):
         return one_b(output_dir=str(tmp_path / "run"), expected_tokens_per_s=60_000, **overrides)
 
@@ -297,7 +307,12 @@ def test_memory_estimate_of_the_1b_recipe():
     estimate = estimate_memory(recipe, recipe_tokenizer_size(recipe))
     n, tokens = N_1B, 8 * 2048
     assert estimate.parameters == n
-    assert (estimate.weights, estimate.gradients, estimate.optimizer, estimate.weight_copies) == (4 * n, 4 * n, 8 * n, 2 * n)
+    assert (estimate.weights, estimate.gradients, estimate.optimizer, estimate.weight_copies) == (
+        4 * n,
+        4 * n,
+        8 * n,
+        2 * n,
+    )
     # 30h + 4 h_kv + 8I + 4a + 8 bytes per token and layer, h=2048, h_kv=8*64, I=8192, a=32
     assert layer_activation_bytes_per_token(recipe, mixed_precision=True) == 129_160
     assert estimate.activations == 16 * tokens * 129_160
@@ -315,7 +330,10 @@ def test_memory_estimate_of_the_1b_recipe():
 def test_checkpointing_that_is_not_needed_warns():
     result = check_memory(one_b(gradient_checkpointing=True), device_memory_bytes=141 * 10**9)
     assert result.status == "warn" and "fits without gradient checkpointing" in result.reason
-    assert "need 59.2 GB at the peak (18.7 GB weights, gradients and AdamW, 33.9 GB activations, 6.6 GB logits), 29.6 GB with gradient checkpointing" in result.reason
+    assert (
+        "need 59.2 GB at the peak (18.7 GB weights, gradients and AdamW, 33.9 GB activations, 6.6 GB logits), 29.6 GB with gradient checkpointing"
+        in result.reason
+    )
     assert "--gradient_checkpointing false" in result.fix
     assert check_memory(one_b(), device_memory_bytes=141 * 10**9).status == "pass"
 
@@ -356,7 +374,9 @@ def test_unknown_throughput_or_price_warns():
     assert unknown_rate.status == "warn" and "time and cost unknown" in unknown_rate.reason
     assert "hf-pretrain bench" in unknown_rate.fix
     unknown_price = check_cost(one_b(expected_tokens_per_s=30_000, price_per_hour=0))
-    assert unknown_price.status == "warn" and "cost unknown" in unknown_price.reason and "109.2 h" in unknown_price.reason
+    assert (
+        unknown_price.status == "warn" and "cost unknown" in unknown_price.reason and "109.2 h" in unknown_price.reason
+    )
     assert "--price_per_hour" in unknown_price.fix
 
 
@@ -394,8 +414,14 @@ def test_table_shows_fixes_under_problems_only():
 
 
 def doctor(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "hf_pretrain.cli", "doctor", "--recipe", "smoke", *args],
-                          cwd=ROOT, env=offline_env(), capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "hf_pretrain.cli", "doctor", "--recipe", "smoke", *args],
+        cwd=ROOT,
+        env=offline_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def test_doctor_command_passes_a_prepared_smoke_run(smoke_data, tmp_path):

@@ -21,8 +21,10 @@ from hf_pretrain.run_dir import read_jsonl
 from tests.helpers import ROOT
 
 ARC = ROOT.parent / "shared" / "data" / "arc"
-needs_arc = pytest.mark.skipif(not ARC.is_dir(), reason="../shared/data/arc is absent (a user's clone has no "
-                                                        "../shared): the local ARC tasks need its JSONL files")
+needs_arc = pytest.mark.skipif(
+    not ARC.is_dir(),
+    reason="../shared/data/arc is absent (a user's clone has no ../shared): the local ARC tasks need its JSONL files",
+)
 # Held-out text that every Python install has, longer than the smoke model's 512-token context.
 HELD_OUT = (" ".join(shutil.__doc__.split()) + "\n" + " ".join(json.__doc__.split()) + "\n") * 4
 
@@ -37,14 +39,32 @@ def fresh_export(exported, tmp_path):
 @needs_arc
 def test_eval_scores_local_arc_beside_the_references_and_fills_the_card(fresh_export, tmp_path):
     output = tmp_path / "results"
-    assert evaluation.main(["--model", str(fresh_export), "--tasks", "arc_easy_local,arc_challenge_local",
-                            "--limit", "20", "--data_dir", str(ARC), "--output", str(output)]) == 0
+    assert (
+        evaluation.main(
+            [
+                "--model",
+                str(fresh_export),
+                "--tasks",
+                "arc_easy_local,arc_challenge_local",
+                "--limit",
+                "20",
+                "--data_dir",
+                str(ARC),
+                "--output",
+                str(output),
+            ]
+        )
+        == 0
+    )
     results = json.loads((output / "results.json").read_text())  # lm-eval's own
     for task in ("arc_easy_local", "arc_challenge_local"):
         assert results["n-samples"][task]["effective"] == 20
         assert {"acc,none", "acc_stderr,none", "acc_norm,none", "acc_norm_stderr,none"} <= set(results["results"][task])
-    rows = {tuple(cell.strip() for cell in line.split("|")[1:3]): line
-            for line in (output / "results.md").read_text().splitlines() if line.startswith("| arc_")}
+    rows = {
+        tuple(cell.strip() for cell in line.split("|")[1:3]): line
+        for line in (output / "results.md").read_text().splitlines()
+        if line.startswith("| arc_")
+    }
     # TinyLlama's ARC-Easy number is acc_norm: it stands in that row and only there
     assert "55.25" in rows[("arc_easy_local", "acc_norm")] and "55.25" not in rows[("arc_easy_local", "acc")]
     # GPUburnout publishes ARC-Easy as acc
@@ -53,9 +73,14 @@ def test_eval_scores_local_arc_beside_the_references_and_fills_the_card(fresh_ex
     card = ModelCard.load(fresh_export / "README.md")
     entries = card.data.eval_results
     assert {(e.dataset_config, e.metric_type) for e in entries} == {
-        ("ARC-Easy", "acc"), ("ARC-Easy", "acc_norm"), ("ARC-Challenge", "acc"), ("ARC-Challenge", "acc_norm")}
-    assert all(e.dataset_type == "allenai/ai2_arc" and e.dataset_args == {"num_few_shot": 0, "limit": 20}
-               for e in entries)
+        ("ARC-Easy", "acc"),
+        ("ARC-Easy", "acc_norm"),
+        ("ARC-Challenge", "acc"),
+        ("ARC-Challenge", "acc_norm"),
+    }
+    assert all(
+        e.dataset_type == "allenai/ai2_arc" and e.dataset_args == {"num_few_shot": 0, "limit": 20} for e in entries
+    )
     easy_acc = next(e for e in entries if e.dataset_config == "ARC-Easy" and e.metric_type == "acc")
     assert easy_acc.metric_value == round(100 * results["results"]["arc_easy_local"]["acc,none"], 2)
     assert "Not evaluated yet" not in card.text and "| arc_easy_local | acc_norm |" in card.text
@@ -110,8 +135,13 @@ def test_eval_text_only_reports_bits_per_byte_on_the_card(fresh_export, tmp_path
 
 
 def test_card_blocks_are_replaced_one_at_a_time(fresh_export):
-    result = EvalResult(task_type="text-generation", dataset_type="allenai/ai2_arc", dataset_name="arc_easy",
-                        metric_type="acc", metric_value=30.0)
+    result = EvalResult(
+        task_type="text-generation",
+        dataset_type="allenai/ai2_arc",
+        dataset_name="arc_easy",
+        metric_type="acc",
+        metric_value=30.0,
+    )
     assert write_eval_section(fresh_export, "eval", "| table v1 |", [result])
     assert write_eval_section(fresh_export, "text", "bits per byte v1")
     assert write_eval_section(fresh_export, "eval", "| table v2 |", [result])
@@ -123,8 +153,16 @@ def test_card_blocks_are_replaced_one_at_a_time(fresh_export):
 
 def test_default_suite_and_task_lists():
     tasks, shots = evaluation.resolve_tasks("default")
-    assert tasks == ["arc_easy", "arc_challenge", "hellaswag", "piqa", "winogrande", "boolq", "openbookqa",
-                     "lambada_openai"]
+    assert tasks == [
+        "arc_easy",
+        "arc_challenge",
+        "hellaswag",
+        "piqa",
+        "winogrande",
+        "boolq",
+        "openbookqa",
+        "lambada_openai",
+    ]
     assert shots == 0
     assert evaluation.resolve_tasks("arc_easy, piqa") == (["arc_easy", "piqa"], None)
     assert evaluation.resolve_tasks("none") == ([], None)
@@ -134,8 +172,12 @@ def test_reference_scores_name_their_metric_and_source():
     references = load_references()
     suite, _ = evaluation.resolve_tasks("default")
     assert references["num_fewshot"] == 0
-    assert {m["name"] for m in references["models"]} == {"TinyLlama-1.1B (3T)", "Pythia-1B", "OPT-1.3B",
-                                                          "GPUburnout-1B"}
+    assert {m["name"] for m in references["models"]} == {
+        "TinyLlama-1.1B (3T)",
+        "Pythia-1B",
+        "OPT-1.3B",
+        "GPUburnout-1B",
+    }
     for model in references["models"]:
         assert model["source"] and model["note"] and model["hub_id"]
         assert set(model["scores"]) == set(suite), model["name"]  # every task listed, unknown ones as null
@@ -147,15 +189,25 @@ def test_reference_scores_name_their_metric_and_source():
 
 
 def test_comparison_table_never_sets_numbers_of_different_metrics_side_by_side():
-    references = {"num_fewshot": 0, "models": [
-        {"name": "Ref", "source": "s", "scores": {"hellaswag": {"acc_norm": 59.2}, "boolq": {"acc": 57.8}}}]}
-    scores = [Score("hellaswag", "hellaswag", "acc", 40.0, 1.0, 0, 20),
-              Score("hellaswag", "hellaswag", "acc_norm", 45.0, 1.1, 0, 20),
-              Score("boolq", "boolq", "acc", 60.0, 2.0, 0, 20)]
-    rows = [line for line in comparison_table(scores, references, 20).splitlines() if line.startswith("| hellaswag")
-            or line.startswith("| boolq")]
-    assert rows == ["| hellaswag | acc | 40.00 ± 1.00 | — |", "| hellaswag | acc_norm | 45.00 ± 1.10 | 59.20 |",
-                    "| boolq | acc | 60.00 ± 2.00 | 57.80 |"]
+    references = {
+        "num_fewshot": 0,
+        "models": [{"name": "Ref", "source": "s", "scores": {"hellaswag": {"acc_norm": 59.2}, "boolq": {"acc": 57.8}}}],
+    }
+    scores = [
+        Score("hellaswag", "hellaswag", "acc", 40.0, 1.0, 0, 20),
+        Score("hellaswag", "hellaswag", "acc_norm", 45.0, 1.1, 0, 20),
+        Score("boolq", "boolq", "acc", 60.0, 2.0, 0, 20),
+    ]
+    rows = [
+        line
+        for line in comparison_table(scores, references, 20).splitlines()
+        if line.startswith("| hellaswag") or line.startswith("| boolq")
+    ]
+    assert rows == [
+        "| hellaswag | acc | 40.00 ± 1.00 | — |",
+        "| hellaswag | acc_norm | 45.00 ± 1.10 | 59.20 |",
+        "| boolq | acc | 60.00 ± 2.00 | 57.80 |",
+    ]
     few_shot = [Score("hellaswag", "hellaswag", "acc_norm", 45.0, 1.1, 5, 20)]
     table = comparison_table(few_shot, references)
     assert "59.20" not in table and "not shown beside a run with another number of shots" in table

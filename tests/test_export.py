@@ -63,8 +63,16 @@ def test_export_writes_a_standard_model_folder(exports):
     for dtype, torch_dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
         folder = exports / dtype
         names = {p.name for p in folder.iterdir()}
-        assert names == {"model.safetensors", "config.json", "generation_config.json", "tokenizer.json",
-                         "tokenizer_config.json", "special_tokens_map.json", "README.md", "loss_curve.png"}
+        assert names == {
+            "model.safetensors",
+            "config.json",
+            "generation_config.json",
+            "tokenizer.json",
+            "tokenizer_config.json",
+            "special_tokens_map.json",
+            "README.md",
+            "loss_curve.png",
+        }
         with safe_open(folder / "model.safetensors", "pt") as f:
             assert {f.get_tensor(k).dtype for k in f.keys()} == {torch_dtype}
         config = json.loads((folder / "config.json").read_text())
@@ -119,18 +127,29 @@ def test_model_card_describes_the_run(reference_run, exports):
     last_train = [r for r in records if r["kind"] == "train"][-1]["loss"]
     last_val = [r for r in records if r["kind"] == "eval"][-1]["val_loss"]
     tokens = SHORT_RUN["max_steps"] * SHORT_RUN["global_batch_tokens"]
-    for expected in (f"| final train loss | {last_train:.4f} |", f"| final validation loss | {last_val:.4f} |",
-                     f"| tokens | {tokens:,} |", "| hardware | 2 CPU cores |", "(at $0.5/h)",
-                     "| layers | 4 |", "![Training and validation loss](loss_curve.png)",
-                     "**Step 6**", "**Step 12**", "| def fibonacci(n): |", "hf-pretrain:eval:start"):
+    for expected in (
+        f"| final train loss | {last_train:.4f} |",
+        f"| final validation loss | {last_val:.4f} |",
+        f"| tokens | {tokens:,} |",
+        "| hardware | 2 CPU cores |",
+        "(at $0.5/h)",
+        "| layers | 4 |",
+        "![Training and validation loss](loss_curve.png)",
+        "**Step 6**",
+        "**Step 12**",
+        "| def fibonacci(n): |",
+        "hf-pretrain:eval:start",
+    ):
         assert expected in card.text, expected
     assert (folder / "loss_curve.png").read_bytes().startswith(b"\x89PNG")
 
 
 def test_an_older_checkpoint_is_exported_as_it_was(reference_run, tmp_path):
     run_dir, _ = reference_run
-    assert export.main(["--checkpoint", str(checkpoint_dir(run_dir, 8)), "--out", str(tmp_path / "s8"),
-                        "--dtype", "fp32"]) == 0
+    assert (
+        export.main(["--checkpoint", str(checkpoint_dir(run_dir, 8)), "--out", str(tmp_path / "s8"), "--dtype", "fp32"])
+        == 0
+    )
     saved = load_file(checkpoint_dir(run_dir, 8) / "model.safetensors")
     exported = load_file(tmp_path / "s8" / "model.safetensors")
     assert all(torch.equal(saved[k], exported[k]) for k in saved)
@@ -175,12 +194,20 @@ def test_weights_saved_by_a_compiled_model_and_incomplete_weights(reference_run,
 def test_fsdp_sharded_checkpoint_exports_the_same_weights(reference_run, exports, tmp_path):
     run_dir, _ = reference_run
     sharded = tmp_path / "run" / "checkpoints" / "step_00000012"
-    subprocess.run([sys.executable, "-m", "tests.fsdp_checkpoint", str(checkpoint_dir(run_dir, 12)), str(sharded)],
-                   cwd=ROOT, env=offline_env(), check=True, capture_output=True, timeout=300)
+    subprocess.run(
+        [sys.executable, "-m", "tests.fsdp_checkpoint", str(checkpoint_dir(run_dir, 12)), str(sharded)],
+        cwd=ROOT,
+        env=offline_env(),
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
     assert (sharded / "pytorch_model_fsdp_0" / ".metadata").is_file()
     assert not (sharded / "model.safetensors").exists()
     assert export.main(["--checkpoint", str(tmp_path / "run"), "--out", str(tmp_path / "out"), "--dtype", "fp32"]) == 0
-    assert (tmp_path / "out" / "model.safetensors").read_bytes() == (exports / "fp32" / "model.safetensors").read_bytes()
+    assert (tmp_path / "out" / "model.safetensors").read_bytes() == (
+        exports / "fp32" / "model.safetensors"
+    ).read_bytes()
 
 
 def test_export_says_what_is_wrong(reference_run, exports, tmp_path, capsys):

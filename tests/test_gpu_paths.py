@@ -136,8 +136,9 @@ def test_the_training_step_has_no_graph_break(variant):
 def killed_and_resumed(data_dir: Path, run_dir: Path, kill_at: int, launch=launch_training, **overrides):
     """A run killed in the middle of its `kill_at` checkpoint (SIGKILL, torn write), then resumed from
     the checkpoint before it. Returns (losses the killed run logged, its log, the resumed run's log)."""
-    killed = launch(data_dir, run_dir, check=False, env={"HF_PRETRAIN_FAULTS": f"kill-during-save:{kill_at}"},
-                    **overrides)
+    killed = launch(
+        data_dir, run_dir, check=False, env={"HF_PRETRAIN_FAULTS": f"kill-during-save:{kill_at}"}, **overrides
+    )
     assert (run_dir / "checkpoints" / f"step_{kill_at:08d}.tmp").exists(), killed[-3000:]
     before = train_losses(run_dir)
     assert max(before) == kill_at, killed[-3000:]
@@ -219,8 +220,15 @@ def test_bf16_run_learns_resumes_exactly_and_exports(smoke_data, tmp_path):
     bf16 step costs ~10x an fp32 one. 6 steps of one 8 x 128 micro-batch, checkpoints every 2, killed
     while writing step 4 and resumed from step 2."""
     run_dir = tmp_path / "bf16"
-    overrides = {"mixed_precision": "bf16", "max_steps": 6, "global_batch_tokens": 1024, "save_interval": 2,
-                 "eval_interval": 6, "eval_tokens": 1024, "phases": {"warmup": 2, "rest": 6}}
+    overrides = {
+        "mixed_precision": "bf16",
+        "max_steps": 6,
+        "global_batch_tokens": 1024,
+        "save_interval": 2,
+        "eval_interval": 6,
+        "eval_tokens": 1024,
+        "phases": {"warmup": 2, "rest": 6},
+    }
     before, killed, log = killed_and_resumed(smoke_data, run_dir, 4, **overrides)
     assert "precision bf16" in killed and "at step 2" in log
     losses = train_losses(run_dir)
@@ -229,8 +237,9 @@ def test_bf16_run_learns_resumes_exactly_and_exports(smoke_data, tmp_path):
     assert_exports_and_loads(run_dir, tmp_path)
 
 
-def launch_fsdp(data_dir: Path, run_dir: Path, check: bool = True, env: dict[str, str] | None = None,
-                **overrides) -> str:
+def launch_fsdp(
+    data_dir: Path, run_dir: Path, check: bool = True, env: dict[str, str] | None = None, **overrides
+) -> str:
     """SHORT_RUN on 2 CPU processes under FSDP2 (tests/fsdp_cpu_train.py, tests/assets/fsdp_cpu_2proc.yaml)."""
     import socket
 
@@ -238,13 +247,23 @@ def launch_fsdp(data_dir: Path, run_dir: Path, check: bool = True, env: dict[str
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     args = {**SHORT_RUN, "data_dir": data_dir, "output_dir": run_dir, **overrides}
-    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
-           str(ROOT / "tests" / "assets" / "fsdp_cpu_2proc.yaml"), "--main_process_port", str(port),
-           str(ROOT / "tests" / "fsdp_cpu_train.py"), "--recipe", "smoke"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "accelerate.commands.launch",
+        "--config_file",
+        str(ROOT / "tests" / "assets" / "fsdp_cpu_2proc.yaml"),
+        "--main_process_port",
+        str(port),
+        str(ROOT / "tests" / "fsdp_cpu_train.py"),
+        "--recipe",
+        "smoke",
+    ]
     for key, value in args.items():
         cmd += [f"--{key}", str(value)]
-    result = subprocess.run(cmd, cwd=ROOT, env={**offline_env(), **(env or {})}, capture_output=True, text=True,
-                            timeout=600)
+    result = subprocess.run(
+        cmd, cwd=ROOT, env={**offline_env(), **(env or {})}, capture_output=True, text=True, timeout=600
+    )
     log = result.stdout + result.stderr
     if check and result.returncode != 0:
         raise AssertionError(f"training failed ({result.returncode}):\n{log[-4000:]}")
@@ -252,8 +271,9 @@ def launch_fsdp(data_dir: Path, run_dir: Path, check: bool = True, env: dict[str
 
 
 @pytest.mark.slow
-def test_fsdp2_on_two_cpu_processes_trains_saves_sharded_resumes_exactly_and_exports(reference_run, smoke_data,
-                                                                                      tmp_path):
+def test_fsdp2_on_two_cpu_processes_trains_saves_sharded_resumes_exactly_and_exports(
+    reference_run, smoke_data, tmp_path
+):
     reference_dir, _ = reference_run
     run_dir = tmp_path / "fsdp"
     before, killed, log = killed_and_resumed(smoke_data, run_dir, 8, launch=launch_fsdp)
@@ -269,10 +289,13 @@ def test_fsdp2_on_two_cpu_processes_trains_saves_sharded_resumes_exactly_and_exp
 
 
 # ---------------------------------------------------------------------- MFU: FLOPs per token
-@pytest.mark.parametrize("shape, overrides, seq_len", [
-    ("smoke", {}, 128),
-    ("1b", {"num_hidden_layers": 2}, 2048),  # the 1b's width, heads, GQA and 32K vocabulary at its context
-])
+@pytest.mark.parametrize(
+    "shape, overrides, seq_len",
+    [
+        ("smoke", {}, 128),
+        ("1b", {"num_hidden_layers": 2}, 2048),  # the 1b's width, heads, GQA and 32K vocabulary at its context
+    ],
+)
 def test_flops_per_token_matches_pytorchs_flop_counter(shape, overrides, seq_len):
     """6N + 12 * layers * hidden * seq_len against `torch.utils.flop_counter.FlopCounterMode`, forward
     and backward, counted on fake tensors (shapes only, no compute). The math SDPA backend spells
@@ -308,8 +331,13 @@ def test_memory_estimate_is_within_5_percent_of_the_measured_peak(shape):
     """bench/bench_memory.py measures one real CPU optimizer step (allocated tensor bytes, not RSS: the
     same bytes every time) in its own process. The calibrated estimate is within 2.3% on every shape
     docs/gpu.md lists; the one before it was 10% and 8% low on these two."""
-    out = subprocess.run([sys.executable, str(ROOT / "bench" / "bench_memory.py"), "--child", shape],
-                         env=offline_env(), capture_output=True, text=True, timeout=300)
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "bench_memory.py"), "--child", shape],
+        env=offline_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     result = json.loads(out.stdout.strip().splitlines()[-1])
     ratio = result["estimate"] / result["measured"]
@@ -317,9 +345,11 @@ def test_memory_estimate_is_within_5_percent_of_the_measured_peak(shape):
 
 
 # ---------------------------------------------------------------------- Liger
-@pytest.mark.skipif(importlib.util.find_spec("liger_kernel") is None,
-                    reason="liger-kernel is not installed: it needs Triton (~1 GB, GPU kernels), so only the "
-                           "[liger] extra has it; `pip install -c constraints.txt -e '.[liger]'` to run this")
+@pytest.mark.skipif(
+    importlib.util.find_spec("liger_kernel") is None,
+    reason="liger-kernel is not installed: it needs Triton (~1 GB, GPU kernels), so only the "
+    "[liger] extra has it; `pip install -c constraints.txt -e '.[liger]'` to run this",
+)
 def test_liger_public_api_patches_the_modules_and_takes_the_loops_call(monkeypatch):
     """liger-kernel's public `apply_liger_kernel_to_llama`, as `liger: true` calls it: every norm and
     MLP swapped, and the forward takes the loop's call. Patching runs no kernel, so this part runs
@@ -338,8 +368,13 @@ def test_liger_public_api_patches_the_modules_and_takes_the_loops_call(monkeypat
     from liger_kernel.transformers.rms_norm import LigerRMSNorm
     from liger_kernel.transformers.swiglu import LigerSwiGLUMLP
 
-    assert LIGER_KERNELS == {"rope": True, "rms_norm": True, "swiglu": True, "fused_linear_cross_entropy": True,
-                             "cross_entropy": False}
+    assert LIGER_KERNELS == {
+        "rope": True,
+        "rms_norm": True,
+        "swiglu": True,
+        "fused_linear_cross_entropy": True,
+        "cross_entropy": False,
+    }
     torch.manual_seed(0)
     stock = smoke_model()
     model = smoke_model()
@@ -349,7 +384,9 @@ def test_liger_public_api_patches_the_modules_and_takes_the_loops_call(monkeypat
     # Liger rebinds each existing module's forward (or, for modules built later, replaces the class)
     layers = model.model.layers
     assert all(layer.mlp.forward.__func__ is LigerSwiGLUMLP.forward for layer in layers)
-    norms = [model.model.norm] + [n for layer in layers for n in (layer.input_layernorm, layer.post_attention_layernorm)]
+    norms = [model.model.norm] + [
+        n for layer in layers for n in (layer.input_layernorm, layer.post_attention_layernorm)
+    ]
     assert all(norm.forward.__func__ is LigerRMSNorm.forward for norm in norms)
     assert modeling_llama.apply_rotary_pos_emb is not stock_rope
     forward = model.forward
@@ -361,4 +398,3 @@ def test_liger_public_api_patches_the_modules_and_takes_the_loops_call(monkeypat
         model, stock = model.cuda(), stock.cuda()
         call = {k: v.cuda() for k, v in call.items()}
         torch.testing.assert_close(model(**call).loss, stock(**call).loss, rtol=1e-4, atol=1e-4)
-

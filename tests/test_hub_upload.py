@@ -31,8 +31,9 @@ def point_at(hub, monkeypatch):
     """In this process, what HF_ENDPOINT and HF_HUB_OFFLINE=0 would have set when huggingface_hub was imported."""
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
     monkeypatch.setattr(huggingface_hub.constants, "ENDPOINT", hub.url)
-    monkeypatch.setattr(huggingface_hub.constants, "HUGGINGFACE_CO_URL_TEMPLATE",
-                        hub.url + "/{repo_id}/resolve/{revision}/{filename}")
+    monkeypatch.setattr(
+        huggingface_hub.constants, "HUGGINGFACE_CO_URL_TEMPLATE", hub.url + "/{repo_id}/resolve/{revision}/{filename}"
+    )
 
 
 @pytest.fixture
@@ -53,15 +54,38 @@ def download(hub, repo_id, revision, tmp_path):
     return snapshot_download(repo_id, revision=revision, token=TOKEN, cache_dir=tmp_path / f"download-{revision}")
 
 
-def test_export_cli_pushes_through_hf_endpoint_and_the_files_load_again(reference_run, exported, hub, tmp_path,
-                                                                        monkeypatch):
+def test_export_cli_pushes_through_hf_endpoint_and_the_files_load_again(
+    reference_run, exported, hub, tmp_path, monkeypatch
+):
     run_dir, _ = reference_run
-    env = {**offline_env(), "HF_HUB_OFFLINE": "0", "HF_ENDPOINT": hub.url, "HF_TOKEN": TOKEN,
-           "HF_HOME": str(tmp_path / "hf_home")}
+    env = {
+        **offline_env(),
+        "HF_HUB_OFFLINE": "0",
+        "HF_ENDPOINT": hub.url,
+        "HF_TOKEN": TOKEN,
+        "HF_HOME": str(tmp_path / "hf_home"),
+    }
     out = tmp_path / "pushed"
-    result = subprocess.run([sys.executable, "-m", "hf_pretrain.cli", "export", "--checkpoint", str(run_dir),
-                             "--out", str(out), "--push_to_hub", "me/tiny-llama", "--private"],
-                            cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "hf_pretrain.cli",
+            "export",
+            "--checkpoint",
+            str(run_dir),
+            "--out",
+            str(out),
+            "--push_to_hub",
+            "me/tiny-llama",
+            "--private",
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     log = result.stdout + result.stderr
     assert result.returncode == 0, log
     assert TOKEN not in log
@@ -113,8 +137,9 @@ def test_training_publishes_each_checkpoint_and_survives_a_refusal(reference_run
     assert not list((reference_run[0] / "checkpoints").glob("*.pin"))  # the jobs' pinned copies are gone
 
 
-def test_a_refused_upload_fails_clearly_without_the_token_and_keeps_the_export(reference_run, online, tmp_path,
-                                                                              monkeypatch, capsys):
+def test_a_refused_upload_fails_clearly_without_the_token_and_keeps_the_export(
+    reference_run, online, tmp_path, monkeypatch, capsys
+):
     run_dir, _ = reference_run
     monkeypatch.delenv("HF_TOKEN")  # the token comes from the local login file this time
     login = tmp_path / "token"

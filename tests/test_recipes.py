@@ -34,7 +34,7 @@ def test_every_recipe_key_is_commented(name):
     bare = []
     for i, line in enumerate(lines):
         stripped = line.strip()
-        if not stripped or stripped.startswith(("#", "- \"")) or ":" not in stripped or stripped.endswith(":"):
+        if not stripped or stripped.startswith(("#", '- "')) or ":" not in stripped or stripped.endswith(":"):
             continue
         commented = "#" in line or (i > 0 and lines[i - 1].strip().startswith("#"))
         if not commented:

@@ -32,7 +32,13 @@ from hf_pretrain.training.run_lock import RunLock, RunLocked, holder_of
 from tests.helpers import ROOT, SHORT_RUN, offline_env
 
 TRAIN = [str(ROOT / "hf_pretrain" / "train.py"), "--recipe", "smoke"]
-LAUNCH = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(ROOT / "accelerate_configs" / "cpu.yaml")]
+LAUNCH = [
+    sys.executable,
+    "-m",
+    "accelerate.commands.launch",
+    "--config_file",
+    str(ROOT / "accelerate_configs" / "cpu.yaml"),
+]
 
 
 def arguments(data_dir: Path, run_dir: Path, **overrides) -> list[str]:
@@ -42,8 +48,15 @@ def arguments(data_dir: Path, run_dir: Path, **overrides) -> list[str]:
 
 def start(command: list[str], env: dict[str, str] | None = None) -> subprocess.Popen:
     """A process in a session of its own, so that whatever it leaves behind can be found and killed."""
-    return subprocess.Popen(command, cwd=ROOT, env={**offline_env(), **(env or {})}, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    return subprocess.Popen(
+        command,
+        cwd=ROOT,
+        env={**offline_env(), **(env or {})},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
 
 
 def processes_naming(run_dir: Path) -> list[int]:
@@ -92,8 +105,9 @@ def logged_step(run_dir: Path) -> int:
 # ---------------------------------------------------------------- a crash must end the process
 def test_a_crash_with_loader_workers_alive_ends_the_process(smoke_data, tmp_path):
     run_dir = tmp_path / "crash"
-    process = start([sys.executable, *TRAIN, *arguments(smoke_data, run_dir, num_workers=1)],
-                    env={"HF_PRETRAIN_FAULTS": "crash:3"})
+    process = start(
+        [sys.executable, *TRAIN, *arguments(smoke_data, run_dir, num_workers=1)], env={"HF_PRETRAIN_FAULTS": "crash:3"}
+    )
     try:
         output = process.communicate(timeout=90)[0]  # it used to wait forever for the workers
         assert process.returncode == EXIT_CRASHED, output[-3000:]
@@ -138,18 +152,31 @@ def test_a_finished_run_says_so_in_status_json(reference_run):
 
 
 # ---------------------------------------------------------------- one training per run folder
-HOLD_THE_LOCK = ("import sys, time\nfrom hf_pretrain.run_dir import RunDir\nfrom hf_pretrain.training.run_lock "
-                 "import RunLock\nRunLock(RunDir(sys.argv[1])).acquire()\nprint('locked', flush=True)\ntime.sleep(600)\n")
+HOLD_THE_LOCK = (
+    "import sys, time\nfrom hf_pretrain.run_dir import RunDir\nfrom hf_pretrain.training.run_lock "
+    "import RunLock\nRunLock(RunDir(sys.argv[1])).acquire()\nprint('locked', flush=True)\ntime.sleep(600)\n"
+)
 
 
 def test_a_second_training_in_the_same_folder_is_refused_by_name(smoke_data, tmp_path):
     run_dir = tmp_path / "busy"
-    holder = subprocess.Popen([sys.executable, "-c", HOLD_THE_LOCK, str(run_dir)], cwd=ROOT, env=offline_env(),
-                              stdout=subprocess.PIPE, text=True)
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLD_THE_LOCK, str(run_dir)],
+        cwd=ROOT,
+        env=offline_env(),
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert holder.stdout.readline().strip() == "locked"
-        second = subprocess.run([sys.executable, *TRAIN, *arguments(smoke_data, run_dir)], cwd=ROOT,
-                                env=offline_env(), capture_output=True, text=True, timeout=120)
+        second = subprocess.run(
+            [sys.executable, *TRAIN, *arguments(smoke_data, run_dir)],
+            cwd=ROOT,
+            env=offline_env(),
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert second.returncode == EXIT_LOCKED, second.stderr[-2000:]
         assert f"pid {holder.pid} on {socket.gethostname()}" in second.stderr and "in use" in second.stderr
         assert sorted(p.name for p in run_dir.iterdir()) == ["run.lock"]  # nothing written, no status.json
@@ -166,8 +193,11 @@ def test_a_second_training_in_the_same_folder_is_refused_by_name(smoke_data, tmp
 
 # ---------------------------------------------------------------- a checkpoint that does not fit
 def tree_digest(folder: Path) -> dict[str, str]:
-    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(folder.rglob("*")) if p.is_file() and p.name not in ("status.json", "run.lock")}
+    return {
+        str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(folder.rglob("*"))
+        if p.is_file() and p.name not in ("status.json", "run.lock")
+    }
 
 
 @pytest.fixture
@@ -178,14 +208,23 @@ def copied_run(reference_run, tmp_path) -> Path:
 
 
 @pytest.mark.slow  # two trainings that stop before their first step: 15 s each on an idle 2-core machine
-@pytest.mark.parametrize("change, named", [
-    ({"num_hidden_layers": 2}, "num_hidden_layers 4 -> 2"),  # seen before the model is built (preflight)
-    ({"vocab_multiple": 100}, "vocab_size 4096 -> 4100"),  # seen when the checkpoint is loaded
-])
+@pytest.mark.parametrize(
+    "change, named",
+    [
+        ({"num_hidden_layers": 2}, "num_hidden_layers 4 -> 2"),  # seen before the model is built (preflight)
+        ({"vocab_multiple": 100}, "vocab_size 4096 -> 4100"),  # seen when the checkpoint is loaded
+    ],
+)
 def test_a_checkpoint_of_another_shape_stops_the_run_and_touches_nothing(smoke_data, copied_run, change, named):
     before = tree_digest(copied_run)
-    result = subprocess.run([sys.executable, *TRAIN, *arguments(smoke_data, copied_run, **change)],
-                            cwd=ROOT, env=offline_env(), capture_output=True, text=True, timeout=180)
+    result = subprocess.run(
+        [sys.executable, *TRAIN, *arguments(smoke_data, copied_run, **change)],
+        cwd=ROOT,
+        env=offline_env(),
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     assert result.returncode == EXIT_PREFLIGHT, (result.stdout + result.stderr)[-3000:]
     assert named in result.stderr and "--resume none --output_dir" in result.stderr
     assert tree_digest(copied_run) == before  # no metrics truncated, no checkpoint pruned, the recipe kept
@@ -218,8 +257,9 @@ def test_an_unreadable_random_state_is_said(copied_run):
 
 
 # ---------------------------------------------------------------- export --overwrite
-def test_export_overwrite_replaces_a_previous_export_and_nothing_else(reference_run, exported, tmp_path,
-                                                                     monkeypatch, capsys):
+def test_export_overwrite_replaces_a_previous_export_and_nothing_else(
+    reference_run, exported, tmp_path, monkeypatch, capsys
+):
     run_dir, _ = reference_run
     common = ["--checkpoint", str(run_dir), "--overwrite"]
     before = tree_digest(run_dir)

@@ -46,13 +46,21 @@ def accelerator():
 
 
 def save(accelerator, output_dir: Path, step: int, **options):
-    return save_checkpoint(accelerator, output_dir, {"step": step}, keep=3, model_config=LlamaConfig(),
-                           tokenizer=StandInTokenizer(), **options)
+    return save_checkpoint(
+        accelerator,
+        output_dir,
+        {"step": step},
+        keep=3,
+        model_config=LlamaConfig(),
+        tokenizer=StandInTokenizer(),
+        **options,
+    )
 
 
 # ---------------------------------------------------------------------- the seal in the background
-def test_a_periodic_save_returns_before_its_hashing_and_completes_on_the_seal_thread(accelerator, tmp_path,
-                                                                                      monkeypatch):
+def test_a_periodic_save_returns_before_its_hashing_and_completes_on_the_seal_thread(
+    accelerator, tmp_path, monkeypatch
+):
     release, hashed_on = threading.Event(), []
 
     def slow_manifest(folder: Path) -> None:
@@ -72,8 +80,9 @@ def test_a_periodic_save_returns_before_its_hashing_and_completes_on_the_seal_th
     assert verify_checkpoint(final)["step"] == 1  # the manifest was written before the rename
 
 
-def test_a_background_seal_that_fails_stops_the_next_save_and_leaves_the_previous_checkpoint(accelerator, tmp_path,
-                                                                                             monkeypatch):
+def test_a_background_seal_that_fails_stops_the_next_save_and_leaves_the_previous_checkpoint(
+    accelerator, tmp_path, monkeypatch
+):
     save(accelerator, tmp_path, 1)  # inline: complete on return
 
     def full_disk(folder: Path) -> None:
@@ -109,8 +118,12 @@ def test_a_milestone_keeps_its_bf16_weights_and_a_kill_while_slimming_is_finishe
     keep_weights_only(folder)
     state = verify_checkpoint(folder)  # a new manifest, checked in full
     assert state["weights_only"] and state["step"] == 4
-    assert sorted(p.name for p in folder.iterdir()) == ["config.json", "manifest.json", "model.safetensors",
-                                                        "train_state.json"]
+    assert sorted(p.name for p in folder.iterdir()) == [
+        "config.json",
+        "manifest.json",
+        "model.safetensors",
+        "train_state.json",
+    ]
     slim = load_file(folder / "model.safetensors")
     assert slim["w"].dtype == torch.bfloat16 and torch.equal(slim["w"], weights["w"].bfloat16())
     assert torch.equal(slim["count"], weights["count"])  # integers stay as they are

@@ -16,16 +16,19 @@ from tests.helpers import ROOT, offline_env
 
 
 # ---------------------------------------------------------------------- ranges
-@pytest.mark.parametrize("key, value, allowed", [
-    ("grad_clip", "-1", ">= 0"),  # was gradient ascent: loss 8.4 -> 16.1, rc 0
-    ("weight_decay", "-3", ">= 0"),
-    ("warmup_steps", "-5", ">= 0"),
-    ("sample_max_new_tokens", "-1", ">= 1"),  # was a crash at the first evaluation
-    ("adam_beta1", "1.5", "in [0, 1)"),  # passed the doctor, crashed before step 1
-    ("adam_beta2", "1", "in [0, 1)"),
-    ("learning_rate", "nan", "in (0, 1]"),
-    ("seq_len", "0", ">= 1"),
-])
+@pytest.mark.parametrize(
+    "key, value, allowed",
+    [
+        ("grad_clip", "-1", ">= 0"),  # was gradient ascent: loss 8.4 -> 16.1, rc 0
+        ("weight_decay", "-3", ">= 0"),
+        ("warmup_steps", "-5", ">= 0"),
+        ("sample_max_new_tokens", "-1", ">= 1"),  # was a crash at the first evaluation
+        ("adam_beta1", "1.5", "in [0, 1)"),  # passed the doctor, crashed before step 1
+        ("adam_beta2", "1", "in [0, 1)"),
+        ("learning_rate", "nan", "in (0, 1]"),
+        ("seq_len", "0", ">= 1"),
+    ],
+)
 def test_a_value_out_of_its_range_is_refused_naming_the_key_and_the_range(key, value, allowed, capsys):
     with pytest.raises(SystemExit) as exit_:
         parse_recipe_args(["--recipe", "smoke", f"--{key}", value], prog="hf-pretrain train", description="")
@@ -53,9 +56,23 @@ def test_every_numeric_key_declares_its_range(f):
 
 def test_a_bad_setting_stops_training_before_any_work(tmp_path):
     run_dir = tmp_path / "run"
-    result = subprocess.run([sys.executable, "hf_pretrain/train.py", "--recipe", "smoke", "--grad_clip", "-1",
-                             "--output_dir", str(run_dir)], cwd=ROOT, env=offline_env(), capture_output=True,
-                            text=True, timeout=120)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "hf_pretrain/train.py",
+            "--recipe",
+            "smoke",
+            "--grad_clip",
+            "-1",
+            "--output_dir",
+            str(run_dir),
+        ],
+        cwd=ROOT,
+        env=offline_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 2
     assert "grad_clip=-1.0 must be >= 0" in result.stderr and "Traceback" not in result.stderr
     assert not run_dir.exists()
@@ -69,25 +86,31 @@ def write(tmp_path, text):
 
 
 def test_a_key_given_twice_is_refused_naming_both_lines(tmp_path):
-    path = write(tmp_path, """
+    path = write(
+        tmp_path,
+        """
         train:
           max_steps: 10
           warmup_steps: 2
           max_steps: 20
-    """)
+    """,
+    )
     with pytest.raises(RecipeError, match=r"r\.yaml, line 4: `max_steps` is given twice \(first on line 2\)"):
         load_recipe(str(path))
 
 
 def test_a_repeated_section_is_refused_rather_than_dropping_the_first(tmp_path):
-    path = write(tmp_path, """
+    path = write(
+        tmp_path,
+        """
         train:
           max_steps: 10
         model:
           hidden_size: 64
         train:
           warmup_steps: 3
-    """)
+    """,
+    )
     with pytest.raises(RecipeError, match=r"line 5: `train` is given twice \(first on line 1\)"):
         load_recipe(str(path))
     with pytest.raises(SystemExit):  # the command line reads recipes the same way
@@ -95,12 +118,15 @@ def test_a_repeated_section_is_refused_rather_than_dropping_the_first(tmp_path):
 
 
 def test_yaml_merge_keys_may_still_be_overridden(tmp_path):
-    path = write(tmp_path, """
+    path = write(
+        tmp_path,
+        """
         data:
           sources:
             - &web {kind: builtin, name: python-docs, weight: 1.0}
             - {<<: *web, weight: 2.0}
-    """)
+    """,
+    )
     assert [s.weight for s in load_recipe(str(path)).data.sources] == [1.0, 2.0]
 
 
@@ -121,18 +147,24 @@ def test_eval_tokens_replace_eval_batches_which_still_read_with_a_note(tmp_path,
     recipe = build_recipe({}, {"eval_batches": 3, "micro_batch_size": 4, "seq_len": 64, "global_batch_tokens": 256})
     assert recipe.train.eval_tokens == 3 * 4 * 64  # what the old key meant on one process
     assert "is now `eval_tokens: 768`" in capsys.readouterr().err
-    old = write(tmp_path, """
+    old = write(
+        tmp_path,
+        """
         train:
           eval_batches: 2
-    """)
+    """,
+    )
     assert load_recipe(str(old)).train.eval_tokens == 2 * 8 * 128
     recipe, _ = parse_recipe_args(["--recipe", "smoke", "--eval_batches", "1"], prog="t", description="")
     assert recipe.train.eval_tokens == 16 * 128
-    both = write(tmp_path, """
+    both = write(
+        tmp_path,
+        """
         train:
           eval_batches: 2
           eval_tokens: 100
-    """)
+    """,
+    )
     with pytest.raises(RecipeError, match="not both"):
         load_recipe(str(both))
 

@@ -37,8 +37,9 @@ from tests.helpers import ROOT, SHORT_RUN, launch_training, offline_env
 
 
 def train_config(**overrides):
-    return build_recipe({}, {"learning_rate": 1e-3, "min_lr_ratio": 0.1, "warmup_steps": 10, "max_steps": 100,
-                             **overrides}).train
+    return build_recipe(
+        {}, {"learning_rate": 1e-3, "min_lr_ratio": 0.1, "warmup_steps": 10, "max_steps": 100, **overrides}
+    ).train
 
 
 # ---------------------------------------------------------------------- schedules
@@ -112,8 +113,13 @@ def test_the_stop_command_writes_a_request_the_loop_can_read(tmp_path, capsys):
     assert read_stop_request(run).cooldown_steps is None
     RunDir(run).stop_request.write_text("{torn")
     assert read_stop_request(run).cooldown_steps is None  # unreadable still means: stop
-    process = subprocess.run([sys.executable, "-m", "hf_pretrain.cli", "stop", "--help"], capture_output=True,
-                             text=True, env=offline_env(), cwd=ROOT)
+    process = subprocess.run(
+        [sys.executable, "-m", "hf_pretrain.cli", "stop", "--help"],
+        capture_output=True,
+        text=True,
+        env=offline_env(),
+        cwd=ROOT,
+    )
     assert process.returncode == 0 and "--cooldown_steps" in process.stdout
 
 
@@ -187,8 +193,13 @@ def test_going_further_with_wsd_branches_from_the_last_checkpoint_before_the_dec
     old = build_recipe({}, {"max_steps": 250, "warmup_steps": 20, "lr_schedule": "wsd"})
     new = build_recipe({}, {"max_steps": 400, "warmup_steps": 20, "lr_schedule": "wsd"})
     plan_ = plan_continuation(saved_state(old, 250), new)
-    assert plan_.branch == {"branch_step": 200, "from_step": 250, "from_max_steps": 250, "from_end": 250,
-                            "max_steps": 400}
+    assert plan_.branch == {
+        "branch_step": 200,
+        "from_step": 250,
+        "from_max_steps": 250,
+        "from_end": 250,
+        "max_steps": 400,
+    }
     assert "the peak holds to step 320" in " ".join(plan_.notes)
     # a stopped run (cooldown from step 90) goes further from step 90; the same max_steps keeps the cooldown
     stopped = saved_state(old, 108, Cooldown(90, 108, "asked"))
@@ -202,13 +213,18 @@ def test_going_further_with_wsd_branches_from_the_last_checkpoint_before_the_dec
 
 def test_extending_a_cosine_says_what_the_learning_rate_does_and_needs_a_flag():
     old = build_recipe({}, {"max_steps": 250, "warmup_steps": 20, "learning_rate": 3e-3})
-    with pytest.raises(ResumeRefused, match=r"reached learning rate 0.0003 at step 250.*step 251 gets 0.00121 "
-                                            r"\(4.0x\)") as refused:
-        plan_continuation(saved_state(old, 250), build_recipe({}, {"max_steps": 400, "warmup_steps": 20,
-                                                                  "learning_rate": 3e-3}))
+    with pytest.raises(
+        ResumeRefused,
+        match=r"reached learning rate 0.0003 at step 250.*step 251 gets 0.00121 "
+        r"\(4.0x\)",
+    ) as refused:
+        plan_continuation(
+            saved_state(old, 250), build_recipe({}, {"max_steps": 400, "warmup_steps": 20, "learning_rate": 3e-3})
+        )
     assert "--allow_schedule_change true" in refused.value.fix
-    allowed = build_recipe({}, {"max_steps": 400, "warmup_steps": 20, "learning_rate": 3e-3,
-                                "allow_schedule_change": True})
+    allowed = build_recipe(
+        {}, {"max_steps": 400, "warmup_steps": 20, "learning_rate": 3e-3, "allow_schedule_change": True}
+    )
     assert "allow_schedule_change" in plan_continuation(saved_state(old, 250), allowed).notes[0]
 
 
@@ -218,8 +234,9 @@ def test_a_new_batch_or_context_stops_by_name_unless_allowed_which_moves_the_dat
     with pytest.raises(ResumeRefused, match="global_batch_tokens 4096 -> 8192") as refused:
         plan_continuation(saved_state(old, 30), build_recipe({}, new_batch))
     assert "--allow_recipe_change true" in refused.value.fix
-    new = build_recipe({}, {"global_batch_tokens": 8192, "micro_batch_size": 16, "seq_len": 256,
-                            "allow_recipe_change": True})
+    new = build_recipe(
+        {}, {"global_batch_tokens": 8192, "micro_batch_size": 16, "seq_len": 256, "allow_recipe_change": True}
+    )
     saved = saved_state(old, 30)
     continuation = plan_continuation(saved, new)
     assert continuation.batch_changed == ["train.global_batch_tokens", "data.seq_len"]
@@ -253,16 +270,19 @@ def test_the_fit_recovers_a_known_curve_and_shrugs_off_a_spike():
 
 def test_forecast_fields_price_the_next_phase_and_going_further():
     tokens = np.arange(1, 101) * 1000.0
-    records = [{"kind": "train", "step": s, "tokens": t, "loss": loss, "elapsed": 36.0 * s}
-               for s, t, loss in zip(range(1, 101), tokens, power_law(tokens), strict=True)]
+    records = [
+        {"kind": "train", "step": s, "tokens": t, "loss": loss, "elapsed": 36.0 * s}
+        for s, t, loss in zip(range(1, 101), tokens, power_law(tokens), strict=True)
+    ]
     phases = [Phase("a", 0, 100), Phase("b", 100, 200), Phase("c", 200, 400)]
     fields = forecast_fields(records, (11, 400), 400, phases, price_per_hour=10.0)
     assert fields["forecast_loss"] == pytest.approx(power_law(np.array([1000.0, 400_000.0]))[1], abs=1e-3)
     assert fields["usd_left"] == pytest.approx(300 * 36 / 3600 * 10)
     drop = power_law(np.array([1000.0, 100_000.0, 200_000.0]))
     assert fields["next_phase"] == "b"
-    assert fields["next_phase_usd_per_loss_point"] == pytest.approx(100 * 36 / 3600 * 10 / (drop[1] - drop[2]),
-                                                                    rel=1e-3)
+    assert fields["next_phase_usd_per_loss_point"] == pytest.approx(
+        100 * 36 / 3600 * 10 / (drop[1] - drop[2]), rel=1e-3
+    )
     assert next_phase(phases, 250, 400) == Phase("rest of the run", 250, 400)
     further = going_further(records, (11, 100), 200_000.0, price_per_hour=10.0)
     assert further.steps == 100 and further.cost == pytest.approx(10.0) and further.usd_per_loss_point > 0
@@ -295,8 +315,20 @@ def test_plan_run_prices_going_further_and_the_report_draws_the_forecast(tmp_pat
     tokens = np.arange(1, 201) * 4096.0
     with run.metrics.open("w") as f:
         for step, loss in zip(range(1, 201), power_law(tokens), strict=True):
-            f.write(json.dumps({"kind": "train", "step": step, "tokens": step * 4096, "loss": loss, "lr": 3e-3,
-                                "tokens_per_s": 4096, "elapsed": float(step)}) + "\n")
+            f.write(
+                json.dumps(
+                    {
+                        "kind": "train",
+                        "step": step,
+                        "tokens": step * 4096,
+                        "loss": loss,
+                        "lr": 3e-3,
+                        "tokens_per_s": 4096,
+                        "elapsed": float(step),
+                    }
+                )
+                + "\n"
+            )
     assert plan.main(["--run", str(run.path), "--tokens", "2e6"]) == 0
     out = capsys.readouterr().out
     assert "going there: 289 more steps, 0.08 h" in out and "per loss point" in out
@@ -343,16 +375,31 @@ def test_stop_now_on_a_running_wsd_job_ends_with_a_decayed_model_better_than_an_
     abrupt stop at that step would have left (the checkpoint the run kept there, its branch point).
     docs/benchmarks.md has the figures, and the comparison at equal compute too."""
     run_dir, overrides = tmp_path / "stopped", {**SHORT_RUN, **WSD, "max_steps": 60, "log_interval": 1}
-    command = [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
-               str(ROOT / "accelerate_configs" / "cpu_2proc.yaml"), str(ROOT / "hf_pretrain" / "train.py"),
-               "--recipe", "smoke", "--data_dir", str(smoke_data), "--output_dir", str(run_dir)]
+    command = [
+        sys.executable,
+        "-m",
+        "accelerate.commands.launch",
+        "--config_file",
+        str(ROOT / "accelerate_configs" / "cpu_2proc.yaml"),
+        str(ROOT / "hf_pretrain" / "train.py"),
+        "--recipe",
+        "smoke",
+        "--data_dir",
+        str(smoke_data),
+        "--output_dir",
+        str(run_dir),
+    ]
     command += [a for k, v in overrides.items() for a in (f"--{k}", str(v))]
-    process = subprocess.Popen(command, cwd=ROOT, env=offline_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                               text=True)
+    process = subprocess.Popen(
+        command, cwd=ROOT, env=offline_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
     try:
         deadline = time.monotonic() + 300
-        while not (run_dir / "metrics.jsonl").exists() or train_records(run_dir)[-1:] == [] \
-                or train_records(run_dir)[-1]["step"] < 24:
+        while (
+            not (run_dir / "metrics.jsonl").exists()
+            or train_records(run_dir)[-1:] == []
+            or train_records(run_dir)[-1]["step"] < 24
+        ):
             assert process.poll() is None and time.monotonic() < deadline, process.communicate()[0][-3000:]
             time.sleep(0.05)
         assert stop_main([str(run_dir), "--cooldown_steps", "12"]) == 0
@@ -374,8 +421,10 @@ def test_stop_now_on_a_running_wsd_job_ends_with_a_decayed_model_better_than_an_
     assert "stopped early" in (run_dir / "final" / "README.md").read_text()
     decayed = validation_loss(run_dir / "final", smoke_data)
     abrupt = validation_loss(run_dir / "checkpoints" / f"step_{start:08d}", smoke_data)
-    print(f"\nstop asked at step {start}: validation loss {abrupt:.4f} stopping there, {decayed:.4f} after the "
-          f"cooldown to step {end}")
+    print(
+        f"\nstop asked at step {start}: validation loss {abrupt:.4f} stopping there, {decayed:.4f} after the "
+        f"cooldown to step {end}"
+    )
     assert decayed < abrupt
 
 
@@ -404,8 +453,9 @@ def test_going_further_equals_the_run_planned_that_long_and_every_log_survives_a
     assert (run_dir / "final_step_00000016" / "model.safetensors").exists()  # the first ending is kept,
     assert (run_dir / "checkpoints" / "step_00000016.superseded").is_dir()  # out of the way of resume and pruning
     state = json.loads((run_dir / "checkpoints" / "step_00000024" / TRAIN_STATE).read_text())
-    assert state["lineage"] == [{"branch_step": 13, "from_step": 16, "from_max_steps": 16, "from_end": 16,
-                                 "max_steps": 24}]
+    assert state["lineage"] == [
+        {"branch_step": 13, "from_step": 16, "from_max_steps": 16, "from_end": 16, "max_steps": 24}
+    ]
     assert "went further from its checkpoint of step 13" in (run_dir / "final" / "README.md").read_text()
 
 
@@ -433,8 +483,15 @@ def test_a_shortened_run_drops_its_late_phases_warms_over_the_run_and_logs_each_
 
     data_dir = tmp_path / "data"
     prepare_golden_data(data_dir)
-    log = launch_training(data_dir, tmp_path / "run", short=False, max_steps=12, log_interval=4, eval_interval=0,
-                          sources=golden_overrides(data_dir)["sources"])
+    log = launch_training(
+        data_dir,
+        tmp_path / "run",
+        short=False,
+        max_steps=12,
+        log_interval=4,
+        eval_interval=0,
+        sources=golden_overrides(data_dir)["sources"],
+    )
     assert "ends before phase(s) warmup (step 20), learning (step 100), settling (step 250)" in log
     assert "warmup_steps=20 is not below max_steps=12" in log and "1.24 epochs" in log
     epochs = [r for r in read_jsonl(tmp_path / "run" / "metrics.jsonl") if r["kind"] == "epoch"]

@@ -27,8 +27,14 @@ TOKEN = "hf_standinToken0123456789"
 
 
 def hf_pretrain_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "hf_pretrain.cli", *args], cwd=ROOT, env=env or offline_env(),
-                          capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "hf_pretrain.cli", *args],
+        cwd=ROOT,
+        env=env or offline_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def test_the_space_has_an_app_its_requirements_and_a_readme_the_hub_reads(tmp_path):
@@ -65,10 +71,16 @@ def test_the_space_app_serves_a_local_model_from_its_own_folder(reference_run, t
     out = write_space(["me/llama"], tmp_path / "space")
     port = free_port()
     # -I: neither this repository nor the current folder on sys.path, as on a Space
-    env = dict(offline_env(), DEMO_MODELS=str(final), GRADIO_SERVER_NAME="127.0.0.1", GRADIO_SERVER_PORT=str(port),
-               GRADIO_ANALYTICS_ENABLED="False")
-    server = subprocess.Popen([sys.executable, "-I", "app.py"], cwd=out, env=env, stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True)
+    env = dict(
+        offline_env(),
+        DEMO_MODELS=str(final),
+        GRADIO_SERVER_NAME="127.0.0.1",
+        GRADIO_SERVER_PORT=str(port),
+        GRADIO_ANALYTICS_ENABLED="False",
+    )
+    server = subprocess.Popen(
+        [sys.executable, "-I", "app.py"], cwd=out, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
     try:
         client, deadline = None, time.monotonic() + 90
         while client is None:
@@ -87,14 +99,28 @@ def test_the_space_app_serves_a_local_model_from_its_own_folder(reference_run, t
 
 
 def push_env(hub: HubStandIn, tmp_path, offline: bool = False) -> dict[str, str]:
-    return dict(offline_env(), HF_ENDPOINT=hub.url, HF_HUB_OFFLINE="1" if offline else "0", HF_TOKEN=TOKEN,
-                HF_HOME=str(tmp_path / "hf_home"), HF_HUB_DISABLE_TELEMETRY="1")
+    return dict(
+        offline_env(),
+        HF_ENDPOINT=hub.url,
+        HF_HUB_OFFLINE="1" if offline else "0",
+        HF_TOKEN=TOKEN,
+        HF_HOME=str(tmp_path / "hf_home"),
+        HF_HUB_DISABLE_TELEMETRY="1",
+    )
 
 
 def test_push_creates_a_gradio_space_and_uploads_the_folder(tmp_path):
     with HubStandIn(TOKEN) as hub:
-        result = hf_pretrain_cli("space", "--model", "me/llama", "--out", str(tmp_path / "space"),
-                                 "--push", "me/llama-demo", env=push_env(hub, tmp_path))
+        result = hf_pretrain_cli(
+            "space",
+            "--model",
+            "me/llama",
+            "--out",
+            str(tmp_path / "space"),
+            "--push",
+            "me/llama-demo",
+            env=push_env(hub, tmp_path),
+        )
     assert result.returncode == 0, result.stderr
     assert f"pushed: {hub.url}/spaces/me/llama-demo/commit/" in result.stdout
     assert hub.state.unexpected == []
@@ -110,13 +136,29 @@ def test_push_creates_a_gradio_space_and_uploads_the_folder(tmp_path):
 def test_a_space_push_goes_through_the_one_upload_path(tmp_path):
     """push_folder's offline check and token scrubbing hold for Spaces too; the folder stays for a later push."""
     with HubStandIn(TOKEN) as hub:
-        offline = hf_pretrain_cli("space", "--model", "me/llama", "--out", str(tmp_path / "space"),
-                                  "--push", "me/llama-demo", env=push_env(hub, tmp_path, offline=True))
+        offline = hf_pretrain_cli(
+            "space",
+            "--model",
+            "me/llama",
+            "--out",
+            str(tmp_path / "space"),
+            "--push",
+            "me/llama-demo",
+            env=push_env(hub, tmp_path, offline=True),
+        )
         assert offline.returncode == 1 and "HF_HUB_OFFLINE" in offline.stderr
         assert hub.state.requests == []  # refused before any request
         hub.state.refuse_writes = True
-        refused = hf_pretrain_cli("space", "--model", "me/llama", "--out", str(tmp_path / "space"),
-                                  "--push", "me/llama-demo", env=push_env(hub, tmp_path))
+        refused = hf_pretrain_cli(
+            "space",
+            "--model",
+            "me/llama",
+            "--out",
+            str(tmp_path / "space"),
+            "--push",
+            "me/llama-demo",
+            env=push_env(hub, tmp_path),
+        )
     assert refused.returncode == 1
     assert "me/llama-demo" in refused.stderr and "hf upload me/llama-demo" in refused.stderr
     assert hub.state.requests  # the refusal came from the stand-in, which repeats the token in its message

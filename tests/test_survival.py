@@ -35,8 +35,11 @@ def train_losses(run_dir: Path) -> list[float]:
 
 
 def last_logged_step(run_dir: Path) -> int:
-    records = [r for r in read_jsonl(run_dir / "metrics.jsonl") if r["kind"] == "train"] \
-        if (run_dir / "metrics.jsonl").exists() else []
+    records = (
+        [r for r in read_jsonl(run_dir / "metrics.jsonl") if r["kind"] == "train"]
+        if (run_dir / "metrics.jsonl").exists()
+        else []
+    )
     return records[-1]["step"] if records else 0
 
 
@@ -80,9 +83,20 @@ def test_kills_at_any_moment_lose_nothing_but_recent_steps(smoke_data, tmp_path)
     run_dir = tmp_path / "killed"
     rng = random.Random(7)
     # chosen moments first (a torn checkpoint write, a graceful SIGTERM, a kill mid-step), then random ones
-    plan = ["kill-during-save", "sigterm", "sigkill-after-step", "sigkill-random", "kill-during-save",
-            "sigterm", "sigkill-random", "sigkill-after-step", "sigkill-anytime", "sigterm", "sigkill-random",
-            "kill-during-save"]
+    plan = [
+        "kill-during-save",
+        "sigterm",
+        "sigkill-after-step",
+        "sigkill-random",
+        "kill-during-save",
+        "sigterm",
+        "sigkill-random",
+        "sigkill-after-step",
+        "sigkill-anytime",
+        "sigterm",
+        "sigkill-random",
+        "kill-during-save",
+    ]
     kills, lost_steps, torn = 0, [], 0
     for action in plan:
         done = complete_steps(run_dir)
@@ -134,13 +148,16 @@ def copy_checkpoint_run(reference_dir: Path, tmp_path: Path) -> Path:
     return run_dir
 
 
-@pytest.mark.parametrize("damage, reason", [
-    ("truncate", r"optimizer.bin has \d+ bytes, the manifest says \d+"),
-    ("delete", r"model.safetensors is missing"),
-    ("manifest", r"manifest.json is unreadable"),
-    ("flip", r"model.safetensors fails its SHA-256 check"),
-    ("no-manifest", r"has no manifest.json: the save did not finish"),
-])
+@pytest.mark.parametrize(
+    "damage, reason",
+    [
+        ("truncate", r"optimizer.bin has \d+ bytes, the manifest says \d+"),
+        ("delete", r"model.safetensors is missing"),
+        ("manifest", r"manifest.json is unreadable"),
+        ("flip", r"model.safetensors fails its SHA-256 check"),
+        ("no-manifest", r"has no manifest.json: the save did not finish"),
+    ],
+)
 def test_torn_checkpoint_is_refused_with_the_reason(reference_run, tmp_path, damage, reason):
     run_dir = copy_checkpoint_run(reference_run[0], tmp_path)
     newest = run_dir / "checkpoints" / "step_00000012"
@@ -203,9 +220,17 @@ def start_process(data_dir: Path, run_dir: Path, process: int, port: int, faults
     cmd = [sys.executable, str(ROOT / "hf_pretrain" / "train.py"), "--recipe", "smoke"]
     for key, value in args.items():
         cmd += [f"--{key}", str(value)]
-    env = {**offline_env(), "HF_PRETRAIN_FAULTS": faults, "ACCELERATE_USE_CPU": "true", "MASTER_ADDR": "127.0.0.1",
-           "MASTER_PORT": str(port), "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2", "RANK": str(process),
-           "LOCAL_RANK": str(process)}
+    env = {
+        **offline_env(),
+        "HF_PRETRAIN_FAULTS": faults,
+        "ACCELERATE_USE_CPU": "true",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(port),
+        "WORLD_SIZE": "2",
+        "LOCAL_WORLD_SIZE": "2",
+        "RANK": str(process),
+        "LOCAL_RANK": str(process),
+    }
     return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
@@ -228,7 +253,9 @@ def test_a_save_failure_on_one_process_ends_every_process_with_exit_74(smoke_dat
         for p in processes:
             p.kill()
         pytest.fail(f"a process still ran 300 s after the disk-full fault on process {failing}: one was left waiting")
-    assert [p.returncode for p in processes] == [EXIT_SAVE_FAILED, EXIT_SAVE_FAILED], outputs[0][-2000:] + outputs[1][-2000:]
+    assert [p.returncode for p in processes] == [EXIT_SAVE_FAILED, EXIT_SAVE_FAILED], (
+        outputs[0][-2000:] + outputs[1][-2000:]
+    )
     message = next(line for line in outputs[0].splitlines() if line.startswith("stopped: "))
     assert f"failed on process {failing}: No space left on device" in message and "step_00000004 is intact" in message
     assert f"[process 1] {message}" in outputs[1].splitlines()  # the same words in each process's log
@@ -240,8 +267,9 @@ def test_a_save_failure_on_one_process_ends_every_process_with_exit_74(smoke_dat
 def test_a_save_failure_ends_a_launched_two_process_job(smoke_data, tmp_path):
     """The same through `accelerate launch`: the job ends (no process left waiting) with the reason."""
     run_dir = tmp_path / "launched"
-    log = launch_training(smoke_data, run_dir, processes=2, check=False, timeout=300,
-                          env={"HF_PRETRAIN_FAULTS": "disk-full@0:8"})
+    log = launch_training(
+        smoke_data, run_dir, processes=2, check=False, timeout=300, env={"HF_PRETRAIN_FAULTS": "disk-full@0:8"}
+    )
     assert "stopped: saving the step 8 checkpoint" in log and "No space left on device" in log, log[-3000:]
     assert "exitcode  : 74" in log  # torchrun's summary of the failed processes
     assert complete_steps(run_dir) == [4]
@@ -273,5 +301,9 @@ def test_milestones_survive_pruning(tmp_path):
         (root / f"step_{step:08d}").mkdir(parents=True)
     (root / "step_00000003.tmp").mkdir()
     prune_checkpoints(tmp_path, keep=2, milestone_interval=4)
-    assert sorted(p.name for p in root.iterdir()) == ["step_00000004", "step_00000008", "step_00000009",
-                                                      "step_00000010"]
+    assert sorted(p.name for p in root.iterdir()) == [
+        "step_00000004",
+        "step_00000008",
+        "step_00000009",
+        "step_00000010",
+    ]

@@ -36,8 +36,15 @@ def test_short_run_writes_every_output_and_a_loadable_model(reference_run):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     run_dir, log = reference_run
-    for name in ("resolved_recipe.yaml", "metrics.jsonl", "samples.jsonl", "final/config.json",
-                 "final/model.safetensors", "final/tokenizer.json", "checkpoints"):
+    for name in (
+        "resolved_recipe.yaml",
+        "metrics.jsonl",
+        "samples.jsonl",
+        "final/config.json",
+        "final/model.safetensors",
+        "final/tokenizer.json",
+        "checkpoints",
+    ):
         assert (run_dir / name).exists(), name
     losses = train_losses(run_dir)
     assert len(losses) == SHORT_RUN["max_steps"]
@@ -55,8 +62,11 @@ def test_short_run_writes_every_output_and_a_loadable_model(reference_run):
     assert list(run_dir.rglob("events.out.tfevents.*")), "report_to=tensorboard wrote no event file"
     assert any(r["kind"] == "eval" and r["val_loss"] > 0 for r in records)
     samples = read_jsonl(run_dir / "samples.jsonl")
-    assert {s["prompt"] for s in samples} == {"The capital of France is", "def fibonacci(n):",
-                                              "In a shocking discovery, scientists found that"}
+    assert {s["prompt"] for s in samples} == {
+        "The capital of France is",
+        "def fibonacci(n):",
+        "In a shocking discovery, scientists found that",
+    }
     assert {s["step"] for s in samples} == {6, 12}
     # keep_checkpoints=2 of the saves at 4, 8, 12
     assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["step_00000008", "step_00000012"]
@@ -112,8 +122,10 @@ def test_two_process_ddp_matches_one_process(reference_run, smoke_data, tmp_path
     for key in ref_w:
         torch.testing.assert_close(got_w[key], ref_w[key], rtol=1e-3, atol=2e-4)
     # eval_tokens are the same tokens on 1 or 2 processes, so the validation curves agree too
-    ref_val, got_val = ([r["val_loss"] for r in read_jsonl(d / "metrics.jsonl") if r["kind"] == "eval"]
-                        for d in (reference_dir, run_dir))
+    ref_val, got_val = (
+        [r["val_loss"] for r in read_jsonl(d / "metrics.jsonl") if r["kind"] == "eval"]
+        for d in (reference_dir, run_dir)
+    )
     assert len(got_val) == len(ref_val) == 2 and got_val == pytest.approx(ref_val, rel=2e-4)
 
 
@@ -123,8 +135,10 @@ def test_golden_losses(tmp_path):
     on any platform (the corpus is a file in tests/assets, not the Python install's own docs)."""
     golden = json.loads(GOLDEN.read_text())
     assert golden["overrides"] == SHORT_RUN
-    assert golden["corpus_sha256"] == hashlib.sha256(CORPUS.read_bytes()).hexdigest(), \
+    assert golden["corpus_sha256"] == hashlib.sha256(CORPUS.read_bytes()).hexdigest(), (
         "tests/assets/golden_corpus.jsonl changed: `python -m tests.regenerate_golden` re-records the curve"
+    )
     assert golden_losses(tmp_path) == pytest.approx(golden["losses"], rel=GOLDEN_RTOL), (
         "the golden loss curve moved: if the math changed on purpose, re-record it with "
-        "`python -m tests.regenerate_golden`")
+        "`python -m tests.regenerate_golden`"
+    )

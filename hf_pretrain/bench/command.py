@@ -46,18 +46,32 @@ from hf_pretrain.model import recipe_flops_per_token
 
 def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("bench options")
-    group.add_argument("--variants", nargs="+", default=[], metavar="KEY=V1,V2",
-                       help="recipe keys to vary, every combination runs (e.g. gradient_checkpointing=true,false "
-                            "compile=false micro_batch_size=4,8); the recipe as written always runs first")
+    group.add_argument(
+        "--variants",
+        nargs="+",
+        default=[],
+        metavar="KEY=V1,V2",
+        help="recipe keys to vary, every combination runs (e.g. gradient_checkpointing=true,false "
+        "compile=false micro_batch_size=4,8); the recipe as written always runs first",
+    )
     group.add_argument("--steps", type=int, default=20, help="optimizer steps per variant")
     group.add_argument("--warmup", type=int, default=5, help="first steps left out of the timing")
     group.add_argument("--output", default=None, help="results folder (unset: runs/bench-RECIPE)")
     group.add_argument("--prices", default=None, help="price table YAML (unset: hf_pretrain/economics/prices.yaml)")
-    group.add_argument("--gpu_price", action="append", default=[], metavar="NAME=USD_PER_HOUR",
-                       help="add or override a price-table entry (one GPU's $/hour); repeatable")
-    group.add_argument("--memory_gib", type=float, default=None,
-                       help="memory budget for the micro-batch search (GPU: on top of running out of memory; "
-                            "CPU: required for a search, against the process's peak RSS)")
+    group.add_argument(
+        "--gpu_price",
+        action="append",
+        default=[],
+        metavar="NAME=USD_PER_HOUR",
+        help="add or override a price-table entry (one GPU's $/hour); repeatable",
+    )
+    group.add_argument(
+        "--memory_gib",
+        type=float,
+        default=None,
+        help="memory budget for the micro-batch search (GPU: on top of running out of memory; "
+        "CPU: required for a search, against the process's peak RSS)",
+    )
     group.add_argument("--no_search", action="store_true", help="skip the largest-micro-batch search")
     group.add_argument("--worker_result", default=None, help=argparse.SUPPRESS)
 
@@ -69,8 +83,9 @@ def recipe_with_data(recipe: Recipe, out: Path, steps: int, say: Callable[[str],
         return recipe
     except (DataMismatchError, FileNotFoundError) as exc:
         say(f"the recipe's data cannot be used ({exc})")
-    sliced = build_recipe(recipe.to_dict(), {"data_dir": str(out / "data"),
-                                             "max_tokens": (steps + 1) * recipe.train.global_batch_tokens})
+    sliced = build_recipe(
+        recipe.to_dict(), {"data_dir": str(out / "data"), "max_tokens": (steps + 1) * recipe.train.global_batch_tokens}
+    )
     say(f"preparing {sliced.data.max_tokens:,} tokens of the recipe's corpus in {sliced.data.data_dir}")
     prepare(sliced, log=say)
     return sliced
@@ -78,8 +93,13 @@ def recipe_with_data(recipe: Recipe, out: Path, steps: int, say: Callable[[str],
 
 def main(argv: list[str] | None = None) -> int:
     # `--price NAME=USD` is now `--gpu_price`: `plan --price` meant $/GPU-hour, one name had two meanings.
-    recipe, args = parse_recipe_args(argv, prog="hf-pretrain bench", description=__doc__.split("\n")[0],
-                                     extra=add_bench_arguments, renamed={"--price": "--gpu_price"})
+    recipe, args = parse_recipe_args(
+        argv,
+        prog="hf-pretrain bench",
+        description=__doc__.split("\n")[0],
+        extra=add_bench_arguments,
+        renamed={"--price": "--gpu_price"},
+    )
     if args.worker_result:
         return run_in_this_process(recipe, Path(args.worker_result))
     if not 0 <= args.warmup < args.steps:
@@ -132,15 +152,23 @@ def main(argv: list[str] | None = None) -> int:
             variant.speedup_vs_recipe = variant.tokens_per_s / variants[0].tokens_per_s - 1
     left_on_table, notes = advice(recipe, variants, search)
     result = {
-        "recipe": recipe.name, "device": name, "torch": torch.__version__,
-        "date": datetime.date.today().isoformat(), "parameters": n_params, "flops_per_token": per_token,
-        "steps": args.steps, "warmup": args.warmup, "tokens_per_step": recipe.train.global_batch_tokens,
+        "recipe": recipe.name,
+        "device": name,
+        "torch": torch.__version__,
+        "date": datetime.date.today().isoformat(),
+        "parameters": n_params,
+        "flops_per_token": per_token,
+        "steps": args.steps,
+        "warmup": args.warmup,
+        "tokens_per_step": recipe.train.global_batch_tokens,
         "peak_flops": {"datasheet": datasheet, "measured": matmul_flops, "measured_with": matmul_with},
         "prices": prices,
         "price_entry_of_device": best_match(name, prices) if device.type == "cuda" else None,
         "variants": [asdict(v) for v in variants],
-        "micro_batch_search": asdict(search) if search else None, "micro_batch_search_error": search_error,
-        "leaves_speed_on_the_table": left_on_table, "advice": notes,
+        "micro_batch_search": asdict(search) if search else None,
+        "micro_batch_search_error": search_error,
+        "leaves_speed_on_the_table": left_on_table,
+        "advice": notes,
     }
     (out / "bench.json").write_text(json.dumps(result, indent=1))
     table = markdown_report(result)

@@ -77,12 +77,14 @@ def process_peak_memory_gib(device: torch.device) -> float:
     return rss / 2**30 if sys.platform == "darwin" else rss / 2**20
 
 
-def add_money_and_mfu(result: VariantResult, datasheet_peak: float | None, measured_peak: float,
-                      prices: dict[str, float]) -> None:
+def add_money_and_mfu(
+    result: VariantResult, datasheet_peak: float | None, measured_peak: float, prices: dict[str, float]
+) -> None:
     if result.tokens_per_s is None or result.flops_per_token is None:
         return
     achieved = result.tokens_per_s * result.flops_per_token
     result.mfu = achieved / datasheet_peak if datasheet_peak else None
     result.mfu_measured_peak = achieved / measured_peak
-    result.usd_per_billion_tokens = {name: dollars_per_billion_tokens(result.tokens_per_s, price)
-                                     for name, price in prices.items()}
+    result.usd_per_billion_tokens = {
+        name: dollars_per_billion_tokens(result.tokens_per_s, price) for name, price in prices.items()
+    }

@@ -26,11 +26,14 @@ def advice(recipe: Recipe, variants: list[VariantResult], search: SearchResult |
     if search and search.largest_fitting:
         if checkpointing and search.largest_fitting >= mb:
             left_on_table = True
-            notes.append(f"gradient checkpointing is on, but micro_batch_size {mb} fits without it: "
-                         f"--gradient_checkpointing false saves the recomputation")
+            notes.append(
+                f"gradient checkpointing is on, but micro_batch_size {mb} fits without it: "
+                f"--gradient_checkpointing false saves the recomputation"
+            )
         elif search.largest_fitting > mb:
-            notes.append(f"micro_batch_size {search.largest_fitting} fits without gradient checkpointing "
-                         f"(the recipe uses {mb})")
+            notes.append(
+                f"micro_batch_size {search.largest_fitting} fits without gradient checkpointing (the recipe uses {mb})"
+            )
     measured = [v for v in variants if v.tokens_per_s is not None]
     fastest = max(measured, key=lambda v: v.tokens_per_s or 0.0)
     gain = fastest.tokens_per_s / base.tokens_per_s - 1
@@ -63,28 +66,45 @@ def markdown_report(result: dict[str, Any]) -> str:
             f"| {v['name']} | {v['status']} | {formatted(v['tokens_per_s'], ',.0f')} | "
             f"{formatted(v['speedup_vs_recipe'], '+.1%')} | {formatted(v['step_seconds'], '.3f')} | "
             f"{formatted(v['mfu'], '.1%')} | {formatted(v['mfu_measured_peak'], '.1%')} | "
-            f"{formatted(v['peak_memory_gib'], '.2f')} | {formatted(v['data_wait_share'], '.1%')} |")
+            f"{formatted(v['peak_memory_gib'], '.2f')} | {formatted(v['data_wait_share'], '.1%')} |"
+        )
     measured = [v for v in result["variants"] if v["usd_per_billion_tokens"]]
     if measured:
-        lines += ["", "$ per billion tokens at each price, at the throughput measured here (only the GPU this ran "
-                      "on describes a rental of this machine):", "",
-                  "| GPU | $/hour | " + " | ".join(v["name"] for v in measured) + " |",
-                  "|---|---|" + "---|" * len(measured)]
+        lines += [
+            "",
+            "$ per billion tokens at each price, at the throughput measured here (only the GPU this ran "
+            "on describes a rental of this machine):",
+            "",
+            "| GPU | $/hour | " + " | ".join(v["name"] for v in measured) + " |",
+            "|---|---|" + "---|" * len(measured),
+        ]
         for name, price in result["prices"].items():
             mark = " (this GPU)" if name == result["price_entry_of_device"] else ""
-            lines.append(f"| {name}{mark} | {price:,.2f} | "
-                         + " | ".join(f"{v['usd_per_billion_tokens'][name]:,.2f}" for v in measured) + " |")
+            lines.append(
+                f"| {name}{mark} | {price:,.2f} | "
+                + " | ".join(f"{v['usd_per_billion_tokens'][name]:,.2f}" for v in measured)
+                + " |"
+            )
     search = result["micro_batch_search"]
     if search:
         budget = f", budget {search['memory_budget_gib']:.2f} GiB" if search["memory_budget_gib"] else ""
-        lines += ["", f"Largest micro-batch without gradient checkpointing{budget}: "
-                      f"**{search['largest_fitting'] or 'none fits'}** (candidates {search['candidates']})", "",
-                  "| micro_batch_size | fits | status | peak memory (GiB) |", "|---|---|---|---|"]
-        lines += [f"| {p['micro_batch_size']} | {'yes' if p['fits'] else 'no'} | {p['status']} | "
-                  f"{formatted(p['peak_memory_gib'], '.2f')} |" for p in search["probes"]]
+        lines += [
+            "",
+            f"Largest micro-batch without gradient checkpointing{budget}: "
+            f"**{search['largest_fitting'] or 'none fits'}** (candidates {search['candidates']})",
+            "",
+            "| micro_batch_size | fits | status | peak memory (GiB) |",
+            "|---|---|---|---|",
+        ]
+        lines += [
+            f"| {p['micro_batch_size']} | {'yes' if p['fits'] else 'no'} | {p['status']} | "
+            f"{formatted(p['peak_memory_gib'], '.2f')} |"
+            for p in search["probes"]
+        ]
     if result["micro_batch_search_error"]:
         lines += ["", f"The micro-batch search stopped: {result['micro_batch_search_error']}"]
-    verdict = "leaves speed on the table" if result["leaves_speed_on_the_table"] else \
-        "leaves no measured speed on the table"
+    verdict = (
+        "leaves speed on the table" if result["leaves_speed_on_the_table"] else "leaves no measured speed on the table"
+    )
     lines += ["", f"The recipe as written {verdict}:", ""] + [f"- {note}" for note in result["advice"]]
     return "\n".join(lines) + "\n"

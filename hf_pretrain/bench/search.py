@@ -77,17 +77,27 @@ def largest_fitting(candidates: list[int], start: int, fits: Callable[[int], boo
     return candidates[low] if low >= 0 else None
 
 
-def search_micro_batch(recipe: Recipe, short_run: dict[str, Any], folder: Path, budget_gib: float | None,
-                       say: Callable[[str], None]) -> SearchResult:
+def search_micro_batch(
+    recipe: Recipe, short_run: dict[str, Any], folder: Path, budget_gib: float | None, say: Callable[[str], None]
+) -> SearchResult:
     """The largest usable micro-batch that fits without gradient checkpointing (see the module doc)."""
     candidates = usable_micro_batches(recipe)
     probes: list[Probe] = []
 
     def fits(size: int) -> bool:
-        probe_recipe = build_recipe(recipe.to_dict(), {
-            **short_run, "max_steps": PROBE_STEPS, "warmup_steps": 1, "save_interval": PROBE_STEPS,
-            "output_dir": str(folder / f"micro_batch_{size}" / "run"), "micro_batch_size": size,
-            "global_batch_tokens": size * recipe.data.seq_len, "gradient_checkpointing": False})
+        probe_recipe = build_recipe(
+            recipe.to_dict(),
+            {
+                **short_run,
+                "max_steps": PROBE_STEPS,
+                "warmup_steps": 1,
+                "save_interval": PROBE_STEPS,
+                "output_dir": str(folder / f"micro_batch_{size}" / "run"),
+                "micro_batch_size": size,
+                "global_batch_tokens": size * recipe.data.seq_len,
+                "gradient_checkpointing": False,
+            },
+        )
         run = run_in_child(probe_recipe, folder / f"micro_batch_{size}")
         if run.status not in ("ok", *OUT_OF_MEMORY):
             raise ProbeError(f"the probe at micro_batch_size {size} failed ({run.status}): {run.message}")

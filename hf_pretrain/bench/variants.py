@@ -78,10 +78,22 @@ def variant_name(overrides: dict[str, Any]) -> str:
 
 def short_run_overrides(steps: int, warmup_steps: int, output_dir: Path) -> dict[str, Any]:
     """A short timed run: no evaluation, one checkpoint at the end, a metrics line per step."""
-    return {"max_steps": steps, "warmup_steps": warmup_steps, "eval_interval": 0, "save_interval": steps,
-            "log_interval": 1, "resume": "none", "report_to": "none", "output_dir": str(output_dir),
-            "stop_at_step": 0, "milestone_interval": 0, "keep_checkpoints": 1, "phases": {},
-            "early_stop_cost_per_loss_point": 0.0, "early_stop_patience": 0}
+    return {
+        "max_steps": steps,
+        "warmup_steps": warmup_steps,
+        "eval_interval": 0,
+        "save_interval": steps,
+        "log_interval": 1,
+        "resume": "none",
+        "report_to": "none",
+        "output_dir": str(output_dir),
+        "stop_at_step": 0,
+        "milestone_interval": 0,
+        "keep_checkpoints": 1,
+        "phases": {},
+        "early_stop_cost_per_loss_point": 0.0,
+        "early_stop_patience": 0,
+    }
 
 
 def settings_of(recipe: Recipe, keys: list[str]) -> dict[str, Any]:
@@ -132,10 +144,20 @@ def run_in_child(recipe: Recipe, folder: Path) -> RunResult:
     save_recipe(recipe, recipe_file)
     result_file.unlink(missing_ok=True)
     package_root = str(Path(__file__).resolve().parents[2])  # the folder holding hf_pretrain/
-    env = dict(os.environ, TOKENIZERS_PARALLELISM="false",
-               PYTHONPATH=os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")])))
-    command = [sys.executable, "-m", "hf_pretrain.bench", "--recipe", str(recipe_file),
-               "--worker_result", str(result_file)]
+    env = dict(
+        os.environ,
+        TOKENIZERS_PARALLELISM="false",
+        PYTHONPATH=os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")])),
+    )
+    command = [
+        sys.executable,
+        "-m",
+        "hf_pretrain.bench",
+        "--recipe",
+        str(recipe_file),
+        "--worker_result",
+        str(result_file),
+    ]
     with log_file.open("w") as log:
         code = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, env=env).returncode
     # A checkpoint of a 1B model is 12 GB: keep the metrics, drop the weights.
@@ -152,8 +174,9 @@ def run_in_child(recipe: Recipe, folder: Path) -> RunResult:
 
 def measure_variant(recipe: Recipe, overrides: dict[str, Any], folder: Path, warmup: int) -> VariantResult:
     run = run_in_child(recipe, folder)
-    result = VariantResult(variant_name(overrides), overrides, run.status, run.message,
-                           peak_memory_gib=run.peak_memory_gib)
+    result = VariantResult(
+        variant_name(overrides), overrides, run.status, run.message, peak_memory_gib=run.peak_memory_gib
+    )
     timed = timed_throughput(read_jsonl(RunDir(recipe.train.output_dir).metrics), warmup)
     if run.status == "ok" and timed:
         result.tokens_per_s, result.step_seconds, result.data_wait_share = timed
@@ -176,16 +199,19 @@ class VariantRunner:
         index = len(self.results)
         folder = self.out / "variants" / f"{index:02d}"
         try:
-            variant = build_recipe(self.recipe.to_dict(), {**self.short_run, "output_dir": str(folder / "run"),
-                                                           **overrides})
+            variant = build_recipe(
+                self.recipe.to_dict(), {**self.short_run, "output_dir": str(folder / "run"), **overrides}
+            )
         except RecipeError as exc:
             result = VariantResult(variant_name(overrides), overrides, "invalid", str(exc))
         else:
             self.say(f"variant {index}: {variant_name(overrides)}")
             result = measure_variant(variant, overrides, folder, self.warmup)
             result.flops_per_token = recipe_flops_per_token(variant)[1]
-            self.say(f"  {result.status}: {formatted(result.tokens_per_s, ',.0f')} tokens/s, "
-                     f"peak memory {formatted(result.peak_memory_gib, '.2f')} GiB")
+            self.say(
+                f"  {result.status}: {formatted(result.tokens_per_s, ',.0f')} tokens/s, "
+                f"peak memory {formatted(result.peak_memory_gib, '.2f')} GiB"
+            )
             self._settings.append(settings_of(variant, ["micro_batch_size", "gradient_checkpointing"]))
         self.results.append(result)
         return result

@@ -31,7 +31,24 @@ from .schema import (
 )
 
 __all__ = [
-    "DEFAULT_PROMPTS", "KEY_SECTION", "RECIPES_DIR", "SECTIONS", "TOP_LEVEL_KEYS", "CommandParser", "DataConfig",
-    "ModelConfig", "Recipe", "RecipeError", "SourceConfig", "TrainConfig", "build_recipe", "coerce", "load_recipe",
-    "math_keys", "parse_recipe_args", "recipe_dict_from_yaml", "resolve_recipe_path", "save_recipe",
+    "DEFAULT_PROMPTS",
+    "KEY_SECTION",
+    "RECIPES_DIR",
+    "SECTIONS",
+    "TOP_LEVEL_KEYS",
+    "CommandParser",
+    "DataConfig",
+    "ModelConfig",
+    "Recipe",
+    "RecipeError",
+    "SourceConfig",
+    "TrainConfig",
+    "build_recipe",
+    "coerce",
+    "load_recipe",
+    "math_keys",
+    "parse_recipe_args",
+    "recipe_dict_from_yaml",
+    "resolve_recipe_path",
+    "save_recipe",
 ]

@@ -105,8 +105,10 @@ class DuplicateKeyError(yaml.YAMLError):
     """A mapping that names one key twice: plain YAML keeps the last silently."""
 
     def __init__(self, key: Any, line: int, first_line: int):
-        super().__init__(f"line {line}: `{key}` is given twice (first on line {first_line}); "
-                         f"keep one, as YAML would otherwise silently use the last")
+        super().__init__(
+            f"line {line}: `{key}` is given twice (first on line {first_line}); "
+            f"keep one, as YAML would otherwise silently use the last"
+        )
         self.key, self.line, self.first_line = key, line, first_line
 
 
@@ -144,8 +146,10 @@ def resolve_recipe_path(name_or_path: str) -> Path:
     candidate = RECIPES_DIR / f"{name_or_path}.yaml"
     if not candidate.is_file():
         known = sorted(p.stem for p in RECIPES_DIR.glob("*.yaml"))
-        raise RecipeError(f"no recipe named `{name_or_path}` in {RECIPES_DIR}{_suggest(name_or_path, known)}; "
-                          f"known recipes: {', '.join(known)}")
+        raise RecipeError(
+            f"no recipe named `{name_or_path}` in {RECIPES_DIR}{_suggest(name_or_path, known)}; "
+            f"known recipes: {', '.join(known)}"
+        )
     return candidate
 
 
@@ -161,7 +165,11 @@ def recipe_dict_from_yaml(path: Path) -> dict[str, Any]:
     valid = list(SECTIONS) + TOP_LEVEL_KEYS
     for key, value in raw.items():
         if key not in valid:
-            hint = f" (`{key}` belongs in the `{KEY_SECTION[key]}:` section)" if key in KEY_SECTION else _suggest(key, valid)
+            hint = (
+                f" (`{key}` belongs in the `{KEY_SECTION[key]}:` section)"
+                if key in KEY_SECTION
+                else _suggest(key, valid)
+            )
             raise RecipeError(f"unknown key `{key}` at the top of {path}{hint}")
         if key in SECTIONS and not isinstance(value or {}, dict):
             raise RecipeError(f"section `{key}` in {path} must be a mapping")
@@ -197,9 +205,12 @@ def _assemble(raw: dict[str, Any], overrides: dict[str, Any] | None, where: str)
     if old_eval is not None:
         batches = coerce(OLD_EVAL_KEY, old_eval, int)
         recipe.train.eval_tokens = batches * recipe.train.micro_batch_size * recipe.data.seq_len
-        print(f"note: {where}: `{OLD_EVAL_KEY}: {batches}` (micro-batches per process) is now "
-              f"`eval_tokens: {recipe.train.eval_tokens}` (the same tokens whatever the number of processes); "
-              f"the old key goes in the next release", file=sys.stderr)
+        print(
+            f"note: {where}: `{OLD_EVAL_KEY}: {batches}` (micro-batches per process) is now "
+            f"`eval_tokens: {recipe.train.eval_tokens}` (the same tokens whatever the number of processes); "
+            f"the old key goes in the next release",
+            file=sys.stderr,
+        )
     return recipe
 
 
@@ -265,8 +276,10 @@ class CommandParser(HfArgumentParser):
             flag, equals, value = arg.partition("=")
             new = self.renamed.get(flag) or ("--" + flag[2:].replace("-", "_") if _is_kebab(flag) else None)
             if new:
-                print(f"{self.prog}: note: `{flag}` is now `{new}`; the old spelling goes in the next release",
-                      file=sys.stderr)
+                print(
+                    f"{self.prog}: note: `{flag}` is now `{new}`; the old spelling goes in the next release",
+                    file=sys.stderr,
+                )
                 arg = new + equals + value
             out.append(arg)
         return out
@@ -284,7 +297,9 @@ class CommandParser(HfArgumentParser):
 def _is_structure(annotation: Any) -> bool:
     """A key whose value is a mapping or a list of mappings (`phases`, `sources`): YAML/JSON text on the command line."""
     args = typing.get_args(annotation)
-    return typing.get_origin(annotation) is dict or (typing.get_origin(annotation) is list and dataclasses.is_dataclass(args[0]))
+    return typing.get_origin(annotation) is dict or (
+        typing.get_origin(annotation) is list and dataclasses.is_dataclass(args[0])
+    )
 
 
 STRUCTURED_KEYS = {k for cls in SECTIONS.values() for k, t in _field_types(cls).items() if _is_structure(t)}
@@ -333,18 +348,27 @@ def _yaml_value(text: str) -> Any:
         return text  # typed check below names the key
 
 
-def parse_recipe_args(argv: list[str] | None, prog: str, description: str,
-                      extra: Callable[[argparse.ArgumentParser], None] | None = None,
-                      renamed: dict[str, str] | None = None) -> tuple[Recipe, argparse.Namespace]:
+def parse_recipe_args(
+    argv: list[str] | None,
+    prog: str,
+    description: str,
+    extra: Callable[[argparse.ArgumentParser], None] | None = None,
+    renamed: dict[str, str] | None = None,
+) -> tuple[Recipe, argparse.Namespace]:
     """The recipe named by `--recipe`, every key overridable as `--key value`, validated; `extra` adds the
     command's own flags (they come back in the namespace), `renamed` its old flag names (see CommandParser)."""
     argv = sys.argv[1:] if argv is None else list(argv)
     recipe_flag = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     recipe_flag.add_argument("--recipe", default="smoke", help="recipe name in recipes/ or a path to a YAML file")
     chosen, _ = recipe_flag.parse_known_args(argv)
-    parser = CommandParser([_flags_of(cls) for cls in (Recipe, *SECTIONS.values())], prog=prog,
-                           usage="%(prog)s [--recipe NAME] [--key VALUE ...]", description=description,
-                           parents=[recipe_flag], renamed=renamed)
+    parser = CommandParser(
+        [_flags_of(cls) for cls in (Recipe, *SECTIONS.values())],
+        prog=prog,
+        usage="%(prog)s [--recipe NAME] [--key VALUE ...]",
+        description=description,
+        parents=[recipe_flag],
+        renamed=renamed,
+    )
     parser.add_argument(f"--{OLD_EVAL_KEY}", type=int, default=None, help=argparse.SUPPRESS)
     if extra:
         extra(parser)

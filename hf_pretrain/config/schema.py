@@ -24,16 +24,25 @@ class RecipeError(ValueError):
     """A recipe or override that cannot describe a valid run."""
 
 
-def key(default: Any = dataclasses.MISSING, help: str = "", *, factory: Any = dataclasses.MISSING,
-        math: bool = True, ge: float | None = None, gt: float | None = None, le: float | None = None,
-        lt: float | None = None) -> Any:
+def key(
+    default: Any = dataclasses.MISSING,
+    help: str = "",
+    *,
+    factory: Any = dataclasses.MISSING,
+    math: bool = True,
+    ge: float | None = None,
+    gt: float | None = None,
+    le: float | None = None,
+    lt: float | None = None,
+) -> Any:
     """A recipe key: its default, its `--help` text, whether changing it changes the trained weights
     (`math=False`: where files go, how often we log or save, what we publish or measure on the side),
     and, for a number, its valid range (`ge`/`gt`: at least/above, `le`/`lt`: at most/below), which
     `Recipe.validate` checks before any work, naming the key."""
     bounds = {name: value for name, value in (("ge", ge), ("gt", gt), ("le", le), ("lt", lt)) if value is not None}
-    return dataclasses.field(default=default, default_factory=factory,
-                             metadata={"help": help, "math": math, "range": bounds})
+    return dataclasses.field(
+        default=default, default_factory=factory, metadata={"help": help, "math": math, "range": bounds}
+    )
 
 
 def range_text(bounds: dict[str, float]) -> str:
@@ -54,8 +63,12 @@ def _number(value: float) -> str:
 
 
 def out_of_range(value: float, bounds: dict[str, float]) -> bool:
-    return (("ge" in bounds and not value >= bounds["ge"]) or ("gt" in bounds and not value > bounds["gt"])
-            or ("le" in bounds and not value <= bounds["le"]) or ("lt" in bounds and not value < bounds["lt"]))
+    return (
+        ("ge" in bounds and not value >= bounds["ge"])
+        or ("gt" in bounds and not value > bounds["gt"])
+        or ("le" in bounds and not value <= bounds["le"])
+        or ("lt" in bounds and not value < bounds["lt"])
+    )
 
 
 def check_ranges(config: Any, where: str = "") -> None:
@@ -78,12 +91,18 @@ def check_ranges(config: Any, where: str = "") -> None:
 class SourceConfig:
     """One corpus in the data mixture."""
 
-    kind: str = key("builtin", "`builtin` (text every Python install has), `hub` (a Hub dataset) or `files` (local files)")
-    name: str = key("python-docs", "builtin: `python-docs` or `python-stdlib`; hub: the dataset id, e.g. HuggingFaceFW/fineweb-edu")
+    kind: str = key(
+        "builtin", "`builtin` (text every Python install has), `hub` (a Hub dataset) or `files` (local files)"
+    )
+    name: str = key(
+        "python-docs", "builtin: `python-docs` or `python-stdlib`; hub: the dataset id, e.g. HuggingFaceFW/fineweb-edu"
+    )
     config: str | None = key(None, "Hub dataset configuration (subset), if it has several")
     split: str = key("train", "Hub split to read")
     column: str = key("text", "column that holds the document text")
-    paths: list[str] = key(factory=list, help="local files (globs) of .txt, .jsonl or .parquet; a txt file is one document")
+    paths: list[str] = key(
+        factory=list, help="local files (globs) of .txt, .jsonl or .parquet; a txt file is one document"
+    )
     weight: float = key(1.0, "relative share of this source in the mixture (normalised over all sources)", gt=0)
     streaming: bool = key(True, "stream a Hub dataset instead of downloading it whole")
     max_documents: int = key(0, "stop reading this source after this many documents (0 = all)", ge=0)
@@ -105,30 +124,41 @@ class ModelConfig:
     tie_word_embeddings: bool = key(True, "the output projection shares the input embedding")
     # Tensor cores want matrix dimensions that are multiples of 8/64.
     vocab_multiple: int = key(1, "round the embedding rows up to a multiple of this", ge=1)
-    expected_params: int = key(0, "parameter count the recipe claims (0 = no claim); tests hold it to within 2%",
-                               math=False, ge=0)
+    expected_params: int = key(
+        0, "parameter count the recipe claims (0 = no claim); tests hold it to within 2%", math=False, ge=0
+    )
 
 
 @dataclass
 class DataConfig:
     """Corpus, tokenizer and packed-sequence loading."""
 
-    sources: list[SourceConfig] = key(factory=lambda: [SourceConfig()],
-                                      help="the corpora of the mixture, a YAML/JSON list of mappings")
-    data_dir: str = key("data/smoke", "folder for the tokenizer, token shards and meta.json written by `hf-pretrain prepare`",
-                        math=False)
+    sources: list[SourceConfig] = key(
+        factory=lambda: [SourceConfig()], help="the corpora of the mixture, a YAML/JSON list of mappings"
+    )
+    data_dir: str = key(
+        "data/smoke",
+        "folder for the tokenizer, token shards and meta.json written by `hf-pretrain prepare`",
+        math=False,
+    )
     tokenizer: str = key("train", "`train` fits a byte-level BPE on the corpus; otherwise a path to a saved tokenizer")
     vocab_size: int = key(4096, "vocabulary of the trained BPE (base tokens, merges and the end-of-text token)", ge=257)
-    special_tokens: list[str] = key(factory=list, help="extra special tokens added on top of vocab_size (e.g. chat markers)")
-    language: list[str] = key(factory=lambda: ["en"], math=False,
-                              help="ISO 639-1 codes of the corpus's languages, for the model card's `language`")
+    special_tokens: list[str] = key(
+        factory=list, help="extra special tokens added on top of vocab_size (e.g. chat markers)"
+    )
+    language: list[str] = key(
+        factory=lambda: ["en"],
+        math=False,
+        help="ISO 639-1 codes of the corpus's languages, for the model card's `language`",
+    )
     tokenizer_train_documents: int = key(0, "documents used to fit the tokenizer (0 = all)", ge=0)
     max_tokens: int = key(0, "stop preparing after this many training tokens (0 = the whole corpus)", ge=0)
     val_every: int = key(50, "every val_every-th document goes to the validation split", ge=2)
     shard_tokens: int = key(50_000_000, "tokens per shard file", ge=1)
     seq_len: int = key(128, "training context length; the loader packs seq_len + 1 tokens per sample", ge=1)
-    num_workers: int = key(1, "DataLoader worker processes (>0 keeps data loading off the training thread)",
-                           math=False, ge=0)
+    num_workers: int = key(
+        1, "DataLoader worker processes (>0 keeps data loading off the training thread)", math=False, ge=0
+    )
     preload: bool = key(False, "copy shards into RAM instead of memory-mapping them", math=False)
 
 
@@ -140,86 +170,150 @@ class TrainConfig:
     seed: int = key(1234, "model init and data order", ge=0, lt=2**32)
     # A cosine spans max_steps, so it shapes every step's learning rate; a wsd only its final decay.
     max_steps: int = key(100, "optimizer steps", ge=1)
-    global_batch_tokens: int = key(8192, "tokens per optimizer step across all processes; accumulation is derived "
-                                         "from it", ge=1)
+    global_batch_tokens: int = key(
+        8192, "tokens per optimizer step across all processes; accumulation is derived from it", ge=1
+    )
     micro_batch_size: int = key(8, "sequences per forward pass on each process", ge=1)
     learning_rate: float = key(1e-3, "peak learning rate", gt=0, le=1)
     min_lr_ratio: float = key(0.1, "the schedule (and any cooldown) decays to learning_rate * min_lr_ratio", ge=0, le=1)
-    warmup_steps: int = key(10, "linear warmup steps (at or above max_steps: the whole run warms up, with a warning)",
-                            ge=0)
-    lr_schedule: str = key("cosine", "`cosine` (warmup, then a cosine over max_steps) or `wsd` (warmup, the peak held, "
-                                     "a final decay): a wsd run can stop with a finished model at any step and go "
-                                     "further later")
-    decay_fraction: float = key(0.2, "wsd: share of max_steps spent in the final decay; also the default cooldown of "
-                                     "`hf-pretrain stop`, as a share of the steps done", ge=0, le=1)
+    warmup_steps: int = key(
+        10, "linear warmup steps (at or above max_steps: the whole run warms up, with a warning)", ge=0
+    )
+    lr_schedule: str = key(
+        "cosine",
+        "`cosine` (warmup, then a cosine over max_steps) or `wsd` (warmup, the peak held, "
+        "a final decay): a wsd run can stop with a finished model at any step and go "
+        "further later",
+    )
+    decay_fraction: float = key(
+        0.2,
+        "wsd: share of max_steps spent in the final decay; also the default cooldown of "
+        "`hf-pretrain stop`, as a share of the steps done",
+        ge=0,
+        le=1,
+    )
     decay_shape: str = key("1-sqrt", "wsd decay and cooldowns: `linear` or `1-sqrt` (falls fast, then flattens)")
     weight_decay: float = key(0.1, "AdamW decay on matrices only", ge=0)
     adam_beta1: float = key(0.9, "AdamW first-moment decay", ge=0, lt=1)
     adam_beta2: float = key(0.95, "AdamW second-moment decay", ge=0, lt=1)
     adam_eps: float = key(1e-8, "AdamW denominator epsilon", gt=0)
     grad_clip: float = key(1.0, "clip the global gradient norm to this (0 = off)", ge=0)
-    mixed_precision: str = key("auto", "`auto` (bf16 on a GPU that supports it, fp32 otherwise), `no`, `bf16` or `fp16`")
+    mixed_precision: str = key(
+        "auto", "`auto` (bf16 on a GPU that supports it, fp32 otherwise), `no`, `bf16` or `fp16`"
+    )
     tf32: bool = key(True, "allow TF32 matmuls on CUDA (free speed on Ampere and later)")
     compile: bool = key(False, "torch.compile the model (inductor; on the CPU too, where it builds C++ kernels)")
-    compile_regions: bool = key(False, "with compile: compile one decoder layer and reuse it for all (Accelerate's "
-                                       "regional compilation): the compile time stops growing with depth, but the "
-                                       "head and loss run uncompiled")
+    compile_regions: bool = key(
+        False,
+        "with compile: compile one decoder layer and reuse it for all (Accelerate's "
+        "regional compilation): the compile time stops growing with depth, but the "
+        "head and loss run uncompiled",
+    )
     gradient_checkpointing: bool = key(False, "recompute activations in the backward pass to save memory")
     liger: bool = key(False, "Liger kernels (RMSNorm, SwiGLU, RoPE, fused linear cross entropy); CUDA only")
-    resume: str = key("auto", "`auto` (newest good checkpoint in output_dir, if any), `none`, or a checkpoint folder",
-                      math=False)
-    allow_schedule_change: bool = key(False, "resume a cosine run under another max_steps or schedule although every "
-                                             "later step's learning rate changes (the log says how)", math=False)
-    allow_recipe_change: bool = key(False, "resume under another global_batch_tokens or seq_len: the data position is "
-                                           "recomputed in tokens", math=False)
+    resume: str = key(
+        "auto", "`auto` (newest good checkpoint in output_dir, if any), `none`, or a checkpoint folder", math=False
+    )
+    allow_schedule_change: bool = key(
+        False,
+        "resume a cosine run under another max_steps or schedule although every "
+        "later step's learning rate changes (the log says how)",
+        math=False,
+    )
+    allow_recipe_change: bool = key(
+        False,
+        "resume under another global_batch_tokens or seq_len: the data position is recomputed in tokens",
+        math=False,
+    )
     save_interval: int = key(100, "checkpoint every this many steps", math=False, ge=1)
     # The schedule still spans max_steps, so a time-boxed session resumes exactly where it stopped.
-    stop_at_step: int = key(0, "end this invocation after this step with a checkpoint (0 = run to max_steps)",
-                            math=False, ge=0)
-    keep_checkpoints: int = key(2, "checkpoints kept; older ones are deleted once a newer one is complete",
-                                math=False, ge=1)
-    milestone_interval: int = key(0, "also keep every checkpoint at a multiple of this step, never pruned (0 = none)",
-                                  math=False, ge=0)
-    milestone_full_state: bool = key(False, "keep milestones whole (resumable: optimizer and RNG too, ~6x the bytes) "
-                                            "rather than their bf16 weights, which export, eval and the demo read",
-                                     math=False)
-    max_bad_steps: int = key(3, "consecutive non-finite steps (skipped, weights untouched) before the run stops",
-                             math=False, ge=1)
-    loss_spike_factor: float = key(1.5, "log a loss spike when a step's loss exceeds this multiple of the recent average",
-                                   math=False, gt=1)
-    price_per_hour: float = key(0.0, "rental price of the whole job in $/hour (all GPUs), for cost figures (0 = unknown)",
-                                math=False, ge=0)
-    expected_tokens_per_s: float = key(0.0, "expected tokens/s of the whole job, for time and cost estimates before "
-                                            "the run (0 = unknown; `hf-pretrain bench` measures it)", math=False, ge=0)
-    phases: dict[str, int] = key(factory=dict, math=False,
-                                 help="named phases by their last step, e.g. {smoke: 200, proof-of-life: 10000}: each "
-                                      "gets a row (loss drop, cost, cost per loss point) in phases.md when it ends")
-    early_stop_cost_per_loss_point: float = key(0.0, "stop (with a checkpoint and final/) when the last "
-                                                     "early_stop_window steps cost more than this many dollars per "
-                                                     "loss point (0 = off; needs price_per_hour)", math=False, ge=0)
+    stop_at_step: int = key(
+        0, "end this invocation after this step with a checkpoint (0 = run to max_steps)", math=False, ge=0
+    )
+    keep_checkpoints: int = key(
+        2, "checkpoints kept; older ones are deleted once a newer one is complete", math=False, ge=1
+    )
+    milestone_interval: int = key(
+        0, "also keep every checkpoint at a multiple of this step, never pruned (0 = none)", math=False, ge=0
+    )
+    milestone_full_state: bool = key(
+        False,
+        "keep milestones whole (resumable: optimizer and RNG too, ~6x the bytes) "
+        "rather than their bf16 weights, which export, eval and the demo read",
+        math=False,
+    )
+    max_bad_steps: int = key(
+        3, "consecutive non-finite steps (skipped, weights untouched) before the run stops", math=False, ge=1
+    )
+    loss_spike_factor: float = key(
+        1.5, "log a loss spike when a step's loss exceeds this multiple of the recent average", math=False, gt=1
+    )
+    price_per_hour: float = key(
+        0.0, "rental price of the whole job in $/hour (all GPUs), for cost figures (0 = unknown)", math=False, ge=0
+    )
+    expected_tokens_per_s: float = key(
+        0.0,
+        "expected tokens/s of the whole job, for time and cost estimates before "
+        "the run (0 = unknown; `hf-pretrain bench` measures it)",
+        math=False,
+        ge=0,
+    )
+    phases: dict[str, int] = key(
+        factory=dict,
+        math=False,
+        help="named phases by their last step, e.g. {smoke: 200, proof-of-life: 10000}: each "
+        "gets a row (loss drop, cost, cost per loss point) in phases.md when it ends",
+    )
+    early_stop_cost_per_loss_point: float = key(
+        0.0,
+        "stop (with a checkpoint and final/) when the last "
+        "early_stop_window steps cost more than this many dollars per "
+        "loss point (0 = off; needs price_per_hour)",
+        math=False,
+        ge=0,
+    )
     early_stop_window: int = key(1000, "steps in the early_stop_cost_per_loss_point window", math=False, ge=1)
-    early_stop_patience: int = key(0, "stop when validation loss has not improved by early_stop_min_delta for this "
-                                      "many evaluations in a row (0 = off)", math=False, ge=0)
-    early_stop_min_delta: float = key(0.01, "the validation-loss improvement that counts for early_stop_patience",
-                                      math=False, ge=0)
-    push_to_hub: str = key("", "Hub repo to publish to (empty = none): final/ goes to `main` at the end and, with "
-                               "push_checkpoints, every checkpoint to a `step-N` branch as it is saved", math=False)
+    early_stop_patience: int = key(
+        0,
+        "stop when validation loss has not improved by early_stop_min_delta for this "
+        "many evaluations in a row (0 = off)",
+        math=False,
+        ge=0,
+    )
+    early_stop_min_delta: float = key(
+        0.01, "the validation-loss improvement that counts for early_stop_patience", math=False, ge=0
+    )
+    push_to_hub: str = key(
+        "",
+        "Hub repo to publish to (empty = none): final/ goes to `main` at the end and, with "
+        "push_checkpoints, every checkpoint to a `step-N` branch as it is saved",
+        math=False,
+    )
     push_checkpoints: bool = key(False, "push every checkpoint to a `step-N` branch of push_to_hub", math=False)
     push_private: bool = key(False, "create the push_to_hub repo private", math=False)
-    benchmark_tasks: list[str] = key(factory=list, math=False,
-                                     help="lm-eval tasks scored at every saved checkpoint into benchmarks.jsonl "
-                                          "(empty = none)")
+    benchmark_tasks: list[str] = key(
+        factory=list,
+        math=False,
+        help="lm-eval tasks scored at every saved checkpoint into benchmarks.jsonl (empty = none)",
+    )
     benchmark_limit: int = key(50, "examples per benchmark task at each checkpoint", math=False, ge=1)
-    benchmark_data_dir: str | None = key(None, "folder of local ARC JSONL for the offline arc_*_local tasks",
-                                         math=False)
+    benchmark_data_dir: str | None = key(
+        None, "folder of local ARC JSONL for the offline arc_*_local tasks", math=False
+    )
     eval_interval: int = key(100, "validation loss and samples every this many steps", math=False, ge=0)
     # Evaluation only reads the model, so none of the three keys below changes the weights.
-    eval_tokens: int = key(8192, "validation tokens per evaluation (whole sequences of seq_len, the first ones of "
-                                 "the split), the same whatever the number of processes", math=False, ge=1)
+    eval_tokens: int = key(
+        8192,
+        "validation tokens per evaluation (whole sequences of seq_len, the first ones of "
+        "the split), the same whatever the number of processes",
+        math=False,
+        ge=1,
+    )
     log_interval: int = key(10, "a metrics.jsonl record every this many steps", math=False, ge=1)
     report_to: str = key("none", "trackers: `none`, `tensorboard`, `wandb` or `all`", math=False)
-    prompts: list[str] = key(factory=lambda: list(DEFAULT_PROMPTS), math=False,
-                             help="fixed prompts sampled greedily at every evaluation")
+    prompts: list[str] = key(
+        factory=lambda: list(DEFAULT_PROMPTS), math=False, help="fixed prompts sampled greedily at every evaluation"
+    )
     sample_max_new_tokens: int = key(32, "tokens generated per prompt", math=False, ge=1)
 
     @property
@@ -271,18 +365,24 @@ class Recipe:
         t, out = self.train, []
         dropped = sorted(set(t.phases) - set(t.run_phases), key=t.phases.get)
         if dropped:
-            out.append(f"note: max_steps={t.max_steps} ends before phase(s) {', '.join(f'{p} (step {t.phases[p]})' for p in dropped)}: "
-                       f"dropped from phases.md")
+            out.append(
+                f"note: max_steps={t.max_steps} ends before phase(s) {', '.join(f'{p} (step {t.phases[p]})' for p in dropped)}: "
+                f"dropped from phases.md"
+            )
         if t.warmup_steps >= t.max_steps:
-            out.append(f"warning: warmup_steps={t.warmup_steps} is not below max_steps={t.max_steps}: the learning rate "
-                       f"warms up over the whole run and never decays")
+            out.append(
+                f"warning: warmup_steps={t.warmup_steps} is not below max_steps={t.max_steps}: the learning rate "
+                f"warms up over the whole run and never decays"
+            )
         return out
 
     def validate(self) -> None:
         check_ranges(self)  # each key alone first; then how keys relate
         m, d, t = self.model, self.data, self.train
         if m.hidden_size % m.num_attention_heads:
-            raise RecipeError(f"hidden_size={m.hidden_size} must be divisible by num_attention_heads={m.num_attention_heads}")
+            raise RecipeError(
+                f"hidden_size={m.hidden_size} must be divisible by num_attention_heads={m.num_attention_heads}"
+            )
         if m.num_attention_heads % m.num_key_value_heads:
             raise RecipeError(
                 f"num_attention_heads={m.num_attention_heads} must be divisible by num_key_value_heads={m.num_key_value_heads}"

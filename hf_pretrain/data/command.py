@@ -10,8 +10,9 @@ from hf_pretrain.data.sources import SourceError
 
 
 def main(argv: list[str] | None = None) -> int:
-    recipe, _ = parse_recipe_args(argv, prog="hf-pretrain prepare",
-                                  description="Tokenize a recipe's corpus into token shards.")
+    recipe, _ = parse_recipe_args(
+        argv, prog="hf-pretrain prepare", description="Tokenize a recipe's corpus into token shards."
+    )
     try:
         data_dir = prepare(recipe)
     except (SourceError, DataMismatchError) as exc:  # bad input: say what and where, no traceback

@@ -60,8 +60,10 @@ class PackedDataset(Dataset[torch.Tensor]):
         if self.preload:
             return [np.fromfile(p, dtype=self.dtype) for p in self.shard_paths]
         # np.memmap refuses empty files; an empty shard contributes nothing anyway.
-        return [np.memmap(p, dtype=self.dtype, mode="r") if p.stat().st_size else np.empty(0, self.dtype)
-                for p in self.shard_paths]
+        return [
+            np.memmap(p, dtype=self.dtype, mode="r") if p.stat().st_size else np.empty(0, self.dtype)
+            for p in self.shard_paths
+        ]
 
     def __getitem__(self, index: int) -> torch.Tensor:
         if not 0 <= index < len(self):
@@ -74,7 +76,7 @@ class PackedDataset(Dataset[torch.Tensor]):
         pieces = []
         while start < end:  # a sample may run across the end of a shard
             stop = min(end, self._starts[shard + 1])
-            pieces.append(self._shards[shard][start - self._starts[shard]:stop - self._starts[shard]])
+            pieces.append(self._shards[shard][start - self._starts[shard] : stop - self._starts[shard]])
             start, shard = stop, shard + 1
         tokens = pieces[0] if len(pieces) == 1 else np.concatenate(pieces)
         return torch.from_numpy(tokens.astype(np.int64))
@@ -93,15 +95,26 @@ def stack_samples(samples: list[torch.Tensor]) -> torch.Tensor:
 class StepBatchSampler(Sampler[list[int]]):
     """One rank's micro-batches of sample indices, from optimizer step `start_step` on, forever."""
 
-    def __init__(self, num_samples: int, micro_batch_size: int, grad_accum: int, world_size: int,
-                 rank: int, seed: int, start_step: int = 0, origin: tuple[int, int] = (0, 0)) -> None:
+    def __init__(
+        self,
+        num_samples: int,
+        micro_batch_size: int,
+        grad_accum: int,
+        world_size: int,
+        rank: int,
+        seed: int,
+        start_step: int = 0,
+        origin: tuple[int, int] = (0, 0),
+    ) -> None:
         super().__init__()
         if num_samples <= 0:
             raise DataMismatchError("the training split holds no complete sample of seq_len + 1 tokens")
         if not 0 <= rank < world_size or grad_accum < 1 or micro_batch_size < 1 or start_step < 0:
-            raise ValueError(f"need 0 <= rank < world_size, grad_accum >= 1, micro_batch_size >= 1 and "
-                             f"start_step >= 0; got rank={rank}, world_size={world_size}, grad_accum={grad_accum}, "
-                             f"micro_batch_size={micro_batch_size}, start_step={start_step}")
+            raise ValueError(
+                f"need 0 <= rank < world_size, grad_accum >= 1, micro_batch_size >= 1 and "
+                f"start_step >= 0; got rank={rank}, world_size={world_size}, grad_accum={grad_accum}, "
+                f"micro_batch_size={micro_batch_size}, start_step={start_step}"
+            )
         self.num_samples, self.micro_batch_size, self.grad_accum = num_samples, micro_batch_size, grad_accum
         self.world_size, self.rank, self.seed, self.start_step = world_size, rank, seed, start_step
         self.origin = origin  # (step, position) the stream counts from
@@ -115,8 +128,12 @@ class StepBatchSampler(Sampler[list[int]]):
     def positions(self, step: int, micro_step: int) -> range:
         """Stream positions this rank reads at (step, micro_step)."""
         origin_step, origin_position = self.origin
-        first = (origin_position + (step - origin_step) * self.positions_per_step
-                 + micro_step * self.world_size * self.micro_batch_size + self.rank * self.micro_batch_size)
+        first = (
+            origin_position
+            + (step - origin_step) * self.positions_per_step
+            + micro_step * self.world_size * self.micro_batch_size
+            + self.rank * self.micro_batch_size
+        )
         return range(first, first + self.micro_batch_size)
 
     def epochs_after(self, steps: int) -> int:
@@ -140,8 +157,9 @@ class StepBatchSampler(Sampler[list[int]]):
             step += 1
 
 
-def validation_batches(num_samples: int, micro_batch_size: int, world_size: int, rank: int,
-                       eval_samples: int) -> list[tuple[list[int], int]]:
+def validation_batches(
+    num_samples: int, micro_batch_size: int, world_size: int, rank: int, eval_samples: int
+) -> list[tuple[list[int], int]]:
     """This rank's micro-batches of the first `eval_samples` validation samples (all of them when the
     split holds fewer), each with the number of samples it counts for.
 
@@ -150,8 +168,9 @@ def validation_batches(num_samples: int, micro_batch_size: int, world_size: int,
     forward is a collective): a rank short of one runs a one-sample filler that counts for nothing.
     """
     if num_samples <= 0:
-        raise DataMismatchError("the validation split holds no complete sample of seq_len + 1 tokens; "
-                                "lower val_every or add documents")
+        raise DataMismatchError(
+            "the validation split holds no complete sample of seq_len + 1 tokens; lower val_every or add documents"
+        )
     samples = min(eval_samples, num_samples)
     starts = range(0, samples, micro_batch_size)
     batches = []
@@ -204,21 +223,38 @@ def end_workers_at_exit() -> None:
             process.join(timeout=5)
 
 
-def build_train_loader(recipe: Recipe, rank: int, world_size: int, grad_accum: int, start_step: int,
-                       pin_memory: bool = False, origin: tuple[int, int] = (0, 0)) -> DataLoader:
+def build_train_loader(
+    recipe: Recipe,
+    rank: int,
+    world_size: int,
+    grad_accum: int,
+    start_step: int,
+    pin_memory: bool = False,
+    origin: tuple[int, int] = (0, 0),
+) -> DataLoader:
     """Endless [micro_batch_size, seq_len + 1] LongTensor batches for `rank`, from `start_step` on
     (`origin`: see StepBatchSampler)."""
     dataset = _split_dataset(recipe, "train")
-    sampler = StepBatchSampler(len(dataset), recipe.train.micro_batch_size, grad_accum, world_size, rank,
-                               recipe.train.seed, start_step, origin)
+    sampler = StepBatchSampler(
+        len(dataset), recipe.train.micro_batch_size, grad_accum, world_size, rank, recipe.train.seed, start_step, origin
+    )
     workers = recipe.data.num_workers
     if workers:
         atexit.unregister(end_workers_at_exit)
         atexit.register(end_workers_at_exit)
-    worker_options: dict[str, Any] = {"persistent_workers": True, "prefetch_factor": PREFETCH_FACTOR,
-                                      "worker_init_fn": ignore_stop_signals} if workers else {}
-    return DataLoader(dataset, batch_sampler=sampler, collate_fn=stack_samples, num_workers=workers,
-                      pin_memory=pin_memory, **worker_options)
+    worker_options: dict[str, Any] = (
+        {"persistent_workers": True, "prefetch_factor": PREFETCH_FACTOR, "worker_init_fn": ignore_stop_signals}
+        if workers
+        else {}
+    )
+    return DataLoader(
+        dataset,
+        batch_sampler=sampler,
+        collate_fn=stack_samples,
+        num_workers=workers,
+        pin_memory=pin_memory,
+        **worker_options,
+    )
 
 
 def eval_samples(recipe: Recipe) -> int:
@@ -229,5 +265,6 @@ def eval_samples(recipe: Recipe) -> int:
 def build_val_loader(recipe: Recipe, rank: int, world_size: int) -> ValidationBatches:
     """`rank`'s share of the first `eval_tokens` validation tokens, in sequential micro-batches."""
     dataset = _split_dataset(recipe, "validation")
-    return ValidationBatches(dataset, validation_batches(len(dataset), recipe.train.micro_batch_size, world_size,
-                                                         rank, eval_samples(recipe)))
+    return ValidationBatches(
+        dataset, validation_batches(len(dataset), recipe.train.micro_batch_size, world_size, rank, eval_samples(recipe))
+    )

@@ -91,9 +91,14 @@ def data_fingerprint(recipe: Recipe) -> str:
     d = recipe.data
     shaping = {
         "sources": [dataclasses.asdict(s) for s in d.sources],
-        "tokenizer": d.tokenizer, "vocab_size": d.vocab_size, "special_tokens": d.special_tokens,
-        "tokenizer_train_documents": d.tokenizer_train_documents, "max_tokens": d.max_tokens,
-        "val_every": d.val_every, "shard_tokens": d.shard_tokens, "seed": recipe.train.seed,
+        "tokenizer": d.tokenizer,
+        "vocab_size": d.vocab_size,
+        "special_tokens": d.special_tokens,
+        "tokenizer_train_documents": d.tokenizer_train_documents,
+        "max_tokens": d.max_tokens,
+        "val_every": d.val_every,
+        "shard_tokens": d.shard_tokens,
+        "seed": recipe.train.seed,
     }
     return hashlib.sha256(json.dumps(shaping, sort_keys=True).encode()).hexdigest()[:16]
 
@@ -117,23 +122,39 @@ class SplitWriter:
     its queue would otherwise have to be read again from the start of the mixture.
     """
 
-    def __init__(self, data_dir: Path, prefix: str, dtype: np.dtype, shard_tokens: int,
-                 num_sources: int, saved: dict[str, Any] | None) -> None:
+    def __init__(
+        self,
+        data_dir: Path,
+        prefix: str,
+        dtype: np.dtype,
+        shard_tokens: int,
+        num_sources: int,
+        saved: dict[str, Any] | None,
+    ) -> None:
         self.data_dir, self.prefix, self.dtype, self.shard_tokens = data_dir, prefix, dtype, shard_tokens
-        saved = saved or {"shards": [], "next_document": 0,
-                          "source_documents": [0] * num_sources, "source_tokens": [0] * num_sources}
+        saved = saved or {
+            "shards": [],
+            "next_document": 0,
+            "source_documents": [0] * num_sources,
+            "source_tokens": [0] * num_sources,
+        }
         # Finished shards, and the first document of the mixture this split has not yet received.
         self.shards: list[dict[str, Any]] = saved["shards"]
         self.next_document: int = saved["next_document"]
         self.source_documents: list[int] = saved["source_documents"]
         self.source_tokens: list[int] = saved["source_tokens"]
         # The queue for the next shard; the first `_saved_tokens` of it are in its pending file.
-        queue = saved.get("pending") or {"tokens": 0, "documents": 0, "source_documents": [0] * num_sources,
-                                         "source_tokens": [0] * num_sources}
+        queue = saved.get("pending") or {
+            "tokens": 0,
+            "documents": 0,
+            "source_documents": [0] * num_sources,
+            "source_tokens": [0] * num_sources,
+        }
         self._pending_tokens, self._pending_documents = queue["tokens"], queue["documents"]
         self._pending_source_documents, self._pending_source_tokens = queue["source_documents"], queue["source_tokens"]
-        self._pending: list[np.ndarray] = [np.fromfile(self.pending_path(), dtype=dtype, count=queue["tokens"])] \
-            if queue["tokens"] else []
+        self._pending: list[np.ndarray] = (
+            [np.fromfile(self.pending_path(), dtype=dtype, count=queue["tokens"])] if queue["tokens"] else []
+        )
         self._saved_tokens, self._saved_arrays = queue["tokens"], len(self._pending)
         self._written_pending: Path | None = None  # the pending file of the shard just written
 
@@ -174,8 +195,14 @@ class SplitWriter:
         for source, count in enumerate(self._pending_source_documents):
             self.source_documents[source] += count
             self.source_tokens[source] += self._pending_source_tokens[source]
-        self.shards.append({"file": name, "tokens": int(tokens.size), "documents": self._pending_documents,
-                            "sha256": hashlib.sha256(tokens.data).hexdigest()})
+        self.shards.append(
+            {
+                "file": name,
+                "tokens": int(tokens.size),
+                "documents": self._pending_documents,
+                "sha256": hashlib.sha256(tokens.data).hexdigest(),
+            }
+        )
         # Kept until the progress file records this shard: until then, a rerun still reads it.
         self._written_pending = self.data_dir / (name + ".pending") if self._saved_tokens else None
         n = len(self.source_documents)
@@ -192,15 +219,22 @@ class SplitWriter:
             with path.open("r+b" if path.exists() else "wb") as f:
                 f.truncate(self._saved_tokens * self.dtype.itemsize)  # past it: a run that died before recording
                 f.seek(0, os.SEEK_END)
-                np.concatenate(self._pending[self._saved_arrays:]).tofile(f)
+                np.concatenate(self._pending[self._saved_arrays :]).tofile(f)
                 f.flush()
                 os.fsync(f.fileno())
             self._saved_tokens, self._saved_arrays = self._pending_tokens, len(self._pending)
-        return {"shards": self.shards, "next_document": self.next_document,
-                "source_documents": self.source_documents, "source_tokens": self.source_tokens,
-                "pending": {"tokens": self._pending_tokens, "documents": self._pending_documents,
-                            "source_documents": self._pending_source_documents,
-                            "source_tokens": self._pending_source_tokens}}
+        return {
+            "shards": self.shards,
+            "next_document": self.next_document,
+            "source_documents": self.source_documents,
+            "source_tokens": self.source_tokens,
+            "pending": {
+                "tokens": self._pending_tokens,
+                "documents": self._pending_documents,
+                "source_documents": self._pending_source_documents,
+                "source_tokens": self._pending_source_tokens,
+            },
+        }
 
     def drop_written_pending(self) -> None:
         """Delete the pending file of a shard the progress file now records."""
@@ -249,16 +283,24 @@ class ShardPass:
     """One pass over the mixture: tokenize in batches, route documents to their split, stop at
     the token budget, and record progress after every shard."""
 
-    def __init__(self, recipe: Recipe, tokenizer: PreTrainedTokenizerFast, data_dir: Path,
-                 progress: dict[str, Any], log: Callable[[str], None]) -> None:
+    def __init__(
+        self,
+        recipe: Recipe,
+        tokenizer: PreTrainedTokenizerFast,
+        data_dir: Path,
+        progress: dict[str, Any],
+        log: Callable[[str], None],
+    ) -> None:
         self.recipe, self.data_dir, self.progress, self.log = recipe, data_dir, progress, log
         self.encoder = _document_encoder(tokenizer)
         self.encode = getattr(self.encoder, "encode_batch_fast", self.encoder.encode_batch)
         self.dtype = token_dtype(len(tokenizer))
         self.eos_id = tokenizer.eos_token_id
         n = len(recipe.data.sources)
-        self.writers = {split: SplitWriter(data_dir, prefix, self.dtype, recipe.data.shard_tokens, n, progress[split])
-                        for split, prefix in SPLIT_PREFIX.items()}
+        self.writers = {
+            split: SplitWriter(data_dir, prefix, self.dtype, recipe.data.shard_tokens, n, progress[split])
+            for split, prefix in SPLIT_PREFIX.items()
+        }
         self.budget = recipe.data.max_tokens
         train = self.writers["train"]
         # Index of the first document past the budget, once known; a rerun after the budget's last
@@ -279,14 +321,18 @@ class ShardPass:
 
     def _say_where_it_resumes(self) -> None:
         if self.start is None:
-            self.log("no saved position in the mixture (progress written by an older hf-pretrain): reading the "
-                     "mixture again from its first document")
+            self.log(
+                "no saved position in the mixture (progress written by an older hf-pretrain): reading the "
+                "mixture again from its first document"
+            )
             return
         self.log(f"the mixture goes on from document {self.start.next_document:,}")
         for i, (source, position) in enumerate(zip(self.recipe.data.sources, self.start.sources, strict=True)):
             if source.kind == "hub" and position["stream"] is None and position["documents"] and i in self.start.live:
-                self.log(f"hub dataset `{source.name}` has no saved stream position: its first "
-                         f"{position['documents']:,} documents are read again")
+                self.log(
+                    f"hub dataset `{source.name}` has no saved stream position: its first "
+                    f"{position['documents']:,} documents are read again"
+                )
 
     def run(self) -> dict[str, SplitWriter]:
         # The Rust tokenizer encodes one batch (without the GIL) while this thread reads the next
@@ -341,8 +387,9 @@ class ShardPass:
             while end < len(pieces) and chars + len(pieces[end]) <= BATCH_CHARS:
                 chars += len(pieces[end])
                 end += 1
-            for owner, encoding in zip(owners[start:end], self.encode(pieces[start:end], add_special_tokens=False),
-                                       strict=True):
+            for owner, encoding in zip(
+                owners[start:end], self.encode(pieces[start:end], add_special_tokens=False), strict=True
+            ):
                 ids[owner].extend(encoding.ids)
             start = end
         return ids
@@ -406,7 +453,9 @@ def prepare(recipe: Recipe, log: Callable[[str], None] = print) -> Path:
             f"{data_dir}: no validation tokens: every val_every={recipe.data.val_every}th document is held out and "
             f"the {writers['train'].documents:,} documents read"
             + (f" (max_tokens={recipe.data.max_tokens:,} stopped the reading)" if recipe.data.max_tokens else "")
-            + " include none; lower val_every" + (" or raise max_tokens" if recipe.data.max_tokens else ""))
+            + " include none; lower val_every"
+            + (" or raise max_tokens" if recipe.data.max_tokens else "")
+        )
     for leftover in data_dir.glob("*.bin.pending"):  # queues of a run that died between shard and record
         leftover.unlink()
     # meta.json last: its presence is what marks the folder complete.
@@ -431,8 +480,9 @@ def _require_same_data_settings(data_dir: Path, fingerprint: str) -> None:
         )
 
 
-def _tokenizer_and_progress(recipe: Recipe, data_dir: Path, fingerprint: str,
-                            log: Callable[[str], None]) -> tuple[PreTrainedTokenizerFast, dict[str, Any]]:
+def _tokenizer_and_progress(
+    recipe: Recipe, data_dir: Path, fingerprint: str, log: Callable[[str], None]
+) -> tuple[PreTrainedTokenizerFast, dict[str, Any]]:
     """The tokenizer and shard progress of an interrupted run with the same settings, or fresh ones."""
     resumed = _resumable_run(data_dir, fingerprint)
     if resumed is not None:
@@ -442,8 +492,12 @@ def _tokenizer_and_progress(recipe: Recipe, data_dir: Path, fingerprint: str,
         return tokenizer, progress
     _remove_partial_output(data_dir)
     tokenizer = _fresh_tokenizer(recipe, data_dir, log)
-    progress = {"data_fingerprint": fingerprint, "tokenizer_hash": tokenizer_hash(tokenizer),
-                "train": None, "validation": None}
+    progress = {
+        "data_fingerprint": fingerprint,
+        "tokenizer_hash": tokenizer_hash(tokenizer),
+        "train": None,
+        "validation": None,
+    }
     _write_json_atomically(data_dir / PROGRESS_FILE, progress)
     return tokenizer, progress
 
@@ -499,8 +553,11 @@ def _fresh_tokenizer(recipe: Recipe, data_dir: Path, log: Callable[[str], None])
     tokenizer = load_tokenizer(data_dir)
     expected = d.vocab_size + len(d.special_tokens)
     if len(tokenizer) != expected:
-        fix = ("the corpus is too small to learn that many tokens: lower vocab_size or add documents"
-               if d.tokenizer == "train" else f"set vocab_size to {len(tokenizer) - len(d.special_tokens)}")
+        fix = (
+            "the corpus is too small to learn that many tokens: lower vocab_size or add documents"
+            if d.tokenizer == "train"
+            else f"set vocab_size to {len(tokenizer) - len(d.special_tokens)}"
+        )
         raise DataMismatchError(
             f"vocab_size: the recipe expects {expected} tokens (vocab_size {d.vocab_size} + "
             f"{len(d.special_tokens)} special tokens), found {len(tokenizer)} in {data_dir / TOKENIZER_DIR}; {fix}"
@@ -508,14 +565,20 @@ def _fresh_tokenizer(recipe: Recipe, data_dir: Path, log: Callable[[str], None])
     return tokenizer
 
 
-def _meta(recipe: Recipe, tokenizer: PreTrainedTokenizerFast, progress: dict[str, Any],
-          writers: dict[str, SplitWriter]) -> dict[str, Any]:
+def _meta(
+    recipe: Recipe, tokenizer: PreTrainedTokenizerFast, progress: dict[str, Any], writers: dict[str, SplitWriter]
+) -> dict[str, Any]:
     d = recipe.data
     sources = []
     for i, (source, weight) in enumerate(zip(d.sources, normalised_weights(d.sources), strict=True)):
-        sources.append({**dataclasses.asdict(source), "weight": weight,
-                        "documents": sum(w.source_documents[i] for w in writers.values()),
-                        "tokens": sum(w.source_tokens[i] for w in writers.values())})
+        sources.append(
+            {
+                **dataclasses.asdict(source),
+                "weight": weight,
+                "documents": sum(w.source_documents[i] for w in writers.values()),
+                "tokens": sum(w.source_tokens[i] for w in writers.values()),
+            }
+        )
     return {
         "format_version": FORMAT_VERSION,
         "created_by": f"hf-pretrain {_package_version()}",
@@ -539,8 +602,9 @@ def _meta(recipe: Recipe, tokenizer: PreTrainedTokenizerFast, progress: dict[str
 def read_meta(data_dir: str | Path, recipe_name: str | None = None) -> dict[str, Any]:
     path = Path(data_dir) / META_FILE
     if not path.is_file():
-        raise DataMismatchError(f"{path} not found: the data is not prepared (or preparing did not finish); "
-                                f"{_prepare_hint(recipe_name)}")
+        raise DataMismatchError(
+            f"{path} not found: the data is not prepared (or preparing did not finish); {_prepare_hint(recipe_name)}"
+        )
     return json.loads(path.read_text())
 
 
@@ -552,8 +616,10 @@ def shard_paths(data_dir: str | Path, meta: dict[str, Any], split: str) -> list[
         path = Path(data_dir) / shard["file"]
         size = path.stat().st_size if path.is_file() else None
         if size != shard["tokens"] * itemsize:
-            raise DataMismatchError(f"{path}: size expected {shard['tokens'] * itemsize} bytes "
-                                    f"({shard['tokens']} {meta['dtype']} tokens per {META_FILE}), found {size}")
+            raise DataMismatchError(
+                f"{path}: size expected {shard['tokens'] * itemsize} bytes "
+                f"({shard['tokens']} {meta['dtype']} tokens per {META_FILE}), found {size}"
+            )
         paths.append(path)
     return paths
 
@@ -574,33 +640,49 @@ def check_prepared_data(recipe: Recipe, verify: str = "recorded", progress: bool
         return DataMismatchError(f"{meta_file}: {field} expected {expected}, found {found} ({why}); {hint}")
 
     if meta.get("format_version") != FORMAT_VERSION:
-        raise mismatch("format_version", FORMAT_VERSION, meta.get("format_version"),
-                       "written by another version of hf-pretrain")
+        raise mismatch(
+            "format_version", FORMAT_VERSION, meta.get("format_version"), "written by another version of hf-pretrain"
+        )
     try:
         tokenizer = load_tokenizer(data_dir)
     except FileNotFoundError as exc:
         raise DataMismatchError(f"{exc}; {hint}") from exc
     saved_hash = tokenizer_hash(tokenizer)
     if saved_hash != meta.get("tokenizer_hash"):
-        raise mismatch("tokenizer_hash", saved_hash, meta.get("tokenizer_hash"),
-                       f"expected is the hash of the tokenizer in {data_dir / TOKENIZER_DIR}; the shards were "
-                       f"tokenized with another one")
+        raise mismatch(
+            "tokenizer_hash",
+            saved_hash,
+            meta.get("tokenizer_hash"),
+            f"expected is the hash of the tokenizer in {data_dir / TOKENIZER_DIR}; the shards were "
+            f"tokenized with another one",
+        )
     expected_vocab = recipe.data.vocab_size + len(recipe.data.special_tokens)
     if meta.get("vocab_size") != expected_vocab:
-        raise mismatch("vocab_size", expected_vocab, meta.get("vocab_size"),
-                       f"the recipe's vocab_size {recipe.data.vocab_size} + {len(recipe.data.special_tokens)} "
-                       f"special tokens")
+        raise mismatch(
+            "vocab_size",
+            expected_vocab,
+            meta.get("vocab_size"),
+            f"the recipe's vocab_size {recipe.data.vocab_size} + {len(recipe.data.special_tokens)} special tokens",
+        )
     if meta.get("dtype") != token_dtype(expected_vocab).name:
         raise mismatch("dtype", token_dtype(expected_vocab).name, meta.get("dtype"), "token ids must fit the dtype")
     train_needed = recipe.train.global_batch_tokens + 1
     if meta["splits"]["train"]["tokens"] < train_needed:
-        raise mismatch("splits.train.tokens", f"at least {train_needed}", meta["splits"]["train"]["tokens"],
-                       "one global batch of global_batch_tokens plus the shifted target; add documents, raise "
-                       "max_tokens or lower global_batch_tokens")
+        raise mismatch(
+            "splits.train.tokens",
+            f"at least {train_needed}",
+            meta["splits"]["train"]["tokens"],
+            "one global batch of global_batch_tokens plus the shifted target; add documents, raise "
+            "max_tokens or lower global_batch_tokens",
+        )
     val_needed = recipe.data.seq_len + 1
     if meta["splits"]["validation"]["tokens"] < val_needed:
-        raise mismatch("splits.validation.tokens", f"at least {val_needed}", meta["splits"]["validation"]["tokens"],
-                       "one sample of seq_len + 1 tokens; lower val_every or add documents")
+        raise mismatch(
+            "splits.validation.tokens",
+            f"at least {val_needed}",
+            meta["splits"]["validation"]["tokens"],
+            "one sample of seq_len + 1 tokens; lower val_every or add documents",
+        )
     for split in SPLIT_PREFIX:
         shard_paths(data_dir, meta, split)
     if verify != "none":

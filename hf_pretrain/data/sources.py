@@ -53,8 +53,10 @@ def decode_utf8(data: bytes, where: Path) -> str:
         pass
     bad = len(data) - len(data.decode("utf-8", errors="ignore").encode("utf-8"))
     if bad > MAX_UNDECODABLE_SHARE * len(data):
-        raise SourceError(f"{where}: {bad:,} of {len(data):,} bytes are not valid UTF-8 ({bad / len(data):.1%}); it is "
-                          f"not UTF-8 text: convert it (e.g. `iconv -f latin1 -t utf-8`) or leave it out of `paths`")
+        raise SourceError(
+            f"{where}: {bad:,} of {len(data):,} bytes are not valid UTF-8 ({bad / len(data):.1%}); it is "
+            f"not UTF-8 text: convert it (e.g. `iconv -f latin1 -t utf-8`) or leave it out of `paths`"
+        )
     if where not in _reported_undecodable:  # `prepare` reads the mixture twice (tokenizer, shards): say it once
         _reported_undecodable.add(where)
         print(f"warning: {where}: {bad:,} undecodable bytes replaced by U+FFFD", file=sys.stderr)
@@ -160,8 +162,9 @@ def _is_transient(exc: BaseException) -> bool:
         return True
     name = type(exc).__name__
     status = getattr(getattr(exc, "response", None), "status_code", None)
-    return name in ("ConnectError", "ReadTimeout", "RemoteProtocolError", "ChunkedEncodingError", "ReadError") \
-        or (isinstance(status, int) and status >= 500)
+    return name in ("ConnectError", "ReadTimeout", "RemoteProtocolError", "ChunkedEncodingError", "ReadError") or (
+        isinstance(status, int) and status >= 500
+    )
 
 
 def _hub_rows(source: SourceConfig, start: dict[str, Any] | None = None) -> Iterator[tuple[str, dict[str, Any] | None]]:
@@ -194,13 +197,18 @@ def _hub_rows(source: SourceConfig, start: dict[str, Any] | None = None) -> Iter
         except Exception as exc:
             if not (source.streaming and _is_transient(exc)) or failures >= HUB_RETRIES:
                 if _is_transient(exc):
-                    raise SourceError(f"hub dataset `{source.name}`: the network failed {failures + 1} times in a "
-                                      f"row ({type(exc).__name__}: {exc}); rerun `prepare` later: it resumes") from exc
+                    raise SourceError(
+                        f"hub dataset `{source.name}`: the network failed {failures + 1} times in a "
+                        f"row ({type(exc).__name__}: {exc}); rerun `prepare` later: it resumes"
+                    ) from exc
                 raise
             wait = HUB_BACKOFF_SECONDS * 2**failures
             failures += 1
-            print(f"warning: hub dataset `{source.name}`: {type(exc).__name__}: {exc}; retrying in {wait:.0f}s "
-                  f"({failures}/{HUB_RETRIES})", file=sys.stderr)
+            print(
+                f"warning: hub dataset `{source.name}`: {type(exc).__name__}: {exc}; retrying in {wait:.0f}s "
+                f"({failures}/{HUB_RETRIES})",
+                file=sys.stderr,
+            )
             time.sleep(wait)
             rows = load()
             if position is not None:
@@ -260,7 +268,9 @@ class SourceReader:
         if text is None:
             if self.documents == 0:
                 where = ", ".join(self.source.paths) if self.source.kind == "files" else self.source.name
-                raise SourceError(f"the {self.source.kind} source `{where}` holds no text: every document in it is empty")
+                raise SourceError(
+                    f"the {self.source.kind} source `{where}` holds no text: every document in it is empty"
+                )
             raise StopIteration
         self.documents += 1
         return text
@@ -292,16 +302,21 @@ class MixturePosition:
         """As plain JSON. A stream position that JSON cannot carry unchanged is left out: that
         source is then resumed by reading its documents again."""
         version, internal, gauss = self.rng_state
-        return {"next_document": self.next_document, "rng_state": [version, list(internal), gauss],
-                "live": list(self.live),
-                "sources": [{"documents": s["documents"], "stream": _plain_json_or_none(s["stream"])}
-                            for s in self.sources]}
+        return {
+            "next_document": self.next_document,
+            "rng_state": [version, list(internal), gauss],
+            "live": list(self.live),
+            "sources": [
+                {"documents": s["documents"], "stream": _plain_json_or_none(s["stream"])} for s in self.sources
+            ],
+        }
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> MixturePosition:
         version, internal, gauss = data["rng_state"]
-        return cls(data["next_document"], (version, tuple(internal), gauss), tuple(data["live"]),
-                   tuple(data["sources"]))
+        return cls(
+            data["next_document"], (version, tuple(internal), gauss), tuple(data["live"]), tuple(data["sources"])
+        )
 
 
 def _plain_json_or_none(value: Any) -> Any:
@@ -316,8 +331,9 @@ class MixedStream:
     proportional to its weight among the sources that still have documents. Over `SourceReader`s,
     `position()` says where it is; built with `start=` that position, it goes on from there."""
 
-    def __init__(self, streams: list[Iterable[str]], weights: list[float], seed: int,
-                 start: MixturePosition | None = None) -> None:
+    def __init__(
+        self, streams: list[Iterable[str]], weights: list[float], seed: int, start: MixturePosition | None = None
+    ) -> None:
         self.iterators = [iter(s) for s in streams]
         self.weights = weights
         self.rng = random.Random(seed)
@@ -344,8 +360,12 @@ class MixedStream:
 
     def position(self) -> MixturePosition:
         """Where it is now; only for a stream over `SourceReader`s, as `mixture` builds it."""
-        return MixturePosition(self.next_document, self.rng.getstate(), tuple(self.live),
-                               tuple(reader.position() for reader in self.iterators))
+        return MixturePosition(
+            self.next_document,
+            self.rng.getstate(),
+            tuple(self.live),
+            tuple(reader.position() for reader in self.iterators),
+        )
 
 
 def mixture(recipe: Recipe, start: MixturePosition | None = None) -> MixedStream:

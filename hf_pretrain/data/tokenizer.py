@@ -30,7 +30,11 @@ def _batches(texts: Iterable[str], size: int) -> Iterator[list[str]]:
 
 def _wrap(backend: Tokenizer) -> PreTrainedTokenizerFast:
     return PreTrainedTokenizerFast(
-        tokenizer_object=backend, bos_token=EOS_TOKEN, eos_token=EOS_TOKEN, unk_token=EOS_TOKEN, pad_token=EOS_TOKEN,
+        tokenizer_object=backend,
+        bos_token=EOS_TOKEN,
+        eos_token=EOS_TOKEN,
+        unk_token=EOS_TOKEN,
+        pad_token=EOS_TOKEN,
         model_input_names=MODEL_INPUT_NAMES,
     )
 
@@ -68,12 +72,16 @@ def load_pretrained_tokenizer(path: str | Path) -> PreTrainedTokenizerFast:
             )
         return _wrap(backend)
     if not path.is_dir():
-        raise ValueError(f"tokenizer `{path}` does not exist; data.tokenizer must be `train` or a local "
-                         f"tokenizer folder or tokenizer.json")
+        raise ValueError(
+            f"tokenizer `{path}` does not exist; data.tokenizer must be `train` or a local "
+            f"tokenizer folder or tokenizer.json"
+        )
     # local_files_only: a local folder must never turn into a Hub download.
     tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
     if not getattr(tokenizer, "is_fast", False):
-        raise ValueError(f"tokenizer in {path} is not a fast (Rust `tokenizers`) tokenizer; save it with a tokenizer.json")
+        raise ValueError(
+            f"tokenizer in {path} is not a fast (Rust `tokenizers`) tokenizer; save it with a tokenizer.json"
+        )
     if tokenizer.eos_token_id is None:
         raise ValueError(f"tokenizer in {path} has no eos_token; documents need one to be separated")
     tokenizer.model_input_names = MODEL_INPUT_NAMES

@@ -48,15 +48,22 @@ def _hash_and_range_check(path: Path, dtype: np.dtype, vocab_size: int, bar: tqd
                 raise ShardCorruptError(
                     f"{path}: token id {int(tokens[index])} at token {position:,} (byte offset "
                     f"{offset + index * dtype.itemsize:,}) is past the vocabulary of {vocab_size:,} tokens: the "
-                    f"shard is damaged or was written with another tokenizer; prepare the data again")
+                    f"shard is damaged or was written with another tokenizer; prepare the data again"
+                )
             offset += len(chunk)
             if bar is not None:
                 bar.update(len(chunk))
     return digest.hexdigest()
 
 
-def verify_shards(data_dir: str | Path, meta: dict[str, Any], *, trust_recorded: bool = True,
-                  progress: bool = False, log: Callable[[str], None] = print) -> dict[str, int]:
+def verify_shards(
+    data_dir: str | Path,
+    meta: dict[str, Any],
+    *,
+    trust_recorded: bool = True,
+    progress: bool = False,
+    log: Callable[[str], None] = print,
+) -> dict[str, int]:
     """Check every shard meta.json lists; returns {"hashed": bytes, "trusted": bytes}.
 
     With `trust_recorded`, a shard whose recorded verification still matches its size and mtime
@@ -70,8 +77,11 @@ def verify_shards(data_dir: str | Path, meta: dict[str, Any], *, trust_recorded:
         records = json.loads(record_file.read_text()).get("shards", {}) if record_file.is_file() else {}
     except (OSError, json.JSONDecodeError):
         records = {}  # an unreadable record only costs a new verification
-    todo = [s for s in shards if not (trust_recorded and _record_matches(records.get(s["file"]), data_dir / s["file"],
-                                                                         s["sha256"]))]
+    todo = [
+        s
+        for s in shards
+        if not (trust_recorded and _record_matches(records.get(s["file"]), data_dir / s["file"], s["sha256"]))
+    ]
     sizes = {s["file"]: (data_dir / s["file"]).stat().st_size for s in shards}
     hashed = sum(sizes[s["file"]] for s in todo)
     bar = tqdm(total=hashed, unit="B", unit_scale=True, desc="verifying shards", disable=not progress or not todo)
@@ -82,7 +92,8 @@ def verify_shards(data_dir: str | Path, meta: dict[str, Any], *, trust_recorded:
             if found != shard["sha256"]:
                 raise ShardCorruptError(
                     f"{path}: SHA-256 {found[:16]}... differs from {shard['sha256'][:16]}... in meta.json: the file "
-                    f"changed after `prepare` wrote it (a flipped byte, a partial copy); restore it or prepare again")
+                    f"changed after `prepare` wrote it (a flipped byte, a partial copy); restore it or prepare again"
+                )
             stat = path.stat()
             records[shard["file"]] = {"bytes": stat.st_size, "mtime_ns": stat.st_mtime_ns, "sha256": found}
     finally:

@@ -86,12 +86,20 @@ def phase_row(records: list[dict[str, Any]], phase: Phase, price_per_hour: float
     hours = (_elapsed_at(train, phase.end_step) - _elapsed_at(train, phase.start_step)) / 3600
     cost = dollars(hours, price_per_hour)
     drop = loss_start - loss_end
-    return PhaseRow(phase.name, phase.start_step, phase.end_step, loss_start, loss_end, drop, hours, cost,
-                    cost / drop if drop > 0 else None)
+    return PhaseRow(
+        phase.name,
+        phase.start_step,
+        phase.end_step,
+        loss_start,
+        loss_end,
+        drop,
+        hours,
+        cost,
+        cost / drop if drop > 0 else None,
+    )
 
 
-def window_cost_per_loss_point(records: list[dict[str, Any]], window_steps: int,
-                               price_per_hour: float) -> float | None:
+def window_cost_per_loss_point(records: list[dict[str, Any]], window_steps: int, price_per_hour: float) -> float | None:
     """Cost per loss point over the last `window_steps` steps: infinite when the loss did not
     fall at all, None while there are too few records to tell."""
     train = [r for r in records if r.get("kind", "train") == "train"]
@@ -103,12 +111,16 @@ def window_cost_per_loss_point(records: list[dict[str, Any]], window_steps: int,
 
 
 def markdown_table(rows: list[PhaseRow]) -> str:
-    lines = ["| phase | steps | loss start | loss end | drop | hours | cost ($) | $ per loss point |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| phase | steps | loss start | loss end | drop | hours | cost ($) | $ per loss point |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for r in rows:
         per_point = f"{r.cost_per_loss_point:,.2f}" if r.cost_per_loss_point is not None else "n/a (no drop)"
-        lines.append(f"| {r.name} | {r.start_step}-{r.end_step} | {r.loss_start:.3f} | {r.loss_end:.3f} | "
-                     f"{r.loss_drop:.3f} | {r.hours:.3f} | {r.cost:,.2f} | {per_point} |")
+        lines.append(
+            f"| {r.name} | {r.start_step}-{r.end_step} | {r.loss_start:.3f} | {r.loss_end:.3f} | "
+            f"{r.loss_drop:.3f} | {r.hours:.3f} | {r.cost:,.2f} | {per_point} |"
+        )
     return "\n".join(lines) + "\n"
 
 

@@ -52,7 +52,7 @@ class LossFit:
     def sd_at(self, tokens: float | np.ndarray) -> float | np.ndarray:
         """Standard deviation of the fitted curve at `tokens` (how sure the fit is of it, not the noise)."""
         x = np.asarray(tokens, dtype=float) / self.tokens_0
-        power = x ** -self.exponent
+        power = x**-self.exponent
         gradient = np.stack([np.ones_like(power), power, -self.amplitude * power * np.log(x)])
         variance = np.einsum("i...,ij,j...->...", gradient, np.asarray(self.covariance), gradient)
         return np.sqrt(np.maximum(variance, 0.0))
@@ -79,11 +79,11 @@ def fit_loss_curve(tokens: list[float] | np.ndarray, losses: list[float] | np.nd
 
     def residuals(theta: np.ndarray) -> np.ndarray:
         e, a, alpha = theta
-        return e + a * x ** -alpha - y
+        return e + a * x**-alpha - y
 
     def jacobian(theta: np.ndarray) -> np.ndarray:
         _, a, alpha = theta
-        power = x ** -alpha
+        power = x**-alpha
         return np.stack([np.ones_like(x), power, -a * power * np.log(x)], axis=1)
 
     low = float(y.min())
@@ -99,8 +99,9 @@ def fit_loss_curve(tokens: list[float] | np.ndarray, losses: list[float] | np.nd
     jac = jacobian(result.x)
     covariance = residual_var * np.linalg.pinv(jac.T @ jac)
     e, a, alpha = (float(v) for v in result.x)
-    return LossFit(e, a, alpha, tokens_0, covariance.tolist(), len(y), float(t.min()), float(t.max()),
-                   math.sqrt(residual_var))
+    return LossFit(
+        e, a, alpha, tokens_0, covariance.tolist(), len(y), float(t.min()), float(t.max()), math.sqrt(residual_var)
+    )
 
 
 def fit_run(records: list[dict[str, Any]], first_step: int, last_step: int) -> LossFit | None:
@@ -122,8 +123,9 @@ def next_phase(phases: list[Phase], step: int, end: int) -> Phase | None:
     return Phase("rest of the run", step, end) if end > step else None
 
 
-def forecast_fields(records: list[dict[str, Any]], stable_steps: tuple[int, int], end: int,
-                    phases: list[Phase], price_per_hour: float) -> dict[str, Any]:
+def forecast_fields(
+    records: list[dict[str, Any]], stable_steps: tuple[int, int], end: int, phases: list[Phase], price_per_hour: float
+) -> dict[str, Any]:
     """The forecast fields of the newest train record (the last of `records`): the loss the fit
     projects at step `end`, the dollars left, and the marginal dollars per loss point of the next
     phase. Empty while there is nothing to fit."""
@@ -132,8 +134,10 @@ def forecast_fields(records: list[dict[str, Any]], stable_steps: tuple[int, int]
     if fit is None:
         return {}
     tokens_per_step = now["tokens"] / now["step"]
-    fields: dict[str, Any] = {"forecast_loss": float(fit.loss_at(end * tokens_per_step)),
-                              "forecast_loss_sd": float(fit.sd_at(end * tokens_per_step))}
+    fields: dict[str, Any] = {
+        "forecast_loss": float(fit.loss_at(end * tokens_per_step)),
+        "forecast_loss_sd": float(fit.sd_at(end * tokens_per_step)),
+    }
     seconds_per_step = now["elapsed"] / now["step"]  # evaluations and checkpoints included: what the hours cost
     if price_per_hour:
         fields["usd_left"] = dollars((end - now["step"]) * seconds_per_step / 3600, price_per_hour)
@@ -168,8 +172,9 @@ class GoingFurther:
         return asdict(self)
 
 
-def going_further(records: list[dict[str, Any]], stable_steps: tuple[int, int], target_tokens: float,
-                  price_per_hour: float) -> GoingFurther | None:
+def going_further(
+    records: list[dict[str, Any]], stable_steps: tuple[int, int], target_tokens: float, price_per_hour: float
+) -> GoingFurther | None:
     """Time, money and loss of training on to `target_tokens` at the run's own pace; None without a fit."""
     train = [r for r in records if r.get("kind", "train") == "train"]
     fit = fit_run(train, *stable_steps) if train else None
@@ -182,6 +187,16 @@ def going_further(records: list[dict[str, Any]], stable_steps: tuple[int, int], 
     cost = dollars(hours, price_per_hour) if price_per_hour else None
     loss_now, loss_target = float(fit.loss_at(now["tokens"])), float(fit.loss_at(target_tokens))
     drop = loss_now - loss_target
-    return GoingFurther(now["tokens"], target_tokens, steps, hours, cost, loss_now, float(fit.sd_at(now["tokens"])),
-                        loss_target, float(fit.sd_at(target_tokens)),
-                        cost / drop if cost is not None and drop > 0 else None, fit)
+    return GoingFurther(
+        now["tokens"],
+        target_tokens,
+        steps,
+        hours,
+        cost,
+        loss_now,
+        float(fit.sd_at(now["tokens"])),
+        loss_target,
+        float(fit.sd_at(target_tokens)),
+        cost / drop if cost is not None and drop > 0 else None,
+        fit,
+    )

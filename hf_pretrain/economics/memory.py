@@ -125,8 +125,9 @@ def head_bytes(recipe: Recipe, vocab_rows: int, tokens: int, mixed_precision: bo
     return norm + max(loss, projection)
 
 
-def estimate_memory(recipe: Recipe, tokenizer_size: int, cuda_available: bool = True,
-                    world_size: int = 1) -> MemoryEstimate:
+def estimate_memory(
+    recipe: Recipe, tokenizer_size: int, cuda_available: bool = True, world_size: int = 1
+) -> MemoryEstimate:
     """Peak training memory of one process for `recipe` (see the module docstring for the formulas).
 
     `cuda_available` resolves `mixed_precision: auto` the way training will (bf16 on a GPU);
@@ -148,7 +149,9 @@ def estimate_memory(recipe: Recipe, tokenizer_size: int, cuda_available: bool = 
         activations=layers * per_layer,
         checkpointed_activations=layers * tokens * recipe.model.hidden_size * RESIDUAL_BYTES + per_layer,
         head=head_bytes(recipe, config.vocab_size, tokens, mixed, accumulating),
-        embedding_gradient=2 * WEIGHT_BYTES * config.vocab_size * config.hidden_size if config.tie_word_embeddings else 0,
+        embedding_gradient=2 * WEIGHT_BYTES * config.vocab_size * config.hidden_size
+        if config.tie_word_embeddings
+        else 0,
         accumulating=accumulating,
     )
 

@@ -76,7 +76,7 @@ def compute_optimal(compute_flops: float) -> tuple[float, float]:
 def chinchilla_loss(n_params: float, tokens: float) -> float:
     """Chinchilla's fitted loss for N parameters trained on D tokens (its data and tokenizer, not ours:
     a guide to the shape of the trade, not a prediction of this run's numbers)."""
-    return CHINCHILLA_E + CHINCHILLA_A / n_params ** CHINCHILLA_ALPHA + CHINCHILLA_B / tokens ** CHINCHILLA_BETA
+    return CHINCHILLA_E + CHINCHILLA_A / n_params**CHINCHILLA_ALPHA + CHINCHILLA_B / tokens**CHINCHILLA_BETA
 
 
 def tokens_per_s_at_mfu(peak_flops: float, mfu: float, flops_per_token_: float) -> float:
@@ -104,16 +104,30 @@ class ScalingRow:
     cost_vs_one_gpu: float | None  # cost / cost on one GPU
 
 
-def scaling_row(gpus: int, tokens: float, tokens_per_s_per_gpu: float, price_per_gpu_hour: float | None,
-                optimizer_steps: int, gradient_bytes: float, gbps: float) -> ScalingRow:
+def scaling_row(
+    gpus: int,
+    tokens: float,
+    tokens_per_s_per_gpu: float,
+    price_per_gpu_hour: float | None,
+    optimizer_steps: int,
+    gradient_bytes: float,
+    gbps: float,
+) -> ScalingRow:
     """Wall time and cost on `gpus` GPUs: compute split evenly, one unoverlapped all-reduce per step."""
     compute = tokens / (gpus * tokens_per_s_per_gpu) / 3600
     communication = optimizer_steps * ring_allreduce_seconds(gpus, gradient_bytes, gbps) / 3600
     hours = compute + communication
     cost = hours * gpus * price_per_gpu_hour if price_per_gpu_hour else None
     one_gpu_cost = tokens / tokens_per_s_per_gpu / 3600 * price_per_gpu_hour if price_per_gpu_hour else None
-    return ScalingRow(gpus, tokens / (hours * 3600), compute, communication, hours, cost,
-                      cost / one_gpu_cost if cost is not None and one_gpu_cost else None)
+    return ScalingRow(
+        gpus,
+        tokens / (hours * 3600),
+        compute,
+        communication,
+        hours,
+        cost,
+        cost / one_gpu_cost if cost is not None and one_gpu_cost else None,
+    )
 
 
 # ---------------------------------------------------------------------- the plan
@@ -178,14 +192,18 @@ def make_plan(args: argparse.Namespace) -> Plan:
     elif gpu and peak_flops_for_name(gpu):
         peak = peak_flops_for_name(gpu)
         rate = tokens_per_s_at_mfu(peak, args.mfu, per_token)
-        rate_source = (f"assumed {args.mfu:.0%} MFU of the {peak / 1e12:,.0f} TFLOP/s datasheet peak; "
-                       f"measure it with `hf-pretrain bench`")
+        rate_source = (
+            f"assumed {args.mfu:.0%} MFU of the {peak / 1e12:,.0f} TFLOP/s datasheet peak; "
+            f"measure it with `hf-pretrain bench`"
+        )
     else:
         rate = None
         known = f"no datasheet peak is known for `{gpu}` (known: {', '.join(prices)}); " if gpu else ""
-        rate_source = (f"{known}time and cost need a throughput: --gpu NAME (assumes {args.mfu:.0%} MFU of its "
-                       f"datasheet peak), --tokens_per_s, or the recipe's expected_tokens_per_s "
-                       f"(`hf-pretrain bench` measures it)")
+        rate_source = (
+            f"{known}time and cost need a throughput: --gpu NAME (assumes {args.mfu:.0%} MFU of its "
+            f"datasheet peak), --tokens_per_s, or the recipe's expected_tokens_per_s "
+            f"(`hf-pretrain bench` measures it)"
+        )
 
     gbps = args.interconnect_gbps or INTERCONNECT_GBPS[args.interconnect]
     gradient_bytes = args.gradient_bytes * n_params
@@ -193,25 +211,44 @@ def make_plan(args: argparse.Namespace) -> Plan:
     c_6nd = training_flops(n_params, tokens)
     n_opt, d_opt = compute_optimal(c_6nd)
     return Plan(
-        source=source, parameters=n_params, flops_per_token=per_token, tokens=tokens,
-        tokens_per_parameter=tokens / n_params, chinchilla_tokens=chinchilla_tokens(n_params),
-        total_flops=per_token * tokens, compute_6nd=c_6nd, optimal_parameters=n_opt, optimal_tokens=d_opt,
-        chinchilla_loss=chinchilla_loss(n_params, tokens), optimal_loss=chinchilla_loss(n_opt, d_opt),
-        gpu=gpu, tokens_per_s_per_gpu=rate, throughput_source=rate_source, price_per_gpu_hour=price,
+        source=source,
+        parameters=n_params,
+        flops_per_token=per_token,
+        tokens=tokens,
+        tokens_per_parameter=tokens / n_params,
+        chinchilla_tokens=chinchilla_tokens(n_params),
+        total_flops=per_token * tokens,
+        compute_6nd=c_6nd,
+        optimal_parameters=n_opt,
+        optimal_tokens=d_opt,
+        chinchilla_loss=chinchilla_loss(n_params, tokens),
+        optimal_loss=chinchilla_loss(n_opt, d_opt),
+        gpu=gpu,
+        tokens_per_s_per_gpu=rate,
+        throughput_source=rate_source,
+        price_per_gpu_hour=price,
         usd_per_billion_tokens=dollars_per_billion_tokens(rate, price) if price and rate else None,
-        global_batch_tokens=batch_tokens, optimizer_steps=steps,
-        interconnect=args.interconnect if not args.interconnect_gbps else "custom", interconnect_gbps=gbps,
+        global_batch_tokens=batch_tokens,
+        optimizer_steps=steps,
+        interconnect=args.interconnect if not args.interconnect_gbps else "custom",
+        interconnect_gbps=gbps,
         gradient_bytes=gradient_bytes,
-        scaling=[scaling_row(n, tokens, rate, price, steps, gradient_bytes, gbps)
-                 for n in range(1, args.max_gpus + 1)] if rate else [],
+        scaling=[scaling_row(n, tokens, rate, price, steps, gradient_bytes, gbps) for n in range(1, args.max_gpus + 1)]
+        if rate
+        else [],
     )
 
 
 # ---------------------------------------------------------------------- printing
 def format_plan(plan: Plan) -> str:
-    price = f"{usd(plan.price_per_gpu_hour)}/h per GPU" if plan.price_per_gpu_hour else "price unknown (--price_per_gpu_hour)"
-    per_billion = (f", {usd(plan.usd_per_billion_tokens)} per billion tokens"
-                   if plan.usd_per_billion_tokens is not None else "")
+    price = (
+        f"{usd(plan.price_per_gpu_hour)}/h per GPU"
+        if plan.price_per_gpu_hour
+        else "price unknown (--price_per_gpu_hour)"
+    )
+    per_billion = (
+        f", {usd(plan.usd_per_billion_tokens)} per billion tokens" if plan.usd_per_billion_tokens is not None else ""
+    )
     lines = [
         f"model: {human_count(plan.parameters)} parameters ({plan.source}), {plan.flops_per_token / 1e9:,.2f} GFLOP "
         f"per training token",
@@ -238,8 +275,10 @@ def format_plan(plan: Plan) -> str:
     for row in plan.scaling:
         cost = f"{row.cost:,.2f}" if row.cost is not None else "n/a"
         ratio = f"{row.cost_vs_one_gpu:.3f}x" if row.cost_vs_one_gpu is not None else "n/a"
-        lines.append(f"| {row.gpus} | {row.tokens_per_s:,.0f} | {row.compute_hours:,.2f} | "
-                     f"{row.communication_hours:,.2f} | {row.hours:,.2f} | {cost} | {ratio} |")
+        lines.append(
+            f"| {row.gpus} | {row.tokens_per_s:,.0f} | {row.compute_hours:,.2f} | "
+            f"{row.communication_hours:,.2f} | {row.hours:,.2f} | {cost} | {ratio} |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -274,8 +313,10 @@ def plan_further(run_dir: str, target_tokens: float | None, price_per_hour: floa
     price = recipe.train.price_per_hour if price_per_hour is None else price_per_hour
     further = going_further([r for r in records if r.get("kind") == "train"], stable, target, price)
     if further is None:
-        raise ValueError(f"{run.metrics} has too few logged steps between steps {stable[0]:,} and {stable[1]:,} "
-                         f"(after the warmup, before any decay) to fit the loss curve yet")
+        raise ValueError(
+            f"{run.metrics} has too few logged steps between steps {stable[0]:,} and {stable[1]:,} "
+            f"(after the warmup, before any decay) to fit the loss curve yet"
+        )
     steps = max(r["step"] for r in records if r.get("kind") == "train")
     return FurtherPlan(str(run_dir), n_params, chinchilla_tokens(n_params), stable, steps, price, further)
 
@@ -283,59 +324,91 @@ def plan_further(run_dir: str, target_tokens: float | None, price_per_hour: floa
 def format_further(plan: FurtherPlan) -> str:
     f, fit = plan.further, plan.further.fit
     tokens_per_step = f.tokens_now / plan.steps_so_far
-    lines = [f"run {plan.run}: {human_count(f.tokens_now)} tokens so far; the loss curve over steps "
-             f"{round(fit.first_tokens / tokens_per_step):,}-{round(fit.last_tokens / tokens_per_step):,} (the later "
-             f"half of its stable phase) fits L = {fit.irreducible:.3f} + "
-             f"{fit.amplitude:.3f} x (D / {human_count(fit.tokens_0)})^-{fit.exponent:.3f}"]
+    lines = [
+        f"run {plan.run}: {human_count(f.tokens_now)} tokens so far; the loss curve over steps "
+        f"{round(fit.first_tokens / tokens_per_step):,}-{round(fit.last_tokens / tokens_per_step):,} (the later "
+        f"half of its stable phase) fits L = {fit.irreducible:.3f} + "
+        f"{fit.amplitude:.3f} x (D / {human_count(fit.tokens_0)})^-{fit.exponent:.3f}"
+    ]
     if plan.chinchilla_tokens:
-        lines.append(f"target: {human_count(f.target_tokens)} tokens = {f.target_tokens / plan.parameters:.1f} per "
-                     f"parameter (Chinchilla's 20: {human_count(plan.chinchilla_tokens)})")
+        lines.append(
+            f"target: {human_count(f.target_tokens)} tokens = {f.target_tokens / plan.parameters:.1f} per "
+            f"parameter (Chinchilla's 20: {human_count(plan.chinchilla_tokens)})"
+        )
     if f.steps == 0:
         return "\n".join(lines + ["the run has already read that many tokens"]) + "\n"
     cost = f"{usd(f.cost)}" if f.cost is not None else "cost unknown (the run has no price_per_hour; --price_per_hour)"
     lines.append(f"going there: {f.steps:,} more steps, {f.hours:,.2f} h at the run's own pace, {cost}")
     per_point = f", {usd(f.usd_per_loss_point)} per loss point" if f.usd_per_loss_point is not None else ""
-    lines.append(f"loss (fitted curve, +/- {BAND_SIGMAS:g} sd): {f.loss_now:.3f} +/- {BAND_SIGMAS * f.loss_now_sd:.3f} "
-                 f"now -> {f.loss_target:.3f} +/- {BAND_SIGMAS * f.loss_target_sd:.3f}, a drop of "
-                 f"{f.loss_now - f.loss_target:.3f}{per_point}")
-    lines.append("the fit describes the curve before any final decay: a wsd run's decay (or a cooldown) drops the loss "
-                 "further at the end; go further with `--max_steps` on the same output_dir (README: stop, go further)")
+    lines.append(
+        f"loss (fitted curve, +/- {BAND_SIGMAS:g} sd): {f.loss_now:.3f} +/- {BAND_SIGMAS * f.loss_now_sd:.3f} "
+        f"now -> {f.loss_target:.3f} +/- {BAND_SIGMAS * f.loss_target_sd:.3f}, a drop of "
+        f"{f.loss_now - f.loss_target:.3f}{per_point}"
+    )
+    lines.append(
+        "the fit describes the curve before any final decay: a wsd run's decay (or a cooldown) drops the loss "
+        "further at the end; go further with `--max_steps` on the same output_dir (README: stop, go further)"
+    )
     return "\n".join(lines) + "\n"
 
 
 def build_parser() -> argparse.ArgumentParser:
     # `--price` was this command's $/GPU-hour while `bench --price` took NAME=USD: one name, one meaning.
-    parser = CommandParser(prog="hf-pretrain plan", description=__doc__.split("\n")[0], epilog=__doc__.split("\n", 1)[1],
-                           renamed={"--price": "--price_per_gpu_hour"})
+    parser = CommandParser(
+        prog="hf-pretrain plan",
+        description=__doc__.split("\n")[0],
+        epilog=__doc__.split("\n", 1)[1],
+        renamed={"--price": "--price_per_gpu_hour"},
+    )
     model = parser.add_mutually_exclusive_group(required=True)
     model.add_argument("--recipe", help="recipe name or YAML path: parameters from a meta-device build")
     model.add_argument("--params", type=float, help="parameter count, e.g. 1.04e9 (FLOPs per token then 6N)")
     model.add_argument("--run", help="a run folder: what going on to --tokens would buy, from its loss curve so far")
-    parser.add_argument("--tokens", type=float,
-                        help="token budget (unset: the recipe's max_steps x global_batch_tokens, else 20 x params; "
-                             "with --run, 20 x the run's parameters)")
-    parser.add_argument("--global_batch_tokens", type=int,
-                        help=f"tokens per optimizer step (unset: the recipe's, else {DEFAULT_GLOBAL_BATCH_TOKENS:,})")
+    parser.add_argument(
+        "--tokens",
+        type=float,
+        help="token budget (unset: the recipe's max_steps x global_batch_tokens, else 20 x params; "
+        "with --run, 20 x the run's parameters)",
+    )
+    parser.add_argument(
+        "--global_batch_tokens",
+        type=int,
+        help=f"tokens per optimizer step (unset: the recipe's, else {DEFAULT_GLOBAL_BATCH_TOKENS:,})",
+    )
     parser.add_argument("--gpu", help="a GPU from the price table (its price and datasheet peak), e.g. H100")
     parser.add_argument("--prices", help="price table YAML (unset: the shipped hf_pretrain/economics/prices.yaml)")
-    parser.add_argument("--price_per_gpu_hour", type=float,
-                        help="$ per GPU-hour (unset: the --gpu entry, else the recipe's price_per_hour)")
-    parser.add_argument("--tokens_per_s", type=float,
-                        help="measured tokens/s of one GPU (unset: the recipe's expected_tokens_per_s, else "
-                             "--gpu's peak x --mfu)")
-    parser.add_argument("--mfu", type=float, default=DEFAULT_MFU,
-                        help="assumed model FLOPs utilisation with --gpu and no measured rate")
+    parser.add_argument(
+        "--price_per_gpu_hour",
+        type=float,
+        help="$ per GPU-hour (unset: the --gpu entry, else the recipe's price_per_hour)",
+    )
+    parser.add_argument(
+        "--tokens_per_s",
+        type=float,
+        help="measured tokens/s of one GPU (unset: the recipe's expected_tokens_per_s, else --gpu's peak x --mfu)",
+    )
+    parser.add_argument(
+        "--mfu", type=float, default=DEFAULT_MFU, help="assumed model FLOPs utilisation with --gpu and no measured rate"
+    )
     parser.add_argument("--max_gpus", type=int, default=8, help="table rows for 1..N GPUs")
-    parser.add_argument("--interconnect", choices=sorted(INTERCONNECT_GBPS), default="nvlink",
-                        help="link between the GPUs: " + ", ".join(f"{k} {v:,.0f} Gbit/s"
-                                                                   for k, v in INTERCONNECT_GBPS.items()))
-    parser.add_argument("--interconnect_gbps", type=float,
-                        help="link rate in Gbit/s per GPU, one direction (overrides --interconnect)")
-    parser.add_argument("--gradient_bytes", type=float, default=GRADIENT_BYTES_PER_PARAMETER,
-                        help="bytes per parameter all-reduced each step (4: fp32 gradients; 2 with a bf16 "
-                             "compression hook)")
-    parser.add_argument("--price_per_hour", type=float,
-                        help="with --run: $ per hour of the whole job (unset: the run's price_per_hour)")
+    parser.add_argument(
+        "--interconnect",
+        choices=sorted(INTERCONNECT_GBPS),
+        default="nvlink",
+        help="link between the GPUs: " + ", ".join(f"{k} {v:,.0f} Gbit/s" for k, v in INTERCONNECT_GBPS.items()),
+    )
+    parser.add_argument(
+        "--interconnect_gbps", type=float, help="link rate in Gbit/s per GPU, one direction (overrides --interconnect)"
+    )
+    parser.add_argument(
+        "--gradient_bytes",
+        type=float,
+        default=GRADIENT_BYTES_PER_PARAMETER,
+        help="bytes per parameter all-reduced each step (4: fp32 gradients; 2 with a bf16 compression hook)",
+    )
+    parser.add_argument(
+        "--price_per_hour", type=float, help="with --run: $ per hour of the whole job (unset: the run's price_per_hour)"
+    )
     parser.add_argument("--json", action="store_true", help="print the plan as JSON")
     return parser
 
@@ -343,7 +416,15 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    for name in ("params", "tokens", "tokens_per_s", "price_per_gpu_hour", "mfu", "interconnect_gbps", "gradient_bytes"):
+    for name in (
+        "params",
+        "tokens",
+        "tokens_per_s",
+        "price_per_gpu_hour",
+        "mfu",
+        "interconnect_gbps",
+        "gradient_bytes",
+    ):
         value = getattr(args, name)
         if value is not None and value <= 0:
             parser.error(f"--{name} must be positive")

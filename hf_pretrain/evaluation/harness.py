@@ -63,8 +63,10 @@ def local_tasks(data_dir: Path, into: Path) -> Path:
         for split, name in data_files.items():
             path = (data_dir / name).resolve()
             if not path.is_file():
-                raise EvalError(f"task {config['task']} needs {path} (split {split}), which does not exist; "
-                                f"--data_dir must hold {', '.join(data_files.values())}")
+                raise EvalError(
+                    f"task {config['task']} needs {path} (split {split}), which does not exist; "
+                    f"--data_dir must hold {', '.join(data_files.values())}"
+                )
             data_files[split] = str(path)
         (into / source.name).write_text(yaml.safe_dump(config, sort_keys=False))
     return into
@@ -84,9 +86,17 @@ def load_model(source: str, dtype: torch.dtype, device: str):
     return model.to(device), AutoTokenizer.from_pretrained(tokenizer_source)
 
 
-def run_lm_eval(model, tokenizer, tasks: list[str], *, limit: int | float | None = None,
-                num_fewshot: int | None = None, include_paths: list[str] | None = None,
-                data_dir: str | Path | None = None, batch_size: int | str | None = None) -> dict[str, Any]:
+def run_lm_eval(
+    model,
+    tokenizer,
+    tasks: list[str],
+    *,
+    limit: int | float | None = None,
+    num_fewshot: int | None = None,
+    include_paths: list[str] | None = None,
+    data_dir: str | Path | None = None,
+    batch_size: int | str | None = None,
+) -> dict[str, Any]:
     """`lm_eval.simple_evaluate` on an in-memory model; returns lm-eval's results dictionary."""
     # lm-eval is imported here, not at the top: the training loop imports this module, and
     # lm-eval's import is slow and optional (`pip install 'hf-pretrain[eval]'`).
@@ -106,10 +116,13 @@ def run_lm_eval(model, tokenizer, tasks: list[str], *, limit: int | float | None
         task_manager = TaskManager(include_path=paths or None)
         unknown = [t for t in tasks if t not in task_manager.all_tasks]
         if unknown:
-            raise EvalError(f"unknown lm-eval task(s): {', '.join(unknown)} (see `lm_eval ls tasks`, or --include_path)")
+            raise EvalError(
+                f"unknown lm-eval task(s): {', '.join(unknown)} (see `lm_eval ls tasks`, or --include_path)"
+            )
         lm = HFLM(pretrained=model, tokenizer=tokenizer, batch_size=batch_size)
-        return lm_eval.simple_evaluate(model=lm, tasks=tasks, num_fewshot=num_fewshot, limit=limit,
-                                       task_manager=task_manager, log_samples=False)
+        return lm_eval.simple_evaluate(
+            model=lm, tasks=tasks, num_fewshot=num_fewshot, limit=limit, task_manager=task_manager, log_samples=False
+        )
 
 
 def text_metrics(model: str, text_file: Path) -> dict[str, float]:
@@ -118,12 +131,22 @@ def text_metrics(model: str, text_file: Path) -> dict[str, float]:
 
     metric = evaluate.load(str(BITS_PER_BYTE_METRIC))
     device, dtype = inference_device_and_dtype()
-    return metric.compute(predictions=[text_file.read_text(encoding="utf-8")], model_id=model, device=device,
-                          dtype=str(dtype).replace("torch.", ""))
+    return metric.compute(
+        predictions=[text_file.read_text(encoding="utf-8")],
+        model_id=model,
+        device=device,
+        dtype=str(dtype).replace("torch.", ""),
+    )
 
 
-def evaluate_checkpoint(checkpoint_dir: str | Path, tasks: list[str], limit: int | float | None,
-                        *, data_dir: str | Path | None = None, num_fewshot: int = 0) -> dict[str, Any]:
+def evaluate_checkpoint(
+    checkpoint_dir: str | Path,
+    tasks: list[str],
+    limit: int | float | None,
+    *,
+    data_dir: str | Path | None = None,
+    num_fewshot: int = 0,
+) -> dict[str, Any]:
     """Score a checkpoint on a few lm-eval tasks and append the record to RUN_DIR/benchmarks.jsonl.
 
     For the training loop: call it on the main process after a checkpoint is saved. The record is
@@ -133,9 +156,13 @@ def evaluate_checkpoint(checkpoint_dir: str | Path, tasks: list[str], limit: int
     device, dtype = inference_device_and_dtype()
     model, tokenizer = load_model(str(checkpoint.path), dtype, device)
     results = run_lm_eval(model, tokenizer, tasks, limit=limit, num_fewshot=num_fewshot, data_dir=data_dir)
-    record: dict[str, Any] = {"step": checkpoint.train_state.get("step"),
-                              "tokens": checkpoint.train_state.get("tokens_seen"),
-                              "limit": limit, "num_fewshot": num_fewshot, "tasks": {}}
+    record: dict[str, Any] = {
+        "step": checkpoint.train_state.get("step"),
+        "tokens": checkpoint.train_state.get("tokens_seen"),
+        "limit": limit,
+        "num_fewshot": num_fewshot,
+        "tasks": {},
+    }
     for s in scores_from_results(results):
         record["tasks"].setdefault(s.task, {})[s.metric] = round(s.value, 4)
         record["tasks"][s.task][f"{s.metric}_stderr"] = None if s.stderr is None else round(s.stderr, 4)
@@ -153,19 +180,28 @@ def _default_output(model: str) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = CommandParser(prog="hf-pretrain eval", description=__doc__.split("\n")[0],
-                           epilog=__doc__.split("\n", 1)[1])
+    parser = CommandParser(
+        prog="hf-pretrain eval", description=__doc__.split("\n")[0], epilog=__doc__.split("\n", 1)[1]
+    )
     parser.add_argument("--model", required=True, help="exported folder, Hub repo id, run folder or checkpoint")
-    parser.add_argument("--tasks", default="default",
-                        help="suite name in eval/suites, a suite YAML, comma-separated lm-eval tasks, or `none`")
+    parser.add_argument(
+        "--tasks",
+        default="default",
+        help="suite name in eval/suites, a suite YAML, comma-separated lm-eval tasks, or `none`",
+    )
     parser.add_argument("--limit", type=float, help="score only the first N documents of each task (a fraction if < 1)")
     parser.add_argument("--num_fewshot", type=int, help="examples in each prompt (unset: the suite's, else lm-eval's)")
     parser.add_argument("--output", type=Path, help="results folder (unset: <model folder>/eval)")
     parser.add_argument("--include_path", action="append", default=[], metavar="DIR", help="extra lm-eval task YAMLs")
-    parser.add_argument("--data_dir", type=Path,
-                        help="folder of local data for the offline tasks in eval/tasks (e.g. ARC-Easy-test.jsonl)")
+    parser.add_argument(
+        "--data_dir",
+        type=Path,
+        help="folder of local data for the offline tasks in eval/tasks (e.g. ARC-Easy-test.jsonl)",
+    )
     parser.add_argument("--batch_size", help="lm-eval batch size (unset: auto on a GPU, 8 on the CPU)")
-    parser.add_argument("--text", type=Path, metavar="FILE", help="also report perplexity and bits per byte on this text")
+    parser.add_argument(
+        "--text", type=Path, metavar="FILE", help="also report perplexity and bits per byte on this text"
+    )
     args = parser.parse_args(argv)
 
     tasks, suite_shots = resolve_tasks(args.tasks)
@@ -181,8 +217,16 @@ def main(argv: list[str] | None = None) -> int:
             device, dtype = inference_device_and_dtype()
             model, tokenizer = load_model(args.model, dtype, device)
             batch = int(args.batch_size) if args.batch_size and args.batch_size.isdigit() else args.batch_size
-            results = run_lm_eval(model, tokenizer, tasks, limit=limit, num_fewshot=num_fewshot,
-                                  include_paths=args.include_path, data_dir=args.data_dir, batch_size=batch)
+            results = run_lm_eval(
+                model,
+                tokenizer,
+                tasks,
+                limit=limit,
+                num_fewshot=num_fewshot,
+                include_paths=args.include_path,
+                data_dir=args.data_dir,
+                batch_size=batch,
+            )
             del model
         if args.text is not None:
             bpb = text_metrics(args.model, args.text)
@@ -200,8 +244,9 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def report_benchmarks(results: dict[str, Any], model: str, output: Path, model_folder: Path | None,
-                      limit: int | float | None) -> None:
+def report_benchmarks(
+    results: dict[str, Any], model: str, output: Path, model_folder: Path | None, limit: int | float | None
+) -> None:
     """lm-eval's results.json, the comparison table (results.md, stdout) and, for an export, its card."""
     from lm_eval.utils import handle_non_serializable, make_table
 
@@ -216,8 +261,10 @@ def report_benchmarks(results: dict[str, Any], model: str, output: Path, model_f
 
 def report_text_metrics(metrics: dict[str, float], text_file: Path, output: Path, model_folder: Path | None) -> None:
     (output / "text_metrics.json").write_text(json.dumps({"file": str(text_file), **metrics}, indent=2))
-    line = (f"Held-out text `{text_file.name}`: {metrics['bits_per_byte']:.4f} bits per byte, token perplexity "
-            f"{metrics['perplexity']:.2f} ({metrics['tokens']:,} tokens, {metrics['bytes']:,} bytes).")
+    line = (
+        f"Held-out text `{text_file.name}`: {metrics['bits_per_byte']:.4f} bits per byte, token perplexity "
+        f"{metrics['perplexity']:.2f} ({metrics['tokens']:,} tokens, {metrics['bytes']:,} bytes)."
+    )
     print(line)
     if model_folder and write_eval_section(model_folder, "text", line):
         print(f"eval: wrote the text metrics into {model_folder / 'README.md'}")

@@ -20,10 +20,10 @@ _METRIC_NAMES = {"acc": "accuracy", "acc_norm": "length-normalised accuracy"}
 
 @dataclass(frozen=True)
 class Score:
-    task: str          # the task as run, e.g. arc_easy_local
-    compares_to: str   # the lm-eval task whose published scores apply, e.g. arc_easy
-    metric: str        # acc or acc_norm
-    value: float       # percent
+    task: str  # the task as run, e.g. arc_easy_local
+    compares_to: str  # the lm-eval task whose published scores apply, e.g. arc_easy
+    metric: str  # acc or acc_norm
+    value: float  # percent
     stderr: float | None
     num_fewshot: int
     samples: int | None  # documents scored (fewer than the split with --limit)
@@ -43,9 +43,17 @@ def scores_from_results(results: dict[str, Any]) -> list[Score]:
             if value is None:
                 continue
             stderr = _number(metrics.get(f"{metric}_stderr,none"))
-            scores.append(Score(task, metadata.get("same_as", task), metric, 100 * value,
-                                None if stderr is None else 100 * stderr, int(results.get("n-shot", {}).get(task, 0)),
-                                results.get("n-samples", {}).get(task, {}).get("effective")))
+            scores.append(
+                Score(
+                    task,
+                    metadata.get("same_as", task),
+                    metric,
+                    100 * value,
+                    None if stderr is None else 100 * stderr,
+                    int(results.get("n-shot", {}).get(task, 0)),
+                    results.get("n-samples", {}).get(task, {}).get("effective"),
+                )
+            )
     return scores
 
 
@@ -65,19 +73,28 @@ def comparison_table(scores: list[Score], references: dict[str, Any], limit: int
     shots = {s.num_fewshot for s in scores}
     # References are for one protocol (zero-shot); beside a few-shot run they would mislead.
     models = references["models"] if shots <= {references.get("num_fewshot", 0)} else []
-    lines = ["| task | metric | this model | " + " | ".join(m["name"] for m in models) + " |",
-             "|---|---|---|" + "---|" * len(models)]
+    lines = [
+        "| task | metric | this model | " + " | ".join(m["name"] for m in models) + " |",
+        "|---|---|---|" + "---|" * len(models),
+    ]
     for s in scores:
         refs = [_format((m["scores"].get(s.compares_to) or {}).get(s.metric)) for m in models]
         lines.append(f"| {s.task} | {s.metric} | {_format(s.value, s.stderr)} | " + " | ".join(refs) + " |")
-    notes = ["", f"Percent, {', '.join(sorted(f'{k}-shot' for k in shots))}; this model's numbers carry their "
-                 f"standard error. acc_norm normalises each answer's log-likelihood by its length."]
+    notes = [
+        "",
+        f"Percent, {', '.join(sorted(f'{k}-shot' for k in shots))}; this model's numbers carry their "
+        f"standard error. acc_norm normalises each answer's log-likelihood by its length.",
+    ]
     if limit:
-        notes.append(f"This model was scored on the first {limit} documents of each task (`--limit`), the "
-                     f"references on the whole split.")
+        notes.append(
+            f"This model was scored on the first {limit} documents of each task (`--limit`), the "
+            f"references on the whole split."
+        )
     if not models and scores:
-        notes.append(f"Reference numbers are {references.get('num_fewshot', 0)}-shot, so they are not shown "
-                     f"beside a run with another number of shots.")
+        notes.append(
+            f"Reference numbers are {references.get('num_fewshot', 0)}-shot, so they are not shown "
+            f"beside a run with another number of shots."
+        )
     notes += [f"- {m['name']}: {m['source']}" for m in models]
     return "\n".join(lines + notes) + "\n"
 
@@ -91,13 +108,20 @@ def eval_results(scores: list[Score], results: dict[str, Any], limit: int | floa
         args: dict[str, Any] = {"num_few_shot": s.num_fewshot}
         if limit:
             args["limit"] = limit
-        entries.append(EvalResult(
-            task_type="text-generation", task_name="Text Generation",
-            dataset_type=metadata.get("hub_dataset") or config.get("dataset_path") or s.compares_to,
-            dataset_name=f"{s.compares_to} ({s.num_fewshot}-shot)",
-            dataset_config=metadata.get("hub_config") or config.get("dataset_name"),
-            dataset_split=config.get("test_split") or config.get("validation_split"), dataset_args=args,
-            metric_type=s.metric, metric_value=round(s.value, 2),
-            metric_name=_METRIC_NAMES[s.metric] + (f" (first {limit} examples)" if limit else ""),
-            source_name="lm-evaluation-harness (hf-pretrain eval)", source_url=LM_EVAL_URL))
+        entries.append(
+            EvalResult(
+                task_type="text-generation",
+                task_name="Text Generation",
+                dataset_type=metadata.get("hub_dataset") or config.get("dataset_path") or s.compares_to,
+                dataset_name=f"{s.compares_to} ({s.num_fewshot}-shot)",
+                dataset_config=metadata.get("hub_config") or config.get("dataset_name"),
+                dataset_split=config.get("test_split") or config.get("validation_split"),
+                dataset_args=args,
+                metric_type=s.metric,
+                metric_value=round(s.value, 2),
+                metric_name=_METRIC_NAMES[s.metric] + (f" (first {limit} examples)" if limit else ""),
+                source_name="lm-evaluation-harness (hf-pretrain eval)",
+                source_url=LM_EVAL_URL,
+            )
+        )
     return entries

@@ -34,8 +34,14 @@ def _guarded(name: str, check: Callable[[], CheckResult | list[CheckResult]]) ->
     try:
         result = check()
     except Exception as exc:
-        return [CheckResult(name, "warn", f"the check could not run: {type(exc).__name__}: {exc}",
-                            "report this; the run itself may still be fine")]
+        return [
+            CheckResult(
+                name,
+                "warn",
+                f"the check could not run: {type(exc).__name__}: {exc}",
+                "report this; the run itself may still be fine",
+            )
+        ]
     return result if isinstance(result, list) else [result]
 
 

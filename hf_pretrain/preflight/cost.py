@@ -29,13 +29,24 @@ def check_cost(recipe: Recipe) -> CheckResult:
     tokens = f"{run_tokens(recipe):,} tokens ({t.max_steps:,} steps x {t.global_batch_tokens:,})"
     hours, cost = run_hours(recipe), run_cost(recipe)
     if hours is None:
-        return CheckResult("time and cost", "warn", f"{tokens}: time and cost unknown (expected_tokens_per_s=0)",
-                           f"measure with `hf-pretrain bench --recipe {recipe.name}`, then set --expected_tokens_per_s"
-                           + ("" if t.price_per_hour else " and --price_per_hour"))
+        return CheckResult(
+            "time and cost",
+            "warn",
+            f"{tokens}: time and cost unknown (expected_tokens_per_s=0)",
+            f"measure with `hf-pretrain bench --recipe {recipe.name}`, then set --expected_tokens_per_s"
+            + ("" if t.price_per_hour else " and --price_per_hour"),
+        )
     duration = f"{hours:,.1f} h at {t.expected_tokens_per_s:,.0f} tokens/s"
     if cost is None:
-        return CheckResult("time and cost", "warn", f"{tokens}: {duration}; cost unknown (price_per_hour=0)",
-                           "set --price_per_hour (the job's $/hour, all GPUs)")
+        return CheckResult(
+            "time and cost",
+            "warn",
+            f"{tokens}: {duration}; cost unknown (price_per_hour=0)",
+            "set --price_per_hour (the job's $/hour, all GPUs)",
+        )
     per_billion = dollars_per_billion_tokens(t.expected_tokens_per_s, t.price_per_hour)
-    return CheckResult("time and cost", "pass", f"{tokens}: {duration}, {usd(cost)} at {usd(t.price_per_hour)}/h "
-                                                f"({usd(per_billion)} per billion tokens)")
+    return CheckResult(
+        "time and cost",
+        "pass",
+        f"{tokens}: {duration}, {usd(cost)} at {usd(t.price_per_hour)}/h ({usd(per_billion)} per billion tokens)",
+    )

@@ -24,12 +24,18 @@ def check_prepared(recipe: Recipe) -> CheckResult:
         # The message already ends with the prepare hint; the table shows it once, as the fix.
         return CheckResult("data", "fail", str(exc).removesuffix(f"; {fix}"), fix)
     train_tokens, val_tokens = meta["splits"]["train"]["tokens"], meta["splits"]["validation"]["tokens"]
-    reason = (f"{recipe.data.data_dir}: {train_tokens:,} training tokens, {val_tokens:,} validation tokens, "
-              f"vocabulary {meta['vocab_size']:,}, {meta['dtype']}")
+    reason = (
+        f"{recipe.data.data_dir}: {train_tokens:,} training tokens, {val_tokens:,} validation tokens, "
+        f"vocabulary {meta['vocab_size']:,}, {meta['dtype']}"
+    )
     if val_tokens < recipe.train.eval_tokens:  # val_loss then covers all of them: still the same on any world size
-        return CheckResult("data", "warn", f"{reason}; eval_tokens={recipe.train.eval_tokens:,} asks for more, so "
-                                           f"every evaluation uses all {val_tokens:,}",
-                           f"--eval_tokens {val_tokens} to say so, or a lower val_every at the next prepare")
+        return CheckResult(
+            "data",
+            "warn",
+            f"{reason}; eval_tokens={recipe.train.eval_tokens:,} asks for more, so "
+            f"every evaluation uses all {val_tokens:,}",
+            f"--eval_tokens {val_tokens} to say so, or a lower val_every at the next prepare",
+        )
     return CheckResult("data", "pass", reason)
 
 
@@ -45,20 +51,30 @@ def check_data_budget(recipe: Recipe) -> CheckResult:
     samples = max(0, (prepared - 1) // seq_len)  # the loader's samples of seq_len + 1 tokens
     planned = t.max_steps * t.global_batch_tokens
     epochs = planned / seq_len / samples if samples else float("inf")
-    reason = (f"the plan reads {planned:,} tokens ({t.max_steps:,} steps x {t.global_batch_tokens:,}) of "
-              f"{prepared:,} prepared: {epochs:.2f} epochs")
+    reason = (
+        f"the plan reads {planned:,} tokens ({t.max_steps:,} steps x {t.global_batch_tokens:,}) of "
+        f"{prepared:,} prepared: {epochs:.2f} epochs"
+    )
     if epochs <= 1:
         return CheckResult("data budget", "pass", reason)
-    return CheckResult("data budget", "warn", reason + "; the data repeats, each epoch boundary is logged",
-                       f"prepare more (data.max_tokens, more sources: `hf-pretrain prepare --recipe {recipe.name}`), "
-                       f"or accept it: up to ~4 epochs cost little (Muennighoff et al. 2023)")
+    return CheckResult(
+        "data budget",
+        "warn",
+        reason + "; the data repeats, each epoch boundary is logged",
+        f"prepare more (data.max_tokens, more sources: `hf-pretrain prepare --recipe {recipe.name}`), "
+        f"or accept it: up to ~4 epochs cost little (Muennighoff et al. 2023)",
+    )
 
 
 def check_context(recipe: Recipe) -> CheckResult:
     seq_len, limit = recipe.data.seq_len, recipe.model.max_position_embeddings
     if seq_len > limit:
-        return CheckResult("seq_len", "fail", f"seq_len={seq_len} exceeds max_position_embeddings={limit}",
-                           f"--seq_len {limit} or --max_position_embeddings {seq_len}")
+        return CheckResult(
+            "seq_len",
+            "fail",
+            f"seq_len={seq_len} exceeds max_position_embeddings={limit}",
+            f"--seq_len {limit} or --max_position_embeddings {seq_len}",
+        )
     return CheckResult("seq_len", "pass", f"{seq_len} within max_position_embeddings={limit}")
 
 
@@ -69,15 +85,23 @@ def check_batch_split(recipe: Recipe, world_size: int) -> CheckResult:
     except RecipeError as exc:
         return CheckResult("batch", "fail", str(exc), "change global_batch_tokens or micro_batch_size")
     t = recipe.train
-    return CheckResult("batch", "pass", f"{t.global_batch_tokens:,} tokens/step = {world_size} process(es) x "
-                                        f"{accumulation} micro-batch(es) x {t.micro_batch_size} x {recipe.data.seq_len}")
+    return CheckResult(
+        "batch",
+        "pass",
+        f"{t.global_batch_tokens:,} tokens/step = {world_size} process(es) x "
+        f"{accumulation} micro-batch(es) x {t.micro_batch_size} x {recipe.data.seq_len}",
+    )
 
 
 def check_num_workers(recipe: Recipe) -> CheckResult:
     workers = recipe.data.num_workers
     if workers == 0:
-        return CheckResult("num_workers", "warn", "num_workers=0: the training thread waits while every batch is read",
-                           "--num_workers 2 (or more)")
+        return CheckResult(
+            "num_workers",
+            "warn",
+            "num_workers=0: the training thread waits while every batch is read",
+            "--num_workers 2 (or more)",
+        )
     return CheckResult("num_workers", "pass", f"{workers} loader process(es)")
 
 
@@ -99,16 +123,22 @@ def check_loader_pickling(recipe: Recipe) -> CheckResult:
     try:
         dataset, batch_sampler, collate_fn, _worker_init_fn = pickle.loads(pickle.dumps(parts))
     except Exception as exc:  # pickling raises many types (PicklingError, TypeError, AttributeError)
-        return CheckResult(name, "fail", f"the loader does not survive pickling for worker processes: "
-                                         f"{type(exc).__name__}: {exc}", fix)
+        return CheckResult(
+            name, "fail", f"the loader does not survive pickling for worker processes: {type(exc).__name__}: {exc}", fix
+        )
     try:
         batch = collate_fn([dataset[i] for i in next(iter(batch_sampler))])
     except Exception as exc:  # whatever a worker would die of
-        return CheckResult(name, "fail", f"the unpickled loader cannot produce a batch: {type(exc).__name__}: {exc}",
-                           fix)
+        return CheckResult(
+            name, "fail", f"the unpickled loader cannot produce a batch: {type(exc).__name__}: {exc}", fix
+        )
     expected = (recipe.train.micro_batch_size, recipe.data.seq_len + 1)
     if not isinstance(batch, torch.Tensor) or tuple(batch.shape) != expected or batch.dtype != torch.long:
         found = f"{tuple(batch.shape)} {batch.dtype}" if isinstance(batch, torch.Tensor) else type(batch).__name__
         return CheckResult(name, "fail", f"the loader yields {found}, expected {expected} torch.int64", fix)
-    return CheckResult(name, "pass", f"dataset, sampler, collate_fn and worker_init_fn pickle for workers and "
-                                     f"yield [{expected[0]}, {expected[1]}] batches")
+    return CheckResult(
+        name,
+        "pass",
+        f"dataset, sampler, collate_fn and worker_init_fn pickle for workers and "
+        f"yield [{expected[0]}, {expected[1]}] batches",
+    )

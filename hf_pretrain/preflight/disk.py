@@ -64,8 +64,12 @@ def check_not_in_use(recipe: Recipe) -> CheckResult:
     if holder is None or holder.get("pid") == os.getpid():
         return CheckResult("in use", "pass", f"no other training writes {recipe.train.output_dir}")
     who = f"pid {holder.get('pid')} on {holder.get('host')} since {holder.get('since')}" if holder else "a training"
-    return CheckResult("in use", "fail", f"{recipe.train.output_dir} is in use by {who}",
-                       "wait for it to end, stop it, or choose another --output_dir")
+    return CheckResult(
+        "in use",
+        "fail",
+        f"{recipe.train.output_dir} is in use by {who}",
+        "wait for it to end, stop it, or choose another --output_dir",
+    )
 
 
 def milestone_count(recipe: Recipe) -> int:
@@ -100,13 +104,19 @@ def check_disk_space(recipe: Recipe) -> CheckResult:
     kind = "whole" if t.milestone_full_state else "bf16 weights only"
     kept = f" + {milestones} milestones of {human_bytes(milestone)} ({kind})" if milestones else ""
     existing = f" - {human_bytes(already)} in existing checkpoints" if already else ""
-    reason = (f"needs {human_bytes(needed)} = {count} checkpoints of {human_bytes(checkpoint)} "
-              f"({t.keep_checkpoints} kept + 1 being written){kept} + a {human_bytes(export)} export{existing}; "
-              f"{human_bytes(free)} free on {disk}")
+    reason = (
+        f"needs {human_bytes(needed)} = {count} checkpoints of {human_bytes(checkpoint)} "
+        f"({t.keep_checkpoints} kept + 1 being written){kept} + a {human_bytes(export)} export{existing}; "
+        f"{human_bytes(free)} free on {disk}"
+    )
     if free < needed:
-        return CheckResult("disk space", "fail", reason,
-                           "free space, put --output_dir on a bigger disk, or lower --keep_checkpoints"
-                           + (" / --milestone_interval" if milestones else ""))
+        return CheckResult(
+            "disk space",
+            "fail",
+            reason,
+            "free space, put --output_dir on a bigger disk, or lower --keep_checkpoints"
+            + (" / --milestone_interval" if milestones else ""),
+        )
     return CheckResult("disk space", "pass", reason)
 
 
@@ -147,11 +157,17 @@ def check_save_speed(recipe: Recipe) -> CheckResult:
     between_saves_s = t.save_interval * t.global_batch_tokens / t.expected_tokens_per_s
     share = write_s / between_saves_s
     # An upper bound: the probe is flushed to the disk, while the page cache can take part of a save
-    reason = (f"{disk} writes {human_bytes(speed)}/s flushed: a checkpoint blocks training up to ~{write_s:,.0f} s "
-              f"every {between_saves_s / 60:,.0f} min ({share:.1%} of the run)")
+    reason = (
+        f"{disk} writes {human_bytes(speed)}/s flushed: a checkpoint blocks training up to ~{write_s:,.0f} s "
+        f"every {between_saves_s / 60:,.0f} min ({share:.1%} of the run)"
+    )
     if share <= SAVE_SHARE_LIMIT:
         return CheckResult("save speed", "pass", reason)
     under = math.ceil(write_s / SAVE_SHARE_LIMIT / (between_saves_s / t.save_interval))
-    return CheckResult("save speed", "warn", reason,
-                       f"--save_interval {under:,} keeps it under {SAVE_SHARE_LIMIT:.0%} (a crash then loses more "
-                       f"steps), or put --output_dir on a faster disk (a local NVMe writes 2-3 GB/s)")
+    return CheckResult(
+        "save speed",
+        "warn",
+        reason,
+        f"--save_interval {under:,} keeps it under {SAVE_SHARE_LIMIT:.0%} (a crash then loses more "
+        f"steps), or put --output_dir on a faster disk (a local NVMe writes 2-3 GB/s)",
+    )

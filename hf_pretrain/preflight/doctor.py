@@ -21,15 +21,22 @@ __all__ = ["CheckResult", "PreflightError", "main", "preflight", "run_checks"]
 
 
 def _doctor_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--num_processes", type=int, default=int(os.environ.get("WORLD_SIZE", "1")),
-                        help="processes the run will use (the batch must split over them); WORLD_SIZE when set")
+    parser.add_argument(
+        "--num_processes",
+        type=int,
+        default=int(os.environ.get("WORLD_SIZE", "1")),
+        help="processes the run will use (the batch must split over them); WORLD_SIZE when set",
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
-    recipe, args = parse_recipe_args(argv, prog="hf-pretrain doctor", description=__doc__.split("\n")[0],
-                                     extra=_doctor_arguments)
-    print(f"hf-pretrain doctor: recipe `{recipe.name}`, {args.num_processes} process(es), "
-          f"data {recipe.data.data_dir}, output {recipe.train.output_dir}\n")
+    recipe, args = parse_recipe_args(
+        argv, prog="hf-pretrain doctor", description=__doc__.split("\n")[0], extra=_doctor_arguments
+    )
+    print(
+        f"hf-pretrain doctor: recipe `{recipe.name}`, {args.num_processes} process(es), "
+        f"data {recipe.data.data_dir}, output {recipe.train.output_dir}\n"
+    )
     for note in recipe.notes():  # what a shortened run leaves out
         print(f"{note}\n")
     results = run_checks(recipe, world_size=args.num_processes)

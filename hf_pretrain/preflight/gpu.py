@@ -25,12 +25,19 @@ def cpu_costs(recipe: Recipe) -> list[str]:
     """What the recipe's GPU options cost when the run goes on the CPU (docs/gpu.md has the figures)."""
     t, costs = recipe.train, []
     if t.compile:
-        costs.append("compile=true compiles with inductor's C++ backend on the first step (tens of seconds "
-                     "for a small model, minutes at 1B), then runs the compiled kernels")
+        costs.append(
+            "compile=true compiles with inductor's C++ backend on the first step (tens of seconds "
+            "for a small model, minutes at 1B), then runs the compiled kernels"
+        )
     if t.mixed_precision == "bf16":
-        costs.append("bf16 autocast " + ("uses oneDNN's bf16 kernels" if cpu_has_bf16_kernels() else
-                                         "has no bf16 kernels on this CPU (AVX-512 or AMX has them) and "
-                                         "runs slower than fp32"))
+        costs.append(
+            "bf16 autocast "
+            + (
+                "uses oneDNN's bf16 kernels"
+                if cpu_has_bf16_kernels()
+                else "has no bf16 kernels on this CPU (AVX-512 or AMX has them) and runs slower than fp32"
+            )
+        )
     return costs
 
 
@@ -39,22 +46,42 @@ def check_cuda(recipe: Recipe) -> CheckResult:
     kernels and fp16 (torch.compile and bf16 autocast work there, at a cost this check states)."""
     if torch.cuda.is_available():
         props = torch.cuda.get_device_properties(0)
-        return CheckResult("cuda", "pass", f"{props.name}, {human_bytes(props.total_memory)}, "
-                                           f"torch {torch.__version__} (CUDA {torch.version.cuda})")
+        return CheckResult(
+            "cuda",
+            "pass",
+            f"{props.name}, {human_bytes(props.total_memory)}, torch {torch.__version__} (CUDA {torch.version.cuda})",
+        )
     t = recipe.train
     if t.liger:
-        return CheckResult("cuda", "fail", f"liger=true but torch {torch.__version__} sees no CUDA device: "
-                                           f"Liger's kernels are Triton, which runs on GPUs only", LIGER_FIX)
+        return CheckResult(
+            "cuda",
+            "fail",
+            f"liger=true but torch {torch.__version__} sees no CUDA device: "
+            f"Liger's kernels are Triton, which runs on GPUs only",
+            LIGER_FIX,
+        )
     if t.mixed_precision == "fp16":
-        return CheckResult("cuda", "fail", "mixed_precision=fp16 needs CUDA (Accelerate has no fp16 autocast "
-                                           "and loss scaling on the CPU)", "--mixed_precision bf16 or no")
+        return CheckResult(
+            "cuda",
+            "fail",
+            "mixed_precision=fp16 needs CUDA (Accelerate has no fp16 autocast and loss scaling on the CPU)",
+            "--mixed_precision bf16 or no",
+        )
     costs = cpu_costs(recipe)
     if costs:
-        return CheckResult("cuda", "warn", "no CUDA device: the run goes on the CPU, where " + "; ".join(costs),
-                           "fine for checking every code path (docs/gpu.md); for real runs use a GPU machine")
+        return CheckResult(
+            "cuda",
+            "warn",
+            "no CUDA device: the run goes on the CPU, where " + "; ".join(costs),
+            "fine for checking every code path (docs/gpu.md); for real runs use a GPU machine",
+        )
     if t.mixed_precision == "auto":
-        return CheckResult("cuda", "warn", "no CUDA device: mixed_precision=auto will train in fp32 on the CPU",
-                           "fine for the smoke recipe; for real runs use a GPU machine")
+        return CheckResult(
+            "cuda",
+            "warn",
+            "no CUDA device: mixed_precision=auto will train in fp32 on the CPU",
+            "fine for the smoke recipe; for real runs use a GPU machine",
+        )
     return CheckResult("cuda", "pass", "no CUDA device; the recipe runs on the CPU (mixed_precision=no)")
 
 
@@ -70,8 +97,9 @@ def check_compiler(recipe: Recipe) -> CheckResult:
         what, fix = "a C++ compiler", "apt install g++ (or set CXX), or --compile false"
     if found:
         return CheckResult("compiler", "pass", f"compile=true: inductor finds {what}")
-    return CheckResult("compiler", "fail", f"compile=true but inductor cannot find {what} to build its kernels with",
-                       fix)
+    return CheckResult(
+        "compiler", "fail", f"compile=true but inductor cannot find {what} to build its kernels with", fix
+    )
 
 
 def check_bf16(recipe: Recipe) -> CheckResult:
@@ -83,10 +111,18 @@ def check_bf16(recipe: Recipe) -> CheckResult:
     if torch.cuda.is_bf16_supported():
         return CheckResult("bf16", "pass", f"supported by {torch.cuda.get_device_name(0)}")
     if requested == "auto":
-        return CheckResult("bf16", "warn", "this GPU has no bf16: mixed_precision=auto falls back to fp32",
-                           "--mixed_precision fp16 (with loss scaling) for speed")
-    return CheckResult("bf16", "fail", f"mixed_precision=bf16 but {torch.cuda.get_device_name(0)} has no bf16",
-                       "--mixed_precision fp16, or a GPU from Ampere (A100, A10, RTX 30xx) on")
+        return CheckResult(
+            "bf16",
+            "warn",
+            "this GPU has no bf16: mixed_precision=auto falls back to fp32",
+            "--mixed_precision fp16 (with loss scaling) for speed",
+        )
+    return CheckResult(
+        "bf16",
+        "fail",
+        f"mixed_precision=bf16 but {torch.cuda.get_device_name(0)} has no bf16",
+        "--mixed_precision fp16, or a GPU from Ampere (A100, A10, RTX 30xx) on",
+    )
 
 
 def check_tf32(recipe: Recipe) -> CheckResult:
@@ -94,8 +130,9 @@ def check_tf32(recipe: Recipe) -> CheckResult:
         return CheckResult("tf32", "skip", "only matters on CUDA")
     if recipe.train.tf32:
         return CheckResult("tf32", "pass", "TF32 matmuls on (tf32=true)")
-    return CheckResult("tf32", "warn", "tf32=false: fp32 matmuls run several times slower on Ampere and later",
-                       "--tf32 true")
+    return CheckResult(
+        "tf32", "warn", "tf32=false: fp32 matmuls run several times slower on Ampere and later", "--tf32 true"
+    )
 
 
 def device_memory() -> int | None:
@@ -104,14 +141,17 @@ def device_memory() -> int | None:
 
 
 def describe(estimate: MemoryEstimate) -> str:
-    return (f"{human_count(estimate.parameters)} parameters need {human_bytes(estimate.total(False))} at the peak "
-            f"({human_bytes(estimate.static)} weights, gradients and AdamW, {human_bytes(estimate.activations)} "
-            f"activations, {human_bytes(estimate.head)} logits), {human_bytes(estimate.total(True))} with gradient "
-            f"checkpointing")
+    return (
+        f"{human_count(estimate.parameters)} parameters need {human_bytes(estimate.total(False))} at the peak "
+        f"({human_bytes(estimate.static)} weights, gradients and AdamW, {human_bytes(estimate.activations)} "
+        f"activations, {human_bytes(estimate.head)} logits), {human_bytes(estimate.total(True))} with gradient "
+        f"checkpointing"
+    )
 
 
-def largest_micro_batch(recipe: Recipe, tokenizer_size: int, usable: float, checkpointing: bool,
-                        cuda_available: bool, world_size: int = 1) -> int | None:
+def largest_micro_batch(
+    recipe: Recipe, tokenizer_size: int, usable: float, checkpointing: bool, cuda_available: bool, world_size: int = 1
+) -> int | None:
     """The largest micro-batch below the recipe's that fits and still divides the global batch."""
     for size in range(recipe.train.micro_batch_size - 1, 0, -1):
         if recipe.train.global_batch_tokens % (size * recipe.data.seq_len):
@@ -139,8 +179,12 @@ def check_memory(recipe: Recipe, device_memory_bytes: int | None = None, world_s
     where = f"{describe(estimate)}; the device has {human_bytes(total)}, {human_bytes(usable)} usable"
     checkpointing = recipe.train.gradient_checkpointing
     if checkpointing and fits_plain:
-        return CheckResult("gpu memory", "warn", f"fits without gradient checkpointing: {where}",
-                           "--gradient_checkpointing false (checkpointing costs 15-20% of throughput)")
+        return CheckResult(
+            "gpu memory",
+            "warn",
+            f"fits without gradient checkpointing: {where}",
+            "--gradient_checkpointing false (checkpointing costs 15-20% of throughput)",
+        )
     if fits_plain or (checkpointing and fits_checkpointed):
         return CheckResult("gpu memory", "pass", where)
     # It would run out of memory: offer the cheapest ways out, a smaller micro-batch first (more
@@ -153,7 +197,10 @@ def check_memory(recipe: Recipe, device_memory_bytes: int | None = None, world_s
         smaller = largest_micro_batch(recipe, tokenizer_size, usable, True, cuda, world_size)
         if smaller:
             options.append(f"--gradient_checkpointing true --micro_batch_size {smaller}")
-    fix = (" or ".join(options) + " (accumulation keeps the global batch)" if options
-           else "a GPU with more memory, FSDP over several GPUs, or a smaller model")
+    fix = (
+        " or ".join(options) + " (accumulation keeps the global batch)"
+        if options
+        else "a GPU with more memory, FSDP over several GPUs, or a smaller model"
+    )
     how = "without gradient checkpointing" if fits_checkpointed else "even with gradient checkpointing"
     return CheckResult("gpu memory", "fail", f"does not fit {how}: {where}", fix)

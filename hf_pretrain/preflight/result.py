@@ -44,6 +44,8 @@ def format_table(results: Iterable[CheckResult]) -> str:
             rows.append(f"{''.ljust(width)}          fix: {r.fix}")
     counts = {s: sum(r.status == s for r in results) for s in STATUS_LABEL}
     verdict = "fix the failures before training." if counts["fail"] else "ready to train."
-    rows.append(f"\n{counts['pass']} passed, {counts['warn']} warning(s), {counts['fail']} failed, "
-                f"{counts['skip']} skipped: {verdict}")
+    rows.append(
+        f"\n{counts['pass']} passed, {counts['warn']} warning(s), {counts['fail']} failed, "
+        f"{counts['skip']} skipped: {verdict}"
+    )
     return "\n".join(rows)

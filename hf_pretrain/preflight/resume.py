@@ -25,5 +25,9 @@ def check_resume(recipe: Recipe) -> CheckResult:
     if plan.notes:
         reason += ": " + "; ".join(plan.notes)
     warned = any(note.startswith("warning") for note in plan.notes)
-    return CheckResult("resume", "warn" if warned else "pass", reason,
-                       "start a new output_dir (or --resume none) for a run of its own" if warned else "")
+    return CheckResult(
+        "resume",
+        "warn" if warned else "pass",
+        reason,
+        "start a new output_dir (or --resume none) for a run of its own" if warned else "",
+    )

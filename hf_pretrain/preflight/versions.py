@@ -49,9 +49,12 @@ def check_liger_torch(liger_ranges: dict[str, SpecifierSet]) -> CheckResult | No
     torch_range, torch_version = liger_ranges.get("torch"), installed_version("torch")
     if not torch_range or torch_version is None or torch_range.contains(torch_version, prereleases=True):
         return None
-    return CheckResult("liger + torch", "warn",
-                       f"torch {torch_version} is outside liger-kernel's tested torch range {torch_range}",
-                       "use the torch that constraints.txt pins, or --liger false")
+    return CheckResult(
+        "liger + torch",
+        "warn",
+        f"torch {torch_version} is outside liger-kernel's tested torch range {torch_range}",
+        "use the torch that constraints.txt pins, or --liger false",
+    )
 
 
 def check_versions(recipe: Recipe) -> list[CheckResult]:
@@ -59,8 +62,11 @@ def check_versions(recipe: Recipe) -> list[CheckResult]:
     try:
         ranges = declared_ranges("hf-pretrain")
     except metadata.PackageNotFoundError:
-        return [CheckResult("versions", "fail", "hf-pretrain is not installed, so its supported ranges are unknown",
-                            INSTALL_FIX)]
+        return [
+            CheckResult(
+                "versions", "fail", "hf-pretrain is not installed, so its supported ranges are unknown", INSTALL_FIX
+            )
+        ]
     results = [check_package(p, ranges.get(p), INSTALL_FIX) for p in CORE_PACKAGES]
     if recipe.train.liger:
         liger = check_package("liger-kernel", ranges.get("liger-kernel"), LIGER_INSTALL_FIX)

@@ -60,8 +60,12 @@ def cached_export(checkpoint: Checkpoint, cache_dir: Path) -> Path:
 
 def checkpoint_choice(path: Path, name: str, cache_dir: Path) -> ModelChoice:
     checkpoint = resolve_checkpoint(path, checksums=False)  # hashing a 1B model's optimizer state takes minutes
-    return ModelChoice(name=name, source=str(path), progress=format_progress(checkpoint.train_state),
-                       prepare=partial(cached_export, checkpoint, cache_dir))
+    return ModelChoice(
+        name=name,
+        source=str(path),
+        progress=format_progress(checkpoint.train_state),
+        prepare=partial(cached_export, checkpoint, cache_dir),
+    )
 
 
 def run_of(path: Path) -> Path | None:
@@ -155,8 +159,12 @@ def _unique(choices: list[ModelChoice]) -> list[ModelChoice]:
     return unique
 
 
-def build(specs: list[str], cache_dir: str | Path = DEFAULT_CACHE_DIR, title: str = DEFAULT_TITLE,
-          log: Callable[[str], None] = print) -> gr.Blocks:
+def build(
+    specs: list[str],
+    cache_dir: str | Path = DEFAULT_CACHE_DIR,
+    title: str = DEFAULT_TITLE,
+    log: Callable[[str], None] = print,
+) -> gr.Blocks:
     """The page for these --model values (not launched); raises DemoError naming a bad one."""
     cache_dir = Path(cache_dir)
     choices = _unique([choice for spec in specs for choice in model_choices(spec, cache_dir, log)])
@@ -165,14 +173,20 @@ def build(specs: list[str], cache_dir: str | Path = DEFAULT_CACHE_DIR, title: st
 
 def main(argv: list[str] | None = None) -> int:
     parser = CommandParser(prog="hf-pretrain demo", description=__doc__)
-    parser.add_argument("--model", action="append", required=True, metavar="PATH_OR_REPO",
-                        help="a run folder (all its checkpoints), a checkpoint, a model folder or a Hub repo id; "
-                             "repeat to compare several")
+    parser.add_argument(
+        "--model",
+        action="append",
+        required=True,
+        metavar="PATH_OR_REPO",
+        help="a run folder (all its checkpoints), a checkpoint, a model folder or a Hub repo id; "
+        "repeat to compare several",
+    )
     parser.add_argument("--port", type=int, default=None, help="port to listen on (unset: GRADIO_SERVER_PORT or 7860)")
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on")
     parser.add_argument("--share", action="store_true", help="also serve through a public gradio.live link")
-    parser.add_argument("--cache_dir", type=Path, default=DEFAULT_CACHE_DIR,
-                        help="where checkpoints are exported to model folders")
+    parser.add_argument(
+        "--cache_dir", type=Path, default=DEFAULT_CACHE_DIR, help="where checkpoints are exported to model folders"
+    )
     parser.add_argument("--title", default=DEFAULT_TITLE, help="the page's title")
     args = parser.parse_args(argv)
     try:

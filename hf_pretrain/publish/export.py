@@ -44,9 +44,19 @@ DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 WEIGHTS = "model.safetensors"
 # What an export folder holds: the files `export_checkpoint` writes, sharded weights, a GGUF (`--gguf`), and
 # what a Hub clone or push leaves. `--overwrite` replaces a folder holding nothing else.
-EXPORT_FILES = {WEIGHTS, "model.safetensors.index.json", "config.json", "generation_config.json", "tokenizer.json",
-                "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja", "README.md", LOSS_CURVE,
-                ".gitattributes"}
+EXPORT_FILES = {
+    WEIGHTS,
+    "model.safetensors.index.json",
+    "config.json",
+    "generation_config.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "chat_template.jinja",
+    "README.md",
+    LOSS_CURVE,
+    ".gitattributes",
+}
 EXPORT_PATTERNS = ("model-*-of-*.safetensors", "*.gguf")
 EXPORT_FOLDERS = {".cache"}  # huggingface_hub's metadata of a local folder it uploaded or downloaded
 # Accelerate's SHARDED_STATE_DICT save: one torch.distributed.checkpoint (DCP) folder for the model.
@@ -119,7 +129,7 @@ def _state_dict(checkpoint: Path, scratch: Path) -> dict[str, torch.Tensor]:
 def _without_wrapper_prefix(name: str) -> str:
     for prefix in _WRAPPER_PREFIXES:
         if name.startswith(prefix):
-            name = name[len(prefix):]
+            name = name[len(prefix) :]
             break
     # regional compilation (`compile_regions`) wraps each block: model.layers.0._orig_mod.mlp...
     return name.replace("._orig_mod.", ".")
@@ -138,8 +148,9 @@ def load_checkpoint_model(checkpoint: Path, dtype: torch.dtype = torch.float32) 
     loaded = {own[name].data_ptr() for name in state if name in own}
     missing = [name for name in missing if own[name].data_ptr() not in loaded]
     if missing or unexpected:
-        raise ExportError(f"{checkpoint}: the weights do not match config.json (missing {missing[:5]}, "
-                          f"unexpected {unexpected[:5]})")
+        raise ExportError(
+            f"{checkpoint}: the weights do not match config.json (missing {missing[:5]}, unexpected {unexpected[:5]})"
+        )
     return model.to(dtype).eval()
 
 
@@ -148,12 +159,25 @@ def save_plain_fast_tokenizer(tokenizer, folder: Path, model_max_length: int) ->
     what transformers 4 and 5, and loaders that expect a plain fast tokenizer, all read the same way."""
     tokenizer.backend_tokenizer.save(str(folder / "tokenizer.json"))
     special = {key: str(value) for key, value in tokenizer.special_tokens_map.items() if isinstance(value, str)}
-    added = {str(i): {"content": t.content, "lstrip": t.lstrip, "normalized": t.normalized, "rstrip": t.rstrip,
-                      "single_word": t.single_word, "special": t.special}
-             for i, t in sorted(tokenizer.added_tokens_decoder.items())}
-    config = {"tokenizer_class": "PreTrainedTokenizerFast", **special, "added_tokens_decoder": added,
-              "model_input_names": MODEL_INPUT_NAMES, "model_max_length": model_max_length,
-              "clean_up_tokenization_spaces": False}
+    added = {
+        str(i): {
+            "content": t.content,
+            "lstrip": t.lstrip,
+            "normalized": t.normalized,
+            "rstrip": t.rstrip,
+            "single_word": t.single_word,
+            "special": t.special,
+        }
+        for i, t in sorted(tokenizer.added_tokens_decoder.items())
+    }
+    config = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        **special,
+        "added_tokens_decoder": added,
+        "model_input_names": MODEL_INPUT_NAMES,
+        "model_max_length": model_max_length,
+        "clean_up_tokenization_spaces": False,
+    }
     (folder / "tokenizer_config.json").write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n")
     (folder / "special_tokens_map.json").write_text(json.dumps(special, indent=2, ensure_ascii=False) + "\n")
 
@@ -191,17 +215,26 @@ def check_replaceable(out: Path, checkpoint: Path, overwrite: bool) -> None:
     if not overwrite:
         raise ExportError(f"{out} already exists and is not empty; pass --overwrite to replace a previous export")
     if checkpoint.resolve().is_relative_to(out.resolve()):
-        raise ExportError(f"--out {out} holds the checkpoint being exported ({checkpoint}); --overwrite would delete "
-                          f"it. Choose another --out")
+        raise ExportError(
+            f"--out {out} holds the checkpoint being exported ({checkpoint}); --overwrite would delete "
+            f"it. Choose another --out"
+        )
     foreign = [p.name + ("/" if p.is_dir() else "") for p in entries if not is_export_entry(p)]
     if foreign or not (out / "config.json").is_file():
         listed = ", ".join(foreign[:8]) + (f" and {len(foreign) - 8} more" if len(foreign) > 8 else "")
-        raise ExportError(f"--overwrite replaces only a previous export, and {out} is not one: it also holds "
-                          f"{listed or 'no config.json'}. Choose another --out, or move those away yourself")
+        raise ExportError(
+            f"--overwrite replaces only a previous export, and {out} is not one: it also holds "
+            f"{listed or 'no config.json'}. Choose another --out, or move those away yourself"
+        )
 
 
-def export_checkpoint(checkpoint: Checkpoint, out: str | Path, dtype: str = "bf16",
-                      card: CardOptions | None = None, overwrite: bool = False) -> Path:
+def export_checkpoint(
+    checkpoint: Checkpoint,
+    out: str | Path,
+    dtype: str = "bf16",
+    card: CardOptions | None = None,
+    overwrite: bool = False,
+) -> Path:
     """Write the model folder for `checkpoint` to `out`, whole or not at all (built beside it, then
     renamed); `overwrite` replaces a previous export there, and nothing else (`check_replaceable`)."""
     out = Path(out)
@@ -210,8 +243,11 @@ def export_checkpoint(checkpoint: Checkpoint, out: str | Path, dtype: str = "bf1
     tokenizer = AutoTokenizer.from_pretrained(checkpoint.path, local_files_only=True)
     model = load_checkpoint_model(checkpoint.path, DTYPES[dtype])
     # Generation stops at the tokenizer's end-of-text and pads with its pad token, not at hard-coded ids.
-    ids = {"bos_token_id": tokenizer.bos_token_id, "eos_token_id": tokenizer.eos_token_id,
-           "pad_token_id": tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id}
+    ids = {
+        "bos_token_id": tokenizer.bos_token_id,
+        "eos_token_id": tokenizer.eos_token_id,
+        "pad_token_id": tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id,
+    }
     for key, value in ids.items():
         setattr(model.config, key, value)
     model.generation_config = GenerationConfig(**ids)
@@ -246,35 +282,54 @@ def push_checkpoint(checkpoint_dir: str | Path, repo_id: str, step: int, private
     commit URL. For the training loop: call it on the main process only; it raises `HubError`."""
     checkpoint = resolve_checkpoint(checkpoint_dir, checksums=False)  # just written by us: skip the hashing
     with tempfile.TemporaryDirectory() as scratch:
-        folder = export_checkpoint(checkpoint, Path(scratch) / repo_id.split("/")[-1],
-                                   card=CardOptions(model_name=repo_id, repo_id=repo_id))
-        return push_folder(folder, repo_id, private=private, revision=f"step-{step}",
-                           commit_message=f"Checkpoint at step {step}")
+        folder = export_checkpoint(
+            checkpoint, Path(scratch) / repo_id.split("/")[-1], card=CardOptions(model_name=repo_id, repo_id=repo_id)
+        )
+        return push_folder(
+            folder, repo_id, private=private, revision=f"step-{step}", commit_message=f"Checkpoint at step {step}"
+        )
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = CommandParser(prog="hf-pretrain export", description=__doc__.split("\n")[0],
-                           epilog=__doc__.split("\n", 1)[1])
-    parser.add_argument("--checkpoint", required=True, help="a run folder (its newest complete checkpoint) or a checkpoint folder")
+    parser = CommandParser(
+        prog="hf-pretrain export", description=__doc__.split("\n")[0], epilog=__doc__.split("\n", 1)[1]
+    )
+    parser.add_argument(
+        "--checkpoint", required=True, help="a run folder (its newest complete checkpoint) or a checkpoint folder"
+    )
     parser.add_argument("--out", required=True, help="folder to write the model to")
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="bf16", help="weight precision")
     parser.add_argument("--overwrite", action="store_true", help="replace --out if it already holds something")
-    parser.add_argument("--push_to_hub", metavar="REPO_ID", help="upload the folder to this model repo (created if missing)")
+    parser.add_argument(
+        "--push_to_hub", metavar="REPO_ID", help="upload the folder to this model repo (created if missing)"
+    )
     parser.add_argument("--private", action="store_true", help="create the repo private")
     parser.add_argument("--revision", metavar="BRANCH", help="push to this branch (created from main if missing)")
     parser.add_argument("--license", default="apache-2.0", help="license in the model card")
     parser.add_argument("--hardware", help="what the run trained on, for the card, e.g. '1x H100 80GB'")
-    parser.add_argument("--price_per_hour", type=float, metavar="USD",
-                        help="what the whole job cost per hour, for the card's cost line (unset: the recipe's "
-                             "price_per_hour; no cost line when neither is set)")
-    parser.add_argument("--gguf", action="store_true",
-                        help="also write the model as a GGUF file for llama.cpp into the folder (`hf-pretrain gguf`)")
+    parser.add_argument(
+        "--price_per_hour",
+        type=float,
+        metavar="USD",
+        help="what the whole job cost per hour, for the card's cost line (unset: the recipe's "
+        "price_per_hour; no cost line when neither is set)",
+    )
+    parser.add_argument(
+        "--gguf",
+        action="store_true",
+        help="also write the model as a GGUF file for llama.cpp into the folder (`hf-pretrain gguf`)",
+    )
     parser.add_argument("--gguf_type", choices=GGUF_TYPES, default="f16", help="tensor type of the GGUF file")
     args = parser.parse_args(argv)
 
-    options = CardOptions(model_name=args.push_to_hub or Path(args.out).resolve().name, license=args.license,
-                          hardware=args.hardware, price_per_hour=args.price_per_hour, repo_id=args.push_to_hub,
-                          local_path=args.out)
+    options = CardOptions(
+        model_name=args.push_to_hub or Path(args.out).resolve().name,
+        license=args.license,
+        hardware=args.hardware,
+        price_per_hour=args.price_per_hour,
+        repo_id=args.push_to_hub,
+        local_path=args.out,
+    )
     try:
         checkpoint = resolve_checkpoint(args.checkpoint)
         print(f"export: {checkpoint.path} (step {checkpoint.train_state.get('step')}) -> {args.out} [{args.dtype}]")
@@ -290,9 +345,15 @@ def main(argv: list[str] | None = None) -> int:
             print(f"hf-pretrain export: error: {exc} (the HF folder {out} is complete)", file=sys.stderr)
             return 1
     if args.push_to_hub:
-        url = push_or_explain(out, args.push_to_hub, prog="hf-pretrain export", what="export",
-                              rerun_hint=", or rerun this command with --overwrite", private=args.private,
-                              revision=args.revision)
+        url = push_or_explain(
+            out,
+            args.push_to_hub,
+            prog="hf-pretrain export",
+            what="export",
+            rerun_hint=", or rerun this command with --overwrite",
+            private=args.private,
+            revision=args.revision,
+        )
         if url is None:
             return 1
         print(f"export: pushed to {url}")

@@ -41,13 +41,16 @@ def _gguf():
 def check_gpt2_pre_tokenizer(tokenizer_json: dict) -> None:
     """Refuse a tokenizer whose text splitting is not GPT-2's: llama.cpp would split differently."""
     pre = tokenizer_json.get("pre_tokenizer") or {}
-    differs = {k: pre.get(k) for k, v in GPT2_PRE_TOKENIZER.items() if pre.get(k, True if k == "use_regex" else None) != v}
+    differs = {
+        k: pre.get(k) for k, v in GPT2_PRE_TOKENIZER.items() if pre.get(k, True if k == "use_regex" else None) != v
+    }
     if differs or tokenizer_json.get("normalizer"):
         raise GGUFError(
             f"the tokenizer's pre-tokenizer is {json.dumps(pre)} with normalizer "
             f"{json.dumps(tokenizer_json.get('normalizer'))}; GGUF export writes `tokenizer.ggml.pre = gpt-2` and "
             f"only supports GPT-2's byte-level pre-tokenizer (no prefix space, no normalizer), which is what "
-            f"`hf-pretrain prepare` trains")
+            f"`hf-pretrain prepare` trains"
+        )
     if (tokenizer_json.get("model") or {}).get("type") != "BPE":
         raise GGUFError(f"the tokenizer model is {tokenizer_json.get('model', {}).get('type')}, not BPE")
 
@@ -114,8 +117,11 @@ def write_gguf(folder: str | Path, out: str | Path | None = None, gguf_type: str
         raise GGUFError(f"{folder} holds a {config.get('model_type')!r} model; GGUF export writes Llama models")
     tokenizer_json = json.loads((folder / "tokenizer.json").read_text())
     check_gpt2_pre_tokenizer(tokenizer_json)
-    tokenizer_config = json.loads((folder / "tokenizer_config.json").read_text()) \
-        if (folder / "tokenizer_config.json").is_file() else {}
+    tokenizer_config = (
+        json.loads((folder / "tokenizer_config.json").read_text())
+        if (folder / "tokenizer_config.json").is_file()
+        else {}
+    )
     weights = load_file(folder / "model.safetensors")
 
     heads, kv_heads = config["num_attention_heads"], config["num_key_value_heads"]
@@ -146,8 +152,12 @@ def write_gguf(folder: str | Path, out: str | Path | None = None, gguf_type: str
     writer.add_token_types(types)
     writer.add_token_merges(merges)
     ids = {token: index for index, token in enumerate(tokens)}
-    for key, add in (("bos_token", writer.add_bos_token_id), ("eos_token", writer.add_eos_token_id),
-                     ("pad_token", writer.add_pad_token_id), ("unk_token", writer.add_unk_token_id)):
+    for key, add in (
+        ("bos_token", writer.add_bos_token_id),
+        ("eos_token", writer.add_eos_token_id),
+        ("pad_token", writer.add_pad_token_id),
+        ("unk_token", writer.add_unk_token_id),
+    ):
         token = tokenizer_config.get(key)
         token = token.get("content") if isinstance(token, dict) else token
         if token in ids:
@@ -177,8 +187,9 @@ def write_gguf(folder: str | Path, out: str | Path | None = None, gguf_type: str
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = CommandParser(prog="hf-pretrain gguf", description=__doc__.split("\n")[0],
-                           epilog=__doc__.split("\n", 1)[1])
+    parser = CommandParser(
+        prog="hf-pretrain gguf", description=__doc__.split("\n")[0], epilog=__doc__.split("\n", 1)[1]
+    )
     parser.add_argument("folder", help="a model folder written by `hf-pretrain export`")
     parser.add_argument("--gguf_type", choices=GGUF_TYPES, default="f16", help="tensor type")
     parser.add_argument("--out", help="the .gguf file to write (unset: FOLDER/NAME-TYPE.gguf)")

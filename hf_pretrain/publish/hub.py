@@ -31,23 +31,37 @@ def scrub(text: str, token: str | None) -> str:
     return _TOKEN_LIKE.sub("hf_***", text)
 
 
-def push_folder(folder: str | Path, repo_id: str, *, private: bool | None = None, revision: str | None = None,
-                commit_message: str = "Upload model exported with hf-pretrain", repo_type: str = "model",
-                space_sdk: str | None = None) -> str:
+def push_folder(
+    folder: str | Path,
+    repo_id: str,
+    *,
+    private: bool | None = None,
+    revision: str | None = None,
+    commit_message: str = "Upload model exported with hf-pretrain",
+    repo_type: str = "model",
+    space_sdk: str | None = None,
+) -> str:
     """Upload every file in `folder` to the repo `repo_id` of `repo_type` (`model`, or `space` with its
     `space_sdk`), created when missing (private=None: the account's default visibility), on branch
     `revision` (created from main when missing; None = main). Returns the commit URL."""
     if constants.is_offline_mode():
-        raise HubError(f"cannot push to {repo_id}: HF_HUB_OFFLINE is set, so huggingface_hub makes no network "
-                       f"calls; unset it and push again")
+        raise HubError(
+            f"cannot push to {repo_id}: HF_HUB_OFFLINE is set, so huggingface_hub makes no network "
+            f"calls; unset it and push again"
+        )
     token = get_token()
     api = HfApi(token=token)
     try:
         api.create_repo(repo_id, repo_type=repo_type, private=private, exist_ok=True, space_sdk=space_sdk)
         if revision:
             api.create_branch(repo_id, branch=revision, repo_type=repo_type, exist_ok=True)
-        commit = api.upload_folder(repo_id=repo_id, folder_path=str(folder), repo_type=repo_type, revision=revision,
-                                   commit_message=commit_message)
+        commit = api.upload_folder(
+            repo_id=repo_id,
+            folder_path=str(folder),
+            repo_type=repo_type,
+            revision=revision,
+            commit_message=commit_message,
+        )
     except Exception as exc:  # noqa: BLE001 - every failure becomes one scrubbed message
         reason = scrub(f"{type(exc).__name__}: {exc}", token)
         hint = "" if token else " (no token found: set HF_TOKEN or run `hf auth login`)"
@@ -57,8 +71,9 @@ def push_folder(folder: str | Path, repo_id: str, *, private: bool | None = None
     return commit.commit_url
 
 
-def push_or_explain(folder: str | Path, repo_id: str, *, prog: str, what: str, rerun_hint: str = "",
-                    **options) -> str | None:
+def push_or_explain(
+    folder: str | Path, repo_id: str, *, prog: str, what: str, rerun_hint: str = "", **options
+) -> str | None:
     """`push_folder(folder, repo_id, **options)` for a command line: the commit URL, or None after
     printing why it failed (token-free) and the `hf upload` command that pushes the finished `what` later."""
     try:
@@ -69,6 +84,8 @@ def push_or_explain(folder: str | Path, repo_id: str, *, prog: str, what: str, r
             later += f" --repo-type {options['repo_type']}"
         if options.get("revision"):
             later += f" --revision {options['revision']}"
-        print(f"{prog}: error: {exc}\nThe {what} in {folder} is complete: push it later with `{later}`{rerun_hint}.",
-              file=sys.stderr)
+        print(
+            f"{prog}: error: {exc}\nThe {what} in {folder} is complete: push it later with `{later}`{rerun_hint}.",
+            file=sys.stderr,
+        )
         return None

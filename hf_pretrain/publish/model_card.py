@@ -125,20 +125,31 @@ def _milestones(samples: list[dict]) -> list[tuple[int, str, list[tuple[str, str
     if len(steps) > MAX_SAMPLE_MILESTONES:
         last = len(steps) - 1
         steps = [steps[round(i * last / (MAX_SAMPLE_MILESTONES - 1))] for i in range(MAX_SAMPLE_MILESTONES)]
-    return [(step, f"{next(s['tokens'] for s in samples if s['step'] == step):,}",
-             [(table_cell(s["prompt"]), table_cell(s["completion"])) for s in samples if s["step"] == step])
-            for step in steps]
+    return [
+        (
+            step,
+            f"{next(s['tokens'] for s in samples if s['step'] == step):,}",
+            [(table_cell(s["prompt"]), table_cell(s["completion"])) for s in samples if s["step"] == step],
+        )
+        for step in steps
+    ]
 
 
 def _architecture(model) -> list[tuple[str, Any]]:
     c = model.config
     rope = (getattr(c, "rope_parameters", None) or {}).get("rope_theta", getattr(c, "rope_theta", None))
-    return [("parameters", f"{count_parameters(model):,}"), ("layers", c.num_hidden_layers),
-            ("hidden size", c.hidden_size), ("feed-forward (SwiGLU)", c.intermediate_size),
-            ("attention heads (query / key-value)", f"{c.num_attention_heads} / {c.num_key_value_heads}"),
-            ("vocabulary", f"{c.vocab_size:,}"), ("context length", f"{c.max_position_embeddings:,}"),
-            ("RoPE theta", rope), ("tied embeddings", c.tie_word_embeddings),
-            ("weights", str(model.dtype).replace("torch.", ""))]
+    return [
+        ("parameters", f"{count_parameters(model):,}"),
+        ("layers", c.num_hidden_layers),
+        ("hidden size", c.hidden_size),
+        ("feed-forward (SwiGLU)", c.intermediate_size),
+        ("attention heads (query / key-value)", f"{c.num_attention_heads} / {c.num_key_value_heads}"),
+        ("vocabulary", f"{c.vocab_size:,}"),
+        ("context length", f"{c.max_position_embeddings:,}"),
+        ("RoPE theta", rope),
+        ("tied embeddings", c.tie_word_embeddings),
+        ("weights", str(model.dtype).replace("torch.", "")),
+    ]
 
 
 def _how_it_ended(schedule: Schedule, train_state: dict) -> list[tuple[str, Any]]:
@@ -146,31 +157,49 @@ def _how_it_ended(schedule: Schedule, train_state: dict) -> list[tuple[str, Any]
     rows: list[tuple[str, Any]] = []
     cooldown, lr = train_state.get("cooldown"), train_state.get("lr")
     if cooldown:
-        decay = (f"; the learning rate decayed over steps {cooldown['start'] + 1:,}-{cooldown['end']:,}"
-                 if cooldown["end"] > cooldown["start"] else "")
+        decay = (
+            f"; the learning rate decayed over steps {cooldown['start'] + 1:,}-{cooldown['end']:,}"
+            if cooldown["end"] > cooldown["start"]
+            else ""
+        )
         rows.append(("stopped early", f"at step {cooldown['start']:,}: {table_cell(cooldown['reason'])}{decay}"))
     if lr is not None and schedule.left_decay_unfinished(train_state.get("step", 0), lr):
-        rows.append(("decay", f"**not finished**: the learning rate was {lr:.3g} ({lr / schedule.peak:.0%} of the "
-                              f"peak) at this step; a finished model ends at {schedule.floor:.3g}"))
+        rows.append(
+            (
+                "decay",
+                f"**not finished**: the learning rate was {lr:.3g} ({lr / schedule.peak:.0%} of the "
+                f"peak) at this step; a finished model ends at {schedule.floor:.3g}",
+            )
+        )
     for branch in train_state.get("lineage", []):
-        rows.append(("lineage", f"a run planned for {branch['from_max_steps']:,} steps, at step {branch['from_step']:,}, "
-                                f"went further from its checkpoint of step {branch['branch_step']:,} (the last "
-                                f"before its decay) to max_steps {branch['max_steps']:,}"))
+        rows.append(
+            (
+                "lineage",
+                f"a run planned for {branch['from_max_steps']:,} steps, at step {branch['from_step']:,}, "
+                f"went further from its checkpoint of step {branch['branch_step']:,} (the last "
+                f"before its decay) to max_steps {branch['max_steps']:,}",
+            )
+        )
     return rows
 
 
-def _training(recipe: Recipe | None, train_state: dict, records: list[dict],
-              options: CardOptions) -> list[tuple[str, Any]]:
+def _training(
+    recipe: Recipe | None, train_state: dict, records: list[dict], options: CardOptions
+) -> list[tuple[str, Any]]:
     train = [r for r in records if r.get("kind") == "train"]
     val = [r for r in records if r.get("kind") == "eval"]
-    rows: list[tuple[str, Any]] = [("steps", f"{train_state.get('step', 0):,}"),
-                                   ("tokens", f"{train_state.get('tokens_seen', 0):,}")]
+    rows: list[tuple[str, Any]] = [
+        ("steps", f"{train_state.get('step', 0):,}"),
+        ("tokens", f"{train_state.get('tokens_seen', 0):,}"),
+    ]
     if recipe is not None:
         t = recipe.train
-        rows += [("batch", f"{t.global_batch_tokens:,} tokens/step"),
-                 ("sequence length", recipe.data.seq_len),
-                 ("peak learning rate", t.learning_rate),
-                 ("schedule", Schedule(t).describe())]
+        rows += [
+            ("batch", f"{t.global_batch_tokens:,} tokens/step"),
+            ("sequence length", recipe.data.seq_len),
+            ("peak learning rate", t.learning_rate),
+            ("schedule", Schedule(t).describe()),
+        ]
         rows += _how_it_ended(Schedule(t), train_state)
     rows.append(("hardware", options.hardware or train_state.get("hardware") or "not recorded"))
     seconds = train_state.get("elapsed_seconds")
@@ -180,12 +209,17 @@ def _training(recipe: Recipe | None, train_state: dict, records: list[dict],
         price = options.price_per_hour or (recipe.train.price_per_hour if recipe is not None else 0.0)
         if price:
             rows.append(("cost", f"{usd(dollars(seconds / 3600, price))} (at ${price:g}/h)"))
-    for label, value, fmt in [("throughput (median)", _median(train, "tokens_per_s"), "{:,.0f} tokens/s"),
-                              ("MFU (median)", _median(train, "mfu"), "{:.1%}"),
-                              ("peak GPU memory", max((r["peak_memory_gib"] for r in train
-                                                       if r.get("peak_memory_gib")), default=None), "{:.1f} GiB"),
-                              ("final train loss", _last(train, "loss"), "{:.4f}"),
-                              ("final validation loss", _last(val, "val_loss"), "{:.4f}")]:
+    for label, value, fmt in [
+        ("throughput (median)", _median(train, "tokens_per_s"), "{:,.0f} tokens/s"),
+        ("MFU (median)", _median(train, "mfu"), "{:.1%}"),
+        (
+            "peak GPU memory",
+            max((r["peak_memory_gib"] for r in train if r.get("peak_memory_gib")), default=None),
+            "{:.1f} GiB",
+        ),
+        ("final train loss", _last(train, "loss"), "{:.4f}"),
+        ("final validation loss", _last(val, "val_loss"), "{:.4f}"),
+    ]:
         if value is not None:
             rows.append((label, fmt.format(value)))
     return rows
@@ -206,22 +240,37 @@ def write_model_card(folder: Path, train_state: dict, run_dir: Path | None, mode
         samples = [s for s in read_jsonl(run.samples) if s.get("step", 0) <= step]
     sources = recipe.data.sources if recipe is not None else []
     hub_datasets = [s.name for s in sources if s.kind == "hub"]
-    card_data = ModelCardData(license=options.license, library_name="transformers", pipeline_tag="text-generation",
-                              tags=TAGS, datasets=hub_datasets or None, model_name=options.model_name,
-                              language=recipe.data.language if recipe is not None else None)
+    card_data = ModelCardData(
+        license=options.license,
+        library_name="transformers",
+        pipeline_tag="text-generation",
+        tags=TAGS,
+        datasets=hub_datasets or None,
+        model_name=options.model_name,
+        language=recipe.data.language if recipe is not None else None,
+    )
     markers = [t for t in (recipe.data.special_tokens if recipe is not None else []) if t.startswith("<|im_")]
     card = ModelCard.from_template(
-        card_data, template_str=TEMPLATE, model_name=options.model_name, params=human_count(count_parameters(model)),
+        card_data,
+        template_str=TEMPLATE,
+        model_name=options.model_name,
+        params=human_count(count_parameters(model)),
         load_from=options.repo_id or options.local_path or options.model_name,
         chat_markers=" and ".join(f"`{m}`" for m in markers),
-        recipe_name=recipe.name if recipe is not None else "unknown", step=f"{step:,}",
+        recipe_name=recipe.name if recipe is not None else "unknown",
+        step=f"{step:,}",
         max_steps=f"{recipe.train.max_steps:,}" if recipe is not None else None,
-        tokens=f"{train_state.get('tokens_seen', 0):,}", architecture=_architecture(model),
+        tokens=f"{train_state.get('tokens_seen', 0):,}",
+        architecture=_architecture(model),
         training=_training(recipe, train_state, records, options),
-        sources=[f"{s.kind} `{', '.join(s.paths) if s.kind == 'files' else s.name}`, weight {s.weight}"
-                 for s in sources],
+        sources=[
+            f"{s.kind} `{', '.join(s.paths) if s.kind == 'files' else s.name}`, weight {s.weight}" for s in sources
+        ],
         loss_curve=LOSS_CURVE if records and plot_loss_curve(records, folder / LOSS_CURVE) else None,
-        samples=_milestones(samples), eval_start=EVAL_START, eval_end=EVAL_END)
+        samples=_milestones(samples),
+        eval_start=EVAL_START,
+        eval_end=EVAL_END,
+    )
     path = folder / "README.md"
     _save(card, path)
     return path

@@ -62,9 +62,17 @@ class SideJobs(Callback):
         """`final/`: a standard Hugging Face folder with its model card, by the same code path as
         `hf-pretrain export` (FSDP shards are merged too). Written before the run returns."""
         newest = resolve_checkpoint(run.path, checksums=False, log=self.log)  # the one this run just saved
-        export_checkpoint(newest, run.final, dtype=FINAL_DTYPE, overwrite=True,
-                          card=CardOptions(model_name=self.train.push_to_hub or run.path.name,
-                                           repo_id=self.train.push_to_hub or None, local_path=str(run.final)))
+        export_checkpoint(
+            newest,
+            run.final,
+            dtype=FINAL_DTYPE,
+            overwrite=True,
+            card=CardOptions(
+                model_name=self.train.push_to_hub or run.path.name,
+                repo_id=self.train.push_to_hub or None,
+                local_path=str(run.final),
+            ),
+        )
         if self.train.push_to_hub:
             self._pending.append(("the push of final/", self._uploads.submit(self._push_final, run)))
 
@@ -94,8 +102,17 @@ class SideJobs(Callback):
         self.log(f"step {step}: pushed to {url}")
 
     def _benchmark(self, checkpoint: Path, step: int) -> None:
-        command = [sys.executable, "-m", "hf_pretrain.publish.side_jobs", "benchmark", str(checkpoint),
-                   "--tasks", ",".join(self.train.benchmark_tasks), "--limit", str(self.train.benchmark_limit)]
+        command = [
+            sys.executable,
+            "-m",
+            "hf_pretrain.publish.side_jobs",
+            "benchmark",
+            str(checkpoint),
+            "--tasks",
+            ",".join(self.train.benchmark_tasks),
+            "--limit",
+            str(self.train.benchmark_limit),
+        ]
         if self.train.benchmark_data_dir:
             command += ["--data_dir", self.train.benchmark_data_dir]
         # lm-eval loads its own copy of the model: in its own process it shares no memory, lock or
@@ -110,9 +127,13 @@ class SideJobs(Callback):
 
     def _push_final(self, run: RunDir) -> None:
         try:
-            self.log(f"pushed final/ to {push_folder(run.final, self.train.push_to_hub, private=self.train.push_private)}")
+            self.log(
+                f"pushed final/ to {push_folder(run.final, self.train.push_to_hub, private=self.train.push_private)}"
+            )
         except HubError as exc:
-            self.log(f"warning: {exc}; push it later with `hf-pretrain export --checkpoint {run.path} --push_to_hub ...`")
+            self.log(
+                f"warning: {exc}; push it later with `hf-pretrain export --checkpoint {run.path} --push_to_hub ...`"
+            )
 
 
 class _Pin:

@@ -33,8 +33,10 @@ def pinned_version(package: str) -> str:
     """The installed version without its local tag (2.13.0+cpu -> 2.13.0: PyPI has no local tags)."""
     version = installed_version(package)
     if version is None:
-        raise RuntimeError(f"{package} is not installed, so the Space cannot pin the version tested here: "
-                           f"pip install 'hf-pretrain[demo]'")
+        raise RuntimeError(
+            f"{package} is not installed, so the Space cannot pin the version tested here: "
+            f"pip install 'hf-pretrain[demo]'"
+        )
     return version.public
 
 
@@ -43,17 +45,24 @@ def requirements_txt() -> str:
 
 
 def readme(models: list[str], title: str) -> str:
-    data = SpaceCardData(title=title, sdk="gradio", sdk_version=pinned_version("gradio"), app_file="app.py",
-                         models=models, short_description="Compare checkpoints of a pretraining run")
-    body = (f"# {title}\n\nThe same prompt through each model, side by side, streamed token by token:\n\n"
-            + "".join(f"- [{m}](https://huggingface.co/{m})\n" for m in models)
-            + "\nMade with `hf-pretrain space`; `python app.py` runs it locally (`DEMO_MODELS=a,b` to change "
-            "the models).\n")
+    data = SpaceCardData(
+        title=title,
+        sdk="gradio",
+        sdk_version=pinned_version("gradio"),
+        app_file="app.py",
+        models=models,
+        short_description="Compare checkpoints of a pretraining run",
+    )
+    body = (
+        f"# {title}\n\nThe same prompt through each model, side by side, streamed token by token:\n\n"
+        + "".join(f"- [{m}](https://huggingface.co/{m})\n" for m in models)
+        + "\nMade with `hf-pretrain space`; `python app.py` runs it locally (`DEMO_MODELS=a,b` to change "
+        "the models).\n"
+    )
     return str(SpaceCard(f"---\n{data.to_yaml()}\n---\n\n{body}"))
 
 
-def write_space(models: list[str], out: Path, title: str = DEFAULT_TITLE,
-                prompts: list[str] | None = None) -> Path:
+def write_space(models: list[str], out: Path, title: str = DEFAULT_TITLE, prompts: list[str] | None = None) -> Path:
     """The Space's files in `out` (created if needed; files of the same names are replaced)."""
     out.mkdir(parents=True, exist_ok=True)
     app = importlib.resources.files(TEMPLATE_PACKAGE).joinpath("app.py").read_text()
@@ -69,15 +78,27 @@ def push_space(folder: Path, space_id: str, private: bool | None = None) -> str 
     """Create the Space repo if needed (private=None: the account's default visibility) and upload
     `folder` as one commit, through the one upload path (offline check, token scrubbing); returns the
     commit's URL, or None after saying why not and how to push later."""
-    return push_or_explain(folder, space_id, prog="hf-pretrain space", what="Space", private=private,
-                           repo_type="space", space_sdk="gradio",
-                           commit_message="Update the checkpoint demo (hf-pretrain space)")
+    return push_or_explain(
+        folder,
+        space_id,
+        prog="hf-pretrain space",
+        what="Space",
+        private=private,
+        repo_type="space",
+        space_sdk="gradio",
+        commit_message="Update the checkpoint demo (hf-pretrain space)",
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = CommandParser(prog="hf-pretrain space", description=__doc__)
-    parser.add_argument("--model", action="append", required=True, metavar="REPO_ID",
-                        help="a model repo on the Hub (export a checkpoint first); repeat to compare several")
+    parser.add_argument(
+        "--model",
+        action="append",
+        required=True,
+        metavar="REPO_ID",
+        help="a model repo on the Hub (export a checkpoint first); repeat to compare several",
+    )
     parser.add_argument("--out", type=Path, required=True, help="folder to write the Space into")
     parser.add_argument("--push", metavar="SPACE_ID", help="also upload the folder to this Space (created if needed)")
     parser.add_argument("--private", action="store_true", help="create the Space private")

@@ -63,8 +63,10 @@ class CheckpointMismatch(CheckpointError):
 
 
 # How to go on when the run folder's checkpoints do not fit the recipe; nothing in the folder is touched.
-START_OVER = ("go back to the recipe the checkpoints were saved with, or start a new run in a new folder "
-              "(--resume none --output_dir NEW); this folder is left as it is")
+START_OVER = (
+    "go back to the recipe the checkpoints were saved with, or start a new run in a new folder "
+    "(--resume none --output_dir NEW); this folder is left as it is"
+)
 
 
 def shape_mismatch(folder: Path, differences: dict[str, tuple[Any, Any]]) -> str:
@@ -126,7 +128,9 @@ def verify_checkpoint(folder: Path, checksums: bool = True) -> dict[str, Any]:
         if not path.is_file():
             raise CheckpointError(f"{folder}: {name} is missing")
         if path.stat().st_size != entry["bytes"]:
-            raise CheckpointError(f"{folder}: {name} has {path.stat().st_size} bytes, the manifest says {entry['bytes']}")
+            raise CheckpointError(
+                f"{folder}: {name} has {path.stat().st_size} bytes, the manifest says {entry['bytes']}"
+            )
         if checksums and _sha256(path) != entry["sha256"]:
             raise CheckpointError(f"{folder}: {name} fails its SHA-256 check")
     if TRAIN_STATE not in files:
@@ -142,16 +146,17 @@ def list_checkpoints(output_dir: str | Path, include_unfinished: bool = False) -
     root = checkpoints_root(output_dir)
     found = []
     for path in root.glob(f"{PREFIX}*") if root.is_dir() else []:
-        suffix = path.name[len(PREFIX):]
+        suffix = path.name[len(PREFIX) :]
         if include_unfinished and suffix.endswith(TMP_SUFFIX):
-            suffix = suffix[:-len(TMP_SUFFIX)]
+            suffix = suffix[: -len(TMP_SUFFIX)]
         if path.is_dir() and suffix.isdigit():
             found.append(CheckpointCandidate(path, int(suffix)))
     return sorted(found, key=lambda c: (c.step, not c.path.name.endswith(TMP_SUFFIX)), reverse=True)
 
 
-def newest_good_checkpoint(output_dir: str | Path, checksums: bool = True, log=print,
-                           load: Callable[[Path], Any] | None = None) -> tuple[Path, dict[str, Any]] | None:
+def newest_good_checkpoint(
+    output_dir: str | Path, checksums: bool = True, log=print, load: Callable[[Path], Any] | None = None
+) -> tuple[Path, dict[str, Any]] | None:
     """The newest checkpoint of `output_dir` that verifies against its manifest (and, given `load`,
     loads without a `CheckpointError`), with its train state; None when none is good. Each newer one
     is skipped with `log("skipping step_X: reason")`. The one walk resume, export and eval share."""
@@ -169,8 +174,13 @@ def newest_good_checkpoint(output_dir: str | Path, checksums: bool = True, log=p
     return None
 
 
-def resume_training_state(accelerator: Accelerator, output_dir: str | Path, resume: str, log=print,
-                          model_config: PretrainedConfig | None = None) -> tuple[Path, dict[str, Any]] | None:
+def resume_training_state(
+    accelerator: Accelerator,
+    output_dir: str | Path,
+    resume: str,
+    log=print,
+    model_config: PretrainedConfig | None = None,
+) -> tuple[Path, dict[str, Any]] | None:
     """Restore model, optimizer and RNG from the checkpoint `resume` asks for; returns (folder, train state).
 
     `none` -> None. A path -> that checkpoint, which must be good. `auto` -> the newest good one in
@@ -189,21 +199,29 @@ def resume_training_state(accelerator: Accelerator, output_dir: str | Path, resu
         train_state = verify_checkpoint(path)
         _load_state(accelerator, path, model_config, log)
         return path, train_state
-    found = newest_good_checkpoint(output_dir, log=lambda reason: log(f"resume: {reason}"),
-                                   load=lambda folder: _load_state(accelerator, folder, model_config, log))
+    found = newest_good_checkpoint(
+        output_dir,
+        log=lambda reason: log(f"resume: {reason}"),
+        load=lambda folder: _load_state(accelerator, folder, model_config, log),
+    )
     if found is None and list_checkpoints(output_dir):
-        raise CheckpointMismatch(f"none of the checkpoints in {checkpoints_root(output_dir)} can be resumed from "
-                                 f"(the reasons are above); {START_OVER}")
+        raise CheckpointMismatch(
+            f"none of the checkpoints in {checkpoints_root(output_dir)} can be resumed from "
+            f"(the reasons are above); {START_OVER}"
+        )
     if found is None:
         log(f"resume: no complete checkpoint in {checkpoints_root(output_dir)}, starting from step 0")
     return found
 
 
-def _load_state(accelerator: Accelerator, folder: Path, model_config: PretrainedConfig | None = None,
-                log=print) -> None:
+def _load_state(
+    accelerator: Accelerator, folder: Path, model_config: PretrainedConfig | None = None, log=print
+) -> None:
     if is_weights_only(folder):
-        raise CheckpointError(f"{folder} is a milestone that kept its weights only: export, eval and the demo read "
-                              f"it, a resume cannot (milestone_full_state keeps whole milestones)")
+        raise CheckpointError(
+            f"{folder} is a milestone that kept its weights only: export, eval and the demo read "
+            f"it, a resume cannot (milestone_full_state keeps whole milestones)"
+        )
     saved_config = folder / "config.json"
     if model_config is not None and saved_config.is_file():
         differences = shape_differences(json.loads(saved_config.read_text()), model_config.to_dict())
@@ -213,13 +231,16 @@ def _load_state(accelerator: Accelerator, folder: Path, model_config: Pretrained
         # model weights from safetensors; optimizer and RNG through torch.load(weights_only=True)
         accelerator.load_state(str(folder))
     except Exception as exc:  # its files verified: what fails is this run (its model, optimizer or setup)
-        raise CheckpointMismatch(f"{folder} is complete but does not load into this run: {type(exc).__name__}: "
-                                 f"{exc}; {START_OVER}") from exc
+        raise CheckpointMismatch(
+            f"{folder} is complete but does not load into this run: {type(exc).__name__}: {exc}; {START_OVER}"
+        ) from exc
     dropped = rng_not_restored(folder, accelerator.process_index)
     if dropped:  # Accelerate goes on without it, saying nothing above its info log level
         say = log if accelerator.is_main_process else print
-        say(f"resume: warning: process {accelerator.process_index} goes on with fresh random state: {dropped}. "
-            f"The data order does not depend on it, but the run is no longer bitwise the run it would have been")
+        say(
+            f"resume: warning: process {accelerator.process_index} goes on with fresh random state: {dropped}. "
+            f"The data order does not depend on it, but the run is no longer bitwise the run it would have been"
+        )
 
 
 def rng_not_restored(folder: Path, process_index: int) -> str | None:
@@ -231,8 +252,10 @@ def rng_not_restored(folder: Path, process_index: int) -> str | None:
         states = load_torch_file(path)
         restored = torch.equal(torch.get_rng_state(), states["torch_manual_seed"])
         if torch.cuda.is_available():
-            restored = restored and all(torch.equal(now, saved) for now, saved in
-                                        zip(torch.cuda.get_rng_state_all(), states["torch_cuda_manual_seed"], strict=True))
+            restored = restored and all(
+                torch.equal(now, saved)
+                for now, saved in zip(torch.cuda.get_rng_state_all(), states["torch_cuda_manual_seed"], strict=True)
+            )
     except Exception as exc:  # whatever Accelerate tripped over, said the way it was met
         return f"{path.name} is unreadable ({type(exc).__name__}: {exc})"
     return None if restored else f"{path.name} could not be applied"
@@ -246,8 +269,9 @@ class Sealing:
     """The seal of a save (manifest, flush, rename, pruning) that may still be running on a thread of
     the main process. The thread is not a daemon: a process that ends while it runs finishes it first."""
 
-    def __init__(self, path: Path, seal: Callable[[], None] | None = None,
-                 failure: Callable[[OSError], str] | None = None):
+    def __init__(
+        self, path: Path, seal: Callable[[], None] | None = None, failure: Callable[[OSError], str] | None = None
+    ):
         self.path, self._error = path, None
         self._thread = None
         if seal is not None:
@@ -271,10 +295,20 @@ class _EarlierSaveFailed(OSError):
     """The background seal of the previous save failed: its message, reported by this save."""
 
 
-def save_checkpoint(accelerator: Accelerator, output_dir: str | Path, train_state: dict[str, Any], keep: int,
-                    model_config: PretrainedConfig, tokenizer: PreTrainedTokenizerBase,
-                    milestone_interval: int = 0, *, background: bool = False, previous: Sealing | None = None,
-                    on_sealed: Callable[[Path], None] | None = None, milestone_full_state: bool = False) -> Sealing:
+def save_checkpoint(
+    accelerator: Accelerator,
+    output_dir: str | Path,
+    train_state: dict[str, Any],
+    keep: int,
+    model_config: PretrainedConfig,
+    tokenizer: PreTrainedTokenizerBase,
+    milestone_interval: int = 0,
+    *,
+    background: bool = False,
+    previous: Sealing | None = None,
+    on_sealed: Callable[[Path], None] | None = None,
+    milestone_full_state: bool = False,
+) -> Sealing:
     """Write the full training state for `train_state["step"]`, atomically, then prune old ones.
 
     Beside Accelerate's state the folder holds `config.json` and the tokenizer, so a checkpoint
@@ -332,11 +366,16 @@ def save_checkpoint(accelerator: Accelerator, output_dir: str | Path, train_stat
         previous_good = next((c.path for c in list_checkpoints(output_dir) if c.step < step), None)
         free = shutil.disk_usage(checkpoints_root(output_dir)).free / 1e9
         on = f" on process {process}" if accelerator.num_processes > 1 else ""
-        return (f"saving the step {step} checkpoint into {tmp} failed{on}: {exc.strerror or exc} "
-                f"({exc.filename or tmp}); {free:.2f} GB free on that volume. "
-                + (f"The previous checkpoint {previous_good} is intact: free some space and rerun the same command "
-                   f"to resume from it." if previous_good else "There is no earlier checkpoint: the run starts over "
-                                                                "when rerun."))
+        return (
+            f"saving the step {step} checkpoint into {tmp} failed{on}: {exc.strerror or exc} "
+            f"({exc.filename or tmp}); {free:.2f} GB free on that volume. "
+            + (
+                f"The previous checkpoint {previous_good} is intact: free some space and rerun the same command "
+                f"to resume from it."
+                if previous_good
+                else "There is no earlier checkpoint: the run starts over when rerun."
+            )
+        )
 
     def cleaned(error: str) -> str:
         if main:
@@ -386,8 +425,9 @@ def is_branch_point(folder: Path) -> bool:
         return False
 
 
-def prune_checkpoints(output_dir: str | Path, keep: int, milestone_interval: int = 0,
-                      weights_only: bool = False) -> None:
+def prune_checkpoints(
+    output_dir: str | Path, keep: int, milestone_interval: int = 0, weights_only: bool = False
+) -> None:
     """Delete all but the newest `keep` checkpoints, the milestones (every `milestone_interval`
     steps) and the branch points (the last checkpoint before each decay); only ever called after a
     save completed. With `weights_only` a milestone past the newest `keep` keeps its weights only
@@ -402,7 +442,7 @@ def prune_checkpoints(output_dir: str | Path, keep: int, milestone_interval: int
             keep_weights_only(old.path)
     newest = max((c.step for c in list_checkpoints(output_dir)), default=0)
     for leftover in checkpoints_root(output_dir).glob(f"{PREFIX}*{TMP_SUFFIX}"):
-        if int(leftover.name[len(PREFIX):-len(TMP_SUFFIX)]) <= newest:
+        if int(leftover.name[len(PREFIX) : -len(TMP_SUFFIX)]) <= newest:
             shutil.rmtree(leftover, ignore_errors=True)
 
 
@@ -438,8 +478,7 @@ def keep_weights_only(folder: Path) -> None:
             save_file(tensors, slim / item.name, metadata={"format": "pt"})
         else:
             _link_or_copy(str(item), str(slim / item.name))
-    (slim / TRAIN_STATE).write_text(json.dumps({**train_state, WEIGHTS_ONLY: True, "weights_dtype": "bf16"},
-                                               indent=1))
+    (slim / TRAIN_STATE).write_text(json.dumps({**train_state, WEIGHTS_ONLY: True, "weights_dtype": "bf16"}, indent=1))
     write_manifest(slim)
     os.replace(folder, full)
     os.replace(slim, folder)
@@ -451,7 +490,7 @@ def _finish_slimming(output_dir: str | Path) -> None:
     """What a kill during `keep_weights_only` left: a complete slim folder goes in (or back out)."""
     root = checkpoints_root(output_dir)
     for slim in root.glob(f"{PREFIX}*{SLIM_SUFFIX}") if root.is_dir() else []:
-        folder = slim.with_name(slim.name[:-len(SLIM_SUFFIX)])
+        folder = slim.with_name(slim.name[: -len(SLIM_SUFFIX)])
         full = folder.with_name(folder.name + FULL_SUFFIX)
         if not folder.exists() and (slim / MANIFEST).is_file():
             os.replace(slim, folder)
@@ -489,18 +528,30 @@ class Checkpointer:
     """When the run saves (every `save_interval` steps, and on its way out, whatever the reason) and
     what with: the model config and tokenizer that make each checkpoint describe itself."""
 
-    def __init__(self, accelerator: Accelerator, train: TrainConfig, model_config: PretrainedConfig,
-                 tokenizer: PreTrainedTokenizerBase, log: Callable[[str], None]):
+    def __init__(
+        self,
+        accelerator: Accelerator,
+        train: TrainConfig,
+        model_config: PretrainedConfig,
+        tokenizer: PreTrainedTokenizerBase,
+        log: Callable[[str], None],
+    ):
         self.accelerator, self.train, self.model_config, self.tokenizer, self.log = (
-            accelerator, train, model_config, tokenizer, log)
+            accelerator,
+            train,
+            model_config,
+            tokenizer,
+            log,
+        )
         self._sealing: Sealing | None = None  # the last save, perhaps still sealing in the background
 
     def due(self, state: TrainState) -> bool:
         """Every `save_interval` steps, and at the last step before a decay (the run's branch point)."""
         return state.step % self.train.save_interval == 0 or state.step == state.decay_start
 
-    def save(self, train_state: dict[str, Any], last: bool = False,
-             then: Callable[[Path, int], None] | None = None) -> Path:
+    def save(
+        self, train_state: dict[str, Any], last: bool = False, then: Callable[[Path, int], None] | None = None
+    ) -> Path:
         """Save `train_state`; `then(path, step)` runs on the main process once the checkpoint is complete.
 
         A periodic save returns once every process has written its state, and the main process seals
@@ -519,8 +570,17 @@ class Checkpointer:
                 except Exception as exc:  # a side job is never a reason to lose the run
                     self.log(f"warning: the side jobs of step {step} did not start: {type(exc).__name__}: {exc}")
 
-        self._sealing = save_checkpoint(self.accelerator, self.train.output_dir, train_state,
-                                        self.train.keep_checkpoints, self.model_config, self.tokenizer,
-                                        self.train.milestone_interval, background=not last, previous=self._sealing,
-                                        on_sealed=sealed, milestone_full_state=self.train.milestone_full_state)
+        self._sealing = save_checkpoint(
+            self.accelerator,
+            self.train.output_dir,
+            train_state,
+            self.train.keep_checkpoints,
+            self.model_config,
+            self.tokenizer,
+            self.train.milestone_interval,
+            background=not last,
+            previous=self._sealing,
+            on_sealed=sealed,
+            milestone_full_state=self.train.milestone_full_state,
+        )
         return self._sealing.path

@@ -23,8 +23,9 @@ SETTLE_STEPS = 3
 def dynamo_plugin(train: TrainConfig) -> TorchDynamoPlugin:
     """How Accelerate compiles the model in `prepare`: not at all, whole (`compile`), or one decoder
     layer compiled and reused for every layer (`compile_regions`, Accelerate's regional compilation)."""
-    return TorchDynamoPlugin(backend="inductor" if train.compile else "no",
-                             use_regional_compilation=train.compile and train.compile_regions)
+    return TorchDynamoPlugin(
+        backend="inductor" if train.compile else "no", use_regional_compilation=train.compile and train.compile_regions
+    )
 
 
 def compile_counts() -> dict[str, int]:
@@ -67,9 +68,11 @@ class CompileWatch:
         usual = statistics.median(self.durations[1:])
         self.compile_seconds = max(0.0, self.durations[0] - usual)
         counts = compile_counts()
-        return (f"compile: the first step took {self.durations[0]:.1f}s, {self.compile_seconds:.1f}s more than the "
-                f"{SETTLE_STEPS} after it ({usual:.2f}s each); {counts['graphs']} graph(s), "
-                f"{counts['recompilations']} recompilation(s), {counts['graph_breaks']} graph break(s)")
+        return (
+            f"compile: the first step took {self.durations[0]:.1f}s, {self.compile_seconds:.1f}s more than the "
+            f"{SETTLE_STEPS} after it ({usual:.2f}s each); {counts['graphs']} graph(s), "
+            f"{counts['recompilations']} recompilation(s), {counts['graph_breaks']} graph break(s)"
+        )
 
     def record(self) -> dict[str, float | int]:
         """Fields for a metrics record: the compile seconds once measured, and the counts so far."""

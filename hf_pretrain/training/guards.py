@@ -37,7 +37,9 @@ if TYPE_CHECKING:
 EXIT_PREEMPTED = 75  # EX_TEMPFAIL: stopped on a signal with a good checkpoint; rerun to resume
 EXIT_SAVE_FAILED = 74  # EX_IOERR: a checkpoint could not be written; the previous one is intact
 EXIT_DIVERGED = 65  # EX_DATAERR: too many non-finite steps in a row
-EXIT_PREFLIGHT = 78  # EX_CONFIG: a preflight check failed, or the checkpoint does not fit the recipe; nothing was started
+EXIT_PREFLIGHT = (
+    78  # EX_CONFIG: a preflight check failed, or the checkpoint does not fit the recipe; nothing was started
+)
 EXIT_LOCKED = 73  # EX_CANTCREAT: another session holds the run folder; nothing was touched
 EXIT_CRASHED = 1  # an uncaught exception; the traceback says what failed
 
@@ -127,8 +129,10 @@ class EarlyStop:
             return
         cost = window_cost_per_loss_point(history, self.train.early_stop_window, self.train.price_per_hour)
         if cost is not None and cost > limit:
-            self.reason = (f"the last {self.train.early_stop_window} steps cost ${cost:,.2f} per loss point, "
-                           f"above early_stop_cost_per_loss_point=${limit:,.2f}")
+            self.reason = (
+                f"the last {self.train.early_stop_window} steps cost ${cost:,.2f} per loss point, "
+                f"above early_stop_cost_per_loss_point=${limit:,.2f}"
+            )
 
     def observe_val_loss(self, val_loss: float) -> None:
         patience = self.train.early_stop_patience
@@ -139,8 +143,10 @@ class EarlyStop:
             return
         self.evals_without_improvement += 1
         if self.evals_without_improvement >= patience:
-            self.reason = (f"validation loss has not improved by {self.train.early_stop_min_delta} for {patience} "
-                           f"evaluations (best {self.best_val_loss:.4f}, now {val_loss:.4f})")
+            self.reason = (
+                f"validation loss has not improved by {self.train.early_stop_min_delta} for {patience} "
+                f"evaluations (best {self.best_val_loss:.4f}, now {val_loss:.4f})"
+            )
 
 
 class Guards:
@@ -171,8 +177,10 @@ class Guards:
         if not self.last_step_healthy:
             self.bad_in_a_row += 1
             self.log.record({"kind": "skipped", "step": step, "loss": str(loss), "grad_norm": str(grad_norm)})
-            self.log.say(f"step {step}: non-finite loss {loss} / grad norm {grad_norm}: step skipped, weights "
-                         f"untouched ({self.bad_in_a_row} in a row, stop at {self.train.max_bad_steps})")
+            self.log.say(
+                f"step {step}: non-finite loss {loss} / grad norm {grad_norm}: step skipped, weights "
+                f"untouched ({self.bad_in_a_row} in a row, stop at {self.train.max_bad_steps})"
+            )
             return False
         self.bad_in_a_row = 0
         if self.recent_loss is not None and loss > self.train.loss_spike_factor * self.recent_loss:
@@ -193,17 +201,26 @@ class Guards:
         # the step's one exchange: a signal may have reached any process; early stopping and stop requests
         # are the main one's call (a request's cooldown travels as steps + 1, 0 for the default)
         signalled, stop_early, requested, cooldown_code = agree(
-            self.accelerator, self.signals.stopping(), self.early_stop.reason is not None and main,
-            request is not None, request.cooldown_steps + 1 if request and request.cooldown_steps is not None else 0)
+            self.accelerator,
+            self.signals.stopping(),
+            self.early_stop.reason is not None and main,
+            request is not None,
+            request.cooldown_steps + 1 if request and request.cooldown_steps is not None else 0,
+        )
         if self.bad_in_a_row >= self.train.max_bad_steps:
-            return Stop(EXIT_DIVERGED,
-                        f"stopped: {self.bad_in_a_row} non-finite steps in a row. {CHECKPOINT} holds the weights from "
-                        f"before step {step - self.bad_in_a_row + 1} (skipped steps change nothing) with the data "
-                        f"position past the bad batches; lower learning_rate or raise warmup_steps, then rerun to "
-                        f"resume.")
+            return Stop(
+                EXIT_DIVERGED,
+                f"stopped: {self.bad_in_a_row} non-finite steps in a row. {CHECKPOINT} holds the weights from "
+                f"before step {step - self.bad_in_a_row + 1} (skipped steps change nothing) with the data "
+                f"position past the bad batches; lower learning_rate or raise warmup_steps, then rerun to "
+                f"resume.",
+            )
         if signalled:
-            return Stop(EXIT_PREEMPTED, f"stopped by {self.signals.signal_name or 'a signal to another process'} "
-                                        f"after step {step}; checkpoint {CHECKPOINT}. Rerun the same command to resume.")
+            return Stop(
+                EXIT_PREEMPTED,
+                f"stopped by {self.signals.signal_name or 'a signal to another process'} "
+                f"after step {step}; checkpoint {CHECKPOINT}. Rerun the same command to resume.",
+            )
         if step == self.train.stop_at_step:
             return Stop(0, f"stopped at step {step} as asked (stop_at_step); rerun the same command to continue")
         if (requested or stop_early) and state.cooldown is None:
@@ -218,8 +235,13 @@ class Guards:
             if main:
                 clear_stop_request(self.train.output_dir)  # it was answered; a later run must not read it
             cooldown = state.cooldown
-            return Stop(0, f"finished at step {step}: {cooldown.reason}; the learning rate decayed from step "
-                           f"{cooldown.start} on" if cooldown else "", finished=True)
+            return Stop(
+                0,
+                f"finished at step {step}: {cooldown.reason}; the learning rate decayed from step {cooldown.start} on"
+                if cooldown
+                else "",
+                finished=True,
+            )
         return None
 
     def _finish(self, state: TrainState, reason: str, cooldown_steps: int | None) -> Stop | None:
@@ -229,9 +251,11 @@ class Guards:
         state.cooldown = schedule.cooldown(step, steps, reason)
         if state.cooldown.end > step:
             self.log.record({"kind": "cooldown", "step": step, "end": state.cooldown.end, "reason": reason})
-            self.log.say(f"step {step}: {reason}: the learning rate decays from {state.lr(step):.3g} to "
-                         f"{schedule.floor:.3g} over steps {step + 1}-{state.cooldown.end} ({schedule.train.decay_shape}), "
-                         f"then the run saves and writes final/")
+            self.log.say(
+                f"step {step}: {reason}: the learning rate decays from {state.lr(step):.3g} to "
+                f"{schedule.floor:.3g} over steps {step + 1}-{state.cooldown.end} ({schedule.train.decay_shape}), "
+                f"then the run saves and writes final/"
+            )
             return None
         if self.accelerator.is_main_process:
             clear_stop_request(self.train.output_dir)
@@ -243,7 +267,12 @@ def unfinished_decay(state: TrainState) -> str | None:
     lr, schedule = state.lr(state.step), state.schedule
     if not schedule.left_decay_unfinished(state.step, lr):
         return None
-    how = (f"its cosine decays until max_steps={schedule.max_steps:,}" if schedule.kind == "cosine"
-           else "no cooldown was run")
-    return (f"The model did not finish its decay: the learning rate was {lr:.3g} ({lr / schedule.peak:.0%} of the "
-            f"peak) when it stopped ({how}). A wsd schedule stops with a finished model.")
+    how = (
+        f"its cosine decays until max_steps={schedule.max_steps:,}"
+        if schedule.kind == "cosine"
+        else "no cooldown was run"
+    )
+    return (
+        f"The model did not finish its decay: the learning rate was {lr:.3g} ({lr / schedule.peak:.0%} of the "
+        f"peak) when it stopped ({how}). A wsd schedule stops with a finished model."
+    )

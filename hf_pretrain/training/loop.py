@@ -81,8 +81,11 @@ def train(recipe: Recipe, callbacks: Sequence[Callback] = ()) -> Outcome:
                 try:
                     with log.paused():
                         # a periodic save seals in the background, the last one before it returns
-                        checkpoint = run.checkpoints.save(state.state_dict() | log.state_dict(), last=stop is not None,
-                                                          then=side_jobs.on_checkpoint_saved)
+                        checkpoint = run.checkpoints.save(
+                            state.state_dict() | log.state_dict(),
+                            last=stop is not None,
+                            then=side_jobs.on_checkpoint_saved,
+                        )
                 except CheckpointSaveError as exc:
                     stop = Stop(EXIT_SAVE_FAILED, f"stopped: {exc}")
                     break
@@ -96,8 +99,10 @@ def train(recipe: Recipe, callbacks: Sequence[Callback] = ()) -> Outcome:
     if not stop.finished:
         return Outcome(stop.exit_code, stop.message(checkpoint))
     final = run.dir.final if run.dir.final.is_dir() else None
-    message = (f"done: {state.step} steps, {state.tokens_seen:,} tokens in {state.elapsed():.0f}s | "
-               f"metrics {run.dir.metrics} | samples {run.dir.samples}" + (f" | model {final}" if final else ""))
+    message = (
+        f"done: {state.step} steps, {state.tokens_seen:,} tokens in {state.elapsed():.0f}s | "
+        f"metrics {run.dir.metrics} | samples {run.dir.samples}" + (f" | model {final}" if final else "")
+    )
     log.say(message)
     return Outcome(0, message, final, finished=True)
 
@@ -142,8 +147,9 @@ def setup(recipe: Recipe) -> Run:
         torch.backends.cudnn.allow_tf32 = True
 
     set_seed(cfg.seed)
-    config = llama_config(recipe.model, len(tokenizer), tokenizer.bos_token_id, tokenizer.eos_token_id,
-                          tokenizer.pad_token_id)
+    config = llama_config(
+        recipe.model, len(tokenizer), tokenizer.bos_token_id, tokenizer.eos_token_id, tokenizer.pad_token_id
+    )
     model = build_model(config)
     n_params = count_parameters(model)
     if cfg.gradient_checkpointing:
@@ -174,19 +180,38 @@ def setup(recipe: Recipe) -> Run:
             truncate_jsonl(records, after_step=state.step)
         remove_pins(run_dir.path)  # held by side jobs of a session that was killed
 
-    train_loader = build_train_loader(recipe, accelerator.process_index, world_size, grad_accum, start_step=state.step,
-                                      pin_memory=accelerator.device.type == "cuda", origin=state.data_origin)
+    train_loader = build_train_loader(
+        recipe,
+        accelerator.process_index,
+        world_size,
+        grad_accum,
+        start_step=state.step,
+        pin_memory=accelerator.device.type == "cuda",
+        origin=state.data_origin,
+    )
     val_loader = build_val_loader(recipe, accelerator.process_index, world_size)
-    say(f"model: {n_params / 1e6:.2f}M parameters | {world_size} process(es) x {grad_accum} micro-batches of "
+    say(
+        f"model: {n_params / 1e6:.2f}M parameters | {world_size} process(es) x {grad_accum} micro-batches of "
         f"{cfg.micro_batch_size} x {recipe.data.seq_len} tokens = {cfg.global_batch_tokens:,} tokens/step | "
-        f"precision {accelerator.mixed_precision}\nschedule: {state.schedule.describe()}")
+        f"precision {accelerator.mixed_precision}\nschedule: {state.schedule.describe()}"
+    )
     for note in recipe.notes():
         say(note)
-    log = RunLogger(accelerator, recipe, run_dir, state, flops_per_token(config, n_params, recipe.data.seq_len),
-                    epochs_after=train_loader.batch_sampler.epochs_after)
+    log = RunLogger(
+        accelerator,
+        recipe,
+        run_dir,
+        state,
+        flops_per_token(config, n_params, recipe.data.seq_len),
+        epochs_after=train_loader.batch_sampler.epochs_after,
+    )
     log.load_state_dict(saved)
-    return Run(accelerator, run_dir, state,
-               TrainStep(accelerator, model, optimizer, train_loader, cfg, grad_accum, lr_of=state.lr),
-               Evaluation(accelerator, model, val_loader, tokenizer, cfg),
-               Checkpointer(accelerator, cfg, config, tokenizer, log=say),
-               log)
+    return Run(
+        accelerator,
+        run_dir,
+        state,
+        TrainStep(accelerator, model, optimizer, train_loader, cfg, grad_accum, lr_of=state.lr),
+        Evaluation(accelerator, model, val_loader, tokenizer, cfg),
+        Checkpointer(accelerator, cfg, config, tokenizer, log=say),
+        log,
+    )

@@ -55,7 +55,9 @@ class ThroughputMeter:
 
 def trackers_for(report_to: str) -> list[str]:
     """Accelerate tracker names for the recipe's `report_to`; a requested one must be installed."""
-    wanted = {"none": [], "tensorboard": ["tensorboard"], "wandb": ["wandb"], "all": ["tensorboard", "wandb"]}[report_to]
+    wanted = {"none": [], "tensorboard": ["tensorboard"], "wandb": ["wandb"], "all": ["tensorboard", "wandb"]}[
+        report_to
+    ]
     for name in wanted:
         module = "tensorboard" if name == "tensorboard" else "wandb"
         if importlib.util.find_spec(module) is None:
@@ -76,8 +78,15 @@ class RunLogger:
     """The run's records and its logging window. Every process calls it alike (the window's mean
     loss is averaged over all of them); only the main process writes files and prints."""
 
-    def __init__(self, accelerator: Accelerator, recipe: Recipe, run: RunDir, state: TrainState,
-                 flops_per_token: float, epochs_after: Callable[[int], int] | None = None):
+    def __init__(
+        self,
+        accelerator: Accelerator,
+        recipe: Recipe,
+        run: RunDir,
+        state: TrainState,
+        flops_per_token: float,
+        epochs_after: Callable[[int], int] | None = None,
+    ):
         self.accelerator, self.train, self.run = accelerator, recipe.train, run
         self.main = accelerator.is_main_process
         self.metrics = JsonlWriter(run.metrics, self.main)
@@ -94,8 +103,9 @@ class RunLogger:
         self.epochs_after = epochs_after  # passes over the training data completed after a step
         self.epochs_done = epochs_after(state.step) if epochs_after else 0
         self.forecast: dict[str, Any] = {}  # the newest forecast fields (economics/forecast.py)
-        self.progress = tqdm(total=state.end, initial=state.step, disable=not self.main, desc="train",
-                             dynamic_ncols=True)
+        self.progress = tqdm(
+            total=state.end, initial=state.step, disable=not self.main, desc="train", dynamic_ncols=True
+        )
 
     def state_dict(self) -> dict[str, Any]:
         """The logging window, for the checkpoint: each step's loss averaged over the processes (every
@@ -151,14 +161,23 @@ class RunLogger:
 
     def _train_record(self, state: TrainState, result: StepResult) -> None:
         device = self.accelerator.device
-        mean_loss = self.accelerator.reduce(torch.tensor(sum(self.window_losses) / len(self.window_losses),
-                                                         device=device), "mean").item()
+        mean_loss = self.accelerator.reduce(
+            torch.tensor(sum(self.window_losses) / len(self.window_losses), device=device), "mean"
+        ).item()
         self.window_losses.clear()
         window_seconds = self.meter.pause()
         tokens_per_s, mfu = self.meter.read()
-        record = {"kind": "train", "step": state.step, "tokens": state.tokens_seen, "loss": mean_loss,
-                  "lr": result.lr, "grad_norm": result.grad_norm, "tokens_per_s": tokens_per_s,
-                  "elapsed": state.elapsed(), "data_wait_share": min(1.0, self.data_wait / max(window_seconds, 1e-9))}
+        record = {
+            "kind": "train",
+            "step": state.step,
+            "tokens": state.tokens_seen,
+            "loss": mean_loss,
+            "lr": result.lr,
+            "grad_norm": result.grad_norm,
+            "tokens_per_s": tokens_per_s,
+            "elapsed": state.elapsed(),
+            "data_wait_share": min(1.0, self.data_wait / max(window_seconds, 1e-9)),
+        }
         self.data_wait = 0.0
         if mfu is not None:
             record["mfu"] = mfu
@@ -166,20 +185,36 @@ class RunLogger:
         if self.train.price_per_hour:
             record.update(cost_record(record, self.train))
         if self.main:  # a fit of the curve so far: only the main process writes it
-            self.forecast = forecast_fields(self.history + [record], state.schedule.stable_steps(state.cooldown),
-                                            state.end, self.phases, self.train.price_per_hour)
+            self.forecast = forecast_fields(
+                self.history + [record],
+                state.schedule.stable_steps(state.cooldown),
+                state.end,
+                self.phases,
+                self.train.price_per_hour,
+            )
             record.update(self.forecast)
         if self.compile_watch:
             record.update(self.compile_watch.record())
         self.metrics.write(record)
         self.history.append(record)
         self.accelerator.log({f"train/{k}": v for k, v in record.items() if k not in ("kind", "step")}, step=state.step)
-        self.progress.set_postfix(loss=f"{mean_loss:.3f}", lr=f"{result.lr:.2e}", tok_s=f"{tokens_per_s:,.0f}",
-                                  **({"mfu": f"{mfu:.1%}"} if mfu is not None else {}))
+        self.progress.set_postfix(
+            loss=f"{mean_loss:.3f}",
+            lr=f"{result.lr:.2e}",
+            tok_s=f"{tokens_per_s:,.0f}",
+            **({"mfu": f"{mfu:.1%}"} if mfu is not None else {}),
+        )
 
     def evaluation(self, state: TrainState, val_loss: float, samples: list[tuple[str, str]]) -> None:
-        self.metrics.write({"kind": "eval", "step": state.step, "tokens": state.tokens_seen, "val_loss": val_loss,
-                            **(self.compile_watch.record() if self.compile_watch else {})})
+        self.metrics.write(
+            {
+                "kind": "eval",
+                "step": state.step,
+                "tokens": state.tokens_seen,
+                "val_loss": val_loss,
+                **(self.compile_watch.record() if self.compile_watch else {}),
+            }
+        )
         self.accelerator.log({"val/loss": val_loss}, step=state.step)
         for prompt, text in samples:
             self.samples.write({"step": state.step, "tokens": state.tokens_seen, "prompt": prompt, "completion": text})
@@ -206,8 +241,10 @@ class RunLogger:
         if done > self.epochs_done:
             self.epochs_done = done
             self.metrics.write({"kind": "epoch", "step": state.step, "tokens": state.tokens_seen, "epochs": done})
-            self.say(f"step {state.step}: finished pass {done} over the training data; the next pass reads it "
-                     f"again, in a new order")
+            self.say(
+                f"step {state.step}: finished pass {done} over the training data; the next pass reads it "
+                f"again, in a new order"
+            )
 
     def close(self) -> None:
         self.progress.close()

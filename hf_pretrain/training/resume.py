@@ -85,14 +85,18 @@ class Continuation:
         notes = []
         if run.final.is_dir():
             run.final.rename(run.final_before_branch(self.branch["from_step"]))
-            notes.append(f"the model of the run as it ended at step {self.branch['from_step']:,} stays in "
-                         f"{run.final_before_branch(self.branch['from_step'])}")
+            notes.append(
+                f"the model of the run as it ended at step {self.branch['from_step']:,} stays in "
+                f"{run.final_before_branch(self.branch['from_step'])}"
+            )
         later = [c for c in list_checkpoints(run.path) if c.step > self.branch["branch_step"]]
         for candidate in later:
             candidate.path.rename(candidate.path.with_name(candidate.path.name + SUPERSEDED_SUFFIX))
         if later:
-            notes.append(f"{len(later)} checkpoint(s) of its decay, after step {self.branch['branch_step']:,}, are set "
-                         f"aside as step_N{SUPERSEDED_SUFFIX}/ in {run.checkpoints}: delete them to free the space")
+            notes.append(
+                f"{len(later)} checkpoint(s) of its decay, after step {self.branch['branch_step']:,}, are set "
+                f"aside as step_N{SUPERSEDED_SUFFIX}/ in {run.checkpoints}: delete them to free the space"
+            )
         return notes
 
 
@@ -117,7 +121,11 @@ def changed_math_keys(saved: dict[str, Any], recipe: Recipe) -> dict[str, tuple[
 
 def smallest_max_steps(train: TrainConfig, stable_until: int) -> int:
     """The smallest max_steps whose wsd decay starts at `stable_until` or later."""
-    guess = stable_until if train.decay_fraction >= 1 else max(stable_until, int(stable_until / (1 - train.decay_fraction)) - 2)
+    guess = (
+        stable_until
+        if train.decay_fraction >= 1
+        else max(stable_until, int(stable_until / (1 - train.decay_fraction)) - 2)
+    )
     while (Schedule(replace(train, max_steps=guess)).decay_start() or guess) < stable_until:
         guess += 1
     return guess
@@ -132,18 +140,24 @@ def plan_continuation(saved: dict[str, Any], recipe: Recipe, resume: str = "auto
     if plan.batch_changed:
         what = ", ".join(f"{k.split('.')[-1]} {changed[k][0]} -> {changed[k][1]}" for k in plan.batch_changed)
         if not t.allow_recipe_change:
-            raise ResumeRefused(f"{what} since the checkpoint of step {step}: the tokens of every later step, and "
-                                f"where the data stream stands, would change",
-                                "pass --allow_recipe_change true to go on from the tokens read so far (the data "
-                                "position is recomputed in tokens), or go back to the old value")
+            raise ResumeRefused(
+                f"{what} since the checkpoint of step {step}: the tokens of every later step, and "
+                f"where the data stream stands, would change",
+                "pass --allow_recipe_change true to go on from the tokens read so far (the data "
+                "position is recomputed in tokens), or go back to the old value",
+            )
         plan.notes.append(f"{what} (allow_recipe_change): the data stream goes on from the tokens read so far")
     if not saved.get("math_keys") and saved.get("recipe_fingerprint") not in (None, recipe.fingerprint()):
-        plan.notes.append(f"warning: the checkpoint of step {step} was written by a recipe with different math "
-                          f"settings; continuing with the new ones")
+        plan.notes.append(
+            f"warning: the checkpoint of step {step} was written by a recipe with different math "
+            f"settings; continuing with the new ones"
+        )
     others = [k for k in changed if k not in BATCH_KEYS and k != "train.max_steps"]
     if others:
-        plan.notes.append("warning: math keys changed since the checkpoint, continuing with the new ones: "
-                          + ", ".join(f"{k.split('.')[-1]} {changed[k][0]} -> {changed[k][1]}" for k in others))
+        plan.notes.append(
+            "warning: math keys changed since the checkpoint, continuing with the new ones: "
+            + ", ".join(f"{k.split('.')[-1]} {changed[k][0]} -> {changed[k][1]}" for k in others)
+        )
     old_max = saved.get("max_steps", t.max_steps)
     if old_max == t.max_steps:
         return plan
@@ -154,35 +168,57 @@ def plan_continuation(saved: dict[str, Any], recipe: Recipe, resume: str = "auto
         decaying = stable_until is not None and step > stable_until
         at = stable_until if decaying else step
         if (new.decay_start() or t.max_steps) < at:
-            raise ResumeRefused(f"max_steps={t.max_steps:,} would begin its decay at step {new.decay_start():,}, before "
-                                f"step {at:,} where this run {'began its decay' if decaying else 'stands'}",
-                                f"choose max_steps of at least {smallest_max_steps(t, at):,}" + (
-                                    "" if decaying else f", or finish the run early with `hf-pretrain stop "
-                                                        f"{t.output_dir}` while it runs"))
-        plan.notes.append(f"max_steps {old_max:,} -> {t.max_steps:,}: the peak holds to step {new.decay_start():,}, "
-                          f"then the learning rate decays to step {t.max_steps:,}")
+            raise ResumeRefused(
+                f"max_steps={t.max_steps:,} would begin its decay at step {new.decay_start():,}, before "
+                f"step {at:,} where this run {'began its decay' if decaying else 'stands'}",
+                f"choose max_steps of at least {smallest_max_steps(t, at):,}"
+                + (
+                    ""
+                    if decaying
+                    else f", or finish the run early with `hf-pretrain stop {t.output_dir}` while it runs"
+                ),
+            )
+        plan.notes.append(
+            f"max_steps {old_max:,} -> {t.max_steps:,}: the peak holds to step {new.decay_start():,}, "
+            f"then the learning rate decays to step {t.max_steps:,}"
+        )
         if decaying:
             if resume != "auto":
-                plan.notes.append(f"warning: the checkpoint of step {step:,} is past the start of its decay (step "
-                                  f"{stable_until:,}); going on from it as --resume asks, not from step {stable_until:,}")
+                plan.notes.append(
+                    f"warning: the checkpoint of step {step:,} is past the start of its decay (step "
+                    f"{stable_until:,}); going on from it as --resume asks, not from step {stable_until:,}"
+                )
                 return plan
-            plan.branch = {"branch_step": stable_until, "from_step": step, "from_max_steps": old_max,
-                           "from_end": saved.get("end", old_max), "max_steps": t.max_steps}
-            plan.notes.insert(0, f"going further: this run stood at step {step:,} (max_steps {old_max:,}), past the "
-                                 f"start of its decay; it goes on from the checkpoint of step {stable_until:,}, the "
-                                 f"last before the decay")
+            plan.branch = {
+                "branch_step": stable_until,
+                "from_step": step,
+                "from_max_steps": old_max,
+                "from_end": saved.get("end", old_max),
+                "max_steps": t.max_steps,
+            }
+            plan.notes.insert(
+                0,
+                f"going further: this run stood at step {step:,} (max_steps {old_max:,}), past the "
+                f"start of its decay; it goes on from the checkpoint of step {stable_until:,}, the "
+                f"last before the decay",
+            )
         return plan
     if step < new.warmup:
         return plan  # still warming up: the same rates either way
     old_lr, new_lr = saved.get("lr"), new.lr(step + 1)
     before = f"learning rate {old_lr:.3g} at step {step:,}" if old_lr is not None else f"step {step:,}"
     jump = f" ({new_lr / old_lr:.1f}x)" if old_lr else ""
-    how = (f"this run's {saved.get('lr_schedule', 'cosine')} schedule over max_steps={old_max:,} reached {before}; "
-           f"under {t.lr_schedule} over max_steps={t.max_steps:,} step {step + 1:,} gets {new_lr:.3g}{jump} and every "
-           f"later step's rate changes")
+    how = (
+        f"this run's {saved.get('lr_schedule', 'cosine')} schedule over max_steps={old_max:,} reached {before}; "
+        f"under {t.lr_schedule} over max_steps={t.max_steps:,} step {step + 1:,} gets {new_lr:.3g}{jump} and every "
+        f"later step's rate changes"
+    )
     if not t.allow_schedule_change:
-        raise ResumeRefused(how, "pass --allow_schedule_change true to go on this way, or keep max_steps; a run you "
-                                 "may extend is better planned with lr_schedule: wsd")
+        raise ResumeRefused(
+            how,
+            "pass --allow_schedule_change true to go on this way, or keep max_steps; a run you "
+            "may extend is better planned with lr_schedule: wsd",
+        )
     plan.notes.append(how + " (allow_schedule_change)")
     return plan
 
@@ -206,9 +242,11 @@ def plan_resume(recipe: Recipe, log: Callable[[str], None] = lambda _: None) -> 
     if t.resume == "none":
         existing = list_checkpoints(t.output_dir)
         if existing:  # starting over there would truncate its records and prune its checkpoints
-            raise ResumeRefused(f"{t.output_dir} already holds a run (checkpoints up to step {existing[0].step:,}); "
-                                f"--resume none would start another one on top of it",
-                                "choose a new --output_dir to start over, or --resume auto to go on with this run")
+            raise ResumeRefused(
+                f"{t.output_dir} already holds a run (checkpoints up to step {existing[0].step:,}); "
+                f"--resume none would start another one on top of it",
+                "choose a new --output_dir to start over, or --resume auto to go on with this run",
+            )
         return Continuation(resume="none")
     if t.resume != "auto":
         folder = Path(t.resume)
@@ -218,10 +256,13 @@ def plan_resume(recipe: Recipe, log: Callable[[str], None] = lambda _: None) -> 
         refuse_another_shape(folder, recipe)
         return plan_continuation(saved, recipe, resume=t.resume)
     skipped: list[str] = []
-    found = newest_good_checkpoint(t.output_dir, checksums=False, log=lambda reason: (skipped.append(reason), log(reason)))
+    found = newest_good_checkpoint(
+        t.output_dir, checksums=False, log=lambda reason: (skipped.append(reason), log(reason))
+    )
     if found is None and list_checkpoints(t.output_dir):
-        raise ResumeRefused(f"none of the checkpoints in {t.output_dir} can be resumed from: " + "; ".join(skipped),
-                            START_OVER)
+        raise ResumeRefused(
+            f"none of the checkpoints in {t.output_dir} can be resumed from: " + "; ".join(skipped), START_OVER
+        )
     if found is None:
         return Continuation(resume="auto")
     refuse_another_shape(found[0], recipe)
@@ -231,8 +272,10 @@ def plan_resume(recipe: Recipe, log: Callable[[str], None] = lambda _: None) -> 
         try:
             verify_checkpoint(branch, checksums=False)
         except CheckpointError as exc:
-            raise ResumeRefused(f"going further needs the checkpoint of step {plan.branch['branch_step']:,}, the last "
-                                f"before the decay, and it cannot be used: {exc}",
-                                "pass --resume with another checkpoint folder to go on from it") from exc
+            raise ResumeRefused(
+                f"going further needs the checkpoint of step {plan.branch['branch_step']:,}, the last "
+                f"before the decay, and it cannot be used: {exc}",
+                "pass --resume with another checkpoint folder to go on from it",
+            ) from exc
         plan.resume = str(branch)
     return plan

@@ -48,8 +48,11 @@ class RunLock:
             os.close(fd)
             if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
                 raise RunLocked(self._refusal(holder)) from None
-            print(f"warning: {self.run_dir.lock} cannot be locked ({exc.strerror}): nothing keeps a second "
-                  f"training out of {self.run_dir.path}", file=sys.stderr)
+            print(
+                f"warning: {self.run_dir.lock} cannot be locked ({exc.strerror}): nothing keeps a second "
+                f"training out of {self.run_dir.path}",
+                file=sys.stderr,
+            )
             return
         holder = {"host": socket.gethostname(), "pid": os.getpid(), "since": now(), "command": command_line()}
         os.ftruncate(fd, 0)
@@ -65,12 +68,17 @@ class RunLock:
         self._fd = None
 
     def _refusal(self, holder: dict[str, Any]) -> str:
-        who = (f"pid {holder.get('pid')} on {holder.get('host')}, since {holder.get('since')} "
-               f"({holder.get('command')})" if holder else "a session that is just starting")
+        who = (
+            f"pid {holder.get('pid')} on {holder.get('host')}, since {holder.get('since')} ({holder.get('command')})"
+            if holder
+            else "a session that is just starting"
+        )
         stop = f"`kill -TERM {holder['pid']}` on {holder.get('host')}" if holder.get("pid") else "SIGTERM"
-        return (f"{self.run_dir.path} is in use by another training: {who}. Two trainings in one folder would "
-                f"interleave their metrics and overwrite each other's checkpoints; wait for it to end, stop it "
-                f"({stop}: it saves a checkpoint and exits), or choose another --output_dir")
+        return (
+            f"{self.run_dir.path} is in use by another training: {who}. Two trainings in one folder would "
+            f"interleave their metrics and overwrite each other's checkpoints; wait for it to end, stop it "
+            f"({stop}: it saves a checkpoint and exits), or choose another --output_dir"
+        )
 
 
 def _read_holder(fd: int) -> dict[str, Any]:

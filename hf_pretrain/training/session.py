@@ -49,20 +49,35 @@ class Ending:
 
 ENDINGS = {
     EXIT_PREEMPTED: Ending("preempted", True, "rerun the same command: it resumes from the checkpoint"),
-    EXIT_SAVE_FAILED: Ending("save_failed", False, "free space where the checkpoints go, then rerun the same "
-                                                   "command: it resumes from the previous checkpoint"),
-    EXIT_DIVERGED: Ending("diverged", False, "lower learning_rate or raise warmup_steps, then rerun the same "
-                                             "command: it resumes from the checkpoint"),
-    EXIT_PREFLIGHT: Ending("refused", False, "fix what the reason names (`hf-pretrain doctor` runs the same "
-                                             "checks), then rerun; nothing was started"),
+    EXIT_SAVE_FAILED: Ending(
+        "save_failed",
+        False,
+        "free space where the checkpoints go, then rerun the same command: it resumes from the previous checkpoint",
+    ),
+    EXIT_DIVERGED: Ending(
+        "diverged",
+        False,
+        "lower learning_rate or raise warmup_steps, then rerun the same command: it resumes from the checkpoint",
+    ),
+    EXIT_PREFLIGHT: Ending(
+        "refused",
+        False,
+        "fix what the reason names (`hf-pretrain doctor` runs the same checks), then rerun; nothing was started",
+    ),
     EXIT_INTERRUPTED: Ending("interrupted", False, "rerun the same command when you want to go on"),
 }
 FINISHED = Ending("finished", False, "nothing: the run is complete (`hf-pretrain report`, `hf-pretrain export`)")
 STOPPED = Ending("stopped", True, "rerun the same command to continue")
-CRASHED = Ending("crashed", False, "read the error in the log and fix its cause; then the same command resumes "
-                                   "from the newest checkpoint")
-RUNNING = Ending("running", False, "wait; if its pid is gone, it was killed (SIGKILL, out of memory): rerun the "
-                                   "same command to resume")
+CRASHED = Ending(
+    "crashed",
+    False,
+    "read the error in the log and fix its cause; then the same command resumes from the newest checkpoint",
+)
+RUNNING = Ending(
+    "running",
+    False,
+    "wait; if its pid is gone, it was killed (SIGKILL, out of memory): rerun the same command to resume",
+)
 
 # Failures that stop a session before it trained, said in a line (the reason is the whole story) and
 # ended with an exit code of their own; anything else is a crash, with its traceback.
@@ -128,11 +143,21 @@ class Session:
         if not self._holding:
             return
         newest = next(iter(list_checkpoints(self.dir.path)), None)
-        status = {"state": ending.state, "exit_code": exit_code, "rerun": ending.rerun, "reason": reason,
-                  "next": ending.next, "checkpoint_step": newest.step if newest else None,
-                  "checkpoint": str(newest.path) if newest else None, "pid": os.getpid(),
-                  "host": socket.gethostname(), "launcher": launcher(), "started": self.started,
-                  "updated": now(), "command": command_line()}
+        status = {
+            "state": ending.state,
+            "exit_code": exit_code,
+            "rerun": ending.rerun,
+            "reason": reason,
+            "next": ending.next,
+            "checkpoint_step": newest.step if newest else None,
+            "checkpoint": str(newest.path) if newest else None,
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "launcher": launcher(),
+            "started": self.started,
+            "updated": now(),
+            "command": command_line(),
+        }
         tmp = self.dir.status.with_name(self.dir.status.name + ".tmp")
         try:
             tmp.write_text(json.dumps(status, indent=1) + "\n")

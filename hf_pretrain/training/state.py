@@ -37,8 +37,13 @@ class TrainState:
 
     @classmethod
     def for_recipe(cls, recipe: Recipe, hardware: str) -> TrainState:
-        return cls(recipe.fingerprint(), hardware, Schedule(recipe.train), math_keys(recipe),
-                   recipe.train.global_batch_tokens // recipe.data.seq_len)
+        return cls(
+            recipe.fingerprint(),
+            hardware,
+            Schedule(recipe.train),
+            math_keys(recipe),
+            recipe.train.global_batch_tokens // recipe.data.seq_len,
+        )
 
     # ------------------------------------------------------------------ the schedule, where the run stands
     @property
@@ -74,15 +79,25 @@ class TrainState:
         self.skipped_steps += skipped
 
     def state_dict(self) -> dict[str, Any]:
-        return {"step": self.step, "tokens_seen": self.tokens_seen, "elapsed_seconds": self.elapsed(),
-                "skipped_steps": self.skipped_steps, "recipe_fingerprint": self.recipe_fingerprint,
-                "hardware": self.hardware,
-                # where the run stands on its schedule: what a resume under another recipe compares
-                "max_steps": self.schedule.max_steps, "lr_schedule": self.schedule.kind, "lr": self.lr(self.step),
-                "end": self.end, "decay_start": self.decay_start,
-                "cooldown": self.cooldown.to_dict() if self.cooldown else None, "lineage": self.lineage,
-                "data_origin": list(self.data_origin), "data_position": self.data_position(self.step),
-                "math_keys": self.math_keys}
+        return {
+            "step": self.step,
+            "tokens_seen": self.tokens_seen,
+            "elapsed_seconds": self.elapsed(),
+            "skipped_steps": self.skipped_steps,
+            "recipe_fingerprint": self.recipe_fingerprint,
+            "hardware": self.hardware,
+            # where the run stands on its schedule: what a resume under another recipe compares
+            "max_steps": self.schedule.max_steps,
+            "lr_schedule": self.schedule.kind,
+            "lr": self.lr(self.step),
+            "end": self.end,
+            "decay_start": self.decay_start,
+            "cooldown": self.cooldown.to_dict() if self.cooldown else None,
+            "lineage": self.lineage,
+            "data_origin": list(self.data_origin),
+            "data_position": self.data_position(self.step),
+            "math_keys": self.math_keys,
+        }
 
     def load_state_dict(self, saved: dict[str, Any]) -> None:
         """Progress from a checkpoint; this session's fingerprint, math keys and hardware stay."""

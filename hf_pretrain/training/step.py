@@ -36,8 +36,16 @@ class TrainStep:
     `lr_of(n)` (the run's schedule, cooldown included), `grad_accum` micro-batches, clipping, and the
     update, which a non-finite step skips."""
 
-    def __init__(self, accelerator: Accelerator, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-                 train_loader, train: TrainConfig, grad_accum: int, lr_of: Callable[[int], float]):
+    def __init__(
+        self,
+        accelerator: Accelerator,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        train_loader,
+        train: TrainConfig,
+        grad_accum: int,
+        lr_of: Callable[[int], float],
+    ):
         self.accelerator, self.model, self.optimizer = accelerator, model, optimizer
         self.train, self.grad_accum, self.lr_of = train, grad_accum, lr_of
         self.batches = iter(train_loader)
@@ -48,8 +56,9 @@ class TrainStep:
             raise RuntimeError(f"injected fault: crash at step {step}")
         lr = self.lr_of(step)
         set_learning_rate(self.optimizer, lr)
-        loss, waited = forward_backward(self.accelerator, self.model, self.batches, self.grad_accum,
-                                        poison=fault_active("nan-loss", step))
+        loss, waited = forward_backward(
+            self.accelerator, self.model, self.batches, self.grad_accum, poison=fault_active("nan-loss", step)
+        )
         # After the last micro-batch the gradients are synchronised, so every process sees the
         # same norm and takes the same decision: a non-finite step is skipped, weights untouched.
         grad_norm = self.accelerator.clip_grad_norm_(self.model.parameters(), self.train.grad_clip or float("inf"))
@@ -60,8 +69,9 @@ class TrainStep:
         return result
 
 
-def forward_backward(accelerator: Accelerator, model: torch.nn.Module, batches, grad_accum: int,
-                     poison: bool = False) -> tuple[float, float]:
+def forward_backward(
+    accelerator: Accelerator, model: torch.nn.Module, batches, grad_accum: int, poison: bool = False
+) -> tuple[float, float]:
     """Accumulate gradients over `grad_accum` micro-batches.
 
     Returns this process's mean loss and the seconds spent waiting for batches.
@@ -93,12 +103,15 @@ class Evaluation:
         self.train = train
 
     def due(self, state: TrainState) -> bool:
-        return bool(self.train.eval_interval) and (state.step % self.train.eval_interval == 0 or state.step == state.end)
+        return bool(self.train.eval_interval) and (
+            state.step % self.train.eval_interval == 0 or state.step == state.end
+        )
 
     def __call__(self) -> tuple[float, list[tuple[str, str]]]:
         val_loss = evaluate(self.accelerator, self.model, self.val_loader)
-        samples = generate_samples(self.accelerator, self.model, self.tokenizer, self.train.prompts,
-                                   self.train.sample_max_new_tokens)
+        samples = generate_samples(
+            self.accelerator, self.model, self.tokenizer, self.train.prompts, self.train.sample_max_new_tokens
+        )
         return val_loss, samples
 
 
@@ -120,8 +133,9 @@ def evaluate(accelerator: Accelerator, model: torch.nn.Module, val_loader) -> fl
 
 
 @torch.no_grad()
-def generate_samples(accelerator: Accelerator, model: torch.nn.Module, tokenizer, prompts: list[str],
-                     max_new_tokens: int) -> list[tuple[str, str]]:
+def generate_samples(
+    accelerator: Accelerator, model: torch.nn.Module, tokenizer, prompts: list[str], max_new_tokens: int
+) -> list[tuple[str, str]]:
     """Greedy completions of the fixed prompts. Every process generates (FSDP needs them all)."""
     # uncompiled: decoding's growing shapes would make compiled layers (compile_regions) recompile
     net = accelerator.unwrap_model(model, keep_torch_compile=False)
@@ -130,8 +144,14 @@ def generate_samples(accelerator: Accelerator, model: torch.nn.Module, tokenizer
     for prompt in prompts:
         ids = tokenizer(prompt, return_tensors="pt").input_ids.to(accelerator.device)
         with accelerator.autocast():
-            out = net.generate(ids, max_new_tokens=max_new_tokens, do_sample=False, use_cache=True,
-                               eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
-        completions.append((prompt, tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=True)))
+            out = net.generate(
+                ids,
+                max_new_tokens=max_new_tokens,
+                do_sample=False,
+                use_cache=True,
+                eos_token_id=tokenizer.eos_token_id,
+                pad_token_id=tokenizer.pad_token_id,
+            )
+        completions.append((prompt, tokenizer.decode(out[0, ids.shape[1] :], skip_special_tokens=True)))
     net.train()
     return completions

@@ -34,8 +34,7 @@ def request_stop(run_dir: str | Path, cooldown_steps: int | None = None) -> Path
     """Write the request, whole or not at all (a job reading it meanwhile never sees half of it)."""
     path = RunDir(run_dir).stop_request
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps({"cooldown_steps": cooldown_steps,
-                               "requested_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}))
+    tmp.write_text(json.dumps({"cooldown_steps": cooldown_steps, "requested_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}))
     os.replace(tmp, path)
     return path
 
@@ -58,32 +57,41 @@ def clear_stop_request(run_dir: str | Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = CommandParser(prog="hf-pretrain stop", description=__doc__.split("\n")[0],
-                           epilog=__doc__.split("\n", 1)[1])
+    parser = CommandParser(
+        prog="hf-pretrain stop", description=__doc__.split("\n")[0], epilog=__doc__.split("\n", 1)[1]
+    )
     parser.add_argument("run_dir", type=Path, help="the running job's output_dir")
-    parser.add_argument("--cooldown_steps", type=int,
-                        help="steps of learning-rate decay before the run stops (unset: decay_fraction x the steps "
-                             "done for a wsd run, 0 for a cosine)")
+    parser.add_argument(
+        "--cooldown_steps",
+        type=int,
+        help="steps of learning-rate decay before the run stops (unset: decay_fraction x the steps "
+        "done for a wsd run, 0 for a cosine)",
+    )
     args = parser.parse_args(argv)
     if args.cooldown_steps is not None and args.cooldown_steps < 0:
         parser.error("--cooldown_steps must be 0 or more")
     run = RunDir(args.run_dir)
     if not run.is_run():
-        print(f"hf-pretrain stop: error: {run.path} is not a run folder (no checkpoints/, no resolved_recipe.yaml)",
-              file=sys.stderr)
+        print(
+            f"hf-pretrain stop: error: {run.path} is not a run folder (no checkpoints/, no resolved_recipe.yaml)",
+            file=sys.stderr,
+        )
         return 2
     path = request_stop(run.path, args.cooldown_steps)
     recipe = run.load_recipe()
-    if args.cooldown_steps == 0 or (recipe is not None and recipe.train.lr_schedule == "cosine"
-                                    and args.cooldown_steps is None):
+    if args.cooldown_steps == 0 or (
+        recipe is not None and recipe.train.lr_schedule == "cosine" and args.cooldown_steps is None
+    ):
         then = "saves and writes final/ after its next step"
         if recipe is not None and recipe.train.lr_schedule == "cosine":
             then += " (a cosine run: the model will not have finished its decay)"
     else:
         steps = f"{args.cooldown_steps:,} steps" if args.cooldown_steps else "decay_fraction x the steps done"
         then = f"decays its learning rate over {steps} from its next step on, then saves and writes final/"
-    print(f"asked the run in {run.path} to finish ({path}): it {then}. A run that is not running now reads "
-          f"the request when it starts; delete the file to take it back.")
+    print(
+        f"asked the run in {run.path} to finish ({path}): it {then}. A run that is not running now reads "
+        f"the request when it starts; delete the file to take it back."
+    )
     return 0
 
 

@@ -168,9 +168,13 @@ def stop_token_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -
 def generation_kwargs(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, settings: Settings) -> dict[str, Any]:
     stops = stop_token_ids(model, tokenizer)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (stops[0] if stops else None)
-    kwargs: dict[str, Any] = {"max_new_tokens": settings.max_new_tokens, "eos_token_id": stops or None,
-                              "pad_token_id": pad, "repetition_penalty": settings.repetition_penalty,
-                              "use_cache": True}  # checkpoints saved for training say use_cache=False
+    kwargs: dict[str, Any] = {
+        "max_new_tokens": settings.max_new_tokens,
+        "eos_token_id": stops or None,
+        "pad_token_id": pad,
+        "repetition_penalty": settings.repetition_penalty,
+        "use_cache": True,
+    }  # checkpoints saved for training say use_cache=False
     if settings.temperature > 0:
         kwargs.update(do_sample=True, temperature=settings.temperature, top_k=settings.top_k, top_p=settings.top_p)
     else:
@@ -192,13 +196,16 @@ def fit_to_context(input_ids: torch.Tensor, context: int | None, max_new_tokens:
         return prompt_tokens, max_new_tokens, ""
     keep = min(prompt_tokens, max(1, context - max_new_tokens))
     new = min(max_new_tokens, context - keep)
-    notice = (f"⚠ the prompt and {max_new_tokens:,} new tokens exceed this model's {context:,}-token context: "
-              f"kept the last {keep:,} of the prompt's {prompt_tokens:,} tokens")
+    notice = (
+        f"⚠ the prompt and {max_new_tokens:,} new tokens exceed this model's {context:,}-token context: "
+        f"kept the last {keep:,} of the prompt's {prompt_tokens:,} tokens"
+    )
     return keep, new, notice + (f", generated {new:,} tokens" if new < max_new_tokens else "")
 
 
-def stream_completion(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, prompt: str,
-                      settings: Settings) -> Iterator[str]:
+def stream_completion(
+    model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, prompt: str, settings: Settings
+) -> Iterator[str]:
     """The completion so far after every new piece of text; the last value decodes all new tokens at once.
     A prompt too long for the model's context keeps its last tokens, and every value then starts with a
     line that says so (`fit_to_context`): API callers see it as the page does."""
@@ -213,8 +220,12 @@ def stream_completion(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase
     def run() -> None:
         try:
             with torch.inference_mode():
-                result["ids"] = model.generate(input_ids=input_ids, attention_mask=attention_mask,
-                                               streamer=streamer, **generation_kwargs(model, tokenizer, settings))
+                result["ids"] = model.generate(
+                    input_ids=input_ids,
+                    attention_mask=attention_mask,
+                    streamer=streamer,
+                    **generation_kwargs(model, tokenizer, settings),
+                )
         except Exception as exc:  # handed to the page below; end() unblocks the reader
             result["error"] = exc
             streamer.end()
@@ -229,7 +240,7 @@ def stream_completion(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase
     worker.join()
     if "error" in result:
         raise result["error"]
-    yield head + tokenizer.decode(result["ids"][0, input_ids.shape[1]:], skip_special_tokens=True)
+    yield head + tokenizer.decode(result["ids"][0, input_ids.shape[1] :], skip_special_tokens=True)
 
 
 def bad_input(message: str) -> gr.Error:
@@ -241,8 +252,9 @@ def _first_line(exc: Exception) -> str:
     return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
 
 
-def compare(library: ModelLibrary, prompt: str, names: list[str], settings: Settings,
-            columns: int) -> Iterator[list[str]]:
+def compare(
+    library: ModelLibrary, prompt: str, names: list[str], settings: Settings, columns: int
+) -> Iterator[list[str]]:
     """The texts of all `columns` after every streamed piece, one model after the other.
 
     Models run one at a time, each after seeding, so a column's text depends only on its model, the
@@ -297,20 +309,27 @@ def build_demo(library: ModelLibrary, prompts: list[str], title: str = DEFAULT_T
     with gr.Blocks(title=title) as demo:
         gr.Markdown(f"# {title}\nThe same prompt through each picked model; temperature 0 is greedy decoding.")
         with gr.Row():
-            prompt = gr.Textbox(label="Prompt", lines=2, scale=4, placeholder="The capital of France is",
-                                elem_id="prompt")
+            prompt = gr.Textbox(
+                label="Prompt", lines=2, scale=4, placeholder="The capital of France is", elem_id="prompt"
+            )
             button = gr.Button("Generate", variant="primary", scale=1, elem_id="generate")
         if prompts:
             gr.Examples([[p] for p in prompts], inputs=[prompt], label="Milestone prompts")
-        models = gr.Dropdown(names, value=selected, multiselect=True, max_choices=columns,
-                             label=f"Models (up to {columns}, in column order)")
+        models = gr.Dropdown(
+            names,
+            value=selected,
+            multiselect=True,
+            max_choices=columns,
+            label=f"Models (up to {columns}, in column order)",
+        )
         with gr.Row():
             max_new_tokens = gr.Slider(1, 512, value=Settings.max_new_tokens, step=1, label="Max new tokens")
             temperature = gr.Slider(0, 2, value=Settings.temperature, step=0.05, label="Temperature (0 = greedy)")
             top_k = gr.Slider(0, 200, value=Settings.top_k, step=1, label="Top-k (0 = off)")
             top_p = gr.Slider(0.05, 1, value=Settings.top_p, step=0.05, label="Top-p")
-            repetition_penalty = gr.Slider(1, 2, value=Settings.repetition_penalty, step=0.05,
-                                           label="Repetition penalty")
+            repetition_penalty = gr.Slider(
+                1, 2, value=Settings.repetition_penalty, step=0.05, label="Repetition penalty"
+            )
             seed = gr.Number(value=Settings.seed, precision=0, label="Seed")
         panels, headers, outputs = [], [], []
         with gr.Row():
@@ -318,22 +337,46 @@ def build_demo(library: ModelLibrary, prompts: list[str], title: str = DEFAULT_T
                 name = selected[column] if column < len(selected) else None
                 with gr.Column(visible=name is not None) as panel:
                     headers.append(gr.Markdown(header(name)))
-                    outputs.append(gr.Textbox(label="Completion", lines=8, interactive=False, buttons=["copy"],
-                                              elem_id=f"completion-{column}"))
+                    outputs.append(
+                        gr.Textbox(
+                            label="Completion",
+                            lines=8,
+                            interactive=False,
+                            buttons=["copy"],
+                            elem_id=f"completion-{column}",
+                        )
+                    )
                 panels.append(panel)
 
-        def generate(prompt: str, models: list[str], max_new_tokens: float, temperature: float, top_k: float,
-                     top_p: float, repetition_penalty: float, seed: float) -> Iterator[Any]:
-            settings = Settings(int(max_new_tokens), float(temperature), int(top_k), float(top_p),
-                                float(repetition_penalty), int(seed or 0))
+        def generate(
+            prompt: str,
+            models: list[str],
+            max_new_tokens: float,
+            temperature: float,
+            top_k: float,
+            top_p: float,
+            repetition_penalty: float,
+            seed: float,
+        ) -> Iterator[Any]:
+            settings = Settings(
+                int(max_new_tokens),
+                float(temperature),
+                int(top_k),
+                float(top_p),
+                float(repetition_penalty),
+                int(seed or 0),
+            )
             for texts in compare(library, prompt, list(models or []), settings, columns):
                 yield texts[0] if columns == 1 else list(texts)  # one output takes a bare value
 
         def show_columns(models: list[str]) -> list[Any]:
             models = list(models or [])
             picked = [models[c] if c < len(models) else None for c in range(columns)]
-            return ([gr.Column(visible=name is not None) for name in picked] + [header(name) for name in picked]
-                    + [""] * columns)  # texts of the previous picks would now sit under the wrong header
+            return (
+                [gr.Column(visible=name is not None) for name in picked]
+                + [header(name) for name in picked]
+                + [""] * columns
+            )  # texts of the previous picks would now sit under the wrong header
 
         inputs = [prompt, models, max_new_tokens, temperature, top_k, top_p, repetition_penalty, seed]
         # One event for the button and Enter, so gradio's default of one run at a time covers both:

@@ -44,7 +44,7 @@ def document_nll(model, ids: torch.Tensor, window: int, stride: int) -> float:
         chunk = ids[start:end].unsqueeze(0).to(model.device)
         logits = model(input_ids=chunk).logits[0, :-1].float()
         first = scored_until - start - 1  # the logit row that predicts ids[scored_until]
-        total += F.cross_entropy(logits[first:], chunk[0, first + 1:], reduction="sum").item()
+        total += F.cross_entropy(logits[first:], chunk[0, first + 1 :], reduction="sum").item()
         scored_until = end
         if end == len(ids):
             break
@@ -79,5 +79,9 @@ class BitsPerByte(evaluate.Metric):
                 nll += document_nll(model, torch.cat([torch.tensor([start_id]), ids]), window, stride)
                 tokens += len(ids)
                 n_bytes += len(text.encode("utf-8"))
-        return {"bits_per_byte": nll / math.log(2) / max(n_bytes, 1),
-                "perplexity": math.exp(nll / max(tokens, 1)), "tokens": tokens, "bytes": n_bytes}
+        return {
+            "bits_per_byte": nll / math.log(2) / max(n_bytes, 1),
+            "perplexity": math.exp(nll / max(tokens, 1)),
+            "tokens": tokens,
+            "bytes": n_bytes,
+        }
