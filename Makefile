@@ -43,19 +43,19 @@ slow_test: $(VENV)/.installed-dev
 
 ## quality: what CI and the pre-commit hook check: the formatter agrees with the code, and the linter passes
 quality: $(VENV)/.installed-dev
-	$(BIN)/ruff format --check hf_pretrain tests bench
-	$(BIN)/ruff check hf_pretrain tests bench
+	$(BIN)/ruff format --check hf_pretrain tests benchmarks
+	$(BIN)/ruff check hf_pretrain tests benchmarks
 
 ## style: rewrite the tree the way `quality` wants it
 style: $(VENV)/.installed-dev
-	$(BIN)/ruff check --fix hf_pretrain tests bench
-	$(BIN)/ruff format hf_pretrain tests bench
+	$(BIN)/ruff check --fix hf_pretrain tests benchmarks
+	$(BIN)/ruff format hf_pretrain tests benchmarks
 
 ## bench: the data-preparation and training-loop benchmarks (ratios against baselines)
 bench: $(VENV)/.installed-dev
-	$(BIN)/python bench/bench_prepare.py
-	$(BIN)/python bench/bench_loop.py
-	$(BIN)/python bench/bench_trainer.py
+	$(BIN)/python benchmarks/bench_prepare.py
+	$(BIN)/python benchmarks/bench_loop.py
+	$(BIN)/python benchmarks/bench_trainer.py
 
 ## gpu_check: on a GPU machine, what only a GPU can show (docs/gpu.md): Liger, the 1b's options on CUDA
 gpu_check: $(VENV)/.installed-dev

@@ -9,7 +9,10 @@ import sys
 
 # command -> (module whose `main(argv) -> int` runs it, one line of help)
 COMMANDS = {
-    "prepare": ("hf_pretrain.data.command", "tokenize the recipe's corpus into shards (fits the tokenizer when asked)"),
+    "prepare": (
+        "hf_pretrain.data.prepare_command",
+        "tokenize the recipe's corpus into shards (fits the tokenizer when asked)",
+    ),
     "train": (
         "hf_pretrain.train",
         "train the recipe in this process (`accelerate launch hf_pretrain/train.py` for several)",

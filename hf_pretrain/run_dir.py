@@ -6,7 +6,7 @@
       samples.jsonl          greedy completions of the fixed prompts at every evaluation
       benchmarks.jsonl       lm-eval scores of checkpoints, when asked
       phases.json / .md      cost per loss point of each named phase
-      checkpoints/step_N/    resumable training states (training/checkpoint.py)
+      checkpoints/step_N/    resumable training states (hf_pretrain/checkpoints/)
       final/                 the last checkpoint exported as a Hugging Face model folder
       final_step_N/          final/ of the run as it ended at step N, before it went further
       stop_request.json      `hf-pretrain stop` asks the running job to finish (read at its next step)

@@ -27,7 +27,7 @@ from hf_pretrain.training.loop import train as train_loop
 from hf_pretrain.training.session import REFUSALS, RunLocked, Session, describe, exit_code_of
 
 
-def train(recipe: Recipe) -> Outcome:
+def run_training(recipe: Recipe) -> Outcome:
     """The loop with the recipe's side jobs (final/ at the end, the pushes and benchmarks it asks for),
     in a session that holds the run folder and leaves its status.json (training/session.py)."""
     with Session(recipe.train.output_dir) as session:
@@ -40,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     """The exit code: 0, or one a scheduler can act on (training/guards.py); status.json says the same."""
     recipe, _ = parse_recipe_args(argv, prog="train.py", description=__doc__.split("\n")[0])
     try:
-        return train(recipe).exit_code
+        return run_training(recipe).exit_code
     except (RunLocked, *REFUSALS) as exc:  # nothing was started: the reason is the whole story
         print(f"train.py: {describe(exc)}", file=sys.stderr)
         return exit_code_of(exc)

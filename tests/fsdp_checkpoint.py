@@ -46,7 +46,8 @@ def _shard_and_save(rank: int, source: str, target: str, port: int) -> None:
 
 
 def main(source: Path, target: Path) -> None:
-    from hf_pretrain.training.checkpoint import MANIFEST, write_manifest
+    from hf_pretrain.checkpoints.layout import MANIFEST
+    from hf_pretrain.checkpoints.manifest import write_manifest
 
     shutil.copytree(source, target, ignore=shutil.ignore_patterns("model.safetensors", MANIFEST))
     with socket.socket() as s:

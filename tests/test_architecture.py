@@ -122,6 +122,15 @@ def _room(module: str) -> list[str]:
         ("hf_pretrain.training", ["hf_pretrain.publish", "hf_pretrain.evaluation"]),  # only through callbacks
         ("hf_pretrain.data", ["hf_pretrain.training"]),  # data and model know nothing of the loop
         ("hf_pretrain.model", ["hf_pretrain.training"]),
+        # the checkpoint room sits below everything that reads or writes checkpoints
+        (
+            "hf_pretrain.checkpoints",
+            ["hf_pretrain.training", "hf_pretrain.publish", "hf_pretrain.evaluation", "hf_pretrain.preflight"],
+        ),
+        # publishing, evaluation and the preflight read checkpoints through the room, never the loop's
+        ("hf_pretrain.publish", ["hf_pretrain.training"]),
+        ("hf_pretrain.evaluation", ["hf_pretrain.training"]),
+        ("hf_pretrain.preflight", ["hf_pretrain.training"]),
     ],
 )
 def test_the_arrows_between_rooms_point_one_way(room, forbidden):
@@ -162,3 +171,13 @@ def _is_submodule_import(tree: ast.Module, package: str, name: str) -> bool:
         isinstance(node, ast.ImportFrom) and node.module == package and any(a.name == name for a in node.names)
         for node in tree.body
     )
+
+
+def test_no_two_modules_share_a_file_name():
+    """A file name alone says where a thing happens: `report.py` is one module, not two."""
+    by_name: dict[str, list[str]] = {}
+    for module, path in MODULES.items():
+        if path.name != "__init__.py":
+            by_name.setdefault(path.name, []).append(module)
+    shared = {name: modules for name, modules in by_name.items() if len(modules) > 1}
+    assert not shared, shared

@@ -19,11 +19,12 @@ import torch
 from safetensors.torch import save_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from hf_pretrain.checkpoints.manifest import write_manifest
+from hf_pretrain.checkpoints.store import resolve_checkpoint
 from hf_pretrain.config import ModelConfig
 from hf_pretrain.data.tokenizer import train_tokenizer
 from hf_pretrain.model import build_model, llama_config
 from hf_pretrain.publish import export
-from hf_pretrain.training.checkpoint import write_manifest
 
 gguf = pytest.importorskip("gguf", reason="the `gguf` package (extra `gguf`) is not installed")
 from hf_pretrain.publish.gguf import GGUF_TYPES, GGUFError, check_gpt2_pre_tokenizer, write_gguf  # noqa: E402
@@ -259,7 +260,7 @@ def test_the_card_says_language_base_model_and_where_to_load_from(reference_run,
         names = json.loads((checkpoint / "tokenizer_config.json").read_text())["model_input_names"]
         assert names == ["input_ids", "attention_mask"]
 
-    checkpoint = export.resolve_checkpoint(run_dir)
+    checkpoint = resolve_checkpoint(run_dir)
     hub_bound = export.export_checkpoint(
         checkpoint, tmp_path / "hub", card=export.CardOptions("me/tiny", repo_id="me/tiny")
     )

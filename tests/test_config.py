@@ -344,7 +344,7 @@ def test_report_price_is_price_per_hour(tmp_path, capsys):
 
 
 def test_bench_price_is_gpu_price(capsys):
-    from hf_pretrain.bench import command as bench
+    from hf_pretrain.bench import benchmark as bench
 
     # A malformed entry reaches the price table (exit 2, naming it) under either spelling; the old one says so.
     assert bench.main(["--recipe", "smoke", "--gpu_price", "H100"]) == 2

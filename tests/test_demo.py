@@ -12,9 +12,9 @@ import pytest
 
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 
+from hf_pretrain.checkpoints.store import resolve_checkpoint  # noqa: E402
 from hf_pretrain.config import DEFAULT_PROMPTS, load_recipe, save_recipe  # noqa: E402
 from hf_pretrain.publish.demo import DemoError, build, cached_export, milestone_prompts, model_choices  # noqa: E402
-from hf_pretrain.publish.export import resolve_checkpoint  # noqa: E402
 from hf_pretrain.publish.space_template.app import format_progress, load_model, read_progress  # noqa: E402
 
 PROMPT = "The capital of France is"

@@ -25,7 +25,7 @@ from hf_pretrain.formatting import human_bytes
 from hf_pretrain.model import recipe_tokenizer_size
 from hf_pretrain.preflight import CheckResult, PreflightError, format_table, preflight, run_checks
 from hf_pretrain.preflight import disk as disk_module
-from hf_pretrain.preflight.cost import check_cost, run_cost, run_hours
+from hf_pretrain.preflight.budget import check_cost, run_cost, run_hours
 from hf_pretrain.preflight.data import (
     check_batch_split,
     check_context,
@@ -33,9 +33,9 @@ from hf_pretrain.preflight.data import (
     check_num_workers,
     check_prepared,
 )
+from hf_pretrain.preflight.dependencies import check_versions
 from hf_pretrain.preflight.disk import check_disk_space, check_output_writable, check_save_speed, disk_write_bytes_per_s
 from hf_pretrain.preflight.gpu import check_bf16, check_cuda, check_memory, check_tf32
-from hf_pretrain.preflight.versions import check_versions
 from tests.helpers import ROOT, offline_env
 
 ON_GPU = torch.cuda.is_available()

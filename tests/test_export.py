@@ -15,12 +15,14 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast, pipeline
 
+from hf_pretrain.checkpoints.load import load_checkpoint_model
+from hf_pretrain.checkpoints.manifest import CheckpointError, write_manifest
+from hf_pretrain.checkpoints.store import resolve_checkpoint
 from hf_pretrain.config import load_recipe
 from hf_pretrain.model import build_model
 from hf_pretrain.optim import build_optimizer
 from hf_pretrain.publish import export
 from hf_pretrain.run_dir import read_jsonl
-from hf_pretrain.training.checkpoint import write_manifest
 from tests.helpers import ROOT, SHORT_RUN, offline_env
 
 pytestmark = pytest.mark.slow
@@ -167,11 +169,11 @@ def test_newest_complete_checkpoint_wins_and_broken_ones_are_skipped(reference_r
     data[-1] ^= 0xFF  # same size, wrong bytes: only the checksum catches it
     weights.write_bytes(bytes(data))
     notes = []
-    assert export.resolve_checkpoint(tmp_path, log=notes.append).train_state["step"] == 8
+    assert resolve_checkpoint(tmp_path, log=notes.append).train_state["step"] == 8
     assert "step_00000012" in notes[0] and "SHA-256" in notes[0]
     shutil.rmtree(checkpoint_dir(tmp_path, 8))
-    with pytest.raises(export.ExportError, match="no complete checkpoint"):
-        export.resolve_checkpoint(tmp_path)
+    with pytest.raises(CheckpointError, match="no complete checkpoint"):
+        resolve_checkpoint(tmp_path)
 
 
 def test_weights_saved_by_a_compiled_model_and_incomplete_weights(reference_run, tmp_path):
@@ -182,13 +184,13 @@ def test_weights_saved_by_a_compiled_model_and_incomplete_weights(reference_run,
     state = load_file(source / "model.safetensors")
     save_file({f"_orig_mod.{k}": v for k, v in state.items()}, compiled / "model.safetensors")
     write_manifest(compiled)
-    model = export.load_checkpoint_model(compiled)
+    model = load_checkpoint_model(compiled)
     assert torch.equal(model.model.norm.weight, state["model.norm.weight"])
 
     state.pop("model.norm.weight")
     save_file(state, compiled / "model.safetensors")
-    with pytest.raises(export.ExportError, match="model.norm.weight"):
-        export.load_checkpoint_model(compiled)
+    with pytest.raises(CheckpointError, match="model.norm.weight"):
+        load_checkpoint_model(compiled)
 
 
 def test_fsdp_sharded_checkpoint_exports_the_same_weights(reference_run, exports, tmp_path):

@@ -328,11 +328,11 @@ def test_flops_per_token_matches_pytorchs_flop_counter(shape, overrides, seq_len
 @pytest.mark.slow
 @pytest.mark.parametrize("shape", ["smoke:8x128:no", "smoke:8x128x2:bf16"])
 def test_memory_estimate_is_within_5_percent_of_the_measured_peak(shape):
-    """bench/bench_memory.py measures one real CPU optimizer step (allocated tensor bytes, not RSS: the
+    """benchmarks/bench_memory.py measures one real CPU optimizer step (allocated tensor bytes, not RSS: the
     same bytes every time) in its own process. The calibrated estimate is within 2.3% on every shape
     docs/gpu.md lists; the one before it was 10% and 8% low on these two."""
     out = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "bench_memory.py"), "--child", shape],
+        [sys.executable, str(ROOT / "benchmarks" / "bench_memory.py"), "--child", shape],
         env=offline_env(),
         capture_output=True,
         text=True,

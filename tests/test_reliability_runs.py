@@ -20,15 +20,16 @@ import pytest
 from accelerate import Accelerator
 from transformers import AutoConfig
 
+from hf_pretrain.checkpoints.continuation import ResumeRefused, decide_resume
+from hf_pretrain.checkpoints.load import restore_training_state
+from hf_pretrain.checkpoints.manifest import verify_checkpoint, write_manifest
 from hf_pretrain.config import load_recipe
 from hf_pretrain.model import build_model
 from hf_pretrain.optim import build_optimizer
 from hf_pretrain.publish import export
 from hf_pretrain.run_dir import RunDir, read_jsonl
-from hf_pretrain.training.checkpoint import resume_training_state, verify_checkpoint, write_manifest
+from hf_pretrain.run_lock import RunLock, RunLocked, holder_of
 from hf_pretrain.training.guards import EXIT_CRASHED, EXIT_LOCKED, EXIT_PREEMPTED, EXIT_PREFLIGHT
-from hf_pretrain.training.resume import ResumeRefused, plan_resume
-from hf_pretrain.training.run_lock import RunLock, RunLocked, holder_of
 from tests.helpers import ROOT, SHORT_RUN, offline_env
 
 TRAIN = [str(ROOT / "hf_pretrain" / "train.py"), "--recipe", "smoke"]
@@ -153,7 +154,7 @@ def test_a_finished_run_says_so_in_status_json(reference_run):
 
 # ---------------------------------------------------------------- one training per run folder
 HOLD_THE_LOCK = (
-    "import sys, time\nfrom hf_pretrain.run_dir import RunDir\nfrom hf_pretrain.training.run_lock "
+    "import sys, time\nfrom hf_pretrain.run_dir import RunDir\nfrom hf_pretrain.run_lock "
     "import RunLock\nRunLock(RunDir(sys.argv[1])).acquire()\nprint('locked', flush=True)\ntime.sleep(600)\n"
 )
 
@@ -234,11 +235,11 @@ def test_a_checkpoint_of_another_shape_stops_the_run_and_touches_nothing(smoke_d
 def test_starting_over_on_top_of_a_run_is_refused(copied_run):
     recipe = load_recipe(str(copied_run / "resolved_recipe.yaml"), {"output_dir": str(copied_run), "resume": "none"})
     with pytest.raises(ResumeRefused, match="already holds a run"):
-        plan_resume(recipe)
+        decide_resume(recipe)
     for checkpoint in (copied_run / "checkpoints").iterdir():  # every checkpoint torn
         (checkpoint / "optimizer.bin").write_bytes(b"torn")
     with pytest.raises(ResumeRefused, match="none of the checkpoints"):
-        plan_resume(load_recipe(str(copied_run / "resolved_recipe.yaml"), {"output_dir": str(copied_run)}))
+        decide_resume(load_recipe(str(copied_run / "resolved_recipe.yaml"), {"output_dir": str(copied_run)}))
 
 
 def test_an_unreadable_random_state_is_said(copied_run):
@@ -251,8 +252,10 @@ def test_an_unreadable_random_state_is_said(copied_run):
     accelerator = Accelerator(cpu=True)
     model, optimizer = accelerator.prepare(model, optimizer)
     said: list[str] = []
-    resumed = resume_training_state(accelerator, copied_run, "auto", log=said.append, model_config=config)
-    assert resumed is not None and resumed[0] == checkpoint  # the weights and optimizer still resume
+    recipe = load_recipe(str(copied_run / "resolved_recipe.yaml"), {"output_dir": str(copied_run)})
+    resumed = decide_resume(recipe).folder
+    restore_training_state(accelerator, resumed, log=said.append)
+    assert resumed == checkpoint  # the weights and optimizer still resume
     assert any("random_states_0.pkl is unreadable" in line and "fresh random state" in line for line in said), said
 
 
@@ -291,3 +294,69 @@ def test_export_overwrite_replaces_a_previous_export_and_nothing_else(
     monkeypatch.chdir(here)
     assert export.main(["--checkpoint", str(run_dir), "--out", "."]) == 0  # a traceback before
     assert (here / "model.safetensors").is_file() and (here / "config.json").is_file()
+
+
+# ---------------------------------------------------------------- a run knows its data
+def other_data(smoke_data: Path, tmp_path: Path, **meta_changes) -> Path:
+    """A copy of the smoke data whose meta.json says it was made otherwise (another tokenizer, other shards)."""
+    data = tmp_path / "other_data"
+    shutil.copytree(smoke_data, data)
+    meta = json.loads((data / "meta.json").read_text())
+    if "tokenizer_hash" in meta_changes:
+        meta["tokenizer_hash"] = meta_changes["tokenizer_hash"]
+    if meta_changes.get("shards"):
+        meta["splits"]["train"]["shards"][0]["sha256"] = "0" * 64
+    (data / "meta.json").write_text(json.dumps(meta))
+    return data
+
+
+def recipe_of(run: Path, data: Path, **overrides):
+    return load_recipe(str(run / "resolved_recipe.yaml"), {"output_dir": str(run), "data_dir": str(data), **overrides})
+
+
+def test_the_checkpoint_records_its_data_and_another_tokenizers_data_is_refused(smoke_data, copied_run, tmp_path):
+    saved = verify_checkpoint(copied_run / "checkpoints" / f"step_{SHORT_RUN['max_steps']:08d}")
+    assert saved["data"]["tokenizer_hash"] == json.loads((smoke_data / "meta.json").read_text())["tokenizer_hash"]
+    assert decide_resume(recipe_of(copied_run, smoke_data)).data_change is None  # the same data: no note
+    data = other_data(smoke_data, tmp_path, tokenizer_hash="f" * 64)
+    with pytest.raises(ResumeRefused, match="another tokenizer") as refused:
+        decide_resume(recipe_of(copied_run, data, allow_data_change=True))  # no flag lets that through
+    assert str(data) in refused.value.reason and "prepare the data again" in refused.value.fix
+
+
+def test_other_shards_of_the_same_tokenizer_need_allow_data_change_and_are_recorded(smoke_data, copied_run, tmp_path):
+    data = other_data(smoke_data, tmp_path, shards=True)
+    with pytest.raises(ResumeRefused, match="not the ones the checkpoint of step 12 trained on") as refused:
+        decide_resume(recipe_of(copied_run, data))
+    assert "--allow_data_change true" in refused.value.fix
+    plan = decide_resume(recipe_of(copied_run, data, allow_data_change=True))
+    assert plan.data_change["step"] == 12 and plan.data_change["to_data_dir"] == str(data)
+    assert any("training data changed" in note for note in plan.notes)
+
+    from hf_pretrain.publish.model_card import _how_it_ended
+    from hf_pretrain.training.state import TrainState
+
+    recipe = recipe_of(copied_run, data, allow_data_change=True)
+    state = TrainState.for_recipe(recipe, "cpu")
+    state.load_state_dict(plan.saved)
+    state.go_on_as(plan, plan.saved)
+    assert state.data_changes == [plan.data_change] and state.state_dict()["data"]["data_dir"] == str(data)
+    rows = dict(_how_it_ended(state.schedule, state.state_dict()))
+    assert "after step 12" in rows["data changed"] and str(data) in rows["data changed"]
+
+
+@pytest.mark.slow  # one training that stops before its first step
+def test_training_on_re_prepared_data_is_refused_before_any_work(smoke_data, copied_run, tmp_path):
+    data = other_data(smoke_data, tmp_path, tokenizer_hash="f" * 64)
+    before = tree_digest(copied_run)
+    result = subprocess.run(
+        [sys.executable, *TRAIN, *arguments(data, copied_run)],
+        cwd=ROOT,
+        env=offline_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == EXIT_PREFLIGHT, (result.stdout + result.stderr)[-3000:]
+    assert "another tokenizer" in result.stdout + result.stderr
+    assert tree_digest(copied_run) == before and status(copied_run)["state"] == "refused"

@@ -14,19 +14,14 @@ import torch
 from safetensors.torch import load_file, save_file
 from transformers import LlamaConfig
 
+from hf_pretrain.checkpoints import store
+from hf_pretrain.checkpoints.continuation import resumable
+from hf_pretrain.checkpoints.manifest import CheckpointError, verify_checkpoint, write_manifest
+from hf_pretrain.checkpoints.store import keep_weights_only, prune_checkpoints
 from hf_pretrain.publish import export
 from hf_pretrain.run_dir import read_jsonl, truncate_jsonl
-from hf_pretrain.training import checkpoint
-from hf_pretrain.training.checkpoint import (
-    CheckpointError,
-    CheckpointSaveError,
-    keep_weights_only,
-    prune_checkpoints,
-    resume_training_state,
-    save_checkpoint,
-    verify_checkpoint,
-    write_manifest,
-)
+from hf_pretrain.training import checkpointer
+from hf_pretrain.training.checkpointer import CheckpointSaveError, save_checkpoint
 from tests.helpers import launch_training
 
 
@@ -68,7 +63,7 @@ def test_a_periodic_save_returns_before_its_hashing_and_completes_on_the_seal_th
         assert release.wait(30)
         write_manifest(folder)
 
-    monkeypatch.setattr(checkpoint, "write_manifest", slow_manifest)
+    monkeypatch.setattr(checkpointer, "write_manifest", slow_manifest)
     sealed = []
     sealing = save(accelerator, tmp_path, 1, background=True, on_sealed=sealed.append)
     final = tmp_path / "checkpoints" / "step_00000001"
@@ -88,7 +83,7 @@ def test_a_background_seal_that_fails_stops_the_next_save_and_leaves_the_previou
     def full_disk(folder: Path) -> None:
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(folder / "manifest.json"))
 
-    monkeypatch.setattr(checkpoint, "write_manifest", full_disk)
+    monkeypatch.setattr(checkpointer, "write_manifest", full_disk)
     sealing = save(accelerator, tmp_path, 2, background=True)
     assert "No space left on device" in sealing.wait()
     monkeypatch.undo()
@@ -128,7 +123,7 @@ def test_a_milestone_keeps_its_bf16_weights_and_a_kill_while_slimming_is_finishe
     assert slim["w"].dtype == torch.bfloat16 and torch.equal(slim["w"], weights["w"].bfloat16())
     assert torch.equal(slim["count"], weights["count"])  # integers stay as they are
     with pytest.raises(CheckpointError, match="kept its weights only"):
-        resume_training_state(None, tmp_path, str(folder))
+        resumable(folder)
 
     # killed between its two renames: the slim copy is complete, the checkpoint's own name is free
     other = fake_checkpoint(tmp_path, 8)
@@ -140,7 +135,7 @@ def test_a_milestone_keeps_its_bf16_weights_and_a_kill_while_slimming_is_finishe
             raise KeyboardInterrupt  # stands for the kill
         os.rename(source, target)
 
-    monkeypatch.setattr(checkpoint.os, "replace", rename_then_die)
+    monkeypatch.setattr(store.os, "replace", rename_then_die)
     with pytest.raises(KeyboardInterrupt):
         keep_weights_only(other)
     monkeypatch.undo()

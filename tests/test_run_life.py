@@ -18,6 +18,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from hf_pretrain.checkpoints.continuation import ResumeRefused, plan_continuation
+from hf_pretrain.checkpoints.layout import BRANCH_POINT, TRAIN_STATE
+from hf_pretrain.checkpoints.store import prune_checkpoints
 from hf_pretrain.config import RecipeError, build_recipe, load_recipe, math_keys
 from hf_pretrain.data.loader import StepBatchSampler
 from hf_pretrain.economics import plan
@@ -27,9 +30,7 @@ from hf_pretrain.optim import Cooldown, Schedule, learning_rate_at
 from hf_pretrain.preflight.data import check_data_budget
 from hf_pretrain.publish.model_card import _how_it_ended
 from hf_pretrain.run_dir import RunDir, read_jsonl
-from hf_pretrain.training.checkpoint import BRANCH_POINT, TRAIN_STATE, prune_checkpoints
 from hf_pretrain.training.guards import Guards
-from hf_pretrain.training.resume import ResumeRefused, plan_continuation
 from hf_pretrain.training.state import TrainState
 from hf_pretrain.training.stop_request import main as stop_main
 from hf_pretrain.training.stop_request import read_stop_request, request_stop
@@ -242,7 +243,7 @@ def test_a_new_batch_or_context_stops_by_name_unless_allowed_which_moves_the_dat
     assert continuation.batch_changed == ["train.global_batch_tokens", "data.seq_len"]
     state = TrainState.for_recipe(new, "cpu")
     state.load_state_dict(saved)
-    continuation.apply(state, saved)
+    state.go_on_as(continuation, saved)
     # 30 steps of 32 samples of 128 tokens = 122,880 tokens = sample 480 of 256 tokens, from step 30 on
     assert state.data_origin == (30, 480) and state.data_position(31) == 480 + 32
     sampler = StepBatchSampler(10_000, 16, 2, 1, 0, seed=1, start_step=30, origin=state.data_origin)

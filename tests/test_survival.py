@@ -22,8 +22,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from hf_pretrain.checkpoints.manifest import CheckpointError, verify_checkpoint
 from hf_pretrain.run_dir import read_jsonl
-from hf_pretrain.training.checkpoint import CheckpointError, verify_checkpoint
 from hf_pretrain.training.guards import EXIT_DIVERGED, EXIT_PREEMPTED, EXIT_SAVE_FAILED
 from tests.helpers import ROOT, SHORT_RUN, launch_training, offline_env
 
@@ -294,7 +294,7 @@ def test_non_finite_steps_are_skipped_then_the_run_stops(smoke_data, tmp_path):
 
 
 def test_milestones_survive_pruning(tmp_path):
-    from hf_pretrain.training.checkpoint import prune_checkpoints
+    from hf_pretrain.checkpoints.store import prune_checkpoints
 
     root = tmp_path / "checkpoints"
     for step in (2, 4, 5, 6, 8, 9, 10):

@@ -11,7 +11,7 @@
 
 from __future__ import annotations
 
-from hf_pretrain.bench.command import main
+from hf_pretrain.bench.benchmark import main
 from hf_pretrain.bench.measure import timed_throughput
 from hf_pretrain.bench.search import largest_fitting
 from hf_pretrain.bench.variants import variant_grid

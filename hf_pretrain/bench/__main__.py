@@ -2,6 +2,6 @@
 
 import sys
 
-from hf_pretrain.bench.command import main
+from hf_pretrain.bench.benchmark import main
 
 sys.exit(main())

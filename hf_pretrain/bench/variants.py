@@ -1,4 +1,4 @@
-"""One variant of a recipe: a short run of the real training loop (`hf_pretrain.train.train`) in its
+"""One variant of a recipe: a short run of the real training loop (`hf_pretrain.train.run_training`) in its
 own process, and what it measured.
 
 A child process per run: Accelerate's state is a process singleton, and a fresh process also gives
@@ -115,11 +115,11 @@ def is_recipe_as_written(recipe: Recipe, overrides: dict[str, Any]) -> bool:
 def run_in_this_process(recipe: Recipe, result_path: Path) -> int:
     """Train `recipe` here and write a RunResult; what `--worker_result` runs in each child."""
     from hf_pretrain.preflight import PreflightError
-    from hf_pretrain.train import train
+    from hf_pretrain.train import run_training
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     try:
-        outcome = train(recipe)
+        outcome = run_training(recipe)
         result = RunResult("ok" if outcome.exit_code == 0 else "failed", outcome.message)
     except PreflightError as exc:
         # preflight refuses a micro-batch its memory estimate says cannot fit, before trying it

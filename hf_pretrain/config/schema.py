@@ -225,6 +225,12 @@ class TrainConfig:
         "resume under another global_batch_tokens or seq_len: the data position is recomputed in tokens",
         math=False,
     )
+    allow_data_change: bool = key(
+        False,
+        "resume on training shards other than the checkpoint's (same tokenizer): the card records the step "
+        "where the data changed. Another tokenizer is always refused",
+        math=False,
+    )
     save_interval: int = key(100, "checkpoint every this many steps", math=False, ge=1)
     # The schedule still spans max_steps, so a time-boxed session resumes exactly where it stopped.
     stop_at_step: int = key(

@@ -608,6 +608,23 @@ def read_meta(data_dir: str | Path, recipe_name: str | None = None) -> dict[str,
     return json.loads(path.read_text())
 
 
+def data_identity(data_dir: str | Path) -> dict[str, Any] | None:
+    """What a checkpoint records of the data it trained on, to know it again: the tokenizer's hash, the
+    vocabulary size, and a hash of the training shards' own SHA-256s (the tokens themselves, whatever
+    settings made them). None when the folder is not prepared (the preflight says so)."""
+    try:
+        meta = read_meta(data_dir)
+        shards = "".join(shard["sha256"] for shard in meta["splits"]["train"]["shards"])
+        return {
+            "data_dir": str(data_dir),
+            "tokenizer_hash": meta["tokenizer_hash"],
+            "vocab_size": meta["vocab_size"],
+            "train_tokens_sha256": hashlib.sha256(shards.encode()).hexdigest(),
+        }
+    except (DataMismatchError, OSError, ValueError, KeyError, TypeError):
+        return None
+
+
 def shard_paths(data_dir: str | Path, meta: dict[str, Any], split: str) -> list[Path]:
     """The split's shard files, each checked to hold exactly the tokens meta.json lists."""
     itemsize = np.dtype(meta["dtype"]).itemsize

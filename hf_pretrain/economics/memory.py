@@ -42,7 +42,7 @@ the logits (chunked), but computes its gradients in the forward pass and keeps t
 the projection's weight gradient (4Vh) and the input's (4h per token), read from liger-kernel 0.8.5's
 source, not measured (its kernels need a GPU).
 
-Calibrated 2026-11-23 against the measured peak of real CPU optimizer steps (`bench/bench_memory.py`:
+Calibrated 2026-11-23 against the measured peak of real CPU optimizer steps (`benchmarks/bench_memory.py`:
 the CPU allocator's live tensor bytes, not RSS), 1.3M to 187M parameters, fp32 and bf16, with and
 without accumulation and checkpointing: every estimate within 3% (docs/gpu.md); the previous
 formula (always the sum of everything, 8V/10V at the loss) was 17% low to 21% high.

@@ -23,10 +23,12 @@ import torch
 import yaml
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from hf_pretrain.checkpoints.load import load_checkpoint_model
+from hf_pretrain.checkpoints.manifest import CheckpointError
+from hf_pretrain.checkpoints.store import is_training_output, resolve_checkpoint
 from hf_pretrain.config import CommandParser
 from hf_pretrain.evaluation.scores import EVAL_DIR, comparison_table, eval_results, load_references, scores_from_results
 from hf_pretrain.hardware import inference_device_and_dtype
-from hf_pretrain.publish.export import ExportError, is_training_output, load_checkpoint_model, resolve_checkpoint
 from hf_pretrain.publish.model_card import write_eval_section
 from hf_pretrain.run_dir import JsonlWriter, RunDir
 
@@ -230,7 +232,7 @@ def main(argv: list[str] | None = None) -> int:
             del model
         if args.text is not None:
             bpb = text_metrics(args.model, args.text)
-    except (EvalError, ExportError) as exc:
+    except (EvalError, CheckpointError) as exc:
         print(f"hf-pretrain eval: error: {exc}", file=sys.stderr)
         return 1
 

@@ -3,15 +3,16 @@
 Every check is a small function returning a `CheckResult` (pass / warn / fail / skip, with a
 reason and a fix). `run_checks` runs them all; `preflight` also logs the table and raises
 `PreflightError` when any check fails, so `train` can stop before a model is built.
-`hf-pretrain doctor` (hf_pretrain/doctor.py) prints the same table.
+`hf-pretrain doctor` (preflight/doctor.py) prints the same table.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
+from hf_pretrain.checkpoints.continuation import Continuation
 from hf_pretrain.config import Recipe
-from hf_pretrain.preflight.cost import check_cost
+from hf_pretrain.preflight.budget import check_cost
 from hf_pretrain.preflight.data import (
     check_batch_split,
     check_context,
@@ -20,11 +21,11 @@ from hf_pretrain.preflight.data import (
     check_num_workers,
     check_prepared,
 )
+from hf_pretrain.preflight.dependencies import check_versions
 from hf_pretrain.preflight.disk import check_disk_space, check_not_in_use, check_output_writable, check_save_speed
 from hf_pretrain.preflight.gpu import check_bf16, check_compiler, check_cuda, check_memory, check_tf32
 from hf_pretrain.preflight.result import CheckResult, PreflightError, format_table
 from hf_pretrain.preflight.resume import check_resume
-from hf_pretrain.preflight.versions import check_versions
 
 __all__ = ["CheckResult", "PreflightError", "format_table", "preflight", "run_checks"]
 
@@ -45,8 +46,14 @@ def _guarded(name: str, check: Callable[[], CheckResult | list[CheckResult]]) ->
     return result if isinstance(result, list) else [result]
 
 
-def run_checks(recipe: Recipe, world_size: int = 1, device_memory_bytes: int | None = None) -> list[CheckResult]:
-    """Every check, in the order a run meets them: software, GPU, data, disk, memory, money."""
+def run_checks(
+    recipe: Recipe,
+    world_size: int = 1,
+    device_memory_bytes: int | None = None,
+    resume_decision: Callable[[], Continuation] | None = None,
+) -> list[CheckResult]:
+    """Every check, in the order a run meets them: software, GPU, data, disk, memory, money.
+    `resume_decision` is training's own (made once, then loaded); the doctor's is made here."""
     checks: list[tuple[str, Callable[[], CheckResult | list[CheckResult]]]] = [
         ("versions", lambda: check_versions(recipe)),
         ("cuda", lambda: check_cuda(recipe)),
@@ -61,7 +68,7 @@ def run_checks(recipe: Recipe, world_size: int = 1, device_memory_bytes: int | N
         ("loader", lambda: check_loader_pickling(recipe)),
         ("output_dir", lambda: check_output_writable(recipe)),
         ("in use", lambda: check_not_in_use(recipe)),
-        ("resume", lambda: check_resume(recipe)),
+        ("resume", lambda: check_resume(recipe, resume_decision)),
         ("disk space", lambda: check_disk_space(recipe)),
         ("save speed", lambda: check_save_speed(recipe)),
         ("gpu memory", lambda: check_memory(recipe, device_memory_bytes, world_size)),
@@ -70,10 +77,15 @@ def run_checks(recipe: Recipe, world_size: int = 1, device_memory_bytes: int | N
     return [result for name, check in checks for result in _guarded(name, check)]
 
 
-def preflight(recipe: Recipe, world_size: int, log: Callable[[str], None] = print) -> list[CheckResult]:
+def preflight(
+    recipe: Recipe,
+    world_size: int,
+    log: Callable[[str], None] = print,
+    resume_decision: Callable[[], Continuation] | None = None,
+) -> list[CheckResult]:
     """Run every check, log the table, and raise `PreflightError` (the failed checks with their
     fixes) when any fails; returns the results otherwise (warnings included)."""
-    results = run_checks(recipe, world_size)
+    results = run_checks(recipe, world_size, resume_decision=resume_decision)
     log(format_table(results))
     if any(r.status == "fail" for r in results):
         raise PreflightError(results)

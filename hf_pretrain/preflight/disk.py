@@ -9,21 +9,21 @@ import tempfile
 import time
 from pathlib import Path
 
+from hf_pretrain.checkpoints.store import list_checkpoints
 from hf_pretrain.config import Recipe
 from hf_pretrain.formatting import human_bytes
 from hf_pretrain.hardware import DTYPE_BYTES
 from hf_pretrain.model import recipe_parameter_count
 from hf_pretrain.preflight.result import CheckResult
 from hf_pretrain.run_dir import FINAL_DTYPE
-from hf_pretrain.training.checkpoint import list_checkpoints
-from hf_pretrain.training.run_lock import holder_of
+from hf_pretrain.run_lock import holder_of
 
 # Bytes per parameter in a checkpoint: fp32 weights (4) + AdamW's two fp32 moments (8). Under FSDP
 # the same total is spread over one file per process.
 CHECKPOINT_BYTES_PER_PARAMETER = 12
 # RNG states, tokenizer, config, manifest and train state beside the tensors: a few MB, rounded up.
 CHECKPOINT_SLACK_BYTES = 64 * 2**20
-# A milestone past the kept checkpoints keeps its weights only, in bf16 (training/checkpoint.py),
+# A milestone past the kept checkpoints keeps its weights only, in bf16 (checkpoints/store.py),
 # unless milestone_full_state keeps it whole.
 MILESTONE_BYTES_PER_PARAMETER = DTYPE_BYTES["bf16"]
 
@@ -57,7 +57,7 @@ def check_output_writable(recipe: Recipe) -> CheckResult:
 
 
 def check_not_in_use(recipe: Recipe) -> CheckResult:
-    """Whether another training holds the run folder now (training/run_lock.py): it would refuse this one."""
+    """Whether another training holds the run folder now (run_lock.py): it would refuse this one."""
     if os.environ.get("RANK", "0") != "0":
         return CheckResult("in use", "skip", "the job's first process takes the run folder's lock")
     holder = holder_of(recipe.train.output_dir)
@@ -121,7 +121,7 @@ def check_disk_space(recipe: Recipe) -> CheckResult:
 
 
 # The save blocks the training thread while it writes the tensors (hashing, fsync and the rename run
-# beside training: training/checkpoint.py), so its share of the run is bytes / disk speed over the
+# beside training: training/checkpointer.py), so its share of the run is bytes / disk speed over the
 # time between saves. The probe is small enough to cost about a second on a slow disk.
 SAVE_SHARE_LIMIT = 0.01
 PROBE_BYTES = 128 * 2**20

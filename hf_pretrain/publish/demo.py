@@ -19,8 +19,11 @@ from pathlib import Path
 import gradio as gr
 from huggingface_hub.utils import HFValidationError, validate_repo_id
 
+from hf_pretrain.checkpoints.layout import MANIFEST, TRAIN_STATE, checkpoint_path
+from hf_pretrain.checkpoints.manifest import CheckpointError, verify_checkpoint
+from hf_pretrain.checkpoints.store import Checkpoint, list_checkpoints, resolve_checkpoint
 from hf_pretrain.config import DEFAULT_PROMPTS, CommandParser
-from hf_pretrain.publish.export import Checkpoint, ExportError, export_checkpoint, resolve_checkpoint
+from hf_pretrain.publish.export import ExportError, export_checkpoint
 from hf_pretrain.publish.space_template.app import (
     DEFAULT_TITLE,
     ModelChoice,
@@ -30,14 +33,6 @@ from hf_pretrain.publish.space_template.app import (
     read_progress,
 )
 from hf_pretrain.run_dir import RunDir
-from hf_pretrain.training.checkpoint import (
-    MANIFEST,
-    TRAIN_STATE,
-    CheckpointError,
-    checkpoint_path,
-    list_checkpoints,
-    verify_checkpoint,
-)
 
 DEFAULT_CACHE_DIR = Path(os.environ.get("XDG_CACHE_HOME", "~/.cache")).expanduser() / "hf_pretrain" / "demo"
 
@@ -96,7 +91,7 @@ def run_choices(run: Path, cache_dir: Path, log: Callable[[str], None]) -> list[
     for candidate in reversed(list_checkpoints(run)):
         try:
             choices.append(checkpoint_choice(candidate.path, f"{run.name}/{candidate.path.name}", cache_dir))
-        except ExportError as exc:
+        except (CheckpointError, ExportError) as exc:
             log(f"demo: skipping {candidate.path}: {exc}")
     final = RunDir(run).final
     if (final / "config.json").is_file():
@@ -125,7 +120,7 @@ def model_choices(spec: str, cache_dir: Path, log: Callable[[str], None] = print
         name = f"{run.name}/{path.name}" if run else spec
         try:
             return [checkpoint_choice(path, name, cache_dir)]
-        except ExportError as exc:
+        except (CheckpointError, ExportError) as exc:
             raise DemoError(f"--model {spec}: {exc}") from exc
     if (path / "config.json").is_file():
         return [ModelChoice(name=spec, source=str(path), progress=model_folder_progress(path))]

@@ -18,30 +18,22 @@ import os
 import shutil
 import sys
 import tempfile
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file
-from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig, PreTrainedModel
+from transformers import AutoTokenizer, GenerationConfig
 
+from hf_pretrain.checkpoints.layout import WEIGHTS
+from hf_pretrain.checkpoints.load import load_checkpoint_model
+from hf_pretrain.checkpoints.manifest import CheckpointError
+from hf_pretrain.checkpoints.store import Checkpoint, resolve_checkpoint
 from hf_pretrain.config import CommandParser
 from hf_pretrain.data.tokenizer import MODEL_INPUT_NAMES
 from hf_pretrain.publish.gguf import GGUF_TYPES, GGUFError, write_gguf
 from hf_pretrain.publish.hub import push_folder, push_or_explain
 from hf_pretrain.publish.model_card import LOSS_CURVE, CardOptions, write_model_card
-from hf_pretrain.run_dir import RunDir
-from hf_pretrain.training.checkpoint import (
-    MANIFEST,
-    TRAIN_STATE,
-    CheckpointError,
-    checkpoints_root,
-    newest_good_checkpoint,
-    verify_checkpoint,
-)
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
-WEIGHTS = "model.safetensors"
 # What an export folder holds: the files `export_checkpoint` writes, sharded weights, a GGUF (`--gguf`), and
 # what a Hub clone or push leaves. `--overwrite` replaces a folder holding nothing else.
 EXPORT_FILES = {
@@ -59,99 +51,10 @@ EXPORT_FILES = {
 }
 EXPORT_PATTERNS = ("model-*-of-*.safetensors", "*.gguf")
 EXPORT_FOLDERS = {".cache"}  # huggingface_hub's metadata of a local folder it uploaded or downloaded
-# Accelerate's SHARDED_STATE_DICT save: one torch.distributed.checkpoint (DCP) folder for the model.
-FSDP_SHARDED_WEIGHTS = "pytorch_model_fsdp_0"
-# Prefixes wrappers put in front of parameter names: torch.compile, DDP.
-_WRAPPER_PREFIXES = ("_orig_mod.", "module.")
 
 
 class ExportError(RuntimeError):
     """A checkpoint that cannot be exported, with the reason."""
-
-
-@dataclass
-class Checkpoint:
-    path: Path
-    train_state: dict
-
-    @property
-    def run_dir(self) -> Path | None:
-        """The run folder a `RUN/checkpoints/step_X` checkpoint belongs to, for its metrics and samples."""
-        run = RunDir(self.path.parent.parent)
-        return run.path if self.path.parent == run.checkpoints else None
-
-
-def _is_checkpoint(path: Path) -> bool:
-    return (path / MANIFEST).is_file() or (path / TRAIN_STATE).is_file()
-
-
-def is_training_output(path: str | Path) -> bool:
-    """A checkpoint or a run folder (what `resolve_checkpoint` takes), rather than a model folder."""
-    return _is_checkpoint(Path(path)) or checkpoints_root(path).is_dir()
-
-
-def resolve_checkpoint(path: str | Path, checksums: bool = True, log=print) -> Checkpoint:
-    """The checkpoint `path` names: itself when it is one (checked against its manifest), or the
-    newest complete checkpoint of a run folder (broken ones are skipped, with the reason)."""
-    path = Path(path)
-    if _is_checkpoint(path):
-        try:
-            return Checkpoint(path, verify_checkpoint(path, checksums))
-        except CheckpointError as exc:
-            raise ExportError(str(exc)) from None
-    if not checkpoints_root(path).is_dir():
-        raise ExportError(f"{path} is neither a checkpoint (no {TRAIN_STATE}) nor a run folder (no checkpoints/)")
-    skipped: list[str] = []
-    found = newest_good_checkpoint(path, checksums, log=skipped.append)
-    if found is None:
-        raise ExportError(f"no complete checkpoint in {checkpoints_root(path)}" + "".join(f"; {s}" for s in skipped))
-    for reason in skipped:  # said only once a good one is found; without one they go into the error
-        log(f"export: {reason}")
-    return Checkpoint(*found)
-
-
-def _state_dict(checkpoint: Path, scratch: Path) -> dict[str, torch.Tensor]:
-    """The model weights of a checkpoint, whichever way Accelerate saved them."""
-    if (checkpoint / FSDP_SHARDED_WEIGHTS).is_dir():
-        # The routine accelerate's `merge_fsdp_weights` wraps, called directly: that helper also
-        # waits for every process, which would hang when only the main process exports mid-run.
-        from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
-
-        merged = scratch / "merged.pt"
-        dcp_to_torch_save(checkpoint / FSDP_SHARDED_WEIGHTS, merged)
-        state = torch.load(merged, weights_only=True)
-        return state["model"] if set(state) == {"model"} else state  # accelerate saves {"model": weights}
-    if (checkpoint / WEIGHTS).is_file():
-        return load_file(checkpoint / WEIGHTS)
-    raise ExportError(f"{checkpoint} has neither {WEIGHTS} nor {FSDP_SHARDED_WEIGHTS}/: no model weights to export")
-
-
-def _without_wrapper_prefix(name: str) -> str:
-    for prefix in _WRAPPER_PREFIXES:
-        if name.startswith(prefix):
-            name = name[len(prefix) :]
-            break
-    # regional compilation (`compile_regions`) wraps each block: model.layers.0._orig_mod.mlp...
-    return name.replace("._orig_mod.", ".")
-
-
-def load_checkpoint_model(checkpoint: Path, dtype: torch.dtype = torch.float32) -> PreTrainedModel:
-    """The trained model of a checkpoint folder, every weight accounted for, ready for generation."""
-    config = AutoConfig.from_pretrained(checkpoint, local_files_only=True)
-    config.use_cache = True  # training turns the KV cache off; inference wants it
-    model = AutoModelForCausalLM.from_config(config)
-    with tempfile.TemporaryDirectory() as scratch:
-        state = {_without_wrapper_prefix(k): v for k, v in _state_dict(checkpoint, Path(scratch)).items()}
-    missing, unexpected = model.load_state_dict(state, strict=False)
-    # A tied output projection is saved once, under the input embedding's name; it counts as loaded.
-    own = model.state_dict()
-    loaded = {own[name].data_ptr() for name in state if name in own}
-    missing = [name for name in missing if own[name].data_ptr() not in loaded]
-    if missing or unexpected:
-        raise ExportError(
-            f"{checkpoint}: the weights do not match config.json (missing {missing[:5]}, unexpected {unexpected[:5]})"
-        )
-    return model.to(dtype).eval()
 
 
 def save_plain_fast_tokenizer(tokenizer, folder: Path, model_max_length: int) -> None:
@@ -331,10 +234,10 @@ def main(argv: list[str] | None = None) -> int:
         local_path=args.out,
     )
     try:
-        checkpoint = resolve_checkpoint(args.checkpoint)
+        checkpoint = resolve_checkpoint(args.checkpoint, log=lambda reason: print(f"export: {reason}"))
         print(f"export: {checkpoint.path} (step {checkpoint.train_state.get('step')}) -> {args.out} [{args.dtype}]")
         out = export_checkpoint(checkpoint, args.out, args.dtype, options, args.overwrite)
-    except ExportError as exc:
+    except (CheckpointError, ExportError) as exc:
         print(f"hf-pretrain export: error: {exc}", file=sys.stderr)
         return 1
     print(f"export: wrote {out}")

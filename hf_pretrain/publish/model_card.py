@@ -180,6 +180,15 @@ def _how_it_ended(schedule: Schedule, train_state: dict) -> list[tuple[str, Any]
                 f"before its decay) to max_steps {branch['max_steps']:,}",
             )
         )
+    for change in train_state.get("data_changes", []):
+        rows.append(
+            (
+                "data changed",
+                f"after step {change['step']:,}: the run went on with other training shards "
+                f"({table_cell(change['to_data_dir'])}, same tokenizer) than it had trained on "
+                f"({table_cell(change['from_data_dir'])})",
+            )
+        )
     return rows
 
 

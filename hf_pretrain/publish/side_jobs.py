@@ -28,16 +28,15 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
+from hf_pretrain.checkpoints.store import pin_checkpoint, resolve_checkpoint
 from hf_pretrain.config import TrainConfig
-from hf_pretrain.publish.export import export_checkpoint, push_checkpoint, resolve_checkpoint
+from hf_pretrain.publish.export import export_checkpoint, push_checkpoint
 from hf_pretrain.publish.hub import HubError, push_folder
 from hf_pretrain.publish.model_card import CardOptions
 from hf_pretrain.run_dir import FINAL_DTYPE, RunDir
-from hf_pretrain.training.callbacks import Callback
-from hf_pretrain.training.checkpoint import pin_checkpoint
 
 
-class SideJobs(Callback):
+class SideJobs:  # a training.callbacks.Callback
     """The recipe's publishing and benchmark jobs; `log` says what they did (from any thread)."""
 
     def __init__(self, train: TrainConfig, log: Callable[[str], None] = print):

@@ -3,19 +3,21 @@
 The loop calls these on the main process only, and no other process waits for them: a callback
 must return at once and do slow work (uploads, benchmarks) in the background. `wait` is the one
 place the run blocks on that work, at its very end. Training never imports publish/ or
-evaluation/; `hf_pretrain/train.py` hands their side jobs in (publish/side_jobs.py).
+evaluation/, and they never import training: `Callback` is a protocol, which publish/side_jobs.py's
+`SideJobs` meets without naming it, and `hf_pretrain/train.py` hands it in.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Protocol
 
 from hf_pretrain.run_dir import RunDir
 
 
-class Callback:
-    """A side job of a run; override what it needs."""
+class Callback(Protocol):
+    """A side job of a run: the three calls the loop makes."""
 
     def on_checkpoint_saved(self, path: Path, step: int) -> None:
         """A complete checkpoint of `step` is at `path` (it may be pruned later; pin it to keep reading)."""
@@ -27,7 +29,7 @@ class Callback:
         """Return when the work started in the background has finished; called once, at every exit."""
 
 
-class CallbackList(Callback):
+class CallbackList:
     """Several callbacks called in order, as one."""
 
     def __init__(self, callbacks: Sequence[Callback]):

@@ -8,6 +8,7 @@ benchmarks) hang off the saved checkpoints as callbacks and never hold the loop 
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -17,6 +18,10 @@ import torch
 from accelerate import Accelerator, PartialState
 from accelerate.utils import set_seed
 
+from hf_pretrain.checkpoints.continuation import decide_resume
+from hf_pretrain.checkpoints.load import restore_training_state
+from hf_pretrain.checkpoints.manifest import verify_checkpoint
+from hf_pretrain.checkpoints.store import remove_pins
 from hf_pretrain.config import Recipe, save_recipe
 from hf_pretrain.data import build_train_loader, build_val_loader, load_tokenizer
 from hf_pretrain.hardware import describe_hardware, training_precision
@@ -32,11 +37,10 @@ from hf_pretrain.optim import build_optimizer
 from hf_pretrain.preflight import preflight
 from hf_pretrain.run_dir import RunDir, truncate_jsonl
 from hf_pretrain.training.callbacks import Callback, CallbackList
-from hf_pretrain.training.checkpoint import Checkpointer, CheckpointSaveError, remove_pins, resume_training_state
+from hf_pretrain.training.checkpointer import Checkpointer, CheckpointSaveError
 from hf_pretrain.training.compiling import dynamo_plugin
 from hf_pretrain.training.guards import EXIT_SAVE_FAILED, Guards, Stop
 from hf_pretrain.training.metrics import RunLogger, trackers_for
-from hf_pretrain.training.resume import plan_resume
 from hf_pretrain.training.state import TrainState
 from hf_pretrain.training.step import Evaluation, TrainStep
 
@@ -130,7 +134,12 @@ def setup(recipe: Recipe) -> Run:
     on_cpu = not torch.cuda.is_available() or os.environ.get("ACCELERATE_USE_CPU", "").lower() in ("1", "true")
     world_size = PartialState(cpu=on_cpu).num_processes
     grad_accum = recipe.grad_accum_steps(world_size)
-    preflight(recipe, world_size, log=print if PartialState().is_main_process else lambda _: None)
+    # which checkpoint the run goes on from: decided once, checksums and all; the table shows it
+    decide = functools.cache(lambda: decide_resume(recipe))
+    preflight(
+        recipe, world_size, log=print if PartialState().is_main_process else lambda _: None, resume_decision=decide
+    )
+    continuation = decide()
     tokenizer = load_tokenizer(recipe.data.data_dir)
 
     accelerator = Accelerator(
@@ -162,14 +171,18 @@ def setup(recipe: Recipe) -> Run:
     # resume: weights, optimizer and RNG from the checkpoint the continuation names (resume.py: the
     # newest, or the last one before the decay of a run that goes further); the data position is the step
     state = TrainState.for_recipe(recipe, describe_hardware(accelerator.device, accelerator.num_processes))
-    continuation = plan_resume(recipe)
-    resumed = resume_training_state(accelerator, run_dir.path, continuation.resume, log=say, model_config=config)
-    saved = resumed[1] if resumed is not None else {}
-    if resumed is not None:
+    for reason in continuation.skipped:
+        say(f"resume: {reason}")
+    saved = {}
+    if continuation.folder is not None:
+        restore_training_state(accelerator, continuation.folder, log=say)
+        saved = verify_checkpoint(continuation.folder, checksums=False)  # verified in full by the decision
         state.load_state_dict(saved)
-        for note in continuation.apply(state, saved):
+        for note in state.go_on_as(continuation, saved):
             say(note)
-        say(f"resumed from {resumed[0]} at step {state.step}")
+        say(f"resumed from {continuation.folder} at step {state.step}")
+    elif recipe.train.resume == "auto":
+        say(f"resume: no complete checkpoint in {run_dir.checkpoints}, starting from step 0")
     if accelerator.is_main_process:  # only now, resumed or started: a refused run leaves the folder as it was
         run_dir.path.mkdir(parents=True, exist_ok=True)
         save_recipe(recipe, run_dir.resolved_recipe)

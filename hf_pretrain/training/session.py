@@ -20,10 +20,13 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from hf_pretrain.checkpoints.continuation import ResumeRefused
+from hf_pretrain.checkpoints.manifest import CheckpointError
+from hf_pretrain.checkpoints.store import list_checkpoints
 from hf_pretrain.preflight import PreflightError
 from hf_pretrain.processes import follow_launcher, launcher
 from hf_pretrain.run_dir import RunDir
-from hf_pretrain.training.checkpoint import CheckpointError, list_checkpoints
+from hf_pretrain.run_lock import RunLock, RunLocked, command_line, now
 from hf_pretrain.training.guards import (
     EXIT_CRASHED,
     EXIT_DIVERGED,
@@ -32,8 +35,6 @@ from hf_pretrain.training.guards import (
     EXIT_PREFLIGHT,
     EXIT_SAVE_FAILED,
 )
-from hf_pretrain.training.resume import ResumeRefused
-from hf_pretrain.training.run_lock import RunLock, RunLocked, command_line, now
 
 EXIT_INTERRUPTED = 128 + 2  # what a shell reports for a process ended by SIGINT
 

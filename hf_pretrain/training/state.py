@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from hf_pretrain.checkpoints.continuation import Continuation
 from hf_pretrain.config import Recipe, math_keys
+from hf_pretrain.data import data_identity
 from hf_pretrain.optim import Cooldown, Schedule
 
 
@@ -16,7 +19,7 @@ class TrainState:
     the run stands on its schedule.
 
     `recipe_fingerprint`, `math_keys` and `hardware` describe the session that saved it; a resume
-    keeps its own (training/resume.py compares them). The data position is a pure function of the
+    keeps its own (checkpoints/continuation.py compares them). The data position is a pure function of the
     step: sample `data_origin[1] + (step - data_origin[0]) * samples_per_step`, where the origin
     moves only when a resume changes the batch (`allow_recipe_change`).
     """
@@ -33,6 +36,8 @@ class TrainState:
     cooldown: Cooldown | None = None  # a decay begun by a stop request or early stopping
     lineage: list[dict[str, Any]] = field(default_factory=list)  # each time the run went further from a branch
     data_origin: tuple[int, int] = (0, 0)  # (step, sample position) the data stream counts from
+    data: dict[str, Any] | None = None  # this session's data (data.data_identity): tokenizer and shards
+    data_changes: list[dict[str, Any]] = field(default_factory=list)  # steps where a resume changed the data
     _session_start: float | None = field(default=None, repr=False)
 
     @classmethod
@@ -43,6 +48,7 @@ class TrainState:
             Schedule(recipe.train),
             math_keys(recipe),
             recipe.train.global_batch_tokens // recipe.data.seq_len,
+            data=data_identity(recipe.data.data_dir),
         )
 
     # ------------------------------------------------------------------ the schedule, where the run stands
@@ -96,6 +102,8 @@ class TrainState:
             "lineage": self.lineage,
             "data_origin": list(self.data_origin),
             "data_position": self.data_position(self.step),
+            "data": self.data,
+            "data_changes": self.data_changes,
             "math_keys": self.math_keys,
         }
 
@@ -108,3 +116,19 @@ class TrainState:
         self.cooldown = Cooldown.from_dict(saved.get("cooldown"))
         self.lineage = list(saved.get("lineage", []))
         self.data_origin = tuple(saved.get("data_origin", (0, 0)))
+        self.data_changes = list(saved.get("data_changes", []))
+
+    def go_on_as(self, plan: Continuation, loaded: dict[str, Any]) -> list[str]:
+        """Adjust this state, just loaded from `loaded`, to the continuation's plan; returns what to say."""
+        if plan.max_steps_changed:
+            self.cooldown = None  # the new max_steps is a new plan: any stop request belonged to the old one
+        if plan.branch is not None:
+            self.lineage.append(plan.branch)
+        if plan.batch_changed:
+            old_seq_len = (loaded.get("math_keys") or {}).get("data", {}).get("seq_len", self.samples_per_step)
+            tokens_read = loaded.get("data_position", self.step) * old_seq_len
+            new_seq_len = self.math_keys["data"]["seq_len"]
+            self.data_origin = (self.step, math.ceil(tokens_read / new_seq_len))
+        if plan.data_change is not None:
+            self.data_changes.append(plan.data_change)
+        return plan.notes

@@ -1,7 +1,7 @@
 """Shard verification speed: `verify_shards` (SHA-256 + token-id range check) against a bare
 `hashlib.file_digest` of the same bytes, and what that means for a 24 GB prepared corpus.
 
-    python bench/bench_verify.py [--gib 1]
+    python benchmarks/bench_verify.py [--gib 1]
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 step, an evaluation every 100), `samples.jsonl`, the resume's truncation, the loop's history at
 start-up, and `hf-pretrain report` with its plots.
 
-    python bench/bench_run_files.py [--steps 90000] [--log_interval 1] [--eval_interval 100] [--keep DIR]
+    python benchmarks/bench_run_files.py [--steps 90000] [--log_interval 1] [--eval_interval 100] [--keep DIR]
 """
 
 from __future__ import annotations

@@ -5,8 +5,8 @@ script prints both tokens/s figures and their ratio. The bare loop is the floor 
 plain forward/backward/AdamW step with manual gradient accumulation and no logging. The first
 `--warmup` steps of each are excluded.
 
-    python bench/bench_loop.py                  # CPU, smoke model, ~1 minute
-    python bench/bench_loop.py --steps 100 --recipe smoke
+    python benchmarks/bench_loop.py                  # CPU, smoke model, ~1 minute
+    python benchmarks/bench_loop.py --steps 100 --recipe smoke
 """
 
 from __future__ import annotations

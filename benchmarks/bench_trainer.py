@@ -11,8 +11,8 @@ alternate for `--rounds` rounds (AB, BA, ...); each round's two runs, back to ba
 their median `--warmup`-step windows, and the median of those ratios is the figure, so drift on a
 shared machine cancels. The first `--warmup` steps of every run are excluded.
 
-    python bench/bench_trainer.py                        # CPU, smoke model, ~5 minutes on 2 cores
-    python bench/bench_trainer.py --steps 40 --warmup 10 --rounds 4
+    python benchmarks/bench_trainer.py                        # CPU, smoke model, ~5 minutes on 2 cores
+    python benchmarks/bench_trainer.py --steps 40 --warmup 10 --rounds 4
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from hf_pretrain.hardware import training_precision
 from hf_pretrain.model import build_model, llama_config
 from hf_pretrain.optim import build_optimizer, learning_rate_at
 from hf_pretrain.run_dir import read_jsonl
-from hf_pretrain.train import train
+from hf_pretrain.train import run_training
 
 ROOT = Path(__file__).resolve().parent.parent
 CONTENDERS = ("hf-pretrain", "trainer")
@@ -67,7 +67,7 @@ def bench_recipe(name: str, data_dir: Path, output_dir: Path, steps: int, warmup
 
 def hf_pretrain_window_rates(recipe: Recipe, warmup: int) -> list[float]:
     """tokens/s of each `warmup`-step window after the warm-up, as hf-pretrain's own loop logged them."""
-    outcome = train(recipe)
+    outcome = run_training(recipe)
     assert outcome.exit_code == 0, outcome.message
     records = read_jsonl(Path(recipe.train.output_dir) / "metrics.jsonl")
     return [r["tokens_per_s"] for r in records if r["kind"] == "train" and r["step"] > warmup]

@@ -10,38 +10,34 @@ A run goes on from its newest good checkpoint, and the recipe may have changed s
 - a cosine run under another `max_steps`: every later step's rate changes (at the end of the
   cosine, it jumps back up). Refused, with the numbers, unless `allow_schedule_change`;
 - another `global_batch_tokens` or `seq_len`: refused by name unless `allow_recipe_change`, which
-  restarts the data stream at the tokens read so far.
-Any other math key that changed is named in a warning. Nothing here loads weights: the preflight
-check (preflight/resume.py) runs it before a model is built, and `setup` again to know what to load.
+  restarts the data stream at the tokens read so far;
+- data tokenized by another tokenizer than the checkpoint's: refused, naming both hashes (its weights
+  would be paired with the wrong tokens, and every later checkpoint and final/ with the wrong
+  tokenizer); other training shards from the same tokenizer: refused unless `allow_data_change`,
+  which records the step in `data_changes` (the model card shows it).
+Any other math key that changed is named in a warning. `decide_resume` is the one decision, made
+once per start with every checksum verified: the preflight table shows it and `setup` loads the
+checkpoint it names (checkpoints/load.py). Nothing here loads weights.
 """
 
 from __future__ import annotations
 
-import json
-import math
-from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from hf_pretrain.checkpoints.layout import SUPERSEDED_SUFFIX, checkpoint_path
+from hf_pretrain.checkpoints.load import START_OVER, shape_mismatch
+from hf_pretrain.checkpoints.manifest import CheckpointError, verify_checkpoint
+from hf_pretrain.checkpoints.store import is_weights_only, list_checkpoints, newest_good_checkpoint
 from hf_pretrain.config import Recipe, TrainConfig, math_keys
-from hf_pretrain.model import shape_differences
+from hf_pretrain.data import data_identity
+from hf_pretrain.model import padded_vocab_size
 from hf_pretrain.optim import Schedule
 from hf_pretrain.run_dir import RunDir
-from hf_pretrain.training.checkpoint import (
-    START_OVER,
-    CheckpointError,
-    checkpoint_path,
-    list_checkpoints,
-    newest_good_checkpoint,
-    shape_mismatch,
-    verify_checkpoint,
-)
-from hf_pretrain.training.state import TrainState
 
 # keys whose change moves the data position: the stream is counted in samples of seq_len per step
 BATCH_KEYS = ("train.global_batch_tokens", "data.seq_len")
-SUPERSEDED_SUFFIX = ".superseded"  # checkpoints of an ending a run went further from
 
 
 class ResumeRefused(RuntimeError):
@@ -54,27 +50,16 @@ class ResumeRefused(RuntimeError):
 
 @dataclass
 class Continuation:
-    """How the run goes on: `resume` is what `resume_training_state` loads (`auto`, `none`, a folder)."""
+    """How the run goes on: from `folder` (a verified checkpoint), or from step 0 when it is None."""
 
-    resume: str
+    folder: Path | None = None  # the checkpoint to load: the newest good one, or the branch point
     saved: dict[str, Any] | None = None  # the train state the plan was made from (the newest checkpoint)
     branch: dict[str, Any] | None = None  # the lineage entry when going further from a branch point
+    data_change: dict[str, Any] | None = None  # where the data changed (allow_data_change), for the record
     max_steps_changed: bool = False
     batch_changed: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
-
-    def apply(self, state: TrainState, loaded: dict[str, Any]) -> list[str]:
-        """Adjust `state`, just loaded from `loaded`, to the new plan; returns what to say about it."""
-        if self.max_steps_changed:
-            state.cooldown = None  # the new max_steps is a new plan: any stop request belonged to the old one
-        if self.branch is not None:
-            state.lineage.append(self.branch)
-        if self.batch_changed:
-            old_seq_len = (loaded.get("math_keys") or {}).get("data", {}).get("seq_len", state.samples_per_step)
-            tokens_read = loaded.get("data_position", state.step) * old_seq_len
-            new_seq_len = state.math_keys["data"]["seq_len"]
-            state.data_origin = (state.step, math.ceil(tokens_read / new_seq_len))
-        return self.notes
+    skipped: list[str] = field(default_factory=list)  # newer checkpoints passed over, with the reason
 
     def set_aside(self, run: RunDir) -> list[str]:
         """Going further: keep the old ending out of the new run's way without destroying it (main
@@ -131,10 +116,58 @@ def smallest_max_steps(train: TrainConfig, stable_until: int) -> int:
     return guess
 
 
-def plan_continuation(saved: dict[str, Any], recipe: Recipe, resume: str = "auto") -> Continuation:
-    """How the run saved as `saved` (a train state) goes on under `recipe`; raises `ResumeRefused`."""
+def check_same_data(saved: dict[str, Any], data: dict[str, Any] | None, recipe: Recipe) -> dict[str, Any] | None:
+    """Raise `ResumeRefused` when the run's data is not what the checkpoint trained on (another
+    tokenizer always; other shards unless `allow_data_change`); returns the data change to record, if
+    any. A checkpoint from before data was recorded, or data not prepared yet, is not compared."""
+    old = saved.get("data")
+    if not old or not data:
+        return None
+    step = saved["step"]
+    if old["tokenizer_hash"] != data["tokenizer_hash"]:
+        raise ResumeRefused(
+            f"the data in {data['data_dir']} was tokenized by another tokenizer (tokenizer_hash "
+            f"{data['tokenizer_hash'][:12]}...) than the one the checkpoint of step {step:,} trained with "
+            f"({old['tokenizer_hash'][:12]}..., data then in {old['data_dir']}): its weights know other token ids",
+            "prepare the data again with the run's own tokenizer (the checkpoint folder holds it), or start a "
+            "new run in a new --output_dir",
+        )
+    if old["train_tokens_sha256"] == data["train_tokens_sha256"]:
+        return None
+    if not recipe.train.allow_data_change:
+        raise ResumeRefused(
+            f"the training shards in {data['data_dir']} are not the ones the checkpoint of step {step:,} "
+            f"trained on (same tokenizer, other tokens: the folder was prepared again or changed)",
+            "pass --allow_data_change true to go on on this data (the model card records the step where it "
+            "changed), or restore the data the run was prepared with",
+        )
+    return {
+        "step": step,
+        "from_data_dir": old["data_dir"],
+        "to_data_dir": data["data_dir"],
+        "from_train_tokens_sha256": old["train_tokens_sha256"],
+        "to_train_tokens_sha256": data["train_tokens_sha256"],
+    }
+
+
+def plan_continuation(
+    saved: dict[str, Any],
+    recipe: Recipe,
+    folder: Path | None = None,
+    named: bool = False,
+    data: dict[str, Any] | None = None,
+) -> Continuation:
+    """How the run saved as `saved` (the train state of `folder`) goes on under `recipe` and the
+    prepared `data` (`data.data_identity`); `named` when `--resume` named that folder rather than
+    `auto`. Raises `ResumeRefused`."""
     t, step = recipe.train, saved["step"]
-    plan = Continuation(resume=resume, saved=saved)
+    plan = Continuation(folder=folder, saved=saved)
+    plan.data_change = check_same_data(saved, data, recipe)
+    if plan.data_change is not None:
+        plan.notes.append(
+            f"the training data changed since the checkpoint of step {step:,} (allow_data_change): "
+            f"recorded in the train state and the model card"
+        )
     changed = changed_math_keys(saved, recipe)
     plan.batch_changed = [k for k in BATCH_KEYS if k in changed]
     if plan.batch_changed:
@@ -183,7 +216,7 @@ def plan_continuation(saved: dict[str, Any], recipe: Recipe, resume: str = "auto
             f"then the learning rate decays to step {t.max_steps:,}"
         )
         if decaying:
-            if resume != "auto":
+            if named:
                 plan.notes.append(
                     f"warning: the checkpoint of step {step:,} is past the start of its decay (step "
                     f"{stable_until:,}); going on from it as --resume asks, not from step {stable_until:,}"
@@ -223,22 +256,34 @@ def plan_continuation(saved: dict[str, Any], recipe: Recipe, resume: str = "auto
     return plan
 
 
-def refuse_another_shape(folder: Path, recipe: Recipe) -> None:
+def refuse_another_shape(folder: Path, recipe: Recipe, data: dict[str, Any] | None) -> None:
     """Raise `ResumeRefused` when the checkpoint's model (its config.json) has another shape than the
-    recipe's, naming the keys; its weights could not be loaded (vocab_size is checked at the load)."""
-    try:
-        saved = json.loads((folder / "config.json").read_text())
-    except (OSError, ValueError):
-        return  # nothing to compare with: the load will tell
-    differences = shape_differences(saved, asdict(recipe.model))
-    if differences:
-        raise ResumeRefused(shape_mismatch(folder, differences), START_OVER)
+    recipe's (its vocabulary from the prepared data's), naming the keys: its weights could not be loaded."""
+    wanted = asdict(recipe.model)
+    if data is not None:
+        wanted["vocab_size"] = padded_vocab_size(data["vocab_size"], recipe.model.vocab_multiple)
+    mismatch = shape_mismatch(folder, wanted)
+    if mismatch:
+        raise ResumeRefused(mismatch, START_OVER)
 
 
-def plan_resume(recipe: Recipe, log: Callable[[str], None] = lambda _: None) -> Continuation:
-    """The continuation of `recipe`'s run folder: nothing (a fresh start), or the plan from its newest
-    checkpoint (or the one `resume` names); raises `ResumeRefused` or `CheckpointError`."""
+def resumable(folder: Path, _train_state: dict[str, Any] | None = None) -> None:
+    """Raise `CheckpointError` for a complete checkpoint a resume cannot load."""
+    if is_weights_only(folder):
+        raise CheckpointError(
+            f"{folder} is a milestone that kept its weights only: export, eval and the demo read it, a "
+            f"resume cannot (milestone_full_state keeps whole milestones)"
+        )
+
+
+def decide_resume(recipe: Recipe) -> Continuation:
+    """From which checkpoint `recipe`'s run goes on, and how: the one decision of a start, every file
+    checked against its manifest. `none` -> a fresh start (refused on top of a run); a folder -> that
+    checkpoint, which must be good; `auto` -> the newest good one, newer broken ones skipped with the
+    reason, or the last one before the decay when a wsd run goes further. Raises `ResumeRefused` or
+    `CheckpointError`."""
     t = recipe.train
+    data = data_identity(recipe.data.data_dir)
     if t.resume == "none":
         existing = list_checkpoints(t.output_dir)
         if existing:  # starting over there would truncate its records and prune its checkpoints
@@ -247,35 +292,35 @@ def plan_resume(recipe: Recipe, log: Callable[[str], None] = lambda _: None) -> 
                 f"--resume none would start another one on top of it",
                 "choose a new --output_dir to start over, or --resume auto to go on with this run",
             )
-        return Continuation(resume="none")
+        return Continuation()
     if t.resume != "auto":
         folder = Path(t.resume)
         if not folder.is_dir():
             raise CheckpointError(f"--resume {t.resume}: no such checkpoint folder")
-        saved = verify_checkpoint(folder, checksums=False)
-        refuse_another_shape(folder, recipe)
-        return plan_continuation(saved, recipe, resume=t.resume)
+        saved = verify_checkpoint(folder)
+        resumable(folder, saved)
+        refuse_another_shape(folder, recipe, data)
+        return plan_continuation(saved, recipe, folder, named=True, data=data)
     skipped: list[str] = []
-    found = newest_good_checkpoint(
-        t.output_dir, checksums=False, log=lambda reason: (skipped.append(reason), log(reason))
-    )
+    found = newest_good_checkpoint(t.output_dir, log=skipped.append, usable=resumable)
     if found is None and list_checkpoints(t.output_dir):
         raise ResumeRefused(
             f"none of the checkpoints in {t.output_dir} can be resumed from: " + "; ".join(skipped), START_OVER
         )
     if found is None:
-        return Continuation(resume="auto")
-    refuse_another_shape(found[0], recipe)
-    plan = plan_continuation(found[1], recipe)
+        return Continuation()
+    refuse_another_shape(found.path, recipe, data)
+    plan = plan_continuation(found.train_state, recipe, found.path, data=data)
+    plan.skipped = skipped
     if plan.branch is not None:
         branch = checkpoint_path(t.output_dir, plan.branch["branch_step"])
         try:
-            verify_checkpoint(branch, checksums=False)
+            resumable(branch, verify_checkpoint(branch))
         except CheckpointError as exc:
             raise ResumeRefused(
                 f"going further needs the checkpoint of step {plan.branch['branch_step']:,}, the last "
                 f"before the decay, and it cannot be used: {exc}",
                 "pass --resume with another checkpoint folder to go on from it",
             ) from exc
-        plan.resume = str(branch)
+        plan.folder = branch
     return plan

@@ -3,7 +3,7 @@
     hf-pretrain bench --recipe 1b --variants gradient_checkpointing=true,false micro_batch_size=8,16
     hf-pretrain bench --recipe smoke --steps 12 --warmup 4 --memory_gib 2 --output runs/bench-smoke
 
-Every variant is a short run of the real training loop (`hf_pretrain.train.train`) in its own
+Every variant is a short run of the real training loop (`hf_pretrain.train.run_training`) in its own
 process: Accelerate's state is a process singleton, and a fresh process also gives each variant a
 clean peak-memory count. `--variants` takes KEY=V1,V2 axes of recipe keys and runs every
 combination; the recipe as written always runs first and is the baseline. Throughput is read
@@ -34,7 +34,7 @@ from pathlib import Path
 import torch
 
 from hf_pretrain.bench.measure import add_money_and_mfu, measured_matmul_flops
-from hf_pretrain.bench.report import advice, markdown_report
+from hf_pretrain.bench.results import advice, markdown_report
 from hf_pretrain.bench.search import ProbeError, search_micro_batch
 from hf_pretrain.bench.variants import VariantRunner, is_recipe_as_written, run_in_this_process, variant_grid
 from hf_pretrain.config import Recipe, RecipeError, build_recipe, parse_recipe_args

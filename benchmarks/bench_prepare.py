@@ -1,7 +1,7 @@
 """How close `prepare` comes to the bare tokenizer's speed on the same documents.
 
-    .venv/bin/python bench/bench_prepare.py                                   # python-docs + python-stdlib
-    .venv/bin/python bench/bench_prepare.py --files '../shared/data/text/*.txt'
+    .venv/bin/python benchmarks/bench_prepare.py                                   # python-docs + python-stdlib
+    .venv/bin/python benchmarks/bench_prepare.py --files '../shared/data/text/*.txt'
 
 Measures (1) the bare `encode_batch` rate over all documents in one call and (2) the whole
 `prepare()` (read sources, mix, tokenize, write shards and meta.json) into a temporary folder,

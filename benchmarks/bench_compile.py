@@ -10,8 +10,8 @@ machine pays), on the loop's own call (`model(input_ids, labels, shift_labels)`,
 Compile time is the first step's extra seconds over the median of the others. Shapes: `smoke`,
 or `1b-2layer` (the 1b recipe's width, heads and vocabulary with 2 decoder layers: what fits a CPU).
 
-    python bench/bench_compile.py --shape 1b-2layer --steps 4      # CPU, ~15 minutes
-    python bench/bench_compile.py --shape smoke --variants eager full
+    python benchmarks/bench_compile.py --shape 1b-2layer --steps 4      # CPU, ~15 minutes
+    python benchmarks/bench_compile.py --shape smoke --variants eager full
 """
 
 from __future__ import annotations

@@ -8,8 +8,8 @@ allocated tensor bytes (PyTorch's profiler, memory events of the CPU allocator, 
 RSS) plus what was already allocated before it (weights and moments). Each shape runs in its own
 process.
 
-    python bench/bench_memory.py                 # CPU, the default shapes (docs/gpu.md), ~15 minutes
-    python bench/bench_memory.py --shapes smoke:8x128:no
+    python benchmarks/bench_memory.py                 # CPU, the default shapes (docs/gpu.md), ~15 minutes
+    python benchmarks/bench_memory.py --shapes smoke:8x128:no
 """
 
 from __future__ import annotations

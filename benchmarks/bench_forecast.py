@@ -1,6 +1,6 @@
 """How honest is the forecast? Fit the loss curve of a finished run up to a cut, predict the rest.
 
-    python bench/bench_forecast.py runs/smoke [runs/long ...] [--cut 0.5]
+    python benchmarks/bench_forecast.py runs/smoke [runs/long ...] [--cut 0.5]
 
 For each run folder: the power law (economics/forecast.py) is fitted to the train records of the
 stable phase up to `cut` of it, exactly as the loop fits it at that step (its later half), then

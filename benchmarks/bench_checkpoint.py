@@ -1,9 +1,9 @@
 """Checkpoint cost of a 1b-shaped training state (fp32 weights + AdamW moments, ~12.5 GB) on this
 machine, split into writing (Accelerate's `save_state`), hashing (SHA-256 of every file, for the
 manifest) and flushing (fsync), and what the training thread waits for with the hashing, manifest
-and rename done in the background (training/checkpoint.py) instead of inline.
+and rename done in the background (training/checkpointer.py) instead of inline.
 
-    python bench/bench_checkpoint.py [--layers 16] [--dir /tmp]    # --layers 8 halves the state
+    python benchmarks/bench_checkpoint.py [--layers 16] [--dir /tmp]    # --layers 8 halves the state
 
 The state is random (not zeros, which the kernel would not even copy), built on the meta device and
 filled in place, so the peak memory is the state itself plus what the writers buffer.
@@ -26,7 +26,7 @@ from accelerate import Accelerator
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from hf_pretrain.config import load_recipe
-from hf_pretrain.training.checkpoint import save_checkpoint
+from hf_pretrain.training.checkpointer import save_checkpoint
 
 
 def one_b_state(layers: int) -> tuple[torch.nn.Module, torch.optim.Optimizer, LlamaConfig]:

@@ -1,0 +1,251 @@
+"""When a run saves, and how its processes write one checkpoint together.
+
+A checkpoint is written into `step_N.tmp/` by every process (Accelerate's state), described by the
+main process (train state, config, tokenizer), then sealed: hashed into its manifest, flushed and
+renamed to `step_N/` (checkpoints/manifest.py), and older ones pruned (checkpoints/store.py). The
+seal of a periodic save runs on a thread while training goes on; the next save waits for it. The
+processes agree after each part, so a failure on one ends the save on all of them, none left waiting.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import shutil
+import signal
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from accelerate import Accelerator
+from accelerate.utils import gather_object
+from transformers import PretrainedConfig, PreTrainedTokenizerBase
+
+from hf_pretrain.checkpoints.layout import BRANCH_POINT, TMP_SUFFIX, TRAIN_STATE, checkpoint_path, checkpoints_root
+from hf_pretrain.checkpoints.manifest import fsync, write_manifest
+from hf_pretrain.checkpoints.store import list_checkpoints, prune_checkpoints
+from hf_pretrain.config import TrainConfig
+from hf_pretrain.training.faults import fault_active
+
+if TYPE_CHECKING:
+    from hf_pretrain.training.state import TrainState
+
+
+class CheckpointSaveError(RuntimeError):
+    """A checkpoint could not be written (disk full, quota, I/O error); the previous one is intact."""
+
+
+class Sealing:
+    """The seal of a save (manifest, flush, rename, pruning) that may still be running on a thread of
+    the main process. The thread is not a daemon: a process that ends while it runs finishes it first."""
+
+    def __init__(
+        self, path: Path, seal: Callable[[], None] | None = None, failure: Callable[[OSError], str] | None = None
+    ):
+        self.path, self._error = path, None
+        self._thread = None
+        if seal is not None:
+            self._thread = threading.Thread(target=self._run, args=(seal, failure), name="hf-pretrain-seal")
+            self._thread.start()
+
+    def _run(self, seal: Callable[[], None], failure: Callable[[OSError], str]) -> None:
+        try:
+            seal()
+        except OSError as exc:  # said to every process at the next save
+            self._error = failure(exc)
+
+    def wait(self) -> str | None:
+        """None once the checkpoint is complete, else why it is not (the previous one is intact)."""
+        if self._thread is not None:
+            self._thread.join()
+        return self._error
+
+
+class _EarlierSaveFailed(OSError):
+    """The background seal of the previous save failed: its message, reported by this save."""
+
+
+def save_checkpoint(
+    accelerator: Accelerator,
+    output_dir: str | Path,
+    train_state: dict[str, Any],
+    keep: int,
+    model_config: PretrainedConfig,
+    tokenizer: PreTrainedTokenizerBase,
+    milestone_interval: int = 0,
+    *,
+    background: bool = False,
+    previous: Sealing | None = None,
+    on_sealed: Callable[[Path], None] | None = None,
+    milestone_full_state: bool = False,
+) -> Sealing:
+    """Write the full training state for `train_state["step"]`, atomically, then prune old ones.
+
+    Beside Accelerate's state the folder holds `config.json` and the tokenizer, so a checkpoint
+    describes itself: export, eval and the demo need nothing else from the run. Nothing older is
+    touched until the new folder is complete, so a failure at any point leaves the last good one.
+    A failure on any process raises the same `CheckpointSaveError` on every process.
+
+    With `background`, the main process seals (hashes every file into the manifest, flushes, renames,
+    prunes, then calls `on_sealed(path)`) on a thread and this returns once the state is written: the
+    training thread never hashes. `previous` (the last save's `Sealing`) is waited for first, and its
+    failure raised here, on every process. Without `background` the seal is done before returning.
+    """
+    step = train_state["step"]
+    final = checkpoint_path(output_dir, step)
+    tmp = final.with_name(final.name + TMP_SUFFIX)
+    main, process = accelerator.is_main_process, accelerator.process_index
+
+    def fresh_folder() -> None:
+        earlier = previous.wait() if main and previous is not None else None
+        if earlier is not None:
+            raise _EarlierSaveFailed(earlier)
+        if main:
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir(parents=True)
+
+    def accelerate_state() -> None:  # every process writes its part (its RNG state at least)
+        accelerator.save_state(str(tmp), safe_serialization=True)
+        if fault_active("disk-full", step, process):
+            cut = tmp / ("optimizer.bin" if main else f"random_states_{process}.pkl")
+            cut.write_bytes(b"\0" * 64)  # a write cut short ...
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(cut))
+
+    def describe() -> None:  # the sidecar and the self-description: small files
+        if not main:
+            return
+        if fault_active("kill-during-save", step):
+            os.kill(os.getpid(), signal.SIGKILL)  # state written, no manifest: a torn checkpoint
+        (tmp / TRAIN_STATE).write_text(json.dumps(train_state, indent=1))
+        model_config.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+
+    def seal() -> None:  # the manifest (every file hashed), the flush, then the rename that completes it
+        write_manifest(tmp)
+        if final.exists():  # a re-save of the same step (e.g. after a resume): replace it whole
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+        fsync(final.parent)
+        prune_checkpoints(output_dir, keep, milestone_interval, weights_only=not milestone_full_state)
+        if on_sealed is not None:
+            on_sealed(final)
+
+    def failure(exc: OSError) -> str:
+        if isinstance(exc, _EarlierSaveFailed):
+            return str(exc)
+        previous_good = next((c.path for c in list_checkpoints(output_dir) if c.step < step), None)
+        free = shutil.disk_usage(checkpoints_root(output_dir)).free / 1e9
+        on = f" on process {process}" if accelerator.num_processes > 1 else ""
+        return (
+            f"saving the step {step} checkpoint into {tmp} failed{on}: {exc.strerror or exc} "
+            f"({exc.filename or tmp}); {free:.2f} GB free on that volume. "
+            + (
+                f"The previous checkpoint {previous_good} is intact: free some space and rerun the same command "
+                f"to resume from it."
+                if previous_good
+                else "There is no earlier checkpoint: the run starts over when rerun."
+            )
+        )
+
+    def cleaned(error: str) -> str:
+        if main:
+            shutil.rmtree(tmp, ignore_errors=True)
+        return error
+
+    # Each part ends with the processes telling each other whether theirs failed; that exchange is
+    # also the barrier, so a failure on one process ends the save on all of them, none left waiting.
+    for part in (fresh_folder, accelerate_state, describe):
+        error = _together(accelerator, part, failure)
+        if error is not None:
+            raise CheckpointSaveError(cleaned(error))
+    if not background:
+        error = _together(accelerator, seal if main else lambda: None, failure)
+        if error is not None:
+            raise CheckpointSaveError(cleaned(error))
+        return Sealing(final)
+    # every process has written its part: the main process seals on its own while training goes on
+    return Sealing(final, lambda: _cleaned_on_failure(seal, tmp), failure) if main else Sealing(final)
+
+
+def _cleaned_on_failure(seal: Callable[[], None], tmp: Path) -> None:
+    try:
+        seal()
+    except OSError:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def _together(accelerator: Accelerator, part: Callable[[], None], failure: Callable[[OSError], str]) -> str | None:
+    """Run `part` on this process; the first failure message of any process, the same on all of them."""
+    try:
+        part()
+        error = None
+    except OSError as exc:
+        error = failure(exc)
+    if accelerator.num_processes == 1:
+        return error
+    return next((e for e in gather_object([error]) if e is not None), None)
+
+
+class Checkpointer:
+    """When the run saves (every `save_interval` steps, and on its way out, whatever the reason) and
+    what with: the model config and tokenizer that make each checkpoint describe itself."""
+
+    def __init__(
+        self,
+        accelerator: Accelerator,
+        train: TrainConfig,
+        model_config: PretrainedConfig,
+        tokenizer: PreTrainedTokenizerBase,
+        log: Callable[[str], None],
+    ):
+        self.accelerator, self.train, self.model_config, self.tokenizer, self.log = (
+            accelerator,
+            train,
+            model_config,
+            tokenizer,
+            log,
+        )
+        self._sealing: Sealing | None = None  # the last save, perhaps still sealing in the background
+
+    def due(self, state: TrainState) -> bool:
+        """Every `save_interval` steps, and at the last step before a decay (the run's branch point)."""
+        return state.step % self.train.save_interval == 0 or state.step == state.decay_start
+
+    def save(
+        self, train_state: dict[str, Any], last: bool = False, then: Callable[[Path, int], None] | None = None
+    ) -> Path:
+        """Save `train_state`; `then(path, step)` runs on the main process once the checkpoint is complete.
+
+        A periodic save returns once every process has written its state, and the main process seals
+        it (hashing, manifest, rename, pruning) on a thread: the next save waits for that, and raises
+        its failure. The `last` save of a session returns complete. Raises `CheckpointSaveError`.
+        """
+        if train_state["step"] == train_state.get("decay_start"):
+            train_state = {**train_state, BRANCH_POINT: True}
+        step = train_state["step"]
+
+        def sealed(path: Path) -> None:
+            self.log(f"step {step}: saved {path}")
+            if then is not None:
+                try:
+                    then(path, step)
+                except Exception as exc:  # a side job is never a reason to lose the run
+                    self.log(f"warning: the side jobs of step {step} did not start: {type(exc).__name__}: {exc}")
+
+        self._sealing = save_checkpoint(
+            self.accelerator,
+            self.train.output_dir,
+            train_state,
+            self.train.keep_checkpoints,
+            self.model_config,
+            self.tokenizer,
+            self.train.milestone_interval,
+            background=not last,
+            previous=self._sealing,
+            on_sealed=sealed,
+            milestone_full_state=self.train.milestone_full_state,
+        )
+        return self._sealing.path
