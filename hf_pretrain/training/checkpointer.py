@@ -93,54 +93,86 @@ def save_checkpoint(
     training thread never hashes. `previous` (the last save's `Sealing`) is waited for first, and its
     failure raised here, on every process. Without `background` the seal is done before returning.
     """
-    step = train_state["step"]
-    final = checkpoint_path(output_dir, step)
-    tmp = final.with_name(final.name + TMP_SUFFIX)
-    main, process = accelerator.is_main_process, accelerator.process_index
+    write = _CheckpointWrite(accelerator, output_dir, train_state, model_config, tokenizer, previous)
 
-    def fresh_folder() -> None:
-        earlier = previous.wait() if main and previous is not None else None
+    def seal() -> None:
+        write.seal()
+        prune_checkpoints(output_dir, keep, milestone_interval, weights_only=not milestone_full_state)
+        if on_sealed is not None:
+            on_sealed(write.final)
+
+    # Each part ends with the processes telling each other whether theirs failed; that exchange is
+    # also the barrier, so a failure on one process ends the save on all of them, none left waiting.
+    for part in (write.fresh_folder, write.accelerate_state, write.describe):
+        write.together(part)
+    if not background:
+        write.together(seal if write.main else lambda: None)
+        return Sealing(write.final)
+    # every process has written its part: the main process seals on its own while training goes on
+    return Sealing(write.final, write.cleaned_on_failure(seal), write.failure) if write.main else Sealing(write.final)
+
+
+class _CheckpointWrite:
+    """The parts of one save, in the order every process takes them: a fresh `step_N.tmp/`, Accelerate's
+    state (every process), the self-description (main), the seal (main: manifest, flush, rename)."""
+
+    def __init__(
+        self,
+        accelerator: Accelerator,
+        output_dir: str | Path,
+        train_state: dict[str, Any],
+        model_config: PretrainedConfig,
+        tokenizer: PreTrainedTokenizerBase,
+        previous: Sealing | None,
+    ):
+        self.accelerator, self.output_dir, self.train_state = accelerator, output_dir, train_state
+        self.model_config, self.tokenizer, self.previous = model_config, tokenizer, previous
+        self.step = train_state["step"]
+        self.final = checkpoint_path(output_dir, self.step)
+        self.tmp = self.final.with_name(self.final.name + TMP_SUFFIX)
+        self.main, self.process = accelerator.is_main_process, accelerator.process_index
+
+    def fresh_folder(self) -> None:
+        earlier = self.previous.wait() if self.main and self.previous is not None else None
         if earlier is not None:
             raise _EarlierSaveFailed(earlier)
-        if main:
-            shutil.rmtree(tmp, ignore_errors=True)
-            tmp.mkdir(parents=True)
+        if self.main:
+            shutil.rmtree(self.tmp, ignore_errors=True)
+            self.tmp.mkdir(parents=True)
 
-    def accelerate_state() -> None:  # every process writes its part (its RNG state at least)
-        accelerator.save_state(str(tmp), safe_serialization=True)
-        if fault_active("disk-full", step, process):
-            cut = tmp / ("optimizer.bin" if main else f"random_states_{process}.pkl")
+    def accelerate_state(self) -> None:  # every process writes its part (its RNG state at least)
+        self.accelerator.save_state(str(self.tmp), safe_serialization=True)
+        if fault_active("disk-full", self.step, self.process):
+            cut = self.tmp / ("optimizer.bin" if self.main else f"random_states_{self.process}.pkl")
             cut.write_bytes(b"\0" * 64)  # a write cut short ...
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(cut))
 
-    def describe() -> None:  # the sidecar and the self-description: small files
-        if not main:
+    def describe(self) -> None:  # the sidecar and the self-description: small files
+        if not self.main:
             return
-        if fault_active("kill-during-save", step):
+        if fault_active("kill-during-save", self.step):
             os.kill(os.getpid(), signal.SIGKILL)  # state written, no manifest: a torn checkpoint
-        (tmp / TRAIN_STATE).write_text(json.dumps(train_state, indent=1))
-        model_config.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
+        (self.tmp / TRAIN_STATE).write_text(json.dumps(self.train_state, indent=1))
+        self.model_config.save_pretrained(self.tmp)
+        self.tokenizer.save_pretrained(self.tmp)
 
-    def seal() -> None:  # the manifest (every file hashed), the flush, then the rename that completes it
-        write_manifest(tmp)
-        if final.exists():  # a re-save of the same step (e.g. after a resume): replace it whole
-            shutil.rmtree(final)
-        os.replace(tmp, final)
-        fsync(final.parent)
-        prune_checkpoints(output_dir, keep, milestone_interval, weights_only=not milestone_full_state)
-        if on_sealed is not None:
-            on_sealed(final)
+    def seal(self) -> None:  # the manifest (every file hashed), the flush, then the rename that completes it
+        write_manifest(self.tmp)
+        if self.final.exists():  # a re-save of the same step (e.g. after a resume): replace it whole
+            shutil.rmtree(self.final)
+        os.replace(self.tmp, self.final)
+        fsync(self.final.parent)
 
-    def failure(exc: OSError) -> str:
+    def failure(self, exc: OSError) -> str:
+        """What to tell the user of a failed part: what, where, the space left, and what is intact."""
         if isinstance(exc, _EarlierSaveFailed):
             return str(exc)
-        previous_good = next((c.path for c in list_checkpoints(output_dir) if c.step < step), None)
-        free = shutil.disk_usage(checkpoints_root(output_dir)).free / 1e9
-        on = f" on process {process}" if accelerator.num_processes > 1 else ""
+        previous_good = next((c.path for c in list_checkpoints(self.output_dir) if c.step < self.step), None)
+        free = shutil.disk_usage(checkpoints_root(self.output_dir)).free / 1e9
+        on = f" on process {self.process}" if self.accelerator.num_processes > 1 else ""
         return (
-            f"saving the step {step} checkpoint into {tmp} failed{on}: {exc.strerror or exc} "
-            f"({exc.filename or tmp}); {free:.2f} GB free on that volume. "
+            f"saving the step {self.step} checkpoint into {self.tmp} failed{on}: {exc.strerror or exc} "
+            f"({exc.filename or self.tmp}); {free:.2f} GB free on that volume. "
             + (
                 f"The previous checkpoint {previous_good} is intact: free some space and rerun the same command "
                 f"to resume from it."
@@ -149,32 +181,25 @@ def save_checkpoint(
             )
         )
 
-    def cleaned(error: str) -> str:
-        if main:
-            shutil.rmtree(tmp, ignore_errors=True)
-        return error
-
-    # Each part ends with the processes telling each other whether theirs failed; that exchange is
-    # also the barrier, so a failure on one process ends the save on all of them, none left waiting.
-    for part in (fresh_folder, accelerate_state, describe):
-        error = _together(accelerator, part, failure)
+    def together(self, part: Callable[[], None]) -> None:
+        """Run `part` here; raise `CheckpointSaveError` on every process if it failed on any of them."""
+        error = _together(self.accelerator, part, self.failure)
         if error is not None:
-            raise CheckpointSaveError(cleaned(error))
-    if not background:
-        error = _together(accelerator, seal if main else lambda: None, failure)
-        if error is not None:
-            raise CheckpointSaveError(cleaned(error))
-        return Sealing(final)
-    # every process has written its part: the main process seals on its own while training goes on
-    return Sealing(final, lambda: _cleaned_on_failure(seal, tmp), failure) if main else Sealing(final)
+            if self.main:
+                shutil.rmtree(self.tmp, ignore_errors=True)
+            raise CheckpointSaveError(error)
 
+    def cleaned_on_failure(self, seal: Callable[[], None]) -> Callable[[], None]:
+        """`seal` for the background thread: a failure removes the unfinished folder, then is raised."""
 
-def _cleaned_on_failure(seal: Callable[[], None], tmp: Path) -> None:
-    try:
-        seal()
-    except OSError:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+        def sealed_or_cleaned() -> None:
+            try:
+                seal()
+            except OSError:
+                shutil.rmtree(self.tmp, ignore_errors=True)
+                raise
+
+        return sealed_or_cleaned
 
 
 def _together(accelerator: Accelerator, part: Callable[[], None], failure: Callable[[OSError], str]) -> str | None:
