@@ -8,8 +8,11 @@ with a message that says what to change.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import hashlib
 import json
+import operator
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,6 +25,17 @@ DEFAULT_PROMPTS = [
 
 class RecipeError(ValueError):
     """A recipe or override that cannot describe a valid run."""
+
+
+def did_you_mean(name: str, valid: Iterable[str]) -> str:
+    """` (did you mean `x`?)` for a mistyped name: its snake_case spelling if that is valid (`--max-steps`),
+    else the closest spelling and the keys with `name` as one of their words (`price` -> `price_per_hour`),
+    three at most; empty when none is near."""
+    valid, wanted = list(valid), name.replace("-", "_")
+    close = [wanted] if wanted in valid else difflib.get_close_matches(wanted, valid, n=1, cutoff=0.6)
+    near = [f"`{n}`" for n in dict.fromkeys(close + [v for v in valid if wanted in v.split("_")])][:3]
+    listed = " or ".join([", ".join(near[:-1]), near[-1]] if len(near) > 1 else near)
+    return f" (did you mean {listed}?)" if near else ""
 
 
 def key(
@@ -62,13 +76,7 @@ def _number(value: float) -> str:
     return f"{value:,}" if isinstance(value, int) and abs(value) >= 10_000 else f"{value:g}"
 
 
-def out_of_range(value: float, bounds: dict[str, float]) -> bool:
-    return (
-        ("ge" in bounds and not value >= bounds["ge"])
-        or ("gt" in bounds and not value > bounds["gt"])
-        or ("le" in bounds and not value <= bounds["le"])
-        or ("lt" in bounds and not value < bounds["lt"])
-    )
+BOUND_CHECKS = {"ge": operator.ge, "gt": operator.gt, "le": operator.le, "lt": operator.lt}
 
 
 def check_ranges(config: Any, where: str = "") -> None:
@@ -82,7 +90,7 @@ def check_ranges(config: Any, where: str = "") -> None:
             for i, item in enumerate(value):
                 check_ranges(item, f"{where}{f.name}[{i}].")
         elif isinstance(value, (int, float)) and not isinstance(value, bool) and f.metadata.get("range"):
-            if out_of_range(value, f.metadata["range"]):
+            if not all(BOUND_CHECKS[bound](value, limit) for bound, limit in f.metadata["range"].items()):
                 allowed = range_text(f.metadata["range"])
                 raise RecipeError(f"{where}{f.name}={value} must be {allowed}: {f.metadata['help']}")
 
