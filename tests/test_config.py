@@ -10,6 +10,7 @@ import textwrap
 import pytest
 
 from hf_pretrain.config import RecipeError, build_recipe, load_recipe, parse_recipe_args
+from tests.helpers import ROOT, offline_env
 
 
 def write(tmp_path, text):
@@ -369,3 +370,71 @@ def test_eval_takes_snake_case_flags_and_refuses_its_old_ones_naming_them(capsys
     with pytest.raises(SystemExit) as exit_info:
         harness.main(["--model", "m", "--tasks", "none", "--include-path", "x", "--data-dir", "d"])
     assert exit_info.value.code == 2 and "did you mean `include_path`" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------- report_to: any tracker Accelerate knows
+def accelerate_tracker_not_installed() -> str:
+    from accelerate.tracking import get_available_trackers
+    from accelerate.utils import LoggerType
+
+    usable = get_available_trackers()
+    missing = [t.value for t in LoggerType if t.value != "all" and t not in usable]
+    if not missing:
+        pytest.skip("every tracker Accelerate supports is installed here")
+    return "trackio" if "trackio" in missing else missing[0]
+
+
+def test_report_to_takes_any_tracker_accelerate_knows_a_list_of_them_or_none():
+    from hf_pretrain.config import tracker_names
+
+    assert build_recipe({}, {"report_to": "trackio"}).train.report_to == "trackio"  # refused when it was a hand list
+    assert tracker_names(build_recipe({}, {"report_to": "tensorboard, mlflow"}).train.report_to) == [
+        "tensorboard",
+        "mlflow",
+    ]
+    assert tracker_names("none") == [] and tracker_names("all") == ["all"]
+
+
+@pytest.mark.parametrize("report_to, wrong", [("tensorbord", "tensorboard"), ("tensorboard,nope", None), ("", None)])
+def test_a_tracker_accelerate_does_not_know_is_refused_listing_the_known_ones(report_to, wrong, capsys):
+    with pytest.raises(RecipeError, match=r"is not a tracker Accelerate knows") as error:
+        build_recipe({}, {"report_to": report_to})
+    message = str(error.value)
+    assert "one or more of all, aim, tensorboard, wandb, trackio" in message and "`none`" in message
+    assert (f"did you mean `{wrong}`" in message) == bool(wrong)
+    with pytest.raises(SystemExit) as exit_info:  # on the command line: before any work, like any bad key
+        parse_recipe_args(["--report_to", report_to], prog="t", description="")
+    assert exit_info.value.code == 2 and "is not a tracker Accelerate knows" in capsys.readouterr().err
+
+
+def test_the_doctor_passes_two_installed_trackers_and_names_a_missing_one_with_its_install(monkeypatch):
+    from accelerate.utils import LoggerType
+
+    from hf_pretrain.preflight import trackers
+
+    missing = accelerate_tracker_not_installed()
+    two = build_recipe({}, {"report_to": f"tensorboard,{missing}"})
+    result = trackers.check_trackers(two)
+    assert (result.status, result.fix) == ("fail", f"pip install {missing}") and "tensorboard" not in result.reason
+    monkeypatch.setattr(trackers, "get_available_trackers", lambda: [LoggerType.TENSORBOARD, LoggerType(missing)])
+    assert trackers.check_trackers(two) == trackers.CheckResult("trackers", "pass", f"tensorboard, {missing}")
+    assert trackers.check_trackers(build_recipe({}, {"report_to": "all"})).reason == f"tensorboard, {missing}"
+    assert trackers.check_trackers(build_recipe({})).status == "skip"
+
+
+def test_a_tracker_that_is_not_installed_stops_the_run_before_any_work_with_its_install(tmp_path):
+    missing = accelerate_tracker_not_installed()
+    run = tmp_path / "run"
+    result = subprocess.run(
+        [sys.executable, "hf_pretrain/train.py", "--recipe", "smoke", "--report_to", f"tensorboard,{missing}"]
+        + ["--output_dir", str(run), "--data_dir", str(tmp_path / "data")],
+        capture_output=True,
+        text=True,
+        env=offline_env(),
+        cwd=ROOT,
+        timeout=300,
+    )
+    assert result.returncode == 78, result.stderr[-2000:]  # EX_CONFIG: refused, nothing was started
+    assert f"trackers: report_to names {missing}, not installed" in result.stderr
+    assert f"fix: pip install {missing}" in result.stderr
+    assert not (run / "checkpoints").exists() and not (run / "resolved_recipe.yaml").exists()

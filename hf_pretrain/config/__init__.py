@@ -27,6 +27,7 @@ from .schema import (
     SourceConfig,
     TrainConfig,
     math_keys,
+    tracker_names,
 )
 
 __all__ = [
@@ -49,4 +50,5 @@ __all__ = [
     "recipe_dict_from_yaml",
     "resolve_recipe_path",
     "save_recipe",
+    "tracker_names",
 ]

@@ -318,7 +318,12 @@ class TrainConfig:
         ge=1,
     )
     log_interval: int = key(10, "a metrics.jsonl record every this many steps", math=False, ge=1)
-    report_to: str = key("none", "trackers: `none`, `tensorboard`, `wandb` or `all`", math=False)
+    report_to: str = key(
+        "none",
+        "experiment trackers, comma-separated: any Accelerate supports (`tensorboard`, `trackio`, `wandb`, "
+        "`mlflow`, ...), `all` (every one installed) or `none`",
+        math=False,
+    )
     prompts: list[str] = key(
         factory=lambda: list(DEFAULT_PROMPTS), math=False, help="fixed prompts sampled greedily at every evaluation"
     )
@@ -409,7 +414,7 @@ class Recipe:
         _choice("mixed_precision", t.mixed_precision, ["auto", "no", "bf16", "fp16"])
         if t.compile_regions and not t.compile:
             raise RecipeError("compile_regions=true needs compile=true (it says how to compile, not whether)")
-        _choice("report_to", t.report_to, ["none", "tensorboard", "wandb", "all"])
+        check_trackers(t.report_to)
         if t.resume not in ("auto", "none") and not t.resume:
             raise RecipeError("resume must be `auto`, `none` or a checkpoint path")
         if not d.sources:
@@ -435,6 +440,29 @@ def math_keys(config: Any) -> dict[str, Any]:
             is_list = isinstance(value, list)  # of sources: each source's own math keys
             out[f.name] = [math_keys(v) if dataclasses.is_dataclass(v) else v for v in value] if is_list else value
     return out
+
+
+def tracker_names(report_to: str) -> list[str]:
+    """`report_to` as Accelerate's `log_with` takes it: `tensorboard,trackio` -> both names; `none` -> []."""
+    names = [name.strip() for name in report_to.split(",")]
+    return [] if names == ["none"] else names
+
+
+def check_trackers(report_to: str) -> None:
+    """Each name one Accelerate knows (`accelerate.utils.LoggerType`, so a tracker it adds is accepted here
+    too); whether it is installed is the doctor's question (preflight/trackers.py)."""
+    names = tracker_names(report_to)
+    if not names:
+        return
+    from accelerate.utils import LoggerType  # here, not above: it imports torch, which `none` never needs
+
+    known = [tracker.value for tracker in LoggerType]
+    for name in names:
+        if name not in known:
+            raise RecipeError(
+                f"report_to={report_to!r}: `{name}` is not a tracker Accelerate knows{did_you_mean(name, known)}; "
+                f"give `none`, or one or more of {', '.join(known)}, comma-separated"
+            )
 
 
 def _choice(name: str, value: str, allowed: list[str]) -> None:
