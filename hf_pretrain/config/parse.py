@@ -48,6 +48,10 @@ def typed(key: str, value: Any, expected: Any) -> Any:
     origin, args = typing.get_origin(expected), typing.get_args(expected)
     if origin in (typing.Union, types.UnionType):  # `X | None`, the only unions in the schema
         return None if value is None else typed(key, value, args[0])
+    if origin is typing.Literal:  # a choice: HfArgumentParser gives its flag the same `choices`
+        if value in args:
+            return value
+        raise RecipeError(f"{key}={value!r} is not one of {', '.join(args)}")
     if dataclasses.is_dataclass(expected) and isinstance(value, dict):
         return _build(expected, value, key)
     if origin is list and isinstance(value, list):

@@ -14,7 +14,7 @@ import json
 import operator
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 DEFAULT_PROMPTS = [
     "The capital of France is",
@@ -99,7 +99,7 @@ def check_ranges(config: Any, where: str = "") -> None:
 class SourceConfig:
     """One corpus in the data mixture."""
 
-    kind: str = key(
+    kind: Literal["builtin", "hub", "files"] = key(
         "builtin", "`builtin` (text every Python install has), `hub` (a Hub dataset) or `files` (local files)"
     )
     name: str = key(
@@ -187,7 +187,7 @@ class TrainConfig:
     warmup_steps: int = key(
         10, "linear warmup steps (at or above max_steps: the whole run warms up, with a warning)", ge=0
     )
-    lr_schedule: str = key(
+    lr_schedule: Literal["cosine", "wsd"] = key(
         "cosine",
         "`cosine` (warmup, then a cosine over max_steps) or `wsd` (warmup, the peak held, "
         "a final decay): a wsd run can stop with a finished model at any step and go "
@@ -200,13 +200,15 @@ class TrainConfig:
         ge=0,
         le=1,
     )
-    decay_shape: str = key("1-sqrt", "wsd decay and cooldowns: `linear` or `1-sqrt` (falls fast, then flattens)")
+    decay_shape: Literal["linear", "1-sqrt"] = key(
+        "1-sqrt", "wsd decay and cooldowns: `linear` or `1-sqrt` (falls fast, then flattens)"
+    )
     weight_decay: float = key(0.1, "AdamW decay on matrices only", ge=0)
     adam_beta1: float = key(0.9, "AdamW first-moment decay", ge=0, lt=1)
     adam_beta2: float = key(0.95, "AdamW second-moment decay", ge=0, lt=1)
     adam_eps: float = key(1e-8, "AdamW denominator epsilon", gt=0)
     grad_clip: float = key(1.0, "clip the global gradient norm to this (0 = off)", ge=0)
-    mixed_precision: str = key(
+    mixed_precision: Literal["auto", "no", "bf16", "fp16"] = key(
         "auto", "`auto` (bf16 on a GPU that supports it, fp32 otherwise), `no`, `bf16` or `fp16`"
     )
     tf32: bool = key(True, "allow TF32 matmuls on CUDA (free speed on Ampere and later)")
@@ -402,8 +404,6 @@ class Recipe:
             )
         if d.seq_len > m.max_position_embeddings:
             raise RecipeError(f"seq_len={d.seq_len} exceeds max_position_embeddings={m.max_position_embeddings}")
-        _choice("lr_schedule", t.lr_schedule, ["cosine", "wsd"])
-        _choice("decay_shape", t.decay_shape, ["linear", "1-sqrt"])
         if t.early_stop_cost_per_loss_point and not t.price_per_hour:
             raise RecipeError("early_stop_cost_per_loss_point needs price_per_hour: without a price there is no cost")
         if t.push_checkpoints and not t.push_to_hub:
@@ -411,7 +411,6 @@ class Recipe:
         for phase, end in t.phases.items():  # past max_steps is fine: a shortened run drops them (`notes`)
             if end <= 0:
                 raise RecipeError(f"phases.{phase}={end} must be a step, 1 or more")
-        _choice("mixed_precision", t.mixed_precision, ["auto", "no", "bf16", "fp16"])
         if t.compile_regions and not t.compile:
             raise RecipeError("compile_regions=true needs compile=true (it says how to compile, not whether)")
         check_trackers(t.report_to)
@@ -420,7 +419,6 @@ class Recipe:
         if not d.sources:
             raise RecipeError("data.sources is empty: name at least one corpus")
         for i, s in enumerate(d.sources):
-            _choice(f"sources[{i}].kind", s.kind, ["builtin", "hub", "files"])
             if s.kind == "files" and not s.paths:
                 raise RecipeError(f"sources[{i}] has kind `files` but no `paths`")
             if s.kind in ("builtin", "hub") and not s.name:
@@ -463,11 +461,6 @@ def check_trackers(report_to: str) -> None:
                 f"report_to={report_to!r}: `{name}` is not a tracker Accelerate knows{did_you_mean(name, known)}; "
                 f"give `none`, or one or more of {', '.join(known)}, comma-separated"
             )
-
-
-def _choice(name: str, value: str, allowed: list[str]) -> None:
-    if value not in allowed:
-        raise RecipeError(f"{name}={value!r} is not one of {', '.join(allowed)}")
 
 
 # Which section holds each key: the YAML nests keys in sections, the command line names them flat.
