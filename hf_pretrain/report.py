@@ -367,7 +367,6 @@ def main(argv: list[str] | None = None) -> int:
         prog="hf-pretrain report",
         description=__doc__.split("\n")[0],
         epilog=__doc__.split("\n", 1)[1],
-        renamed={"--price": "--price_per_hour"},
     )
     parser.add_argument("run_dir", type=Path, help="a run folder (the recipe's output_dir)")
     parser.add_argument("--output", type=Path, help="where the page and plots go (unset: RUN_DIR/report)")

@@ -10,6 +10,7 @@ import textwrap
 import pytest
 
 from hf_pretrain.config import RecipeError, build_recipe, load_recipe, parse_recipe_args
+from tests.helpers import ROOT, offline_env
 
 
 def write(tmp_path, text):
@@ -311,55 +312,129 @@ def test_every_command_lists_snake_case_flags_only(command, capsys):
     assert flags and not [f for f in flags if "-" in f[2:]], flags
 
 
-def test_old_spelling_still_works_and_names_the_new_one(capsys):
-    recipe, _ = parse_recipe_args(["--max-steps", "300", "--output-dir=x/y"], prog="t", description="")
-    assert (recipe.train.max_steps, recipe.train.output_dir) == (300, "x/y")
-    err = capsys.readouterr().err
-    assert "`--max-steps` is now `--max_steps`" in err and "`--output-dir` is now `--output_dir`" in err
+def test_an_old_spelling_is_refused_naming_the_new_one(capsys):
+    # The kebab-case spellings and renamed flags of 0.1.0 read for one release; now they are unknown keys.
+    for argv, new in ((["--max-steps", "300"], "max_steps"), (["--output-dir=x/y"], "output_dir")):
+        with pytest.raises(SystemExit) as exit_info:
+            parse_recipe_args(argv, prog="t", description="")
+        assert exit_info.value.code == 2
+        assert f"did you mean `{new}`" in capsys.readouterr().err
 
 
-def test_plan_price_is_price_per_gpu_hour_and_the_old_flags_still_work(capsys):
+def test_plan_price_is_price_per_gpu_hour_and_the_old_flags_are_refused_naming_it(capsys):
     from hf_pretrain.economics import plan
 
     new = ["--params", "1e9", "--tokens_per_s", "10000", "--price_per_gpu_hour", "2", "--max_gpus", "1", "--json"]
     assert plan.main(new) == 0
     captured = capsys.readouterr()
     assert json.loads(captured.out)["price_per_gpu_hour"] == 2 and "note" not in captured.err
-    assert plan.main(["--params", "1e9", "--tokens-per-s", "10000", "--price", "2", "--max-gpus", "1", "--json"]) == 0
-    captured = capsys.readouterr()
-    assert json.loads(captured.out)["price_per_gpu_hour"] == 2
-    assert (
-        "`--price` is now `--price_per_gpu_hour`" in captured.err and "`--max-gpus` is now `--max_gpus`" in captured.err
-    )
+    for old, spelled_now in ((["--price", "2"], "price_per_gpu_hour"), (["--max-gpus", "1"], "max_gpus")):
+        with pytest.raises(SystemExit) as exit_info:
+            plan.main(["--params", "1e9", "--tokens_per_s", "10000", *old, "--json"])
+        assert exit_info.value.code == 2
+        assert f"`{spelled_now}`" in capsys.readouterr().err.split("did you mean")[1]
 
 
 def test_report_price_is_price_per_hour(tmp_path, capsys):
     from hf_pretrain import report
 
-    for flag in ("--price_per_hour", "--price"):
-        with pytest.raises(SystemExit) as exit_info:
-            report.main([str(tmp_path), flag, "-1"])
-        assert exit_info.value.code == 2
-        assert "--price_per_hour must be a non-negative number" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_info:
+        report.main([str(tmp_path), "--price_per_hour", "-1"])
+    assert exit_info.value.code == 2
+    assert "--price_per_hour must be a non-negative number" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_info:
+        report.main([str(tmp_path), "--price", "-1"])
+    assert exit_info.value.code == 2
+    assert "unknown key `price` (did you mean `price_per_hour`?)" in capsys.readouterr().err
 
 
 def test_bench_price_is_gpu_price(capsys):
     from hf_pretrain.bench import benchmark as bench
 
-    # A malformed entry reaches the price table (exit 2, naming it) under either spelling; the old one says so.
+    # A malformed entry reaches the price table (exit 2, naming it); the old spelling is refused naming the new one.
     assert bench.main(["--recipe", "smoke", "--gpu_price", "H100"]) == 2
     assert "H100" in capsys.readouterr().err
-    assert bench.main(["--recipe", "smoke", "--price", "H100"]) == 2
-    assert "`--price` is now `--gpu_price`" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_info:
+        bench.main(["--recipe", "smoke", "--price", "H100"])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "unknown key `price` (did you mean" in err and "`gpu_price`" in err.split("did you mean")[1]
 
 
-def test_eval_takes_snake_case_flags_and_its_old_ones(capsys):
+def test_eval_takes_snake_case_flags_and_refuses_its_old_ones_naming_them(capsys):
     from hf_pretrain.evaluation import harness
 
-    for argv in (
-        ["--include_path", "x", "--data_dir", "d", "--batch_size", "4"],
-        ["--include-path", "x", "--data-dir", "d", "--batch-size", "4"],
-    ):
-        with pytest.raises(SystemExit) as exit_info:  # nothing to do: stops after parsing, before loading a model
-            harness.main(["--model", "m", "--tasks", "none", *argv])
-        assert exit_info.value.code == 2 and "--tasks none needs --text" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_info:  # nothing to do: stops after parsing, before loading a model
+        harness.main(["--model", "m", "--tasks", "none", "--include_path", "x", "--data_dir", "d", "--batch_size", "4"])
+    assert exit_info.value.code == 2 and "--tasks none needs --text" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_info:
+        harness.main(["--model", "m", "--tasks", "none", "--include-path", "x", "--data-dir", "d"])
+    assert exit_info.value.code == 2 and "did you mean `include_path`" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------- report_to: any tracker Accelerate knows
+def accelerate_tracker_not_installed() -> str:
+    from accelerate.tracking import get_available_trackers
+    from accelerate.utils import LoggerType
+
+    usable = get_available_trackers()
+    missing = [t.value for t in LoggerType if t.value != "all" and t not in usable]
+    if not missing:
+        pytest.skip("every tracker Accelerate supports is installed here")
+    return "trackio" if "trackio" in missing else missing[0]
+
+
+def test_report_to_takes_any_tracker_accelerate_knows_a_list_of_them_or_none():
+    from hf_pretrain.config import tracker_names
+
+    assert build_recipe({}, {"report_to": "trackio"}).train.report_to == "trackio"  # refused when it was a hand list
+    assert tracker_names(build_recipe({}, {"report_to": "tensorboard, mlflow"}).train.report_to) == [
+        "tensorboard",
+        "mlflow",
+    ]
+    assert tracker_names("none") == [] and tracker_names("all") == ["all"]
+
+
+@pytest.mark.parametrize("report_to, wrong", [("tensorbord", "tensorboard"), ("tensorboard,nope", None), ("", None)])
+def test_a_tracker_accelerate_does_not_know_is_refused_listing_the_known_ones(report_to, wrong, capsys):
+    with pytest.raises(RecipeError, match=r"is not a tracker Accelerate knows") as error:
+        build_recipe({}, {"report_to": report_to})
+    message = str(error.value)
+    assert "one or more of all, aim, tensorboard, wandb, trackio" in message and "`none`" in message
+    assert (f"did you mean `{wrong}`" in message) == bool(wrong)
+    with pytest.raises(SystemExit) as exit_info:  # on the command line: before any work, like any bad key
+        parse_recipe_args(["--report_to", report_to], prog="t", description="")
+    assert exit_info.value.code == 2 and "is not a tracker Accelerate knows" in capsys.readouterr().err
+
+
+def test_the_doctor_passes_two_installed_trackers_and_names_a_missing_one_with_its_install(monkeypatch):
+    from accelerate.utils import LoggerType
+
+    from hf_pretrain.preflight import trackers
+
+    missing = accelerate_tracker_not_installed()
+    two = build_recipe({}, {"report_to": f"tensorboard,{missing}"})
+    result = trackers.check_trackers(two)
+    assert (result.status, result.fix) == ("fail", f"pip install {missing}") and "tensorboard" not in result.reason
+    monkeypatch.setattr(trackers, "get_available_trackers", lambda: [LoggerType.TENSORBOARD, LoggerType(missing)])
+    assert trackers.check_trackers(two) == trackers.CheckResult("trackers", "pass", f"tensorboard, {missing}")
+    assert trackers.check_trackers(build_recipe({}, {"report_to": "all"})).reason == f"tensorboard, {missing}"
+    assert trackers.check_trackers(build_recipe({})).status == "skip"
+
+
+def test_a_tracker_that_is_not_installed_stops_the_run_before_any_work_with_its_install(tmp_path):
+    missing = accelerate_tracker_not_installed()
+    run = tmp_path / "run"
+    result = subprocess.run(
+        [sys.executable, "hf_pretrain/train.py", "--recipe", "smoke", "--report_to", f"tensorboard,{missing}"]
+        + ["--output_dir", str(run), "--data_dir", str(tmp_path / "data")],
+        capture_output=True,
+        text=True,
+        env=offline_env(),
+        cwd=ROOT,
+        timeout=300,
+    )
+    assert result.returncode == 78, result.stderr[-2000:]  # EX_CONFIG: refused, nothing was started
+    assert f"trackers: report_to names {missing}, not installed" in result.stderr
+    assert f"fix: pip install {missing}" in result.stderr
+    assert not (run / "checkpoints").exists() and not (run / "resolved_recipe.yaml").exists()

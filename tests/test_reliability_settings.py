@@ -143,10 +143,10 @@ def test_every_world_size_evaluates_the_same_samples_once(samples, micro_batch_s
         assert counted == reference == list(range(samples)), world_size
 
 
-def test_eval_tokens_replace_eval_batches_which_still_read_with_a_note(tmp_path, capsys):
-    recipe = build_recipe({}, {"eval_batches": 3, "micro_batch_size": 4, "seq_len": 64, "global_batch_tokens": 256})
-    assert recipe.train.eval_tokens == 3 * 4 * 64  # what the old key meant on one process
-    assert "is now `eval_tokens: 768`" in capsys.readouterr().err
+def test_eval_batches_is_refused_naming_eval_tokens_which_replaced_it(tmp_path, capsys):
+    # `eval_batches` (micro-batches per process) read for one release as the tokens it meant; now it is unknown.
+    with pytest.raises(RecipeError, match=r"unknown key `eval_batches` \(did you mean `eval_tokens`\?\)"):
+        build_recipe({}, {"eval_batches": 3})
     old = write(
         tmp_path,
         """
@@ -154,19 +154,11 @@ def test_eval_tokens_replace_eval_batches_which_still_read_with_a_note(tmp_path,
           eval_batches: 2
     """,
     )
-    assert load_recipe(str(old)).train.eval_tokens == 2 * 8 * 128
-    recipe, _ = parse_recipe_args(["--recipe", "smoke", "--eval_batches", "1"], prog="t", description="")
-    assert recipe.train.eval_tokens == 16 * 128
-    both = write(
-        tmp_path,
-        """
-        train:
-          eval_batches: 2
-          eval_tokens: 100
-    """,
-    )
-    with pytest.raises(RecipeError, match="not both"):
-        load_recipe(str(both))
+    with pytest.raises(RecipeError, match=r"unknown key `eval_batches` in .*:train \(did you mean `eval_tokens`\?\)"):
+        load_recipe(str(old))
+    with pytest.raises(SystemExit) as exit_:
+        parse_recipe_args(["--recipe", "smoke", "--eval_batches", "1"], prog="t", description="")
+    assert exit_.value.code == 2 and "did you mean `eval_tokens`" in capsys.readouterr().err
 
 
 def test_the_doctor_says_when_the_validation_split_is_smaller_than_eval_tokens(smoke_data):

@@ -92,13 +92,11 @@ def recipe_with_data(recipe: Recipe, out: Path, steps: int, say: Callable[[str],
 
 
 def main(argv: list[str] | None = None) -> int:
-    # `--price NAME=USD` is now `--gpu_price`: `plan --price` meant $/GPU-hour, one name had two meanings.
     recipe, args = parse_recipe_args(
         argv,
         prog="hf-pretrain bench",
         description=__doc__.split("\n")[0],
         extra=add_bench_arguments,
-        renamed={"--price": "--gpu_price"},
     )
     if args.worker_result:
         return run_in_this_process(recipe, Path(args.worker_result))

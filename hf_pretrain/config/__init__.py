@@ -9,7 +9,6 @@ from .parse import (
     RECIPES_DIR,
     CommandParser,
     build_recipe,
-    coerce,
     load_recipe,
     parse_recipe_args,
     recipe_dict_from_yaml,
@@ -28,6 +27,7 @@ from .schema import (
     SourceConfig,
     TrainConfig,
     math_keys,
+    tracker_names,
 )
 
 __all__ = [
@@ -44,11 +44,11 @@ __all__ = [
     "SourceConfig",
     "TrainConfig",
     "build_recipe",
-    "coerce",
     "load_recipe",
     "math_keys",
     "parse_recipe_args",
     "recipe_dict_from_yaml",
     "resolve_recipe_path",
     "save_recipe",
+    "tracker_names",
 ]

@@ -9,28 +9,25 @@ command line: exit status 2) naming the key, before any work starts.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
-import difflib
 import json
 import os
 import sys
 import types
 import typing
-from collections.abc import Callable, Iterable, Sequence
+from argparse import ArgumentTypeError
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import yaml
 from transformers import HfArgumentParser
+from transformers.hf_argparser import string_to_bool
 
-from .schema import KEY_SECTION, SECTIONS, TOP_LEVEL_KEYS, Recipe, RecipeError, range_text
+from .schema import KEY_SECTION, SECTIONS, TOP_LEVEL_KEYS, Recipe, RecipeError, did_you_mean, range_text
 
 RECIPES_DIR = Path(__file__).resolve().parent.parent / "recipes"
-
-
-def _suggest(key: str, valid: Iterable[str]) -> str:
-    close = difflib.get_close_matches(key, list(valid), n=1, cutoff=0.6)
-    return f" (did you mean `{close[0]}`?)" if close else ""
 
 
 def _field_types(cls: type) -> dict[str, Any]:
@@ -39,65 +36,47 @@ def _field_types(cls: type) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------------- typed values
-def coerce(key: str, value: Any, expected: Any) -> Any:
-    """Check `value` against the annotation `expected`, converting only what is lossless."""
-    origin = typing.get_origin(expected)
-    if origin in (typing.Union, types.UnionType):
-        options = typing.get_args(expected)
-        if value is None and type(None) in options:
-            return None
-        inner = [o for o in options if o is not type(None)]
-        return coerce(key, value, inner[0])
-    if origin is list:
-        (item_type,) = typing.get_args(expected)
-        if not isinstance(value, list):
-            raise RecipeError(f"{key} must be a list, got {type(value).__name__} {value!r}")
-        return [coerce(f"{key}[{i}]", v, item_type) for i, v in enumerate(value)]
-    if origin is dict:
-        key_type, value_type = typing.get_args(expected)
-        if not isinstance(value, dict):
-            raise RecipeError(f"{key} must be a mapping, got {type(value).__name__} {value!r}")
-        return {coerce(f"{key} key", k, key_type): coerce(f"{key}.{k}", v, value_type) for k, v in value.items()}
-    if dataclasses.is_dataclass(expected):
-        if not isinstance(value, dict):
-            raise RecipeError(f"{key} must be a mapping, got {value!r}")
+# How HfArgumentParser reads a flag's text. Text that reaches a number or a boolean another way (a
+# `bench --variants` value, YAML 1.1's `3e-4`, which it leaves a string) is read the same way.
+FROM_TEXT: dict[Any, Callable[[str], Any]] = {int: int, float: float, bool: string_to_bool}
+
+
+def typed(key: str, value: Any, expected: Any) -> Any:
+    """`value` checked against the annotation `expected`, or a `RecipeError` naming `key`. Mappings become
+    the dataclasses they describe; the only conversions: text read as its flag reads it, a whole number
+    where a float is expected, and a float without a fraction where an int is."""
+    origin, args = typing.get_origin(expected), typing.get_args(expected)
+    if origin in (typing.Union, types.UnionType):  # `X | None`, the only unions in the schema
+        return None if value is None else typed(key, value, args[0])
+    if origin is typing.Literal:  # a choice: HfArgumentParser gives its flag the same `choices`
+        if value in args:
+            return value
+        raise RecipeError(f"{key}={value!r} is not one of {', '.join(args)}")
+    if dataclasses.is_dataclass(expected) and isinstance(value, dict):
         return _build(expected, value, key)
-    if expected is bool:
-        if isinstance(value, bool):
-            return value
-        if isinstance(value, str) and value.lower() in ("true", "false", "yes", "no", "1", "0"):
-            return value.lower() in ("true", "yes", "1")
-    elif expected is int:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-        if isinstance(value, str):
-            try:
-                return int(value.replace("_", ""))
-            except ValueError:
-                pass
-        if isinstance(value, float) and value.is_integer():
-            return int(value)
-    elif expected is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        if isinstance(value, str):  # YAML 1.1 reads `3e-4` (no dot) as a string
-            try:
-                return float(value)
-            except ValueError:
-                pass
-    elif expected is str:
-        if isinstance(value, (str, int, float)) and not isinstance(value, bool):
-            return str(value)
-    raise RecipeError(f"{key} must be {getattr(expected, '__name__', expected)}, got {value!r}")
+    if origin is list and isinstance(value, list):
+        return [typed(f"{key}[{i}]", v, args[0]) for i, v in enumerate(value)]
+    if origin is dict and isinstance(value, dict):
+        return {typed(f"{key} key", k, args[0]): typed(f"{key}.{k}", v, args[1]) for k, v in value.items()}
+    if isinstance(value, str) and expected in FROM_TEXT:
+        with contextlib.suppress(ValueError, ArgumentTypeError):
+            return FROM_TEXT[expected](value)
+    elif expected is float and type(value) is int:
+        return float(value)
+    elif expected is int and type(value) is float and value.is_integer():
+        return int(value)
+    elif type(value) is expected:
+        return value
+    kind = "a list" if origin is list else "a mapping" if origin is dict or dataclasses.is_dataclass(expected) else ""
+    raise RecipeError(f"{key} must be {kind or expected.__name__}, got {value!r}")
 
 
 def _build(cls: type, values: dict[str, Any], where: str) -> Any:
     types_ = _field_types(cls)
     unknown = [k for k in values if k not in types_]
     if unknown:
-        k = unknown[0]
-        raise RecipeError(f"unknown key `{k}` in {where}{_suggest(k, types_)}")
-    return cls(**{k: coerce(f"{where}.{k}", v, types_[k]) for k, v in values.items()})
+        raise RecipeError(f"unknown key `{unknown[0]}` in {where}{did_you_mean(unknown[0], types_)}")
+    return cls(**{k: typed(f"{where}.{k}", v, types_[k]) for k, v in values.items()})
 
 
 # ---------------------------------------------------------------------- YAML recipes
@@ -147,7 +126,7 @@ def resolve_recipe_path(name_or_path: str) -> Path:
     if not candidate.is_file():
         known = sorted(p.stem for p in RECIPES_DIR.glob("*.yaml"))
         raise RecipeError(
-            f"no recipe named `{name_or_path}` in {RECIPES_DIR}{_suggest(name_or_path, known)}; "
+            f"no recipe named `{name_or_path}` in {RECIPES_DIR}{did_you_mean(name_or_path, known)}; "
             f"known recipes: {', '.join(known)}"
         )
     return candidate
@@ -168,7 +147,7 @@ def recipe_dict_from_yaml(path: Path) -> dict[str, Any]:
             hint = (
                 f" (`{key}` belongs in the `{KEY_SECTION[key]}:` section)"
                 if key in KEY_SECTION
-                else _suggest(key, valid)
+                else did_you_mean(key, valid)
             )
             raise RecipeError(f"unknown key `{key}` at the top of {path}{hint}")
         if key in SECTIONS and not isinstance(value or {}, dict):
@@ -176,42 +155,21 @@ def recipe_dict_from_yaml(path: Path) -> dict[str, Any]:
     return raw
 
 
-# `eval_batches` (validation micro-batches per process) became `eval_tokens` (the same tokens whatever
-# the number of processes): a recipe, an old run's resolved_recipe.yaml or a flag with the old key
-# still reads, as the tokens it meant on one process, with a note. Goes in the next release.
-OLD_EVAL_KEY = "eval_batches"
-
-
 def _assemble(raw: dict[str, Any], overrides: dict[str, Any] | None, where: str) -> Recipe:
     """Recipe from a YAML mapping plus flat overrides (`{"max_steps": 10}`), typed but not yet validated."""
     sections = {s: dict(raw.get(s) or {}) for s in SECTIONS}
     top = {k: raw[k] for k in TOP_LEVEL_KEYS if k in raw}
-    old_eval = sections["train"].pop(OLD_EVAL_KEY, None)
-    if old_eval is not None and "eval_tokens" in sections["train"]:
-        raise RecipeError(f"{where}: give eval_tokens or the old {OLD_EVAL_KEY}, not both")
     for key, value in (overrides or {}).items():
         if key in TOP_LEVEL_KEYS:
             top[key] = value
         elif key in KEY_SECTION:
             sections[KEY_SECTION[key]][key] = value
-        elif key == OLD_EVAL_KEY:
-            old_eval = value if value is not None else old_eval
         else:
-            raise RecipeError(f"unknown key `{key}`{_suggest(key, list(KEY_SECTION) + TOP_LEVEL_KEYS)}")
-    recipe = Recipe(
-        **{k: coerce(k, v, str) for k, v in top.items()},
+            raise RecipeError(f"unknown key `{key}`{did_you_mean(key, list(KEY_SECTION) + TOP_LEVEL_KEYS)}")
+    return Recipe(
+        **{k: typed(k, v, str) for k, v in top.items()},
         **{s: _build(cls, sections[s], f"{where}:{s}") for s, cls in SECTIONS.items()},
     )
-    if old_eval is not None:
-        batches = coerce(OLD_EVAL_KEY, old_eval, int)
-        recipe.train.eval_tokens = batches * recipe.train.micro_batch_size * recipe.data.seq_len
-        print(
-            f"note: {where}: `{OLD_EVAL_KEY}: {batches}` (micro-batches per process) is now "
-            f"`eval_tokens: {recipe.train.eval_tokens}` (the same tokens whatever the number of processes); "
-            f"the old key goes in the next release",
-            file=sys.stderr,
-        )
-    return recipe
 
 
 def build_recipe(raw: dict[str, Any], overrides: dict[str, Any] | None = None, where: str = "recipe") -> Recipe:
@@ -243,46 +201,21 @@ class CommandParser(HfArgumentParser):
     """The parser of every `hf-pretrain` command, so that they all parse the same way.
 
     HfArgumentParser builds flags from dataclass fields (help from their metadata, `--flag` or
-    `--flag false` for booleans, several values for lists). On top of it:
-    - flags are snake_case, like the recipe keys. A kebab-case spelling (`--push-to-hub`) or a flag
-      listed in `renamed` (old -> new) still works for one release, with a one-line note naming the
-      new spelling; neither shows in `--help`;
-    - an unknown flag is named with the nearest valid one; flags are never abbreviated.
+    `--flag false` for booleans, several values for lists). On top of it: flags are snake_case, like
+    the recipe keys (HfArgumentParser's kebab-case twins are left out); an unknown flag is named with
+    the nearest valid one (`--max-steps`: did you mean `max_steps`?); flags are never abbreviated.
     """
 
-    def __init__(self, dataclass_types: Any = None, *, renamed: dict[str, str] | None = None, **kwargs: Any) -> None:
+    def __init__(self, dataclass_types: Any = None, **kwargs: Any) -> None:
         kwargs.setdefault("allow_abbrev", False)
         kwargs.setdefault("formatter_class", HelpFormatter)
-        self.renamed = dict(renamed or {})
         super().__init__(dataclass_types, **kwargs)
 
     def add_argument(self, *names: str, **kwargs: Any) -> argparse.Action:
-        # HfArgumentParser gives each snake_case flag a kebab-case twin: keep one spelling (parse_known_args
-        # still translates the other, with the note).
         snake = [n for n in names if not _is_kebab(n)]
         if not snake:
             raise ValueError(f"flags are snake_case, like the recipe keys: {names}")
         return super().add_argument(*snake, **kwargs)
-
-    def parse_known_args(self, args: Sequence[str] | None = None, namespace: Any = None) -> Any:
-        args = sys.argv[1:] if args is None else list(args)
-        return super().parse_known_args(self._current_spelling(args), namespace)
-
-    def _current_spelling(self, args: list[str]) -> list[str]:
-        out: list[str] = []
-        for i, arg in enumerate(args):
-            if arg == "--":  # everything after it is a value
-                return out + args[i:]
-            flag, equals, value = arg.partition("=")
-            new = self.renamed.get(flag) or ("--" + flag[2:].replace("-", "_") if _is_kebab(flag) else None)
-            if new:
-                print(
-                    f"{self.prog}: note: `{flag}` is now `{new}`; the old spelling goes in the next release",
-                    file=sys.stderr,
-                )
-                arg = new + equals + value
-            out.append(arg)
-        return out
 
     def error(self, message: str) -> typing.NoReturn:  # type: ignore[override]
         if message.startswith("unrecognized arguments"):
@@ -290,7 +223,7 @@ class CommandParser(HfArgumentParser):
             if bad:
                 key = bad[0][2:].split("=", 1)[0]
                 valid = [a.lstrip("-") for a in self._option_string_actions if a.startswith("--")]
-                message = f"unknown key `{key}`{_suggest(key, valid)}"
+                message = f"unknown key `{key}`{did_you_mean(key, valid)}"
         super().error(message)
 
 
@@ -345,7 +278,7 @@ def _yaml_value(text: str) -> Any:
     except DuplicateKeyError as exc:
         raise RecipeError(f"command-line value {text!r}: {exc}") from None
     except yaml.YAMLError:
-        return text  # typed check below names the key
+        return text  # `typed` names the key
 
 
 def parse_recipe_args(
@@ -353,10 +286,9 @@ def parse_recipe_args(
     prog: str,
     description: str,
     extra: Callable[[argparse.ArgumentParser], None] | None = None,
-    renamed: dict[str, str] | None = None,
 ) -> tuple[Recipe, argparse.Namespace]:
     """The recipe named by `--recipe`, every key overridable as `--key value`, validated; `extra` adds the
-    command's own flags (they come back in the namespace), `renamed` its old flag names (see CommandParser)."""
+    command's own flags (they come back in the namespace)."""
     argv = sys.argv[1:] if argv is None else list(argv)
     recipe_flag = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     recipe_flag.add_argument("--recipe", default="smoke", help="recipe name in recipes/ or a path to a YAML file")
@@ -367,9 +299,7 @@ def parse_recipe_args(
         usage="%(prog)s [--recipe NAME] [--key VALUE ...]",
         description=description,
         parents=[recipe_flag],
-        renamed=renamed,
     )
-    parser.add_argument(f"--{OLD_EVAL_KEY}", type=int, default=None, help=argparse.SUPPRESS)
     if extra:
         extra(parser)
     try:
@@ -377,7 +307,6 @@ def parse_recipe_args(
         parser.set_defaults(**_flag_defaults(_assemble(recipe_dict_from_yaml(path), None, where=str(path))))
         args = parser.parse_args(argv)
         flat = {k: _from_flag(k, getattr(args, k)) for k in TOP_LEVEL_KEYS + list(KEY_SECTION)}
-        flat[OLD_EVAL_KEY] = args.eval_batches
         recipe = build_recipe({}, flat, where="command line")
     except RecipeError as exc:
         parser.exit(2, f"{prog}: error: {exc}\n")

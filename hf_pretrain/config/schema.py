@@ -8,10 +8,13 @@ with a message that says what to change.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import hashlib
 import json
+import operator
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 DEFAULT_PROMPTS = [
     "The capital of France is",
@@ -22,6 +25,17 @@ DEFAULT_PROMPTS = [
 
 class RecipeError(ValueError):
     """A recipe or override that cannot describe a valid run."""
+
+
+def did_you_mean(name: str, valid: Iterable[str]) -> str:
+    """` (did you mean `x`?)` for a mistyped name: its snake_case spelling if that is valid (`--max-steps`),
+    else the closest spelling and the keys with `name` as one of their words (`price` -> `price_per_hour`),
+    three at most; empty when none is near."""
+    valid, wanted = list(valid), name.replace("-", "_")
+    close = [wanted] if wanted in valid else difflib.get_close_matches(wanted, valid, n=1, cutoff=0.6)
+    near = [f"`{n}`" for n in dict.fromkeys(close + [v for v in valid if wanted in v.split("_")])][:3]
+    listed = " or ".join([", ".join(near[:-1]), near[-1]] if len(near) > 1 else near)
+    return f" (did you mean {listed}?)" if near else ""
 
 
 def key(
@@ -62,13 +76,7 @@ def _number(value: float) -> str:
     return f"{value:,}" if isinstance(value, int) and abs(value) >= 10_000 else f"{value:g}"
 
 
-def out_of_range(value: float, bounds: dict[str, float]) -> bool:
-    return (
-        ("ge" in bounds and not value >= bounds["ge"])
-        or ("gt" in bounds and not value > bounds["gt"])
-        or ("le" in bounds and not value <= bounds["le"])
-        or ("lt" in bounds and not value < bounds["lt"])
-    )
+BOUND_CHECKS = {"ge": operator.ge, "gt": operator.gt, "le": operator.le, "lt": operator.lt}
 
 
 def check_ranges(config: Any, where: str = "") -> None:
@@ -82,7 +90,7 @@ def check_ranges(config: Any, where: str = "") -> None:
             for i, item in enumerate(value):
                 check_ranges(item, f"{where}{f.name}[{i}].")
         elif isinstance(value, (int, float)) and not isinstance(value, bool) and f.metadata.get("range"):
-            if out_of_range(value, f.metadata["range"]):
+            if not all(BOUND_CHECKS[bound](value, limit) for bound, limit in f.metadata["range"].items()):
                 allowed = range_text(f.metadata["range"])
                 raise RecipeError(f"{where}{f.name}={value} must be {allowed}: {f.metadata['help']}")
 
@@ -91,7 +99,7 @@ def check_ranges(config: Any, where: str = "") -> None:
 class SourceConfig:
     """One corpus in the data mixture."""
 
-    kind: str = key(
+    kind: Literal["builtin", "hub", "files"] = key(
         "builtin", "`builtin` (text every Python install has), `hub` (a Hub dataset) or `files` (local files)"
     )
     name: str = key(
@@ -179,7 +187,7 @@ class TrainConfig:
     warmup_steps: int = key(
         10, "linear warmup steps (at or above max_steps: the whole run warms up, with a warning)", ge=0
     )
-    lr_schedule: str = key(
+    lr_schedule: Literal["cosine", "wsd"] = key(
         "cosine",
         "`cosine` (warmup, then a cosine over max_steps) or `wsd` (warmup, the peak held, "
         "a final decay): a wsd run can stop with a finished model at any step and go "
@@ -192,13 +200,15 @@ class TrainConfig:
         ge=0,
         le=1,
     )
-    decay_shape: str = key("1-sqrt", "wsd decay and cooldowns: `linear` or `1-sqrt` (falls fast, then flattens)")
+    decay_shape: Literal["linear", "1-sqrt"] = key(
+        "1-sqrt", "wsd decay and cooldowns: `linear` or `1-sqrt` (falls fast, then flattens)"
+    )
     weight_decay: float = key(0.1, "AdamW decay on matrices only", ge=0)
     adam_beta1: float = key(0.9, "AdamW first-moment decay", ge=0, lt=1)
     adam_beta2: float = key(0.95, "AdamW second-moment decay", ge=0, lt=1)
     adam_eps: float = key(1e-8, "AdamW denominator epsilon", gt=0)
     grad_clip: float = key(1.0, "clip the global gradient norm to this (0 = off)", ge=0)
-    mixed_precision: str = key(
+    mixed_precision: Literal["auto", "no", "bf16", "fp16"] = key(
         "auto", "`auto` (bf16 on a GPU that supports it, fp32 otherwise), `no`, `bf16` or `fp16`"
     )
     tf32: bool = key(True, "allow TF32 matmuls on CUDA (free speed on Ampere and later)")
@@ -316,7 +326,12 @@ class TrainConfig:
         ge=1,
     )
     log_interval: int = key(10, "a metrics.jsonl record every this many steps", math=False, ge=1)
-    report_to: str = key("none", "trackers: `none`, `tensorboard`, `wandb` or `all`", math=False)
+    report_to: str = key(
+        "none",
+        "experiment trackers, comma-separated: any Accelerate supports (`tensorboard`, `trackio`, `wandb`, "
+        "`mlflow`, ...), `all` (every one installed) or `none`",
+        math=False,
+    )
     prompts: list[str] = key(
         factory=lambda: list(DEFAULT_PROMPTS), math=False, help="fixed prompts sampled greedily at every evaluation"
     )
@@ -395,8 +410,6 @@ class Recipe:
             )
         if d.seq_len > m.max_position_embeddings:
             raise RecipeError(f"seq_len={d.seq_len} exceeds max_position_embeddings={m.max_position_embeddings}")
-        _choice("lr_schedule", t.lr_schedule, ["cosine", "wsd"])
-        _choice("decay_shape", t.decay_shape, ["linear", "1-sqrt"])
         if t.early_stop_cost_per_loss_point and not t.price_per_hour:
             raise RecipeError("early_stop_cost_per_loss_point needs price_per_hour: without a price there is no cost")
         if t.push_checkpoints and not t.push_to_hub:
@@ -404,16 +417,14 @@ class Recipe:
         for phase, end in t.phases.items():  # past max_steps is fine: a shortened run drops them (`notes`)
             if end <= 0:
                 raise RecipeError(f"phases.{phase}={end} must be a step, 1 or more")
-        _choice("mixed_precision", t.mixed_precision, ["auto", "no", "bf16", "fp16"])
         if t.compile_regions and not t.compile:
             raise RecipeError("compile_regions=true needs compile=true (it says how to compile, not whether)")
-        _choice("report_to", t.report_to, ["none", "tensorboard", "wandb", "all"])
+        check_trackers(t.report_to)
         if t.resume not in ("auto", "none") and not t.resume:
             raise RecipeError("resume must be `auto`, `none` or a checkpoint path")
         if not d.sources:
             raise RecipeError("data.sources is empty: name at least one corpus")
         for i, s in enumerate(d.sources):
-            _choice(f"sources[{i}].kind", s.kind, ["builtin", "hub", "files"])
             if s.kind == "files" and not s.paths:
                 raise RecipeError(f"sources[{i}] has kind `files` but no `paths`")
             if s.kind in ("builtin", "hub") and not s.name:
@@ -435,9 +446,27 @@ def math_keys(config: Any) -> dict[str, Any]:
     return out
 
 
-def _choice(name: str, value: str, allowed: list[str]) -> None:
-    if value not in allowed:
-        raise RecipeError(f"{name}={value!r} is not one of {', '.join(allowed)}")
+def tracker_names(report_to: str) -> list[str]:
+    """`report_to` as Accelerate's `log_with` takes it: `tensorboard,trackio` -> both names; `none` -> []."""
+    names = [name.strip() for name in report_to.split(",")]
+    return [] if names == ["none"] else names
+
+
+def check_trackers(report_to: str) -> None:
+    """Each name one Accelerate knows (`accelerate.utils.LoggerType`, so a tracker it adds is accepted here
+    too); whether it is installed is the doctor's question (preflight/trackers.py)."""
+    names = tracker_names(report_to)
+    if not names:
+        return
+    from accelerate.utils import LoggerType  # here, not above: it imports torch, which `none` never needs
+
+    known = [tracker.value for tracker in LoggerType]
+    for name in names:
+        if name not in known:
+            raise RecipeError(
+                f"report_to={report_to!r}: `{name}` is not a tracker Accelerate knows{did_you_mean(name, known)}; "
+                f"give `none`, or one or more of {', '.join(known)}, comma-separated"
+            )
 
 
 # Which section holds each key: the YAML nests keys in sections, the command line names them flat.

@@ -353,12 +353,10 @@ def format_further(plan: FurtherPlan) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    # `--price` was this command's $/GPU-hour while `bench --price` took NAME=USD: one name, one meaning.
     parser = CommandParser(
         prog="hf-pretrain plan",
         description=__doc__.split("\n")[0],
         epilog=__doc__.split("\n", 1)[1],
-        renamed={"--price": "--price_per_gpu_hour"},
     )
     model = parser.add_mutually_exclusive_group(required=True)
     model.add_argument("--recipe", help="recipe name or YAML path: parameters from a meta-device build")

@@ -26,6 +26,7 @@ from hf_pretrain.preflight.disk import check_disk_space, check_not_in_use, check
 from hf_pretrain.preflight.gpu import check_bf16, check_compiler, check_cuda, check_memory, check_tf32
 from hf_pretrain.preflight.result import CheckResult, PreflightError, format_table
 from hf_pretrain.preflight.resume import check_resume
+from hf_pretrain.preflight.trackers import check_trackers
 
 __all__ = ["CheckResult", "PreflightError", "format_table", "preflight", "run_checks"]
 
@@ -56,6 +57,7 @@ def run_checks(
     `resume_decision` is training's own (made once, then loaded); the doctor's is made here."""
     checks: list[tuple[str, Callable[[], CheckResult | list[CheckResult]]]] = [
         ("versions", lambda: check_versions(recipe)),
+        ("trackers", lambda: check_trackers(recipe)),
         ("cuda", lambda: check_cuda(recipe)),
         ("bf16", lambda: check_bf16(recipe)),
         ("tf32", lambda: check_tf32(recipe)),

@@ -4,7 +4,6 @@ loss is heading (economics/forecast.py), and each pass over the training data.""
 
 from __future__ import annotations
 
-import importlib.util
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -15,7 +14,7 @@ from accelerate import Accelerator
 from accelerate.utils import gather_object
 from tqdm.auto import tqdm
 
-from hf_pretrain.config import Recipe
+from hf_pretrain.config import Recipe, tracker_names
 from hf_pretrain.economics.cost import cost_record, phases_from_recipe, write_phase_table
 from hf_pretrain.economics.forecast import forecast_fields
 from hf_pretrain.hardware import device_peak_flops, peak_memory_gib
@@ -54,15 +53,10 @@ class ThroughputMeter:
 
 
 def trackers_for(report_to: str) -> list[str]:
-    """Accelerate tracker names for the recipe's `report_to`; a requested one must be installed."""
-    wanted = {"none": [], "tensorboard": ["tensorboard"], "wandb": ["wandb"], "all": ["tensorboard", "wandb"]}[
-        report_to
-    ]
-    for name in wanted:
-        module = "tensorboard" if name == "tensorboard" else "wandb"
-        if importlib.util.find_spec(module) is None:
-            raise RuntimeError(f"report_to={report_to} needs `{module}`: pip install {module}")
-    return wanted
+    """Accelerate's `log_with` for the recipe's `report_to`. Each name is one Accelerate knows (checked with
+    the recipe) and is installed (checked by preflight, before any work): Accelerate itself would skip a
+    missing tracker with no more than a debug line."""
+    return tracker_names(report_to)
 
 
 def flat_config(recipe: Recipe) -> dict[str, Any]:
