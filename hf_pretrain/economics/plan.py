@@ -24,10 +24,16 @@ from typing import Any
 from hf_pretrain.config import CommandParser, RecipeError, load_recipe
 from hf_pretrain.economics.cost import dollars_per_billion_tokens
 from hf_pretrain.economics.forecast import BAND_SIGMAS, GoingFurther, going_further
+from hf_pretrain.economics.memory import GRADIENT_BYTES
 from hf_pretrain.economics.prices import PriceError, load_prices
 from hf_pretrain.formatting import human_count, usd
 from hf_pretrain.hardware import best_match, peak_flops_for_name
-from hf_pretrain.model import recipe_flops_per_token, recipe_parameter_count
+from hf_pretrain.model import (
+    TRAINING_FLOPS_PER_PARAMETER,
+    dense_flops_per_token,
+    recipe_flops_per_token,
+    recipe_parameter_count,
+)
 from hf_pretrain.optim import Cooldown, Schedule
 from hf_pretrain.run_dir import RunDir, read_jsonl
 
@@ -42,8 +48,6 @@ CHINCHILLA_ALPHA, CHINCHILLA_BETA = 0.3478, 0.3658
 # Per-GPU, one-direction link rates in Gbit/s: NVLink 4 on H100 SXM (450 GB/s), PCIe 4.0 x16
 # (32 GB/s), and a common 100 GbE cloud NIC between nodes.
 INTERCONNECT_GBPS = {"nvlink": 3600.0, "pcie": 256.0, "ethernet": 100.0}
-# Accelerate's bf16 autocast keeps fp32 weights, so the gradients DDP all-reduces are fp32.
-GRADIENT_BYTES_PER_PARAMETER = 4
 # Share of the datasheet peak a well-tuned ~1B Llama reaches with SDPA and torch.compile (TinyLlama
 # reports ~56% on A100s with fused kernels); used only when no measured tokens/s is given.
 DEFAULT_MFU = 0.40
@@ -58,7 +62,7 @@ def chinchilla_tokens(n_params: float) -> float:
 
 def training_flops(n_params: float, tokens: float) -> float:
     """C = 6ND: forward (2N) and backward (4N) FLOPs per token, attention left out."""
-    return 6.0 * n_params * tokens
+    return dense_flops_per_token(n_params) * tokens
 
 
 def compute_optimal(compute_flops: float) -> tuple[float, float]:
@@ -69,8 +73,9 @@ def compute_optimal(compute_flops: float) -> tuple[float, float]:
     """
     a, b = CHINCHILLA_ALPHA, CHINCHILLA_BETA
     g = (a * CHINCHILLA_A / (b * CHINCHILLA_B)) ** (1.0 / (a + b))
-    n_opt = g * (compute_flops / 6.0) ** (b / (a + b))
-    return n_opt, compute_flops / 6.0 / n_opt
+    parameter_tokens = compute_flops / TRAINING_FLOPS_PER_PARAMETER  # C/6 = N D
+    n_opt = g * parameter_tokens ** (b / (a + b))
+    return n_opt, parameter_tokens / n_opt
 
 
 def chinchilla_loss(n_params: float, tokens: float) -> float:
@@ -172,7 +177,7 @@ def make_plan(args: argparse.Namespace) -> Plan:
         recipe_rate, recipe_price = recipe.train.expected_tokens_per_s, recipe.train.price_per_hour
     else:
         n_params = int(args.params)
-        per_token = 6.0 * n_params
+        per_token = dense_flops_per_token(n_params)
         source, default_tokens, batch_tokens = "--params", chinchilla_tokens(n_params), DEFAULT_GLOBAL_BATCH_TOKENS
         recipe_rate = recipe_price = 0.0
     tokens = float(args.tokens) if args.tokens else float(default_tokens)
@@ -403,7 +408,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--gradient_bytes",
         type=float,
-        default=GRADIENT_BYTES_PER_PARAMETER,
+        default=GRADIENT_BYTES,
         help="bytes per parameter all-reduced each step (4: fp32 gradients; 2 with a bf16 compression hook)",
     )
     parser.add_argument(
