@@ -21,12 +21,12 @@ from accelerate import Accelerator
 from transformers import AutoConfig
 
 from hf_pretrain.config import load_recipe
+from hf_pretrain.exit_codes import EXIT_CRASHED, EXIT_LOCKED, EXIT_PREEMPTED, EXIT_PREFLIGHT
 from hf_pretrain.model import build_model
 from hf_pretrain.optim import build_optimizer
 from hf_pretrain.publish import export
 from hf_pretrain.run_dir import RunDir, read_jsonl
 from hf_pretrain.training.checkpoint import resume_training_state, verify_checkpoint, write_manifest
-from hf_pretrain.training.guards import EXIT_CRASHED, EXIT_LOCKED, EXIT_PREEMPTED, EXIT_PREFLIGHT
 from hf_pretrain.training.resume import ResumeRefused, plan_resume
 from hf_pretrain.training.run_lock import RunLock, RunLocked, holder_of
 from tests.helpers import ROOT, SHORT_RUN, offline_env
