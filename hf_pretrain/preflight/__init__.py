@@ -3,7 +3,7 @@
 Every check is a small function returning a `CheckResult` (pass / warn / fail / skip, with a
 reason and a fix). `run_checks` runs them all; `preflight` also logs the table and raises
 `PreflightError` when any check fails, so `train` can stop before a model is built.
-`hf-pretrain doctor` (hf_pretrain/doctor.py) prints the same table.
+`hf-pretrain doctor` (preflight/doctor.py) prints the same table.
 """
 
 from __future__ import annotations
