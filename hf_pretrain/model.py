@@ -107,6 +107,16 @@ def recipe_parameter_count(recipe: Recipe, tokenizer_size: int | None = None) ->
     return count_parameters(build_model(llama_config(recipe.model, size), device="meta"))
 
 
+# Training FLOPs of the dense matmuls per parameter and token: 2 in the forward pass (a multiply and
+# an add per weight), 4 in the backward (the gradients of the inputs and of the weights). C = 6ND.
+TRAINING_FLOPS_PER_PARAMETER = 6.0
+
+
+def dense_flops_per_token(n_params: float) -> float:
+    """Training FLOPs per token of a model known only by its size: 6N, attention left out."""
+    return TRAINING_FLOPS_PER_PARAMETER * n_params
+
+
 def recipe_flops_per_token(recipe: Recipe) -> tuple[int, float]:
     """(parameters, training FLOPs per token) of the recipe's model at its context length."""
     n_params = recipe_parameter_count(recipe)
@@ -121,7 +131,7 @@ def flops_per_token(config: LlamaConfig, n_params: int, seq_len: int) -> float:
     projection, whose matmul is real work. Attention adds 12 * layers * hidden * seq_len
     (QK^T and AV, forward and backward), without the causal-mask halving, as PaLM counts it.
     """
-    return 6.0 * n_params + 12.0 * config.num_hidden_layers * config.hidden_size * seq_len
+    return dense_flops_per_token(n_params) + 12.0 * config.num_hidden_layers * config.hidden_size * seq_len
 
 
 # What `liger: true` swaps in; tests/test_gpu_paths.py holds the patched model to it.

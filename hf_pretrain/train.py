@@ -12,7 +12,7 @@ or in this one process: `hf-pretrain train --recipe smoke`.
 Any recipe key can be overridden: `--max_steps 100 --output_dir runs/try`. `--help` lists them.
 
 The loop is training/loop.py; what happens beside it (final/, pushes, benchmarks) is
-publish/side_jobs.py, wired in here. The exit code (training/guards.py) and `output_dir/status.json`
+publish/side_jobs.py, wired in here. The exit code (exit_codes.py) and `output_dir/status.json`
 (training/session.py) say how the run ended; under a launcher, status.json is what a script can read.
 """
 
@@ -37,7 +37,7 @@ def run_training(recipe: Recipe) -> Outcome:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """The exit code: 0, or one a scheduler can act on (training/guards.py); status.json says the same."""
+    """The exit code: 0, or one a scheduler can act on (exit_codes.py); status.json says the same."""
     recipe, _ = parse_recipe_args(argv, prog="train.py", description=__doc__.split("\n")[0])
     try:
         return run_training(recipe).exit_code

@@ -11,6 +11,7 @@ import pytest
 import yaml
 
 from hf_pretrain import bench, report
+from hf_pretrain.config import load_recipe
 from hf_pretrain.economics import plan
 from hf_pretrain.economics.cost import Phase, phase_row
 from hf_pretrain.economics.prices import PriceError, parse_price, price_table
@@ -90,6 +91,64 @@ def test_plan_from_a_recipe_and_a_named_gpu(capsys):
     assert plan.main(["--recipe", "smoke", "--gpu", "A100 80GB", "--max_gpus", "1"]) == 0
     out = capsys.readouterr().out
     assert "recipe smoke" in out and "A100 80GB" in out and "$1.79/h" in out and "| 1 |" in out
+
+
+def _plan_json(capsys, argv):
+    assert plan.main([*argv, "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_plan_takes_recipe_overrides_like_every_recipe_command(capsys):
+    recipe = load_recipe("smoke")
+    as_written = _plan_json(capsys, ["--recipe", "smoke"])
+    assert as_written["optimizer_steps"] == recipe.train.max_steps
+    longer = _plan_json(capsys, ["--recipe", "smoke", "--max_steps", "500"])
+    assert longer["optimizer_steps"] == 500 and longer["tokens"] == 500 * recipe.train.global_batch_tokens
+    assert longer["parameters"] == as_written["parameters"]
+    # a key of the model changes its size and FLOPs; a recipe key and a plan flag mix freely
+    deeper = _plan_json(capsys, ["--recipe", "smoke", "--num_hidden_layers", "8", "--tokens_per_s", "1000"])
+    assert deeper["parameters"] > as_written["parameters"] and deeper["flops_per_token"] > as_written["flops_per_token"]
+    assert deeper["tokens_per_s_per_gpu"] == 1000 and deeper["throughput_source"] == "--tokens_per_s"
+    # the recipe's own price and rate keys feed the plan when no flag says otherwise
+    priced = _plan_json(capsys, ["--recipe", "smoke", "--price_per_hour", "3", "--expected_tokens_per_s", "2000"])
+    assert priced["price_per_gpu_hour"] == 3 and priced["tokens_per_s_per_gpu"] == 2000
+
+
+@pytest.mark.parametrize(
+    "argv, said",
+    [
+        (["--recipe", "smoke", "--max_stepz", "500"], "unknown key `max_stepz` (did you mean `max_steps`?)"),
+        (["--recipe", "smoke", "--max_steps", "0"], "max_steps"),  # checked like any run of the recipe
+        (["--params", "1e9", "--max_steps", "500"], "unknown key `max_steps`"),  # no recipe, no recipe keys
+    ],
+)
+def test_plan_refuses_an_unknown_recipe_key_naming_it(capsys, argv, said):
+    with pytest.raises(SystemExit) as exited:  # the parser's refusal, as in every recipe command
+        plan.main(argv)
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert said in err and "Traceback" not in err
+
+
+def test_plan_refuses_two_models_and_bad_numbers(capsys):
+    assert plan.main(["--recipe", "smoke", "--params", "1e9"]) == 2
+    assert "--recipe and --params" in capsys.readouterr().err
+    assert plan.main(["--params", "1e9", "--tokens", "-5"]) == 2
+    assert "--tokens must be positive" in capsys.readouterr().err
+    assert plan.main(["--params", "1e9", "--price_per_hour", "3"]) == 2
+    assert "--price_per_hour goes with --run" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="--max_gpus"):
+        plan.PlanRequest(params=1e9, max_gpus=0)
+    with pytest.raises(ValueError, match="one of them"):
+        plan.PlanRequest()
+
+
+def test_a_plan_request_plans_without_a_command_line():
+    request = plan.PlanRequest(params=1e9, tokens=2e10, tokens_per_s=10_000, price_per_gpu_hour=2.0, max_gpus=1)
+    result = plan.make_plan(request)
+    assert result.flops_per_token == pytest.approx(6e9) and result.total_flops == pytest.approx(1.2e20)
+    assert result.gradient_bytes == pytest.approx(4e9)  # fp32 gradients all-reduced
+    assert result.scaling[0].cost == pytest.approx(2e10 / 10_000 / 3600 * 2.0)
 
 
 def test_plan_without_throughput_says_what_time_and_cost_need(capsys):

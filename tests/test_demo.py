@@ -127,6 +127,36 @@ def test_a_checkpoint_exports_once_and_reloads_with_tied_weights_equal_to_the_fi
     assert format_progress(checkpoint.train_state).startswith("step 12 · ")
 
 
+def test_the_page_reads_progress_from_the_card_metadata_not_its_prose(tmp_path):
+    from huggingface_hub import ModelCard
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from hf_pretrain.publish import model_card
+    from hf_pretrain.publish.space_template import app
+
+    assert app.CARD_METADATA_KEY == model_card.CARD_METADATA_KEY  # the app keeps its own copy: it cannot import
+    tiny = LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=64,
+            hidden_size=16,
+            intermediate_size=32,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+            max_position_embeddings=32,
+        )
+    )
+    card = model_card.write_model_card(
+        tmp_path, {"step": 7, "tokens_seen": 1234}, None, tiny, model_card.CardOptions("tiny")
+    )
+    assert ModelCard.load(card).data.to_dict()[model_card.CARD_METADATA_KEY] == {"step": 7, "tokens_seen": 1234}
+    assert format_progress(read_progress(str(tmp_path))) == "step 7 · 1,234 tokens trained"
+    # the opening sentence says the same to a reader, but nothing parses it back
+    card.write_text(card.read_text().replace(f"{model_card.CARD_METADATA_KEY}:", "other:"))
+    assert "step 7, 1,234 tokens." in card.read_text()
+    assert format_progress(read_progress(str(tmp_path))) == "step unknown · tokens trained unknown"
+
+
 @pytest.mark.slow
 def test_a_model_folder_without_a_card_or_sidecar_has_unknown_progress(untrained_model, tmp_path):
     [choice] = model_choices(str(untrained_model), tmp_path)

@@ -123,8 +123,10 @@ def test_model_card_describes_the_run(reference_run, exports):
     assert card.data.license == "apache-2.0" and "hf-pretrain" in card.data.tags
     assert card.data.pipeline_tag == "text-generation" and card.data.library_name == "transformers"
     assert not card.data.eval_results  # nothing measured yet
-    # the opening sentence the demo Space reads progress from (hf_pretrain/publish/space_template/app.py)
+    # the opening sentence, and the same progress as metadata, which the demo Space reads
+    # (hf_pretrain/publish/space_template/app.py)
     assert "step 12 of 12, 24,576 tokens." in card.text
+    assert card.data.hf_pretrain == {"recipe": "smoke", "step": 12, "max_steps": 12, "tokens_seen": 24_576}
     records = read_jsonl(run_dir / "metrics.jsonl")
     last_train = [r for r in records if r["kind"] == "train"][-1]["loss"]
     last_val = [r for r in records if r["kind"] == "eval"][-1]["val_loss"]

@@ -24,12 +24,12 @@ from hf_pretrain.checkpoints.continuation import ResumeRefused, decide_resume
 from hf_pretrain.checkpoints.load import restore_training_state
 from hf_pretrain.checkpoints.manifest import verify_checkpoint, write_manifest
 from hf_pretrain.config import load_recipe
+from hf_pretrain.exit_codes import EXIT_CRASHED, EXIT_LOCKED, EXIT_PREEMPTED, EXIT_PREFLIGHT
 from hf_pretrain.model import build_model
 from hf_pretrain.optim import build_optimizer
 from hf_pretrain.publish import export
 from hf_pretrain.run_dir import RunDir, read_jsonl
 from hf_pretrain.run_lock import RunLock, RunLocked, holder_of
-from hf_pretrain.training.guards import EXIT_CRASHED, EXIT_LOCKED, EXIT_PREEMPTED, EXIT_PREFLIGHT
 from tests.helpers import ROOT, SHORT_RUN, offline_env
 
 TRAIN = [str(ROOT / "hf_pretrain" / "train.py"), "--recipe", "smoke"]

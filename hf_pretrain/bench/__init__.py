@@ -1,6 +1,7 @@
 """`hf-pretrain bench`: measure recipe variants with short runs of the real training loop.
 
-    command.py   the command: the recipe as written, the variants asked for, the micro-batch search
+    command.py   the command: its flags, parsed into a `BenchRequest`
+    sweep.py     the bench: the recipe as written, the variants asked for, the micro-batch search, the verdict
     variants.py  one variant: a short run in a child process, and what it measured
     measure.py   throughput from metrics records, the matmul peak, peak memory, MFU and money
     search.py    the largest micro-batch that fits without gradient checkpointing

@@ -24,24 +24,15 @@ Results go to `--output`: bench.json (every field) and bench.md (the tables).
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
 import sys
-from collections.abc import Callable
-from dataclasses import asdict
 from pathlib import Path
 
-import torch
-
-from hf_pretrain.bench.measure import add_money_and_mfu, measured_matmul_flops
-from hf_pretrain.bench.results import advice, markdown_report
-from hf_pretrain.bench.search import ProbeError, search_micro_batch
-from hf_pretrain.bench.variants import VariantRunner, is_recipe_as_written, run_in_this_process, variant_grid
-from hf_pretrain.config import Recipe, RecipeError, build_recipe, parse_recipe_args
-from hf_pretrain.data import DataMismatchError, check_prepared_data, prepare
+from hf_pretrain.bench.sweep import BenchRequest, run_bench
+from hf_pretrain.bench.variants import run_in_this_process, variant_grid
+from hf_pretrain.config import Recipe, RecipeError, parse_recipe_args
 from hf_pretrain.economics.prices import PriceError, price_table
-from hf_pretrain.hardware import best_match, device_name, device_peak_flops
-from hf_pretrain.model import recipe_flops_per_token
+
+PROG = "hf-pretrain bench"
 
 
 def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
@@ -76,100 +67,33 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--worker_result", default=None, help=argparse.SUPPRESS)
 
 
-def recipe_with_data(recipe: Recipe, out: Path, steps: int, say: Callable[[str], None]) -> Recipe:
-    """The recipe itself when its data is prepared, else the recipe on a slice of its corpus in `out`."""
-    try:
-        check_prepared_data(recipe)
-        return recipe
-    except (DataMismatchError, FileNotFoundError) as exc:
-        say(f"the recipe's data cannot be used ({exc})")
-    sliced = build_recipe(
-        recipe.to_dict(), {"data_dir": str(out / "data"), "max_tokens": (steps + 1) * recipe.train.global_batch_tokens}
+def bench_request(recipe: Recipe, args: argparse.Namespace) -> BenchRequest:
+    """The typed request of parsed flags; raises PriceError, RecipeError or ValueError naming the flag."""
+    return BenchRequest(
+        recipe=recipe,
+        output=Path(args.output or f"runs/bench-{recipe.name}"),
+        variants=variant_grid(args.variants),
+        prices=price_table(args.prices, args.gpu_price),
+        steps=args.steps,
+        warmup=args.warmup,
+        memory_gib=args.memory_gib,
+        search=not args.no_search,
     )
-    say(f"preparing {sliced.data.max_tokens:,} tokens of the recipe's corpus in {sliced.data.data_dir}")
-    prepare(sliced, log=say)
-    return sliced
 
 
 def main(argv: list[str] | None = None) -> int:
     recipe, args = parse_recipe_args(
         argv,
-        prog="hf-pretrain bench",
+        prog=PROG,
         description=__doc__.split("\n")[0],
         extra=add_bench_arguments,
     )
-    if args.worker_result:
+    if args.worker_result:  # a variant's child process (variants.run_in_child)
         return run_in_this_process(recipe, Path(args.worker_result))
-    if not 0 <= args.warmup < args.steps:
-        print("hf-pretrain bench: error: --warmup must be at least 0 and below --steps", file=sys.stderr)
-        return 2
     try:
-        prices = price_table(args.prices, args.gpu_price)
-        grid = variant_grid(args.variants)
-    except (PriceError, RecipeError) as exc:
-        print(f"hf-pretrain bench: error: {exc}", file=sys.stderr)
+        request = bench_request(recipe, args)
+    except (PriceError, RecipeError, ValueError) as exc:
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 2
-    out = Path(args.output or f"runs/bench-{recipe.name}")
-    out.mkdir(parents=True, exist_ok=True)
-    say = print
-    recipe = recipe_with_data(recipe, out, args.steps, say)
-
-    # ---- the recipe as written first (the baseline), then every combination asked for
-    runner = VariantRunner(recipe, out, args.steps, args.warmup, say)
-    for overrides in [{}] + [point for point in grid if not is_recipe_as_written(recipe, point)]:
-        runner.run(overrides)
-
-    # ---- the largest micro-batch without checkpointing, measured like a variant when it is new
-    search, search_error = None, None
-    if args.no_search:
-        say("micro-batch search skipped (--no_search)")
-    elif not torch.cuda.is_available() and args.memory_gib is None:
-        say("micro-batch search skipped: on the CPU it needs a budget (--memory_gib)")
-    else:
-        say("largest micro-batch without gradient checkpointing:")
-        try:
-            search = search_micro_batch(recipe, runner.short_run, out / "search", args.memory_gib, say)
-        except ProbeError as exc:
-            search_error = str(exc)
-            say(f"micro-batch search stopped: {exc}")
-        best = {"micro_batch_size": search.largest_fitting if search else None, "gradient_checkpointing": False}
-        if best["micro_batch_size"] and not runner.has_run(best):
-            runner.run(best)
-
-    # ---- peaks, money and the verdict. CUDA is touched in this process only now, so that the
-    # children above had the whole GPU.
-    variants = runner.results
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    name = device_name(device)
-    matmul_flops, matmul_with = measured_matmul_flops(device)
-    datasheet = device_peak_flops(device)
-    n_params, per_token = recipe_flops_per_token(recipe)
-    for variant in variants:
-        add_money_and_mfu(variant, datasheet, matmul_flops, prices)
-        if variant.tokens_per_s and variants[0].tokens_per_s:
-            variant.speedup_vs_recipe = variant.tokens_per_s / variants[0].tokens_per_s - 1
-    left_on_table, notes = advice(recipe, variants, search)
-    result = {
-        "recipe": recipe.name,
-        "device": name,
-        "torch": torch.__version__,
-        "date": datetime.date.today().isoformat(),
-        "parameters": n_params,
-        "flops_per_token": per_token,
-        "steps": args.steps,
-        "warmup": args.warmup,
-        "tokens_per_step": recipe.train.global_batch_tokens,
-        "peak_flops": {"datasheet": datasheet, "measured": matmul_flops, "measured_with": matmul_with},
-        "prices": prices,
-        "price_entry_of_device": best_match(name, prices) if device.type == "cuda" else None,
-        "variants": [asdict(v) for v in variants],
-        "micro_batch_search": asdict(search) if search else None,
-        "micro_batch_search_error": search_error,
-        "leaves_speed_on_the_table": left_on_table,
-        "advice": notes,
-    }
-    (out / "bench.json").write_text(json.dumps(result, indent=1))
-    table = markdown_report(result)
-    (out / "bench.md").write_text(table)
-    say("\n" + table + f"\nwritten: {out / 'bench.json'}, {out / 'bench.md'}")
-    return 0 if variants[0].status == "ok" else 1
+    result = run_bench(request)
+    return 0 if result["variants"][0]["status"] == "ok" else 1

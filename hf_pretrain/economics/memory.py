@@ -62,7 +62,12 @@ from hf_pretrain.hardware import training_precision
 from hf_pretrain.model import llama_config, recipe_parameter_count
 
 # Bytes per parameter: fp32 weights, fp32 gradients, AdamW's two fp32 moments, autocast's 16-bit copy.
+# Accelerate's autocast keeps the weights in fp32, so the gradients (and what DDP all-reduces) are fp32.
 WEIGHT_BYTES, GRADIENT_BYTES, ADAM_BYTES, HALF_COPY_BYTES = 4, 4, 8, 2
+# What a checkpoint keeps of that state per parameter: the fp32 weights and AdamW's moments (the
+# gradients are freed at every step, autocast's copies are made again). Under FSDP the same total is
+# spread over one file per process.
+CHECKPOINT_BYTES_PER_PARAMETER = WEIGHT_BYTES + ADAM_BYTES
 # Bytes per token per layer of the fp32 residual stream kept at each checkpointed layer boundary.
 RESIDUAL_BYTES = 4
 # Bytes per token and vocabulary row at the loss's backward: three fp32 buffers (module docstring).

@@ -2,7 +2,7 @@
 going further would buy a run that is under way.
 
     hf-pretrain plan --recipe 1b                      # tokens, FLOPs, Chinchilla; time and cost when the recipe knows
-    hf-pretrain plan --recipe 1b --gpu H100
+    hf-pretrain plan --recipe 1b --gpu H100 --max_steps 120000   # any recipe key overrides, as in training
     hf-pretrain plan --params 1.04e9 --tokens 20e9 --tokens_per_s 40000 --price_per_gpu_hour 2.99 --max_gpus 8 --json
     hf-pretrain plan --run runs/1b --tokens 20.8e9    # from the run's own loss curve, pace and price
 
@@ -18,16 +18,23 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import sys
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from hf_pretrain.config import CommandParser, RecipeError, load_recipe
+from hf_pretrain.config import CommandParser, Recipe, RecipeError, parse_recipe_args
 from hf_pretrain.economics.cost import dollars_per_billion_tokens
 from hf_pretrain.economics.forecast import BAND_SIGMAS, GoingFurther, going_further
+from hf_pretrain.economics.memory import GRADIENT_BYTES
 from hf_pretrain.economics.prices import PriceError, load_prices
 from hf_pretrain.formatting import human_count, usd
 from hf_pretrain.hardware import best_match, peak_flops_for_name
-from hf_pretrain.model import recipe_flops_per_token, recipe_parameter_count
+from hf_pretrain.model import (
+    TRAINING_FLOPS_PER_PARAMETER,
+    dense_flops_per_token,
+    recipe_flops_per_token,
+    recipe_parameter_count,
+)
 from hf_pretrain.optim import Cooldown, Schedule
 from hf_pretrain.run_dir import RunDir, read_jsonl
 
@@ -42,8 +49,6 @@ CHINCHILLA_ALPHA, CHINCHILLA_BETA = 0.3478, 0.3658
 # Per-GPU, one-direction link rates in Gbit/s: NVLink 4 on H100 SXM (450 GB/s), PCIe 4.0 x16
 # (32 GB/s), and a common 100 GbE cloud NIC between nodes.
 INTERCONNECT_GBPS = {"nvlink": 3600.0, "pcie": 256.0, "ethernet": 100.0}
-# Accelerate's bf16 autocast keeps fp32 weights, so the gradients DDP all-reduces are fp32.
-GRADIENT_BYTES_PER_PARAMETER = 4
 # Share of the datasheet peak a well-tuned ~1B Llama reaches with SDPA and torch.compile (TinyLlama
 # reports ~56% on A100s with fused kernels); used only when no measured tokens/s is given.
 DEFAULT_MFU = 0.40
@@ -58,7 +63,7 @@ def chinchilla_tokens(n_params: float) -> float:
 
 def training_flops(n_params: float, tokens: float) -> float:
     """C = 6ND: forward (2N) and backward (4N) FLOPs per token, attention left out."""
-    return 6.0 * n_params * tokens
+    return dense_flops_per_token(n_params) * tokens
 
 
 def compute_optimal(compute_flops: float) -> tuple[float, float]:
@@ -69,8 +74,9 @@ def compute_optimal(compute_flops: float) -> tuple[float, float]:
     """
     a, b = CHINCHILLA_ALPHA, CHINCHILLA_BETA
     g = (a * CHINCHILLA_A / (b * CHINCHILLA_B)) ** (1.0 / (a + b))
-    n_opt = g * (compute_flops / 6.0) ** (b / (a + b))
-    return n_opt, compute_flops / 6.0 / n_opt
+    parameter_tokens = compute_flops / TRAINING_FLOPS_PER_PARAMETER  # C/6 = N D
+    n_opt = g * parameter_tokens ** (b / (a + b))
+    return n_opt, parameter_tokens / n_opt
 
 
 def chinchilla_loss(n_params: float, tokens: float) -> float:
@@ -161,52 +167,96 @@ class Plan:
         return asdict(self)
 
 
-def make_plan(args: argparse.Namespace) -> Plan:
-    """The plan for parsed command-line arguments; raises ValueError with what to give instead."""
-    if args.recipe:
-        recipe = load_recipe(args.recipe)
+@dataclass(frozen=True)
+class PlanRequest:
+    """What to plan: the model (a recipe, or a bare parameter count) and how it would be run.
+
+    The fields are the command's flags; unset ones come from the recipe where it says (token budget,
+    throughput, price), else from the defaults below. Contradictions raise ValueError naming the flag.
+    """
+
+    recipe: Recipe | None = None  # parameters and FLOPs of its model, its token budget, batch, rate, price
+    params: float | None = None  # without a recipe: the parameter count (FLOPs per token then 6N)
+    tokens: float | None = None  # token budget (unset: the recipe's, else Chinchilla's 20 per parameter)
+    global_batch_tokens: int | None = None  # without a recipe: tokens per optimizer step (a recipe has its own)
+    gpu: str | None = None  # a GPU of the price table: its price and datasheet peak
+    prices: str | None = None  # price table YAML (unset: the shipped one)
+    price_per_gpu_hour: float | None = None
+    tokens_per_s: float | None = None  # measured tokens/s of one GPU
+    mfu: float = DEFAULT_MFU  # assumed with `gpu` when no rate is known
+    max_gpus: int = 8
+    interconnect: str = "nvlink"
+    interconnect_gbps: float | None = None  # overrides `interconnect`
+    gradient_bytes: float = GRADIENT_BYTES  # bytes per parameter all-reduced each step
+
+    def __post_init__(self) -> None:
+        if (self.recipe is None) == (self.params is None):
+            raise ValueError("plan a recipe (--recipe) or a parameter count (--params): one of them")
+        if self.recipe is not None and self.global_batch_tokens is not None:
+            raise ValueError("a recipe's batch is its own: override its global_batch_tokens key instead")
+        for name in (
+            "params",
+            "tokens",
+            "global_batch_tokens",
+            "price_per_gpu_hour",
+            "tokens_per_s",
+            "mfu",
+            "interconnect_gbps",
+            "gradient_bytes",
+        ):
+            value = getattr(self, name)
+            if value is not None and value <= 0:
+                raise ValueError(f"--{name} must be positive")
+        if self.max_gpus < 1:
+            raise ValueError("--max_gpus must be at least 1")
+        if self.interconnect not in INTERCONNECT_GBPS:
+            raise ValueError(f"--interconnect must be one of {', '.join(sorted(INTERCONNECT_GBPS))}")
+
+
+def make_plan(request: PlanRequest) -> Plan:
+    """The plan of `request`; raises ValueError (or PriceError) saying what to give instead."""
+    if request.recipe is not None:
+        recipe = request.recipe
         n_params, per_token = recipe_flops_per_token(recipe)
         source = f"recipe {recipe.name}"
         default_tokens = recipe.train.max_steps * recipe.train.global_batch_tokens
         batch_tokens = recipe.train.global_batch_tokens
         recipe_rate, recipe_price = recipe.train.expected_tokens_per_s, recipe.train.price_per_hour
     else:
-        n_params = int(args.params)
-        per_token = 6.0 * n_params
-        source, default_tokens, batch_tokens = "--params", chinchilla_tokens(n_params), DEFAULT_GLOBAL_BATCH_TOKENS
+        n_params = int(request.params)
+        per_token = dense_flops_per_token(n_params)
+        source, default_tokens = "--params", chinchilla_tokens(n_params)
+        batch_tokens = request.global_batch_tokens or DEFAULT_GLOBAL_BATCH_TOKENS
         recipe_rate = recipe_price = 0.0
-    tokens = float(args.tokens) if args.tokens else float(default_tokens)
-    batch_tokens = args.global_batch_tokens or batch_tokens
+    tokens = float(request.tokens) if request.tokens else float(default_tokens)
 
-    prices = load_prices(args.prices)
+    prices = load_prices(request.prices)
     gpu = None
-    if args.gpu:
-        gpu = best_match(args.gpu, prices) or args.gpu
-    price = args.price_per_gpu_hour or (prices.get(gpu) if gpu else None) or recipe_price or None
+    if request.gpu:
+        gpu = best_match(request.gpu, prices) or request.gpu
+    price = request.price_per_gpu_hour or (prices.get(gpu) if gpu else None) or recipe_price or None
 
     rate: float | None
-    if args.tokens_per_s:
-        rate, rate_source = args.tokens_per_s, "--tokens_per_s"
+    mfu = request.mfu
+    if request.tokens_per_s:
+        rate, rate_source = request.tokens_per_s, "--tokens_per_s"
     elif recipe_rate:
         rate, rate_source = recipe_rate, "the recipe's expected_tokens_per_s"
     elif gpu and peak_flops_for_name(gpu):
         peak = peak_flops_for_name(gpu)
-        rate = tokens_per_s_at_mfu(peak, args.mfu, per_token)
-        rate_source = (
-            f"assumed {args.mfu:.0%} MFU of the {peak / 1e12:,.0f} TFLOP/s datasheet peak; "
-            f"measure it with `hf-pretrain bench`"
-        )
+        rate = tokens_per_s_at_mfu(peak, mfu, per_token)
+        rate_source = f"assumed {mfu:.0%} MFU of the {peak / 1e12:,.0f} TFLOP/s datasheet peak; measure it with `hf-pretrain bench`"
     else:
         rate = None
         known = f"no datasheet peak is known for `{gpu}` (known: {', '.join(prices)}); " if gpu else ""
         rate_source = (
-            f"{known}time and cost need a throughput: --gpu NAME (assumes {args.mfu:.0%} MFU of its "
+            f"{known}time and cost need a throughput: --gpu NAME (assumes {mfu:.0%} MFU of its "
             f"datasheet peak), --tokens_per_s, or the recipe's expected_tokens_per_s "
             f"(`hf-pretrain bench` measures it)"
         )
 
-    gbps = args.interconnect_gbps or INTERCONNECT_GBPS[args.interconnect]
-    gradient_bytes = args.gradient_bytes * n_params
+    gbps = request.interconnect_gbps or INTERCONNECT_GBPS[request.interconnect]
+    gradient_bytes = request.gradient_bytes * n_params
     steps = math.ceil(tokens / batch_tokens)
     c_6nd = training_flops(n_params, tokens)
     n_opt, d_opt = compute_optimal(c_6nd)
@@ -230,10 +280,12 @@ def make_plan(args: argparse.Namespace) -> Plan:
         usd_per_billion_tokens=dollars_per_billion_tokens(rate, price) if price and rate else None,
         global_batch_tokens=batch_tokens,
         optimizer_steps=steps,
-        interconnect=args.interconnect if not args.interconnect_gbps else "custom",
+        interconnect=request.interconnect if not request.interconnect_gbps else "custom",
         interconnect_gbps=gbps,
         gradient_bytes=gradient_bytes,
-        scaling=[scaling_row(n, tokens, rate, price, steps, gradient_bytes, gbps) for n in range(1, args.max_gpus + 1)]
+        scaling=[
+            scaling_row(n, tokens, rate, price, steps, gradient_bytes, gbps) for n in range(1, request.max_gpus + 1)
+        ]
         if rate
         else [],
     )
@@ -300,6 +352,10 @@ class FurtherPlan:
 def plan_further(run_dir: str, target_tokens: float | None, price_per_hour: float | None) -> FurtherPlan:
     """What training the run in `run_dir` on to `target_tokens` (unset: Chinchilla's 20 per parameter)
     buys, from its own loss curve, pace and price; raises ValueError saying what is missing."""
+    if target_tokens is not None and target_tokens <= 0:
+        raise ValueError("--tokens must be positive")
+    if price_per_hour is not None and price_per_hour < 0:
+        raise ValueError("--price_per_hour must not be negative")
     run = RunDir(run_dir)
     recipe = run.load_recipe()
     if recipe is None:
@@ -352,91 +408,136 @@ def format_further(plan: FurtherPlan) -> str:
     return "\n".join(lines) + "\n"
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = CommandParser(
-        prog="hf-pretrain plan",
-        description=__doc__.split("\n")[0],
-        epilog=__doc__.split("\n", 1)[1],
-    )
-    model = parser.add_mutually_exclusive_group(required=True)
-    model.add_argument("--recipe", help="recipe name or YAML path: parameters from a meta-device build")
-    model.add_argument("--params", type=float, help="parameter count, e.g. 1.04e9 (FLOPs per token then 6N)")
-    model.add_argument("--run", help="a run folder: what going on to --tokens would buy, from its loss curve so far")
-    parser.add_argument(
+# ---------------------------------------------------------------------- the command
+PROG = "hf-pretrain plan"
+# The three ways to name what is planned; a recipe takes every recipe key as `--key value` on top.
+MODEL_FLAGS = ("--recipe", "--params", "--run")
+# Flags whose values a PlanRequest takes as they are, with a recipe or without.
+PLAN_OPTIONS = (
+    "tokens",
+    "gpu",
+    "prices",
+    "price_per_gpu_hour",
+    "tokens_per_s",
+    "mfu",
+    "max_gpus",
+    "interconnect",
+    "interconnect_gbps",
+    "gradient_bytes",
+)
+
+
+def add_plan_options(parser: argparse.ArgumentParser, with_recipe: bool) -> None:
+    """The command's own flags. With a recipe, `--global_batch_tokens` and `--price_per_hour` are the
+    recipe's keys (its batch, its price), so the plan's flags of those names are left out."""
+    group = parser.add_argument_group("plan options")
+    group.add_argument(
         "--tokens",
         type=float,
         help="token budget (unset: the recipe's max_steps x global_batch_tokens, else 20 x params; "
         "with --run, 20 x the run's parameters)",
     )
-    parser.add_argument(
-        "--global_batch_tokens",
-        type=int,
-        help=f"tokens per optimizer step (unset: the recipe's, else {DEFAULT_GLOBAL_BATCH_TOKENS:,})",
-    )
-    parser.add_argument("--gpu", help="a GPU from the price table (its price and datasheet peak), e.g. H100")
-    parser.add_argument("--prices", help="price table YAML (unset: the shipped hf_pretrain/economics/prices.yaml)")
-    parser.add_argument(
+    if not with_recipe:
+        group.add_argument(
+            "--global_batch_tokens",
+            type=int,
+            help=f"tokens per optimizer step with --params (unset: {DEFAULT_GLOBAL_BATCH_TOKENS:,})",
+        )
+    group.add_argument("--gpu", help="a GPU from the price table (its price and datasheet peak), e.g. H100")
+    group.add_argument("--prices", help="price table YAML (unset: the shipped hf_pretrain/economics/prices.yaml)")
+    group.add_argument(
         "--price_per_gpu_hour",
         type=float,
         help="$ per GPU-hour (unset: the --gpu entry, else the recipe's price_per_hour)",
     )
-    parser.add_argument(
+    group.add_argument(
         "--tokens_per_s",
         type=float,
         help="measured tokens/s of one GPU (unset: the recipe's expected_tokens_per_s, else --gpu's peak x --mfu)",
     )
-    parser.add_argument(
+    group.add_argument(
         "--mfu", type=float, default=DEFAULT_MFU, help="assumed model FLOPs utilisation with --gpu and no measured rate"
     )
-    parser.add_argument("--max_gpus", type=int, default=8, help="table rows for 1..N GPUs")
-    parser.add_argument(
+    group.add_argument("--max_gpus", type=int, default=8, help="table rows for 1..N GPUs")
+    group.add_argument(
         "--interconnect",
         choices=sorted(INTERCONNECT_GBPS),
         default="nvlink",
         help="link between the GPUs: " + ", ".join(f"{k} {v:,.0f} Gbit/s" for k, v in INTERCONNECT_GBPS.items()),
     )
-    parser.add_argument(
+    group.add_argument(
         "--interconnect_gbps", type=float, help="link rate in Gbit/s per GPU, one direction (overrides --interconnect)"
     )
-    parser.add_argument(
+    group.add_argument(
         "--gradient_bytes",
         type=float,
-        default=GRADIENT_BYTES_PER_PARAMETER,
+        default=GRADIENT_BYTES,
         help="bytes per parameter all-reduced each step (4: fp32 gradients; 2 with a bf16 compression hook)",
     )
-    parser.add_argument(
-        "--price_per_hour", type=float, help="with --run: $ per hour of the whole job (unset: the run's price_per_hour)"
+    if not with_recipe:
+        group.add_argument(
+            "--price_per_hour",
+            type=float,
+            help="with --run: $ per hour of the whole job (unset: the run's price_per_hour)",
+        )
+    group.add_argument("--json", action="store_true", help="print the plan as JSON")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The parser without a recipe (`--params`, `--run`); `--recipe` is parsed with the recipe's keys
+    (`main`), and stays here for `--help` and for the error when no model is named."""
+    parser = CommandParser(prog=PROG, description=__doc__.split("\n")[0], epilog=__doc__.split("\n", 1)[1])
+    model = parser.add_mutually_exclusive_group(required=True)
+    model.add_argument(
+        "--recipe",
+        help="recipe name or YAML path: parameters from a meta-device build; every recipe key may follow as "
+        "--key value (`hf-pretrain plan --recipe NAME --help` lists them)",
     )
-    parser.add_argument("--json", action="store_true", help="print the plan as JSON")
+    model.add_argument("--params", type=float, help="parameter count, e.g. 1.04e9 (FLOPs per token then 6N)")
+    model.add_argument("--run", help="a run folder: what going on to --tokens would buy, from its loss curve so far")
+    add_plan_options(parser, with_recipe=False)
     return parser
 
 
+def _named(flag: str, argv: list[str]) -> bool:
+    return any(arg == flag or arg.startswith(flag + "=") for arg in argv)
+
+
+def plan_request(args: argparse.Namespace, recipe: Recipe | None) -> PlanRequest:
+    """The typed request of parsed flags (`recipe`: the one `--recipe` and its overrides resolved to)."""
+    options = {name: getattr(args, name) for name in PLAN_OPTIONS}
+    if recipe is not None:
+        return PlanRequest(recipe=recipe, **options)
+    return PlanRequest(params=args.params, global_batch_tokens=args.global_batch_tokens, **options)
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    for name in (
-        "params",
-        "tokens",
-        "tokens_per_s",
-        "price_per_gpu_hour",
-        "mfu",
-        "interconnect_gbps",
-        "gradient_bytes",
-    ):
-        value = getattr(args, name)
-        if value is not None and value <= 0:
-            parser.error(f"--{name} must be positive")
-    if args.max_gpus < 1:
-        parser.error("--max_gpus must be at least 1")
-    if args.price_per_hour is not None and (args.price_per_hour < 0 or not args.run):
-        parser.error("--price_per_hour goes with --run and is not negative")
+    argv = sys.argv[1:] if argv is None else list(argv)
+    named = [flag for flag in MODEL_FLAGS if _named(flag, argv)]
+    if len(named) > 1:
+        print(f"{PROG}: error: {' and '.join(named)} name two things to plan: give one", file=sys.stderr)
+        return 2
     try:
-        if args.run:
-            further = plan_further(args.run, args.tokens, args.price_per_hour)
-            print(json.dumps(further.to_dict(), indent=1) if args.json else format_further(further))
-            return 0
-        plan = make_plan(args)
+        if named == ["--recipe"]:
+            recipe, args = parse_recipe_args(
+                argv,
+                prog=PROG,
+                description=__doc__.split("\n")[0],
+                extra=lambda parser: add_plan_options(parser, with_recipe=True),
+            )
+            request = plan_request(args, recipe)
+        else:
+            args = build_parser().parse_args(argv)
+            if args.run:
+                further = plan_further(args.run, args.tokens, args.price_per_hour)
+                print(json.dumps(further.to_dict(), indent=1) if args.json else format_further(further))
+                return 0
+            if args.price_per_hour is not None:
+                raise ValueError("--price_per_hour goes with --run (with --params, give --price_per_gpu_hour)")
+            request = plan_request(args, recipe=None)
+        plan = make_plan(request)
     except (RecipeError, PriceError, ValueError) as exc:
-        parser.exit(2, f"hf-pretrain plan: error: {exc}\n")
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return 2
     print(json.dumps(plan.to_dict(), indent=1) if args.json else format_plan(plan))
     return 0

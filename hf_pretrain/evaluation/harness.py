@@ -100,8 +100,8 @@ def run_lm_eval(
     batch_size: int | str | None = None,
 ) -> dict[str, Any]:
     """`lm_eval.simple_evaluate` on an in-memory model; returns lm-eval's results dictionary."""
-    # lm-eval is imported here, not at the top: the training loop imports this module, and
-    # lm-eval's import is slow and optional (`pip install 'hf-pretrain[eval]'`).
+    # lm-eval is imported here, not at the top: its import is slow and optional (`pip install
+    # 'hf-pretrain[eval]'`), and `hf-pretrain eval --tasks none --text FILE` does without it.
     import lm_eval
     from lm_eval.models.huggingface import HFLM
     from lm_eval.tasks import TaskManager
@@ -151,7 +151,8 @@ def evaluate_checkpoint(
 ) -> dict[str, Any]:
     """Score a checkpoint on a few lm-eval tasks and append the record to RUN_DIR/benchmarks.jsonl.
 
-    For the training loop: call it on the main process after a checkpoint is saved. The record is
+    The benchmark side job runs it in a process of its own beside training, on a pinned copy of each
+    saved checkpoint (publish/side_jobs.py); training itself never imports this module. The record is
     {"step", "tokens", "limit", "num_fewshot", "tasks": {task: {metric: percent, metric_stderr: percent}}}.
     """
     checkpoint = resolve_checkpoint(checkpoint_dir, checksums=False)

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from hf_pretrain.checkpoints.store import list_checkpoints
 from hf_pretrain.config import Recipe
+from hf_pretrain.economics.memory import CHECKPOINT_BYTES_PER_PARAMETER
 from hf_pretrain.formatting import human_bytes
 from hf_pretrain.hardware import DTYPE_BYTES
 from hf_pretrain.model import recipe_parameter_count
@@ -18,9 +19,6 @@ from hf_pretrain.preflight.result import CheckResult
 from hf_pretrain.run_dir import FINAL_DTYPE
 from hf_pretrain.run_lock import holder_of
 
-# Bytes per parameter in a checkpoint: fp32 weights (4) + AdamW's two fp32 moments (8). Under FSDP
-# the same total is spread over one file per process.
-CHECKPOINT_BYTES_PER_PARAMETER = 12
 # RNG states, tokenizer, config, manifest and train state beside the tensors: a few MB, rounded up.
 CHECKPOINT_SLACK_BYTES = 64 * 2**20
 # A milestone past the kept checkpoints keeps its weights only, in bf16 (checkpoints/store.py),

@@ -3,6 +3,10 @@
 Everything on the card comes from the run folder: the resolved recipe, `metrics.jsonl`,
 `samples.jsonl` and the checkpoint's train state. `hf-pretrain eval` later fills the section between
 the two `hf-pretrain:eval` markers and the `model-index` metadata (`write_eval_section`).
+
+What a program reads off the card is in its YAML metadata, never parsed back from the prose: how far
+the model was trained sits under `hf_pretrain:` (`card_progress`), which the demo Space reads
+(`space_template/app.py`).
 """
 
 from __future__ import annotations
@@ -28,6 +32,9 @@ EVAL_START, EVAL_END = "<!-- hf-pretrain:eval:start -->", "<!-- hf-pretrain:eval
 # Milestones of samples.jsonl shown on the card (first, last and evenly spaced between).
 MAX_SAMPLE_MILESTONES = 6
 TAGS = ["hf-pretrain", "llama", "pretrained", "text-generation"]
+# The card's metadata key for what hf-pretrain knows of the model (`card_progress`); the demo Space
+# reads it under the same name (space_template/app.py's CARD_METADATA_KEY: it cannot import this).
+CARD_METADATA_KEY = "hf_pretrain"
 
 TEMPLATE = """---
 {{ card_data }}
@@ -234,6 +241,18 @@ def _training(
     return rows
 
 
+def card_progress(recipe: Recipe | None, train_state: dict) -> dict[str, Any]:
+    """How far the model was trained, for the card's metadata: the recipe, the step (and the steps
+    planned), the tokens seen; the names train_state.json uses."""
+    progress = {
+        "recipe": recipe.name if recipe is not None else None,
+        "step": train_state.get("step", 0),
+        "max_steps": recipe.train.max_steps if recipe is not None else None,
+        "tokens_seen": train_state.get("tokens_seen", 0),
+    }
+    return {key: value for key, value in progress.items() if value is not None}
+
+
 def write_model_card(folder: Path, train_state: dict, run_dir: Path | None, model, options: CardOptions) -> Path:
     """README.md (and the loss curve it shows) for `model`, exported into `folder` from a checkpoint
     with `train_state` that belongs to `run_dir` (None: a checkpoint outside a run folder)."""
@@ -257,6 +276,7 @@ def write_model_card(folder: Path, train_state: dict, run_dir: Path | None, mode
         datasets=hub_datasets or None,
         model_name=options.model_name,
         language=recipe.data.language if recipe is not None else None,
+        **{CARD_METADATA_KEY: card_progress(recipe, train_state)},
     )
     markers = [t for t in (recipe.data.special_tokens if recipe is not None else []) if t.startswith("<|im_")]
     card = ModelCard.from_template(

@@ -25,6 +25,7 @@ from accelerate import Accelerator
 
 from hf_pretrain.config import TrainConfig
 from hf_pretrain.economics.cost import window_cost_per_loss_point
+from hf_pretrain.exit_codes import EXIT_DIVERGED, EXIT_PREEMPTED
 from hf_pretrain.processes import LAUNCHER_GONE, followed_launcher, launcher_gone
 from hf_pretrain.training.stop_request import clear_stop_request, read_stop_request
 
@@ -32,16 +33,6 @@ if TYPE_CHECKING:
     from hf_pretrain.training.metrics import RunLogger
     from hf_pretrain.training.state import TrainState
     from hf_pretrain.training.step import StepResult
-
-# Exit codes a job scheduler or wrapper script can act on.
-EXIT_PREEMPTED = 75  # EX_TEMPFAIL: stopped on a signal with a good checkpoint; rerun to resume
-EXIT_SAVE_FAILED = 74  # EX_IOERR: a checkpoint could not be written; the previous one is intact
-EXIT_DIVERGED = 65  # EX_DATAERR: too many non-finite steps in a row
-EXIT_PREFLIGHT = (
-    78  # EX_CONFIG: a preflight check failed, or the checkpoint does not fit the recipe; nothing was started
-)
-EXIT_LOCKED = 73  # EX_CANTCREAT: another session holds the run folder; nothing was touched
-EXIT_CRASHED = 1  # an uncaught exception; the traceback says what failed
 
 CHECKPOINT = "{checkpoint}"  # stands in a stop message for the checkpoint saved on the way out
 

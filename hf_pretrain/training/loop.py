@@ -24,6 +24,7 @@ from hf_pretrain.checkpoints.manifest import verify_checkpoint
 from hf_pretrain.checkpoints.store import remove_pins
 from hf_pretrain.config import Recipe, save_recipe
 from hf_pretrain.data import build_train_loader, build_val_loader, load_tokenizer
+from hf_pretrain.exit_codes import EXIT_SAVE_FAILED
 from hf_pretrain.hardware import describe_hardware, training_precision
 from hf_pretrain.model import (
     apply_liger,
@@ -39,7 +40,7 @@ from hf_pretrain.run_dir import RunDir, truncate_jsonl
 from hf_pretrain.training.callbacks import Callback, CallbackList
 from hf_pretrain.training.checkpointer import Checkpointer, CheckpointSaveError
 from hf_pretrain.training.compiling import dynamo_plugin
-from hf_pretrain.training.guards import EXIT_SAVE_FAILED, Guards, Stop
+from hf_pretrain.training.guards import Guards, Stop
 from hf_pretrain.training.metrics import RunLogger, trackers_for
 from hf_pretrain.training.state import TrainState
 from hf_pretrain.training.step import Evaluation, TrainStep

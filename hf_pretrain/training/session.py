@@ -23,20 +23,19 @@ from pathlib import Path
 from hf_pretrain.checkpoints.continuation import ResumeRefused
 from hf_pretrain.checkpoints.manifest import CheckpointError
 from hf_pretrain.checkpoints.store import list_checkpoints
-from hf_pretrain.preflight import PreflightError
-from hf_pretrain.processes import follow_launcher, launcher
-from hf_pretrain.run_dir import RunDir
-from hf_pretrain.run_lock import RunLock, RunLocked, command_line, now
-from hf_pretrain.training.guards import (
+from hf_pretrain.exit_codes import (
     EXIT_CRASHED,
     EXIT_DIVERGED,
+    EXIT_INTERRUPTED,
     EXIT_LOCKED,
     EXIT_PREEMPTED,
     EXIT_PREFLIGHT,
     EXIT_SAVE_FAILED,
 )
-
-EXIT_INTERRUPTED = 128 + 2  # what a shell reports for a process ended by SIGINT
+from hf_pretrain.preflight import PreflightError
+from hf_pretrain.processes import follow_launcher, launcher
+from hf_pretrain.run_dir import RunDir
+from hf_pretrain.run_lock import RunLock, RunLocked, command_line, now
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
@@ -36,9 +35,9 @@ UNKNOWN = "unknown"
 # checkpoint sidecar, then the model card, then the config. Each is read for the keys `step` and
 # `tokens_seen`, the names train_state.json uses.
 PROGRESS_FILES = ("train_state.json", "README.md", "config.json")
-# The sentence an hf-pretrain model card (hf_pretrain/publish/model_card.py) opens with, where its metadata
-# has no such keys: "... step 50,000 of 90,000, 6,553,600,000 tokens."
-CARD_PROGRESS = re.compile(r"\bstep ([\d,]+)(?: of [\d,]+)?, ([\d,]+) tokens\b")
+# Where an hf-pretrain model card keeps them: a mapping under this key of its YAML metadata
+# (hf_pretrain/publish/model_card.py's CARD_METADATA_KEY, repeated here: this file cannot import it).
+CARD_METADATA_KEY = "hf_pretrain"
 
 
 @dataclass
@@ -85,11 +84,9 @@ def _local_or_hub_file(source: str, filename: str) -> Path | None:
 
 
 def _card_metadata(path: Path) -> dict[str, Any]:
-    card = ModelCard.load(path)
-    data = card.data.to_dict()
-    if "step" not in data and (match := CARD_PROGRESS.search(card.text)):
-        data.update(step=int(match[1].replace(",", "")), tokens_seen=int(match[2].replace(",", "")))
-    return data
+    """The hf-pretrain mapping of a model card's YAML metadata; {} for a card without one."""
+    data = ModelCard.load(path).data.to_dict().get(CARD_METADATA_KEY)
+    return data if isinstance(data, dict) else {}
 
 
 def _metadata(path: Path) -> dict[str, Any]:

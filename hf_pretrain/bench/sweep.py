@@ -1,0 +1,138 @@
+"""One bench from start to end: the recipe as written (the baseline), every variant asked for, the
+largest micro-batch without gradient checkpointing, then peaks, money and the verdict, written to
+bench.json and bench.md. `command.py` parses the command line into a `BenchRequest`; `run_bench`
+does the rest.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from hf_pretrain.bench.measure import add_money_and_mfu, measured_matmul_flops
+from hf_pretrain.bench.results import advice, markdown_report
+from hf_pretrain.bench.search import ProbeError, SearchResult, search_micro_batch
+from hf_pretrain.bench.variants import VariantRunner, is_recipe_as_written
+from hf_pretrain.config import Recipe, build_recipe
+from hf_pretrain.data import DataMismatchError, check_prepared_data, prepare
+from hf_pretrain.hardware import best_match, device_name, device_peak_flops
+from hf_pretrain.model import recipe_flops_per_token
+
+Say = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class BenchRequest:
+    """What to measure, and where to write it. Raises ValueError for a contradiction."""
+
+    recipe: Recipe
+    output: Path  # bench.json, bench.md, and each variant's short run
+    variants: list[dict[str, str]]  # recipe overrides, one dict per variant (`variants.variant_grid`)
+    prices: dict[str, float]  # GPU name -> $ per GPU-hour (`economics.prices.price_table`)
+    steps: int = 20  # optimizer steps per variant
+    warmup: int = 5  # first steps left out of the timing
+    memory_gib: float | None = None  # the micro-batch search's budget (on the CPU, its only limit)
+    search: bool = True  # look for the largest micro-batch without gradient checkpointing
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.warmup < self.steps:
+            raise ValueError("--warmup must be at least 0 and below --steps")
+
+
+def recipe_with_data(recipe: Recipe, out: Path, steps: int, say: Say) -> Recipe:
+    """The recipe itself when its data is prepared, else the recipe on a slice of its corpus in `out`."""
+    try:
+        check_prepared_data(recipe)
+        return recipe
+    except (DataMismatchError, FileNotFoundError) as exc:
+        say(f"the recipe's data cannot be used ({exc})")
+    sliced = build_recipe(
+        recipe.to_dict(), {"data_dir": str(out / "data"), "max_tokens": (steps + 1) * recipe.train.global_batch_tokens}
+    )
+    say(f"preparing {sliced.data.max_tokens:,} tokens of the recipe's corpus in {sliced.data.data_dir}")
+    prepare(sliced, log=say)
+    return sliced
+
+
+def largest_micro_batch(
+    recipe: Recipe, runner: VariantRunner, request: BenchRequest, say: Say
+) -> tuple[SearchResult | None, str | None]:
+    """(the search, why it stopped early); the largest fitting micro-batch is measured like a variant
+    when no variant has run it yet."""
+    if not request.search:
+        say("micro-batch search skipped (--no_search)")
+        return None, None
+    if not torch.cuda.is_available() and request.memory_gib is None:
+        say("micro-batch search skipped: on the CPU it needs a budget (--memory_gib)")
+        return None, None
+    say("largest micro-batch without gradient checkpointing:")
+    search, error = None, None
+    try:
+        search = search_micro_batch(recipe, runner.short_run, request.output / "search", request.memory_gib, say)
+    except ProbeError as exc:
+        error = str(exc)
+        say(f"micro-batch search stopped: {exc}")
+    best = {"micro_batch_size": search.largest_fitting if search else None, "gradient_checkpointing": False}
+    if best["micro_batch_size"] and not runner.has_run(best):
+        runner.run(best)
+    return search, error
+
+
+def bench_result(
+    recipe: Recipe, request: BenchRequest, runner: VariantRunner, search: SearchResult | None, search_error: str | None
+) -> dict[str, Any]:
+    """Peaks, money and the verdict of the variants run: every field of bench.json. CUDA is touched in
+    this process only now, so that the children before had the whole GPU."""
+    variants = runner.results
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    name = device_name(device)
+    matmul_flops, matmul_with = measured_matmul_flops(device)
+    datasheet = device_peak_flops(device)
+    n_params, per_token = recipe_flops_per_token(recipe)
+    for variant in variants:
+        add_money_and_mfu(variant, datasheet, matmul_flops, request.prices)
+        if variant.tokens_per_s and variants[0].tokens_per_s:
+            variant.speedup_vs_recipe = variant.tokens_per_s / variants[0].tokens_per_s - 1
+    left_on_table, notes = advice(recipe, variants, search)
+    return {
+        "recipe": recipe.name,
+        "device": name,
+        "torch": torch.__version__,
+        "date": datetime.date.today().isoformat(),
+        "parameters": n_params,
+        "flops_per_token": per_token,
+        "steps": request.steps,
+        "warmup": request.warmup,
+        "tokens_per_step": recipe.train.global_batch_tokens,
+        "peak_flops": {"datasheet": datasheet, "measured": matmul_flops, "measured_with": matmul_with},
+        "prices": request.prices,
+        "price_entry_of_device": best_match(name, request.prices) if device.type == "cuda" else None,
+        "variants": [asdict(v) for v in variants],
+        "micro_batch_search": asdict(search) if search else None,
+        "micro_batch_search_error": search_error,
+        "leaves_speed_on_the_table": left_on_table,
+        "advice": notes,
+    }
+
+
+def run_bench(request: BenchRequest, say: Say = print) -> dict[str, Any]:
+    """Run the bench `request` asks for; write bench.json and bench.md and return what bench.json holds."""
+    out = request.output
+    out.mkdir(parents=True, exist_ok=True)
+    recipe = recipe_with_data(request.recipe, out, request.steps, say)
+    runner = VariantRunner(recipe, out, request.steps, request.warmup, say)
+    for overrides in [{}] + [point for point in request.variants if not is_recipe_as_written(recipe, point)]:
+        runner.run(overrides)
+    search, search_error = largest_micro_batch(recipe, runner, request, say)
+    result = bench_result(recipe, request, runner, search, search_error)
+    (out / "bench.json").write_text(json.dumps(result, indent=1))
+    table = markdown_report(result)
+    (out / "bench.md").write_text(table)
+    say("\n" + table + f"\nwritten: {out / 'bench.json'}, {out / 'bench.md'}")
+    return result
