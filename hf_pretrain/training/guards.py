@@ -41,6 +41,7 @@ EXIT_PREFLIGHT = (
     78  # EX_CONFIG: a preflight check failed, or the checkpoint does not fit the recipe; nothing was started
 )
 EXIT_LOCKED = 73  # EX_CANTCREAT: another session holds the run folder; nothing was touched
+EXIT_HUNG = 69  # EX_UNAVAILABLE: no progress for hang_timeout_s (a process stopped answering); stacks in hangs/
 EXIT_CRASHED = 1  # an uncaught exception; the traceback says what failed
 
 CHECKPOINT = "{checkpoint}"  # stands in a stop message for the checkpoint saved on the way out
