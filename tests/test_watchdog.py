@@ -122,6 +122,41 @@ def test_the_collective_timeout_follows_hang_timeout_s_and_the_launchers_patienc
 
 
 # ---------------------------------------------------------------------- a two-process run
+GROUP_TIMEOUT = """
+import sys, torch
+from torch.distributed import distributed_c10d
+from hf_pretrain.config import parse_recipe_args
+from hf_pretrain.training.loop import setup
+
+run = setup(parse_recipe_args(sys.argv[1:], prog="group_timeout", description="")[0])
+backend = distributed_c10d._get_default_group()._get_backend(torch.device("cpu"))
+print(f"process {run.accelerator.process_index}: collectives time out after {backend.options._timeout.total_seconds():g}s")
+"""
+
+
+@pytest.mark.slow
+def test_the_process_group_of_a_run_times_out_just_after_its_watchdog(smoke_data, tmp_path):
+    script = tmp_path / "group_timeout.py"
+    script.write_text(GROUP_TIMEOUT)
+    command = [
+        sys.executable,
+        "-m",
+        "accelerate.commands.launch",
+        "--config_file",
+        str(ROOT / "accelerate_configs" / "cpu_2proc.yaml"),
+        "--main_process_port",
+        str(free_port()),
+        str(script),
+        "--recipe",
+        "smoke",
+        *arguments(smoke_data, tmp_path / "run", hang_timeout_s=7),
+    ]
+    result = subprocess.run(command, cwd=ROOT, env=offline_env(), capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
+    for process in (0, 1):
+        assert f"process {process}: collectives time out after {7 + COLLECTIVE_MARGIN_S:g}s" in result.stdout
+
+
 def stopped(pid: int) -> bool:
     return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "T"
 
