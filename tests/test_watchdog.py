@@ -15,13 +15,13 @@ from pathlib import Path
 import pytest
 
 from hf_pretrain.training.checkpoint import verify_checkpoint
-from hf_pretrain.training.guards import EXIT_HUNG
+from hf_pretrain.training.guards import EXIT_HUNG, EXIT_PREEMPTED
 from hf_pretrain.training.watchdog import COLLECTIVE_MARGIN_S, process_group_kwargs, stop_grace_s
 from tests.helpers import ROOT, offline_env
 from tests.test_reliability_runs import TRAIN, arguments, kill_all, logged_step, start, status, wait_until
 from tests.test_survival import free_port, start_process
 
-HANG_TIMEOUT_S = 4  # a CPU step of the short run takes well under a second, a save or an evaluation about one
+HANG_TIMEOUT_S = 6  # a CPU step of the short run takes well under a second, a save about one: room for a busy machine
 
 
 # ---------------------------------------------------------------------- the watchdog on its own
@@ -229,3 +229,32 @@ def test_sigterm_to_the_launcher_while_a_process_hangs_ends_the_job_and_says_so(
     assert (Path(ended["stacks"]) / "process_0_stacks.txt").is_file()
     assert json.loads((Path(ended["stacks"]) / "process_0.json").read_text())["signal"] == "SIGTERM"
     assert ended["checkpoint_step"] == 4 and verify_checkpoint(Path(ended["checkpoint"]))["step"] == 4
+
+
+@pytest.mark.slow
+def test_sigterm_to_a_healthy_two_process_run_is_still_a_graceful_preemption(smoke_data, tmp_path):
+    """The watchdog hears the signal too, but a run that saves within the launcher's patience is not hung."""
+    run_dir = tmp_path / "run"
+    command = [
+        sys.executable,
+        "-m",
+        "accelerate.commands.launch",
+        "--config_file",
+        str(ROOT / "accelerate_configs" / "cpu_2proc.yaml"),
+        "--main_process_port",
+        str(free_port()),
+        *TRAIN,
+        *arguments(smoke_data, run_dir, max_steps=2000, save_interval=1000, hang_timeout_s=HANG_TIMEOUT_S),
+    ]
+    launcher = start(command)
+    try:
+        wait_until(lambda: logged_step(run_dir) >= 3 or launcher.poll() is not None, 180, "no step 3")
+        assert launcher.poll() is None, launcher.communicate()[0][-3000:]
+        launcher.send_signal(signal.SIGTERM)
+        output = launcher.communicate(timeout=120)[0]
+    finally:
+        kill_all(launcher, run_dir)
+    ended = status(run_dir)
+    assert (ended["state"], ended["exit_code"]) == ("preempted", EXIT_PREEMPTED), output[-3000:]
+    assert ended["checkpoint_step"] >= 3 and verify_checkpoint(Path(ended["checkpoint"]))["step"] >= 3
+    assert not (run_dir / "hangs").exists()

@@ -85,7 +85,6 @@ class Watchdog:
 
     def __init__(self, hang_timeout_s: float, accelerator: Accelerator, run_dir: RunDir):
         self.timeout = float(hang_timeout_s)
-        self.accelerator = accelerator
         self.run_dir = run_dir
         self.rank, self.world = accelerator.process_index, accelerator.num_processes
         self.fired = threading.Event()
