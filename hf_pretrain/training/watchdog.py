@@ -11,7 +11,7 @@ least every `hang_timeout_s`. When none comes, the thread
 2. waits up to REPORT_WAIT_S for the other processes' reports: they all wait on the same thing, so
    they fire together, and a process without a report is one that stopped answering (stopped,
    frozen, or on a machine that failed);
-3. if it is the first process that reported, records status.json `hung` (session.py) with the step,
+3. if it is the lowest-numbered process that reported, records status.json `hung` (session.py) with the step,
    the processes that did not answer and what to do;
 4. exits with EXIT_HUNG (69); the launcher then ends the rest (torchrun gives them 30 s).
 
