@@ -16,5 +16,6 @@ EXIT_DIVERGED = 65  # EX_DATAERR: too many non-finite steps in a row
 # EX_CONFIG: refused before any work: a preflight check failed, or the checkpoint does not fit the recipe
 EXIT_PREFLIGHT = 78
 EXIT_LOCKED = 73  # EX_CANTCREAT: another session holds the run folder; nothing was touched
+EXIT_HUNG = 69  # EX_UNAVAILABLE: no progress for hang_timeout_s (a process stopped answering); stacks in hangs/
 EXIT_CRASHED = 1  # an uncaught exception; the traceback says what failed
 EXIT_INTERRUPTED = 128 + 2  # what a shell reports for a process ended by SIGINT (Ctrl-C before the loop)

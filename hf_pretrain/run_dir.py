@@ -86,6 +86,11 @@ class RunDir:
         return self.path / "status.json"
 
     @property
+    def hangs(self) -> Path:
+        """The watchdog's reports: one folder per hung session, each process's stacks and report in it."""
+        return self.path / "hangs"
+
+    @property
     def lock(self) -> Path:
         """The session training into this folder holds an exclusive lock on it; it names the holder."""
         return self.path / "run.lock"

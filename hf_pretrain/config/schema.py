@@ -264,6 +264,21 @@ class TrainConfig:
     loss_spike_factor: float = key(
         1.5, "log a loss spike when a step's loss exceeds this multiple of the recent average", math=False, gt=1
     )
+    # Sized for the 1b on one GPU: a step is 131K tokens at ~6.2 GFLOPs each, ~2 s at 40% MFU on an
+    # H100 and ~6 s on an A100; its 12.5 GB checkpoint takes about 2 minutes at 100 MB/s, an evaluation
+    # well under one (estimates from the sizes, not measurements). 600 s is far above all of them, and
+    # a hang costs at most ten minutes. Collectives time out 60 s later (training/watchdog.py), so the
+    # watchdog, which writes the stacks, always speaks first.
+    hang_timeout_s: float = key(
+        600.0,
+        "seconds without progress (an optimizer step, a checkpoint save or an evaluation completing) after "
+        "which the run counts as hung: every process that can writes its threads' stacks into hangs/, "
+        "status.json says `hung`, and the run exits 69 (0 = off, e.g. under a debugger). The default fits the 1b "
+        "on a GPU with room to spare: a step takes ~2-6 s on an H100/A100, its 12.5 GB checkpoint ~2 min at "
+        "100 MB/s (estimates)",
+        math=False,
+        ge=0,
+    )
     price_per_hour: float = key(
         0.0, "rental price of the whole job in $/hour (all GPUs), for cost figures (0 = unknown)", math=False, ge=0
     )

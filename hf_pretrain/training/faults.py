@@ -9,6 +9,8 @@ e.g. `disk-full@0:8`. Unset (always, outside tests) it costs one dict lookup.
 - `disk-full`: the checkpoint write fails with ENOSPC halfway.
 - `nan-loss`: the loss of these steps becomes NaN.
 - `crash`: an uncaught exception in the step (a bug, a bad batch): the process must still end.
+- `hang`: the process stops itself (SIGSTOP) at the start of the step, as a frozen GPU or a dead
+  network card would leave it: the others wait at the next collective (training/watchdog.py).
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 from accelerate import Accelerator, PartialState
-from accelerate.utils import set_seed
+from accelerate.utils import InitProcessGroupKwargs, set_seed
 
 from hf_pretrain.checkpoints.continuation import decide_resume
 from hf_pretrain.checkpoints.load import restore_training_state
@@ -44,6 +44,7 @@ from hf_pretrain.training.guards import Guards, Stop
 from hf_pretrain.training.metrics import RunLogger, trackers_for
 from hf_pretrain.training.state import TrainState
 from hf_pretrain.training.step import Evaluation, TrainStep
+from hf_pretrain.training.watchdog import Watchdog, process_group_kwargs
 
 
 @dataclass
@@ -69,22 +70,26 @@ def train(recipe: Recipe, callbacks: Sequence[Callback] = ()) -> Outcome:
     side_jobs = CallbackList(callbacks if run.accelerator.is_main_process else [])  # nobody waits for them
     stop = Stop(0, finished=True) if state.step >= state.end else None
     checkpoint = None
-    with Guards(cfg, run.accelerator, log) as guards:
+    with (
+        Guards(cfg, run.accelerator, log) as guards,
+        Watchdog(cfg.hang_timeout_s, run.accelerator, run.dir) as watchdog,
+    ):
         state.start_clock()
         while stop is None:
             result = run.train_step(state.step + 1)
             state.advance(cfg.global_batch_tokens, skipped=not result.finite)
+            watchdog.beat(state.step)  # no progress for hang_timeout_s: the run is hung (watchdog.py)
             healthy = guards.check(state.step, result)  # a non-finite step was skipped, weights untouched
             log.step(state, result)
             if healthy and run.evaluation.due(state):
-                with log.paused():
+                with log.paused(), watchdog.paused("an evaluation"):
                     val_loss, samples = run.evaluation()
                 log.evaluation(state, val_loss, samples)
                 guards.observe_val_loss(val_loss)
             stop = guards.decide(state, log.history)  # the step's one exchange between processes
             if stop is not None or run.checkpoints.due(state):
                 try:
-                    with log.paused():
+                    with log.paused(), watchdog.paused("a checkpoint save"):
                         # a periodic save seals in the background, the last one before it returns
                         checkpoint = run.checkpoints.save(
                             state.state_dict() | log.state_dict(),
@@ -94,6 +99,7 @@ def train(recipe: Recipe, callbacks: Sequence[Callback] = ()) -> Outcome:
                 except CheckpointSaveError as exc:
                     stop = Stop(EXIT_SAVE_FAILED, f"stopped: {exc}")
                     break
+        watchdog.stop()
         log.close()
         if stop.reason:
             log.say(stop.message(checkpoint), every_process=stop.exit_code != 0)
@@ -133,7 +139,8 @@ def setup(recipe: Recipe) -> Run:
     # Without CUDA the processes must run on the CPU; saying so up front is what makes Accelerate
     # join processes started by torchrun (`accelerate launch --multi_gpu`) into a gloo group.
     on_cpu = not torch.cuda.is_available() or os.environ.get("ACCELERATE_USE_CPU", "").lower() in ("1", "true")
-    world_size = PartialState(cpu=on_cpu).num_processes
+    group = process_group_kwargs(cfg.hang_timeout_s)  # collectives give up just after the watchdog reports
+    world_size = PartialState(cpu=on_cpu, **group).num_processes  # this call creates the process group
     grad_accum = recipe.grad_accum_steps(world_size)
     # which checkpoint the run goes on from: decided once, checksums and all; the table shows it
     decide = functools.cache(lambda: decide_resume(recipe))
@@ -150,6 +157,7 @@ def setup(recipe: Recipe) -> Run:
         log_with=trackers_for(cfg.report_to) or None,
         project_dir=str(run_dir.path),
         dynamo_plugin=dynamo_plugin(cfg),  # compiled in `prepare`: whole model, regions, or not at all
+        kwargs_handlers=[InitProcessGroupKwargs(**group)] if group else None,
     )
     say = accelerator.print
     if torch.cuda.is_available() and cfg.tf32:

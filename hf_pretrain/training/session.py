@@ -8,7 +8,9 @@
   reason, whether rerunning the same command goes on (`rerun`), and what to do next.
 - Under a launcher, the session follows it: the launcher's exit stops the run with a checkpoint.
 
-Only the job's first process (RANK 0) locks and writes; every process follows its launcher.
+Only the job's first process (RANK 0) locks and writes, with one exception: the ending of a hung
+run, which the watchdog of any process may record (`record_ending`, training/watchdog.py), since the
+first process may be the one that hung. Every process follows its launcher.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from hf_pretrain.checkpoints.store import list_checkpoints
 from hf_pretrain.exit_codes import (
     EXIT_CRASHED,
     EXIT_DIVERGED,
+    EXIT_HUNG,
     EXIT_INTERRUPTED,
     EXIT_LOCKED,
     EXIT_PREEMPTED,
@@ -65,6 +68,13 @@ ENDINGS = {
         "fix what the reason names (`hf-pretrain doctor` runs the same checks), then rerun; nothing was started",
     ),
     EXIT_INTERRUPTED: Ending("interrupted", False, "rerun the same command when you want to go on"),
+    EXIT_HUNG: Ending(
+        "hung",
+        True,
+        "read the stacks in the run folder's hangs/ (where each process waited); a process that did not answer "
+        "may sit on a failed GPU or network card: check its machine (nvidia-smi, dmesg), then rerun the same "
+        "command: it resumes from the newest checkpoint",
+    ),
 }
 FINISHED = Ending("finished", False, "nothing: the run is complete (`hf-pretrain report`, `hf-pretrain export`)")
 STOPPED = Ending("stopped", True, "rerun the same command to continue")
@@ -142,15 +152,8 @@ class Session:
     def _write(self, exit_code: int | None, ending: Ending, reason: str) -> None:
         if not self._holding:
             return
-        newest = next(iter(list_checkpoints(self.dir.path)), None)
         status = {
-            "state": ending.state,
-            "exit_code": exit_code,
-            "rerun": ending.rerun,
-            "reason": reason,
-            "next": ending.next,
-            "checkpoint_step": newest.step if newest else None,
-            "checkpoint": str(newest.path) if newest else None,
+            **_ending_fields(self.dir, exit_code, ending, reason),
             "pid": os.getpid(),
             "host": socket.gethostname(),
             "launcher": launcher(),
@@ -158,9 +161,39 @@ class Session:
             "updated": now(),
             "command": command_line(),
         }
-        tmp = self.dir.status.with_name(self.dir.status.name + ".tmp")
-        try:
-            tmp.write_text(json.dumps(status, indent=1) + "\n")
-            os.replace(tmp, self.dir.status)  # whole or not at all: a reader never sees half of it
-        except OSError as exc:  # a full disk must not hide how the session ended: the exit code still says it
-            print(f"warning: {self.dir.status} could not be written: {exc}", file=sys.stderr)
+        _write_status(self.dir, status)
+
+
+def record_ending(output_dir: str | Path, exit_code: int, reason: str, **details) -> None:
+    """status.json of a session ended by one of its processes that may not be the first, the one that
+    holds the lock (the watchdog: the first process may be the one that hung). The session's own
+    fields (its pid, start, command) are kept; its ending is replaced, with `details` beside it."""
+    run = RunDir(output_dir)
+    try:
+        status = json.loads(run.status.read_text())
+    except (OSError, ValueError):  # none yet, or unreadable: the ending alone still says what happened
+        status = {"pid": None, "host": None, "launcher": launcher(), "started": None, "command": command_line()}
+    ending = ENDINGS.get(exit_code, CRASHED)
+    _write_status(run, {**status, **_ending_fields(run, exit_code, ending, reason), **details, "updated": now()})
+
+
+def _ending_fields(run: RunDir, exit_code: int | None, ending: Ending, reason: str) -> dict:
+    newest = next(iter(list_checkpoints(run.path)), None)
+    return {
+        "state": ending.state,
+        "exit_code": exit_code,
+        "rerun": ending.rerun,
+        "reason": reason,
+        "next": ending.next,
+        "checkpoint_step": newest.step if newest else None,
+        "checkpoint": str(newest.path) if newest else None,
+    }
+
+
+def _write_status(run: RunDir, status: dict) -> None:
+    tmp = run.status.with_name(f"{run.status.name}.{os.getpid()}.tmp")  # one per writer: two may race
+    try:
+        tmp.write_text(json.dumps(status, indent=1) + "\n")
+        os.replace(tmp, run.status)  # whole or not at all: a reader never sees half of it
+    except OSError as exc:  # a full disk must not hide how the session ended: the exit code still says it
+        print(f"warning: {run.status} could not be written: {exc}", file=sys.stderr)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+import os
+import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -54,6 +56,8 @@ class TrainStep:
     def __call__(self, step: int) -> StepResult:
         if fault_active("crash", step):
             raise RuntimeError(f"injected fault: crash at step {step}")
+        if fault_active("hang", step, self.accelerator.process_index):
+            os.kill(os.getpid(), signal.SIGSTOP)  # frozen until SIGCONT or SIGKILL: the other processes wait
         lr = self.lr_of(step)
         set_learning_rate(self.optimizer, lr)
         loss, waited = forward_backward(
