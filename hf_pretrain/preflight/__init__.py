@@ -22,6 +22,7 @@ from hf_pretrain.preflight.data import (
 )
 from hf_pretrain.preflight.disk import check_disk_space, check_not_in_use, check_output_writable, check_save_speed
 from hf_pretrain.preflight.gpu import check_bf16, check_compiler, check_cuda, check_memory, check_tf32
+from hf_pretrain.preflight.init_from import check_init_from
 from hf_pretrain.preflight.result import CheckResult, PreflightError, format_table
 from hf_pretrain.preflight.resume import check_resume
 from hf_pretrain.preflight.versions import check_versions
@@ -46,7 +47,8 @@ def _guarded(name: str, check: Callable[[], CheckResult | list[CheckResult]]) ->
 
 
 def run_checks(recipe: Recipe, world_size: int = 1, device_memory_bytes: int | None = None) -> list[CheckResult]:
-    """Every check, in the order a run meets them: software, GPU, data, disk, memory, money."""
+    """Every check, in the order a run meets them: software, GPU, data (and the base model of init_from),
+    disk, memory, money."""
     checks: list[tuple[str, Callable[[], CheckResult | list[CheckResult]]]] = [
         ("versions", lambda: check_versions(recipe)),
         ("cuda", lambda: check_cuda(recipe)),
@@ -54,6 +56,7 @@ def run_checks(recipe: Recipe, world_size: int = 1, device_memory_bytes: int | N
         ("tf32", lambda: check_tf32(recipe)),
         ("compiler", lambda: check_compiler(recipe)),
         ("data", lambda: check_prepared(recipe)),
+        ("init_from", lambda: check_init_from(recipe)),  # nothing without one
         ("data budget", lambda: check_data_budget(recipe)),
         ("seq_len", lambda: check_context(recipe)),
         ("batch", lambda: check_batch_split(recipe, world_size)),

@@ -26,8 +26,8 @@ from hf_pretrain.model import (
     count_parameters,
     enable_activation_checkpointing,
     flops_per_token,
-    llama_config,
 )
+from hf_pretrain.model_init import init_weights, model_config
 from hf_pretrain.optim import build_optimizer
 from hf_pretrain.preflight import preflight
 from hf_pretrain.run_dir import RunDir, truncate_jsonl
@@ -147,10 +147,11 @@ def setup(recipe: Recipe) -> Run:
         torch.backends.cudnn.allow_tf32 = True
 
     set_seed(cfg.seed)
-    config = llama_config(
-        recipe.model, len(tokenizer), tokenizer.bos_token_id, tokenizer.eos_token_id, tokenizer.pad_token_id
-    )
+    continuation = plan_resume(recipe)  # the checkpoint the run goes on from, if any: its model, not init_from's
+    config = model_config(recipe, tokenizer, continuation.folder)  # the recipe's Llama, or init_from's config.json
     model = build_model(config)
+    if continuation.folder is None:  # a run that starts: init_from's weights (a resumed one loads its checkpoint)
+        init_weights(model, recipe, log=say)
     n_params = count_parameters(model)
     if cfg.gradient_checkpointing:
         enable_activation_checkpointing(model)
@@ -162,7 +163,6 @@ def setup(recipe: Recipe) -> Run:
     # resume: weights, optimizer and RNG from the checkpoint the continuation names (resume.py: the
     # newest, or the last one before the decay of a run that goes further); the data position is the step
     state = TrainState.for_recipe(recipe, describe_hardware(accelerator.device, accelerator.num_processes))
-    continuation = plan_resume(recipe)
     resumed = resume_training_state(accelerator, run_dir.path, continuation.resume, log=say, model_config=config)
     saved = resumed[1] if resumed is not None else {}
     if resumed is not None:

@@ -59,6 +59,7 @@ class Continuation:
     resume: str
     saved: dict[str, Any] | None = None  # the train state the plan was made from (the newest checkpoint)
     branch: dict[str, Any] | None = None  # the lineage entry when going further from a branch point
+    folder: Path | None = None  # the checkpoint it goes on from (None: a fresh start)
     max_steps_changed: bool = False
     batch_changed: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
@@ -254,7 +255,7 @@ def plan_resume(recipe: Recipe, log: Callable[[str], None] = lambda _: None) -> 
             raise CheckpointError(f"--resume {t.resume}: no such checkpoint folder")
         saved = verify_checkpoint(folder, checksums=False)
         refuse_another_shape(folder, recipe)
-        return plan_continuation(saved, recipe, resume=t.resume)
+        return replace(plan_continuation(saved, recipe, resume=t.resume), folder=folder)
     skipped: list[str] = []
     found = newest_good_checkpoint(
         t.output_dir, checksums=False, log=lambda reason: (skipped.append(reason), log(reason))
@@ -267,6 +268,7 @@ def plan_resume(recipe: Recipe, log: Callable[[str], None] = lambda _: None) -> 
         return Continuation(resume="auto")
     refuse_another_shape(found[0], recipe)
     plan = plan_continuation(found[1], recipe)
+    plan.folder = found[0]
     if plan.branch is not None:
         branch = checkpoint_path(t.output_dir, plan.branch["branch_step"])
         try:
@@ -277,5 +279,5 @@ def plan_resume(recipe: Recipe, log: Callable[[str], None] = lambda _: None) -> 
                 f"before the decay, and it cannot be used: {exc}",
                 "pass --resume with another checkpoint folder to go on from it",
             ) from exc
-        plan.resume = str(branch)
+        plan.resume, plan.folder = str(branch), branch
     return plan
