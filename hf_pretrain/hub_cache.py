@@ -72,9 +72,10 @@ def hub_snapshot(repo_id: str, patterns: list[str], what: str = "model") -> Path
                 f"HF_HUB_OFFLINE=1 forbids downloading it",
                 f"download it once where the Hub can be reached (`hf download {repo_id}`), or name a local folder",
             ) from None
+        cause = exc.__cause__ or exc  # what stopped the download (a ConnectError, ...), said in its first line
         raise HubFilesError(
             f"{what} {repo_id} is not in the Hugging Face cache ({constants.HF_HUB_CACHE}) and could not be "
-            f"downloaded ({type(exc).__name__}: {exc})",
+            f"downloaded ({type(cause).__name__}: {str(cause).splitlines()[0] if str(cause) else 'no detail'})",
             "check the connection and try again, or name a local folder",
         ) from None
     except (RepositoryNotFoundError, GatedRepoError):
