@@ -11,6 +11,7 @@ a huggingface_hub cache laid out in the test (HF_HUB_OFFLINE=1 throughout: nothi
   lowers it, a kill and a resume are bitwise (and the resume reads its checkpoint, not the base: the
   base is gone by then), the export has the base's shape and the card's `base_model` names it;
 - 2 CPU processes under DDP and under FSDP2 start from the same weights (the same first loss).
+- stop, going further, eval and the demo's export work on a run whose base folder has been deleted.
 """
 
 from __future__ import annotations
@@ -351,3 +352,49 @@ def test_fsdp2_on_two_cpu_processes_starts_from_the_base_models_weights(base, tm
     losses = train_losses(run_dir)
     assert abs(losses[1] - transformers_first_loss(base, world_size=2)) <= FIRST_LOSS_TOLERANCE
     assert losses[4] < losses[1]
+
+
+@pytest.mark.slow
+def test_stop_going_further_eval_and_demo_work_once_the_base_is_gone(base, tmp_path):
+    """A wsd run from a copy of the base, stopped at step 4; the copy deleted; `hf-pretrain stop` read on
+    resume (read at step 5: a cooldown over steps 6-7, final/ at step 7); then going further to 12 steps
+    from its branch point, step 5;
+    then eval (bits per byte) and the demo's export of a checkpoint. None of it reads the base again."""
+    from hf_pretrain.evaluation import harness as evaluation
+    from hf_pretrain.publish.demo import cached_export, model_choices
+    from hf_pretrain.publish.export import resolve_checkpoint
+    from hf_pretrain.publish.space_template.app import load_model
+    from hf_pretrain.training.stop_request import main as stop_main
+
+    copy = tmp_path / "base-copy"
+    shutil.copytree(base["folder"], copy)
+    run_dir = tmp_path / "run"
+    wsd = {"lr_schedule": "wsd", "decay_fraction": 0.25, "eval_interval": 0, "save_interval": 1000}
+    overrides = {**base["overrides"], **wsd, "init_from": str(copy), "max_steps": 16}
+    first = launch_training(base["data"], run_dir, stop_at_step=4, **overrides)
+    assert "tensors of" in first and "stopped at step 4" in first, first[-3000:]
+    shutil.rmtree(copy)  # from here on the base model is gone
+
+    assert stop_main([str(run_dir), "--cooldown_steps", "2"]) == 0
+    stopped = launch_training(base["data"], run_dir, **overrides)
+    assert "resumed from" in stopped and "finished at step 7" in stopped and "tensors of" not in stopped
+    assert "stopped early" in (run_dir / "final" / "README.md").read_text()
+
+    further = launch_training(base["data"], run_dir, **{**overrides, "max_steps": 12})
+    assert "going further" in further and "step_00000005" in further and "tensors of" not in further
+    assert max(train_losses(run_dir)) == 12 and (run_dir / "final_step_00000007" / "model.safetensors").exists()
+    card = ModelCard.load(run_dir / "final" / "README.md")
+    assert f"continued from `{copy}`" in card.text and card.data.base_model is None  # a local folder: no Hub id
+
+    text = tmp_path / "held_out.txt"
+    text.write_text(" ".join(shutil.__doc__.split()) * 3)
+    assert evaluation.main(["--model", str(run_dir / "final"), "--tasks", "none", "--text", str(text)]) == 0
+    metrics = json.loads((run_dir / "final" / "eval" / "text_metrics.json").read_text())
+    assert 0 < metrics["bits_per_byte"] < 8
+
+    choices = model_choices(str(run_dir), tmp_path / "demo_cache", log=lambda _: None)
+    assert [c.name for c in choices][-1] == "run/final"
+    exported = cached_export(resolve_checkpoint(run_dir / "checkpoints" / "step_00000012"), tmp_path / "demo_cache")
+    model, tokenizer = load_model(str(exported))
+    ids = tokenizer("def f(x):", return_tensors="pt").input_ids
+    assert model.generate(ids, max_new_tokens=4, do_sample=False).shape[1] == ids.shape[1] + 4
