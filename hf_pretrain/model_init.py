@@ -181,7 +181,7 @@ def _tensors(file: Path) -> Iterator[tuple[str, torch.Tensor]]:
     """A weight file's tensors one at a time, read from the memory-mapped file as they are asked for."""
     if file.suffix == ".safetensors":
         with safe_open(str(file), framework="pt", device="cpu") as f:
-            for name in f.keys():  # noqa: SIM118 (a safetensors handle is not a mapping)
+            for name in f.keys():
                 yield name, f.get_tensor(name)
     else:
         yield from torch.load(file, map_location="cpu", weights_only=True, mmap=True).items()
