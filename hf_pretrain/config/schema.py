@@ -120,6 +120,16 @@ class SourceConfig:
 class ModelConfig:
     """The Llama architecture."""
 
+    # Checked-and-refused rather than ignored: every consumer of these keys (the doctor's memory, plan's
+    # FLOPs and cost, the resume shape check) then describes the model that actually trains.
+    init_from: str = key(
+        "",
+        "start from a published model's weights instead of random ones (empty = random init): a Hub id "
+        "(through huggingface_hub's cache; HF_HUB_OFFLINE=1 reads only the cache) or a local "
+        "LlamaForCausalLM folder (an `hf-pretrain export`). The model is built from its config.json, "
+        "which must agree with the model keys below: a difference is refused before any work, naming "
+        "each key and its flag. `tokenizer` must be its tokenizer, with vocab_size its size",
+    )
     hidden_size: int = key(128, "width of the residual stream", ge=1)
     intermediate_size: int = key(384, "SwiGLU feed-forward width", ge=1)
     num_hidden_layers: int = key(4, "decoder layers", ge=1)
@@ -149,8 +159,17 @@ class DataConfig:
         "folder for the tokenizer, token shards and meta.json written by `hf-pretrain prepare`",
         math=False,
     )
-    tokenizer: str = key("train", "`train` fits a byte-level BPE on the corpus; otherwise a path to a saved tokenizer")
-    vocab_size: int = key(4096, "vocabulary of the trained BPE (base tokens, merges and the end-of-text token)", ge=257)
+    tokenizer: str = key(
+        "train",
+        "`train` fits a byte-level BPE on the corpus; otherwise a saved tokenizer, used as it is: a local "
+        "folder (a model folder too), a tokenizer.json, or a Hub id (through huggingface_hub's cache)",
+    )
+    vocab_size: int = key(
+        4096,
+        "vocabulary of the trained BPE (base tokens, merges and the end-of-text token); with a saved "
+        "tokenizer, its size (without special_tokens)",
+        ge=257,
+    )
     special_tokens: list[str] = key(
         factory=list, help="extra special tokens added on top of vocab_size (e.g. chat markers)"
     )
@@ -422,6 +441,16 @@ class Recipe:
         if m.num_attention_heads % m.num_key_value_heads:
             raise RecipeError(
                 f"num_attention_heads={m.num_attention_heads} must be divisible by num_key_value_heads={m.num_key_value_heads}"
+            )
+        if m.init_from and d.tokenizer == "train":
+            raise RecipeError(
+                f"init_from={m.init_from} needs the data tokenized with its own tokenizer, not a fitted BPE: "
+                f"set tokenizer to {m.init_from} (and prepare into a data_dir of its own)"
+            )
+        if m.init_from and d.special_tokens:
+            raise RecipeError(
+                f"special_tokens {d.special_tokens} with init_from: the base model's embedding has no rows "
+                f"for tokens added to its tokenizer; drop special_tokens"
             )
         if d.seq_len > m.max_position_embeddings:
             raise RecipeError(f"seq_len={d.seq_len} exceeds max_position_embeddings={m.max_position_embeddings}")

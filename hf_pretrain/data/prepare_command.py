@@ -7,6 +7,7 @@ import sys
 from hf_pretrain.config import parse_recipe_args
 from hf_pretrain.data import DataMismatchError, prepare
 from hf_pretrain.data.sources import SourceError
+from hf_pretrain.data.tokenizer import TokenizerError
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -15,7 +16,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     try:
         data_dir = prepare(recipe)
-    except (SourceError, DataMismatchError) as exc:  # bad input: say what and where, no traceback
+    except (SourceError, DataMismatchError, TokenizerError) as exc:  # bad input: say what and where, no traceback
         print(f"hf-pretrain prepare: {exc}", file=sys.stderr)
         return 1
     print(f"prepared data in {data_dir}")

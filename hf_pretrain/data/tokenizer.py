@@ -1,4 +1,5 @@
-"""The tokenizer: fit a byte-level BPE on the corpus or load a saved one, store it, identify it by hash."""
+"""The tokenizer: fit a byte-level BPE on the corpus or load a saved one (a folder, a tokenizer.json or a
+Hub id), store it, identify it by hash."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ from pathlib import Path
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
+from hf_pretrain.hub_cache import TOKENIZER_FILES, HubFilesError, hub_snapshot, is_hub_id
+
 # GPT-2's document separator; it doubles as bos/unk/pad so the model needs no other special ids.
 EOS_TOKEN = "<|endoftext|>"
 # Folder inside data_dir; `AutoTokenizer.from_pretrained(data_dir / TOKENIZER_DIR)` loads it.
@@ -20,6 +23,10 @@ TOKENIZER_DIR = "tokenizer"
 MODEL_INPUT_NAMES = ["input_ids", "attention_mask"]
 # Documents handed to the BPE trainer per call into Rust (one call per document is much slower).
 _TRAIN_BATCH = 1000
+
+
+class TokenizerError(ValueError):
+    """A tokenizer that cannot be loaded, said in a line that names it and the fix."""
 
 
 def _batches(texts: Iterable[str], size: int) -> Iterator[list[str]]:
@@ -61,29 +68,35 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int, special_tokens: list[
 
 
 def load_pretrained_tokenizer(path: str | Path) -> PreTrainedTokenizerFast:
-    """A saved tokenizer: a folder written by `save_pretrained`, or a bare tokenizer.json."""
-    path = Path(path)
+    """A saved tokenizer: a folder written by `save_pretrained` (a model folder too), a bare
+    tokenizer.json, or a Hub id (its tokenizer files through huggingface_hub's cache, hub_cache.py)."""
+    name, path = str(path), Path(path)
+    if not path.exists() and is_hub_id(name):
+        try:
+            path = hub_snapshot(name, TOKENIZER_FILES, what="tokenizer")
+        except HubFilesError as exc:
+            raise TokenizerError(f"no local folder `{name}`, so it was read as a Hub id: {exc}") from None
     if path.is_file() and path.suffix == ".json":
         backend = Tokenizer.from_file(str(path))
         if backend.token_to_id(EOS_TOKEN) is None:
-            raise ValueError(
+            raise TokenizerError(
                 f"{path} has no `{EOS_TOKEN}` token to separate documents; pass the folder saved with "
                 f"save_pretrained, whose tokenizer_config.json names the eos_token"
             )
         return _wrap(backend)
     if not path.is_dir():
-        raise ValueError(
-            f"tokenizer `{path}` does not exist; data.tokenizer must be `train` or a local "
+        raise TokenizerError(
+            f"tokenizer `{path}` does not exist; data.tokenizer must be `train`, a Hub id or a local "
             f"tokenizer folder or tokenizer.json"
         )
     # local_files_only: a local folder must never turn into a Hub download.
     tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
     if not getattr(tokenizer, "is_fast", False):
-        raise ValueError(
+        raise TokenizerError(
             f"tokenizer in {path} is not a fast (Rust `tokenizers`) tokenizer; save it with a tokenizer.json"
         )
     if tokenizer.eos_token_id is None:
-        raise ValueError(f"tokenizer in {path} has no eos_token; documents need one to be separated")
+        raise TokenizerError(f"tokenizer in {path} has no eos_token; documents need one to be separated")
     tokenizer.model_input_names = MODEL_INPUT_NAMES
     tokenizer.init_kwargs["model_input_names"] = MODEL_INPUT_NAMES  # what save_pretrained writes: checkpoints too
     return tokenizer

@@ -4,19 +4,18 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from hf_pretrain.checkpoints.continuation import Continuation, ResumeRefused, decide_resume
+from hf_pretrain.checkpoints.continuation import Continuation, ResumeRefused
 from hf_pretrain.checkpoints.manifest import CheckpointError
 from hf_pretrain.config import Recipe
 from hf_pretrain.preflight.result import CheckResult
 
 
-def check_resume(recipe: Recipe, decision: Callable[[], Continuation] | None = None) -> CheckResult:
+def check_resume(recipe: Recipe, decision: Callable[[], Continuation]) -> CheckResult:
     """What resuming will do (checkpoints/continuation.py): a fresh start, the same plan, going further from the
     last checkpoint before the decay; or a change that needs an explicit flag, which fails here.
-    `decision` is the caller's, made once (training's `setup` loads what it names); by default it is
-    made here."""
+    `decision` is made once per start (training's `setup` loads what it names)."""
     try:
-        plan = (decision or (lambda: decide_resume(recipe)))()
+        plan = decision()
     except ResumeRefused as exc:
         return CheckResult("resume", "fail", exc.reason, exc.fix)
     except CheckpointError as exc:

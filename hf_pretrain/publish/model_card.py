@@ -22,6 +22,7 @@ from hf_pretrain.config import Recipe
 from hf_pretrain.economics.cost import dollars
 from hf_pretrain.formatting import human_count, human_duration, table_cell, usd
 from hf_pretrain.model import count_parameters
+from hf_pretrain.model_init import base_model_id
 from hf_pretrain.optim import Schedule
 from hf_pretrain.plots import plot_loss
 from hf_pretrain.run_dir import RunDir, read_jsonl
@@ -42,8 +43,9 @@ TEMPLATE = """---
 
 # {{ model_name }}
 
-A {{ params }}-parameter Llama model pretrained from scratch with hf-pretrain (recipe `{{ recipe_name }}`):
-step {{ step }}{% if max_steps %} of {{ max_steps }}{% endif %}, {{ tokens }} tokens.
+A {{ params }}-parameter Llama model {% if base_model %}continued from {{ base_model }} (its weights and tokenizer)
+and pretrained further{% else %}pretrained from scratch{% endif %} with hf-pretrain (recipe `{{ recipe_name }}`):
+step {{ step }}{% if max_steps %} of {{ max_steps }}{% endif %}, {{ tokens }} tokens{% if base_model %} of the data mixture below{% endif %}.
 
 ```python
 from transformers import pipeline
@@ -268,6 +270,9 @@ def write_model_card(folder: Path, train_state: dict, run_dir: Path | None, mode
         samples = [s for s in read_jsonl(run.samples) if s.get("step", 0) <= step]
     sources = recipe.data.sources if recipe is not None else []
     hub_datasets = [s.name for s in sources if s.kind == "hub"]
+    init_from = recipe.model.init_from if recipe is not None else ""
+    base_id = base_model_id(init_from)  # the Hub links a continuation to its base by `base_model`
+    base_named = f"[`{base_id}`](https://huggingface.co/{base_id})" if base_id else init_from and f"`{init_from}`"
     card_data = ModelCardData(
         license=options.license,
         library_name="transformers",
@@ -277,6 +282,7 @@ def write_model_card(folder: Path, train_state: dict, run_dir: Path | None, mode
         model_name=options.model_name,
         language=recipe.data.language if recipe is not None else None,
         **{CARD_METADATA_KEY: card_progress(recipe, train_state)},
+        base_model=base_id,
     )
     markers = [t for t in (recipe.data.special_tokens if recipe is not None else []) if t.startswith("<|im_")]
     card = ModelCard.from_template(
@@ -286,6 +292,7 @@ def write_model_card(folder: Path, train_state: dict, run_dir: Path | None, mode
         params=human_count(count_parameters(model)),
         load_from=options.repo_id or options.local_path or options.model_name,
         chat_markers=" and ".join(f"`{m}`" for m in markers),
+        base_model=base_named,
         recipe_name=recipe.name if recipe is not None else "unknown",
         step=f"{step:,}",
         max_steps=f"{recipe.train.max_steps:,}" if recipe is not None else None,

@@ -32,8 +32,8 @@ from hf_pretrain.model import (
     count_parameters,
     enable_activation_checkpointing,
     flops_per_token,
-    llama_config,
 )
+from hf_pretrain.model_init import init_weights, model_config
 from hf_pretrain.optim import build_optimizer
 from hf_pretrain.preflight import preflight
 from hf_pretrain.run_dir import RunDir, truncate_jsonl
@@ -165,10 +165,10 @@ def setup(recipe: Recipe) -> Run:
         torch.backends.cudnn.allow_tf32 = True
 
     set_seed(cfg.seed)
-    config = llama_config(
-        recipe.model, len(tokenizer), tokenizer.bos_token_id, tokenizer.eos_token_id, tokenizer.pad_token_id
-    )
+    config = model_config(recipe, tokenizer, continuation.folder)  # the recipe's Llama, or init_from's config.json
     model = build_model(config)
+    if continuation.folder is None:  # a run that starts: init_from's weights (a resumed one loads its checkpoint)
+        init_weights(model, recipe, log=say)
     n_params = count_parameters(model)
     if cfg.gradient_checkpointing:
         enable_activation_checkpointing(model)

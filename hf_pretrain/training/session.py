@@ -35,6 +35,7 @@ from hf_pretrain.exit_codes import (
     EXIT_PREFLIGHT,
     EXIT_SAVE_FAILED,
 )
+from hf_pretrain.model_init import InitFromError
 from hf_pretrain.preflight import PreflightError
 from hf_pretrain.processes import follow_launcher, launcher
 from hf_pretrain.run_dir import RunDir
@@ -91,7 +92,7 @@ RUNNING = Ending(
 
 # Failures that stop a session before it trained, said in a line (the reason is the whole story) and
 # ended with an exit code of their own; anything else is a crash, with its traceback.
-REFUSALS = (PreflightError, ResumeRefused, CheckpointError)
+REFUSALS = (PreflightError, ResumeRefused, CheckpointError, InitFromError)
 
 
 def exit_code_of(error: BaseException) -> int:
@@ -112,6 +113,8 @@ def describe(error: BaseException) -> str:
         return f"preflight failed, nothing was started:\n{error}"
     if isinstance(error, (ResumeRefused, CheckpointError)):
         return f"cannot go on from the run folder's checkpoint, nothing was started: {error}"
+    if isinstance(error, InitFromError):
+        return f"cannot start from the base model, nothing was started: {error}"
     if isinstance(error, RunLocked):
         return str(error)
     return f"crashed: {type(error).__name__}: {error}"

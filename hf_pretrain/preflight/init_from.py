@@ -1,0 +1,89 @@
+"""The base model of a continued pretraining (`init_from`): it can be had, it is a Llama, its config.json
+agrees with the recipe's model keys, and the data was tokenized with its tokenizer."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from hf_pretrain.checkpoints.continuation import Continuation, ResumeRefused, decide_resume
+from hf_pretrain.checkpoints.manifest import CheckpointError
+from hf_pretrain.config import Recipe
+from hf_pretrain.data.tokenizer import TokenizerError
+from hf_pretrain.model_init import (
+    InitFromError,
+    beyond_the_recipe,
+    data_tokenizer_differs,
+    open_base,
+    recipe_differences,
+)
+from hf_pretrain.preflight.result import CheckResult
+
+NAME = "init_from"
+
+
+def check_init_from(recipe: Recipe, resume_decision: Callable[[], Continuation] | None = None) -> list[CheckResult]:
+    """Nothing for a run from random weights; a skip for a run that goes on from its own checkpoint (the
+    base is not read again: `resume_decision` is the resume check's, made here when not given); otherwise whether the base model
+    can start this run."""
+    init_from = recipe.model.init_from
+    if not init_from:
+        return []
+    try:
+        saved = (resume_decision or (lambda: decide_resume(recipe)))().saved
+    except (ResumeRefused, CheckpointError):
+        saved = None  # the resume check says why; the base is checked as for a start
+    if saved is not None:
+        return [
+            CheckResult(
+                NAME, "skip", f"the run goes on from its checkpoint of step {saved['step']:,}: {init_from} is not read"
+            )
+        ]
+    try:
+        base = open_base(init_from)
+    except InitFromError as exc:
+        return [CheckResult(NAME, "fail", exc.reason, exc.fix)]
+    differences = recipe_differences(base.config, recipe)
+    if differences:
+        return [
+            CheckResult(
+                NAME,
+                "fail",
+                f"{init_from}'s config.json and the recipe's model keys differ: "
+                + ", ".join(
+                    f"{key} {ours} in the recipe, {theirs} in config.json"
+                    for key, (ours, theirs) in differences.items()
+                ),
+                "set them to the base model's in the recipe, or pass "
+                + " ".join(f"--{key} {theirs}" for key, (_, theirs) in differences.items()),
+            )
+        ]
+    data_dir = recipe.data.data_dir
+    try:
+        tokenizers = data_tokenizer_differs(base, data_dir)
+    except InitFromError as exc:
+        return [CheckResult(NAME, "fail", exc.reason, exc.fix)]
+    except (FileNotFoundError, TokenizerError):  # no prepared data: the data check says so
+        tokenizers, data_note = None, f"{data_dir} holds no tokenizer to compare with yet"
+    else:
+        data_note = f"{data_dir} is tokenized with its tokenizer"
+    if tokenizers is not None:
+        return [
+            CheckResult(
+                NAME,
+                "fail",
+                f"data_dir {data_dir} was tokenized with another tokenizer than {init_from}'s (tokenizer hash "
+                f"{tokenizers[0][:12]} there, {tokenizers[1][:12]} for the base model): the model would read "
+                f"other tokens than it learned",
+                f"prepare the data with its tokenizer into a new data_dir: `hf-pretrain prepare --recipe "
+                f"{recipe.name} --tokenizer {init_from} --data_dir NEW_DIR`, then train with --data_dir NEW_DIR",
+            )
+        ]
+    kept = beyond_the_recipe(base.config)
+    return [
+        CheckResult(
+            NAME,
+            "pass",
+            f"{init_from} ({base.folder}): a Llama whose config.json agrees with the recipe's model keys; "
+            f"{data_note}" + (f"; also from config.json: {', '.join(kept)}" if kept else ""),
+        )
+    ]
