@@ -8,9 +8,10 @@ reason and a fix). `run_checks` runs them all; `preflight` also logs the table a
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
-from hf_pretrain.checkpoints.continuation import Continuation
+from hf_pretrain.checkpoints.continuation import Continuation, decide_resume
 from hf_pretrain.config import Recipe
 from hf_pretrain.preflight.budget import check_cost
 from hf_pretrain.preflight.data import (
@@ -25,7 +26,7 @@ from hf_pretrain.preflight.dependencies import check_versions
 from hf_pretrain.preflight.disk import check_disk_space, check_not_in_use, check_output_writable, check_save_speed
 from hf_pretrain.preflight.gpu import check_bf16, check_compiler, check_cuda, check_memory, check_tf32
 from hf_pretrain.preflight.result import CheckResult, PreflightError, format_table
-from hf_pretrain.preflight.resume import check_resume
+from hf_pretrain.preflight.resume import check_resume, check_stop_request
 
 __all__ = ["CheckResult", "PreflightError", "format_table", "preflight", "run_checks"]
 
@@ -53,7 +54,8 @@ def run_checks(
     resume_decision: Callable[[], Continuation] | None = None,
 ) -> list[CheckResult]:
     """Every check, in the order a run meets them: software, GPU, data, disk, memory, money.
-    `resume_decision` is training's own (made once, then loaded); the doctor's is made here."""
+    `resume_decision` is training's own (made once, then loaded); the doctor's is made here, once."""
+    decision = resume_decision or functools.cache(lambda: decide_resume(recipe))
     checks: list[tuple[str, Callable[[], CheckResult | list[CheckResult]]]] = [
         ("versions", lambda: check_versions(recipe)),
         ("cuda", lambda: check_cuda(recipe)),
@@ -68,7 +70,8 @@ def run_checks(
         ("loader", lambda: check_loader_pickling(recipe)),
         ("output_dir", lambda: check_output_writable(recipe)),
         ("in use", lambda: check_not_in_use(recipe)),
-        ("resume", lambda: check_resume(recipe, resume_decision)),
+        ("resume", lambda: check_resume(recipe, decision)),
+        ("stop request", lambda: check_stop_request(recipe, decision)),
         ("disk space", lambda: check_disk_space(recipe)),
         ("save speed", lambda: check_save_speed(recipe)),
         ("gpu memory", lambda: check_memory(recipe, device_memory_bytes, world_size)),

@@ -43,6 +43,7 @@ from hf_pretrain.training.guards import EXIT_SAVE_FAILED, Guards, Stop
 from hf_pretrain.training.metrics import RunLogger, trackers_for
 from hf_pretrain.training.state import TrainState
 from hf_pretrain.training.step import Evaluation, TrainStep
+from hf_pretrain.training.stop_request import take_up_at_start
 
 
 @dataclass
@@ -133,13 +134,13 @@ def setup(recipe: Recipe) -> Run:
     # join processes started by torchrun (`accelerate launch --multi_gpu`) into a gloo group.
     on_cpu = not torch.cuda.is_available() or os.environ.get("ACCELERATE_USE_CPU", "").lower() in ("1", "true")
     world_size = PartialState(cpu=on_cpu).num_processes
-    grad_accum = recipe.grad_accum_steps(world_size)
     # which checkpoint the run goes on from: decided once, checksums and all; the table shows it
     decide = functools.cache(lambda: decide_resume(recipe))
     preflight(
         recipe, world_size, log=print if PartialState().is_main_process else lambda _: None, resume_decision=decide
     )
     continuation = decide()
+    grad_accum = recipe.grad_accum_steps(world_size)  # after the preflight, which refuses a batch that does not split
     tokenizer = load_tokenizer(recipe.data.data_dir)
 
     accelerator = Accelerator(
@@ -188,6 +189,8 @@ def setup(recipe: Recipe) -> Run:
         save_recipe(recipe, run_dir.resolved_recipe)
         for note in continuation.set_aside(run_dir):  # going further: the old ending stays, out of the way
             say(note)
+        # a stop request from before this start: applied at the first step, unless this start is a new plan
+        take_up_at_start(run_dir.path, continuation.max_steps_changed, state.cooldown, say)
         # a resumed run rewrites the steps after its checkpoint, so the files hold one clean curve
         for records in (run_dir.metrics, run_dir.samples, run_dir.benchmarks):
             truncate_jsonl(records, after_step=state.step)
