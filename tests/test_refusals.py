@@ -199,3 +199,222 @@ def test_a_stale_request_does_not_cut_an_extension_and_a_finished_run_refuses_on
     assert not RunDir(run).stop_request.exists()
     assert stop_main([str(run)]) == 78
     assert "finished at step 12" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------- 5. every refusal a message
+def test_an_impossible_output_dir_is_refused_in_a_line_with_exit_78(tmp_path, smoke_data, capsys):
+    from hf_pretrain import train
+
+    (tmp_path / "a_file").write_text("not a folder")
+    output_dir = tmp_path / "a_file" / "run"
+    assert train.main(["--recipe", "smoke", "--data_dir", str(smoke_data), "--output_dir", str(output_dir)]) == 78
+    err = capsys.readouterr().err
+    assert f"refused, nothing was started: cannot use {output_dir} as the run folder" in err
+    assert "--output_dir on a writable disk" in err and "Traceback" not in err
+
+
+def test_a_truncated_tokenizer_fails_the_data_check_naming_the_file(tmp_path, smoke_data, capsys):
+    import shutil
+
+    from hf_pretrain import train
+    from hf_pretrain.preflight.data import check_prepared
+
+    data = tmp_path / "data"
+    shutil.copytree(smoke_data, data)
+    tokenizer = data / "tokenizer" / "tokenizer.json"
+    tokenizer.write_bytes(tokenizer.read_bytes()[:5000])
+    result = check_prepared(load_recipe("smoke", {"data_dir": str(data)}))
+    assert result.status == "fail" and f"{tokenizer} cannot be read" in result.reason and "truncated" in result.reason
+    assert f"delete {data} and prepare it again" in result.fix
+    run = tmp_path / "run"
+    assert train.main(["--recipe", "smoke", "--data_dir", str(data), "--output_dir", str(run)]) == 78
+    err = capsys.readouterr().err
+    assert "preflight failed, nothing was started" in err and str(tokenizer) in err and "Traceback" not in err
+    assert read_status(run)["state"] == "refused" and read_status(run)["exit_code"] == 78
+
+
+def test_a_batch_that_does_not_split_names_the_values_that_do():
+    from hf_pretrain.preflight.data import check_batch_split
+
+    smoke = check_batch_split(load_recipe("smoke"), 3)  # 32 sequences of 128, micro-batches of 16
+    assert smoke.status == "fail" and "no micro_batch_size splits 32 sequences over 3 processes" in smoke.fix
+    assert "--global_batch_tokens 6144" in smoke.fix and "keep this batch on 1 or 2 process(es)" in smoke.fix
+    big = check_batch_split(load_recipe("1b"), 16)  # 64 sequences of 2048: 4 per process
+    assert "--micro_batch_size 4, 2 or 1 (4 sequences per process)" in big.fix
+    assert "--global_batch_tokens 262144" in big.fix and "1, 2, 4 or 8 process(es)" in big.fix
+    for fix, world in ((smoke.fix, 3), (big.fix, 16)):  # every value named does split
+        for tokens in [int(t) for t in fix.split("--global_batch_tokens ")[1].split(" (")[0].split(" or ")]:
+            recipe = load_recipe("smoke" if world == 3 else "1b", {"global_batch_tokens": tokens})
+            assert check_batch_split(recipe, world).status == "pass"
+
+
+@pytest.mark.parametrize("missing", ["tokenizer.json", "config.json"])
+def test_eval_on_an_export_missing_a_file_names_it(tmp_path, capsys, missing):
+    from hf_pretrain.evaluation import harness
+
+    folder = tmp_path / "export"
+    folder.mkdir()
+    for name in ("config.json", "tokenizer.json", "tokenizer_config.json"):
+        (folder / name).write_text("{}")
+    (folder / "model.safetensors").write_bytes(b"")
+    (folder / missing).unlink()
+    assert harness.main(["--model", str(folder), "--tasks", "arc_easy", "--limit", "2"]) == 1
+    err = capsys.readouterr().err
+    assert f"{folder} has no {missing}: not a whole model folder" in err and "--overwrite" in err
+    assert "Traceback" not in err and not (folder / "eval").exists()
+    (folder / missing).write_text('{"model_type": "lla')  # cut short
+    assert harness.main(["--model", str(folder), "--tasks", "arc_easy"]) == 1
+    assert f"{folder / missing} cannot be read" in capsys.readouterr().err
+
+
+def test_divergence_is_a_verdict_on_the_last_window_and_the_card_says_it():
+    from hf_pretrain.publish.model_card import _how_it_ended
+    from hf_pretrain.training.metrics import DivergenceWatch
+
+    def records(losses):
+        return [{"kind": "train", "step": i + 1, "loss": loss} for i, loss in enumerate(losses)]
+
+    healthy = DivergenceWatch(records([8.3 - 0.1 * i for i in range(40)]))
+    assert healthy.verdict is None
+    above_start = DivergenceWatch(records([8.3, 7.0] + [12.0] * 20))
+    assert "above its start, 8.300" in above_start.verdict
+    rising = DivergenceWatch(records([8.0 - 0.2 * i for i in range(20)] + [6.5] * 10))
+    assert "risen" in rising.verdict and "above the lowest mean it reached" in rising.verdict
+    watch = DivergenceWatch([])  # said once, when it turns; a recovery clears it
+    said = [watch.observe(r) for r in records([8.3] + [9.0] * 12)]
+    assert sum(s is not None for s in said) == 1
+    for record in records([8.3] + [9.0] * 12 + [3.0] * 10)[13:]:
+        watch.observe(record)
+    assert watch.verdict is None
+    schedule = TrainState.for_recipe(load_recipe("smoke"), "cpu").schedule
+    rows = dict(_how_it_ended(schedule, {"step": 10, "divergence": above_start.verdict}))
+    assert rows["diverged"].startswith("**yes**: the loss diverged")
+
+
+def test_only_the_tied_embedding_note_is_silenced_and_only_during_the_save(caplog):
+    import logging
+
+    from hf_pretrain.training.checkpointer import quiet_about_the_tied_embedding
+
+    logger = logging.getLogger("accelerate.utils.other")
+    tied = "[RANK 0] Removed shared tensor {'lm_head.weight'} while saving. This should be OK, but check ..."
+    other = "Removed shared tensor {'encoder.weight'} while saving. This should be OK, but check ..."
+    with caplog.at_level(logging.WARNING, logger="accelerate.utils.other"):
+        with quiet_about_the_tied_embedding():
+            logger.warning(tied)
+            logger.warning(other)
+        logger.warning(tied)
+    assert [r.getMessage() for r in caplog.records] == [other, tied]
+
+
+def test_prepare_says_each_shards_own_figures_then_the_corpus_totals(tmp_path):
+    import random
+
+    from hf_pretrain.data import prepare
+
+    rng = random.Random(0)
+    words = "the of and a to in is was it for on with as at by this that from".split()
+    text = "\n<|endoftext|>\n".join(" ".join(rng.choices(words, k=60)) for _ in range(300))
+    (tmp_path / "corpus.txt").write_text(text)  # end-of-text markers: 300 documents
+    raw = {"data": {"sources": [{"kind": "files", "paths": [str(tmp_path / "corpus.txt")]}]}}
+    overrides = {"data_dir": str(tmp_path / "data"), "vocab_size": 300, "val_every": 3, "shard_tokens": 2000}
+    overrides |= {"seq_len": 16, "micro_batch_size": 2, "global_batch_tokens": 64}
+    lines = []
+    prepare(build_recipe(raw, overrides), log=lines.append)
+    shard_lines = [line for line in lines if " shard " in line and " written (" in line]
+    first_val = next(line for line in shard_lines if line.startswith("validation shard 0 written"))
+    docs, tokens = first_val.split(" written (")[1].split(")")[0].split(", ")
+    total_docs = int(first_val.split("corpus so far: ")[1].split(" docs")[0].replace(",", ""))
+    assert int(docs.split()[0].replace(",", "")) < total_docs  # the shard's own, not the corpus's
+    assert int(tokens.split()[0].replace(",", "")) >= 2000
+
+
+@pytest.mark.slow
+def test_three_processes_on_a_batch_that_does_not_split_are_refused_not_crashed(smoke_data, tmp_path):
+    import subprocess
+    import sys
+
+    from tests.helpers import ROOT, offline_env
+
+    run = tmp_path / "run"
+    command = [sys.executable, "-m", "accelerate.commands.launch", "--config_file"]
+    command += [str(ROOT / "accelerate_configs" / "cpu_2proc.yaml"), "--num_processes", "3"]
+    command += [str(ROOT / "hf_pretrain" / "train.py"), "--recipe", "smoke", "--data_dir", str(smoke_data)]
+    command += ["--output_dir", str(run)]
+    result = subprocess.run(command, cwd=ROOT, env=offline_env(), capture_output=True, text=True, timeout=300)
+    log = result.stdout + result.stderr
+    status = read_status(run)
+    assert result.returncode != 0 and status["state"] == "refused" and status["exit_code"] == 78, log[-3000:]
+    assert "--global_batch_tokens 6144" in status["reason"] and "1 or 2 process(es)" in status["reason"]
+    assert log.count("train.py: preflight failed, nothing was started") == 3  # each process, in a line
+    assert "RecipeError" not in log and "training/loop.py" not in log  # no traceback of ours (torchrun prints its own)
+
+
+EXPORT_SCRIPT = """
+import os, resource, signal, sys
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails (EFBIG), as on a full disk
+limit = int(sys.argv[1])
+if limit:
+    resource.setrlimit(resource.RLIMIT_FSIZE, (limit, resource.RLIM_INFINITY))
+os.umask(int(sys.argv[2], 8))
+from hf_pretrain.publish import export
+sys.exit(export.main(sys.argv[3:]))
+"""
+
+
+def run_export(args: list[str], file_limit: int = 0, umask: str = "022"):
+    import subprocess
+    import sys
+
+    from tests.helpers import ROOT, offline_env
+
+    command = [sys.executable, "-c", EXPORT_SCRIPT, str(file_limit), umask, *map(str, args)]
+    return subprocess.run(command, cwd=ROOT, env=offline_env(), capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.slow
+def test_an_export_onto_a_full_disk_says_so_and_leaves_nothing(reference_run, tmp_path):
+    out = tmp_path / "exports" / "tiny"
+    full = run_export(["--checkpoint", reference_run[0], "--out", out], file_limit=1_000_000)
+    assert full.returncode == 74, full.stderr[-3000:]
+    assert "hf-pretrain export: error: writing" in full.stderr and "File too large" in full.stderr
+    assert "Nothing of this export was left behind" in full.stderr and "Traceback" not in full.stderr
+    assert not out.exists() and list((tmp_path / "exports").iterdir()) == []  # no hidden build folder
+    # the HF folder fits (bf16, 2.6 MB), its f32 GGUF (5.3 MB) does not: the .gguf.tmp goes
+    gguf = run_export(["--checkpoint", reference_run[0], "--out", out, "--gguf", "--gguf_type", "f32"], 4_000_000)
+    assert gguf.returncode == 74 and "The partial file was removed" in gguf.stderr, gguf.stderr[-3000:]
+    assert "Traceback" not in gguf.stderr and (out / "config.json").is_file()
+    assert not list(out.glob("*.gguf*")) and list((tmp_path / "exports").iterdir()) == [out]
+
+
+@pytest.mark.slow
+def test_overwrite_cleans_what_a_killed_export_left_and_exports_are_readable_by_all(reference_run, tmp_path):
+    out = tmp_path / "tiny"
+    assert run_export(["--checkpoint", reference_run[0], "--out", out]).returncode == 0
+    assert {oct(p.stat().st_mode & 0o777) for p in out.iterdir()} == {"0o644"}  # model.safetensors too
+    assert oct(out.stat().st_mode & 0o777) == "0o755"
+    (out / "tiny-f16.gguf.tmp").write_bytes(b"\0" * 1000)  # what a kill leaves: a GGUF being written,
+    (tmp_path / ".tiny.export-k1ll3d").mkdir()  # and the folder an export was being built in
+    (tmp_path / ".tiny.export-k1ll3d" / "model.safetensors").write_bytes(b"\0" * 1000)
+    refused = run_export(["--checkpoint", reference_run[0], "--out", out])
+    assert refused.returncode == 1 and "tiny-f16.gguf.tmp" in refused.stderr and "--overwrite" in refused.stderr
+    elsewhere = run_export(["--checkpoint", reference_run[0], "--out", tmp_path / "tiny2"])
+    assert elsewhere.returncode == 0 and "removed" not in elsewhere.stdout  # another --out's leftovers stay
+    cleaned = run_export(["--checkpoint", reference_run[0], "--out", out, "--overwrite"], umask="027")
+    assert cleaned.returncode == 0, cleaned.stderr[-3000:]
+    assert "removed what an interrupted export left" in cleaned.stdout and ".tiny.export-k1ll3d" in cleaned.stdout
+    assert not (out / "tiny-f16.gguf.tmp").exists() and not (tmp_path / ".tiny.export-k1ll3d").exists()
+    assert {oct(p.stat().st_mode & 0o777) for p in out.iterdir()} == {"0o640"}  # the umask is respected
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []
+
+
+@pytest.mark.slow
+def test_a_diverged_run_that_finishes_exits_0_and_says_so_everywhere(smoke_data, tmp_path):
+    run = tmp_path / "run"
+    log = launch_training(smoke_data, run, learning_rate=1.0, max_bad_steps=100, timeout=300)
+    status = read_status(run)
+    assert status["state"] == "finished" and status["exit_code"] == 0
+    assert "warning: the loss diverged" in status["reason"] and "warning: the loss diverged" in log
+    assert any(r["kind"] == "divergence" for r in map(json.loads, RunDir(run).metrics.read_text().splitlines()))
+    assert "| diverged | **yes**: the loss diverged" in (RunDir(run).final / "README.md").read_text()
+    assert "Removed shared tensor" not in log  # the tied embedding's note, silenced where checkpoints are saved

@@ -101,12 +101,14 @@ def train(recipe: Recipe, callbacks: Sequence[Callback] = ()) -> Outcome:
             side_jobs.on_train_end(run.dir)
         side_jobs.wait()  # inside the guards: a second signal still ends the wait at once
     run.accelerator.end_training()
+    # a diverged loss is a warning on the model, not a failure of the job: said here, so status.json has it too
+    diverged = f" | warning: {log.divergence.verdict}" if log.divergence.verdict else ""
     if not stop.finished:
-        return Outcome(stop.exit_code, stop.message(checkpoint))
+        return Outcome(stop.exit_code, stop.message(checkpoint) + diverged)
     final = run.dir.final if run.dir.final.is_dir() else None
     message = (
         f"done: {state.step} steps, {state.tokens_seen:,} tokens in {state.elapsed():.0f}s | "
-        f"metrics {run.dir.metrics} | samples {run.dir.samples}" + (f" | model {final}" if final else "")
+        f"metrics {run.dir.metrics} | samples {run.dir.samples}" + (f" | model {final}" if final else "") + diverged
     )
     log.say(message)
     return Outcome(0, message, final, finished=True)
