@@ -26,6 +26,10 @@ class RunLocked(RuntimeError):
     """Another session holds the run folder."""
 
 
+class RunDirUnusable(RuntimeError):
+    """The run folder cannot be created or written (read-only disk, no permission, a file in the way)."""
+
+
 def now() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S%z")
 
@@ -38,9 +42,17 @@ class RunLock:
         self._fd: int | None = None
 
     def acquire(self) -> None:
-        """Take the lock, or raise `RunLocked` naming its holder. On a filesystem without locks, warn and go on."""
-        self.run_dir.path.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.run_dir.lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        """Take the lock, or raise `RunLocked` naming its holder (`RunDirUnusable` when the folder cannot be
+        written). On a filesystem without locks, warn and go on."""
+        try:
+            self.run_dir.path.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.run_dir.lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        except OSError as exc:
+            where = exc.filename or self.run_dir.path
+            raise RunDirUnusable(
+                f"cannot use {self.run_dir.path} as the run folder: {exc.strerror or exc} ({where}); choose an "
+                f"--output_dir on a writable disk (`hf-pretrain doctor` checks it)"
+            ) from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as exc:

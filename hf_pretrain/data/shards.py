@@ -41,6 +41,7 @@ from hf_pretrain.config import Recipe
 from hf_pretrain.data.sources import MixturePosition, is_validation, mixture, normalised_weights
 from hf_pretrain.data.tokenizer import (
     TOKENIZER_DIR,
+    TokenizerUnreadable,
     load_pretrained_tokenizer,
     load_tokenizer,
     save_tokenizer,
@@ -421,7 +422,11 @@ class ShardPass:
         _write_json_atomically(self.data_dir / PROGRESS_FILE, self.progress)
         for writer in self.writers.values():
             writer.drop_written_pending()
-        self.log(f"{split} shard {len(self.writers[split].shards) - 1} written; {self.status()}")
+        shard = self.writers[split].shards[-1]  # its own figures; the totals, of both splits, come after
+        self.log(
+            f"{split} shard {len(self.writers[split].shards) - 1} written ({shard['documents']:,} docs, "
+            f"{shard['tokens']:,} tokens); corpus so far: {self.status()}"
+        )
 
     def status(self) -> str:
         docs = sum(w.documents for w in self.writers.values())
@@ -664,6 +669,8 @@ def check_prepared_data(recipe: Recipe, verify: str = "recorded", progress: bool
         tokenizer = load_tokenizer(data_dir)
     except FileNotFoundError as exc:
         raise DataMismatchError(f"{exc}; {hint}") from exc
+    except TokenizerUnreadable as exc:  # its message names the file and the fix
+        raise DataMismatchError(str(exc)) from exc
     saved_hash = tokenizer_hash(tokenizer)
     if saved_hash != meta.get("tokenizer_hash"):
         raise mismatch(

@@ -108,11 +108,24 @@ def save_tokenizer(tokenizer: PreTrainedTokenizerFast, data_dir: Path) -> Path:
     return target
 
 
+class TokenizerUnreadable(ValueError):
+    """A data folder's saved tokenizer file that is not whole (truncated, damaged): the message names it."""
+
+
 def load_tokenizer(data_dir: str | Path) -> PreTrainedTokenizerFast:
-    """The tokenizer that `prepare` saved in `data_dir`."""
+    """The tokenizer that `prepare` saved in `data_dir`; `TokenizerUnreadable` names a file cut short."""
     folder = Path(data_dir) / TOKENIZER_DIR
     if not (folder / "tokenizer.json").is_file():
         raise FileNotFoundError(f"no tokenizer in {folder}; run `hf-pretrain prepare` for this recipe first")
+    for name in ("tokenizer.json", "tokenizer_config.json"):  # read whole first: a parser's error names no file
+        path = folder / name
+        try:
+            json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
+        except (OSError, ValueError) as exc:
+            raise TokenizerUnreadable(
+                f"{path} cannot be read ({exc}): the file is truncated or damaged; restore it from a copy, "
+                f"or delete {data_dir} and prepare it again"
+            ) from None
     return load_pretrained_tokenizer(folder)
 
 

@@ -78,6 +78,38 @@ def _local_task_names() -> set[str]:
     return {yaml.safe_load(p.read_text())["task"] for p in LOCAL_TASKS_DIR.glob("*.yaml")}
 
 
+# What a model folder needs for `from_pretrained`: its config, weights in one of these forms, a tokenizer.
+MODEL_FOLDER_NEEDS = {
+    "config.json": ("config.json",),
+    "weights": (
+        "model.safetensors",
+        "model.safetensors.index.json",
+        "pytorch_model.bin",
+        "pytorch_model.bin.index.json",
+    ),
+    "tokenizer.json": ("tokenizer.json", "tokenizer.model", "vocab.json"),
+}
+
+
+def check_model_folder(folder: Path) -> None:
+    """Raise `EvalError` naming what a local model folder lacks, or a JSON file of it that is cut short,
+    before transformers meets it (its errors speak of sentencepiece and `model_type`, not of the file)."""
+    for what, names in MODEL_FOLDER_NEEDS.items():
+        if not any((folder / name).is_file() for name in names):
+            missing = what if what != "weights" else "model.safetensors (no weights)"
+            raise EvalError(
+                f"{folder} has no {missing}: not a whole model folder. Export it again "
+                f"(`hf-pretrain export --checkpoint RUN_DIR --out {folder} --overwrite`), or point --model at "
+                f"the run folder or a checkpoint"
+            )
+    for name in ("config.json", "tokenizer.json", "tokenizer_config.json"):
+        path = folder / name
+        try:
+            json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
+        except (OSError, ValueError) as exc:
+            raise EvalError(f"{path} cannot be read ({exc}): the file is truncated or damaged; export again") from None
+
+
 def load_model(source: str, dtype: torch.dtype, device: str):
     """(model, tokenizer) from a checkpoint or run folder, an exported folder or a Hub repo id."""
     if is_training_output(source):
@@ -216,6 +248,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.text is not None and is_training_output(args.model):
         parser.error("--text needs a model folder or Hub repo id: `hf-pretrain export` the checkpoint first")
     try:
+        if Path(args.model).is_dir() and not is_training_output(args.model):
+            check_model_folder(Path(args.model))
         if tasks:
             device, dtype = inference_device_and_dtype()
             model, tokenizer = load_model(args.model, dtype, device)

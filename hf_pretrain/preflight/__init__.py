@@ -27,7 +27,7 @@ from hf_pretrain.preflight.disk import check_disk_space, check_not_in_use, check
 from hf_pretrain.preflight.gpu import check_bf16, check_compiler, check_cuda, check_memory, check_tf32
 from hf_pretrain.preflight.init_from import check_init_from
 from hf_pretrain.preflight.result import CheckResult, PreflightError, format_table
-from hf_pretrain.preflight.resume import check_resume
+from hf_pretrain.preflight.resume import check_resume, check_stop_request
 from hf_pretrain.preflight.trackers import check_trackers
 
 __all__ = ["CheckResult", "PreflightError", "format_table", "preflight", "run_checks"]
@@ -76,6 +76,7 @@ def run_checks(
         ("output_dir", lambda: check_output_writable(recipe)),
         ("in use", lambda: check_not_in_use(recipe)),
         ("resume", lambda: check_resume(recipe, decision)),
+        ("stop request", lambda: check_stop_request(recipe, decision)),
         ("disk space", lambda: check_disk_space(recipe)),
         ("save speed", lambda: check_save_speed(recipe)),
         ("gpu memory", lambda: check_memory(recipe, device_memory_bytes, world_size)),

@@ -8,6 +8,7 @@ import torch
 
 from hf_pretrain.config import Recipe, RecipeError
 from hf_pretrain.data import DataMismatchError, build_train_loader, check_prepared_data
+from hf_pretrain.data.tokenizer import TokenizerUnreadable
 from hf_pretrain.preflight.result import CheckResult
 
 
@@ -21,6 +22,9 @@ def check_prepared(recipe: Recipe) -> CheckResult:
     try:
         meta = check_prepared_data(recipe)
     except DataMismatchError as exc:
+        if isinstance(exc.__cause__, TokenizerUnreadable):  # a prepare would find the folder prepared
+            reason, _, fix = str(exc).partition("; ")
+            return CheckResult("data", "fail", reason, fix)
         # The message already ends with the prepare hint; the table shows it once, as the fix.
         return CheckResult("data", "fail", str(exc).removesuffix(f"; {fix}"), fix)
     train_tokens, val_tokens = meta["splits"]["train"]["tokens"], meta["splits"]["validation"]["tokens"]
@@ -80,17 +84,46 @@ def check_context(recipe: Recipe) -> CheckResult:
 
 def check_batch_split(recipe: Recipe, world_size: int) -> CheckResult:
     """The global batch splits into whole micro-batches on `world_size` processes."""
+    t, seq_len = recipe.train, recipe.data.seq_len
     try:
         accumulation = recipe.grad_accum_steps(world_size)
-    except RecipeError as exc:
-        return CheckResult("batch", "fail", str(exc), "change global_batch_tokens or micro_batch_size")
-    t = recipe.train
+    except RecipeError as exc:  # its own advice (change either key) may not work: the fix names values that do
+        return CheckResult("batch", "fail", str(exc).partition("; change")[0], batch_split_fix(recipe, world_size))
     return CheckResult(
         "batch",
         "pass",
         f"{t.global_batch_tokens:,} tokens/step = {world_size} process(es) x "
-        f"{accumulation} micro-batch(es) x {t.micro_batch_size} x {recipe.data.seq_len}",
+        f"{accumulation} micro-batch(es) x {t.micro_batch_size} x {seq_len}",
     )
+
+
+def _either(values: list) -> str:
+    """`1, 2 or 4`."""
+    values = [str(v) for v in values]
+    return ", ".join(values[:-1]) + " or " + values[-1] if len(values) > 1 else "".join(values)
+
+
+def batch_split_fix(recipe: Recipe, world_size: int) -> str:
+    """The values that do split the batch: micro-batch sizes on these processes (at most the recipe's,
+    for memory), global_batch_tokens near the asked one, and process counts for this batch."""
+    t, seq_len = recipe.train, recipe.data.seq_len
+    sequences = t.global_batch_tokens // seq_len  # whole: the recipe checks it splits on one process
+    fixes, heading = [], ""
+    if sequences % world_size == 0:
+        per_process = sequences // world_size
+        sizes = [m for m in range(t.micro_batch_size, 0, -1) if per_process % m == 0][:3]
+        fixes.append(f"--micro_batch_size {_either(sizes)} ({per_process} sequences per process)")
+    else:
+        heading = f"no micro_batch_size splits {sequences} sequences over {world_size} processes: "
+    per_pass = t.micro_batch_size * seq_len * world_size
+    below, above = t.global_batch_tokens // per_pass * per_pass, (t.global_batch_tokens // per_pass + 1) * per_pass
+    near = [tokens for tokens in (below, above) if tokens]
+    fixes.append(
+        f"--global_batch_tokens {_either(near)} (multiples of {world_size} x {t.micro_batch_size} x {seq_len})"
+    )
+    worlds = [w for w in range(1, max(8, 2 * world_size) + 1) if sequences % (w * t.micro_batch_size) == 0]
+    fixes.append(f"keep this batch on {_either(worlds)} process(es)")
+    return heading + ", or ".join(fixes)
 
 
 def check_num_workers(recipe: Recipe) -> CheckResult:

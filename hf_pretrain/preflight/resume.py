@@ -1,4 +1,5 @@
-"""The run folder's checkpoints against the recipe: can the run go on under it, and how."""
+"""The run folder's checkpoints against the recipe: can the run go on under it, and how; and a stop
+request waiting for it."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ from hf_pretrain.checkpoints.continuation import Continuation, ResumeRefused
 from hf_pretrain.checkpoints.manifest import CheckpointError
 from hf_pretrain.config import Recipe
 from hf_pretrain.preflight.result import CheckResult
+from hf_pretrain.run_dir import RunDir
+from hf_pretrain.stop_file import at_start, read_stop_request
 
 
 def check_resume(recipe: Recipe, decision: Callable[[], Continuation]) -> CheckResult:
@@ -35,3 +38,19 @@ def check_resume(recipe: Recipe, decision: Callable[[], Continuation]) -> CheckR
         reason + skipped,
         "start a new output_dir (or --resume none) for a run of its own" if warned else "",
     )
+
+
+def check_stop_request(recipe: Recipe, decision: Callable[[], Continuation]) -> list[CheckResult]:
+    """A stop request waiting in the run folder, its age and what this start does with it (stop_file.py):
+    no row when there is none."""
+    request = read_stop_request(recipe.train.output_dir)
+    if request is None:
+        return []
+    try:
+        plan = decision()
+    except (ResumeRefused, CheckpointError):
+        plan = Continuation()
+    cooldown = (plan.saved or {}).get("cooldown") if not plan.max_steps_changed else None
+    _, line = at_start(request, plan.max_steps_changed, cooldown["end"] if cooldown else None)
+    path = RunDir(recipe.train.output_dir).stop_request
+    return [CheckResult("stop request", "warn", line, f"delete {path} to take it back")]

@@ -49,7 +49,8 @@ def cached_export(checkpoint: Checkpoint, cache_dir: Path) -> Path:
     digest = hashlib.sha256((checkpoint.path / MANIFEST).read_bytes()).hexdigest()[:16]
     target = cache_dir / f"{checkpoint.path.name}-{digest}"
     if not target.is_dir():  # export builds beside it and renames: present means complete
-        export_checkpoint(checkpoint, target, dtype="fp32")
+        # the cache is ours: what a killed export left beside the target goes (overwrite), the modes follow the umask
+        export_checkpoint(checkpoint, target, dtype="fp32", overwrite=True)
     return target
 
 

@@ -18,9 +18,11 @@ import os
 import shutil
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
 from transformers import AutoTokenizer, GenerationConfig
 
 from hf_pretrain.checkpoints.layout import WEIGHTS
@@ -29,7 +31,8 @@ from hf_pretrain.checkpoints.manifest import CheckpointError
 from hf_pretrain.checkpoints.store import Checkpoint, resolve_checkpoint
 from hf_pretrain.config import CommandParser
 from hf_pretrain.data.tokenizer import MODEL_INPUT_NAMES
-from hf_pretrain.publish.gguf import GGUF_TYPES, GGUFError, write_gguf
+from hf_pretrain.formatting import human_bytes
+from hf_pretrain.publish.gguf import EXIT_WRITE_FAILED, GGUF_TYPES, GGUFError, GGUFWriteError, write_gguf
 from hf_pretrain.publish.hub import push_folder, push_or_explain
 from hf_pretrain.publish.model_card import LOSS_CURVE, CardOptions, write_model_card
 
@@ -49,12 +52,73 @@ EXPORT_FILES = {
     LOSS_CURVE,
     ".gitattributes",
 }
-EXPORT_PATTERNS = ("model-*-of-*.safetensors", "*.gguf")
+EXPORT_PATTERNS = ("model-*-of-*.safetensors", "*.gguf", "*.gguf.tmp")
+# What an interrupted export leaves (a kill, a full disk): a GGUF file being written inside the folder, and
+# the hidden folders an export builds in and moves a previous export to, beside it. `--overwrite` removes them.
+LEFTOVERS_INSIDE = "*.gguf.tmp"
+LEFTOVERS_BESIDE = (".{name}.export-*", ".{name}.previous-*")
 EXPORT_FOLDERS = {".cache"}  # huggingface_hub's metadata of a local folder it uploaded or downloaded
 
 
 class ExportError(RuntimeError):
     """A checkpoint that cannot be exported, with the reason."""
+
+
+class ExportWriteError(ExportError):
+    """The disk refused the export (full, quota, I/O error); nothing of it was left behind."""
+
+
+def leftovers(out: Path) -> list[Path]:
+    """Files and folders an interrupted export to `out` left behind."""
+    target = out.resolve()
+    found = sorted(target.glob(LEFTOVERS_INSIDE)) if target.is_dir() else []
+    for pattern in LEFTOVERS_BESIDE:
+        found += sorted(p for p in target.parent.glob(pattern.format(name=target.name)) if p.is_dir())
+    return found
+
+
+def remove_leftovers(out: Path, log: Callable[[str], None] = print) -> None:
+    found = leftovers(out)
+    for path in found:
+        shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
+    if found:
+        log(f"export: removed what an interrupted export left: {', '.join(map(str, found))}")
+
+
+def publishable(folder: Path) -> None:
+    """Modes for a folder others read (a container serving it, another user): what the umask gives a new
+    file or folder (0644 / 0755 under the usual 022), not mkdtemp's 0700 or a temporary file's 0600."""
+    mask = _umask()
+    for path in [folder, *folder.rglob("*")]:
+        if not path.is_symlink():
+            path.chmod((0o777 if path.is_dir() else 0o666) & ~mask)
+
+
+def _umask() -> int:
+    """The process's umask, read without changing it where Linux says it (other threads keep creating files)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def write_failure(exc: BaseException, target: Path) -> ExportWriteError:
+    """A failed write in a line: what the disk said, where, and how much room is left."""
+    where = Path(exc.filename) if isinstance(exc, OSError) and exc.filename else target
+    said = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+    try:
+        free = f"{human_bytes(shutil.disk_usage(target.parent).free)} free on {target.parent}"
+    except OSError:
+        free = f"{target.parent} cannot be read"
+    return ExportWriteError(
+        f"writing {where} failed: {said}; {free}. Nothing of this export was left behind: free space or "
+        f"choose another --out, then export again"
+    )
 
 
 def save_plain_fast_tokenizer(tokenizer, folder: Path, model_max_length: int) -> None:
@@ -109,6 +173,13 @@ def check_replaceable(out: Path, checkpoint: Path, overwrite: bool) -> None:
     """Raise unless `out` is absent, empty, or (with `overwrite`) a previous export and nothing more:
     `--overwrite` must never delete a user's own files, a run folder or the checkpoint being exported."""
     if not out.exists():
+        stale = leftovers(out)
+        if stale and not overwrite:
+            raise ExportError(
+                f"an interrupted export to {out} (a kill, a full disk) left {', '.join(map(str, stale))}; "
+                f"--overwrite removes them (or delete them yourself; if another export to {out} is running, "
+                f"wait for it)"
+            )
         return
     if not out.is_dir():
         raise ExportError(f"{out} is a file, not a folder; choose another --out")
@@ -116,7 +187,11 @@ def check_replaceable(out: Path, checkpoint: Path, overwrite: bool) -> None:
     if not entries:
         return
     if not overwrite:
-        raise ExportError(f"{out} already exists and is not empty; pass --overwrite to replace a previous export")
+        stale = leftovers(out)
+        named = f" (with {', '.join(p.name for p in stale)}, left by an interrupted export)" if stale else ""
+        raise ExportError(
+            f"{out} already exists and is not empty{named}; pass --overwrite to replace a previous export"
+        )
     if checkpoint.resolve().is_relative_to(out.resolve()):
         raise ExportError(
             f"--out {out} holds the checkpoint being exported ({checkpoint}); --overwrite would delete "
@@ -137,11 +212,15 @@ def export_checkpoint(
     dtype: str = "bf16",
     card: CardOptions | None = None,
     overwrite: bool = False,
+    log: Callable[[str], None] = print,
 ) -> Path:
     """Write the model folder for `checkpoint` to `out`, whole or not at all (built beside it, then
-    renamed); `overwrite` replaces a previous export there, and nothing else (`check_replaceable`)."""
+    renamed); `overwrite` replaces a previous export there, and nothing else (`check_replaceable`), and
+    removes what an interrupted one left. A write the disk refuses raises `ExportWriteError`."""
     out = Path(out)
     check_replaceable(out, checkpoint.path, overwrite)
+    if overwrite:
+        remove_leftovers(out, log)
     target = out.resolve()  # `--out .` has no name to build beside
     tokenizer = AutoTokenizer.from_pretrained(checkpoint.path, local_files_only=True)
     model = load_checkpoint_model(checkpoint.path, DTYPES[dtype])
@@ -159,10 +238,16 @@ def export_checkpoint(
     # built in a fresh hidden folder beside the target: no name of the user's is ever reused or removed
     building = Path(tempfile.mkdtemp(prefix=f".{target.name}.export-", dir=target.parent))
     try:
-        model.save_pretrained(building)
-        add_transformers4_config_keys(building / "config.json")
-        save_plain_fast_tokenizer(tokenizer, building, model.config.max_position_embeddings)
-        write_model_card(building, checkpoint.train_state, checkpoint.run_dir, model, card or CardOptions(target.name))
+        try:
+            model.save_pretrained(building)
+            add_transformers4_config_keys(building / "config.json")
+            save_plain_fast_tokenizer(tokenizer, building, model.config.max_position_embeddings)
+            write_model_card(
+                building, checkpoint.train_state, checkpoint.run_dir, model, card or CardOptions(target.name)
+            )
+            publishable(building)
+        except (OSError, SafetensorError) as exc:  # a full disk, a quota: said in a line, the folder removed below
+            raise write_failure(exc, target) from exc
         if target == Path.cwd().resolve():  # `--out .`: the shell stays in this folder, so fill it in place
             for old in target.iterdir():  # a previous export (checked above)
                 shutil.rmtree(old) if old.is_dir() else old.unlink()
@@ -239,14 +324,14 @@ def main(argv: list[str] | None = None) -> int:
         out = export_checkpoint(checkpoint, args.out, args.dtype, options, args.overwrite)
     except (CheckpointError, ExportError) as exc:
         print(f"hf-pretrain export: error: {exc}", file=sys.stderr)
-        return 1
+        return EXIT_WRITE_FAILED if isinstance(exc, ExportWriteError) else 1
     print(f"export: wrote {out}")
     if args.gguf:
         try:
             print(f"export: wrote {write_gguf(out, gguf_type=args.gguf_type)}")
         except GGUFError as exc:
             print(f"hf-pretrain export: error: {exc} (the HF folder {out} is complete)", file=sys.stderr)
-            return 1
+            return EXIT_WRITE_FAILED if isinstance(exc, GGUFWriteError) else 1
     if args.push_to_hub:
         url = push_or_explain(
             out,

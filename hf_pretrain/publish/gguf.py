@@ -12,6 +12,7 @@ that pre-tokenizer (we trained it), so we check it and write it as such (`tokeni
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 from pathlib import Path
 
@@ -20,14 +21,20 @@ import torch
 from safetensors.torch import load_file
 
 from hf_pretrain.config import CommandParser
+from hf_pretrain.formatting import human_bytes
 
 GGUF_TYPES = ("f32", "f16", "bf16", "q8_0")
+EXIT_WRITE_FAILED = 74  # EX_IOERR (training's save_failed too): the disk refused the write; nothing partial was left
 # The GPT-2 pre-tokenizer our BPE trains with: byte level, GPT-2's split regex, no prefix space.
 GPT2_PRE_TOKENIZER = {"type": "ByteLevel", "add_prefix_space": False, "use_regex": True}
 
 
 class GGUFError(RuntimeError):
     """A model folder that cannot be written as GGUF, with the reason."""
+
+
+class GGUFWriteError(GGUFError):
+    """The disk refused the GGUF file (full, quota, I/O error); its partial file was removed."""
 
 
 def _gguf():
@@ -124,15 +131,46 @@ def write_gguf(folder: str | Path, out: str | Path | None = None, gguf_type: str
     )
     weights = load_file(folder / "model.safetensors")
 
+    out = Path(out) if out is not None else folder / f"{folder.name}-{gguf_type}.gguf"
+
+    # written as NAME.gguf.tmp, renamed when whole: a kill leaves only the .tmp (`export --overwrite` removes it)
+    building = out.with_name(out.name + ".tmp")
+    try:
+        _write_file(gguf, building, folder.name, config, tokenizer_json, tokenizer_config, weights, gguf_type)
+        building.replace(out)
+    except OSError as exc:  # a full disk, a quota: said in a line, the partial file removed
+        building.unlink(missing_ok=True)
+        try:
+            free = f"{human_bytes(shutil.disk_usage(out.parent).free)} free on {out.parent}"
+        except OSError:
+            free = f"{out.parent} cannot be read"
+        raise GGUFWriteError(
+            f"writing {building} failed: {exc.strerror or exc}; {free}. The partial file was removed: free space "
+            f"or choose another --out"
+        ) from None
+    except BaseException:
+        building.unlink(missing_ok=True)
+        raise
+    return out
+
+
+def _write_file(
+    gguf,
+    building: Path,
+    name: str,
+    config: dict,
+    tokenizer_json: dict,
+    tokenizer_config: dict,
+    weights: dict[str, torch.Tensor],
+    gguf_type: str,
+) -> None:
+    """The GGUF file: llama.cpp's metadata keys, the vocabulary, the tensors."""
     heads, kv_heads = config["num_attention_heads"], config["num_key_value_heads"]
     layers, hidden = config["num_hidden_layers"], config["hidden_size"]
     rope_theta = config.get("rope_theta") or (config.get("rope_parameters") or {}).get("rope_theta", 10000.0)
     vocab_rows = weights["model.embed_tokens.weight"].shape[0]
-    out = Path(out) if out is not None else folder / f"{folder.name}-{gguf_type}.gguf"
-
-    building = out.with_name(out.name + ".tmp")  # renamed when whole: a killed export leaves only the .tmp
     writer = gguf.GGUFWriter(str(building), arch=gguf.MODEL_ARCH_NAMES[gguf.MODEL_ARCH.LLAMA])
-    writer.add_name(folder.name)
+    writer.add_name(name)
     writer.add_context_length(config["max_position_embeddings"])
     writer.add_embedding_length(hidden)
     writer.add_block_count(layers)
@@ -178,12 +216,17 @@ def write_gguf(folder: str | Path, out: str | Path | None = None, gguf_type: str
         data, raw_shape, raw_dtype = _tensor_data(name, tensor, gguf_type, gguf)
         writer.add_tensor(gguf_name, data, raw_shape=raw_shape, raw_dtype=raw_dtype)
 
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    building.replace(out)
-    return out
+    try:
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_tensors_to_file()
+        writer.close()
+    finally:  # a failed write leaves the file open: close it, so that removing it frees the disk
+        for fout in writer.fout or []:
+            try:
+                fout.close()
+            except OSError:
+                pass
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -198,7 +241,7 @@ def main(argv: list[str] | None = None) -> int:
         path = write_gguf(args.folder, args.out, args.gguf_type)
     except GGUFError as exc:
         print(f"hf-pretrain gguf: {exc}", file=sys.stderr)
-        return 1
+        return EXIT_WRITE_FAILED if isinstance(exc, GGUFWriteError) else 1
     print(f"wrote {path} ({path.stat().st_size / 2**20:.1f} MiB)")
     return 0
 

@@ -162,7 +162,7 @@ def _architecture(model) -> list[tuple[str, Any]]:
 
 
 def _how_it_ended(schedule: Schedule, train_state: dict) -> list[tuple[str, Any]]:
-    """Rows for a run that stopped early, did not finish its decay, or went further from a branch."""
+    """Rows for a run that stopped early, did not finish its decay, diverged, or went further from a branch."""
     rows: list[tuple[str, Any]] = []
     cooldown, lr = train_state.get("cooldown"), train_state.get("lr")
     if cooldown:
@@ -180,6 +180,8 @@ def _how_it_ended(schedule: Schedule, train_state: dict) -> list[tuple[str, Any]
                 f"peak) at this step; a finished model ends at {schedule.floor:.3g}",
             )
         )
+    if train_state.get("divergence"):  # training/metrics.py: said, not stopped on
+        rows.append(("diverged", f"**yes**: {table_cell(train_state['divergence'])}"))
     for branch in train_state.get("lineage", []):
         rows.append(
             (

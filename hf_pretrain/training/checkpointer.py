@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import errno
 import json
+import logging
 import os
 import shutil
 import signal
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -31,6 +33,26 @@ from hf_pretrain.training.faults import fault_active
 
 if TYPE_CHECKING:
     from hf_pretrain.training.state import TrainState
+
+
+class _TiedEmbeddingNote(logging.Filter):
+    """Accelerate's "Removed shared tensor {'lm_head.weight'} while saving ... check" on every save is the
+    tied embedding (one tensor, two names): the config's tie_word_embeddings restores it on load, as the
+    resume tests check. Only that message is dropped; any other shared tensor is still reported."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        # Accelerate's logger prefixes "[RANK n] "
+        return "Removed shared tensor {'lm_head.weight'} while saving" not in record.getMessage()
+
+
+@contextmanager
+def quiet_about_the_tied_embedding() -> Iterator[None]:
+    logger, note = logging.getLogger("accelerate.utils.other"), _TiedEmbeddingNote()
+    logger.addFilter(note)
+    try:
+        yield
+    finally:
+        logger.removeFilter(note)
 
 
 class CheckpointSaveError(RuntimeError):
@@ -141,7 +163,8 @@ class _CheckpointWrite:
             self.tmp.mkdir(parents=True)
 
     def accelerate_state(self) -> None:  # every process writes its part (its RNG state at least)
-        self.accelerator.save_state(str(self.tmp), safe_serialization=True)
+        with quiet_about_the_tied_embedding():
+            self.accelerator.save_state(str(self.tmp), safe_serialization=True)
         if fault_active("disk-full", self.step, self.process):
             cut = self.tmp / ("optimizer.bin" if self.main else f"random_states_{self.process}.pkl")
             cut.write_bytes(b"\0" * 64)  # a write cut short ...

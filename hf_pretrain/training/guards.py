@@ -27,7 +27,7 @@ from hf_pretrain.config import TrainConfig
 from hf_pretrain.economics.cost import window_cost_per_loss_point
 from hf_pretrain.exit_codes import EXIT_DIVERGED, EXIT_PREEMPTED
 from hf_pretrain.processes import LAUNCHER_GONE, followed_launcher, launcher_gone
-from hf_pretrain.training.stop_request import clear_stop_request, read_stop_request
+from hf_pretrain.stop_file import StopRequest, answer_stop_request, clear_stop_request, read_stop_request
 
 if TYPE_CHECKING:
     from hf_pretrain.training.metrics import RunLogger
@@ -188,7 +188,7 @@ class Guards:
         step, main = state.step, self.accelerator.is_main_process
         if self.last_step_healthy and step % self.train.log_interval == 0:
             self.early_stop.observe_cost(history)
-        request = read_stop_request(self.train.output_dir) if main and state.cooldown is None else None
+        request = self._stop_request(state) if main else None
         # the step's one exchange: a signal may have reached any process; early stopping and stop requests
         # are the main one's call (a request's cooldown travels as steps + 1, 0 for the default)
         signalled, stop_early, requested, cooldown_code = agree(
@@ -222,6 +222,8 @@ class Guards:
             stop = self._finish(state, reason, steps)
             if stop is not None:
                 return stop
+            if requested and main:  # answered: a second request is refused (`hf-pretrain stop` reads this)
+                answer_stop_request(self.train.output_dir, step, f"began its cooldown to step {state.cooldown.end}")
         if step >= state.end:
             if main:
                 clear_stop_request(self.train.output_dir)  # it was answered; a later run must not read it
@@ -233,6 +235,21 @@ class Guards:
                 else "",
                 finished=True,
             )
+        return None
+
+    def _stop_request(self, state: TrainState) -> StopRequest | None:
+        """The request to act on at this step (main process): none during a cooldown, where a new one is
+        refused in the log and in the file (the decay under way already finishes the run)."""
+        request = read_stop_request(self.train.output_dir)
+        if request is None or state.cooldown is None:
+            return request  # an answered one, after a resume from before its cooldown, is applied again
+        if not request.answered:
+            answer = (
+                f"refused: the run is already in its cooldown ({state.cooldown.reason}), which ends it at step "
+                f"{state.cooldown.end}; SIGTERM stops it sooner, with a checkpoint that resumes the cooldown"
+            )
+            self.log.say(f"step {state.step}: stop request {answer}")
+            answer_stop_request(self.train.output_dir, state.step, answer)
         return None
 
     def _finish(self, state: TrainState, reason: str, cooldown_steps: int | None) -> Stop | None:

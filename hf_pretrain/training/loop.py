@@ -44,6 +44,7 @@ from hf_pretrain.training.guards import Guards, Stop
 from hf_pretrain.training.metrics import RunLogger, trackers_for
 from hf_pretrain.training.state import TrainState
 from hf_pretrain.training.step import Evaluation, TrainStep
+from hf_pretrain.training.stop_request import take_up_at_start
 from hf_pretrain.training.watchdog import Watchdog, process_group_kwargs
 
 
@@ -107,12 +108,14 @@ def train(recipe: Recipe, callbacks: Sequence[Callback] = ()) -> Outcome:
             side_jobs.on_train_end(run.dir)
         side_jobs.wait()  # inside the guards: a second signal still ends the wait at once
     run.accelerator.end_training()
+    # a diverged loss is a warning on the model, not a failure of the job: said here, so status.json has it too
+    diverged = f" | warning: {log.divergence.verdict}" if log.divergence.verdict else ""
     if not stop.finished:
-        return Outcome(stop.exit_code, stop.message(checkpoint))
+        return Outcome(stop.exit_code, stop.message(checkpoint) + diverged)
     final = run.dir.final if run.dir.final.is_dir() else None
     message = (
         f"done: {state.step} steps, {state.tokens_seen:,} tokens in {state.elapsed():.0f}s | "
-        f"metrics {run.dir.metrics} | samples {run.dir.samples}" + (f" | model {final}" if final else "")
+        f"metrics {run.dir.metrics} | samples {run.dir.samples}" + (f" | model {final}" if final else "") + diverged
     )
     log.say(message)
     return Outcome(0, message, final, finished=True)
@@ -141,13 +144,13 @@ def setup(recipe: Recipe) -> Run:
     on_cpu = not torch.cuda.is_available() or os.environ.get("ACCELERATE_USE_CPU", "").lower() in ("1", "true")
     group = process_group_kwargs(cfg.hang_timeout_s)  # collectives give up just after the watchdog reports
     world_size = PartialState(cpu=on_cpu, **group).num_processes  # this call creates the process group
-    grad_accum = recipe.grad_accum_steps(world_size)
     # which checkpoint the run goes on from: decided once, checksums and all; the table shows it
     decide = functools.cache(lambda: decide_resume(recipe))
     preflight(
         recipe, world_size, log=print if PartialState().is_main_process else lambda _: None, resume_decision=decide
     )
     continuation = decide()
+    grad_accum = recipe.grad_accum_steps(world_size)  # after the preflight, which refuses a batch that does not split
     tokenizer = load_tokenizer(recipe.data.data_dir)
 
     accelerator = Accelerator(
@@ -197,6 +200,8 @@ def setup(recipe: Recipe) -> Run:
         save_recipe(recipe, run_dir.resolved_recipe)
         for note in continuation.set_aside(run_dir):  # going further: the old ending stays, out of the way
             say(note)
+        # a stop request from before this start: applied at the first step, unless this start is a new plan
+        take_up_at_start(run_dir.path, continuation.max_steps_changed, state.cooldown, say)
         # a resumed run rewrites the steps after its checkpoint, so the files hold one clean curve
         for records in (run_dir.metrics, run_dir.samples, run_dir.benchmarks):
             truncate_jsonl(records, after_step=state.step)

@@ -4,6 +4,7 @@ loss is heading (economics/forecast.py), and each pass over the training data.""
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -52,6 +53,51 @@ class ThroughputMeter:
         return tokens_per_s, mfu
 
 
+class DivergenceWatch:
+    """Whether the training loss has diverged, from the logged records: the mean of the last WINDOW
+    above the run's first logged loss (it ended worse than a random model), or RISE x the lowest mean
+    of WINDOW records the run reached (it is climbing back). A warning, not a stop: a finished run
+    still exits 0 (its weights are what was asked for), and the log, status.json (through the last
+    line) and the model card (through the train state) say it."""
+
+    WINDOW = 10  # records: with log_interval 10, the last 100 steps
+    RISE = 1.2  # far above the noise of a mean over WINDOW records
+
+    def __init__(self, history: list[dict[str, Any]]):
+        self.start: float | None = None
+        self.best = float("inf")
+        self.recent: list[float] = []
+        self.verdict: str | None = None
+        for record in history:  # a resumed run picks up where its records stand
+            self.observe(record)
+
+    def observe(self, record: dict[str, Any]) -> str | None:
+        """Take one train record; the verdict when it has just turned to diverged, else None."""
+        loss = record.get("loss")
+        if not isinstance(loss, (int, float)) or not math.isfinite(loss):
+            return None
+        self.start = loss if self.start is None else self.start
+        self.recent = (self.recent + [loss])[-self.WINDOW :]
+        if len(self.recent) < self.WINDOW:
+            return None
+        mean = sum(self.recent) / len(self.recent)
+        self.best = min(self.best, mean)
+        was = self.verdict
+        if mean > self.start:
+            self.verdict = (
+                f"the loss diverged: {mean:.3f} over the last {self.WINDOW} records (to step {record['step']}) is "
+                f"above its start, {self.start:.3f}"
+            )
+        elif mean > self.RISE * self.best:
+            self.verdict = (
+                f"the loss diverged: {mean:.3f} over the last {self.WINDOW} records (to step {record['step']}) has "
+                f"risen {mean / self.best - 1:.0%} above the lowest mean it reached, {self.best:.3f}"
+            )
+        else:
+            self.verdict = None  # recovered: the run's end is what counts
+        return self.verdict if self.verdict and not was else None
+
+
 def trackers_for(report_to: str) -> list[str]:
     """Accelerate's `log_with` for the recipe's `report_to`. Each name is one Accelerate knows (checked with
     the recipe) and is installed (checked by preflight, before any work): Accelerate itself would skip a
@@ -97,6 +143,7 @@ class RunLogger:
         self.epochs_after = epochs_after  # passes over the training data completed after a step
         self.epochs_done = epochs_after(state.step) if epochs_after else 0
         self.forecast: dict[str, Any] = {}  # the newest forecast fields (economics/forecast.py)
+        self.divergence = DivergenceWatch(self.history)
         self.progress = tqdm(
             total=state.end, initial=state.step, disable=not self.main, desc="train", dynamic_ncols=True
         )
@@ -105,7 +152,10 @@ class RunLogger:
         """The logging window, for the checkpoint: each step's loss averaged over the processes (every
         process calls this; the average is what the record would have used, whatever the world size)."""
         windows = gather_object([self.window_losses]) if self.accelerator.num_processes > 1 else [self.window_losses]
-        return {"log_window": [sum(losses) / len(losses) for losses in zip(*windows, strict=False)]}
+        return {
+            "log_window": [sum(losses) / len(losses) for losses in zip(*windows, strict=False)],
+            "divergence": self.divergence.verdict,  # the model card says it
+        }
 
     def load_state_dict(self, saved: dict[str, Any]) -> None:
         self.window_losses = list(saved.get("log_window", []))
@@ -191,6 +241,12 @@ class RunLogger:
             record.update(self.compile_watch.record())
         self.metrics.write(record)
         self.history.append(record)
+        if diverged := self.divergence.observe(record):
+            self.metrics.write({"kind": "divergence", "step": state.step, "reason": diverged})
+            self.say(
+                f"step {state.step}: warning: {diverged}; lower learning_rate or raise warmup_steps (the run goes "
+                f"on: a diverged run that finishes still exits 0, and its status.json and model card say this)"
+            )
         self.accelerator.log({f"train/{k}": v for k, v in record.items() if k not in ("kind", "step")}, step=state.step)
         self.progress.set_postfix(
             loss=f"{mean_loss:.3f}",

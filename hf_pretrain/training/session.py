@@ -21,6 +21,7 @@ import socket
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from hf_pretrain.checkpoints.continuation import ResumeRefused
 from hf_pretrain.checkpoints.manifest import CheckpointError
@@ -39,7 +40,7 @@ from hf_pretrain.model_init import InitFromError
 from hf_pretrain.preflight import PreflightError
 from hf_pretrain.processes import follow_launcher, launcher
 from hf_pretrain.run_dir import RunDir
-from hf_pretrain.run_lock import RunLock, RunLocked, command_line, now
+from hf_pretrain.run_lock import RunDirUnusable, RunLock, RunLocked, command_line, now
 
 
 @dataclass(frozen=True)
@@ -92,7 +93,7 @@ RUNNING = Ending(
 
 # Failures that stop a session before it trained, said in a line (the reason is the whole story) and
 # ended with an exit code of their own; anything else is a crash, with its traceback.
-REFUSALS = (PreflightError, ResumeRefused, CheckpointError, InitFromError)
+REFUSALS = (PreflightError, ResumeRefused, CheckpointError, InitFromError, RunDirUnusable)
 
 
 def exit_code_of(error: BaseException) -> int:
@@ -117,7 +118,50 @@ def describe(error: BaseException) -> str:
         return f"cannot start from the base model, nothing was started: {error}"
     if isinstance(error, RunLocked):
         return str(error)
+    if isinstance(error, RunDirUnusable):
+        return f"refused, nothing was started: {error}"
     return f"crashed: {type(error).__name__}: {error}"
+
+
+def read_status(run_dir: str | Path) -> dict[str, Any]:
+    """The run folder's status.json ({} when there is none, or it cannot be read)."""
+    try:
+        status = json.loads(RunDir(run_dir).status.read_text())
+    except (OSError, ValueError):
+        return {}
+    return status if isinstance(status, dict) else {}
+
+
+def killed_session(run: RunDir) -> str | None:
+    """What happened to the last session, when it was killed (its status.json still says `running` while
+    nobody holds the lock): its pid, the last step it logged and its newest checkpoint. Call with the lock held."""
+    status = read_status(run.path)
+    if status.get("state") != "running":
+        return None
+    step = _last_logged_step(run.metrics)
+    newest = next(iter(list_checkpoints(run.path)), None)
+    at = f"at step {step:,}" if step is not None else "before it logged a step"
+    saved = f"its newest checkpoint is step {newest.step:,}" if newest else "it saved no checkpoint"
+    return (
+        f"the last run was killed {at} (pid {status.get('pid')} on {status.get('host')} gone, started "
+        f"{status.get('started')}; SIGKILL or out of memory): {saved}, and the steps after it are trained again"
+    )
+
+
+def _last_logged_step(metrics: Path, tail_bytes: int = 1 << 16) -> int | None:
+    """The step of the last whole record of metrics.jsonl, read from its tail only (a 1b run's file is large)."""
+    try:
+        with metrics.open("rb") as f:
+            f.seek(max(0, f.seek(0, os.SEEK_END) - tail_bytes))
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    for line in reversed(lines):
+        try:
+            return int(json.loads(line)["step"])
+        except (ValueError, KeyError, TypeError):
+            continue  # a line cut short by the kill, or the cut first line of the tail
+    return None
 
 
 class Session:
@@ -136,7 +180,10 @@ class Session:
         if self.first:
             self.lock.acquire()
             self._holding = True
-            self._write(None, RUNNING, "training")
+            killed = killed_session(self.dir)  # the lock was free: a `running` status is a session that was killed
+            if killed:
+                print(f"note: {killed}", flush=True)
+            self._write(None, RUNNING, "training" + (f"; {killed}" if killed else ""))
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:

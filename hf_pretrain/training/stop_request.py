@@ -4,56 +4,80 @@
     hf-pretrain stop runs/1b --cooldown_steps 500  # decay over 500 steps
     hf-pretrain stop runs/1b --cooldown_steps 0    # no decay: save and write final/ at the next step
 
-The request is a file in the run folder (`RunDir.stop_request`). The main process of the job reads
+The request is a file in the run folder (hf_pretrain/stop_file.py). The main process of the job reads
 it at every step and the guards share it with every other process in the step's one exchange
 (training/guards.py), so all of them begin the same cooldown at the same step, however many there
 are and on however many machines. A wsd run then decays from the rate it had, saves, and writes
 final/; a cosine run stops at once unless a cooldown is asked for, and its log and model card say
 that it did not finish its decay. The file goes when the run has finished.
+
+What the command answers:
+- a running job: the request is written; a second one before the job has read the first replaces
+  it (said); one while the job is already in its cooldown is refused (exit 78): the decay under way
+  already ends the run, and SIGTERM stops it sooner with a checkpoint.
+- a run that is not running (no training holds its lock): said, with how its last session ended;
+  the request waits for the next start, which applies it at its first step, unless that start goes
+  further (another --max_steps): a request from before a new plan is set aside, and the log says so.
+- a finished run: refused (exit 78), nothing written: there is nothing to stop; to go further,
+  rerun its command with a larger --max_steps.
 """
 
 from __future__ import annotations
 
-import json
-import os
 import sys
-import time
-from dataclasses import dataclass
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
+from hf_pretrain.checkpoints.store import newest_good_checkpoint
 from hf_pretrain.config import CommandParser
+from hf_pretrain.exit_codes import EXIT_PREFLIGHT
+from hf_pretrain.optim import Cooldown
 from hf_pretrain.run_dir import RunDir
+from hf_pretrain.run_lock import holder_of
+from hf_pretrain.stop_file import at_start, clear_stop_request, read_stop_request, request_stop
+from hf_pretrain.training.session import read_status
+
+EXIT_REFUSED = EXIT_PREFLIGHT  # refused, nothing written: the same code as a training refused before any work
 
 
-@dataclass(frozen=True)
-class StopRequest:
-    cooldown_steps: int | None  # None: the recipe's default (decay_fraction x the steps done; 0 for a cosine)
+def take_up_at_start(
+    run_dir: str | Path, max_steps_changed: bool, cooldown: Cooldown | None, say: Callable[[str], None]
+) -> None:
+    """A request found when a run starts (main process): say it, and set aside one this start does not
+    apply (a new max_steps, or a cooldown resumed that already answers it)."""
+    request = read_stop_request(run_dir)
+    if request is None:
+        return
+    applies, line = at_start(request, max_steps_changed, cooldown.end if cooldown else None)
+    say(f"stop request: {line}")
+    if not applies:
+        clear_stop_request(run_dir)
 
 
-def request_stop(run_dir: str | Path, cooldown_steps: int | None = None) -> Path:
-    """Write the request, whole or not at all (a job reading it meanwhile never sees half of it)."""
-    path = RunDir(run_dir).stop_request
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps({"cooldown_steps": cooldown_steps, "requested_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}))
-    os.replace(tmp, path)
-    return path
+def _finished_at(run: RunDir, status: dict[str, Any], newest: dict[str, Any] | None) -> int | None:
+    """The step a run finished at, when it has: its status says so, or its newest checkpoint is at the
+    end of its schedule and final/ was written."""
+    if status.get("state") == "finished":
+        return status.get("checkpoint_step") or (newest or {}).get("step")
+    if newest is not None and run.final.is_dir():
+        end = newest.get("end", newest.get("max_steps"))
+        if end is not None and newest.get("step", 0) >= end:
+            return newest["step"]
+    return None
 
 
-def read_stop_request(run_dir: str | Path) -> StopRequest | None:
-    """The pending request, if any. A file that cannot be read still asks to stop, with the default
-    cooldown: whoever wrote it wanted the run to finish."""
-    path = RunDir(run_dir).stop_request
-    if not path.is_file():
-        return None
-    try:
-        steps = json.loads(path.read_text()).get("cooldown_steps")
-        return StopRequest(int(steps) if steps is not None and int(steps) >= 0 else None)
-    except (OSError, ValueError, TypeError, AttributeError):
-        return StopRequest(None)
-
-
-def clear_stop_request(run_dir: str | Path) -> None:
-    RunDir(run_dir).stop_request.unlink(missing_ok=True)
+def _last_session(status: dict[str, Any], holder: dict[str, Any] | None) -> str:
+    if holder is not None:
+        return f"pid {holder.get('pid')} on {holder.get('host')} holds it since {holder.get('since')}"
+    if not status:
+        return "no training holds it now"
+    if status.get("state") == "running":  # its holder is gone: the lock is free
+        return (
+            f"no training holds it now: its last session (pid {status.get('pid')} on {status.get('host')}) was "
+            f"killed, its status.json still says `running`"
+        )
+    return f"no training holds it now: its last session ended `{status.get('state')}` ({status.get('updated')})"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -77,6 +101,33 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
+    holder, status, pending = holder_of(run.path), read_status(run.path), read_stop_request(run.path)
+    running = holder is not None
+    newest = newest_good_checkpoint(run.path, checksums=False, log=lambda _: None)
+    saved = newest.train_state if newest is not None else None
+    refusal = None
+    if not running and (finished := _finished_at(run, status, saved)) is not None:
+        refusal = (
+            f"{run.path} finished at step {finished:,}: there is nothing to stop. To go further, rerun its "
+            f"training command with a larger --max_steps (a wsd run goes on from its checkpoint before the decay)"
+        )
+    elif running and pending is not None and pending.answered:
+        refusal = (
+            f"the run in {run.path} is already finishing: it answered {pending.describe()} at step "
+            f"{pending.answered_at_step:,} ({pending.answer}). A cooldown under way is not restarted or "
+            f"shortened; to stop sooner, `kill -TERM {holder.get('pid')}` on {holder.get('host')} saves a "
+            f"checkpoint now, and a rerun resumes the cooldown"
+        )
+    elif not running and saved and saved.get("cooldown") and saved["step"] < saved.get("end", saved["step"]):
+        cooldown = saved["cooldown"]
+        refusal = (
+            f"the run in {run.path} stopped at step {saved['step']:,} in its cooldown ({cooldown['reason']}); "
+            f"its next start finishes that cooldown at step {cooldown['end']:,} and writes final/"
+        )
+    if refusal is not None:
+        print(f"hf-pretrain stop: refused, nothing written: {refusal}", file=sys.stderr)
+        return EXIT_REFUSED
+
     path = request_stop(run.path, args.cooldown_steps)
     recipe = run.load_recipe()
     if args.cooldown_steps == 0 or (
@@ -88,10 +139,21 @@ def main(argv: list[str] | None = None) -> int:
     else:
         steps = f"{args.cooldown_steps:,} steps" if args.cooldown_steps else "decay_fraction x the steps done"
         then = f"decays its learning rate over {steps} from its next step on, then saves and writes final/"
-    print(
-        f"asked the run in {run.path} to finish ({path}): it {then}. A run that is not running now reads "
-        f"the request when it starts; delete the file to take it back."
-    )
+    replaced = ""
+    if pending is not None:
+        replaced = f" It replaces {pending.describe()}, " + (
+            f"answered at step {pending.answered_at_step:,} by a session that ended before its cooldown was saved."
+            if pending.answered
+            else "which the run had not read yet."
+        )
+    if running:
+        print(f"asked the run in {run.path} to finish ({path}): it {then}.{replaced} Delete the file to take it back.")
+    else:
+        print(
+            f"{run.path} is not running ({_last_session(status, holder)}). The request ({path}) waits for its "
+            f"next start, which {then.replace('from its next step on', 'from its first step')}; a start with "
+            f"another --max_steps sets it aside (a new plan), saying so.{replaced} Delete the file to take it back."
+        )
     return 0
 
 
