@@ -28,7 +28,7 @@ from torch.utils.data import ConcatDataset, DataLoader, Dataset, Sampler
 
 from hf_pretrain.config import Recipe
 from hf_pretrain.data.mixing import Mixture
-from hf_pretrain.data.prepared import DataMismatchError, read_meta, shard_paths, source_paths
+from hf_pretrain.data.prepared import DataMismatchError, read_meta, shard_paths, source_folder_name, source_paths
 from hf_pretrain.processes import die_with_parent
 
 # Batches each worker keeps ready: training batches are tiny to produce, so a few cover any hiccup.
@@ -291,6 +291,45 @@ def build_train_loader(
         pin_memory=pin_memory,
         **worker_options,
     )
+
+
+class TrainData:
+    """One rank's training batches and what they read. `loader` builds them for a decay that starts at
+    `decay_position` (None: none planned); the loop builds them again when that moves (a stop request
+    or early stopping begins a cooldown), so the decay weights apply from its first step."""
+
+    def __init__(self, recipe: Recipe, rank: int, world_size: int, grad_accum: int, pin_memory: bool = False):
+        self.recipe, self.rank, self.world_size, self.grad_accum = recipe, rank, world_size, grad_accum
+        self.pin_memory = pin_memory
+        self.names = [source_folder_name(i, s) for i, s in enumerate(recipe.data.sources)]
+        self.sampler: StepBatchSampler | None = None
+        self.decay_position: int | None = None
+
+    def loader(self, start_step: int, origin: tuple[int, int], decay_position: int | None) -> DataLoader:
+        loader = build_train_loader(
+            self.recipe,
+            self.rank,
+            self.world_size,
+            self.grad_accum,
+            start_step,
+            self.pin_memory,
+            origin,
+            decay_position,
+        )
+        self.sampler, self.decay_position = loader.batch_sampler, decay_position
+        return loader
+
+    def mixture_changes(self, decay_position: int | None) -> bool:
+        """Whether a decay starting at `decay_position` reads another mixture than the batches built."""
+        return mixture_segments(self.recipe, decay_position) != mixture_segments(self.recipe, self.decay_position)
+
+    def epochs_after(self, steps: int) -> int:
+        return self.sampler.epochs_after(steps)
+
+    def source_tokens(self, steps: int) -> dict[str, int]:
+        """Tokens trained on from each source (seq_len targets per sample) once `steps` steps have run."""
+        draws = self.sampler.mixture.draws_before(self.sampler.first_position(steps))
+        return {name: n * self.recipe.data.seq_len for name, n in zip(self.names, draws, strict=True)}
 
 
 def eval_samples(recipe: Recipe) -> int:
