@@ -54,8 +54,12 @@ def write_json_atomically(path: Path, payload: dict[str, Any]) -> None:
 
 
 def source_folder_name(index: int, source: SourceConfig) -> str:
-    """`00-python-docs`, `01-fineweb-edu`, `02-corpus`: the order in the recipe and a readable name."""
-    name = source.name if source.kind != "files" else Path(source.paths[0]).stem if source.paths else "files"
+    """`00-python-docs`, `01-fineweb-edu`, `02-corpus`: the order in the recipe and a readable name (a
+    files source: its first path's file name, or its folder's where that is a glob)."""
+    name = source.name
+    if source.kind == "files":
+        first = Path(source.paths[0]) if source.paths else Path("files")
+        name = first.stem if not set("*?[") & set(first.stem) else first.parent.name
     slug = re.sub(r"[^A-Za-z0-9]+", "-", name.split("/")[-1]).strip("-").lower() or "source"
     return f"{index:02d}-{slug}"
 
