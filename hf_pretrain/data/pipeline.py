@@ -25,6 +25,7 @@ from datatrove.pipeline.readers import HuggingFaceDatasetReader
 from datatrove.pipeline.tokens.tokenizer import DocumentTokenizer, TokenizedFile
 
 from hf_pretrain.config import DataConfig, SourceConfig
+from hf_pretrain.data import sources
 from hf_pretrain.data.sources import BUILTIN_CORPORA, SourceError, expand_globs, file_documents
 from hf_pretrain.data.tokenizer import EOS_TOKEN, PIECE_CHARS, split_long_text
 
@@ -33,6 +34,8 @@ SPLITS = ("train", "validation")
 # call, small enough that one batch's text stays a few MB.
 BATCH_DOCUMENTS = 1024
 BATCH_CHARS = 8_000_000
+# A document's number for the held-out choice (every val_every-th one goes to validation).
+HOLDOUT_KEY = "holdout_index"
 
 
 def task_file(rank: int) -> str:
@@ -67,24 +70,34 @@ class SourceDocuments(PipelineStep):
     def __init__(self, source: SourceConfig, max_documents: int = 0):
         super().__init__()
         self.source, self.max_documents = source, max_documents
+        # files `prepare` already named for undecodable bytes while fitting the tokenizer: not again
+        self.reported = frozenset(sources.reported_undecodable)
 
-    def _texts(self, rank: int, world_size: int) -> Iterator[str]:
+    def _texts(self, rank: int, world_size: int) -> Iterator[tuple[int, str]]:
+        """(file number in the source, text) of this task's documents."""
         if self.source.kind == "builtin":
             if rank == 0:
-                yield from BUILTIN_CORPORA[self.source.name]()
+                yield from ((0, text) for text in BUILTIN_CORPORA[self.source.name]())
             return
-        yield from file_documents(expand_globs(self.source.paths)[rank::world_size], self.source.column)
+        files = list(enumerate(expand_globs(self.source.paths)))[rank::world_size]
+        for number, path in files:
+            yield from ((number, text) for text in file_documents([path], self.source.column))
 
     def run(self, data: DocumentsPipeline = None, rank: int = 0, world_size: int = 1) -> DocumentsPipeline:
+        sources.reported_undecodable.update(self.reported)
         limit = task_share(self.max_documents, rank, world_size)
-        count = 0
-        for text in self._texts(rank, world_size):
+        count, in_file, current = 0, 0, None
+        for number, text in self._texts(rank, world_size):
             if limit and count >= limit:
                 return
             if not text:  # nothing to learn, and a bare end-of-text token in the data
                 continue
+            in_file = in_file + 1 if number == current else 0
+            current = number
             self.stat_update("documents")
-            yield Document(text=text, id=f"{rank:05d}/{count}")
+            # file number + position in it: which documents are held out does not depend on the
+            # task count, and a source of one-document files still holds every val_every-th file out
+            yield Document(text=text, id=f"{number}/{in_file}", metadata={HOLDOUT_KEY: number + in_file})
             count += 1
 
 
@@ -123,7 +136,7 @@ def reader_for(source: SourceConfig, tasks: int) -> PipelineStep:
 # ---------------------------------------------------------------------- the tokenizer step
 class SplitTokenizer(DocumentTokenizer):
     """datatrove's DocumentTokenizer (its tokenizer loading, EOS post-processor, token files and
-    stats), routing every `val_every`-th document of the task to the validation folder, keeping the
+    stats), routing every `val_every`-th document to the validation folder, keeping the
     reading order (no shuffle: the training loader draws the order), and stopping a task's train
     part at `max_tokens`. Special-token strings inside a document are read as plain text, so a
     document quoting `<|endoftext|>` cannot forge a document boundary."""
@@ -185,8 +198,9 @@ class SplitTokenizer(DocumentTokenizer):
         for batch in self._batches(data):
             with self.track_time(unit="batch"):
                 encodings = self._encode([document.text for document in batch])
-            for ids in encodings:
-                split = "validation" if index % self.val_every == self.val_every - 1 else "train"
+            for document, ids in zip(batch, encodings, strict=True):
+                number = document.metadata.get(HOLDOUT_KEY, index)  # a Hub row: its place in the task
+                split = "validation" if number % self.val_every == self.val_every - 1 else "train"
                 files[split].write_bytes(np.asarray(ids, dtype=dtype).tobytes())
                 self.stat_update("tokens", value=len(ids))
                 self.stat_update(f"{split}_documents")

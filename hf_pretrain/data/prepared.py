@@ -175,7 +175,6 @@ def check_prepared_data(recipe: Recipe, verify: str = "recorded", progress: bool
         )
     if meta.get("dtype") != token_dtype(expected_vocab).name:
         raise mismatch("dtype", token_dtype(expected_vocab).name, meta.get("dtype"), "token ids must fit the dtype")
-    _check_sources(recipe, meta, saved_hash)
     train_needed = recipe.train.global_batch_tokens + 1
     if meta["splits"]["train"]["tokens"] < train_needed:
         raise mismatch(
@@ -193,6 +192,7 @@ def check_prepared_data(recipe: Recipe, verify: str = "recorded", progress: bool
             meta["splits"]["validation"]["tokens"],
             "one sample of seq_len + 1 tokens; lower val_every or add documents",
         )
+    _check_sources(recipe, meta, saved_hash)
     for split in SPLITS:
         source_paths(data_dir, meta, split)
     if verify != "none":

@@ -40,7 +40,7 @@ class SourceError(ValueError):
     """A source that cannot be read as described by the recipe."""
 
 
-_reported_undecodable: set[Path] = set()
+reported_undecodable: set[Path] = set()
 
 
 def decode_utf8(data: bytes, where: Path) -> str:
@@ -55,8 +55,8 @@ def decode_utf8(data: bytes, where: Path) -> str:
             f"{where}: {bad:,} of {len(data):,} bytes are not valid UTF-8 ({bad / len(data):.1%}); it is "
             f"not UTF-8 text: convert it (e.g. `iconv -f latin1 -t utf-8`) or leave it out of `paths`"
         )
-    if where not in _reported_undecodable:  # `prepare` reads a file twice (tokenizer, token files): say it once
-        _reported_undecodable.add(where)
+    if where not in reported_undecodable:  # `prepare` reads a file twice (tokenizer, token files): say it once
+        reported_undecodable.add(where)
         print(f"warning: {where}: {bad:,} undecodable bytes replaced by U+FFFD", file=sys.stderr)
     return data.decode("utf-8", errors="replace")
 
