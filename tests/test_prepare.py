@@ -322,3 +322,57 @@ def test_the_mixture_is_a_pure_function_of_seed_step_and_world_size(prepared) ->
     ranks = [StepBatchSampler(build_mixture(prepared, [900, 100], 64), 2, 1, 2, r, seed=5) for r in (0, 1)]
     two = [i for step in zip(*(islice(s, 40) for s in ranks), strict=True) for batch in step for i in batch]
     assert two == stream
+
+
+# ---------------------------------------------------------------------- a real run
+DECAYING = json.dumps(
+    [
+        {"kind": "builtin", "name": "python-docs", "weight": 0.1, "decay_weight": 0.9},
+        {"kind": "builtin", "name": "python-stdlib", "weight": 0.9, "decay_weight": 0.1},
+    ]
+)
+DECAY_RUN = {"sources": DECAYING, "lr_schedule": "wsd", "decay_fraction": 0.5, "log_interval": 1, "eval_interval": 0}
+
+
+def source_tokens(run_dir: Path) -> list[tuple[int, float, dict]]:
+    from hf_pretrain.run_dir import read_jsonl
+
+    return [
+        (r["step"], r["loss"], r["source_tokens"])
+        for r in read_jsonl(run_dir / "metrics.jsonl")
+        if r["kind"] == "train"
+    ]
+
+
+@pytest.mark.slow
+def test_a_run_draws_the_weights_then_the_decay_weights_also_resumed_inside_the_decay(smoke_data, tmp_path) -> None:
+    """12 steps of 16 samples, the decay from step 7: 10% python-docs, then 90% (to within a sample or
+    two per step); a run stopped at step 9 and resumed reads and computes exactly the same."""
+    from tests.helpers import launch_training
+
+    launch_training(smoke_data, tmp_path / "whole", **DECAY_RUN)
+    whole = source_tokens(tmp_path / "whole")
+    docs = [tokens["00-python-docs"] for _, _, tokens in whole]
+    total = [sum(tokens.values()) for _, _, tokens in whole]
+    assert docs[5] / total[5] == pytest.approx(0.1, abs=0.03)  # steps 1-6: the main weights
+    assert (docs[11] - docs[5]) / (total[11] - total[5]) == pytest.approx(0.9, abs=0.03)  # 7-12: the decay's
+    launch_training(smoke_data, tmp_path / "resumed", stop_at_step=9, save_interval=3, **DECAY_RUN)
+    launch_training(smoke_data, tmp_path / "resumed", save_interval=3, **DECAY_RUN)
+    assert source_tokens(tmp_path / "resumed") == whole
+
+
+@pytest.mark.slow
+def test_a_stop_request_cooldown_switches_to_the_decay_weights(smoke_data, tmp_path) -> None:
+    """`hf-pretrain stop --cooldown_steps 4` read at step 1: steps 2-5 decay, on the decay mixture."""
+    from hf_pretrain.training.stop_request import request_stop
+    from tests.helpers import launch_training
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    request_stop(run_dir, cooldown_steps=4)
+    launch_training(smoke_data, run_dir, **DECAY_RUN)
+    records = source_tokens(run_dir)
+    assert [step for step, _, _ in records][-1] == 5
+    docs = [tokens["00-python-docs"] for _, _, tokens in records]
+    total = [sum(tokens.values()) for _, _, tokens in records]
+    assert (docs[4] - docs[0]) / (total[4] - total[0]) == pytest.approx(0.9, abs=0.05)
