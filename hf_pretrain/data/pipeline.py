@@ -175,16 +175,13 @@ class SplitTokenizer(DocumentTokenizer):
         """Token ids (EOS included) of each text; one longer than PIECE_CHARS is encoded in pieces cut
         between words (the same tokens), so memory stays bounded whatever a document's length."""
         encode = getattr(self.tokenizer, "encode_batch_fast", self.tokenizer.encode_batch)
-        ids = [encoding.ids for encoding in encode(texts)] if all(len(t) <= PIECE_CHARS for t in texts) else None
-        if ids is not None:
-            return ids
-        out = []
-        for text in texts:
-            if len(text) <= PIECE_CHARS:
-                out.append(encode([text])[0].ids)
-                continue
-            pieces = encode(split_long_text(text), add_special_tokens=False)
-            out.append([i for piece in pieces for i in piece.ids] + [self.tokenizer.token_to_id(EOS_TOKEN)])
+        out: list[list[int]] = [[] for _ in texts]
+        short = [i for i, text in enumerate(texts) if len(text) <= PIECE_CHARS]
+        for i, encoding in zip(short, encode([texts[i] for i in short]), strict=True):  # one call for all of them
+            out[i] = encoding.ids
+        for i in sorted(set(range(len(texts))) - set(short)):
+            pieces = encode(split_long_text(texts[i]), add_special_tokens=False)
+            out[i] = [token for piece in pieces for token in piece.ids] + [self.tokenizer.token_to_id(EOS_TOKEN)]
         return out
 
     def run(self, data: DocumentsPipeline, rank: int = 0, world_size: int = 1) -> None:
