@@ -1,7 +1,7 @@
 """What `init_from` costs each training process: host memory and time to copy a 1.1B base model's
 weights into the freshly built model (model_init.py), against the model alone (a run from scratch).
 
-    python bench/bench_init_from.py [--dtype fp32|bf16] [--layers 22] [--dir /tmp]
+    python benchmarks/bench_init_from.py [--dtype fp32|bf16] [--layers 22] [--dir /tmp]
 
 The base is the `1b-continue` recipe's shape (TinyLlama 1.1B) with random weights, saved as one
 model.safetensors. Each measurement runs in a fresh process; a thread samples /proc/self/status every

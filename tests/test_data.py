@@ -1,4 +1,4 @@
-"""Data pipeline: sources, tokenizer, resumable shards + meta.json, packed loaders. Tiny and CPU-only."""
+"""Data pipeline: sources, tokenizer, a token folder per source + meta.json, packed loaders. Tiny and CPU-only."""
 
 from __future__ import annotations
 
@@ -34,12 +34,18 @@ from hf_pretrain.data import (
     load_tokenizer,
     prepare,
     read_meta,
-    shards,
     sources,
 )
 from hf_pretrain.data.loader import StepBatchSampler, validation_batches
-from hf_pretrain.data.sources import MixedStream, SourceError, is_validation, iter_source, mixture
-from hf_pretrain.data.tokenizer import load_pretrained_tokenizer, save_tokenizer, tokenizer_hash, train_tokenizer
+from hf_pretrain.data.prepared import shard_paths
+from hf_pretrain.data.sources import MixedStream, SourceError, is_validation, iter_source
+from hf_pretrain.data.tokenizer import (
+    load_pretrained_tokenizer,
+    save_tokenizer,
+    split_long_text,
+    tokenizer_hash,
+    train_tokenizer,
+)
 from hf_pretrain.data.verify import VERIFIED_FILE, verify_shards
 
 VOCAB = 320
@@ -96,7 +102,7 @@ def make_recipe(corpus: dict[str, Any], data_dir: Path, **overrides: Any) -> Rec
         "data_dir": str(data_dir),
         "vocab_size": VOCAB,
         "val_every": 5,
-        "shard_tokens": 300,
+        "workers": 1,
         "seq_len": 16,
         "micro_batch_size": 2,
         "global_batch_tokens": 64,
@@ -117,7 +123,7 @@ def prepared(corpus: dict[str, Any], tmp_path_factory: pytest.TempPathFactory) -
 
 def split_tokens(data_dir: Path, split: str) -> np.ndarray:
     meta = read_meta(data_dir)
-    paths = shards.shard_paths(data_dir, meta, split)
+    paths = shard_paths(data_dir, meta, split)
     return np.concatenate([np.fromfile(p, dtype=meta["dtype"]) for p in paths])
 
 
@@ -134,8 +140,16 @@ def decode_documents(data_dir: Path, split: str) -> list[str]:
 
 
 def expected_split(recipe: Recipe, split: str) -> list[str]:
-    want_val = split == "validation"
-    return [text for i, (_, text) in enumerate(mixture(recipe)) if is_validation(i, recipe.data.val_every) == want_val]
+    """Each source in turn, each of its files (a task each) in turn; document i of file k is held out
+    when k + i is a multiple of val_every, less one."""
+    want_val, out = split == "validation", []
+    for source in recipe.data.sources:
+        for k, path in enumerate(sources.expand_globs(source.paths)):
+            one = dataclasses.replace(source, paths=[str(path)])
+            out += [
+                t for i, t in enumerate(iter_source(one)) if is_validation(k + i, recipe.data.val_every) == want_val
+            ]
+    return out
 
 
 def data_files(data_dir: Path) -> dict[str, bytes]:
@@ -259,22 +273,26 @@ def test_prepare_round_trip_and_meta_counts(prepared: Recipe, corpus: dict[str, 
         assert meta["splits"][split]["documents"] == len(docs)
     # Independent of the mixture code: every written document comes back exactly once.
     assert sorted(decoded["train"] + decoded["validation"]) == sorted(corpus["jsonl"] + corpus["txt"])
-    assert [s["documents"] for s in meta["sources"]] == [len(corpus["jsonl"]), len(corpus["txt"])]
-    assert sum(s["tokens"] for s in meta["sources"]) == sum(meta["splits"][s]["tokens"] for s in meta["splits"])
-    assert [s["weight"] for s in meta["sources"]] == pytest.approx([1 / 3, 2 / 3])
+    per_source = [sum(s["splits"][split]["documents"] for split in s["splits"]) for s in meta["sources"]]
+    assert per_source == [len(corpus["jsonl"]), len(corpus["txt"])]
+    assert sum(s["splits"][x]["tokens"] for s in meta["sources"] for x in s["splits"]) == sum(
+        meta["splits"][s]["tokens"] for s in meta["splits"]
+    )
+    assert [s["config"]["weight"] for s in meta["sources"]] == [1.0, 2.0]  # applied when training, not here
     assert meta["vocab_size"] == VOCAB and meta["dtype"] == "uint16" and meta["eos"] == "appended after every document"
-    assert not (data_dir / shards.PROGRESS_FILE).exists()
+    assert not (data_dir / "prepare_progress.json").exists()
 
 
 def test_no_token_lost_or_duplicated_across_shards(prepared: Recipe, corpus: dict[str, Any]) -> None:
     data_dir = Path(prepared.data.data_dir)
     meta = read_meta(data_dir)
-    assert len(meta["splits"]["train"]["shards"]) >= 5
-    encoder = shards._document_encoder(load_tokenizer(data_dir))
+    assert len(meta["splits"]["train"]["shards"]) == 4  # one file per task: a.jsonl, then b, c, d.txt
+    encoder = load_tokenizer(data_dir).backend_tokenizer
+    encoder.encode_special_tokens = True  # a quoted <|endoftext|> stays text
     expected = sum(len(encoder.encode(d, add_special_tokens=False).ids) + 1 for d in corpus["jsonl"] + corpus["txt"])
     written = sum(split_tokens(data_dir, s).size for s in ("train", "validation"))
     assert written == expected == sum(meta["splits"][s]["tokens"] for s in meta["splits"])
-    for shard in meta["splits"]["train"]["shards"]:  # shards close on document boundaries
+    for shard in meta["splits"]["train"]["shards"]:  # files end on document boundaries
         assert np.fromfile(data_dir / shard["file"], dtype=meta["dtype"])[-1] == meta["eos_id"]
 
 
@@ -288,40 +306,15 @@ def test_prepare_is_idempotent_and_refuses_other_settings(prepared: Recipe, corp
         prepare(make_recipe(corpus, data_dir, val_every=7), log=lambda _: None)
 
 
-def test_prepare_resumes_byte_identical(
-    prepared: Recipe, corpus: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    recipe = make_recipe(corpus, tmp_path / "data")
-    original_flush = shards.SplitWriter.flush
-    written = []
-
-    def flush_then_die(self: shards.SplitWriter) -> bool:
-        wrote = original_flush(self)
-        written.append(wrote)
-        if sum(written) == 3:  # the third shard is on disk but not yet in the progress file
-            raise KeyboardInterrupt
-        return wrote
-
-    monkeypatch.setattr(shards.SplitWriter, "flush", flush_then_die)
-    with pytest.raises(KeyboardInterrupt):
-        prepare(recipe, log=lambda _: None)
-    assert not (tmp_path / "data" / "meta.json").exists()
-    assert len(json.loads((tmp_path / "data" / shards.PROGRESS_FILE).read_text())["train"]["shards"]) == 2
-    monkeypatch.setattr(shards.SplitWriter, "flush", original_flush)
-    logs: list[str] = []
-    prepare(recipe, log=logs.append)
-    assert any("resuming" in line and "2 train" in line for line in logs)
-    assert data_files(tmp_path / "data") == data_files(Path(prepared.data.data_dir))
-
-
-def test_token_budget_stops_the_train_split(corpus: dict[str, Any], tmp_path: Path) -> None:
+def test_token_budget_caps_each_source_at_its_share(corpus: dict[str, Any], tmp_path: Path) -> None:
     recipe = make_recipe(corpus, tmp_path / "data", max_tokens=500)
     prepare(recipe, log=lambda _: None)
     meta = read_meta(tmp_path / "data")
-    train = meta["splits"]["train"]
-    longest = max(len(d) for d in corpus["jsonl"] + corpus["txt"])  # bytes bound tokens from above
-    assert 500 <= train["tokens"] < 500 + longest + 1
-    assert decode_documents(tmp_path / "data", "train") == expected_split(recipe, "train")[: train["documents"]]
+    train = meta["sources"][0]["splits"]["train"]  # weight 1 of 3: a cap of 167 tokens
+    longest = max(len(d) for d in corpus["jsonl"])  # bytes bound tokens from above
+    assert 167 <= train["tokens"] < 167 + longest + 1
+    jsonl_train = [t for i, t in enumerate(corpus["jsonl"]) if not is_validation(i, 5)]
+    assert decode_documents(tmp_path / "data", "train")[: train["documents"]] == jsonl_train[: train["documents"]]
 
 
 # ---------------------------------------------------------------------- checks against the recipe
@@ -360,7 +353,7 @@ def first_batches(loader: torch.utils.data.DataLoader, count: int) -> list[torch
 def test_packed_samples_overlap_by_one_token_and_pickle_cheaply(prepared: Recipe) -> None:
     data_dir = Path(prepared.data.data_dir)
     meta = read_meta(data_dir)
-    paths = shards.shard_paths(data_dir, meta, "train")
+    paths = shard_paths(data_dir, meta, "train")
     dataset = PackedDataset(paths, seq_len=16, dtype=meta["dtype"])
     tokens = split_tokens(data_dir, "train")
     assert len(dataset) == (tokens.size - 1) // 16
@@ -447,17 +440,18 @@ def _flip(path: Path, byte: int, mask: int) -> None:
 
 def test_a_flipped_bit_in_a_shard_is_refused_by_its_checksum(prepared: Recipe, tmp_path: Path) -> None:
     recipe = _copy_of(prepared, tmp_path)
-    _flip(Path(recipe.data.data_dir) / "train_00001.bin", byte=10, mask=0x01)  # still a valid token id
-    with pytest.raises(DataMismatchError, match=r"train_00001.bin: SHA-256 .* differs .* meta.json"):
+    _flip(next(Path(recipe.data.data_dir).glob("sources/01-*/train/00001.ds")), byte=10, mask=0x01)  # a valid id
+    with pytest.raises(DataMismatchError, match=r"train/00001.ds: SHA-256 .* differs .* meta.json"):
         check_prepared_data(recipe)
 
 
 def test_a_token_past_the_vocabulary_is_refused_with_shard_and_offset(prepared: Recipe, tmp_path: Path) -> None:
     recipe = _copy_of(prepared, tmp_path)
-    _flip(Path(recipe.data.data_dir) / "val_00000.bin", byte=2 * 7 + 1, mask=0x80)  # high byte of token 7
+    path = next(Path(recipe.data.data_dir).glob("sources/00-*/validation/00000.ds"))
+    _flip(path, byte=2 * 7 + 1, mask=0x80)  # high byte of token 7
     with pytest.raises(
         DataMismatchError,
-        match=r"val_00000.bin: token id \d+ at token 7 \(byte offset 14\) is past "
+        match=r"validation/00000.ds: token id \d+ at token 7 \(byte offset 14\) is past "
         r"the vocabulary of 320 tokens",
     ):
         check_prepared_data(recipe)
@@ -467,10 +461,10 @@ def test_a_recorded_verification_is_trusted_until_the_file_changes(prepared: Rec
     recipe = _copy_of(prepared, tmp_path)
     data_dir = Path(recipe.data.data_dir)
     meta = read_meta(data_dir)
-    total = sum(p.stat().st_size for p in data_dir.glob("*.bin"))
+    total = sum(p.stat().st_size for p in data_dir.rglob("*.ds"))
     assert verify_shards(data_dir, meta, trust_recorded=False) == {"hashed": total, "trusted": 0}
     assert verify_shards(data_dir, meta) == {"hashed": 0, "trusted": total}  # what training does at every start
-    shard = data_dir / "train_00000.bin"
+    shard = next(data_dir.glob("sources/00-*/train/00000.ds"))
     os.utime(shard, ns=(shard.stat().st_atime_ns, shard.stat().st_mtime_ns + 1))
     assert verify_shards(data_dir, meta)["hashed"] == shard.stat().st_size
 
@@ -480,7 +474,7 @@ def test_long_documents_encode_in_pieces_to_the_same_tokens(prepared: Recipe) ->
     backend = load_tokenizer(prepared.data.data_dir).backend_tokenizer
     rng = random.Random(1)
     text = "  ".join(_paragraph(rng) for _ in range(4000)) + "\n\tend   of   text"  # single, double, tab spaces
-    pieces = shards.split_long_text(text, piece_chars=5000)
+    pieces = split_long_text(text, piece_chars=5000)
     assert len(pieces) > 20 and "".join(pieces) == text and max(map(len, pieces)) <= 5000
     whole = backend.encode(text, add_special_tokens=False).ids
     assert [i for p in pieces for i in backend.encode(p, add_special_tokens=False).ids] == whole
@@ -579,196 +573,3 @@ def test_no_validation_tokens_is_refused_naming_val_every(tmp_path: Path) -> Non
     assert result.returncode == 1 and "Traceback" not in result.stderr
     assert "no validation tokens" in result.stderr and "lower val_every" in result.stderr
     assert not (tmp_path / "data" / "meta.json").exists()
-
-
-# ---------------------------------------------------------------------- a flaky network
-def test_a_streamed_source_resumes_where_the_connection_dropped(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    import datasets
-
-    from hf_pretrain.data import sources
-
-    rows = [{"text": f"document {i}"} for i in range(40)]
-    (tmp_path / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    real_load = datasets.load_dataset
-    loads = []
-    flaky = {"at_row": 15, "opens": 2}  # the connection drops at this row, the first `opens` times
-
-    class Flaky:
-        """A streamed dataset whose connection drops as `flaky` says."""
-
-        def __init__(self, dataset):
-            self.dataset = dataset
-
-        def __iter__(self):
-            for count, row in enumerate(self.dataset):
-                if len(loads) <= flaky["opens"] and count == flaky["at_row"]:
-                    raise ConnectionError("connection reset by peer")
-                yield row
-
-        def state_dict(self):
-            return self.dataset.state_dict()
-
-        def load_state_dict(self, state):
-            self.dataset.load_state_dict(state)
-
-    def fake_load(name, config=None, split=None, streaming=False):
-        loads.append(name)
-        return Flaky(real_load("json", data_files=str(tmp_path / "rows.jsonl"), split="train", streaming=True))
-
-    monkeypatch.setattr(datasets, "load_dataset", fake_load)
-    monkeypatch.setattr(sources, "HUB_BACKOFF_SECONDS", 0.01)
-    texts = list(iter_source(SourceConfig(kind="hub", name="someone/corpus")))
-    assert texts == [r["text"] for r in rows]  # nothing lost, nothing read twice
-    assert len(loads) == 3
-
-    monkeypatch.setattr(sources, "HUB_RETRIES", 1)
-    loads.clear()
-    flaky.update(at_row=0, opens=99)  # no progress at all: give up after the retries
-    with pytest.raises(SourceError, match="the network failed 2 times in a row .* it resumes"):
-        list(iter_source(SourceConfig(kind="hub", name="someone/corpus")))
-
-
-# ---------------------------------------------------------------------- resuming a streamed source
-ROWS_PER_FILE = 30
-
-
-@pytest.fixture()
-def streamed_hub(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
-    """`datasets.load_dataset` answering with a real streamed `IterableDataset` over 8 local jsonl
-    files (its 8 shards, as a Hub dataset's files are); `read` lists the row ids its generator
-    produces, so a test sees what a rerun downloads again (the rows it skips inside a shard included)."""
-    import datasets
-
-    rng = random.Random(3)
-    paths = []
-    for shard in range(8):
-        path = tmp_path / f"hub_{shard}.jsonl"
-        rows = range(shard * ROWS_PER_FILE, (shard + 1) * ROWS_PER_FILE)
-        path.write_text("".join(json.dumps({"id": i, "text": _paragraph(rng)}) + "\n" for i in rows))
-        paths.append(str(path))
-    read: list[int] = []
-
-    def rows_of(paths: list[str]):
-        for path in paths:
-            for line in Path(path).read_text().splitlines():
-                row = json.loads(line)
-                read.append(row["id"])
-                yield row
-
-    def fake_load(name, config=None, split=None, streaming=False):
-        assert streaming
-        return datasets.IterableDataset.from_generator(rows_of, gen_kwargs={"paths": paths})
-
-    monkeypatch.setattr(datasets, "load_dataset", fake_load)
-    # The shard pass records the mixture's position once per batch: small batches, so that this small
-    # corpus has several.
-    monkeypatch.setattr(shards, "BATCH_DOCUMENTS", 8)
-    return {"read": read, "rows": 8 * ROWS_PER_FILE}
-
-
-def hub_recipe(data_dir: Path, corpus: dict[str, Any] | None = None) -> Recipe:
-    hub = {"kind": "hub", "name": "someone/corpus", "streaming": True}
-    files = [{"kind": "files", "paths": [str(corpus["root"] / "*.txt")], "weight": 0.3}] if corpus else []
-    settings = {
-        "data_dir": str(data_dir),
-        "vocab_size": VOCAB,
-        "val_every": 5,
-        "shard_tokens": 300,
-        "seq_len": 16,
-        "micro_batch_size": 2,
-        "global_batch_tokens": 64,
-        "num_workers": 0,
-        "max_steps": 10,
-        "warmup_steps": 1,
-        "eval_tokens": 96,
-    }
-    return build_recipe({"data": {"sources": [hub, *files]}}, settings)
-
-
-def interrupt_after_shards(recipe: Recipe, shards_written: int, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
-    """Run `prepare` until it has written `shards_written` shards, kill it before it records the
-    last one, and return the progress file it left."""
-    original_flush = shards.SplitWriter.flush
-    written = []
-
-    def flush_then_die(self: shards.SplitWriter) -> bool:
-        wrote = original_flush(self)
-        written.append(wrote)
-        if sum(written) == shards_written:
-            raise KeyboardInterrupt
-        return wrote
-
-    monkeypatch.setattr(shards.SplitWriter, "flush", flush_then_die)
-    with pytest.raises(KeyboardInterrupt):
-        prepare(recipe, log=lambda _: None)
-    monkeypatch.setattr(shards.SplitWriter, "flush", original_flush)
-    return json.loads((Path(recipe.data.data_dir) / shards.PROGRESS_FILE).read_text())
-
-
-def test_a_streamed_source_resumes_from_its_saved_position(
-    streamed_hub: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    uninterrupted = hub_recipe(tmp_path / "whole")
-    prepare(uninterrupted, log=lambda _: None)
-
-    recipe = hub_recipe(tmp_path / "data")
-    progress = interrupt_after_shards(recipe, 20, monkeypatch)
-    stream = progress["mixture"]["sources"][0]
-    assert stream["stream"] is not None and json.loads(json.dumps(stream["stream"])) == stream["stream"]
-    assert progress["validation"]["pending"]["tokens"] > 0  # validation's queue is saved, not read again
-    documents_read = stream["documents"]
-    assert documents_read > 3 * ROWS_PER_FILE
-    streamed_hub["read"].clear()
-    logs: list[str] = []
-    prepare(recipe, log=logs.append)
-    # It reads on from the file (stream shard) that holds its position, never from row 0 ...
-    assert min(streamed_hub["read"]) == documents_read // ROWS_PER_FILE * ROWS_PER_FILE
-    assert sorted(streamed_hub["read"]) == list(range(min(streamed_hub["read"]), streamed_hub["rows"]))
-    assert any(f"the mixture goes on from document {progress['mixture']['next_document']}" in line for line in logs)
-    # ... and writes exactly what an uninterrupted prepare writes.
-    assert data_files(tmp_path / "data") == data_files(tmp_path / "whole")
-    assert not list((tmp_path / "data").glob("*.pending"))
-
-
-def test_a_hub_and_a_file_source_resume_together_byte_identical(
-    streamed_hub: dict[str, Any], corpus: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    uninterrupted = hub_recipe(tmp_path / "whole", corpus)
-    prepare(uninterrupted, log=lambda _: None)
-    for shards_written in (7, 25):
-        recipe = hub_recipe(tmp_path / f"data{shards_written}", corpus)
-        progress = interrupt_after_shards(recipe, shards_written, monkeypatch)
-        hub, files = progress["mixture"]["sources"]
-        assert files["stream"] is None and files["documents"] > 0  # local files resume by skipping
-        streamed_hub["read"].clear()
-        prepare(recipe, log=lambda _: None)
-        assert 0 not in streamed_hub["read"] and len(streamed_hub["read"]) < streamed_hub["rows"]
-        assert data_files(tmp_path / f"data{shards_written}") == data_files(tmp_path / "whole")
-
-
-def test_progress_without_a_mixture_position_reads_again_from_the_start(
-    streamed_hub: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    uninterrupted = hub_recipe(tmp_path / "whole")
-    prepare(uninterrupted, log=lambda _: None)
-    recipe = hub_recipe(tmp_path / "data")
-    progress = interrupt_after_shards(recipe, 12, monkeypatch)
-    # As an older hf-pretrain left it: no mixture position, no saved queues, and each split's next
-    # document the one after its last shard's last document (val_every 5: documents 4, 9, 14 ... are
-    # validation).
-    del progress["mixture"]
-    for split in ("train", "validation"):
-        state = progress[split]
-        del state["pending"]
-        written = sum(shard["documents"] for shard in state["shards"])
-        state["next_document"] = 5 * written if split == "validation" else written + (written - 1) // 4
-    shards._write_json_atomically(tmp_path / "data" / shards.PROGRESS_FILE, progress)
-    streamed_hub["read"].clear()
-    logs: list[str] = []
-    prepare(recipe, log=logs.append)
-    assert 0 in streamed_hub["read"] and any(
-        "reading the mixture again from its first document" in line for line in logs
-    )
-    assert data_files(tmp_path / "data") == data_files(tmp_path / "whole")

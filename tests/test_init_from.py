@@ -291,7 +291,7 @@ def test_a_run_from_a_hub_id_starts_at_the_base_models_loss_resumes_exactly_and_
     assert max(before) == 8, killed[-3000:]
     expected = transformers_first_loss(base)
     assert abs(before[1] - expected) <= FIRST_LOSS_TOLERANCE, (before[1], expected)
-    assert before[1] < math.log(BASE_VOCAB) - 1  # a trained model's loss, not a fresh one's (~6.6)
+    assert before[1] < math.log(BASE_VOCAB) - 0.5  # a trained model's loss (5.7 on this data), not a fresh one's (~6.6)
     shutil.rmtree(cache)  # the base is gone: the resume must not need it
     resumed = launch_training(base["data"], run_dir, env={"HF_HUB_CACHE": str(cache)}, **overrides)
     assert "resumed from" in resumed and "at step 4" in resumed and "tensors of" not in resumed

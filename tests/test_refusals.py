@@ -307,28 +307,6 @@ def test_only_the_tied_embedding_note_is_silenced_and_only_during_the_save(caplo
     assert [r.getMessage() for r in caplog.records] == [other, tied]
 
 
-def test_prepare_says_each_shards_own_figures_then_the_corpus_totals(tmp_path):
-    import random
-
-    from hf_pretrain.data import prepare
-
-    rng = random.Random(0)
-    words = "the of and a to in is was it for on with as at by this that from".split()
-    text = "\n<|endoftext|>\n".join(" ".join(rng.choices(words, k=60)) for _ in range(300))
-    (tmp_path / "corpus.txt").write_text(text)  # end-of-text markers: 300 documents
-    raw = {"data": {"sources": [{"kind": "files", "paths": [str(tmp_path / "corpus.txt")]}]}}
-    overrides = {"data_dir": str(tmp_path / "data"), "vocab_size": 300, "val_every": 3, "shard_tokens": 2000}
-    overrides |= {"seq_len": 16, "micro_batch_size": 2, "global_batch_tokens": 64}
-    lines = []
-    prepare(build_recipe(raw, overrides), log=lines.append)
-    shard_lines = [line for line in lines if " shard " in line and " written (" in line]
-    first_val = next(line for line in shard_lines if line.startswith("validation shard 0 written"))
-    docs, tokens = first_val.split(" written (")[1].split(")")[0].split(", ")
-    total_docs = int(first_val.split("corpus so far: ")[1].split(" docs")[0].replace(",", ""))
-    assert int(docs.split()[0].replace(",", "")) < total_docs  # the shard's own, not the corpus's
-    assert int(tokens.split()[0].replace(",", "")) >= 2000
-
-
 @pytest.mark.slow
 def test_three_processes_on_a_batch_that_does_not_split_are_refused_not_crashed(smoke_data, tmp_path):
     import subprocess

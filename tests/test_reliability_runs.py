@@ -305,7 +305,7 @@ def other_data(smoke_data: Path, tmp_path: Path, **meta_changes) -> Path:
     if "tokenizer_hash" in meta_changes:
         meta["tokenizer_hash"] = meta_changes["tokenizer_hash"]
     if meta_changes.get("shards"):
-        meta["splits"]["train"]["shards"][0]["sha256"] = "0" * 64
+        meta["sources"][0]["splits"]["train"]["files"][0]["sha256"] = "0" * 64
     (data / "meta.json").write_text(json.dumps(meta))
     return data
 

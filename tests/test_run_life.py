@@ -340,9 +340,9 @@ def test_plan_run_prices_going_further_and_the_report_draws_the_forecast(tmp_pat
 # ---------------------------------------------------------------------- data budget
 def test_the_doctor_counts_epochs_when_the_plan_outgrows_the_data(smoke_data, tmp_path):
     fits = check_data_budget(load_recipe("smoke", {"data_dir": str(smoke_data)}))
-    assert fits.status == "pass" and "0.76 epochs" in fits.reason
+    assert fits.status == "pass" and "0.83 epochs" in fits.reason
     repeats = check_data_budget(load_recipe("smoke", {"data_dir": str(smoke_data), "max_steps": 1000}))
-    assert repeats.status == "warn" and "3.03 epochs" in repeats.reason and "logged" in repeats.reason
+    assert repeats.status == "warn" and "3.33 epochs" in repeats.reason and "logged" in repeats.reason
 
 
 # ---------------------------------------------------------------------- real runs on CPU
@@ -355,7 +355,7 @@ def validation_loss(model_dir: Path, data_dir: Path, samples: int = 64) -> float
     from transformers import AutoModelForCausalLM
 
     from hf_pretrain.data.loader import PackedDataset
-    from hf_pretrain.data.shards import read_meta, shard_paths
+    from hf_pretrain.data.prepared import read_meta, shard_paths
 
     meta = read_meta(data_dir, "smoke")
     dataset = PackedDataset(shard_paths(data_dir, meta, "validation"), 128, meta["dtype"])

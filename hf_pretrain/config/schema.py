@@ -111,7 +111,17 @@ class SourceConfig:
     paths: list[str] = key(
         factory=list, help="local files (globs) of .txt, .jsonl or .parquet; a txt file is one document"
     )
-    weight: float = key(1.0, "relative share of this source in the mixture (normalised over all sources)", gt=0)
+    weight: float = key(
+        1.0, "relative share of this source in the training batches (normalised over all sources; no re-prepare)", gt=0
+    )
+    decay_weight: float | None = key(
+        None,
+        "its share from the first step of a wsd decay or a cooldown on (annealing on the best data); null = `weight`",
+        gt=0,
+    )
+    tasks: int = key(
+        0, "`prepare` tasks for this source (0 = one per file; 1 for a builtin or a Hub dataset)", math=False, ge=0
+    )
     streaming: bool = key(True, "stream a Hub dataset instead of downloading it whole")
     max_documents: int = key(0, "stop reading this source after this many documents (0 = all)", ge=0)
 
@@ -181,7 +191,14 @@ class DataConfig:
     tokenizer_train_documents: int = key(0, "documents used to fit the tokenizer (0 = all)", ge=0)
     max_tokens: int = key(0, "stop preparing after this many training tokens (0 = the whole corpus)", ge=0)
     val_every: int = key(50, "every val_every-th document goes to the validation split", ge=2)
-    shard_tokens: int = key(50_000_000, "tokens per shard file", ge=1)
+    executor: Literal["local", "slurm", "ray"] = key(
+        "local", "where `prepare` runs datatrove: `local` (this machine), `slurm` (a job array) or `ray`", math=False
+    )
+    workers: int = key(0, "`prepare` tasks run at once (0 = every core here; slurm: no limit)", math=False, ge=0)
+    slurm_partition: str = key("", "slurm: the partition the array job runs in", math=False)
+    slurm_time: str = key("12:00:00", "slurm: time limit of each task", math=False)
+    slurm_cpus_per_task: int = key(1, "slurm: cores per task (each task tokenizes on one)", math=False, ge=1)
+    ray_address: str = key("auto", "ray: the address of an existing cluster", math=False)
     seq_len: int = key(128, "training context length; the loader packs seq_len + 1 tokens per sample", ge=1)
     num_workers: int = key(
         1, "DataLoader worker processes (>0 keeps data loading off the training thread)", math=False, ge=0
@@ -468,6 +485,8 @@ class Recipe:
             raise RecipeError("resume must be `auto`, `none` or a checkpoint path")
         if not d.sources:
             raise RecipeError("data.sources is empty: name at least one corpus")
+        if d.executor == "slurm" and not d.slurm_partition:
+            raise RecipeError("executor=slurm needs slurm_partition: the partition the array job runs in")
         for i, s in enumerate(d.sources):
             if s.kind == "files" and not s.paths:
                 raise RecipeError(f"sources[{i}] has kind `files` but no `paths`")

@@ -1,7 +1,8 @@
-"""Data pipeline: corpus sources -> tokenizer -> token shards + meta.json -> packed loaders."""
+"""Data pipeline: corpus sources -> tokenizer -> a datatrove token folder per source -> mixed, packed loaders."""
 
 from hf_pretrain.data.loader import PackedDataset, build_train_loader, build_val_loader
-from hf_pretrain.data.shards import DataMismatchError, check_prepared_data, data_identity, prepare, read_meta
+from hf_pretrain.data.prepare_run import prepare
+from hf_pretrain.data.prepared import DataMismatchError, check_prepared_data, data_identity, read_meta
 from hf_pretrain.data.tokenizer import load_tokenizer, tokenizer_hash
 
 __all__ = [

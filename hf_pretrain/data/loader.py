@@ -1,11 +1,14 @@
-"""Packed, memory-mapped training and validation loaders over prepared token shards.
+"""Packed, memory-mapped training and validation loaders over the prepared token folders.
 
 The training order is a pure function of (seed, step, micro-step, rank), which is what makes
 a resumed run, or the same run on another number of processes, see the same samples:
-    position p of the stream -> sample perm_{p // N}[p % N], perm_e = randperm(N, seed + e)
     step s, micro-step k, rank r -> positions s*G + k*W*B + r*B + j, j < B   (G = B*A*W)
+    position p -> (source, sample of that source): the mixture (mixing.py), by the sources' weights,
+    and from the first step of a wsd decay or a cooldown on by their decay weights
 A run that changed its batch on a resume counts from an origin instead: P0 + (s - s0)*G + ..., where
 step s0 starts at position P0 (the tokens read so far, in samples of the new length).
+Each source is its own run of samples (a sample never spans two sources); the dataset is their
+concatenation, so a batch is a list of plain indices.
 """
 
 from __future__ import annotations
@@ -21,10 +24,11 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 import torch
-from torch.utils.data import DataLoader, Dataset, Sampler
+from torch.utils.data import ConcatDataset, DataLoader, Dataset, Sampler
 
 from hf_pretrain.config import Recipe
-from hf_pretrain.data.shards import DataMismatchError, read_meta, shard_paths
+from hf_pretrain.data.mixing import Mixture
+from hf_pretrain.data.prepared import DataMismatchError, read_meta, shard_paths, source_folder_name, source_paths
 from hf_pretrain.processes import die_with_parent
 
 # Batches each worker keeps ready: training batches are tiny to produce, so a few cover any hiccup.
@@ -93,11 +97,14 @@ def stack_samples(samples: list[torch.Tensor]) -> torch.Tensor:
 
 
 class StepBatchSampler(Sampler[list[int]]):
-    """One rank's micro-batches of sample indices, from optimizer step `start_step` on, forever."""
+    """One rank's micro-batches of sample indices, from optimizer step `start_step` on, forever.
+
+    `num_samples` is one source's sample count, or a `Mixture` over several sources (the indices are
+    then those of the sources' concatenation, `offsets[s] + sample`)."""
 
     def __init__(
         self,
-        num_samples: int,
+        num_samples: int | Mixture,
         micro_batch_size: int,
         grad_accum: int,
         world_size: int,
@@ -107,7 +114,9 @@ class StepBatchSampler(Sampler[list[int]]):
         origin: tuple[int, int] = (0, 0),
     ) -> None:
         super().__init__()
-        if num_samples <= 0:
+        mixture = num_samples if isinstance(num_samples, Mixture) else None
+        samples = mixture.samples if mixture else [num_samples]
+        if min(samples) <= 0:
             raise DataMismatchError("the training split holds no complete sample of seq_len + 1 tokens")
         if not 0 <= rank < world_size or grad_accum < 1 or micro_batch_size < 1 or start_step < 0:
             raise ValueError(
@@ -115,39 +124,37 @@ class StepBatchSampler(Sampler[list[int]]):
                 f"start_step >= 0; got rank={rank}, world_size={world_size}, grad_accum={grad_accum}, "
                 f"micro_batch_size={micro_batch_size}, start_step={start_step}"
             )
-        self.num_samples, self.micro_batch_size, self.grad_accum = num_samples, micro_batch_size, grad_accum
+        self.mixture = mixture or Mixture(samples, seed, [(0, [1.0])])
+        self.offsets = np.concatenate([[0], np.cumsum(samples)[:-1]]).tolist()
+        self.num_samples, self.micro_batch_size, self.grad_accum = sum(samples), micro_batch_size, grad_accum
         self.world_size, self.rank, self.seed, self.start_step = world_size, rank, seed, start_step
         self.origin = origin  # (step, position) the stream counts from
-        self._epoch = -1
-        self._permutation = torch.empty(0, dtype=torch.long)
 
     @property
     def positions_per_step(self) -> int:
         return self.micro_batch_size * self.grad_accum * self.world_size
 
+    def first_position(self, step: int) -> int:
+        """The first stream position read by the step after `step` (those before it have been read)."""
+        origin_step, origin_position = self.origin
+        return origin_position + (step - origin_step) * self.positions_per_step
+
     def positions(self, step: int, micro_step: int) -> range:
         """Stream positions this rank reads at (step, micro_step)."""
-        origin_step, origin_position = self.origin
         first = (
-            origin_position
-            + (step - origin_step) * self.positions_per_step
+            self.first_position(step)
             + micro_step * self.world_size * self.micro_batch_size
             + self.rank * self.micro_batch_size
         )
         return range(first, first + self.micro_batch_size)
 
     def epochs_after(self, steps: int) -> int:
-        """Whole passes over the samples completed once `steps` optimizer steps have run."""
-        origin_step, origin_position = self.origin
-        return (origin_position + (steps - origin_step) * self.positions_per_step) // self.num_samples
+        """Whole passes completed once `steps` optimizer steps have run, over the source read most often."""
+        return int(max(self.mixture.epochs_before(self.first_position(steps))))
 
     def sample_at(self, position: int) -> int:
-        epoch, offset = divmod(position, self.num_samples)
-        if epoch != self._epoch:  # positions only grow, so one cached permutation suffices
-            generator = torch.Generator().manual_seed(self.seed + epoch)
-            self._permutation = torch.randperm(self.num_samples, generator=generator)
-            self._epoch = epoch
-        return int(self._permutation[offset])
+        source, sample = self.mixture(position)
+        return self.offsets[source] + sample
 
     def __iter__(self) -> Iterator[list[int]]:
         step = self.start_step
@@ -198,9 +205,35 @@ class ValidationBatches:
 
 
 def _split_dataset(recipe: Recipe, split: str) -> PackedDataset:
+    """A split's samples, the sources one after the other (validation: the same samples on any world size)."""
     data_dir = Path(recipe.data.data_dir)
     meta = read_meta(data_dir, recipe.name)
     return PackedDataset(shard_paths(data_dir, meta, split), recipe.data.seq_len, meta["dtype"], recipe.data.preload)
+
+
+def source_datasets(recipe: Recipe) -> list[PackedDataset]:
+    """Each source's training samples."""
+    data_dir = Path(recipe.data.data_dir)
+    meta = read_meta(data_dir, recipe.name)
+    return [
+        PackedDataset(paths, recipe.data.seq_len, meta["dtype"], recipe.data.preload)
+        for paths in source_paths(data_dir, meta, "train")
+    ]
+
+
+def mixture_segments(recipe: Recipe, decay_position: int | None) -> list[tuple[int, list[float]]]:
+    """The weights' segments: the main weights from position 0; the decay weights (where any differs)
+    from `decay_position`, the first position of the wsd decay or cooldown, when the run has one."""
+    main = [s.weight for s in recipe.data.sources]
+    decay = [s.decay_weight if s.decay_weight is not None else s.weight for s in recipe.data.sources]
+    segments = [(0, main)]
+    if decay_position is not None and decay != main:
+        segments.append((decay_position, decay))
+    return segments
+
+
+def build_mixture(recipe: Recipe, samples: list[int], decay_position: int | None) -> Mixture:
+    return Mixture(samples, recipe.train.seed, mixture_segments(recipe, decay_position))
 
 
 def ignore_stop_signals(worker_id: int) -> None:
@@ -231,12 +264,15 @@ def build_train_loader(
     start_step: int,
     pin_memory: bool = False,
     origin: tuple[int, int] = (0, 0),
+    decay_position: int | None = None,
 ) -> DataLoader:
     """Endless [micro_batch_size, seq_len + 1] LongTensor batches for `rank`, from `start_step` on
-    (`origin`: see StepBatchSampler)."""
-    dataset = _split_dataset(recipe, "train")
+    (`origin`: see StepBatchSampler; `decay_position`: the first stream position of the decay, whose
+    mixture the decay weights give)."""
+    datasets = source_datasets(recipe)
+    mixture = build_mixture(recipe, [len(d) for d in datasets], decay_position)
     sampler = StepBatchSampler(
-        len(dataset), recipe.train.micro_batch_size, grad_accum, world_size, rank, recipe.train.seed, start_step, origin
+        mixture, recipe.train.micro_batch_size, grad_accum, world_size, rank, recipe.train.seed, start_step, origin
     )
     workers = recipe.data.num_workers
     if workers:
@@ -248,13 +284,52 @@ def build_train_loader(
         else {}
     )
     return DataLoader(
-        dataset,
+        datasets[0] if len(datasets) == 1 else ConcatDataset(datasets),
         batch_sampler=sampler,
         collate_fn=stack_samples,
         num_workers=workers,
         pin_memory=pin_memory,
         **worker_options,
     )
+
+
+class TrainData:
+    """One rank's training batches and what they read. `loader` builds them for a decay that starts at
+    `decay_position` (None: none planned); the loop builds them again when that moves (a stop request
+    or early stopping begins a cooldown), so the decay weights apply from its first step."""
+
+    def __init__(self, recipe: Recipe, rank: int, world_size: int, grad_accum: int, pin_memory: bool = False):
+        self.recipe, self.rank, self.world_size, self.grad_accum = recipe, rank, world_size, grad_accum
+        self.pin_memory = pin_memory
+        self.names = [source_folder_name(i, s) for i, s in enumerate(recipe.data.sources)]
+        self.sampler: StepBatchSampler | None = None
+        self.decay_position: int | None = None
+
+    def loader(self, start_step: int, origin: tuple[int, int], decay_position: int | None) -> DataLoader:
+        loader = build_train_loader(
+            self.recipe,
+            self.rank,
+            self.world_size,
+            self.grad_accum,
+            start_step,
+            self.pin_memory,
+            origin,
+            decay_position,
+        )
+        self.sampler, self.decay_position = loader.batch_sampler, decay_position
+        return loader
+
+    def mixture_changes(self, decay_position: int | None) -> bool:
+        """Whether a decay starting at `decay_position` reads another mixture than the batches built."""
+        return mixture_segments(self.recipe, decay_position) != mixture_segments(self.recipe, self.decay_position)
+
+    def epochs_after(self, steps: int) -> int:
+        return self.sampler.epochs_after(steps)
+
+    def source_tokens(self, steps: int) -> dict[str, int]:
+        """Tokens trained on from each source (seq_len targets per sample) once `steps` steps have run."""
+        draws = self.sampler.mixture.draws_before(self.sampler.first_position(steps))
+        return {name: n * self.recipe.data.seq_len for name, n in zip(self.names, draws, strict=True)}
 
 
 def eval_samples(recipe: Recipe) -> int:

@@ -1,7 +1,8 @@
-"""`hf-pretrain prepare`: the recipe's corpus -> tokenizer + token shards + meta.json."""
+"""`hf-pretrain prepare`: the recipe's sources -> tokenizer + a datatrove token folder per source + meta.json."""
 
 from __future__ import annotations
 
+import argparse
 import sys
 
 from hf_pretrain.config import parse_recipe_args
@@ -10,16 +11,29 @@ from hf_pretrain.data.sources import SourceError
 from hf_pretrain.data.tokenizer import TokenizerError
 
 
+def _flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--dry_run",
+        action="store_true",
+        help="print the job script the executor would submit (slurm) instead of running anything",
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
-    recipe, _ = parse_recipe_args(
-        argv, prog="hf-pretrain prepare", description="Tokenize a recipe's corpus into token shards."
+    recipe, args = parse_recipe_args(
+        argv,
+        prog="hf-pretrain prepare",
+        description="Tokenize each of a recipe's sources into its own token folder, on datatrove "
+        "(--executor local|slurm|ray, --workers N).",
+        extra=_flags,
     )
     try:
-        data_dir = prepare(recipe)
+        data_dir = prepare(recipe, dry_run=args.dry_run)
     except (SourceError, DataMismatchError, TokenizerError) as exc:  # bad input: say what and where, no traceback
         print(f"hf-pretrain prepare: {exc}", file=sys.stderr)
         return 1
-    print(f"prepared data in {data_dir}")
+    if not args.dry_run:
+        print(f"data in {data_dir}")
     return 0
 
 

@@ -1,13 +1,11 @@
-"""Corpus sources: one iterator of document texts per `SourceConfig`, and their weighted mixture.
+"""Corpus sources: one iterator of document texts per `SourceConfig`, and a weighted mixture of them.
 
-Every iterator here is deterministic (sorted file lists, sorted keys, seeded draws), because a
-resumed `prepare` must see the same stream again: from a saved `MixturePosition` (the draws' random
-state, each source's count and a streamed Hub source's own position), or from the start.
+Every iterator here is deterministic (sorted file lists, sorted keys, seeded draws): the tokenizer is
+fitted on the same sample every time, and datatrove's tasks (pipeline.py) read the same documents.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import glob
 import json
 import random
@@ -42,7 +40,7 @@ class SourceError(ValueError):
     """A source that cannot be read as described by the recipe."""
 
 
-_reported_undecodable: set[Path] = set()
+reported_undecodable: set[Path] = set()
 
 
 def decode_utf8(data: bytes, where: Path) -> str:
@@ -57,8 +55,8 @@ def decode_utf8(data: bytes, where: Path) -> str:
             f"{where}: {bad:,} of {len(data):,} bytes are not valid UTF-8 ({bad / len(data):.1%}); it is "
             f"not UTF-8 text: convert it (e.g. `iconv -f latin1 -t utf-8`) or leave it out of `paths`"
         )
-    if where not in _reported_undecodable:  # `prepare` reads the mixture twice (tokenizer, shards): say it once
-        _reported_undecodable.add(where)
+    if where not in reported_undecodable:  # `prepare` reads a file twice (tokenizer, token files): say it once
+        reported_undecodable.add(where)
         print(f"warning: {where}: {bad:,} undecodable bytes replaced by U+FFFD", file=sys.stderr)
     return data.decode("utf-8", errors="replace")
 
@@ -140,16 +138,6 @@ def _text_documents(path: Path) -> Iterator[str]:
         yield text
 
 
-def _file_documents(files: list[Path], column: str) -> Iterator[str]:
-    for path in files:
-        if path.suffix == ".jsonl":
-            yield from _jsonl_documents(path, column)
-        elif path.suffix == ".parquet":
-            yield from _parquet_documents(path, column)
-        else:
-            yield from _text_documents(path)
-
-
 # ---------------------------------------------------------------------- Hugging Face Hub
 # A streamed Hub source survives this many network failures in a row, waiting 2, 4, 8 ... seconds.
 HUB_RETRIES = 5
@@ -216,72 +204,45 @@ def _hub_rows(source: SourceConfig, start: dict[str, Any] | None = None) -> Iter
 
 
 # ---------------------------------------------------------------------- one source, the mixture
-class SourceReader:
-    """The non-empty documents of one source, at most `max_documents` of them (0 = all), and where
-    it is: how many it has yielded and, for a streamed Hub source, the stream's own position after
-    the last one. `start` (a `position()`) goes on from there: a streamed source from its position,
-    any other by skipping the documents it had yielded (local, cheap; a Hub source without a
-    position downloads them again).
-
-    Opened here, not on the first draw: an unknown kind or an empty glob fails when the mixture is
-    built (a Hub dataset is reached on its first draw).
-    `live=False` is a source the mixture had already drained: it is not opened again.
-    """
-
-    def __init__(self, source: SourceConfig, start: dict[str, Any] | None = None, live: bool = True) -> None:
-        self.source = source
-        self.documents: int = start["documents"] if start else 0
-        self.stream_position: dict[str, Any] | None = start["stream"] if start else None
-        self._rows: Iterator[tuple[str, dict[str, Any] | None]] = iter(()) if not live else self._open()
-        if live and self.documents and self.stream_position is None:
-            skipped = 0
-            while skipped < self.documents and self._next_text() is not None:
-                skipped += 1
-
-    def _open(self) -> Iterator[tuple[str, dict[str, Any] | None]]:
-        source = self.source
-        if source.kind == "hub":
-            return _hub_rows(source, self.stream_position)
-        if source.kind == "builtin":
-            texts = _builtin_documents(source.name)
-        elif source.kind == "files":
-            texts = _file_documents(expand_globs(source.paths), source.column)
+def file_documents(files: list[Path], column: str) -> Iterator[str]:
+    """The documents of local files, in the order given: a .jsonl's or .parquet's `column`, a text file's text."""
+    for path in files:
+        if path.suffix == ".jsonl":
+            yield from _jsonl_documents(path, column)
+        elif path.suffix == ".parquet":
+            yield from _parquet_documents(path, column)
         else:
-            raise SourceError(f"unknown source kind `{source.kind}`; valid kinds: builtin, files, hub")
-        return ((text, None) for text in texts)
-
-    def _next_text(self) -> str | None:
-        for text, stream_position in self._rows:
-            # Empty documents carry nothing to learn and would leave bare end-of-text tokens in the data.
-            if text:
-                self.stream_position = stream_position
-                return text
-        return None
-
-    def __iter__(self) -> SourceReader:
-        return self
-
-    def __next__(self) -> str:
-        if self.source.max_documents and self.documents >= self.source.max_documents:
-            raise StopIteration
-        text = self._next_text()
-        if text is None:
-            if self.documents == 0:
-                where = ", ".join(self.source.paths) if self.source.kind == "files" else self.source.name
-                raise SourceError(
-                    f"the {self.source.kind} source `{where}` holds no text: every document in it is empty"
-                )
-            raise StopIteration
-        self.documents += 1
-        return text
-
-    def position(self) -> dict[str, Any]:
-        return {"documents": self.documents, "stream": self.stream_position}
+            yield from _text_documents(path)
 
 
-def iter_source(source: SourceConfig) -> SourceReader:
-    """The non-empty documents of one source, at most `max_documents` of them (0 = all)."""
-    return SourceReader(source)
+def iter_source(source: SourceConfig) -> Iterator[str]:
+    """The non-empty documents of one source, at most `max_documents` of them (0 = all).
+
+    Opened here, not on the first document: an unknown kind or an empty glob fails at once (a Hub
+    dataset is reached on its first document)."""
+    if source.kind == "hub":
+        texts: Iterable[str] = (text for text, _ in _hub_rows(source))
+    elif source.kind == "builtin":
+        texts = _builtin_documents(source.name)
+    elif source.kind == "files":
+        texts = file_documents(expand_globs(source.paths), source.column)
+    else:
+        raise SourceError(f"unknown source kind `{source.kind}`; valid kinds: builtin, files, hub")
+    return _non_empty(source, texts)
+
+
+def _non_empty(source: SourceConfig, texts: Iterable[str]) -> Iterator[str]:
+    count = 0
+    for text in texts:
+        if source.max_documents and count >= source.max_documents:
+            return
+        # Empty documents carry nothing to learn and would leave bare end-of-text tokens in the data.
+        if text:
+            count += 1
+            yield text
+    if count == 0:
+        where = ", ".join(source.paths) if source.kind == "files" else source.name
+        raise SourceError(f"the {source.kind} source `{where}` holds no text: every document in it is empty")
 
 
 def normalised_weights(sources: list[SourceConfig]) -> list[float]:
@@ -289,60 +250,16 @@ def normalised_weights(sources: list[SourceConfig]) -> list[float]:
     return [s.weight / total for s in sources]
 
 
-@dataclasses.dataclass(frozen=True)
-class MixturePosition:
-    """Where a mixed stream is between two documents, enough to go on from there exactly."""
-
-    next_document: int  # index in the mixed stream of the next document
-    rng_state: tuple[Any, ...]  # random.Random.getstate() of the draws
-    live: tuple[int, ...]  # sources not yet drained
-    sources: tuple[dict[str, Any], ...]  # per source: SourceReader.position()
-
-    def to_json(self) -> dict[str, Any]:
-        """As plain JSON. A stream position that JSON cannot carry unchanged is left out: that
-        source is then resumed by reading its documents again."""
-        version, internal, gauss = self.rng_state
-        return {
-            "next_document": self.next_document,
-            "rng_state": [version, list(internal), gauss],
-            "live": list(self.live),
-            "sources": [
-                {"documents": s["documents"], "stream": _plain_json_or_none(s["stream"])} for s in self.sources
-            ],
-        }
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> MixturePosition:
-        version, internal, gauss = data["rng_state"]
-        return cls(
-            data["next_document"], (version, tuple(internal), gauss), tuple(data["live"]), tuple(data["sources"])
-        )
-
-
-def _plain_json_or_none(value: Any) -> Any:
-    try:
-        return value if json.loads(json.dumps(value)) == value else None
-    except (TypeError, ValueError):
-        return None
-
-
 class MixedStream:
     """(source index, text) pairs: each next document comes from a source drawn with probability
-    proportional to its weight among the sources that still have documents. Over `SourceReader`s,
-    `position()` says where it is; built with `start=` that position, it goes on from there."""
+    proportional to its weight among the sources that still have documents. What the tokenizer is
+    fitted on (a sample of every source); the training mixture is drawn by the loader (mixing.py)."""
 
-    def __init__(
-        self, streams: list[Iterable[str]], weights: list[float], seed: int, start: MixturePosition | None = None
-    ) -> None:
+    def __init__(self, streams: list[Iterable[str]], weights: list[float], seed: int) -> None:
         self.iterators = [iter(s) for s in streams]
         self.weights = weights
         self.rng = random.Random(seed)
         self.live = list(range(len(self.iterators)))
-        self.next_document = 0
-        if start is not None:
-            self.rng.setstate(start.rng_state)
-            self.live = list(start.live)
-            self.next_document = start.next_document
 
     def __iter__(self) -> MixedStream:
         return self
@@ -354,29 +271,14 @@ class MixedStream:
             if text is None:
                 self.live.remove(chosen)
                 continue
-            self.next_document += 1
             return chosen, text
         raise StopIteration
 
-    def position(self) -> MixturePosition:
-        """Where it is now; only for a stream over `SourceReader`s, as `mixture` builds it."""
-        return MixturePosition(
-            self.next_document,
-            self.rng.getstate(),
-            tuple(self.live),
-            tuple(reader.position() for reader in self.iterators),
-        )
 
-
-def mixture(recipe: Recipe, start: MixturePosition | None = None) -> MixedStream:
-    """The recipe's document stream, the same on every call; from `start` on when given. The token
-    budget is applied by the shard writer, which is the one that counts tokens."""
+def mixture(recipe: Recipe) -> MixedStream:
+    """The recipe's documents, mixed by weight, the same on every call: the tokenizer's sample."""
     sources = recipe.data.sources
-    if start is None:
-        readers = [SourceReader(s) for s in sources]
-    else:
-        readers = [SourceReader(s, start.sources[i], live=i in start.live) for i, s in enumerate(sources)]
-    return MixedStream(readers, normalised_weights(sources), recipe.train.seed, start)
+    return MixedStream([iter_source(s) for s in sources], normalised_weights(sources), recipe.train.seed)
 
 
 def is_validation(document_index: int, val_every: int) -> bool:

@@ -23,6 +23,9 @@ TOKENIZER_DIR = "tokenizer"
 MODEL_INPUT_NAMES = ["input_ids", "attention_mask"]
 # Documents handed to the BPE trainer per call into Rust (one call per document is much slower).
 _TRAIN_BATCH = 1000
+# The Rust pre-tokenizer holds about 110 bytes per character of the text it encodes at once, so a
+# 50 MB one-line document would need gigabytes; longer documents are fitted and encoded in pieces.
+PIECE_CHARS = 100_000
 
 
 class TokenizerError(ValueError):
@@ -135,3 +138,20 @@ def tokenizer_hash(tokenizer: PreTrainedTokenizerFast) -> str:
     spec = json.loads(tokenizer.backend_tokenizer.to_str())
     canonical = json.dumps(spec, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
     return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
+
+
+def split_long_text(text: str, piece_chars: int = PIECE_CHARS) -> list[str]:
+    """`text` in pieces of at most about `piece_chars`, cut before a single space between two
+    non-space characters where there is one: GPT-2's pre-tokenizer starts a new word there, so the
+    pieces encode to exactly the tokens of the whole (merges never cross a word)."""
+    pieces, start = [], 0
+    while len(text) - start > piece_chars:
+        end = start + piece_chars
+        cut = text.rfind(" ", start + piece_chars // 2, end)
+        while cut > start and (text[cut - 1].isspace() or cut + 1 >= len(text) or text[cut + 1].isspace()):
+            cut = text.rfind(" ", start + piece_chars // 2, cut)
+        cut = cut if cut > start else end  # no word boundary at all: cut anywhere (tokens may differ there)
+        pieces.append(text[start:cut])
+        start = cut
+    pieces.append(text[start:])
+    return pieces

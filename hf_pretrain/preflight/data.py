@@ -8,7 +8,9 @@ import torch
 
 from hf_pretrain.config import Recipe, RecipeError
 from hf_pretrain.data import DataMismatchError, build_train_loader, check_prepared_data
+from hf_pretrain.data.loader import build_mixture
 from hf_pretrain.data.tokenizer import TokenizerUnreadable
+from hf_pretrain.optim import Schedule
 from hf_pretrain.preflight.result import CheckResult
 
 
@@ -43,30 +45,53 @@ def check_prepared(recipe: Recipe) -> CheckResult:
     return CheckResult("data", "pass", reason)
 
 
+# A source read more often than this many times is worth a warning: up to ~4 epochs cost little
+# (Muennighoff et al. 2023, "Scaling Data-Constrained Language Models"), past it repeats lose value fast.
+MAX_EPOCHS = 4
+
+
 def check_data_budget(recipe: Recipe) -> CheckResult:
-    """How many passes over the prepared training data the plan makes: past one, the run repeats data
-    (each boundary is logged); a few passes cost little, many make the later tokens worth less."""
+    """How many passes over each source's prepared training data the planned steps make, under the
+    recipe's weights (and decay weights from the decay on): past one, a source repeats (each pass
+    over the most-read source is logged); past MAX_EPOCHS, the later tokens are worth much less."""
     try:
         meta = check_prepared_data(recipe)
     except DataMismatchError:
         return CheckResult("data budget", "skip", "needs valid prepared data (see `data`)")
     t, seq_len = recipe.train, recipe.data.seq_len
-    prepared = meta["splits"]["train"]["tokens"]
-    samples = max(0, (prepared - 1) // seq_len)  # the loader's samples of seq_len + 1 tokens
+    samples = [max(0, (s["splits"]["train"]["tokens"] - 1) // seq_len) for s in meta["sources"]]  # the loader's
+    per_step = t.global_batch_tokens // seq_len
+    decay_start = Schedule(t).decay_start()
+    mixture = build_mixture(recipe, samples, None if decay_start is None else decay_start * per_step)
     planned = t.max_steps * t.global_batch_tokens
-    epochs = planned / seq_len / samples if samples else float("inf")
+    epochs = mixture.epochs_before(t.max_steps * per_step)
+    names = [s["name"] for s in meta["sources"]]
+    per_source = ", ".join(f"{n} {e:.2f}" for n, e in zip(names, epochs, strict=True))
+    prepared = meta["splits"]["train"]["tokens"]
     reason = (
         f"the plan reads {planned:,} tokens ({t.max_steps:,} steps x {t.global_batch_tokens:,}) of "
-        f"{prepared:,} prepared: {epochs:.2f} epochs"
+        f"{prepared:,} prepared: {max(epochs):.2f} epochs of the most-read source (epochs per source: {per_source})"
     )
-    if epochs <= 1:
+    if max(epochs) <= 1:
         return CheckResult("data budget", "pass", reason)
+    fix = (
+        f"prepare more (data.max_tokens, more documents: `hf-pretrain prepare --recipe {recipe.name}`), "
+        f"or lower the weight of the sources that repeat"
+    )
+    over = [n for n, e in zip(names, epochs, strict=True) if e > MAX_EPOCHS]
+    if over:
+        return CheckResult(
+            "data budget",
+            "warn",
+            f"{reason}; {', '.join(over)} would repeat more than {MAX_EPOCHS} times, where repeated tokens "
+            f"are worth much less (Muennighoff et al. 2023)",
+            fix,
+        )
     return CheckResult(
         "data budget",
         "warn",
         reason + "; the data repeats, each epoch boundary is logged",
-        f"prepare more (data.max_tokens, more sources: `hf-pretrain prepare --recipe {recipe.name}`), "
-        f"or accept it: up to ~4 epochs cost little (Muennighoff et al. 2023)",
+        fix + f", or accept it: up to ~{MAX_EPOCHS} epochs cost little (Muennighoff et al. 2023)",
     )
 
 

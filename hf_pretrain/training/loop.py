@@ -23,7 +23,8 @@ from hf_pretrain.checkpoints.load import restore_training_state
 from hf_pretrain.checkpoints.manifest import verify_checkpoint
 from hf_pretrain.checkpoints.store import remove_pins
 from hf_pretrain.config import Recipe, save_recipe
-from hf_pretrain.data import build_train_loader, build_val_loader, load_tokenizer
+from hf_pretrain.data import build_val_loader, load_tokenizer
+from hf_pretrain.data.loader import TrainData
 from hf_pretrain.exit_codes import EXIT_SAVE_FAILED
 from hf_pretrain.hardware import describe_hardware, training_precision
 from hf_pretrain.model import (
@@ -88,6 +89,8 @@ def train(recipe: Recipe, callbacks: Sequence[Callback] = ()) -> Outcome:
                 log.evaluation(state, val_loss, samples)
                 guards.observe_val_loss(val_loss)
             stop = guards.decide(state, log.history)  # the step's one exchange between processes
+            if stop is None and run.data.mixture_changes(decay_position(state)):  # a cooldown began
+                run.train_step.batches = iter(run.data.loader(state.step, state.data_origin, decay_position(state)))
             if stop is not None or run.checkpoints.due(state):
                 try:
                     with log.paused(), watchdog.paused("a checkpoint save"):
@@ -121,6 +124,11 @@ def train(recipe: Recipe, callbacks: Sequence[Callback] = ()) -> Outcome:
     return Outcome(0, message, final, finished=True)
 
 
+def decay_position(state: TrainState) -> int | None:
+    """The first sample position of the final decay or cooldown (its data mixture starts there)."""
+    return None if state.decay_start is None else state.data_position(state.decay_start)
+
+
 @dataclass
 class Run:
     """The parts of a run, ready for its first step."""
@@ -132,6 +140,7 @@ class Run:
     evaluation: Evaluation
     checkpoints: Checkpointer
     log: RunLogger
+    data: TrainData
 
 
 def setup(recipe: Recipe) -> Run:
@@ -207,15 +216,8 @@ def setup(recipe: Recipe) -> Run:
             truncate_jsonl(records, after_step=state.step)
         remove_pins(run_dir.path)  # held by side jobs of a session that was killed
 
-    train_loader = build_train_loader(
-        recipe,
-        accelerator.process_index,
-        world_size,
-        grad_accum,
-        start_step=state.step,
-        pin_memory=accelerator.device.type == "cuda",
-        origin=state.data_origin,
-    )
+    data = TrainData(recipe, accelerator.process_index, world_size, grad_accum, accelerator.device.type == "cuda")
+    train_loader = data.loader(state.step, state.data_origin, decay_position(state))
     val_loader = build_val_loader(recipe, accelerator.process_index, world_size)
     say(
         f"model: {n_params / 1e6:.2f}M parameters | {world_size} process(es) x {grad_accum} micro-batches of "
@@ -230,7 +232,8 @@ def setup(recipe: Recipe) -> Run:
         run_dir,
         state,
         flops_per_token(config, n_params, recipe.data.seq_len),
-        epochs_after=train_loader.batch_sampler.epochs_after,
+        epochs_after=data.epochs_after,
+        source_tokens=data.source_tokens,
     )
     log.load_state_dict(saved)
     return Run(
@@ -241,4 +244,5 @@ def setup(recipe: Recipe) -> Run:
         Evaluation(accelerator, model, val_loader, tokenizer, cfg),
         Checkpointer(accelerator, cfg, config, tokenizer, log=say),
         log,
+        data,
     )

@@ -126,6 +126,7 @@ class RunLogger:
         state: TrainState,
         flops_per_token: float,
         epochs_after: Callable[[int], int] | None = None,
+        source_tokens: Callable[[int], dict[str, int]] | None = None,
     ):
         self.accelerator, self.train, self.run = accelerator, recipe.train, run
         self.main = accelerator.is_main_process
@@ -142,6 +143,7 @@ class RunLogger:
         self.data_wait = 0.0  # seconds spent waiting for batches since the last record
         self.epochs_after = epochs_after  # passes over the training data completed after a step
         self.epochs_done = epochs_after(state.step) if epochs_after else 0
+        self.source_tokens = source_tokens  # tokens drawn from each source of the mixture after a step
         self.forecast: dict[str, Any] = {}  # the newest forecast fields (economics/forecast.py)
         self.divergence = DivergenceWatch(self.history)
         self.progress = tqdm(
@@ -223,6 +225,8 @@ class RunLogger:
             "data_wait_share": min(1.0, self.data_wait / max(window_seconds, 1e-9)),
         }
         self.data_wait = 0.0
+        if self.source_tokens is not None:
+            record["source_tokens"] = self.source_tokens(state.step)
         if mfu is not None:
             record["mfu"] = mfu
             record["peak_memory_gib"] = peak_memory_gib(device)
@@ -247,7 +251,9 @@ class RunLogger:
                 f"step {state.step}: warning: {diverged}; lower learning_rate or raise warmup_steps (the run goes "
                 f"on: a diverged run that finishes still exits 0, and its status.json and model card say this)"
             )
-        self.accelerator.log({f"train/{k}": v for k, v in record.items() if k not in ("kind", "step")}, step=state.step)
+        scalars = {f"train/{k}": v for k, v in record.items() if k not in ("kind", "step", "source_tokens")}
+        scalars.update({f"train/tokens_{name}": n for name, n in record.get("source_tokens", {}).items()})
+        self.accelerator.log(scalars, step=state.step)
         self.progress.set_postfix(
             loss=f"{mean_loss:.3f}",
             lr=f"{result.lr:.2e}",

@@ -1,0 +1,338 @@
+"""`prepare`: fit (or load) the tokenizer, run each source's datatrove pipeline, then record the
+folder in meta.json once every task of every source is done.
+
+A rerun of the same command skips what is done: the tokenizer (its hash is recorded before any
+source starts), every finished task (datatrove's `logs/<source>/completions`), a finished folder.
+A Slurm or Ray job that is still running when `prepare` returns is finished by running `prepare`
+again once it is done: that run finds every task complete and writes meta.json.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+import shutil
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from importlib import metadata
+from itertools import islice
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from transformers import PreTrainedTokenizerFast
+
+from hf_pretrain.config import Recipe
+from hf_pretrain.data.prepared import (
+    EOS_POLICY,
+    FORMAT_VERSION,
+    LOGS_DIR,
+    META_FILE,
+    SOURCE_FILE,
+    SOURCES_DIR,
+    SPLITS,
+    DataMismatchError,
+    check_prepared_data,
+    data_fingerprint,
+    read_meta,
+    source_folder_name,
+    token_dtype,
+    write_json_atomically,
+)
+from hf_pretrain.data.sources import SourceError, expand_globs, mixture
+from hf_pretrain.data.tokenizer import (
+    PIECE_CHARS,
+    TOKENIZER_DIR,
+    load_pretrained_tokenizer,
+    load_tokenizer,
+    save_tokenizer,
+    split_long_text,
+    tokenizer_hash,
+    train_tokenizer,
+)
+
+PROGRESS_FILE = "prepare_progress.json"
+HASH_CHUNK_BYTES = 16 * 2**20
+
+
+@dataclass
+class SourceResult:
+    name: str
+    documents: int
+    tokens: int
+    seconds: float  # this invocation's time on its tasks
+    tasks_run: int  # tasks this invocation ran (the others were done already)
+
+    def line(self) -> str:
+        rate = f"{self.tokens / self.seconds:,.0f} tokens/s" if self.tasks_run and self.seconds > 0 else "already done"
+        return f"{self.name}: {self.documents:,} documents, {self.tokens:,} tokens, {rate}"
+
+
+def _package_version() -> str:
+    try:
+        return metadata.version("hf-pretrain")
+    except metadata.PackageNotFoundError:
+        return "0.1.0"
+
+
+def prepare(
+    recipe: Recipe,
+    log: Callable[[str], None] = print,
+    dry_run: bool = False,
+) -> Path:
+    """Tokenizer, one token folder per source and meta.json in `recipe.data.data_dir`; returns it.
+
+    A finished folder for the same data settings is left alone; an interrupted one goes on with
+    the tasks not yet done, and ends with the same bytes as an uninterrupted run. With a Slurm
+    executor the job is submitted and `prepare` returns; running it again when the job is done
+    writes meta.json (`dry_run`: print the job script instead of submitting it).
+    """
+    from hf_pretrain.data.pipeline import ExecutorOptions, SplitTokenizer, build_executor, reader_for, source_tasks
+
+    d = recipe.data
+    data_dir = Path(d.data_dir)
+    fingerprint = data_fingerprint(recipe)
+    if (data_dir / META_FILE).is_file():
+        _require_same_data_settings(data_dir, fingerprint)
+        log(f"{data_dir} is already prepared (delete it to prepare again)")
+        return data_dir
+    data_dir.mkdir(parents=True, exist_ok=True)
+    tokenizer = _tokenizer(recipe, data_dir, fingerprint, log)
+    tokenizer_file = str((data_dir / TOKENIZER_DIR / "tokenizer.json").resolve())
+    options = ExecutorOptions.from_recipe(d)
+    shares = _token_shares(recipe)
+    results, pending = [], []
+    for index, source in enumerate(d.sources):
+        name = source_folder_name(index, source)
+        folder, logs = (data_dir / SOURCES_DIR / name).resolve(), (data_dir / LOGS_DIR / name).resolve()
+        tasks = source_tasks(source)
+        pipeline = [
+            reader_for(source, tasks),
+            SplitTokenizer(str(folder), tokenizer_file, d.val_every, shares[index], eos_token=tokenizer.eos_token),
+        ]
+        executor = build_executor(pipeline, tasks, logs, options, job_name=f"prepare-{name}")
+        todo = executor.get_incomplete_ranks()
+        if dry_run:
+            _print_job_script(executor, log)
+            continue
+        started = time.perf_counter()
+        if todo:
+            log(f"{name}: {len(todo)} of {tasks} task(s) to run ({options.kind})")
+            executor.run()
+        seconds = time.perf_counter() - started
+        if executor.get_incomplete_ranks():  # submitted to a cluster, or failed there
+            pending.append(name)
+            continue
+        documents, tokens = _count(folder)
+        results.append(SourceResult(name, documents, tokens, seconds, len(todo)))
+    if dry_run:
+        return data_dir
+    if pending:
+        log(
+            f"submitted; {', '.join(pending)} still running: when the job is done, run the same "
+            f"`hf-pretrain prepare` again to check the files and write {data_dir / META_FILE}"
+        )
+        return data_dir
+    meta = _finish(recipe, tokenizer, fingerprint, data_dir, log)
+    for result in results:
+        log(result.line())
+    log(
+        f"prepared {data_dir}: {meta['splits']['train']['tokens']:,} train and "
+        f"{meta['splits']['validation']['tokens']:,} validation tokens in {len(results)} source(s)"
+    )
+    try:
+        check_prepared_data(recipe)
+    except DataMismatchError as exc:
+        # The data is still valid; the recipe's batch shape is what does not fit. Training says so again.
+        log(f"warning: {exc}")
+    return data_dir
+
+
+def _print_job_script(executor: Any, log: Callable[[str], None]) -> None:
+    """What a Slurm executor would submit (the real script datatrove writes), without submitting it."""
+    if not hasattr(executor, "get_launch_file_contents"):
+        log(f"dry run: {type(executor).__name__} would run {executor.world_size} task(s)")
+        return
+    command = f"srun -l -n {executor.nodes_per_task} launch_pickled_pipeline {executor.logging_dir.resolve_paths('executor.pik')}"
+    log(executor.get_launch_file_contents(executor.get_sbatch_args(executor.world_size), command))
+
+
+def _token_shares(recipe: Recipe) -> list[int]:
+    """Each source's train-token cap: its largest share (main or decay mixture) of max_tokens, since the
+    loader draws that share from it; 0 = no cap."""
+    d = recipe.data
+    if not d.max_tokens:
+        return [0] * len(d.sources)
+    main = [s.weight for s in d.sources]
+    decay = [s.decay_weight if s.decay_weight is not None else s.weight for s in d.sources]
+    return [math.ceil(d.max_tokens * max(m / sum(main), w / sum(decay))) for m, w in zip(main, decay, strict=True)]
+
+
+def _count(folder: Path) -> tuple[int, int]:
+    """(documents, tokens) of a source folder's finished token files, both splits."""
+    documents = tokens = 0
+    for index in folder.glob("*/*.ds.index"):
+        ends = np.fromfile(index, dtype="<u8")
+        documents += ends.size
+        tokens += int(ends[-1]) if ends.size else 0
+    return documents, tokens
+
+
+# ---------------------------------------------------------------------- the tokenizer
+def _tokenizer(recipe: Recipe, data_dir: Path, fingerprint: str, log: Callable[[str], None]) -> PreTrainedTokenizerFast:
+    """The tokenizer of an interrupted run with the same settings, or a fresh one (and a clean folder)."""
+    progress_file = data_dir / PROGRESS_FILE
+    if progress_file.is_file():
+        progress = json.loads(progress_file.read_text())
+        try:
+            tokenizer = load_tokenizer(data_dir)
+        except (OSError, ValueError):
+            tokenizer = None
+        if (
+            tokenizer is not None
+            and progress.get("data_fingerprint") == fingerprint
+            and tokenizer_hash(tokenizer) == progress.get("tokenizer_hash")
+        ):
+            log(f"resuming {data_dir}: the tokenizer is fitted; datatrove skips the finished tasks")
+            return tokenizer
+    _remove_partial_output(data_dir)
+    _check_sources_exist(recipe)
+    tokenizer = _fresh_tokenizer(recipe, data_dir, log)
+    write_json_atomically(progress_file, {"data_fingerprint": fingerprint, "tokenizer_hash": tokenizer_hash(tokenizer)})
+    return tokenizer
+
+
+def _check_sources_exist(recipe: Recipe) -> None:
+    """Fail before any work on what can be checked here: a glob matching nothing, an unknown builtin."""
+    from hf_pretrain.data.sources import BUILTIN_CORPORA
+
+    for source in recipe.data.sources:
+        if source.kind == "files":
+            expand_globs(source.paths)
+        elif source.kind == "builtin" and source.name not in BUILTIN_CORPORA:
+            raise SourceError(
+                f"unknown builtin corpus `{source.name}`; valid names: {', '.join(sorted(BUILTIN_CORPORA))}"
+            )
+
+
+def _remove_partial_output(data_dir: Path) -> None:
+    """Delete what an interrupted run with other settings left; only what `prepare` itself names."""
+    for name in (SOURCES_DIR, LOGS_DIR, TOKENIZER_DIR):
+        shutil.rmtree(data_dir / name, ignore_errors=True)
+    for name in (META_FILE, PROGRESS_FILE):
+        (data_dir / name).unlink(missing_ok=True)
+
+
+def _fresh_tokenizer(recipe: Recipe, data_dir: Path, log: Callable[[str], None]) -> PreTrainedTokenizerFast:
+    d = recipe.data
+    if d.tokenizer == "train":
+        limit = d.tokenizer_train_documents
+        log(f"training a {d.vocab_size}-token byte-level BPE on {limit or 'all'} documents of the mixture")
+        texts: Iterable[str] = (text for _, text in mixture(recipe))
+        if limit:
+            texts = islice(texts, limit)
+        # long documents in pieces: the pre-tokenizer would otherwise hold ~110 bytes per character
+        pieces = (piece for text in texts for piece in (split_long_text(text) if len(text) > PIECE_CHARS else [text]))
+        tokenizer = train_tokenizer(pieces, d.vocab_size, d.special_tokens)
+    else:
+        log(f"using the tokenizer at {d.tokenizer}")
+        tokenizer = load_pretrained_tokenizer(d.tokenizer)
+    save_tokenizer(tokenizer, data_dir)
+    # From here on, use exactly what every later reader of data_dir will load.
+    tokenizer = load_tokenizer(data_dir)
+    expected = d.vocab_size + len(d.special_tokens)
+    if len(tokenizer) != expected:
+        fix = (
+            "the corpus is too small to learn that many tokens: lower vocab_size or add documents"
+            if d.tokenizer == "train"
+            else f"set vocab_size to {len(tokenizer) - len(d.special_tokens)}"
+        )
+        raise DataMismatchError(
+            f"vocab_size: the recipe expects {expected} tokens (vocab_size {d.vocab_size} + "
+            f"{len(d.special_tokens)} special tokens), found {len(tokenizer)} in {data_dir / TOKENIZER_DIR}; {fix}"
+        )
+    return tokenizer
+
+
+def _require_same_data_settings(data_dir: Path, fingerprint: str) -> None:
+    found = read_meta(data_dir).get("data_fingerprint")
+    if found != fingerprint:
+        raise DataMismatchError(
+            f"{data_dir / META_FILE}: data_fingerprint expected {fingerprint} (this recipe's data settings), "
+            f"found {found}: the folder holds data prepared with other settings; delete it or set data_dir "
+            f"to a new folder"
+        )
+
+
+# ---------------------------------------------------------------------- meta.json
+def _file_entry(data_dir: Path, path: Path, itemsize: int) -> dict[str, Any]:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        while chunk := f.read(HASH_CHUNK_BYTES):
+            digest.update(chunk)
+    index = path.with_name(path.name + ".index")
+    documents = index.stat().st_size // 8 if index.is_file() else 0
+    return {
+        "file": str(path.relative_to(data_dir)),
+        "tokens": path.stat().st_size // itemsize,
+        "documents": documents,
+        "sha256": digest.hexdigest(),
+    }
+
+
+def _finish(
+    recipe: Recipe, tokenizer: PreTrainedTokenizerFast, fingerprint: str, data_dir: Path, log: Callable[[str], None]
+) -> dict[str, Any]:
+    """Every source's files with sizes and checksums (source.json, meta.json); meta.json last."""
+    d = recipe.data
+    dtype = token_dtype(len(tokenizer))
+    saved_hash = tokenizer_hash(tokenizer)
+    sources, totals = [], {split: {"tokens": 0, "documents": 0, "shards": []} for split in SPLITS}
+    for index, source in enumerate(d.sources):
+        name = source_folder_name(index, source)
+        folder = data_dir / SOURCES_DIR / name
+        splits = {}
+        for split in SPLITS:
+            files = [_file_entry(data_dir, p, dtype.itemsize) for p in sorted((folder / split).glob("*.ds"))]
+            splits[split] = {
+                "tokens": sum(f["tokens"] for f in files),
+                "documents": sum(f["documents"] for f in files),
+                "files": files,
+            }
+            totals[split]["tokens"] += splits[split]["tokens"]
+            totals[split]["documents"] += splits[split]["documents"]
+            totals[split]["shards"] += [f | {"source": name} for f in files]
+        record = {"name": name, "folder": f"{SOURCES_DIR}/{name}", "tokenizer_hash": saved_hash, "splits": splits}
+        write_json_atomically(folder / SOURCE_FILE, record)
+        sources.append(record | {"config": dataclasses.asdict(source)})
+    if totals["validation"]["tokens"] == 0:
+        raise DataMismatchError(
+            f"{data_dir}: no validation tokens: every val_every={d.val_every}th document of each task is held out and "
+            f"the {totals['train']['documents']:,} documents read"
+            + (f" (max_tokens={d.max_tokens:,} stopped the reading)" if d.max_tokens else "")
+            + " include none; lower val_every"
+            + (" or raise max_tokens" if d.max_tokens else "")
+        )
+    meta = {
+        "format_version": FORMAT_VERSION,
+        "created_by": f"hf-pretrain {_package_version()} (datatrove)",
+        "created_at": datetime.now(UTC).isoformat(timespec="seconds"),
+        "data_fingerprint": fingerprint,
+        "tokenizer_hash": saved_hash,
+        "vocab_size": len(tokenizer),
+        "dtype": dtype.name,
+        "eos_id": tokenizer.eos_token_id,
+        "eos": EOS_POLICY,
+        "seed": recipe.train.seed,
+        "val_every": d.val_every,
+        "max_tokens": d.max_tokens,
+        "splits": totals,
+        "sources": sources,
+    }
+    write_json_atomically(data_dir / META_FILE, meta)
+    (data_dir / PROGRESS_FILE).unlink(missing_ok=True)
+    return meta

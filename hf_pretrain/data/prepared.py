@@ -1,0 +1,250 @@
+"""A prepared data folder: its layout, its meta.json, and the checks that tie it to a recipe.
+
+Layout of data_dir (format 2):
+    tokenizer/                          save_pretrained of the tokenizer
+    sources/<name>/train/00000.ds ...   datatrove token files: raw ids (uint16 or uint32, no header), EOS
+    sources/<name>/train/00000.ds.index   after every document; .ds.index: the document ends (uint64)
+    sources/<name>/validation/...       the source's held-out documents, the same way
+    sources/<name>/source.json          the source's files, sizes, checksums and tokenizer hash
+    logs/<name>/                        datatrove's record of the finished tasks (a rerun skips them)
+    meta.json                           written last; its presence means "complete"
+
+Each source keeps its own folder, so the mixture is drawn when training (mixing.py) and a new one
+needs no re-tokenization. Format 1 (flat `train_00000.bin` shards of one mixed stream) is refused
+with the command that prepares the data again.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from hf_pretrain.config import Recipe, SourceConfig
+from hf_pretrain.data.tokenizer import TOKENIZER_DIR, TokenizerUnreadable, load_tokenizer, tokenizer_hash
+from hf_pretrain.data.verify import ShardCorruptError, verify_shards
+
+FORMAT_VERSION = 2
+META_FILE = "meta.json"
+SOURCE_FILE = "source.json"
+SOURCES_DIR = "sources"
+LOGS_DIR = "logs"
+EOS_POLICY = "appended after every document"
+SPLITS = ("train", "validation")
+
+
+class DataMismatchError(RuntimeError):
+    """Prepared data that is missing, incomplete, or does not belong to the recipe at hand."""
+
+
+def token_dtype(vocab_len: int) -> np.dtype:
+    return np.dtype(np.uint16 if vocab_len <= np.iinfo(np.uint16).max + 1 else np.uint32)
+
+
+def write_json_atomically(path: Path, payload: dict[str, Any]) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(payload, indent=2) + "\n")
+    os.replace(tmp, path)
+
+
+def source_folder_name(index: int, source: SourceConfig) -> str:
+    """`00-python-docs`, `01-fineweb-edu`, `02-corpus`: the order in the recipe and a readable name (a
+    files source: its first path's file name, or its folder's where that is a glob)."""
+    name = source.name
+    if source.kind == "files":
+        first = Path(source.paths[0]) if source.paths else Path("files")
+        name = first.stem if not set("*?[") & set(first.stem) else first.parent.name
+    slug = re.sub(r"[^A-Za-z0-9]+", "-", name.split("/")[-1]).strip("-").lower() or "source"
+    return f"{index:02d}-{slug}"
+
+
+def data_fingerprint(recipe: Recipe) -> str:
+    """Hash of every setting that changes the bytes `prepare` writes (not where, not how it is run,
+    not the mixture's weights: those are applied when training)."""
+    d = recipe.data
+    unshaping = {"weight", "decay_weight"}
+    shaping = {
+        "format_version": FORMAT_VERSION,
+        "sources": [
+            {k: v for k, v in dataclasses.asdict(s).items() if k not in unshaping} | {"tasks": tasks}
+            for s, tasks in zip(d.sources, source_task_counts(recipe), strict=True)
+        ],
+        "tokenizer": d.tokenizer,
+        "vocab_size": d.vocab_size,
+        "special_tokens": d.special_tokens,
+        "tokenizer_train_documents": d.tokenizer_train_documents,
+        "max_tokens": d.max_tokens,
+        "val_every": d.val_every,
+        "seed": recipe.train.seed,
+    }
+    return hashlib.sha256(json.dumps(shaping, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def source_task_counts(recipe: Recipe) -> list[int]:
+    from hf_pretrain.data.pipeline import source_tasks  # datatrove is imported only by what runs it
+
+    return [source_tasks(s) for s in recipe.data.sources]
+
+
+def prepare_hint(recipe_name: str | None) -> str:
+    return f"run `hf-pretrain prepare --recipe {recipe_name or 'NAME'}`"
+
+
+# ---------------------------------------------------------------------- reading
+def read_meta(data_dir: str | Path, recipe_name: str | None = None) -> dict[str, Any]:
+    path = Path(data_dir) / META_FILE
+    if not path.is_file():
+        raise DataMismatchError(
+            f"{path} not found: the data is not prepared (or preparing did not finish); {prepare_hint(recipe_name)}"
+        )
+    return json.loads(path.read_text())
+
+
+def data_identity(data_dir: str | Path) -> dict[str, Any] | None:
+    """What a checkpoint records of the data it trained on, to know it again: the tokenizer's hash, the
+    vocabulary size, and a hash of the training files' own SHA-256s, every source's (the tokens
+    themselves, whatever settings made them). None when the folder is not prepared (the preflight says so)."""
+    try:
+        meta = read_meta(data_dir)
+        files = "".join(entry["sha256"] for source in meta["sources"] for entry in source["splits"]["train"]["files"])
+        return {
+            "data_dir": str(data_dir),
+            "tokenizer_hash": meta["tokenizer_hash"],
+            "vocab_size": meta["vocab_size"],
+            "train_tokens_sha256": hashlib.sha256(files.encode()).hexdigest(),
+        }
+    except (DataMismatchError, OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def source_paths(data_dir: str | Path, meta: dict[str, Any], split: str) -> list[list[Path]]:
+    """Per source, its token files of `split`, each checked to hold exactly the tokens meta.json lists."""
+    itemsize = np.dtype(meta["dtype"]).itemsize
+    out = []
+    for source in meta["sources"]:
+        paths = []
+        for entry in source["splits"][split]["files"]:
+            path = Path(data_dir) / entry["file"]
+            size = path.stat().st_size if path.is_file() else None
+            if size != entry["tokens"] * itemsize:
+                raise DataMismatchError(
+                    f"{path}: size expected {entry['tokens'] * itemsize} bytes "
+                    f"({entry['tokens']} {meta['dtype']} tokens per {META_FILE}), found {size}"
+                )
+            paths.append(path)
+        out.append(paths)
+    return out
+
+
+def shard_paths(data_dir: str | Path, meta: dict[str, Any], split: str) -> list[Path]:
+    """Every token file of `split`, the sources one after the other (validation reads them so)."""
+    return [path for paths in source_paths(data_dir, meta, split) for path in paths]
+
+
+# ---------------------------------------------------------------------- checking
+def check_prepared_data(recipe: Recipe, verify: str = "recorded", progress: bool = False) -> dict[str, Any]:
+    """meta.json of the recipe's data_dir, after checking it fits the recipe and the saved tokenizer.
+
+    `verify` checks the token files' bytes (SHA-256, token ids below the vocabulary): `recorded`
+    trusts a verification recorded beside the data that still matches the files, `full` hashes
+    every file again, `none` only checks sizes.
+    """
+    data_dir = Path(recipe.data.data_dir)
+    meta_file = data_dir / META_FILE
+    meta = read_meta(data_dir, recipe.name)
+    hint = prepare_hint(recipe.name)
+
+    def mismatch(field: str, expected: Any, found: Any, why: str) -> DataMismatchError:
+        return DataMismatchError(f"{meta_file}: {field} expected {expected}, found {found} ({why}); {hint}")
+
+    if meta.get("format_version") != FORMAT_VERSION:
+        raise DataMismatchError(
+            f"{meta_file}: format_version expected {FORMAT_VERSION}, found {meta.get('format_version')} (written by "
+            f"another version of hf-pretrain: format 1 is one mixed stream of flat shards, format 2 a datatrove "
+            f"folder per source, mixed when training); delete {data_dir} (or set data_dir to a new folder) and {hint}"
+        )
+    try:
+        tokenizer = load_tokenizer(data_dir)
+    except FileNotFoundError as exc:
+        raise DataMismatchError(f"{exc}; {hint}") from exc
+    except TokenizerUnreadable as exc:  # its message names the file and the fix
+        raise DataMismatchError(str(exc)) from exc
+    saved_hash = tokenizer_hash(tokenizer)
+    if saved_hash != meta.get("tokenizer_hash"):
+        raise mismatch(
+            "tokenizer_hash",
+            saved_hash,
+            meta.get("tokenizer_hash"),
+            f"expected is the hash of the tokenizer in {data_dir / TOKENIZER_DIR}; the token files were "
+            f"made with another one",
+        )
+    expected_vocab = recipe.data.vocab_size + len(recipe.data.special_tokens)
+    if meta.get("vocab_size") != expected_vocab:
+        raise mismatch(
+            "vocab_size",
+            expected_vocab,
+            meta.get("vocab_size"),
+            f"the recipe's vocab_size {recipe.data.vocab_size} + {len(recipe.data.special_tokens)} special tokens",
+        )
+    if meta.get("dtype") != token_dtype(expected_vocab).name:
+        raise mismatch("dtype", token_dtype(expected_vocab).name, meta.get("dtype"), "token ids must fit the dtype")
+    train_needed = recipe.train.global_batch_tokens + 1
+    if meta["splits"]["train"]["tokens"] < train_needed:
+        raise mismatch(
+            "splits.train.tokens",
+            f"at least {train_needed}",
+            meta["splits"]["train"]["tokens"],
+            "one global batch of global_batch_tokens plus the shifted target; add documents, raise "
+            "max_tokens or lower global_batch_tokens",
+        )
+    val_needed = recipe.data.seq_len + 1
+    if meta["splits"]["validation"]["tokens"] < val_needed:
+        raise mismatch(
+            "splits.validation.tokens",
+            f"at least {val_needed}",
+            meta["splits"]["validation"]["tokens"],
+            "one sample of seq_len + 1 tokens; lower val_every or add documents",
+        )
+    _check_sources(recipe, meta, saved_hash)
+    for split in SPLITS:
+        source_paths(data_dir, meta, split)
+    if verify != "none":
+        try:
+            verify_shards(data_dir, meta, trust_recorded=verify == "recorded", progress=progress)
+        except ShardCorruptError as exc:
+            raise DataMismatchError(str(exc)) from None
+    return meta
+
+
+def _check_sources(recipe: Recipe, meta: dict[str, Any], saved_hash: str) -> None:
+    """The recipe's sources are the prepared ones, in order; each folder was made with this tokenizer,
+    and holds at least one training sample (the mixture draws from every source)."""
+    data_dir, hint = Path(recipe.data.data_dir), prepare_hint(recipe.name)
+    prepared = [s["name"] for s in meta["sources"]]
+    wanted = [source_folder_name(i, s) for i, s in enumerate(recipe.data.sources)]
+    if prepared != wanted:
+        raise DataMismatchError(
+            f"{data_dir / META_FILE}: sources expected {wanted} (the recipe's), found {prepared}; {hint}"
+        )
+    for source in meta["sources"]:
+        folder = data_dir / source["folder"]
+        record = folder / SOURCE_FILE
+        found = json.loads(record.read_text()).get("tokenizer_hash") if record.is_file() else None
+        if found != saved_hash:
+            raise DataMismatchError(
+                f"{folder}: tokenized with another tokenizer (hash {str(found)[:12]}..., the data's tokenizer is "
+                f"{saved_hash[:12]}...): its token ids mean other strings; {hint} (or put back the folder that "
+                f"belongs to {data_dir / TOKENIZER_DIR})"
+            )
+        if source["splits"]["train"]["tokens"] < recipe.data.seq_len + 1:
+            raise DataMismatchError(
+                f"{folder}: {source['splits']['train']['tokens']:,} training tokens, fewer than one sample of "
+                f"seq_len + 1 = {recipe.data.seq_len + 1}: the mixture cannot draw from it; add documents or "
+                f"leave the source out"
+            )
