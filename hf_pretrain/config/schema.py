@@ -256,6 +256,14 @@ class TrainConfig:
         "head and loss run uncompiled",
     )
     gradient_checkpointing: bool = key(False, "recompute activations in the backward pass to save memory")
+    # Selective checkpointing: a card a few GB short recomputes a few layers, not all of them.
+    checkpointed_layers: int = key(
+        -1,
+        "decoder layers that recompute their activations in the backward pass (0 = none, "
+        "num_hidden_layers = all); -1: all when gradient_checkpointing is true, else none",
+        math=False,
+        ge=-1,
+    )
     liger: bool = key(False, "Liger kernels (RMSNorm, SwiGLU, RoPE, fused linear cross entropy); CUDA only")
     resume: str = key(
         "auto", "`auto` (newest good checkpoint in output_dir, if any), `none`, or a checkpoint folder", math=False
@@ -409,6 +417,14 @@ class Recipe:
 
     # ------------------------------------------------------------------ derived values
     @property
+    def checkpointed_layer_count(self) -> int:
+        """How many decoder layers recompute their activations: `checkpointed_layers`, or, left at -1,
+        all of them with gradient_checkpointing and none without."""
+        if self.train.checkpointed_layers >= 0:
+            return self.train.checkpointed_layers
+        return self.model.num_hidden_layers if self.train.gradient_checkpointing else 0
+
+    @property
     def tokens_per_micro_batch(self) -> int:
         return self.train.micro_batch_size * self.data.seq_len
 
@@ -478,6 +494,11 @@ class Recipe:
         for phase, end in t.phases.items():  # past max_steps is fine: a shortened run drops them (`notes`)
             if end <= 0:
                 raise RecipeError(f"phases.{phase}={end} must be a step, 1 or more")
+        if t.checkpointed_layers > m.num_hidden_layers:
+            raise RecipeError(
+                f"checkpointed_layers={t.checkpointed_layers} exceeds num_hidden_layers={m.num_hidden_layers}: "
+                f"set --checkpointed_layers {m.num_hidden_layers} (all) or fewer"
+            )
         if t.compile_regions and not t.compile:
             raise RecipeError("compile_regions=true needs compile=true (it says how to compile, not whether)")
         check_trackers(t.report_to)
