@@ -7,8 +7,10 @@ import sys
 
 from hf_pretrain.config import parse_recipe_args
 from hf_pretrain.data import DataMismatchError, prepare
+from hf_pretrain.data.prepare_folder import PrepareLocked
 from hf_pretrain.data.sources import SourceError
 from hf_pretrain.data.tokenizer import TokenizerError
+from hf_pretrain.exit_codes import EXIT_LOCKED
 
 
 def _flags(parser: argparse.ArgumentParser) -> None:
@@ -29,6 +31,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     try:
         data_dir = prepare(recipe, dry_run=args.dry_run)
+    except PrepareLocked as exc:  # nothing was touched: the other prepare goes on
+        print(f"hf-pretrain prepare: {exc}", file=sys.stderr)
+        return EXIT_LOCKED
     except (SourceError, DataMismatchError, TokenizerError) as exc:  # bad input: say what and where, no traceback
         print(f"hf-pretrain prepare: {exc}", file=sys.stderr)
         return 1
