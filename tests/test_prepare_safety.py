@@ -171,3 +171,127 @@ def test_a_killed_prepare_with_a_pool_of_workers_leaves_no_process_behind(big_co
     process.kill()
     process.wait()
     assert left_running(process.pid, str(data_dir)) == [], "a worker of the killed prepare outlived it"
+
+
+# ---------------------------------------------------------------------- 3. text that is not a string
+def prepare_cli(data_dir: Path, sources: list[dict], *extra: str) -> subprocess.CompletedProcess:
+    args = ["--sources", json.dumps(sources), "--data_dir", str(data_dir)]
+    args += [item for key, value in SETTINGS.items() for item in (f"--{key}", str(value))]
+    return subprocess.run(
+        [sys.executable, "-m", "hf_pretrain.cli", "prepare", *args, *extra],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+NOT_TEXT = [
+    ({"text": ["first half.", "second half."]}, r"`text` holds a list \(\[\"first half\.\", \"second half\.\"\]\)"),
+    ({"text": 42}, r"`text` holds a number \(42\)"),
+    ({"text": {"body": "x"}}, r"`text` holds an object"),
+    ("a bare string line", r"is a string, not a JSON object with a `text` key"),
+]
+
+
+@pytest.mark.parametrize("tokenizer", ["train", "fixed"])
+@pytest.mark.parametrize(("row", "said"), NOT_TEXT, ids=["list", "int", "dict", "bare-string"])
+def test_a_text_that_is_not_a_string_is_refused_naming_file_line_and_type_on_every_path(
+    tmp_path, row, said, tokenizer
+) -> None:
+    corpus = write_jsonl(tmp_path / "a.jsonl", documents=30)
+    with corpus.open("a") as f:
+        f.write(json.dumps(row) + "\n")
+    extra: list[str] = []
+    if tokenizer == "fixed":  # init_from's path: no fit, the documents meet datatrove first
+        tokenizer_ = train_tokenizer([_document(random.Random(1)) for _ in range(200)], VOCAB, [])
+        save_tokenizer(tokenizer_, tmp_path / "t")
+        extra = ["--tokenizer", str(tmp_path / "t" / "tokenizer"), "--vocab_size", str(len(tokenizer_))]
+    result = prepare_cli(tmp_path / "dd", [{"kind": "files", "paths": [str(corpus)]}], *extra)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "Traceback" not in result.stderr and len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert "a.jsonl:31" in result.stderr
+    assert __import__("re").search(said, result.stderr), result.stderr
+
+
+# ---------------------------------------------------------------------- 5. messages, not tracebacks
+def test_a_gzipped_jsonl_is_read_as_its_plain_twin_and_a_zstd_one_is_named(tmp_path) -> None:
+    import gzip
+
+    plain = write_jsonl(tmp_path / "plain" / "a.jsonl", documents=200)
+    packed = tmp_path / "packed" / "a.jsonl.gz"
+    packed.parent.mkdir()
+    packed.write_bytes(gzip.compress(plain.read_bytes()))
+    prepare(files_recipe(tmp_path / "p1", str(plain)), log=quiet)
+    prepare(files_recipe(tmp_path / "p2", str(packed)), log=quiet)
+    one, two = read_meta(tmp_path / "p1"), read_meta(tmp_path / "p2")
+    assert one["splits"] == two["splits"], "the gzipped file gave other tokens"
+    misnamed = tmp_path / "misnamed" / "b.jsonl"
+    misnamed.parent.mkdir()
+    misnamed.write_bytes(packed.read_bytes())
+    with pytest.raises(SourceError, match=r"b\.jsonl: the file is gzip-compressed.*b\.jsonl\.gz`") as e:
+        prepare(files_recipe(tmp_path / "p3", str(misnamed)), log=quiet)
+    assert "iconv" not in str(e.value)
+    zst = tmp_path / "z" / "c.jsonl.zst"
+    zst.parent.mkdir()
+    zst.write_bytes(b"\x28\xb5\x2f\xfd" + b"\0" * 16)
+    try:
+        import zstandard  # noqa: F401
+    except ImportError:
+        with pytest.raises(SourceError, match=r"c\.jsonl\.zst is zstd-compressed: `pip install zstandard`"):
+            prepare(files_recipe(tmp_path / "p4", str(zst)), log=quiet)
+
+
+def test_a_full_disk_while_tokenizing_is_one_line_with_the_free_space_and_the_rerun_goes_on(
+    tmp_path, monkeypatch, capsys
+) -> None:
+    import errno
+
+    from datatrove.pipeline.tokens.tokenizer import TokenizedFile
+
+    from hf_pretrain.data.prepare_command import main
+
+    corpus = write_jsonl(tmp_path / "a.jsonl", documents=300)
+    data_dir = tmp_path / "dd"
+    args = ["--sources", json.dumps([{"kind": "files", "paths": [str(corpus)]}]), "--data_dir", str(data_dir)]
+    args += [item for key, value in SETTINGS.items() for item in (f"--{key}", str(value))]
+
+    def disk_full(self, *args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device", str(data_dir / "sources"))
+
+    with monkeypatch.context() as patch:
+        patch.setattr(TokenizedFile, "write_bytes", disk_full)
+        assert main(args) == 74
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "the disk is full (" in err[0] and " free on " in err[0], err
+    assert main(args) == 0
+    assert read_meta(data_dir)["splits"]["train"]["tokens"] > 0
+
+
+def test_a_decay_only_source_is_prepared_and_drawn_from_the_decay_on(tmp_path) -> None:
+    from hf_pretrain.data.loader import build_mixture
+    from hf_pretrain.preflight.data import check_prepared
+
+    main_corpus = write_jsonl(tmp_path / "main.jsonl", documents=300, seed=1)
+    best = write_jsonl(tmp_path / "best.jsonl", documents=300, seed=2)
+    sources = [
+        {"kind": "files", "paths": [str(main_corpus)], "weight": 1.0},
+        {"kind": "files", "paths": [str(best)], "weight": 0, "decay_weight": 1.0},
+    ]
+    result = prepare_cli(tmp_path / "dd", sources)
+    assert result.returncode == 0, result.stderr
+    recipe = build_recipe({"data": {"sources": sources}}, {**SETTINGS, "data_dir": str(tmp_path / "dd")})
+    assert check_prepared(recipe).status in ("pass", "warn")
+    meta = read_meta(tmp_path / "dd")
+    assert [s["splits"]["train"]["tokens"] > 0 for s in meta["sources"]] == [True, True]
+    mixture = build_mixture(recipe, [100, 100], decay_position=64)
+    drawn = [mixture(p)[0] for p in range(128)]
+    assert set(drawn[:64]) == {0} and drawn[64:].count(1) == 32  # decay: 1 and 1
+
+
+def test_a_source_of_weight_0_without_decay_weight_is_refused_saying_how_to_write_one(tmp_path) -> None:
+    from hf_pretrain.config import RecipeError
+
+    sources = [{"kind": "files", "paths": ["a.jsonl"]}, {"kind": "files", "paths": ["b.jsonl"], "weight": 0}]
+    with pytest.raises(RecipeError, match=r"sources\[1\] has weight 0 and no decay_weight.*decay-only source"):
+        build_recipe({"data": {"sources": sources}}, {**SETTINGS, "data_dir": str(tmp_path / "dd")})

@@ -27,7 +27,7 @@ from datatrove.pipeline.tokens.tokenizer import DocumentTokenizer, TokenizedFile
 
 from hf_pretrain.config import DataConfig, SourceConfig
 from hf_pretrain.data import sources
-from hf_pretrain.data.sources import BUILTIN_CORPORA, SourceError, expand_globs, file_documents
+from hf_pretrain.data.sources import BUILTIN_CORPORA, SourceError, expand_globs, file_documents, require_text
 from hf_pretrain.data.tokenizer import EOS_TOKEN, PIECE_CHARS, split_long_text
 from hf_pretrain.processes import die_with_parent
 
@@ -117,7 +117,8 @@ class TextColumn:
                 f"{', '.join(sorted(data))}. Some code corpora carry only blob ids that point to files "
                 f"stored elsewhere, not the text itself: choose a dataset (or set `column`) that holds the text"
             )
-        return {"text": data[self.column], "id": f"{path}/{id_in_file}", "metadata": {}}
+        text = require_text(data[self.column], f"hub dataset `{self.dataset}` ({path}, row {id_in_file})", self.column)
+        return {"text": text, "id": f"{path}/{id_in_file}", "metadata": {}}
 
 
 def reader_for(source: SourceConfig, tasks: int) -> PipelineStep:

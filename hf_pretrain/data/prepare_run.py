@@ -12,8 +12,11 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import math
+import os
+import sys
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from importlib import metadata
@@ -58,6 +61,7 @@ from hf_pretrain.data.sources import SourceError, expand_globs, mixture
 from hf_pretrain.data.tokenizer import (
     PIECE_CHARS,
     TOKENIZER_DIR,
+    TokenizerError,
     load_pretrained_tokenizer,
     load_tokenizer,
     save_tokenizer,
@@ -93,13 +97,15 @@ def prepare(
     recipe: Recipe,
     log: Callable[[str], None] = print,
     dry_run: bool = False,
+    verbose: bool = False,
 ) -> Path:
     """Tokenizer, one token folder per source and meta.json in `recipe.data.data_dir`; returns it.
 
     A finished folder for the same data settings is left alone; an interrupted one goes on with
     the tasks not yet done, and ends with the same bytes as an uninterrupted run. With a Slurm
     executor the job is submitted and `prepare` returns; running it again when the job is done
-    writes meta.json (`dry_run`: print the job script instead of submitting it).
+    writes meta.json (`dry_run`: print the job script instead of submitting it). datatrove's own log
+    goes to `logs/<source>/` only, unless `verbose`.
     """
     d = recipe.data
     data_dir = Path(d.data_dir)
@@ -117,7 +123,7 @@ def prepare(
     lock = PrepareLock(data_dir)
     lock.acquire()
     try:
-        return _prepare_locked(recipe, data_dir, settings, fingerprint, log, dry_run)
+        return _prepare_locked(recipe, data_dir, settings, fingerprint, log, dry_run, verbose)
     finally:
         lock.release()
 
@@ -129,6 +135,7 @@ def _prepare_locked(
     fingerprint: str,
     log: Callable[[str], None],
     dry_run: bool,
+    verbose: bool,
 ) -> Path:
     from hf_pretrain.data.pipeline import ExecutorOptions, SplitTokenizer, build_executor, reader_for, source_tasks
 
@@ -158,7 +165,8 @@ def _prepare_locked(
         started = time.perf_counter()
         if todo:
             log(f"{name}: {len(todo)} of {tasks} task(s) to run ({options.kind})")
-            executor.run()
+            with datatrove_output(logs / OUTPUT_LOG, verbose, log):
+                executor.run()
         seconds = time.perf_counter() - started
         if executor.get_incomplete_ranks():  # submitted to a cluster, or failed there
             pending.append(name)
@@ -186,6 +194,40 @@ def _prepare_locked(
         # The data is still valid; the recipe's batch shape is what does not fit. Training says so again.
         log(f"warning: {exc}")
     return data_dir
+
+
+OUTPUT_LOG = "output.log"  # in logs/<source>/: what datatrove printed (its INFO lines, stats, tracebacks)
+
+
+@contextmanager
+def datatrove_output(path: Path, verbose: bool, log: Callable[[str], None]) -> Iterator[None]:
+    """datatrove's screen output (loguru's INFO lines, each task's stats, tracebacks), from this process
+    and the workers it starts, into `path` rather than onto the screen, unless `verbose`; a failure that is
+    not a message of ours names the file."""
+    if verbose:
+        yield
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    sys.stderr.flush()
+    screen, stderr = os.dup(2), sys.stderr
+    try:
+        with path.open("a") as out:
+            # both: the descriptor for the workers and native code, the object for loguru's sink here
+            os.dup2(out.fileno(), 2)
+            sys.stderr = out
+            try:
+                yield
+            finally:
+                out.flush()
+                sys.stderr = stderr
+                os.dup2(screen, 2)
+    except (SourceError, DataMismatchError, TokenizerError):
+        raise  # one line that says what and where
+    except Exception:
+        log(f"the tokenizing failed; datatrove's log: {path}")
+        raise
+    finally:
+        os.close(screen)
 
 
 def _print_job_script(executor: Any, log: Callable[[str], None]) -> None:

@@ -63,6 +63,7 @@ def source_folder_name(index: int, source: SourceConfig) -> str:
     name = source.name
     if source.kind == "files":
         first = Path(source.paths[0]) if source.paths else Path("files")
+        first = first.with_suffix("") if first.suffix in (".gz", ".zst") else first  # a.jsonl.gz: `a`
         name = first.stem if not set("*?[") & set(first.stem) else first.parent.name
     slug = re.sub(r"[^A-Za-z0-9]+", "-", name.split("/")[-1]).strip("-").lower() or "source"
     return f"{index:02d}-{slug}"
