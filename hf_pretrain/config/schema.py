@@ -478,11 +478,9 @@ class Recipe:
             raise RecipeError(
                 f"num_attention_heads={m.num_attention_heads} must be divisible by num_key_value_heads={m.num_key_value_heads}"
             )
-        if m.init_from and d.tokenizer == "train":
-            raise RecipeError(
-                f"init_from={m.init_from} needs the data tokenized with its own tokenizer, not a fitted BPE: "
-                f"set tokenizer to {m.init_from} (and prepare into a data_dir of its own)"
-            )
+        # init_from with `tokenizer: train` is judged on the tokenizers themselves: data an export's own run
+        # trained on carries that export's tokenizer (the data check compares their hashes); `prepare`
+        # refuses to fit a new BPE for an init_from run.
         if m.init_from and d.special_tokens:
             raise RecipeError(
                 f"special_tokens {d.special_tokens} with init_from: the base model's embedding has no rows "

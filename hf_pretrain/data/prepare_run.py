@@ -109,6 +109,12 @@ def prepare(
     """
     d = recipe.data
     data_dir = Path(d.data_dir)
+    if recipe.model.init_from and d.tokenizer == "train" and not (data_dir / META_FILE).is_file():
+        raise DataMismatchError(
+            f"init_from={recipe.model.init_from} needs the data tokenized with its own tokenizer, not a newly "
+            f"fitted BPE: set tokenizer to {recipe.model.init_from} (or data_dir to the data its own run was "
+            f"prepared into, already carrying its tokenizer)"
+        )
     # Inputs first, before anything in data_dir is touched.
     _check_sources_exist(recipe)
     check_inputs_outside_outputs(recipe)
