@@ -202,11 +202,22 @@ def test_a_folder_that_is_not_a_llama_is_refused(base, tmp_path):
     assert result.status == "fail" and "has no config.json" in result.reason
 
 
-def test_init_from_needs_the_base_models_tokenizer():
-    with pytest.raises(RecipeError, match="set tokenizer to org/base"):
-        load_recipe("smoke", {"init_from": "org/base"})
+def test_init_from_needs_the_base_models_tokenizer(tmp_path):
+    from hf_pretrain.data import DataMismatchError
+
+    with pytest.raises(DataMismatchError, match="not a newly fitted BPE: set tokenizer to org/base"):
+        prepare(load_recipe("smoke", {"init_from": "org/base", "data_dir": str(tmp_path / "d")}), log=print)
+    assert not (tmp_path / "d").exists()
     with pytest.raises(RecipeError, match="no rows for tokens added"):
         load_recipe("smoke", {"init_from": "org/base", "tokenizer": "org/base", "special_tokens": ["<|x|>"]})
+
+
+def test_init_from_an_export_on_the_data_its_run_trained_on_is_judged_by_the_tokenizers_hash(base):
+    """`tokenizer: train` (the recipe of the run that made the export) with the data that run prepared:
+    the data's tokenizer is byte for byte the export's, so nothing is refused and nothing is tokenized again."""
+    recipe = recipe_for(base, tokenizer="train")  # Recipe.validate used to refuse this
+    (result,) = check_init_from(recipe)
+    assert result.status == "pass", result
 
 
 def test_a_local_folder_never_goes_through_the_hub(base, monkeypatch):

@@ -143,13 +143,33 @@ def big_corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
+def left_running(session: int, text: str, grace_s: float = 10.0) -> list[str]:
+    """The processes still alive (not zombies) in process group `session` or whose command line holds
+    `text`, after up to `grace_s` for the kernel to end them."""
+    deadline, found = time.time() + grace_s, []
+    while True:
+        found = []
+        for stat_file in Path("/proc").glob("[0-9]*/stat"):
+            try:
+                fields = stat_file.read_text().rsplit(")", 1)[1].split()
+                cmdline = (stat_file.parent / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            except OSError:
+                continue
+            state, pgid = fields[0], int(fields[2])
+            if state != "Z" and int(stat_file.parent.name) != os.getpid() and (pgid == session or text in cmdline):
+                found.append(f"{stat_file.parent.name} {cmdline[:200]}")
+        if not found or time.time() > deadline:
+            return found
+        time.sleep(0.2)
+
+
 def test_a_kill_during_prepare_then_the_same_command_ends_with_identical_files(big_corpus, tmp_path) -> None:
     args = ["--tokenizer_train_documents", "2000"]
     uninterrupted = tmp_path / "uninterrupted"
     first = run_prepare(cli_args(big_corpus, uninterrupted) + args)
     assert first.wait(timeout=300) == 0, first.stdout.read().decode()
     data_dir = tmp_path / "data"
-    process = run_prepare(cli_args(big_corpus, data_dir) + args)
+    process = run_prepare(cli_args(big_corpus, data_dir) + args, start_new_session=True)
     completions = data_dir / "logs" / f"00-{big_corpus.name}" / "completions"
     deadline = time.time() + 120
     while not (completions.is_dir() and any(completions.iterdir())) and process.poll() is None:
@@ -158,6 +178,7 @@ def test_a_kill_during_prepare_then_the_same_command_ends_with_identical_files(b
     process.send_signal(signal.SIGKILL)  # in the second task: the first one is complete
     process.wait()
     assert not (data_dir / "meta.json").exists(), "killed too late: the run had finished"
+    assert left_running(process.pid, str(data_dir)) == [], "a process of the killed prepare outlived it"
     done_before = len(list(completions.iterdir()))
     assert 1 <= done_before < 3
     rerun = run_prepare(cli_args(big_corpus, data_dir) + args)

@@ -112,7 +112,10 @@ class SourceConfig:
         factory=list, help="local files (globs) of .txt, .jsonl or .parquet; a txt file is one document"
     )
     weight: float = key(
-        1.0, "relative share of this source in the training batches (normalised over all sources; no re-prepare)", gt=0
+        1.0,
+        "relative share of this source in the training batches (normalised over all sources; no re-prepare); "
+        "0 with a decay_weight: a decay-only source, drawn from the decay on",
+        ge=0,
     )
     decay_weight: float | None = key(
         None,
@@ -475,11 +478,9 @@ class Recipe:
             raise RecipeError(
                 f"num_attention_heads={m.num_attention_heads} must be divisible by num_key_value_heads={m.num_key_value_heads}"
             )
-        if m.init_from and d.tokenizer == "train":
-            raise RecipeError(
-                f"init_from={m.init_from} needs the data tokenized with its own tokenizer, not a fitted BPE: "
-                f"set tokenizer to {m.init_from} (and prepare into a data_dir of its own)"
-            )
+        # init_from with `tokenizer: train` is judged on the tokenizers themselves: data an export's own run
+        # trained on carries that export's tokenizer (the data check compares their hashes); `prepare`
+        # refuses to fit a new BPE for an init_from run.
         if m.init_from and d.special_tokens:
             raise RecipeError(
                 f"special_tokens {d.special_tokens} with init_from: the base model's embedding has no rows "
@@ -513,6 +514,13 @@ class Recipe:
                 raise RecipeError(f"sources[{i}] has kind `files` but no `paths`")
             if s.kind in ("builtin", "hub") and not s.name:
                 raise RecipeError(f"sources[{i}] has kind `{s.kind}` but no `name`")
+            if s.weight == 0 and s.decay_weight is None:
+                raise RecipeError(
+                    f"sources[{i}] has weight 0 and no decay_weight: it would never be drawn; give it a weight, "
+                    f"or a decay_weight to draw it from the decay on (a decay-only source), or leave it out"
+                )
+        if not any(s.weight for s in d.sources):
+            raise RecipeError("every source has weight 0: at least one must be drawn from the first step")
         # Fails early when the batch cannot be split into whole micro-batches on one process.
         self.grad_accum_steps(1)
 

@@ -11,6 +11,7 @@ killed halfway is run again from its start, and its files are written again from
 from __future__ import annotations
 
 import os
+import signal
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -26,8 +27,9 @@ from datatrove.pipeline.tokens.tokenizer import DocumentTokenizer, TokenizedFile
 
 from hf_pretrain.config import DataConfig, SourceConfig
 from hf_pretrain.data import sources
-from hf_pretrain.data.sources import BUILTIN_CORPORA, SourceError, expand_globs, file_documents
+from hf_pretrain.data.sources import BUILTIN_CORPORA, SourceError, expand_globs, file_documents, require_text
 from hf_pretrain.data.tokenizer import EOS_TOKEN, PIECE_CHARS, split_long_text
+from hf_pretrain.processes import die_with_parent
 
 SPLITS = ("train", "validation")
 # Documents per call into Rust, and at most this many characters: large enough to amortise the
@@ -115,7 +117,8 @@ class TextColumn:
                 f"{', '.join(sorted(data))}. Some code corpora carry only blob ids that point to files "
                 f"stored elsewhere, not the text itself: choose a dataset (or set `column`) that holds the text"
             )
-        return {"text": data[self.column], "id": f"{path}/{id_in_file}", "metadata": {}}
+        text = require_text(data[self.column], f"hub dataset `{self.dataset}` ({path}, row {id_in_file})", self.column)
+        return {"text": text, "id": f"{path}/{id_in_file}", "metadata": {}}
 
 
 def reader_for(source: SourceConfig, tasks: int) -> PipelineStep:
@@ -157,6 +160,7 @@ class SplitTokenizer(DocumentTokenizer):
         )
         self.folder, self.val_every, self.max_tokens = folder, val_every, max_tokens
         self.eos_token = eos_token
+        self.owner_pid = os.getpid()  # the `prepare` that built the pipeline; a task elsewhere is a worker
 
     @cached_property
     def tokenizer(self):  # datatrove's, plus special tokens as text
@@ -189,6 +193,9 @@ class SplitTokenizer(DocumentTokenizer):
         return out
 
     def run(self, data: DocumentsPipeline, rank: int = 0, world_size: int = 1) -> None:
+        if os.getpid() != self.owner_pid:
+            # a worker (forked by datatrove's forkserver, which exits with `prepare`): ends with its parent
+            die_with_parent(signal.SIGKILL)
         dtype = np.dtype("<u4" if self.token_size == 4 else "<u2")
         files = {
             split: TokenizedFile(f"{self.folder}/{split}", task_file(rank), token_size=dtype.itemsize)
@@ -216,6 +223,23 @@ class SplitTokenizer(DocumentTokenizer):
 
 
 # ---------------------------------------------------------------------- executors
+_forks_armed = False
+
+
+def _children_die_with_this_process() -> None:
+    """Every process forked from this one from now on (datatrove's `multiprocess.Manager`, which holds
+    the folder's lock too) gets SIGKILL when this one ends, however it ends: a killed `prepare` leaves
+    nothing running. (The pool's workers come from a forkserver: SplitTokenizer.run arms them.)"""
+    global _forks_armed
+    if not _forks_armed:
+        os.register_at_fork(after_in_child=_die_with_parent)
+        _forks_armed = True
+
+
+def _die_with_parent() -> None:
+    die_with_parent(signal.SIGKILL)
+
+
 @dataclass
 class ExecutorOptions:
     kind: str = "local"
@@ -244,6 +268,7 @@ def build_executor(
     if options.kind == "local":
         from datatrove.executor import LocalPipelineExecutor
 
+        _children_die_with_this_process()
         workers = min(tasks, options.workers or os.cpu_count() or 1)
         # each task tokenizes on its own core: no Rust thread pool per process fighting the others
         if workers > 1:

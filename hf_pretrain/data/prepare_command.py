@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 import argparse
+import errno
+import shutil
 import sys
+from pathlib import Path
 
 from hf_pretrain.config import parse_recipe_args
 from hf_pretrain.data import DataMismatchError, prepare
+from hf_pretrain.data.prepare_folder import PrepareLocked
 from hf_pretrain.data.sources import SourceError
 from hf_pretrain.data.tokenizer import TokenizerError
+from hf_pretrain.exit_codes import EXIT_LOCKED, EXIT_SAVE_FAILED
+from hf_pretrain.formatting import human_bytes
 
 
 def _flags(parser: argparse.ArgumentParser) -> None:
@@ -17,6 +23,18 @@ def _flags(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="print the job script the executor would submit (slurm) instead of running anything",
     )
+    parser.add_argument(
+        "--verbose",
+        action="store_true",
+        help="show datatrove's own log on the screen too (it always goes to data_dir/logs/<source>/)",
+    )
+
+
+def free_space(folder: Path) -> str:
+    """`12.0 GB free on /data`: the free space of the disk that holds `folder` (or its nearest parent)."""
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    return f"{human_bytes(shutil.disk_usage(folder).free)} free on {folder}"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -28,10 +46,23 @@ def main(argv: list[str] | None = None) -> int:
         extra=_flags,
     )
     try:
-        data_dir = prepare(recipe, dry_run=args.dry_run)
+        data_dir = prepare(recipe, dry_run=args.dry_run, verbose=args.verbose)
+    except PrepareLocked as exc:  # nothing was touched: the other prepare goes on
+        print(f"hf-pretrain prepare: {exc}", file=sys.stderr)
+        return EXIT_LOCKED
     except (SourceError, DataMismatchError, TokenizerError) as exc:  # bad input: say what and where, no traceback
         print(f"hf-pretrain prepare: {exc}", file=sys.stderr)
         return 1
+    except OSError as exc:
+        if exc.errno != errno.ENOSPC:
+            raise
+        where = Path(recipe.data.data_dir)
+        print(
+            f"hf-pretrain prepare: the disk is full ({free_space(where)}) writing {exc.filename or where}: free "
+            f"space there, then run the same command again: it goes on with the tasks not yet done",
+            file=sys.stderr,
+        )
+        return EXIT_SAVE_FAILED
     if not args.dry_run:
         print(f"data in {data_dir}")
     return 0

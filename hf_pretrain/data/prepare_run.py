@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import json
 import math
-import shutil
+import os
+import sys
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from importlib import metadata
@@ -27,6 +28,17 @@ import numpy as np
 from transformers import PreTrainedTokenizerFast
 
 from hf_pretrain.config import Recipe
+from hf_pretrain.data.prepare_folder import (
+    CREATED_NAMES,
+    PROGRESS_FILE,
+    PrepareLock,
+    check_inputs_outside_outputs,
+    check_no_duplicate_sources,
+    discard_or_refuse,
+    read_progress,
+    refuse_foreign,
+    write_progress,
+)
 from hf_pretrain.data.prepared import (
     EOS_POLICY,
     FORMAT_VERSION,
@@ -36,8 +48,10 @@ from hf_pretrain.data.prepared import (
     SOURCES_DIR,
     SPLITS,
     DataMismatchError,
+    check_index,
     check_prepared_data,
     data_fingerprint,
+    data_settings,
     read_meta,
     source_folder_name,
     token_dtype,
@@ -47,6 +61,7 @@ from hf_pretrain.data.sources import SourceError, expand_globs, mixture
 from hf_pretrain.data.tokenizer import (
     PIECE_CHARS,
     TOKENIZER_DIR,
+    TokenizerError,
     load_pretrained_tokenizer,
     load_tokenizer,
     save_tokenizer,
@@ -55,7 +70,6 @@ from hf_pretrain.data.tokenizer import (
     train_tokenizer,
 )
 
-PROGRESS_FILE = "prepare_progress.json"
 HASH_CHUNK_BYTES = 16 * 2**20
 
 
@@ -83,25 +97,60 @@ def prepare(
     recipe: Recipe,
     log: Callable[[str], None] = print,
     dry_run: bool = False,
+    verbose: bool = False,
 ) -> Path:
     """Tokenizer, one token folder per source and meta.json in `recipe.data.data_dir`; returns it.
 
     A finished folder for the same data settings is left alone; an interrupted one goes on with
     the tasks not yet done, and ends with the same bytes as an uninterrupted run. With a Slurm
     executor the job is submitted and `prepare` returns; running it again when the job is done
-    writes meta.json (`dry_run`: print the job script instead of submitting it).
+    writes meta.json (`dry_run`: print the job script instead of submitting it). datatrove's own log
+    goes to `logs/<source>/` only, unless `verbose`.
     """
-    from hf_pretrain.data.pipeline import ExecutorOptions, SplitTokenizer, build_executor, reader_for, source_tasks
-
     d = recipe.data
     data_dir = Path(d.data_dir)
+    if recipe.model.init_from and d.tokenizer == "train" and not (data_dir / META_FILE).is_file():
+        raise DataMismatchError(
+            f"init_from={recipe.model.init_from} needs the data tokenized with its own tokenizer, not a newly "
+            f"fitted BPE: set tokenizer to {recipe.model.init_from} (or data_dir to the data its own run was "
+            f"prepared into, already carrying its tokenizer)"
+        )
+    # Inputs first, before anything in data_dir is touched.
+    _check_sources_exist(recipe)
+    check_inputs_outside_outputs(recipe)
+    check_no_duplicate_sources(recipe)
+    settings = data_settings(recipe)
     fingerprint = data_fingerprint(recipe)
     if (data_dir / META_FILE).is_file():
         _require_same_data_settings(data_dir, fingerprint)
         log(f"{data_dir} is already prepared (delete it to prepare again)")
         return data_dir
-    data_dir.mkdir(parents=True, exist_ok=True)
-    tokenizer = _tokenizer(recipe, data_dir, fingerprint, log)
+    refuse_foreign(data_dir)
+    lock = PrepareLock(data_dir)
+    lock.acquire()
+    try:
+        return _prepare_locked(recipe, data_dir, settings, fingerprint, log, dry_run, verbose)
+    finally:
+        lock.release()
+
+
+def _prepare_locked(
+    recipe: Recipe,
+    data_dir: Path,
+    settings: dict[str, Any],
+    fingerprint: str,
+    log: Callable[[str], None],
+    dry_run: bool,
+    verbose: bool,
+) -> Path:
+    from hf_pretrain.data.pipeline import ExecutorOptions, SplitTokenizer, build_executor, reader_for, source_tasks
+
+    d = recipe.data
+    if (data_dir / META_FILE).is_file():  # another prepare finished it while this one waited to start
+        _require_same_data_settings(data_dir, fingerprint)
+        log(f"{data_dir} is already prepared (delete it to prepare again)")
+        return data_dir
+    tokenizer = _tokenizer(recipe, data_dir, settings, fingerprint, log)
     tokenizer_file = str((data_dir / TOKENIZER_DIR / "tokenizer.json").resolve())
     options = ExecutorOptions.from_recipe(d)
     shares = _token_shares(recipe)
@@ -122,7 +171,8 @@ def prepare(
         started = time.perf_counter()
         if todo:
             log(f"{name}: {len(todo)} of {tasks} task(s) to run ({options.kind})")
-            executor.run()
+            with datatrove_output(logs / OUTPUT_LOG, verbose, log):
+                executor.run()
         seconds = time.perf_counter() - started
         if executor.get_incomplete_ranks():  # submitted to a cluster, or failed there
             pending.append(name)
@@ -150,6 +200,40 @@ def prepare(
         # The data is still valid; the recipe's batch shape is what does not fit. Training says so again.
         log(f"warning: {exc}")
     return data_dir
+
+
+OUTPUT_LOG = "output.log"  # in logs/<source>/: what datatrove printed (its INFO lines, stats, tracebacks)
+
+
+@contextmanager
+def datatrove_output(path: Path, verbose: bool, log: Callable[[str], None]) -> Iterator[None]:
+    """datatrove's screen output (loguru's INFO lines, each task's stats, tracebacks), from this process
+    and the workers it starts, into `path` rather than onto the screen, unless `verbose`; a failure that is
+    not a message of ours names the file."""
+    if verbose:
+        yield
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    sys.stderr.flush()
+    screen, stderr = os.dup(2), sys.stderr
+    try:
+        with path.open("a") as out:
+            # both: the descriptor for the workers and native code, the object for loguru's sink here
+            os.dup2(out.fileno(), 2)
+            sys.stderr = out
+            try:
+                yield
+            finally:
+                out.flush()
+                sys.stderr = stderr
+                os.dup2(screen, 2)
+    except (SourceError, DataMismatchError, TokenizerError):
+        raise  # one line that says what and where
+    except Exception:
+        log(f"the tokenizing failed; datatrove's log: {path}")
+        raise
+    finally:
+        os.close(screen)
 
 
 def _print_job_script(executor: Any, log: Callable[[str], None]) -> None:
@@ -183,26 +267,26 @@ def _count(folder: Path) -> tuple[int, int]:
 
 
 # ---------------------------------------------------------------------- the tokenizer
-def _tokenizer(recipe: Recipe, data_dir: Path, fingerprint: str, log: Callable[[str], None]) -> PreTrainedTokenizerFast:
-    """The tokenizer of an interrupted run with the same settings, or a fresh one (and a clean folder)."""
-    progress_file = data_dir / PROGRESS_FILE
-    if progress_file.is_file():
-        progress = json.loads(progress_file.read_text())
+def _tokenizer(
+    recipe: Recipe, data_dir: Path, settings: dict[str, Any], fingerprint: str, log: Callable[[str], None]
+) -> PreTrainedTokenizerFast:
+    """The tokenizer of an interrupted run with the same settings, or a fresh one, after removing what an
+    interrupted run with other settings created (and only that: prepare_folder.py)."""
+    progress = read_progress(data_dir)
+    if progress and progress.get("data_fingerprint") == fingerprint and progress.get("tokenizer_hash"):
         try:
             tokenizer = load_tokenizer(data_dir)
         except (OSError, ValueError):
             tokenizer = None
-        if (
-            tokenizer is not None
-            and progress.get("data_fingerprint") == fingerprint
-            and tokenizer_hash(tokenizer) == progress.get("tokenizer_hash")
-        ):
+        if tokenizer is not None and tokenizer_hash(tokenizer) == progress["tokenizer_hash"]:
             log(f"resuming {data_dir}: the tokenizer is fitted; datatrove skips the finished tasks")
             return tokenizer
-    _remove_partial_output(data_dir)
-    _check_sources_exist(recipe)
+    discard_or_refuse(data_dir, progress, settings, fingerprint, log)
+    # Recorded before anything is created: a kill at any later moment leaves a record of what is ours.
+    record = {"data_fingerprint": fingerprint, "settings": settings, "created": list(CREATED_NAMES)}
+    write_progress(data_dir, record | {"tokenizer_hash": None})
     tokenizer = _fresh_tokenizer(recipe, data_dir, log)
-    write_json_atomically(progress_file, {"data_fingerprint": fingerprint, "tokenizer_hash": tokenizer_hash(tokenizer)})
+    write_progress(data_dir, record | {"tokenizer_hash": tokenizer_hash(tokenizer)})
     return tokenizer
 
 
@@ -217,14 +301,6 @@ def _check_sources_exist(recipe: Recipe) -> None:
             raise SourceError(
                 f"unknown builtin corpus `{source.name}`; valid names: {', '.join(sorted(BUILTIN_CORPORA))}"
             )
-
-
-def _remove_partial_output(data_dir: Path) -> None:
-    """Delete what an interrupted run with other settings left; only what `prepare` itself names."""
-    for name in (SOURCES_DIR, LOGS_DIR, TOKENIZER_DIR):
-        shutil.rmtree(data_dir / name, ignore_errors=True)
-    for name in (META_FILE, PROGRESS_FILE):
-        (data_dir / name).unlink(missing_ok=True)
 
 
 def _fresh_tokenizer(recipe: Recipe, data_dir: Path, log: Callable[[str], None]) -> PreTrainedTokenizerFast:
@@ -269,16 +345,26 @@ def _require_same_data_settings(data_dir: Path, fingerprint: str) -> None:
 
 
 # ---------------------------------------------------------------------- meta.json
-def _file_entry(data_dir: Path, path: Path, itemsize: int) -> dict[str, Any]:
-    digest = hashlib.sha256()
+def _file_entry(data_dir: Path, path: Path, dtype: np.dtype, vocab_size: int) -> dict[str, Any]:
+    """A token file's record in meta.json, after checking what this run wrote: its index agrees with it
+    and every id is inside the vocabulary (read once, with the hash)."""
+    digest, largest = hashlib.sha256(), -1
     with path.open("rb") as f:
         while chunk := f.read(HASH_CHUNK_BYTES):
             digest.update(chunk)
+            ids = np.frombuffer(chunk, dtype=dtype, count=len(chunk) // dtype.itemsize)
+            largest = max(largest, int(ids.max())) if ids.size else largest
+    if largest >= vocab_size:
+        raise DataMismatchError(
+            f"{path}: token id {largest} is past the vocabulary of {vocab_size:,}: it was written with another "
+            f"tokenizer than {data_dir / TOKENIZER_DIR}; prepare again into a new data_dir"
+        )
+    check_index(path, path.stat().st_size // dtype.itemsize)
     index = path.with_name(path.name + ".index")
     documents = index.stat().st_size // 8 if index.is_file() else 0
     return {
         "file": str(path.relative_to(data_dir)),
-        "tokens": path.stat().st_size // itemsize,
+        "tokens": path.stat().st_size // dtype.itemsize,
         "documents": documents,
         "sha256": digest.hexdigest(),
     }
@@ -297,7 +383,7 @@ def _finish(
         folder = data_dir / SOURCES_DIR / name
         splits = {}
         for split in SPLITS:
-            files = [_file_entry(data_dir, p, dtype.itemsize) for p in sorted((folder / split).glob("*.ds"))]
+            files = [_file_entry(data_dir, p, dtype, len(tokenizer)) for p in sorted((folder / split).glob("*.ds"))]
             splits[split] = {
                 "tokens": sum(f["tokens"] for f in files),
                 "documents": sum(f["documents"] for f in files),

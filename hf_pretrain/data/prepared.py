@@ -8,6 +8,10 @@ Layout of data_dir (format 2):
     sources/<name>/source.json          the source's files, sizes, checksums and tokenizer hash
     logs/<name>/                        datatrove's record of the finished tasks (a rerun skips them)
     meta.json                           written last; its presence means "complete"
+    prepare_progress.json               while preparing: the settings, and which of these paths `prepare`
+                                        created (the only ones it may ever remove); gone once meta.json is
+    prepare.lock                        held (flock) by the `prepare` writing into the folder; names it
+    verified.json                       the shards' last verification (verify.py)
 
 Each source keeps its own folder, so the mixture is drawn when training (mixing.py) and a new one
 needs no re-tokenization. Format 1 (flat `train_00000.bin` shards of one mixed stream) is refused
@@ -59,17 +63,18 @@ def source_folder_name(index: int, source: SourceConfig) -> str:
     name = source.name
     if source.kind == "files":
         first = Path(source.paths[0]) if source.paths else Path("files")
+        first = first.with_suffix("") if first.suffix in (".gz", ".zst") else first  # a.jsonl.gz: `a`
         name = first.stem if not set("*?[") & set(first.stem) else first.parent.name
     slug = re.sub(r"[^A-Za-z0-9]+", "-", name.split("/")[-1]).strip("-").lower() or "source"
     return f"{index:02d}-{slug}"
 
 
-def data_fingerprint(recipe: Recipe) -> str:
-    """Hash of every setting that changes the bytes `prepare` writes (not where, not how it is run,
-    not the mixture's weights: those are applied when training)."""
+def data_settings(recipe: Recipe) -> dict[str, Any]:
+    """Every setting that changes the bytes `prepare` writes (not where, not how it is run, not the
+    mixture's weights: those are applied when training)."""
     d = recipe.data
     unshaping = {"weight", "decay_weight"}
-    shaping = {
+    return {
         "format_version": FORMAT_VERSION,
         "sources": [
             {k: v for k, v in dataclasses.asdict(s).items() if k not in unshaping} | {"tasks": tasks}
@@ -83,7 +88,11 @@ def data_fingerprint(recipe: Recipe) -> str:
         "val_every": d.val_every,
         "seed": recipe.train.seed,
     }
-    return hashlib.sha256(json.dumps(shaping, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def data_fingerprint(recipe: Recipe) -> str:
+    """Hash of `data_settings`: meta.json records it, and a folder made with other settings is refused."""
+    return hashlib.sha256(json.dumps(data_settings(recipe), sort_keys=True).encode()).hexdigest()[:16]
 
 
 def source_task_counts(recipe: Recipe) -> list[int]:
@@ -123,6 +132,25 @@ def data_identity(data_dir: str | Path) -> dict[str, Any] | None:
         return None
 
 
+def check_index(path: Path, tokens: int) -> None:
+    """A token file agrees with its `.ds.index`: the last document ends where the file ends (8 bytes read).
+    Two runs writing one folder, or a copy cut short, leave them disagreeing: the documents' bounds lie."""
+    index = path.with_name(path.name + ".index")
+    size = index.stat().st_size if index.is_file() else 0
+    last = 0 if size == 0 else None  # an empty file: no documents (and maybe no index written)
+    if size and size % 8 == 0:
+        with index.open("rb") as f:
+            f.seek(size - 8)
+            last = int(np.frombuffer(f.read(8), dtype="<u8")[0])
+    if last != tokens:
+        found = "missing" if not index.is_file() else f"its last document ending at token {last}"
+        raise DataMismatchError(
+            f"{index}: {found}, but {path.name} holds {tokens:,} tokens: the token file and its index come from "
+            f"different runs (two prepares into one folder?) or one was cut short; prepare the data again into a "
+            f"new data_dir"
+        )
+
+
 def source_paths(data_dir: str | Path, meta: dict[str, Any], split: str) -> list[list[Path]]:
     """Per source, its token files of `split`, each checked to hold exactly the tokens meta.json lists."""
     itemsize = np.dtype(meta["dtype"]).itemsize
@@ -137,6 +165,7 @@ def source_paths(data_dir: str | Path, meta: dict[str, Any], split: str) -> list
                     f"{path}: size expected {entry['tokens'] * itemsize} bytes "
                     f"({entry['tokens']} {meta['dtype']} tokens per {META_FILE}), found {size}"
                 )
+            check_index(path, entry["tokens"])
             paths.append(path)
         out.append(paths)
     return out
@@ -176,6 +205,13 @@ def check_prepared_data(recipe: Recipe, verify: str = "recorded", progress: bool
     except TokenizerUnreadable as exc:  # its message names the file and the fix
         raise DataMismatchError(str(exc)) from exc
     saved_hash = tokenizer_hash(tokenizer)
+    if len(tokenizer) != meta.get("vocab_size"):
+        raise mismatch(
+            "vocab_size",
+            len(tokenizer),
+            meta.get("vocab_size"),
+            f"the size of the tokenizer in {data_dir / TOKENIZER_DIR}",
+        )
     if saved_hash != meta.get("tokenizer_hash"):
         raise mismatch(
             "tokenizer_hash",

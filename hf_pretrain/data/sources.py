@@ -7,6 +7,7 @@ fitted on the same sample every time, and datatrove's tasks (pipeline.py) read t
 from __future__ import annotations
 
 import glob
+import gzip
 import json
 import random
 import re
@@ -15,7 +16,7 @@ import sysconfig
 import time
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from hf_pretrain.config import Recipe, SourceConfig
 from hf_pretrain.data.tokenizer import EOS_TOKEN
@@ -34,6 +35,11 @@ _BLANK_LINES = re.compile(r"\n(?:[ \t\f\v]*\n)+")
 # A file with more undecodable bytes than this share is not UTF-8 text (another encoding, a binary):
 # refused. Below it, each bad byte becomes U+FFFD and the file is named once on stderr.
 MAX_UNDECODABLE_SHARE = 0.001
+
+
+# Compressed files are read as what their name says without the suffix: `a.jsonl.gz` is a .jsonl.
+COMPRESSED = (".gz", ".zst")
+COMPRESSED_MAGIC = {b"\x1f\x8b": ("gzip", ".gz"), b"\x28\xb5\x2f\xfd": ("zstd", ".zst")}
 
 
 class SourceError(ValueError):
@@ -100,8 +106,59 @@ def expand_globs(patterns: list[str]) -> list[Path]:
     return list(files)
 
 
+def open_binary(path: Path) -> BinaryIO:
+    """`path` for reading, decompressed where its name ends in .gz or .zst."""
+    if path.suffix == ".gz":
+        return gzip.open(path, "rb")
+    if path.suffix == ".zst":
+        try:
+            import zstandard
+        except ImportError:
+            raise SourceError(
+                f"{path} is zstd-compressed: `pip install zstandard` to read it as it is, or decompress it "
+                f"(`zstd -d {path}`) and list the result"
+            ) from None
+        return zstandard.open(path, "rb")
+    f = path.open("rb")
+    head = f.read(4)
+    for magic, (kind, suffix) in COMPRESSED_MAGIC.items():
+        if head.startswith(magic):  # a compressed file under another name: not an encoding problem
+            f.close()
+            raise SourceError(
+                f"{path}: the file is {kind}-compressed, but its name does not end in {suffix}; rename it "
+                f"(`mv {path} {path}{suffix}`): prepare reads {' and '.join(COMPRESSED)} files as they are"
+            )
+    f.seek(0)
+    return f
+
+
+def content_suffix(path: Path) -> str:
+    """What the file holds: `a.jsonl.gz` -> `.jsonl`."""
+    return Path(path.stem).suffix if path.suffix in COMPRESSED else path.suffix
+
+
+JSON_TYPES = {dict: "an object", list: "a list", str: "a string", int: "a number", float: "a number", bool: "a boolean"}
+
+
+def json_type(value: Any) -> str:
+    return "null" if value is None else JSON_TYPES.get(type(value), type(value).__name__)
+
+
+def require_text(value: Any, where: str, column: str) -> str:
+    """A document's text, or a refusal naming where and what was found instead (a list of strings is
+    not glued into one text: where its pieces should meet is the corpus author's decision)."""
+    if isinstance(value, str):
+        return value
+    shown = json.dumps(value, ensure_ascii=False, default=str)
+    shown = shown if len(shown) <= 60 else shown[:57] + "..."
+    raise SourceError(
+        f"{where}: `{column}` holds {json_type(value)} ({shown}), not a string: every document must be one text; "
+        f"write it as a string (e.g. join a list's pieces with the separator they need), or set `column`"
+    )
+
+
 def _jsonl_documents(path: Path, column: str) -> Iterator[str]:
-    with path.open("rb") as raw_lines:
+    with open_binary(path) as raw_lines:
         for number, raw in enumerate(raw_lines, start=1):
             line = decode_utf8(raw, Path(f"{path}:{number}"))
             if not line.strip():
@@ -110,9 +167,14 @@ def _jsonl_documents(path: Path, column: str) -> Iterator[str]:
                 row = json.loads(line)
             except json.JSONDecodeError as exc:
                 raise SourceError(f"{path}:{number} is not a JSON object: {exc}") from exc
+            if not isinstance(row, dict):
+                raise SourceError(
+                    f"{path}:{number} is {json_type(row)}, not a JSON object with a `{column}` key: a .jsonl "
+                    f"holds one object per line, e.g. {json.dumps({column: 'the text'})}"
+                )
             if column not in row:
                 raise SourceError(f"{path}:{number} has no key `{column}`; keys: {', '.join(sorted(row))}")
-            yield row[column]
+            yield require_text(row[column], f"{path}:{number}", column)
 
 
 def _parquet_documents(path: Path, column: str) -> Iterator[str]:
@@ -121,18 +183,22 @@ def _parquet_documents(path: Path, column: str) -> Iterator[str]:
     table = pq.ParquetFile(path)
     if column not in table.schema_arrow.names:
         raise SourceError(f"{path} has no column `{column}`; columns: {', '.join(table.schema_arrow.names)}")
+    row = 0
     for batch in table.iter_batches(columns=[column]):
-        yield from batch.column(0).to_pylist()
+        for value in batch.column(0).to_pylist():
+            row += 1
+            yield require_text(value, f"{path} row {row}", column)
 
 
 def _text_documents(path: Path) -> Iterator[str]:
-    text = decode_utf8(path.read_bytes(), path).removeprefix("\ufeff")  # a byte-order mark is no text
+    with open_binary(path) as f:
+        text = decode_utf8(f.read(), path).removeprefix("\ufeff")  # a byte-order mark is no text
     text = text.replace("\r\n", "\n").replace("\r", "\n")  # universal newlines, as text mode reads
-    if path.suffix != ".txt":
+    if content_suffix(path) != ".txt":
         yield text
     elif EOS_TOKEN in text:
         yield from (piece.strip() for piece in text.split(EOS_TOKEN) if piece.strip())
-    elif path.stat().st_size > TXT_SPLIT_BYTES:
+    elif (path.stat().st_size if path.suffix not in COMPRESSED else len(text.encode())) > TXT_SPLIT_BYTES:
         yield from (paragraph for paragraph in _BLANK_LINES.split(text) if paragraph.strip())
     else:
         yield text
@@ -180,7 +246,7 @@ def _hub_rows(source: SourceConfig, start: dict[str, Any] | None = None) -> Iter
                 failures = 0
                 if source.streaming and hasattr(rows, "state_dict"):  # datasets' IterableDataset
                     position = rows.state_dict()
-                yield row[source.column], position
+                yield require_text(row[source.column], f"hub dataset `{source.name}`", source.column), position
             return
         except Exception as exc:
             if not (source.streaming and _is_transient(exc)) or failures >= HUB_RETRIES:
@@ -207,7 +273,7 @@ def _hub_rows(source: SourceConfig, start: dict[str, Any] | None = None) -> Iter
 def file_documents(files: list[Path], column: str) -> Iterator[str]:
     """The documents of local files, in the order given: a .jsonl's or .parquet's `column`, a text file's text."""
     for path in files:
-        if path.suffix == ".jsonl":
+        if content_suffix(path) == ".jsonl":
             yield from _jsonl_documents(path, column)
         elif path.suffix == ".parquet":
             yield from _parquet_documents(path, column)
@@ -246,8 +312,10 @@ def _non_empty(source: SourceConfig, texts: Iterable[str]) -> Iterator[str]:
 
 
 def normalised_weights(sources: list[SourceConfig]) -> list[float]:
-    total = sum(s.weight for s in sources)
-    return [s.weight / total for s in sources]
+    """The tokenizer's sample: each source by its weight (a decay-only source by its decay_weight, so
+    that the tokenizer has seen its text too)."""
+    weights = [s.weight or (s.decay_weight or 0.0) for s in sources]
+    return [w / sum(weights) for w in weights]
 
 
 class MixedStream:

@@ -1,0 +1,221 @@
+"""data_dir as `prepare` holds it: one `prepare` at a time (a lock), a record of exactly which paths it
+created (the only ones it may ever remove), and its inputs kept out of the places it writes.
+
+A folder is someone's: a corpus may sit in `corpus/sources/`, a tokenizer in `dd/tokenizer/`. So
+`prepare` writes `prepare_progress.json` before it creates anything, naming what it is about to
+create; a later run with other settings removes those paths and nothing else, and a folder that
+holds, where `prepare` writes, something no record names is refused, never emptied.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+import socket
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from hf_pretrain.config import Recipe
+from hf_pretrain.data.prepared import LOGS_DIR, META_FILE, SOURCES_DIR, DataMismatchError, write_json_atomically
+from hf_pretrain.data.sources import SourceError, expand_globs
+from hf_pretrain.data.tokenizer import TOKENIZER_DIR
+from hf_pretrain.data.verify import VERIFIED_FILE
+from hf_pretrain.run_lock import RunDirUnusable, RunLock, RunLocked
+
+PROGRESS_FILE = "prepare_progress.json"
+LOCK_FILE = "prepare.lock"
+ORPHAN_GRACE_S = 5.0
+# Every path `prepare` writes in data_dir, besides its own two records above.
+OUTPUT_NAMES = (TOKENIZER_DIR, SOURCES_DIR, LOGS_DIR, META_FILE, VERIFIED_FILE)
+# What a run creates before its first source: these, removed whole when its work is discarded.
+CREATED_NAMES = (TOKENIZER_DIR, SOURCES_DIR, LOGS_DIR)
+
+
+class PrepareLocked(RuntimeError):
+    """Another `prepare` is writing into the same data_dir."""
+
+
+def own_folder_hint(data_dir: Path) -> str:
+    """A data_dir of its own next to this one, that does not exist yet: what a refusal suggests."""
+    base = data_dir.resolve()
+    candidate, n = base.with_name(f"{base.name}-prepared"), 2
+    while candidate.exists():
+        candidate, n = base.with_name(f"{base.name}-prepared-{n}"), n + 1
+    return f"set data_dir to a folder of its own, e.g. `--data_dir {candidate}`"
+
+
+# ---------------------------------------------------------------------- one at a time
+@dataclasses.dataclass
+class _LockedFolder:  # what RunLock needs of a folder: where it is, and its lock file
+    path: Path
+
+    @property
+    def lock(self) -> Path:
+        return self.path / LOCK_FILE
+
+
+class PrepareLock(RunLock):
+    """The run folder's lock (run_lock.py: flock, dies with the process, names its holder) on data_dir."""
+
+    def __init__(self, data_dir: Path):
+        super().__init__(_LockedFolder(Path(data_dir)))  # type: ignore[arg-type]
+
+    def acquire(self) -> None:
+        # A killed prepare's forked children share its lock until the kernel has ended them too
+        # (pipeline.py arms them to die with it): a holder named in the file that is gone already
+        # is waited for, briefly.
+        deadline = time.monotonic() + ORPHAN_GRACE_S
+        while True:
+            try:
+                return super().acquire()
+            except RunLocked as exc:
+                if time.monotonic() > deadline or not self._holder_is_gone():
+                    raise PrepareLocked(str(exc)) from None
+                time.sleep(0.1)
+            except RunDirUnusable:
+                break
+        raise DataMismatchError(
+            f"cannot write into {self.run_dir.path} (not writable, or a file is in the way); "
+            f"{own_folder_hint(self.run_dir.path)} on a writable disk"
+        )
+
+    def _holder_is_gone(self) -> bool:
+        try:
+            holder = json.loads(self.run_dir.lock.read_text() or "{}")
+        except (OSError, ValueError):
+            return False
+        if holder.get("host") != socket.gethostname() or not isinstance(holder.get("pid"), int):
+            return False
+        try:
+            os.kill(holder["pid"], 0)
+        except ProcessLookupError:
+            return True
+        except OSError:
+            return False
+        return False
+
+    def _refusal(self, holder: dict[str, Any]) -> str:
+        who = (
+            f"pid {holder.get('pid')} on {holder.get('host')}, since {holder.get('since')} ({holder.get('command')})"
+            if holder
+            else "a prepare that is just starting"
+        )
+        if self._holder_is_gone():  # an older prepare's orphaned workers, still alive (not Linux, say)
+            who += f"; that process has exited but processes it started still hold {LOCK_FILE}: end them"
+        return (
+            f"{self.run_dir.path} is being prepared by another `hf-pretrain prepare`: {who}. Two prepares in one "
+            f"folder would mix their token files; wait for it to end (then this command finds the folder "
+            f"prepared or goes on where it stopped), stop it, or {own_folder_hint(self.run_dir.path)}"
+        )
+
+
+# ---------------------------------------------------------------------- inputs
+def _inside(path: Path, folder: Path) -> bool:
+    return path == folder or folder in path.parents
+
+
+def check_inputs_outside_outputs(recipe: Recipe) -> None:
+    """No input (a source's file, the tokenizer) lies where `prepare` writes or removes: it would be
+    overwritten or deleted."""
+    data_dir = Path(recipe.data.data_dir).resolve()
+    outputs = [data_dir / name for name in OUTPUT_NAMES]
+    inputs: list[tuple[str, Path]] = []
+    for i, source in enumerate(recipe.data.sources):
+        if source.kind == "files":
+            inputs += [(f"sources[{i}]", p.resolve()) for p in expand_globs(source.paths)]
+    if recipe.data.tokenizer != "train" and Path(recipe.data.tokenizer).exists():
+        inputs.append(("tokenizer", Path(recipe.data.tokenizer).resolve()))
+    for what, path in inputs:
+        for output in outputs:
+            if _inside(path, output):
+                raise SourceError(
+                    f"{what}: {path} lies in {output}, where `prepare` writes its own output (it would be "
+                    f"overwritten); {own_folder_hint(data_dir)}"
+                )
+
+
+def check_no_duplicate_sources(recipe: Recipe) -> None:
+    """The same corpus twice would be tokenized twice (hours at scale) and drawn twice as often: refused."""
+    seen: dict[Any, int] = {}
+    for i, source in enumerate(recipe.data.sources):
+        if source.kind == "files":
+            keys = [("file", p.resolve()) for p in expand_globs(source.paths)]
+        else:
+            keys = [(source.kind, source.name, source.config, source.split, source.column)]
+        for key in keys:
+            first = seen.setdefault(key, i)
+            if first != i:
+                what = f"the file {key[1]}" if key[0] == "file" else f"the {source.kind} corpus `{source.name}`"
+                raise SourceError(
+                    f"sources[{first}] and sources[{i}] both read {what}: it would be tokenized twice and drawn "
+                    f"twice as often; list it once (its `weight` sets its share)"
+                )
+
+
+# ---------------------------------------------------------------------- what prepare owns
+def read_progress(data_dir: Path) -> dict[str, Any] | None:
+    path = data_dir / PROGRESS_FILE
+    if not path.is_file():
+        return None
+    try:
+        progress = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}  # written atomically by `prepare`, so not ours: nothing in it is trusted
+    return progress if isinstance(progress, dict) else {}
+
+
+def write_progress(data_dir: Path, progress: dict[str, Any]) -> None:
+    write_json_atomically(data_dir / PROGRESS_FILE, progress)
+
+
+def _what_differs(old: dict[str, Any], new: dict[str, Any]) -> str:
+    keys = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
+    return ", ".join(keys) or "the settings"
+
+
+def records_what_it_created(progress: dict[str, Any] | None) -> bool:
+    """A progress record of `prepare`'s own, naming what it created (only names it creates)."""
+    created = progress.get("created") if progress else None
+    return isinstance(created, list) and all(name in CREATED_NAMES for name in created)
+
+
+def refuse_foreign(data_dir: Path) -> None:
+    """Refuse a folder that holds, where `prepare` writes, anything no record of its own names (called
+    before the lock is taken too, so that a refused folder is left exactly as it was)."""
+    if records_what_it_created(read_progress(data_dir)) or (data_dir / META_FILE).is_file():
+        return
+    foreign = [name for name in (*OUTPUT_NAMES, PROGRESS_FILE) if (data_dir / name).exists()]
+    if foreign:
+        raise DataMismatchError(
+            f"{data_dir} already holds {', '.join(foreign)}, where `prepare` writes, and no record of its own says "
+            f"it wrote them: it never removes what it did not write; move them away, or {own_folder_hint(data_dir)}"
+        )
+
+
+def discard_or_refuse(
+    data_dir: Path, progress: dict[str, Any] | None, settings: dict[str, Any], fingerprint: str, log: Callable
+) -> None:
+    """Before a fresh start: remove what an interrupted `prepare` recorded it created (saying so and why);
+    refuse a folder that holds, where `prepare` writes, anything no record of its own names."""
+    if records_what_it_created(progress):
+        created = progress["created"]
+        if progress.get("data_fingerprint") != fingerprint:
+            why = f"it was made with other data settings ({_what_differs(progress.get('settings') or {}, settings)} differ)"
+        elif not progress.get("tokenizer_hash"):
+            why = "it stopped before its tokenizer was saved"
+        else:
+            why = f"its saved tokenizer in {data_dir / TOKENIZER_DIR} is not the one its token files were made with"
+        gone = [name for name in created if (data_dir / name).exists()]
+        log(
+            f"discarding the partial work of an interrupted prepare in {data_dir}: {why}; removing what it "
+            f"wrote: {', '.join(gone) or 'nothing left'}"
+        )
+        for name in gone:
+            path = data_dir / name
+            shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
+        (data_dir / PROGRESS_FILE).unlink()
+    refuse_foreign(data_dir)
