@@ -241,9 +241,23 @@ def _ending_fields(run: RunDir, exit_code: int | None, ending: Ending, reason: s
 
 
 def _write_status(run: RunDir, status: dict) -> None:
+    text = json.dumps(status, indent=1) + "\n"
     tmp = run.status.with_name(f"{run.status.name}.{os.getpid()}.tmp")  # one per writer: two may race
     try:
-        tmp.write_text(json.dumps(status, indent=1) + "\n")
+        tmp.write_text(text)
         os.replace(tmp, run.status)  # whole or not at all: a reader never sees half of it
-    except OSError as exc:  # a full disk must not hide how the session ended: the exit code still says it
-        print(f"warning: {run.status} could not be written: {exc}", file=sys.stderr)
+        return
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)  # never a stray status.json.*.tmp
+        failed = exc
+    # A full disk has no room for a second copy, but the old status.json's own blocks are freed when it
+    # is truncated: rewritten in place, the ending (a few hundred bytes, like the `running` it replaces)
+    # fits. A write cut short there leaves a file that reads as no status, never as `running`.
+    try:
+        with run.status.open("w") as f:
+            f.write(text)
+        return
+    except OSError:
+        pass
+    # the exit code still says how the session ended
+    print(f"warning: {run.status} could not be written: {failed.strerror or failed}", file=sys.stderr)
