@@ -25,6 +25,7 @@ from hf_pretrain.publish.side_jobs import SideJobs
 from hf_pretrain.training.loop import Outcome
 from hf_pretrain.training.loop import train as train_loop
 from hf_pretrain.training.session import REFUSALS, RunLocked, Session, describe, exit_code_of
+from hf_pretrain.training.start_up import StoppedDuringStartUp
 
 
 def run_training(recipe: Recipe) -> Outcome:
@@ -41,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
     recipe, _ = parse_recipe_args(argv, prog="train.py", description=__doc__.split("\n")[0])
     try:
         return run_training(recipe).exit_code
-    except (RunLocked, *REFUSALS) as exc:  # nothing was started: the reason is the whole story
+    except (RunLocked, StoppedDuringStartUp, *REFUSALS) as exc:  # nothing was trained: the reason is the whole story
         print(f"train.py: {describe(exc)}", file=sys.stderr)
         return exit_code_of(exc)
 

@@ -21,10 +21,11 @@ import pytest
 import torch
 from transformers import LlamaConfig
 
-from hf_pretrain.exit_codes import EXIT_SAVE_FAILED
+from hf_pretrain.exit_codes import EXIT_PREEMPTED, EXIT_SAVE_FAILED
 from hf_pretrain.training import checkpointer
 from hf_pretrain.training.checkpointer import CheckpointSaveError, save_checkpoint
 from hf_pretrain.training.session import Session, read_status
+from hf_pretrain.training.start_up import StoppedDuringStartUp, loop_ended
 from tests.helpers import launch_training
 from tests.test_survival import complete_steps, start_training, wait_for_step
 
@@ -191,3 +192,49 @@ def test_a_run_whose_disk_fills_up_exits_74_with_the_free_space_and_the_next_sta
         log = launch_training(smoke_data, run_dir, report_to="none")
         assert "killed" not in log and "out of memory" not in log
         assert "resumed from" in log and "at step 4" in log and (run_dir / "final").exists()
+
+
+# ---------------------------------------------------------------------- SIGTERM during start-up
+def test_sigterm_before_the_loop_ends_the_session_as_preempted_and_restores_the_handlers(tmp_path):
+    before = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(StoppedDuringStartUp), Session(tmp_path / "run"):
+        os.kill(os.getpid(), signal.SIGTERM)  # delivered at the next bytecode: in the preflight, say
+        time.sleep(5)
+        pytest.fail("the signal did not stop the start-up")
+    status = read_status(tmp_path / "run")
+    assert status["state"] == "preempted" and status["exit_code"] == EXIT_PREEMPTED and status["rerun"]
+    assert "during start-up" in status["reason"] and "Rerun the same command" in status["reason"]
+    assert signal.getsignal(signal.SIGTERM) == before
+
+
+def test_a_signal_after_the_loop_does_not_change_the_ending(tmp_path, capfd):
+    with Session(tmp_path / "run") as session:
+        loop_ended()  # as the loop's guards say when they hand the signals back
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.1)
+        session.ended(0, "done", finished=True)
+    assert read_status(tmp_path / "run")["state"] == "finished"
+    assert "already ending" in capfd.readouterr().err
+
+
+@pytest.mark.slow
+def test_sigterm_in_the_first_seconds_exits_75_with_a_status_that_says_so(smoke_data, tmp_path):
+    run_dir = tmp_path / "run"
+    process = start_training(smoke_data, run_dir)
+    try:
+        deadline = time.monotonic() + 120
+        while read_status(run_dir).get("state") != "running":  # the session holds the folder: start-up begins
+            assert process.poll() is None and time.monotonic() < deadline, process.communicate()[0][-2000:]
+            time.sleep(0.01)
+        process.send_signal(signal.SIGTERM)
+        output = process.communicate(timeout=120)[0]
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert process.returncode == EXIT_PREEMPTED, output[-3000:]
+    assert "Traceback" not in output and "during start-up" in output, output[-3000:]
+    status = read_status(run_dir)
+    assert status["state"] == "preempted" and status["exit_code"] == EXIT_PREEMPTED and status["rerun"]
+    assert not (run_dir / "metrics.jsonl").exists()  # no step was trained
+    log = launch_training(smoke_data, run_dir, max_steps=4)
+    assert "killed" not in log

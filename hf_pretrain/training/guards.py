@@ -28,6 +28,7 @@ from hf_pretrain.economics.cost import window_cost_per_loss_point
 from hf_pretrain.exit_codes import EXIT_DIVERGED, EXIT_PREEMPTED
 from hf_pretrain.processes import LAUNCHER_GONE, followed_launcher, launcher_gone
 from hf_pretrain.stop_file import StopRequest, answer_stop_request, clear_stop_request, read_stop_request
+from hf_pretrain.training.start_up import loop_ended
 
 if TYPE_CHECKING:
     from hf_pretrain.training.metrics import RunLogger
@@ -94,6 +95,7 @@ class GracefulStop:
     def __exit__(self, *exc) -> None:
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
+        loop_ended()  # the session's start-up handler is back: a signal now no longer changes the ending
 
     def _handle(self, signum: int, frame) -> None:
         name = signal.Signals(signum).name

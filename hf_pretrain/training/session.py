@@ -41,6 +41,7 @@ from hf_pretrain.preflight import PreflightError
 from hf_pretrain.processes import follow_launcher, launcher
 from hf_pretrain.run_dir import RunDir
 from hf_pretrain.run_lock import RunDirUnusable, RunLock, RunLocked, command_line, now
+from hf_pretrain.training.start_up import StartUpSignals, StoppedDuringStartUp
 
 
 @dataclass(frozen=True)
@@ -97,6 +98,8 @@ REFUSALS = (PreflightError, ResumeRefused, CheckpointError, InitFromError, RunDi
 
 
 def exit_code_of(error: BaseException) -> int:
+    if isinstance(error, StoppedDuringStartUp):
+        return EXIT_PREEMPTED
     if isinstance(error, RunLocked):
         return EXIT_LOCKED
     if isinstance(error, REFUSALS):
@@ -116,7 +119,7 @@ def describe(error: BaseException) -> str:
         return f"cannot go on from the run folder's checkpoint, nothing was started: {error}"
     if isinstance(error, InitFromError):
         return f"cannot start from the base model, nothing was started: {error}"
-    if isinstance(error, RunLocked):
+    if isinstance(error, (RunLocked, StoppedDuringStartUp)):
         return str(error)
     if isinstance(error, RunDirUnusable):
         return f"refused, nothing was started: {error}"
@@ -174,16 +177,22 @@ class Session:
         self.lock = RunLock(self.dir)
         self.started = now()
         self._holding = False
+        self.signals = StartUpSignals()  # SIGTERM before the loop: `preempted`, not a `running` left behind
 
     def __enter__(self) -> Session:
         follow_launcher()
-        if self.first:
-            self.lock.acquire()
-            self._holding = True
-            killed = killed_session(self.dir)  # the lock was free: a `running` status is a session that was killed
-            if killed:
-                print(f"note: {killed}", flush=True)
-            self._write(None, RUNNING, "training" + (f"; {killed}" if killed else ""))
+        self.signals.__enter__()
+        try:
+            if self.first:
+                self.lock.acquire()
+                self._holding = True
+                killed = killed_session(self.dir)  # the lock was free: a `running` status is a session that was killed
+                if killed:
+                    print(f"note: {killed}", flush=True)
+                self._write(None, RUNNING, "training" + (f"; {killed}" if killed else ""))
+        except BaseException as exc:  # refused or stopped here: recorded if the lock was held, signals as they were
+            self.__exit__(type(exc), exc, exc.__traceback__)
+            raise
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
@@ -193,6 +202,7 @@ class Session:
         if self._holding:
             self.lock.release()
             self._holding = False
+        self.signals.__exit__(exc_type, exc, tb)
 
     def ended(self, exit_code: int, message: str, finished: bool) -> None:
         """Record how the session ended."""
