@@ -31,9 +31,19 @@ from hf_pretrain.training.start_up import StoppedDuringStartUp
 def run_training(recipe: Recipe) -> Outcome:
     """The loop with the recipe's side jobs (final/ at the end, the pushes and benchmarks it asks for),
     in a session that holds the run folder and leaves its status.json (training/session.py)."""
+    side_jobs = SideJobs(recipe.train)
     with Session(recipe.train.output_dir) as session:
-        outcome = train_loop(recipe, callbacks=[SideJobs(recipe.train)])
-        session.ended(outcome.exit_code, outcome.message, outcome.finished)
+        outcome = train_loop(recipe, callbacks=[side_jobs])
+        unpushed = side_jobs.unpushed(session.dir)  # on the first process only: the others push nothing
+        if unpushed:  # the last line of the log and status.json say it, not only a warning hours ago
+            print(f"warning: {unpushed}", flush=True)
+            outcome.message += f" | warning: {unpushed}"
+        session.ended(
+            outcome.exit_code,
+            outcome.message,
+            outcome.finished,
+            not_pushed=[what for what, _ in side_jobs.not_pushed] if recipe.train.push_to_hub else None,
+        )
         return outcome
 
 

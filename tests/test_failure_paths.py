@@ -238,3 +238,100 @@ def test_sigterm_in_the_first_seconds_exits_75_with_a_status_that_says_so(smoke_
     assert not (run_dir / "metrics.jsonl").exists()  # no step was trained
     log = launch_training(smoke_data, run_dir, max_steps=4)
     assert "killed" not in log
+
+
+# ---------------------------------------------------------------------- push_to_hub and no way to push
+HUB_TOKEN = "hf_StandInToken0123456789abcdefXYZ"
+
+
+@pytest.fixture
+def hub_recipe(tmp_path):
+    from hf_pretrain.config import build_recipe
+
+    return build_recipe({}, {"push_to_hub": "me/run", "output_dir": str(tmp_path / "run")})
+
+
+@pytest.fixture
+def online(monkeypatch, tmp_path):
+    """This process talks to a stand-in Hub on loopback, with no token of its own."""
+    import huggingface_hub
+
+    from tests.hub_standin import HubStandIn
+
+    with HubStandIn(HUB_TOKEN) as hub:
+        monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+        monkeypatch.setattr(huggingface_hub.constants, "ENDPOINT", hub.url)
+        monkeypatch.setattr(huggingface_hub.constants, "HF_TOKEN_PATH", str(tmp_path / "no-token"))
+        monkeypatch.delenv("HF_TOKEN", raising=False)
+        yield hub
+
+
+def test_the_doctor_says_offline_mode_defeats_push_to_hub(hub_recipe, monkeypatch):
+    import huggingface_hub
+
+    from hf_pretrain.preflight.hub_access import check_hub
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    result = check_hub(hub_recipe)
+    assert (
+        result.status == "warn"
+        and "HF_HUB_OFFLINE is set" in result.reason
+        and "nothing will be pushed" in result.reason
+    )
+    assert f"hf upload me/run {hub_recipe.train.output_dir}/final" in result.fix
+
+
+def test_the_doctor_checks_the_token_with_the_hub(hub_recipe, online, monkeypatch):
+    from hf_pretrain.preflight.hub_access import check_hub
+
+    result = check_hub(hub_recipe)  # no token at all
+    assert result.status == "warn" and "no Hub token" in result.reason and "hf auth login" in result.fix
+    monkeypatch.setenv("HF_TOKEN", "hf_NotTheRightToken0123456789")
+    result = check_hub(hub_recipe)
+    assert result.status == "warn" and "refused the token (HTTP 401)" in result.reason, result.reason
+    assert "hf_NotTheRightToken" not in result.reason  # never printed
+    monkeypatch.setenv("HF_TOKEN", HUB_TOKEN)
+    online.state.refuse_writes = True
+    result = check_hub(hub_recipe)
+    assert result.status == "warn" and "can only read" in result.reason
+    online.state.refuse_writes = False
+    result = check_hub(hub_recipe)
+    assert result.status == "pass" and "pushes to me/run as user" in result.reason
+    assert "GET /api/whoami-v2" in online.state.requests
+
+
+def test_the_doctor_says_when_the_hub_cannot_be_reached(hub_recipe, monkeypatch):
+    import socket
+
+    import huggingface_hub
+
+    from hf_pretrain.preflight.hub_access import check_hub
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setenv("HF_TOKEN", HUB_TOKEN)
+    with socket.socket() as silent:  # listens, never answers: a firewall that swallows the connection
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        monkeypatch.setattr(huggingface_hub.constants, "ENDPOINT", f"http://127.0.0.1:{silent.getsockname()[1]}")
+        result = check_hub(hub_recipe, timeout=0.5)
+    assert result.status == "warn" and "did not answer within" in result.reason
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]  # bound, not listening: the connection is refused
+        monkeypatch.setattr(huggingface_hub.constants, "ENDPOINT", f"http://127.0.0.1:{port}")
+        result = check_hub(hub_recipe)
+    assert result.status == "warn" and "cannot reach" in result.reason, result.reason
+
+
+@pytest.mark.slow
+def test_a_run_that_cannot_push_trains_and_its_end_says_what_was_not_pushed(smoke_data, tmp_path):
+    run_dir = tmp_path / "run"
+    log = launch_training(smoke_data, run_dir, max_steps=4, push_to_hub="me/run")  # offline: no push possible
+    assert "HF_HUB_OFFLINE is set" in log  # the doctor's table, before training
+    lines = log.splitlines()  # stdout, then stderr (progress bars)
+    done = next(i for i, line in enumerate(lines) if line.startswith("done: "))
+    last = next(line for line in lines[done + 1 :] if line.strip() and not line.startswith("Writing model shards"))
+    assert last.startswith("warning: not pushed to me/run: final/") and f"hf upload me/run {run_dir}/final" in last
+    status = read_status(run_dir)
+    assert status["state"] == "finished" and status["not_pushed"] == ["final/"]
+    assert "not pushed to me/run: final/" in status["reason"]

@@ -204,16 +204,17 @@ class Session:
             self._holding = False
         self.signals.__exit__(exc_type, exc, tb)
 
-    def ended(self, exit_code: int, message: str, finished: bool) -> None:
-        """Record how the session ended."""
+    def ended(self, exit_code: int, message: str, finished: bool, **details) -> None:
+        """Record how the session ended; `details` (those not None) are fields of their own beside it."""
         ending = (FINISHED if finished else STOPPED) if exit_code == 0 else ENDINGS.get(exit_code, CRASHED)
-        self._write(exit_code, ending, message)
+        self._write(exit_code, ending, message, {k: v for k, v in details.items() if v is not None})
 
-    def _write(self, exit_code: int | None, ending: Ending, reason: str) -> None:
+    def _write(self, exit_code: int | None, ending: Ending, reason: str, details: dict | None = None) -> None:
         if not self._holding:
             return
         status = {
             **_ending_fields(self.dir, exit_code, ending, reason),
+            **(details or {}),
             "pid": os.getpid(),
             "host": socket.gethostname(),
             "launcher": launcher(),
