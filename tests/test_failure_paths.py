@@ -335,3 +335,63 @@ def test_a_run_that_cannot_push_trains_and_its_end_says_what_was_not_pushed(smok
     status = read_status(run_dir)
     assert status["state"] == "finished" and status["not_pushed"] == ["final/"]
     assert "not pushed to me/run: final/" in status["reason"]
+
+
+# ---------------------------------------------------------------------- stop --cooldown_steps past max_steps
+def stoppable_run(run: Path, step: int, max_steps: int = 100) -> None:
+    """A run folder by hand: its recipe, a checkpoint at `step`, and metrics up to `step`."""
+    from hf_pretrain.checkpoints.layout import TRAIN_STATE
+    from hf_pretrain.checkpoints.manifest import write_manifest
+    from hf_pretrain.config import build_recipe, save_recipe
+    from hf_pretrain.run_dir import RunDir
+
+    recipe = build_recipe({}, {"output_dir": str(run), "max_steps": max_steps, "global_batch_tokens": 4096})
+    folder = RunDir(run).checkpoints / f"step_{step:08d}"
+    folder.mkdir(parents=True)
+    (folder / TRAIN_STATE).write_text(json.dumps({"step": step, "end": max_steps, "max_steps": max_steps}))
+    write_manifest(folder)
+    save_recipe(recipe, RunDir(run).resolved_recipe)
+    records = [{"kind": "train", "step": s, "tokens_per_s": 2048.0} for s in range(1, step + 3)]  # 2 s a step
+    RunDir(run).metrics.write_text("".join(json.dumps(r) + "\n" for r in records))
+
+
+def test_stop_with_a_cooldown_longer_than_what_is_left_says_where_and_when_the_decay_ends(tmp_path, capsys):
+    from hf_pretrain.run_dir import RunDir
+    from hf_pretrain.run_lock import RunLock
+    from hf_pretrain.training.stop_request import main as stop_main
+
+    stoppable_run(tmp_path, 90)
+    lock = RunLock(RunDir(tmp_path))
+    lock.acquire()  # a running job, at step 92 (its last logged)
+    try:
+        assert stop_main([str(tmp_path), "--cooldown_steps", "500"]) == 0
+    finally:
+        lock.release()
+    out = capsys.readouterr().out
+    assert "500 steps are more than the 8 left after step 92" in out, out
+    assert "the decay ends at max_steps, step 100, in about 16.0 s at its last logged 2,048 tokens/s" in out
+    # not running: the next start resumes at the checkpoint, step 90; no rate to promise
+    assert stop_main([str(tmp_path), "--cooldown_steps", "500"]) == 0
+    out = capsys.readouterr().out
+    assert "more than the 10 left after step 90: the decay ends at max_steps, step 100;" in out, out
+    assert stop_main([str(tmp_path), "--cooldown_steps", "5"]) == 0  # it fits: nothing to say
+    assert "more than the" not in capsys.readouterr().out
+
+
+def test_the_job_says_a_cooldown_was_cut_at_max_steps(tmp_path):
+    from types import SimpleNamespace
+
+    from hf_pretrain.config import build_recipe
+    from hf_pretrain.stop_file import request_stop
+    from hf_pretrain.training.guards import Guards
+    from hf_pretrain.training.state import TrainState
+
+    recipe = build_recipe({}, {"output_dir": str(tmp_path), "max_steps": 100, "lr_schedule": "wsd"})
+    said = []
+    log = SimpleNamespace(say=lambda text, every_process=False: said.append(text), record=lambda r: None)
+    guards = Guards(recipe.train, SimpleNamespace(num_processes=1, is_main_process=True), log)
+    state = TrainState.for_recipe(recipe, "cpu")
+    state.step = 95
+    request_stop(tmp_path, cooldown_steps=500)
+    assert guards.decide(state, []) is None and state.cooldown.end == 100
+    assert "over steps 96-100" in said[-1] and "500 steps were asked, 5 are left to max_steps" in said[-1]

@@ -261,10 +261,12 @@ class Guards:
         state.cooldown = schedule.cooldown(step, steps, reason)
         if state.cooldown.end > step:
             self.log.record({"kind": "cooldown", "step": step, "end": state.cooldown.end, "reason": reason})
+            cut = state.cooldown.end - step < steps  # never past max_steps (optim.Schedule.cooldown)
             self.log.say(
                 f"step {step}: {reason}: the learning rate decays from {state.lr(step):.3g} to "
-                f"{schedule.floor:.3g} over steps {step + 1}-{state.cooldown.end} ({schedule.train.decay_shape}), "
-                f"then the run saves and writes final/"
+                f"{schedule.floor:.3g} over steps {step + 1}-{state.cooldown.end} ({schedule.train.decay_shape}"
+                + (f"; {steps:,} steps were asked, {state.cooldown.end - step:,} are left to max_steps" if cut else "")
+                + "), then the run saves and writes final/"
             )
             return None
         if self.accelerator.is_main_process:

@@ -151,8 +151,13 @@ def killed_session(run: RunDir) -> str | None:
     )
 
 
-def _last_logged_step(metrics: Path, tail_bytes: int = 1 << 16) -> int | None:
-    """The step of the last whole record of metrics.jsonl, read from its tail only (a 1b run's file is large)."""
+def _last_logged_step(metrics: Path) -> int | None:
+    record = last_train_record(metrics)
+    return int(record["step"]) if record else None
+
+
+def last_train_record(metrics: Path, tail_bytes: int = 1 << 16) -> dict[str, Any] | None:
+    """The last whole `train` record of metrics.jsonl, read from its tail only (a 1b run's file is large)."""
     try:
         with metrics.open("rb") as f:
             f.seek(max(0, f.seek(0, os.SEEK_END) - tail_bytes))
@@ -161,8 +166,11 @@ def _last_logged_step(metrics: Path, tail_bytes: int = 1 << 16) -> int | None:
         return None
     for line in reversed(lines):
         try:
-            return int(json.loads(line)["step"])
-        except (ValueError, KeyError, TypeError):
+            record = json.loads(line)
+            if record.get("kind", "train") == "train":
+                int(record["step"])
+                return record
+        except (ValueError, KeyError, TypeError, AttributeError):
             continue  # a line cut short by the kill, or the cut first line of the tail
     return None
 
