@@ -395,3 +395,19 @@ def test_the_job_says_a_cooldown_was_cut_at_max_steps(tmp_path):
     request_stop(tmp_path, cooldown_steps=500)
     assert guards.decide(state, []) is None and state.cooldown.end == 100
     assert "over steps 96-100" in said[-1] and "500 steps were asked, 5 are left to max_steps" in said[-1]
+
+
+# ---------------------------------------------------------------------- a mixture changed on resume
+def test_a_mixture_changed_on_resume_is_said_in_words_that_agree_with_the_readme():
+    from hf_pretrain.checkpoints.continuation import plan_continuation
+    from hf_pretrain.config import load_recipe, math_keys
+
+    old = load_recipe("smoke", {})
+    sources = [{"name": s.name, "kind": s.kind, "weight": w} for s, w in zip(old.data.sources, (0.3, 0.7), strict=True)]
+    new = load_recipe("smoke", {"sources": sources})
+    saved = {"step": 40, "math_keys": math_keys(old), "max_steps": old.train.max_steps}
+    notes = plan_continuation(saved, new).notes
+    assert len(notes) == 1, notes
+    assert notes[0].startswith("note: the data mixture changed since the checkpoint of step 40: ")
+    assert "python-docs weight 0.1 -> 0.3; python-stdlib weight 0.9 -> 0.7" in notes[0]
+    assert "no new prepare is needed" in notes[0] and "{" not in notes[0] and len(notes[0]) < 300
