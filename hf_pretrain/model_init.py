@@ -107,7 +107,15 @@ def open_base(init_from: str, weights: bool = False) -> BaseModel:
             f"init_from={init_from}: {folder} has no {CONFIG_FILE}, so it is not a Hugging Face model folder",
             "name an `hf-pretrain export` or another LlamaForCausalLM folder",
         )
-    raw = json.loads(config_file.read_text())
+    try:
+        raw = json.loads(config_file.read_text())
+        if not isinstance(raw, dict):
+            raise ValueError("not a JSON object")
+    except (ValueError, OSError) as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        raise InitFromError(
+            f"init_from={init_from}: {config_file} cannot be read as JSON ({exc}): the file is cut short or damaged",
+            "download or export the model again",
+        ) from None
     kind, architectures = raw.get("model_type"), raw.get("architectures") or []
     if kind != "llama" or (architectures and "LlamaForCausalLM" not in architectures):
         raise InitFromError(
@@ -167,14 +175,41 @@ def weight_files(base: BaseModel) -> list[Path]:
                     f"init_from={base.name}: {index_name} names {', '.join(missing[:3])}, missing from {base.folder}",
                     "download the model again",
                 )
+            for file in files:
+                check_weight_file(base.name, file)
             return files
         if (base.folder / single).is_file():
+            check_weight_file(base.name, base.folder / single)
             return [base.folder / single]
     raise InitFromError(
         f"init_from={base.name}: no weights in {base.folder} (model.safetensors, safetensors shards with their "
         f"index, or pytorch_model.bin)",
         "name a folder that holds the model's weights",
     )
+
+
+def check_weight_file(name: str, file: Path) -> None:
+    """Raise `InitFromError` naming `file` when a safetensors file is cut short or damaged: its header
+    (8 bytes of length, then JSON) must read, and the file must hold every byte its tensors' data
+    offsets reach. Reads the header only: cheap for any size. PyTorch pickles are read as they load."""
+    if file.suffix != ".safetensors":
+        return
+    fix = "download or export the model again (the file is cut short or damaged)"
+    size = file.stat().st_size
+    try:
+        with file.open("rb") as f:
+            length = int.from_bytes(f.read(8), "little") if size >= 8 else -1
+            if not 0 < length <= size - 8:
+                raise ValueError(f"its header claims {length:,} bytes, the file has {size:,}")
+            header = json.loads(f.read(length))
+        ends = [entry["data_offsets"][1] for key, entry in header.items() if key != "__metadata__"]
+    except (ValueError, KeyError, TypeError, IndexError, AttributeError) as exc:
+        raise InitFromError(f"init_from={name}: {file} is not a readable safetensors file ({exc})", fix) from None
+    needed = 8 + length + max(ends, default=0)
+    if size < needed:
+        raise InitFromError(
+            f"init_from={name}: {file} is cut short: {size:,} bytes, its tensors reach byte {needed:,}", fix
+        )
 
 
 def _tensors(file: Path) -> Iterator[tuple[str, torch.Tensor]]:

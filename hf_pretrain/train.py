@@ -25,14 +25,25 @@ from hf_pretrain.publish.side_jobs import SideJobs
 from hf_pretrain.training.loop import Outcome
 from hf_pretrain.training.loop import train as train_loop
 from hf_pretrain.training.session import REFUSALS, RunLocked, Session, describe, exit_code_of
+from hf_pretrain.training.start_up import StoppedDuringStartUp
 
 
 def run_training(recipe: Recipe) -> Outcome:
     """The loop with the recipe's side jobs (final/ at the end, the pushes and benchmarks it asks for),
     in a session that holds the run folder and leaves its status.json (training/session.py)."""
+    side_jobs = SideJobs(recipe.train)
     with Session(recipe.train.output_dir) as session:
-        outcome = train_loop(recipe, callbacks=[SideJobs(recipe.train)])
-        session.ended(outcome.exit_code, outcome.message, outcome.finished)
+        outcome = train_loop(recipe, callbacks=[side_jobs])
+        unpushed = side_jobs.unpushed(session.dir)  # on the first process only: the others push nothing
+        if unpushed:  # the last line of the log and status.json say it, not only a warning hours ago
+            print(f"warning: {unpushed}", flush=True)
+            outcome.message += f" | warning: {unpushed}"
+        session.ended(
+            outcome.exit_code,
+            outcome.message,
+            outcome.finished,
+            not_pushed=[what for what, _ in side_jobs.not_pushed] if recipe.train.push_to_hub else None,
+        )
         return outcome
 
 
@@ -41,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     recipe, _ = parse_recipe_args(argv, prog="train.py", description=__doc__.split("\n")[0])
     try:
         return run_training(recipe).exit_code
-    except (RunLocked, *REFUSALS) as exc:  # nothing was started: the reason is the whole story
+    except (RunLocked, StoppedDuringStartUp, *REFUSALS) as exc:  # nothing was trained: the reason is the whole story
         print(f"train.py: {describe(exc)}", file=sys.stderr)
         return exit_code_of(exc)
 

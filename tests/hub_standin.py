@@ -6,7 +6,8 @@ commit of small files, and to download them again: `POST /api/repos/create`, `PO
 `POST /api/{kind}/{repo}/preupload/{rev}` (every file answers `regular`, so the client sends it
 base64 inside the commit instead of through LFS or Xet), `POST /api/{kind}/{repo}/commit/{rev}`
 (NDJSON), `POST /api/{kind}/{repo}/branch/{name}`, `GET /api/{kind}/{repo}/revision/{rev}`,
-`GET /api/{kind}/{repo}/tree/{rev}` and `HEAD`/`GET /[spaces/]{repo}/resolve/{rev}/{path}`.
+`GET /api/{kind}/{repo}/tree/{rev}`, `HEAD`/`GET /[spaces/]{repo}/resolve/{rev}/{path}` and
+`GET /api/whoami-v2` (a user whose token writes, or only reads under `refuse_writes`).
 Anything else answers 404 and is kept in `unexpected`, so a test sees a new call.
 
 Point the real client at it with `HF_ENDPOINT=<stand-in url>`. Requests must carry `token` as a
@@ -164,6 +165,9 @@ class _Handler(BaseHTTPRequestHandler):
         parts, _ = self._route()
         if not self._authorized():
             return
+        if parts == ["api", "whoami-v2"]:  # who the token is, and what it may do
+            role = "read" if self.state.refuse_writes else "write"
+            return self._reply(200, {"type": "user", "name": "user", "auth": {"accessToken": {"role": role}}})
         if len(parts) == 6 and parts[0] == "api" and parts[1] in KINDS and parts[4] in ("revision", "tree"):
             repo_id = f"{KINDS[parts[1]]}{parts[2]}/{parts[3]}"
             branch = self._branch(repo_id, parts[5])

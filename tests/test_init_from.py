@@ -409,3 +409,34 @@ def test_stop_going_further_eval_and_demo_work_once_the_base_is_gone(base, tmp_p
     model, tokenizer = load_model(str(exported))
     ids = tokenizer("def f(x):", return_tensors="pt").input_ids
     assert model.generate(ids, max_new_tokens=4, do_sample=False).shape[1] == ids.shape[1] + 4
+
+
+# ---------------------------------------------------------------------- a damaged base folder (issue 29)
+def damaged_copy(base: dict, tmp_path: Path, what: str) -> Path:
+    folder = tmp_path / f"damaged-{what}"
+    shutil.copytree(base["folder"], folder)
+    target = folder / ("model.safetensors" if what == "weights" else "config.json")
+    data = target.read_bytes()
+    target.write_bytes(data[: len(data) // 2])  # a download or a copy cut short
+    return folder
+
+
+@pytest.mark.parametrize("what", ["weights", "config"])
+def test_the_doctor_catches_a_cut_weight_file_or_config_naming_it(base, tmp_path, what):
+    folder = damaged_copy(base, tmp_path, what)
+    (result,) = check_init_from(recipe_for(base, init_from=str(folder)))
+    name = "model.safetensors" if what == "weights" else "config.json"
+    assert result.status == "fail" and f"{folder / name}" in result.reason, result
+    assert "cut short" in result.reason and "again" in result.fix
+
+
+def test_training_from_a_cut_weight_file_exits_78_naming_it(base, tmp_path):
+    folder = damaged_copy(base, tmp_path, "weights")
+    args = {**SHORT_RUN, **base["overrides"], "init_from": folder}
+    args |= {"data_dir": base["data"], "output_dir": tmp_path / "run"}
+    cmd = [sys.executable, "-m", "hf_pretrain.train", "--recipe", "smoke"]
+    for key, value in args.items():
+        cmd += [f"--{key}", str(value)]
+    result = subprocess.run(cmd, cwd=ROOT, env=offline_env(), capture_output=True, text=True, timeout=300)
+    assert result.returncode == EXIT_PREFLIGHT, result.stderr[-3000:]
+    assert f"{folder / 'model.safetensors'} is cut short" in result.stderr and "Traceback" not in result.stderr

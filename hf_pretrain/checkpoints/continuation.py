@@ -116,6 +116,41 @@ def smallest_max_steps(train: TrainConfig, stable_until: int) -> int:
     return guess
 
 
+MIXTURE_KEYS = ("weight", "decay_weight")
+
+
+def mixture_change(step: int, old: list[dict] | None, new: list[dict] | None) -> str:
+    """The sources' change since the checkpoint in words: a new mixture (weights) is drawn by the loader
+    when training and needs no new prepare; what else changed is named by source and key, not dumped."""
+
+    def by_name(sources: list[dict] | None) -> dict[str, dict]:
+        return {str(s.get("name") or s.get("paths") or i): s for i, s in enumerate(sources or [])}
+
+    before, after = by_name(old), by_name(new)
+    weights, settings = [], []
+    for name in [*before, *(n for n in after if n not in before)]:
+        a, b = before.get(name), after.get(name)
+        if a is None or b is None:
+            settings.append(f"{name} {'added' if a is None else 'removed'}")
+            continue
+        weights += [f"{name} {k} {a.get(k)} -> {b.get(k)}" for k in MIXTURE_KEYS if a.get(k) != b.get(k)]
+        other = [k for k in sorted(set(a) | set(b)) if k not in MIXTURE_KEYS and a.get(k) != b.get(k)]
+        if other:
+            settings.append(f"{name}: {', '.join(other)} changed")
+    said = [f"note: the data mixture changed since the checkpoint of step {step:,}"]
+    if weights:
+        said.append(
+            f"{'; '.join(weights)}: the new weights apply from step {step + 1:,} on (the loader draws the "
+            f"mixture when training: no new prepare is needed)"
+        )
+    if settings:
+        said.append(
+            f"{'; '.join(settings)}: prepare's settings; the prepared tokens themselves are checked against "
+            f"the checkpoint's (allow_data_change)"
+        )
+    return ": ".join(said[:2]) + ("; " + said[2] if len(said) > 2 else "")
+
+
 def check_same_data(saved: dict[str, Any], data: dict[str, Any] | None, recipe: Recipe) -> dict[str, Any] | None:
     """Raise `ResumeRefused` when the run's data is not what the checkpoint trained on (another
     tokenizer always; other shards unless `allow_data_change`); returns the data change to record, if
@@ -185,7 +220,9 @@ def plan_continuation(
             f"warning: the checkpoint of step {step} was written by a recipe with different math "
             f"settings; continuing with the new ones"
         )
-    others = [k for k in changed if k not in BATCH_KEYS and k != "train.max_steps"]
+    if "data.sources" in changed:
+        plan.notes.append(mixture_change(step, *changed["data.sources"]))
+    others = [k for k in changed if k not in BATCH_KEYS and k not in ("train.max_steps", "data.sources")]
     if others:
         plan.notes.append(
             "warning: math keys changed since the checkpoint, continuing with the new ones: "

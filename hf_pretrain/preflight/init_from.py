@@ -15,6 +15,7 @@ from hf_pretrain.model_init import (
     data_tokenizer_differs,
     open_base,
     recipe_differences,
+    weight_files,
 )
 from hf_pretrain.preflight.result import CheckResult
 
@@ -42,6 +43,11 @@ def check_init_from(recipe: Recipe, resume_decision: Callable[[], Continuation] 
         base = open_base(init_from)
     except InitFromError as exc:
         return [CheckResult(NAME, "fail", exc.reason, exc.fix)]
+    if base.folder.is_dir() and any(base.folder.glob("*.safetensors")):  # a Hub id's weights come at training
+        try:
+            weight_files(base)  # every file's header, and that the file holds all its tensors' bytes
+        except InitFromError as exc:
+            return [CheckResult(NAME, "fail", exc.reason, exc.fix)]
     differences = recipe_differences(base.config, recipe)
     if differences:
         return [

@@ -44,6 +44,7 @@ class SideJobs:  # a training.callbacks.Callback
         self._uploads = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hf-pretrain-upload")
         self._benchmarks = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hf-pretrain-benchmark")
         self._pending: list[tuple[str, Future]] = []
+        self.not_pushed: list[tuple[str, str]] = []  # (what, why): said again at the end of the run
 
     def on_checkpoint_saved(self, path: Path, step: int) -> None:
         jobs = []
@@ -89,6 +90,8 @@ class SideJobs:  # a training.callbacks.Callback
             job(pin.path, step)
         except Exception as exc:  # a side job is a service to the run, never a reason to lose it
             self.log(f"warning: {name} failed: {type(exc).__name__}: {exc}")
+            if job == self._push_checkpoint:
+                self.not_pushed.append((f"branch step-{step}", f"{type(exc).__name__}: {exc}"))
         finally:
             pin.release()
 
@@ -97,6 +100,7 @@ class SideJobs:  # a training.callbacks.Callback
             url = push_checkpoint(checkpoint, self.train.push_to_hub, step, private=self.train.push_private)
         except HubError as exc:
             self.log(f"warning: step {step} was not pushed: {exc}")
+            self.not_pushed.append((f"branch step-{step}", str(exc)))
             return
         self.log(f"step {step}: pushed to {url}")
 
@@ -130,9 +134,31 @@ class SideJobs:  # a training.callbacks.Callback
                 f"pushed final/ to {push_folder(run.final, self.train.push_to_hub, private=self.train.push_private)}"
             )
         except HubError as exc:
-            self.log(
-                f"warning: {exc}; push it later with `hf-pretrain export --checkpoint {run.path} --push_to_hub ...`"
-            )
+            self.log(f"warning: {exc}; push it later with `{self._upload_final(run)}`")
+            self.not_pushed.append(("final/", str(exc)))
+
+    def _upload_final(self, run: RunDir) -> str:
+        return f"hf upload {self.train.push_to_hub} {run.final}" + (" --private" if self.train.push_private else "")
+
+    def unpushed(self, run: RunDir) -> str | None:
+        """After `wait`: a line naming what was not pushed, why (the first reason) and how to push it, or None."""
+        if not self.not_pushed:
+            return None
+        what = ", ".join(name for name, _ in self.not_pushed)
+        fixes = []
+        if any(name == "final/" for name, _ in self.not_pushed):
+            fixes.append(f"`{self._upload_final(run)}`")
+        newest_branch = next((n for n, _ in reversed(self.not_pushed) if n.startswith("branch step-")), None)
+        if newest_branch is not None:
+            step = int(newest_branch.removeprefix("branch step-"))
+            folder = run.checkpoints / f"step_{step:08d}"
+            if folder.is_dir():  # the others may have been pruned since
+                fixes.append(
+                    f"`hf-pretrain export --checkpoint {folder} --out {run.path / 'exports' / f'step-{step}'} "
+                    f"--push_to_hub {self.train.push_to_hub} --revision step-{step}`"
+                )
+        how = f"; push later with {' and '.join(fixes)}" if fixes else ""
+        return f"not pushed to {self.train.push_to_hub}: {what} ({self.not_pushed[0][1]}){how}"
 
 
 class _Pin:

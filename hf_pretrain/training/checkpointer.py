@@ -5,6 +5,11 @@ main process (train state, config, tokenizer), then sealed: hashed into its mani
 renamed to `step_N/` (checkpoints/manifest.py), and older ones pruned (checkpoints/store.py). The
 seal of a periodic save runs on a thread while training goes on; the next save waits for it. The
 processes agree after each part, so a failure on one ends the save on all of them, none left waiting.
+
+A full disk is named as one: ENOSPC/EDQUOT say so themselves, but torch's zip writer hides the errno
+("unexpected pos 5188928 vs 5188816", "PytorchStreamWriter failed writing file") and safetensors wraps
+it, so a failed write is judged by the volume at the moment it failed (`out_of_space`), never by its
+words alone: a bug that raises the same words on a roomy disk is still a crash, with its traceback.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from hf_pretrain.checkpoints.layout import BRANCH_POINT, TMP_SUFFIX, TRAIN_STATE
 from hf_pretrain.checkpoints.manifest import fsync, write_manifest
 from hf_pretrain.checkpoints.store import list_checkpoints, prune_checkpoints
 from hf_pretrain.config import TrainConfig
+from hf_pretrain.formatting import human_bytes
 from hf_pretrain.training.faults import fault_active
 
 if TYPE_CHECKING:
@@ -59,12 +65,55 @@ class CheckpointSaveError(RuntimeError):
     """A checkpoint could not be written (disk full, quota, I/O error); the previous one is intact."""
 
 
+FULL_DISK_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
+PROBE_BYTES = 1 << 20  # a write this small refused for space: the volume (or the quota) is full
+
+
+def out_of_space(folder: Path, needed: int) -> bool:
+    """Whether a write into `folder` that just failed failed for want of room: less free on its volume
+    than a checkpoint needs, or a small probe write refused with ENOSPC/EDQUOT (a quota that statvfs
+    does not show). Call it before the unfinished folder is removed: that is the state that failed."""
+    where = existing(folder)
+    if free_bytes(where) < needed:
+        return True
+    probe = where / f".hf-pretrain-space-probe-{os.getpid()}"
+    try:
+        with probe.open("wb") as f:
+            f.write(b"\0" * PROBE_BYTES)
+            f.flush()
+            os.fsync(f.fileno())
+    except OSError as exc:
+        return exc.errno in FULL_DISK_ERRNOS
+    finally:
+        probe.unlink(missing_ok=True)
+    return False
+
+
+def existing(path: Path) -> Path:
+    """`path`, or its closest ancestor that exists (a folder that failed to be made has none of its own)."""
+    path = path.absolute()
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path
+
+
+def free_bytes(path: Path) -> int:
+    return shutil.disk_usage(existing(path)).free
+
+
+def folder_bytes(folder: Path) -> int:
+    return sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
+
+
 class Sealing:
     """The seal of a save (manifest, flush, rename, pruning) that may still be running on a thread of
     the main process. The thread is not a daemon: a process that ends while it runs finishes it first."""
 
     def __init__(
-        self, path: Path, seal: Callable[[], None] | None = None, failure: Callable[[OSError], str] | None = None
+        self,
+        path: Path,
+        seal: Callable[[], None] | None = None,
+        failure: Callable[[BaseException], str | None] | None = None,
     ):
         self.path, self._error = path, None
         self._thread = None
@@ -72,7 +121,7 @@ class Sealing:
             self._thread = threading.Thread(target=self._run, args=(seal, failure), name="hf-pretrain-seal")
             self._thread.start()
 
-    def _run(self, seal: Callable[[], None], failure: Callable[[OSError], str]) -> None:
+    def _run(self, seal: Callable[[], None], failure: Callable[[BaseException], str | None]) -> None:
         try:
             seal()
         except OSError as exc:  # said to every process at the next save
@@ -102,6 +151,7 @@ def save_checkpoint(
     previous: Sealing | None = None,
     on_sealed: Callable[[Path], None] | None = None,
     milestone_full_state: bool = False,
+    expected_bytes: int = 0,
 ) -> Sealing:
     """Write the full training state for `train_state["step"]`, atomically, then prune old ones.
 
@@ -114,8 +164,10 @@ def save_checkpoint(
     prunes, then calls `on_sealed(path)`) on a thread and this returns once the state is written: the
     training thread never hashes. `previous` (the last save's `Sealing`) is waited for first, and its
     failure raised here, on every process. Without `background` the seal is done before returning.
+    `expected_bytes` (about what a checkpoint of this model takes) tells a full disk from a crash when
+    the run has no checkpoint yet to measure.
     """
-    write = _CheckpointWrite(accelerator, output_dir, train_state, model_config, tokenizer, previous)
+    write = _CheckpointWrite(accelerator, output_dir, train_state, model_config, tokenizer, previous, expected_bytes)
 
     def seal() -> None:
         write.seal()
@@ -146,8 +198,10 @@ class _CheckpointWrite:
         model_config: PretrainedConfig,
         tokenizer: PreTrainedTokenizerBase,
         previous: Sealing | None,
+        expected_bytes: int = 0,
     ):
         self.accelerator, self.output_dir, self.train_state = accelerator, output_dir, train_state
+        self.expected_bytes = expected_bytes
         self.model_config, self.tokenizer, self.previous = model_config, tokenizer, previous
         self.step = train_state["step"]
         self.final = checkpoint_path(output_dir, self.step)
@@ -186,21 +240,38 @@ class _CheckpointWrite:
         os.replace(self.tmp, self.final)
         fsync(self.final.parent)
 
-    def failure(self, exc: OSError) -> str:
-        """What to tell the user of a failed part: what, where, the space left, and what is intact."""
+    def needed_bytes(self) -> int:
+        """About what this checkpoint takes: the largest complete one of the run, else the model's estimate."""
+        sizes = [folder_bytes(c.path) for c in list_checkpoints(self.output_dir)]
+        return max(sizes, default=self.expected_bytes)
+
+    def failure(self, exc: BaseException) -> str | None:
+        """What to tell the user of a failed part (what, where, the space left, what is intact), or None
+        when `exc` is no failure to write (a bug: the caller raises it, traceback and all)."""
         if isinstance(exc, _EarlierSaveFailed):
             return str(exc)
-        previous_good = next((c.path for c in list_checkpoints(self.output_dir) if c.step < self.step), None)
-        free = shutil.disk_usage(checkpoints_root(self.output_dir)).free / 1e9
+        needed = self.needed_bytes()
+        full = out_of_space(self.tmp, needed)
+        if isinstance(exc, OSError):
+            what = f"{exc.strerror or exc} ({exc.filename or self.tmp})"
+            full = full or exc.errno in FULL_DISK_ERRNOS
+        elif full:  # torch's and safetensors' writers hide the errno: the volume said it was full
+            said = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            what = f"No space left on device (the writer said: {said[:160]})"
+        else:
+            return None
+        free = free_bytes(checkpoints_root(self.output_dir))
         on = f" on process {self.process}" if self.accelerator.num_processes > 1 else ""
+        room = f", and a checkpoint of this run takes about {human_bytes(needed)}" if full and needed else ""
+        previous_good = next((c.path for c in list_checkpoints(self.output_dir) if c.step < self.step), None)
         return (
-            f"saving the step {self.step} checkpoint into {self.tmp} failed{on}: {exc.strerror or exc} "
-            f"({exc.filename or self.tmp}); {free:.2f} GB free on that volume. "
+            f"saving the step {self.step} checkpoint into {self.tmp} failed{on}: {what}; "
+            f"{human_bytes(free)} free on that volume when it failed{room}. "
             + (
                 f"The previous checkpoint {previous_good} is intact: free some space and rerun the same command "
                 f"to resume from it."
                 if previous_good
-                else "There is no earlier checkpoint: the run starts over when rerun."
+                else "There is no earlier checkpoint: free some space; the run starts over when rerun."
             )
         )
 
@@ -225,16 +296,26 @@ class _CheckpointWrite:
         return sealed_or_cleaned
 
 
-def _together(accelerator: Accelerator, part: Callable[[], None], failure: Callable[[OSError], str]) -> str | None:
-    """Run `part` on this process; the first failure message of any process, the same on all of them."""
+def _together(
+    accelerator: Accelerator, part: Callable[[], None], failure: Callable[[BaseException], str | None]
+) -> str | None:
+    """Run `part` on this process; the first failure message of any process, the same on all of them.
+    An exception that is no failure to write (`failure` says None) is raised here, after the others
+    were told, so that none of them is left waiting for this one."""
+    crash = None
     try:
         part()
         error = None
-    except OSError as exc:
+    except Exception as exc:
         error = failure(exc)
-    if accelerator.num_processes == 1:
-        return error
-    return next((e for e in gather_object([error]) if e is not None), None)
+        if error is None:
+            crash = exc
+            error = f"process {accelerator.process_index} crashed while saving: {type(exc).__name__}: {exc}"
+    if accelerator.num_processes > 1:
+        error = next((e for e in gather_object([error]) if e is not None), None)
+    if crash is not None:
+        raise crash
+    return error
 
 
 class Checkpointer:
@@ -248,7 +329,9 @@ class Checkpointer:
         model_config: PretrainedConfig,
         tokenizer: PreTrainedTokenizerBase,
         log: Callable[[str], None],
+        expected_bytes: int = 0,
     ):
+        self.expected_bytes = expected_bytes  # about one checkpoint of this model: tells a full disk from a crash
         self.accelerator, self.train, self.model_config, self.tokenizer, self.log = (
             accelerator,
             train,
@@ -295,5 +378,6 @@ class Checkpointer:
             previous=self._sealing,
             on_sealed=sealed,
             milestone_full_state=self.train.milestone_full_state,
+            expected_bytes=self.expected_bytes,
         )
         return self._sealing.path

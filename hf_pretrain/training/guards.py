@@ -28,6 +28,7 @@ from hf_pretrain.economics.cost import window_cost_per_loss_point
 from hf_pretrain.exit_codes import EXIT_DIVERGED, EXIT_PREEMPTED
 from hf_pretrain.processes import LAUNCHER_GONE, followed_launcher, launcher_gone
 from hf_pretrain.stop_file import StopRequest, answer_stop_request, clear_stop_request, read_stop_request
+from hf_pretrain.training.start_up import loop_ended
 
 if TYPE_CHECKING:
     from hf_pretrain.training.metrics import RunLogger
@@ -94,6 +95,7 @@ class GracefulStop:
     def __exit__(self, *exc) -> None:
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
+        loop_ended()  # the session's start-up handler is back: a signal now no longer changes the ending
 
     def _handle(self, signum: int, frame) -> None:
         name = signal.Signals(signum).name
@@ -259,10 +261,12 @@ class Guards:
         state.cooldown = schedule.cooldown(step, steps, reason)
         if state.cooldown.end > step:
             self.log.record({"kind": "cooldown", "step": step, "end": state.cooldown.end, "reason": reason})
+            cut = state.cooldown.end - step < steps  # never past max_steps (optim.Schedule.cooldown)
             self.log.say(
                 f"step {step}: {reason}: the learning rate decays from {state.lr(step):.3g} to "
-                f"{schedule.floor:.3g} over steps {step + 1}-{state.cooldown.end} ({schedule.train.decay_shape}), "
-                f"then the run saves and writes final/"
+                f"{schedule.floor:.3g} over steps {step + 1}-{state.cooldown.end} ({schedule.train.decay_shape}"
+                + (f"; {steps:,} steps were asked, {state.cooldown.end - step:,} are left to max_steps" if cut else "")
+                + "), then the run saves and writes final/"
             )
             return None
         if self.accelerator.is_main_process:

@@ -25,6 +25,7 @@ from hf_pretrain.checkpoints.store import remove_pins
 from hf_pretrain.config import Recipe, save_recipe
 from hf_pretrain.data import build_val_loader, load_tokenizer
 from hf_pretrain.data.loader import TrainData
+from hf_pretrain.economics.memory import CHECKPOINT_BYTES_PER_PARAMETER
 from hf_pretrain.exit_codes import EXIT_SAVE_FAILED
 from hf_pretrain.hardware import describe_hardware, training_precision
 from hf_pretrain.model import (
@@ -242,7 +243,9 @@ def setup(recipe: Recipe) -> Run:
         state,
         TrainStep(accelerator, model, optimizer, train_loader, cfg, grad_accum, lr_of=state.lr),
         Evaluation(accelerator, model, val_loader, tokenizer, cfg),
-        Checkpointer(accelerator, cfg, config, tokenizer, log=say),
+        Checkpointer(
+            accelerator, cfg, config, tokenizer, log=say, expected_bytes=CHECKPOINT_BYTES_PER_PARAMETER * n_params
+        ),
         log,
         data,
     )

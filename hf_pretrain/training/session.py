@@ -41,6 +41,7 @@ from hf_pretrain.preflight import PreflightError
 from hf_pretrain.processes import follow_launcher, launcher
 from hf_pretrain.run_dir import RunDir
 from hf_pretrain.run_lock import RunDirUnusable, RunLock, RunLocked, command_line, now
+from hf_pretrain.training.start_up import StartUpSignals, StoppedDuringStartUp
 
 
 @dataclass(frozen=True)
@@ -97,6 +98,8 @@ REFUSALS = (PreflightError, ResumeRefused, CheckpointError, InitFromError, RunDi
 
 
 def exit_code_of(error: BaseException) -> int:
+    if isinstance(error, StoppedDuringStartUp):
+        return EXIT_PREEMPTED
     if isinstance(error, RunLocked):
         return EXIT_LOCKED
     if isinstance(error, REFUSALS):
@@ -116,7 +119,7 @@ def describe(error: BaseException) -> str:
         return f"cannot go on from the run folder's checkpoint, nothing was started: {error}"
     if isinstance(error, InitFromError):
         return f"cannot start from the base model, nothing was started: {error}"
-    if isinstance(error, RunLocked):
+    if isinstance(error, (RunLocked, StoppedDuringStartUp)):
         return str(error)
     if isinstance(error, RunDirUnusable):
         return f"refused, nothing was started: {error}"
@@ -148,8 +151,13 @@ def killed_session(run: RunDir) -> str | None:
     )
 
 
-def _last_logged_step(metrics: Path, tail_bytes: int = 1 << 16) -> int | None:
-    """The step of the last whole record of metrics.jsonl, read from its tail only (a 1b run's file is large)."""
+def _last_logged_step(metrics: Path) -> int | None:
+    record = last_train_record(metrics)
+    return int(record["step"]) if record else None
+
+
+def last_train_record(metrics: Path, tail_bytes: int = 1 << 16) -> dict[str, Any] | None:
+    """The last whole `train` record of metrics.jsonl, read from its tail only (a 1b run's file is large)."""
     try:
         with metrics.open("rb") as f:
             f.seek(max(0, f.seek(0, os.SEEK_END) - tail_bytes))
@@ -158,8 +166,11 @@ def _last_logged_step(metrics: Path, tail_bytes: int = 1 << 16) -> int | None:
         return None
     for line in reversed(lines):
         try:
-            return int(json.loads(line)["step"])
-        except (ValueError, KeyError, TypeError):
+            record = json.loads(line)
+            if record.get("kind", "train") == "train":
+                int(record["step"])
+                return record
+        except (ValueError, KeyError, TypeError, AttributeError):
             continue  # a line cut short by the kill, or the cut first line of the tail
     return None
 
@@ -174,16 +185,22 @@ class Session:
         self.lock = RunLock(self.dir)
         self.started = now()
         self._holding = False
+        self.signals = StartUpSignals()  # SIGTERM before the loop: `preempted`, not a `running` left behind
 
     def __enter__(self) -> Session:
         follow_launcher()
-        if self.first:
-            self.lock.acquire()
-            self._holding = True
-            killed = killed_session(self.dir)  # the lock was free: a `running` status is a session that was killed
-            if killed:
-                print(f"note: {killed}", flush=True)
-            self._write(None, RUNNING, "training" + (f"; {killed}" if killed else ""))
+        self.signals.__enter__()
+        try:
+            if self.first:
+                self.lock.acquire()
+                self._holding = True
+                killed = killed_session(self.dir)  # the lock was free: a `running` status is a session that was killed
+                if killed:
+                    print(f"note: {killed}", flush=True)
+                self._write(None, RUNNING, "training" + (f"; {killed}" if killed else ""))
+        except BaseException as exc:  # refused or stopped here: recorded if the lock was held, signals as they were
+            self.__exit__(type(exc), exc, exc.__traceback__)
+            raise
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
@@ -193,17 +210,19 @@ class Session:
         if self._holding:
             self.lock.release()
             self._holding = False
+        self.signals.__exit__(exc_type, exc, tb)
 
-    def ended(self, exit_code: int, message: str, finished: bool) -> None:
-        """Record how the session ended."""
+    def ended(self, exit_code: int, message: str, finished: bool, **details) -> None:
+        """Record how the session ended; `details` (those not None) are fields of their own beside it."""
         ending = (FINISHED if finished else STOPPED) if exit_code == 0 else ENDINGS.get(exit_code, CRASHED)
-        self._write(exit_code, ending, message)
+        self._write(exit_code, ending, message, {k: v for k, v in details.items() if v is not None})
 
-    def _write(self, exit_code: int | None, ending: Ending, reason: str) -> None:
+    def _write(self, exit_code: int | None, ending: Ending, reason: str, details: dict | None = None) -> None:
         if not self._holding:
             return
         status = {
             **_ending_fields(self.dir, exit_code, ending, reason),
+            **(details or {}),
             "pid": os.getpid(),
             "host": socket.gethostname(),
             "launcher": launcher(),
@@ -241,9 +260,23 @@ def _ending_fields(run: RunDir, exit_code: int | None, ending: Ending, reason: s
 
 
 def _write_status(run: RunDir, status: dict) -> None:
+    text = json.dumps(status, indent=1) + "\n"
     tmp = run.status.with_name(f"{run.status.name}.{os.getpid()}.tmp")  # one per writer: two may race
     try:
-        tmp.write_text(json.dumps(status, indent=1) + "\n")
+        tmp.write_text(text)
         os.replace(tmp, run.status)  # whole or not at all: a reader never sees half of it
-    except OSError as exc:  # a full disk must not hide how the session ended: the exit code still says it
-        print(f"warning: {run.status} could not be written: {exc}", file=sys.stderr)
+        return
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)  # never a stray status.json.*.tmp
+        failed = exc
+    # A full disk has no room for a second copy, but the old status.json's own blocks are freed when it
+    # is truncated: rewritten in place, the ending (a few hundred bytes, like the `running` it replaces)
+    # fits. A write cut short there leaves a file that reads as no status, never as `running`.
+    try:
+        with run.status.open("w") as f:
+            f.write(text)
+        return
+    except OSError:
+        pass
+    # the exit code still says how the session ended
+    print(f"warning: {run.status} could not be written: {failed.strerror or failed}", file=sys.stderr)

@@ -32,11 +32,12 @@ from typing import Any
 from hf_pretrain.checkpoints.store import newest_good_checkpoint
 from hf_pretrain.config import CommandParser
 from hf_pretrain.exit_codes import EXIT_PREFLIGHT
+from hf_pretrain.formatting import human_duration
 from hf_pretrain.optim import Cooldown
 from hf_pretrain.run_dir import RunDir
 from hf_pretrain.run_lock import holder_of
 from hf_pretrain.stop_file import at_start, clear_stop_request, read_stop_request, request_stop
-from hf_pretrain.training.session import read_status
+from hf_pretrain.training.session import last_train_record, read_status
 
 EXIT_REFUSED = EXIT_PREFLIGHT  # refused, nothing written: the same code as a training refused before any work
 
@@ -78,6 +79,29 @@ def _last_session(status: dict[str, Any], holder: dict[str, Any] | None) -> str:
             f"killed, its status.json still says `running`"
         )
     return f"no training holds it now: its last session ended `{status.get('state')}` ({status.get('updated')})"
+
+
+def _decay_cut_at_max_steps(
+    run: RunDir, recipe: Any, saved: dict[str, Any] | None, running: bool, cooldown_steps: int | None
+) -> str | None:
+    """Where a cooldown longer than the steps left really ends (a cooldown never passes max_steps:
+    optim.Schedule.cooldown), and when, at the run's last logged rate; None when it fits, or unknown."""
+    max_steps = recipe.train.max_steps if recipe is not None else (saved or {}).get("max_steps")
+    record = last_train_record(run.metrics) if running else None
+    # a running job is past its last logged step; one that waits resumes from its newest checkpoint
+    step = int(record["step"]) if record else (saved or {}).get("step")
+    if not cooldown_steps or max_steps is None or step is None or step + cooldown_steps <= max_steps:
+        return None
+    left = max(0, max_steps - step)
+    when = ""
+    tokens_per_s = (record or {}).get("tokens_per_s")
+    if tokens_per_s and recipe is not None:
+        seconds = left * recipe.train.global_batch_tokens / tokens_per_s
+        when = f", in about {human_duration(seconds)} at its last logged {tokens_per_s:,.0f} tokens/s"
+    return (
+        f"then saves and writes final/. {cooldown_steps:,} steps are more than the {left:,} left after step "
+        f"{step:,}: the decay ends at max_steps, step {max_steps:,}{when}"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -139,6 +163,9 @@ def main(argv: list[str] | None = None) -> int:
     else:
         steps = f"{args.cooldown_steps:,} steps" if args.cooldown_steps else "decay_fraction x the steps done"
         then = f"decays its learning rate over {steps} from its next step on, then saves and writes final/"
+    cut = _decay_cut_at_max_steps(run, recipe, saved, running, args.cooldown_steps)
+    if cut:
+        then = then.replace("then saves and writes final/", cut)
     replaced = ""
     if pending is not None:
         replaced = f" It replaces {pending.describe()}, " + (
