@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import copy
+import json
 import shutil
 
 import pytest
 import torch
 
+from hf_pretrain import bench
+from hf_pretrain.bench.quality import Curve, savings
 from hf_pretrain.config import load_recipe
 from hf_pretrain.model import build_model, llama_config
 from hf_pretrain.muon import MUON_GROUP, MuonAdamW
@@ -140,3 +143,40 @@ def test_resuming_an_adamw_run_with_muon_is_refused_naming_the_key(reference_run
     assert "preflight failed, nothing was started" in log, log[-3000:]
     assert "optimizer adamw -> muon since the checkpoint of step 8" in log, log[-3000:]
     assert "go back to --optimizer adamw" in log
+
+
+def test_tokens_to_reach_interpolates_between_finished_models():
+    curve = Curve("v", 1, tokens=[100, 200, 400], val_loss=[5.0, 4.0, 3.5])
+    assert curve.tokens_to_reach(5.5) == 100  # reached by the first finished model already
+    assert curve.tokens_to_reach(4.0) == pytest.approx(200)
+    assert curve.tokens_to_reach(3.75) == pytest.approx(200 * 2**0.5)  # halfway in log tokens
+    assert curve.tokens_to_reach(3.0) is None
+    base = Curve("base", 1, tokens=[100, 200, 400], val_loss=[5.2, 4.4, 3.75])
+    assert savings([base, curve], "base") == {"v": [pytest.approx(1 - 2**0.5 / 2)]}
+
+
+@pytest.mark.slow
+def test_quality_mode_on_a_tiny_grid(smoke_data, tmp_path, capsys):
+    """Two variants, two seeds, two finished models each: the table, the saving with its spread, the shrink."""
+    out = tmp_path / "quality"
+    argv = ["--recipe", "smoke", "--data_dir", str(smoke_data), "--num_hidden_layers", "1"]
+    argv += ["--quality", "--variants", "optimizer=adamw,muon", "--seeds", "1,2", "--steps", "8"]
+    argv += ["--points", "2", "--output", str(out), "--global_batch_tokens", "1024", "--micro_batch_size", "8"]
+    assert bench.main(argv) == 0
+    said = capsys.readouterr().out
+    assert "model shrunk for the bench: num_hidden_layers 4 -> 1" in said
+    result = json.loads((out / "quality.json").read_text())
+    curves = result["curves"]
+    assert [(c["variant"], c["seed"]) for c in curves] == [
+        ("optimizer=adamw", 1),
+        ("optimizer=adamw", 2),
+        ("optimizer=muon", 1),
+        ("optimizer=muon", 2),
+    ]
+    assert all(c["tokens"] == [4096, 8192] and not c["failed"] for c in curves)
+    # the same init per seed: the seeds differ, the variants of one seed start alike
+    assert curves[0]["val_loss"] != curves[1]["val_loss"]
+    assert len(result["savings"]["optimizer=muon"]) == 2
+    assert "optimizer=muon: " in said and ("(sd over 2 seeds)" in said or "never reaches" in said)
+    print(said)
+    assert (out / "quality.md").read_text().startswith("model shrunk")
