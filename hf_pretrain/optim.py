@@ -1,4 +1,5 @@
-"""AdamW with decay only where it belongs, and the learning-rate schedule in optimizer steps.
+"""The optimizer (AdamW; or Muon on the matrices, AdamW on the rest) with decay only where it
+belongs, and the learning-rate schedule in optimizer steps.
 
 Two schedules (`lr_schedule`):
 - `cosine`: linear warmup, then a cosine from the peak to `min_lr_ratio` of it at `max_steps`.
@@ -19,21 +20,35 @@ from typing import Any
 import torch
 
 from hf_pretrain.config import TrainConfig
+from hf_pretrain.muon import LR_SCALE, MuonAdamW, is_muon_matrix
 
 
-def build_optimizer(model: torch.nn.Module, train: TrainConfig, fused: bool) -> torch.optim.AdamW:
-    """AdamW where matrices decay and norms and biases (1-D tensors) do not."""
-    decay, no_decay = [], []
-    for param in model.parameters():
-        if param.requires_grad:
-            (decay if param.ndim >= 2 else no_decay).append(param)
+def build_optimizer(model: torch.nn.Module, train: TrainConfig, fused: bool) -> torch.optim.Optimizer:
+    """AdamW where matrices decay and norms and biases (1-D tensors) do not; with `optimizer: muon`,
+    Muon takes the decoder's matrices (`muon.py`) and AdamW the rest, with the same split of decay."""
+    named = [(name, param) for name, param in model.named_parameters() if param.requires_grad]
+    matrices = [p for name, p in named if train.optimizer == "muon" and is_muon_matrix(name, p)]
+    on_muon = {id(p) for p in matrices}
+    rest = [p for _, p in named if id(p) not in on_muon]
+    # The embedding (tied to the head) is 2-D and decays, as it always has here; norms never do.
     groups = [
-        {"params": decay, "weight_decay": train.weight_decay},
-        {"params": no_decay, "weight_decay": 0.0},
+        {"params": [p for p in rest if p.ndim >= 2], "weight_decay": train.weight_decay},
+        {"params": [p for p in rest if p.ndim < 2], "weight_decay": 0.0},
     ]
-    return torch.optim.AdamW(
-        groups, lr=train.learning_rate, betas=(train.adam_beta1, train.adam_beta2), eps=train.adam_eps, fused=fused
-    )
+    betas = (train.adam_beta1, train.adam_beta2)
+    if train.optimizer == "muon":
+        return MuonAdamW(
+            matrices,
+            groups,
+            lr=train.learning_rate,
+            muon_lr_scale=(train.muon_learning_rate or train.learning_rate) / train.learning_rate,
+            weight_decay=train.weight_decay,
+            momentum=train.muon_momentum,
+            betas=betas,
+            eps=train.adam_eps,
+            fused=fused,
+        )
+    return torch.optim.AdamW(groups, lr=train.learning_rate, betas=betas, eps=train.adam_eps, fused=fused)
 
 
 @dataclass(frozen=True)
@@ -146,5 +161,6 @@ def learning_rate_at(step: int, train: TrainConfig) -> float:
 
 
 def set_learning_rate(optimizer: torch.optim.Optimizer, lr: float) -> None:
+    """The schedule's rate on every group, times the group's own scale (Muon's matrices may differ)."""
     for group in optimizer.param_groups:
-        group["lr"] = lr
+        group["lr"] = lr * group.get(LR_SCALE, 1.0)

@@ -2,6 +2,7 @@
 
     hf-pretrain bench --recipe 1b --variants gradient_checkpointing=true,false micro_batch_size=8,16
     hf-pretrain bench --recipe smoke --steps 12 --warmup 4 --memory_gib 2 --output runs/bench-smoke
+    hf-pretrain bench --recipe smoke --quality --variants optimizer=adamw,muon --seeds 1,2 --steps 300
 
 Every variant is a short run of the real training loop (`hf_pretrain.train.run_training`) in its own
 process: Accelerate's state is a process singleton, and a fresh process also gives each variant a
@@ -19,6 +20,9 @@ change the global batch, not just its speed. The largest one is then measured li
 and the bench says whether the recipe's settings leave speed on the table.
 
 Results go to `--output`: bench.json (every field) and bench.md (the tables).
+
+`--quality` measures loss per token instead (bench/quality.py): finished models of each variant at
+several lengths, over seeds, and the tokens and dollars a variant saves to reach the baseline's loss.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from hf_pretrain.bench.quality import QualityRequest, run_quality, shipped_recipe
 from hf_pretrain.bench.sweep import BenchRequest, run_bench
 from hf_pretrain.bench.variants import run_in_this_process, variant_grid
 from hf_pretrain.config import Recipe, RecipeError, parse_recipe_args
@@ -64,6 +69,18 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
         "CPU: required for a search, against the process's peak RSS)",
     )
     group.add_argument("--no_search", action="store_true", help="skip the largest-micro-batch search")
+    quality = parser.add_argument_group("quality mode (loss per token instead of speed; bench/quality.py)")
+    quality.add_argument(
+        "--quality",
+        action="store_true",
+        help="train each variant to finished models at --points lengths up to --steps, over --seeds, and "
+        "print the tokens (and dollars) each saves to reach the first variant's final loss",
+    )
+    quality.add_argument("--seeds", default="1,2", help="quality: comma-separated seeds (init and data order)")
+    quality.add_argument("--points", type=int, default=4, help="quality: finished models per variant and seed")
+    quality.add_argument(
+        "--gpu", default=None, help="quality: price the saving on this GPU's plan (`hf-pretrain plan`)"
+    )
     group.add_argument("--worker_result", default=None, help=argparse.SUPPRESS)
 
 
@@ -81,6 +98,25 @@ def bench_request(recipe: Recipe, args: argparse.Namespace) -> BenchRequest:
     )
 
 
+def quality_request(recipe: Recipe, args: argparse.Namespace) -> QualityRequest:
+    try:
+        seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
+    except ValueError:
+        raise ValueError(
+            f"--seeds {args.seeds!r} must be whole numbers separated by commas, e.g. --seeds 1,2"
+        ) from None
+    return QualityRequest(
+        recipe=recipe,
+        shipped=shipped_recipe(recipe),
+        output=Path(args.output or f"runs/bench-quality-{recipe.name}"),
+        variants=variant_grid(args.variants),
+        seeds=seeds,
+        steps=args.steps,
+        points=args.points,
+        gpu=args.gpu,
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     recipe, args = parse_recipe_args(
         argv,
@@ -90,6 +126,14 @@ def main(argv: list[str] | None = None) -> int:
     )
     if args.worker_result:  # a variant's child process (variants.run_in_child)
         return run_in_this_process(recipe, Path(args.worker_result))
+    if args.quality:
+        try:
+            quality = quality_request(recipe, args)
+        except (RecipeError, ValueError) as exc:
+            print(f"{PROG}: error: {exc}", file=sys.stderr)
+            return 2
+        result = run_quality(quality)
+        return 0 if all(not c["failed"] for c in result["curves"]) else 1
     try:
         request = bench_request(recipe, args)
     except (PriceError, RecipeError, ValueError) as exc:

@@ -137,8 +137,9 @@ def run_in_this_process(recipe: Recipe, result_path: Path) -> int:
     return 0
 
 
-def run_in_child(recipe: Recipe, folder: Path) -> RunResult:
-    """Run `recipe` in a fresh process; its log, recipe and result stay in `folder`."""
+def run_in_child(recipe: Recipe, folder: Path, keep_weights: bool = False) -> RunResult:
+    """Run `recipe` in a fresh process; its log, recipe and result stay in `folder`; its checkpoints
+    too with `keep_weights` (a run that goes further from them)."""
     folder.mkdir(parents=True, exist_ok=True)
     recipe_file, result_file, log_file = folder / "recipe.yaml", folder / "result.json", folder / "log.txt"
     save_recipe(recipe, recipe_file)
@@ -162,7 +163,7 @@ def run_in_child(recipe: Recipe, folder: Path) -> RunResult:
         code = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, env=env).returncode
     # A checkpoint of a 1B model is 12 GB: keep the metrics, drop the weights.
     run = RunDir(recipe.train.output_dir)
-    for heavy in (run.checkpoints, run.final):
+    for heavy in () if keep_weights else (run.checkpoints, run.final):
         shutil.rmtree(heavy, ignore_errors=True)
     if result_file.exists():
         return RunResult(**json.loads(result_file.read_text()))

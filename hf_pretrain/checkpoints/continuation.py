@@ -215,6 +215,13 @@ def plan_continuation(
                 "position is recomputed in tokens), or go back to the old value",
             )
         plan.notes.append(f"{what} (allow_recipe_change): the data stream goes on from the tokens read so far")
+    if "train.optimizer" in changed:
+        old, new = changed["train.optimizer"]
+        raise ResumeRefused(
+            f"optimizer {old} -> {new} since the checkpoint of step {step}: its optimizer state is {old}'s, "
+            f"and {new} would start from none",
+            f"go back to --optimizer {old}, or start a run of its own (--output_dir NEW)",
+        )
     if not saved.get("math_keys") and saved.get("recipe_fingerprint") not in (None, recipe.fingerprint()):
         plan.notes.append(
             f"warning: the checkpoint of step {step} was written by a recipe with different math "

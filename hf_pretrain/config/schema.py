@@ -242,7 +242,21 @@ class TrainConfig:
     decay_shape: Literal["linear", "1-sqrt"] = key(
         "1-sqrt", "wsd decay and cooldowns: `linear` or `1-sqrt` (falls fast, then flattens)"
     )
-    weight_decay: float = key(0.1, "AdamW decay on matrices only", ge=0)
+    # Muon (orthogonalised momentum) on the decoder's 2-D matrices, AdamW on the rest: nanochat's split.
+    optimizer: Literal["adamw", "muon"] = key(
+        "adamw",
+        "`adamw` for every tensor, or `muon`: torch.optim.Muon on the decoder's 2-D weight matrices "
+        "(attention and MLP projections), AdamW on the embedding, head and norms",
+    )
+    muon_learning_rate: float = key(
+        0.0,
+        "muon: the matrices' peak rate (0 = learning_rate; Muon's updates are scaled to AdamW's RMS, "
+        "so AdamW's rate carries over); the schedule scales both rates alike",
+        ge=0,
+        le=1,
+    )
+    muon_momentum: float = key(0.95, "muon: momentum of the matrices (Nesterov)", ge=0, lt=1)
+    weight_decay: float = key(0.1, "decoupled decay on matrices only (AdamW's and Muon's alike)", ge=0)
     adam_beta1: float = key(0.9, "AdamW first-moment decay", ge=0, lt=1)
     adam_beta2: float = key(0.95, "AdamW second-moment decay", ge=0, lt=1)
     adam_eps: float = key(1e-8, "AdamW denominator epsilon", gt=0)
