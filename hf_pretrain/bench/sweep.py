@@ -21,7 +21,8 @@ from hf_pretrain.bench.search import ProbeError, SearchResult, search_micro_batc
 from hf_pretrain.bench.variants import VariantRunner, is_recipe_as_written
 from hf_pretrain.config import Recipe, build_recipe
 from hf_pretrain.data import DataMismatchError, check_prepared_data, prepare
-from hf_pretrain.hardware import best_match, device_name, device_peak_flops
+from hf_pretrain.economics.gpus import best_match
+from hf_pretrain.hardware import device_name, device_peak_flops
 from hf_pretrain.model import recipe_flops_per_token
 
 Say = Callable[[str], None]
