@@ -14,8 +14,8 @@ from hf_pretrain import bench, report
 from hf_pretrain.config import load_recipe
 from hf_pretrain.economics import plan
 from hf_pretrain.economics.cost import Phase, phase_row
-from hf_pretrain.economics.prices import PriceError, parse_price, price_table
 from hf_pretrain.economics.gpus import best_match, find_gpu
+from hf_pretrain.economics.prices import PriceError, parse_price, price_table
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

@@ -251,10 +251,12 @@ def slow_node_warning(measured_tokens_per_s: float, device_name: str, recipe: Re
     the model for its kind, else None (also for a device the GPU table does not know, e.g. a CPU).
 
     `measured_tokens_per_s` is one GPU's rate after warm-up (compilation) with the recipe's own
-    micro-batch and checkpointing.
+    micro-batch and checkpointing. The model is of the compiled bf16 step: an eager or fp32 run is
+    slower by design, not by fault, and is not judged.
     """
     gpu = find_gpu(device_name)
-    if gpu is None or measured_tokens_per_s <= 0:
+    modelled_step = recipe.train.compile and recipe.train.mixed_precision in ("auto", "bf16")
+    if gpu is None or measured_tokens_per_s <= 0 or not modelled_step:
         return None
     expected = modelled_tokens_per_s(recipe, gpu)
     if measured_tokens_per_s >= SLOW_NODE_FRACTION * expected:
