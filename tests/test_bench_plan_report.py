@@ -271,7 +271,7 @@ def test_bench_smoke_measures_variants_and_finds_the_largest_micro_batch(smoke_d
         assert 0 <= variant["data_wait_share"] <= 1
         usd = variant["usd_per_billion_tokens"]
         assert usd["test-gpu"] == pytest.approx(1.5 * 1e9 / variant["tokens_per_s"] / 3600)
-        assert set(usd) >= {"H100", "A100 80GB"}
+        assert set(usd) >= {"H100 SXM", "A100 80GB SXM"}
 
     search = result["micro_batch_search"]
     assert search["candidates"] == [1, 2, 4, 8, 16, 32] and search["memory_budget_gib"] == budget
