@@ -1,4 +1,5 @@
-"""The one home of what depends on the machine: precision, peak FLOPs, device names, peak memory.
+"""The one home of what depends on the machine: precision, device names, peak memory; a device's peak
+FLOPs come from the GPU table (economics/gpus.yaml).
 
 Every other module asks here instead of deciding again, so training, the doctor, the memory and
 disk estimates, evaluation and the benchmarks always agree on what `mixed_precision: auto` means
@@ -9,23 +10,10 @@ from __future__ import annotations
 
 import os
 import platform
-import re
-from collections.abc import Iterable
 
 import torch
 
-# Dense bf16 tensor-core peaks (FLOP/s, no sparsity) from the vendors' data sheets.
-PEAK_BF16_FLOPS = {
-    "H200": 989e12,
-    "H100 PCIe": 756e12,
-    "H100": 989e12,
-    "A100": 312e12,
-    "L40S": 362e12,
-    "A10G": 70e12,
-    "L4": 121e12,
-    "RTX 4090": 165e12,
-    "RTX 3090": 71e12,
-}
+from hf_pretrain.economics.gpus import find_gpu
 
 
 def cuda_bf16_available() -> bool:
@@ -67,25 +55,11 @@ def inference_device_and_dtype() -> tuple[str, torch.dtype]:
     return "cpu", torch.float32
 
 
-def _words(name: str) -> set[str]:
-    return {w for w in re.split(r"[^0-9a-z]+", name.lower()) if w}
-
-
-def best_match(name: str, keys: Iterable[str]) -> str | None:
-    """The key all of whose words are words of `name`, the most specific (most words) first.
-
-    `best_match("NVIDIA A100-SXM4-80GB", ["A100 40GB", "A100 80GB"])` is "A100 80GB";
-    whole words only, so "L4" never matches "NVIDIA L40S".
-    """
-    words = _words(name)
-    matching = [key for key in keys if _words(key) and _words(key) <= words]
-    return max(matching, key=lambda key: len(_words(key)), default=None)
-
-
 def peak_flops_for_name(name: str) -> float | None:
-    """Datasheet dense bf16 FLOP/s of a GPU named like a price entry or a CUDA device, or None."""
-    key = best_match(name, PEAK_BF16_FLOPS)
-    return PEAK_BF16_FLOPS[key] if key else None
+    """Datasheet dense bf16 FLOP/s of a GPU named like a table entry or a CUDA device, or None
+    (the figures live in economics/gpus.yaml)."""
+    gpu = find_gpu(name)
+    return gpu.bf16_flops if gpu else None
 
 
 def device_peak_flops(device: torch.device) -> float | None:

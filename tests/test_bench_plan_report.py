@@ -14,8 +14,8 @@ from hf_pretrain import bench, report
 from hf_pretrain.config import load_recipe
 from hf_pretrain.economics import plan
 from hf_pretrain.economics.cost import Phase, phase_row
+from hf_pretrain.economics.gpus import best_match, find_gpu
 from hf_pretrain.economics.prices import PriceError, parse_price, price_table
-from hf_pretrain.hardware import best_match
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -160,9 +160,15 @@ def test_plan_without_throughput_says_what_time_and_cost_need(capsys):
 # ---------------------------------------------------------------------- prices
 def test_price_table_and_gpu_names(tmp_path):
     table = price_table(extra=["My H100=2.10"])
-    assert table["My H100"] == 2.10 and table["H100"] > 0
-    assert best_match("NVIDIA A100-SXM4-80GB", table) == "A100 80GB"
-    assert best_match("NVIDIA H100 PCIe", table) == "H100 PCIe"
+    assert table["My H100"] == 2.10 and table["H100 SXM"] > 0  # the GPU table's typical prices
+    assert find_gpu("NVIDIA A100-SXM4-80GB").name == "A100 80GB SXM"
+    assert find_gpu("NVIDIA A100-SXM4-40GB").name == "A100 40GB"
+    assert find_gpu("NVIDIA H100 PCIe").name == "H100 PCIe"
+    assert find_gpu("NVIDIA H100 80GB HBM3").name == "H100 SXM"
+    assert find_gpu("NVIDIA L4").name == "L4" and find_gpu("NVIDIA L40S").name == "L40S"
+    assert find_gpu("NVIDIA GeForce RTX 4090").name == "RTX 4090" and find_gpu("NVIDIA A10G").name == "A10G"
+    assert find_gpu("NVIDIA RTX 6000 Ada Generation").name == "RTX 6000 Ada"
+    assert find_gpu("NVIDIA RTX A6000").name == "RTX A6000" and find_gpu("Tesla V100-SXM2-16GB") is None
     assert best_match("NVIDIA L40S", ["L4", "L40S"]) == "L40S"
     assert best_match("NVIDIA L40S", ["L4"]) is None
     custom = tmp_path / "prices.yaml"
@@ -265,7 +271,7 @@ def test_bench_smoke_measures_variants_and_finds_the_largest_micro_batch(smoke_d
         assert 0 <= variant["data_wait_share"] <= 1
         usd = variant["usd_per_billion_tokens"]
         assert usd["test-gpu"] == pytest.approx(1.5 * 1e9 / variant["tokens_per_s"] / 3600)
-        assert set(usd) >= {"H100", "A100 80GB"}
+        assert set(usd) >= {"H100 SXM", "A100 80GB SXM"}
 
     search = result["micro_batch_search"]
     assert search["candidates"] == [1, 2, 4, 8, 16, 32] and search["memory_budget_gib"] == budget

@@ -53,7 +53,9 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--steps", type=int, default=20, help="optimizer steps per variant")
     group.add_argument("--warmup", type=int, default=5, help="first steps left out of the timing")
     group.add_argument("--output", default=None, help="results folder (unset: runs/bench-RECIPE)")
-    group.add_argument("--prices", default=None, help="price table YAML (unset: hf_pretrain/economics/prices.yaml)")
+    group.add_argument(
+        "--prices", default=None, help="price table YAML (unset: the typical prices of hf_pretrain/economics/gpus.yaml)"
+    )
     group.add_argument(
         "--gpu_price",
         action="append",

@@ -21,7 +21,9 @@ from hf_pretrain.bench.search import ProbeError, SearchResult, search_micro_batc
 from hf_pretrain.bench.variants import VariantRunner, is_recipe_as_written
 from hf_pretrain.config import Recipe, build_recipe
 from hf_pretrain.data import DataMismatchError, check_prepared_data, prepare
-from hf_pretrain.hardware import best_match, device_name, device_peak_flops
+from hf_pretrain.economics.gpus import best_match, find_gpu
+from hf_pretrain.economics.performance import modelled_tokens_per_s, slow_node_warning
+from hf_pretrain.hardware import device_name, device_peak_flops
 from hf_pretrain.model import recipe_flops_per_token
 
 Say = Callable[[str], None]
@@ -100,6 +102,12 @@ def bench_result(
         if variant.tokens_per_s and variants[0].tokens_per_s:
             variant.speedup_vs_recipe = variant.tokens_per_s / variants[0].tokens_per_s - 1
     left_on_table, notes = advice(recipe, variants, search)
+    # the recipe as written against the performance model for this GPU: a slow or faulty node shows here
+    gpu = find_gpu(name) if device.type == "cuda" else None
+    modelled = modelled_tokens_per_s(recipe, gpu) if gpu else None
+    slow_node = slow_node_warning(variants[0].tokens_per_s or 0.0, name, recipe) if gpu else None
+    if slow_node:
+        notes.append(f"warning: {slow_node}")
     return {
         "recipe": recipe.name,
         "device": name,
@@ -116,6 +124,8 @@ def bench_result(
         "variants": [asdict(v) for v in variants],
         "micro_batch_search": asdict(search) if search else None,
         "micro_batch_search_error": search_error,
+        "modelled_tokens_per_s": modelled,  # the performance model's estimate for this GPU (economics/performance.py)
+        "slow_node": slow_node,
         "leaves_speed_on_the_table": left_on_table,
         "advice": notes,
     }

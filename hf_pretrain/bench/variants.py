@@ -46,7 +46,7 @@ class VariantResult:
     flops_per_token: float | None = None
     tokens_per_s: float | None = None
     step_seconds: float | None = None
-    mfu: float | None = None  # against the datasheet bf16 peak (GPUs in hardware.PEAK_BF16_FLOPS)
+    mfu: float | None = None  # against the datasheet bf16 peak (GPUs in economics/gpus.yaml)
     mfu_measured_peak: float | None = None  # against the matmul rate measured in this run
     peak_memory_gib: float | None = None
     data_wait_share: float | None = None  # None when the run's metrics do not log it

@@ -31,7 +31,10 @@ I = intermediate_size (SwiGLU), a = num_attention_heads:
 These coefficients were measured with `torch.autograd.graph.saved_tensors_hooks` on
 transformers 5.x (CPU SDPA, which saves the same tensors as the flash kernel).
 With gradient checkpointing (per decoder layer) only each layer's fp32 input is kept (4h per token
-and layer) and one layer's activations are recomputed at a time during the backward pass.
+and layer) and one layer's activations are recomputed at a time during the backward pass. Selective
+checkpointing of k of the L layers (`train.checkpointed_layers`) keeps L - k layers' activations and
+k layer inputs; the checkpointed layers are the first k, which the backward pass reaches last, after
+the others' activations are freed, so their recomputation adds to the peak only when k = L.
 The head adds, per token, the final norm (10h mixed, 12h fp32), and its backward the larger of two
 moments: the loss's backward, 12V per token in both precisions (the fp32 log-softmax kept for it, its
 incoming gradient and the logits' gradient; in mixed precision the bf16 logits and their gradient
@@ -70,6 +73,9 @@ WEIGHT_BYTES, GRADIENT_BYTES, ADAM_BYTES, HALF_COPY_BYTES = 4, 4, 8, 2
 CHECKPOINT_BYTES_PER_PARAMETER = WEIGHT_BYTES + ADAM_BYTES
 # Bytes per token per layer of the fp32 residual stream kept at each checkpointed layer boundary.
 RESIDUAL_BYTES = 4
+# Share of the device's memory a run can count on: the CUDA context, cuBLAS/NCCL workspaces and
+# allocator fragmentation take the rest.
+USABLE_MEMORY_FRACTION = 0.9
 # Bytes per token and vocabulary row at the loss's backward: three fp32 buffers (module docstring).
 LOSS_BYTES_PER_LOGIT = 12
 
@@ -88,14 +94,29 @@ class MemoryEstimate:
     head: int  # final norm + logits and loss
     embedding_gradient: int = 0  # the tied embedding's gradient being summed at the end of the backward
     accumulating: bool = True  # more than one micro-batch per step: gradients live through the forward
+    layers: int = 0  # decoder layers
+    layer_input: int = 0  # one checkpointed layer's saved fp32 input
 
     @property
     def static(self) -> int:
         return self.weights + self.gradients + self.optimizer + self.weight_copies
 
     def total(self, checkpointing: bool) -> int:
-        """The step's peak: the larger of the start and the end of the backward pass (module docstring)."""
-        activations = self.checkpointed_activations if checkpointing else self.activations
+        """The step's peak with every layer checkpointed or none (module docstring)."""
+        return self.peak(self.layers if checkpointing else 0)
+
+    def saved_activations(self, checkpointed_layers: int) -> int:
+        """Activations alive at the start of the backward pass with the first k layers checkpointed."""
+        k = max(0, min(checkpointed_layers, self.layers))
+        if k == self.layers:
+            return self.checkpointed_activations
+        per_layer = self.activations // self.layers if self.layers else 0
+        return (self.layers - k) * per_layer + k * self.layer_input
+
+    def peak(self, checkpointed_layers: int) -> int:
+        """The step's peak with `checkpointed_layers` of the layers recomputing their activations: the
+        larger of the start and the end of the backward pass (module docstring)."""
+        activations = self.saved_activations(checkpointed_layers)
         start = self.weight_copies + activations + self.head + (self.gradients if self.accumulating else 0)
         end = self.gradients + self.embedding_gradient
         return self.weights + self.optimizer + max(start, end)
@@ -158,9 +179,87 @@ def estimate_memory(
         if config.tie_word_embeddings
         else 0,
         accumulating=accumulating,
+        layers=layers,
+        layer_input=tokens * recipe.model.hidden_size * RESIDUAL_BYTES,
     )
 
 
 def with_micro_batch(recipe: Recipe, micro_batch_size: int) -> Recipe:
     """The same recipe at another micro-batch size (for 'what would fit' questions)."""
     return dataclasses.replace(recipe, train=dataclasses.replace(recipe.train, micro_batch_size=micro_batch_size))
+
+
+def with_checkpointed_layers(recipe: Recipe, checkpointed_layers: int) -> Recipe:
+    """The same recipe with `checkpointed_layers` of its layers recomputed (0: none)."""
+    return dataclasses.replace(recipe, train=dataclasses.replace(recipe.train, checkpointed_layers=checkpointed_layers))
+
+
+@dataclass(frozen=True)
+class Fit:
+    """How a recipe fits one GPU: the setting chosen, or why none does."""
+
+    fits: bool
+    micro_batch_size: int | None  # None: does not fit
+    checkpointed_layers: int | None
+    peak_bytes: int  # estimated peak of the setting chosen, or of the smallest one tried
+    usable_bytes: int
+    reason: str  # one line: what was chosen and why, or why nothing fits
+
+
+def micro_batch_sizes(recipe: Recipe, world_size: int = 1) -> list[int]:
+    """The recipe's micro-batch and every smaller one that still divides its batch, largest first."""
+    per_process = recipe.train.global_batch_tokens // world_size
+    return [
+        size
+        for size in range(recipe.train.micro_batch_size, 0, -1)
+        if per_process % (size * recipe.data.seq_len) == 0 or size == recipe.train.micro_batch_size
+    ]
+
+
+def fit_in_memory(
+    recipe: Recipe,
+    tokenizer_size: int,
+    memory_bytes: int,
+    micro_batch_size: int | None = None,
+    checkpointed_layers: int | None = None,
+    world_size: int = 1,
+) -> Fit:
+    """The setting that fits `memory_bytes` (x USABLE_MEMORY_FRACTION): at the recipe's micro-batch,
+    no checkpointing, else the fewest checkpointed layers; only when even every layer checkpointed
+    does not fit, the next smaller micro-batch that divides the batch, the same way. A micro-batch or
+    a number of checkpointed layers given here is kept as it is (the user asked for it): the search
+    only moves the other, and says so when that setting cannot fit."""
+    usable = int(USABLE_MEMORY_FRACTION * memory_bytes)
+    layers = recipe.model.num_hidden_layers
+    sizes = [micro_batch_size] if micro_batch_size else micro_batch_sizes(recipe, world_size)
+    counts = [checkpointed_layers] if checkpointed_layers is not None else list(range(layers + 1))
+    smallest = None
+    for size in sizes:
+        estimate = estimate_memory(with_micro_batch(recipe, size), tokenizer_size, True, world_size)
+        for count in counts:
+            peak = estimate.peak(count)
+            if peak <= usable:
+                return Fit(True, size, count, peak, usable, _fit_reason(recipe, size, count, layers))
+            smallest = peak
+    assert smallest is not None
+    asked = []
+    if micro_batch_size:
+        asked.append(f"micro_batch_size {micro_batch_size}")
+    if checkpointed_layers is not None:
+        asked.append(f"{checkpointed_layers} of {layers} layers checkpointed")
+    tried = " and ".join(asked) or f"micro-batch 1 with all {layers} layers checkpointed"
+    return Fit(
+        False,
+        None,
+        None,
+        smallest,
+        usable,
+        f"does not fit: {tried} needs {smallest / 2**30:,.1f} GiB, {usable / 2**30:,.1f} GiB usable",
+    )
+
+
+def _fit_reason(recipe: Recipe, size: int, count: int, layers: int) -> str:
+    smaller = size < recipe.train.micro_batch_size
+    if count == 0:
+        return "fits" + (f" at micro-batch {size} (accumulation keeps the batch)" if smaller else "")
+    return f"{count} of {layers} layers checkpointed" + (f" at micro-batch {size}" if smaller else "")

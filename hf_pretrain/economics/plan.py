@@ -2,12 +2,15 @@
 going further would buy a run that is under way.
 
     hf-pretrain plan --recipe 1b                      # tokens, FLOPs, Chinchilla; time and cost when the recipe knows
+    hf-pretrain plan --recipe 1b --gpu all            # every GPU of the table: fitted, modelled, ranked by the run's $
     hf-pretrain plan --recipe 1b --gpu H100 --max_steps 120000   # any recipe key overrides, as in training
     hf-pretrain plan --params 1.04e9 --tokens 20e9 --tokens_per_s 40000 --price_per_gpu_hour 2.99 --max_gpus 8 --json
     hf-pretrain plan --run runs/1b --tokens 20.8e9    # from the run's own loss curve, pace and price
 
 Every number comes from a pure function below, so the tests check them against hand-computed
-values. The multi-GPU model is deliberately simple and pessimistic: data parallelism with one ring
+values. With a recipe and a GPU, the fit comes from the memory estimate (memory.fit_in_memory) and
+the tokens/s from the performance model (performance.py): an estimate, checked against published
+runs, until `hf-pretrain bench` measures it. The multi-GPU model is deliberately simple and pessimistic: data parallelism with one ring
 all-reduce of the gradients per optimizer step, *not* overlapped with compute (DDP overlaps part
 of it with the backward pass, so real runs land between the compute-only and the total figure).
 It shows the trade: more GPUs buy time, never money.
@@ -19,21 +22,23 @@ import argparse
 import json
 import math
 import sys
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from hf_pretrain.config import CommandParser, Recipe, RecipeError, parse_recipe_args
 from hf_pretrain.economics.cost import dollars_per_billion_tokens
 from hf_pretrain.economics.forecast import BAND_SIGMAS, GoingFurther, going_further
-from hf_pretrain.economics.memory import GRADIENT_BYTES
+from hf_pretrain.economics.gpus import GPU, find_gpu, gpu_named, gpu_table
+from hf_pretrain.economics.memory import GRADIENT_BYTES, Fit, fit_in_memory, with_checkpointed_layers, with_micro_batch
+from hf_pretrain.economics.performance import modelled_tokens_per_s
 from hf_pretrain.economics.prices import PriceError, load_prices
 from hf_pretrain.formatting import human_count, usd
-from hf_pretrain.hardware import best_match, peak_flops_for_name
 from hf_pretrain.model import (
     TRAINING_FLOPS_PER_PARAMETER,
     dense_flops_per_token,
     recipe_flops_per_token,
     recipe_parameter_count,
+    recipe_tokenizer_size,
 )
 from hf_pretrain.optim import Cooldown, Schedule
 from hf_pretrain.run_dir import RunDir, read_jsonl
@@ -136,6 +141,72 @@ def scaling_row(
     )
 
 
+# ---------------------------------------------------------------------- one GPU: fit, model, money
+ALL_GPUS = "all"
+# Recipe keys that, given on the command line, are kept in every row instead of searched for.
+FIT_KEYS = ("micro_batch_size", "gradient_checkpointing", "checkpointed_layers")
+
+
+@dataclass(frozen=True)
+class GpuRow:
+    """The recipe on one GPU: how it fits, the modelled rate (an estimate), what the run costs."""
+
+    gpu: str
+    fits: bool
+    micro_batch_size: int | None
+    checkpointed_layers: int | None
+    tokens_per_s: float | None  # the performance model's, for one GPU
+    price_per_gpu_hour: float
+    usd_per_billion_tokens: float | None
+    hours: float | None  # the recipe's tokens on one GPU
+    usd: float | None
+    reason: str  # the fit, or why nothing fits
+
+
+def gpu_row(recipe: Recipe, gpu: GPU, tokens: float, price: float, pinned: tuple[str, ...] = ()) -> GpuRow:
+    """Fit `recipe` on `gpu` (keeping the `pinned` recipe keys as they are), model its rate, price the run."""
+    layers = (
+        recipe.checkpointed_layer_count if {"gradient_checkpointing", "checkpointed_layers"} & set(pinned) else None
+    )
+    size = recipe.train.micro_batch_size if "micro_batch_size" in pinned else None
+    fit: Fit = fit_in_memory(recipe, recipe_tokenizer_size(recipe), gpu.memory_bytes, size, layers)
+    if not fit.fits:
+        return GpuRow(gpu.name, False, None, None, None, price, None, None, None, fit.reason)
+    fitted = with_checkpointed_layers(with_micro_batch(recipe, fit.micro_batch_size), fit.checkpointed_layers)
+    rate = modelled_tokens_per_s(fitted, gpu)
+    hours = tokens / rate / 3600
+    return GpuRow(
+        gpu.name,
+        True,
+        fit.micro_batch_size,
+        fit.checkpointed_layers,
+        rate,
+        price,
+        dollars_per_billion_tokens(rate, price),
+        hours,
+        hours * price,
+        fit.reason,
+    )
+
+
+def gpu_prices(prices_file: str | None) -> dict[str, float]:
+    """Each table GPU's $/h: the table's typical price, or the entry of `prices_file` naming that GPU."""
+    prices = {name: gpu.usd_per_hour for name, gpu in gpu_table().items()}
+    if prices_file:
+        for name, price in load_prices(prices_file).items():
+            gpu = find_gpu(name)
+            if gpu is not None:
+                prices[gpu.name] = price
+    return prices
+
+
+def ranked_rows(recipe: Recipe, tokens: float, prices: dict[str, float], pinned: tuple[str, ...] = ()) -> list[GpuRow]:
+    """Every GPU of the table, cheapest run first (the run's dollars, not the hourly price); those the
+    recipe does not fit last."""
+    rows = [gpu_row(recipe, gpu, tokens, prices[gpu.name], pinned) for gpu in gpu_table().values()]
+    return sorted(rows, key=lambda row: (not row.fits, row.usd if row.usd is not None else math.inf))
+
+
 # ---------------------------------------------------------------------- the plan
 @dataclass(frozen=True)
 class Plan:
@@ -162,6 +233,7 @@ class Plan:
     interconnect_gbps: float
     gradient_bytes: float
     scaling: list[ScalingRow]
+    gpus: list[GpuRow] = field(default_factory=list)  # with a recipe and --gpu: the fitted, modelled rows
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -183,7 +255,8 @@ class PlanRequest:
     prices: str | None = None  # price table YAML (unset: the shipped one)
     price_per_gpu_hour: float | None = None
     tokens_per_s: float | None = None  # measured tokens/s of one GPU
-    mfu: float = DEFAULT_MFU  # assumed with `gpu` when no rate is known
+    mfu: float | None = None  # with --params and a GPU: assume this share of its peak (else DEFAULT_MFU)
+    pinned: tuple[str, ...] = ()  # FIT_KEYS given on the command line: kept in every GPU row
     max_gpus: int = 8
     interconnect: str = "nvlink"
     interconnect_gbps: float | None = None  # overrides `interconnect`
@@ -211,6 +284,11 @@ class PlanRequest:
             raise ValueError("--max_gpus must be at least 1")
         if self.interconnect not in INTERCONNECT_GBPS:
             raise ValueError(f"--interconnect must be one of {', '.join(sorted(INTERCONNECT_GBPS))}")
+        if self.gpu == ALL_GPUS:
+            if self.recipe is None:
+                raise ValueError("--gpu all fits and models a recipe's model: give --recipe NAME")
+            if self.price_per_gpu_hour is not None:
+                raise ValueError("--price_per_gpu_hour prices one GPU: with --gpu all, give --prices FILE")
 
 
 def make_plan(request: PlanRequest) -> Plan:
@@ -230,29 +308,42 @@ def make_plan(request: PlanRequest) -> Plan:
         recipe_rate = recipe_price = 0.0
     tokens = float(request.tokens) if request.tokens else float(default_tokens)
 
-    prices = load_prices(request.prices)
-    gpu = None
-    if request.gpu:
-        gpu = best_match(request.gpu, prices) or request.gpu
-    price = request.price_per_gpu_hour or (prices.get(gpu) if gpu else None) or recipe_price or None
+    rows: list[GpuRow] = []
+    if request.gpu == ALL_GPUS:
+        rows = ranked_rows(request.recipe, tokens, gpu_prices(request.prices), request.pinned)
+    gpu = gpu_named(request.gpu) if request.gpu and request.gpu != ALL_GPUS else None
+    price = (
+        request.price_per_gpu_hour or (gpu_prices(request.prices)[gpu.name] if gpu else None) or recipe_price or None
+    )
+    if gpu and request.recipe is not None:
+        rows = [gpu_row(request.recipe, gpu, tokens, price, request.pinned)]
 
     rate: float | None
-    mfu = request.mfu
     if request.tokens_per_s:
         rate, rate_source = request.tokens_per_s, "--tokens_per_s"
-    elif recipe_rate:
+    elif gpu and rows:
+        rate = rows[0].tokens_per_s
+        rate_source = (
+            f"an estimate of the performance model (economics/performance.py) at micro-batch "
+            f"{rows[0].micro_batch_size}, {rows[0].checkpointed_layers} layers checkpointed; measure it with "
+            f"`hf-pretrain bench`"
+            if rows[0].fits
+            else f"none: {rows[0].reason}"
+        )
+    elif recipe_rate and request.gpu != ALL_GPUS:
         rate, rate_source = recipe_rate, "the recipe's expected_tokens_per_s"
-    elif gpu and peak_flops_for_name(gpu):
-        peak = peak_flops_for_name(gpu)
-        rate = tokens_per_s_at_mfu(peak, mfu, per_token)
-        rate_source = f"assumed {mfu:.0%} MFU of the {peak / 1e12:,.0f} TFLOP/s datasheet peak; measure it with `hf-pretrain bench`"
+    elif gpu:
+        mfu = request.mfu or DEFAULT_MFU
+        rate = tokens_per_s_at_mfu(gpu.bf16_flops, mfu, per_token)
+        rate_source = (
+            f"assumed {mfu:.0%} MFU of the {gpu.bf16_flops / 1e12:,.0f} TFLOP/s datasheet peak (a parameter "
+            f"count has no shape to model; --recipe has); measure it with `hf-pretrain bench`"
+        )
     else:
         rate = None
-        known = f"no datasheet peak is known for `{gpu}` (known: {', '.join(prices)}); " if gpu else ""
         rate_source = (
-            f"{known}time and cost need a throughput: --gpu NAME (assumes {mfu:.0%} MFU of its "
-            f"datasheet peak), --tokens_per_s, or the recipe's expected_tokens_per_s "
-            f"(`hf-pretrain bench` measures it)"
+            "time and cost need a throughput: --gpu NAME (the performance model with a recipe), "
+            "--gpu all, --tokens_per_s, or the recipe's expected_tokens_per_s (`hf-pretrain bench` measures it)"
         )
 
     gbps = request.interconnect_gbps or INTERCONNECT_GBPS[request.interconnect]
@@ -273,7 +364,7 @@ def make_plan(request: PlanRequest) -> Plan:
         optimal_tokens=d_opt,
         chinchilla_loss=chinchilla_loss(n_params, tokens),
         optimal_loss=chinchilla_loss(n_opt, d_opt),
-        gpu=gpu,
+        gpu=gpu.name if gpu else request.gpu,
         tokens_per_s_per_gpu=rate,
         throughput_source=rate_source,
         price_per_gpu_hour=price,
@@ -286,8 +377,9 @@ def make_plan(request: PlanRequest) -> Plan:
         scaling=[
             scaling_row(n, tokens, rate, price, steps, gradient_bytes, gbps) for n in range(1, request.max_gpus + 1)
         ]
-        if rate
+        if rate and request.gpu != ALL_GPUS
         else [],
+        gpus=rows,
     )
 
 
@@ -312,6 +404,10 @@ def format_plan(plan: Plan) -> str:
         f"per parameter); its L(N, D): {plan.chinchilla_loss:.3f} for this plan, {plan.optimal_loss:.3f} at the "
         f"optimum (Chinchilla's data, not yours: the shape of the trade, not this run's loss)",
     ]
+    if plan.gpu == ALL_GPUS:
+        return "\n".join(lines + ["", *format_gpu_rows(plan.gpus, plan.tokens)]) + "\n"
+    if plan.gpus:
+        lines += ["", *format_gpu_rows(plan.gpus, plan.tokens), ""]
     if plan.tokens_per_s_per_gpu is None:
         return "\n".join(lines + [f"time and cost: unknown: {plan.throughput_source}; {price}"]) + "\n"
     lines += [
@@ -332,6 +428,27 @@ def format_plan(plan: Plan) -> str:
             f"{row.communication_hours:,.2f} | {row.hours:,.2f} | {cost} | {ratio} |"
         )
     return "\n".join(lines) + "\n"
+
+
+def format_gpu_rows(rows: list[GpuRow], tokens: float) -> list[str]:
+    """The ranked GPU table: fit, modelled rate (an estimate), $ per billion tokens, hours and dollars."""
+    lines = [
+        f"one GPU of each kind for the {human_count(tokens)} tokens, cheapest run first; tokens/s are the "
+        f"performance model's estimates (economics/performance.py, docs/benchmarks.md), `hf-pretrain bench` "
+        f"measures yours",
+        "",
+        "| GPU | fit: micro-batch, checkpointed layers | tokens/s (est.) | $/h | $ per 1B tokens | hours | run $ |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for row in rows:
+        if not row.fits:
+            lines.append(f"| {row.gpu} | {row.reason} | - | {row.price_per_gpu_hour:,.2f} | - | - | - |")
+            continue
+        lines.append(
+            f"| {row.gpu} | {row.micro_batch_size}, {row.checkpointed_layers} | ~{row.tokens_per_s:,.0f} | "
+            f"{row.price_per_gpu_hour:,.2f} | {row.usd_per_billion_tokens:,.2f} | {row.hours:,.1f} | {row.usd:,.0f} |"
+        )
+    return lines
 
 
 # ---------------------------------------------------------------------- going further with a run
@@ -443,12 +560,19 @@ def add_plan_options(parser: argparse.ArgumentParser, with_recipe: bool) -> None
             type=int,
             help=f"tokens per optimizer step with --params (unset: {DEFAULT_GLOBAL_BATCH_TOKENS:,})",
         )
-    group.add_argument("--gpu", help="a GPU from the price table (its price and datasheet peak), e.g. H100")
-    group.add_argument("--prices", help="price table YAML (unset: the shipped hf_pretrain/economics/prices.yaml)")
+    group.add_argument(
+        "--gpu",
+        help="a GPU of the table (hf_pretrain/economics/gpus.yaml), e.g. H100: its fit, modelled rate and price, "
+        "and the several-GPU table; `all`: every GPU of the table ranked by the run's dollars (with --recipe)",
+    )
+    group.add_argument(
+        "--prices",
+        help="YAML of GPU names to $ per GPU-hour, overriding the table's typical prices of the GPUs it names",
+    )
     group.add_argument(
         "--price_per_gpu_hour",
         type=float,
-        help="$ per GPU-hour (unset: the --gpu entry, else the recipe's price_per_hour)",
+        help="$ per GPU-hour of the one --gpu (unset: its typical price in the table, else the recipe's price_per_hour)",
     )
     group.add_argument(
         "--tokens_per_s",
@@ -456,7 +580,9 @@ def add_plan_options(parser: argparse.ArgumentParser, with_recipe: bool) -> None
         help="measured tokens/s of one GPU (unset: the recipe's expected_tokens_per_s, else --gpu's peak x --mfu)",
     )
     group.add_argument(
-        "--mfu", type=float, default=DEFAULT_MFU, help="assumed model FLOPs utilisation with --gpu and no measured rate"
+        "--mfu",
+        type=float,
+        help=f"with --params and --gpu: assumed model FLOPs utilisation (unset: {DEFAULT_MFU}); a recipe is modelled",
     )
     group.add_argument("--max_gpus", type=int, default=8, help="table rows for 1..N GPUs")
     group.add_argument(
@@ -503,11 +629,16 @@ def _named(flag: str, argv: list[str]) -> bool:
     return any(arg == flag or arg.startswith(flag + "=") for arg in argv)
 
 
-def plan_request(args: argparse.Namespace, recipe: Recipe | None) -> PlanRequest:
+def pinned_keys(argv: list[str]) -> tuple[str, ...]:
+    """The FIT_KEYS the command line sets (snake or kebab case): they win over the fit search."""
+    return tuple(key for key in FIT_KEYS if _named(f"--{key}", argv) or _named(f"--{key.replace('_', '-')}", argv))
+
+
+def plan_request(args: argparse.Namespace, recipe: Recipe | None, pinned: tuple[str, ...] = ()) -> PlanRequest:
     """The typed request of parsed flags (`recipe`: the one `--recipe` and its overrides resolved to)."""
     options = {name: getattr(args, name) for name in PLAN_OPTIONS}
     if recipe is not None:
-        return PlanRequest(recipe=recipe, **options)
+        return PlanRequest(recipe=recipe, pinned=pinned, **options)
     return PlanRequest(params=args.params, global_batch_tokens=args.global_batch_tokens, **options)
 
 
@@ -525,7 +656,7 @@ def main(argv: list[str] | None = None) -> int:
                 description=__doc__.split("\n")[0],
                 extra=lambda parser: add_plan_options(parser, with_recipe=True),
             )
-            request = plan_request(args, recipe)
+            request = plan_request(args, recipe, pinned_keys(argv))
         else:
             args = build_parser().parse_args(argv)
             if args.run:

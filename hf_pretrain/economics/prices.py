@@ -1,7 +1,8 @@
-"""The GPU price table ($ per GPU-hour); `hardware.best_match` finds a GPU's entry in it.
+"""The GPU price table ($ per GPU-hour); `gpus.find_gpu` / `gpus.best_match` find a GPU's entry in it.
 
-The defaults live in prices.yaml next to this file; `--prices FILE` replaces them and
-`--price NAME=USD` adds or overrides single entries, so the table is data, never code.
+The defaults are the `usd_per_hour` of the GPU table (gpus.yaml next to this file); `--prices FILE`
+(a YAML mapping of GPU names to dollars per hour) replaces them and `--price NAME=USD` adds or
+overrides single entries, so the table is data, never code.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from pathlib import Path
 
 import yaml
 
-DEFAULT_PRICES_FILE = Path(__file__).resolve().parent / "prices.yaml"
+from hf_pretrain.economics.gpus import gpu_table
 
 
 class PriceError(ValueError):
@@ -19,8 +20,10 @@ class PriceError(ValueError):
 
 
 def load_prices(path: str | Path | None = None) -> dict[str, float]:
-    """`{gpu name: $ per hour}` from a YAML mapping (the shipped table when `path` is None)."""
-    path = Path(path) if path is not None else DEFAULT_PRICES_FILE
+    """`{gpu name: $ per hour}` from a YAML mapping (the GPU table's typical prices when `path` is None)."""
+    if path is None:
+        return {name: gpu.usd_per_hour for name, gpu in gpu_table().items()}
+    path = Path(path)
     try:
         raw = yaml.safe_load(path.read_text()) or {}
     except (OSError, yaml.YAMLError) as exc:

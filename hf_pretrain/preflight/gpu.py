@@ -9,15 +9,12 @@ import shutil
 import torch
 
 from hf_pretrain.config import Recipe
-from hf_pretrain.economics.memory import MemoryEstimate, estimate_memory, with_micro_batch
+from hf_pretrain.economics.memory import USABLE_MEMORY_FRACTION, MemoryEstimate, estimate_memory, with_micro_batch
 from hf_pretrain.formatting import human_bytes, human_count
 from hf_pretrain.hardware import cpu_has_bf16_kernels
 from hf_pretrain.model import recipe_tokenizer_size
 from hf_pretrain.preflight.result import CheckResult
 
-# Share of the device's memory a run can count on: the CUDA context, cuBLAS/NCCL workspaces and
-# allocator fragmentation take the rest.
-USABLE_MEMORY_FRACTION = 0.9
 LIGER_FIX = "--liger false (the rest of the recipe runs on the CPU too), or a CUDA machine"
 
 

@@ -114,6 +114,7 @@ def train(recipe: Recipe, callbacks: Sequence[Callback] = ()) -> Outcome:
     run.accelerator.end_training()
     # a diverged loss is a warning on the model, not a failure of the job: said here, so status.json has it too
     diverged = f" | warning: {log.divergence.verdict}" if log.divergence.verdict else ""
+    diverged += f" | warning: {log.slow_node}" if log.slow_node else ""  # a likely slow or faulty GPU, too
     if not stop.finished:
         return Outcome(stop.exit_code, stop.message(checkpoint) + diverged)
     final = run.dir.final if run.dir.final.is_dir() else None

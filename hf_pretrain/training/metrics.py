@@ -18,6 +18,7 @@ from tqdm.auto import tqdm
 from hf_pretrain.config import Recipe, tracker_names
 from hf_pretrain.economics.cost import cost_record, phases_from_recipe, write_phase_table
 from hf_pretrain.economics.forecast import forecast_fields
+from hf_pretrain.economics.performance import slow_node_warning
 from hf_pretrain.hardware import device_peak_flops, peak_memory_gib
 from hf_pretrain.run_dir import JsonlWriter, RunDir, read_jsonl
 from hf_pretrain.training.compiling import CompileWatch
@@ -146,6 +147,7 @@ class RunLogger:
         self.source_tokens = source_tokens  # tokens drawn from each source of the mixture after a step
         self.forecast: dict[str, Any] = {}  # the newest forecast fields (economics/forecast.py)
         self.divergence = DivergenceWatch(self.history)
+        self.recipe, self.windows, self.slow_node = recipe, 0, None  # the node check after the warm-up window
         self.progress = tqdm(
             total=state.end, initial=state.step, disable=not self.main, desc="train", dynamic_ncols=True
         )
@@ -245,6 +247,13 @@ class RunLogger:
             record.update(self.compile_watch.record())
         self.metrics.write(record)
         self.history.append(record)
+        self.windows += 1
+        if self.windows == 2 and self.main and device.type == "cuda":  # the first window holds the warm-up
+            per_gpu = tokens_per_s / self.accelerator.num_processes
+            self.slow_node = slow_node_warning(per_gpu, torch.cuda.get_device_name(device), self.recipe)
+            if self.slow_node:
+                self.metrics.write({"kind": "slow_node", "step": state.step, "reason": self.slow_node})
+                self.say(f"step {state.step}: warning: {self.slow_node}")
         if diverged := self.divergence.observe(record):
             self.metrics.write({"kind": "divergence", "step": state.step, "reason": diverged})
             self.say(

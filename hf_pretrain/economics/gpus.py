@@ -1,0 +1,102 @@
+"""The GPU table (gpus.yaml beside this file): each GPU's bf16 peak, measured matmul efficiency,
+memory, bandwidth and typical price, with their sources; and how a name finds its entry.
+
+One home for these facts: `hardware` asks here for a device's peak (MFU), `prices` for the default
+price list, `performance` and `plan` for everything else.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+
+import yaml
+
+GPU_TABLE_FILE = Path(__file__).resolve().parent / "gpus.yaml"
+ARCHITECTURES = ("ampere", "ada", "hopper", "blackwell")
+
+
+@dataclass(frozen=True)
+class GPU:
+    name: str
+    match: tuple[str, ...]  # alternatives, each a set of words a name must hold (see gpus.yaml)
+    architecture: str
+    bf16_flops: float  # dense tensor-core peak, FLOP/s
+    matmul_efficiency: float | None  # measured share of the peak a matmul reaches; None: not published
+    memory_bytes: int
+    bandwidth_bytes_per_s: float
+    usd_per_hour: float
+    source: str
+
+
+def _words(name: str) -> set[str]:
+    return {w for w in re.split(r"[^0-9a-z]+", name.lower()) if w}
+
+
+def best_match(name: str, keys: Iterable[str]) -> str | None:
+    """The key all of whose words are words of `name`, the most specific (most words) first.
+
+    `best_match("NVIDIA A100-SXM4-80GB", ["A100 40GB", "A100 80GB"])` is "A100 80GB";
+    whole words only, so "L4" never matches "NVIDIA L40S".
+    """
+    words = _words(name)
+    matching = [key for key in keys if _words(key) and _words(key) <= words]
+    return max(matching, key=lambda key: len(_words(key)), default=None)
+
+
+def _gpu(name: str, raw: dict) -> GPU:
+    try:
+        architecture = str(raw["architecture"])
+        if architecture not in ARCHITECTURES:
+            raise ValueError(f"architecture {architecture!r} is not one of {', '.join(ARCHITECTURES)}")
+        efficiency = raw.get("matmul_efficiency")
+        return GPU(
+            name=name,
+            match=tuple(str(m) for m in raw.get("match") or [name]),
+            architecture=architecture,
+            bf16_flops=float(raw["bf16_tflops"]) * 1e12,
+            matmul_efficiency=float(efficiency) if efficiency is not None else None,
+            memory_bytes=int(float(raw["memory_gib"]) * 2**30),
+            bandwidth_bytes_per_s=float(raw["bandwidth_gb_s"]) * 1e9,
+            usd_per_hour=float(raw["usd_per_hour"]),
+            source=str(raw["source"]),
+        )
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ValueError(f"{GPU_TABLE_FILE}: the entry {name!r} is malformed ({exc})") from None
+
+
+@cache
+def gpu_table() -> dict[str, GPU]:
+    """Every GPU of the shipped table, in its order (fastest first)."""
+    raw = yaml.safe_load(GPU_TABLE_FILE.read_text())
+    return {str(name): _gpu(str(name), fields) for name, fields in raw.items()}
+
+
+def find_gpu(name: str) -> GPU | None:
+    """The entry a CUDA device name or a `--gpu` argument means, or None.
+
+    An entry's own name matches as written (any case); else its `match` alternatives, the one with
+    the most words winning: "NVIDIA H100 PCIe" is the PCIe card, "NVIDIA H100 80GB HBM3" the SXM one.
+    """
+    table = gpu_table()
+    for gpu in table.values():
+        if _words(gpu.name) == _words(name):
+            return gpu
+    alternatives = {alt: gpu for gpu in table.values() for alt in gpu.match}
+    key = best_match(name, alternatives)
+    return alternatives[key] if key else None
+
+
+def known_names() -> str:
+    return ", ".join(gpu_table())
+
+
+def gpu_named(name: str) -> GPU:
+    """`find_gpu`, refusing a name the table does not know with the names it does."""
+    gpu = find_gpu(name)
+    if gpu is None:
+        raise ValueError(f"unknown GPU {name!r}: the table knows {known_names()} (or --gpu all)")
+    return gpu
