@@ -180,3 +180,22 @@ def test_quality_mode_on_a_tiny_grid(smoke_data, tmp_path, capsys):
     assert "optimizer=muon: " in said and ("(sd over 2 seeds)" in said or "never reaches" in said)
     print(said)
     assert (out / "quality.md").read_text().startswith("model shrunk")
+
+
+def test_the_memory_estimate_knows_muons_single_moment():
+    from hf_pretrain.economics.memory import decoder_matrix_parameters, estimate_memory
+
+    adamw, muon = load_recipe("1b"), load_recipe("1b", {"optimizer": "muon"})
+    matrices = decoder_matrix_parameters(muon)
+    assert matrices == 16 * (2 * 2048 * 2048 + 2 * 2048 * 512 + 3 * 2048 * 8192)  # 939.5M of the 1.04B
+    saved = estimate_memory(adamw, 32000).optimizer - estimate_memory(muon, 32000).optimizer
+    assert saved == 4 * matrices  # 3.76 GB less at the 1b shape
+    # the split the estimate assumes is the optimizer's own
+    recipe, model = smoke_model()
+    on_muon = sum(
+        p.numel()
+        for g in build_optimizer(model, recipe.train, fused=False).param_groups
+        if g[MUON_GROUP]
+        for p in g["params"]
+    )
+    assert on_muon == decoder_matrix_parameters(recipe)

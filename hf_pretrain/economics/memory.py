@@ -1,7 +1,8 @@
 """GPU memory a recipe needs on one process, before anything is allocated.
 
 State, for N parameters (tied embeddings counted once):
-    fp32 master weights 4N + AdamW exp_avg and exp_avg_sq 8N, always;
+    fp32 master weights 4N + AdamW exp_avg and exp_avg_sq 8N, always (with `optimizer: muon`, the
+        decoder's matrices keep one momentum, 4 bytes, instead of AdamW's 8);
     fp32 gradients 4N, from the first backward pass to the optimizer step (`zero_grad` frees them);
     2N for the bf16/fp16 weight copies autocast makes for the matmuls (mixed precision only), which
     the matmuls keep for their backward: they live as long as the activations.
@@ -67,9 +68,12 @@ from hf_pretrain.model import llama_config, recipe_parameter_count
 # Bytes per parameter: fp32 weights, fp32 gradients, AdamW's two fp32 moments, autocast's 16-bit copy.
 # Accelerate's autocast keeps the weights in fp32, so the gradients (and what DDP all-reduces) are fp32.
 WEIGHT_BYTES, GRADIENT_BYTES, ADAM_BYTES, HALF_COPY_BYTES = 4, 4, 8, 2
+# Muon keeps one fp32 momentum per matrix element (`optimizer: muon`: the decoder's matrices).
+MUON_BYTES = 4
 # What a checkpoint keeps of that state per parameter: the fp32 weights and AdamW's moments (the
 # gradients are freed at every step, autocast's copies are made again). Under FSDP the same total is
-# spread over one file per process.
+# spread over one file per process. With Muon a checkpoint is smaller (about 2/3 of this for the 1b):
+# the disk checks keep AdamW's figure, an upper bound.
 CHECKPOINT_BYTES_PER_PARAMETER = WEIGHT_BYTES + ADAM_BYTES
 # Bytes per token per layer of the fp32 residual stream kept at each checkpointed layer boundary.
 RESIDUAL_BYTES = 4
@@ -151,6 +155,21 @@ def head_bytes(recipe: Recipe, vocab_rows: int, tokens: int, mixed_precision: bo
     return norm + max(loss, projection)
 
 
+def decoder_matrix_parameters(recipe: Recipe) -> int:
+    """Elements of the decoder's 2-D matrices (q, k, v, o; gate, up, down): what Muon trains."""
+    m = recipe.model
+    kv = m.num_key_value_heads * (m.hidden_size // m.num_attention_heads)
+    per_layer = 2 * m.hidden_size * m.hidden_size + 2 * m.hidden_size * kv + 3 * m.hidden_size * m.intermediate_size
+    return m.num_hidden_layers * per_layer
+
+
+def optimizer_state_bytes(recipe: Recipe, n: int) -> int:
+    """AdamW's two moments for every parameter; with Muon, one momentum for the decoder's matrices."""
+    if recipe.train.optimizer == "muon":
+        return ADAM_BYTES * n - (ADAM_BYTES - MUON_BYTES) * decoder_matrix_parameters(recipe)
+    return ADAM_BYTES * n
+
+
 def estimate_memory(
     recipe: Recipe, tokenizer_size: int, cuda_available: bool = True, world_size: int = 1
 ) -> MemoryEstimate:
@@ -170,7 +189,7 @@ def estimate_memory(
         parameters=n,
         weights=WEIGHT_BYTES * n,
         gradients=GRADIENT_BYTES * n,
-        optimizer=ADAM_BYTES * n,
+        optimizer=optimizer_state_bytes(recipe, n),
         weight_copies=HALF_COPY_BYTES * n if mixed else 0,
         activations=layers * per_layer,
         checkpointed_activations=layers * tokens * recipe.model.hidden_size * RESIDUAL_BYTES + per_layer,
