@@ -40,7 +40,8 @@ def usage() -> str:
     return (
         "usage: hf-pretrain <command> [--recipe NAME] [--key value ...]\n\ncommands:\n"
         + "\n".join(lines)
-        + "\n\n`hf-pretrain <command> --help` lists the command's options (snake_case, like the recipe keys).\n"
+        + "\n\n`hf-pretrain <command> --help` lists the command's options, in snake_case like the recipe keys;\n"
+        "the kebab-case spelling reads too (`--push-to-hub` is `--push_to_hub`).\n"
     )
 
 

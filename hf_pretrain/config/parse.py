@@ -201,9 +201,10 @@ class CommandParser(HfArgumentParser):
     """The parser of every `hf-pretrain` command, so that they all parse the same way.
 
     HfArgumentParser builds flags from dataclass fields (help from their metadata, `--flag` or
-    `--flag false` for booleans, several values for lists). On top of it: flags are snake_case, like
-    the recipe keys (HfArgumentParser's kebab-case twins are left out); an unknown flag is named with
-    the nearest valid one (`--max-steps`: did you mean `max_steps`?); flags are never abbreviated.
+    `--flag false` for booleans, several values for lists). On top of it: flags are registered and
+    listed in snake_case, like the recipe keys, and read in both spellings, as the Hugging Face tools
+    read them (`--push-to-hub` is `--push_to_hub`); an unknown flag is named as it was typed, with the
+    nearest valid one (`--max-stepz`: did you mean `max_steps`?); flags are never abbreviated.
     """
 
     def __init__(self, dataclass_types: Any = None, **kwargs: Any) -> None:
@@ -216,6 +217,26 @@ class CommandParser(HfArgumentParser):
         if not snake:
             raise ValueError(f"flags are snake_case, like the recipe keys: {names}")
         return super().add_argument(*snake, **kwargs)
+
+    def parse_known_args(  # type: ignore[override]
+        self, args: list[str] | None = None, namespace: argparse.Namespace | None = None
+    ) -> tuple[argparse.Namespace, list[str]]:
+        # Every parse goes through here (parse_args, HfArgumentParser's dataclass parsing).
+        args = sys.argv[1:] if args is None else list(args)
+        return super().parse_known_args(self.snake_case_flags(args), namespace)
+
+    def snake_case_flags(self, args: list[str]) -> list[str]:
+        """`args` with each `--key-name[=value]` of a known flag spelled `--key_name[=value]`. Only known
+        flags are respelled, so an unknown one is refused as typed; nothing after a bare `--` is touched."""
+        spelled = list(args)
+        for i, arg in enumerate(spelled):
+            if arg == "--":
+                break
+            name, sep, value = arg.partition("=")
+            snake = "--" + name[2:].replace("-", "_")
+            if _is_kebab(name) and snake in self._option_string_actions:
+                spelled[i] = snake + sep + value
+        return spelled
 
     def error(self, message: str) -> typing.NoReturn:  # type: ignore[override]
         if message.startswith("unrecognized arguments"):
