@@ -14,15 +14,18 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from hf_pretrain.config import TrainConfig
+
+if TYPE_CHECKING:  # the schedule is arithmetic: `plan`, `report` and `stop` read it without importing torch
+    import torch
 
 
 def build_optimizer(model: torch.nn.Module, train: TrainConfig, fused: bool) -> torch.optim.AdamW:
     """AdamW where matrices decay and norms and biases (1-D tensors) do not."""
+    import torch
+
     decay, no_decay = [], []
     for param in model.parameters():
         if param.requires_grad:

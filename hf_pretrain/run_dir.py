@@ -125,6 +125,15 @@ class JsonlWriter:
                 f.write(json.dumps(record) + "\n")
 
 
+def read_status(run_dir: str | os.PathLike) -> dict[str, Any]:
+    """The run folder's status.json ({} when there is none, or it cannot be read); training/session.py writes it."""
+    try:
+        status = json.loads(RunDir(run_dir).status.read_text())
+    except (OSError, ValueError):
+        return {}
+    return status if isinstance(status, dict) else {}
+
+
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
     """Every record of a JSON-lines file (90,000 in about a second); a last line cut short (a kill or
     a full disk mid-write) is left out, the next resume drops it. Damage elsewhere raises ValueError."""

@@ -21,7 +21,6 @@ import socket
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from hf_pretrain.checkpoints.continuation import ResumeRefused
 from hf_pretrain.checkpoints.manifest import CheckpointError
@@ -39,7 +38,7 @@ from hf_pretrain.exit_codes import (
 from hf_pretrain.model_init import InitFromError
 from hf_pretrain.preflight import PreflightError
 from hf_pretrain.processes import follow_launcher, launcher
-from hf_pretrain.run_dir import RunDir
+from hf_pretrain.run_dir import RunDir, read_status
 from hf_pretrain.run_lock import RunDirUnusable, RunLock, RunLocked, command_line, now
 
 
@@ -121,15 +120,6 @@ def describe(error: BaseException) -> str:
     if isinstance(error, RunDirUnusable):
         return f"refused, nothing was started: {error}"
     return f"crashed: {type(error).__name__}: {error}"
-
-
-def read_status(run_dir: str | Path) -> dict[str, Any]:
-    """The run folder's status.json ({} when there is none, or it cannot be read)."""
-    try:
-        status = json.loads(RunDir(run_dir).status.read_text())
-    except (OSError, ValueError):
-        return {}
-    return status if isinstance(status, dict) else {}
 
 
 def killed_session(run: RunDir) -> str | None:
