@@ -4,8 +4,8 @@ parser is `hf_pretrain.config.CommandParser`, so every command spells and checks
 from __future__ import annotations
 
 import importlib
-import importlib.util
 import sys
+from pathlib import Path
 
 # command -> (module whose `main(argv) -> int` runs it, one line of help)
 COMMANDS = {
@@ -33,14 +33,22 @@ COMMANDS = {
 }
 
 
+def installed(module: str) -> bool:
+    """Whether the command's module ships in this install, found without importing anything: finding a
+    submodule would run its package's __init__ (torch, transformers: seconds before `--help` answers)."""
+    path = Path(__file__).parent.joinpath(*module.split(".")[1:])
+    return path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()
+
+
 def usage() -> str:
-    available = {name: help_ for name, (module, help_) in COMMANDS.items() if importlib.util.find_spec(module)}
+    available = {name: help_ for name, (module, help_) in COMMANDS.items() if installed(module)}
     width = max(map(len, available))
     lines = [f"  {name.ljust(width)}  {help_}" for name, help_ in available.items()]
     return (
         "usage: hf-pretrain <command> [--recipe NAME] [--key value ...]\n\ncommands:\n"
         + "\n".join(lines)
-        + "\n\n`hf-pretrain <command> --help` lists the command's options (snake_case, like the recipe keys).\n"
+        + "\n\n`hf-pretrain <command> --help` lists the command's options, in snake_case like the recipe keys;\n"
+        "the kebab-case spelling reads too (`--push-to-hub` is `--push_to_hub`).\n"
     )
 
 
@@ -50,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
         print(usage())
         return 0 if argv else 2
     command, rest = argv[0], argv[1:]
-    if command not in COMMANDS or importlib.util.find_spec(COMMANDS[command][0]) is None:
+    if command not in COMMANDS or not installed(COMMANDS[command][0]):
         print(f"hf-pretrain: unknown command `{command}`\n\n{usage()}", file=sys.stderr)
         return 2
     return importlib.import_module(COMMANDS[command][0]).main(rest) or 0

@@ -10,13 +10,17 @@ from __future__ import annotations
 
 import os
 import platform
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:  # torch is imported where a function asks the machine: `plan` and `stop` never do
+    import torch
 
 from hf_pretrain.economics.gpus import find_gpu
 
 
 def cuda_bf16_available() -> bool:
+    import torch
+
     return torch.cuda.is_available() and torch.cuda.is_bf16_supported()
 
 
@@ -29,7 +33,11 @@ def training_precision(requested: str, cuda_available: bool | None = None, bf16_
     """
     if requested != "auto":
         return requested
-    cuda = torch.cuda.is_available() if cuda_available is None else cuda_available
+    if cuda_available is None:
+        import torch
+
+        cuda_available = torch.cuda.is_available()
+    cuda = cuda_available
     bf16 = (cuda_bf16_available() if bf16_supported is None else bf16_supported) if cuda else False
     return "bf16" if cuda and bf16 else "no"
 
@@ -37,6 +45,8 @@ def training_precision(requested: str, cuda_available: bool | None = None, bf16_
 def cpu_has_bf16_kernels() -> bool:
     """Whether oneDNN has bf16 kernels for this CPU (AVX-512 and later; AMX and AVX512-BF16 do the
     math in hardware). Without them, bf16 autocast on the CPU mostly converts, and runs slower than fp32."""
+    import torch
+
     try:
         return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
     except (AttributeError, RuntimeError):  # a torch built without oneDNN
@@ -50,6 +60,8 @@ DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 def inference_device_and_dtype() -> tuple[str, torch.dtype]:
     """Where and in what dtype to run a model for evaluation: a GPU in bf16 (fp16 where bf16 is
     missing, fine for inference), else the CPU in fp32."""
+    import torch
+
     if torch.cuda.is_available():
         return "cuda", torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
     return "cpu", torch.float32
@@ -66,6 +78,8 @@ def device_peak_flops(device: torch.device) -> float | None:
     """The bf16 peak of a known CUDA device, or None (CPU, unknown GPU): then no MFU is shown."""
     if device.type != "cuda":
         return None
+    import torch
+
     return peak_flops_for_name(torch.cuda.get_device_name(device))
 
 
@@ -73,12 +87,16 @@ def peak_memory_gib(device: torch.device) -> float | None:
     """Peak CUDA memory torch allocated on `device`, or None on the CPU."""
     if device.type != "cuda":
         return None
+    import torch
+
     return torch.cuda.max_memory_allocated(device) / 2**30
 
 
 def device_name(device: torch.device) -> str:
     """`NVIDIA H100 80GB HBM3 (79 GiB)` or `CPU (x86_64, 16 cores)`: what the bench and the card name."""
     if device.type == "cuda":
+        import torch
+
         props = torch.cuda.get_device_properties(device)
         return f"{props.name} ({props.total_memory / 2**30:.0f} GiB)"
     return f"CPU ({platform.processor() or platform.machine()}, {os.cpu_count()} cores)"

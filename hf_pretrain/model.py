@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import Any
-
-import torch
-from transformers import LlamaConfig, LlamaForCausalLM
+from typing import TYPE_CHECKING, Any
 
 from hf_pretrain.config import ModelConfig, Recipe
+
+if TYPE_CHECKING:  # imported where a model is built: the counts `plan` and `stop` read need neither
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
 
 
 def padded_vocab_size(tokenizer_size: int, multiple: int) -> int:
@@ -52,6 +53,8 @@ def llama_config(
     eos_token_id: int | None = None,
     pad_token_id: int | None = None,
 ) -> LlamaConfig:
+    from transformers import LlamaConfig
+
     return LlamaConfig(
         vocab_size=padded_vocab_size(tokenizer_size, model.vocab_multiple),
         hidden_size=model.hidden_size,
@@ -76,6 +79,9 @@ def llama_config(
 
 def build_model(config: LlamaConfig, device: str | torch.device | None = None) -> LlamaForCausalLM:
     """A freshly initialised Llama with SDPA attention; on `meta` it allocates nothing."""
+    import torch
+    from transformers import LlamaForCausalLM
+
     config._attn_implementation = "sdpa"
     if device is None:
         return LlamaForCausalLM(config)
@@ -149,6 +155,8 @@ def apply_liger(model: LlamaForCausalLM, log=print) -> bool:
 
     Liger needs CUDA and Triton; anywhere else we say so and train with the stock modules.
     """
+    import torch
+
     if not torch.cuda.is_available():
         log("liger: CUDA is not available, training with the standard kernels")
         return False

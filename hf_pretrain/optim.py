@@ -15,17 +15,21 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from hf_pretrain.config import TrainConfig
-from hf_pretrain.muon import LR_SCALE, MuonAdamW, is_muon_matrix
+
+if TYPE_CHECKING:  # the schedule is arithmetic: `plan`, `report` and `stop` read it without importing torch
+    import torch
 
 
 def build_optimizer(model: torch.nn.Module, train: TrainConfig, fused: bool) -> torch.optim.Optimizer:
     """AdamW where matrices decay and norms and biases (1-D tensors) do not; with `optimizer: muon`,
     Muon takes the decoder's matrices (`muon.py`) and AdamW the rest, with the same split of decay."""
+    import torch
+
+    from hf_pretrain.muon import MuonAdamW, is_muon_matrix
+
     named = [(name, param) for name, param in model.named_parameters() if param.requires_grad]
     matrices = [p for name, p in named if train.optimizer == "muon" and is_muon_matrix(name, p)]
     on_muon = {id(p) for p in matrices}
@@ -162,5 +166,7 @@ def learning_rate_at(step: int, train: TrainConfig) -> float:
 
 def set_learning_rate(optimizer: torch.optim.Optimizer, lr: float) -> None:
     """The schedule's rate on every group, times the group's own scale (Muon's matrices may differ)."""
+    from hf_pretrain.muon import LR_SCALE
+
     for group in optimizer.param_groups:
         group["lr"] = lr * group.get(LR_SCALE, 1.0)

@@ -125,6 +125,15 @@ class JsonlWriter:
                 f.write(json.dumps(record) + "\n")
 
 
+def read_status(run_dir: str | os.PathLike) -> dict[str, Any]:
+    """The run folder's status.json ({} when there is none, or it cannot be read); training/session.py writes it."""
+    try:
+        status = json.loads(RunDir(run_dir).status.read_text())
+    except (OSError, ValueError):
+        return {}
+    return status if isinstance(status, dict) else {}
+
+
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
     """Every record of a JSON-lines file (90,000 in about a second); a last line cut short (a kill or
     a full disk mid-write) is left out, the next resume drops it. Damage elsewhere raises ValueError."""
@@ -187,3 +196,22 @@ def _lines_from_the_end(f: BinaryIO, block: int = 1 << 16) -> Iterator[tuple[int
         head = lines[0]
     if head:
         yield 0, head
+
+
+def last_train_record(metrics: Path, tail_bytes: int = 1 << 16) -> dict[str, Any] | None:
+    """The last whole `train` record of metrics.jsonl, read from its tail only (a 1b run's file is large)."""
+    try:
+        with metrics.open("rb") as f:
+            f.seek(max(0, f.seek(0, os.SEEK_END) - tail_bytes))
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    for line in reversed(lines):
+        try:
+            record = json.loads(line)
+            if record.get("kind", "train") == "train":
+                int(record["step"])
+                return record
+        except (ValueError, KeyError, TypeError, AttributeError):
+            continue  # a line cut short by the kill, or the cut first line of the tail
+    return None

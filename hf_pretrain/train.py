@@ -19,18 +19,22 @@ publish/side_jobs.py, wired in here. The exit code (exit_codes.py) and `output_d
 from __future__ import annotations
 
 import sys
+from typing import TYPE_CHECKING
 
 from hf_pretrain.config import Recipe, parse_recipe_args
-from hf_pretrain.publish.side_jobs import SideJobs
-from hf_pretrain.training.loop import Outcome
-from hf_pretrain.training.loop import train as train_loop
-from hf_pretrain.training.session import REFUSALS, RunLocked, Session, describe, exit_code_of
-from hf_pretrain.training.start_up import StoppedDuringStartUp
+
+if TYPE_CHECKING:
+    from hf_pretrain.training.loop import Outcome
 
 
 def run_training(recipe: Recipe) -> Outcome:
     """The loop with the recipe's side jobs (final/ at the end, the pushes and benchmarks it asks for),
     in a session that holds the run folder and leaves its status.json (training/session.py)."""
+    # Imported here, after the recipe was read: `--help` and a refused flag answer without torch.
+    from hf_pretrain.publish.side_jobs import SideJobs
+    from hf_pretrain.training.loop import train as train_loop
+    from hf_pretrain.training.session import Session
+
     side_jobs = SideJobs(recipe.train)
     with Session(recipe.train.output_dir) as session:
         outcome = train_loop(recipe, callbacks=[side_jobs])
@@ -50,6 +54,9 @@ def run_training(recipe: Recipe) -> Outcome:
 def main(argv: list[str] | None = None) -> int:
     """The exit code: 0, or one a scheduler can act on (exit_codes.py); status.json says the same."""
     recipe, _ = parse_recipe_args(argv, prog="train.py", description=__doc__.split("\n")[0])
+    from hf_pretrain.training.session import REFUSALS, RunLocked, describe, exit_code_of
+    from hf_pretrain.training.start_up import StoppedDuringStartUp
+
     try:
         return run_training(recipe).exit_code
     except (RunLocked, StoppedDuringStartUp, *REFUSALS) as exc:  # nothing was trained: the reason is the whole story

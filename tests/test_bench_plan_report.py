@@ -191,6 +191,7 @@ def test_variant_grid_is_every_combination():
         {"gradient_checkpointing": "false", "micro_batch_size": "4"},
         {"gradient_checkpointing": "false", "micro_batch_size": "8"},
     ]
+    assert bench.variant_grid(["gradient-checkpointing=true,false", "micro-batch-size=4,8"]) == grid  # as flags read
     assert bench.variant_grid([]) == [{}]
     with pytest.raises(ValueError, match="KEY=VALUE"):
         bench.variant_grid(["compile"])

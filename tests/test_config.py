@@ -295,7 +295,7 @@ def test_wrong_type_on_the_command_line_exits_before_any_work(capsys):
     assert "phases.a must be int" in capsys.readouterr().err
 
 
-# ---------------------------------------------------------------------- one convention: snake_case flags
+# ---------------------------------------------------------------------- one convention, both spellings
 COMMANDS = ["prepare", "train", "doctor", "export", "eval", "bench", "plan", "report", "demo", "space", "gguf"]
 
 
@@ -312,13 +312,115 @@ def test_every_command_lists_snake_case_flags_only(command, capsys):
     assert flags and not [f for f in flags if "-" in f[2:]], flags
 
 
-def test_an_old_spelling_is_refused_naming_the_new_one(capsys):
-    # The kebab-case spellings and renamed flags of 0.1.0 read for one release; now they are unknown keys.
-    for argv, new in ((["--max-steps", "300"], "max_steps"), (["--output-dir=x/y"], "output_dir")):
-        with pytest.raises(SystemExit) as exit_info:
-            parse_recipe_args(argv, prog="t", description="")
-        assert exit_info.value.code == 2
-        assert f"did you mean `{new}`" in capsys.readouterr().err
+class Parsed(Exception):
+    """Raised in place of a command's work, carrying what its parser read."""
+
+
+def parsed_flags(monkeypatch, command: str, argv: list[str]) -> dict:
+    """What `hf-pretrain COMMAND ARGV` parses to (every command parses with a CommandParser), without
+    running the command."""
+    from hf_pretrain import cli
+    from hf_pretrain.config import CommandParser
+
+    read = CommandParser.parse_known_args
+
+    def parse_and_stop(self, args=None, namespace=None):
+        namespace, unread = read(self, args, namespace)
+        raise Parsed(vars(namespace), unread)
+
+    monkeypatch.setattr(CommandParser, "parse_known_args", parse_and_stop)
+    with pytest.raises(Parsed) as got:
+        cli.main([command, *argv])
+    values, unread = got.value.args
+    assert not unread, unread
+    return values
+
+
+def snake_spelled(argv: list[str]) -> list[str]:
+    return [a.replace("-", "_").replace("__", "--", 1) if a.startswith("--") else a for a in argv]
+
+
+# command, the kebab-case spelling of some of its flags (recipe keys and its own)
+DASHED = [
+    ("prepare", ["--recipe", "smoke", "--data-dir", "d", "--dry-run", "--tokenizer-train-documents", "300"]),
+    ("train", ["--max-steps", "7", "--output-dir=o", "--push-to-hub", "me/m", "--micro-batch-size", "2"]),
+    ("stop", ["run", "--cooldown-steps", "5"]),
+    ("doctor", ["--num-processes", "2", "--global-batch-tokens", "2048"]),
+    (
+        "export",
+        ["--checkpoint", "c", "--out", "o", "--push-to-hub", "me/m", "--price-per-hour=2", "--gguf-type", "q8_0"],
+    ),
+    ("eval", ["--model", "m", "--include-path", "x", "--data-dir", "d", "--batch-size", "4", "--num-fewshot", "1"]),
+    ("bench", ["--recipe", "smoke", "--gpu-price", "H100=2", "--memory-gib", "3", "--no-search", "--max-steps", "4"]),
+    ("plan", ["--params", "1e9", "--tokens-per-s", "1e4", "--price-per-gpu-hour", "2", "--max-gpus", "1"]),
+    ("plan", ["--recipe", "smoke", "--max-gpus", "1", "--tokens-per-s", "1e4", "--max-steps", "9"]),
+    ("report", ["run", "--price-per-hour", "2"]),
+    ("demo", ["--model", "m", "--cache-dir", "c"]),
+    ("gguf", ["folder", "--gguf-type", "q8_0"]),
+]
+
+
+@pytest.mark.parametrize("command, dashed", DASHED, ids=[f"{c}-{i}" for i, (c, _) in enumerate(DASHED)])
+def test_every_command_reads_kebab_case_flags_as_their_snake_case_twins(command, dashed, monkeypatch):
+    # HfArgumentParser, and so every Hugging Face tool, reads `--push-to-hub` as `--push_to_hub`.
+    if command == "demo":
+        pytest.importorskip("gradio")
+    snake = parsed_flags(monkeypatch, command, snake_spelled(dashed))
+    assert parsed_flags(monkeypatch, command, dashed) == snake
+    assert [k for k, v in snake.items() if v is None] != list(snake)  # the flags did reach their keys
+
+
+# command, the arguments it needs, an unknown flag in kebab case, the key it is nearest to
+UNKNOWN = [
+    ("prepare", ["--recipe", "smoke"], "--data-dri", "data_dir"),
+    ("train", [], "--max-stepz", "max_steps"),
+    ("stop", ["run"], "--cooldown-stepz", "cooldown_steps"),
+    ("doctor", [], "--num-proceses", "num_processes"),
+    ("export", ["--checkpoint", "c", "--out", "o"], "--push-to-hubb", "push_to_hub"),
+    ("eval", ["--model", "m"], "--include-paths", "include_path"),
+    ("bench", ["--recipe", "smoke"], "--gpu-prices", "gpu_price"),
+    ("plan", ["--params", "1e9"], "--max-gpu", "max_gpus"),
+    ("report", ["run"], "--price-per-hours", "price_per_hour"),
+    ("demo", ["--model", "m"], "--cache-dirs", "cache_dir"),
+    ("space", ["--model", "m", "--out", "o"], "--push-to", "push"),
+    ("gguf", ["folder"], "--gguf-types", "gguf_type"),
+]
+
+
+@pytest.mark.parametrize("command, needed, unknown, nearest", UNKNOWN)
+def test_an_unknown_kebab_case_flag_is_refused_by_name_with_the_nearest_key(command, needed, unknown, nearest, capsys):
+    from hf_pretrain import cli
+
+    if command == "demo":
+        pytest.importorskip("gradio")
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main([command, *needed, unknown, "1"])
+    assert exit_info.value.code == 2
+    assert f"unknown key `{unknown[2:]}` (did you mean `{nearest}`" in capsys.readouterr().err
+
+
+def test_python_m_train_reads_kebab_case_flags(tmp_path):
+    # The launcher's path (`accelerate launch -m hf_pretrain.train ...`, here without the launcher): a range
+    # refusal of the dashed key's value proves it was read, and nothing trains.
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "hf_pretrain.train",
+            "--recipe",
+            "smoke",
+            "--max-steps",
+            "0",
+            "--output-dir",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        env=offline_env(),
+        timeout=300,
+    )
+    assert run.returncode == 2 and "max_steps=0 must be >= 1" in run.stderr, run.stderr
+    assert not any(tmp_path.iterdir())
 
 
 def test_plan_price_is_price_per_gpu_hour_and_the_old_flags_are_refused_naming_it(capsys):
@@ -328,7 +430,7 @@ def test_plan_price_is_price_per_gpu_hour_and_the_old_flags_are_refused_naming_i
     assert plan.main(new) == 0
     captured = capsys.readouterr()
     assert json.loads(captured.out)["price_per_gpu_hour"] == 2 and "note" not in captured.err
-    for old, spelled_now in ((["--price", "2"], "price_per_gpu_hour"), (["--max-gpus", "1"], "max_gpus")):
+    for old, spelled_now in ((["--price", "2"], "price_per_gpu_hour"), (["--max-gpu", "1"], "max_gpus")):
         with pytest.raises(SystemExit) as exit_info:
             plan.main(["--params", "1e9", "--tokens_per_s", "10000", *old, "--json"])
         assert exit_info.value.code == 2
@@ -361,15 +463,16 @@ def test_bench_price_is_gpu_price(capsys):
     assert "unknown key `price` (did you mean" in err and "`gpu_price`" in err.split("did you mean")[1]
 
 
-def test_eval_takes_snake_case_flags_and_refuses_its_old_ones_naming_them(capsys):
+def test_eval_takes_its_flags_in_both_spellings(capsys):
     from hf_pretrain.evaluation import harness
 
-    with pytest.raises(SystemExit) as exit_info:  # nothing to do: stops after parsing, before loading a model
-        harness.main(["--model", "m", "--tasks", "none", "--include_path", "x", "--data_dir", "d", "--batch_size", "4"])
-    assert exit_info.value.code == 2 and "--tasks none needs --text" in capsys.readouterr().err
-    with pytest.raises(SystemExit) as exit_info:
-        harness.main(["--model", "m", "--tasks", "none", "--include-path", "x", "--data-dir", "d"])
-    assert exit_info.value.code == 2 and "did you mean `include_path`" in capsys.readouterr().err
+    for flags in (
+        ["--include_path", "x", "--data_dir", "d", "--batch_size", "4"],
+        ["--include-path", "x", "--data-dir", "d"],
+    ):
+        with pytest.raises(SystemExit) as exit_info:  # nothing to do: stops after parsing, before loading a model
+            harness.main(["--model", "m", "--tasks", "none", *flags])
+        assert exit_info.value.code == 2 and "--tasks none needs --text" in capsys.readouterr().err
 
 
 # ---------------------------------------------------------------------- report_to: any tracker Accelerate knows

@@ -79,9 +79,8 @@ def children(pid: int) -> list[int]:
 
 # ---------------------------------------------------------------------- restarts without a person
 @pytest.mark.slow
-# Passes alone (2.5 min); in the whole suite the restarted group printed nothing for 300 s after torchrun
-# saw process 1 die, twice: a hang in the elastic agent's restart not yet understood, kept visible here.
-@pytest.mark.xfail(reason="elastic restart hangs when run inside the whole suite (under investigation)", strict=False)
+# It passed alone and failed or hung in the whole suite until each attempt's process group got keys of its
+# own in the launcher's store (training/rendezvous.py, docs/testing.md): run it often, on a busy machine.
 def test_max_restarts_restarts_the_group_after_a_process_dies_and_it_resumes(smoke_data, tmp_path, two_process_run):
     run_dir = tmp_path / "run"
     launcher = start(command(smoke_data, run_dir, ["--max_restarts", "1", "--main_process_port", str(free_port())]))
@@ -90,7 +89,11 @@ def test_max_restarts_restarts_the_group_after_a_process_dies_and_it_resumes(smo
         assert launcher.poll() is None, launcher.communicate()[0][-3000:]
         (second,) = [pid for pid in children(launcher.pid) if rank_of(pid) == 1]
         os.kill(second, signal.SIGKILL)  # as the out-of-memory killer would
-        output = launcher.communicate(timeout=300)[0]
+        try:  # the restart and the 7 steps left take about a minute: a restart that hangs fails here
+            output = launcher.communicate(timeout=300)[0]
+        except subprocess.TimeoutExpired as hung:
+            seen = hung.output.decode(errors="replace") if isinstance(hung.output, bytes) else hung.output or ""
+            pytest.fail(f"the restarted group did not end within 300 s:\n{seen[-3000:]}")
     finally:
         kill_all(launcher, run_dir)
     assert launcher.returncode == 0, output[-3000:]

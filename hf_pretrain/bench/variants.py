@@ -62,7 +62,8 @@ def variant_grid(specs: list[str]) -> list[dict[str, str]]:
         key, sep, values = spec.partition("=")
         if not sep or not key or not values:
             raise RecipeError(f"--variants {spec!r} must look like KEY=VALUE[,VALUE...], e.g. compile=true,false")
-        axes.append((key, [v.strip() for v in values.split(",") if v.strip()]))
+        # a recipe key in either spelling, as its flag reads (`micro-batch-size` is `micro_batch_size`)
+        axes.append((key.replace("-", "_"), [v.strip() for v in values.split(",") if v.strip()]))
     keys = [key for key, _ in axes]
     return [dict(zip(keys, combo, strict=True)) for combo in itertools.product(*(values for _, values in axes))]
 

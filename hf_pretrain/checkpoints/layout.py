@@ -12,9 +12,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from accelerate.utils import RNG_STATE_NAME
-
 from hf_pretrain.run_dir import RunDir
+
+# Accelerate's name for its RNG states (accelerate.utils.RNG_STATE_NAME, held equal by a test): written
+# here so that reading a layout does not import Accelerate and torch (`stop`, `report`: a second each)
+RNG_STATE_NAME = "random_states"
 
 MANIFEST = "manifest.json"
 TRAIN_STATE = "train_state.json"

@@ -16,9 +16,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
-from safetensors.torch import load_file, save_file
-
 from hf_pretrain.checkpoints.layout import (
     BRANCH_POINT,
     FULL_SUFFIX,
@@ -176,6 +173,9 @@ def keep_weights_only(folder: Path) -> None:
         if item.is_dir():
             shutil.copytree(item, slim / item.name, copy_function=_link_or_copy)
         elif item.suffix == ".safetensors" and item.name.startswith("model"):
+            import torch  # here: listing checkpoints (`stop`, the doctor) must not pay for importing torch
+            from safetensors.torch import load_file, save_file
+
             tensors = {k: v.to(torch.bfloat16) if v.is_floating_point() else v for k, v in load_file(item).items()}
             save_file(tensors, slim / item.name, metadata={"format": "pt"})
         else:

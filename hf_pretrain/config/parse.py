@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import functools
 import json
 import os
 import sys
@@ -22,8 +23,6 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from transformers import HfArgumentParser
-from transformers.hf_argparser import string_to_bool
 
 from .schema import KEY_SECTION, SECTIONS, TOP_LEVEL_KEYS, Recipe, RecipeError, did_you_mean, range_text
 
@@ -36,9 +35,15 @@ def _field_types(cls: type) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------------- typed values
+def _string_to_bool(text: str) -> bool:
+    from transformers.hf_argparser import string_to_bool  # here: importing transformers costs a second
+
+    return string_to_bool(text)
+
+
 # How HfArgumentParser reads a flag's text. Text that reaches a number or a boolean another way (a
 # `bench --variants` value, YAML 1.1's `3e-4`, which it leaves a string) is read the same way.
-FROM_TEXT: dict[Any, Callable[[str], Any]] = {int: int, float: float, bool: string_to_bool}
+FROM_TEXT: dict[Any, Callable[[str], Any]] = {int: int, float: float, bool: _string_to_bool}
 
 
 def typed(key: str, value: Any, expected: Any) -> Any:
@@ -197,25 +202,46 @@ def _is_kebab(flag: str) -> bool:
     return flag.startswith("--") and "-" in flag[2:]
 
 
-class CommandParser(HfArgumentParser):
+class CommandParser(argparse.ArgumentParser):
     """The parser of every `hf-pretrain` command, so that they all parse the same way.
 
-    HfArgumentParser builds flags from dataclass fields (help from their metadata, `--flag` or
-    `--flag false` for booleans, several values for lists). On top of it: flags are snake_case, like
-    the recipe keys (HfArgumentParser's kebab-case twins are left out); an unknown flag is named with
-    the nearest valid one (`--max-steps`: did you mean `max_steps`?); flags are never abbreviated.
+    Flags are registered and listed in snake_case, like the recipe keys, and read in both spellings,
+    as the Hugging Face tools read them (`--push-to-hub` is `--push_to_hub`); an unknown flag is named
+    as it was typed, with the nearest valid one (`--max-stepz`: did you mean `max_steps`?); flags are
+    never abbreviated. The recipe's keys come from `recipe_parser`, the same rules on HfArgumentParser;
+    a command without a recipe (`stop`, `report`, every `--help`) does not pay for importing transformers.
     """
 
-    def __init__(self, dataclass_types: Any = None, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs.setdefault("allow_abbrev", False)
         kwargs.setdefault("formatter_class", HelpFormatter)
-        super().__init__(dataclass_types, **kwargs)
+        super().__init__(*args, **kwargs)
 
     def add_argument(self, *names: str, **kwargs: Any) -> argparse.Action:
         snake = [n for n in names if not _is_kebab(n)]
         if not snake:
             raise ValueError(f"flags are snake_case, like the recipe keys: {names}")
         return super().add_argument(*snake, **kwargs)
+
+    def parse_known_args(  # type: ignore[override]
+        self, args: list[str] | None = None, namespace: argparse.Namespace | None = None
+    ) -> tuple[argparse.Namespace, list[str]]:
+        # Every parse goes through here (parse_args, HfArgumentParser's dataclass parsing).
+        args = sys.argv[1:] if args is None else list(args)
+        return super().parse_known_args(self.snake_case_flags(args), namespace)
+
+    def snake_case_flags(self, args: list[str]) -> list[str]:
+        """`args` with each `--key-name[=value]` of a known flag spelled `--key_name[=value]`. Only known
+        flags are respelled, so an unknown one is refused as typed; nothing after a bare `--` is touched."""
+        spelled = list(args)
+        for i, arg in enumerate(spelled):
+            if arg == "--":
+                break
+            name, sep, value = arg.partition("=")
+            snake = "--" + name[2:].replace("-", "_")
+            if _is_kebab(name) and snake in self._option_string_actions:
+                spelled[i] = snake + sep + value
+        return spelled
 
     def error(self, message: str) -> typing.NoReturn:  # type: ignore[override]
         if message.startswith("unrecognized arguments"):
@@ -225,6 +251,22 @@ class CommandParser(HfArgumentParser):
                 valid = [a.lstrip("-") for a in self._option_string_actions if a.startswith("--")]
                 message = f"unknown key `{key}`{did_you_mean(key, valid)}"
         super().error(message)
+
+
+@functools.cache
+def _recipe_parser_class() -> type[CommandParser]:
+    from transformers import HfArgumentParser  # a second of imports, paid by the commands that read a recipe
+
+    class RecipeParser(CommandParser, HfArgumentParser):
+        """CommandParser's rules on HfArgumentParser, which builds flags from dataclass fields (help from
+        their metadata, `--flag` or `--flag false` for booleans, several values for lists)."""
+
+    return RecipeParser
+
+
+def recipe_parser(dataclass_types: list[type], **kwargs: Any) -> CommandParser:
+    """A CommandParser with a flag for every field of `dataclass_types`."""
+    return _recipe_parser_class()(dataclass_types, **kwargs)
 
 
 def _is_structure(annotation: Any) -> bool:
@@ -293,7 +335,7 @@ def parse_recipe_args(
     recipe_flag = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     recipe_flag.add_argument("--recipe", default="smoke", help="recipe name in recipes/ or a path to a YAML file")
     chosen, _ = recipe_flag.parse_known_args(argv)
-    parser = CommandParser(
+    parser = recipe_parser(
         [_flags_of(cls) for cls in (Recipe, *SECTIONS.values())],
         prog=prog,
         usage="%(prog)s [--recipe NAME] [--key VALUE ...]",

@@ -44,6 +44,7 @@ from hf_pretrain.training.checkpointer import Checkpointer, CheckpointSaveError
 from hf_pretrain.training.compiling import dynamo_plugin
 from hf_pretrain.training.guards import Guards, Stop
 from hf_pretrain.training.metrics import RunLogger, trackers_for
+from hf_pretrain.training.rendezvous import attempt_store
 from hf_pretrain.training.state import TrainState
 from hf_pretrain.training.step import Evaluation, TrainStep
 from hf_pretrain.training.stop_request import take_up_at_start
@@ -154,7 +155,8 @@ def setup(recipe: Recipe) -> Run:
     # join processes started by torchrun (`accelerate launch --multi_gpu`) into a gloo group.
     on_cpu = not torch.cuda.is_available() or os.environ.get("ACCELERATE_USE_CPU", "").lower() in ("1", "true")
     group = process_group_kwargs(cfg.hang_timeout_s)  # collectives give up just after the watchdog reports
-    world_size = PartialState(cpu=on_cpu, **group).num_processes  # this call creates the process group
+    # this call creates the process group, its keys apart from those of an attempt before a restart
+    world_size = PartialState(cpu=on_cpu, **group, **attempt_store(group.get("timeout"))).num_processes
     # which checkpoint the run goes on from: decided once, checksums and all; the table shows it
     decide = functools.cache(lambda: decide_resume(recipe))
     preflight(

@@ -21,7 +21,6 @@ import socket
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from hf_pretrain.checkpoints.continuation import ResumeRefused
 from hf_pretrain.checkpoints.manifest import CheckpointError
@@ -39,7 +38,7 @@ from hf_pretrain.exit_codes import (
 from hf_pretrain.model_init import InitFromError
 from hf_pretrain.preflight import PreflightError
 from hf_pretrain.processes import follow_launcher, launcher
-from hf_pretrain.run_dir import RunDir
+from hf_pretrain.run_dir import RunDir, last_train_record, read_status
 from hf_pretrain.run_lock import RunDirUnusable, RunLock, RunLocked, command_line, now
 from hf_pretrain.training.start_up import StartUpSignals, StoppedDuringStartUp
 
@@ -126,15 +125,6 @@ def describe(error: BaseException) -> str:
     return f"crashed: {type(error).__name__}: {error}"
 
 
-def read_status(run_dir: str | Path) -> dict[str, Any]:
-    """The run folder's status.json ({} when there is none, or it cannot be read)."""
-    try:
-        status = json.loads(RunDir(run_dir).status.read_text())
-    except (OSError, ValueError):
-        return {}
-    return status if isinstance(status, dict) else {}
-
-
 def killed_session(run: RunDir) -> str | None:
     """What happened to the last session, when it was killed (its status.json still says `running` while
     nobody holds the lock): its pid, the last step it logged and its newest checkpoint. Call with the lock held."""
@@ -154,25 +144,6 @@ def killed_session(run: RunDir) -> str | None:
 def _last_logged_step(metrics: Path) -> int | None:
     record = last_train_record(metrics)
     return int(record["step"]) if record else None
-
-
-def last_train_record(metrics: Path, tail_bytes: int = 1 << 16) -> dict[str, Any] | None:
-    """The last whole `train` record of metrics.jsonl, read from its tail only (a 1b run's file is large)."""
-    try:
-        with metrics.open("rb") as f:
-            f.seek(max(0, f.seek(0, os.SEEK_END) - tail_bytes))
-            lines = f.read().splitlines()
-    except OSError:
-        return None
-    for line in reversed(lines):
-        try:
-            record = json.loads(line)
-            if record.get("kind", "train") == "train":
-                int(record["step"])
-                return record
-        except (ValueError, KeyError, TypeError, AttributeError):
-            continue  # a line cut short by the kill, or the cut first line of the tail
-    return None
 
 
 class Session:

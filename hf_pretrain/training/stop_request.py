@@ -34,10 +34,9 @@ from hf_pretrain.config import CommandParser
 from hf_pretrain.exit_codes import EXIT_PREFLIGHT
 from hf_pretrain.formatting import human_duration
 from hf_pretrain.optim import Cooldown
-from hf_pretrain.run_dir import RunDir
+from hf_pretrain.run_dir import RunDir, last_train_record, read_status
 from hf_pretrain.run_lock import holder_of
 from hf_pretrain.stop_file import at_start, clear_stop_request, read_stop_request, request_stop
-from hf_pretrain.training.session import last_train_record, read_status
 
 EXIT_REFUSED = EXIT_PREFLIGHT  # refused, nothing written: the same code as a training refused before any work
 
