@@ -38,7 +38,7 @@ def test_a_value_out_of_its_range_is_refused_naming_the_key_and_the_range(key, v
 
 
 def test_a_source_key_out_of_range_names_the_source():
-    with pytest.raises(RecipeError, match=r"sources\[1\]\.weight=-1.0 must be > 0"):
+    with pytest.raises(RecipeError, match=r"sources\[1\]\.weight=-1.0 must be >= 0"):
         build_recipe({}, {"sources": [{"name": "python-docs"}, {"name": "python-stdlib", "weight": -1}]})
 
 
