@@ -1,0 +1,189 @@
+"""What a GPU would run, read off the graph torch.compile builds on the CPU (issue 26).
+
+No GPU is lent to this project: the step a user's H100 runs is seen here through the FX graphs
+dynamo traces. A backend of our own keeps them (dynamo's graph, then AOTAutograd's forward and
+backward graphs, with every node's dtype and shape) and runs them eagerly, so the test costs one
+small step. The model is built, prepared and called exactly as training/loop.py does: `build_model`,
+activation checkpointing from `checkpointed_layers`, `train_in_compute_dtype`, `accelerator.prepare`
+with the recipe's dynamo plugin (whole model or `compile_regions`) and mixed precision, then
+training/step.py's `forward_backward`. Shapes: the smoke recipe, and the `1b` recipe's width (2048,
+32 query heads over 8 KV heads) with 2 of its 16 layers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import Counter
+
+import pytest
+import torch
+import torch.utils._pytree as pytree
+from accelerate import Accelerator
+from accelerate.state import AcceleratorState
+
+from hf_pretrain.config import Recipe, load_recipe
+from hf_pretrain.model import build_model, enable_activation_checkpointing, llama_config, train_in_compute_dtype
+from hf_pretrain.training.compiling import dynamo_plugin
+from hf_pretrain.training.step import forward_backward
+
+SEQ_LEN = 64  # tokens per row: the graph's structure does not depend on it
+TOKENIZER_SIZE = 4096
+TORCH_COMPILE = torch.compile  # the real one: each step below swaps in one that keeps the graphs
+
+
+@dataclasses.dataclass
+class StepGraphs:
+    """The graphs one compiled training micro-batch produced."""
+
+    dynamo: list[torch.fx.GraphModule]  # torch-level: the calls as the model makes them
+    forward: list[torch.fx.GraphModule]  # aten-level, autocast applied: the dtypes a GPU would see
+    backward: list[torch.fx.GraphModule]
+    recipe: Recipe
+
+    def calls(self, name: str) -> list[torch.fx.Node]:
+        return [n for g in self.dynamo for n in g.graph.nodes if n.op == "call_function" and name in str(n.target)]
+
+    def aten(self, graphs: str, name: str) -> list[torch.fx.Node]:
+        found = getattr(self, graphs)
+        return [n for g in found for n in g.graph.nodes if n.op == "call_function" and str(n.target) == name]
+
+
+def recipe_with(name: str, layers: int = 2, **train) -> Recipe:
+    recipe = load_recipe(name, train)
+    return dataclasses.replace(recipe, model=dataclasses.replace(recipe.model, num_hidden_layers=layers))
+
+
+def compiled_step_graphs(recipe: Recipe, monkeypatch) -> StepGraphs:
+    """One micro-batch of `recipe`'s compiled training step, the loop's way, its graphs kept."""
+    from torch._dynamo.backends.common import aot_autograd
+    from torch._functorch.aot_autograd import make_boxed_func
+
+    graphs = StepGraphs([], [], [], recipe)
+
+    def keep(into: list):
+        def compiler(gm, example_inputs):
+            into.append(gm)
+            return make_boxed_func(gm.forward)
+
+        return compiler
+
+    def recorder(gm, example_inputs):
+        graphs.dynamo.append(gm)
+        return aot_autograd(fw_compiler=keep(graphs.forward), bw_compiler=keep(graphs.backward))(gm, example_inputs)
+
+    # Accelerate compiles in `prepare` with the plugin's backend (inductor): ours instead, all else as it asks
+    monkeypatch.setattr(torch, "compile", lambda model=None, **kw: TORCH_COMPILE(model, **{**kw, "backend": recorder}))
+    torch._dynamo.reset()
+    AcceleratorState._reset_state(reset_partial_state=True)
+    cfg = recipe.train
+    torch.manual_seed(0)
+    model = build_model(llama_config(recipe.model, TOKENIZER_SIZE))
+    if recipe.checkpointed_layer_count:
+        enable_activation_checkpointing(model, recipe.checkpointed_layer_count)
+    train_in_compute_dtype(model)
+    accelerator = Accelerator(cpu=True, mixed_precision=cfg.mixed_precision, dynamo_plugin=dynamo_plugin(cfg))
+    model = accelerator.prepare(model)
+    tokens = torch.randint(0, TOKENIZER_SIZE, (1, SEQ_LEN + 1), generator=torch.Generator().manual_seed(0))
+    loss, _ = forward_backward(accelerator, model, iter([tokens]), grad_accum=1)
+    assert loss == loss and loss > 0  # the step ran and produced a finite loss
+    assert graphs.dynamo and graphs.forward and graphs.backward
+    AcceleratorState._reset_state(reset_partial_state=True)
+    return graphs
+
+
+SHAPES = {
+    "smoke-bf16": dict(name="smoke", compile=True, mixed_precision="bf16"),
+    "1b-bf16": dict(name="1b", compile=True, mixed_precision="bf16"),
+    "1b-fp32": dict(name="1b", compile=True, mixed_precision="no"),
+    "1b-regions-bf16": dict(name="1b", compile=True, compile_regions=True, mixed_precision="bf16"),
+}
+
+
+def shape_recipe(shape: str) -> Recipe:
+    spec = dict(SHAPES[shape])
+    return recipe_with(spec.pop("name"), **spec)
+
+
+# ---------------------------------------------------------------------- attention
+@pytest.mark.parametrize("shape", list(SHAPES))
+def test_compiled_attention_is_causal_sdpa_with_no_mask_and_kv_not_repeated(shape, monkeypatch):
+    """The stock `sdpa` path, traced by dynamo, gave SDPA a [B, 1, T, T] boolean mask, is_causal=False
+    and K/V repeated to every query head: no flash kernel takes that call. attention.py's implementation
+    gives it no mask, is_causal=True and enable_gqa=True, in whole-model and regional compilation."""
+    graphs = compiled_step_graphs(shape_recipe(shape), monkeypatch)
+    model = graphs.recipe.model
+    sdpa = graphs.calls("scaled_dot_product_attention")
+    # regional compilation compiles one layer and reuses its graph for the others
+    assert len(sdpa) == (1 if graphs.recipe.train.compile_regions else model.num_hidden_layers)
+    for node in sdpa:
+        assert node.kwargs.get("attn_mask") is None, node.kwargs
+        assert node.kwargs.get("is_causal") is True, node.kwargs
+        query, key, value = (a.meta["example_value"] for a in node.args[:3])
+        assert query.shape[1] == model.num_attention_heads
+        assert key.shape[1] == value.shape[1] == model.num_key_value_heads  # K/V not repeated
+        if model.num_key_value_heads < model.num_attention_heads:
+            assert node.kwargs.get("enable_gqa") is True, node.kwargs
+
+
+# ---------------------------------------------------------------------- precision
+def test_bf16_graph_keeps_the_residual_stream_in_bf16_and_returns_the_loss_alone(monkeypatch):
+    """Under bf16 autocast the embedding's fp32 output used to make the residual stream, the norms'
+    inputs and the RoPE products fp32, and Accelerate's output conversion made the graph return an
+    fp32 copy of the logits (2.1 GB per 8 x 2048 micro-batch at the 1b recipe's vocabulary)."""
+    graphs = compiled_step_graphs(shape_recipe("1b-bf16"), monkeypatch)
+    hidden = graphs.recipe.model.hidden_size
+    # the graph's outputs, as the loop receives them: one fp32 scalar, the loss
+    outputs = [a for g in graphs.dynamo for n in g.graph.nodes if n.op == "output" for a in pytree.tree_leaves(n.args)]
+    values = [a.meta["example_value"] for a in outputs if isinstance(a, torch.fx.Node)]
+    assert [(tuple(v.shape), v.dtype) for v in values] == [((), torch.float32)]
+    # every add over the hidden width (the residual stream: two per layer) runs in bf16
+    residual = [n for n in graphs.aten("forward", "aten.add.Tensor") if n.meta["val"].shape[-1] == hidden]
+    assert len(residual) == 2 * graphs.recipe.model.num_hidden_layers
+    assert {n.meta["val"].dtype for n in residual} == {torch.bfloat16}
+    # the RoPE products and every matmul too; the norms' variance and the log-softmax stay fp32
+    head_dim = graphs.recipe.model.hidden_size // graphs.recipe.model.num_attention_heads
+    rope = [n for n in graphs.aten("forward", "aten.mul.Tensor") if n.meta["val"].dim() == 4]
+    assert rope and {n.meta["val"].dtype for n in rope} == {torch.bfloat16}
+    assert all(n.meta["val"].shape[-1] == head_dim for n in rope)
+    assert {n.meta["val"].dtype for n in graphs.aten("forward", "aten.mm.default")} == {torch.bfloat16}
+    assert {n.meta["val"].dtype for n in graphs.aten("forward", "aten.rsqrt.default")} == {torch.float32}
+    assert {n.meta["val"].dtype for n in graphs.aten("forward", "aten._log_softmax.default")} == {torch.float32}
+
+
+def test_fp32_graph_has_no_bf16_anywhere(monkeypatch):
+    """The fp32 path is untouched by the autocast cast (the golden losses, tests/test_train.py, hold it)."""
+    graphs = compiled_step_graphs(shape_recipe("1b-fp32"), monkeypatch)
+    dtypes = Counter(
+        n.meta["val"].dtype
+        for g in graphs.forward + graphs.backward
+        for n in g.graph.nodes
+        if isinstance(n.meta.get("val"), torch.Tensor)
+    )
+    assert torch.bfloat16 not in dtypes and dtypes[torch.float32] > 0, dtypes
+
+
+# ---------------------------------------------------------------------- activation checkpointing
+@pytest.mark.parametrize("name", ["smoke", "1b"])
+def test_checkpointed_layers_recompute_exactly_that_many_layers_in_the_compiled_backward(name, monkeypatch):
+    """`checkpointed_layers` k of L: the compiled backward graph holds the forward matmuls of k layers
+    again, no more, no fewer: 6 per layer (q, k, v, o, gate, up; the down projection's output only joins
+    the residual stream, which the backward never reads, so recomputing stops before it)."""
+    matmuls = {}
+    for k in (0, 1, 2):
+        graphs = compiled_step_graphs(
+            recipe_with(name, compile=True, mixed_precision="bf16", checkpointed_layers=k), monkeypatch
+        )
+        matmuls[k] = len(graphs.aten("backward", "aten.mm.default"))
+    assert matmuls[1] - matmuls[0] == 6 and matmuls[2] - matmuls[0] == 12, matmuls
+
+
+def test_gradient_checkpointing_alone_still_checkpoints_every_layer():
+    model = build_model(llama_config(recipe_with("smoke", layers=3).model, TOKENIZER_SIZE))
+    enable_activation_checkpointing(model)
+    assert [layer.gradient_checkpointing for layer in model.model.layers] == [True, True, True]
+    enable_activation_checkpointing(model, 1)
+    assert [layer.gradient_checkpointing for layer in model.model.layers] == [True, False, False]
+    assert recipe_with("smoke", layers=3, gradient_checkpointing=True).checkpointed_layer_count == 3
+    assert (
+        recipe_with("smoke", layers=3, gradient_checkpointing=True, checkpointed_layers=1).checkpointed_layer_count == 1
+    )
