@@ -7,12 +7,15 @@ every query head; no flash kernel takes that call on a GPU, and every score of t
 computed (tests/test_compiled_step.py reads it off the graph).
 
 Our batches never need a mask: every row is one full packed window, no padding, causal throughout
-(document masking is not used: docs/gpu.md). So the model runs `CAUSAL_SDPA`, registered with
-transformers' public `AttentionInterface` and `AttentionMaskInterface`: the mask function returns
-None, and the attention is transformers' own SDPA call given that None, which picks `is_causal=True`
-(any query longer than one token) and `enable_gqa=True` (K/V not repeated). Decoding with a KV cache
-works too: the prefill is causal, each decoded token attends to all the cache (a batch of one prompt,
-as generation here runs, has no padding to hide).
+(document masking is not used: docs/gpu.md). So the model runs `CAUSAL_SDPA`, a function registered
+with transformers' public `AttentionInterface` and no mask function in `AttentionMaskInterface`:
+for such an implementation transformers builds no mask at all ("custom attention without equivalent
+mask creation: we don't need a mask", masking_utils.py), not even the eager path's packed-sequence
+check, which reads the device once per forward. The attention is transformers' own SDPA call given
+no mask, which then picks `is_causal=True` (any query longer than one token) and `enable_gqa=True`
+(K/V not repeated). Decoding with a KV cache works too: the prefill is causal, each decoded token
+attends to the whole cache (a batch of one prompt, as generation here runs, has no padding to hide).
+An explicit 4D mask a caller passes reaches the function and is honoured.
 
 The name lives only in this process: `config.json` never stores the attention implementation
 (transformers drops `_attn_implementation` when it writes the config), so an exported model loads
@@ -24,7 +27,6 @@ from __future__ import annotations
 import torch
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
-from transformers.masking_utils import AttentionMaskInterface
 
 # The implementation name the training model runs under (model.py sets it on every model it builds).
 CAUSAL_SDPA = "hf_pretrain_causal_sdpa"
@@ -45,10 +47,4 @@ def causal_sdpa_attention(
     return sdpa_attention_forward(module, query, key, value, None, is_causal=True, **kwargs)
 
 
-def no_mask(*args, **kwargs) -> None:
-    """The mask function of `CAUSAL_SDPA`: none; the causality is SDPA's `is_causal`."""
-    return None
-
-
 AttentionInterface.register(CAUSAL_SDPA, causal_sdpa_attention)
-AttentionMaskInterface.register(CAUSAL_SDPA, no_mask)
