@@ -292,3 +292,32 @@ def test_the_forecast_fit_runs_off_the_training_thread_and_each_record_takes_the
     assert forecast.submit([{}]) == {"forecast_loss": 3.0}
     forecast.close()
     assert threads and all(name.startswith("forecast") for name in threads)
+
+
+# ---------------------------------------------------------------------- what leaves the run
+def test_a_saved_model_names_no_attention_of_ours_and_loads_as_sdpa_computing_the_same(tmp_path):
+    """The training attention's name lives only in the process: config.json (a checkpoint's and an
+    export's, both written by save_pretrained) names none, so every client loads `sdpa`, and gets the
+    same logits; generation with a KV cache under our attention gives the same tokens as under sdpa."""
+    import json
+
+    from transformers import AutoModelForCausalLM
+
+    from hf_pretrain.attention import CAUSAL_SDPA
+
+    recipe = recipe_with("1b", layers=2)
+    config = llama_config(dataclasses.replace(recipe.model, hidden_size=256, intermediate_size=512), TOKENIZER_SIZE)
+    torch.manual_seed(0)
+    ours = build_model(config).eval()
+    assert ours.config._attn_implementation == CAUSAL_SDPA
+    ours.save_pretrained(tmp_path)
+    saved = json.loads((tmp_path / "config.json").read_text())
+    assert not any("attn_implementation" in key for key in saved), saved
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path).eval()
+    assert loaded.config._attn_implementation == "sdpa"
+    tokens = torch.randint(0, TOKENIZER_SIZE, (2, 48), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        torch.testing.assert_close(ours(input_ids=tokens).logits, loaded(input_ids=tokens).logits, rtol=1e-5, atol=1e-5)
+        prompt = tokens[:1, :8]
+        kwargs = dict(max_new_tokens=12, do_sample=False, use_cache=True, pad_token_id=0)
+        assert ours.generate(prompt, **kwargs).tolist() == loaded.generate(prompt, **kwargs).tolist()
