@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 import torch
 from accelerate import Accelerator
+from torch.distributed.tensor import DTensor
 
 from hf_pretrain.config import TrainConfig
 from hf_pretrain.optim import set_learning_rate
@@ -68,6 +69,8 @@ class TrainStep:
         grad_norm = self.accelerator.clip_grad_norm_(self.model.parameters(), self.train.grad_clip or float("inf"))
         # The step's one host read: the loss and the norm in one transfer (the guards read both every
         # step, and the skip needs them before the update). The micro-batches read nothing (docs/gpu.md).
+        if isinstance(grad_norm, DTensor):  # FSDP2's norm: replicated, the same value on every process
+            grad_norm = grad_norm.full_tensor()
         loss, grad_norm = torch.stack([loss, grad_norm.detach().float()]).tolist()
         result = StepResult(loss, grad_norm, lr, waited)
         if result.finite:
