@@ -177,6 +177,16 @@ def test_checkpointed_layers_recompute_exactly_that_many_layers_in_the_compiled_
     assert matmuls[1] - matmuls[0] == 6 and matmuls[2] - matmuls[0] == 12, matmuls
 
 
+def test_bench_varies_checkpointed_layers():
+    """`hf-pretrain bench --variants checkpointed_layers=0,8,16` builds three recipes of the 1b model."""
+    from hf_pretrain.bench.variants import variant_grid
+    from hf_pretrain.config import build_recipe
+
+    recipe = load_recipe("1b")
+    grid = variant_grid(["checkpointed_layers=0,8,16"])
+    assert [build_recipe(recipe.to_dict(), o).checkpointed_layer_count for o in grid] == [0, 8, 16]
+
+
 def test_gradient_checkpointing_alone_still_checkpoints_every_layer():
     model = build_model(llama_config(recipe_with("smoke", layers=3).model, TOKENIZER_SIZE))
     enable_activation_checkpointing(model)
