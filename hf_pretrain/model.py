@@ -107,8 +107,8 @@ def enable_activation_checkpointing(model: LlamaForCausalLM, layers: int | None 
 
 
 def train_in_compute_dtype(model: LlamaForCausalLM) -> None:
-    """What a GPU's bf16 step should compute, set up with public module hooks (tests/test_compiled_step.py
-    reads the compiled graph):
+    """What a GPU's bf16 step should compute, set up on this instance with public means: a forward hook
+    and the instance's `forward` (tests/test_compiled_step.py reads the compiled graph):
 
     - under autocast the embedding's output is cast to the autocast dtype. An embedding lookup is not
       an autocast op, so it would return fp32, and the residual stream, each RMSNorm's input and the
@@ -121,10 +121,10 @@ def train_in_compute_dtype(model: LlamaForCausalLM) -> None:
       32K vocabulary). Dropped here, the compiled graph's dead-code elimination removes both.
     """
     model.get_input_embeddings().register_forward_hook(_embeddings_in_autocast_dtype)
-    # an instance attribute, not a module hook: torch.compile runs a top-level module's hooks outside
-    # the graph, and Accelerate wraps whatever `forward` is there when it prepares the model
-    # the forward that is there now (Liger's, where it patched one), given labels, keeps the loss alone;
-    # unbound, so a copy of the module (Accelerate's regional compilation makes one) runs its own layers
+    # An instance `forward`, not a module hook: torch.compile runs a top-level module's hooks outside
+    # the graph, while Accelerate wraps (autocast, fp32 outputs) whatever `forward` it finds in `prepare`.
+    # It calls the forward there now (Liger's, where Liger patched the class), unbound: a copy of the
+    # module (Accelerate's regional compilation makes one) must run its own, compiled, layers.
     forward = model.forward.__func__
 
     def loss_only_when_labelled(self: LlamaForCausalLM, *args, **kwargs):
