@@ -75,7 +75,13 @@ def measure(shape: str) -> dict:
 
     from hf_pretrain.config import load_recipe
     from hf_pretrain.economics.memory import estimate_memory
-    from hf_pretrain.model import build_model, enable_activation_checkpointing, llama_config, recipe_tokenizer_size
+    from hf_pretrain.model import (
+        build_model,
+        enable_activation_checkpointing,
+        llama_config,
+        recipe_tokenizer_size,
+        train_in_compute_dtype,
+    )
     from hf_pretrain.optim import build_optimizer
     from hf_pretrain.training.step import TrainStep
 
@@ -103,6 +109,7 @@ def measure(shape: str) -> dict:
     model = build_model(config)
     if gc:
         enable_activation_checkpointing(model)
+    train_in_compute_dtype(model)  # as training/loop.py does
     optimizer = build_optimizer(model, train, fused=False)
     model, optimizer = accelerator.prepare(model, optimizer)
     batches = iter([torch.randint(0, config.vocab_size, (micro, seq + 1)) for _ in range(2 * accum)])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import types
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -78,25 +79,75 @@ def llama_config(
 
 
 def build_model(config: LlamaConfig, device: str | torch.device | None = None) -> LlamaForCausalLM:
-    """A freshly initialised Llama with SDPA attention; on `meta` it allocates nothing."""
+    """A freshly initialised Llama with causal SDPA attention (attention.py: no mask tensor, flash-eligible
+    in compiled runs too); on `meta` it allocates nothing."""
     import torch
     from transformers import LlamaForCausalLM
 
-    config._attn_implementation = "sdpa"
+    from hf_pretrain.attention import CAUSAL_SDPA
+
+    config._attn_implementation = CAUSAL_SDPA
     if device is None:
         return LlamaForCausalLM(config)
     with torch.device(device):
         return LlamaForCausalLM(config)
 
 
-def enable_activation_checkpointing(model: LlamaForCausalLM) -> None:
-    """Recompute each decoder layer in the backward pass (non-reentrant, which torch.compile and FSDP
-    need). transformers 5.23 renamed `gradient_checkpointing_enable` (a deprecated alias until v6);
-    earlier 5.x releases, which the pins allow, have only the old name."""
+def enable_activation_checkpointing(model: LlamaForCausalLM, layers: int | None = None) -> None:
+    """Recompute the first `layers` decoder layers in the backward pass (all of them when None): the
+    recipe's `checkpointed_layers`, so a card a few GB short pays for a few layers, not all.
+
+    Non-reentrant, which torch.compile and FSDP need. transformers 5.23 renamed
+    `gradient_checkpointing_enable` (a deprecated alias until v6); earlier 5.x releases, which the
+    pins allow, have only the old name. Which layers recompute is each decoder layer's public
+    `gradient_checkpointing` flag (transformers' GradientCheckpointingLayer): set for all, then cleared
+    for the layers after the first `layers`. Every layer holds the same activations, so which ones
+    recompute does not change the memory; the first ones are the simplest to name.
+    """
     if hasattr(model, "activation_checkpointing_enable"):
         model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
     else:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if layers is not None:
+        for index, layer in enumerate(model.model.layers):
+            layer.gradient_checkpointing = index < layers
+
+
+def train_in_compute_dtype(model: LlamaForCausalLM) -> None:
+    """What a GPU's bf16 step should compute, set up on this instance with public means: a forward hook
+    and the instance's `forward` (tests/test_compiled_step.py reads the compiled graph):
+
+    - under autocast the embedding's output is cast to the autocast dtype. An embedding lookup is not
+      an autocast op, so it would return fp32, and the residual stream, each RMSNorm's input and the
+      RoPE products would all run in fp32 (twice the pointwise traffic and saved activations). The
+      RMSNorm still takes its variance in fp32 (transformers' LlamaRMSNorm upcasts inside), and the
+      loss's log-softmax runs in fp32 (an autocast fp32 op). Without autocast (fp32 runs) nothing changes.
+    - a forward given `labels` returns the loss alone. The logits are never read by the step or the
+      evaluation; returned, they would be a graph output kept in memory, and Accelerate's
+      `convert_outputs_to_fp32` makes an fp32 copy of them (2.1 GB for one 8 x 2048 micro-batch at a
+      32K vocabulary). Dropped here, the compiled graph's dead-code elimination removes both.
+    """
+    model.get_input_embeddings().register_forward_hook(_embeddings_in_autocast_dtype)
+    # An instance `forward`, not a module hook: torch.compile runs a top-level module's hooks outside
+    # the graph, while Accelerate wraps (autocast, fp32 outputs) whatever `forward` it finds in `prepare`.
+    # It calls the forward there now (Liger's, where Liger patched the class), unbound: a copy of the
+    # module (Accelerate's regional compilation makes one) must run its own, compiled, layers.
+    forward = model.forward.__func__
+
+    def loss_only_when_labelled(self: LlamaForCausalLM, *args, **kwargs):
+        output = forward(self, *args, **kwargs)
+        if kwargs.get("labels") is None or getattr(output, "loss", None) is None:
+            return output
+        return type(output)(loss=output.loss)
+
+    model.forward = types.MethodType(loss_only_when_labelled, model)
+
+
+def _embeddings_in_autocast_dtype(module: torch.nn.Module, args, output: torch.Tensor) -> torch.Tensor | None:
+    device_type = output.device.type
+    if torch.is_autocast_enabled(device_type):
+        return output.to(torch.get_autocast_dtype(device_type))
+    return None
 
 
 def count_parameters(model: torch.nn.Module) -> int:

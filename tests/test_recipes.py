@@ -5,6 +5,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from hf_pretrain.attention import CAUSAL_SDPA
 from hf_pretrain.config import RECIPES_DIR, load_recipe
 from hf_pretrain.model import build_model, count_parameters, flops_per_token, llama_config, recipe_tokenizer_size
 
@@ -23,7 +24,7 @@ def test_recipe_builds_at_its_claimed_size(name):
     n_params = count_parameters(model)
     assert recipe.model.expected_params > 0, f"{name} claims no parameter count"
     assert abs(n_params - recipe.model.expected_params) / recipe.model.expected_params < 0.02
-    assert model.config._attn_implementation == "sdpa"
+    assert model.config._attn_implementation == CAUSAL_SDPA  # causal SDPA, no mask (attention.py)
     assert all(p.device == torch.device("meta") for p in model.parameters())
 
 

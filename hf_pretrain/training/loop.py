@@ -34,6 +34,7 @@ from hf_pretrain.model import (
     count_parameters,
     enable_activation_checkpointing,
     flops_per_token,
+    train_in_compute_dtype,
 )
 from hf_pretrain.model_init import init_weights, model_config
 from hf_pretrain.optim import build_optimizer
@@ -186,10 +187,11 @@ def setup(recipe: Recipe) -> Run:
     if continuation.folder is None:  # a run that starts: init_from's weights (a resumed one loads its checkpoint)
         init_weights(model, recipe, log=say)
     n_params = count_parameters(model)
-    if cfg.gradient_checkpointing:
-        enable_activation_checkpointing(model)
+    if recipe.checkpointed_layer_count:  # checkpointed_layers, or all of them with gradient_checkpointing
+        enable_activation_checkpointing(model, recipe.checkpointed_layer_count)
     if cfg.liger:
         apply_liger(model, log=say)
+    train_in_compute_dtype(model)  # residual stream in the autocast dtype, the loss alone out of the graph
     optimizer = build_optimizer(model, cfg, fused=accelerator.device.type == "cuda")
     model, optimizer = accelerator.prepare(model, optimizer)
 

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 import torch
 from accelerate import Accelerator
+from torch.distributed.tensor import DTensor
 
 from hf_pretrain.config import TrainConfig
 from hf_pretrain.optim import set_learning_rate
@@ -66,7 +67,12 @@ class TrainStep:
         # After the last micro-batch the gradients are synchronised, so every process sees the
         # same norm and takes the same decision: a non-finite step is skipped, weights untouched.
         grad_norm = self.accelerator.clip_grad_norm_(self.model.parameters(), self.train.grad_clip or float("inf"))
-        result = StepResult(loss, grad_norm.item(), lr, waited)
+        # The step's one host read: the loss and the norm in one transfer (the guards read both every
+        # step, and the skip needs them before the update). The micro-batches read nothing (docs/gpu.md).
+        if isinstance(grad_norm, DTensor):  # FSDP2's norm: replicated, the same value on every process
+            grad_norm = grad_norm.full_tensor()
+        loss, grad_norm = torch.stack([loss, grad_norm.detach().float()]).tolist()
+        result = StepResult(loss, grad_norm, lr, waited)
         if result.finite:
             self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
@@ -75,10 +81,11 @@ class TrainStep:
 
 def forward_backward(
     accelerator: Accelerator, model: torch.nn.Module, batches, grad_accum: int, poison: bool = False
-) -> tuple[float, float]:
+) -> tuple[torch.Tensor, float]:
     """Accumulate gradients over `grad_accum` micro-batches.
 
-    Returns this process's mean loss and the seconds spent waiting for batches.
+    Returns this process's mean loss, still on the device (reading it would make the host wait for
+    the GPU), and the seconds spent waiting for batches.
     """
     total = torch.zeros((), device=accelerator.device)
     waited = 0.0
@@ -95,7 +102,7 @@ def forward_backward(
                 loss = loss * float("nan")
             accelerator.backward(loss)
         total += loss.detach()
-    return (total / grad_accum).item(), waited
+    return total / grad_accum, waited
 
 
 class Evaluation:
