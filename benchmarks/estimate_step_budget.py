@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 # ---------------------------------------------------------------------- assumptions, each named
-H100_BF16_FLOPS = 989e12  # dense bf16 tensor-core peak, H100 SXM data sheet (hardware.PEAK_BF16_FLOPS)
+H100_BF16_FLOPS = 989e12  # dense bf16 tensor-core peak, H100 SXM data sheet (economics/gpus.yaml)
 H100_HBM_BYTES_PER_S = 3.35e12  # HBM3 bandwidth, data sheet
 MATMUL_EFFICIENCY = 0.65  # cuBLAS bf16 GEMMs at these shapes (16K-token rows, 512-32K columns)
 HBM_EFFICIENCY = 0.80  # fused pointwise kernels (inductor's Triton) reach 80% of HBM bandwidth

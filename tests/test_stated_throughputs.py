@@ -2,7 +2,7 @@
 
 A sentence of README.md, docs/*.md or a recipe that gives tokens/s, seconds per step, or the time of
 a save interval on an A100, H100, ... implies a rate of tokens per second; at most that GPU's dense
-bf16 peak (hardware.PEAK_BF16_FLOPS) over the model's training FLOPs per token (model.py: 6N plus
+bf16 peak (economics/gpus.yaml) over the model's training FLOPs per token (model.py: 6N plus
 attention) can be processed, i.e. 100% MFU. A recipe's sentence is held to its own model; any other
 to the smallest of the GPU recipes' models (the most lenient bound). Two sentences broke this before:
 the recipes' "~25 minutes of A100 time" per 1,000 steps (87,000 tokens/s, 197% of an A100's peak)
@@ -18,11 +18,13 @@ from pathlib import Path
 import pytest
 
 from hf_pretrain.config import RECIPES_DIR, load_recipe
-from hf_pretrain.hardware import PEAK_BF16_FLOPS, best_match
+from hf_pretrain.economics.gpus import find_gpu, gpu_table
 from hf_pretrain.model import recipe_flops_per_token
 from tests.helpers import ROOT
 
-GPU = "|".join(re.escape(name) for name in sorted(PEAK_BF16_FLOPS, key=len, reverse=True))
+# every way the table lets a GPU be named (its names and their match words), the longest first
+GPU_NAMES = {name for gpu in gpu_table().values() for name in (gpu.name, *gpu.match)}
+GPU = "|".join(r"\b" + re.escape(name) + r"\b" for name in sorted(GPU_NAMES, key=len, reverse=True))
 NUMBER = r"(\d[\d,]*(?:\.\d+)?)"
 TOKENS_PER_S = re.compile(NUMBER + r"\s*([KM])?\s*(?:tokens|tok)/s")
 SECONDS_PER_STEP = re.compile(NUMBER + r"\s*s(?:/step|\s+per\s+(?:[\d,]+-token\s+)?step|\s+on\s+an?\s+(?=" + GPU + "))")
@@ -127,7 +129,7 @@ def test_the_extractor_reads_the_figures_it_must(tmp_path):
 def test_every_throughput_stated_for_a_gpu_is_at_most_its_bf16_peak():
     impossible = []
     for claim, flops_per_token in stated_claims():
-        peak = PEAK_BF16_FLOPS[best_match(claim.gpu, PEAK_BF16_FLOPS)]
+        peak = find_gpu(claim.gpu).bf16_flops
         mfu = claim.tokens_per_s * flops_per_token / peak
         if mfu > 1.0:
             impossible.append(
