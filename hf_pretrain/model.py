@@ -144,6 +144,8 @@ def train_in_compute_dtype(model: LlamaForCausalLM) -> None:
 
 
 def _embeddings_in_autocast_dtype(module: torch.nn.Module, args, output: torch.Tensor) -> torch.Tensor | None:
+    import torch
+
     device_type = output.device.type
     if torch.is_autocast_enabled(device_type):
         return output.to(torch.get_autocast_dtype(device_type))
