@@ -336,13 +336,23 @@ def test_checkpointing_that_is_not_needed_warns():
     )
     assert "--gradient_checkpointing false" in result.fix
     assert check_memory(one_b(), device_memory_bytes=141 * 10**9).status == "pass"
+    # a few layers too many: the fewest that fit
+    result = check_memory(one_b(checkpointed_layers=12), device_memory_bytes=48 * 10**9)
+    assert result.status == "warn" and "fits with fewer checkpointed layers than 12" in result.reason
+    assert "--checkpointed_layers 9 " in result.fix
 
 
 def test_run_that_fits_only_with_checkpointing_fails_without_it():
     result = check_memory(one_b(), device_memory_bytes=48 * 10**9)  # 43.2 GB usable: 29.6 fits, 59.2 does not
     assert result.status == "fail" and "does not fit without gradient checkpointing" in result.reason
-    assert "--micro_batch_size 4" in result.fix and "--gradient_checkpointing true" in result.fix
-    assert check_memory(one_b(gradient_checkpointing=True), device_memory_bytes=48 * 10**9).status == "pass"
+    # the fewest checkpointed layers that fit, before a smaller micro-batch (each costs a recompute)
+    assert result.fix.startswith("--checkpointed_layers 9 (9 of 16 layers checkpointed)"), result.fix
+    assert check_memory(one_b(checkpointed_layers=9), device_memory_bytes=48 * 10**9).status == "pass"
+    assert check_memory(one_b(checkpointed_layers=8), device_memory_bytes=48 * 10**9).status == "fail"
+    assert check_memory(one_b(gradient_checkpointing=True), device_memory_bytes=48 * 10**9).status == "warn"
+    # a card too small at this micro-batch even with every layer: a smaller one, and its layers
+    result = check_memory(one_b(), device_memory_bytes=24 * 10**9)
+    assert result.status == "fail" and "--micro_batch_size 2 --checkpointed_layers" in result.fix, result.fix
 
 
 def test_run_that_cannot_fit_either_way_fails():

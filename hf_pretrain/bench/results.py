@@ -22,13 +22,13 @@ def advice(recipe: Recipe, variants: list[VariantResult], search: SearchResult |
         first_line = base.message.splitlines()[0] if base.message else ""
         return False, [f"the recipe as written did not run ({base.status}): {first_line}"]
     left_on_table = False
-    mb, checkpointing = recipe.train.micro_batch_size, recipe.train.gradient_checkpointing
+    mb, checkpointing = recipe.train.micro_batch_size, recipe.checkpointed_layer_count > 0
     if search and search.largest_fitting:
         if checkpointing and search.largest_fitting >= mb:
             left_on_table = True
             notes.append(
                 f"gradient checkpointing is on, but micro_batch_size {mb} fits without it: "
-                f"--gradient_checkpointing false saves the recomputation"
+                f"--gradient_checkpointing false --checkpointed_layers 0 saves the recomputation"
             )
         elif search.largest_fitting > mb:
             notes.append(

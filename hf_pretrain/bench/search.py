@@ -96,6 +96,7 @@ def search_micro_batch(
                 "micro_batch_size": size,
                 "global_batch_tokens": size * recipe.data.seq_len,
                 "gradient_checkpointing": False,
+                "checkpointed_layers": 0,
             },
         )
         run = run_in_child(probe_recipe, folder / f"micro_batch_{size}")

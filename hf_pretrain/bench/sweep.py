@@ -80,7 +80,7 @@ def largest_micro_batch(
     except ProbeError as exc:
         error = str(exc)
         say(f"micro-batch search stopped: {exc}")
-    best = {"micro_batch_size": search.largest_fitting if search else None, "gradient_checkpointing": False}
+    best = {"micro_batch_size": search.largest_fitting if search else None, "checkpointed_layers": 0}
     if best["micro_batch_size"] and not runner.has_run(best):
         runner.run(best)
     return search, error

@@ -214,7 +214,13 @@ class VariantRunner:
                 f"  {result.status}: {formatted(result.tokens_per_s, ',.0f')} tokens/s, "
                 f"peak memory {formatted(result.peak_memory_gib, '.2f')} GiB"
             )
-            self._settings.append(settings_of(variant, ["micro_batch_size", "gradient_checkpointing"]))
+            # compared by what runs: the micro-batch and how many layers recompute, however spelled
+            self._settings.append(
+                {
+                    "micro_batch_size": variant.train.micro_batch_size,
+                    "checkpointed_layers": variant.checkpointed_layer_count,
+                }
+            )
         self.results.append(result)
         return result
 

@@ -9,7 +9,7 @@ import shutil
 import torch
 
 from hf_pretrain.config import Recipe
-from hf_pretrain.economics.memory import USABLE_MEMORY_FRACTION, MemoryEstimate, estimate_memory, with_micro_batch
+from hf_pretrain.economics.memory import USABLE_MEMORY_FRACTION, MemoryEstimate, estimate_memory, fit_in_memory
 from hf_pretrain.formatting import human_bytes, human_count
 from hf_pretrain.hardware import cpu_has_bf16_kernels
 from hf_pretrain.model import recipe_tokenizer_size
@@ -146,19 +146,6 @@ def describe(estimate: MemoryEstimate) -> str:
     )
 
 
-def largest_micro_batch(
-    recipe: Recipe, tokenizer_size: int, usable: float, checkpointing: bool, cuda_available: bool, world_size: int = 1
-) -> int | None:
-    """The largest micro-batch below the recipe's that fits and still divides the global batch."""
-    for size in range(recipe.train.micro_batch_size - 1, 0, -1):
-        if recipe.train.global_batch_tokens % (size * recipe.data.seq_len):
-            continue
-        estimate = estimate_memory(with_micro_batch(recipe, size), tokenizer_size, cuda_available, world_size)
-        if estimate.total(checkpointing) <= usable:
-            return size
-    return None
-
-
 def check_memory(recipe: Recipe, device_memory_bytes: int | None = None, world_size: int = 1) -> CheckResult:
     """Estimated peak memory (hf_pretrain.economics.memory) against the device's, with and without checkpointing.
 
@@ -172,32 +159,43 @@ def check_memory(recipe: Recipe, device_memory_bytes: int | None = None, world_s
     if total is None:
         return CheckResult("gpu memory", "skip", f"no GPU to compare against; {describe(estimate)}")
     usable = USABLE_MEMORY_FRACTION * total
-    fits_plain, fits_checkpointed = estimate.total(False) <= usable, estimate.total(True) <= usable
+    layers, asked = recipe.model.num_hidden_layers, recipe.checkpointed_layer_count
     where = f"{describe(estimate)}; the device has {human_bytes(total)}, {human_bytes(usable)} usable"
-    checkpointing = recipe.train.gradient_checkpointing
-    if checkpointing and fits_plain:
-        return CheckResult(
-            "gpu memory",
-            "warn",
-            f"fits without gradient checkpointing: {where}",
-            "--gradient_checkpointing false (checkpointing costs 15-20% of throughput)",
-        )
-    if fits_plain or (checkpointing and fits_checkpointed):
+    if asked:
+        where = f"{where}; {asked} of {layers} layers checkpointed: {human_bytes(estimate.peak(asked))}"
+    # The fewest checkpointed layers that fit at the recipe's micro-batch (economics/memory.py's search):
+    # each recomputed layer costs about a third of its forward-and-backward time, so fewer is cheaper.
+    fewest = fit_in_memory(recipe, tokenizer_size, total, recipe.train.micro_batch_size, None, world_size)
+    if estimate.peak(asked) <= usable:
+        if fewest.fits and fewest.checkpointed_layers < asked:
+            none = fewest.checkpointed_layers == 0
+            return CheckResult(
+                "gpu memory",
+                "warn",
+                ("fits without gradient checkpointing" if none else f"fits with fewer checkpointed layers than {asked}")
+                + f": {where}",
+                (
+                    "--gradient_checkpointing false --checkpointed_layers -1"
+                    if none
+                    else f"--checkpointed_layers {fewest.checkpointed_layers}"
+                )
+                + " (each recomputed layer costs throughput: the whole model's recompute is 15-20%)",
+            )
         return CheckResult("gpu memory", "pass", where)
-    # It would run out of memory: offer the cheapest ways out, a smaller micro-batch first (more
-    # accumulation costs little), then checkpointing (recomputation costs 15-20%).
-    smaller = largest_micro_batch(recipe, tokenizer_size, usable, False, cuda, world_size)
-    options = [f"--micro_batch_size {smaller}"] if smaller else []
-    if fits_checkpointed:
-        options.append("--gradient_checkpointing true")
-    elif not smaller:
-        smaller = largest_micro_batch(recipe, tokenizer_size, usable, True, cuda, world_size)
-        if smaller:
-            options.append(f"--gradient_checkpointing true --micro_batch_size {smaller}")
-    fix = (
-        " or ".join(options) + " (accumulation keeps the global batch)"
-        if options
-        else "a GPU with more memory, FSDP over several GPUs, or a smaller model"
-    )
-    how = "without gradient checkpointing" if fits_checkpointed else "even with gradient checkpointing"
+    # It would run out of memory: the fewest checkpointed layers at this micro-batch, else a smaller
+    # micro-batch (with as few checkpointed layers as it then needs); accumulation keeps the batch.
+    if fewest.fits:
+        fix = f"--checkpointed_layers {fewest.checkpointed_layers} ({fewest.reason})"
+    else:
+        smaller = fit_in_memory(recipe, tokenizer_size, total, None, None, world_size)
+        fix = (
+            f"--micro_batch_size {smaller.micro_batch_size} --checkpointed_layers {smaller.checkpointed_layers} "
+            f"(accumulation keeps the global batch)"
+            if smaller.fits
+            else "a GPU with more memory, FSDP over several GPUs, or a smaller model"
+        )
+    if asked == layers or (not asked and estimate.total(True) > usable):
+        how = "even with gradient checkpointing"
+    else:
+        how = f"with {asked} of {layers} layers checkpointed" if asked else "without gradient checkpointing"
     return CheckResult("gpu memory", "fail", f"does not fit {how}: {where}", fix)
