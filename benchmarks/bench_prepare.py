@@ -220,9 +220,12 @@ def main() -> None:
     one = runs[min(runs)]
     for workers, run in runs.items():
         task_rate = tokens / run["task_cpu"]
+        # with workers, datatrove's pool runs under a forkserver this process never waits for: its CPU
+        # time is not in os.times, so the tasks' own counts are the measure
+        whole = f"whole command {run['cpu']:,.1f} CPU-s, " if workers == 1 else ""
         print(
             f"prepare   {workers} worker(s): tasks {task_rate:,.0f} tokens per CPU-second = {task_rate / bare_rate:.2f} "
-            f"of bare; whole command {run['cpu']:,.1f} CPU-s, {run['wall']:,.1f} s wall, {tokens / run['wall']:,.0f} "
+            f"of bare ({run['task_cpu']:,.1f} CPU-s); {whole}{run['wall']:,.1f} s wall, {tokens / run['wall']:,.0f} "
             f"tokens/s wall (load average {run['load']:.1f} on {cores} CPUs)"
         )
     print(
@@ -246,9 +249,11 @@ def main() -> None:
     core_hours = TARGET_TOKENS / marginal / 3600
     print(
         f"estimate  20B tokens at {marginal:,.0f} tokens per CPU-second (the {min(runs)}-worker run less its fixed "
-        f"cost): {core_hours:,.0f} core-hours; if workers scale linearly (datatrove tasks share nothing but the "
-        f"disk), {core_hours / 16:,.1f} h on one 16-core machine, {core_hours / 512:,.2f} h on 8 Slurm nodes x 64 "
-        f"cores (an estimate: the {most if len(runs) > 1 else 1}-worker scaling above is the only measure of it)"
+        f"cost): {core_hours:,.1f} core-hours of tokenizing; if workers scale linearly (datatrove tasks share "
+        f"nothing but the disk), {core_hours / 16 * 60:,.0f} min on one 16-core machine, "
+        f"{core_hours / 512 * 60:,.1f} min of CPU on 8 Slurm nodes x 64 cores, where reading ~{20e9 * size / tokens / 1e9:,.0f} "
+        f"GB and writing ~40 GB (uint16) is the likelier limit. An estimate: "
+        + ("the scaling above is its only measure" if len(runs) > 1 else "no scaling was measured")
     )
 
 

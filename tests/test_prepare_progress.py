@@ -136,3 +136,22 @@ def test_off_a_terminal_the_line_is_plain_with_an_estimated_time_left(tmp_path) 
     assert "\r" not in line and line.startswith("00-corpus: 1,000 tokens, 5 documents, tasks 1/4, 100 tokens/s")
     assert "about 0m30s left (estimate)" in line  # a quarter read in 10 s: 3000 tokens to go at 100/s
     assert not Log.lines  # no bar off a terminal
+
+
+def test_a_failure_in_the_tokenizing_shows_the_end_of_datatrove_log(corpus, tmp_path, monkeypatch, capsys) -> None:  # noqa: F811
+    import pytest
+
+    from hf_pretrain.data import prepare
+    from hf_pretrain.data.pipeline import SplitTokenizer
+    from tests.test_prepare import recipe_for
+
+    def broken(self, texts):
+        raise RuntimeError("a defect in the tokenizer step")
+
+    monkeypatch.setattr(SplitTokenizer, "_encode", broken)
+    lines: list[str] = []
+    with pytest.raises(RuntimeError):
+        prepare(recipe_for(corpus, tmp_path / "data"), log=lines.append)
+    shown = capsys.readouterr().err
+    assert "a defect in the tokenizer step" in shown, shown  # the end of output.log, with the traceback
+    assert any("the end of datatrove's log" in line and "output.log" in line for line in lines), lines

@@ -10,6 +10,7 @@ again once it is done: that run finds every task complete and writes meta.json.
 from __future__ import annotations
 
 import dataclasses
+import errno
 import hashlib
 import math
 import os
@@ -260,7 +261,9 @@ def datatrove_output(path: Path, verbose: bool, log: Callable[[str], None]) -> I
                 os.dup2(screen_fd, 2)
     except (SourceError, DataMismatchError, TokenizerError):
         raise  # one line that says what and where
-    except Exception:
+    except Exception as exc:
+        if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
+            raise  # the command says it in one line, with the free space
         tail = path.read_text(errors="replace").splitlines()[-FAILURE_TAIL_LINES:]
         print("\n".join(tail), file=sys.stderr)
         log(f"the tokenizing failed; above, the end of datatrove's log: {path}")
