@@ -149,7 +149,10 @@ class SourceProgress:
     def __enter__(self) -> SourceProgress:
         start = self.reader.totals()
         if self.terminal:
-            width = os.get_terminal_size(self.screen.fileno()).columns
+            try:
+                width = os.get_terminal_size(self.screen.fileno()).columns
+            except (OSError, ValueError):
+                width = 0
             self.bar = tqdm(
                 total=estimated_tokens(start, self.total_bytes, self.token_cap),
                 initial=start.tokens,
