@@ -340,7 +340,9 @@ def test_check_refuses_other_vocab_small_splits_and_missing_data(
         check_prepared_data(make_recipe(corpus, data_dir, global_batch_tokens=1 << 20))
     with pytest.raises(DataMismatchError, match="splits.validation.tokens expected at least 1025"):
         check_prepared_data(make_recipe(corpus, data_dir, seq_len=1024, micro_batch_size=1, global_batch_tokens=1024))
-    with pytest.raises(DataMismatchError, match=r"not found.*hf-pretrain prepare --recipe custom"):
+    with pytest.raises(
+        DataMismatchError, match=r"not found.*hf-pretrain prepare --recipe smoke .*--data_dir \S*never-prepared"
+    ):
         check_prepared_data(make_recipe(corpus, tmp_path / "never-prepared"))
 
 

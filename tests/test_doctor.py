@@ -146,7 +146,7 @@ def test_missing_prepared_data_fails_with_the_prepare_hint(tmp_path):
     result = check_prepared(load_recipe("smoke", {"data_dir": str(tmp_path / "nothing")}))
     assert result.status == "fail"
     assert "meta.json not found" in result.reason
-    assert result.fix == "run `hf-pretrain prepare --recipe smoke`"
+    assert result.fix == f"run `hf-pretrain prepare --recipe smoke --data_dir {tmp_path / 'nothing'}`"
     assert "hf-pretrain prepare" not in result.reason  # the hint is shown once, as the fix
 
 
@@ -403,7 +403,10 @@ def test_preflight_raises_with_the_failed_checks_and_their_fixes(tmp_path):
     with pytest.raises(PreflightError) as error:
         preflight(recipe, world_size=3, log=lambda _: None)
     message = str(error.value)
-    assert "data: " in message and "fix: run `hf-pretrain prepare --recipe smoke`" in message
+    assert (
+        "data: " in message
+        and f"fix: run `hf-pretrain prepare --recipe smoke --data_dir {tmp_path / 'nothing'}" in message
+    )
     assert "batch: " in message and "num_workers" not in message  # warnings do not stop a run
     assert {r.name for r in error.value.results if r.status == "fail"} >= {"data", "batch"}
 

@@ -251,7 +251,7 @@ def test_a_folder_of_the_old_format_is_refused_with_the_command_that_prepares_it
         raw_recipe(Path(prepared.data.sources[0].paths[0]).parent), {**SETTINGS, "data_dir": str(data_dir)}
     )
     with pytest.raises(
-        DataMismatchError, match=r"format_version expected 2, found 1.*hf-pretrain prepare --recipe custom"
+        DataMismatchError, match=r"format_version expected 2, found 1.*hf-pretrain prepare --recipe smoke .*--data_dir"
     ):
         check_prepared_data(recipe)
 

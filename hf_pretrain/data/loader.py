@@ -207,14 +207,14 @@ class ValidationBatches:
 def _split_dataset(recipe: Recipe, split: str) -> PackedDataset:
     """A split's samples, the sources one after the other (validation: the same samples on any world size)."""
     data_dir = Path(recipe.data.data_dir)
-    meta = read_meta(data_dir, recipe.name)
+    meta = read_meta(data_dir, recipe)
     return PackedDataset(shard_paths(data_dir, meta, split), recipe.data.seq_len, meta["dtype"], recipe.data.preload)
 
 
 def source_datasets(recipe: Recipe) -> list[PackedDataset]:
     """Each source's training samples."""
     data_dir = Path(recipe.data.data_dir)
-    meta = read_meta(data_dir, recipe.name)
+    meta = read_meta(data_dir, recipe)
     return [
         PackedDataset(paths, recipe.data.seq_len, meta["dtype"], recipe.data.preload)
         for paths in source_paths(data_dir, meta, "train")

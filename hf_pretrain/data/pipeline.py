@@ -28,6 +28,7 @@ from datatrove.pipeline.tokens.tokenizer import DocumentTokenizer, TokenizedFile
 from hf_pretrain.config import DataConfig, SourceConfig
 from hf_pretrain.data import sources
 from hf_pretrain.data.sources import BUILTIN_CORPORA, SourceError, expand_globs, file_documents, require_text
+from hf_pretrain.data.task_progress import TaskCounts
 from hf_pretrain.data.tokenizer import EOS_TOKEN, PIECE_CHARS, split_long_text
 from hf_pretrain.processes import die_with_parent
 
@@ -38,6 +39,8 @@ BATCH_DOCUMENTS = 1024
 BATCH_CHARS = 8_000_000
 # A document's number for the held-out choice (every val_every-th one goes to validation).
 HOLDOUT_KEY = "holdout_index"
+# The bytes of its task's input read up to a document (an estimate inside a file): the progress line's share.
+INPUT_BYTES_KEY = "input_bytes"
 
 
 def task_file(rank: int) -> str:
@@ -61,6 +64,14 @@ def source_tasks(source: SourceConfig) -> int:
     return 1
 
 
+def task_input_bytes(source: SourceConfig, tasks: int) -> list[int] | None:
+    """The bytes on disk each task of a files source reads (every `tasks`-th file); None: not known."""
+    if source.kind != "files":
+        return None
+    sizes = [path.stat().st_size for path in expand_globs(source.paths)]
+    return [sum(sizes[rank::tasks]) for rank in range(tasks)]
+
+
 # ---------------------------------------------------------------------- readers
 class SourceDocuments(PipelineStep):
     """A builtin corpus or local files (.txt, .jsonl, .parquet) as datatrove documents: task `rank`
@@ -75,21 +86,27 @@ class SourceDocuments(PipelineStep):
         # files `prepare` already named for undecodable bytes while fitting the tokenizer: not again
         self.reported = frozenset(sources.reported_undecodable)
 
-    def _texts(self, rank: int, world_size: int) -> Iterator[tuple[int, str]]:
-        """(file number in the source, text) of this task's documents."""
+    def _texts(self, rank: int, world_size: int) -> Iterator[tuple[int, str, int]]:
+        """(file number in the source, text, bytes of this task's input read so far) of this task's
+        documents; inside an uncompressed file the bytes are estimated by the characters read."""
         if self.source.kind == "builtin":
             if rank == 0:
-                yield from ((0, text) for text in BUILTIN_CORPORA[self.source.name]())
+                yield from ((0, text, 0) for text in BUILTIN_CORPORA[self.source.name]())
             return
-        files = list(enumerate(expand_globs(self.source.paths)))[rank::world_size]
+        files, before = list(enumerate(expand_globs(self.source.paths)))[rank::world_size], 0
         for number, path in files:
-            yield from ((number, text) for text in file_documents([path], self.source.column))
+            size, chars = path.stat().st_size, 0
+            estimate = path.suffix not in sources.COMPRESSED
+            for text in file_documents([path], self.source.column):
+                chars += len(text)
+                yield number, text, before + (min(chars, size) if estimate else 0)
+            before += size
 
     def run(self, data: DocumentsPipeline = None, rank: int = 0, world_size: int = 1) -> DocumentsPipeline:
         sources.reported_undecodable.update(self.reported)
         limit = task_share(self.max_documents, rank, world_size)
         count, in_file, current = 0, 0, None
-        for number, text in self._texts(rank, world_size):
+        for number, text, read in self._texts(rank, world_size):
             if limit and count >= limit:
                 return
             if not text:  # nothing to learn, and a bare end-of-text token in the data
@@ -99,7 +116,8 @@ class SourceDocuments(PipelineStep):
             self.stat_update("documents")
             # file number + position in it: which documents are held out does not depend on the
             # task count, and a source of one-document files still holds every val_every-th file out
-            yield Document(text=text, id=f"{number}/{in_file}", metadata={HOLDOUT_KEY: number + in_file})
+            metadata = {HOLDOUT_KEY: number + in_file, INPUT_BYTES_KEY: read}
+            yield Document(text=text, id=f"{number}/{in_file}", metadata=metadata)
             count += 1
 
 
@@ -147,7 +165,13 @@ class SplitTokenizer(DocumentTokenizer):
     name = "hf-pretrain tokenizer"
 
     def __init__(
-        self, folder: str, tokenizer_path: str, val_every: int, max_tokens: int = 0, eos_token: str = EOS_TOKEN
+        self,
+        folder: str,
+        tokenizer_path: str,
+        val_every: int,
+        max_tokens: int = 0,
+        eos_token: str = EOS_TOKEN,
+        counts_dir: str = "",
     ):
         # the tokenizer's own end-of-text: ours, or a base model's (`init_from`: Llama's `</s>`)
         super().__init__(
@@ -160,6 +184,7 @@ class SplitTokenizer(DocumentTokenizer):
         )
         self.folder, self.val_every, self.max_tokens = folder, val_every, max_tokens
         self.eos_token = eos_token
+        self.counts_dir = counts_dir  # where each task writes its running counts (task_progress.py); "": nowhere
         self.owner_pid = os.getpid()  # the `prepare` that built the pipeline; a task elsewhere is a worker
 
     @cached_property
@@ -179,17 +204,25 @@ class SplitTokenizer(DocumentTokenizer):
         if batch:
             yield batch
 
+    @cached_property
+    def eos_id(self) -> int:
+        return self.tokenizer.token_to_id(self.eos_token)
+
     def _encode(self, texts: list[str]) -> list[list[int]]:
         """Token ids (EOS included) of each text; one longer than PIECE_CHARS is encoded in pieces cut
-        between words (the same tokens), so memory stays bounded whatever a document's length."""
+        between words (the same tokens), so memory stays bounded whatever a document's length. The EOS
+        is appended here, not by datatrove's post-processor: the same ids, and the post-processor costs
+        a fifth more CPU per token than the encoding itself (benchmarks/bench_prepare.py)."""
         encode = getattr(self.tokenizer, "encode_batch_fast", self.tokenizer.encode_batch)
         out: list[list[int]] = [[] for _ in texts]
         short = [i for i, text in enumerate(texts) if len(text) <= PIECE_CHARS]
-        for i, encoding in zip(short, encode([texts[i] for i in short]), strict=True):  # one call for all of them
+        encodings = encode([texts[i] for i in short], add_special_tokens=False)  # one call for all of them
+        for i, encoding in zip(short, encodings, strict=True):
             out[i] = encoding.ids
+            out[i].append(self.eos_id)
         for i in sorted(set(range(len(texts))) - set(short)):
             pieces = encode(split_long_text(texts[i]), add_special_tokens=False)
-            out[i] = [token for piece in pieces for token in piece.ids] + [self.tokenizer.token_to_id(self.eos_token)]
+            out[i] = [token for piece in pieces for token in piece.ids] + [self.eos_id]
         return out
 
     def run(self, data: DocumentsPipeline, rank: int = 0, world_size: int = 1) -> None:
@@ -201,25 +234,31 @@ class SplitTokenizer(DocumentTokenizer):
             split: TokenizedFile(f"{self.folder}/{split}", task_file(rank), token_size=dtype.itemsize)
             for split in SPLITS
         }
+        counts = TaskCounts(self.counts_dir, rank) if self.counts_dir else None
         budget = task_share(self.max_tokens, rank, world_size)
         index, full = 0, False
         for batch in self._batches(data):
             with self.track_time(unit="batch"):
                 encodings = self._encode([document.text for document in batch])
+            batch_tokens = written = 0
             for document, ids in zip(batch, encodings, strict=True):
                 number = document.metadata.get(HOLDOUT_KEY, index)  # a Hub row: its place in the task
                 split = "validation" if number % self.val_every == self.val_every - 1 else "train"
                 files[split].write_bytes(np.asarray(ids, dtype=dtype).tobytes())
                 self.stat_update("tokens", value=len(ids))
                 self.stat_update(f"{split}_documents")
-                index += 1
+                batch_tokens, written, index = batch_tokens + len(ids), written + 1, index + 1
                 full = bool(budget) and len(files["train"]) >= budget
                 if full:
                     break
+            if counts:
+                counts.add(written, batch_tokens, batch[written - 1].metadata.get(INPUT_BYTES_KEY, 0))
             if full:  # this task's share of max_tokens: the rest of its documents stay unread
                 break
         for file in files.values():
             file.close()
+        if counts:
+            counts.write()
 
 
 # ---------------------------------------------------------------------- executors

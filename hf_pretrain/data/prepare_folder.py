@@ -1,5 +1,6 @@
-"""data_dir as `prepare` holds it: one `prepare` at a time (a lock), a record of exactly which paths it
-created (the only ones it may ever remove), and its inputs kept out of the places it writes.
+"""data_dir as `prepare` holds it: one `prepare` at a time (a lock, and the cluster jobs it submitted
+while they run), a record of exactly which paths it created (the only ones it may ever remove), and its
+inputs kept out of the places it writes.
 
 A folder is someone's: a corpus may sit in `corpus/sources/`, a tokenizer in `dd/tokenizer/`. So
 `prepare` writes `prepare_progress.json` before it creates anything, naming what it is about to
@@ -14,6 +15,7 @@ import json
 import os
 import shutil
 import socket
+import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -219,3 +221,58 @@ def discard_or_refuse(
             shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
         (data_dir / PROGRESS_FILE).unlink()
     refuse_foreign(data_dir)
+
+
+# ---------------------------------------------------------------------- cluster jobs
+# A Slurm job that `prepare` submitted keeps writing after `prepare` returns (and its lock is gone): the
+# progress record names it, and a later `prepare` in the folder is refused while the job still runs.
+JOBS_KEY = "jobs"
+
+
+def record_jobs(data_dir: Path, jobs: list[dict[str, Any]]) -> None:
+    """Add the jobs just submitted ({"source", "job_id", "tasks"}) to the progress record."""
+    progress = read_progress(data_dir) or {}
+    submitted = time.strftime("%Y-%m-%d %H:%M:%S")
+    write_progress(data_dir, progress | {JOBS_KEY: [job | {"submitted_at": submitted} for job in jobs]})
+
+
+def slurm_job_state(job_id: str) -> str | None:
+    """The job's state as squeue shows it (PENDING, RUNNING ...; an array job: its first task's), None once
+    Slurm no longer lists it."""
+    try:
+        out = subprocess.run(
+            ["squeue", "-h", "-j", str(job_id), "-o", "%T"], capture_output=True, text=True, timeout=60
+        )
+    except FileNotFoundError:
+        raise PrepareLocked(
+            f"Slurm job {job_id}, submitted by an earlier `prepare`, may still be writing into this folder, and "
+            f"`squeue` is not here to ask: run this command where Slurm's commands are (the login node)"
+        ) from None
+    except subprocess.TimeoutExpired:
+        raise PrepareLocked(f"`squeue -j {job_id}` did not answer in 60 s: run this command again") from None
+    states = out.stdout.split() if out.returncode == 0 else []
+    return states[0] if states else None
+
+
+def refuse_while_jobs_run(data_dir: Path, counts: Callable[[str], str]) -> None:
+    """Refuse (PrepareLocked) while a job an earlier `prepare` submitted into `data_dir` is still listed
+    by Slurm; `counts(source)` says what its tasks have done so far. A job that is over is forgotten:
+    datatrove skips its finished tasks and submits the others again."""
+    progress = read_progress(data_dir) or {}
+    jobs = progress.get(JOBS_KEY) or []
+    running = [(job, state) for job in jobs if (state := slurm_job_state(job["job_id"]))]
+    if running:
+        said = "; ".join(
+            f"Slurm job {job['job_id']} ({job['source']}, {job.get('tasks', '?')} tasks, submitted "
+            f"{job.get('submitted_at', '?')}) is {state}: {counts(job['source'])}"
+            for job, state in running
+        )
+        ids = " ".join(str(job["job_id"]) for job, _ in running)
+        raise PrepareLocked(
+            f"{data_dir} is still being prepared by the cluster: {said}. Two prepares in one folder would mix "
+            f"their token files; wait for it to end (`squeue -j {ids.replace(' ', ',')}`), then run this command "
+            f"again: it checks the files and writes {META_FILE} (or submits the tasks that failed); or cancel it "
+            f"(`scancel {ids}`) first"
+        )
+    if jobs:
+        write_progress(data_dir, {k: v for k, v in progress.items() if k != JOBS_KEY})

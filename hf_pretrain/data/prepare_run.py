@@ -10,6 +10,7 @@ again once it is done: that run finds every task complete and writes meta.json.
 from __future__ import annotations
 
 import dataclasses
+import errno
 import hashlib
 import math
 import os
@@ -22,7 +23,7 @@ from datetime import UTC, datetime
 from importlib import metadata
 from itertools import islice
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 import numpy as np
 from transformers import PreTrainedTokenizerFast
@@ -36,7 +37,9 @@ from hf_pretrain.data.prepare_folder import (
     check_no_duplicate_sources,
     discard_or_refuse,
     read_progress,
+    record_jobs,
     refuse_foreign,
+    refuse_while_jobs_run,
     write_progress,
 )
 from hf_pretrain.data.prepared import (
@@ -58,6 +61,7 @@ from hf_pretrain.data.prepared import (
     write_json_atomically,
 )
 from hf_pretrain.data.sources import SourceError, expand_globs, mixture
+from hf_pretrain.data.task_progress import CountsReader, SourceProgress
 from hf_pretrain.data.tokenizer import (
     PIECE_CHARS,
     TOKENIZER_DIR,
@@ -143,25 +147,40 @@ def _prepare_locked(
     dry_run: bool,
     verbose: bool,
 ) -> Path:
-    from hf_pretrain.data.pipeline import ExecutorOptions, SplitTokenizer, build_executor, reader_for, source_tasks
+    from hf_pretrain.data.pipeline import (
+        ExecutorOptions,
+        SplitTokenizer,
+        build_executor,
+        reader_for,
+        source_tasks,
+        task_input_bytes,
+    )
 
     d = recipe.data
     if (data_dir / META_FILE).is_file():  # another prepare finished it while this one waited to start
         _require_same_data_settings(data_dir, fingerprint)
         log(f"{data_dir} is already prepared (delete it to prepare again)")
         return data_dir
+    refuse_while_jobs_run(data_dir, lambda source: _done_so_far(data_dir / LOGS_DIR / source))
     tokenizer = _tokenizer(recipe, data_dir, settings, fingerprint, log)
     tokenizer_file = str((data_dir / TOKENIZER_DIR / "tokenizer.json").resolve())
     options = ExecutorOptions.from_recipe(d)
     shares = _token_shares(recipe)
-    results, pending = [], []
+    results, pending, jobs = [], [], []
     for index, source in enumerate(d.sources):
         name = source_folder_name(index, source)
         folder, logs = (data_dir / SOURCES_DIR / name).resolve(), (data_dir / LOGS_DIR / name).resolve()
         tasks = source_tasks(source)
         pipeline = [
             reader_for(source, tasks),
-            SplitTokenizer(str(folder), tokenizer_file, d.val_every, shares[index], eos_token=tokenizer.eos_token),
+            SplitTokenizer(
+                str(folder),
+                tokenizer_file,
+                d.val_every,
+                shares[index],
+                eos_token=tokenizer.eos_token,
+                counts_dir=str(logs),
+            ),
         ]
         executor = build_executor(pipeline, tasks, logs, options, job_name=f"prepare-{name}")
         todo = executor.get_incomplete_ranks()
@@ -171,20 +190,31 @@ def _prepare_locked(
         started = time.perf_counter()
         if todo:
             log(f"{name}: {len(todo)} of {tasks} task(s) to run ({options.kind})")
-            with datatrove_output(logs / OUTPUT_LOG, verbose, log):
-                executor.run()
+            with datatrove_output(logs / OUTPUT_LOG, verbose, log) as screen:
+                if options.kind == "local":  # a cluster's job is followed by its own tools
+                    cap = round(shares[index] * d.val_every / max(d.val_every - 1, 1)) if shares[index] else 0
+                    with SourceProgress(name, logs, tasks, screen, task_input_bytes(source, tasks), cap):
+                        executor.run()
+                else:
+                    executor.run()
         seconds = time.perf_counter() - started
         if executor.get_incomplete_ranks():  # submitted to a cluster, or failed there
             pending.append(name)
+            if options.kind == "slurm" and getattr(executor, "job_id", None) not in (None, -1):
+                jobs.append({"source": name, "job_id": str(executor.job_id), "tasks": len(todo)})
             continue
         documents, tokens = _count(folder)
         results.append(SourceResult(name, documents, tokens, seconds, len(todo)))
     if dry_run:
         return data_dir
     if pending:
+        if jobs:  # the lock goes when this returns: the record keeps a second prepare out while they run
+            record_jobs(data_dir, jobs)
+        submitted = ", ".join(f"Slurm job {job['job_id']} ({job['source']}, {job['tasks']} tasks)" for job in jobs)
         log(
-            f"submitted; {', '.join(pending)} still running: when the job is done, run the same "
-            f"`hf-pretrain prepare` again to check the files and write {data_dir / META_FILE}"
+            f"submitted {submitted or ', '.join(pending)}: when the job is done (`squeue -j "
+            f"{','.join(job['job_id'] for job in jobs) or 'ID'}`), run the same `hf-pretrain prepare` again to check "
+            f"the files and write {data_dir / META_FILE}; until then a prepare into {data_dir} is refused"
         )
         return data_dir
     meta = _finish(recipe, tokenizer, fingerprint, data_dir, log)
@@ -203,37 +233,44 @@ def _prepare_locked(
 
 
 OUTPUT_LOG = "output.log"  # in logs/<source>/: what datatrove printed (its INFO lines, stats, tracebacks)
+FAILURE_TAIL_LINES = 30  # of it, shown when the tokenizing fails
 
 
 @contextmanager
-def datatrove_output(path: Path, verbose: bool, log: Callable[[str], None]) -> Iterator[None]:
+def datatrove_output(path: Path, verbose: bool, log: Callable[[str], None]) -> Iterator[TextIO]:
     """datatrove's screen output (loguru's INFO lines, each task's stats, tracebacks), from this process
-    and the workers it starts, into `path` rather than onto the screen, unless `verbose`; a failure that is
-    not a message of ours names the file."""
+    and the workers it starts, into `path` rather than onto the screen, unless `verbose`; yields the
+    screen (for the progress line). A failure that is not a message of ours shows the end of the file."""
     if verbose:
-        yield
+        yield sys.stderr
         return
     path.parent.mkdir(parents=True, exist_ok=True)
     sys.stderr.flush()
-    screen, stderr = os.dup(2), sys.stderr
+    screen_fd, stderr = os.dup(2), sys.stderr
+    screen = os.fdopen(os.dup(screen_fd), "w", buffering=1)
     try:
         with path.open("a") as out:
             # both: the descriptor for the workers and native code, the object for loguru's sink here
             os.dup2(out.fileno(), 2)
             sys.stderr = out
             try:
-                yield
+                yield screen
             finally:
                 out.flush()
                 sys.stderr = stderr
-                os.dup2(screen, 2)
+                os.dup2(screen_fd, 2)
     except (SourceError, DataMismatchError, TokenizerError):
         raise  # one line that says what and where
-    except Exception:
-        log(f"the tokenizing failed; datatrove's log: {path}")
+    except Exception as exc:
+        if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
+            raise  # the command says it in one line, with the free space
+        tail = path.read_text(errors="replace").splitlines()[-FAILURE_TAIL_LINES:]
+        print("\n".join(tail), file=sys.stderr)
+        log(f"the tokenizing failed; above, the end of datatrove's log: {path}")
         raise
     finally:
-        os.close(screen)
+        screen.close()
+        os.close(screen_fd)
 
 
 def _print_job_script(executor: Any, log: Callable[[str], None]) -> None:
@@ -254,6 +291,14 @@ def _token_shares(recipe: Recipe) -> list[int]:
     main = [s.weight for s in d.sources]
     decay = [s.decay_weight if s.decay_weight is not None else s.weight for s in d.sources]
     return [math.ceil(d.max_tokens * max(m / sum(main), w / sum(decay))) for m, w in zip(main, decay, strict=True)]
+
+
+def _done_so_far(logs: Path) -> str:
+    """What a source's tasks on a cluster have written so far (their counts files, on the shared disk)."""
+    totals = CountsReader(logs, None).totals()
+    return (
+        f"{totals.tasks_done} task(s) done, {totals.documents:,} documents and {totals.tokens:,} tokens written so far"
+    )
 
 
 def _count(folder: Path) -> tuple[int, int]:

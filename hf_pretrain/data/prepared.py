@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from hf_pretrain.config import Recipe, SourceConfig
+from hf_pretrain.config.recipe_command import recipe_command
 from hf_pretrain.data.tokenizer import TOKENIZER_DIR, TokenizerUnreadable, load_tokenizer, tokenizer_hash
 from hf_pretrain.data.verify import ShardCorruptError, verify_shards
 
@@ -90,6 +91,15 @@ def data_settings(recipe: Recipe) -> dict[str, Any]:
     }
 
 
+# The keys `prepare` reads: those of `data_settings`, where it writes, how it runs, and init_from (refused
+# with a fitted tokenizer). A `prepare` command printed as a fix sets each of them that the run changed.
+PREPARE_KEYS = (
+    *("sources", "tokenizer", "vocab_size", "special_tokens", "tokenizer_train_documents", "max_tokens"),
+    *("val_every", "seed", "data_dir", "init_from", "executor", "workers", "slurm_partition", "slurm_time"),
+    *("slurm_cpus_per_task", "ray_address"),
+)
+
+
 def data_fingerprint(recipe: Recipe) -> str:
     """Hash of `data_settings`: meta.json records it, and a folder made with other settings is refused."""
     return hashlib.sha256(json.dumps(data_settings(recipe), sort_keys=True).encode()).hexdigest()[:16]
@@ -101,16 +111,37 @@ def source_task_counts(recipe: Recipe) -> list[int]:
     return [source_tasks(s) for s in recipe.data.sources]
 
 
-def prepare_hint(recipe_name: str | None) -> str:
-    return f"run `hf-pretrain prepare --recipe {recipe_name or 'NAME'}`"
+def prepare_hint(recipe: Recipe | None) -> str:
+    """The `prepare` that makes the data `recipe` needs, with every data setting its command line changed."""
+    if recipe is None:
+        return "run `hf-pretrain prepare --recipe NAME`"
+    return f"run `{recipe_command(recipe, 'prepare', PREPARE_KEYS)}`"
+
+
+def new_folder_next_to(data_dir: Path) -> Path:
+    """A folder beside `data_dir` that does not exist yet (`data-prepared`, `data-prepared-2` ...)."""
+    base = Path(data_dir).resolve()
+    candidate, n = base.with_name(f"{base.name}-prepared"), 2
+    while candidate.exists():
+        candidate, n = base.with_name(f"{base.name}-prepared-{n}"), n + 1
+    return candidate
+
+
+def reprepare_hint(recipe: Recipe) -> str:
+    """For a folder that holds other data than `recipe` needs: a `prepare` into a new folder (a prepare into
+    this one would find it prepared), and the flag that points the run at it."""
+    new = new_folder_next_to(Path(recipe.data.data_dir))
+    moved = dataclasses.replace(recipe, data=dataclasses.replace(recipe.data, data_dir=str(new)))
+    command = recipe_command(moved, "prepare", PREPARE_KEYS)
+    return f"prepare into a new folder, `{command}`, and give this command `--data_dir {new}`"
 
 
 # ---------------------------------------------------------------------- reading
-def read_meta(data_dir: str | Path, recipe_name: str | None = None) -> dict[str, Any]:
+def read_meta(data_dir: str | Path, recipe: Recipe | None = None) -> dict[str, Any]:
     path = Path(data_dir) / META_FILE
     if not path.is_file():
         raise DataMismatchError(
-            f"{path} not found: the data is not prepared (or preparing did not finish); {prepare_hint(recipe_name)}"
+            f"{path} not found: the data is not prepared (or preparing did not finish); {prepare_hint(recipe)}"
         )
     return json.loads(path.read_text())
 
@@ -186,8 +217,8 @@ def check_prepared_data(recipe: Recipe, verify: str = "recorded", progress: bool
     """
     data_dir = Path(recipe.data.data_dir)
     meta_file = data_dir / META_FILE
-    meta = read_meta(data_dir, recipe.name)
-    hint = prepare_hint(recipe.name)
+    meta = read_meta(data_dir, recipe)
+    hint = reprepare_hint(recipe)
 
     def mismatch(field: str, expected: Any, found: Any, why: str) -> DataMismatchError:
         return DataMismatchError(f"{meta_file}: {field} expected {expected}, found {found} ({why}); {hint}")
@@ -196,7 +227,7 @@ def check_prepared_data(recipe: Recipe, verify: str = "recorded", progress: bool
         raise DataMismatchError(
             f"{meta_file}: format_version expected {FORMAT_VERSION}, found {meta.get('format_version')} (written by "
             f"another version of hf-pretrain: format 1 is one mixed stream of flat shards, format 2 a datatrove "
-            f"folder per source, mixed when training); delete {data_dir} (or set data_dir to a new folder) and {hint}"
+            f"folder per source, mixed when training); delete {data_dir} and {prepare_hint(recipe)}"
         )
     try:
         tokenizer = load_tokenizer(data_dir)
@@ -261,7 +292,7 @@ def check_prepared_data(recipe: Recipe, verify: str = "recorded", progress: bool
 def _check_sources(recipe: Recipe, meta: dict[str, Any], saved_hash: str) -> None:
     """The recipe's sources are the prepared ones, in order; each folder was made with this tokenizer,
     and holds at least one training sample (the mixture draws from every source)."""
-    data_dir, hint = Path(recipe.data.data_dir), prepare_hint(recipe.name)
+    data_dir, hint = Path(recipe.data.data_dir), reprepare_hint(recipe)
     prepared = [s["name"] for s in meta["sources"]]
     wanted = [source_folder_name(i, s) for i, s in enumerate(recipe.data.sources)]
     if prepared != wanted:

@@ -9,26 +9,27 @@ import torch
 from hf_pretrain.config import Recipe, RecipeError
 from hf_pretrain.data import DataMismatchError, build_train_loader, check_prepared_data
 from hf_pretrain.data.loader import build_mixture
+from hf_pretrain.data.prepared import prepare_hint, reprepare_hint
 from hf_pretrain.data.tokenizer import TokenizerUnreadable
 from hf_pretrain.optim import Schedule
 from hf_pretrain.preflight.result import CheckResult
 
 
-def prepare_fix(recipe: Recipe) -> str:
-    return f"run `hf-pretrain prepare --recipe {recipe.name}`"
-
-
 def check_prepared(recipe: Recipe) -> CheckResult:
     """meta.json, tokenizer and shards in data_dir agree with the recipe (tokenizer, vocabulary, sizes)."""
-    fix = prepare_fix(recipe)
     try:
         meta = check_prepared_data(recipe)
     except DataMismatchError as exc:
         if isinstance(exc.__cause__, TokenizerUnreadable):  # a prepare would find the folder prepared
             reason, _, fix = str(exc).partition("; ")
             return CheckResult("data", "fail", reason, fix)
-        # The message already ends with the prepare hint; the table shows it once, as the fix.
-        return CheckResult("data", "fail", str(exc).removesuffix(f"; {fix}"), fix)
+        # The message ends with its fix, a prepare (into this folder, or a new one); the table shows it once.
+        message = str(exc)
+        for fix in (prepare_hint(recipe), reprepare_hint(recipe)):
+            if message.endswith(f"; {fix}"):
+                return CheckResult("data", "fail", message.removesuffix(f"; {fix}"), fix)
+        reason, _, fix = message.rpartition("; ")
+        return CheckResult("data", "fail", reason or fix, fix if reason else "")
     train_tokens, val_tokens = meta["splits"]["train"]["tokens"], meta["splits"]["validation"]["tokens"]
     reason = (
         f"{recipe.data.data_dir}: {train_tokens:,} training tokens, {val_tokens:,} validation tokens, "
@@ -75,8 +76,8 @@ def check_data_budget(recipe: Recipe) -> CheckResult:
     if max(epochs) <= 1:
         return CheckResult("data budget", "pass", reason)
     fix = (
-        f"prepare more (data.max_tokens, more documents: `hf-pretrain prepare --recipe {recipe.name}`), "
-        f"or lower the weight of the sources that repeat"
+        "prepare more (a higher data.max_tokens, more documents) into a new data_dir, "
+        "or lower the weight of the sources that repeat"
     )
     over = [n for n, e in zip(names, epochs, strict=True) if e > MAX_EPOCHS]
     if over:
