@@ -178,7 +178,10 @@ def test_data_of_another_tokenizer_is_refused_by_name(base, smoke_data):
     (result,) = check_init_from(recipe_for(base, data_dir=str(smoke_data)))
     assert result.status == "fail"
     assert f"data_dir {smoke_data} was tokenized with another tokenizer than {base['folder']}'s" in result.reason
-    assert f"--tokenizer {base['folder']} --data_dir NEW_DIR" in result.fix
+    # the fix works when pasted: a prepare into a new folder with the base's tokenizer, then that folder
+    new = smoke_data.resolve().with_name(f"{smoke_data.name}-prepared")
+    assert f"--tokenizer {base['folder']}" in result.fix and f"--data_dir {new}" in result.fix, result.fix
+    assert f"give this command `--data_dir {new}`" in result.fix
 
 
 def test_a_recipe_of_another_shape_is_refused_naming_each_key(base):

@@ -3,11 +3,13 @@ agrees with the recipe's model keys, and the data was tokenized with its tokeniz
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 
 from hf_pretrain.checkpoints.continuation import Continuation, ResumeRefused, decide_resume
 from hf_pretrain.checkpoints.manifest import CheckpointError
 from hf_pretrain.config import Recipe
+from hf_pretrain.data.prepared import reprepare_hint
 from hf_pretrain.data.tokenizer import TokenizerError
 from hf_pretrain.model_init import (
     InitFromError,
@@ -80,8 +82,10 @@ def check_init_from(recipe: Recipe, resume_decision: Callable[[], Continuation] 
                 f"data_dir {data_dir} was tokenized with another tokenizer than {init_from}'s (tokenizer hash "
                 f"{tokenizers[0][:12]} there, {tokenizers[1][:12]} for the base model): the model would read "
                 f"other tokens than it learned",
-                f"prepare the data with its tokenizer into a new data_dir: `hf-pretrain prepare --recipe "
-                f"{recipe.name} --tokenizer {init_from} --data_dir NEW_DIR`, then train with --data_dir NEW_DIR",
+                "with its tokenizer, "
+                + reprepare_hint(
+                    dataclasses.replace(recipe, data=dataclasses.replace(recipe.data, tokenizer=init_from))
+                ),
             )
         ]
     kept = beyond_the_recipe(base.config)
