@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from hf_pretrain import bench
-from hf_pretrain.bench.quality import Curve, savings
+from hf_pretrain.bench.quality import Curve, QualityRequest, beaten_by_first_model, savings, summary_lines
 from hf_pretrain.config import load_recipe
 from hf_pretrain.model import build_model, llama_config
 from hf_pretrain.muon import MUON_GROUP, MuonAdamW
@@ -153,6 +153,17 @@ def test_tokens_to_reach_interpolates_between_finished_models():
     assert curve.tokens_to_reach(3.0) is None
     base = Curve("base", 1, tokens=[100, 200, 400], val_loss=[5.2, 4.4, 3.75])
     assert savings([base, curve], "base") == {"v": [pytest.approx(1 - 2**0.5 / 2)]}
+
+
+def test_a_saving_reached_by_the_first_finished_model_is_said_as_a_lower_bound(tmp_path):
+    request = QualityRequest(load_recipe("smoke"), None, tmp_path, [], [1, 2], steps=16, points=2)
+    base = [Curve("base", seed, tokens=[100, 200], val_loss=[5.0, 4.0]) for seed in (1, 2)]
+    early = [Curve("early", seed, tokens=[100, 200], val_loss=[3.9, 3.5]) for seed in (1, 2)]
+    late = [Curve("late", seed, tokens=[100, 200], val_loss=[4.5, 3.5]) for seed in (1, 2)]
+    assert beaten_by_first_model(base + early + late, "base") == {"early": 2}
+    said = "\n".join(summary_lines(request, base + early + late))
+    assert "early: 50.0% fewer tokens or more (2 seed(s) reach it with the first finished model" in said
+    assert "late: " in said and "late: 50.0%" not in said and "or more" not in said.split("late: ")[1]
 
 
 @pytest.mark.slow

@@ -167,6 +167,17 @@ def savings(curves: list[Curve], baseline: str) -> dict[str, list[float | None]]
     return out
 
 
+def beaten_by_first_model(curves: list[Curve], baseline: str) -> dict[str, int]:
+    """Per variant, the seeds whose first finished model already reaches the baseline's final loss:
+    their saving is a lower bound (`tokens_to_reach` can only say "by the first model at most")."""
+    final = {c.seed: c.val_loss[-1] for c in curves if c.variant == baseline and not c.failed}
+    out: dict[str, int] = {}
+    for c in curves:
+        if c.variant != baseline and not c.failed and c.seed in final and c.val_loss and c.val_loss[0] <= final[c.seed]:
+            out[c.variant] = out.get(c.variant, 0) + 1
+    return out
+
+
 def run_dollars(request: QualityRequest) -> tuple[float | None, str]:
     """The recipe's (as shipped) whole run in dollars on the plan's GPU, and how it was priced."""
     from hf_pretrain.economics.plan import PlanRequest, make_plan
@@ -195,6 +206,7 @@ def summary_lines(request: QualityRequest, curves: list[Curve]) -> list[str]:
     usd, priced = run_dollars(request)
     lines.append("")
     lines.append(f"baseline: {baseline}; saving = tokens the baseline needs for its final loss that a variant does not")
+    early = beaten_by_first_model(curves, baseline)
     for variant, values in savings(curves, baseline).items():
         reached = [v for v in values if v is not None]
         if not reached:
@@ -208,7 +220,13 @@ def summary_lines(request: QualityRequest, curves: list[Curve]) -> list[str]:
         )
         missed = f"; {len(values) - len(reached)} seed(s) never reached it" if len(reached) < len(values) else ""
         worth = f", worth about ${mean * usd:,.0f} of {priced}" if usd else f" (dollars: {priced})"
-        lines.append(f"{variant}: {mean:.1%} fewer tokens{spread}{missed}{worth}")
+        bound = (
+            f" or more ({early[variant]} seed(s) reach it with the first finished model: more --points, "
+            "or a longer --steps, says how much more)"
+            if early.get(variant)
+            else ""
+        )
+        lines.append(f"{variant}: {mean:.1%} fewer tokens{bound}{spread}{missed}{worth}")
     lines.append("(a small proxy overstates savings that shrink with model size: see docs/benchmarks.md)")
     return lines
 
