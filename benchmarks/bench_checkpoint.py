@@ -21,6 +21,7 @@ import shutil
 import statistics
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -76,6 +77,16 @@ def hash_and_flush(folder: Path) -> tuple[float, float]:
     return hashing, time.perf_counter() - start
 
 
+def longest_gap(done: Callable[[], bool]) -> float:
+    """The longest time between two iterations of a loop of small tensor ops, until `done()`."""
+    x, gap, last = torch.ones(64), 0.0, time.perf_counter()
+    while not done():
+        x.add_(1)
+        now = time.perf_counter()
+        gap, last = max(gap, now - last), now
+    return gap
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--layers", type=int, default=16, help="decoder layers (the 1b recipe has 16)")
@@ -129,6 +140,22 @@ def main() -> None:
                 shutil.rmtree(run)
         results |= {name: statistics.median(values) for name, values in timings.items()}
         results["first_staged_s"] = timings["training_thread_s_staged"][0]  # the buffers allocated
+        # the writing thread must not hold the GIL: the longest pause of a loop of small tensor ops
+        # (a training loop's Python) while a staged save is written, against the same loop idle
+        idle_until = time.perf_counter() + 2.0
+        results["loop_gap_s_idle"] = longest_gap(lambda: time.perf_counter() > idle_until)
+        pending = save_checkpoint(
+            accelerator,
+            Path(scratch) / "run_gap",
+            {"step": 1},
+            keep=1,
+            model_config=config,
+            tokenizer=_StandInTokenizer(),
+            background=True,
+            stage=stage,
+        )
+        results["loop_gap_s_while_writing"] = longest_gap(pending.done)
+        pending.wait()
         results["repeats"] = args.repeats
     interval_s = args.save_interval * args.step_seconds
     for key in ("training_thread_s_inline", "training_thread_s_background", "training_thread_s_staged"):

@@ -134,6 +134,10 @@ class Sealing:
             if self._error is None:  # no failure to write: a bug, raised with its traceback by `wait`
                 self._crash = exc
 
+    def done(self) -> bool:
+        """Whether nothing of this save is left running."""
+        return self._thread is None or not self._thread.is_alive()
+
     def wait(self) -> str | None:
         """None once the checkpoint is complete, else why it is not (the previous one is intact)."""
         if self._thread is not None:
