@@ -167,3 +167,19 @@ def test_the_layout_names_accelerates_files():
 
     assert (weights_file(0), weights_file(1)) == (SAFE_WEIGHTS_NAME, SAFE_WEIGHTS_NAME.replace(".", "_1."))
     assert (optimizer_file(0), optimizer_file(2)) == (f"{OPTIMIZER_NAME}.bin", f"{OPTIMIZER_NAME}_2.bin")
+
+
+def test_async_save_false_keeps_the_write_on_the_training_thread(accelerator):
+    from dataclasses import replace
+
+    from hf_pretrain.config import load_recipe
+    from hf_pretrain.training.checkpointer import Checkpointer
+
+    train = load_recipe("smoke").train
+    assert train.async_save  # the default
+
+    def checkpointer_of(train):
+        return Checkpointer(accelerator, train, LlamaConfig(), StandInTokenizer(), log=lambda line: None)
+
+    assert checkpointer_of(train)._stage is not None
+    assert checkpointer_of(replace(train, async_save=False))._stage is None
