@@ -118,18 +118,17 @@ class HostStage:
         return copy.deepcopy(obj)  # numbers, strings, None: what an optimizer's param_groups hold
 
     def _tensor(self, tensor: torch.Tensor, key: tuple) -> torch.Tensor:
+        on_device = tensor.device.type == "cuda"  # pinned: an asynchronous copy at the link's full speed
         buffer = self._buffers.get(key)
         if buffer is None or (buffer.shape, buffer.dtype, buffer.stride()) != (
             tensor.shape,
             tensor.dtype,
             tensor.stride(),
         ):
-            on_device = tensor.device.type == "cuda"
             buffer = torch.empty_strided(
                 tensor.shape, tensor.stride(), dtype=tensor.dtype, device="cpu", pin_memory=on_device
             )
             self._buffers[key] = buffer
-        on_device = tensor.device.type == "cuda"
         buffer.copy_(tensor, non_blocking=on_device)
         self._device_copies |= on_device
         return buffer
