@@ -1,7 +1,9 @@
 """Checkpoint cost of a 1b-shaped training state (fp32 weights + AdamW moments, ~12.5 GB) on this
 machine, split into writing (Accelerate's `save_state`), hashing (SHA-256 of every file, for the
-manifest) and flushing (fsync), and what the training thread waits for with the hashing, manifest
-and rename done in the background (training/checkpointer.py) instead of inline.
+manifest) and flushing (fsync), and what the training thread waits for: with the hashing, manifest
+and rename inline; done in the background (training/checkpointer.py); and, as a periodic save now
+runs, with the model and optimizer states only copied to host memory and written in the background
+too (training/async_save.py: the loop stalls for the copy).
 
     python benchmarks/bench_checkpoint.py [--layers 16] [--dir /tmp]    # --layers 8 halves the state
 
@@ -19,6 +21,7 @@ import shutil
 import statistics
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -26,6 +29,7 @@ from accelerate import Accelerator
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from hf_pretrain.config import load_recipe
+from hf_pretrain.training.async_save import HostStage
 from hf_pretrain.training.checkpointer import save_checkpoint
 
 
@@ -73,6 +77,16 @@ def hash_and_flush(folder: Path) -> tuple[float, float]:
     return hashing, time.perf_counter() - start
 
 
+def longest_gap(done: Callable[[], bool]) -> float:
+    """The longest time between two iterations of a loop of small tensor ops, until `done()`."""
+    x, gap, last = torch.ones(64), 0.0, time.perf_counter()
+    while not done():
+        x.add_(1)
+        now = time.perf_counter()
+        gap, last = max(gap, now - last), now
+    return gap
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--layers", type=int, default=16, help="decoder layers (the 1b recipe has 16)")
@@ -100,12 +114,15 @@ def main() -> None:
         written = sum(p.stat().st_size for p in folder.rglob("*") if p.is_file()) / 1e9
         results["written_gb"] = round(written, 2)
         shutil.rmtree(folder)
-        # the real save, inline and with the seal in the background, alternately (the page cache's
-        # writeback of one save slows the next): what the training thread waits for, median of the repeats
-        timings: dict[str, list[float]] = {"inline": [], "background": [], "sealed_after": []}
+        # the real save, inline, with the seal in the background, and staged (the write in the
+        # background too), alternately (the page cache's writeback of one save slows the next): what the
+        # training thread waits for, and when the checkpoint is sealed, median of the repeats
+        stage = HostStage()  # the host buffers a run keeps: allocated by its first save
+        kinds = {"inline": (False, None), "background": (True, None), "staged": (True, stage)}
+        timings: dict[str, list[float]] = {}
         for _ in range(args.repeats):
-            for background in (False, True):
-                run = Path(scratch) / f"run_{background}"
+            for kind, (background, staging) in kinds.items():
+                run = Path(scratch) / f"run_{kind}"
                 start = time.perf_counter()
                 pending = save_checkpoint(
                     accelerator,
@@ -115,19 +132,33 @@ def main() -> None:
                     model_config=config,
                     tokenizer=_StandInTokenizer(),
                     background=background,
+                    stage=staging,
                 )
-                timings["background" if background else "inline"].append(time.perf_counter() - start)
+                timings.setdefault(f"training_thread_s_{kind}", []).append(time.perf_counter() - start)
                 pending.wait()
-                if background:
-                    timings["sealed_after"].append(time.perf_counter() - start)
+                timings.setdefault(f"sealed_after_s_{kind}", []).append(time.perf_counter() - start)
                 shutil.rmtree(run)
-        for name, values in timings.items():
-            results[f"training_thread_s_{name}" if name != "sealed_after" else "sealed_after_s"] = statistics.median(
-                values
-            )
+        results |= {name: statistics.median(values) for name, values in timings.items()}
+        results["first_staged_s"] = timings["training_thread_s_staged"][0]  # the buffers allocated
+        # the writing thread must not hold the GIL: the longest pause of a loop of small tensor ops
+        # (a training loop's Python) while a staged save is written, against the same loop idle
+        idle_until = time.perf_counter() + 2.0
+        results["loop_gap_s_idle"] = longest_gap(lambda: time.perf_counter() > idle_until)
+        pending = save_checkpoint(
+            accelerator,
+            Path(scratch) / "run_gap",
+            {"step": 1},
+            keep=1,
+            model_config=config,
+            tokenizer=_StandInTokenizer(),
+            background=True,
+            stage=stage,
+        )
+        results["loop_gap_s_while_writing"] = longest_gap(pending.done)
+        pending.wait()
         results["repeats"] = args.repeats
     interval_s = args.save_interval * args.step_seconds
-    for key in ("training_thread_s_inline", "training_thread_s_background"):
+    for key in ("training_thread_s_inline", "training_thread_s_background", "training_thread_s_staged"):
         results[key.replace("training_thread_s", "share_of_step_time")] = results[key] / interval_s
     results["save_interval"], results["interval_s"] = args.save_interval, interval_s
     print(json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in results.items()}, indent=1))

@@ -30,6 +30,7 @@ SUPERSEDED_SUFFIX = ".superseded"  # checkpoints of an ending a run went further
 # (DCP) folder from FSDP's SHARDED_STATE_DICT save.
 WEIGHTS = "model.safetensors"
 FSDP_SHARDED_WEIGHTS = "pytorch_model_fsdp_0"
+OPTIMIZER_STATE = "optimizer.bin"  # Accelerate's name (accelerate.utils.OPTIMIZER_NAME + ".bin")
 # What only a resume reads: optimizer, RNG, scheduler, scaler and sampler states (by file or folder name)
 TRAINING_ONLY_PREFIXES = ("optimizer", "random_states", "scheduler", "scaler", "sampler", "custom_checkpoint")
 # Prefixes wrappers put in front of parameter names: torch.compile, DDP.
@@ -55,6 +56,16 @@ def is_checkpoint(path: Path) -> bool:
 
 def rng_state_file(folder: Path, process_index: int) -> Path:
     return folder / f"{RNG_STATE_NAME}_{process_index}.pkl"
+
+
+def weights_file(model_index: int) -> str:
+    """The file Accelerate's `save_state` writes the `model_index`-th prepared model's weights into."""
+    return WEIGHTS if model_index == 0 else WEIGHTS.replace(".", f"_{model_index}.")
+
+
+def optimizer_file(optimizer_index: int) -> str:
+    """The file Accelerate's `save_state` writes the `optimizer_index`-th optimizer's state into."""
+    return OPTIMIZER_STATE if optimizer_index == 0 else OPTIMIZER_STATE.replace(".", f"_{optimizer_index}.")
 
 
 def parameter_name(saved_name: str) -> str:

@@ -319,6 +319,13 @@ class TrainConfig:
         "rather than their bf16 weights, which export, eval and the demo read",
         math=False,
     )
+    async_save: bool = key(
+        True,
+        "a periodic save copies the model and optimizer states to host memory and writes them in the "
+        "background (one training state of host memory); false writes them while training waits. "
+        "FSDP always writes while training waits",
+        math=False,
+    )
     max_bad_steps: int = key(
         3, "consecutive non-finite steps (skipped, weights untouched) before the run stops", math=False, ge=1
     )

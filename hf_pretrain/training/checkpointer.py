@@ -3,8 +3,12 @@
 A checkpoint is written into `step_N.tmp/` by every process (Accelerate's state), described by the
 main process (train state, config, tokenizer), then sealed: hashed into its manifest, flushed and
 renamed to `step_N/` (checkpoints/manifest.py), and older ones pruned (checkpoints/store.py). The
-seal of a periodic save runs on a thread while training goes on; the next save waits for it. The
-processes agree after each part, so a failure on one ends the save on all of them, none left waiting.
+seal of a periodic save runs on a thread while training goes on; the next save waits for it. Where
+the state lives whole on each process (one process, DDP; not FSDP), a periodic save does not even
+write the model and optimizer states on the training thread: it copies them to host memory and the
+same thread writes them before sealing (training/async_save.py), so the loop stalls only for a copy.
+The processes agree after each part, so a failure on one ends the save on all of them, none left
+waiting; a failure on the thread is said by the next save, on every process.
 
 A full disk is named as one: ENOSPC/EDQUOT say so themselves, but torch's zip writer hides the errno
 ("unexpected pos 5188928 vs 5188816", "PytorchStreamWriter failed writing file") and safetensors wraps
@@ -35,6 +39,7 @@ from hf_pretrain.checkpoints.manifest import fsync, write_manifest
 from hf_pretrain.checkpoints.store import list_checkpoints, prune_checkpoints
 from hf_pretrain.config import TrainConfig
 from hf_pretrain.formatting import human_bytes
+from hf_pretrain.training.async_save import HostStage, StagedState, can_stage
 from hf_pretrain.training.faults import fault_active
 
 if TYPE_CHECKING:
@@ -115,7 +120,7 @@ class Sealing:
         seal: Callable[[], None] | None = None,
         failure: Callable[[BaseException], str | None] | None = None,
     ):
-        self.path, self._error = path, None
+        self.path, self._error, self._crash = path, None, None
         self._thread = None
         if seal is not None:
             self._thread = threading.Thread(target=self._run, args=(seal, failure), name="hf-pretrain-seal")
@@ -124,13 +129,21 @@ class Sealing:
     def _run(self, seal: Callable[[], None], failure: Callable[[BaseException], str | None]) -> None:
         try:
             seal()
-        except OSError as exc:  # said to every process at the next save
+        except Exception as exc:  # said to every process at the next save
             self._error = failure(exc)
+            if self._error is None:  # no failure to write: a bug, raised with its traceback by `wait`
+                self._crash = exc
+
+    def done(self) -> bool:
+        """Whether nothing of this save is left running."""
+        return self._thread is None or not self._thread.is_alive()
 
     def wait(self) -> str | None:
         """None once the checkpoint is complete, else why it is not (the previous one is intact)."""
         if self._thread is not None:
             self._thread.join()
+        if self._crash is not None:
+            raise self._crash
         return self._error
 
 
@@ -152,6 +165,7 @@ def save_checkpoint(
     on_sealed: Callable[[Path], None] | None = None,
     milestone_full_state: bool = False,
     expected_bytes: int = 0,
+    stage: HostStage | None = None,
 ) -> Sealing:
     """Write the full training state for `train_state["step"]`, atomically, then prune old ones.
 
@@ -166,8 +180,16 @@ def save_checkpoint(
     failure raised here, on every process. Without `background` the seal is done before returning.
     `expected_bytes` (about what a checkpoint of this model takes) tells a full disk from a crash when
     the run has no checkpoint yet to measure.
+
+    With `background` and a `stage` (host buffers, reused by every save), where `can_stage` allows it,
+    the model and optimizer states are only copied on the training thread, and written by the seal's
+    thread before it seals: a failure to write them (a full disk) is raised by the next save. Under
+    FSDP, DeepSpeed or XLA the `stage` is ignored and `save_state` writes on the training thread.
     """
-    write = _CheckpointWrite(accelerator, output_dir, train_state, model_config, tokenizer, previous, expected_bytes)
+    staging = stage if background and stage is not None and can_stage(accelerator) else None
+    write = _CheckpointWrite(
+        accelerator, output_dir, train_state, model_config, tokenizer, previous, expected_bytes, staging
+    )
 
     def seal() -> None:
         write.seal()
@@ -182,8 +204,10 @@ def save_checkpoint(
     if not background:
         write.together(seal if write.main else lambda: None)
         return Sealing(write.final)
-    # every process has written its part: the main process seals on its own while training goes on
-    return Sealing(write.final, write.cleaned_on_failure(seal), write.failure) if write.main else Sealing(write.final)
+    # every process has written (or staged) its part: the main process writes what was staged and seals
+    # on its own while training goes on
+    job = write.staged_then(seal)
+    return Sealing(write.final, write.cleaned_on_failure(job), write.failure) if write.main else Sealing(write.final)
 
 
 class _CheckpointWrite:
@@ -199,6 +223,7 @@ class _CheckpointWrite:
         tokenizer: PreTrainedTokenizerBase,
         previous: Sealing | None,
         expected_bytes: int = 0,
+        stage: HostStage | None = None,
     ):
         self.accelerator, self.output_dir, self.train_state = accelerator, output_dir, train_state
         self.expected_bytes = expected_bytes
@@ -207,6 +232,7 @@ class _CheckpointWrite:
         self.final = checkpoint_path(output_dir, self.step)
         self.tmp = self.final.with_name(self.final.name + TMP_SUFFIX)
         self.main, self.process = accelerator.is_main_process, accelerator.process_index
+        self.stage, self.staged = stage, StagedState()  # what is left to write in the background
 
     def fresh_folder(self) -> None:
         earlier = self.previous.wait() if self.main and self.previous is not None else None
@@ -218,7 +244,26 @@ class _CheckpointWrite:
 
     def accelerate_state(self) -> None:  # every process writes its part (its RNG state at least)
         with quiet_about_the_tied_embedding():
-            self.accelerator.save_state(str(self.tmp), safe_serialization=True)
+            if self.stage is None:
+                self.accelerator.save_state(str(self.tmp), safe_serialization=True)
+            else:  # the model and optimizer states copied, for the seal's thread to write
+                self.staged = self.stage.stage(self.accelerator, self.tmp)
+        if not self.staged.files:  # a process that writes in the background meets its faults there
+            self.full_disk_fault()
+
+    def staged_then(self, seal: Callable[[], None]) -> Callable[[], None]:
+        """`seal`, after the staged states (if any) are written: the background job of the main process."""
+        if not self.staged.files:
+            return seal
+
+        def write_then_seal() -> None:
+            self.staged.write()
+            self.full_disk_fault()
+            seal()
+
+        return write_then_seal
+
+    def full_disk_fault(self) -> None:  # the `disk-full` fault of the tests (training/faults.py)
         if fault_active("disk-full", self.step, self.process):
             cut = self.tmp / ("optimizer.bin" if self.main else f"random_states_{self.process}.pkl")
             cut.write_bytes(b"\0" * 64)  # a write cut short ...
@@ -289,9 +334,12 @@ class _CheckpointWrite:
         def sealed_or_cleaned() -> None:
             try:
                 seal()
-            except OSError:
+            except Exception as exc:
+                said = self.failure(exc)  # judged before the unfinished folder is removed: the state that failed
                 shutil.rmtree(self.tmp, ignore_errors=True)
-                raise
+                if said is None:
+                    raise
+                raise _EarlierSaveFailed(said) from exc
 
         return sealed_or_cleaned
 
@@ -340,6 +388,8 @@ class Checkpointer:
             log,
         )
         self._sealing: Sealing | None = None  # the last save, perhaps still sealing in the background
+        # host memory for one training state, where a periodic save can stage it (not under FSDP)
+        self._stage = HostStage() if train.async_save and can_stage(accelerator) else None
 
     def due(self, state: TrainState) -> bool:
         """Every `save_interval` steps, and at the last step before a decay (the run's branch point)."""
@@ -350,9 +400,11 @@ class Checkpointer:
     ) -> Path:
         """Save `train_state`; `then(path, step)` runs on the main process once the checkpoint is complete.
 
-        A periodic save returns once every process has written its state, and the main process seals
-        it (hashing, manifest, rename, pruning) on a thread: the next save waits for that, and raises
-        its failure. The `last` save of a session returns complete. Raises `CheckpointSaveError`.
+        A periodic save returns once every process has written its state (or, outside FSDP, copied
+        the model and optimizer states to host memory), and the main process writes what was copied
+        and seals it (hashing, manifest, rename, pruning) on a thread: the next save waits for that,
+        and raises its failure. The `last` save of a session (a SIGTERM's included) writes on this
+        thread and returns complete. Raises `CheckpointSaveError`.
         """
         if train_state["step"] == train_state.get("decay_start"):
             train_state = {**train_state, BRANCH_POINT: True}
@@ -379,5 +431,6 @@ class Checkpointer:
             on_sealed=sealed,
             milestone_full_state=self.train.milestone_full_state,
             expected_bytes=self.expected_bytes,
+            stage=self._stage,
         )
         return self._sealing.path
