@@ -68,3 +68,27 @@ def launch_training(
     if check and result.returncode != 0:
         raise AssertionError(f"training failed ({result.returncode}):\n{log[-4000:]}")
     return log
+
+
+class StandInTokenizer:
+    """What a checkpoint save asks of a tokenizer, and no more."""
+
+    def save_pretrained(self, folder) -> None:
+        (Path(folder) / "tokenizer.json").write_text("{}")
+
+
+def save_with_stand_ins(accelerator, output_dir: Path, step: int, **options):
+    """`save_checkpoint` of `accelerator`'s state at `step`, with a default config and a stand-in tokenizer."""
+    from transformers import LlamaConfig
+
+    from hf_pretrain.training.checkpointer import save_checkpoint
+
+    return save_checkpoint(
+        accelerator,
+        output_dir,
+        {"step": step},
+        keep=3,
+        model_config=LlamaConfig(),
+        tokenizer=StandInTokenizer(),
+        **options,
+    )

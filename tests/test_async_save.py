@@ -15,13 +15,9 @@ from transformers import LlamaConfig
 
 from hf_pretrain.training import checkpointer
 from hf_pretrain.training.async_save import HostStage, StagedState
-from hf_pretrain.training.checkpointer import CheckpointSaveError, save_checkpoint
+from hf_pretrain.training.checkpointer import CheckpointSaveError
+from tests.helpers import StandInTokenizer, save_with_stand_ins
 from tests.test_failure_paths import TORCH_FULL_DISK, fill, small_volume
-
-
-class StandInTokenizer:
-    def save_pretrained(self, folder) -> None:
-        (Path(folder) / "tokenizer.json").write_text("{}")
 
 
 def trained_accelerator(width: int, depth: int = 1):
@@ -41,16 +37,7 @@ def accelerator():
     return trained_accelerator(256)
 
 
-def save(accelerator, output_dir: Path, step: int, **options):
-    return save_checkpoint(
-        accelerator,
-        output_dir,
-        {"step": step},
-        keep=3,
-        model_config=LlamaConfig(),
-        tokenizer=StandInTokenizer(),
-        **options,
-    )
+save = save_with_stand_ins
 
 
 def files(folder: Path) -> dict[str, bytes]:

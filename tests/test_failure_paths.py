@@ -19,14 +19,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import LlamaConfig
 
 from hf_pretrain.exit_codes import EXIT_PREEMPTED, EXIT_SAVE_FAILED
 from hf_pretrain.training import checkpointer
-from hf_pretrain.training.checkpointer import CheckpointSaveError, save_checkpoint
+from hf_pretrain.training.checkpointer import CheckpointSaveError
 from hf_pretrain.training.session import Session, read_status
 from hf_pretrain.training.start_up import StoppedDuringStartUp, loop_ended
-from tests.helpers import launch_training
+from tests.helpers import launch_training, save_with_stand_ins
 from tests.test_survival import complete_steps, start_training, wait_for_step
 
 # what torch's zip writer raised when the disk filled under it (seen on a full tmpfs)
@@ -58,11 +57,6 @@ def fill(volume: Path, leave: int) -> Path:
     return filler
 
 
-class StandInTokenizer:
-    def save_pretrained(self, folder) -> None:
-        (Path(folder) / "tokenizer.json").write_text("{}")
-
-
 @pytest.fixture(scope="module")
 def accelerator():
     from accelerate import Accelerator
@@ -74,16 +68,7 @@ def accelerator():
     return accelerator
 
 
-def save(accelerator, output_dir: Path, step: int, **options):
-    return save_checkpoint(
-        accelerator,
-        output_dir,
-        {"step": step},
-        keep=3,
-        model_config=LlamaConfig(),
-        tokenizer=StandInTokenizer(),
-        **options,
-    )
+save = save_with_stand_ins
 
 
 # ---------------------------------------------------------------------- a full disk inside a checkpoint save

@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
-from transformers import LlamaConfig
 
 from hf_pretrain.checkpoints import store
 from hf_pretrain.checkpoints.continuation import resumable
@@ -21,13 +20,8 @@ from hf_pretrain.checkpoints.store import keep_weights_only, prune_checkpoints
 from hf_pretrain.publish import export
 from hf_pretrain.run_dir import read_jsonl, truncate_jsonl
 from hf_pretrain.training import checkpointer
-from hf_pretrain.training.checkpointer import CheckpointSaveError, save_checkpoint
-from tests.helpers import launch_training
-
-
-class StandInTokenizer:
-    def save_pretrained(self, folder) -> None:
-        (Path(folder) / "tokenizer.json").write_text("{}")
+from hf_pretrain.training.checkpointer import CheckpointSaveError
+from tests.helpers import launch_training, save_with_stand_ins
 
 
 @pytest.fixture(scope="module")
@@ -40,16 +34,7 @@ def accelerator():
     return accelerator
 
 
-def save(accelerator, output_dir: Path, step: int, **options):
-    return save_checkpoint(
-        accelerator,
-        output_dir,
-        {"step": step},
-        keep=3,
-        model_config=LlamaConfig(),
-        tokenizer=StandInTokenizer(),
-        **options,
-    )
+save = save_with_stand_ins
 
 
 # ---------------------------------------------------------------------- the seal in the background
