@@ -16,6 +16,7 @@ from __future__ import annotations
 import atexit
 import multiprocessing
 import signal
+import threading
 from bisect import bisect_right
 from collections.abc import Iterator
 from pathlib import Path
@@ -249,7 +250,12 @@ def end_workers_at_exit() -> None:
     """Kill the workers still alive when the training process exits. Python's own exit handler
     terminates daemon processes with SIGTERM, which workers ignore, then waits for them: after an
     uncaught exception (the loader still referenced by the traceback) it would wait forever. Run
-    before that handler (atexit runs the last registered first); registering twice is harmless."""
+    before that handler (atexit runs the last registered first); registering twice is harmless.
+    torch's DataLoader turns a worker's death into a RuntimeError on SIGCHLD (a crash detector for a
+    running loader); killing them here is the intent, so that handler is set back to the default first,
+    or the exit would print a traceback ("DataLoader worker ... is killed by signal")."""
+    if threading.current_thread() is threading.main_thread():  # signal handlers are the main thread's
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     for process in multiprocessing.active_children():
         if process.daemon:  # DataLoader workers are daemons; a process started for other reasons is not
             process.kill()
