@@ -71,9 +71,9 @@ The head (`head_bytes`): the final norm, then the loss (`loss_bytes`):
 the head runs eagerly.
 
 Checked against one H100 80GB (../shared/gpu/README.md, 2026-11-25; `tests/test_memory_estimate.py`,
-docs/gpu.md): the 1b recipe at micro-batch 8 x 2048 compiled, eager, and eager with Liger, and the
-hand-written transformers loop at micro-batch 8 and 16, each within 3% of its measured peak
-(`ESTIMATE_ERROR` states 15%, the bound the tests hold). It is an estimate for one process without
+docs/gpu.md): the 1b recipe at micro-batch 8 x 2048 compiled (+2.1%), eager (-0.1%) and eager with
+Liger (-0.7%); the hand-written transformers loop (its own per-layer bytes, from its graph) at
+micro-batch 8 and 16, 8-11% low. `ESTIMATE_ERROR` states 15%, the bound the tests hold. It is an estimate for one process without
 FSDP sharding (FSDP divides the static state by the number of processes).
 """
 
