@@ -13,8 +13,8 @@
 from __future__ import annotations
 
 from hf_pretrain.bench.benchmark import main
-from hf_pretrain.bench.measure import timed_throughput
 from hf_pretrain.bench.search import largest_fitting
 from hf_pretrain.bench.variants import variant_grid
+from hf_pretrain.economics.measurements import timed_throughput
 
 __all__ = ["largest_fitting", "main", "timed_throughput", "variant_grid"]
