@@ -88,10 +88,12 @@ class Measurement:
 
 
 def this_gpu() -> str | None:
-    """The CUDA name of this machine's first GPU, or None on a CPU (which records nothing)."""
+    """The CUDA name of the GPU runs here train on, or None on a CPU (which records nothing), also where
+    Accelerate is told to use the CPU beside a GPU (as training/loop.py's `setup` reads it)."""
     import torch
 
-    return torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+    on_cpu = os.environ.get("ACCELERATE_USE_CPU", "").lower() in ("1", "true")
+    return torch.cuda.get_device_name(0) if torch.cuda.is_available() and not on_cpu else None
 
 
 def _table_name(device: str) -> str:
