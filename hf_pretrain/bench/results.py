@@ -95,7 +95,7 @@ def markdown_report(result: dict[str, Any]) -> str:
         f"model: {human_count(result['parameters'])} parameters, {result['flops_per_token'] / 1e6:,.1f} MFLOP per "
         f"token | {result['steps']} steps per variant, the first {result['warmup']} excluded from timing",
         f"peak TFLOP/s: datasheet {formatted(peak['datasheet'] and peak['datasheet'] / 1e12, ',.0f')}; measured "
-        f"{peak['measured'] / 1e12:,.3f} ({peak['measured_with']}); MFU of measured peak uses the measured",
+        f'{peak["measured"] / 1e12:,.3f} ({peak["measured_with"]}); "MFU of measured peak" divides by it',
         "",
         "| variant | status | tokens/s | vs recipe | s/step | MFU | MFU of measured peak | peak memory (GiB) | data wait |",
         "|---|---|---|---|---|---|---|---|---|",
