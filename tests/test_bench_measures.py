@@ -300,8 +300,9 @@ def test_plan_uses_a_recorded_measurement_before_the_model_and_says_so(store, ca
     assert plan.gpu_row(one_b(), gpu_named("H100 PCIe"), 1e9, 2.0).measured is None  # the model elsewhere
 
     assert plan.main(["--recipe", "1b", "--gpu", "all"]) == 0
-    table = {line.split(" | ")[0]: line for line in capsys.readouterr().out.splitlines() if line.startswith("| ")}
-    assert "77,900 (measured by train on NVIDIA H100" in table["| H100 SXM"]
+    out = capsys.readouterr().out
+    table = {line.split(" | ")[0]: line for line in out.splitlines() if line.startswith("| ")}
+    assert "| 77,900 measured |" in table["| H100 SXM"] and "- H100 SXM: measured by train on NVIDIA H100" in out
     assert "| ~" in table["| A100 80GB SXM"]  # modelled, marked as an estimate
     assert plan.main(["--recipe", "1b", "--gpu", "H100", "--max_gpus", "1"]) == 0
     assert "77,900 tokens/s each (measured by train on NVIDIA H100" in capsys.readouterr().out

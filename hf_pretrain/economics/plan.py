@@ -452,12 +452,13 @@ def format_gpu_rows(rows: list[GpuRow], tokens: float) -> list[str]:
         if not row.fits:
             lines.append(f"| {row.gpu} | {row.reason} | - | {row.price_per_gpu_hour:,.2f} | - | - | - |")
             continue
-        rate = f"{row.tokens_per_s:,.0f} ({row.measured})" if row.measured else f"~{row.tokens_per_s:,.0f}"
+        rate = f"{row.tokens_per_s:,.0f} measured" if row.measured else f"~{row.tokens_per_s:,.0f}"
         lines.append(
             f"| {row.gpu} | {row.micro_batch_size}, {row.checkpointed_layers} | {rate} | "
             f"{row.price_per_gpu_hour:,.2f} | {row.usd_per_billion_tokens:,.2f} | {row.hours:,.1f} | {row.usd:,.0f} |"
         )
-    return lines
+    measured = [f"- {row.gpu}: {row.measured}" for row in rows if row.measured]
+    return lines + (["", "measured rows:", *measured] if measured else [])
 
 
 # ---------------------------------------------------------------------- going further with a run
