@@ -412,7 +412,7 @@ def test_preflight_raises_with_the_failed_checks_and_their_fixes(tmp_path):
 
 
 def test_a_check_that_crashes_is_reported_not_raised(monkeypatch):
-    def broken(recipe):
+    def broken(recipe, *_):
         raise RuntimeError("boom")
 
     monkeypatch.setattr("hf_pretrain.preflight.check_cost", broken)

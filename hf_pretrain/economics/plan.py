@@ -29,6 +29,7 @@ from hf_pretrain.config import CommandParser, Recipe, RecipeError, parse_recipe_
 from hf_pretrain.economics.cost import dollars_per_billion_tokens
 from hf_pretrain.economics.forecast import BAND_SIGMAS, GoingFurther, going_further
 from hf_pretrain.economics.gpus import GPU, find_gpu, gpu_named, gpu_table
+from hf_pretrain.economics.measurements import recorded_measurement
 from hf_pretrain.economics.memory import GRADIENT_BYTES, Fit, fit_in_memory, with_checkpointed_layers, with_micro_batch
 from hf_pretrain.economics.performance import modelled_tokens_per_s
 from hf_pretrain.economics.prices import PriceError, load_prices
@@ -161,6 +162,7 @@ class GpuRow:
     hours: float | None  # the recipe's tokens on one GPU
     usd: float | None
     reason: str  # the fit, or why nothing fits
+    measured: str | None = None  # where tokens/s is a recorded measurement: which (economics/measurements.py)
 
 
 def gpu_row(recipe: Recipe, gpu: GPU, tokens: float, price: float, pinned: tuple[str, ...] = ()) -> GpuRow:
@@ -173,7 +175,8 @@ def gpu_row(recipe: Recipe, gpu: GPU, tokens: float, price: float, pinned: tuple
     if not fit.fits:
         return GpuRow(gpu.name, False, None, None, None, price, None, None, None, fit.reason)
     fitted = with_checkpointed_layers(with_micro_batch(recipe, fit.micro_batch_size), fit.checkpointed_layers)
-    rate = modelled_tokens_per_s(fitted, gpu)
+    measured = recorded_measurement(fitted, gpu.name)  # what this configuration measured on this GPU wins
+    rate = measured.tokens_per_s if measured else modelled_tokens_per_s(fitted, gpu)
     hours = tokens / rate / 3600
     return GpuRow(
         gpu.name,
@@ -186,6 +189,7 @@ def gpu_row(recipe: Recipe, gpu: GPU, tokens: float, price: float, pinned: tuple
         hours,
         hours * price,
         fit.reason,
+        measured.label() if measured else None,
     )
 
 
@@ -324,7 +328,10 @@ def make_plan(request: PlanRequest) -> Plan:
     elif gpu and rows:
         rate = rows[0].tokens_per_s
         rate_source = (
-            f"an estimate of the performance model (economics/performance.py) at micro-batch "
+            f"{rows[0].measured}, at micro-batch {rows[0].micro_batch_size}, {rows[0].checkpointed_layers} "
+            f"layers checkpointed"
+            if rows[0].measured
+            else f"an estimate of the performance model (economics/performance.py) at micro-batch "
             f"{rows[0].micro_batch_size}, {rows[0].checkpointed_layers} layers checkpointed; measure it with "
             f"`hf-pretrain bench`"
             if rows[0].fits
@@ -434,21 +441,24 @@ def format_gpu_rows(rows: list[GpuRow], tokens: float) -> list[str]:
     """The ranked GPU table: fit, modelled rate (an estimate), $ per billion tokens, hours and dollars."""
     lines = [
         f"one GPU of each kind for the {human_count(tokens)} tokens, cheapest run first; tokens/s are the "
-        f"performance model's estimates (economics/performance.py, docs/benchmarks.md), `hf-pretrain bench` "
+        f"performance model's estimates (~, economics/performance.py, docs/benchmarks.md) unless marked measured "
+        f"(recorded by a bench or training run of the same configuration on that GPU); `hf-pretrain bench` "
         f"measures yours",
         "",
-        "| GPU | fit: micro-batch, checkpointed layers | tokens/s (est.) | $/h | $ per 1B tokens | hours | run $ |",
+        "| GPU | fit: micro-batch, checkpointed layers | tokens/s | $/h | $ per 1B tokens | hours | run $ |",
         "|---|---|---|---|---|---|---|",
     ]
     for row in rows:
         if not row.fits:
             lines.append(f"| {row.gpu} | {row.reason} | - | {row.price_per_gpu_hour:,.2f} | - | - | - |")
             continue
+        rate = f"{row.tokens_per_s:,.0f} measured" if row.measured else f"~{row.tokens_per_s:,.0f}"
         lines.append(
-            f"| {row.gpu} | {row.micro_batch_size}, {row.checkpointed_layers} | ~{row.tokens_per_s:,.0f} | "
+            f"| {row.gpu} | {row.micro_batch_size}, {row.checkpointed_layers} | {rate} | "
             f"{row.price_per_gpu_hour:,.2f} | {row.usd_per_billion_tokens:,.2f} | {row.hours:,.1f} | {row.usd:,.0f} |"
         )
-    return lines
+    measured = [f"- {row.gpu}: {row.measured}" for row in rows if row.measured]
+    return lines + (["", "measured rows:", *measured] if measured else [])
 
 
 # ---------------------------------------------------------------------- going further with a run

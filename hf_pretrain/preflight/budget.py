@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from hf_pretrain.config import Recipe
+from hf_pretrain.config import Recipe, build_recipe
 from hf_pretrain.economics.cost import dollars, dollars_per_billion_tokens
+from hf_pretrain.economics.measurements import measured_here
 from hf_pretrain.formatting import usd
 from hf_pretrain.preflight.result import CheckResult
 
@@ -24,7 +25,10 @@ def run_cost(recipe: Recipe) -> float | None:
     return dollars(hours, price) if hours is not None and price else None
 
 
-def check_cost(recipe: Recipe) -> CheckResult:
+def check_cost(recipe: Recipe, world_size: int = 1) -> CheckResult:
+    measured = None if recipe.train.expected_tokens_per_s else measured_here(recipe, world_size)
+    if measured:  # what this configuration measured on this GPU stands in for the unknown rate
+        recipe = build_recipe(recipe.to_dict(), {"expected_tokens_per_s": measured.tokens_per_s * world_size})
     t = recipe.train
     tokens = f"{run_tokens(recipe):,} tokens ({t.max_steps:,} steps x {t.global_batch_tokens:,})"
     hours, cost = run_hours(recipe), run_cost(recipe)
@@ -36,7 +40,9 @@ def check_cost(recipe: Recipe) -> CheckResult:
             f"measure with `hf-pretrain bench --recipe {recipe.name}`, then set --expected_tokens_per_s"
             + ("" if t.price_per_hour else " and --price_per_hour"),
         )
-    duration = f"{hours:,.1f} h at {t.expected_tokens_per_s:,.0f} tokens/s"
+    duration = f"{hours:,.1f} h at {t.expected_tokens_per_s:,.0f} tokens/s" + (
+        f" ({measured.label()})" if measured else ""
+    )
     if cost is None:
         return CheckResult(
             "time and cost",

@@ -9,6 +9,7 @@ import shutil
 import torch
 
 from hf_pretrain.config import Recipe
+from hf_pretrain.economics.measurements import Measurement, measured_here
 from hf_pretrain.economics.memory import USABLE_MEMORY_FRACTION, MemoryEstimate, estimate_memory, fit_in_memory
 from hf_pretrain.formatting import human_bytes, human_count
 from hf_pretrain.hardware import cpu_has_bf16_kernels
@@ -146,6 +147,16 @@ def describe(estimate: MemoryEstimate) -> str:
     )
 
 
+def measured_fit(measured: Measurement, total: int, estimate: MemoryEstimate) -> CheckResult:
+    return CheckResult(
+        "gpu memory",
+        "pass",
+        f"this configuration ran here: peak {measured.peak_memory_gib:.2f} GiB of {total / 2**30:.1f} GiB "
+        f"({measured.label()}); the estimate, "
+        f"modelled: {describe(estimate)}",
+    )
+
+
 def check_memory(recipe: Recipe, device_memory_bytes: int | None = None, world_size: int = 1) -> CheckResult:
     """Estimated peak memory (hf_pretrain.economics.memory) against the device's, with and without checkpointing.
 
@@ -158,6 +169,9 @@ def check_memory(recipe: Recipe, device_memory_bytes: int | None = None, world_s
     estimate = estimate_memory(recipe, tokenizer_size, cuda_available=cuda, world_size=world_size)
     if total is None:
         return CheckResult("gpu memory", "skip", f"no GPU to compare against; {describe(estimate)}")
+    measured = measured_here(recipe, world_size) if device_memory_bytes is None else None
+    if measured and measured.peak_memory_gib is not None:  # it ran here: the measurement wins over the estimate
+        return measured_fit(measured, total, estimate)
     usable = USABLE_MEMORY_FRACTION * total
     layers, asked = recipe.model.num_hidden_layers, recipe.checkpointed_layer_count
     where = f"{describe(estimate)}; the device has {human_bytes(total)}, {human_bytes(usable)} usable"
