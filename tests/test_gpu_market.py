@@ -87,6 +87,13 @@ def test_the_configuration_changes_the_price_the_way_the_gpu_does(capsys):
     assert "eager" in eager["throughput_source"] and "compiled" in shipped["throughput_source"]
 
 
+def test_a_measurement_on_one_card_scales_the_model_for_the_others():
+    h100, a100 = gpu_named("H100 SXM"), gpu_named("A100 80GB SXM")
+    measured = 0.9 * performance.modelled_tokens_per_s(ONE_B, h100)  # this card ran 10% under its model
+    scaled = performance.scaled_to_measurement(ONE_B, measured, h100, a100)
+    assert scaled == pytest.approx(0.9 * performance.modelled_tokens_per_s(ONE_B, a100))
+
+
 @pytest.mark.parametrize("recipe_name", ["smoke", "134m", "1b"])
 def test_no_modelled_rate_exceeds_the_physical_limit(recipe_name):
     recipe = load_recipe(recipe_name)
