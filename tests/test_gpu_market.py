@@ -85,6 +85,8 @@ def test_the_configuration_changes_the_price_the_way_the_gpu_does(capsys):
     eager = _json(capsys, ["--recipe", "1b", "--gpu", "H100", "--compile", "false"])
     assert eager["tokens_per_s_per_gpu"] < 0.8 * shipped["tokens_per_s_per_gpu"]
     assert "eager" in eager["throughput_source"] and "compiled" in shipped["throughput_source"]
+    assert plan.main(["--recipe", "1b", "--gpu", "H100", "--liger", "true"]) == 0
+    assert "compiled + Liger: not measured on a GPU yet" in capsys.readouterr().out
 
 
 def test_a_measurement_on_one_card_scales_the_model_for_the_others():

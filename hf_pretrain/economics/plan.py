@@ -423,6 +423,12 @@ def format_plan(plan: Plan) -> str:
     ]
     if plan.quality_per_token != 1.0 or "fp8" in plan.configuration:
         lines.append(fp8_note(plan.quality_per_token))
+    if plan.configuration.startswith("compiled + Liger"):
+        lines.append(
+            "compiled + Liger: not measured on a GPU yet (the H100 of 2026-11-25 measured eager + Liger and "
+            "compiled, and this pair crashed under compile there); the model prices it as the compiled step "
+            "with Liger's fused loss"
+        )
     if plan.gpu == ALL_GPUS:
         return "\n".join(lines + ["", *format_gpu_rows(plan.gpus, plan.tokens, plan.configuration)]) + "\n"
     if plan.gpus:
