@@ -14,12 +14,12 @@ from hf_pretrain.economics.performance import physical_limit, step_time
 from hf_pretrain.economics.workload import recipe_workload
 
 GPU = "H100 SXM"
-# (column, recipe flags, measured tokens/s on the shared table's H100, 2026-11-25; None: not measured)
+# (column, recipe flags, what the shared table's H100 measured, 2026-11-25; None: not measured)
 CONFIGURATIONS = [
     ("as shipped (compile)", {}, "77,750-78,120"),
     ("`--compile false`", {"compile": False}, "51,150"),
     ("`--compile false --liger true`", {"compile": False, "liger": True}, "72,900"),
-    ("`--liger true` (compiled)", {"liger": True}, None),
+    ("`--liger true` (compiled)", {"liger": True}, "crashed under compile"),
     ("`--optimizer muon`", {"optimizer": "muon"}, None),
     ("`--mixed_precision fp8`", {"mixed_precision": "fp8"}, None),
 ]

@@ -9,6 +9,8 @@ One layer more, less one layer fewer, is one layer's traffic: it must agree with
 
 from __future__ import annotations
 
+import importlib.util
+
 import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -17,6 +19,7 @@ from torch.utils._pytree import tree_flatten
 from hf_pretrain.config import load_recipe
 from hf_pretrain.economics.workload import BACKWARD_POINTWISE, StepConfig, layer_forward_bytes, recipe_shape
 from hf_pretrain.model import build_model, llama_config, train_in_compute_dtype
+from tests.helpers import ROOT
 
 # timed by the model as FLOPs, not bytes
 COMPUTE_OPS = {"mm", "addmm", "bmm"}
@@ -66,3 +69,15 @@ def test_the_eager_layer_moves_the_bytes_the_model_counts():
     # and the compiled layer (one kernel per run of pointwise ops) moves far less: why eager is slower
     compiled = layer_forward_bytes(recipe_shape(load_recipe("smoke", overrides), 512), StepConfig())
     assert compiled * (1 + BACKWARD_POINTWISE) < 0.4 * per_token
+
+
+def test_docs_gpu_md_prints_the_step_budget_the_model_gives_today():
+    """docs/gpu.md's table is `python benchmarks/estimate_step_budget.py`'s output, not a copy that rots."""
+    spec = importlib.util.spec_from_file_location(
+        "estimate_step_budget", ROOT / "benchmarks" / "estimate_step_budget.py"
+    )
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    table = script.table()
+    assert "| tokens/s measured (H100 SXM, 2026-11-25) | 77,750-78,120 | 51,150 | 72,900 |" in table
+    assert table in (ROOT / "docs" / "gpu.md").read_text()
