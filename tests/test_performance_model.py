@@ -17,6 +17,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from hf_pretrain.config import load_recipe
+from hf_pretrain.economics import published
 from hf_pretrain.economics.workload import BACKWARD_POINTWISE, StepConfig, layer_forward_bytes, recipe_shape
 from hf_pretrain.model import build_model, llama_config, train_in_compute_dtype
 from tests.helpers import ROOT
@@ -81,3 +82,8 @@ def test_docs_gpu_md_prints_the_step_budget_the_model_gives_today():
     table = script.table()
     assert "| tokens/s measured (H100 SXM, 2026-11-25) | 77,750-78,120 | 51,150 | 72,900 |" in table
     assert table in (ROOT / "docs" / "gpu.md").read_text()
+
+
+def test_docs_benchmarks_md_prints_the_checks_the_model_passes_today():
+    page = (ROOT / "docs" / "benchmarks.md").read_text()
+    assert published.runs_table(load_recipe("1b")) in page and published.fp8_table() in page

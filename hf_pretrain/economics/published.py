@@ -175,3 +175,26 @@ def fp8_speedups() -> list[Fp8Speedup]:
             hopper_triton,
         ),
     ]
+
+
+# ---------------------------------------------------------------------- the tables docs/benchmarks.md prints
+def runs_table(one_b: Recipe) -> str:
+    """Each measurement beside the model's figure (docs/benchmarks.md; a test holds the page to it)."""
+    lines = ["| run | GPU | measured tokens/s per GPU | model | error | bound |", "|---|---|---|---|---|---|"]
+    for run in published_runs(one_b):
+        rate = modelled(run)
+        lines.append(
+            f"| {run.name} | {run.gpu} | {run.tokens_per_s:,.0f} | {rate:,.0f} | {rate / run.tokens_per_s - 1:+.1%} "
+            f"| {run.tolerance:.0%} |"
+        )
+    return "\n".join(lines)
+
+
+def fp8_table() -> str:
+    lines = ["| FP8 over bf16, H100 | published | model | error |", "|---|---|---|---|"]
+    for speedup in fp8_speedups():
+        ratio = speedup.modelled()
+        lines.append(
+            f"| {speedup.name} | {speedup.published:.2f}x | {ratio:.2f}x | {ratio / speedup.published - 1:+.1%} |"
+        )
+    return "\n".join(lines)
