@@ -261,8 +261,10 @@ class TrainConfig:
     adam_beta2: float = key(0.95, "AdamW second-moment decay", ge=0, lt=1)
     adam_eps: float = key(1e-8, "AdamW denominator epsilon", gt=0)
     grad_clip: float = key(1.0, "clip the global gradient norm to this (0 = off)", ge=0)
-    mixed_precision: Literal["auto", "no", "bf16", "fp16"] = key(
-        "auto", "`auto` (bf16 on a GPU that supports it, fp32 otherwise), `no`, `bf16` or `fp16`"
+    mixed_precision: Literal["auto", "no", "bf16", "fp16", "fp8"] = key(
+        "auto",
+        "`auto` (bf16 on a GPU that supports it, fp32 otherwise), `no`, `bf16`, `fp16` or `fp8` (the decoder's "
+        "linear layers; compute capability 8.9+)",
     )
     tf32: bool = key(True, "allow TF32 matmuls on CUDA (free speed on Ampere and later)")
     compile: bool = key(False, "torch.compile the model (inductor; on the CPU too, where it builds C++ kernels)")
