@@ -234,7 +234,9 @@ def test_the_pictures_are_what_the_run_records_draw_today(tmp_path):
         committed, drawn = IMAGES / name, tmp_path / name
         assert committed.stat().st_size < 200_000, f"{name} is {committed.stat().st_size:,} bytes"
         a, b = imread(committed), imread(drawn)
-        assert a.shape == b.shape and np.abs(a - b).mean() < 0.01, (
+        # drawing is deterministic (the same pixels here); a changed label alone moves ~0.2% of them
+        differ = a.shape == b.shape and (np.abs(a - b).max(axis=-1) > 0.1).mean()
+        assert a.shape == b.shape and differ < 0.001, (
             f"docs/images/{name} is not what the plots draw today: python -m tests.regenerate_docs_images"
         )
     shown = [page for page in PAGES if table in page.read_text()]
