@@ -564,7 +564,7 @@ def format_further(plan: FurtherPlan) -> str:
     )
     lines.append(
         "the fit describes the curve before any final decay: a wsd run's decay (or a cooldown) drops the loss "
-        "further at the end; go further with `--max_steps` on the same output_dir (README: stop, go further)"
+        "further at the end; go further with `--max_steps` on the same output_dir (docs/stopping.md)"
     )
     return "\n".join(lines) + "\n"
 
