@@ -43,6 +43,7 @@ from hf_pretrain.run_dir import RunDir, truncate_jsonl
 from hf_pretrain.training.callbacks import Callback, CallbackList
 from hf_pretrain.training.checkpointer import Checkpointer, CheckpointSaveError
 from hf_pretrain.training.compiling import dynamo_plugin
+from hf_pretrain.training.fp8 import finish_fp8, fp8_handlers
 from hf_pretrain.training.guards import Guards, Stop
 from hf_pretrain.training.metrics import RunLogger, trackers_for
 from hf_pretrain.training.rendezvous import attempt_store
@@ -174,7 +175,8 @@ def setup(recipe: Recipe) -> Run:
         log_with=trackers_for(cfg.report_to) or None,
         project_dir=str(run_dir.path),
         dynamo_plugin=dynamo_plugin(cfg),  # compiled in `prepare`: whole model, regions, or not at all
-        kwargs_handlers=[InitProcessGroupKwargs(**group)] if group else None,
+        # fp8: torchao's float8 for the decoder's linear layers, converted in `prepare` (training/fp8.py)
+        kwargs_handlers=([InitProcessGroupKwargs(**group)] if group else []) + fp8_handlers(cfg) or None,
     )
     say = accelerator.print
     if torch.cuda.is_available() and cfg.tf32:
@@ -194,6 +196,8 @@ def setup(recipe: Recipe) -> Run:
     train_in_compute_dtype(model)  # residual stream in the autocast dtype, the loss alone out of the graph
     optimizer = build_optimizer(model, cfg, fused=accelerator.device.type == "cuda")
     model, optimizer = accelerator.prepare(model, optimizer)
+    if cfg.mixed_precision == "fp8":
+        say(finish_fp8(model, cfg))  # the CPU's emulation takes a GPU's dtypes; says what runs in float8
 
     # resume: weights, optimizer and RNG from the checkpoint the continuation names (resume.py: the
     # newest, or the last one before the decay of a run that goes further); the data position is the step
