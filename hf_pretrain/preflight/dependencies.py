@@ -19,6 +19,7 @@ from hf_pretrain.versions import installed_version
 CORE_PACKAGES = ["torch", "transformers", "accelerate", "datasets", "tokenizers"]
 INSTALL_FIX = "pip install -c constraints.txt -e .  (constraints.txt pins the tested set)"
 LIGER_INSTALL_FIX = "pip install -c constraints.txt -e '.[liger]' on a CUDA machine, or --liger false"
+FP8_INSTALL_FIX = "pip install -c constraints.txt -e '.[fp8]', or --mixed_precision bf16"
 
 
 def declared_ranges(distribution: str) -> dict[str, SpecifierSet]:
@@ -58,7 +59,8 @@ def check_liger_torch(liger_ranges: dict[str, SpecifierSet]) -> CheckResult | No
 
 
 def check_versions(recipe: Recipe) -> list[CheckResult]:
-    """One row per package the run imports; Liger's and Triton's only when the recipe turns Liger on."""
+    """One row per package the run imports; Liger's and Triton's only when the recipe turns Liger on,
+    torchao only for fp8."""
     try:
         ranges = declared_ranges("hf-pretrain")
     except metadata.PackageNotFoundError:
@@ -75,4 +77,6 @@ def check_versions(recipe: Recipe) -> list[CheckResult]:
         torch_warning = check_liger_torch(liger_ranges)
         if torch_warning:
             results.append(torch_warning)
+    if recipe.train.mixed_precision == "fp8":  # torchao's float8 layers, through Accelerate's torchao backend
+        results.append(check_package("torchao", ranges.get("torchao"), FP8_INSTALL_FIX))
     return results
