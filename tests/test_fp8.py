@@ -179,8 +179,9 @@ def test_emulated_fp8_smoke_run_killed_and_resumed_matches_the_uninterrupted_run
     resumed = launch_training(smoke_data, run_dir, **FP8_EMULATED)
     assert "resumed from" in resumed
     assert train_losses(run_dir)[-12:] == losses  # bitwise, step by step
-    reference, got = load_file(reference_dir / "final" / "model.safetensors"), load_file(
-        run_dir / "final" / "model.safetensors"
+    reference, got = (
+        load_file(reference_dir / "final" / "model.safetensors"),
+        load_file(run_dir / "final" / "model.safetensors"),
     )
     assert reference.keys() == got.keys() and all(torch.equal(reference[k], got[k]) for k in reference)
 
