@@ -205,3 +205,22 @@ def test_emulated_fp8_smoke_run_killed_and_resumed_matches_the_uninterrupted_run
     assert torch.equal(model.state_dict()[down], final[down].to(torch.bfloat16))
     ids = torch.tensor([[1, 2, 3, 4]])
     assert torch.isfinite(model(ids).logits).all()
+
+
+def test_doctor_checks_torchao_for_fp8_runs_only_and_says_when_it_does_not_import(monkeypatch):
+    from hf_pretrain.preflight import dependencies
+    from hf_pretrain.training import fp8
+
+    fp8_run, bf16_run = load_recipe("smoke", {"mixed_precision": "fp8"}), load_recipe("smoke")
+    assert "torchao" in {r.name for r in dependencies.check_versions(fp8_run)}
+    assert "torchao" not in {r.name for r in dependencies.check_versions(bf16_run)}
+    assert dependencies.check_torchao(None).status == "pass"
+
+    def broken():
+        raise ImportError("undefined symbol: _ZN3c104cuda9SetDevice\nmore lines")
+
+    monkeypatch.setattr(fp8, "import_torchao_float8", broken)
+    result = dependencies.check_torchao(None)
+    assert result.status == "fail" and "does not import with torch" in result.reason
+    assert "undefined symbol" in result.reason and "\n" not in result.reason
+    assert "'.[fp8]'" in result.fix and "--mixed_precision bf16" in result.fix

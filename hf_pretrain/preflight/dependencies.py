@@ -78,5 +78,27 @@ def check_versions(recipe: Recipe) -> list[CheckResult]:
         if torch_warning:
             results.append(torch_warning)
     if recipe.train.mixed_precision == "fp8":  # torchao's float8 layers, through Accelerate's torchao backend
-        results.append(check_package("torchao", ranges.get("torchao"), FP8_INSTALL_FIX))
+        results.append(check_torchao(ranges.get("torchao")))
     return results
+
+
+def check_torchao(supported: SpecifierSet | None) -> CheckResult:
+    """torchao installed, in range, and importable: each release is built against one torch, and a
+    mismatch shows only at import (the run would die in `prepare`)."""
+    result = check_package("torchao", supported, FP8_INSTALL_FIX)
+    if result.status != "pass":
+        return result
+    from hf_pretrain.training.fp8 import import_torchao_float8
+
+    try:
+        import_torchao_float8()
+    except Exception as exc:  # an ImportError, or a torch op torchao registers that this torch lacks
+        first_line = (str(exc).splitlines() or [""])[0][:200]
+        return CheckResult(
+            "torchao",
+            "fail",
+            f"{installed_version('torchao')} does not import with torch {installed_version('torch')}: "
+            f"{type(exc).__name__}: {first_line}",
+            FP8_INSTALL_FIX,
+        )
+    return result
