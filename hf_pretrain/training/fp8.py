@@ -89,10 +89,11 @@ def cast_fp8_inputs_to_autocast_dtype(model: torch.nn.Module) -> None:
     """Off CUDA, give each Float8Linear its input in the autocast dtype, as it does itself on CUDA.
 
     Float8Linear casts its input to CUDA's autocast dtype only (`torch.is_autocast_enabled()` asks
-    CUDA); under the CPU's bf16 autocast its input would stay fp32 (the RMSNorm's fp32 weight
-    promotes it) and so would its output and the residual stream after it. The pre-hook makes the
-    CPU run what a GPU runs. Registered after `prepare` and before the first step, so the compiled
-    graph (traced at the first call) has it.
+    CUDA); under the CPU's bf16 autocast the q/k/v, gate and up projections would take the RMSNorm's
+    output in fp32 (its fp32 weight promotes it): their scales would come from fp32 values, not the
+    bf16 ones a GPU scales, and the backward would keep fp32 inputs. The pre-hook makes the CPU run
+    what a GPU runs. Registered after `prepare` and before the first step, so the compiled graph
+    (traced at the first call) has it.
     """
     for name in float8_layers(model):
         model.get_submodule(name).register_forward_pre_hook(_input_in_autocast_dtype)
