@@ -22,9 +22,9 @@ from accelerate import Accelerator
 from accelerate.state import AcceleratorState
 
 from hf_pretrain.config import Recipe, load_recipe
+from hf_pretrain.fp8 import finish_fp8, fp8_handlers
 from hf_pretrain.model import build_model, enable_activation_checkpointing, llama_config, train_in_compute_dtype
 from hf_pretrain.training.compiling import dynamo_plugin
-from hf_pretrain.training.fp8 import finish_fp8, fp8_handlers
 from hf_pretrain.training.step import forward_backward
 
 SEQ_LEN = 64  # tokens per row: the graph's structure does not depend on it

@@ -18,9 +18,9 @@ from accelerate.state import AcceleratorState
 from safetensors.torch import load_file
 
 from hf_pretrain.config import RecipeError, load_recipe
+from hf_pretrain.fp8 import finish_fp8, float8_layers, fp8_handlers
 from hf_pretrain.model import build_model, llama_config, train_in_compute_dtype
 from hf_pretrain.preflight.gpu import check_fp8
-from hf_pretrain.training.fp8 import finish_fp8, float8_layers, fp8_handlers
 from tests.helpers import launch_training
 from tests.test_survival import start_training, train_losses, wait_for_step
 
@@ -208,8 +208,8 @@ def test_emulated_fp8_smoke_run_killed_and_resumed_matches_the_uninterrupted_run
 
 
 def test_doctor_checks_torchao_for_fp8_runs_only_and_says_when_it_does_not_import(monkeypatch):
+    from hf_pretrain import fp8
     from hf_pretrain.preflight import dependencies
-    from hf_pretrain.training import fp8
 
     fp8_run, bf16_run = load_recipe("smoke", {"mixed_precision": "fp8"}), load_recipe("smoke")
     assert "torchao" in {r.name for r in dependencies.check_versions(fp8_run)}

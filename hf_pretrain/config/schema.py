@@ -264,7 +264,7 @@ class TrainConfig:
     mixed_precision: Literal["auto", "no", "bf16", "fp16", "fp8"] = key(
         "auto", "`auto` (bf16 on a GPU that supports it, fp32 otherwise), `no`, `bf16`, `fp16` or `fp8`"
     )
-    # fp8: the decoder's linear layers in torchao's float8 (training/fp8.py); the rest as bf16 runs it.
+    # fp8: the decoder's linear layers in torchao's float8 (hf_pretrain/fp8.py); the rest as bf16 runs it.
     fp8_recipe: Literal["tensorwise", "rowwise"] = key(
         "tensorwise",
         "fp8: torchao's scaling, `tensorwise` (one scale per tensor, the fastest) or `rowwise` (one per row, "

@@ -88,7 +88,7 @@ def check_torchao(supported: SpecifierSet | None) -> CheckResult:
     result = check_package("torchao", supported, FP8_INSTALL_FIX)
     if result.status != "pass":
         return result
-    from hf_pretrain.training.fp8 import import_torchao_float8
+    from hf_pretrain.fp8 import import_torchao_float8
 
     try:
         import_torchao_float8()

@@ -27,6 +27,7 @@ from hf_pretrain.data import build_val_loader, load_tokenizer
 from hf_pretrain.data.loader import TrainData
 from hf_pretrain.economics.memory import CHECKPOINT_BYTES_PER_PARAMETER
 from hf_pretrain.exit_codes import EXIT_SAVE_FAILED
+from hf_pretrain.fp8 import finish_fp8, fp8_handlers
 from hf_pretrain.hardware import describe_hardware, training_precision
 from hf_pretrain.model import (
     apply_liger,
@@ -43,7 +44,6 @@ from hf_pretrain.run_dir import RunDir, truncate_jsonl
 from hf_pretrain.training.callbacks import Callback, CallbackList
 from hf_pretrain.training.checkpointer import Checkpointer, CheckpointSaveError
 from hf_pretrain.training.compiling import dynamo_plugin
-from hf_pretrain.training.fp8 import finish_fp8, fp8_handlers
 from hf_pretrain.training.guards import Guards, Stop
 from hf_pretrain.training.metrics import RunLogger, trackers_for
 from hf_pretrain.training.rendezvous import attempt_store
@@ -175,7 +175,7 @@ def setup(recipe: Recipe) -> Run:
         log_with=trackers_for(cfg.report_to) or None,
         project_dir=str(run_dir.path),
         dynamo_plugin=dynamo_plugin(cfg),  # compiled in `prepare`: whole model, regions, or not at all
-        # fp8: torchao's float8 for the decoder's linear layers, converted in `prepare` (training/fp8.py)
+        # fp8: torchao's float8 for the decoder's linear layers, converted in `prepare` (hf_pretrain/fp8.py)
         kwargs_handlers=([InitProcessGroupKwargs(**group)] if group else []) + fp8_handlers(cfg) or None,
     )
     say = accelerator.print
