@@ -37,20 +37,9 @@ def is_decoder_linear(module: torch.nn.Module, fqn: str) -> bool:
 
 
 def import_torchao_float8():
-    """`torchao.float8`, imported without the warning torchao logs for each of its CUDA kernel
-    libraries this machine cannot load (all of them on a CPU; float8 training needs none of them)."""
-    import logging
+    """`torchao.float8` (what it logs on import without its CUDA kernels is filtered: hf_pretrain/__init__.py)."""
+    import torchao.float8
 
-    # and torch's note that torchao registers an Enum the compiler now handles itself
-    loggers = [logging.getLogger(name) for name in ("torchao", "torch.utils._pytree")]
-    levels = [log.level for log in loggers]
-    for log in loggers:
-        log.setLevel(logging.ERROR)
-    try:
-        import torchao.float8
-    finally:
-        for log, level in zip(loggers, levels, strict=True):
-            log.setLevel(level)
     return torchao.float8
 
 
