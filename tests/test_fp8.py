@@ -10,6 +10,7 @@ graph is read in tests/test_compiled_step.py.
 from __future__ import annotations
 
 import signal
+import time
 
 import pytest
 import torch
@@ -22,7 +23,7 @@ from hf_pretrain.fp8 import finish_fp8, float8_layers, fp8_handlers
 from hf_pretrain.model import build_model, llama_config, train_in_compute_dtype
 from hf_pretrain.preflight.gpu import check_fp8
 from tests.helpers import launch_training
-from tests.test_survival import start_training, train_losses, wait_for_step
+from tests.test_survival import complete_steps, start_training, train_losses, wait_for_step
 
 torchao = pytest.importorskip("torchao", reason="the [fp8] extra (in dev) has torchao")
 
@@ -172,8 +173,11 @@ def test_emulated_fp8_smoke_run_killed_and_resumed_matches_the_uninterrupted_run
 
     run_dir = tmp_path / "killed"
     process = start_training(smoke_data, run_dir, **FP8_EMULATED)
-    assert wait_for_step(process, run_dir, 6), process.communicate()[0][-2000:]  # saved at 4, killed past it
-    process.send_signal(signal.SIGKILL)
+    assert wait_for_step(process, run_dir, 6), process.communicate()[0][-2000:]
+    deadline = time.monotonic() + 120
+    while not complete_steps(run_dir) and time.monotonic() < deadline:  # step 4's save, sealed in the background
+        time.sleep(0.05)
+    process.send_signal(signal.SIGKILL)  # past the checkpoint: the steps after it are lost and recomputed
     process.communicate(timeout=120)
     assert not (run_dir / "final").exists()
     resumed = launch_training(smoke_data, run_dir, **FP8_EMULATED)
