@@ -25,7 +25,7 @@ from hf_pretrain.preflight.data import (
 )
 from hf_pretrain.preflight.dependencies import check_versions
 from hf_pretrain.preflight.disk import check_disk_space, check_not_in_use, check_output_writable, check_save_speed
-from hf_pretrain.preflight.gpu import check_bf16, check_compiler, check_cuda, check_memory, check_tf32
+from hf_pretrain.preflight.gpu import check_bf16, check_compiler, check_cuda, check_fp8, check_memory, check_tf32
 from hf_pretrain.preflight.hub_access import check_hub
 from hf_pretrain.preflight.init_from import check_init_from
 from hf_pretrain.preflight.result import CheckResult, PreflightError, format_table
@@ -71,6 +71,7 @@ def run_checks(
         ("hub", lambda: check_hub(recipe)),  # push_to_hub: a warning, the run trains anyway
         ("cuda", lambda: check_cuda(recipe)),
         ("bf16", lambda: check_bf16(recipe)),
+        ("fp8", lambda: check_fp8(recipe)),
         ("tf32", lambda: check_tf32(recipe)),
         ("compiler", lambda: check_compiler(recipe)),
         ("data", lambda: check_prepared(recipe)),

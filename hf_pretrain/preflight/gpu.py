@@ -27,6 +27,8 @@ def cpu_costs(recipe: Recipe) -> list[str]:
             "compile=true compiles with inductor's C++ backend on the first step (tens of seconds "
             "for a small model, minutes at 1B), then runs the compiled kernels"
         )
+    if t.mixed_precision == "fp8" and t.fp8_emulate:
+        costs.append("fp8_emulate=true adds FP8's casts and scales to bf16 autocast: slower than bf16, never faster")
     if t.mixed_precision == "bf16":
         costs.append(
             "bf16 autocast "
@@ -120,6 +122,38 @@ def check_bf16(recipe: Recipe) -> CheckResult:
         "fail",
         f"mixed_precision=bf16 but {torch.cuda.get_device_name(0)} has no bf16",
         "--mixed_precision fp16, or a GPU from Ampere (A100, A10, RTX 30xx) on",
+    )
+
+
+# FP8 tensor cores: Ada (8.9: L4, L40S, RTX 40xx) and Hopper (9.0: H100, H200) on.
+FP8_MIN_CAPABILITY = (8, 9)
+FP8_FIX = "--fp8_emulate true (the same FP8 math emulated, for a CPU test), or --mixed_precision bf16"
+
+
+def check_fp8(recipe: Recipe, capability: tuple[int, int] | None = None, card: str | None = None) -> CheckResult:
+    """fp8 needs FP8 tensor cores (compute capability 8.9 or newer) unless its matmuls are emulated.
+    `capability`/`card` default to the first CUDA device's (None: no GPU)."""
+    t = recipe.train
+    if t.mixed_precision != "fp8":
+        return CheckResult("fp8", "skip", f"not asked for (mixed_precision={t.mixed_precision})")
+    if t.fp8_emulate:
+        return CheckResult(
+            "fp8", "pass", f"fp8 emulated ({t.fp8_recipe} scaling): FP8's casts and scales, the matmuls in fp32"
+        )
+    if capability is None and torch.cuda.is_available():
+        capability, card = torch.cuda.get_device_capability(0), torch.cuda.get_device_name(0)
+    if capability is None:
+        return CheckResult("fp8", "fail", "mixed_precision=fp8 needs a GPU with FP8 tensor cores: no GPU", FP8_FIX)
+    if tuple(capability) < FP8_MIN_CAPABILITY:
+        return CheckResult(
+            "fp8",
+            "fail",
+            f"mixed_precision=fp8 needs compute capability 8.9 or newer (Ada, Hopper): {card} has "
+            f"{capability[0]}.{capability[1]}",
+            FP8_FIX,
+        )
+    return CheckResult(
+        "fp8", "pass", f"{card}: compute capability {capability[0]}.{capability[1]} has FP8 ({t.fp8_recipe} scaling)"
     )
 
 

@@ -27,6 +27,7 @@ from hf_pretrain.data import build_val_loader, load_tokenizer
 from hf_pretrain.data.loader import TrainData
 from hf_pretrain.economics.memory import CHECKPOINT_BYTES_PER_PARAMETER
 from hf_pretrain.exit_codes import EXIT_SAVE_FAILED
+from hf_pretrain.fp8 import finish_fp8, fp8_handlers
 from hf_pretrain.hardware import describe_hardware, training_precision
 from hf_pretrain.model import (
     apply_liger,
@@ -174,7 +175,8 @@ def setup(recipe: Recipe) -> Run:
         log_with=trackers_for(cfg.report_to) or None,
         project_dir=str(run_dir.path),
         dynamo_plugin=dynamo_plugin(cfg),  # compiled in `prepare`: whole model, regions, or not at all
-        kwargs_handlers=[InitProcessGroupKwargs(**group)] if group else None,
+        # fp8: torchao's float8 for the decoder's linear layers, converted in `prepare` (hf_pretrain/fp8.py)
+        kwargs_handlers=([InitProcessGroupKwargs(**group)] if group else []) + fp8_handlers(cfg) or None,
     )
     say = accelerator.print
     if torch.cuda.is_available() and cfg.tf32:
@@ -194,6 +196,8 @@ def setup(recipe: Recipe) -> Run:
     train_in_compute_dtype(model)  # residual stream in the autocast dtype, the loss alone out of the graph
     optimizer = build_optimizer(model, cfg, fused=accelerator.device.type == "cuda")
     model, optimizer = accelerator.prepare(model, optimizer)
+    if cfg.mixed_precision == "fp8":
+        say(finish_fp8(model, cfg))  # the CPU's emulation takes a GPU's dtypes; says what runs in float8
 
     # resume: weights, optimizer and RNG from the checkpoint the continuation names (resume.py: the
     # newest, or the last one before the decay of a run that goes further); the data position is the step
