@@ -282,6 +282,11 @@ class TrainConfig:
         ge=-1,
     )
     liger: bool = key(False, "Liger kernels (RMSNorm, SwiGLU, RoPE, fused linear cross entropy); CUDA only")
+    chunked_loss: bool = key(
+        False,
+        "the head's matmul and log-softmax a chunk of tokens at a time (hf_pretrain/loss.py): the backward "
+        "keeps no [tokens, vocabulary] logits; one more head matmul",
+    )
     resume: str = key(
         "auto", "`auto` (newest good checkpoint in output_dir, if any), `none`, or a checkpoint folder", math=False
     )
@@ -523,6 +528,11 @@ class Recipe:
             )
         if t.compile_regions and not t.compile:
             raise RecipeError("compile_regions=true needs compile=true (it says how to compile, not whether)")
+        if t.chunked_loss and t.liger:
+            raise RecipeError(
+                "chunked_loss=true with liger=true: Liger's fused loss already keeps the logits out of memory; "
+                "set --chunked_loss false (or --liger false)"
+            )
         check_trackers(t.report_to)
         if t.resume not in ("auto", "none") and not t.resume:
             raise RecipeError("resume must be `auto`, `none` or a checkpoint path")
