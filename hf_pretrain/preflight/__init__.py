@@ -24,7 +24,14 @@ from hf_pretrain.preflight.data import (
 )
 from hf_pretrain.preflight.dependencies import check_versions
 from hf_pretrain.preflight.disk import check_disk_space, check_not_in_use, check_output_writable, check_save_speed
-from hf_pretrain.preflight.gpu import check_bf16, check_compiler, check_cuda, check_memory, check_tf32
+from hf_pretrain.preflight.gpu import (
+    check_bf16,
+    check_compiler,
+    check_cuda,
+    check_liger_under_compile,
+    check_memory,
+    check_tf32,
+)
 from hf_pretrain.preflight.hub_access import check_hub
 from hf_pretrain.preflight.init_from import check_init_from
 from hf_pretrain.preflight.result import CheckResult, PreflightError, format_table
@@ -68,6 +75,7 @@ def run_checks(
         ("bf16", lambda: check_bf16(recipe)),
         ("tf32", lambda: check_tf32(recipe)),
         ("compiler", lambda: check_compiler(recipe)),
+        ("liger + compile", lambda: check_liger_under_compile(recipe)),
         ("data", lambda: check_prepared(recipe)),
         ("init_from", lambda: check_init_from(recipe, decision)),  # nothing without one
         ("data budget", lambda: check_data_budget(recipe)),
