@@ -9,7 +9,7 @@ slope is the bytes per token, the rest the bytes per step (the head weight's bf1
 difference per token does not depend on depth (the decoder layers are the same in both), so it
 holds for the 16-layer model; what it predicts for one 8 x 2048 micro-batch is printed as an estimate.
 
-    python benchmarks/bench_loss_memory.py            # CPU, ~1 minute, ~3 GB
+    python benchmarks/bench_loss_memory.py            # ~4 minutes on a 2-core CPU, ~4.5 GB
 """
 
 from __future__ import annotations

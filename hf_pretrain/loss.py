@@ -38,10 +38,10 @@ LossHead = Literal["stock", "chunked", "liger"]
 # transformers' and torch's ignored target, which `ForCausalLMLoss` pads its shift with.
 IGNORE_INDEX = -100
 
-# Tokens per chunk of the chunked loss: the 1b's 8 x 2048 micro-batch in 4 chunks, each a head matmul
-# of 4096 x 2048 x 32,064 (big enough to run at the GEMM's full rate) whose logits, bf16 and fp32
-# together, are 0.8 GB instead of 3.2 GB for the whole micro-batch. An estimate: no GPU has timed it.
-LOSS_CHUNK_TOKENS = 4096
+# Tokens per chunk of the chunked loss: one 2048-token row of the 1b's 8 x 2048 micro-batch, a head matmul
+# of 2048 x 2048 x 32,064 (270 GFLOP: big enough for the GEMM's full rate, an estimate) whose logits, their
+# fp32 copy and their gradient are 0.66 GB at a time where the whole micro-batch's are 5.3 GB.
+LOSS_CHUNK_TOKENS = 2048
 
 
 def loss_head_for(train: TrainConfig, liger_applied: bool) -> LossHead:

@@ -274,3 +274,21 @@ def test_the_doctor_says_liger_under_compile_is_unmeasured_in_one_line():
     assert result.status == "warn" and "unmeasured on any GPU" in result.reason and "\n" not in result.reason
     assert "77.9k" in result.reason and "72.9k" in result.reason  # the H100's figures, not a promise
     assert result.fix == "hf-pretrain bench --recipe 1b --variants liger=true,false measures it on this GPU"
+
+
+@pytest.mark.slow
+def test_a_chunked_loss_run_trains_the_reference_runs_curve(reference_run, smoke_data, tmp_path):
+    """`--chunked_loss true` through train.py: the same losses as the stock run of SHORT_RUN, up to
+    float32 summation order, and a final model that loads with the auto classes."""
+    from transformers import AutoModelForCausalLM
+
+    from tests.helpers import launch_training
+    from tests.test_gpu_paths import train_losses
+
+    reference_dir, _ = reference_run
+    run_dir = tmp_path / "chunked"
+    launch_training(smoke_data, run_dir, chunked_loss=True)
+    losses, stock = train_losses(run_dir), train_losses(reference_dir)
+    assert losses.keys() == stock.keys()
+    assert max(abs(losses[s] - stock[s]) / stock[s] for s in stock) <= 1e-5
+    assert AutoModelForCausalLM.from_pretrained(run_dir / "final").num_parameters() > 1_000_000
