@@ -7,7 +7,7 @@
 - `chunked` (`chunked_loss: true`): the same matmul and log-softmax, a chunk of `LOSS_CHUNK_TOKENS`
   tokens at a time, each chunk under non-reentrant activation checkpointing. The backward keeps the
   hidden states (the stock matmul keeps them too) and one scalar per chunk; each chunk's logits are
-  recomputed in the backward, one chunk at a time (one more head matmul: ~4% of the 1b's FLOPs).
+  recomputed in the backward, one chunk at a time (one more head matmul: ~2% of the 1b's FLOPs per token).
   Plain torch ops, so it compiles into the step's one graph, and runs the same eagerly.
 - `liger` (`liger: true` on CUDA): Liger's fused linear cross entropy, kept out of the compiled graph by
   `torch.compiler.disable` (a deliberate graph break, as torchtitan's Liger integration does: its
