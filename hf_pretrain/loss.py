@@ -5,10 +5,10 @@
   token (2.1 GB for one 8 x 2048 micro-batch at the 1b's 32,064 rows), and the step materialises the
   bf16 logits and their fp32 copy besides.
 - `chunked` (`chunked_loss: true`): the same matmul and log-softmax, a chunk of `LOSS_CHUNK_TOKENS`
-  tokens at a time, each chunk under non-reentrant activation checkpointing. The backward keeps the
-  hidden states (the stock matmul keeps them too) and one scalar per chunk; each chunk's logits are
-  recomputed in the backward, one chunk at a time (one more head matmul: ~2% of the 1b's FLOPs per token).
-  Plain torch ops, so it compiles into the step's one graph, and runs the same eagerly.
+  tokens at a time, and each chunk's gradients computed in the same pass (as Liger's fused kernel does,
+  in torch ops): the backward keeps the gradient of the hidden states (their size) and of the head's
+  weight (its size, fp32: 263 MB at the 1b), nothing per token as wide as the vocabulary, and does no
+  matmul again. Plain torch ops, so it compiles into the step's one graph, and runs the same eagerly.
 - `liger` (`liger: true` on CUDA): Liger's fused linear cross entropy, kept out of the compiled graph by
   `torch.compiler.disable` (a deliberate graph break, as torchtitan's Liger integration does: its
   `liger_fused_linear_cross_entropy_loss` is disabled for the compiler). dynamo tracing Liger's
@@ -52,11 +52,36 @@ def loss_head_for(train: TrainConfig, liger_applied: bool) -> LossHead:
     return "chunked" if train.chunked_loss else "stock"
 
 
-def _chunk_loss_sum(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, ignore_index: int):
-    # what `ForCausalLMLoss` computes, for a chunk: the head matmul (bf16 under autocast), the
-    # log-softmax in fp32, the sum over the targets that count
-    logits = F.linear(hidden, weight).float()
-    return F.cross_entropy(logits, targets, ignore_index=ignore_index, reduction="sum")
+class _ChunkedLinearCrossEntropy(torch.autograd.Function):
+    """The loss and, in the same pass, its gradients, a chunk of tokens at a time (Liger's scheme in torch
+    ops): each chunk's logits live only inside the loop, and what the backward keeps is the gradient of
+    the hidden states (their size) and of the head weight (its size, fp32), scaled there by the incoming
+    gradient. Under autocast the three matmuls run in its dtype, the log-softmax in fp32, as stock."""
+
+    @staticmethod
+    def forward(ctx, hidden, weight, targets, count, ignore_index: int, chunk_tokens: int):
+        grad_hidden = torch.empty_like(hidden)
+        grad_weight = torch.zeros_like(weight, dtype=torch.float32)
+        total = hidden.new_zeros((), dtype=torch.float32)
+        for start in range(0, hidden.shape[0], chunk_tokens):
+            h, t = hidden[start : start + chunk_tokens], targets[start : start + chunk_tokens]
+            logits = F.linear(h, weight)
+            log_probs = torch.log_softmax(logits.float(), dim=-1)
+            counted = t != ignore_index
+            picked = t.masked_fill(~counted, 0).unsqueeze(1)
+            total = total - (log_probs.gather(1, picked).squeeze(1) * counted).sum()
+            # d(sum of the counted losses)/d(logits) = softmax - one-hot, zero on ignored rows
+            grad_logits = log_probs.exp_().scatter_add_(1, picked, torch.full_like(log_probs[:, :1], -1.0))
+            grad_logits = (grad_logits * counted.unsqueeze(1)).to(logits.dtype)
+            grad_hidden[start : start + chunk_tokens] = grad_logits @ weight.to(logits.dtype)
+            grad_weight += grad_logits.t() @ h.to(logits.dtype)
+        ctx.save_for_backward(grad_hidden / count, grad_weight / count)
+        return total / count
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        grad_hidden, grad_weight = ctx.saved_tensors
+        return grad_hidden * grad_output, grad_weight * grad_output, None, None, None, None
 
 
 def chunked_linear_cross_entropy(
@@ -71,17 +96,18 @@ def chunked_linear_cross_entropy(
     one chunk's logits: the mean over counted targets, or their sum over `num_items_in_batch` (transformers'
     convention for gradient accumulation). `hidden` is [..., hidden], `targets` the matching [...];
     `chunk_tokens` defaults to LOSS_CHUNK_TOKENS."""
-    from torch.utils.checkpoint import checkpoint
-
     hidden = hidden.reshape(-1, hidden.shape[-1])
     targets = targets.reshape(-1).to(hidden.device)
-    size = chunk_tokens or LOSS_CHUNK_TOKENS
-    total = sum(
-        checkpoint(_chunk_loss_sum, h, weight, t, ignore_index, use_reentrant=False, preserve_rng_state=False)
-        for h, t in zip(hidden.split(size), targets.split(size), strict=True)
-    )
     count = (targets != ignore_index).sum() if num_items_in_batch is None else num_items_in_batch
-    return total / count
+    count = torch.as_tensor(count, device=hidden.device)
+    size = chunk_tokens or LOSS_CHUNK_TOKENS
+    if not (torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad)):  # evaluation
+        total = sum(
+            F.cross_entropy(F.linear(h, weight).float(), t, ignore_index=ignore_index, reduction="sum")
+            for h, t in zip(hidden.split(size), targets.split(size), strict=True)
+        )
+        return total / count
+    return _ChunkedLinearCrossEntropy.apply(hidden, weight, targets, count, ignore_index, size)
 
 
 @torch.compiler.disable

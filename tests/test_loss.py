@@ -136,7 +136,8 @@ def saved_for_backward(graphs) -> list[torch.Tensor]:
 def test_compiled_chunked_loss_is_one_graph_that_keeps_no_logits_for_the_backward(monkeypatch):
     """The loop's compiled step (Accelerate's prepare, bf16 autocast) at the smoke width: stock keeps a
     [tokens, vocabulary] fp32 log-softmax for the backward; the chunked loss keeps nothing that wide and
-    still compiles to one graph, its head matmul recomputed in the backward."""
+    still compiles to one graph, its three head matmuls in the forward, in bf16, none in the backward."""
+    monkeypatch.setattr(loss_module, "LOSS_CHUNK_TOKENS", 16)  # 64 tokens: 4 chunks
     stock = compiled_step_graphs(recipe_with("smoke", compile=True, mixed_precision="bf16"), monkeypatch)
     chunked = compiled_step_graphs(
         recipe_with("smoke", compile=True, mixed_precision="bf16", chunked_loss=True), monkeypatch
@@ -146,10 +147,22 @@ def test_compiled_chunked_loss_is_one_graph_that_keeps_no_logits_for_the_backwar
     tokens = 64  # compiled_step_graphs' one row
     wide = [t for t in saved_for_backward(stock) if tuple(t.shape) == (tokens, vocab)]
     assert wide and {t.dtype for t in wide} == {torch.float32}
-    assert not [t for t in saved_for_backward(chunked) if vocab in t.shape]
-    # the backward recomputes the head's matmul ([tokens, hidden] x [hidden, vocabulary]) once more
-    head = [n for n in chunked.aten("backward", "aten.mm.default") if n.meta["val"].shape[-1] == vocab]
-    assert len(head) == 1
+    hidden = chunked.recipe.model.hidden_size
+    # as wide as the vocabulary: only the head weight's gradient, fp32, once per step (not per token)
+    wide = [t for t in saved_for_backward(chunked) if vocab in t.shape]
+    assert [(tuple(t.shape), t.dtype) for t in wide] == [((vocab, hidden), torch.float32)]
+
+    def head_matmuls(graphs, which):
+        return [
+            n
+            for n in graphs.aten(which, "aten.mm.default")
+            if vocab in n.meta["val"].shape
+            or any(isinstance(a, torch.fx.Node) and vocab in a.meta["val"].shape for a in n.args)
+        ]
+
+    forward = head_matmuls(chunked, "forward")
+    assert len(forward) == 3 * 4 and {n.meta["val"].dtype for n in forward} == {torch.bfloat16}
+    assert not head_matmuls(chunked, "backward")
 
 
 # ---------------------------------------------------------------------- Liger under compile, on a stand-in
