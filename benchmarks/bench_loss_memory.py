@@ -4,12 +4,14 @@ What a compiled training step keeps for its backward is the set of tensors AOTAu
 saves between the forward and backward graphs, partitioned as inductor partitions them (min-cut
 rematerialisation). This sums their bytes, less the step's own inputs (weights, the batch), for the
 stock loss and the chunked one (hf_pretrain/loss.py), at the `1b` recipe's width, heads and 32K
-vocabulary with 2 of its 16 decoder layers, bf16 autocast as the recipe ships, at two lengths: the
-slope is the bytes per token, the rest the bytes per step (the head weight's bf16 copy). The
-difference per token does not depend on depth (the decoder layers are the same in both), so it
-holds for the 16-layer model; what it predicts for one 8 x 2048 micro-batch is printed as an estimate.
+vocabulary with 2 of its 16 decoder layers, bf16 autocast as the recipe ships, traced on fake tensors
+(shapes and dtypes only: nothing is computed or allocated), so at the recipe's real micro-batch,
+8 x 2048 tokens, and at half of it: the slope is the bytes per token, the rest the bytes whatever the length.
+The partition depends on the length (below ~2 x hidden tokens, min-cut keeps the chunked loss's bf16
+logits gradient rather than its fp32 weight gradient), so the real length is the one to read. The
+decoder layers keep the same in both, so the difference holds for the 16-layer model.
 
-    python benchmarks/bench_loss_memory.py            # ~4 minutes on a 2-core CPU, ~4.5 GB
+    python benchmarks/bench_loss_memory.py            # ~30 s on a CPU, no GPU
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import platform
 
 import torch
 
-LENGTHS = (256, 512)  # tokens of the one row per measured step
+LENGTHS = (4 * 2048, 8 * 2048)  # tokens per measured micro-batch: half the `1b`'s, and the `1b`'s
 ONE_B_MICRO_BATCH_TOKENS = 8 * 2048  # the `1b` recipe's micro-batch
 
 
@@ -31,6 +33,7 @@ def saved_bytes(chunked: bool, tokens: int, layers: int = 2) -> dict:
     from torch._dynamo.backends.common import aot_autograd
     from torch._functorch.aot_autograd import make_boxed_func
     from torch._functorch.partitioners import min_cut_rematerialization_partition
+    from torch._subclasses.fake_tensor import FakeTensorMode
 
     from hf_pretrain.config import load_recipe
     from hf_pretrain.loss import use_loss_head
@@ -38,6 +41,7 @@ def saved_bytes(chunked: bool, tokens: int, layers: int = 2) -> dict:
 
     recipe = load_recipe("1b")
     config = llama_config(dataclasses.replace(recipe.model, num_hidden_layers=layers), recipe_tokenizer_size(recipe))
+    seq_len = recipe.data.seq_len
     backward_inputs: list[torch.fx.Node] = []
 
     def forward_compiler(gm, example_inputs):
@@ -51,29 +55,29 @@ def saved_bytes(chunked: bool, tokens: int, layers: int = 2) -> dict:
         fw_compiler=forward_compiler, bw_compiler=backward_compiler, partition_fn=min_cut_rematerialization_partition
     )
     torch._dynamo.reset()
-    torch.manual_seed(0)
-    model = build_model(config)
-    use_loss_head(model, "chunked" if chunked else "stock")
-    train_in_compute_dtype(model)
-    compiled = torch.compile(model, backend=backend, fullgraph=True)
-    ids = torch.randint(0, config.vocab_size, (1, tokens + 1), generator=torch.Generator().manual_seed(0))
-    targets = ids[:, 1:].contiguous()
-    with torch.autocast("cpu", dtype=torch.bfloat16):
-        loss = compiled(input_ids=ids[:, :-1], labels=targets, shift_labels=targets).loss
-    loss.backward()
+    with FakeTensorMode():  # CPU tensors by their shapes alone: autocast applies, nothing is computed
+        model = build_model(config)
+        use_loss_head(model, "chunked" if chunked else "stock")
+        train_in_compute_dtype(model)
+        compiled = torch.compile(model, backend=backend, fullgraph=True)
+        ids = torch.randint(0, config.vocab_size, (tokens // seq_len, seq_len + 1))
+        targets = ids[:, 1:].contiguous()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = compiled(input_ids=ids[:, :-1], labels=targets, shift_labels=targets).loss
+        loss.backward()
     saved = [
         n.meta["val"] for n in backward_inputs if not n.name.startswith(("tangents", "primals"))
     ]  # primals: the step's own inputs
     nbytes = lambda t: t.numel() * t.element_size()  # noqa: E731
     return {
         "saved_bytes": sum(nbytes(t) for t in saved),
-        "logits_bytes": sum(nbytes(t) for t in saved if tuple(t.shape[-2:]) == (tokens, config.vocab_size)),
+        "logits_bytes": sum(nbytes(t) for t in saved if t.numel() >= tokens * config.vocab_size),
         "vocab_size": config.vocab_size,
     }
 
 
 def per_token(measure) -> tuple[float, float]:
-    """(bytes per token, bytes per step) from the two lengths."""
+    """(bytes per token, bytes whatever the length) from the two lengths."""
     short, long = (measure(n) for n in LENGTHS)
     slope = (long - short) / (LENGTHS[1] - LENGTHS[0])
     return slope, short - slope * LENGTHS[0]
@@ -86,16 +90,18 @@ def main(argv: list[str] | None = None) -> None:
     stock_token, stock_step = per_token(lambda n: results[(False, n)]["saved_bytes"])
     chunked_token, chunked_step = per_token(lambda n: results[(True, n)]["saved_bytes"])
     freed = stock_token - chunked_token
+    stock_micro = results[(False, ONE_B_MICRO_BATCH_TOKENS)]["saved_bytes"]
+    chunked_micro = results[(True, ONE_B_MICRO_BATCH_TOKENS)]["saved_bytes"]
     print(
         f"1b width, 2 layers, vocabulary {vocab:,}, bf16 autocast, compiled graph's saved tensors (min-cut partition)"
     )
     for name, token, step in (("stock", stock_token, stock_step), ("chunked", chunked_token, chunked_step)):
-        print(f"  {name:8s} {token / 1024:8.1f} KiB per token + {step / 2**20:7.1f} MiB per step")
+        print(f"  {name:8s} {token / 1024:8.1f} KiB per token + {step / 2**20:7.1f} MiB whatever the length")
     print(f"  freed     {freed / 1024:8.1f} KiB per token ({freed / vocab:.2f} bytes x vocabulary)")
     print(f"  ratio     {stock_token / chunked_token:.2f}x the saved bytes per token, 2 layers")
     print(
-        f"  the 1b (estimate): {freed * ONE_B_MICRO_BATCH_TOKENS / 1e9:.2f} GB less kept per 8 x 2048 micro-batch, "
-        f"{(stock_step - chunked_step) / 1e9:.2f} GB less per step"
+        f"  one 8 x 2048 micro-batch: {stock_micro / 1e9:.2f} GB kept (stock), {chunked_micro / 1e9:.2f} GB (chunked): "
+        f"{(stock_micro - chunked_micro) / 1e9:.2f} GB freed"
     )
     print(
         json.dumps(
@@ -106,8 +112,10 @@ def main(argv: list[str] | None = None) -> None:
                 "stock_bytes_per_token": stock_token,
                 "chunked_bytes_per_token": chunked_token,
                 "freed_bytes_per_token": freed,
-                "stock_bytes_per_step": stock_step,
-                "chunked_bytes_per_step": chunked_step,
+                "stock_fixed_bytes": stock_step,
+                "chunked_fixed_bytes": chunked_step,
+                "stock_micro_batch_bytes": stock_micro,
+                "chunked_micro_batch_bytes": chunked_micro,
                 "stock_logits_bytes": {n: results[(False, n)]["logits_bytes"] for n in LENGTHS},
                 "chunked_logits_bytes": {n: results[(True, n)]["logits_bytes"] for n in LENGTHS},
             }

@@ -285,7 +285,7 @@ class TrainConfig:
     chunked_loss: bool = key(
         False,
         "the head's matmul and log-softmax a chunk of tokens at a time (hf_pretrain/loss.py): the backward "
-        "keeps no [tokens, vocabulary] logits; one more head matmul",
+        "keeps no [tokens, vocabulary] logits (their gradients are computed chunk by chunk in the forward)",
     )
     resume: str = key(
         "auto", "`auto` (newest good checkpoint in output_dir, if any), `none`, or a checkpoint folder", math=False
