@@ -62,7 +62,7 @@ gpu_check: $(VENV)/.installed-dev
 	$(PIP_INSTALL) -e '.[dev,liger]'
 	$(BIN)/hf-pretrain prepare --recipe smoke
 	$(BIN)/hf-pretrain doctor --recipe smoke --mixed_precision bf16 --compile true --liger true
-	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q tests/test_gpu_paths.py tests/test_doctor.py
+	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q tests/test_gpu_paths.py tests/test_loss.py tests/test_doctor.py
 	rm -rf runs/gpu_check  # a check starts fresh each time
 	$(BIN)/accelerate launch --config_file accelerate_configs/single_gpu.yaml hf_pretrain/train.py \
 		--recipe smoke --mixed_precision bf16 --compile true --liger true --max_steps 100 \
