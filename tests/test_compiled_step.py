@@ -23,6 +23,7 @@ from accelerate.state import AcceleratorState
 
 from hf_pretrain.config import Recipe, load_recipe
 from hf_pretrain.fp8 import finish_fp8, fp8_handlers
+from hf_pretrain.loss import LossHead, loss_head_for, use_loss_head
 from hf_pretrain.model import build_model, enable_activation_checkpointing, llama_config, train_in_compute_dtype
 from hf_pretrain.training.compiling import dynamo_plugin
 from hf_pretrain.training.step import forward_backward
@@ -54,8 +55,15 @@ def recipe_with(name: str, layers: int = 2, **train) -> Recipe:
     return dataclasses.replace(recipe, model=dataclasses.replace(recipe.model, num_hidden_layers=layers))
 
 
-def compiled_step_graphs(recipe: Recipe, monkeypatch) -> StepGraphs:
-    """One micro-batch of `recipe`'s compiled training step, the loop's way, its graphs kept."""
+def compiled_step_graphs(
+    recipe: Recipe,
+    monkeypatch,
+    loss_head: LossHead | None = None,
+    tokenizer_size: int = TOKENIZER_SIZE,
+    seq_len: int = SEQ_LEN,
+) -> StepGraphs:
+    """One micro-batch of `recipe`'s compiled training step, the loop's way, its graphs kept. `loss_head`:
+    the loop's choice for the recipe unless given (`liger` needs a stand-in for liger-kernel: tests/test_loss.py)."""
     from torch._dynamo.backends.common import aot_autograd
     from torch._functorch.aot_autograd import make_boxed_func
 
@@ -78,9 +86,10 @@ def compiled_step_graphs(recipe: Recipe, monkeypatch) -> StepGraphs:
     AcceleratorState._reset_state(reset_partial_state=True)
     cfg = recipe.train
     torch.manual_seed(0)
-    model = build_model(llama_config(recipe.model, TOKENIZER_SIZE))
+    model = build_model(llama_config(recipe.model, tokenizer_size))
     if recipe.checkpointed_layer_count:
         enable_activation_checkpointing(model, recipe.checkpointed_layer_count)
+    use_loss_head(model, loss_head or loss_head_for(cfg, liger_applied=False))
     train_in_compute_dtype(model)
     accelerator = Accelerator(
         cpu=True,
@@ -91,7 +100,7 @@ def compiled_step_graphs(recipe: Recipe, monkeypatch) -> StepGraphs:
     model = accelerator.prepare(model)
     if cfg.mixed_precision == "fp8":
         finish_fp8(model, cfg)
-    tokens = torch.randint(0, TOKENIZER_SIZE, (1, SEQ_LEN + 1), generator=torch.Generator().manual_seed(0))
+    tokens = torch.randint(0, tokenizer_size, (1, seq_len + 1), generator=torch.Generator().manual_seed(0))
     loss, _ = forward_backward(accelerator, model, iter([tokens]), grad_accum=1)
     assert 0 < loss.item() < float("inf")  # the step ran and produced a finite loss
     assert graphs.dynamo and graphs.forward and graphs.backward

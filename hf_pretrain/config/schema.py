@@ -296,6 +296,11 @@ class TrainConfig:
         ge=-1,
     )
     liger: bool = key(False, "Liger kernels (RMSNorm, SwiGLU, RoPE, fused linear cross entropy); CUDA only")
+    chunked_loss: bool = key(
+        False,
+        "the head's matmul and log-softmax a chunk of tokens at a time (hf_pretrain/loss.py): the backward "
+        "keeps no [tokens, vocabulary] logits (their gradients are computed chunk by chunk in the forward)",
+    )
     resume: str = key(
         "auto", "`auto` (newest good checkpoint in output_dir, if any), `none`, or a checkpoint folder", math=False
     )
@@ -550,6 +555,11 @@ class Recipe:
                     f"mixed_precision=fp8 needs the decoder's widths to be multiples of 16 (torch._scaled_mm); "
                     f"{', '.join(odd)} is not: change it, or --mixed_precision bf16"
                 )
+        if t.chunked_loss and t.liger:
+            raise RecipeError(
+                "chunked_loss=true with liger=true: Liger's fused loss already keeps the logits out of memory; "
+                "set --chunked_loss false (or --liger false)"
+            )
         check_trackers(t.report_to)
         if t.resume not in ("auto", "none") and not t.resume:
             raise RecipeError("resume must be `auto`, `none` or a checkpoint path")

@@ -25,7 +25,15 @@ from hf_pretrain.preflight.data import (
 )
 from hf_pretrain.preflight.dependencies import check_versions
 from hf_pretrain.preflight.disk import check_disk_space, check_not_in_use, check_output_writable, check_save_speed
-from hf_pretrain.preflight.gpu import check_bf16, check_compiler, check_cuda, check_fp8, check_memory, check_tf32
+from hf_pretrain.preflight.gpu import (
+    check_bf16,
+    check_compiler,
+    check_cuda,
+    check_fp8,
+    check_liger_under_compile,
+    check_memory,
+    check_tf32,
+)
 from hf_pretrain.preflight.hub_access import check_hub
 from hf_pretrain.preflight.init_from import check_init_from
 from hf_pretrain.preflight.result import CheckResult, PreflightError, format_table
@@ -74,6 +82,7 @@ def run_checks(
         ("fp8", lambda: check_fp8(recipe)),
         ("tf32", lambda: check_tf32(recipe)),
         ("compiler", lambda: check_compiler(recipe)),
+        ("liger + compile", lambda: check_liger_under_compile(recipe)),
         ("data", lambda: check_prepared(recipe)),
         ("init_from", lambda: check_init_from(recipe, decision)),  # nothing without one
         ("data budget", lambda: check_data_budget(recipe)),

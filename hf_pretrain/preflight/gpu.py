@@ -85,6 +85,20 @@ def check_cuda(recipe: Recipe) -> CheckResult:
     return CheckResult("cuda", "pass", "no CUDA device; the recipe runs on the CPU (mixed_precision=no)")
 
 
+def check_liger_under_compile(recipe: Recipe) -> CheckResult:
+    """`liger` with `compile` runs (Liger's loss outside the compiled graph, hf_pretrain/loss.py), but no GPU
+    has timed the pair: say so rather than promise a speed-up (the H100 figures: ../shared/gpu/README.md)."""
+    t = recipe.train
+    if not (t.liger and t.compile):
+        return CheckResult("liger + compile", "skip", "not asked for")
+    return CheckResult(
+        "liger + compile",
+        "warn",
+        "liger=true with compile=true is unmeasured on any GPU (H100: compiled 77.9k tokens/s, eager+Liger 72.9k)",
+        f"hf-pretrain bench --recipe {recipe.name} --variants liger=true,false measures it on this GPU",
+    )
+
+
 def check_compiler(recipe: Recipe) -> CheckResult:
     """torch.compile's inductor writes kernels at run time: Triton on a GPU, C++ on the CPU."""
     if not recipe.train.compile:

@@ -29,6 +29,7 @@ from hf_pretrain.economics.memory import CHECKPOINT_BYTES_PER_PARAMETER
 from hf_pretrain.exit_codes import EXIT_SAVE_FAILED
 from hf_pretrain.fp8 import finish_fp8, fp8_handlers
 from hf_pretrain.hardware import describe_hardware, training_precision
+from hf_pretrain.loss import loss_head_for, use_loss_head
 from hf_pretrain.model import (
     apply_liger,
     build_model,
@@ -191,8 +192,8 @@ def setup(recipe: Recipe) -> Run:
     n_params = count_parameters(model)
     if recipe.checkpointed_layer_count:  # checkpointed_layers, or all of them with gradient_checkpointing
         enable_activation_checkpointing(model, recipe.checkpointed_layer_count)
-    if cfg.liger:
-        apply_liger(model, log=say)
+    liger_applied = cfg.liger and apply_liger(model, log=say)
+    use_loss_head(model, loss_head_for(cfg, liger_applied))  # Liger's, chunked or stock (loss.py)
     train_in_compute_dtype(model)  # residual stream in the autocast dtype, the loss alone out of the graph
     optimizer = build_optimizer(model, cfg, fused=accelerator.device.type == "cuda")
     model, optimizer = accelerator.prepare(model, optimizer)
