@@ -35,7 +35,7 @@ test: $(VENV)/.installed-dev
 liger_test: $(VENV)/.installed-dev
 	$(PIP_INSTALL) -e '.[dev,liger]'
 	$(BIN)/python -c "import liger_kernel.transformers"  # fail here, not as a skipped test
-	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q -rs tests/test_gpu_paths.py -k liger
+	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q -rs tests/test_gpu_paths.py tests/test_loss.py -k "liger or stand_in"
 
 ## slow_test: only the end-to-end runs
 slow_test: $(VENV)/.installed-dev
@@ -62,7 +62,7 @@ gpu_check: $(VENV)/.installed-dev
 	$(PIP_INSTALL) -e '.[dev,liger]'
 	$(BIN)/hf-pretrain prepare --recipe smoke
 	$(BIN)/hf-pretrain doctor --recipe smoke --mixed_precision bf16 --compile true --liger true
-	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q tests/test_gpu_paths.py tests/test_doctor.py
+	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q tests/test_gpu_paths.py tests/test_loss.py tests/test_doctor.py
 	rm -rf runs/gpu_check  # a check starts fresh each time
 	$(BIN)/accelerate launch --config_file accelerate_configs/single_gpu.yaml hf_pretrain/train.py \
 		--recipe smoke --mixed_precision bf16 --compile true --liger true --max_steps 100 \

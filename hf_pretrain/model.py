@@ -193,18 +193,21 @@ def flops_per_token(config: LlamaConfig, n_params: int, seq_len: int) -> float:
     return dense_flops_per_token(n_params) + 12.0 * config.num_hidden_layers * config.hidden_size * seq_len
 
 
-# What `liger: true` swaps in; tests/test_gpu_paths.py holds the patched model to it.
+# What `liger: true` has liger-kernel patch; tests/test_gpu_paths.py holds the patched model to it. Liger's
+# fused linear cross entropy is not patched in (its forward would be traced by torch.compile, which crashed
+# on an H100): hf_pretrain/loss.py calls it, outside the compiled graph, from a forward of ours.
 LIGER_KERNELS = {
     "rope": True,
     "rms_norm": True,
     "swiglu": True,
-    "fused_linear_cross_entropy": True,
+    "fused_linear_cross_entropy": False,
     "cross_entropy": False,
 }
 
 
 def apply_liger(model: LlamaForCausalLM, log=print) -> bool:
-    """Swap in Liger's Triton kernels (RMSNorm, SwiGLU, RoPE, fused linear cross entropy).
+    """Swap in Liger's Triton kernels (RMSNorm, SwiGLU, RoPE); True when they were applied, and then the
+    loss is Liger's fused linear cross entropy too (hf_pretrain/loss.py, `loss_head_for`).
 
     Liger needs CUDA and Triton; anywhere else we say so and train with the stock modules.
     """
@@ -222,9 +225,9 @@ def apply_liger(model: LlamaForCausalLM, log=print) -> bool:
 
 
 def patch_with_liger(model: LlamaForCausalLM) -> None:
-    """liger-kernel's public `apply_liger_kernel_to_llama` on this instance. Its fused loss takes the
-    loop's call as it is (`labels` + `shift_labels`: already shifted, not shifted again) and never
-    materialises the logits. Patching runs no kernel, so it works wherever liger-kernel imports.
+    """liger-kernel's public `apply_liger_kernel_to_llama` on this instance: the norms, the MLPs and RoPE.
+    The forward stays transformers' own; `use_loss_head(model, "liger")` gives it Liger's fused loss.
+    Patching runs no kernel, so it works wherever liger-kernel imports.
 
     Note that Liger also patches `transformers.models.llama.modeling_llama` itself (RoPE, the
     RMSNorm and MLP classes): every Llama built afterwards in this process uses its kernels too.

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import os
+import tempfile
 
 import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# the measurements a GPU recorded (economics/measurements.py): never the user's, so `plan` reads the same everywhere
+os.environ["HF_PRETRAIN_HOME"] = tempfile.mkdtemp(prefix="hf_pretrain_home_")
 
 
 @pytest.fixture(scope="session")

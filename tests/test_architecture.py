@@ -132,6 +132,7 @@ def _room(module: str) -> list[str]:
         ("hf_pretrain.evaluation", ["hf_pretrain.training"]),
         ("hf_pretrain.preflight", ["hf_pretrain.training"]),
         ("hf_pretrain.model_init", ["hf_pretrain.training"]),
+        ("hf_pretrain.fp8", ["hf_pretrain.training"]),  # an ingredient: the preflight asks it too
         # a shared fact: data/ and model_init.py read Hub ids through it, it reads neither
         ("hf_pretrain.hub_cache", ["hf_pretrain.data", "hf_pretrain.model", "hf_pretrain.model_init"]),
     ],

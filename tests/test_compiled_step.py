@@ -22,6 +22,8 @@ from accelerate import Accelerator
 from accelerate.state import AcceleratorState
 
 from hf_pretrain.config import Recipe, load_recipe
+from hf_pretrain.fp8 import finish_fp8, fp8_handlers
+from hf_pretrain.loss import LossHead, loss_head_for, use_loss_head
 from hf_pretrain.model import build_model, enable_activation_checkpointing, llama_config, train_in_compute_dtype
 from hf_pretrain.training.compiling import dynamo_plugin
 from hf_pretrain.training.step import forward_backward
@@ -53,8 +55,15 @@ def recipe_with(name: str, layers: int = 2, **train) -> Recipe:
     return dataclasses.replace(recipe, model=dataclasses.replace(recipe.model, num_hidden_layers=layers))
 
 
-def compiled_step_graphs(recipe: Recipe, monkeypatch) -> StepGraphs:
-    """One micro-batch of `recipe`'s compiled training step, the loop's way, its graphs kept."""
+def compiled_step_graphs(
+    recipe: Recipe,
+    monkeypatch,
+    loss_head: LossHead | None = None,
+    tokenizer_size: int = TOKENIZER_SIZE,
+    seq_len: int = SEQ_LEN,
+) -> StepGraphs:
+    """One micro-batch of `recipe`'s compiled training step, the loop's way, its graphs kept. `loss_head`:
+    the loop's choice for the recipe unless given (`liger` needs a stand-in for liger-kernel: tests/test_loss.py)."""
     from torch._dynamo.backends.common import aot_autograd
     from torch._functorch.aot_autograd import make_boxed_func
 
@@ -77,13 +86,21 @@ def compiled_step_graphs(recipe: Recipe, monkeypatch) -> StepGraphs:
     AcceleratorState._reset_state(reset_partial_state=True)
     cfg = recipe.train
     torch.manual_seed(0)
-    model = build_model(llama_config(recipe.model, TOKENIZER_SIZE))
+    model = build_model(llama_config(recipe.model, tokenizer_size))
     if recipe.checkpointed_layer_count:
         enable_activation_checkpointing(model, recipe.checkpointed_layer_count)
+    use_loss_head(model, loss_head or loss_head_for(cfg, liger_applied=False))
     train_in_compute_dtype(model)
-    accelerator = Accelerator(cpu=True, mixed_precision=cfg.mixed_precision, dynamo_plugin=dynamo_plugin(cfg))
+    accelerator = Accelerator(
+        cpu=True,
+        mixed_precision=cfg.mixed_precision,
+        dynamo_plugin=dynamo_plugin(cfg),
+        kwargs_handlers=fp8_handlers(cfg) or None,  # fp8: the decoder's linear layers converted in `prepare`
+    )
     model = accelerator.prepare(model)
-    tokens = torch.randint(0, TOKENIZER_SIZE, (1, SEQ_LEN + 1), generator=torch.Generator().manual_seed(0))
+    if cfg.mixed_precision == "fp8":
+        finish_fp8(model, cfg)
+    tokens = torch.randint(0, tokenizer_size, (1, seq_len + 1), generator=torch.Generator().manual_seed(0))
     loss, _ = forward_backward(accelerator, model, iter([tokens]), grad_accum=1)
     assert 0 < loss.item() < float("inf")  # the step ran and produced a finite loss
     assert graphs.dynamo and graphs.forward and graphs.backward
@@ -160,6 +177,63 @@ def test_fp32_graph_has_no_bf16_anywhere(monkeypatch):
         if isinstance(n.meta.get("val"), torch.Tensor)
     )
     assert torch.bfloat16 not in dtypes and dtypes[torch.float32] > 0, dtypes
+
+
+def float8_ancestor(node: torch.fx.Node, depth: int = 6) -> bool:
+    """Whether `node` is computed, within `depth` ops, from a float8 tensor (the emulation's upcast and unscale)."""
+    value = node.meta.get("val")
+    if isinstance(value, torch.Tensor) and value.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
+        return True
+    inputs = [a for a in node.args if isinstance(a, torch.fx.Node)]
+    return depth > 0 and any(float8_ancestor(a, depth - 1) for a in inputs)
+
+
+@pytest.mark.parametrize("fp8_recipe, emulate", [("tensorwise", False), ("rowwise", False), ("tensorwise", True)])
+def test_fp8_graph_scales_every_decoder_matmul_and_keeps_embedding_head_and_loss_out_of_fp8(
+    fp8_recipe, emulate, monkeypatch
+):
+    """What an H100 runs under `mixed_precision: fp8` (issue 34): the decoder's 7 projections per layer as
+    `_scaled_mm` on float8 operands (e4m3 forward; the output gradient e5m2 in tensorwise, e4m3 in rowwise),
+    three per projection and step: output, input gradient, weight gradient. The tied head's matmuls stay
+    bf16, the embedding reads its fp32 master, the log-softmax runs in fp32. The CPU runs `_scaled_mm` too
+    (oneDNN), so the graph is the GPU's; with `fp8_emulate` the same casts feed an fp32 `mm` instead."""
+    recipe = recipe_with("smoke", compile=True, mixed_precision="fp8", fp8_recipe=fp8_recipe, fp8_emulate=emulate)
+    graphs = compiled_step_graphs(recipe, monkeypatch)
+    projections = 7 * recipe.model.num_hidden_layers
+    scaled = {part: graphs.aten(part, "aten._scaled_mm.default") for part in ("forward", "backward")}
+    plain = {part: graphs.aten(part, "aten.mm.default") for part in ("forward", "backward")}
+
+    def operand_dtypes(nodes):
+        return {tuple(a.meta["val"].dtype for a in n.args[:2]) for n in nodes}
+
+    if emulate:
+        assert not scaled["forward"] and not scaled["backward"]
+        emulated = {part: [n for n in plain[part] if n.meta["val"].dtype == torch.float32] for part in plain}
+        assert len(emulated["forward"]) == projections and len(emulated["backward"]) == 2 * projections
+        assert all(float8_ancestor(a) for nodes in emulated.values() for n in nodes for a in n.args[:2])
+    else:
+        assert len(scaled["forward"]) == projections and len(scaled["backward"]) == 2 * projections
+        assert {n.meta["val"].dtype for nodes in scaled.values() for n in nodes} == {torch.bfloat16}
+        assert operand_dtypes(scaled["forward"]) == {(torch.float8_e4m3fn, torch.float8_e4m3fn)}
+        grad = torch.float8_e5m2 if fp8_recipe == "tensorwise" else torch.float8_e4m3fn
+        assert operand_dtypes(scaled["backward"]) == {(grad, torch.float8_e4m3fn)}
+    # the tied head: one bf16 matmul forward, two backward (input and weight gradients), none in float8
+    vocab_rows = graphs.aten("forward", "aten.embedding.default")[0].args[0].meta["val"].shape[0]
+    head = [n for n in plain["forward"] if vocab_rows in n.meta["val"].shape]
+    assert len(head) == 1 and head[0].meta["val"].dtype == torch.bfloat16
+    assert all(n.meta["val"].dtype == torch.bfloat16 for n in plain["backward"] if not float8_ancestor(n))
+    assert len([n for n in plain["backward"] if n.meta["val"].dtype == torch.bfloat16]) == 2
+    assert {n.meta["val"].dtype for n in graphs.aten("forward", "aten.embedding.default")} == {torch.float32}
+    assert {n.meta["val"].dtype for n in graphs.aten("forward", "aten._log_softmax.default")} == {torch.float32}
+    # no float8 tensor is as wide as the vocabulary: the head and the loss never see FP8
+    float8 = [
+        n.meta["val"]
+        for g in graphs.forward + graphs.backward
+        for n in g.graph.nodes
+        if isinstance(n.meta.get("val"), torch.Tensor)
+        and n.meta["val"].dtype in (torch.float8_e4m3fn, torch.float8_e5m2)
+    ]
+    assert float8 and not [v for v in float8 if vocab_rows in v.shape]
 
 
 # ---------------------------------------------------------------------- activation checkpointing

@@ -131,7 +131,7 @@ def test_wrong_type_names_the_key(overrides, message):
         ({"decay_fraction": 1.5}, r"decay_fraction=1.5 must be in \[0, 1\]"),
         ({"num_attention_heads": 3}, r"hidden_size=128 must be divisible by num_attention_heads=3"),
         ({"num_key_value_heads": 3}, r"num_attention_heads=4 must be divisible by num_key_value_heads=3"),
-        ({"mixed_precision": "fp8"}, r"mixed_precision='fp8' is not one of"),
+        ({"mixed_precision": "fp4"}, r"mixed_precision='fp4' is not one of"),
         ({"micro_batch_size": 0}, r"micro_batch_size=0 must be >= 1"),
     ],
 )

@@ -408,6 +408,25 @@ def test_time_and_cost_come_from_the_recipe():
     assert "($11.94 per billion tokens)" in result.reason
 
 
+def test_without_an_expected_rate_a_known_gpu_is_priced_by_the_performance_model_for_the_configuration():
+    h100 = "NVIDIA H100 80GB HBM3"
+    compiled = check_cost(one_b(price_per_hour=2.99), h100)
+    eager = check_cost(one_b(price_per_hour=2.99, compile=False), h100)
+    assert compiled.status == eager.status == "pass"
+    assert "~77,134 tokens/s (an estimate of the performance model for NVIDIA H100" in compiled.reason
+    assert "~53,907 tokens/s" in eager.reason and "at $2.99/h" in eager.reason
+    two = check_cost(one_b(), h100, world_size=2)  # data parallel: the optimizer step per GPU halves its tokens
+    assert "~153,149 tokens/s" in two.reason and "2 x NVIDIA H100" in two.reason  # a little under 2 x 77,134
+    # the recipe's own figure wins; a CPU, an unknown card or fp8 on an A100 leave it unknown
+    assert "30,000 tokens/s" in check_cost(one_b(expected_tokens_per_s=30_000), h100).reason
+    for name, recipe in [
+        (None, one_b()),
+        ("Some GPU 9000", one_b()),
+        ("NVIDIA A100-SXM4-80GB", one_b(mixed_precision="fp8")),
+    ]:
+        assert "time and cost unknown" in check_cost(recipe, name).reason
+
+
 def test_unknown_throughput_or_price_warns():
     unknown_rate = check_cost(one_b())
     assert unknown_rate.status == "warn" and "time and cost unknown" in unknown_rate.reason
@@ -441,7 +460,7 @@ def test_preflight_raises_with_the_failed_checks_and_their_fixes(tmp_path):
 
 
 def test_a_check_that_crashes_is_reported_not_raised(monkeypatch):
-    def broken(recipe):
+    def broken(*args):
         raise RuntimeError("boom")
 
     monkeypatch.setattr("hf_pretrain.preflight.check_cost", broken)

@@ -352,12 +352,16 @@ def test_memory_estimate_is_within_5_percent_of_the_measured_peak(shape):
 )
 def test_liger_public_api_patches_the_modules_and_takes_the_loops_call(monkeypatch):
     """liger-kernel's public `apply_liger_kernel_to_llama`, as `liger: true` calls it: every norm and
-    MLP swapped, and the forward takes the loop's call. Patching runs no kernel, so this part runs
-    wherever liger-kernel imports; on a GPU the loss must also equal the stock model's."""
+    MLP swapped, the forward left to transformers (Liger's own forward would put its fused loss in the
+    compiled graph, which crashed on an H100), and `use_loss_head(model, "liger")` calling Liger's public
+    fused loss with the loop's call. Patching runs no kernel, so this part runs wherever liger-kernel
+    imports; on a GPU the loss must also equal the stock model's, with and without ignored targets,
+    eager and compiled (tests/test_loss.py proves the same on the CPU with a stand-in)."""
     import inspect
 
     from transformers.models.llama import modeling_llama
 
+    from hf_pretrain.loss import use_loss_head
     from hf_pretrain.model import patch_with_liger
 
     # Liger patches the transformers module too (RoPE, the norm and MLP classes): undo it afterwards
@@ -365,6 +369,7 @@ def test_liger_public_api_patches_the_modules_and_takes_the_loops_call(monkeypat
     for name in ("apply_rotary_pos_emb", "LlamaRMSNorm", "LlamaMLP"):
         monkeypatch.setattr(modeling_llama, name, getattr(modeling_llama, name))
     monkeypatch.setattr(modeling_llama.LlamaForCausalLM, "forward", modeling_llama.LlamaForCausalLM.forward)
+    from liger_kernel.transformers.functional import liger_fused_linear_cross_entropy
     from liger_kernel.transformers.rms_norm import LigerRMSNorm
     from liger_kernel.transformers.swiglu import LigerSwiGLUMLP
 
@@ -372,7 +377,7 @@ def test_liger_public_api_patches_the_modules_and_takes_the_loops_call(monkeypat
         "rope": True,
         "rms_norm": True,
         "swiglu": True,
-        "fused_linear_cross_entropy": True,
+        "fused_linear_cross_entropy": False,  # called by hf_pretrain/loss.py, outside the compiled graph
         "cross_entropy": False,
     }
     torch.manual_seed(0)
@@ -389,12 +394,22 @@ def test_liger_public_api_patches_the_modules_and_takes_the_loops_call(monkeypat
     ]
     assert all(norm.forward.__func__ is LigerRMSNorm.forward for norm in norms)
     assert modeling_llama.apply_rotary_pos_emb is not stock_rope
-    forward = model.forward
-    assert forward.__func__ is not modeling_llama.LlamaForCausalLM.forward  # the fused-loss forward
+    assert model.forward.__func__ is modeling_llama.LlamaForCausalLM.forward  # the stock forward, unpatched
+    use_loss_head(model, "liger")
     call = loop_call(4096)
-    inspect.signature(forward).bind(**call)  # the loop's call, exactly
-    assert "shift_labels" in inspect.getsource(forward.__func__)  # read, not swallowed by **kwargs
+    inspect.signature(model.forward).bind(**call)  # the loop's call, exactly
+    # the keywords hf_pretrain/loss.py passes are Liger's public function's own
+    inspect.signature(liger_fused_linear_cross_entropy).bind(
+        torch.zeros(1, 1), torch.zeros(1, 1), torch.zeros(1), ignore_index=-100, reduction="mean"
+    )
     if ON_GPU:
         model, stock = model.cuda(), stock.cuda()
-        call = {k: v.cuda() for k, v in call.items()}
-        torch.testing.assert_close(model(**call).loss, stock(**call).loss, rtol=1e-4, atol=1e-4)
+        for ignored in (False, True):
+            call = {k: v.cuda() for k, v in loop_call(4096).items()}
+            if ignored:
+                call["labels"][0, 16:] = -100  # shift_labels is the same tensor
+            expected = stock(**call).loss
+            torch.testing.assert_close(model(**call).loss, expected, rtol=1e-4, atol=1e-4)
+            torch._dynamo.reset()
+            compiled = torch.compile(model)
+            torch.testing.assert_close(compiled(**call).loss, expected, rtol=1e-4, atol=1e-4)

@@ -3,8 +3,9 @@
     command.py   the command: its flags, parsed into a `BenchRequest`
     sweep.py     the bench: the recipe as written, the variants asked for, the micro-batch search, the verdict
     variants.py  one variant: a short run in a child process, and what it measured
-    measure.py   throughput from metrics records, the matmul peak, peak memory, MFU and money
-    search.py    the largest micro-batch that fits without gradient checkpointing
+    measure.py   the matmul peak (several sizes, the largest wins), peak memory, MFU and money (measured for
+                 this GPU, estimates for the others); throughput comes from economics/measurements.py
+    search.py    the largest micro-batch that fits without gradient checkpointing, each tried on the device
     report.py    the verdict and bench.md
 
 `python -m hf_pretrain.bench` runs the command (each variant's child process runs it too).
@@ -13,8 +14,8 @@
 from __future__ import annotations
 
 from hf_pretrain.bench.benchmark import main
-from hf_pretrain.bench.measure import timed_throughput
 from hf_pretrain.bench.search import largest_fitting
 from hf_pretrain.bench.variants import variant_grid
+from hf_pretrain.economics.measurements import timed_throughput
 
 __all__ = ["largest_fitting", "main", "timed_throughput", "variant_grid"]

@@ -12,12 +12,17 @@ from the run's metrics.jsonl (which leaves checkpoint writes out), the first `--
 excluded.
 
 Then it looks for the largest micro-batch that fits without gradient checkpointing: doubling from
-the recipe's micro_batch_size until a probe fails, then bisecting. A probe fails on a CUDA
-out-of-memory error, on a preflight memory verdict, or when its peak memory exceeds `--memory_gib`
-(on the CPU, where nothing runs out, the budget is the only limit and the peak is the process's
-peak RSS). Only micro-batches that divide the recipe's batch are tried, since a larger one would
+the recipe's micro_batch_size until a probe fails, then bisecting. Every probe is tried on the
+device, whatever the memory estimate says: it fails when the device runs out of memory (the error
+is the answer) or when its peak memory exceeds `--memory_gib` (on the CPU, where nothing runs out,
+the budget is the only limit and the peak is the process's peak RSS). Only micro-batches that divide the recipe's batch are tried, since a larger one would
 change the global batch, not just its speed. The largest one is then measured like any variant,
 and the bench says whether the recipe's settings leave speed on the table.
+
+Money: $ per billion tokens measured for the GPU it ran on; the table's other GPUs get the
+performance model's figure scaled by this card's measured / modelled, labelled estimates; a CPU
+prices no GPU. On a GPU, each variant's tokens/s and peak memory are recorded for `plan` and the
+doctor (economics/measurements.py).
 
 Results go to `--output`: bench.json (every field) and bench.md (the tables).
 
@@ -35,6 +40,7 @@ from hf_pretrain.bench.quality import QualityRequest, run_quality, shipped_recip
 from hf_pretrain.bench.sweep import BenchRequest, run_bench
 from hf_pretrain.bench.variants import run_in_this_process, variant_grid
 from hf_pretrain.config import Recipe, RecipeError, parse_recipe_args
+from hf_pretrain.data import DataMismatchError
 from hf_pretrain.economics.prices import PriceError, price_table
 
 PROG = "hf-pretrain bench"
@@ -141,5 +147,12 @@ def main(argv: list[str] | None = None) -> int:
     except (PriceError, RecipeError, ValueError) as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 2
-    result = run_bench(request)
+    try:
+        result = run_bench(request)
+    except DataMismatchError as exc:  # the slice of the corpus it prepared is too small to hold out validation
+        print(
+            f"{PROG}: error: {exc}; or prepare the recipe's data first: hf-pretrain prepare --recipe {recipe.name}",
+            file=sys.stderr,
+        )
+        return 2
     return 0 if result["variants"][0]["status"] == "ok" else 1

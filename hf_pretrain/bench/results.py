@@ -46,6 +46,45 @@ def advice(recipe: Recipe, variants: list[VariantResult], search: SearchResult |
     return left_on_table, notes
 
 
+def dollar_table(result: dict[str, Any]) -> list[str]:
+    """$ per billion tokens: measured on this GPU's price entry; the table's other GPUs as estimates (the
+    performance model scaled by this card's measured / modelled). Nothing on a CPU."""
+    priced = [v for v in result["variants"] if v["usd_per_billion_tokens"] or v["usd_per_billion_tokens_estimated"]]
+    if not priced:
+        return [
+            "",
+            "$ per billion tokens: none. This ran on "
+            + (
+                "a CPU, whose speed says nothing of a GPU's; `hf-pretrain plan --gpu all` models each GPU"
+                if result["peak_flops"]["on_cpu"]
+                else "a GPU without a price entry or a performance model (economics/gpus.yaml)"
+            ),
+        ]
+    this = result["price_entry_of_device"]
+    lines = [
+        "",
+        "$ per billion tokens: measured for this GPU only; every other row is an estimate, the performance "
+        "model's tokens/s for that GPU (economics/performance.py) scaled by what this card measured against "
+        "its own model (fit in memory not checked: `hf-pretrain plan --gpu all` fits each GPU)",
+        "",
+        "| GPU | figure | $/hour | " + " | ".join(v["name"] for v in priced) + " |",
+        "|---|---|---|" + "---|" * len(priced),
+    ]
+    ratios = " / ".join(formatted(v["measured_to_modelled"], ".2f") for v in priced)
+    for name, price in result["prices"].items():
+        if name == this and all(name in v["usd_per_billion_tokens"] for v in priced):
+            figure, cells = "measured (this GPU)", [v["usd_per_billion_tokens"][name] for v in priced]
+        elif all(name in v["usd_per_billion_tokens_estimated"] for v in priced):
+            figure, cells = (
+                f"estimate (model x {ratios})",
+                [v["usd_per_billion_tokens_estimated"][name] for v in priced],
+            )
+        else:
+            continue  # a price entry the GPU table does not know: no model to scale
+        lines.append(f"| {name} | {figure} | {price:,.2f} | " + " | ".join(f"{c:,.2f}" for c in cells) + " |")
+    return lines
+
+
 def markdown_report(result: dict[str, Any]) -> str:
     """bench.md from the bench.json dictionary."""
     peak = result["peak_flops"]
@@ -56,7 +95,7 @@ def markdown_report(result: dict[str, Any]) -> str:
         f"model: {human_count(result['parameters'])} parameters, {result['flops_per_token'] / 1e6:,.1f} MFLOP per "
         f"token | {result['steps']} steps per variant, the first {result['warmup']} excluded from timing",
         f"peak TFLOP/s: datasheet {formatted(peak['datasheet'] and peak['datasheet'] / 1e12, ',.0f')}; measured "
-        f"{peak['measured'] / 1e12:,.3f} ({peak['measured_with']})",
+        f'{peak["measured"] / 1e12:,.3f} ({peak["measured_with"]}); "MFU of measured peak" divides by it',
         "",
         "| variant | status | tokens/s | vs recipe | s/step | MFU | MFU of measured peak | peak memory (GiB) | data wait |",
         "|---|---|---|---|---|---|---|---|---|",
@@ -68,23 +107,7 @@ def markdown_report(result: dict[str, Any]) -> str:
             f"{formatted(v['mfu'], '.1%')} | {formatted(v['mfu_measured_peak'], '.1%')} | "
             f"{formatted(v['peak_memory_gib'], '.2f')} | {formatted(v['data_wait_share'], '.1%')} |"
         )
-    measured = [v for v in result["variants"] if v["usd_per_billion_tokens"]]
-    if measured:
-        lines += [
-            "",
-            "$ per billion tokens at each price, at the throughput measured here (only the GPU this ran "
-            "on describes a rental of this machine):",
-            "",
-            "| GPU | $/hour | " + " | ".join(v["name"] for v in measured) + " |",
-            "|---|---|" + "---|" * len(measured),
-        ]
-        for name, price in result["prices"].items():
-            mark = " (this GPU)" if name == result["price_entry_of_device"] else ""
-            lines.append(
-                f"| {name}{mark} | {price:,.2f} | "
-                + " | ".join(f"{v['usd_per_billion_tokens'][name]:,.2f}" for v in measured)
-                + " |"
-            )
+    lines += dollar_table(result)
     search = result["micro_batch_search"]
     if search:
         budget = f", budget {search['memory_budget_gib']:.2f} GiB" if search["memory_budget_gib"] else ""
@@ -93,12 +116,15 @@ def markdown_report(result: dict[str, Any]) -> str:
             f"Largest micro-batch without gradient checkpointing{budget}: "
             f"**{search['largest_fitting'] or 'none fits'}** (candidates {search['candidates']})",
             "",
-            "| micro_batch_size | fits | status | peak memory (GiB) |",
-            "|---|---|---|---|",
+            "Each micro-batch was tried on the device: running out of memory is the answer, the memory "
+            "estimate decides nothing.",
+            "",
+            "| micro_batch_size | fits | status | peak memory (GiB) | verdict |",
+            "|---|---|---|---|---|",
         ]
         lines += [
             f"| {p['micro_batch_size']} | {'yes' if p['fits'] else 'no'} | {p['status']} | "
-            f"{formatted(p['peak_memory_gib'], '.2f')} |"
+            f"{formatted(p['peak_memory_gib'], '.2f')} | {p['verdict']} |"
             for p in search["probes"]
         ]
     if result["micro_batch_search_error"]:

@@ -1,8 +1,9 @@
 """The largest micro-batch that fits without gradient checkpointing.
 
 Doubling from the recipe's micro_batch_size until a probe fails, then bisecting. A probe is a
-two-step run in a child process; it fails on a CUDA out-of-memory error, on a preflight memory
-verdict, or when its peak memory exceeds the budget (on the CPU, where nothing runs out, the
+two-step run in a child process, tried on the device whatever the memory estimate says (the
+preflight only warns in a probe): it fails when the device runs out of memory, the error being
+the answer, or when its peak memory exceeds the budget (on the CPU, where nothing runs out, the
 budget is the only limit and the peak is the process's peak RSS). Only micro-batches that divide
 the recipe's batch are tried, since a larger one would change the global batch, not just its speed.
 """
@@ -14,14 +15,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hf_pretrain.bench.variants import run_in_child
+from hf_pretrain.bench.variants import RunResult, run_in_child
 from hf_pretrain.config import Recipe, build_recipe
 
 # Optimizer steps of a micro-batch probe: the second step is the first with AdamW's moments
 # allocated, so it holds the true peak.
 PROBE_STEPS = 2
-# Worker statuses that mean "does not fit" rather than "broken".
-OUT_OF_MEMORY = ("oom", "oom-estimated")
+# The worker status that means "does not fit" rather than "broken": the device ran out of memory.
+OUT_OF_MEMORY = "oom"
 
 
 class ProbeError(RuntimeError):
@@ -33,7 +34,18 @@ class Probe:
     micro_batch_size: int
     fits: bool
     status: str
-    peak_memory_gib: float | None
+    peak_memory_gib: float | None  # at the error, when it ran out of memory
+    verdict: str = ""  # "fits", "does not fit (out of memory at 71.20 GiB)", ...
+
+
+def verdict(run: RunResult, budget_gib: float | None) -> tuple[bool, str]:
+    """(fits, what to print) of a probe that ran ("ok") or ran out of memory on the device."""
+    memory = f"{run.peak_memory_gib:.2f} GiB" if run.peak_memory_gib is not None else "? GiB"
+    if run.status == OUT_OF_MEMORY:
+        return False, f"does not fit (out of memory at {memory})"
+    if budget_gib is not None and (run.peak_memory_gib or 0.0) > budget_gib:
+        return False, f"does not fit (peak {memory}, over the budget of {budget_gib:.2f} GiB)"
+    return True, f"fits (peak {memory})"
 
 
 @dataclass
@@ -78,9 +90,15 @@ def largest_fitting(candidates: list[int], start: int, fits: Callable[[int], boo
 
 
 def search_micro_batch(
-    recipe: Recipe, short_run: dict[str, Any], folder: Path, budget_gib: float | None, say: Callable[[str], None]
+    recipe: Recipe,
+    short_run: dict[str, Any],
+    folder: Path,
+    budget_gib: float | None,
+    say: Callable[[str], None],
+    probe: Callable[[Recipe, Path], RunResult] = run_in_child,
 ) -> SearchResult:
-    """The largest usable micro-batch that fits without gradient checkpointing (see the module doc)."""
+    """The largest usable micro-batch that fits without gradient checkpointing (see the module doc);
+    `probe` runs a probe's recipe on the device (a child process) and says how it went."""
     candidates = usable_micro_batches(recipe)
     probes: list[Probe] = []
 
@@ -99,13 +117,12 @@ def search_micro_batch(
                 "checkpointed_layers": 0,
             },
         )
-        run = run_in_child(probe_recipe, folder / f"micro_batch_{size}")
-        if run.status not in ("ok", *OUT_OF_MEMORY):
+        run = probe(probe_recipe, folder / f"micro_batch_{size}")
+        if run.status not in ("ok", OUT_OF_MEMORY):
             raise ProbeError(f"the probe at micro_batch_size {size} failed ({run.status}): {run.message}")
-        ok = run.status == "ok" and (budget_gib is None or (run.peak_memory_gib or 0.0) <= budget_gib)
-        probes.append(Probe(size, ok, run.status, run.peak_memory_gib))
-        memory = f"{run.peak_memory_gib:.2f} GiB" if run.peak_memory_gib is not None else "?"
-        say(f"  micro_batch_size {size}: {'fits' if ok else 'does not fit'} ({run.status}, peak {memory})")
+        ok, said = verdict(run, budget_gib)
+        probes.append(Probe(size, ok, run.status, run.peak_memory_gib, said))
+        say(f"  micro_batch_size {size}: {said}")
         return ok
 
     best = largest_fitting(candidates, recipe.train.micro_batch_size, fits)

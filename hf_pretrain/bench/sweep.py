@@ -15,13 +15,14 @@ from typing import Any
 
 import torch
 
-from hf_pretrain.bench.measure import add_money_and_mfu, measured_matmul_flops
+from hf_pretrain.bench.measure import add_mfu, add_money, measured_matmul_peak
 from hf_pretrain.bench.results import advice, markdown_report
 from hf_pretrain.bench.search import ProbeError, SearchResult, search_micro_batch
-from hf_pretrain.bench.variants import VariantRunner, is_recipe_as_written
+from hf_pretrain.bench.variants import VariantResult, VariantRunner, is_recipe_as_written
 from hf_pretrain.config import Recipe, build_recipe
 from hf_pretrain.data import DataMismatchError, check_prepared_data, prepare
 from hf_pretrain.economics.gpus import best_match, find_gpu
+from hf_pretrain.economics.measurements import record_measurement, this_gpu
 from hf_pretrain.economics.performance import modelled_tokens_per_s, slow_node_warning
 from hf_pretrain.hardware import device_name, device_peak_flops
 from hf_pretrain.model import recipe_flops_per_token
@@ -86,24 +87,38 @@ def largest_micro_batch(
     return search, error
 
 
+def variant_recipe(recipe: Recipe, variant: VariantResult) -> Recipe:
+    """The configuration a variant ran (its short-run settings change nothing that is measured)."""
+    return build_recipe(recipe.to_dict(), variant.overrides)
+
+
 def bench_result(
     recipe: Recipe, request: BenchRequest, runner: VariantRunner, search: SearchResult | None, search_error: str | None
 ) -> dict[str, Any]:
     """Peaks, money and the verdict of the variants run: every field of bench.json. CUDA is touched in
-    this process only now, so that the children before had the whole GPU."""
+    this process only now, so that the children before had the whole GPU. On a GPU, what each variant
+    measured is recorded for `plan` and the doctor (economics/measurements.py)."""
     variants = runner.results
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     name = device_name(device)
-    matmul_flops, matmul_with = measured_matmul_flops(device)
+    matmul = measured_matmul_peak(device)
     datasheet = device_peak_flops(device)
     n_params, per_token = recipe_flops_per_token(recipe)
+    # only a GPU the table knows has a modelled figure to scale the others' by; a CPU prices no GPU
+    gpu = find_gpu(name) if device.type == "cuda" else None
+    price_entry = best_match(name, request.prices) if device.type == "cuda" else None
+    recorded_on = this_gpu()  # None on a CPU: nothing is recorded
     for variant in variants:
-        add_money_and_mfu(variant, datasheet, matmul_flops, request.prices)
-        if variant.tokens_per_s and variants[0].tokens_per_s:
+        add_mfu(variant, datasheet, matmul.flops)
+        if variant.tokens_per_s is None:
+            continue
+        configured = variant_recipe(recipe, variant)
+        add_money(variant, configured, gpu, price_entry, request.prices)
+        if variants[0].tokens_per_s:
             variant.speedup_vs_recipe = variant.tokens_per_s / variants[0].tokens_per_s - 1
+        record_measurement(configured, recorded_on, variant.tokens_per_s, variant.peak_memory_gib, "bench")
     left_on_table, notes = advice(recipe, variants, search)
     # the recipe as written against the performance model for this GPU: a slow or faulty node shows here
-    gpu = find_gpu(name) if device.type == "cuda" else None
     modelled = modelled_tokens_per_s(recipe, gpu) if gpu else None
     slow_node = slow_node_warning(variants[0].tokens_per_s or 0.0, name, recipe) if gpu else None
     if slow_node:
@@ -118,9 +133,15 @@ def bench_result(
         "steps": request.steps,
         "warmup": request.warmup,
         "tokens_per_step": recipe.train.global_batch_tokens,
-        "peak_flops": {"datasheet": datasheet, "measured": matmul_flops, "measured_with": matmul_with},
+        "peak_flops": {
+            "datasheet": datasheet,
+            "measured": matmul.flops,
+            "measured_with": matmul.describe(),
+            "measured_by_size": matmul.rates,
+            "on_cpu": matmul.on_cpu,
+        },
         "prices": request.prices,
-        "price_entry_of_device": best_match(name, request.prices) if device.type == "cuda" else None,
+        "price_entry_of_device": price_entry,
         "variants": [asdict(v) for v in variants],
         "micro_batch_search": asdict(search) if search else None,
         "micro_batch_search_error": search_error,

@@ -8,6 +8,7 @@ FILE`, which trains here (`run_in_this_process`) and writes a `RunResult`.
 
 from __future__ import annotations
 
+import gc
 import itertools
 import json
 import os
@@ -21,10 +22,12 @@ from typing import Any
 
 import torch
 
-from hf_pretrain.bench.measure import process_peak_memory_gib, timed_throughput
+from hf_pretrain.bench.measure import process_peak_memory_gib
 from hf_pretrain.config import Recipe, RecipeError, build_recipe, save_recipe
+from hf_pretrain.economics.measurements import RECORD_ENV, timed_throughput
 from hf_pretrain.formatting import formatted
 from hf_pretrain.model import recipe_flops_per_token
+from hf_pretrain.preflight import MEMORY_PROBE_ENV
 from hf_pretrain.run_dir import RunDir, read_jsonl
 
 
@@ -32,9 +35,9 @@ from hf_pretrain.run_dir import RunDir, read_jsonl
 class RunResult:
     """What a worker process reports about one short training run."""
 
-    status: str  # ok | oom | oom-estimated (refused by preflight's memory check) | preflight | failed
+    status: str  # ok | oom (ran out of memory on the device) | preflight | failed
     message: str = ""
-    peak_memory_gib: float | None = None  # CUDA max allocated, or the process's peak RSS on CPU
+    peak_memory_gib: float | None = None  # CUDA max allocated (at the error, for oom), or the peak RSS on CPU
 
 
 @dataclass
@@ -50,7 +53,10 @@ class VariantResult:
     mfu_measured_peak: float | None = None  # against the matmul rate measured in this run
     peak_memory_gib: float | None = None
     data_wait_share: float | None = None  # None when the run's metrics do not log it
-    usd_per_billion_tokens: dict[str, float] = field(default_factory=dict)
+    usd_per_billion_tokens: dict[str, float] = field(default_factory=dict)  # measured: this GPU's price entry only
+    # the table's other GPUs: the performance model's figure scaled by this card's measured / modelled
+    usd_per_billion_tokens_estimated: dict[str, float] = field(default_factory=dict)
+    measured_to_modelled: float | None = None
     speedup_vs_recipe: float | None = None
 
 
@@ -113,27 +119,61 @@ def is_recipe_as_written(recipe: Recipe, overrides: dict[str, Any]) -> bool:
 
 
 # ---------------------------------------------------------------------- running one
+class DeviceMemory:
+    """The device's allocator as a short run sees it: the peak so far, and handing memory back."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+
+    def peak_gib(self) -> float | None:
+        return process_peak_memory_gib(self.device)
+
+    def release(self) -> None:
+        """Free what a failed run left (its model and optimizer went with the error's frames), empty the
+        allocator's cache and reset the peak, so what runs next is measured on an empty device."""
+        gc.collect()
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats(self.device)
+
+
+def is_out_of_memory(error: BaseException) -> bool:
+    """torch's OutOfMemoryError, or an error that carries one (compiled graphs and some kernels wrap it,
+    or report it as a plain RuntimeError)."""
+    seen: BaseException | None = error
+    while seen is not None:
+        if isinstance(seen, torch.OutOfMemoryError) or "out of memory" in str(seen).lower():
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
+def try_on_device(train: Callable[[Recipe], Any], recipe: Recipe, memory: DeviceMemory) -> RunResult:
+    """Run `train(recipe)` (a `run_training`); running out of memory is an answer, "oom" with the memory
+    in use when it happened, and the memory is handed back after it."""
+    from hf_pretrain.preflight import PreflightError
+
+    try:
+        outcome = train(recipe)
+        result = RunResult("ok" if outcome.exit_code == 0 else "failed", outcome.message)
+    except PreflightError as exc:
+        result = RunResult("preflight", str(exc))
+    except Exception as exc:
+        if not is_out_of_memory(exc):
+            raise
+        result = RunResult("oom", str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+    result.peak_memory_gib = memory.peak_gib()
+    if result.status == "oom":
+        memory.release()
+    return result
+
+
 def run_in_this_process(recipe: Recipe, result_path: Path) -> int:
     """Train `recipe` here and write a RunResult; what `--worker_result` runs in each child."""
-    from hf_pretrain.preflight import PreflightError
     from hf_pretrain.train import run_training
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        outcome = run_training(recipe)
-        result = RunResult("ok" if outcome.exit_code == 0 else "failed", outcome.message)
-    except PreflightError as exc:
-        # preflight refuses a micro-batch its memory estimate says cannot fit, before trying it
-        memory_only = all(r.name == "gpu memory" for r in exc.results if r.status == "fail")
-        result = RunResult("oom-estimated" if memory_only else "preflight", str(exc))
-    except torch.cuda.OutOfMemoryError as exc:
-        result = RunResult("oom", str(exc).splitlines()[0])
-    except RuntimeError as exc:
-        # compiled graphs and some kernels report CUDA running out of memory as a plain RuntimeError
-        if "out of memory" not in str(exc):
-            raise
-        result = RunResult("oom", str(exc).splitlines()[0])
-    result.peak_memory_gib = process_peak_memory_gib(device)
+    result = try_on_device(run_training, recipe, DeviceMemory(device))
     result_path.write_text(json.dumps(asdict(result)))
     return 0
 
@@ -149,6 +189,8 @@ def run_in_child(recipe: Recipe, folder: Path, keep_weights: bool = False) -> Ru
     env = dict(
         os.environ,
         TOKENIZERS_PARALLELISM="false",
+        # the device answers whether it fits, not the memory estimate; the bench records what it measured
+        **{MEMORY_PROBE_ENV: "1", RECORD_ENV: "0"},
         PYTHONPATH=os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")])),
     )
     command = [

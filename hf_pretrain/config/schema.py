@@ -261,8 +261,22 @@ class TrainConfig:
     adam_beta2: float = key(0.95, "AdamW second-moment decay", ge=0, lt=1)
     adam_eps: float = key(1e-8, "AdamW denominator epsilon", gt=0)
     grad_clip: float = key(1.0, "clip the global gradient norm to this (0 = off)", ge=0)
-    mixed_precision: Literal["auto", "no", "bf16", "fp16"] = key(
-        "auto", "`auto` (bf16 on a GPU that supports it, fp32 otherwise), `no`, `bf16` or `fp16`"
+    mixed_precision: Literal["auto", "no", "bf16", "fp16", "fp8"] = key(
+        "auto",
+        "`auto` (bf16 on a GPU that supports it, fp32 otherwise), `no`, `bf16`, `fp16` or `fp8` (the decoder's "
+        "linear layers; compute capability 8.9+)",
+    )
+    # fp8: the decoder's linear layers in torchao's float8 (hf_pretrain/fp8.py); the rest as bf16 runs it.
+    fp8_recipe: Literal["tensorwise", "rowwise"] = key(
+        "tensorwise",
+        "fp8: torchao's scaling, `tensorwise` (one scale per tensor, the fastest) or `rowwise` (one per row, "
+        "finer for outliers, slower)",
+    )
+    fp8_emulate: bool = key(
+        False,
+        "fp8: emulate the scaled matmuls in fp32 (the same casts and scales), so the FP8 math runs on a CPU "
+        "or a GPU older than compute capability 8.9: for tests and quality proxies, never faster",
+        math=False,
     )
     tf32: bool = key(True, "allow TF32 matmuls on CUDA (free speed on Ampere and later)")
     compile: bool = key(False, "torch.compile the model (inductor; on the CPU too, where it builds C++ kernels)")
@@ -282,6 +296,11 @@ class TrainConfig:
         ge=-1,
     )
     liger: bool = key(False, "Liger kernels (RMSNorm, SwiGLU, RoPE, fused linear cross entropy); CUDA only")
+    chunked_loss: bool = key(
+        False,
+        "the head's matmul and log-softmax a chunk of tokens at a time (hf_pretrain/loss.py): the backward "
+        "keeps no [tokens, vocabulary] logits (their gradients are computed chunk by chunk in the forward)",
+    )
     resume: str = key(
         "auto", "`auto` (newest good checkpoint in output_dir, if any), `none`, or a checkpoint folder", math=False
     )
@@ -523,6 +542,24 @@ class Recipe:
             )
         if t.compile_regions and not t.compile:
             raise RecipeError("compile_regions=true needs compile=true (it says how to compile, not whether)")
+        if t.mixed_precision == "fp8":  # torch._scaled_mm takes FP8 operands whose dimensions are multiples of 16
+            kv_width = m.num_key_value_heads * (m.hidden_size // m.num_attention_heads)
+            widths = {
+                "hidden_size": m.hidden_size,
+                "intermediate_size": m.intermediate_size,
+                "key/value width": kv_width,
+            }
+            odd = [f"{name}={value}" for name, value in widths.items() if value % 16]
+            if odd:
+                raise RecipeError(
+                    f"mixed_precision=fp8 needs the decoder's widths to be multiples of 16 (torch._scaled_mm); "
+                    f"{', '.join(odd)} is not: change it, or --mixed_precision bf16"
+                )
+        if t.chunked_loss and t.liger:
+            raise RecipeError(
+                "chunked_loss=true with liger=true: Liger's fused loss already keeps the logits out of memory; "
+                "set --chunked_loss false (or --liger false)"
+            )
         check_trackers(t.report_to)
         if t.resume not in ("auto", "none") and not t.resume:
             raise RecipeError("resume must be `auto`, `none` or a checkpoint path")

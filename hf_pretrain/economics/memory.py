@@ -66,7 +66,10 @@ The head (`head_bytes`): the final norm, then the loss (`loss_bytes`):
         sum of it with the gradient already there (4Vh more);
     Liger's fused linear cross entropy never materialises the logits (chunked), but computes its
         gradients in the forward pass and keeps them for the backward: the projection's weight
-        gradient (4Vh) and the input's (e*h per token), read from liger-kernel 0.8.5's source.
+        gradient (4Vh) and the input's (e*h per token), read from liger-kernel 0.8.5's source;
+        `chunked_loss` (hf_pretrain/loss.py) does the same in torch ops, plus one chunk of
+        `LOSS_CHUNK_TOKENS` tokens' logits, their fp32 copy and their gradient (e + 8 bytes a logit)
+        while it runs. `mixed_precision: fp8` is estimated as bf16 (its fp8 copies are not modelled).
 `compile_regions` compiles the decoder layers one by one: their activations are the compiled ones,
 the head runs eagerly.
 
@@ -114,6 +117,12 @@ class StepKind:
     compiled_head: bool  # the final norm and the loss inside the compiled graph (whole-model compile)
     liger: bool  # Liger's kernels (they run on CUDA only)
     compute_bytes: int  # bytes of an activation element: 2 under bf16/fp16 autocast, 4 in fp32
+    chunked_loss: bool = False  # `chunked_loss: true` (hf_pretrain/loss.py), where Liger's loss does not replace it
+
+    @property
+    def fused_loss(self) -> bool:
+        """A loss that computes its gradients in the forward pass, a chunk of tokens at a time."""
+        return self.liger or self.chunked_loss
 
     @property
     def mixed_precision(self) -> bool:
@@ -121,7 +130,8 @@ class StepKind:
 
     def describe(self) -> str:
         how = "compiled" if self.compiled_layers else "eager"
-        return how + (" + Liger" if self.liger else "") + (", bf16" if self.mixed_precision else ", fp32")
+        how += (" + Liger" if self.liger else "") + (" + chunked loss" if self.chunked_loss else "")
+        return how + (", bf16" if self.mixed_precision else ", fp32")
 
 
 @dataclass(frozen=True)
@@ -181,6 +191,7 @@ def step_kind(recipe: Recipe, cuda_available: bool = True) -> StepKind:
         compiled_head=t.compile and not t.compile_regions,
         liger=t.liger and cuda_available,
         compute_bytes=2 if uses_mixed_precision(recipe, cuda_available) else 4,
+        chunked_loss=t.chunked_loss and not (t.liger and cuda_available),
     )
 
 
@@ -200,8 +211,8 @@ def layer_activation_bytes_per_token(recipe: Recipe, kind: StepKind) -> int:
 def saved_logits_bytes_per_token(kind: StepKind, vocab_rows: int) -> int:
     """What the loss keeps from its forward for its backward, per token (module docstring): the compiled
     graph the logits in the compute dtype and two fp32 row statistics, eager the fp32 log-softmax and
-    the int64 target; Liger's fused loss keeps no logits."""
-    if kind.liger:
+    the int64 target; a fused loss (Liger's, or the chunked one) keeps no logits."""
+    if kind.fused_loss:
         return 0
     if kind.compiled_head:
         return kind.compute_bytes * vocab_rows + 8
@@ -211,12 +222,17 @@ def saved_logits_bytes_per_token(kind: StepKind, vocab_rows: int) -> int:
 def loss_bytes(recipe: Recipe, kind: StepKind, vocab_rows: int, tokens: int, accumulating: bool) -> int:
     """The loss's peak buffers for `tokens` tokens (module docstring): the saved logits and the
     gradients the backward writes beside them, or the output projection's gradient when larger; under
-    Liger's fused loss, the gradients it computes in the forward pass instead of the logits.
-    (A chunked loss would change only this function.)"""
+    a fused loss (Liger's, or `chunked_loss`), the gradients it computes in the forward pass instead of
+    the logits, and, for the chunked one, one chunk's logits, their fp32 copy and their gradient."""
     h, e = recipe.model.hidden_size, kind.compute_bytes
     projection_gradient = GRADIENT_BYTES * vocab_rows * h
-    if kind.liger:
-        return projection_gradient + e * tokens * h
+    if kind.fused_loss:
+        chunk = 0
+        if kind.chunked_loss:
+            from hf_pretrain.loss import LOSS_CHUNK_TOKENS
+
+            chunk = min(tokens, LOSS_CHUNK_TOKENS) * vocab_rows * (e + 4 + 4)
+        return projection_gradient + e * tokens * h + chunk
     if kind.compiled_head:
         logits_gradient = e * vocab_rows * tokens  # written by one fused kernel, in the compute dtype
         loss = saved_logits_bytes_per_token(kind, vocab_rows) * tokens + logits_gradient

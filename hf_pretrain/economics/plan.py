@@ -28,10 +28,12 @@ from typing import Any
 from hf_pretrain.config import CommandParser, Recipe, RecipeError, parse_recipe_args
 from hf_pretrain.economics.cost import dollars_per_billion_tokens
 from hf_pretrain.economics.forecast import BAND_SIGMAS, GoingFurther, going_further
-from hf_pretrain.economics.gpus import GPU, find_gpu, gpu_named, gpu_table
+from hf_pretrain.economics.gpus import GPU, find_gpu, fp8_refusal, gpu_named, gpu_table
+from hf_pretrain.economics.measurements import recorded_measurement
 from hf_pretrain.economics.memory import GRADIENT_BYTES, Fit, fit_in_memory, with_checkpointed_layers, with_micro_batch
-from hf_pretrain.economics.performance import modelled_tokens_per_s
+from hf_pretrain.economics.performance import FP8_QUALITY_PER_TOKEN, modelled_tokens_per_s
 from hf_pretrain.economics.prices import PriceError, load_prices
+from hf_pretrain.economics.workload import step_config
 from hf_pretrain.formatting import human_count, usd
 from hf_pretrain.model import (
     TRAINING_FLOPS_PER_PARAMETER,
@@ -161,10 +163,21 @@ class GpuRow:
     hours: float | None  # the recipe's tokens on one GPU
     usd: float | None
     reason: str  # the fit, or why nothing fits
+    measured: str | None = None  # where tokens/s is a recorded measurement: which (economics/measurements.py)
+
+
+def quality_per_token(recipe: Recipe) -> float:
+    """How much of a bf16 token one token of this recipe's precision is worth (FP8: assumed, see performance.py)."""
+    return FP8_QUALITY_PER_TOKEN if recipe.train.mixed_precision == "fp8" else 1.0
 
 
 def gpu_row(recipe: Recipe, gpu: GPU, tokens: float, price: float, pinned: tuple[str, ...] = ()) -> GpuRow:
-    """Fit `recipe` on `gpu` (keeping the `pinned` recipe keys as they are), model its rate, price the run."""
+    """Fit `recipe` on `gpu` (keeping the `pinned` recipe keys as they are), model its rate for the
+    recipe's configuration (compile, Liger, optimizer, precision), price the run. FP8 runs are charged
+    for the tokens that match the bf16 run's (`quality_per_token`)."""
+    if recipe.train.mixed_precision == "fp8" and fp8_refusal(gpu):
+        reason = f"no FP8: compute capability {gpu.compute_capability:.1f} (fp8 needs 8.9+)"
+        return GpuRow(gpu.name, False, None, None, None, price, None, None, None, reason)
     layers = (
         recipe.checkpointed_layer_count if {"gradient_checkpointing", "checkpointed_layers"} & set(pinned) else None
     )
@@ -173,8 +186,9 @@ def gpu_row(recipe: Recipe, gpu: GPU, tokens: float, price: float, pinned: tuple
     if not fit.fits:
         return GpuRow(gpu.name, False, None, None, None, price, None, None, None, fit.reason)
     fitted = with_checkpointed_layers(with_micro_batch(recipe, fit.micro_batch_size), fit.checkpointed_layers)
-    rate = modelled_tokens_per_s(fitted, gpu)
-    hours = tokens / rate / 3600
+    measured = recorded_measurement(fitted, gpu.name)  # what this configuration measured on this GPU wins
+    rate = measured.tokens_per_s if measured else modelled_tokens_per_s(fitted, gpu)
+    hours = tokens / quality_per_token(recipe) / rate / 3600
     return GpuRow(
         gpu.name,
         True,
@@ -186,6 +200,7 @@ def gpu_row(recipe: Recipe, gpu: GPU, tokens: float, price: float, pinned: tuple
         hours,
         hours * price,
         fit.reason,
+        measured.label() if measured else None,
     )
 
 
@@ -234,6 +249,8 @@ class Plan:
     gradient_bytes: float
     scaling: list[ScalingRow]
     gpus: list[GpuRow] = field(default_factory=list)  # with a recipe and --gpu: the fitted, modelled rows
+    configuration: str = ""  # with a recipe: how the step runs (what the performance model prices)
+    quality_per_token: float = 1.0  # FP8: the bf16 tokens one token is assumed worth (FP8_QUALITY_PER_TOKEN)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -312,6 +329,8 @@ def make_plan(request: PlanRequest) -> Plan:
     if request.gpu == ALL_GPUS:
         rows = ranked_rows(request.recipe, tokens, gpu_prices(request.prices), request.pinned)
     gpu = gpu_named(request.gpu) if request.gpu and request.gpu != ALL_GPUS else None
+    if gpu and request.recipe is not None and request.recipe.train.mixed_precision == "fp8" and fp8_refusal(gpu):
+        raise ValueError(fp8_refusal(gpu))
     price = (
         request.price_per_gpu_hour or (gpu_prices(request.prices)[gpu.name] if gpu else None) or recipe_price or None
     )
@@ -323,10 +342,12 @@ def make_plan(request: PlanRequest) -> Plan:
         rate, rate_source = request.tokens_per_s, "--tokens_per_s"
     elif gpu and rows:
         rate = rows[0].tokens_per_s
+        fitted = step_config(request.recipe, rows[0].micro_batch_size, rows[0].checkpointed_layers)
         rate_source = (
-            f"an estimate of the performance model (economics/performance.py) at micro-batch "
-            f"{rows[0].micro_batch_size}, {rows[0].checkpointed_layers} layers checkpointed; measure it with "
-            f"`hf-pretrain bench`"
+            f"{rows[0].measured}, for {fitted.describe()}"
+            if rows[0].measured
+            else f"an estimate of the performance model (economics/performance.py) for {fitted.describe()}; "
+            f"measure it with `hf-pretrain bench`"
             if rows[0].fits
             else f"none: {rows[0].reason}"
         )
@@ -380,6 +401,8 @@ def make_plan(request: PlanRequest) -> Plan:
         if rate and request.gpu != ALL_GPUS
         else [],
         gpus=rows,
+        configuration=step_config(request.recipe).describe() if request.recipe is not None else "",
+        quality_per_token=quality_per_token(request.recipe) if request.recipe is not None else 1.0,
     )
 
 
@@ -404,10 +427,18 @@ def format_plan(plan: Plan) -> str:
         f"per parameter); its L(N, D): {plan.chinchilla_loss:.3f} for this plan, {plan.optimal_loss:.3f} at the "
         f"optimum (Chinchilla's data, not yours: the shape of the trade, not this run's loss)",
     ]
+    if plan.quality_per_token != 1.0 or "fp8" in plan.configuration:
+        lines.append(fp8_note(plan.quality_per_token))
+    if plan.configuration.startswith("compiled + Liger"):
+        lines.append(
+            "compiled + Liger: not measured on a GPU yet (the H100 of 2026-11-25 measured eager + Liger and "
+            "compiled, and this pair crashed under compile there); the model prices it as the compiled step "
+            "with Liger's fused loss"
+        )
     if plan.gpu == ALL_GPUS:
-        return "\n".join(lines + ["", *format_gpu_rows(plan.gpus, plan.tokens)]) + "\n"
+        return "\n".join(lines + ["", *format_gpu_rows(plan.gpus, plan.tokens, plan.configuration)]) + "\n"
     if plan.gpus:
-        lines += ["", *format_gpu_rows(plan.gpus, plan.tokens), ""]
+        lines += ["", *format_gpu_rows(plan.gpus, plan.tokens, plan.configuration), ""]
     if plan.tokens_per_s_per_gpu is None:
         return "\n".join(lines + [f"time and cost: unknown: {plan.throughput_source}; {price}"]) + "\n"
     lines += [
@@ -430,25 +461,38 @@ def format_plan(plan: Plan) -> str:
     return "\n".join(lines) + "\n"
 
 
-def format_gpu_rows(rows: list[GpuRow], tokens: float) -> list[str]:
+def fp8_note(quality: float) -> str:
+    return (
+        f"fp8: the decoder's linear layers at each card's FP8 rate (performance.py's FP8 term); one FP8 token is "
+        f"assumed worth {quality:.2f} bf16 tokens (FP8_QUALITY_PER_TOKEN, an assumption until `hf-pretrain bench "
+        f"--quality --variants mixed_precision=bf16,fp8` measures it), so hours and dollars cover "
+        f"{1 / quality:.2f}x the tokens"
+    )
+
+
+def format_gpu_rows(rows: list[GpuRow], tokens: float, configuration: str = "") -> list[str]:
     """The ranked GPU table: fit, modelled rate (an estimate), $ per billion tokens, hours and dollars."""
+    priced = f" for {configuration.split(', micro-batch')[0]}" if configuration else ""
     lines = [
         f"one GPU of each kind for the {human_count(tokens)} tokens, cheapest run first; tokens/s are the "
-        f"performance model's estimates (economics/performance.py, docs/benchmarks.md), `hf-pretrain bench` "
+        f"performance model's estimates{priced} (~, economics/performance.py, docs/benchmarks.md) unless marked "
+        f"measured (recorded by a bench or training run of the same configuration on that GPU); `hf-pretrain bench` "
         f"measures yours",
         "",
-        "| GPU | fit: micro-batch, checkpointed layers | tokens/s (est.) | $/h | $ per 1B tokens | hours | run $ |",
+        "| GPU | fit: micro-batch, checkpointed layers | tokens/s | $/h | $ per 1B tokens | hours | run $ |",
         "|---|---|---|---|---|---|---|",
     ]
     for row in rows:
         if not row.fits:
             lines.append(f"| {row.gpu} | {row.reason} | - | {row.price_per_gpu_hour:,.2f} | - | - | - |")
             continue
+        rate = f"{row.tokens_per_s:,.0f} measured" if row.measured else f"~{row.tokens_per_s:,.0f}"
         lines.append(
-            f"| {row.gpu} | {row.micro_batch_size}, {row.checkpointed_layers} | ~{row.tokens_per_s:,.0f} | "
+            f"| {row.gpu} | {row.micro_batch_size}, {row.checkpointed_layers} | {rate} | "
             f"{row.price_per_gpu_hour:,.2f} | {row.usd_per_billion_tokens:,.2f} | {row.hours:,.1f} | {row.usd:,.0f} |"
         )
-    return lines
+    measured = [f"- {row.gpu}: {row.measured}" for row in rows if row.measured]
+    return lines + (["", "measured rows:", *measured] if measured else [])
 
 
 # ---------------------------------------------------------------------- going further with a run
@@ -520,7 +564,7 @@ def format_further(plan: FurtherPlan) -> str:
     )
     lines.append(
         "the fit describes the curve before any final decay: a wsd run's decay (or a cooldown) drops the loss "
-        "further at the end; go further with `--max_steps` on the same output_dir (README: stop, go further)"
+        "further at the end; go further with `--max_steps` on the same output_dir (docs/stopping.md)"
     )
     return "\n".join(lines) + "\n"
 

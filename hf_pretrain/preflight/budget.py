@@ -1,9 +1,14 @@
-"""Time and money the whole run will take, from the recipe's expected throughput and price."""
+"""Time and money the whole run will take, from the recipe's expected throughput and price; without
+an expected throughput, on a GPU of the table, from the performance model for the recipe's
+configuration (labelled an estimate)."""
 
 from __future__ import annotations
 
-from hf_pretrain.config import Recipe
+from hf_pretrain.config import Recipe, build_recipe
 from hf_pretrain.economics.cost import dollars, dollars_per_billion_tokens
+from hf_pretrain.economics.gpus import find_gpu
+from hf_pretrain.economics.measurements import measured_here
+from hf_pretrain.economics.performance import modelled_tokens_per_s
 from hf_pretrain.formatting import usd
 from hf_pretrain.preflight.result import CheckResult
 
@@ -24,10 +29,45 @@ def run_cost(recipe: Recipe) -> float | None:
     return dollars(hours, price) if hours is not None and price else None
 
 
-def check_cost(recipe: Recipe) -> CheckResult:
+def cuda_device_name() -> str | None:
+    """This machine's first CUDA device, or None (the doctor asks about the GPU it runs on)."""
+    import torch
+
+    return torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+
+
+def modelled_rate(recipe: Recipe, gpu_name: str | None, world_size: int = 1) -> float | None:
+    """The performance model's job tokens/s for the recipe as configured on `world_size` GPUs named
+    `gpu_name` (data parallel, communication left out), or None: no GPU, a GPU the table does not
+    know, or a configuration the card cannot run (fp8 without FP8: the cuda check says so)."""
+    gpu = find_gpu(gpu_name) if gpu_name else None
+    if gpu is None:
+        return None
+    try:
+        return world_size * modelled_tokens_per_s(recipe, gpu, world_size=world_size)
+    except ValueError:
+        return None
+
+
+def check_cost(recipe: Recipe, gpu_name: str | None = None, world_size: int = 1) -> CheckResult:
+    """Time and cost at the recipe's expected_tokens_per_s, else at what this configuration measured on
+    this GPU (economics/measurements.py), else at the model's for `gpu_name`."""
+    measured = None if recipe.train.expected_tokens_per_s else measured_here(recipe, world_size)
+    if measured:  # what this configuration measured on this GPU stands in for the unknown rate
+        recipe = build_recipe(recipe.to_dict(), {"expected_tokens_per_s": measured.tokens_per_s * world_size})
     t = recipe.train
     tokens = f"{run_tokens(recipe):,} tokens ({t.max_steps:,} steps x {t.global_batch_tokens:,})"
     hours, cost = run_hours(recipe), run_cost(recipe)
+    modelled = modelled_rate(recipe, gpu_name, world_size) if hours is None else None
+    if modelled:
+        hours = run_tokens(recipe) / modelled / 3600
+        gpus = f"{world_size} x {gpu_name}" if world_size > 1 else gpu_name
+        duration = (
+            f"{hours:,.1f} h at ~{modelled:,.0f} tokens/s (an estimate of the performance model for {gpus}; "
+            f"`hf-pretrain bench` measures it)"
+        )
+        price = f", {usd(dollars(hours, t.price_per_hour))} at {usd(t.price_per_hour)}/h" if t.price_per_hour else ""
+        return CheckResult("time and cost", "pass", f"{tokens}: {duration}{price}")
     if hours is None:
         return CheckResult(
             "time and cost",
@@ -36,7 +76,9 @@ def check_cost(recipe: Recipe) -> CheckResult:
             f"measure with `hf-pretrain bench --recipe {recipe.name}`, then set --expected_tokens_per_s"
             + ("" if t.price_per_hour else " and --price_per_hour"),
         )
-    duration = f"{hours:,.1f} h at {t.expected_tokens_per_s:,.0f} tokens/s"
+    duration = f"{hours:,.1f} h at {t.expected_tokens_per_s:,.0f} tokens/s" + (
+        f" ({measured.label()})" if measured else ""
+    )
     if cost is None:
         return CheckResult(
             "time and cost",

@@ -19,6 +19,7 @@ from hf_pretrain.versions import installed_version
 CORE_PACKAGES = ["torch", "transformers", "accelerate", "datasets", "tokenizers"]
 INSTALL_FIX = "pip install -c constraints.txt -e .  (constraints.txt pins the tested set)"
 LIGER_INSTALL_FIX = "pip install -c constraints.txt -e '.[liger]' on a CUDA machine, or --liger false"
+FP8_INSTALL_FIX = "pip install -c constraints.txt -e '.[fp8]', or --mixed_precision bf16"
 
 
 def declared_ranges(distribution: str) -> dict[str, SpecifierSet]:
@@ -58,7 +59,8 @@ def check_liger_torch(liger_ranges: dict[str, SpecifierSet]) -> CheckResult | No
 
 
 def check_versions(recipe: Recipe) -> list[CheckResult]:
-    """One row per package the run imports; Liger's and Triton's only when the recipe turns Liger on."""
+    """One row per package the run imports; Liger's and Triton's only when the recipe turns Liger on,
+    torchao only for fp8."""
     try:
         ranges = declared_ranges("hf-pretrain")
     except metadata.PackageNotFoundError:
@@ -75,4 +77,28 @@ def check_versions(recipe: Recipe) -> list[CheckResult]:
         torch_warning = check_liger_torch(liger_ranges)
         if torch_warning:
             results.append(torch_warning)
+    if recipe.train.mixed_precision == "fp8":  # torchao's float8 layers, through Accelerate's torchao backend
+        results.append(check_torchao(ranges.get("torchao")))
     return results
+
+
+def check_torchao(supported: SpecifierSet | None) -> CheckResult:
+    """torchao installed, in range, and importable: each release is built against one torch, and a
+    mismatch shows only at import (the run would die in `prepare`)."""
+    result = check_package("torchao", supported, FP8_INSTALL_FIX)
+    if result.status != "pass":
+        return result
+    from hf_pretrain.fp8 import import_torchao_float8
+
+    try:
+        import_torchao_float8()
+    except Exception as exc:  # an ImportError, or a torch op torchao registers that this torch lacks
+        first_line = (str(exc).splitlines() or [""])[0][:200]
+        return CheckResult(
+            "torchao",
+            "fail",
+            f"{installed_version('torchao')} does not import with torch {installed_version('torch')}: "
+            f"{type(exc).__name__}: {first_line}",
+            FP8_INSTALL_FIX,
+        )
+    return result

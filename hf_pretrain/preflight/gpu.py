@@ -9,6 +9,7 @@ import shutil
 import torch
 
 from hf_pretrain.config import Recipe
+from hf_pretrain.economics.measurements import Measurement, measured_here
 from hf_pretrain.economics.memory import (
     ESTIMATE_ERROR,
     USABLE_MEMORY_FRACTION,
@@ -32,6 +33,8 @@ def cpu_costs(recipe: Recipe) -> list[str]:
             "compile=true compiles with inductor's C++ backend on the first step (tens of seconds "
             "for a small model, minutes at 1B), then runs the compiled kernels"
         )
+    if t.mixed_precision == "fp8" and t.fp8_emulate:
+        costs.append("fp8_emulate=true adds FP8's casts and scales to bf16 autocast: slower than bf16, never faster")
     if t.mixed_precision == "bf16":
         costs.append(
             "bf16 autocast "
@@ -88,6 +91,20 @@ def check_cuda(recipe: Recipe) -> CheckResult:
     return CheckResult("cuda", "pass", "no CUDA device; the recipe runs on the CPU (mixed_precision=no)")
 
 
+def check_liger_under_compile(recipe: Recipe) -> CheckResult:
+    """`liger` with `compile` runs (Liger's loss outside the compiled graph, hf_pretrain/loss.py), but no GPU
+    has timed the pair: say so rather than promise a speed-up (the H100 figures: ../shared/gpu/README.md)."""
+    t = recipe.train
+    if not (t.liger and t.compile):
+        return CheckResult("liger + compile", "skip", "not asked for")
+    return CheckResult(
+        "liger + compile",
+        "warn",
+        "liger=true with compile=true is unmeasured on any GPU (H100: compiled 77.9k tokens/s, eager+Liger 72.9k)",
+        f"hf-pretrain bench --recipe {recipe.name} --variants liger=true,false measures it on this GPU",
+    )
+
+
 def check_compiler(recipe: Recipe) -> CheckResult:
     """torch.compile's inductor writes kernels at run time: Triton on a GPU, C++ on the CPU."""
     if not recipe.train.compile:
@@ -125,6 +142,38 @@ def check_bf16(recipe: Recipe) -> CheckResult:
         "fail",
         f"mixed_precision=bf16 but {torch.cuda.get_device_name(0)} has no bf16",
         "--mixed_precision fp16, or a GPU from Ampere (A100, A10, RTX 30xx) on",
+    )
+
+
+# FP8 tensor cores: Ada (8.9: L4, L40S, RTX 40xx) and Hopper (9.0: H100, H200) on.
+FP8_MIN_CAPABILITY = (8, 9)
+FP8_FIX = "--fp8_emulate true (the same FP8 math emulated, for a CPU test), or --mixed_precision bf16"
+
+
+def check_fp8(recipe: Recipe, capability: tuple[int, int] | None = None, card: str | None = None) -> CheckResult:
+    """fp8 needs FP8 tensor cores (compute capability 8.9 or newer) unless its matmuls are emulated.
+    `capability`/`card` default to the first CUDA device's (None: no GPU)."""
+    t = recipe.train
+    if t.mixed_precision != "fp8":
+        return CheckResult("fp8", "skip", f"not asked for (mixed_precision={t.mixed_precision})")
+    if t.fp8_emulate:
+        return CheckResult(
+            "fp8", "pass", f"fp8 emulated ({t.fp8_recipe} scaling): FP8's casts and scales, the matmuls in fp32"
+        )
+    if capability is None and torch.cuda.is_available():
+        capability, card = torch.cuda.get_device_capability(0), torch.cuda.get_device_name(0)
+    if capability is None:
+        return CheckResult("fp8", "fail", "mixed_precision=fp8 needs a GPU with FP8 tensor cores: no GPU", FP8_FIX)
+    if tuple(capability) < FP8_MIN_CAPABILITY:
+        return CheckResult(
+            "fp8",
+            "fail",
+            f"mixed_precision=fp8 needs compute capability 8.9 or newer (Ada, Hopper): {card} has "
+            f"{capability[0]}.{capability[1]}",
+            FP8_FIX,
+        )
+    return CheckResult(
+        "fp8", "pass", f"{card}: compute capability {capability[0]}.{capability[1]} has FP8 ({t.fp8_recipe} scaling)"
     )
 
 
@@ -169,6 +218,16 @@ def bench_command(recipe: Recipe) -> str:
     return f"hf-pretrain bench --recipe {recipe.name} {' '.join(keys)} --no_search --steps 10 --warmup 4"
 
 
+def measured_fit(measured: Measurement, total: int, estimate: MemoryEstimate) -> CheckResult:
+    return CheckResult(
+        "gpu memory",
+        "pass",
+        f"this configuration ran here: peak {measured.peak_memory_gib:.2f} GiB of {total / 2**30:.1f} GiB "
+        f"({measured.label()}); the estimate, "
+        f"modelled: {describe(estimate)}",
+    )
+
+
 def check_memory(recipe: Recipe, device_memory_bytes: int | None = None, world_size: int = 1) -> CheckResult:
     """Estimated peak memory (hf_pretrain.economics.memory) against the device's, with and without checkpointing.
 
@@ -185,6 +244,9 @@ def check_memory(recipe: Recipe, device_memory_bytes: int | None = None, world_s
     estimate = estimate_memory(recipe, tokenizer_size, cuda_available=cuda, world_size=world_size)
     if total is None:
         return CheckResult("gpu memory", "skip", f"no GPU to compare against; {describe(estimate)}")
+    measured = measured_here(recipe, world_size) if device_memory_bytes is None else None
+    if measured and measured.peak_memory_gib is not None:  # it ran here: the measurement wins over the estimate
+        return measured_fit(measured, total, estimate)
     usable = USABLE_MEMORY_FRACTION * total
     layers, asked = recipe.model.num_hidden_layers, recipe.checkpointed_layer_count
     where = f"{describe(estimate)}; the device has {human_bytes(total)}, {human_bytes(usable)} usable"

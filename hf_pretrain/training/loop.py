@@ -27,7 +27,9 @@ from hf_pretrain.data import build_val_loader, load_tokenizer
 from hf_pretrain.data.loader import TrainData
 from hf_pretrain.economics.memory import CHECKPOINT_BYTES_PER_PARAMETER
 from hf_pretrain.exit_codes import EXIT_SAVE_FAILED
+from hf_pretrain.fp8 import finish_fp8, fp8_handlers
 from hf_pretrain.hardware import describe_hardware, training_precision
+from hf_pretrain.loss import loss_head_for, use_loss_head
 from hf_pretrain.model import (
     apply_liger,
     build_model,
@@ -174,7 +176,8 @@ def setup(recipe: Recipe) -> Run:
         log_with=trackers_for(cfg.report_to) or None,
         project_dir=str(run_dir.path),
         dynamo_plugin=dynamo_plugin(cfg),  # compiled in `prepare`: whole model, regions, or not at all
-        kwargs_handlers=[InitProcessGroupKwargs(**group)] if group else None,
+        # fp8: torchao's float8 for the decoder's linear layers, converted in `prepare` (hf_pretrain/fp8.py)
+        kwargs_handlers=([InitProcessGroupKwargs(**group)] if group else []) + fp8_handlers(cfg) or None,
     )
     say = accelerator.print
     if torch.cuda.is_available() and cfg.tf32:
@@ -189,11 +192,13 @@ def setup(recipe: Recipe) -> Run:
     n_params = count_parameters(model)
     if recipe.checkpointed_layer_count:  # checkpointed_layers, or all of them with gradient_checkpointing
         enable_activation_checkpointing(model, recipe.checkpointed_layer_count)
-    if cfg.liger:
-        apply_liger(model, log=say)
+    liger_applied = cfg.liger and apply_liger(model, log=say)
+    use_loss_head(model, loss_head_for(cfg, liger_applied))  # Liger's, chunked or stock (loss.py)
     train_in_compute_dtype(model)  # residual stream in the autocast dtype, the loss alone out of the graph
     optimizer = build_optimizer(model, cfg, fused=accelerator.device.type == "cuda")
     model, optimizer = accelerator.prepare(model, optimizer)
+    if cfg.mixed_precision == "fp8":
+        say(finish_fp8(model, cfg))  # the CPU's emulation takes a GPU's dtypes; says what runs in float8
 
     # resume: weights, optimizer and RNG from the checkpoint the continuation names (resume.py: the
     # newest, or the last one before the decay of a run that goes further); the data position is the step

@@ -19,6 +19,7 @@ from tqdm.auto import tqdm
 from hf_pretrain.config import Recipe, tracker_names
 from hf_pretrain.economics.cost import cost_record, phases_from_recipe, write_phase_table
 from hf_pretrain.economics.forecast import forecast_fields
+from hf_pretrain.economics.measurements import record_training_run
 from hf_pretrain.economics.performance import slow_node_warning
 from hf_pretrain.hardware import device_peak_flops, peak_memory_gib
 from hf_pretrain.run_dir import JsonlWriter, RunDir, read_jsonl
@@ -167,6 +168,7 @@ class RunLogger:
         self.meter = ThroughputMeter(flops_per_token, device_peak_flops(accelerator.device), accelerator.num_processes)
         self.compile_watch = CompileWatch() if self.train.compile else None  # what compiling cost, how often
         self.history = [r for r in read_jsonl(run.metrics) if r["kind"] == "train"]  # for cost per phase
+        self.session_start = len(self.history)  # the records before are earlier sessions' (maybe another GPU)
         self.phases = phases_from_recipe(self.train.run_phases)
         # this process's step losses since the last record; a checkpoint keeps them (state_dict), so the
         # first record after a resume averages the same steps as the uninterrupted run's
@@ -345,5 +347,8 @@ class RunLogger:
 
     def close(self) -> None:
         self.progress.close()
+        if self.main:  # on a GPU, this session's tokens/s and peak memory for `plan` and the doctor (a CPU: nothing)
+            peak = peak_memory_gib(self.accelerator.device)
+            record_training_run(self.recipe, self.history[self.session_start :], self.accelerator.num_processes, peak)
         if self.forecaster:
             self.forecaster.close()

@@ -1,0 +1,202 @@
+"""What this machine's GPUs measured: tokens/s and peak memory of a configuration, recorded by a bench or
+a training run on a GPU, read back by `plan` and the doctor before the performance model's estimate.
+
+A measurement is one JSON line of `measurements.jsonl` in the user's cache (`$HF_PRETRAIN_HOME`, else
+`$XDG_CACHE_HOME/hf_pretrain`, else `~/.cache/hf_pretrain`). Its key is the GPU (the GPU table's name,
+so "NVIDIA H100 80GB HBM3" and `--gpu H100` meet) and the configuration: what changes the speed or
+the memory of a step (model shape, sequence, micro-batch and batch, compile, Liger, checkpointed
+layers, optimizer, precision, processes). Versions and date are kept beside it, not matched: a
+newer torch rarely makes a measured figure worse than the model's, and the reader sees both. The
+newest matching line wins.
+
+A CPU records nothing: its speed says nothing of any GPU. `HF_PRETRAIN_RECORD=0` turns recording off
+(the bench sets it for its short runs, and records its own figure).
+"""
+
+from __future__ import annotations
+
+import datetime
+import fcntl
+import json
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from hf_pretrain.config import Recipe
+from hf_pretrain.economics.gpus import find_gpu
+from hf_pretrain.hardware import training_precision
+from hf_pretrain.model import recipe_tokenizer_size
+from hf_pretrain.versions import installed_version
+
+STORE_NAME = "measurements.jsonl"
+RECORD_ENV = "HF_PRETRAIN_RECORD"  # "0": record nothing
+
+
+def store_path() -> Path:
+    """`$HF_PRETRAIN_HOME/measurements.jsonl`, else under `$XDG_CACHE_HOME/hf_pretrain` (default ~/.cache)."""
+    home = os.environ.get("HF_PRETRAIN_HOME")
+    if home:
+        return Path(home).expanduser() / STORE_NAME
+    cache = os.environ.get("XDG_CACHE_HOME") or "~/.cache"
+    return Path(cache).expanduser() / "hf_pretrain" / STORE_NAME
+
+
+def configuration(recipe: Recipe, world_size: int = 1) -> dict[str, Any]:
+    """What a measurement is the measurement of: every recipe setting that changes a step's speed or memory."""
+    m, t = recipe.model, recipe.train
+    return {
+        "layers": m.num_hidden_layers,
+        "hidden_size": m.hidden_size,
+        "intermediate_size": m.intermediate_size,
+        "heads": m.num_attention_heads,
+        "kv_heads": m.num_key_value_heads,
+        "vocab": recipe_tokenizer_size(recipe),
+        "tie_word_embeddings": m.tie_word_embeddings,
+        "seq_len": recipe.data.seq_len,
+        "micro_batch_size": t.micro_batch_size,
+        "global_batch_tokens": t.global_batch_tokens,
+        "compile": t.compile,
+        "compile_regions": t.compile and t.compile_regions,
+        "liger": t.liger,
+        "checkpointed_layers": recipe.checkpointed_layer_count,
+        "optimizer": t.optimizer,
+        # only GPUs are recorded: `auto` is bf16 there (a GPU without bf16 measures `no` under its own name)
+        "precision": training_precision(t.mixed_precision, cuda_available=True, bf16_supported=True),
+        "world_size": world_size,
+    }
+
+
+@dataclass(frozen=True)
+class Measurement:
+    gpu: str  # the GPU table's name (economics/gpus.yaml), or the device's own for a GPU the table lacks
+    device: str  # as CUDA names it
+    configuration: dict[str, Any]
+    tokens_per_s: float  # one GPU's, after the warm-up (compilation)
+    peak_memory_gib: float | None  # torch's peak allocated on the device
+    source: str  # "bench" or "train"
+    date: str  # ISO date
+    torch: str
+    transformers: str
+
+    def label(self) -> str:
+        """`measured by bench on NVIDIA H100 80GB HBM3, 2026-11-25 (torch 2.11.0, transformers 5.23.0)`."""
+        return (
+            f"measured by {self.source} on {self.device}, {self.date} "
+            f"(torch {self.torch}, transformers {self.transformers})"
+        )
+
+
+def this_gpu() -> str | None:
+    """The CUDA name of the GPU runs here train on, or None on a CPU (which records nothing), also where
+    Accelerate is told to use the CPU beside a GPU (as training/loop.py's `setup` reads it)."""
+    import torch
+
+    on_cpu = os.environ.get("ACCELERATE_USE_CPU", "").lower() in ("1", "true")
+    return torch.cuda.get_device_name(0) if torch.cuda.is_available() and not on_cpu else None
+
+
+def _table_name(device: str) -> str:
+    gpu = find_gpu(device)
+    return gpu.name if gpu else device
+
+
+def record_measurement(
+    recipe: Recipe,
+    device: str | None,
+    tokens_per_s: float,
+    peak_memory_gib: float | None,
+    source: str,
+    world_size: int = 1,
+    path: Path | None = None,
+) -> Measurement | None:
+    """Append what `device` (a CUDA device name; None for a CPU) measured of `recipe`; None when nothing
+    was written (a CPU, no rate, recording off, or a cache that cannot be written: a run never fails on it)."""
+    if device is None or tokens_per_s <= 0 or os.environ.get(RECORD_ENV) == "0":
+        return None
+    version = {name: installed_version(name) for name in ("torch", "transformers")}
+    measurement = Measurement(
+        gpu=_table_name(device),
+        device=device,
+        configuration=configuration(recipe, world_size),
+        tokens_per_s=float(tokens_per_s),
+        peak_memory_gib=peak_memory_gib,
+        source=source,
+        date=datetime.date.today().isoformat(),
+        torch=str(version["torch"] or "?"),
+        transformers=str(version["transformers"] or "?"),
+    )
+    store = path or store_path()
+    try:
+        store.parent.mkdir(parents=True, exist_ok=True)
+        with store.open("a") as file:
+            # one writer at a time: two runs that end together never interleave their lines
+            fcntl.flock(file, fcntl.LOCK_EX)
+            file.write(json.dumps(asdict(measurement)) + "\n")
+    except OSError:
+        return None
+    return measurement
+
+
+def recorded_measurement(recipe: Recipe, gpu: str, world_size: int = 1, path: Path | None = None) -> Measurement | None:
+    """The newest measurement of `recipe`'s configuration on `gpu` (a table name, a `--gpu` argument or a
+    CUDA device name), or None."""
+    store = path or store_path()
+    try:
+        lines = store.read_text().splitlines()
+    except OSError:
+        return None
+    wanted, name = configuration(recipe, world_size), _table_name(gpu)
+    for line in reversed(lines):
+        try:
+            measurement = Measurement(**json.loads(line))
+        except (ValueError, TypeError):  # a line another version wrote, or a torn one
+            continue
+        if measurement.gpu == name and measurement.configuration == wanted:
+            return measurement
+    return None
+
+
+def timed_throughput(records: list[dict[str, Any]], warmup: int) -> tuple[float, float, float | None] | None:
+    """(tokens/s, seconds per step, data-wait share) over the logged train records after step `warmup`.
+
+    Each train record's window runs from the previous record, so its seconds are the tokens it
+    added over its rate; the data-wait share is weighted by those seconds.
+    """
+    train = [r for r in records if r.get("kind") == "train"]
+    tokens = seconds = waited = 0.0
+    steps, has_wait = 0, True
+    previous = None
+    for record in train:
+        if previous is not None and record["step"] > warmup:
+            window_tokens = record["tokens"] - previous["tokens"]
+            window_seconds = window_tokens / record["tokens_per_s"]
+            tokens += window_tokens
+            seconds += window_seconds
+            steps += record["step"] - previous["step"]
+            if "data_wait_share" in record:
+                waited += record["data_wait_share"] * window_seconds
+            else:
+                has_wait = False
+        previous = record
+    if not steps:
+        return None
+    return tokens / seconds, seconds / steps, (waited / seconds if has_wait else None)
+
+
+def record_training_run(
+    recipe: Recipe, session_records: list[dict[str, Any]], world_size: int, peak_memory_gib: float | None
+) -> Measurement | None:
+    """What a training session on a GPU measured, recorded: the job's rate over its train records after
+    the first (which holds compilation and warm-up), per GPU. None on a CPU or with too few records."""
+    train = [r for r in session_records if r.get("kind") == "train"]
+    timed = timed_throughput(train, warmup=train[0]["step"]) if train else None
+    if timed is None:
+        return None
+    return record_measurement(recipe, this_gpu(), timed[0] / world_size, peak_memory_gib, "train", world_size)
+
+
+def measured_here(recipe: Recipe, world_size: int = 1) -> Measurement | None:
+    """What `recipe`'s configuration measured on this machine's GPU (the doctor's question), or None."""
+    gpu = this_gpu()
+    return recorded_measurement(recipe, gpu, world_size) if gpu else None

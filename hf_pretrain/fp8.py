@@ -1,0 +1,103 @@
+"""FP8 training (`mixed_precision: fp8`): the decoder's linear layers run torchao's Float8Linear.
+
+Accelerate's torchao backend does the conversion in `prepare` (`AORecipeKwargs`): each selected
+`nn.Linear` becomes a `Float8Linear` that keeps its fp32 weight (the master copy the optimizer
+updates, as in a bf16 run) and, in every forward and backward, casts the weight, the input and the
+output gradient to float8 with a scale and multiplies them with `torch._scaled_mm`. Everything else
+stays as a bf16 run has it: bf16 autocast (Accelerate's `fp8` turns it on), the embedding, the tied
+head and the loss. Only the decoder's projections go FP8: the head's input is the whole model's
+output and its logits feed the loss, where FP8's 3 mantissa bits cost the most per FLOP saved.
+
+`fp8_recipe` picks torchao's scaling: `tensorwise` (one scale per tensor, the fastest) or `rowwise`
+(one per row: finer, for outliers, slower on Hopper). `fp8_emulate` runs the same casts and scales
+with the matmul emulated in fp32, so the CPU and CI run the FP8 math without an FP8 GPU.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from hf_pretrain.config import TrainConfig
+
+# torch._scaled_mm wants both dimensions of every FP8 operand to be multiples of 16.
+SCALED_MM_MULTIPLE = 16
+# Where the decoder's layers live in a LlamaForCausalLM: `model.layers.<i>.self_attn.q_proj`, ...
+DECODER_LAYERS = "model.layers."
+
+
+def is_decoder_linear(module: torch.nn.Module, fqn: str) -> bool:
+    """The module filter: a linear layer inside a decoder layer (attention and MLP projections), with
+    shapes `_scaled_mm` takes. The head (`lm_head`, tied to the embedding) is not one, so it stays bf16."""
+    return (
+        isinstance(module, torch.nn.Linear)
+        and fqn.startswith(DECODER_LAYERS)
+        and module.in_features % SCALED_MM_MULTIPLE == 0
+        and module.out_features % SCALED_MM_MULTIPLE == 0
+    )
+
+
+def import_torchao_float8():
+    """`torchao.float8` (what it logs on import without its CUDA kernels is filtered: hf_pretrain/__init__.py)."""
+    import torchao.float8
+
+    return torchao.float8
+
+
+def float8_config(train: TrainConfig):
+    """torchao's `Float8LinearConfig` for the recipe's `fp8_recipe`, emulated with `fp8_emulate`."""
+    import dataclasses
+
+    Float8LinearConfig = import_torchao_float8().Float8LinearConfig
+
+    config = Float8LinearConfig.from_recipe_name(train.fp8_recipe)
+    # from_recipe_name returns a frozen dataclass; `replace` re-runs its checks with emulation on
+    return dataclasses.replace(config, emulate=train.fp8_emulate)
+
+
+def fp8_handlers(train: TrainConfig) -> list:
+    """The Accelerator's kwargs handlers for FP8: torchao's backend with our config and module
+    filter (Accelerate's own default would also skip the first decoder projection); none otherwise."""
+    if train.mixed_precision != "fp8":
+        return []
+    from accelerate.utils import AORecipeKwargs
+
+    return [AORecipeKwargs(config=float8_config(train), module_filter_func=is_decoder_linear)]
+
+
+def float8_layers(model: torch.nn.Module) -> list[str]:
+    """Names of the model's Float8Linear layers (none in a bf16 or fp32 run)."""
+    from hf_pretrain.versions import installed_version
+
+    if installed_version("torchao") is None:
+        return []
+    Float8Linear = import_torchao_float8().float8_linear.Float8Linear
+    return [name for name, module in model.named_modules() if isinstance(module, Float8Linear)]
+
+
+def cast_fp8_inputs_to_autocast_dtype(model: torch.nn.Module) -> None:
+    """Off CUDA, give each Float8Linear its input in the autocast dtype, as it does itself on CUDA.
+
+    Float8Linear casts its input to CUDA's autocast dtype only (`torch.is_autocast_enabled()` asks
+    CUDA); under the CPU's bf16 autocast the q/k/v, gate and up projections would take the RMSNorm's
+    output in fp32 (its fp32 weight promotes it): their scales would come from fp32 values, not the
+    bf16 ones a GPU scales, and the backward would keep fp32 inputs. The pre-hook makes the CPU run
+    what a GPU runs. Registered after `prepare` and before the first step, so the compiled graph
+    (traced at the first call) has it.
+    """
+    for name in float8_layers(model):
+        model.get_submodule(name).register_forward_pre_hook(_input_in_autocast_dtype)
+
+
+def finish_fp8(model: torch.nn.Module, train: TrainConfig) -> str:
+    """After `prepare` converted the model: align the CPU's dtypes with a GPU's; the line for the log."""
+    cast_fp8_inputs_to_autocast_dtype(model)
+    how = f"{train.fp8_recipe} scaling" + (", matmuls emulated in fp32" if train.fp8_emulate else "")
+    return f"fp8: {len(float8_layers(model))} decoder linear layers in float8 ({how}); embedding, head and loss in bf16"
+
+
+def _input_in_autocast_dtype(module: torch.nn.Module, args: tuple) -> tuple | None:
+    (x,) = args
+    device_type = x.device.type
+    if device_type != "cuda" and torch.is_autocast_enabled(device_type):
+        return (x.to(torch.get_autocast_dtype(device_type)),)
+    return None

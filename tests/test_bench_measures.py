@@ -1,0 +1,323 @@
+"""A bench that measures, and a product that learns from its measurements (issue 32), on the CPU:
+
+- the micro-batch search tries every candidate on the device: an out-of-memory error (from a stand-in
+  for the device's allocator) is the answer, the memory estimate decides nothing, and the memory is
+  handed back after the error;
+- the matmul peak is the largest rate of several sizes, and a CPU's is labelled a CPU figure;
+- dollars: measured for the measured GPU only, the others estimates scaled by its measured/modelled;
+  a CPU prices no GPU;
+- measurements recorded on a GPU win over the model in `plan` and the doctor, labelled measured; another
+  configuration does not match; a CPU records nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import pytest
+import torch
+
+from hf_pretrain.bench import search as search_module
+from hf_pretrain.bench.measure import add_money, estimated_rates, measured_matmul_peak
+from hf_pretrain.bench.results import dollar_table
+from hf_pretrain.bench.variants import DeviceMemory, RunResult, VariantResult, try_on_device
+from hf_pretrain.config import load_recipe
+from hf_pretrain.economics import measurements, plan
+from hf_pretrain.economics.gpus import gpu_named
+from hf_pretrain.economics.measurements import (
+    configuration,
+    record_measurement,
+    record_training_run,
+    recorded_measurement,
+)
+from hf_pretrain.economics.memory import with_checkpointed_layers, with_micro_batch
+from hf_pretrain.economics.performance import modelled_tokens_per_s
+from hf_pretrain.preflight import MEMORY_PROBE_ENV, CheckResult, PreflightError, preflight
+from hf_pretrain.preflight.budget import check_cost
+from hf_pretrain.preflight.gpu import check_memory
+
+H100 = "NVIDIA H100 80GB HBM3"  # what CUDA calls the card of the shared README's table
+GIB = 2**30
+
+
+@pytest.fixture
+def store(tmp_path, monkeypatch):
+    """An empty measurement store of this test's own."""
+    monkeypatch.setenv("HF_PRETRAIN_HOME", str(tmp_path / "home"))
+    monkeypatch.delenv(measurements.RECORD_ENV, raising=False)
+    return tmp_path / "home" / "measurements.jsonl"
+
+
+def one_b(**overrides):
+    return load_recipe("1b", overrides)
+
+
+# ---------------------------------------------------------------------- the search: the device answers
+class FakeAllocator:
+    """A stand-in for a GPU's caching allocator: `allocate` raises torch's OutOfMemoryError past the
+    capacity; the peak is what was held when it did; `release` hands everything back (as the probe's
+    cleanup must, for the next probe to be measured on an empty device)."""
+
+    def __init__(self, capacity_gib: float, gib_per_sequence: float):
+        self.capacity, self.per_sequence = capacity_gib, gib_per_sequence
+        self.held = self.peak = 0.0
+        self.releases = 0
+
+    def allocate(self, gib: float) -> None:
+        if self.held + gib > self.capacity:
+            raise torch.OutOfMemoryError(
+                f"CUDA out of memory. Tried to allocate {gib:.2f} GiB. GPU 0 has a total capacity of "
+                f"{self.capacity:.2f} GiB"
+            )
+        self.held += gib
+        self.peak = max(self.peak, self.held)
+
+    def train(self, recipe):
+        """A short run: weights and optimizer, then each sequence's activations."""
+        self.allocate(12.0)
+        for _ in range(recipe.train.micro_batch_size):
+            self.allocate(self.per_sequence)
+        self.held = 0.0  # a run that ends frees what it held
+
+        class Outcome:
+            exit_code, message = 0, "done"
+
+        return Outcome()
+
+
+class FakeMemory(DeviceMemory):
+    def __init__(self, allocator: FakeAllocator):
+        self.allocator = allocator
+
+    def peak_gib(self):
+        return self.allocator.peak
+
+    def release(self):
+        self.allocator.held = self.allocator.peak = 0.0
+        self.allocator.releases += 1
+
+
+def test_a_probe_that_runs_out_of_memory_does_not_fit_by_the_error_and_hands_the_memory_back(tmp_path):
+    allocator = FakeAllocator(capacity_gib=79.0, gib_per_sequence=3.0)  # 12 + 3n: 16 fits (60), 32 does not
+    memory = FakeMemory(allocator)
+    peaks_at_start = []
+
+    def probe(recipe, folder):
+        peaks_at_start.append(allocator.peak)  # each probe starts on an emptied device
+        result = try_on_device(allocator.train, recipe, memory)
+        if result.status == "ok":
+            allocator.peak = 0.0  # a probe that ends is a process that exits
+        return result
+
+    said = []
+    result = search_module.search_micro_batch(one_b(), {}, tmp_path, None, said.append, probe=probe)
+    probes = {p.micro_batch_size: p for p in result.probes}
+    # 1b: 64 sequences a step, candidates 1, 2, 4, ... 64; doubling from the recipe's 8: 8, 16 fit, 32 runs out
+    assert result.largest_fitting == 16
+    assert probes[16].fits and probes[16].verdict == "fits (peak 60.00 GiB)"
+    assert not probes[32].fits and probes[32].status == "oom"
+    assert probes[32].verdict == "does not fit (out of memory at 78.00 GiB)"  # 12 + 22 x 3 held when it failed
+    assert allocator.releases == 1 and set(peaks_at_start) == {0.0}
+    assert any("does not fit (out of memory at 78.00 GiB)" in line for line in said)
+
+
+def test_a_micro_batch_the_estimate_calls_too_big_is_still_tried(tmp_path):
+    """The shared README's case: the estimate refused micro-batch 16 of the 1b on an 80 GB card, the
+    card ran it. The search probes it, and a probe's preflight only warns about memory."""
+    estimate = check_memory(one_b(micro_batch_size=16), device_memory_bytes=int(79.6 * GIB))
+    tried = []
+
+    def probe(recipe, folder):
+        tried.append(recipe.train.micro_batch_size)
+        return RunResult("ok", peak_memory_gib=40.0)
+
+    result = search_module.search_micro_batch(one_b(), {}, tmp_path, None, lambda _: None, probe=probe)
+    assert 16 in tried and result.largest_fitting == 64  # every candidate fitted on the "device"
+    if estimate.status == "fail":  # the estimate said no; the device was asked anyway
+        assert next(p for p in result.probes if p.micro_batch_size == 16).fits
+
+
+def test_a_probes_preflight_warns_about_memory_instead_of_refusing(monkeypatch):
+    refusal = CheckResult("gpu memory", "fail", "does not fit without gradient checkpointing: 99.7 GB", "--x")
+    monkeypatch.setattr("hf_pretrain.preflight.run_checks", lambda *a, **k: [refusal])
+    monkeypatch.delenv(MEMORY_PROBE_ENV, raising=False)
+    with pytest.raises(PreflightError):
+        preflight(one_b(), 1, log=lambda _: None)
+    monkeypatch.setenv(MEMORY_PROBE_ENV, "1")
+    (warned,) = preflight(one_b(), 1, log=lambda _: None)
+    assert warned.status == "warn" and "the bench tries it on the device" in warned.reason
+
+
+def test_an_error_that_is_not_out_of_memory_is_raised(tmp_path):
+    def broken(recipe):
+        raise ValueError("a bug")
+
+    with pytest.raises(ValueError, match="a bug"):
+        try_on_device(broken, one_b(), FakeMemory(FakeAllocator(1, 1)))
+
+    def wrapped(recipe):  # compiled graphs wrap the allocator's error
+        try:
+            raise torch.OutOfMemoryError("CUDA out of memory")
+        except torch.OutOfMemoryError as exc:
+            raise RuntimeError("backend compiler failed") from exc
+
+    assert try_on_device(wrapped, one_b(), FakeMemory(FakeAllocator(1, 1))).status == "oom"
+
+
+# ---------------------------------------------------------------------- the matmul peak
+def test_the_matmul_peak_is_the_largest_rate_of_several_sizes():
+    rates = {256: 1e9, 512: 3e9, 1024: 2e9}
+    peak = measured_matmul_peak(torch.device("cpu"), rate_of=lambda n, dtype, device, seconds: rates[n])
+    assert peak.flops == 3e9 and peak.rates == rates
+    assert peak.describe().startswith("a CPU figure") and "(512^3)" in peak.describe()
+
+
+def test_the_cpu_matmul_peak_runs_small_and_says_so():
+    peak = measured_matmul_peak(torch.device("cpu"), sizes=(64, 128), min_seconds=0.01)
+    assert peak.on_cpu and peak.flops > 0 and set(peak.rates) == {64, 128} and peak.dtype == "float32"
+
+
+# ---------------------------------------------------------------------- dollars
+def test_dollars_are_measured_for_the_measured_gpu_only_and_estimated_for_the_others():
+    recipe = one_b()
+    prices = {"H100 SXM": 2.99, "A40": 0.44, "my-cluster": 1.0}
+    variant = VariantResult("recipe as written", {}, "ok", tokens_per_s=77_900.0)
+    add_money(variant, recipe, gpu_named("H100 SXM"), "H100 SXM", prices)
+    assert variant.usd_per_billion_tokens == {"H100 SXM": pytest.approx(2.99 * 1e9 / 77_900 / 3600)}
+    ratio = 77_900 / modelled_tokens_per_s(recipe, gpu_named("H100 SXM"))
+    assert variant.measured_to_modelled == pytest.approx(ratio)
+    a40 = modelled_tokens_per_s(recipe, gpu_named("A40")) * ratio
+    # the A40 at the A40's modelled speed (scaled), not the H100's: the old bench said "$1.61/B"
+    assert variant.usd_per_billion_tokens_estimated == {"A40": pytest.approx(0.44 * 1e9 / a40 / 3600)}
+    assert variant.usd_per_billion_tokens_estimated["A40"] > 0.44 * 1e9 / 77_900 / 3600 * 2
+    assert estimated_rates(recipe, 77_900, gpu_named("H100 SXM"), ["H100 SXM"])[1] == {}  # never itself
+
+
+def test_the_cpu_prices_no_gpu():
+    variant = VariantResult("recipe as written", {}, "ok", tokens_per_s=5_000.0)
+    add_money(variant, load_recipe("smoke"), None, None, {"H100 SXM": 2.99, "A40": 0.44})
+    assert variant.usd_per_billion_tokens == {} and variant.usd_per_billion_tokens_estimated == {}
+    result = {
+        "variants": [variant.__dict__],
+        "peak_flops": {"on_cpu": True},
+        "prices": {},
+        "price_entry_of_device": None,
+    }
+    assert "a CPU, whose speed says nothing of a GPU's" in "\n".join(dollar_table(result))
+
+
+def test_the_dollar_table_labels_the_measured_row_and_the_estimates():
+    recipe = one_b()
+    prices = {"H100 SXM": 2.99, "A40": 0.44}
+    variant = VariantResult("recipe as written", {}, "ok", tokens_per_s=77_900.0)
+    add_money(variant, recipe, gpu_named("H100 SXM"), "H100 SXM", prices)
+    result = {
+        "variants": [variant.__dict__],
+        "peak_flops": {"on_cpu": False},
+        "prices": prices,
+        "price_entry_of_device": "H100 SXM",
+    }
+    rows = {line.split(" | ")[0]: line for line in dollar_table(result) if line.startswith("| ")}
+    assert "measured (this GPU)" in rows["| H100 SXM"] and "estimate (model x" in rows["| A40"]
+
+
+# ---------------------------------------------------------------------- measurements: the store
+def test_a_recorded_measurement_is_found_for_the_same_gpu_and_configuration_only(store):
+    recipe = one_b()
+    recorded = record_measurement(recipe, H100, 77_900.0, 37.24, "bench")
+    assert recorded is not None and recorded.gpu == "H100 SXM" and store.exists()
+    found = recorded_measurement(recipe, "H100 SXM")  # a --gpu name finds what the CUDA name recorded
+    assert found == recorded and found.label().startswith(f"measured by bench on {H100}, ")
+    assert recorded_measurement(recipe, "H100 PCIe") is None  # another GPU
+    for other in (
+        one_b(micro_batch_size=16),
+        one_b(compile=False),
+        one_b(optimizer="muon"),
+        one_b(checkpointed_layers=4),
+    ):
+        assert recorded_measurement(other, "H100 SXM") is None, configuration(other)
+    assert recorded_measurement(recipe, "H100 SXM", world_size=8) is None
+    newer = record_measurement(recipe, H100, 78_100.0, 37.3, "train")
+    assert recorded_measurement(recipe, H100) == newer  # the newest wins
+
+
+def test_a_cpu_records_nothing(store, monkeypatch):
+    assert measurements.this_gpu() is None or torch.cuda.is_available()
+    assert record_measurement(one_b(), None, 5_000.0, None, "bench") is None
+    records = [{"kind": "train", "step": s, "tokens": 1000 * s, "tokens_per_s": 500.0} for s in (1, 2, 3)]
+    monkeypatch.setattr(measurements, "this_gpu", lambda: None)
+    assert record_training_run(one_b(), records, 1, None) is None
+    assert not store.exists()
+    monkeypatch.setenv(measurements.RECORD_ENV, "0")  # recording off: a GPU records nothing either
+    assert record_measurement(one_b(), H100, 77_900.0, 37.24, "bench") is None and not store.exists()
+
+
+def test_a_training_run_records_its_rate_after_the_first_window_per_gpu(store, monkeypatch):
+    monkeypatch.setattr(measurements, "this_gpu", lambda: H100)
+    records = [  # the first window holds compilation: left out
+        {"kind": "train", "step": 10, "tokens": 10 * 131_072, "tokens_per_s": 20_000.0},
+        {"kind": "eval", "step": 10},
+        {"kind": "train", "step": 20, "tokens": 20 * 131_072, "tokens_per_s": 160_000.0},
+        {"kind": "train", "step": 30, "tokens": 30 * 131_072, "tokens_per_s": 150_000.0},
+    ]
+    recorded = record_training_run(one_b(), records, 2, 37.2)
+    expected = 2 * 10 * 131_072 / (10 * 131_072 / 160_000 + 10 * 131_072 / 150_000) / 2
+    assert recorded.tokens_per_s == pytest.approx(expected) and recorded.source == "train"
+    assert recorded.configuration["world_size"] == 2 and recorded.peak_memory_gib == 37.2
+    assert record_training_run(one_b(), records[:1], 1, 37.2) is None  # one window: nothing after the warm-up
+
+
+def test_the_store_skips_a_torn_line_and_keeps_every_writers_line(store):
+    recipe = one_b()
+    threads = [
+        threading.Thread(target=lambda: [record_measurement(recipe, H100, 1.0 + i, None, "bench") for i in range(20)])
+        for _ in range(4)
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    with store.open("a") as file:
+        file.write('{"gpu": "H100 SXM", "torn')
+    lines = store.read_text().splitlines()
+    assert len(lines) == 81 and all(json.loads(line)["gpu"] == "H100 SXM" for line in lines[:80])
+    assert recorded_measurement(recipe, H100) is not None
+
+
+# ---------------------------------------------------------------------- plan and the doctor read them
+def _fitted_on(recipe, gpu_name):
+    row = plan.gpu_row(recipe, gpu_named(gpu_name), 1e9, 2.99)
+    return row, with_checkpointed_layers(with_micro_batch(recipe, row.micro_batch_size), row.checkpointed_layers)
+
+
+def test_plan_uses_a_recorded_measurement_before_the_model_and_says_so(store, capsys):
+    modelled_row, fitted = _fitted_on(one_b(), "H100 SXM")
+    assert modelled_row.measured is None
+    record_measurement(fitted, H100, 77_900.0, 37.24, "train")
+    row, _ = _fitted_on(one_b(), "H100 SXM")
+    assert row.tokens_per_s == 77_900.0 and row.measured.startswith("measured by train on NVIDIA H100")
+    assert plan.gpu_row(one_b(), gpu_named("H100 PCIe"), 1e9, 2.0).measured is None  # the model elsewhere
+
+    assert plan.main(["--recipe", "1b", "--gpu", "all"]) == 0
+    out = capsys.readouterr().out
+    table = {line.split(" | ")[0]: line for line in out.splitlines() if line.startswith("| ")}
+    assert "| 77,900 measured |" in table["| H100 SXM"] and "- H100 SXM: measured by train on NVIDIA H100" in out
+    assert "| ~" in table["| A100 80GB SXM"]  # modelled, marked as an estimate
+    assert plan.main(["--recipe", "1b", "--gpu", "H100", "--max_gpus", "1"]) == 0
+    assert "77,900 tokens/s each (measured by train on NVIDIA H100" in capsys.readouterr().out
+
+
+def test_the_doctor_uses_this_gpus_measurement_for_time_cost_and_memory(store, monkeypatch):
+    recipe = one_b(micro_batch_size=16)  # the estimate refused it; the card ran it at 65.9 GiB
+    monkeypatch.setattr(measurements, "this_gpu", lambda: H100)
+    unknown = check_cost(recipe)
+    assert unknown.status == "warn" and "unknown" in unknown.reason
+    record_measurement(recipe, H100, 65_153.0, 65.92, "bench")
+    cost = check_cost(recipe)
+    assert cost.status == "pass" and "65,153 tokens/s (measured by bench on NVIDIA H100" in cost.reason
+    monkeypatch.setattr("hf_pretrain.preflight.gpu.device_memory", lambda: int(79.2 * GIB))
+    memory = check_memory(recipe)
+    assert memory.status == "pass" and "this configuration ran here: peak 65.9" in memory.reason
+    assert "measured by bench" in memory.reason and "the estimate, modelled" in memory.reason
+    assert check_memory(recipe, device_memory_bytes=int(79.2 * GIB)).reason != memory.reason  # another GPU's question

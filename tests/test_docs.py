@@ -1,0 +1,245 @@
+"""The documentation points at what exists (issue 35).
+
+- every relative link and image of README.md and docs/*.md names a file of the repository, and a
+  `#anchor` names a heading of that page;
+- every command the front page shows is one the product takes: an `hf-pretrain` subcommand that
+  exists, each flag listed by its `--help`, parsed the same in snake and kebab case; the `accelerate
+  launch` lines' flags and config files; the `make` targets;
+- the pictures in docs/images/ are what `hf-pretrain report` draws today from the run records they
+  were drawn from (tests/assets/smoke_run/), and the phase table beside them is that run's;
+- the front page stays a front page (250 lines at most).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import re
+import shlex
+import unicodedata
+from pathlib import Path
+
+import pytest
+
+from hf_pretrain.cli import COMMANDS
+from hf_pretrain.config import CommandParser
+from tests.helpers import ROOT
+from tests.regenerate_docs_images import IMAGES, PICTURES, RUN_RECORDS, draw
+
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+FRONT_PAGE = ROOT / "README.md"
+LINK = re.compile(r"!?\[(?:[^\[\]]|\[[^\]]*\])*\]\(([^()\s]+)\)")
+FENCE = re.compile(r"^```.*?^```", re.S | re.M)
+FLAG = re.compile(r"^--[a-z][a-z0-9_-]*")
+
+
+def prose(text: str) -> str:
+    """A page without its code blocks (a link in a code block is not a link)."""
+    return FENCE.sub("", text)
+
+
+def slug(heading: str) -> str:
+    """GitHub's anchor for a heading: lower case, punctuation dropped, spaces to hyphens."""
+    text = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", heading.strip()).lower()
+    kept = "".join(c for c in text if c in " -_" or unicodedata.category(c)[0] in "LN")
+    return kept.replace(" ", "-")
+
+
+def anchors(page: Path) -> set[str]:
+    found: set[str] = set()
+    for line in prose(page.read_text()).splitlines():
+        if m := re.match(r"#{1,6}\s+(.*)", line):
+            base = slug(m.group(1))
+            name, n = base, 0
+            while name in found:  # GitHub numbers repeated headings: name, name-1, name-2
+                n += 1
+                name = f"{base}-{n}"
+            found.add(name)
+    return found
+
+
+def relative_links(page: Path) -> list[str]:
+    return [t for t in LINK.findall(prose(page.read_text())) if not re.match(r"[a-z]+:", t)]
+
+
+def test_the_link_reader_finds_links_images_and_anchors():
+    text = "See [a](docs/x.md#the-end), ![plot](images/p.png) and [b](https://h.co).\n```\n[c](no.md)\n```\n"
+    assert LINK.findall(prose(text)) == ["docs/x.md#the-end", "images/p.png", "https://h.co"]
+    assert slug("Costs and planning: `plan`, `bench`, `report`") == "costs-and-planning-plan-bench-report"
+    assert slug("What `prepare` guarantees") == "what-prepare-guarantees"
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_relative_link_names_a_file_and_heading_that_exist(page):
+    broken = []
+    for target in relative_links(page):
+        path, _, anchor = target.partition("#")
+        file = (page.parent / path).resolve() if path else page
+        if not file.exists():
+            broken.append(f"{target}: no such file")
+        elif anchor and file.suffix == ".md" and anchor not in anchors(file):
+            broken.append(f"{target}: no heading `#{anchor}` in {file.relative_to(ROOT)}")
+    assert not broken, f"{page.relative_to(ROOT)}: " + "; ".join(broken)
+
+
+def test_the_guide_links_every_page_of_docs():
+    """No page of the guide is an orphan: the front page or the guide's index links each."""
+    linked = {
+        (page.parent / t.partition("#")[0]).resolve()
+        for page in (FRONT_PAGE, ROOT / "docs" / "README.md")
+        for t in relative_links(page)
+    }
+    orphans = [p.name for p in PAGES[1:] if p.resolve() not in linked and p.name != "README.md"]
+    assert not orphans
+
+
+# ---------------------------------------------------------------------- the front page's commands
+def front_page_commands() -> list[str]:
+    """Every command line the front page shows: code block lines (continuations joined, comments cut)
+    and inline `hf-pretrain ...` spans."""
+    text = FRONT_PAGE.read_text()
+    lines: list[str] = []
+    for block in FENCE.findall(text):
+        body = "\n".join(block.splitlines()[1:-1]).replace("\\\n", " ")
+        lines += [re.sub(r"\s+#\s.*$", "", line).strip() for line in body.splitlines()]
+    lines += re.findall(r"`(hf-pretrain [^`]+)`", prose(text))
+    commands = [line for line in lines if line.split(" ", 1)[0] in ("hf-pretrain", "accelerate", "make")]
+    return list(dict.fromkeys(commands))
+
+
+def words(command: str) -> list[str]:
+    """The command's words, optional `[--flag value]` parts included as given."""
+    return shlex.split(command.replace("[", " ").replace("]", " "))
+
+
+class Parsed(Exception):
+    def __init__(self, namespace):
+        self.namespace = namespace
+
+
+@contextlib.contextmanager
+def stop_at_the_parse(monkeypatch):
+    """Commands stop as soon as a parse has read every argument: nothing after it runs (no data read,
+    no network), and what was parsed is raised with `Parsed`."""
+    original = CommandParser.parse_known_args
+
+    def parse_known_args(self, args=None, namespace=None):
+        parsed, extras = original(self, args, namespace)
+        if not extras:
+            raise Parsed(vars(parsed))
+        return parsed, extras
+
+    monkeypatch.setattr(CommandParser, "parse_known_args", parse_known_args)
+    yield
+
+
+def parse_command(module: str, argv: list[str], monkeypatch) -> dict:
+    import importlib
+
+    main = importlib.import_module(module).main
+    err = io.StringIO()
+    with stop_at_the_parse(monkeypatch), contextlib.redirect_stderr(err):
+        try:
+            main(argv)
+        except Parsed as parsed:
+            return parsed.namespace
+        except SystemExit as exit_:
+            pytest.fail(f"{module} {' '.join(argv)} was refused ({exit_.code}): {err.getvalue().strip()[-300:]}")
+    pytest.fail(f"{module} {' '.join(argv)} ran without parsing its arguments")
+
+
+def kebab(argv: list[str]) -> list[str]:
+    return [a.replace("_", "-") if FLAG.match(a) else a for a in argv]
+
+
+def help_text(module: str) -> str:
+    import importlib
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), pytest.raises(SystemExit):
+        importlib.import_module(module).main(["--help"])
+    return out.getvalue()
+
+
+def hf_pretrain_argv(command: str) -> tuple[str, list[str]]:
+    """(module that runs it, its arguments) of an `hf-pretrain ...` or `accelerate launch ... train.py` line."""
+    argv = words(command)
+    if argv[0] == "hf-pretrain":
+        assert argv[1] in COMMANDS, f"`{command}`: hf-pretrain has no command `{argv[1]}`"
+        return COMMANDS[argv[1]][0], argv[2:]
+    script = next(i for i, a in enumerate(argv) if a in ("hf_pretrain/train.py", "hf_pretrain.train"))
+    return "hf_pretrain.train", argv[script + 1 :]
+
+
+def test_the_front_page_shows_the_commands_of_a_whole_run():
+    commands = front_page_commands()
+    shown = {words(c)[1] for c in commands if c.startswith("hf-pretrain ")}
+    assert {"prepare", "stop", "export", "eval", "demo", "space", "plan", "bench"} <= shown
+    assert "make smoke" in commands and "make test" in commands
+    assert any("hf_pretrain/train.py" in c for c in commands)
+
+
+@pytest.mark.parametrize(
+    "command", [c for c in front_page_commands() if c.startswith(("hf-pretrain", "accelerate"))], ids=str
+)
+def test_every_front_page_command_is_taken_in_both_spellings(command, monkeypatch):
+    module, argv = hf_pretrain_argv(command)
+    listed = help_text(module)
+    if argv == ["--help"]:
+        return  # shown as such: it answered above
+    flags = [a.split("=", 1)[0] for a in argv if FLAG.match(a)]
+    unlisted = [f for f in flags if f not in listed]
+    assert not unlisted, f"`{command}`: not in `--help`: {unlisted}"
+    snake = parse_command(module, argv, monkeypatch)
+    assert parse_command(module, kebab(argv), monkeypatch) == snake, f"`{command}` reads otherwise in kebab case"
+
+
+@pytest.mark.parametrize("command", [c for c in front_page_commands() if c.startswith("accelerate")], ids=str)
+def test_the_launch_lines_name_accelerate_flags_and_configs_that_exist(command):
+    from accelerate.commands.launch import launch_command_parser
+
+    argv = words(command)
+    launcher = argv[: next(i for i, a in enumerate(argv) if a.startswith("hf_pretrain") or a == "-m")]
+    known = launch_command_parser()._option_string_actions
+    assert [a for a in launcher if FLAG.match(a) and a not in known] == []
+    config = launcher[launcher.index("--config_file") + 1]
+    assert (ROOT / config).is_file(), config
+
+
+def test_the_make_targets_exist():
+    targets = set(re.findall(r"^([a-z_]+):", (ROOT / "Makefile").read_text(), re.M))
+    missing = [c for c in front_page_commands() if c.startswith("make ") and c.split()[1] not in targets]
+    assert not missing
+
+
+def test_a_flag_the_product_does_not_take_is_caught(monkeypatch):
+    """The checks above are not vacuous: a misspelt flag fails both."""
+    module, argv = hf_pretrain_argv("hf-pretrain plan --recipe 1b --gpu_count 8")
+    assert "--gpu_count" not in help_text(module)
+    with pytest.raises(pytest.fail.Exception, match="unknown key `gpu_count`"):
+        parse_command(module, argv, monkeypatch)
+
+
+def test_the_front_page_is_a_front_page():
+    assert len(FRONT_PAGE.read_text().splitlines()) <= 250
+
+
+# ---------------------------------------------------------------------- the pictures
+def test_the_pictures_are_what_the_run_records_draw_today(tmp_path):
+    import numpy as np
+    from matplotlib.image import imread
+
+    table = draw(RUN_RECORDS, tmp_path)
+    for name in PICTURES:
+        committed, drawn = IMAGES / name, tmp_path / name
+        assert committed.stat().st_size < 200_000, f"{name} is {committed.stat().st_size:,} bytes"
+        a, b = imread(committed), imread(drawn)
+        # drawing is deterministic (the same pixels here); a changed label alone moves ~0.2% of them
+        differ = a.shape == b.shape and (np.abs(a - b).max(axis=-1) > 0.1).mean()
+        assert a.shape == b.shape and differ < 0.001, (
+            f"docs/images/{name} is not what the plots draw today: python -m tests.regenerate_docs_images"
+        )
+    shown = [page for page in PAGES if table in page.read_text()]
+    assert shown, "the smoke run's phase table is on no page: python -m tests.regenerate_docs_images prints it"
+    for page in shown:
+        assert all(f"images/{name}" in page.read_text() for name in PICTURES[:1]), page.name
