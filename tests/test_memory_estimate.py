@@ -66,9 +66,9 @@ class Saved:
     weight_copies: int
 
 
-def weight_shapes(recipe: Recipe) -> set[tuple[int, ...]]:
+def weight_shapes(recipe: Recipe, tokenizer_size: int = TOKENIZER_SIZE) -> set[tuple[int, ...]]:
     """Shapes of the model's matrices (and their transposes, as the compiled graph saves them)."""
-    config = llama_config(recipe.model, TOKENIZER_SIZE)
+    config = llama_config(recipe.model, tokenizer_size)
     h, inner, kv = config.hidden_size, config.intermediate_size, config.num_key_value_heads * config.head_dim
     shapes = {(h, h), (kv, h), (inner, h), (config.vocab_size, h)}
     return shapes | {shape[::-1] for shape in shapes}
@@ -187,6 +187,57 @@ def test_the_formula_keeps_what_the_step_saves_per_layer_and_at_the_head(kind, m
     assert head == pytest.approx(formula_head, rel=GRAPH_RTOL)
     estimate = estimate_memory(recipe, TOKENIZER_SIZE, cuda_available=True)
     assert saved[1].weight_copies == pytest.approx(estimate.weight_copies, rel=0.01, abs=1)  # 0 in fp32
+
+
+def test_at_the_real_micro_batch_the_compiled_graph_saves_exactly_the_formula():
+    """The partition (min-cut) depends on the sizes, so the same check at the `1b`'s real micro-batch,
+    8 x 2048 tokens, on fake tensors (shapes and dtypes only, nothing allocated; the model built and
+    compiled as the loop does, without Accelerate's wrapper, whose autocast is applied here by hand):
+    one layer's saved bytes and the head's (final norm, bf16 logits, two row statistics) per token."""
+    import torch._dynamo.backends.common as common
+    from torch._functorch.aot_autograd import make_boxed_func
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from hf_pretrain.model import build_model, train_in_compute_dtype
+
+    recipe = load_recipe("1b")
+    tokens, seq_len = recipe.train.micro_batch_size * recipe.data.seq_len, recipe.data.seq_len
+    size = recipe_tokenizer_size(recipe)
+    saved = {}
+    for layers in (1, 2):
+        config = llama_config(dataclasses.replace(recipe.model, num_hidden_layers=layers), size)
+        backward = []
+
+        def keep_backward(gm, example_inputs, into=backward):
+            into.append(gm)
+            return make_boxed_func(gm.forward)
+
+        backend = common.aot_autograd(
+            fw_compiler=lambda gm, example_inputs: make_boxed_func(gm.forward),
+            bw_compiler=keep_backward,
+            partition_fn=partition_fn,
+            decompositions=select_decomp_table(),
+        )
+        torch._dynamo.reset()
+        with FakeTensorMode():
+            model = build_model(config)
+            train_in_compute_dtype(model)
+            ids = torch.randint(0, config.vocab_size, (tokens // seq_len, seq_len + 1))
+            targets = ids[:, 1:].contiguous()
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                loss = torch.compile(model, backend=backend, fullgraph=True)(
+                    input_ids=ids[:, :-1], labels=targets, shift_labels=targets
+                ).loss
+            loss.backward()
+        saved[layers] = saved_by_backward(backward, weight_shapes(recipe, size)).activations
+    step = step_kind(recipe)
+    per_layer = (saved[2] - saved[1]) / tokens
+    head = saved[1] / tokens - per_layer
+    vocab_rows = llama_config(recipe.model, size).vocab_size
+    assert per_layer == pytest.approx(layer_activation_bytes_per_token(recipe, step), rel=0.001)
+    assert head == pytest.approx(
+        head_norm_bytes_per_token(recipe, step) + saved_logits_bytes_per_token(step, vocab_rows), rel=0.001
+    )
 
 
 def test_a_checkpointed_layer_saves_its_activations_less_at_most_its_input(monkeypatch):
