@@ -137,10 +137,13 @@ def test_plan_ranks_fp8_where_cards_have_it_and_says_the_quality_factor_it_assum
 
 
 def test_a_card_that_needs_checkpointing_pays_for_it_in_tokens_per_s():
-    l40s = next(row for row in rows() if row.gpu == "L40S")
-    assert l40s.fits and l40s.checkpointed_layers > 0  # 48 GB: the 1b at micro-batch 8 needs some recompute
-    without = performance.modelled_tokens_per_s(ONE_B, gpu_named("L40S"), l40s.micro_batch_size, 0)
-    assert l40s.tokens_per_s < 0.97 * without
+    # 40 GB: the 1b at micro-batch 8 needs a few layers recomputed (48 GB, an L40S, needs none: the H100
+    # measured 37.24 GiB for the recipe as shipped)
+    a100 = next(row for row in rows() if row.gpu == "A100 40GB")
+    assert a100.fits and a100.micro_batch_size == 8 and 0 < a100.checkpointed_layers < 8
+    assert next(row for row in rows() if row.gpu == "L40S").checkpointed_layers == 0
+    without = performance.modelled_tokens_per_s(ONE_B, gpu_named("A100 40GB"), a100.micro_batch_size, 0)
+    assert a100.tokens_per_s < 0.97 * without
     # and the more layers recompute, the slower
     rates = [performance.modelled_tokens_per_s(ONE_B, gpu_named("L40S"), 8, k) for k in (0, 4, 8, 16)]
     assert rates == sorted(rates, reverse=True)
@@ -228,8 +231,8 @@ def test_plan_gpu_all_json_has_a_row_per_gpu_with_its_keys(capsys):
 def test_recipe_overrides_win_over_the_fit_search(capsys):
     pinned = _json(capsys, ["--recipe", "1b", "--gpu", "all", "--micro_batch_size", "8"])["gpus"]
     assert all(row["micro_batch_size"] == 8 for row in pinned if row["fits"])
-    small = next(row for row in pinned if row["gpu"] == "RTX 4090")
-    assert not small["fits"] and "micro_batch_size 8" in small["reason"]  # it would need micro-batch 2
+    small = next(row for row in pinned if row["gpu"] == "L4")
+    assert not small["fits"] and "micro_batch_size 8" in small["reason"]  # it would need micro-batch 4
     checkpointed = _json(capsys, ["--recipe", "1b", "--gpu", "all", "--gradient_checkpointing", "true"])["gpus"]
     assert all(row["checkpointed_layers"] == 16 for row in checkpointed if row["fits"])
     some = _json(capsys, ["--recipe", "1b", "--gpu", "all", "--checkpointed_layers", "4"])["gpus"]

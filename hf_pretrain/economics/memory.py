@@ -1,59 +1,83 @@
-"""GPU memory a recipe needs on one process, before anything is allocated.
+"""GPU memory a recipe needs on one process, before anything is allocated: the configuration that will run.
+
+What is estimated is what `torch.cuda.max_memory_allocated` reports over an optimizer step: the
+bytes of live tensors. The card needs more than that, which `USABLE_MEMORY_FRACTION` (90% of it)
+leaves aside: the CUDA context, outside PyTorch's allocator (several hundred MiB); blocks the
+caching allocator holds but no tensor uses (fragmentation: `memory_reserved` minus
+`memory_allocated`, PyTorch's "CUDA semantics: memory management" notes; `expandable_segments`
+narrows it); NCCL's buffers on several GPUs. Inside the figure, the allocator rounds every request
+up to a multiple of 512 bytes (c10's CUDACachingAllocator, `kMinBlockSize`): nothing at these sizes.
 
 State, for N parameters (tied embeddings counted once):
     fp32 master weights 4N + AdamW exp_avg and exp_avg_sq 8N, always (with `optimizer: muon`, the
         decoder's matrices keep one momentum, 4 bytes, instead of AdamW's 8);
     fp32 gradients 4N, from the first backward pass to the optimizer step (`zero_grad` frees them);
-    2N for the bf16/fp16 weight copies autocast makes for the matmuls (mixed precision only), which
-    the matmuls keep for their backward: they live as long as the activations.
+    under bf16/fp16 autocast, a 16-bit copy of every weight (2N) that the matmuls keep for their
+        backward: autocast's cache in eager mode, saved tensors of the compiled graph (AOTAutograd's
+        partition saves the bf16 weights rather than casting again): they live as long as the activations.
 
 The peak of a step is the larger of two moments:
     the start of the backward pass: weights, AdamW, the weight copies, every saved activation and
-        the loss's buffers, plus the gradients when the step accumulates micro-batches (from the
+        the head's buffers, plus the gradients when the step accumulates micro-batches (from the
         second micro-batch on, the gradients of the first are alive through the forward pass);
     the end of the backward pass: weights, AdamW and every gradient, plus, with a tied embedding,
         two V x h fp32 buffers: the lookup's dense gradient and the sum autograd makes of it and
         the output projection's gradient (8Vh).
 
-Activations saved for the backward pass follow Korthikanti et al. 2022 ("Reducing Activation
-Recomputation in Large Transformer Models", sec. 4.1: s*b*h*(34 + 5*a*s/h) bytes per GPT layer),
-adapted to what a Hugging Face Llama layer keeps under Accelerate's autocast with SDPA attention.
-Per token and layer, with h = hidden_size, h_kv = num_key_value_heads * head_dim (GQA),
-I = intermediate_size (SwiGLU), a = num_attention_heads:
-    mixed precision:  30h + 4*h_kv + 8I + 4a + 8 bytes
-        the residual stream stays fp32 (the weights are fp32, autocast only casts matmul inputs),
-        so each RMSNorm keeps its fp32 input and normalised output and hands a bf16 copy to the
-        next matmul; Q, K and V (K and V at h_kv width: SDPA takes GQA without repeating heads),
-        the attention output and o_proj's input in bf16; gate, up, SiLU(gate) and their product
-        (4 x 2I); the fp32 log-sum-exp of the attention rows (4a) and the norms' rsqrt (8).
-        Flash / memory-efficient SDPA never stores the s x s scores, so Korthikanti's 5as/h term
-        and the dropout masks are gone.
-    fp32 (no mixed precision):  32h + 8*h_kv + 16I + 4a + 8 bytes.
-These coefficients were measured with `torch.autograd.graph.saved_tensors_hooks` on
-transformers 5.x (CPU SDPA, which saves the same tensors as the flash kernel).
-With gradient checkpointing (per decoder layer) only each layer's fp32 input is kept (4h per token
-and layer) and one layer's activations are recomputed at a time during the backward pass. Selective
-checkpointing of k of the L layers (`train.checkpointed_layers`) keeps L - k layers' activations and
-k layer inputs; the checkpointed layers are the first k, which the backward pass reaches last, after
-the others' activations are freed, so their recomputation adds to the peak only when k = L.
-The head adds, per token, the final norm (10h mixed, 12h fp32), and its backward the larger of two
-moments: the loss's backward, 12V per token in both precisions (the fp32 log-softmax kept for it, its
-incoming gradient and the logits' gradient; in mixed precision the bf16 logits and their gradient
-come and go around them), or the output projection's, the logits' gradient (4V per token) beside the
-projection's new weight gradient (4Vh), and, from a step's second micro-batch on, autograd's sum of
-it with the gradient already there (4Vh more). Liger's fused linear cross entropy never materialises
-the logits (chunked), but computes its gradients in the forward pass and keeps them for the backward:
-the projection's weight gradient (4Vh) and the input's (4h per token), read from liger-kernel 0.8.5's
-source, not measured (its kernels need a GPU).
+Activations saved for the backward pass, per token and layer, with h = hidden_size, h_kv =
+num_key_value_heads * head_dim (GQA), I = intermediate_size (SwiGLU), a = num_attention_heads and e
+the bytes of the compute dtype (2 under bf16/fp16 autocast, 4 in fp32). The residual stream is in
+the compute dtype (`model.train_in_compute_dtype`); attention is a flash-style SDPA, which keeps
+Q, K, V (K and V at h_kv width: no repeated heads), its output and the rows' fp32 log-sum-exp (4a),
+never the s x s scores (so Korthikanti et al. 2022's 5as/h term and the dropout masks are gone).
+    compiled (torch.compile, inductor's partition of the joint graph):  e*(6h + 2h_kv + 3I) + 4a + 8
+        the layer's input, each RMSNorm's normalised output and fp32 rsqrt (8), Q, K, V, the
+        attention output, the residual between attention and MLP, and gate, up and their SiLU
+        product (the down projection's input). The norm's fp32 upcast, SiLU(gate) and autocast's
+        casts are fused into kernels and recomputed in the backward.
+    eager with Liger's kernels: the same, read from liger-kernel 0.8.5's source (its kernels need a
+        GPU): the fused RMSNorm keeps its input and rstd, the fused SwiGLU its gate and up, RoPE
+        nothing but cos and sin; the norm's output is already bf16, so one copy feeds Q, K and V.
+    eager under autocast:  26h + 4h_kv + 8I + 4a + 8
+        each RMSNorm keeps its fp32 upcast (4h) and its bf16 normalised value (2h); autocast casts
+        the norm's fp32 output (fp32 weight x bf16) to bf16 once per projection (Q, K, V: 3 x 2h;
+        gate, up: 2 x 2h); Q and the attention output (2 x 2h); gate, up, SiLU(gate) and the
+        product (4 x 2I).
+    eager fp32:  32h + 8h_kv + 16I + 4a + 8.
+`tests/test_memory_estimate.py` holds these against the tensors the step saves at the 1b width
+(2 layers, a short sequence, per token): AOTAutograd's saved tensors under inductor's partition for
+compiled, `torch.autograd.graph.saved_tensors_hooks` for eager.
 
-Calibrated 2026-11-23 against the measured peak of real CPU optimizer steps (`benchmarks/bench_memory.py`:
-the CPU allocator's live tensor bytes, not RSS), 1.3M to 187M parameters, fp32 and bf16, with and
-without accumulation and checkpointing: every estimate within 3% (docs/gpu.md); the previous
-formula (always the sum of everything, 8V/10V at the loss) was 17% low to 21% high.
+With activation checkpointing of the first k of L layers (`train.checkpointed_layers`), a
+checkpointed layer keeps only its input (e*h per token) and one layer's activations are recomputed
+at a time in the backward pass; the checkpointed layers are the first k, which the backward
+reaches last, after the others' activations are freed, so their recomputation adds to the peak
+only when k = L.
 
-It is an estimate for one process without FSDP sharding (FSDP divides the static state by the
-number of processes): torch.compile and Liger kernels only lower the real figure, while the CUDA
-context, cuBLAS workspaces and allocator fragmentation are left to the caller's headroom.
+The head (`head_bytes`): the final norm, then the loss (`loss_bytes`):
+    compiled: the final norm keeps e*2h + 4 per token; the graph saves the logits in the compute
+        dtype (eV) and two fp32 row statistics (8), and its backward writes the logits' gradient
+        (eV) beside them: 2eV + 8 per token;
+    eager: the final norm 8h + 4 under autocast (12h + 4 in fp32); the loss's fp32 log-softmax
+        kept for the backward, its incoming gradient and the logits' gradient: 12V per token in
+        both precisions (`LOSS_BYTES_PER_LOGIT`);
+    either way, if larger, the output projection's moment: the logits' gradient beside the
+        projection's new weight gradient (4Vh), and, from a step's second micro-batch on, autograd's
+        sum of it with the gradient already there (4Vh more);
+    Liger's fused linear cross entropy never materialises the logits (chunked), but computes its
+        gradients in the forward pass and keeps them for the backward: the projection's weight
+        gradient (4Vh) and the input's (e*h per token), read from liger-kernel 0.8.5's source;
+        `chunked_loss` (hf_pretrain/loss.py) does the same in torch ops, plus one chunk of
+        `LOSS_CHUNK_TOKENS` tokens' logits, their fp32 copy and their gradient (e + 8 bytes a logit)
+        while it runs. `mixed_precision: fp8` is estimated as bf16 (its fp8 copies are not modelled).
+`compile_regions` compiles the decoder layers one by one: their activations are the compiled ones,
+the head runs eagerly.
+
+Checked against one H100 80GB (../shared/gpu/README.md, 2026-11-25; `tests/test_memory_estimate.py`,
+docs/gpu.md): the 1b recipe at micro-batch 8 x 2048 compiled (+2.1%), eager (-0.1%) and eager with
+Liger (-0.7%); the hand-written transformers loop (its own per-layer bytes, from its graph) at
+micro-batch 8 and 16, 8-11% low. `ESTIMATE_ERROR` states 15%, the bound the tests hold. It is an estimate for one process without
+FSDP sharding (FSDP divides the static state by the number of processes).
 """
 
 from __future__ import annotations
@@ -65,9 +89,9 @@ from hf_pretrain.config import Recipe
 from hf_pretrain.hardware import training_precision
 from hf_pretrain.model import llama_config, recipe_parameter_count
 
-# Bytes per parameter: fp32 weights, fp32 gradients, AdamW's two fp32 moments, autocast's 16-bit copy.
+# Bytes per parameter: fp32 weights, fp32 gradients, AdamW's two fp32 moments.
 # Accelerate's autocast keeps the weights in fp32, so the gradients (and what DDP all-reduces) are fp32.
-WEIGHT_BYTES, GRADIENT_BYTES, ADAM_BYTES, HALF_COPY_BYTES = 4, 4, 8, 2
+WEIGHT_BYTES, GRADIENT_BYTES, ADAM_BYTES = 4, 4, 8
 # Muon keeps one fp32 momentum per matrix element (`optimizer: muon`: the decoder's matrices).
 MUON_BYTES = 4
 # What a checkpoint keeps of that state per parameter: the fp32 weights and AdamW's moments (the
@@ -75,18 +99,44 @@ MUON_BYTES = 4
 # spread over one file per process. With Muon a checkpoint is smaller (about 2/3 of this for the 1b):
 # the disk checks keep AdamW's figure, an upper bound.
 CHECKPOINT_BYTES_PER_PARAMETER = WEIGHT_BYTES + ADAM_BYTES
-# Bytes per token per layer of the fp32 residual stream kept at each checkpointed layer boundary.
-RESIDUAL_BYTES = 4
-# Share of the device's memory a run can count on: the CUDA context, cuBLAS/NCCL workspaces and
-# allocator fragmentation take the rest.
+# Share of the device's memory a run can count on: the CUDA context, reserved-but-unused allocator
+# blocks and NCCL's buffers take the rest (module docstring).
 USABLE_MEMORY_FRACTION = 0.9
-# Bytes per token and vocabulary row at the loss's backward: three fp32 buffers (module docstring).
+# How far the estimate may be from a measured peak, either way: the bound tests/test_memory_estimate.py
+# holds it to against the H100's peaks (each was within 3%). The doctor refuses only beyond it.
+ESTIMATE_ERROR = 0.15
+# Bytes per token and vocabulary row at an eager loss's backward: three fp32 buffers (module docstring).
 LOSS_BYTES_PER_LOGIT = 12
 
 
 @dataclass(frozen=True)
+class StepKind:
+    """How the step runs, which decides what it keeps for the backward pass (module docstring)."""
+
+    compiled_layers: bool  # torch.compile, whole model or one decoder layer at a time
+    compiled_head: bool  # the final norm and the loss inside the compiled graph (whole-model compile)
+    liger: bool  # Liger's kernels (they run on CUDA only)
+    compute_bytes: int  # bytes of an activation element: 2 under bf16/fp16 autocast, 4 in fp32
+    chunked_loss: bool = False  # `chunked_loss: true` (hf_pretrain/loss.py), where Liger's loss does not replace it
+
+    @property
+    def fused_loss(self) -> bool:
+        """A loss that computes its gradients in the forward pass, a chunk of tokens at a time."""
+        return self.liger or self.chunked_loss
+
+    @property
+    def mixed_precision(self) -> bool:
+        return self.compute_bytes < 4
+
+    def describe(self) -> str:
+        how = "compiled" if self.compiled_layers else "eager"
+        how += (" + Liger" if self.liger else "") + (" + chunked loss" if self.chunked_loss else "")
+        return how + (", bf16" if self.mixed_precision else ", fp32")
+
+
+@dataclass(frozen=True)
 class MemoryEstimate:
-    """Bytes on one GPU for the recipe's micro-batch; `total(checkpointing)` is the peak."""
+    """Bytes on one GPU for the recipe's micro-batch; `peak(k)` is the step's peak with k layers checkpointed."""
 
     parameters: int
     weights: int
@@ -99,7 +149,8 @@ class MemoryEstimate:
     embedding_gradient: int = 0  # the tied embedding's gradient being summed at the end of the backward
     accumulating: bool = True  # more than one micro-batch per step: gradients live through the forward
     layers: int = 0  # decoder layers
-    layer_input: int = 0  # one checkpointed layer's saved fp32 input
+    layer_input: int = 0  # one checkpointed layer's saved input (the residual stream)
+    kind: StepKind | None = None  # how the step runs (compiled or eager, Liger, precision)
 
     @property
     def static(self) -> int:
@@ -131,28 +182,80 @@ def uses_mixed_precision(recipe: Recipe, cuda_available: bool) -> bool:
     return training_precision(recipe.train.mixed_precision, cuda_available) != "no"
 
 
-def layer_activation_bytes_per_token(recipe: Recipe, mixed_precision: bool) -> int:
-    """Bytes one decoder layer saves for backward per token (formula in the module docstring)."""
+def step_kind(recipe: Recipe, cuda_available: bool = True) -> StepKind:
+    """The recipe's step as it will run: `cuda_available` resolves `mixed_precision: auto` and Liger
+    (without CUDA, training falls back to the standard kernels: `model.apply_liger`)."""
+    t = recipe.train
+    return StepKind(
+        compiled_layers=t.compile,
+        compiled_head=t.compile and not t.compile_regions,
+        liger=t.liger and cuda_available,
+        compute_bytes=2 if uses_mixed_precision(recipe, cuda_available) else 4,
+        chunked_loss=t.chunked_loss and not (t.liger and cuda_available),
+    )
+
+
+def layer_activation_bytes_per_token(recipe: Recipe, kind: StepKind) -> int:
+    """Bytes one decoder layer saves for backward per token (formulas in the module docstring)."""
     m = recipe.model
     h, inner, heads = m.hidden_size, m.intermediate_size, m.num_attention_heads
     kv_width = m.num_key_value_heads * (h // heads)
-    if mixed_precision:
-        return 30 * h + 4 * kv_width + 8 * inner + 4 * heads + 8
+    e = kind.compute_bytes
+    if kind.compiled_layers or kind.liger:  # fused norms and SwiGLU
+        return e * (6 * h + 2 * kv_width + 3 * inner) + 4 * heads + 8
+    if kind.mixed_precision:
+        return 26 * h + 4 * kv_width + 8 * inner + 4 * heads + 8
     return 32 * h + 8 * kv_width + 16 * inner + 4 * heads + 8
 
 
-def head_bytes(recipe: Recipe, vocab_rows: int, tokens: int, mixed_precision: bool, accumulating: bool) -> int:
-    """Final norm plus the head's backward for `tokens` tokens (module docstring); under Liger's fused
-    loss, the gradients it computes in the forward pass instead of the logits."""
-    h = recipe.model.hidden_size
-    norm = (10 * h if mixed_precision else 12 * h) * tokens
-    if recipe.train.liger:
-        return norm + GRADIENT_BYTES * vocab_rows * h + GRADIENT_BYTES * tokens * h
-    loss = LOSS_BYTES_PER_LOGIT * vocab_rows * tokens
+def saved_logits_bytes_per_token(kind: StepKind, vocab_rows: int) -> int:
+    """What the loss keeps from its forward for its backward, per token (module docstring): the compiled
+    graph the logits in the compute dtype and two fp32 row statistics, eager the fp32 log-softmax and
+    the int64 target; a fused loss (Liger's, or the chunked one) keeps no logits."""
+    if kind.fused_loss:
+        return 0
+    if kind.compiled_head:
+        return kind.compute_bytes * vocab_rows + 8
+    return 4 * vocab_rows + 8
+
+
+def loss_bytes(recipe: Recipe, kind: StepKind, vocab_rows: int, tokens: int, accumulating: bool) -> int:
+    """The loss's peak buffers for `tokens` tokens (module docstring): the saved logits and the
+    gradients the backward writes beside them, or the output projection's gradient when larger; under
+    a fused loss (Liger's, or `chunked_loss`), the gradients it computes in the forward pass instead of
+    the logits, and, for the chunked one, one chunk's logits, their fp32 copy and their gradient."""
+    h, e = recipe.model.hidden_size, kind.compute_bytes
+    projection_gradient = GRADIENT_BYTES * vocab_rows * h
+    if kind.fused_loss:
+        chunk = 0
+        if kind.chunked_loss:
+            from hf_pretrain.loss import LOSS_CHUNK_TOKENS
+
+            chunk = min(tokens, LOSS_CHUNK_TOKENS) * vocab_rows * (e + 4 + 4)
+        return projection_gradient + e * tokens * h + chunk
+    if kind.compiled_head:
+        logits_gradient = e * vocab_rows * tokens  # written by one fused kernel, in the compute dtype
+        loss = saved_logits_bytes_per_token(kind, vocab_rows) * tokens + logits_gradient
+    else:
+        logits_gradient = GRADIENT_BYTES * vocab_rows * tokens
+        loss = LOSS_BYTES_PER_LOGIT * vocab_rows * tokens  # the log-softmax, its incoming gradient, the logits'
     # the logits' gradient beside the output projection's new weight gradient (and its sum with the
     # gradient of the step's earlier micro-batches)
-    projection = GRADIENT_BYTES * vocab_rows * tokens + (2 if accumulating else 1) * GRADIENT_BYTES * vocab_rows * h
-    return norm + max(loss, projection)
+    return max(loss, logits_gradient + (2 if accumulating else 1) * projection_gradient)
+
+
+def head_norm_bytes_per_token(recipe: Recipe, kind: StepKind) -> int:
+    """What the final RMSNorm keeps per token (module docstring)."""
+    h, e = recipe.model.hidden_size, kind.compute_bytes
+    if kind.compiled_head or kind.liger:
+        return 2 * e * h + 4  # the last layer's output, the normalised value, the rsqrt
+    return (8 if kind.mixed_precision else 12) * h + 4
+
+
+def head_bytes(recipe: Recipe, kind: StepKind, vocab_rows: int, tokens: int, accumulating: bool) -> int:
+    """Final norm plus the loss for `tokens` tokens (module docstring)."""
+    norm = head_norm_bytes_per_token(recipe, kind) * tokens
+    return norm + loss_bytes(recipe, kind, vocab_rows, tokens, accumulating)
 
 
 def decoder_matrix_parameters(recipe: Recipe) -> int:
@@ -173,33 +276,35 @@ def optimizer_state_bytes(recipe: Recipe, n: int) -> int:
 def estimate_memory(
     recipe: Recipe, tokenizer_size: int, cuda_available: bool = True, world_size: int = 1
 ) -> MemoryEstimate:
-    """Peak training memory of one process for `recipe` (see the module docstring for the formulas).
+    """Peak training memory of one process for `recipe` as it will run (see the module docstring).
 
-    `cuda_available` resolves `mixed_precision: auto` the way training will (bf16 on a GPU);
-    `world_size` decides whether a process accumulates micro-batches.
+    `cuda_available` resolves `mixed_precision: auto` and Liger the way training will (bf16 and
+    Liger's kernels on a GPU); `world_size` decides whether a process accumulates micro-batches.
     """
     config = llama_config(recipe.model, tokenizer_size)
     n = recipe_parameter_count(recipe, tokenizer_size)
-    mixed = uses_mixed_precision(recipe, cuda_available)
+    kind = step_kind(recipe, cuda_available)
     tokens = recipe.train.micro_batch_size * recipe.data.seq_len
     accumulating = recipe.train.global_batch_tokens > tokens * world_size  # more than one micro-batch a step
     layers = recipe.model.num_hidden_layers
-    per_layer = tokens * layer_activation_bytes_per_token(recipe, mixed)
+    per_layer = tokens * layer_activation_bytes_per_token(recipe, kind)
+    layer_input = tokens * recipe.model.hidden_size * kind.compute_bytes  # the residual stream's dtype
     return MemoryEstimate(
         parameters=n,
         weights=WEIGHT_BYTES * n,
         gradients=GRADIENT_BYTES * n,
         optimizer=optimizer_state_bytes(recipe, n),
-        weight_copies=HALF_COPY_BYTES * n if mixed else 0,
+        weight_copies=kind.compute_bytes * n if kind.mixed_precision else 0,
         activations=layers * per_layer,
-        checkpointed_activations=layers * tokens * recipe.model.hidden_size * RESIDUAL_BYTES + per_layer,
-        head=head_bytes(recipe, config.vocab_size, tokens, mixed, accumulating),
+        checkpointed_activations=layers * layer_input + per_layer,
+        head=head_bytes(recipe, kind, config.vocab_size, tokens, accumulating),
         embedding_gradient=2 * WEIGHT_BYTES * config.vocab_size * config.hidden_size
         if config.tie_word_embeddings
         else 0,
         accumulating=accumulating,
         layers=layers,
-        layer_input=tokens * recipe.model.hidden_size * RESIDUAL_BYTES,
+        layer_input=layer_input,
+        kind=kind,
     )
 
 
