@@ -1,9 +1,9 @@
 """Checkpoint cost of a 1b-shaped training state (fp32 weights + AdamW moments, ~12.5 GB) on this
 machine, split into writing (Accelerate's `save_state`), hashing (SHA-256 of every file, for the
 manifest) and flushing (fsync), and what the training thread waits for: with the hashing, manifest
-and rename inline; done in the background (training/checkpointer.py); and, as a periodic save now
+and rename inline; done in the background (checkpoints/checkpointer.py); and, as a periodic save now
 runs, with the model and optimizer states only copied to host memory and written in the background
-too (training/async_save.py: the loop stalls for the copy).
+too (checkpoints/async_save.py: the loop stalls for the copy).
 
     python benchmarks/bench_checkpoint.py [--layers 16] [--dir /tmp]    # --layers 8 halves the state
 
@@ -28,9 +28,9 @@ import torch
 from accelerate import Accelerator
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from hf_pretrain.checkpoints.async_save import HostStage
+from hf_pretrain.checkpoints.checkpointer import save_checkpoint
 from hf_pretrain.config import load_recipe
-from hf_pretrain.training.async_save import HostStage
-from hf_pretrain.training.checkpointer import save_checkpoint
 
 
 def one_b_state(layers: int) -> tuple[torch.nn.Module, torch.optim.Optimizer, LlamaConfig]:

@@ -1,4 +1,4 @@
-"""A periodic save stalls the loop only for a copy (training/async_save.py): the same bytes as
+"""A periodic save stalls the loop only for a copy (checkpoints/async_save.py): the same bytes as
 Accelerate's `save_state`, a stall well under the synchronous one, failures on the writing thread
 said by the next save with the same words, a full disk named."""
 
@@ -13,9 +13,9 @@ import pytest
 import torch
 from transformers import LlamaConfig
 
-from hf_pretrain.training import checkpointer
-from hf_pretrain.training.async_save import HostStage, StagedState
-from hf_pretrain.training.checkpointer import CheckpointSaveError
+from hf_pretrain.checkpoints import checkpointer
+from hf_pretrain.checkpoints.async_save import HostStage, StagedState
+from hf_pretrain.checkpoints.checkpointer import CheckpointSaveError
 from tests.helpers import StandInTokenizer, save_with_stand_ins
 from tests.test_failure_paths import TORCH_FULL_DISK, fill, small_volume
 
@@ -134,7 +134,7 @@ def test_only_a_state_whole_on_each_process_is_staged(accelerator):
     """FSDP gathers and writes its shards with collectives on every process: its saves stay synchronous."""
     from accelerate.utils import DistributedType, ProjectConfiguration
 
-    from hf_pretrain.training.async_save import can_stage
+    from hf_pretrain.checkpoints.async_save import can_stage
 
     def stand_in(kind, **config):
         return SimpleNamespace(
@@ -159,8 +159,8 @@ def test_the_layout_names_accelerates_files():
 def test_async_save_false_keeps_the_write_on_the_training_thread(accelerator):
     from dataclasses import replace
 
+    from hf_pretrain.checkpoints.checkpointer import Checkpointer
     from hf_pretrain.config import load_recipe
-    from hf_pretrain.training.checkpointer import Checkpointer
 
     train = load_recipe("smoke").train
     assert train.async_save  # the default

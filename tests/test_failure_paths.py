@@ -20,9 +20,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from hf_pretrain.checkpoints import checkpointer
+from hf_pretrain.checkpoints.checkpointer import CheckpointSaveError
 from hf_pretrain.exit_codes import EXIT_PREEMPTED, EXIT_SAVE_FAILED
-from hf_pretrain.training import checkpointer
-from hf_pretrain.training.checkpointer import CheckpointSaveError
 from hf_pretrain.training.session import Session, read_status
 from hf_pretrain.training.start_up import StoppedDuringStartUp, loop_ended
 from tests.helpers import launch_training, save_with_stand_ins

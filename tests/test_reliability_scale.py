@@ -13,14 +13,13 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from hf_pretrain.checkpoints import store
+from hf_pretrain.checkpoints import checkpointer, store
+from hf_pretrain.checkpoints.checkpointer import CheckpointSaveError
 from hf_pretrain.checkpoints.continuation import resumable
 from hf_pretrain.checkpoints.manifest import CheckpointError, verify_checkpoint, write_manifest
 from hf_pretrain.checkpoints.store import keep_weights_only, prune_checkpoints
 from hf_pretrain.publish import export
 from hf_pretrain.run_dir import read_jsonl, truncate_jsonl
-from hf_pretrain.training import checkpointer
-from hf_pretrain.training.checkpointer import CheckpointSaveError
 from tests.helpers import launch_training, save_with_stand_ins
 
 

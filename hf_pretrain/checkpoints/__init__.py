@@ -5,6 +5,6 @@
 - `store.py`: a run's checkpoints: listing, the newest good one, pins, retention, milestones;
 - `load.py`: weights into a model (FSDP shards merged), a whole training state into a run.
 
-Training decides when to save and how processes agree (`training/checkpointer.py`); publishing,
+Training decides when to save and how processes agree (`checkpoints/checkpointer.py`); publishing,
 evaluation and the preflight read checkpoints through this room and never import `training/`.
 """

@@ -119,7 +119,7 @@ def check_disk_space(recipe: Recipe) -> CheckResult:
 
 
 # The save blocks the training thread while it writes the tensors (hashing, fsync and the rename run
-# beside training: training/checkpointer.py), so its share of the run is bytes / disk speed over the
+# beside training: checkpoints/checkpointer.py), so its share of the run is bytes / disk speed over the
 # time between saves. The probe is small enough to cost about a second on a slow disk.
 SAVE_SHARE_LIMIT = 0.01
 PROBE_BYTES = 128 * 2**20

@@ -18,6 +18,7 @@ import torch
 from accelerate import Accelerator, PartialState
 from accelerate.utils import InitProcessGroupKwargs, set_seed
 
+from hf_pretrain.checkpoints.checkpointer import Checkpointer, CheckpointSaveError
 from hf_pretrain.checkpoints.continuation import decide_resume
 from hf_pretrain.checkpoints.load import restore_training_state
 from hf_pretrain.checkpoints.manifest import verify_checkpoint
@@ -41,7 +42,6 @@ from hf_pretrain.optim import build_optimizer
 from hf_pretrain.preflight import preflight
 from hf_pretrain.run_dir import RunDir, truncate_jsonl
 from hf_pretrain.training.callbacks import Callback, CallbackList
-from hf_pretrain.training.checkpointer import Checkpointer, CheckpointSaveError
 from hf_pretrain.training.compiling import dynamo_plugin
 from hf_pretrain.training.guards import Guards, Stop
 from hf_pretrain.training.metrics import RunLogger, trackers_for

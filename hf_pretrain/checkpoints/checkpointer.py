@@ -6,7 +6,7 @@ renamed to `step_N/` (checkpoints/manifest.py), and older ones pruned (checkpoin
 seal of a periodic save runs on a thread while training goes on; the next save waits for it. Where
 the state lives whole on each process (one process, DDP; not FSDP), a periodic save does not even
 write the model and optimizer states on the training thread: it copies them to host memory and the
-same thread writes them before sealing (training/async_save.py), so the loop stalls only for a copy.
+same thread writes them before sealing (checkpoints/async_save.py), so the loop stalls only for a copy.
 The processes agree after each part, so a failure on one ends the save on all of them, none left
 waiting; a failure on the thread is said by the next save, on every process.
 
@@ -28,22 +28,26 @@ import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from accelerate import Accelerator
 from accelerate.utils import gather_object
 from transformers import PretrainedConfig, PreTrainedTokenizerBase
 
+from hf_pretrain.checkpoints.async_save import HostStage, StagedState, can_stage
 from hf_pretrain.checkpoints.layout import BRANCH_POINT, TMP_SUFFIX, TRAIN_STATE, checkpoint_path, checkpoints_root
 from hf_pretrain.checkpoints.manifest import fsync, write_manifest
 from hf_pretrain.checkpoints.store import list_checkpoints, prune_checkpoints
 from hf_pretrain.config import TrainConfig
+from hf_pretrain.faults import fault_active
 from hf_pretrain.formatting import human_bytes
-from hf_pretrain.training.async_save import HostStage, StagedState, can_stage
-from hf_pretrain.training.faults import fault_active
 
-if TYPE_CHECKING:
-    from hf_pretrain.training.state import TrainState
+
+class Progress(Protocol):
+    """What the checkpointer reads of a run's state (training/state.py's `TrainState`)."""
+
+    step: int
+    decay_start: int | None
 
 
 class _TiedEmbeddingNote(logging.Filter):
@@ -263,7 +267,7 @@ class _CheckpointWrite:
 
         return write_then_seal
 
-    def full_disk_fault(self) -> None:  # the `disk-full` fault of the tests (training/faults.py)
+    def full_disk_fault(self) -> None:  # the `disk-full` fault of the tests (faults.py)
         if fault_active("disk-full", self.step, self.process):
             cut = self.tmp / ("optimizer.bin" if self.main else f"random_states_{self.process}.pkl")
             cut.write_bytes(b"\0" * 64)  # a write cut short ...
@@ -391,7 +395,7 @@ class Checkpointer:
         # host memory for one training state, where a periodic save can stage it (not under FSDP)
         self._stage = HostStage() if train.async_save and can_stage(accelerator) else None
 
-    def due(self, state: TrainState) -> bool:
+    def due(self, state: Progress) -> bool:
         """Every `save_interval` steps, and at the last step before a decay (the run's branch point)."""
         return state.step % self.train.save_interval == 0 or state.step == state.decay_start
 

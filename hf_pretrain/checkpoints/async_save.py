@@ -17,7 +17,7 @@ its own copies: those keep the synchronous `save_state` (`can_stage`).
 
 The host buffers are kept from one save to the next (pinning 12.5 GB costs seconds, and a fresh
 allocation faults every page in): the caller must wait for the previous write before staging again,
-which the checkpointer does (training/checkpointer.py). They cost one training state of host memory.
+which the checkpointer does (checkpoints/checkpointer.py). They cost one training state of host memory.
 """
 
 from __future__ import annotations
