@@ -11,7 +11,8 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 
-from hf_pretrain.checkpoints.continuation import Continuation, decide_resume
+from hf_pretrain.checkpoints.continuation import Continuation
+from hf_pretrain.checkpoints.resume_decision import decide_resume
 from hf_pretrain.config import Recipe
 from hf_pretrain.preflight.budget import check_cost
 from hf_pretrain.preflight.data import (
