@@ -275,3 +275,30 @@ def test_a_wait_for_a_save_shows_a_live_line_and_status_json_says_saving(tmp_pat
         re.fullmatch(r"saving step_00000006: [\d.]+ MB of [\d.]+ MB, [\d.]+ MB/s, \d+ s", line) for line in lines
     ), lines
     assert re.fullmatch(r"saving step_00000006: [\d.]+ MB in \d+ s \([\d.]+ MB/s\)", lines[-1]), lines
+
+
+def test_a_resume_verification_that_lasts_shows_its_line_and_says_verifying(tmp_path, monkeypatch):
+    from hf_pretrain.checkpoints import checksum, manifest, progress
+    from hf_pretrain.run_dir import read_status, set_activity
+
+    accelerator = trained_accelerator(512, depth=2)
+    save(accelerator, tmp_path, 2)
+    monkeypatch.setattr(progress, "QUIET_S", 0.1)
+    read = checksum.file_checksum
+
+    def slow_read(path, *args, **kwargs):  # a disk of ~6 MB/s
+        time.sleep(path.stat().st_size / 6e6)
+        return read(path, *args, **kwargs)
+
+    monkeypatch.setattr(manifest, "file_checksum", slow_read)
+    (tmp_path / "status.json").write_text(json.dumps({"state": "running"}))
+    seen, lines = [], []
+
+    def activity(what):
+        set_activity(tmp_path, what)
+        seen.append(read_status(tmp_path).get("activity"))
+
+    folder = tmp_path / "checkpoints" / "step_00000002"
+    assert manifest.verify_showing(folder, say=lines.append, activity=activity)["step"] == 2
+    assert seen == ["verifying", None]
+    assert re.fullmatch(r"verifying step_00000002: [\d.]+ MB in \d+ s \([\d.]+ MB/s\)", lines[-1]), lines

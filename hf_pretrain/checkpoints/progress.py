@@ -13,6 +13,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import TextIO
 
 from tqdm import tqdm
@@ -42,6 +43,26 @@ class ByteCount:
         """More work than first counted (files found on the way)."""
         with self._lock:
             self.total += n
+
+
+class FolderBytes(ByteCount):
+    """The bytes of the files under the folders that match `pattern` in `parent`: the progress of a
+    writer that counts nothing itself (`save_pretrained` building final/)."""
+
+    def __init__(self, parent: Path, pattern: str, total: int = 0):
+        super().__init__(total)
+        self.parent, self.pattern = parent, pattern
+
+    @property
+    def done(self) -> int:
+        try:
+            return sum(f.stat().st_size for d in self.parent.glob(self.pattern) for f in d.rglob("*") if f.is_file())
+        except OSError:  # a file renamed or removed while counted
+            return 0
+
+    @done.setter
+    def done(self, _value: int) -> None:
+        pass
 
 
 class LiveLine:
