@@ -50,15 +50,18 @@ class FolderBytes(ByteCount):
     writer that counts nothing itself (`save_pretrained` building final/)."""
 
     def __init__(self, parent: Path, pattern: str, total: int = 0):
+        self.parent, self.pattern, self._most = parent, pattern, 0
         super().__init__(total)
-        self.parent, self.pattern = parent, pattern
 
     @property
     def done(self) -> int:
+        """The most counted so far: the folder is renamed away when complete."""
         try:
-            return sum(f.stat().st_size for d in self.parent.glob(self.pattern) for f in d.rglob("*") if f.is_file())
+            now = sum(f.stat().st_size for d in self.parent.glob(self.pattern) for f in d.rglob("*") if f.is_file())
         except OSError:  # a file renamed or removed while counted
-            return 0
+            now = 0
+        self._most = max(self._most, now)
+        return self._most
 
     @done.setter
     def done(self, _value: int) -> None:
