@@ -1,9 +1,10 @@
 """Checkpoint cost of a 1b-shaped training state (fp32 weights + AdamW moments, ~12.5 GB) on this
-machine, split into writing (Accelerate's `save_state`), hashing (SHA-256 of every file, for the
-manifest) and flushing (fsync), and what the training thread waits for: with the hashing, manifest
-and rename inline; done in the background (training/checkpointer.py); and, as a periodic save now
-runs, with the model and optimizer states only copied to host memory and written in the background
-too (training/async_save.py: the loop stalls for the copy).
+machine, in seconds per GB: writing (Accelerate's `save_state`, and the product's one-pass writer that
+checksums and flushes as it writes: checkpoints/tensor_files.py), checksumming by reading back
+(SHA-256, as seals did before; XXH3-128, what a `save_state` under FSDP still needs), flushing (fsync),
+and verifying a checkpoint (what a resume reads). Then what the training thread waits for: the save
+inline; sealed in the background (checkpoints/saving.py); staged (checkpoints/async_save.py: the loop
+stalls for the copy); and a stop (the last save) while the previous periodic save is still writing.
 
     python benchmarks/bench_checkpoint.py [--layers 16] [--dir /tmp]    # --layers 8 halves the state
 
@@ -14,7 +15,6 @@ filled in place, so the peak memory is the state itself plus what the writers bu
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import shutil
@@ -28,9 +28,12 @@ import torch
 from accelerate import Accelerator
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from hf_pretrain.checkpoints.async_save import HostStage
+from hf_pretrain.checkpoints.checksum import file_checksum
+from hf_pretrain.checkpoints.layout import checkpoint_path
+from hf_pretrain.checkpoints.manifest import verify_checkpoint
+from hf_pretrain.checkpoints.saving import save_checkpoint
 from hf_pretrain.config import load_recipe
-from hf_pretrain.training.async_save import HostStage
-from hf_pretrain.training.checkpointer import save_checkpoint
 
 
 def one_b_state(layers: int) -> tuple[torch.nn.Module, torch.optim.Optimizer, LlamaConfig]:
@@ -62,19 +65,21 @@ def one_b_state(layers: int) -> tuple[torch.nn.Module, torch.optim.Optimizer, Ll
     return model, optimizer, config
 
 
-def hash_and_flush(folder: Path) -> tuple[float, float]:
+def hash_and_flush(folder: Path) -> tuple[float, float, float]:
+    """Seconds to checksum every file by reading it back, SHA-256 and XXH3-128, then to fsync them."""
     files = sorted(p for p in folder.rglob("*") if p.is_file())
-    start = time.perf_counter()
-    for p in files:
-        with p.open("rb") as f:
-            hashlib.file_digest(f, "sha256")
-    hashing = time.perf_counter() - start
+    timings = []
+    for algorithm in ("sha256", "xxh3_128"):
+        start = time.perf_counter()
+        for p in files:
+            file_checksum(p, algorithm)
+        timings.append(time.perf_counter() - start)
     start = time.perf_counter()
     for p in files:
         fd = os.open(p, os.O_RDONLY)
         os.fsync(fd)
         os.close(fd)
-    return hashing, time.perf_counter() - start
+    return timings[0], timings[1], time.perf_counter() - start
 
 
 def longest_gap(done: Callable[[], bool]) -> float:
@@ -110,9 +115,15 @@ def main() -> None:
         start = time.perf_counter()
         accelerator.save_state(str(folder), safe_serialization=True)
         results["write_s"] = time.perf_counter() - start
-        results["hash_s"], results["fsync_s"] = hash_and_flush(folder)
+        results["hash_sha256_s"], results["hash_xxh3_s"], results["fsync_s"] = hash_and_flush(folder)
         written = sum(p.stat().st_size for p in folder.rglob("*") if p.is_file()) / 1e9
         results["written_gb"] = round(written, 2)
+        shutil.rmtree(folder)
+        # the product's writer: every byte checksummed and flushed on its way (no read-back, no fsync after)
+        folder.mkdir()
+        start = time.perf_counter()
+        HostStage().stage(accelerator, folder, in_buffers=False).write()
+        results["write_checksummed_flushed_s"] = time.perf_counter() - start
         shutil.rmtree(folder)
         # the real save, inline, with the seal in the background, and staged (the write in the
         # background too), alternately (the page cache's writeback of one save slows the next): what the
@@ -139,6 +150,19 @@ def main() -> None:
                 timings.setdefault(f"sealed_after_s_{kind}", []).append(time.perf_counter() - start)
                 shutil.rmtree(run)
         results |= {name: statistics.median(values) for name, values in timings.items()}
+        # a stop while the previous periodic save is still being written: the last save, complete
+        run = Path(scratch) / "run_stop"
+        start = time.perf_counter()
+        periodic = save_checkpoint(
+            accelerator, run, {"step": 1}, 2, config, _StandInTokenizer(), background=True, stage=stage
+        )
+        save_checkpoint(accelerator, run, {"step": 2}, 2, config, _StandInTokenizer(), previous=periodic)
+        results["stop_with_a_save_in_flight_s"] = time.perf_counter() - start
+        # what a resume reads: every file of a checkpoint checked against its manifest
+        start = time.perf_counter()
+        verify_checkpoint(checkpoint_path(run, 2))
+        results["verify_s"] = time.perf_counter() - start
+        shutil.rmtree(run)
         results["first_staged_s"] = timings["training_thread_s_staged"][0]  # the buffers allocated
         # the writing thread must not hold the GIL: the longest pause of a loop of small tensor ops
         # (a training loop's Python) while a staged save is written, against the same loop idle
@@ -157,6 +181,8 @@ def main() -> None:
         results["loop_gap_s_while_writing"] = longest_gap(pending.done)
         pending.wait()
         results["repeats"] = args.repeats
+    for key in ("write_s", "write_checksummed_flushed_s", "hash_sha256_s", "hash_xxh3_s", "fsync_s", "verify_s"):
+        results[key[:-2] + "_s_per_gb"] = results[key] / written
     interval_s = args.save_interval * args.step_seconds
     for key in ("training_thread_s_inline", "training_thread_s_background", "training_thread_s_staged"):
         results[key.replace("training_thread_s", "share_of_step_time")] = results[key] / interval_s

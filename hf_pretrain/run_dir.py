@@ -134,6 +134,26 @@ def read_status(run_dir: str | os.PathLike) -> dict[str, Any]:
     return status if isinstance(status, dict) else {}
 
 
+def set_activity(run_dir: str | os.PathLike, what: str | None) -> None:
+    """status.json of a running session says what it is busy with while a wait lasts (`activity`:
+    `saving`, `verifying`; `activity_detail`: the live line's subject), or no longer (`what` None).
+    `state` stays `running`: scripts that poll it keep working. Only the session's first process
+    calls this; a status that is not `running` (the session ended, or none yet) is left alone."""
+    run = RunDir(run_dir)
+    status = read_status(run.path)
+    if status.get("state") != "running":
+        return
+    status.pop("activity", None), status.pop("activity_detail", None)
+    if what:
+        status |= {"activity": what.split()[0], "activity_detail": what}
+    tmp = run.status.with_name(f"{run.status.name}.{os.getpid()}.activity.tmp")
+    try:
+        tmp.write_text(json.dumps(status, indent=1) + "\n")
+        os.replace(tmp, run.status)
+    except OSError:  # a full disk: the status says `running` without the detail, which is still true
+        tmp.unlink(missing_ok=True)
+
+
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
     """Every record of a JSON-lines file (90,000 in about a second); a last line cut short (a kill or
     a full disk mid-write) is left out, the next resume drops it. Damage elsewhere raises ValueError."""

@@ -81,7 +81,7 @@ def save_with_stand_ins(accelerator, output_dir: Path, step: int, **options):
     """`save_checkpoint` of `accelerator`'s state at `step`, with a default config and a stand-in tokenizer."""
     from transformers import LlamaConfig
 
-    from hf_pretrain.training.checkpointer import save_checkpoint
+    from hf_pretrain.checkpoints.saving import save_checkpoint
 
     return save_checkpoint(
         accelerator,

@@ -185,3 +185,18 @@ def test_no_two_modules_share_a_file_name():
             by_name.setdefault(path.name, []).append(module)
     shared = {name: modules for name, modules in by_name.items() if len(modules) > 1}
     assert not shared, shared
+
+
+LONGEST_FUNCTION = 70  # lines, in the rooms that hold the run's state on disk (issue 33)
+
+
+@pytest.mark.parametrize("room", ["hf_pretrain.checkpoints"])
+def test_no_function_in_the_checkpoint_wing_is_longer_than_a_screen(room):
+    long = [
+        f"{module}.{node.name}: {node.end_lineno - node.lineno + 1} lines"
+        for module in _room(room)
+        for node in ast.walk(ast.parse(MODULES[module].read_text()))
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+        and node.end_lineno - node.lineno + 1 > LONGEST_FUNCTION
+    ]
+    assert not long, long

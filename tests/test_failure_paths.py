@@ -20,9 +20,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from hf_pretrain.checkpoints import disk_space
+from hf_pretrain.checkpoints.async_save import StagedState
+from hf_pretrain.checkpoints.saving import CheckpointSaveError
 from hf_pretrain.exit_codes import EXIT_PREEMPTED, EXIT_SAVE_FAILED
-from hf_pretrain.training import checkpointer
-from hf_pretrain.training.checkpointer import CheckpointSaveError
 from hf_pretrain.training.session import Session, read_status
 from hf_pretrain.training.start_up import StoppedDuringStartUp, loop_ended
 from tests.helpers import launch_training, save_with_stand_ins
@@ -109,8 +110,8 @@ def test_the_errors_a_full_disk_gives_are_a_failed_save_when_the_volume_is_full(
     def full(*args, **kwargs):
         raise raised
 
-    monkeypatch.setattr(accelerator, "save_state", full)
-    monkeypatch.setattr(checkpointer, "free_bytes", lambda path: 4096)  # what was left when the write failed
+    monkeypatch.setattr(StagedState, "write", full)  # the states written on this thread (the last save)
+    monkeypatch.setattr(disk_space, "free_bytes", lambda path: 4096)  # what was left when the write failed
     with pytest.raises(CheckpointSaveError, match=r"saving the step 2 checkpoint.*step_00000001 is intact") as e:
         save(accelerator, tmp_path, 2)
     assert "4.1 kB free on that volume" in str(e.value) and "a checkpoint of this run takes about" in str(e.value)
@@ -124,7 +125,7 @@ def test_the_same_words_on_a_roomy_disk_are_a_crash_not_a_full_disk(accelerator,
     def bug(*args, **kwargs):
         raise RuntimeError(TORCH_FULL_DISK)
 
-    monkeypatch.setattr(accelerator, "save_state", bug)
+    monkeypatch.setattr(StagedState, "write", bug)
     with pytest.raises(RuntimeError, match="unexpected pos") as raised:
         save(accelerator, tmp_path, 2)
     assert not isinstance(raised.value, CheckpointSaveError)
@@ -384,7 +385,7 @@ def test_the_job_says_a_cooldown_was_cut_at_max_steps(tmp_path):
 
 # ---------------------------------------------------------------------- a mixture changed on resume
 def test_a_mixture_changed_on_resume_is_said_in_words_that_agree_with_the_readme():
-    from hf_pretrain.checkpoints.continuation import plan_continuation
+    from hf_pretrain.checkpoints.recipe_changes import plan_continuation
     from hf_pretrain.config import load_recipe, math_keys
 
     old = load_recipe("smoke", {})

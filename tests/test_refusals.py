@@ -294,7 +294,7 @@ def test_divergence_is_a_verdict_on_the_last_window_and_the_card_says_it():
 def test_only_the_tied_embedding_note_is_silenced_and_only_during_the_save(caplog):
     import logging
 
-    from hf_pretrain.training.checkpointer import quiet_about_the_tied_embedding
+    from hf_pretrain.checkpoints.saving import quiet_about_the_tied_embedding
 
     logger = logging.getLogger("accelerate.utils.other")
     tied = "[RANK 0] Removed shared tensor {'lm_head.weight'} while saving. This should be OK, but check ..."

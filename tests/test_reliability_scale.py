@@ -13,14 +13,13 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from hf_pretrain.checkpoints import store
-from hf_pretrain.checkpoints.continuation import resumable
+from hf_pretrain.checkpoints import saving, store
 from hf_pretrain.checkpoints.manifest import CheckpointError, verify_checkpoint, write_manifest
+from hf_pretrain.checkpoints.resume_decision import resumable
+from hf_pretrain.checkpoints.saving import CheckpointSaveError
 from hf_pretrain.checkpoints.store import keep_weights_only, prune_checkpoints
 from hf_pretrain.publish import export
 from hf_pretrain.run_dir import read_jsonl, truncate_jsonl
-from hf_pretrain.training import checkpointer
-from hf_pretrain.training.checkpointer import CheckpointSaveError
 from tests.helpers import launch_training, save_with_stand_ins
 
 
@@ -43,12 +42,12 @@ def test_a_periodic_save_returns_before_its_hashing_and_completes_on_the_seal_th
 ):
     release, hashed_on = threading.Event(), []
 
-    def slow_manifest(folder: Path) -> None:
+    def slow_manifest(folder: Path, *known) -> None:
         hashed_on.append(threading.current_thread().name)
         assert release.wait(30)
-        write_manifest(folder)
+        write_manifest(folder, *known)
 
-    monkeypatch.setattr(checkpointer, "write_manifest", slow_manifest)
+    monkeypatch.setattr(saving, "write_manifest", slow_manifest)
     sealed = []
     sealing = save(accelerator, tmp_path, 1, background=True, on_sealed=sealed.append)
     final = tmp_path / "checkpoints" / "step_00000001"
@@ -65,10 +64,10 @@ def test_a_background_seal_that_fails_stops_the_next_save_and_leaves_the_previou
 ):
     save(accelerator, tmp_path, 1)  # inline: complete on return
 
-    def full_disk(folder: Path) -> None:
+    def full_disk(folder: Path, *known) -> None:
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(folder / "manifest.json"))
 
-    monkeypatch.setattr(checkpointer, "write_manifest", full_disk)
+    monkeypatch.setattr(saving, "write_manifest", full_disk)
     sealing = save(accelerator, tmp_path, 2, background=True)
     assert "No space left on device" in sealing.wait()
     monkeypatch.undo()
@@ -182,3 +181,25 @@ def test_a_torn_last_record_is_skipped_when_reading(tmp_path):
     path.write_text('{"step": 1}\n{"step": 2, "comp\n{"step": 3}\n')
     with pytest.raises(ValueError):  # damage inside the file is not a torn write: say so
         read_jsonl(path)
+
+
+def test_a_checkpoint_of_the_sha256_days_still_verifies(accelerator, tmp_path):
+    """Manifests written before the checksum was named (format 1) are SHA-256, and still say so."""
+    import hashlib
+
+    save(accelerator, tmp_path, 1)
+    folder = tmp_path / "checkpoints" / "step_00000001"
+    listed = json.loads((folder / "manifest.json").read_text())
+    assert listed["format_version"] == 2 and listed["checksum"] == "xxh3_128"
+    old = {
+        name: {"bytes": entry["bytes"], "sha256": hashlib.sha256((folder / name).read_bytes()).hexdigest()}
+        for name, entry in listed["files"].items()
+    }
+    (folder / "manifest.json").write_text(json.dumps({"format_version": 1, "files": old}))
+    assert verify_checkpoint(folder)["step"] == 1
+    weights = folder / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-1] ^= 0xFF
+    weights.write_bytes(bytes(data))
+    with pytest.raises(CheckpointError, match=r"model.safetensors fails its checksum \(sha256\)"):
+        verify_checkpoint(folder)

@@ -18,8 +18,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from hf_pretrain.checkpoints.continuation import ResumeRefused, plan_continuation
+from hf_pretrain.checkpoints.continuation import ResumeRefused
 from hf_pretrain.checkpoints.layout import BRANCH_POINT, TRAIN_STATE
+from hf_pretrain.checkpoints.recipe_changes import plan_continuation
 from hf_pretrain.checkpoints.store import prune_checkpoints
 from hf_pretrain.config import RecipeError, build_recipe, load_recipe, math_keys
 from hf_pretrain.data.loader import StepBatchSampler

@@ -1,10 +1,17 @@
-"""The checkpoint room: what a checkpoint is on disk, and everything that reads one.
+"""The checkpoint wing: what a checkpoint is on disk, how one is written, and everything that reads one.
 
 - `layout.py`: the files a checkpoint holds and the names Accelerate gives them;
-- `manifest.py`: the manifest that makes a checkpoint whole or absent (hashing, verifying);
+- `manifest.py`: the manifest that makes a checkpoint whole or absent (writing, verifying);
+- `checksum.py`, `tensor_files.py`: every byte checksummed as it is written, in one pass;
+- `progress.py`: the live line of a wait over bytes (a save, a verification), status.json's activity;
+- `checkpointer.py`: when a run saves; `saving.py`: one save, every process taking part, sealed in
+  the background; `async_save.py`: a periodic save staged into host memory; `disk_space.py`: a
+  failed write judged by the volume;
 - `store.py`: a run's checkpoints: listing, the newest good one, pins, retention, milestones;
+- `continuation.py`, `resume_decision.py`, `recipe_changes.py`: from which checkpoint a run goes on,
+  and what may change since;
 - `load.py`: weights into a model (FSDP shards merged), a whole training state into a run.
 
-Training decides when to save and how processes agree (`training/checkpointer.py`); publishing,
-evaluation and the preflight read checkpoints through this room and never import `training/`.
+Publishing, evaluation, the preflight and the loop use checkpoints through this wing, which imports
+none of them (tests/test_architecture.py).
 """

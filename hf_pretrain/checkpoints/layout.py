@@ -1,7 +1,7 @@
 """What a checkpoint folder holds, by name: one place knows the file layout, Accelerate's included.
 
 RUN/checkpoints/step_00001000/    a complete checkpoint (step_N.tmp/ while it is written)
-    manifest.json                 every other file with its size and SHA-256 (manifest.py)
+    manifest.json                 every other file with its size and checksum (manifest.py)
     train_state.json              the sidecar: step, tokens, data position, schedule, lineage
     config.json, tokenizer*       the model's shape and tokenizer: the folder describes itself
     model.safetensors             Accelerate's weights (or pytorch_model_fsdp_0/ under FSDP)

@@ -16,7 +16,7 @@ from safetensors.torch import load_file
 from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel
 
 from hf_pretrain.checkpoints.layout import FSDP_SHARDED_WEIGHTS, WEIGHTS, parameter_name, rng_state_file
-from hf_pretrain.checkpoints.manifest import CheckpointError, CheckpointMismatch
+from hf_pretrain.checkpoints.manifest import CheckpointError, CheckpointMismatch, verify_checkpoint
 from hf_pretrain.model import shape_differences
 
 # How to go on when the run folder's checkpoints do not fit the recipe; nothing in the folder is touched.
@@ -77,6 +77,16 @@ def load_checkpoint_model(checkpoint: Path, dtype: torch.dtype = torch.float32) 
             f"{checkpoint}: the weights do not match config.json (missing {missing[:5]}, unexpected {unexpected[:5]})"
         )
     return model.to(dtype).eval()
+
+
+def restore_continuation(accelerator: Accelerator, folder: Path | None, log: Callable[[str], None] = print) -> dict:
+    """The prepared run of `accelerator` restored from the checkpoint the resume decision chose
+    (checkpoints/resume_decision.py), with its train state; {} for a run that starts (`folder` None).
+    Its files were checked against the manifest by the decision: read again here, not verified."""
+    if folder is None:
+        return {}
+    restore_training_state(accelerator, folder, log)
+    return verify_checkpoint(folder, checksums=False)
 
 
 def restore_training_state(accelerator: Accelerator, folder: Path, log: Callable[[str], None] = print) -> None:

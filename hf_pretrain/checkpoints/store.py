@@ -36,6 +36,7 @@ from hf_pretrain.checkpoints.manifest import (
     fsync,
     train_state_flag,
     verify_checkpoint,
+    verify_showing,
     write_manifest,
 )
 from hf_pretrain.run_dir import RunDir
@@ -79,14 +80,16 @@ def newest_good_checkpoint(
     checksums: bool = True,
     log: Callable[[str], None] = print,
     usable: Callable[[Path, dict[str, Any]], None] | None = None,
+    say: Callable[[str], None] | None = None,
+    activity: Callable[[str | None], None] | None = None,
 ) -> Checkpoint | None:
     """The newest checkpoint of `output_dir` that verifies against its manifest (and that `usable`
     accepts: it raises `CheckpointError` to skip one), with its train state; None when none is good.
     Each newer one is skipped with `log("skipping step_X: reason")`. The one walk resume, export,
-    evaluation and the demo share."""
+    evaluation and the demo share; `say` and `activity` show a verification that lasts (`verify_showing`)."""
     for candidate in list_checkpoints(output_dir, include_unfinished=True):
         try:
-            train_state = verify_checkpoint(candidate.path, checksums)
+            train_state = verify_showing(candidate.path, checksums, say, activity)
             if usable is not None:
                 usable(candidate.path, train_state)
         except CheckpointMismatch:

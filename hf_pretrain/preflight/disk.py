@@ -118,9 +118,9 @@ def check_disk_space(recipe: Recipe) -> CheckResult:
     return CheckResult("disk space", "pass", reason)
 
 
-# The save blocks the training thread while it writes the tensors (hashing, fsync and the rename run
-# beside training: training/checkpointer.py), so its share of the run is bytes / disk speed over the
-# time between saves. The probe is small enough to cost about a second on a slow disk.
+# At most, a save blocks the training thread while it writes the tensors (a periodic one where it cannot
+# stage them: FSDP; the checksum, flush and rename run beside training: checkpoints/saving.py), so its
+# share of the run is bytes / disk speed over the time between saves. The probe is small enough to cost about a second on a slow disk.
 SAVE_SHARE_LIMIT = 0.01
 PROBE_BYTES = 128 * 2**20
 PROBE_CHUNK = 8 * 2**20

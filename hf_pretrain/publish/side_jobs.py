@@ -28,6 +28,8 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
+from hf_pretrain.checkpoints.layout import WEIGHTS
+from hf_pretrain.checkpoints.progress import FolderBytes, LiveLine
 from hf_pretrain.checkpoints.store import pin_checkpoint, resolve_checkpoint
 from hf_pretrain.config import TrainConfig
 from hf_pretrain.publish.export import export_checkpoint, push_checkpoint
@@ -62,17 +64,22 @@ class SideJobs:  # a training.callbacks.Callback
         """`final/`: a standard Hugging Face folder with its model card, by the same code path as
         `hf-pretrain export` (FSDP shards are merged too). Written before the run returns."""
         newest = resolve_checkpoint(run.path, checksums=False, log=self.log)  # the one this run just saved
-        export_checkpoint(
-            newest,
-            run.final,
-            dtype=FINAL_DTYPE,
-            overwrite=True,
-            card=CardOptions(
-                model_name=self.train.push_to_hub or run.path.name,
-                repo_id=self.train.push_to_hub or None,
-                local_path=str(run.final),
-            ),
+        weights = newest.path / WEIGHTS  # fp32, as final/ is: about what it takes (none under FSDP: no total)
+        building = FolderBytes(
+            run.path, f".{run.final.name}.export-*", weights.stat().st_size if weights.is_file() else 0
         )
+        with LiveLine(f"writing {run.final.name}/", building, self.log):  # export builds it beside, then renames
+            export_checkpoint(
+                newest,
+                run.final,
+                dtype=FINAL_DTYPE,
+                overwrite=True,
+                card=CardOptions(
+                    model_name=self.train.push_to_hub or run.path.name,
+                    repo_id=self.train.push_to_hub or None,
+                    local_path=str(run.final),
+                ),
+            )
         if self.train.push_to_hub:
             self._pending.append(("the push of final/", self._uploads.submit(self._push_final, run)))
 

@@ -18,9 +18,10 @@ import torch
 from accelerate import Accelerator, PartialState
 from accelerate.utils import InitProcessGroupKwargs, set_seed
 
-from hf_pretrain.checkpoints.continuation import decide_resume
-from hf_pretrain.checkpoints.load import restore_training_state
-from hf_pretrain.checkpoints.manifest import verify_checkpoint
+from hf_pretrain.checkpoints.checkpointer import Checkpointer, CheckpointSaveError
+from hf_pretrain.checkpoints.continuation import Continuation
+from hf_pretrain.checkpoints.load import restore_continuation
+from hf_pretrain.checkpoints.resume_decision import decide_resume
 from hf_pretrain.checkpoints.store import remove_pins
 from hf_pretrain.config import Recipe, save_recipe
 from hf_pretrain.data import build_val_loader, load_tokenizer
@@ -41,9 +42,8 @@ from hf_pretrain.model import (
 from hf_pretrain.model_init import init_weights, model_config
 from hf_pretrain.optim import build_optimizer
 from hf_pretrain.preflight import preflight
-from hf_pretrain.run_dir import RunDir, truncate_jsonl
+from hf_pretrain.run_dir import RunDir, set_activity, truncate_jsonl
 from hf_pretrain.training.callbacks import Callback, CallbackList
-from hf_pretrain.training.checkpointer import Checkpointer, CheckpointSaveError
 from hf_pretrain.training.compiling import dynamo_plugin
 from hf_pretrain.training.guards import Guards, Stop
 from hf_pretrain.training.metrics import RunLogger, trackers_for
@@ -149,6 +149,40 @@ class Run:
     data: TrainData
 
 
+def take_the_folder(recipe: Recipe, run_dir: RunDir, continuation: Continuation, state: TrainState, say) -> None:
+    """The run folder made this session's (main process): the recipe as run, an old ending set aside when
+    going further, a stop request from before this start taken up, the records after the checkpoint cut."""
+    run_dir.path.mkdir(parents=True, exist_ok=True)
+    save_recipe(recipe, run_dir.resolved_recipe)
+    for note in continuation.set_aside(run_dir):  # going further: the old ending stays, out of the way
+        say(note)
+    # a stop request from before this start: applied at the first step, unless this start is a new plan
+    take_up_at_start(run_dir.path, continuation.max_steps_changed, state.cooldown, say)
+    # a resumed run rewrites the steps after its checkpoint, so the files hold one clean curve
+    for records in (run_dir.metrics, run_dir.samples, run_dir.benchmarks):
+        truncate_jsonl(records, after_step=state.step)
+    remove_pins(run_dir.path)  # held by side jobs of a session that was killed
+
+
+def model_and_optimizer(recipe: Recipe, config, accelerator: Accelerator, starts: bool):
+    """The recipe's model (init_from's weights for a run that `starts`; a resumed one loads its checkpoint)
+    and optimizer, prepared; and the model's parameter count."""
+    model = build_model(config)
+    if starts:
+        init_weights(model, recipe, log=accelerator.print)
+    n_params = count_parameters(model)
+    if recipe.checkpointed_layer_count:  # checkpointed_layers, or all of them with gradient_checkpointing
+        enable_activation_checkpointing(model, recipe.checkpointed_layer_count)
+    liger_applied = recipe.train.liger and apply_liger(model, log=accelerator.print)
+    use_loss_head(model, loss_head_for(recipe.train, liger_applied))  # Liger's, chunked or stock (loss.py)
+    train_in_compute_dtype(model)  # residual stream in the autocast dtype, the loss alone out of the graph
+    optimizer = build_optimizer(model, recipe.train, fused=accelerator.device.type == "cuda")
+    model, optimizer = accelerator.prepare(model, optimizer)
+    if recipe.train.mixed_precision == "fp8":
+        accelerator.print(finish_fp8(model, recipe.train))  # the CPU's emulation takes a GPU's dtypes
+    return model, optimizer, n_params
+
+
 def setup(recipe: Recipe) -> Run:
     """Build a run, the cheap checks first: preflight (versions, device, data, disk, memory) before
     anything is built, then the Accelerator, model and optimizer, the resumed state, the data."""
@@ -160,11 +194,12 @@ def setup(recipe: Recipe) -> Run:
     group = process_group_kwargs(cfg.hang_timeout_s)  # collectives give up just after the watchdog reports
     # this call creates the process group, its keys apart from those of an attempt before a restart
     world_size = PartialState(cpu=on_cpu, **group, **attempt_store(group.get("timeout"))).num_processes
-    # which checkpoint the run goes on from: decided once, checksums and all; the table shows it
-    decide = functools.cache(lambda: decide_resume(recipe))
-    preflight(
-        recipe, world_size, log=print if PartialState().is_main_process else lambda _: None, resume_decision=decide
-    )
+    # which checkpoint the run goes on from: decided once, checksums and all (a live line while they are
+    # read); the table shows it
+    main = PartialState().is_main_process
+    activity = functools.partial(set_activity, run_dir.path) if main else None
+    decide = functools.cache(lambda: decide_resume(recipe, say=print if main else None, activity=activity))
+    preflight(recipe, world_size, log=print if main else lambda _: None, resume_decision=decide)
     continuation = decide()
     grad_accum = recipe.grad_accum_steps(world_size)  # after the preflight, which refuses a batch that does not split
     tokenizer = load_tokenizer(recipe.data.data_dir)
@@ -186,29 +221,15 @@ def setup(recipe: Recipe) -> Run:
 
     set_seed(cfg.seed)
     config = model_config(recipe, tokenizer, continuation.folder)  # the recipe's Llama, or init_from's config.json
-    model = build_model(config)
-    if continuation.folder is None:  # a run that starts: init_from's weights (a resumed one loads its checkpoint)
-        init_weights(model, recipe, log=say)
-    n_params = count_parameters(model)
-    if recipe.checkpointed_layer_count:  # checkpointed_layers, or all of them with gradient_checkpointing
-        enable_activation_checkpointing(model, recipe.checkpointed_layer_count)
-    liger_applied = cfg.liger and apply_liger(model, log=say)
-    use_loss_head(model, loss_head_for(cfg, liger_applied))  # Liger's, chunked or stock (loss.py)
-    train_in_compute_dtype(model)  # residual stream in the autocast dtype, the loss alone out of the graph
-    optimizer = build_optimizer(model, cfg, fused=accelerator.device.type == "cuda")
-    model, optimizer = accelerator.prepare(model, optimizer)
-    if cfg.mixed_precision == "fp8":
-        say(finish_fp8(model, cfg))  # the CPU's emulation takes a GPU's dtypes; says what runs in float8
+    model, optimizer, n_params = model_and_optimizer(recipe, config, accelerator, starts=continuation.folder is None)
 
-    # resume: weights, optimizer and RNG from the checkpoint the continuation names (resume.py: the
-    # newest, or the last one before the decay of a run that goes further); the data position is the step
+    # resume: weights, optimizer and RNG from the checkpoint the continuation names (the newest, or the
+    # last one before the decay of a run that goes further); the data position is the step
     state = TrainState.for_recipe(recipe, describe_hardware(accelerator.device, accelerator.num_processes))
     for reason in continuation.skipped:
         say(f"resume: {reason}")
-    saved = {}
-    if continuation.folder is not None:
-        restore_training_state(accelerator, continuation.folder, log=say)
-        saved = verify_checkpoint(continuation.folder, checksums=False)  # verified in full by the decision
+    saved = restore_continuation(accelerator, continuation.folder, log=say)
+    if saved:
         state.load_state_dict(saved)
         for note in state.go_on_as(continuation, saved):
             say(note)
@@ -216,16 +237,7 @@ def setup(recipe: Recipe) -> Run:
     elif recipe.train.resume == "auto":
         say(f"resume: no complete checkpoint in {run_dir.checkpoints}, starting from step 0")
     if accelerator.is_main_process:  # only now, resumed or started: a refused run leaves the folder as it was
-        run_dir.path.mkdir(parents=True, exist_ok=True)
-        save_recipe(recipe, run_dir.resolved_recipe)
-        for note in continuation.set_aside(run_dir):  # going further: the old ending stays, out of the way
-            say(note)
-        # a stop request from before this start: applied at the first step, unless this start is a new plan
-        take_up_at_start(run_dir.path, continuation.max_steps_changed, state.cooldown, say)
-        # a resumed run rewrites the steps after its checkpoint, so the files hold one clean curve
-        for records in (run_dir.metrics, run_dir.samples, run_dir.benchmarks):
-            truncate_jsonl(records, after_step=state.step)
-        remove_pins(run_dir.path)  # held by side jobs of a session that was killed
+        take_the_folder(recipe, run_dir, continuation, state, say)
 
     data = TrainData(recipe, accelerator.process_index, world_size, grad_accum, accelerator.device.type == "cuda")
     train_loader = data.loader(state.step, state.data_origin, decay_position(state))
@@ -254,7 +266,13 @@ def setup(recipe: Recipe) -> Run:
         TrainStep(accelerator, model, optimizer, train_loader, cfg, grad_accum, lr_of=state.lr),
         Evaluation(accelerator, model, val_loader, tokenizer, cfg),
         Checkpointer(
-            accelerator, cfg, config, tokenizer, log=say, expected_bytes=CHECKPOINT_BYTES_PER_PARAMETER * n_params
+            accelerator,
+            cfg,
+            config,
+            tokenizer,
+            log=say,
+            expected_bytes=CHECKPOINT_BYTES_PER_PARAMETER * n_params,
+            activity=activity,
         ),
         log,
         data,

@@ -225,16 +225,19 @@ class RunLogger:
         and at the last one, a phase table when a phase ends. A skipped step has no loss to add."""
         self.meter.add(self.train.global_batch_tokens)
         self.progress.total = state.end  # a cooldown moves the end
-        self.progress.update(1)
         self.data_wait += result.data_wait
         if self.compile_watch and (line := self.compile_watch.step(result.data_wait)):
             self.say(line)
         self._epoch(state)
+        if result.finite:
+            self.window_losses.append(result.loss)
+            if state.step % self.train.log_interval == 0 or state.step == state.end:
+                self._train_record(state, result)
+        # after the record: one refresh shows this step's count with this step's loss (a bar moved first
+        # showed step N with step N-1's figures, a line of its own in a log)
+        self.progress.update(1)
         if not result.finite:
             return
-        self.window_losses.append(result.loss)
-        if state.step % self.train.log_interval == 0 or state.step == state.end:
-            self._train_record(state, result)
         # a phase that ends before the first record has no loss yet: its row comes with the next table
         if self.main and self.history and any(phase.end_step == state.step for phase in self.phases):
             ended = [p for p in self.phases if p.end_step <= state.step]
@@ -298,6 +301,7 @@ class RunLogger:
         scalars.update({f"train/tokens_{name}": n for name, n in record.get("source_tokens", {}).items()})
         self.accelerator.log(scalars, step=state.step)
         self.progress.set_postfix(
+            refresh=False,  # the step's `update` draws it
             loss=f"{mean_loss:.3f}",
             lr=f"{result.lr:.2e}",
             tok_s=f"{tokens_per_s:,.0f}",

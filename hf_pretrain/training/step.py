@@ -15,8 +15,8 @@ from accelerate import Accelerator
 from torch.distributed.tensor import DTensor
 
 from hf_pretrain.config import TrainConfig
+from hf_pretrain.faults import fault_active
 from hf_pretrain.optim import set_learning_rate
-from hf_pretrain.training.faults import fault_active
 
 if TYPE_CHECKING:
     from hf_pretrain.training.state import TrainState

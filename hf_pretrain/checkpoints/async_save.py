@@ -5,10 +5,14 @@ then written to disk on a thread (torchtitan's asynchronous checkpointing, done 
 two moments) while the GPU waits. Here the training thread only copies the model and optimizer
 states into host buffers (pinned under CUDA: a device-to-host copy at PCIe speed) and writes the
 small files itself: scheduler, sampler, scaler, custom objects and, above all, the RNG states, which
-must be those of the moment of the save. The staged copy is then written by `StagedState.write`,
-through the very function `save_state` uses (`accelerate.utils.save`: safetensors with its
-`{"format": "pt"}` metadata, `torch.save` for the optimizer), under the very names, so a checkpoint
-written this way is byte for byte the one `save_state` writes on the CPU, and `load_state` reads it.
+must be those of the moment of the save. The staged copy is then written by `StagedState.write`
+under the names `save_state` gives them, in one pass (checkpoints/tensor_files.py): the weights as
+the very bytes `save_file` writes, the optimizer state through `torch.save`, each byte checksummed
+and counted on its way to the disk, so the seal reads nothing back. `load_state` reads them.
+
+The last save of a session stages nothing (`stage(in_buffers=False)`): training is over, the states do
+not change any more, and they are written straight from where they live, without waiting for the
+host buffers, which the previous save's thread may still be writing from.
 
 Only where every process holds its state whole (one process, or DDP: the main process writes the
 model and optimizer, each process its RNG states). FSDP's sharded state dicts need collectives on
@@ -17,7 +21,7 @@ its own copies: those keep the synchronous `save_state` (`can_stage`).
 
 The host buffers are kept from one save to the next (pinning 12.5 GB costs seconds, and a fresh
 allocation faults every page in): the caller must wait for the previous write before staging again,
-which the checkpointer does (training/checkpointer.py). They cost one training state of host memory.
+which the checkpointer does (checkpoints/checkpointer.py). They cost one training state of host memory.
 """
 
 from __future__ import annotations
@@ -31,10 +35,14 @@ from typing import Any
 import torch
 from accelerate import Accelerator
 from accelerate.checkpointing import save_accelerator_state, save_custom_state
-from accelerate.utils import DistributedType, save
+from accelerate.utils import DistributedType
 from accelerate.utils.other import clean_state_dict_for_safetensors
 
 from hf_pretrain.checkpoints.layout import optimizer_file, weights_file
+from hf_pretrain.checkpoints.progress import ByteCount
+from hf_pretrain.checkpoints.tensor_files import tensor_bytes, write_safetensors, write_torch
+
+SAFETENSORS_METADATA = {"format": "pt"}  # what accelerate.utils.save gives save_file
 
 # Where the model and optimizer states are whole on the process that writes them
 STAGEABLE = (DistributedType.NO, DistributedType.MULTI_GPU, DistributedType.MULTI_CPU)
@@ -53,15 +61,22 @@ def can_stage(accelerator: Accelerator) -> bool:
 
 @dataclass
 class StagedState:
-    """Accelerate's model and optimizer states, copied to host memory, and where each goes."""
+    """Accelerate's model and optimizer states (copied to host memory, or where they live for the last
+    save), and where each goes."""
 
     files: list[tuple[Path, Any, bool]] = field(default_factory=list)  # (file, state, written with safetensors)
-    save_on_each_node: bool = False
+    count: ByteCount = field(default_factory=ByteCount)  # bytes written so far, of about their total
 
-    def write(self) -> None:
-        """Write the staged states (on a thread: the training thread no longer touches them)."""
+    def write(self) -> dict[str, str]:
+        """Write the staged states, each file checksummed and flushed as it is written; returns the
+        checksums by file name (the manifest's entries for them)."""
+        checksums = {}
         for path, state, safetensors in self.files:
-            save(state, path, save_on_each_node=self.save_on_each_node, safe_serialization=safetensors)
+            if safetensors:
+                checksums[path.name] = write_safetensors(state, path, SAFETENSORS_METADATA, self.count)
+            else:
+                checksums[path.name] = write_torch(state, path, self.count)
+        return checksums
 
 
 class HostStage:
@@ -71,21 +86,24 @@ class HostStage:
         self._buffers: dict[tuple, torch.Tensor] = {}
         self._device_copies = False
 
-    def stage(self, accelerator: Accelerator, folder: Path) -> StagedState:
+    def stage(self, accelerator: Accelerator, folder: Path, in_buffers: bool = True) -> StagedState:
         """What `accelerator.save_state(folder, safe_serialization=True)` writes: the model and optimizer
-        states staged for `StagedState.write`, everything else written into `folder` now."""
+        states staged for `StagedState.write` (copied into this stage's buffers, or with `in_buffers`
+        False as they are: the last save), everything else written into `folder` now."""
         config = accelerator.project_configuration
-        writes = accelerator.is_local_main_process if config.save_on_each_node else accelerator.is_main_process
-        staged = StagedState(save_on_each_node=config.save_on_each_node)
+        staged = StagedState()
         self._device_copies = False
-        if writes:  # accelerate.utils.save writes on this process only: the others stage nothing
+        if accelerator.is_main_process:  # accelerate.utils.save writes on this process only (`can_stage`)
             for i, model in enumerate(accelerator._models):
                 # the tied embedding's second name dropped now, as `save` would (it warns: the caller quiets it)
                 weights = clean_state_dict_for_safetensors(accelerator.get_state_dict(model, unwrap=False))
-                staged.files.append((folder / weights_file(i), self._copy(weights, ("model", i)), True))
+                staged.files.append((folder / weights_file(i), self._held(weights, ("model", i), in_buffers), True))
             for i, optimizer in enumerate(accelerator._optimizers):
                 state = optimizer.state_dict()
-                staged.files.append((folder / optimizer_file(i), self._copy(state, ("optimizer", i)), False))
+                staged.files.append(
+                    (folder / optimizer_file(i), self._held(state, ("optimizer", i), in_buffers), False)
+                )
+            staged.count.grow(sum(tensor_bytes(state) for _, state, _ in staged.files))
             if self._device_copies:
                 torch.cuda.synchronize()  # the non-blocking device-to-host copies have landed
         # the small files, as `save_state` writes them (its model and optimizer lists left empty here)
@@ -105,6 +123,10 @@ class HostStage:
             save_custom_state(obj, str(folder), i, save_on_each_node=config.save_on_each_node)
         config.iteration += 1  # as save_state counts its saves
         return staged
+
+    def _held(self, state: Any, key: tuple, in_buffers: bool) -> Any:
+        # a state dict holds new containers of the live tensors already: left as it is for the last save
+        return self._copy(state, key) if in_buffers else state
 
     def _copy(self, obj: Any, key: tuple) -> Any:
         """`obj` with every tensor copied into this stage's host buffers; new containers, same order."""

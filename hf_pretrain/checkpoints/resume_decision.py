@@ -1,0 +1,91 @@
+"""The resume decision of a start: from which checkpoint the run goes on, every file checked against its
+manifest (a live line while it lasts), and how (checkpoints/recipe_changes.py). Made once per start:
+the preflight table shows it and `setup` loads the checkpoint it names (checkpoints/load.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from hf_pretrain.checkpoints.continuation import Continuation, ResumeRefused
+from hf_pretrain.checkpoints.layout import checkpoint_path
+from hf_pretrain.checkpoints.load import START_OVER, shape_mismatch
+from hf_pretrain.checkpoints.manifest import CheckpointError, verify_showing
+from hf_pretrain.checkpoints.progress import Activity, Say
+from hf_pretrain.checkpoints.recipe_changes import plan_continuation
+from hf_pretrain.checkpoints.store import is_weights_only, list_checkpoints, newest_good_checkpoint
+from hf_pretrain.config import Recipe
+from hf_pretrain.data import data_identity
+from hf_pretrain.model import padded_vocab_size
+
+
+def refuse_another_shape(folder: Path, recipe: Recipe, data: dict[str, Any] | None) -> None:
+    """Raise `ResumeRefused` when the checkpoint's model (its config.json) has another shape than the
+    recipe's (its vocabulary from the prepared data's), naming the keys: its weights could not be loaded."""
+    wanted = asdict(recipe.model)
+    if data is not None:
+        wanted["vocab_size"] = padded_vocab_size(data["vocab_size"], recipe.model.vocab_multiple)
+    mismatch = shape_mismatch(folder, wanted)
+    if mismatch:
+        raise ResumeRefused(mismatch, START_OVER)
+
+
+def resumable(folder: Path, _train_state: dict[str, Any] | None = None) -> None:
+    """Raise `CheckpointError` for a complete checkpoint a resume cannot load."""
+    if is_weights_only(folder):
+        raise CheckpointError(
+            f"{folder} is a milestone that kept its weights only: export, eval and the demo read it, a "
+            f"resume cannot (milestone_full_state keeps whole milestones)"
+        )
+
+
+def decide_resume(recipe: Recipe, say: Say = None, activity: Activity = None) -> Continuation:
+    """From which checkpoint `recipe`'s run goes on, and how: the one decision of a start, every file
+    checked against its manifest. `none` -> a fresh start (refused on top of a run); a folder -> that
+    checkpoint, which must be good; `auto` -> the newest good one, newer broken ones skipped with the
+    reason, or the last one before the decay when a wsd run goes further. `say` and `activity` show
+    a verification that lasts. Raises `ResumeRefused` or `CheckpointError`."""
+    t = recipe.train
+    data = data_identity(recipe.data.data_dir)
+    if t.resume == "none":
+        existing = list_checkpoints(t.output_dir)
+        if existing:  # starting over there would truncate its records and prune its checkpoints
+            raise ResumeRefused(
+                f"{t.output_dir} already holds a run (checkpoints up to step {existing[0].step:,}); "
+                f"--resume none would start another one on top of it",
+                "choose a new --output_dir to start over, or --resume auto to go on with this run",
+            )
+        return Continuation()
+    if t.resume != "auto":
+        folder = Path(t.resume)
+        if not folder.is_dir():
+            raise CheckpointError(f"--resume {t.resume}: no such checkpoint folder")
+        saved = verify_showing(folder, say=say, activity=activity)
+        resumable(folder, saved)
+        refuse_another_shape(folder, recipe, data)
+        return plan_continuation(saved, recipe, folder, named=True, data=data)
+    skipped: list[str] = []
+    found = newest_good_checkpoint(t.output_dir, log=skipped.append, usable=resumable, say=say, activity=activity)
+    if found is None and list_checkpoints(t.output_dir):
+        raise ResumeRefused(
+            f"none of the checkpoints in {t.output_dir} can be resumed from: " + "; ".join(skipped), START_OVER
+        )
+    if found is None:
+        return Continuation()
+    refuse_another_shape(found.path, recipe, data)
+    plan = plan_continuation(found.train_state, recipe, found.path, data=data)
+    plan.skipped = skipped
+    if plan.branch is not None:
+        branch = checkpoint_path(t.output_dir, plan.branch["branch_step"])
+        try:
+            resumable(branch, verify_showing(branch, say=say, activity=activity))
+        except CheckpointError as exc:
+            raise ResumeRefused(
+                f"going further needs the checkpoint of step {plan.branch['branch_step']:,}, the last "
+                f"before the decay, and it cannot be used: {exc}",
+                "pass --resume with another checkpoint folder to go on from it",
+            ) from exc
+        plan.folder = branch
+    return plan
