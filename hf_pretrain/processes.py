@@ -7,14 +7,23 @@ of its choice when its parent exits (`prctl(PR_SET_PDEATHSIG)`): the trainer ask
 stops as it does on SIGTERM, with a checkpoint (training/guards.py); the data loader's workers ask
 for SIGKILL, so they never outlive the trainer. Elsewhere the trainer polls its parent's pid at
 every step instead.
+
+The parent-death signal follows the *parent*; a process can also end with one that is not its parent
+(`die_with`): `prepare`'s datatrove workers are children of multiprocess's forkserver, which itself
+lives for as long as any worker does (each holds its "alive" pipe), so they follow `prepare` itself.
 """
 
 from __future__ import annotations
 
 import ctypes
 import os
+import select
 import signal
 import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
 
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 # What the trainer receives when its launcher exits: not SIGTERM, so that a launcher that forwards
@@ -70,3 +79,60 @@ def followed_launcher() -> int | None:
 def launcher_gone() -> bool:
     """Whether the launcher this process follows has exited (its pid is no longer our parent)."""
     return _followed_parent is not None and os.getppid() != _followed_parent
+
+
+# ---------------------------------------------------------------------- ending with a process not our parent
+POLL_S = 0.5  # where a pidfd is not available (not Linux >= 5.3): how often the process is looked at
+
+
+def start_time(pid: int) -> int | None:
+    """When process `pid` started (clock ticks since boot, field 22 of /proc/PID/stat), None if it is
+    gone or there is no /proc: with its pid, it names one process even after the pid is reused."""
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+@dataclass(frozen=True)
+class ProcessIdentity:
+    """One process, told apart from a later one that reuses its pid (picklable: it travels to workers)."""
+
+    pid: int
+    started: int | None
+
+    @classmethod
+    def this(cls) -> ProcessIdentity:
+        return cls(os.getpid(), start_time(os.getpid()))
+
+    def alive(self) -> bool:
+        if self.started is not None:
+            return start_time(self.pid) == self.started
+        try:
+            os.kill(self.pid, 0)
+        except ProcessLookupError:
+            return False
+        except OSError:
+            return True
+        return True
+
+
+def die_with(process: ProcessIdentity, sig: int = signal.SIGKILL) -> None:
+    """Send `sig` to this process as soon as `process` ends (exits, or is killed: SIGKILL included),
+    from a daemon thread that waits on a pidfd (a poll every POLL_S where there is none). A process
+    already gone when this is called: `sig` at once."""
+    threading.Thread(target=_signal_when_gone, args=(process, sig), name="die-with", daemon=True).start()
+
+
+def _signal_when_gone(process: ProcessIdentity, sig: int) -> None:
+    try:
+        pidfd: int | None = os.pidfd_open(process.pid)
+    except (AttributeError, OSError):  # no pidfd (macOS, old kernel), or the process is gone already
+        pidfd = None
+    if pidfd is not None:
+        if process.alive():  # checked after opening: the pidfd is of the process we meant, not a reuse
+            select.select([pidfd], [], [])  # readable once it has exited
+    else:
+        while process.alive():
+            time.sleep(POLL_S)
+    os.kill(os.getpid(), sig)

@@ -180,6 +180,7 @@ def _prepare_locked(
                 shares[index],
                 eos_token=tokenizer.eos_token,
                 counts_dir=str(logs),
+                data_dir=str(data_dir.resolve()) if options.kind == "local" else "",
             ),
         ]
         executor = build_executor(pipeline, tasks, logs, options, job_name=f"prepare-{name}")
