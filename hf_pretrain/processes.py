@@ -60,14 +60,36 @@ def die_with_parent(sig: int) -> bool:
     return True
 
 
+# What a launcher's command line names (accelerate launch, torchrun, `python -m torch.distributed.run`).
+LAUNCHER_COMMANDS = ("accelerate", "torchrun", "torch.distributed", "deepspeed")
+_orphaned_before_following = False  # the parent was no launcher when we began to follow it: it had exited
+
+
+def command_of(pid: int) -> str | None:
+    """Process `pid`'s command line (Linux), None where it cannot be read."""
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+    except OSError:
+        return None
+
+
 def follow_launcher() -> int | None:
     """Under a launcher, stop when it does: LAUNCHER_GONE on its exit, and `launcher_gone()` for the
-    polls. Returns the launcher's pid (None for a top process, which must outlive a closed shell)."""
-    global _followed_parent
+    polls. Returns the launcher's pid (None for a top process, which must outlive a closed shell).
+    A parent that is not a launcher (by its command line) is a launcher that exited before this
+    process began to follow it, leaving it to init or a subreaper: `launcher_gone()` says so."""
+    global _followed_parent, _orphaned_before_following
     if launcher() is None:
         return None
-    _followed_parent = os.getppid()
-    die_with_parent(LAUNCHER_GONE)
+    if _followed_parent is None:  # the first call arms
+        _followed_parent = os.getppid()
+        die_with_parent(LAUNCHER_GONE)
+        parent_command = command_of(_followed_parent)
+        _orphaned_before_following = parent_command is not None and not any(
+            name in parent_command for name in LAUNCHER_COMMANDS
+        )
+    elif signal.getsignal(LAUNCHER_GONE) is _gone_while_starting:  # the session's call: its handlers take over
+        signal.signal(LAUNCHER_GONE, signal.SIG_DFL)
     return _followed_parent
 
 
@@ -77,8 +99,45 @@ def followed_launcher() -> int | None:
 
 
 def launcher_gone() -> bool:
-    """Whether the launcher this process follows has exited (its pid is no longer our parent)."""
-    return _followed_parent is not None and os.getppid() != _followed_parent
+    """Whether the launcher this process follows has exited (its pid is no longer our parent, or it
+    had exited before we began to follow it)."""
+    return _followed_parent is not None and (_orphaned_before_following or os.getppid() != _followed_parent)
+
+
+def end_with_launcher(exit_code: int) -> None:
+    """The trainer's first action under a launcher, before its imports (seconds): until the session
+    follows the launcher itself (`follow_launcher` again, then its own handlers: a checkpoint once
+    training runs), the launcher's exit ends this process with `exit_code` and one line. A trainer
+    left alone would train a whole run for a job its scheduler already counts as ended."""
+    global _starting_exit_code
+    if launcher() is None:
+        return
+    _starting_exit_code = exit_code
+    signal.signal(LAUNCHER_GONE, _gone_while_starting)  # before arming: a launcher gone while arming signals at once
+    follow_launcher()
+    if launcher_gone():
+        _gone_while_starting(LAUNCHER_GONE, None)
+
+
+_starting_exit_code = 0
+
+
+def _gone_while_starting(signum: int, frame) -> None:
+    if not launcher_gone():
+        return  # the kernel also sends it when the launcher's thread that started us ends
+    parent = os.getppid()
+    name = launcher()
+    hint = ""
+    if _orphaned_before_following:  # or no launcher at all: the environment says otherwise
+        variable = "TORCHELASTIC_RUN_ID" if name == "torchrun" else "ACCELERATE_USE_CPU"
+        hint = f"; started without a launcher? unset {variable}"
+    os.write(
+        2,
+        f"train.py: its launcher ({name}, pid {_followed_parent}) exited before training began: ending too, with "
+        f"nothing written (exit {_starting_exit_code}; its parent is now pid {parent}, "
+        f"`{(command_of(parent) or '?')[:60]}`){hint}\n".encode(),
+    )
+    os._exit(_starting_exit_code)
 
 
 # ---------------------------------------------------------------------- ending with a process not our parent
