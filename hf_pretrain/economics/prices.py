@@ -48,7 +48,7 @@ def table_gpu_prices(path: str | Path) -> dict[str, float]:
 
 
 def nearest_gpu_names(name: str) -> str:
-    """"did you mean ...": the table's GPU names nearest to `name` (all of them when none is near)."""
+    """ "did you mean ...": the table's GPU names nearest to `name` (all of them when none is near)."""
     table = gpu_table()
     spellings = {spelling.lower(): gpu.name for gpu in table.values() for spelling in (gpu.name, *gpu.match)}
     close = difflib.get_close_matches(name.lower(), spellings, n=6, cutoff=0.4)
