@@ -52,3 +52,79 @@ def test_the_disk_check_sizes_a_checkpoint_from_its_real_bytes_and_passes_a_disk
     monkeypatch.setattr(shutil, "disk_usage", lambda _: usage(2 * needs, needs, int(1.1 * needs)))
     result = disk.check_disk_space(recipe)
     assert result.status == "pass", result.reason
+
+
+# ---------------------------------------------------------------------- eval: limits, suites, offline
+EVAL_ARGUMENTS = [
+    (
+        ["--limit", "-5"],
+        "--limit -5: give a number of documents (a whole number, 1 or more) or a fraction between 0 and 1",
+    ),
+    (["--limit", "0"], "--limit 0: give a number of documents"),
+    (["--limit", "2.5"], "--limit 2.5: give a number of documents"),
+    (["--num_fewshot", "-1"], "--num_fewshot -1: give 0 (zero-shot) or more examples per prompt"),
+    (["--batch_size", "abc"], "--batch_size abc: give a whole number of 1 or more, `auto` or `auto:N`"),
+    (["--tasks", "none", "--text", "missing.txt"], "--text missing.txt: no such file"),
+    (["--data_dir", "no-such-dir"], "--data_dir no-such-dir: no such folder"),
+    (["--tasks", "my-suite.yaml"], "--tasks my-suite.yaml: no such suite file; the shipped suites: default"),
+    (
+        ["--tasks", "nosuchsuite"],
+        "unknown task(s) or suite: nosuchsuite; the suites: default (eval/suites), the "
+        "offline tasks: arc_challenge_local, arc_easy_local",
+    ),
+]
+
+
+@pytest.mark.parametrize(("arguments", "said"), EVAL_ARGUMENTS, ids=lambda x: x if isinstance(x, str) else None)
+def test_eval_refuses_a_bad_argument_in_one_line_before_loading_anything(
+    tmp_path, monkeypatch, capsys, arguments, said
+):
+    from hf_pretrain.evaluation import harness
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(harness, "load_model", lambda *a: pytest.fail("a model was loaded for a refused command"))
+    (tmp_path / "model").mkdir()
+    assert harness.main(["--model", "model", *arguments]) == 2
+    err = capsys.readouterr().err
+    ours = [line for line in err.splitlines() if line.startswith("hf-pretrain")]  # not torch's import warnings
+    assert "Traceback" not in err and len(ours) == 1 and ours[0].startswith("hf-pretrain eval: error: "), err
+    assert said in ours[0], ours
+
+
+def test_eval_of_a_model_that_is_neither_a_folder_nor_a_repo_id_says_so(capsys):
+    from hf_pretrain.evaluation import harness
+
+    assert harness.main(["--model", "/no/such/export"]) == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("hf-pretrain")]
+    assert err == [
+        "hf-pretrain eval: error: --model /no/such/export: no such folder, and not a Hub repo id (owner/name); "
+        "give an `hf-pretrain export` folder, a run folder or checkpoint, or a repo id"
+    ]
+
+
+@pytest.mark.slow
+def test_eval_offline_of_a_task_whose_dataset_is_not_cached_is_one_line(exported, tmp_path):
+    import subprocess
+    import sys
+
+    from tests.helpers import ROOT, offline_env
+
+    env = {**offline_env(), "HF_HOME": str(tmp_path / "empty-cache"), "HF_DATASETS_OFFLINE": "1"}
+    for model in (str(exported), "someone/not-cached"):
+        result = subprocess.run(
+            [sys.executable, "-m", "hf_pretrain.cli", "eval", "--model", model, "--tasks", "arc_easy", "--limit", "2"],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr[-3000:]
+        last = result.stderr.strip().splitlines()[-1]
+        if model == "someone/not-cached":
+            assert last.startswith("hf-pretrain eval: error: cannot load the model someone/not-cached: "), last
+        else:
+            assert last.startswith(
+                "hf-pretrain eval: error: a task's dataset is not in the cache and the Hub cannot be"
+            )
+            assert "use the offline tasks (arc_challenge_local, arc_easy_local) with --data_dir" in last
