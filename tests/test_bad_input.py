@@ -4,6 +4,8 @@ never silence. CPU, offline."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from hf_pretrain.economics import plan
@@ -128,3 +130,46 @@ def test_eval_offline_of_a_task_whose_dataset_is_not_cached_is_one_line(exported
                 "hf-pretrain eval: error: a task's dataset is not in the cache and the Hub cannot be"
             )
             assert "use the offline tasks (arc_challenge_local, arc_easy_local) with --data_dir" in last
+
+
+# ---------------------------------------------------------------------- export and gguf targets
+def only_our_lines(err: str) -> list[str]:
+    return [line for line in err.splitlines() if line.startswith("hf-pretrain")]
+
+
+def test_an_export_into_a_place_that_cannot_be_written_is_one_line(reference_run, tmp_path, capsys):
+    from hf_pretrain.publish import export
+
+    run_dir, _ = reference_run
+    a_file = tmp_path / "notes.txt"
+    a_file.write_text("mine")
+    assert export.main(["--checkpoint", str(run_dir), "--out", str(a_file / "model")]) == 1
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and only_our_lines(err) == [
+        f"hf-pretrain export: error: cannot write {a_file / 'model'}: {a_file} is a file, not a folder; choose an "
+        "--out on a writable disk"
+    ]
+    assert a_file.read_text() == "mine"
+
+
+@pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs /proc, which nobody can write into")
+def test_an_export_onto_a_pseudo_filesystem_is_one_line(reference_run, capsys):
+    from hf_pretrain.publish import export
+
+    assert export.main(["--checkpoint", str(reference_run[0]), "--out", "/proc/model"]) == 1
+    assert only_our_lines(capsys.readouterr().err) == [
+        "hf-pretrain export: error: cannot write /proc/model: /proc cannot be written (No such file or directory); "
+        "choose an --out on a writable disk"
+    ]
+
+
+def test_gguf_out_a_folder_or_a_new_folder(exported, tmp_path, capsys):
+    from hf_pretrain.publish import gguf
+
+    assert gguf.main([str(exported), "--out", str(tmp_path)]) != 0
+    lines = only_our_lines(capsys.readouterr().err)
+    fix = str(tmp_path / f"{exported.name}-f16.gguf")
+    assert lines == [f"hf-pretrain gguf: --out {tmp_path} is a folder; give the file to write, e.g. --out {fix}"]
+    assert gguf.main([str(exported), "--out", fix]) == 0  # the printed fix works
+    assert gguf.main([str(exported), "--out", str(tmp_path / "new" / "model.gguf")]) == 0  # its folder is made
+    assert (tmp_path / "new" / "model.gguf").stat().st_size > 0
