@@ -173,3 +173,27 @@ def test_gguf_out_a_folder_or_a_new_folder(exported, tmp_path, capsys):
     assert gguf.main([str(exported), "--out", fix]) == 0  # the printed fix works
     assert gguf.main([str(exported), "--out", str(tmp_path / "new" / "model.gguf")]) == 0  # its folder is made
     assert (tmp_path / "new" / "model.gguf").stat().st_size > 0
+
+
+# ---------------------------------------------------------------------- printed fixes that work when pasted
+def test_the_doctors_bench_command_for_a_recipe_file_names_the_file_and_the_changed_keys(tmp_path, monkeypatch):
+    """It said `hf-pretrain bench --recipe mine` for a recipe given as a file whose name is `mine`: no
+    such shipped recipe, so the pasted command failed."""
+    import re
+    import shlex
+
+    from hf_pretrain.config import parse_recipe_args
+    from hf_pretrain.preflight.budget import check_cost
+    from tests.helpers import ROOT
+
+    recipe_file = tmp_path / "mine.yaml"
+    text = (ROOT / "hf_pretrain" / "recipes" / "smoke.yaml").read_text()
+    recipe_file.write_text(re.sub(r"(?m)^name: smoke", "name: mine", text))
+    argv = ["--recipe", str(recipe_file), "--hidden_size", "64", "--expected_tokens_per_s", "0"]
+    monkeypatch.setattr("sys.argv", ["hf-pretrain", "doctor", *argv])
+    recipe, _ = parse_recipe_args(argv, prog="test", description="")
+    fix = check_cost(recipe).fix
+    command = re.findall(r"`(hf-pretrain bench [^`]*)`", fix)
+    assert len(command) == 1 and f"--recipe {recipe_file}" in command[0], fix
+    pasted, _ = parse_recipe_args(shlex.split(command[0])[2:], prog="test", description="")
+    assert (pasted.name, pasted.model.hidden_size) == ("mine", 64)

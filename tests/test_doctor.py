@@ -272,12 +272,12 @@ def test_existing_checkpoints_count_against_the_need(tmp_path, monkeypatch):
     step = tmp_path / "run" / "checkpoints" / "step_00000100"
     step.mkdir(parents=True)
     with (step / "model.safetensors").open("wb") as f:
-        f.truncate(100_000_000)  # sparse: counts its size without writing it
+        f.truncate(10_000_000)  # sparse: counts its size without writing it
     small = 2**20 + 100 * recipe.data.vocab_size  # RNG states, JSONs, the tokenizer (estimated: not prepared)
-    needed = 3 * (12 * n + small) + 4 * n - 100_000_000  # 2 kept + 1 being written + fp32 export
+    needed = 3 * (12 * n + small) + 4 * n - 10_000_000  # 2 kept + 1 being written + fp32 export
     result = check_disk_space(recipe)
     assert f"needs {human_bytes(needed)} = 3 checkpoints" in result.reason
-    assert "100.0 MB in existing checkpoints" in result.reason
+    assert needed > 0 and "10.0 MB in existing checkpoints" in result.reason
 
 
 def test_a_slow_disk_warns_with_the_save_interval_that_keeps_saves_under_one_percent(tmp_path, monkeypatch):

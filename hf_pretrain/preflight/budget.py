@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 from hf_pretrain.config import Recipe
+from hf_pretrain.config.recipe_command import recipe_command
+from hf_pretrain.config.schema import KEY_SECTION
 from hf_pretrain.economics.cost import dollars, dollars_per_billion_tokens
 from hf_pretrain.formatting import usd
 from hf_pretrain.preflight.result import CheckResult
@@ -24,6 +26,12 @@ def run_cost(recipe: Recipe) -> float | None:
     return dollars(hours, price) if hours is not None and price else None
 
 
+def bench_command(recipe: Recipe) -> str:
+    """The `hf-pretrain bench` of this very recipe: its file (a path stays a path, not its `name`) and
+    every key the command line changed, so that it works when pasted."""
+    return recipe_command(recipe, "bench", KEY_SECTION)
+
+
 def check_cost(recipe: Recipe) -> CheckResult:
     t = recipe.train
     tokens = f"{run_tokens(recipe):,} tokens ({t.max_steps:,} steps x {t.global_batch_tokens:,})"
@@ -33,7 +41,7 @@ def check_cost(recipe: Recipe) -> CheckResult:
             "time and cost",
             "warn",
             f"{tokens}: time and cost unknown (expected_tokens_per_s=0)",
-            f"measure with `hf-pretrain bench --recipe {recipe.name}`, then set --expected_tokens_per_s"
+            f"measure with `{bench_command(recipe)}`, then set --expected_tokens_per_s"
             + ("" if t.price_per_hour else " and --price_per_hour"),
         )
     duration = f"{hours:,.1f} h at {t.expected_tokens_per_s:,.0f} tokens/s"
