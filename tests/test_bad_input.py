@@ -197,3 +197,48 @@ def test_the_doctors_bench_command_for_a_recipe_file_names_the_file_and_the_chan
     assert len(command) == 1 and f"--recipe {recipe_file}" in command[0], fix
     pasted, _ = parse_recipe_args(shlex.split(command[0])[2:], prog="test", description="")
     assert (pasted.name, pasted.model.hidden_size) == ("mine", 64)
+
+
+# ---------------------------------------------------------------------- prepare: hints that can help
+@pytest.fixture
+def fixed_tokenizer(tmp_path) -> list[str]:
+    """The flags of a tokenizer given as it is (init_from's path: no fit, the documents meet datatrove first)."""
+    import random
+
+    from hf_pretrain.data.tokenizer import save_tokenizer, train_tokenizer
+    from tests.test_prepare import VOCAB, _document
+
+    tokenizer = train_tokenizer([_document(random.Random(1)) for _ in range(200)], VOCAB, [])
+    save_tokenizer(tokenizer, tmp_path / "t")
+    return ["--tokenizer", str(tmp_path / "t" / "tokenizer"), "--vocab_size", str(len(tokenizer))]
+
+
+@pytest.mark.parametrize("content", [b"", b"\n\n   \n\t\n"], ids=["empty", "blank"])
+@pytest.mark.parametrize("tokenizer", ["train", "fixed"])
+def test_a_source_file_without_text_is_named_with_a_fix_that_can_help(tmp_path, request, content, tokenizer):
+    """With a tokenizer given as it is, an empty file was 'no validation tokens ... lower val_every', and
+    a blank one, fitted, 'too small to learn that many tokens: lower vocab_size'."""
+    from tests.test_prepare_safety import prepare_cli, write_jsonl
+
+    good, empty = write_jsonl(tmp_path / "good.jsonl", documents=40), tmp_path / "notes.txt"
+    empty.write_bytes(content)
+    extra = request.getfixturevalue("fixed_tokenizer") if tokenizer == "fixed" else []
+    for sources, index in (([empty], 0), ([good, empty], 1)):
+        result = prepare_cli(tmp_path / f"dd-{index}", [{"kind": "files", "paths": [str(p)]} for p in sources], *extra)
+        assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
+        lines = result.stderr.strip().splitlines()
+        assert len(lines) == 1 and f"source `{empty}` holds no text" in lines[0], lines
+        assert lines[0].endswith("give it files with text, or remove it from --sources"), lines
+        assert "val_every" not in lines[0] and "vocab_size" not in lines[0]
+
+
+def test_a_corpus_of_one_document_says_why_not_to_lower_val_every(tmp_path, fixed_tokenizer):
+    from tests.test_prepare_safety import prepare_cli
+
+    one = tmp_path / "essay.txt"
+    one.write_text("A short essay of one paragraph, with no blank line in it.\n" * 50)
+    result = prepare_cli(tmp_path / "dd", [{"kind": "files", "paths": [str(one)]}], *fixed_tokenizer)
+    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
+    line = result.stderr.strip().splitlines()[-1]
+    assert "1 document(s) in all: none to hold out for validation" in line and "lower val_every" not in line
+    assert line.endswith("add documents")

@@ -109,7 +109,7 @@ class SourceDocuments(PipelineStep):
         for number, text, read in self._texts(rank, world_size):
             if limit and count >= limit:
                 return
-            if not text:  # nothing to learn, and a bare end-of-text token in the data
+            if not text.strip():  # nothing to learn, and a bare end-of-text token in the data
                 continue
             in_file = in_file + 1 if number == current else 0
             current = number
