@@ -242,3 +242,38 @@ def test_a_corpus_of_one_document_says_why_not_to_lower_val_every(tmp_path, fixe
     line = result.stderr.strip().splitlines()[-1]
     assert "1 document(s) in all: none to hold out for validation" in line and "lower val_every" not in line
     assert line.endswith("add documents")
+
+
+# ---------------------------------------------------------------------- a second SIGTERM
+@pytest.mark.slow
+def test_a_second_sigterm_exits_at_once_with_75_and_a_status_that_says_so(smoke_data, tmp_path):
+    """It exited 143, undocumented, and left status.json at `running` (the next start then blamed a kill)."""
+    import signal
+
+    from hf_pretrain.exit_codes import EXIT_PREEMPTED
+    from hf_pretrain.run_dir import RunDir
+    from hf_pretrain.training.session import killed_session, read_status
+    from tests.test_survival import start_training, wait_for_step
+
+    run_dir = tmp_path / "run"
+    # a wider model than the smoke recipe's: its step and its save take long enough for a second signal
+    process = start_training(smoke_data, run_dir, max_steps=200, hidden_size=512, intermediate_size=1536)
+    try:
+        assert wait_for_step(process, run_dir, 2), process.communicate()[0][-3000:]
+        process.send_signal(signal.SIGTERM)
+        output = ""
+        while "SIGTERM received" not in output:  # the first is heard: the step finishes, then a save
+            line = process.stdout.readline()
+            assert line, output[-3000:]
+            output += line
+        process.send_signal(signal.SIGTERM)
+        output += process.communicate(timeout=120)[0]
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert process.returncode == EXIT_PREEMPTED, output[-3000:]
+    assert "SIGTERM again: exiting now, without a checkpoint" in output and "Traceback" not in output
+    status = read_status(run_dir)
+    assert (status["state"], status["exit_code"], status["rerun"]) == ("preempted", EXIT_PREEMPTED, True), status
+    assert status["reason"].startswith("stopped by SIGTERM sent twice: exited at once"), status
+    assert killed_session(RunDir(run_dir)) is None  # a rerun is not told of a kill
