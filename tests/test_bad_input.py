@@ -277,3 +277,18 @@ def test_a_second_sigterm_exits_at_once_with_75_and_a_status_that_says_so(smoke_
     assert (status["state"], status["exit_code"], status["rerun"]) == ("preempted", EXIT_PREEMPTED, True), status
     assert status["reason"].startswith("stopped by SIGTERM sent twice: exited at once"), status
     assert killed_session(RunDir(run_dir)) is None  # a rerun is not told of a kill
+
+
+# ---------------------------------------------------------------------- bench on a recipe whose data is not prepared
+def test_bench_slices_the_corpus_of_a_recipe_not_yet_prepared_into_data_it_can_use(tmp_path):
+    """The slice (steps + 1 batches) of the smoke corpus, 18 long documents, held none out at val_every=20:
+    `hf-pretrain bench --recipe smoke` ended in a DataMismatchError traceback before measuring anything."""
+    from hf_pretrain.bench.sweep import recipe_with_data
+    from hf_pretrain.config import load_recipe
+    from hf_pretrain.data.prepared import check_prepared_data
+
+    said: list[str] = []
+    recipe = load_recipe("smoke", {"data_dir": str(tmp_path / "not-prepared")})
+    sliced = recipe_with_data(recipe, tmp_path / "bench", steps=20, say=said.append)
+    check_prepared_data(sliced)  # raises if it cannot be used
+    assert sliced.data.data_dir == str(tmp_path / "bench" / "data") and "cannot be used" in said[0]
