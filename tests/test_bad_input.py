@@ -292,3 +292,19 @@ def test_bench_slices_the_corpus_of_a_recipe_not_yet_prepared_into_data_it_can_u
     sliced = recipe_with_data(recipe, tmp_path / "bench", steps=20, say=said.append)
     check_prepared_data(sliced)  # raises if it cannot be used
     assert sliced.data.data_dir == str(tmp_path / "bench" / "data") and "cannot be used" in said[0]
+
+
+# ---------------------------------------------------------------------- report on what is not a run folder
+@pytest.mark.parametrize("where", ["missing", "a data folder"])
+def test_report_on_what_is_not_a_run_folder_says_so(tmp_path, capsys, where):
+    pytest.importorskip("matplotlib")
+    from hf_pretrain import report
+
+    folder = tmp_path / "runs" / "typo"
+    if where == "a data folder":
+        folder.mkdir(parents=True)
+        (folder / "meta.json").write_text("{}")
+    assert report.main([str(folder)]) == 2
+    said = "no such folder" if where == "missing" else "no metrics.jsonl: not a run folder, or no step trained yet"
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"hf-pretrain report: error: {folder}: {said}; give a run folder (the recipe's output_dir)"]
