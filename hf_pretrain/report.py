@@ -66,7 +66,7 @@ def load_run(run_dir: Path, price_override: float | None = None) -> RunData:
         what = (
             "no such folder"
             if not run.path.is_dir()
-            else f"no {run.metrics.name}: not a run folder, or no step trained yet"
+            else f"no training records (no {run.metrics.name}): not a run folder, or no step trained yet"
         )
         raise FileNotFoundError(f"{run.path}: {what}; give a run folder (the recipe's output_dir)")
     if not train:

@@ -305,6 +305,10 @@ def test_report_on_what_is_not_a_run_folder_says_so(tmp_path, capsys, where):
         folder.mkdir(parents=True)
         (folder / "meta.json").write_text("{}")
     assert report.main([str(folder)]) == 2
-    said = "no such folder" if where == "missing" else "no metrics.jsonl: not a run folder, or no step trained yet"
+    said = (
+        "no such folder"
+        if where == "missing"
+        else "no training records (no metrics.jsonl): not a run folder, or no step trained yet"
+    )
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [f"hf-pretrain report: error: {folder}: {said}; give a run folder (the recipe's output_dir)"]
