@@ -312,3 +312,24 @@ def test_report_on_what_is_not_a_run_folder_says_so(tmp_path, capsys, where):
     )
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [f"hf-pretrain report: error: {folder}: {said}; give a run folder (the recipe's output_dir)"]
+
+
+# ---------------------------------------------------------------------- space: what a Space can load, where it goes
+def test_space_of_a_local_export_says_a_space_reads_the_hub_and_an_unwritable_out_is_one_line(tmp_path, capsys):
+    from hf_pretrain.publish import space
+
+    export = tmp_path / "export"
+    export.mkdir()
+    assert space.main(["--model", str(export), "--out", str(tmp_path / "space")]) == 2
+    assert only_our_lines(capsys.readouterr().err) == [
+        f"hf-pretrain space: --model {export} is a local folder, and a Space loads its models from the Hub: push it "
+        "first (`hf-pretrain export ... --push_to_hub ME/NAME`), then give --model ME/NAME"
+    ]
+    a_file = tmp_path / "notes.txt"
+    a_file.write_text("mine")
+    assert space.main(["--model", "me/model", "--out", str(a_file / "space")]) == 2
+    assert only_our_lines(capsys.readouterr().err) == [
+        f"hf-pretrain space: cannot write {a_file / 'space'}: {a_file} is a file, not a folder; choose an --out on "
+        "a writable disk"
+    ]
+    assert not (tmp_path / "space").exists()
