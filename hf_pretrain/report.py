@@ -62,6 +62,13 @@ def load_run(run_dir: Path, price_override: float | None = None) -> RunData:
     run = RunDir(run_dir)
     metrics = read_jsonl(run.metrics)
     train = [r for r in metrics if r.get("kind") == "train"]
+    if not train and not run.metrics.is_file():  # not a run folder, or a run that has not trained yet
+        what = (
+            "no such folder"
+            if not run.path.is_dir()
+            else f"no training records (no {run.metrics.name}): not a run folder, or no step trained yet"
+        )
+        raise FileNotFoundError(f"{run.path}: {what}; give a run folder (the recipe's output_dir)")
     if not train:
         raise FileNotFoundError(f"{run.metrics} holds no training records yet")
     recipe = run.load_recipe()

@@ -21,7 +21,13 @@ from __future__ import annotations
 import sys
 from typing import TYPE_CHECKING
 
-from hf_pretrain.config import Recipe, parse_recipe_args
+from hf_pretrain.exit_codes import EXIT_PREEMPTED
+from hf_pretrain.processes import end_with_launcher
+
+# First, before seconds of imports: a launcher stopped while this process starts must end it too.
+end_with_launcher(EXIT_PREEMPTED)
+
+from hf_pretrain.config import Recipe, parse_recipe_args  # noqa: E402
 
 if TYPE_CHECKING:
     from hf_pretrain.training.loop import Outcome

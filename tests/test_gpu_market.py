@@ -205,7 +205,7 @@ def test_the_ranking_orders_by_the_runs_dollars_not_the_hourly_price():
 
 def test_a_price_table_reprices_the_gpus_it_names(tmp_path):
     prices = tmp_path / "prices.yaml"
-    prices.write_text("H100: 0.50\nsome cloud's own card: 0.10\n")
+    prices.write_text("H100: 0.50\n")
     table = plan.gpu_prices(str(prices))
     assert table["H100 SXM"] == 0.50 and table["A100 80GB SXM"] == gpu_named("A100 80GB").usd_per_hour
     assert rows(prices=table)[0].gpu == "H100 SXM"

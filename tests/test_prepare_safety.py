@@ -153,8 +153,17 @@ def test_a_token_file_that_disagrees_with_its_index_is_refused_by_the_doctor_and
 
 
 # ---------------------------------------------------------------------- 4. workers die with prepare
+def completed_tasks(data_dir: Path) -> set[str]:
+    return {p.name for p in data_dir.glob("logs/*/completions/*")}
+
+
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the parent-death signal is Linux's")
-def test_a_killed_prepare_with_a_pool_of_workers_leaves_no_process_behind(big_corpus, tmp_path) -> None:  # noqa: F811
+@pytest.mark.parametrize("signal_name", ["SIGKILL", "SIGTERM"])
+def test_a_killed_prepare_with_a_pool_of_workers_leaves_no_process_behind(big_corpus, tmp_path, signal_name) -> None:  # noqa: F811
+    """Its workers are the forkserver's children, and the forkserver lives as long as they do: they must
+    follow `prepare` itself, at once (not finish their task first, writing into a folder nobody holds)."""
+    import signal
+
     from tests.test_prepare import cli_args, left_running, run_prepare
 
     data_dir = tmp_path / "data"
@@ -168,9 +177,74 @@ def test_a_killed_prepare_with_a_pool_of_workers_leaves_no_process_behind(big_co
         assert time.time() < deadline, "prepare made no progress"
         time.sleep(0.01)
     assert process.poll() is None, process.stdout.read().decode()
-    process.kill()
+    done = completed_tasks(data_dir)
+    process.send_signal(getattr(signal, signal_name))
     process.wait()
-    assert left_running(process.pid, str(data_dir)) == [], "a worker of the killed prepare outlived it"
+    assert left_running(process.pid, str(data_dir), grace_s=3) == [], "a worker of the killed prepare outlived it"
+    assert completed_tasks(data_dir) == done, "a worker went on to finish its task after prepare was killed"
+
+
+STRAGGLER = (
+    "import sys, time\nfrom hf_pretrain.data.prepare_folder import hold_as_worker\n"
+    "hold_as_worker(sys.argv[1])\nprint('holding', flush=True)\ntime.sleep(600)\n"
+)
+
+
+def test_a_prepare_is_refused_while_a_worker_of_an_earlier_one_still_lives_and_runs_once_it_is_gone(
+    tmp_path,
+) -> None:
+    corpus = write_jsonl(tmp_path / "a.jsonl")
+    data_dir = tmp_path / "dd"
+    data_dir.mkdir()
+    (data_dir / "prepare.lock").touch()  # as the killed prepare left it: nobody holds it
+    straggler = subprocess.Popen(
+        [sys.executable, "-c", STRAGGLER, str(data_dir)], cwd=ROOT, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert straggler.stdout.readline().strip() == "holding"
+        before = tree(data_dir)
+        refused = prepare_cli(data_dir, [{"kind": "files", "paths": [str(corpus)]}])
+        assert refused.returncode == 73, refused.stderr
+        lines = refused.stderr.strip().splitlines()
+        assert len(lines) == 1 and "workers of an earlier `hf-pretrain prepare`" in lines[0], refused.stderr
+        assert f"kill {straggler.pid}`" in lines[0]
+        assert tree(data_dir) == before, "a refused prepare touched the folder"
+    finally:
+        straggler.kill()
+        straggler.wait()
+    again = prepare_cli(data_dir, [{"kind": "files", "paths": [str(corpus)]}])
+    assert again.returncode == 0, again.stderr
+    assert read_meta(data_dir)["splits"]["train"]["tokens"] > 0
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc")
+def test_a_process_ends_with_one_that_is_not_its_parent() -> None:
+    """processes.die_with: what a datatrove worker does to end with `prepare`, its grandparent."""
+    followed = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    follower = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, time\nfrom hf_pretrain.processes import ProcessIdentity, die_with, start_time\n"
+            "die_with(ProcessIdentity(int(sys.argv[1]), start_time(int(sys.argv[1]))))\n"
+            "print('armed', flush=True)\ntime.sleep(600)\n",
+            str(followed.pid),
+        ],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert follower.stdout.readline().strip() == "armed"
+        time.sleep(0.5)
+        assert follower.poll() is None, "it ended while the process it follows lives"
+        followed.kill()
+        followed.wait()
+        assert follower.wait(timeout=5) == -9
+    finally:
+        for process in (followed, follower):
+            process.kill()
+            process.wait()
 
 
 # ---------------------------------------------------------------------- 3. text that is not a string

@@ -145,6 +145,60 @@ def test_sigterm_to_the_launcher_stops_the_trainer_with_a_checkpoint(smoke_data,
         kill_all(launcher, run_dir)
 
 
+def trainer_of(launcher: subprocess.Popen) -> int | None:
+    """The pid of the launcher's child, once it has one."""
+    children = Path(f"/proc/{launcher.pid}/task/{launcher.pid}/children")
+    pids = children.read_text().split() if children.is_file() else []
+    return int(pids[0]) if pids else None
+
+
+@pytest.mark.slow
+def test_sigterm_to_the_launcher_while_the_trainer_imports_ends_the_trainer_too(smoke_data, tmp_path):
+    """Issue 33: the launcher gone 1 s into the trainer's life (still importing torch), the trainer
+    trained the whole run on its own and ended `finished`, while the scheduler saw 143."""
+    run_dir = tmp_path / "early"
+    launcher = start([*LAUNCH, *TRAIN, *arguments(smoke_data, run_dir, max_steps=30)])
+    try:
+        wait_until(lambda: trainer_of(launcher) or launcher.poll() is not None, 120, "no trainer started")
+        assert launcher.poll() is None, launcher.communicate()[0][-3000:]
+        time.sleep(1.0)
+        launcher.send_signal(signal.SIGTERM)
+        output = launcher.communicate(timeout=30)[0]
+        wait_until(lambda: not processes_naming(run_dir), 20, "the trainer outlived its launcher")
+        ended = json.loads(RunDir(run_dir).status.read_text()) if RunDir(run_dir).status.is_file() else {}
+        assert ended.get("state") in (None, "preempted"), ended  # never `finished`: it trained nothing alone
+        assert not RunDir(run_dir).metrics.is_file() or logged_step(run_dir) < 30
+        assert "launcher (accelerate launch, pid" in output or "exit of its launcher" in output, output[-3000:]
+    finally:
+        kill_all(launcher, run_dir)
+
+
+ORPHAN_STARTER = (
+    "import os, subprocess, sys\n"
+    "with open(sys.argv[1], 'w') as err:\n"
+    "    child = subprocess.Popen(sys.argv[2:], stdout=subprocess.DEVNULL, stderr=err, env=dict(os.environ, ACCELERATE_USE_CPU='true'))\n"
+    "print(child.pid, flush=True)\n"  # and exit at once: the trainer's launcher is gone before it is followed
+)
+
+
+def test_a_trainer_whose_launcher_is_gone_before_it_follows_it_ends_in_one_line(smoke_data, tmp_path):
+    run_dir, stderr = tmp_path / "orphan", tmp_path / "trainer.err"
+    starter = subprocess.run(
+        [sys.executable, "-c", ORPHAN_STARTER, str(stderr), sys.executable, *TRAIN, *arguments(smoke_data, run_dir)],
+        cwd=ROOT,
+        env=offline_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    trainer = int(starter.stdout)
+    wait_until(lambda: not Path(f"/proc/{trainer}").exists(), 60, "the orphaned trainer went on")
+    lines = stderr.read_text().strip().splitlines()
+    assert len(lines) == 1 and "exited before training began" in lines[0], lines
+    assert lines[0].endswith("started without a launcher? unset ACCELERATE_USE_CPU")
+    assert not run_dir.exists(), "an orphaned trainer wrote into the run folder"
+
+
 def test_a_finished_run_says_so_in_status_json(reference_run):
     run_dir, _ = reference_run
     ended = status(run_dir)

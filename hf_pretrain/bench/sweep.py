@@ -55,9 +55,9 @@ def recipe_with_data(recipe: Recipe, out: Path, steps: int, say: Say) -> Recipe:
         return recipe
     except (DataMismatchError, FileNotFoundError) as exc:
         say(f"the recipe's data cannot be used ({exc})")
-    sliced = build_recipe(
-        recipe.to_dict(), {"data_dir": str(out / "data"), "max_tokens": (steps + 1) * recipe.train.global_batch_tokens}
-    )
+    # every 2nd document held out: a slice of a few long documents holds no val_every-th one (a refusal)
+    tokens = (steps + 1) * recipe.train.global_batch_tokens
+    sliced = build_recipe(recipe.to_dict(), {"data_dir": str(out / "data"), "max_tokens": tokens, "val_every": 2})
     say(f"preparing {sliced.data.max_tokens:,} tokens of the recipe's corpus in {sliced.data.data_dir}")
     prepare(sliced, log=say)
     return sliced

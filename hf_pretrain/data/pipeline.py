@@ -30,7 +30,7 @@ from hf_pretrain.data import sources
 from hf_pretrain.data.sources import BUILTIN_CORPORA, SourceError, expand_globs, file_documents, require_text
 from hf_pretrain.data.task_progress import TaskCounts
 from hf_pretrain.data.tokenizer import EOS_TOKEN, PIECE_CHARS, split_long_text
-from hf_pretrain.processes import die_with_parent
+from hf_pretrain.processes import ProcessIdentity, die_with, die_with_parent
 
 SPLITS = ("train", "validation")
 # Documents per call into Rust, and at most this many characters: large enough to amortise the
@@ -109,7 +109,7 @@ class SourceDocuments(PipelineStep):
         for number, text, read in self._texts(rank, world_size):
             if limit and count >= limit:
                 return
-            if not text:  # nothing to learn, and a bare end-of-text token in the data
+            if not text.strip():  # nothing to learn, and a bare end-of-text token in the data
                 continue
             in_file = in_file + 1 if number == current else 0
             current = number
@@ -172,6 +172,7 @@ class SplitTokenizer(DocumentTokenizer):
         max_tokens: int = 0,
         eos_token: str = EOS_TOKEN,
         counts_dir: str = "",
+        data_dir: str = "",
     ):
         # the tokenizer's own end-of-text: ours, or a base model's (`init_from`: Llama's `</s>`)
         super().__init__(
@@ -185,7 +186,8 @@ class SplitTokenizer(DocumentTokenizer):
         self.folder, self.val_every, self.max_tokens = folder, val_every, max_tokens
         self.eos_token = eos_token
         self.counts_dir = counts_dir  # where each task writes its running counts (task_progress.py); "": nowhere
-        self.owner_pid = os.getpid()  # the `prepare` that built the pipeline; a task elsewhere is a worker
+        self.data_dir = data_dir  # whose workers lock a worker holds while it lives; "": none
+        self.owner = ProcessIdentity.this()  # the `prepare` that built the pipeline; a task elsewhere is a worker
 
     @cached_property
     def tokenizer(self):  # datatrove's, plus special tokens as text
@@ -226,9 +228,14 @@ class SplitTokenizer(DocumentTokenizer):
         return out
 
     def run(self, data: DocumentsPipeline, rank: int = 0, world_size: int = 1) -> None:
-        if os.getpid() != self.owner_pid:
-            # a worker (forked by datatrove's forkserver, which exits with `prepare`): ends with its parent
-            die_with_parent(signal.SIGKILL)
+        if os.getpid() != self.owner.pid:
+            # A worker, forked by multiprocess's forkserver, which lives as long as its workers do: it
+            # ends with `prepare` itself, and keeps the folder busy for a rerun until it has.
+            if self.data_dir:
+                from hf_pretrain.data.prepare_folder import hold_as_worker
+
+                hold_as_worker(self.data_dir)
+            die_with(self.owner)
         dtype = np.dtype("<u4" if self.token_size == 4 else "<u2")
         files = {
             split: TokenizedFile(f"{self.folder}/{split}", task_file(rank), token_size=dtype.itemsize)

@@ -11,6 +11,8 @@ holds, where `prepare` writes, something no record names is refused, never empti
 from __future__ import annotations
 
 import dataclasses
+import errno
+import fcntl
 import json
 import os
 import shutil
@@ -30,6 +32,9 @@ from hf_pretrain.run_lock import RunDirUnusable, RunLock, RunLocked
 
 PROGRESS_FILE = "prepare_progress.json"
 LOCK_FILE = "prepare.lock"
+# Held (shared) by every worker of a local `prepare` for as long as it lives: prepare.lock dies with
+# `prepare`, a worker a moment later (processes.die_with), and it may write until then.
+WORKERS_LOCK_FILE = "prepare.workers.lock"
 ORPHAN_GRACE_S = 5.0
 # Every path `prepare` writes in data_dir, besides its own two records above.
 OUTPUT_NAMES = (TOKENIZER_DIR, SOURCES_DIR, LOGS_DIR, META_FILE, VERIFIED_FILE)
@@ -69,11 +74,12 @@ class PrepareLock(RunLock):
     def acquire(self) -> None:
         # A killed prepare's forked children share its lock until the kernel has ended them too
         # (pipeline.py arms them to die with it): a holder named in the file that is gone already
-        # is waited for, briefly.
+        # is waited for, briefly; so are its workers, which end as soon as they see it gone.
         deadline = time.monotonic() + ORPHAN_GRACE_S
         while True:
             try:
-                return super().acquire()
+                super().acquire()
+                return self._wait_for_workers(deadline)
             except RunLocked as exc:
                 if time.monotonic() > deadline or not self._holder_is_gone():
                     raise PrepareLocked(str(exc)) from None
@@ -84,6 +90,20 @@ class PrepareLock(RunLock):
             f"cannot write into {self.run_dir.path} (not writable, or a file is in the way); "
             f"{own_folder_hint(self.run_dir.path)} on a writable disk"
         )
+
+    def _wait_for_workers(self, deadline: float) -> None:
+        """Holding prepare.lock, wait (until `deadline`) for the workers of an earlier prepare to end;
+        refuse, naming them, if they are still writing by then."""
+        while (workers := workers_alive(self.run_dir.path)) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        if workers:
+            self.release()
+            pids = " ".join(map(str, workers))
+            raise PrepareLocked(
+                f"{self.run_dir.path} is still being written by the workers of an earlier `hf-pretrain prepare` "
+                f"that has ended (pid {pids.replace(' ', ', ')}); wait for them to end, or end them "
+                f"(`kill {pids}`), then run this command again"
+            )
 
     def _holder_is_gone(self) -> bool:
         try:
@@ -113,6 +133,63 @@ class PrepareLock(RunLock):
             f"folder would mix their token files; wait for it to end (then this command finds the folder "
             f"prepared or goes on where it stopped), stop it, or {own_folder_hint(self.run_dir.path)}"
         )
+
+
+_worker_lock_fd: int | None = None  # a worker's shared lock on WORKERS_LOCK_FILE, held until it exits
+
+
+def hold_as_worker(data_dir: str | Path) -> None:
+    """In a worker of `prepare`: hold a shared lock on data_dir's WORKERS_LOCK_FILE for the rest of
+    this process's life, so a later `prepare` sees the folder busy until this worker has ended. Where
+    the filesystem has no locks, nothing is held."""
+    global _worker_lock_fd
+    if _worker_lock_fd is not None:
+        return
+    try:
+        fd = os.open(Path(data_dir) / WORKERS_LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    except OSError:
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH)  # only a checking `prepare` holds it exclusively, and only briefly
+    except OSError:
+        os.close(fd)
+        return
+    _worker_lock_fd = fd
+
+
+def workers_alive(data_dir: Path) -> list[int] | None:
+    """The pids of workers still holding data_dir's WORKERS_LOCK_FILE ([0] where they cannot be
+    named), None if none do."""
+    path = Path(data_dir) / WORKERS_LOCK_FILE
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as exc:
+        if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+            return _lock_holders(os.fstat(fd)) or [0]
+        return None
+    else:
+        return None  # nobody holds it (closing the descriptor drops this check's own lock)
+    finally:
+        os.close(fd)
+
+
+def _lock_holders(stat: os.stat_result) -> list[int]:
+    """The pids that hold a lock on the file `stat` describes, from /proc/locks (Linux; [] elsewhere)."""
+    device = f"{os.major(stat.st_dev):02x}:{os.minor(stat.st_dev):02x}:{stat.st_ino}"
+    try:
+        lines = Path("/proc/locks").read_text().splitlines()
+    except OSError:
+        return []
+    pids = set()
+    for line in lines:
+        fields = line.split()
+        if len(fields) >= 6 and fields[1] != "->" and fields[5] == device and fields[4].isdigit():
+            pids.add(int(fields[4]))
+    return sorted(pids)
 
 
 # ---------------------------------------------------------------------- inputs

@@ -60,9 +60,10 @@ from hf_pretrain.data.prepared import (
     token_dtype,
     write_json_atomically,
 )
-from hf_pretrain.data.sources import SourceError, expand_globs, mixture
+from hf_pretrain.data.sources import TXT_SPLIT_BYTES, SourceError, expand_globs, mixture
 from hf_pretrain.data.task_progress import CountsReader, SourceProgress
 from hf_pretrain.data.tokenizer import (
+    EOS_TOKEN,
     PIECE_CHARS,
     TOKENIZER_DIR,
     TokenizerError,
@@ -180,6 +181,7 @@ def _prepare_locked(
                 shares[index],
                 eos_token=tokenizer.eos_token,
                 counts_dir=str(logs),
+                data_dir=str(data_dir.resolve()) if options.kind == "local" else "",
             ),
         ]
         executor = build_executor(pipeline, tasks, logs, options, job_name=f"prepare-{name}")
@@ -437,9 +439,22 @@ def _finish(
             totals[split]["tokens"] += splits[split]["tokens"]
             totals[split]["documents"] += splits[split]["documents"]
             totals[split]["shards"] += [f | {"source": name} for f in files]
+        if not any(splits[split]["documents"] for split in SPLITS):  # before the hold-out's hint, which cannot help
+            where = ", ".join(source.paths) if source.kind == "files" else source.name
+            raise SourceError(
+                f"sources[{index}]: the {source.kind} source `{where}` holds no text (0 documents): give it files "
+                f"with text, or remove it from --sources"
+            )
         record = {"name": name, "folder": f"{SOURCES_DIR}/{name}", "tokenizer_hash": saved_hash, "splits": splits}
         write_json_atomically(folder / SOURCE_FILE, record)
         sources.append(record | {"config": dataclasses.asdict(source)})
+    read = totals["train"]["documents"]
+    if totals["validation"]["tokens"] == 0 and read < 2:
+        raise DataMismatchError(
+            f"{data_dir}: {read} document(s) in all: none to hold out for validation. A plain-text file is one "
+            f"document unless it is larger than {TXT_SPLIT_BYTES // 10**6} MB (then split at blank lines) or "
+            f"separated by {EOS_TOKEN}; a .jsonl holds one a line: add documents"
+        )
     if totals["validation"]["tokens"] == 0:
         raise DataMismatchError(
             f"{data_dir}: no validation tokens: every val_every={d.val_every}th document of each task is held out and "

@@ -11,6 +11,7 @@ Layout of data_dir (format 2):
     prepare_progress.json               while preparing: the settings, and which of these paths `prepare`
                                         created (the only ones it may ever remove); gone once meta.json is
     prepare.lock                        held (flock) by the `prepare` writing into the folder; names it
+    prepare.workers.lock                held (shared flock) by each of its local workers while it lives
     verified.json                       the shards' last verification (verify.py)
 
 Each source keeps its own folder, so the mixture is drawn when training (mixing.py) and a new one

@@ -302,13 +302,16 @@ def _non_empty(source: SourceConfig, texts: Iterable[str]) -> Iterator[str]:
     for text in texts:
         if source.max_documents and count >= source.max_documents:
             return
-        # Empty documents carry nothing to learn and would leave bare end-of-text tokens in the data.
-        if text:
+        # Empty documents (or blank ones) carry nothing to learn and would leave bare end-of-text tokens in the data.
+        if text.strip():
             count += 1
             yield text
     if count == 0:
         where = ", ".join(source.paths) if source.kind == "files" else source.name
-        raise SourceError(f"the {source.kind} source `{where}` holds no text: every document in it is empty")
+        raise SourceError(
+            f"the {source.kind} source `{where}` holds no text: every document in it is empty; give it files with "
+            f"text, or remove it from --sources"
+        )
 
 
 def normalised_weights(sources: list[SourceConfig]) -> list[float]:

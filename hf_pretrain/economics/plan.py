@@ -28,11 +28,11 @@ from typing import Any
 from hf_pretrain.config import CommandParser, Recipe, RecipeError, parse_recipe_args
 from hf_pretrain.economics.cost import dollars_per_billion_tokens
 from hf_pretrain.economics.forecast import BAND_SIGMAS, GoingFurther, going_further
-from hf_pretrain.economics.gpus import GPU, find_gpu, fp8_refusal, gpu_named, gpu_table
+from hf_pretrain.economics.gpus import GPU, fp8_refusal, gpu_named, gpu_table
 from hf_pretrain.economics.measurements import recorded_measurement
 from hf_pretrain.economics.memory import GRADIENT_BYTES, Fit, fit_in_memory, with_checkpointed_layers, with_micro_batch
 from hf_pretrain.economics.performance import FP8_QUALITY_PER_TOKEN, modelled_tokens_per_s
-from hf_pretrain.economics.prices import PriceError, load_prices
+from hf_pretrain.economics.prices import PriceError, table_gpu_prices
 from hf_pretrain.economics.workload import step_config
 from hf_pretrain.formatting import human_count, usd
 from hf_pretrain.model import (
@@ -207,11 +207,8 @@ def gpu_row(recipe: Recipe, gpu: GPU, tokens: float, price: float, pinned: tuple
 def gpu_prices(prices_file: str | None) -> dict[str, float]:
     """Each table GPU's $/h: the table's typical price, or the entry of `prices_file` naming that GPU."""
     prices = {name: gpu.usd_per_hour for name, gpu in gpu_table().items()}
-    if prices_file:
-        for name, price in load_prices(prices_file).items():
-            gpu = find_gpu(name)
-            if gpu is not None:
-                prices[gpu.name] = price
+    if prices_file:  # a name the table does not know is refused (PriceError), never dropped
+        prices.update(table_gpu_prices(prices_file))
     return prices
 
 
@@ -326,14 +323,13 @@ def make_plan(request: PlanRequest) -> Plan:
     tokens = float(request.tokens) if request.tokens else float(default_tokens)
 
     rows: list[GpuRow] = []
+    prices = gpu_prices(request.prices)  # read (and checked) even where no GPU is named: never silently unused
     if request.gpu == ALL_GPUS:
-        rows = ranked_rows(request.recipe, tokens, gpu_prices(request.prices), request.pinned)
+        rows = ranked_rows(request.recipe, tokens, prices, request.pinned)
     gpu = gpu_named(request.gpu) if request.gpu and request.gpu != ALL_GPUS else None
     if gpu and request.recipe is not None and request.recipe.train.mixed_precision == "fp8" and fp8_refusal(gpu):
         raise ValueError(fp8_refusal(gpu))
-    price = (
-        request.price_per_gpu_hour or (gpu_prices(request.prices)[gpu.name] if gpu else None) or recipe_price or None
-    )
+    price = request.price_per_gpu_hour or (prices[gpu.name] if gpu else None) or recipe_price or None
     if gpu and request.recipe is not None:
         rows = [gpu_row(request.recipe, gpu, tokens, price, request.pinned)]
 

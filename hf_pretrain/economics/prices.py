@@ -7,12 +7,13 @@ overrides single entries, so the table is data, never code.
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Iterable
 from pathlib import Path
 
 import yaml
 
-from hf_pretrain.economics.gpus import gpu_table
+from hf_pretrain.economics.gpus import GPU_TABLE_FILE, find_gpu, gpu_table
 
 
 class PriceError(ValueError):
@@ -31,6 +32,30 @@ def load_prices(path: str | Path | None = None) -> dict[str, float]:
     if not isinstance(raw, dict):
         raise PriceError(f"{path} must map GPU names to dollars per hour, e.g. `H100: 2.99`")
     return {str(name): _positive_price(str(name), value, str(path)) for name, value in raw.items()}
+
+
+def table_gpu_prices(path: str | Path) -> dict[str, float]:
+    """`{GPU table name: $ per hour}` from a price file every name of which is a GPU of the table (as
+    `--gpu` reads it: its name or one of its `match` names). An unknown name is refused, naming the
+    nearest known ones: dropped, the plan would price that GPU at the table's typical rate instead."""
+    prices = {}
+    for name, price in load_prices(path).items():
+        gpu = find_gpu(name)
+        if gpu is None:
+            raise PriceError(f"{path}: no GPU `{name}` in the GPU table; {nearest_gpu_names(name)}")
+        prices[gpu.name] = price
+    return prices
+
+
+def nearest_gpu_names(name: str) -> str:
+    """ "did you mean ...": the table's GPU names nearest to `name` (all of them when none is near)."""
+    table = gpu_table()
+    spellings = {spelling.lower(): gpu.name for gpu in table.values() for spelling in (gpu.name, *gpu.match)}
+    close = difflib.get_close_matches(name.lower(), spellings, n=6, cutoff=0.4)
+    names = list(dict.fromkeys(spellings[spelling] for spelling in close))[:3]
+    if names:
+        return f"did you mean {' or '.join(f'`{n}`' for n in names)}? (every GPU: {GPU_TABLE_FILE.name})"
+    return f"the GPUs it knows: {', '.join(table)} ({GPU_TABLE_FILE.name})"
 
 
 def parse_price(text: str) -> tuple[str, float]:

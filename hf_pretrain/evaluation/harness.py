@@ -13,7 +13,9 @@ the scores also go into its model card (`model-index` and the Evaluation section
 
 from __future__ import annotations
 
+import argparse
 import json
+import re
 import sys
 import tempfile
 from pathlib import Path
@@ -50,10 +52,64 @@ def resolve_tasks(spec: str) -> tuple[list[str], int | None]:
     if spec == "none":
         return [], None
     path = Path(spec) if spec.endswith((".yaml", ".yml")) else SUITES_DIR / f"{spec}.yaml"
+    if spec.endswith((".yaml", ".yml")) and not path.is_file():
+        raise EvalError(f"--tasks {spec}: no such suite file; the shipped suites: {', '.join(suite_names())}")
     if path.is_file():
         suite = yaml.safe_load(path.read_text())
         return list(suite["tasks"]), suite.get("num_fewshot")
     return [t.strip() for t in spec.split(",") if t.strip()], None
+
+
+def suite_names() -> list[str]:
+    return sorted(p.stem for p in SUITES_DIR.glob("*.yaml"))
+
+
+def check_task_names(tasks: list[str], include_paths: list[str]) -> None:
+    """Raise `EvalError` naming the tasks neither lm-eval, --include_path nor eval/tasks knows, with
+    what there is: before a model is loaded for them (minutes for a big one)."""
+    from lm_eval.tasks import TaskManager
+
+    known = set(TaskManager(include_path=include_paths or None).all_tasks) | _local_task_names()
+    unknown = [task for task in tasks if task not in known]
+    if unknown:
+        raise EvalError(
+            f"unknown task(s) or suite: {', '.join(unknown)}; the suites: {', '.join(suite_names())} (eval/suites), "
+            f"the offline tasks: {', '.join(sorted(_local_task_names()))} (eval/tasks, with --data_dir), lm-eval's: "
+            f"`lm_eval ls tasks` (or add yours with --include_path)"
+        )
+
+
+def argument_problem(args: argparse.Namespace) -> str | None:
+    """What is wrong with `hf-pretrain eval`'s flags, in a line with what to give instead; None if nothing.
+    Checked before any model is loaded or any task is read."""
+    limit = args.limit
+    if limit is not None and not (0 < limit < 1 or (limit >= 1 and limit == int(limit))):
+        return f"--limit {limit:g}: give a number of documents (a whole number, 1 or more) or a fraction between 0 and 1, e.g. --limit 200 or --limit 0.1"
+    if args.num_fewshot is not None and args.num_fewshot < 0:
+        return f"--num_fewshot {args.num_fewshot}: give 0 (zero-shot) or more examples per prompt"
+    batch = args.batch_size
+    if batch is not None and not (
+        (batch.isdigit() and int(batch) > 0) or batch == "auto" or re.fullmatch(r"auto:[1-9]\d*", batch)
+    ):
+        return (
+            f"--batch_size {batch}: give a whole number of 1 or more, `auto` or `auto:N` (N tries), e.g. --batch_size 8"
+        )
+    if args.text is not None and not args.text.is_file():
+        return f"--text {args.text}: no such file; give a text file to measure perplexity and bits per byte on"
+    if args.data_dir is not None and not args.data_dir.is_dir():
+        return f"--data_dir {args.data_dir}: no such folder; give the folder that holds the offline tasks' files (e.g. ARC-Easy-test.jsonl)"
+    for folder in args.include_path:
+        if not Path(folder).is_dir():
+            return f"--include_path {folder}: no such folder of lm-eval task YAMLs"
+    if not Path(args.model).exists() and not HUB_ID.fullmatch(args.model):
+        return (
+            f"--model {args.model}: no such folder, and not a Hub repo id (owner/name); give an `hf-pretrain export` "
+            f"folder, a run folder or checkpoint, or a repo id"
+        )
+    return None
+
+
+HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?")
 
 
 def local_tasks(data_dir: Path, into: Path) -> Path:
@@ -116,7 +172,10 @@ def load_model(source: str, dtype: torch.dtype, device: str):
         checkpoint = resolve_checkpoint(source, checksums=False)
         model, tokenizer_source = load_checkpoint_model(checkpoint.path, dtype), checkpoint.path
     else:
-        model, tokenizer_source = AutoModelForCausalLM.from_pretrained(source, dtype=dtype).eval(), source
+        try:
+            model, tokenizer_source = AutoModelForCausalLM.from_pretrained(source, dtype=dtype).eval(), source
+        except OSError as exc:  # not on the Hub, not in the cache offline, no network: transformers' words
+            raise EvalError(f"cannot load the model {source}: {str(exc).splitlines()[0]}") from None
     return model.to(device), AutoTokenizer.from_pretrained(tokenizer_source)
 
 
@@ -154,9 +213,21 @@ def run_lm_eval(
                 f"unknown lm-eval task(s): {', '.join(unknown)} (see `lm_eval ls tasks`, or --include_path)"
             )
         lm = HFLM(pretrained=model, tokenizer=tokenizer, batch_size=batch_size)
-        return lm_eval.simple_evaluate(
-            model=lm, tasks=tasks, num_fewshot=num_fewshot, limit=limit, task_manager=task_manager, log_samples=False
-        )
+        try:
+            return lm_eval.simple_evaluate(
+                model=lm,
+                tasks=tasks,
+                num_fewshot=num_fewshot,
+                limit=limit,
+                task_manager=task_manager,
+                log_samples=False,
+            )
+        except ConnectionError as exc:  # datasets' words for a dataset neither cached nor reachable (offline)
+            local = ", ".join(sorted(_local_task_names()))
+            raise EvalError(
+                f"a task's dataset is not in the cache and the Hub cannot be reached ({exc}): run it once online to "
+                f"cache it, or use the offline tasks ({local}) with --data_dir"
+            ) from None
 
 
 def text_metrics(model: str, text_file: Path) -> dict[str, float]:
@@ -238,8 +309,17 @@ def main(argv: list[str] | None = None) -> int:
         "--text", type=Path, metavar="FILE", help="also report perplexity and bits per byte on this text"
     )
     args = parser.parse_args(argv)
-
-    tasks, suite_shots = resolve_tasks(args.tasks)
+    problem = argument_problem(args)
+    if problem:
+        print(f"hf-pretrain eval: error: {problem}", file=sys.stderr)
+        return 2
+    try:
+        tasks, suite_shots = resolve_tasks(args.tasks)
+        if tasks:
+            check_task_names(tasks, args.include_path)
+    except EvalError as exc:
+        print(f"hf-pretrain eval: error: {exc}", file=sys.stderr)
+        return 2
     if not tasks and args.text is None:
         parser.error("nothing to do: --tasks none needs --text FILE")
     limit = int(args.limit) if args.limit and args.limit >= 1 else args.limit

@@ -5,6 +5,8 @@ configuration (labelled an estimate)."""
 from __future__ import annotations
 
 from hf_pretrain.config import Recipe, build_recipe
+from hf_pretrain.config.recipe_command import recipe_command
+from hf_pretrain.config.schema import KEY_SECTION
 from hf_pretrain.economics.cost import dollars, dollars_per_billion_tokens
 from hf_pretrain.economics.gpus import find_gpu
 from hf_pretrain.economics.measurements import measured_here
@@ -27,6 +29,12 @@ def run_cost(recipe: Recipe) -> float | None:
     """Dollars at price_per_hour for the whole job, or None when throughput or price is unknown."""
     hours, price = run_hours(recipe), recipe.train.price_per_hour
     return dollars(hours, price) if hours is not None and price else None
+
+
+def bench_command(recipe: Recipe) -> str:
+    """The `hf-pretrain bench` of this very recipe: its file (a path stays a path, not its `name`) and
+    every key the command line changed, so that it works when pasted."""
+    return recipe_command(recipe, "bench", KEY_SECTION)
 
 
 def cuda_device_name() -> str | None:
@@ -73,7 +81,7 @@ def check_cost(recipe: Recipe, gpu_name: str | None = None, world_size: int = 1)
             "time and cost",
             "warn",
             f"{tokens}: time and cost unknown (expected_tokens_per_s=0)",
-            f"measure with `hf-pretrain bench --recipe {recipe.name}`, then set --expected_tokens_per_s"
+            f"measure with `{bench_command(recipe)}`, then set --expected_tokens_per_s"
             + ("" if t.price_per_hour else " and --price_per_hour"),
         )
     duration = f"{hours:,.1f} h at {t.expected_tokens_per_s:,.0f} tokens/s" + (

@@ -9,6 +9,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from hf_pretrain.checkpoints.layout import MANIFEST
 from hf_pretrain.checkpoints.store import list_checkpoints
 from hf_pretrain.config import Recipe
 from hf_pretrain.economics.memory import CHECKPOINT_BYTES_PER_PARAMETER
@@ -19,16 +20,33 @@ from hf_pretrain.preflight.result import CheckResult
 from hf_pretrain.run_dir import FINAL_DTYPE
 from hf_pretrain.run_lock import holder_of
 
-# RNG states, tokenizer, config, manifest and train state beside the tensors: a few MB, rounded up.
-CHECKPOINT_SLACK_BYTES = 64 * 2**20
+# Beside the tensors: RNG states (~15 KB a process), config, manifest, train state (a few KB each).
+SMALL_FILES_BYTES = 2**20
+# The tokenizer every checkpoint carries, where the prepared data does not hold it yet: ~65 bytes a
+# vocabulary entry for our byte-level BPE (0.26 MB at 4K entries), rounded up.
+TOKENIZER_BYTES_PER_ENTRY = 100
 # A milestone past the kept checkpoints keeps its weights only, in bf16 (checkpoints/store.py),
 # unless milestone_full_state keeps it whole.
 MILESTONE_BYTES_PER_PARAMETER = DTYPE_BYTES["bf16"]
 
 
-def checkpoint_bytes(parameters: int) -> int:
-    """One whole checkpoint of a model: fp32 weights, AdamW's moments, the small files beside them."""
-    return CHECKPOINT_BYTES_PER_PARAMETER * parameters + CHECKPOINT_SLACK_BYTES
+def checkpoint_bytes(parameters: int, tokenizer_bytes: int = 0) -> int:
+    """One whole checkpoint of a model: fp32 weights, AdamW's moments, the small files beside them.
+    (A flat 64 MB for those once made the smoke model's 16 MB checkpoint an 80 MB one.)"""
+    return CHECKPOINT_BYTES_PER_PARAMETER * parameters + SMALL_FILES_BYTES + tokenizer_bytes
+
+
+def tokenizer_bytes(recipe: Recipe) -> int:
+    """What the recipe's tokenizer takes in a checkpoint: the prepared one's files, else an estimate."""
+    folder = Path(recipe.data.data_dir) / "tokenizer"
+    files = [f for f in folder.rglob("*") if f.is_file()] if folder.is_dir() else []
+    return sum(f.stat().st_size for f in files) if files else TOKENIZER_BYTES_PER_ENTRY * recipe.data.vocab_size
+
+
+def newest_checkpoint_bytes(output_dir: str | Path) -> int:
+    """The size of the run's newest sealed checkpoint (it has its manifest), 0 if none: the real figure."""
+    sealed = [c.path for c in list_checkpoints(output_dir) if (c.path / MANIFEST).is_file()]
+    return sum(f.stat().st_size for f in sealed[0].rglob("*") if f.is_file()) if sealed else 0
 
 
 def nearest_existing(path: Path) -> Path:
@@ -88,8 +106,10 @@ def check_disk_space(recipe: Recipe) -> CheckResult:
     pruned), the milestones, and the final export, less what the run's checkpoints already take."""
     t = recipe.train
     n = recipe_parameter_count(recipe)
-    checkpoint = checkpoint_bytes(n)
-    milestone = checkpoint if t.milestone_full_state else MILESTONE_BYTES_PER_PARAMETER * n + CHECKPOINT_SLACK_BYTES
+    tokenizer = tokenizer_bytes(recipe)
+    checkpoint = newest_checkpoint_bytes(t.output_dir) or checkpoint_bytes(n, tokenizer)
+    small = SMALL_FILES_BYTES + tokenizer
+    milestone = checkpoint if t.milestone_full_state else MILESTONE_BYTES_PER_PARAMETER * n + small
     export = DTYPE_BYTES[FINAL_DTYPE] * n  # final/ is exported in FINAL_DTYPE whatever the training precision
     milestones = milestone_count(recipe)
     already = existing_checkpoint_bytes(t.output_dir)
@@ -151,7 +171,7 @@ def check_save_speed(recipe: Recipe) -> CheckResult:
     if not disk.is_dir():
         return CheckResult("save speed", "skip", f"{disk} is not a folder (see output_dir)")
     speed = disk_write_bytes_per_s(disk)
-    write_s = checkpoint_bytes(recipe_parameter_count(recipe)) / speed
+    write_s = checkpoint_bytes(recipe_parameter_count(recipe), tokenizer_bytes(recipe)) / speed
     between_saves_s = t.save_interval * t.global_batch_tokens / t.expected_tokens_per_s
     share = write_s / between_saves_s
     # An upper bound: the probe is flushed to the disk, while the page cache can take part of a save

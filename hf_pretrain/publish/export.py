@@ -35,6 +35,7 @@ from hf_pretrain.formatting import human_bytes
 from hf_pretrain.publish.gguf import EXIT_WRITE_FAILED, GGUF_TYPES, GGUFError, GGUFWriteError, write_gguf
 from hf_pretrain.publish.hub import push_folder, push_or_explain
 from hf_pretrain.publish.model_card import LOSS_CURVE, CardOptions, write_model_card
+from hf_pretrain.publish.targets import unwritable_reason
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 # What an export folder holds: the files `export_checkpoint` writes, sharded weights, a GGUF (`--gguf`), and
@@ -219,6 +220,9 @@ def export_checkpoint(
     removes what an interrupted one left. A write the disk refuses raises `ExportWriteError`."""
     out = Path(out)
     check_replaceable(out, checkpoint.path, overwrite)
+    unwritable = unwritable_reason(out.absolute().parent)
+    if unwritable:
+        raise ExportError(f"cannot write {out}: {unwritable}; choose an --out on a writable disk")
     if overwrite:
         remove_leftovers(out, log)
     target = out.resolve()  # `--out .` has no name to build beside

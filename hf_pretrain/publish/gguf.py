@@ -22,6 +22,7 @@ from safetensors.torch import load_file
 
 from hf_pretrain.config import CommandParser
 from hf_pretrain.formatting import human_bytes
+from hf_pretrain.publish.targets import unwritable_reason
 
 GGUF_TYPES = ("f32", "f16", "bf16", "q8_0")
 EXIT_WRITE_FAILED = 74  # EX_IOERR (training's save_failed too): the disk refused the write; nothing partial was left
@@ -129,9 +130,16 @@ def write_gguf(folder: str | Path, out: str | Path | None = None, gguf_type: str
         if (folder / "tokenizer_config.json").is_file()
         else {}
     )
-    weights = load_file(folder / "model.safetensors")
-
     out = Path(out) if out is not None else folder / f"{folder.name}-{gguf_type}.gguf"
+    if out.is_dir():
+        raise GGUFError(
+            f"--out {out} is a folder; give the file to write, e.g. --out {out / f'{folder.name}-{gguf_type}.gguf'}"
+        )
+    unwritable = unwritable_reason(out.absolute().parent)
+    if unwritable:
+        raise GGUFError(f"cannot write {out}: {unwritable}; choose an --out on a writable disk")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    weights = load_file(folder / "model.safetensors")
 
     # written as NAME.gguf.tmp, renamed when whole: a kill leaves only the .tmp (`export --overwrite` removes it)
     building = out.with_name(out.name + ".tmp")

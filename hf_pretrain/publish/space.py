@@ -20,6 +20,7 @@ from huggingface_hub.utils import HFValidationError, validate_repo_id
 
 from hf_pretrain.config import DEFAULT_PROMPTS, CommandParser
 from hf_pretrain.publish.hub import push_or_explain
+from hf_pretrain.publish.targets import unwritable_reason
 from hf_pretrain.versions import installed_version
 
 TEMPLATE_PACKAGE = "hf_pretrain.publish.space_template"
@@ -105,11 +106,25 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--title", default=DEFAULT_TITLE, help="the page's title")
     args = parser.parse_args(argv)
     for repo_id in args.model + ([args.push] if args.push else []):
+        if repo_id in args.model and Path(repo_id).exists():  # a Space runs on the Hub: it reads no local folder
+            print(
+                f"hf-pretrain space: --model {repo_id} is a local folder, and a Space loads its models from the Hub: "
+                f"push it first (`hf-pretrain export ... --push_to_hub ME/NAME`), then give --model ME/NAME",
+                file=sys.stderr,
+            )
+            return 2
         try:
             validate_repo_id(repo_id)
         except HFValidationError as exc:
             print(f"hf-pretrain space: {repo_id!r} is not a Hub repo id: {exc}", file=sys.stderr)
             return 2
+    unwritable = unwritable_reason(args.out.absolute())
+    if unwritable:
+        print(
+            f"hf-pretrain space: cannot write {args.out}: {unwritable}; choose an --out on a writable disk",
+            file=sys.stderr,
+        )
+        return 2
     folder = write_space(args.model, args.out, args.title)
     print(f"space written to {folder} (try it: cd {folder} && python app.py)")
     if args.push:

@@ -13,7 +13,6 @@ the cooldown does. A cosine run stops at once, and says that its decay is unfini
 
 from __future__ import annotations
 
-import os
 import signal
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -28,7 +27,7 @@ from hf_pretrain.economics.cost import window_cost_per_loss_point
 from hf_pretrain.exit_codes import EXIT_DIVERGED, EXIT_PREEMPTED
 from hf_pretrain.processes import LAUNCHER_GONE, followed_launcher, launcher_gone
 from hf_pretrain.stop_file import StopRequest, answer_stop_request, clear_stop_request, read_stop_request
-from hf_pretrain.training.start_up import loop_ended
+from hf_pretrain.training.start_up import exit_at_once, loop_ended
 
 if TYPE_CHECKING:
     from hf_pretrain.training.metrics import RunLogger
@@ -100,8 +99,9 @@ class GracefulStop:
     def _handle(self, signum: int, frame) -> None:
         name = signal.Signals(signum).name
         if self.signal_name is not None:
-            os.write(2, f"\n{name} again: exiting now, without a checkpoint\n".encode())
-            os._exit(128 + signum)
+            exit_at_once(
+                name, signum, "without a checkpoint of the steps since the newest one (the rerun resumes there)"
+            )
         self.signal_name = name
         self.log(f"\n{name} received: finishing this step and writing a checkpoint (send it again to exit at once)")
 

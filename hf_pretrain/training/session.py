@@ -40,7 +40,7 @@ from hf_pretrain.preflight import PreflightError
 from hf_pretrain.processes import follow_launcher, launcher
 from hf_pretrain.run_dir import RunDir, last_train_record, read_status
 from hf_pretrain.run_lock import RunDirUnusable, RunLock, RunLocked, command_line, now
-from hf_pretrain.training.start_up import StartUpSignals, StoppedDuringStartUp
+from hf_pretrain.training.start_up import StartUpSignals, StoppedDuringStartUp, record_exits_with
 
 
 @dataclass(frozen=True)
@@ -156,6 +156,7 @@ class Session:
         self.lock = RunLock(self.dir)
         self.started = now()
         self._holding = False
+        self._ended_with: int | None = None  # the exit code `ended` recorded
         self.signals = StartUpSignals()  # SIGTERM before the loop: `preempted`, not a `running` left behind
 
     def __enter__(self) -> Session:
@@ -169,6 +170,7 @@ class Session:
                 if killed:
                     print(f"note: {killed}", flush=True)
                 self._write(None, RUNNING, "training" + (f"; {killed}" if killed else ""))
+                record_exits_with(self._exited_at_once)
         except BaseException as exc:  # refused or stopped here: recorded if the lock was held, signals as they were
             self.__exit__(type(exc), exc, exc.__traceback__)
             raise
@@ -178,7 +180,9 @@ class Session:
         if exc is not None:
             code = exit_code_of(exc)
             self._write(code, ENDINGS.get(code, CRASHED), describe(exc))
+            self._ended_with = code
         if self._holding:
+            record_exits_with(None)
             self.lock.release()
             self._holding = False
         self.signals.__exit__(exc_type, exc, tb)
@@ -187,6 +191,15 @@ class Session:
         """Record how the session ended; `details` (those not None) are fields of their own beside it."""
         ending = (FINISHED if finished else STOPPED) if exit_code == 0 else ENDINGS.get(exit_code, CRASHED)
         self._write(exit_code, ending, message, {k: v for k, v in details.items() if v is not None})
+        self._ended_with = exit_code
+
+    def _exited_at_once(self, exit_code: int, reason: str) -> int:
+        """A signal sent twice ends the process now (start_up.exit_at_once): recorded, unless the session
+        has recorded its ending already (then that stays true, and its code is the exit code)."""
+        if self._ended_with is not None:
+            return self._ended_with
+        self._write(exit_code, ENDINGS[exit_code], reason)
+        return exit_code
 
     def _write(self, exit_code: int | None, ending: Ending, reason: str, details: dict | None = None) -> None:
         if not self._holding:

@@ -9,6 +9,10 @@ nothing of this session was trained, so nothing is lost, and the same command go
 
 Once the loop has ended (`loop_ended`, said by the guards) the session is on its way out with its
 ending decided: a signal then changes nothing, and is said so; a second one exits at once.
+
+A second stop signal, at any moment (here or in the loop's guards), exits at once (`exit_at_once`):
+with a documented code (75 for SIGTERM or the launcher's exit, 130 for SIGINT) and a status.json
+that says so, not `running` and 143.
 """
 
 from __future__ import annotations
@@ -16,8 +20,10 @@ from __future__ import annotations
 import os
 import signal
 import sys
-from typing import Any
+from collections.abc import Callable
+from typing import Any, NoReturn
 
+from hf_pretrain.exit_codes import EXIT_INTERRUPTED, EXIT_PREEMPTED
 from hf_pretrain.processes import LAUNCHER_GONE, followed_launcher, launcher_gone
 
 
@@ -37,6 +43,28 @@ class StoppedDuringStartUp(BaseException):
 
 
 _active: StartUpSignals | None = None
+# The session's status.json writer while it holds the run folder: (exit code, reason) -> the exit code
+# to use (the session's own, if it has recorded its ending already).
+_record_exit: Callable[[int, str], int] | None = None
+
+
+def record_exits_with(record: Callable[[int, str], int] | None) -> None:
+    """Said by the session: how a signal that exits at once records the session's ending (None: not at all)."""
+    global _record_exit
+    _record_exit = record
+
+
+def exit_at_once(name: str, signum: int, lost: str) -> NoReturn:
+    """A stop signal sent again: exit now, saying so on stderr and in status.json, with 75 (SIGTERM, the
+    launcher's exit: rerun to resume from the newest checkpoint) or 130 (SIGINT)."""
+    code = EXIT_INTERRUPTED if signum == signal.SIGINT else EXIT_PREEMPTED
+    os.write(2, f"\n{name} again: exiting now, {lost}\n".encode())
+    if _record_exit is not None:
+        try:
+            code = _record_exit(code, f"stopped by {name} sent twice: exited at once, {lost}")
+        except BaseException as exc:  # a full disk, say: the process must still end at once
+            os.write(2, f"status.json could not be written: {exc}\n".encode())
+    os._exit(code)
 
 
 class StartUpSignals:
@@ -67,8 +95,7 @@ class StartUpSignals:
             return  # the kernel also sends it when the launcher's thread that started us ends (guards.py)
         name = "the exit of its launcher" if signum == LAUNCHER_GONE else signal.Signals(signum).name
         if self.late_signal is not None:
-            os.write(2, f"\n{name} again: exiting now\n".encode())
-            os._exit(128 + signum)
+            exit_at_once(name, signum, "before the session had recorded its ending")
         if self.loop_over:  # the ending is decided and being written: changing it now would only lie
             self.late_signal = name
             print(f"{name} received: the session is already ending (send it again to exit at once)", file=sys.stderr)

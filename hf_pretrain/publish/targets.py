@@ -1,0 +1,29 @@
+"""Whether a file or folder can be written where a command was told to write it, asked before any
+work: a folder under a file, a read-only or pseudo filesystem (/proc, /sys) is one line, not a
+traceback after minutes of loading a model."""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+
+def nearest_existing(path: Path) -> Path:
+    """`path` itself or its closest ancestor that exists (where it would be created)."""
+    path = path.absolute()
+    while not path.exists():
+        path = path.parent
+    return path
+
+
+def unwritable_reason(folder: Path) -> str | None:
+    """Why nothing can be created in `folder` (made with its parents if missing), None if it can."""
+    existing = nearest_existing(folder)
+    if not existing.is_dir():
+        return f"{existing} is a file, not a folder"
+    try:
+        with tempfile.TemporaryDirectory(dir=existing, prefix=".hf-pretrain-probe-"):
+            pass
+    except OSError as exc:
+        return f"{existing} cannot be written ({exc.strerror or exc})"
+    return None
