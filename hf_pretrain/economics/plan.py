@@ -476,8 +476,8 @@ def format_gpu_rows(rows: list[GpuRow], tokens: float, configuration: str = "") 
     lines = [
         f"one GPU of each kind for the {human_count(tokens)} tokens, cheapest run first; tokens/s are the "
         f"performance model's estimates{priced} (~, economics/performance.py, docs/benchmarks.md) unless marked "
-        f"measured (recorded by a bench or training run of the same configuration on that GPU); `hf-pretrain bench` "
-        f"measures yours",
+        f"measured (a bench or training run of the same configuration on that GPU, yours or the project's); "
+        f"`hf-pretrain bench` measures yours",
         "",
         "| GPU | fit: micro-batch, checkpointed layers | tokens/s | $/h | $ per 1B tokens | hours | run $ |",
         "|---|---|---|---|---|---|---|",
