@@ -32,7 +32,8 @@ def saved_bytes(chunked: bool, tokens: int, layers: int = 2) -> dict:
     """Bytes the compiled step of `tokens` tokens keeps for its backward, and those of [tokens, vocabulary]."""
     from torch._dynamo.backends.common import aot_autograd
     from torch._functorch.aot_autograd import make_boxed_func
-    from torch._functorch.partitioners import min_cut_rematerialization_partition
+    from torch._inductor.compile_fx import partition_fn
+    from torch._inductor.decomposition import select_decomp_table
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     from hf_pretrain.config import load_recipe
@@ -51,8 +52,11 @@ def saved_bytes(chunked: bool, tokens: int, layers: int = 2) -> dict:
         backward_inputs.extend(n for n in gm.graph.nodes if n.op == "placeholder")
         return make_boxed_func(gm.forward)
 
-    backend = aot_autograd(
-        fw_compiler=forward_compiler, bw_compiler=backward_compiler, partition_fn=min_cut_rematerialization_partition
+    backend = aot_autograd(  # as inductor calls it: its decompositions and its partition (the GPU's graph)
+        fw_compiler=forward_compiler,
+        bw_compiler=backward_compiler,
+        partition_fn=partition_fn,
+        decompositions=select_decomp_table(),
     )
     torch._dynamo.reset()
     with FakeTensorMode():  # CPU tensors by their shapes alone: autocast applies, nothing is computed
@@ -93,7 +97,7 @@ def main(argv: list[str] | None = None) -> None:
     stock_micro = results[(False, ONE_B_MICRO_BATCH_TOKENS)]["saved_bytes"]
     chunked_micro = results[(True, ONE_B_MICRO_BATCH_TOKENS)]["saved_bytes"]
     print(
-        f"1b width, 2 layers, vocabulary {vocab:,}, bf16 autocast, compiled graph's saved tensors (min-cut partition)"
+        f"1b width, 2 layers, vocabulary {vocab:,}, bf16 autocast, compiled graph's saved tensors (inductor's partition)"
     )
     for name, token, step in (("stock", stock_token, stock_step), ("chunked", chunked_token, chunked_step)):
         print(f"  {name:8s} {token / 1024:8.1f} KiB per token + {step / 2**20:7.1f} MiB whatever the length")

@@ -1,9 +1,10 @@
 """The training loss: the head's matmul and the cross entropy over the vocabulary, computed one of three ways.
 
 - `stock`: transformers' own `LlamaForCausalLM.forward`: the [tokens, vocabulary] logits, then
-  `ForCausalLMLoss`. Its backward keeps the fp32 log-softmax of every token: 4 x vocabulary bytes per
-  token (2.1 GB for one 8 x 2048 micro-batch at the 1b's 32,064 rows), and the step materialises the
-  bf16 logits and their fp32 copy besides.
+  `ForCausalLMLoss`. Its eager backward keeps the fp32 log-softmax of every token: 4 x vocabulary bytes
+  per token (2.1 GB for one 8 x 2048 micro-batch at the 1b's 32,064 rows); compiled (inductor's
+  partition) it keeps the bf16 logits, 2 x vocabulary bytes (1.05 GB), and recomputes the log-softmax.
+  The step materialises the bf16 logits and their fp32 copy besides.
 - `chunked` (`chunked_loss: true`): the same matmul and log-softmax, a chunk of `LOSS_CHUNK_TOKENS`
   tokens at a time, and each chunk's gradients computed in the same pass (as Liger's fused kernel does,
   in torch ops): the backward keeps the gradient of the hidden states (their size) and of the head's

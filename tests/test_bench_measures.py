@@ -43,8 +43,10 @@ GIB = 2**30
 
 @pytest.fixture
 def store(tmp_path, monkeypatch):
-    """An empty measurement store of this test's own."""
+    """An empty measurement store of this test's own, without the project's shipped measurements
+    (tests/test_shipped_measurements.py reads those)."""
     monkeypatch.setenv("HF_PRETRAIN_HOME", str(tmp_path / "home"))
+    monkeypatch.setattr(measurements, "SHIPPED_STORE", tmp_path / "no-shipped.jsonl")
     monkeypatch.delenv(measurements.RECORD_ENV, raising=False)
     return tmp_path / "home" / "measurements.jsonl"
 

@@ -9,6 +9,10 @@ layers, optimizer, precision, processes). Versions and date are kept beside it, 
 newer torch rarely makes a measured figure worse than the model's, and the reader sees both. The
 newest matching line wins.
 
+The project's own GPU measurements ship beside this module (`measured.jsonl`, `SHIPPED_STORE`: the
+`1b` on an H100 SXM, ../shared/gpu/README.md, docs/gpu.md) and are read after the user's, so a
+user's own record of the same configuration wins over them.
+
 A CPU records nothing: its speed says nothing of any GPU. `HF_PRETRAIN_RECORD=0` turns recording off
 (the bench sets it for its short runs, and records its own figure).
 """
@@ -30,6 +34,7 @@ from hf_pretrain.model import recipe_tokenizer_size
 from hf_pretrain.versions import installed_version
 
 STORE_NAME = "measurements.jsonl"
+SHIPPED_STORE = Path(__file__).with_name("measured.jsonl")  # the project's own runs, package data
 RECORD_ENV = "HF_PRETRAIN_RECORD"  # "0": record nothing
 
 
@@ -45,6 +50,8 @@ def store_path() -> Path:
 def configuration(recipe: Recipe, world_size: int = 1) -> dict[str, Any]:
     """What a measurement is the measurement of: every recipe setting that changes a step's speed or memory."""
     m, t = recipe.model, recipe.train
+    # only GPUs are recorded: `auto` is bf16 there (a GPU without bf16 measures `no` under its own name)
+    precision = training_precision(t.mixed_precision, cuda_available=True, bf16_supported=True)
     return {
         "layers": m.num_hidden_layers,
         "hidden_size": m.hidden_size,
@@ -61,8 +68,9 @@ def configuration(recipe: Recipe, world_size: int = 1) -> dict[str, Any]:
         "liger": t.liger,
         "checkpointed_layers": recipe.checkpointed_layer_count,
         "optimizer": t.optimizer,
-        # only GPUs are recorded: `auto` is bf16 there (a GPU without bf16 measures `no` under its own name)
-        "precision": training_precision(t.mixed_precision, cuda_available=True, bf16_supported=True),
+        "chunked_loss": t.chunked_loss,
+        "precision": precision,
+        "fp8_recipe": t.fp8_recipe if precision == "fp8" else None,  # tensorwise and rowwise differ in speed
         "world_size": world_size,
     }
 
@@ -78,9 +86,13 @@ class Measurement:
     date: str  # ISO date
     torch: str
     transformers: str
+    shipped: bool = False  # one of the project's own measurements (`SHIPPED_STORE`), not the user's
 
     def label(self) -> str:
-        """`measured by bench on NVIDIA H100 80GB HBM3, 2026-11-25 (torch 2.11.0, transformers 5.23.0)`."""
+        """`measured by bench on NVIDIA H100 80GB HBM3, 2026-11-25 (torch 2.11.0, transformers 5.23.0)`; a
+        shipped one names its source: `measured: project's H100 run, 2026-11-25, docs/gpu.md (NVIDIA ...)`."""
+        if self.shipped:
+            return f"measured: {self.source} ({self.device}, torch {self.torch}, transformers {self.transformers})"
         return (
             f"measured by {self.source} on {self.device}, {self.date} "
             f"(torch {self.torch}, transformers {self.transformers})"
@@ -138,20 +150,26 @@ def record_measurement(
     return measurement
 
 
-def recorded_measurement(recipe: Recipe, gpu: str, world_size: int = 1, path: Path | None = None) -> Measurement | None:
-    """The newest measurement of `recipe`'s configuration on `gpu` (a table name, a `--gpu` argument or a
-    CUDA device name), or None."""
-    store = path or store_path()
+def _stored(store: Path, shipped: bool) -> list[Measurement]:
+    """The measurements of one store, newest first (nothing where it cannot be read)."""
     try:
         lines = store.read_text().splitlines()
     except OSError:
-        return None
-    wanted, name = configuration(recipe, world_size), _table_name(gpu)
+        return []
+    found = []
     for line in reversed(lines):
         try:
-            measurement = Measurement(**json.loads(line))
+            found.append(Measurement(**{**json.loads(line), "shipped": shipped}))
         except (ValueError, TypeError):  # a line another version wrote, or a torn one
             continue
+    return found
+
+
+def recorded_measurement(recipe: Recipe, gpu: str, world_size: int = 1, path: Path | None = None) -> Measurement | None:
+    """The newest measurement of `recipe`'s configuration on `gpu` (a table name, a `--gpu` argument or a
+    CUDA device name) in the user's store, else the project's shipped one, or None."""
+    wanted, name = configuration(recipe, world_size), _table_name(gpu)
+    for measurement in [*_stored(path or store_path(), False), *_stored(SHIPPED_STORE, True)]:
         if measurement.gpu == name and measurement.configuration == wanted:
             return measurement
     return None

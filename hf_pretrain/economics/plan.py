@@ -31,7 +31,12 @@ from hf_pretrain.economics.forecast import BAND_SIGMAS, GoingFurther, going_furt
 from hf_pretrain.economics.gpus import GPU, fp8_refusal, gpu_named, gpu_table
 from hf_pretrain.economics.measurements import recorded_measurement
 from hf_pretrain.economics.memory import GRADIENT_BYTES, Fit, fit_in_memory, with_checkpointed_layers, with_micro_batch
-from hf_pretrain.economics.performance import FP8_QUALITY_PER_TOKEN, modelled_tokens_per_s
+from hf_pretrain.economics.performance import (
+    FP8_QUALITY_PER_TOKEN,
+    FP8_QUALITY_SOURCE,
+    FP8_TOKENS_FOR_BF16_LOSS_1B_ESTIMATE,
+    modelled_tokens_per_s,
+)
 from hf_pretrain.economics.prices import PriceError, table_gpu_prices
 from hf_pretrain.economics.workload import step_config
 from hf_pretrain.formatting import human_count, usd
@@ -167,7 +172,8 @@ class GpuRow:
 
 
 def quality_per_token(recipe: Recipe) -> float:
-    """How much of a bf16 token one token of this recipe's precision is worth (FP8: assumed, see performance.py)."""
+    """How much of a bf16 token one token of this recipe's precision is worth (FP8: measured on a proxy,
+    see performance.py)."""
     return FP8_QUALITY_PER_TOKEN if recipe.train.mixed_precision == "fp8" else 1.0
 
 
@@ -247,7 +253,7 @@ class Plan:
     scaling: list[ScalingRow]
     gpus: list[GpuRow] = field(default_factory=list)  # with a recipe and --gpu: the fitted, modelled rows
     configuration: str = ""  # with a recipe: how the step runs (what the performance model prices)
-    quality_per_token: float = 1.0  # FP8: the bf16 tokens one token is assumed worth (FP8_QUALITY_PER_TOKEN)
+    quality_per_token: float = 1.0  # FP8: the bf16 tokens one token is worth (FP8_QUALITY_PER_TOKEN, a proxy's)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -364,6 +370,8 @@ def make_plan(request: PlanRequest) -> Plan:
         )
 
     gbps = request.interconnect_gbps or INTERCONNECT_GBPS[request.interconnect]
+    # FP8 is charged for the tokens that reach the bf16 run's loss, as the GPU rows are
+    priced_tokens = tokens / quality_per_token(request.recipe) if request.recipe is not None else tokens
     gradient_bytes = request.gradient_bytes * n_params
     steps = math.ceil(tokens / batch_tokens)
     c_6nd = training_flops(n_params, tokens)
@@ -392,7 +400,8 @@ def make_plan(request: PlanRequest) -> Plan:
         interconnect_gbps=gbps,
         gradient_bytes=gradient_bytes,
         scaling=[
-            scaling_row(n, tokens, rate, price, steps, gradient_bytes, gbps) for n in range(1, request.max_gpus + 1)
+            scaling_row(n, priced_tokens, rate, price, steps, gradient_bytes, gbps)
+            for n in range(1, request.max_gpus + 1)
         ]
         if rate and request.gpu != ALL_GPUS
         else [],
@@ -424,7 +433,7 @@ def format_plan(plan: Plan) -> str:
         f"optimum (Chinchilla's data, not yours: the shape of the trade, not this run's loss)",
     ]
     if plan.quality_per_token != 1.0 or "fp8" in plan.configuration:
-        lines.append(fp8_note(plan.quality_per_token))
+        lines.append(fp8_note(plan.quality_per_token, next((row for row in plan.gpus if row.fits), None)))
     if plan.configuration.startswith("compiled + Liger"):
         lines.append(
             "compiled + Liger: not measured on a GPU yet (the H100 of 2026-11-25 measured eager + Liger and "
@@ -457,12 +466,18 @@ def format_plan(plan: Plan) -> str:
     return "\n".join(lines) + "\n"
 
 
-def fp8_note(quality: float) -> str:
+def fp8_note(quality: float, cheapest: GpuRow | None = None) -> str:
+    """The FP8 line: the quality factor the hours and dollars carry, where it comes from, and the 1B
+    estimate's range, with the run's dollars at both ends on the first GPU that fits (the cheapest)."""
+    low, high = FP8_TOKENS_FOR_BF16_LOSS_1B_ESTIMATE
+    dollars = ""
+    if cheapest is not None and cheapest.usd is not None:
+        bf16_tokens_usd = cheapest.usd * quality  # the run's dollars at 1.0x: they carry 1/quality
+        dollars = f" (${bf16_tokens_usd * low:,.0f}-${bf16_tokens_usd * high:,.0f} on the {cheapest.gpu})"
     return (
-        f"fp8: the decoder's linear layers at each card's FP8 rate (performance.py's FP8 term); one FP8 token is "
-        f"assumed worth {quality:.2f} bf16 tokens (FP8_QUALITY_PER_TOKEN, an assumption until `hf-pretrain bench "
-        f"--quality --variants mixed_precision=bf16,fp8` measures it), so hours and dollars cover "
-        f"{1 / quality:.2f}x the tokens"
+        f"fp8: the decoder's linear layers at each card's FP8 rate (performance.py's FP8 term); FP8 needs "
+        f"{1 / quality:.3f}x bf16's tokens for its loss, {FP8_QUALITY_SOURCE}, so hours and dollars cover "
+        f"{1 / quality:.3f}x the tokens; 1B estimate {low:.2f}-{high:.2f}x tokens{dollars}"
     )
 
 
@@ -472,8 +487,8 @@ def format_gpu_rows(rows: list[GpuRow], tokens: float, configuration: str = "") 
     lines = [
         f"one GPU of each kind for the {human_count(tokens)} tokens, cheapest run first; tokens/s are the "
         f"performance model's estimates{priced} (~, economics/performance.py, docs/benchmarks.md) unless marked "
-        f"measured (recorded by a bench or training run of the same configuration on that GPU); `hf-pretrain bench` "
-        f"measures yours",
+        f"measured (a bench or training run of the same configuration on that GPU, yours or the project's); "
+        f"`hf-pretrain bench` measures yours",
         "",
         "| GPU | fit: micro-batch, checkpointed layers | tokens/s | $/h | $ per 1B tokens | hours | run $ |",
         "|---|---|---|---|---|---|---|",

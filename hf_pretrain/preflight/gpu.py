@@ -219,10 +219,11 @@ def bench_command(recipe: Recipe) -> str:
 
 
 def measured_fit(measured: Measurement, total: int, estimate: MemoryEstimate) -> CheckResult:
+    where = f"on an {measured.gpu}" if measured.shipped else "here"  # the project's run, or this machine's
     return CheckResult(
         "gpu memory",
         "pass",
-        f"this configuration ran here: peak {measured.peak_memory_gib:.2f} GiB of {total / 2**30:.1f} GiB "
+        f"this configuration ran {where}: peak {measured.peak_memory_gib:.2f} GiB of {total / 2**30:.1f} GiB "
         f"({measured.label()}); the estimate, "
         f"modelled: {describe(estimate)}",
     )
