@@ -20,11 +20,12 @@ $(VENV)/.installed-dev: $(BIN)/python pyproject.toml constraints.txt
 	$(PIP_INSTALL) -e '.[dev]'
 	touch $@ $(VENV)/.installed-base
 
-## smoke: prepare the built-in corpus and train the `smoke` recipe on CPU (a few minutes)
+## smoke: prepare the built-in corpus and train the `smoke` recipe on CPU (a few minutes); run again, it
+## goes on from where an interrupted one stopped, or says a finished one is done (`make clean` starts over)
 smoke: $(VENV)/.installed-base
 	$(BIN)/hf-pretrain prepare --recipe smoke
 	$(BIN)/accelerate launch --config_file accelerate_configs/cpu.yaml hf_pretrain/train.py \
-		--recipe smoke --output_dir $(RUN_DIR) --resume none
+		--recipe smoke --output_dir $(RUN_DIR)
 	@echo "results: $(RUN_DIR)/metrics.jsonl, $(RUN_DIR)/samples.jsonl, model in $(RUN_DIR)/final"
 
 ## test: install the dev extra and run the whole suite (slow tests included), offline

@@ -515,3 +515,17 @@ def test_a_new_batch_stops_before_any_work_unless_allowed(reference_run, smoke_d
     # 8 steps of 2,048 tokens = 128 samples of 128 tokens; then 4 steps of 32 samples
     assert state["data_origin"] == [8, 128] and state["data_position"] == 128 + 4 * 32
     assert state["tokens_seen"] == 8 * 2048 + 4 * 4096
+
+
+def test_a_key_added_since_the_checkpoint_counts_as_its_default_not_as_a_change():
+    """A checkpoint written before `chunked_loss` and `fp8_recipe` existed recorded no value for them:
+    resuming it under their defaults changes nothing (a warning there named them as changed math);
+    a value other than the default is still named."""
+    from hf_pretrain.checkpoints.recipe_changes import changed_math_keys
+
+    recipe = load_recipe("smoke")
+    saved = math_keys(recipe)
+    del saved["train"]["chunked_loss"], saved["train"]["fp8_recipe"]
+    assert changed_math_keys({"math_keys": saved}, recipe) == {}
+    chunked = build_recipe(recipe.to_dict(), {"chunked_loss": True})
+    assert changed_math_keys({"math_keys": saved}, chunked) == {"train.chunked_loss": (False, True)}

@@ -21,7 +21,7 @@ one function per kind of change; which checkpoint it is asked about is checkpoin
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import MISSING, fields, is_dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -45,11 +45,21 @@ def flat_keys(keys: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 
 def changed_math_keys(saved: dict[str, Any], recipe: Recipe) -> dict[str, tuple[Any, Any]]:
     """{"train.max_steps": (250, 400), ...}: the math keys that differ from the checkpoint's recipe
-    (none known for a checkpoint that did not record them)."""
+    (none known for a checkpoint that did not record them). A key the checkpoint's version did not
+    have yet counts as its default: a new key's default keeps the behaviour it was saved with."""
     if not saved.get("math_keys"):
         return {}
     old, new = flat_keys(saved["math_keys"]), flat_keys(math_keys(recipe))
+    old = {**{k: key_default(recipe, k) for k in set(new) - set(old)}, **old}
     return {k: (old.get(k), new.get(k)) for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k)}
+
+
+def key_default(recipe: Recipe, flat_key: str) -> Any:
+    """The default of a `section.name` recipe key (None where there is no plain default)."""
+    section, _, name = flat_key.partition(".")
+    config = getattr(recipe, section, None)
+    found = [f for f in fields(config) if f.name == name] if is_dataclass(config) else []
+    return found[0].default if found and found[0].default is not MISSING else None
 
 
 def smallest_max_steps(train: TrainConfig, stable_until: int) -> int:
