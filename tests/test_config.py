@@ -463,12 +463,14 @@ def test_bench_price_is_gpu_price(capsys):
     assert "unknown key `price` (did you mean" in err and "`gpu_price`" in err.split("did you mean")[1]
 
 
-def test_eval_takes_its_flags_in_both_spellings(capsys):
+def test_eval_takes_its_flags_in_both_spellings(capsys, tmp_path):
     from hf_pretrain.evaluation import harness
 
+    # folders that exist: eval refuses a missing --data_dir or --include_path in one line first
+    x, d = str(tmp_path), str(tmp_path)
     for flags in (
-        ["--include_path", "x", "--data_dir", "d", "--batch_size", "4"],
-        ["--include-path", "x", "--data-dir", "d"],
+        ["--include_path", x, "--data_dir", d, "--batch_size", "4"],
+        ["--include-path", x, "--data-dir", d],
     ):
         with pytest.raises(SystemExit) as exit_info:  # nothing to do: stops after parsing, before loading a model
             harness.main(["--model", "m", "--tasks", "none", *flags])
