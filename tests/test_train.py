@@ -142,3 +142,25 @@ def test_golden_losses(tmp_path):
         "the golden loss curve moved: if the math changed on purpose, re-record it with "
         "`python -m tests.regenerate_golden`"
     )
+
+
+@pytest.mark.slow
+def test_every_progress_line_carries_its_own_steps_loss_the_stop_step_too(smoke_data, tmp_path):
+    """A log (no terminal) gets one progress line per step. It used to draw step N with step N-1's
+    figures first (the bar moved before the step's record), and at a stop nothing redrew it: the stop
+    step seemed to log the loss of the step before (issue 33, seen on an H100 with --log_interval 1).
+    Each line's loss is now the one metrics.jsonl records for that step, the stop step's included."""
+    import re
+
+    run_dir = tmp_path / "run"
+    log = launch_training(smoke_data, run_dir, log_interval=1, stop_at_step=6, save_interval=3)
+    recorded = {r["step"]: r["loss"] for r in read_jsonl(run_dir / "metrics.jsonl") if r.get("kind") == "train"}
+    assert sorted(recorded) == [1, 2, 3, 4, 5, 6]
+    drawn = {}
+    for frame in re.split(r"[\r\n]", log):
+        match = re.search(r"train:.*?\b(\d+)/\d+ .*?loss=([0-9.]+)", frame)
+        if match:
+            drawn.setdefault(int(match.group(1)), set()).add(float(match.group(2)))
+    assert 6 in drawn, log[-2000:]
+    for step, losses in drawn.items():
+        assert losses == {round(recorded[step], 3)}, (step, losses, recorded[step])
