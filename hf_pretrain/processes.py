@@ -73,6 +73,16 @@ def command_of(pid: int) -> str | None:
         return None
 
 
+def left_by_launcher(parent: int, parent_command: str | None) -> bool:
+    """Whether this process's parent is what adopts an orphan rather than a launcher: init (pid 1) or a
+    subreaper that is no Python program. A parent that names a launcher is one (a container may run
+    `accelerate launch` as its pid 1); so is any other Python parent that is not pid 1 (a driver of
+    its own that sets the launcher's environment, as the tests do)."""
+    if parent_command is None or any(name in parent_command for name in LAUNCHER_COMMANDS):
+        return False
+    return parent == 1 or "python" not in parent_command
+
+
 def follow_launcher() -> int | None:
     """Under a launcher, stop when it does: LAUNCHER_GONE on its exit, and `launcher_gone()` for the
     polls. Returns the launcher's pid (None for a top process, which must outlive a closed shell).
@@ -84,10 +94,7 @@ def follow_launcher() -> int | None:
     if _followed_parent is None:  # the first call arms
         _followed_parent = os.getppid()
         die_with_parent(LAUNCHER_GONE)
-        parent_command = command_of(_followed_parent)
-        _orphaned_before_following = parent_command is not None and not any(
-            name in parent_command for name in LAUNCHER_COMMANDS
-        )
+        _orphaned_before_following = left_by_launcher(_followed_parent, command_of(_followed_parent))
     elif signal.getsignal(LAUNCHER_GONE) is _gone_while_starting:  # the session's call: its handlers take over
         signal.signal(LAUNCHER_GONE, signal.SIG_DFL)
     return _followed_parent

@@ -415,3 +415,17 @@ def test_training_on_re_prepared_data_is_refused_before_any_work(smoke_data, cop
     assert result.returncode == EXIT_PREFLIGHT, (result.stdout + result.stderr)[-3000:]
     assert "another tokenizer" in result.stdout + result.stderr
     assert tree_digest(copied_run) == before and status(copied_run)["state"] == "refused"
+
+
+def test_only_init_or_a_subreaper_counts_as_a_launcher_that_left():
+    """The trainer's parent under a launcher's environment: a launcher (also as a container's pid 1) or
+    a Python driver of the tests' kind is followed; init or a non-Python subreaper means it had left."""
+    from hf_pretrain.processes import left_by_launcher
+
+    assert not left_by_launcher(4242, "/venv/bin/python /venv/bin/accelerate launch train.py")
+    assert not left_by_launcher(1, "/venv/bin/python -m torch.distributed.run --nproc_per_node 8 train.py")
+    assert not left_by_launcher(4242, "/venv/bin/python -m pytest -q tests")
+    assert not left_by_launcher(4242, None)  # unreadable: never guess it gone
+    assert left_by_launcher(1, "/sbin/init")
+    assert left_by_launcher(1, "/usr/bin/python3 /sbin/some-init")
+    assert left_by_launcher(777, "/lib/systemd/systemd --user")
