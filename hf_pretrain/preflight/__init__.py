@@ -15,7 +15,8 @@ from collections.abc import Callable
 from hf_pretrain.checkpoints.continuation import Continuation
 from hf_pretrain.checkpoints.resume_decision import decide_resume
 from hf_pretrain.config import Recipe
-from hf_pretrain.preflight.budget import check_cost, cuda_device_name
+from hf_pretrain.economics.measurements import this_gpu
+from hf_pretrain.preflight.budget import check_cost
 from hf_pretrain.preflight.data import (
     check_batch_split,
     check_context,
@@ -98,7 +99,7 @@ def run_checks(
         ("disk space", lambda: check_disk_space(recipe)),
         ("save speed", lambda: check_save_speed(recipe)),
         ("gpu memory", lambda: check_memory(recipe, device_memory_bytes, world_size)),
-        ("time and cost", lambda: check_cost(recipe, cuda_device_name(), world_size)),
+        ("time and cost", lambda: check_cost(recipe, this_gpu(), world_size)),
     ]
     return [result for name, check in checks for result in _guarded(name, check)]
 

@@ -37,13 +37,6 @@ def bench_command(recipe: Recipe) -> str:
     return recipe_command(recipe, "bench", KEY_SECTION)
 
 
-def cuda_device_name() -> str | None:
-    """This machine's first CUDA device, or None (the doctor asks about the GPU it runs on)."""
-    import torch
-
-    return torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
-
-
 def modelled_rate(recipe: Recipe, gpu_name: str | None, world_size: int = 1) -> float | None:
     """The performance model's job tokens/s for the recipe as configured on `world_size` GPUs named
     `gpu_name` (data parallel, communication left out), or None: no GPU, a GPU the table does not
