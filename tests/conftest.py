@@ -68,3 +68,10 @@ def s3_bucket(s3_server, request):
 
     name = re.sub(r"[^a-z0-9-]", "-", request.node.name.lower())[:50].strip("-") + f"-{os.getpid()}"
     return s3_server.make_bucket(name)
+
+
+@pytest.fixture(autouse=True)
+def _outside_the_checkout(tmp_path_factory, monkeypatch):
+    """Each test runs in its own empty folder: a recipe's relative defaults (data/smoke, runs/smoke) name
+    nothing there, so the suite gives the same result before and after `make smoke` (issue 42)."""
+    monkeypatch.chdir(tmp_path_factory.mktemp("cwd"))

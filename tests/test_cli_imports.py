@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from tests.helpers import ROOT, offline_env
+from tests.helpers import OUTSIDE_CHECKOUT, offline_env
 
 HEAVY = ("torch", "transformers", "accelerate", "datasets", "datatrove", "safetensors")
 
@@ -18,7 +18,12 @@ def heavy_imports(code: str) -> list[str]:
     """The heavy libraries a fresh interpreter holds after running `code`."""
     probe = f"{code}\nimport sys, json\nprint(json.dumps(sorted(m for m in {HEAVY!r} if m in sys.modules)))"
     run = subprocess.run(
-        [sys.executable, "-c", probe], cwd=ROOT, env=offline_env(), capture_output=True, text=True, timeout=120
+        [sys.executable, "-c", probe],
+        cwd=OUTSIDE_CHECKOUT,
+        env=offline_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert run.returncode == 0, run.stderr[-3000:]
     return json.loads(run.stdout.strip().splitlines()[-1])

@@ -23,7 +23,7 @@ from hf_pretrain.model import build_model
 from hf_pretrain.optim import build_optimizer
 from hf_pretrain.publish import export
 from hf_pretrain.run_dir import read_jsonl
-from tests.helpers import ROOT, SHORT_RUN, offline_env
+from tests.helpers import OUTSIDE_CHECKOUT, SHORT_RUN, offline_env
 
 pytestmark = pytest.mark.slow
 INPUT_IDS = torch.randint(0, 4096, (2, 48), generator=torch.Generator().manual_seed(0))
@@ -200,7 +200,7 @@ def test_fsdp_sharded_checkpoint_exports_the_same_weights(reference_run, exports
     sharded = tmp_path / "run" / "checkpoints" / "step_00000012"
     subprocess.run(
         [sys.executable, "-m", "tests.fsdp_checkpoint", str(checkpoint_dir(run_dir, 12)), str(sharded)],
-        cwd=ROOT,
+        cwd=OUTSIDE_CHECKOUT,
         env=offline_env(),
         check=True,
         capture_output=True,

@@ -312,14 +312,16 @@ def test_three_processes_on_a_batch_that_does_not_split_are_refused_not_crashed(
     import subprocess
     import sys
 
-    from tests.helpers import ROOT, offline_env
+    from tests.helpers import OUTSIDE_CHECKOUT, ROOT, offline_env
 
     run = tmp_path / "run"
     command = [sys.executable, "-m", "accelerate.commands.launch", "--config_file"]
     command += [str(ROOT / "accelerate_configs" / "cpu_2proc.yaml"), "--num_processes", "3"]
     command += [str(ROOT / "hf_pretrain" / "train.py"), "--recipe", "smoke", "--data_dir", str(smoke_data)]
     command += ["--output_dir", str(run)]
-    result = subprocess.run(command, cwd=ROOT, env=offline_env(), capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        command, cwd=OUTSIDE_CHECKOUT, env=offline_env(), capture_output=True, text=True, timeout=300
+    )
     log = result.stdout + result.stderr
     status = read_status(run)
     assert result.returncode != 0 and status["state"] == "refused" and status["exit_code"] == 78, log[-3000:]
@@ -344,10 +346,10 @@ def run_export(args: list[str], file_limit: int = 0, umask: str = "022"):
     import subprocess
     import sys
 
-    from tests.helpers import ROOT, offline_env
+    from tests.helpers import OUTSIDE_CHECKOUT, offline_env
 
     command = [sys.executable, "-c", EXPORT_SCRIPT, str(file_limit), umask, *map(str, args)]
-    return subprocess.run(command, cwd=ROOT, env=offline_env(), capture_output=True, text=True, timeout=300)
+    return subprocess.run(command, cwd=OUTSIDE_CHECKOUT, env=offline_env(), capture_output=True, text=True, timeout=300)
 
 
 @pytest.mark.slow

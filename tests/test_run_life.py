@@ -35,7 +35,7 @@ from hf_pretrain.stop_file import read_stop_request, request_stop
 from hf_pretrain.training.guards import Guards
 from hf_pretrain.training.state import TrainState
 from hf_pretrain.training.stop_request import main as stop_main
-from tests.helpers import ROOT, SHORT_RUN, launch_training, offline_env
+from tests.helpers import OUTSIDE_CHECKOUT, ROOT, SHORT_RUN, launch_training, offline_env
 
 
 def train_config(**overrides):
@@ -120,7 +120,7 @@ def test_the_stop_command_writes_a_request_the_loop_can_read(tmp_path, capsys):
         capture_output=True,
         text=True,
         env=offline_env(),
-        cwd=ROOT,
+        cwd=OUTSIDE_CHECKOUT,
     )
     assert process.returncode == 0 and "--cooldown_steps" in process.stdout
 
@@ -393,7 +393,7 @@ def test_stop_now_on_a_running_wsd_job_ends_with_a_decayed_model_better_than_an_
     ]
     command += [a for k, v in overrides.items() for a in (f"--{k}", str(v))]
     process = subprocess.Popen(
-        command, cwd=ROOT, env=offline_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        command, cwd=OUTSIDE_CHECKOUT, env=offline_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
     try:
         deadline = time.monotonic() + 300

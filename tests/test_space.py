@@ -13,7 +13,7 @@ from huggingface_hub import SpaceCard
 
 from hf_pretrain.config import DEFAULT_PROMPTS
 from hf_pretrain.publish.space import write_space
-from tests.helpers import ROOT, offline_env
+from tests.helpers import OUTSIDE_CHECKOUT, ROOT, offline_env
 from tests.hub_standin import HubStandIn
 from tests.test_demo import free_port, greedy_completion
 
@@ -29,7 +29,7 @@ TOKEN = "hf_standinToken0123456789"
 def hf_pretrain_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "hf_pretrain.cli", *args],
-        cwd=ROOT,
+        cwd=OUTSIDE_CHECKOUT,
         env=env or offline_env(),
         capture_output=True,
         text=True,

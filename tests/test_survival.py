@@ -25,7 +25,7 @@ from safetensors.torch import load_file
 from hf_pretrain.checkpoints.manifest import CheckpointError, verify_checkpoint
 from hf_pretrain.exit_codes import EXIT_DIVERGED, EXIT_PREEMPTED, EXIT_SAVE_FAILED
 from hf_pretrain.run_dir import read_jsonl
-from tests.helpers import ROOT, SHORT_RUN, launch_training, offline_env
+from tests.helpers import OUTSIDE_CHECKOUT, ROOT, SHORT_RUN, launch_training, offline_env
 
 MIN_KILLS = 10
 
@@ -57,7 +57,9 @@ def start_training(data_dir: Path, run_dir: Path, faults: str = "", **overrides)
     env = offline_env()
     if faults:
         env["HF_PRETRAIN_FAULTS"] = faults
-    return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return subprocess.Popen(
+        cmd, cwd=OUTSIDE_CHECKOUT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
 
 
 def wait_for_step(process: subprocess.Popen, run_dir: Path, step: int, timeout: float = 120) -> bool:
@@ -231,7 +233,9 @@ def start_process(data_dir: Path, run_dir: Path, process: int, port: int, faults
         "RANK": str(process),
         "LOCAL_RANK": str(process),
     }
-    return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return subprocess.Popen(
+        cmd, cwd=OUTSIDE_CHECKOUT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
 
 
 def free_port() -> int:
