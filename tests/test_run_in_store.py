@@ -235,3 +235,49 @@ def test_a_local_run_never_imports_a_store_client():
         "assert not bad, bad"
     )
     subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=offline_env(), check=True)
+
+
+def test_export_and_report_read_a_run_url(reference_run, s3_bucket, s3_server, tmp_path, monkeypatch):
+    from hf_pretrain import report
+    from hf_pretrain.publish import export
+
+    monkeypatch.setenv("HF_PRETRAIN_HOME", str(tmp_path / "home"))
+    url, fs = f"{s3_bucket}/run", store_fs()
+    newest = max(p.name for p in (reference_run[0] / "checkpoints").iterdir() if p.name[5:].isdigit())
+    fs.put(str(reference_run[0] / "checkpoints" / newest), f"{url}/checkpoints/{newest}", recursive=True)
+    for name in ("metrics.jsonl", "resolved_recipe.yaml", "status.json", "samples.jsonl"):
+        fs.put_file(str(reference_run[0] / name), f"{url}/{name}")
+
+    assert export.main(["--checkpoint", url, "--out", str(tmp_path / "model"), "--dtype", "fp32"]) == 0
+    exported = load_file(tmp_path / "model" / "model.safetensors")
+    final = load_file(reference_run[0] / "final" / "model.safetensors")
+    assert all(torch.equal(final[k], exported[k]) for k in final)
+    assert report.main([url, "--output", str(tmp_path / "report")]) == 0
+    assert (tmp_path / "report" / "report.md").is_file() or list((tmp_path / "report").glob("*.md"))
+    assert export.main(["--checkpoint", "s3://no-such-bucket-x/run", "--out", str(tmp_path / "m2")]) == EXIT_PREFLIGHT
+
+
+@pytest.mark.slow
+def test_a_stop_written_into_the_store_reaches_the_trainer(smoke_data, s3_bucket, s3_server, tmp_path):
+    url = f"{s3_bucket}/run"
+    a = machine(tmp_path / "A", s3_server)
+    local = tmp_path / "A" / "home" / "runs" / "s3" / url.removeprefix("s3://")
+    trainer = subprocess.Popen(
+        train_command(smoke_data, url, max_steps=60, eval_interval=30),
+        **a,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    wait_until(lambda: _logged_steps(local) >= 2, trainer)
+    laptop = machine(tmp_path / "laptop", s3_server)
+    stop = subprocess.run(
+        [sys.executable, "-m", "hf_pretrain.cli", "stop", url], **laptop, capture_output=True, text=True, timeout=120
+    )
+    assert stop.returncode == 0, stop.stderr
+    assert "asked the run" in stop.stdout and f"{url}/stop_request.json" in stop.stdout
+    out = trainer.communicate(timeout=600)[0]
+    assert trainer.returncode == 0, out[-3000:]
+    assert "a stop request for" in out
+    assert _logged_steps(local) < 60  # it stopped early
+    assert json.loads(store_fs().cat_file(f"{url}/status.json"))["state"] in ("finished", "stopped")

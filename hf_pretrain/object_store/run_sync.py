@@ -186,7 +186,8 @@ class RunInStore:
                             f"{self.lease.lost_to.describe()}; this one stops uploading"
                         )
                         self.uploader.close()
-                    self._changed(mirror=True)
+                    self._changed()
+                    self.uploader.push_small_files(retry=False)  # status.json and the records, each heartbeat
             except Exception as exc:  # the store unreachable: said in status.json, tried again
                 self.uploader._error(exc, "renewing the lease")
 

@@ -184,10 +184,12 @@ class Uploader:
         self.on_change()
         return True
 
-    def push_small_files(self) -> bool:
-        """The run's records (metrics, samples, status.json, ...) to the store; True when they are there."""
+    def push_small_files(self, retry: bool = True) -> bool:
+        """The run's records (metrics, samples, status.json, ...) to the store; True when they are there.
+        Without `retry`, one try (the heartbeat's thread must not wait on a store that is down)."""
         pairs = [(self.local / n, self.url.join(n).path) for n in SMALL_FILES if (self.local / n).is_file()]
-        return put_files(self.fs, pairs, None, self._keep_trying, lambda e: self._error(e, "uploading the records"))
+        keep_trying = self._keep_trying if retry else lambda: False
+        return put_files(self.fs, pairs, None, keep_trying, lambda e: self._error(e, "uploading the records"))
 
     def _retention(self) -> None:
         """Keep the newest `keep` complete checkpoints in the store, its milestones and branch points."""
