@@ -41,20 +41,46 @@ def run_training(recipe: Recipe) -> Outcome:
     from hf_pretrain.training.loop import train as train_loop
     from hf_pretrain.training.session import Session
 
+    recipe, store = in_store(recipe)  # a URL output_dir: checked, leased, pulled; a local copy trains
     side_jobs = SideJobs(recipe.train)
-    with Session(recipe.train.output_dir) as session:
-        outcome = train_loop(recipe, callbacks=[side_jobs])
-        unpushed = side_jobs.unpushed(session.dir)  # on the first process only: the others push nothing
-        if unpushed:  # the last line of the log and status.json say it, not only a warning hours ago
-            print(f"warning: {unpushed}", flush=True)
-            outcome.message += f" | warning: {unpushed}"
-        session.ended(
-            outcome.exit_code,
-            outcome.message,
-            outcome.finished,
-            not_pushed=[what for what, _ in side_jobs.not_pushed] if recipe.train.push_to_hub else None,
-        )
-        return outcome
+    try:
+        with Session(recipe.train.output_dir) as session:
+            if store is not None:
+                store.session_started()
+            outcome = train_loop(recipe, callbacks=[side_jobs] + ([store] if store is not None else []))
+            unpushed = side_jobs.unpushed(session.dir)  # on the first process only: the others push nothing
+            behind = store.behind() if store is not None else None
+            for warning in (unpushed, behind):
+                if warning:  # the last line of the log and status.json say it, not only a warning hours ago
+                    print(f"warning: {warning}", flush=True)
+                    outcome.message += f" | warning: {warning}"
+            session.ended(
+                outcome.exit_code,
+                outcome.message,
+                outcome.finished,
+                not_pushed=[what for what, _ in side_jobs.not_pushed] if recipe.train.push_to_hub else None,
+            )
+            return outcome
+    finally:
+        if store is not None:
+            store.close()
+
+
+def in_store(recipe: Recipe):
+    """A recipe whose output_dir is a URL, made one that trains its local copy; and, on the job's first
+    process, the store side of the session (object_store/run_sync.py). A local output_dir: as it is."""
+    from hf_pretrain.object_store.urls import is_url
+
+    if not is_url(recipe.train.output_dir):
+        return recipe, None
+    import dataclasses
+    import os
+
+    from hf_pretrain.object_store.run_sync import RunInStore, working_copy
+
+    store = RunInStore.begin(recipe.train) if os.environ.get("RANK", "0") == "0" else None
+    local = dataclasses.replace(recipe.train, output_dir=str(working_copy(recipe.train)))
+    return dataclasses.replace(recipe, train=local), store
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -213,7 +213,29 @@ class DataConfig:
 class TrainConfig:
     """Optimisation, precision, logging, checkpoints and what is published on the side."""
 
-    output_dir: str = key("runs/smoke", "checkpoints, metrics, samples and final/ go here", math=False)
+    output_dir: str = key(
+        "runs/smoke",
+        "checkpoints, metrics, samples and final/ go here: a local folder, or an object-store URL "
+        "(s3://BUCKET/PREFIX, gs://, hf://) trained through a local copy and resumable from any machine",
+        math=False,
+    )
+    cache_dir: str | None = key(
+        None,
+        "where the local copy of a URL output_dir lives (unset: $HF_PRETRAIN_HOME, else ~/.cache/hf_pretrain)",
+        math=False,
+    )
+    store_wait_s: float = key(
+        300,
+        "a URL output_dir: how long the end of a run, a stop or a SIGTERM waits for the uploads to finish",
+        math=False,
+        ge=0,
+    )
+    store_heartbeat_s: float = key(
+        30,
+        "a URL output_dir: the lease's heartbeat; another machine takes over after 3 missed heartbeats",
+        math=False,
+        gt=0,
+    )
     seed: int = key(1234, "model init and data order", ge=0, lt=2**32)
     # A cosine spans max_steps, so it shapes every step's learning rate; a wsd only its final decay.
     max_steps: int = key(100, "optimizer steps", ge=1)

@@ -31,7 +31,10 @@ from hf_pretrain.checkpoints.manifest import CheckpointError
 from hf_pretrain.checkpoints.store import Checkpoint, resolve_checkpoint
 from hf_pretrain.config import CommandParser
 from hf_pretrain.data.tokenizer import MODEL_INPUT_NAMES
+from hf_pretrain.exit_codes import EXIT_PREFLIGHT
 from hf_pretrain.formatting import human_bytes
+from hf_pretrain.object_store.reach import StoreRefused
+from hf_pretrain.object_store.reading import readable
 from hf_pretrain.publish.gguf import EXIT_WRITE_FAILED, GGUF_TYPES, GGUFError, GGUFWriteError, write_gguf
 from hf_pretrain.publish.hub import push_folder, push_or_explain
 from hf_pretrain.publish.model_card import LOSS_CURVE, CardOptions, write_model_card
@@ -287,7 +290,9 @@ def main(argv: list[str] | None = None) -> int:
         prog="hf-pretrain export", description=__doc__.split("\n")[0], epilog=__doc__.split("\n", 1)[1]
     )
     parser.add_argument(
-        "--checkpoint", required=True, help="a run folder (its newest complete checkpoint) or a checkpoint folder"
+        "--checkpoint",
+        required=True,
+        help="a run folder (its newest complete checkpoint) or a checkpoint folder; a URL (s3://...) of either",
     )
     parser.add_argument("--out", required=True, help="folder to write the model to")
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="bf16", help="weight precision")
@@ -323,12 +328,20 @@ def main(argv: list[str] | None = None) -> int:
         local_path=args.out,
     )
     try:
-        checkpoint = resolve_checkpoint(args.checkpoint, log=lambda reason: print(f"export: {reason}"))
+        # a URL: its newest complete checkpoint (or the one it names) pulled into the cache first
+        local = readable(args.checkpoint, say=lambda line: print(f"export: {line}"))
+        checkpoint = resolve_checkpoint(local, log=lambda reason: print(f"export: {reason}"))
         print(f"export: {checkpoint.path} (step {checkpoint.train_state.get('step')}) -> {args.out} [{args.dtype}]")
         out = export_checkpoint(checkpoint, args.out, args.dtype, options, args.overwrite)
-    except (CheckpointError, ExportError) as exc:
+    except (CheckpointError, ExportError, StoreRefused) as exc:
         print(f"hf-pretrain export: error: {exc}", file=sys.stderr)
-        return EXIT_WRITE_FAILED if isinstance(exc, ExportWriteError) else 1
+        return (
+            EXIT_WRITE_FAILED
+            if isinstance(exc, ExportWriteError)
+            else EXIT_PREFLIGHT
+            if isinstance(exc, StoreRefused)
+            else 1
+        )
     print(f"export: wrote {out}")
     if args.gguf:
         try:

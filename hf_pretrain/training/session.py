@@ -91,6 +91,8 @@ RUNNING = Ending(
     "wait; if its pid is gone, it was killed (SIGKILL, out of memory): rerun the same command to resume",
 )
 
+KEPT_SECTIONS = ("store",)  # status.json sections others keep up to date (object_store/run_sync.py)
+
 # Failures that stop a session before it trained, said in a line (the reason is the whole story) and
 # ended with an exit code of their own; anything else is a crash, with its traceback.
 REFUSALS = (PreflightError, ResumeRefused, CheckpointError, InitFromError, RunDirUnusable)
@@ -204,7 +206,9 @@ class Session:
     def _write(self, exit_code: int | None, ending: Ending, reason: str, details: dict | None = None) -> None:
         if not self._holding:
             return
+        kept = {k: v for k, v in read_status(self.dir.path).items() if k in KEPT_SECTIONS}
         status = {
+            **kept,  # written by a side of the run that is not the session (a URL run's uploads)
             **_ending_fields(self.dir, exit_code, ending, reason),
             **(details or {}),
             "pid": os.getpid(),
