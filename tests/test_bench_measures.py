@@ -142,7 +142,7 @@ def test_a_micro_batch_the_estimate_calls_too_big_is_still_tried(tmp_path):
 
 def test_a_probes_preflight_warns_about_memory_instead_of_refusing(monkeypatch):
     refusal = CheckResult("gpu memory", "fail", "does not fit without gradient checkpointing: 99.7 GB", "--x")
-    monkeypatch.setattr("hf_pretrain.preflight.run_checks", lambda *a, **k: [refusal])
+    monkeypatch.setattr("hf_pretrain.preflight.checks.run_checks", lambda *a, **k: [refusal])
     monkeypatch.delenv(MEMORY_PROBE_ENV, raising=False)
     with pytest.raises(PreflightError):
         preflight(one_b(), 1, log=lambda _: None)

@@ -465,7 +465,7 @@ def test_a_check_that_crashes_is_reported_not_raised(monkeypatch):
     def broken(*args):
         raise RuntimeError("boom")
 
-    monkeypatch.setattr("hf_pretrain.preflight.check_cost", broken)
+    monkeypatch.setattr("hf_pretrain.preflight.checks.check_cost", broken)
     result = by_name(run_checks(load_recipe("smoke")))["time and cost"]
     assert result.status == "warn" and "RuntimeError: boom" in result.reason
 
