@@ -132,6 +132,9 @@ def test_auto_precision_on_cpu_warns_and_gpu_only_checks_skip():
     result = check_cuda(load_recipe("smoke"))
     assert result.status == "warn" and "fp32 on the CPU" in result.reason
     assert check_cuda(load_recipe("smoke", {"mixed_precision": "no"})).status == "pass"
+    # issue 38: the fix named the smoke recipe whichever recipe was checked
+    other = check_cuda(load_recipe("1b", {"mixed_precision": "auto", "compile": False}))
+    assert other.status == "warn" and "smoke" not in other.fix
     assert check_bf16(one_b()).status == "skip"
     assert check_tf32(one_b(tf32=False)).status == "skip"
 

@@ -220,6 +220,19 @@ def test_local_tasks_say_which_data_they_need(tmp_path):
         evaluation.local_tasks(tmp_path / "empty", tmp_path / "tasks")
 
 
+def test_a_local_task_needs_only_its_own_files(tmp_path):
+    """Issue 38: arc_easy_local was refused when the ARC-Challenge files were absent."""
+    easy = tmp_path / "arc"
+    easy.mkdir()
+    needed = yaml.safe_load((evaluation.LOCAL_TASKS_DIR / "arc_easy_local.yaml").read_text())
+    for name in needed["dataset_kwargs"]["data_files"].values():
+        (easy / name).write_text("")
+    written = evaluation.local_tasks(easy, tmp_path / "tasks", ["arc_easy_local"])
+    assert [p.name for p in written.glob("*.yaml")] == ["arc_easy_local.yaml"]
+    with pytest.raises(evaluation.EvalError, match="arc_challenge_local needs"):
+        evaluation.local_tasks(easy, tmp_path / "both", ["arc_easy_local", "arc_challenge_local"])
+
+
 @pytest.mark.slow
 def test_unknown_task_is_named(exported):
     model, tokenizer = evaluation.load_model(str(exported), torch.float32, "cpu")

@@ -114,11 +114,14 @@ def argument_problem(args: argparse.Namespace) -> str | None:
 HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?")
 
 
-def local_tasks(data_dir: Path, into: Path) -> Path:
-    """A copy of eval/tasks whose `data_files` name files inside `data_dir` (they must exist)."""
+def local_tasks(data_dir: Path, into: Path, tasks: list[str] | None = None) -> Path:
+    """A copy of eval/tasks (those in `tasks`, when given) whose `data_files` name files inside `data_dir`
+    (they must exist: only the asked tasks' files, so ARC-Easy runs without ARC-Challenge's)."""
     into.mkdir(parents=True, exist_ok=True)
     for source in sorted(LOCAL_TASKS_DIR.glob("*.yaml")):
         config = yaml.safe_load(source.read_text())
+        if tasks is not None and config["task"] not in tasks:
+            continue
         data_files = (config.get("dataset_kwargs") or {}).get("data_files") or {}
         for split, name in data_files.items():
             path = (data_dir / name).resolve()
@@ -207,7 +210,7 @@ def run_lm_eval(
     with tempfile.TemporaryDirectory() as scratch:
         paths = list(include_paths or [])
         if data_dir is not None:
-            paths.append(str(local_tasks(Path(data_dir), Path(scratch) / "tasks")))
+            paths.append(str(local_tasks(Path(data_dir), Path(scratch) / "tasks", tasks)))
         task_manager = TaskManager(include_path=paths or None)
         unknown = [t for t in tasks if t not in task_manager.all_tasks]
         if unknown:
