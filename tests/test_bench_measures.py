@@ -142,7 +142,7 @@ def test_a_micro_batch_the_estimate_calls_too_big_is_still_tried(tmp_path):
 
 def test_a_probes_preflight_warns_about_memory_instead_of_refusing(monkeypatch):
     refusal = CheckResult("gpu memory", "fail", "does not fit without gradient checkpointing: 99.7 GB", "--x")
-    monkeypatch.setattr("hf_pretrain.preflight.run_checks", lambda *a, **k: [refusal])
+    monkeypatch.setattr("hf_pretrain.preflight.checks.run_checks", lambda *a, **k: [refusal])
     monkeypatch.delenv(MEMORY_PROBE_ENV, raising=False)
     with pytest.raises(PreflightError):
         preflight(one_b(), 1, log=lambda _: None)
@@ -323,3 +323,21 @@ def test_the_doctor_uses_this_gpus_measurement_for_time_cost_and_memory(store, m
     assert memory.status == "pass" and "this configuration ran here: peak 65.9" in memory.reason
     assert "measured by bench" in memory.reason and "the estimate, modelled" in memory.reason
     assert check_memory(recipe, device_memory_bytes=int(79.2 * GIB)).reason != memory.reason  # another GPU's question
+
+
+def test_a_variant_that_never_trained_says_why_on_screen_and_shows_no_figures(tmp_path, monkeypatch):
+    """Issue 38: `bench --variants liger=true` on a CPU printed "preflight: n/a tokens/s, peak memory 0.54 GiB",
+    the reason only in bench.json, and a peak memory for a variant that never trained."""
+    from hf_pretrain.bench import variants as variants_module
+
+    refusal = "preflight: 1 check(s) failed, the run would not survive:\n  cuda: liger=true but no CUDA device"
+    monkeypatch.setattr(
+        variants_module, "run_in_child", lambda recipe, folder: RunResult("preflight", refusal, peak_memory_gib=0.54)
+    )
+    said: list[str] = []
+    runner = variants_module.VariantRunner(load_recipe("smoke"), tmp_path, 3, 1, said.append)
+    result = runner.run({"liger": "true"})
+    assert result.status == "preflight" and result.peak_memory_gib is None and result.tokens_per_s is None
+    screen = "\n".join(said)
+    assert "did not train (preflight)" in screen and "liger=true but no CUDA device" in screen
+    assert "GiB" not in screen

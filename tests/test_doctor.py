@@ -132,6 +132,9 @@ def test_auto_precision_on_cpu_warns_and_gpu_only_checks_skip():
     result = check_cuda(load_recipe("smoke"))
     assert result.status == "warn" and "fp32 on the CPU" in result.reason
     assert check_cuda(load_recipe("smoke", {"mixed_precision": "no"})).status == "pass"
+    # issue 38: the fix named the smoke recipe whichever recipe was checked
+    other = check_cuda(load_recipe("1b", {"mixed_precision": "auto", "compile": False}))
+    assert other.status == "warn" and "smoke" not in other.fix
     assert check_bf16(one_b()).status == "skip"
     assert check_tf32(one_b(tf32=False)).status == "skip"
 
@@ -465,7 +468,7 @@ def test_a_check_that_crashes_is_reported_not_raised(monkeypatch):
     def broken(*args):
         raise RuntimeError("boom")
 
-    monkeypatch.setattr("hf_pretrain.preflight.check_cost", broken)
+    monkeypatch.setattr("hf_pretrain.preflight.checks.check_cost", broken)
     result = by_name(run_checks(load_recipe("smoke")))["time and cost"]
     assert result.status == "warn" and "RuntimeError: boom" in result.reason
 

@@ -303,7 +303,7 @@ def test_plan_for_the_1b_recipe_with_nothing_else(capsys):
     out = capsys.readouterr().out
     assert "11.8B = 11.4 per parameter" in out and "FLOPs" in out and "20.8B" in out
     assert "N_opt 729M parameters x D_opt 16.8B tokens" in out
-    assert "time and cost: unknown" in out and "--tokens_per_s" in out and "$1.29/h" in out
+    assert "time and cost: unknown" in out and "--tokens_per_s" in out and "$1.79/h" in out
 
 
 def test_plan_run_prices_going_further_and_the_report_draws_the_forecast(tmp_path, capsys):

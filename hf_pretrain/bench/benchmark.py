@@ -35,13 +35,14 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from hf_pretrain.bench.quality import QualityRequest, run_quality, shipped_recipe
-from hf_pretrain.bench.sweep import BenchRequest, run_bench
-from hf_pretrain.bench.variants import run_in_this_process, variant_grid
 from hf_pretrain.config import Recipe, RecipeError, parse_recipe_args
-from hf_pretrain.data import DataMismatchError
 from hf_pretrain.economics.prices import PriceError, price_table
+
+if TYPE_CHECKING:  # the bench's modules import torch, loaded once the flags are read (`--help` needs none)
+    from hf_pretrain.bench.quality import QualityRequest
+    from hf_pretrain.bench.sweep import BenchRequest
 
 PROG = "hf-pretrain bench"
 
@@ -94,6 +95,9 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
 
 def bench_request(recipe: Recipe, args: argparse.Namespace) -> BenchRequest:
     """The typed request of parsed flags; raises PriceError, RecipeError or ValueError naming the flag."""
+    from hf_pretrain.bench.sweep import BenchRequest
+    from hf_pretrain.bench.variants import variant_grid
+
     return BenchRequest(
         recipe=recipe,
         output=Path(args.output or f"runs/bench-{recipe.name}"),
@@ -107,6 +111,9 @@ def bench_request(recipe: Recipe, args: argparse.Namespace) -> BenchRequest:
 
 
 def quality_request(recipe: Recipe, args: argparse.Namespace) -> QualityRequest:
+    from hf_pretrain.bench.quality import QualityRequest, shipped_recipe
+    from hf_pretrain.bench.variants import variant_grid
+
     try:
         seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
     except ValueError:
@@ -132,6 +139,11 @@ def main(argv: list[str] | None = None) -> int:
         description=__doc__.split("\n")[0],
         extra=add_bench_arguments,
     )
+    from hf_pretrain.bench.quality import run_quality
+    from hf_pretrain.bench.sweep import run_bench
+    from hf_pretrain.bench.variants import run_in_this_process
+    from hf_pretrain.data import DataMismatchError
+
     if args.worker_result:  # a variant's child process (variants.run_in_child)
         return run_in_this_process(recipe, Path(args.worker_result))
     if args.quality:

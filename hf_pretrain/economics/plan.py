@@ -664,10 +664,14 @@ def add_plan_options(parser: argparse.ArgumentParser, with_recipe: bool) -> None
     group.add_argument("--json", action="store_true", help="print the plan as JSON")
 
 
+# `--help`: the docstring's first sentence (two lines) above the options, its examples and notes below
+DESCRIPTION, EPILOG = (part.strip("\n") for part in __doc__.split("\n\n", 1))
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The parser without a recipe (`--params`, `--run`); `--recipe` is parsed with the recipe's keys
     (`main`), and stays here for `--help` and for the error when no model is named."""
-    parser = CommandParser(prog=PROG, description=__doc__.split("\n")[0], epilog=__doc__.split("\n", 1)[1])
+    parser = CommandParser(prog=PROG, description=DESCRIPTION, epilog=EPILOG)
     model = parser.add_mutually_exclusive_group(required=True)
     model.add_argument(
         "--recipe",
@@ -708,7 +712,7 @@ def main(argv: list[str] | None = None) -> int:
             recipe, args = parse_recipe_args(
                 argv,
                 prog=PROG,
-                description=__doc__.split("\n")[0],
+                description=DESCRIPTION,
                 extra=lambda parser: add_plan_options(parser, with_recipe=True),
             )
             request = plan_request(args, recipe, pinned_keys(argv))
@@ -721,6 +725,10 @@ def main(argv: list[str] | None = None) -> int:
             if args.price_per_hour is not None:
                 raise ValueError("--price_per_hour goes with --run (with --params, give --price_per_gpu_hour)")
             request = plan_request(args, recipe=None)
+        if (
+            request.recipe is not None
+        ):  # its parameters are counted on torch's meta device: seconds, minutes when loaded
+            print(f"{PROG}: counting the recipe's parameters (loading torch)...", file=sys.stderr, flush=True)
         plan = make_plan(request)
     except (RecipeError, PriceError, ValueError) as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
