@@ -45,7 +45,8 @@ def decide_resume(recipe: Recipe, say: Say = None, activity: Activity = None) ->
     """From which checkpoint `recipe`'s run goes on, and how: the one decision of a start, every file
     checked against its manifest. `none` -> a fresh start (refused on top of a run); a folder -> that
     checkpoint, which must be good; `auto` -> the newest good one, newer broken ones skipped with the
-    reason, or the last one before the decay when a wsd run goes further. `say` and `activity` show
+    reason (those that failed their verification listed in `broken`, for the session to set aside), or
+    the last one before the decay when a wsd run goes further. `say` and `activity` show
     a verification that lasts. Raises `ResumeRefused` or `CheckpointError`."""
     t = recipe.train
     data = data_identity(recipe.data.data_dir)
@@ -67,7 +68,10 @@ def decide_resume(recipe: Recipe, say: Say = None, activity: Activity = None) ->
         refuse_another_shape(folder, recipe, data)
         return plan_continuation(saved, recipe, folder, named=True, data=data)
     skipped: list[str] = []
-    found = newest_good_checkpoint(t.output_dir, log=skipped.append, usable=resumable, say=say, activity=activity)
+    broken: list[tuple[Path, str]] = []
+    found = newest_good_checkpoint(
+        t.output_dir, log=skipped.append, usable=resumable, say=say, activity=activity, broken=broken
+    )
     if found is None and list_checkpoints(t.output_dir):
         raise ResumeRefused(
             f"none of the checkpoints in {t.output_dir} can be resumed from: " + "; ".join(skipped), START_OVER
@@ -76,7 +80,7 @@ def decide_resume(recipe: Recipe, say: Say = None, activity: Activity = None) ->
         return Continuation()
     refuse_another_shape(found.path, recipe, data)
     plan = plan_continuation(found.train_state, recipe, found.path, data=data)
-    plan.skipped = skipped
+    plan.skipped, plan.broken = skipped, broken
     if plan.branch is not None:
         branch = checkpoint_path(t.output_dir, plan.branch["branch_step"])
         try:

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from hf_pretrain.checkpoints.continuation import ResumeRefused
 from hf_pretrain.checkpoints.manifest import CheckpointError
-from hf_pretrain.checkpoints.store import list_checkpoints
+from hf_pretrain.checkpoints.store import newest_sound_checkpoint
 from hf_pretrain.exit_codes import (
     EXIT_CRASHED,
     EXIT_DIVERGED,
@@ -132,7 +132,7 @@ def killed_session(run: RunDir) -> str | None:
     if status.get("state") != "running":
         return None
     step = _last_logged_step(run.metrics)
-    newest = next(iter(list_checkpoints(run.path)), None)
+    newest = newest_sound_checkpoint(run.path)
     at = f"at step {step:,}" if step is not None else "before it logged a step"
     saved = f"its newest checkpoint is step {newest.step:,}" if newest else "it saved no checkpoint"
     return (
@@ -231,7 +231,7 @@ def record_ending(output_dir: str | Path, exit_code: int, reason: str, **details
 
 
 def _ending_fields(run: RunDir, exit_code: int | None, ending: Ending, reason: str) -> dict:
-    newest = next(iter(list_checkpoints(run.path)), None)
+    newest = newest_sound_checkpoint(run.path)  # never one that failed its verification
     return {
         "state": ending.state,
         "exit_code": exit_code,
