@@ -529,3 +529,43 @@ def test_a_key_added_since_the_checkpoint_counts_as_its_default_not_as_a_change(
     assert changed_math_keys({"math_keys": saved}, recipe) == {}
     chunked = build_recipe(recipe.to_dict(), {"chunked_loss": True})
     assert changed_math_keys({"math_keys": saved}, chunked) == {"train.chunked_loss": (False, True)}
+
+
+def _folder_snapshot(folder: Path) -> dict[str, tuple[int, int]]:
+    return {
+        str(p.relative_to(folder)): (p.stat().st_size, p.stat().st_mtime_ns) for p in folder.rglob("*") if p.is_file()
+    }
+
+
+@pytest.mark.slow
+def test_a_finished_run_started_again_says_so_writes_nothing_and_status_reads_it(
+    reference_run, smoke_data, tmp_path, capsys
+):
+    """Issue 38: the same command after the run completed said "resumed", drew a full bar and rewrote
+    final/, and the doctor said "ready to train". Now it says the run finished and how to go further,
+    writes nothing and exits 0; the doctor says the same; `hf-pretrain status` reads it for a person."""
+    from hf_pretrain.preflight import doctor
+    from hf_pretrain.run_status import main as status_main
+
+    run_dir = tmp_path / "run"
+    shutil.copytree(reference_run[0], run_dir)
+    before = _folder_snapshot(run_dir)
+    log = launch_training(smoke_data, run_dir)
+    assert f"the run in {run_dir} finished at step 12: nothing to train. To go further" in log, log[-3000:]
+    assert "--max_steps" in log and "resumed" not in log
+    assert _folder_snapshot(run_dir) == before  # no final/ rewritten, no status, no recipe, no metrics
+
+    args = [f"--{key}={value}" for key, value in {**SHORT_RUN, "data_dir": smoke_data, "output_dir": run_dir}.items()]
+    capsys.readouterr()
+    assert doctor.main(["--recipe", "smoke", *args]) == 0
+    out = capsys.readouterr().out
+    assert "ready to train" not in out and "the run finished at step 12, nothing to train" in out
+
+    assert status_main([str(run_dir)]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"{run_dir}: finished (exit 0), step 12 of 12, ")
+    assert f"last checkpoint: {run_dir / 'checkpoints' / 'step_00000012'} (step 12;" in out
+    assert "stop request: none" in out and "next: To go further" in out and "last logged: step 12, loss " in out
+    assert status_main([str(run_dir), "--verify"]) == 0 and "every byte checked" in capsys.readouterr().out
+    assert _folder_snapshot(run_dir) == before
+    assert status_main([str(tmp_path / "nothing")]) == 2

@@ -13,6 +13,12 @@ from hf_pretrain.checkpoints.layout import SUPERSEDED_SUFFIX
 from hf_pretrain.checkpoints.store import list_checkpoints, set_aside
 from hf_pretrain.run_dir import RunDir
 
+# How a finished run goes further: what `stop`, a training started again, the doctor and `status` say
+GO_FURTHER = (
+    "To go further, rerun its training command with a larger --max_steps (a wsd run goes on from its "
+    "checkpoint before the decay; docs/stopping.md)"
+)
+
 
 class ResumeRefused(RuntimeError):
     """The checkpoint cannot go on under this recipe without an explicit flag; `fix` says which."""

@@ -19,6 +19,7 @@ from hf_pretrain.checkpoints.store import is_weights_only, list_checkpoints, new
 from hf_pretrain.config import Recipe
 from hf_pretrain.data import data_identity
 from hf_pretrain.model import padded_vocab_size
+from hf_pretrain.run_dir import RunDir
 
 
 def refuse_another_shape(folder: Path, recipe: Recipe, data: dict[str, Any] | None) -> None:
@@ -39,6 +40,22 @@ def resumable(folder: Path, _train_state: dict[str, Any] | None = None) -> None:
             f"{folder} is a milestone that kept its weights only: export, eval and the demo read it, a "
             f"resume cannot (milestone_full_state keeps whole milestones)"
         )
+
+
+def finished_at(recipe: Recipe) -> int | None:
+    """The step at which the run in `recipe`'s output_dir finished, when this start would train nothing
+    (the same command run again after it completed): --resume auto, final/ written, and its newest
+    checkpoint at the end of its schedule under the same max_steps. None for anything else, going
+    further (another max_steps) included. Reads the newest checkpoint's train state, no checksums."""
+    t = recipe.train
+    if t.resume != "auto" or not RunDir(t.output_dir).final.is_dir():
+        return None
+    newest = newest_good_checkpoint(t.output_dir, checksums=False, log=lambda _: None)
+    saved = newest.train_state if newest is not None else {}
+    end, step = saved.get("end", saved.get("max_steps")), saved.get("step")
+    if saved.get("max_steps") != t.max_steps or end is None or step is None or step < end:
+        return None
+    return int(step)
 
 
 def decide_resume(recipe: Recipe, say: Say = None, activity: Activity = None) -> Continuation:
