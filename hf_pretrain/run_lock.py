@@ -74,6 +74,11 @@ class RunLock:
         os.pwrite(fd, (json.dumps(holder) + "\n").encode(), 0)
         self._fd = fd
 
+    @property
+    def held(self) -> bool:
+        """Whether this process holds the lock (not on a filesystem without locks, where it only warned)."""
+        return self._fd is not None
+
     def release(self) -> None:
         if self._fd is None:
             return

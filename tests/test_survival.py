@@ -218,6 +218,7 @@ def test_a_corrupt_checkpoint_is_set_aside_and_never_costs_a_good_one(
 
     log = launch_training(smoke_data, run_dir, keep_checkpoints=keep, stop_at_step=10)
     assert "skipping step_00000012" in log and f"{damaged} fails its checksum" in log, log[-3000:]
+    assert "skipping skipping" not in log and "skipped skipping" not in log
     assert "resumed from" in log and "at step 8" in log
     assert complete_steps(run_dir) == ([8, 10] if keep == 2 else [10]), log[-3000:]
     aside = run_dir / "checkpoints" / "step_00000012.corrupt"

@@ -238,6 +238,40 @@ def prune_checkpoints(
             shutil.rmtree(leftover, ignore_errors=True)
 
 
+# What a save writes into `step_N.tmp/` (checkpoints/layout.py, Accelerate's names): a `.tmp` holding only
+# these is provably a save's own partial write
+SAVE_WRITES = (
+    "model",
+    "pytorch_model",
+    *TRAINING_ONLY_PREFIXES,
+    "config.json",
+    "generation_config.json",
+    "tokenizer",
+    "special_tokens_map.json",
+    "chat_template",
+    TRAIN_STATE,
+    MANIFEST,
+)
+
+
+def remove_unfinished_writes(output_dir: str | Path) -> tuple[list[Path], list[Path]]:
+    """Remove the `step_N.tmp/` folders a session left when it was killed while saving (a second SIGTERM,
+    SIGKILL), which no save of a later step cleaned: (removed, left). Only one whose every entry is a file a
+    save writes goes; anything else is left for a person. Call only while holding the run folder's lock:
+    then no live process writes into them (a save is written by the session that holds it)."""
+    removed, left = [], []
+    root = checkpoints_root(output_dir)
+    for tmp in sorted(root.glob(f"{PREFIX}*{TMP_SUFFIX}")) if root.is_dir() else []:
+        if not tmp.name[len(PREFIX) : -len(TMP_SUFFIX)].isdigit() or not tmp.is_dir():
+            continue
+        if all(entry.name.startswith(SAVE_WRITES) for entry in tmp.iterdir()):
+            shutil.rmtree(tmp, ignore_errors=True)
+            removed.append(tmp)
+        else:
+            left.append(tmp)
+    return removed, left
+
+
 def keep_weights_only(folder: Path) -> None:
     """Reduce the complete checkpoint `folder` to what export, evaluation and the demo read: the model
     weights in bf16 (FSDP's sharded weights as they are), config.json, the tokenizer and train_state.json

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from hf_pretrain.checkpoints.continuation import ResumeRefused
 from hf_pretrain.checkpoints.manifest import CheckpointError
-from hf_pretrain.checkpoints.store import newest_sound_checkpoint
+from hf_pretrain.checkpoints.store import newest_sound_checkpoint, remove_unfinished_writes
 from hf_pretrain.exit_codes import (
     EXIT_CRASHED,
     EXIT_DIVERGED,
@@ -169,12 +169,22 @@ class Session:
                 killed = killed_session(self.dir)  # the lock was free: a `running` status is a session that was killed
                 if killed:
                     print(f"note: {killed}", flush=True)
+                if self.lock.held:  # nobody else writes here now: a `.tmp` left is a killed save's
+                    self._clean_unfinished_saves()
                 self._write(None, RUNNING, "training" + (f"; {killed}" if killed else ""))
                 record_exits_with(self._exited_at_once)
         except BaseException as exc:  # refused or stopped here: recorded if the lock was held, signals as they were
             self.__exit__(type(exc), exc, exc.__traceback__)
             raise
         return self
+
+    def _clean_unfinished_saves(self) -> None:
+        removed, left = remove_unfinished_writes(self.dir.path)
+        if removed:
+            names = ", ".join(p.name for p in removed)
+            print(f"note: removed {names}: the unfinished save of a session that was killed while saving", flush=True)
+        for folder in left:
+            print(f"note: {folder} holds files no save writes: left as it is; delete it if it is not yours", flush=True)
 
     def __exit__(self, exc_type, exc, tb) -> None:
         if exc is not None:
