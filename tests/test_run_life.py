@@ -338,6 +338,49 @@ def test_plan_run_prices_going_further_and_the_report_draws_the_forecast(tmp_pat
     assert "## Forecast" in page.read_text() and (tmp_path / "report" / "forecast.png").stat().st_size > 1000
 
 
+def _write_train_records(path: Path, steps, loss_of, mode: str = "a") -> None:
+    with path.open(mode) as f:
+        for step in steps:
+            record = {"kind": "train", "step": step, "tokens": step * 4096, "loss": loss_of(step), "lr": 3e-3}
+            f.write(json.dumps(record | {"tokens_per_s": 4096, "elapsed": float(step)}) + "\n")
+
+
+def test_plan_run_fits_the_branch_that_went_on_after_a_stop_and_a_refusal_names_a_fix(tmp_path, capsys):
+    """Issue 38: a run stopped (a cooldown from step 100) and then taken further from its checkpoint before
+    the decay kept the old cooldown record: `plan --run` fitted only the steps before the stop, and with
+    too few of them refused without a fix. It fits the lineage that went on, and a refusal says when."""
+    from hf_pretrain.config import save_recipe
+
+    run = RunDir(tmp_path / "run")
+    run.path.mkdir()
+    save_recipe(
+        load_recipe("smoke", {"lr_schedule": "wsd", "max_steps": 400, "price_per_hour": 2.0}), run.resolved_recipe
+    )
+    curve = lambda step: float(power_law(np.array([step * 4096.0]))[0])  # noqa: E731
+    _write_train_records(run.metrics, range(1, 101), curve, mode="w")
+    with run.metrics.open("a") as f:  # the stop's cooldown began at step 100 (the branch point's step)
+        f.write(json.dumps({"kind": "cooldown", "step": 100, "end": 120, "reason": "stop request"}) + "\n")
+    _write_train_records(run.metrics, range(101, 301), curve)  # went further from step 100: stable again
+    assert plan.main(["--run", str(run.path), "--tokens", "2e6"]) == 0
+    out = capsys.readouterr().out
+    assert "the loss curve over steps " in out
+    fitted_to = int(out.split("the loss curve over steps ")[1].split(" ")[0].split("-")[1].replace(",", ""))
+    assert fitted_to == 300, out  # the code before fitted steps up to 100, the stop
+
+    short = RunDir(tmp_path / "short")
+    short.path.mkdir()
+    save_recipe(
+        load_recipe("smoke", {"lr_schedule": "wsd", "max_steps": 400, "log_interval": 10}), short.resolved_recipe
+    )
+    _write_train_records(short.metrics, range(10, 60, 10), curve, mode="w")
+    assert plan.main(["--run", str(short.path)]) == 2
+    err = capsys.readouterr().err
+    assert (
+        "too few to fit the loss curve" in err
+        and f"rerun `hf-pretrain plan --run {short.path}` once the run has logged step" in err
+    )
+
+
 # ---------------------------------------------------------------------- data budget
 def test_the_doctor_counts_epochs_when_the_plan_outgrows_the_data(smoke_data, tmp_path):
     fits = check_data_budget(load_recipe("smoke", {"data_dir": str(smoke_data)}))
