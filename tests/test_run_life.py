@@ -20,6 +20,7 @@ from safetensors.torch import load_file
 
 from hf_pretrain.checkpoints.continuation import ResumeRefused
 from hf_pretrain.checkpoints.layout import BRANCH_POINT, TRAIN_STATE
+from hf_pretrain.checkpoints.manifest import write_manifest
 from hf_pretrain.checkpoints.recipe_changes import plan_continuation
 from hf_pretrain.checkpoints.store import prune_checkpoints
 from hf_pretrain.config import RecipeError, build_recipe, load_recipe, math_keys
@@ -180,6 +181,7 @@ def test_pruning_keeps_the_last_checkpoint_before_the_decay(tmp_path):
     for step in (10, 20, 30, 40):
         (root / f"step_{step:08d}").mkdir(parents=True)
         (root / f"step_{step:08d}" / TRAIN_STATE).write_text(json.dumps({"step": step, BRANCH_POINT: step == 20}))
+        write_manifest(root / f"step_{step:08d}")  # sealed: retention counts only checkpoints that are whole
     prune_checkpoints(tmp_path, keep=1)
     assert sorted(p.name for p in root.iterdir()) == ["step_00000020", "step_00000040"]
 
