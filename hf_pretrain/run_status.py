@@ -21,6 +21,7 @@ from typing import Any
 from hf_pretrain.checkpoints.continuation import GO_FURTHER
 from hf_pretrain.checkpoints.store import newest_good_checkpoint
 from hf_pretrain.config import CommandParser
+from hf_pretrain.exit_codes import EXIT_PREFLIGHT
 from hf_pretrain.formatting import human_duration
 from hf_pretrain.run_dir import RunDir, last_train_record, read_status
 from hf_pretrain.run_lock import holder_of
@@ -130,19 +131,27 @@ def describe(s: RunStanding) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = CommandParser(prog="hf-pretrain status", description=__doc__.split("\n")[0])
-    parser.add_argument("run_dir", type=Path, help="the run's output_dir")
+    parser.add_argument("run_dir", help="the run's output_dir: a folder, or a URL (s3://...) of a run in a store")
     parser.add_argument(
         "--verify", action="store_true", help="read every byte of the last checkpoint against its manifest (slow)"
     )
     args = parser.parse_args(argv)
-    if not RunDir(args.run_dir).is_run():
+    from hf_pretrain.object_store.reach import StoreRefused
+    from hf_pretrain.object_store.reading import readable
+
+    try:  # a URL: its records and its newest complete checkpoint's listing, pulled into the cache
+        run_dir = readable(args.run_dir, checkpoint=args.verify, say=lambda line: print(f"status: {line}"))
+    except StoreRefused as exc:
+        print(f"hf-pretrain status: error: {exc}", file=sys.stderr)
+        return EXIT_PREFLIGHT
+    if not RunDir(run_dir).is_run():
         print(
             f"hf-pretrain status: error: {args.run_dir} is not a run folder (no checkpoints/, no "
             f"resolved_recipe.yaml): give the output_dir of a training",
             file=sys.stderr,
         )
         return 2
-    print(describe(read_run(args.run_dir, verify=args.verify)))
+    print(describe(read_run(run_dir, verify=args.verify)))
     return 0
 
 
