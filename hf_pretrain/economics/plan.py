@@ -752,10 +752,10 @@ def main(argv: list[str] | None = None) -> int:
             if args.price_per_hour is not None:
                 raise ValueError("--price_per_hour goes with --run (with --params, give --price_per_gpu_hour)")
             request = plan_request(args, recipe=None)
-        if (
-            request.recipe is not None
-        ):  # its parameters are counted on torch's meta device: seconds, minutes when loaded
-            print(f"{PROG}: counting the recipe's parameters (loading torch)...", file=sys.stderr, flush=True)
+        if request.recipe is not None:  # its parameters are counted on torch's meta device: minutes when loaded
+            # a progress line, not an error: on stdout (stderr keeps refusals to one line), unless stdout is JSON
+            progress = sys.stderr if args.json else sys.stdout
+            print(f"{PROG}: counting the recipe's parameters (loading torch)...", file=progress, flush=True)
         plan = make_plan(request)
     except (RecipeError, PriceError, ValueError) as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
