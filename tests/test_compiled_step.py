@@ -86,7 +86,8 @@ def compiled_step_graphs(
     AcceleratorState._reset_state(reset_partial_state=True)
     cfg = recipe.train
     torch.manual_seed(0)
-    model = build_model(llama_config(recipe.model, tokenizer_size))
+    # the kernel the loop's model prefers (training/loop.py: no check record on a CPU, so the recipe's own)
+    model = build_model(llama_config(recipe.model, tokenizer_size), attention_backend=cfg.attention_backend)
     if recipe.checkpointed_layer_count:
         enable_activation_checkpointing(model, recipe.checkpointed_layer_count)
     use_loss_head(model, loss_head or loss_head_for(cfg, liger_applied=False))
