@@ -13,9 +13,21 @@
 
 from __future__ import annotations
 
-from hf_pretrain.bench.benchmark import main
-from hf_pretrain.bench.search import largest_fitting
-from hf_pretrain.bench.variants import variant_grid
-from hf_pretrain.economics.measurements import timed_throughput
+import importlib
 
-__all__ = ["largest_fitting", "main", "timed_throughput", "variant_grid"]
+# Imported on first use: `hf-pretrain check` runs bench's matmul measurement (measure.py) in a fresh process
+# per part, which should not pay for the whole command (the data pipeline, transformers) to import it.
+_EXPORTS = {
+    "main": "hf_pretrain.bench.benchmark",
+    "largest_fitting": "hf_pretrain.bench.search",
+    "variant_grid": "hf_pretrain.bench.variants",
+    "timed_throughput": "hf_pretrain.economics.measurements",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

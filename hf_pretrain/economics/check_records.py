@@ -112,17 +112,23 @@ def attention_shape(heads: int, kv_heads: int, head_dim: int, seq_len: int) -> s
 def fastest_attention_backend(gpu: str, shape: str, path: Path | None = None) -> CheckRecord | None:
     """The fastest SDPA kernel (lowest forward + backward ms) that a check measured on `gpu` (a table name
     or a CUDA name) for `shape`, from the newest check of that card; None where none was measured."""
+    from hf_pretrain.attention import BACKENDS  # the kernels a recipe can name (torch's default is not one)
+
     table = find_gpu(gpu)
     name = table.name if table else gpu
     timed = [
         r
         for r in stored_checks(path)
-        if r.part == "attention" and r.gpu == name and r.gpu != CPU and r.detail.get("shape") == shape
+        if r.part == "attention"
+        and r.name in BACKENDS
+        and r.gpu == name
+        and r.gpu != CPU
+        and r.detail.get("shape") == shape
     ]
     if not timed:
         return None
     newest = timed[0].date
-    return min((r for r in timed if r.date == newest and r.name != "default"), key=lambda r: r.value, default=None)
+    return min((r for r in timed if r.date == newest), key=lambda r: r.value)
 
 
 def earlier_figure(
