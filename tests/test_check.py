@@ -118,8 +118,9 @@ def test_the_verdict_prices_the_pod_ranks_it_in_plan_and_names_a_slow_node(tmp_p
     recipe = load_recipe("1b")
     h100 = "NVIDIA H100 80GB HBM3"
     healthy = verdict(recipe, [step(h100, 78_000)])
-    assert healthy[0].startswith("$") and "per billion tokens on this NVIDIA H100 80GB HBM3" in healthy[0]
-    assert healthy[1].startswith("ranks ") and "plan's best" in healthy[1]
+    assert healthy[0].startswith("recipe as written: 78,000 tokens/s, MFU 55.")  # 7.04 GFLOP a token, 989 TFLOP/s
+    assert healthy[1].startswith("$") and "per billion tokens on this NVIDIA H100 80GB HBM3" in healthy[1]
+    assert healthy[2].startswith("ranks ") and "plan's best" in healthy[2]
     assert healthy[-1] == "no sign of a slow or faulty node"
     # 40% under the project's own H100 record of this configuration (measured.jsonl) and the model
     slow = verdict(recipe, [step(h100, 46_000), Figure("matmul", "bfloat16", 500.0, "TFLOP/s", "", h100)])
@@ -127,7 +128,7 @@ def test_the_verdict_prices_the_pod_ranks_it_in_plan_and_names_a_slow_node(tmp_p
     assert "likely a slow or faulty node" in said and "project's H100 run" in said
     assert "bf16 matmul 500 TFLOP/s" in said  # under the published matmul rate of an H100 SXM
     cpu = verdict(load_recipe("smoke"), [step(None, 5_000)])
-    assert cpu[0].startswith("measured on a CPU: it prices no GPU")
+    assert cpu[0] == "recipe as written: 5,000 tokens/s" and cpu[1].startswith("measured on a CPU: it prices no GPU")
 
 
 def test_wrong_flags_are_refused_in_one_line(capsys):
@@ -138,3 +139,19 @@ def test_wrong_flags_are_refused_in_one_line(capsys):
     assert "--parts gpu: not a part" in err and len(err.strip().splitlines()) == 1
     assert main(["--recipe", "smoke", "--variants", "attention_backend=flash3"]) == 2
     assert "attention_backend" in capsys.readouterr().err
+
+
+def test_a_cpu_check_record_never_prices_a_gpu_in_plan(tmp_path, monkeypatch):
+    """Even a CPU record claiming a GPU-sized rate for the very configuration plan prices: plan's rows stay
+    modelled, no measurement reads it, and only check records of a GPU choose a kernel."""
+    from hf_pretrain.economics.check_records import new_record, record_checks, stored_checks
+    from hf_pretrain.economics.measurements import _stored, recorded_measurement, store_path
+    from hf_pretrain.economics.plan import gpu_prices, ranked_rows
+
+    monkeypatch.setenv("HF_PRETRAIN_HOME", str(tmp_path))
+    recipe = load_recipe("smoke")
+    record_checks([new_record("step", "recipe as written", 1e9, "tokens/s", None, overrides={})])
+    assert [(r.gpu, r.device) for r in stored_checks(shipped=False)] == [("cpu", "cpu")]
+    assert _stored(store_path(), False) == []
+    assert all(recorded_measurement(recipe, gpu) is None for gpu in ("H100 SXM", "cpu"))
+    assert not [row for row in ranked_rows(recipe, 1e9, gpu_prices(None)) if row.measured]

@@ -127,18 +127,11 @@ def part_runs(request: CheckRequest, part: str) -> list[dict]:
     return [{}] + [point for point in request.variants if point]
 
 
-def run_check(request: CheckRequest, say=print) -> dict:
-    """Every part asked for within the budget, the verdict, the records; what check.json holds."""
+def run_parts(request: CheckRequest, recipe_file: Path, results: Path, say=print) -> dict[str, list[str]]:
+    """Each part asked for, most important first, each run in its own process under its share of what is
+    left of the budget; {part: the status of each of its runs}."""
     from hf_pretrain.bench.variants import variant_name
-    from hf_pretrain.economics.check_records import record_checks
 
-    out = request.output
-    out.mkdir(parents=True, exist_ok=True)
-    results = out / "figures.jsonl"
-    results.unlink(missing_ok=True)
-    recipe_file = out / "recipe.yaml"
-    save_recipe(request.recipe, recipe_file)
-    say(f"check: recipe {request.recipe.name}, budget {request.budget_s:.0f} s, results in {out}")
     started = time.monotonic()
     statuses: dict[str, list[str]] = {}
     more = STEP_SHARE_PER_VARIANT * (len(part_runs(request, "step")) - 1)
@@ -154,32 +147,45 @@ def run_check(request: CheckRequest, say=print) -> dict:
         runs = part_runs(request, part)
         for run_index, item in enumerate(runs):
             part_left = part_s - (time.monotonic() - part_started)
-            run_s = min(
-                part_left, part_left / (len(runs) - run_index) * (RUN_STRETCH if run_index < len(runs) - 1 else 1)
-            )
+            stretch = RUN_STRETCH if run_index < len(runs) - 1 else 1
+            run_s = min(part_left, part_left / (len(runs) - run_index) * stretch)
+            label = variant_name(item) if part == "step" else ""
             if run_s < MIN_PART_S:
-                say(
-                    f"  {part}{f' ({variant_name(item)})' if part == 'step' else ''}: skipped: {run_s:.0f} s left of its limit"
-                )
+                say(f"  {part}{f' ({label})' if label else ''}: skipped: {run_s:.0f} s left of its limit")
                 statuses[part].append("skipped")
                 continue
             context = {
                 "recipe": str(recipe_file),
                 "results": str(results),
-                "folder": str(out / "scratch"),
+                "folder": str(request.output / "scratch"),
                 "limit_s": run_s,
                 "item": item,
                 "item_index": run_index,
                 "steps": request.steps,
                 "warmup": request.warmup,
             }
-            label = variant_name(item) if part == "step" else ""
-            status = run_part(part, context, out / "contexts", run_s, say, label)
+            status = run_part(part, context, request.output / "contexts", run_s, say, label)
             statuses[part].append(status)
             if status == "cut" and part == "step":  # its running rate, written but not yet said
                 for kept in read_figures(results):
                     if kept.part == "step" and kept.name == label and kept.value:
                         say(f"  kept: {kept.text}")
+    return statuses
+
+
+def run_check(request: CheckRequest, say=print) -> dict:
+    """Every part asked for within the budget, the verdict, the records; what check.json holds."""
+    from hf_pretrain.economics.check_records import record_checks
+
+    out = request.output
+    out.mkdir(parents=True, exist_ok=True)
+    results = out / "figures.jsonl"
+    results.unlink(missing_ok=True)  # the check's own file, from a check before into the same folder
+    recipe_file = out / "recipe.yaml"
+    save_recipe(request.recipe, recipe_file)
+    say(f"check: recipe {request.recipe.name}, budget {request.budget_s:.0f} s, results in {out}")
+    started = time.monotonic()
+    statuses = run_parts(request, recipe_file, results, say)
     figures = read_figures(results)
     say("verdict:")
     lines = verdict(request.recipe, figures)

@@ -33,11 +33,27 @@ def add_mfu(recipe: Recipe, figures: list[Figure]) -> None:
         datasheet = peak_flops_for_name(figure.device) if figure.device else None
         if datasheet:
             figure.detail["mfu"] = figure.value * per_token / datasheet
-            figure.text += f", MFU {figure.detail['mfu']:.1%}"
-        elif matmul:
+        if matmul:
             scale = 1e12 if figure.device else 1e9
             figure.detail["mfu_of_measured_matmul"] = figure.value * per_token / (matmul.value * scale)
-            figure.text += f", {figure.detail['mfu_of_measured_matmul']:.1%} of the measured matmul peak"
+
+
+def step_lines(figures: list[Figure]) -> list[str]:
+    """`recipe as written: 77,935 tokens/s, MFU 55.5% (71.0% of the measured matmul peak), peak 37.24 GiB`."""
+    lines = []
+    for f in figures:
+        if f.part != "step" or not f.value:
+            continue
+        mfu = [f"MFU {f.detail['mfu']:.1%}"] if "mfu" in f.detail else []
+        if "mfu_of_measured_matmul" in f.detail:
+            mfu.append(f"{f.detail['mfu_of_measured_matmul']:.1%} of the measured matmul peak")
+        peak = f.detail.get("peak_memory_gib")
+        lines.append(
+            f"{f.name}: {f.value:,.0f} tokens/s"
+            + "".join(f", {m}" for m in mfu)
+            + (f", peak {peak:.2f} GiB" if peak else "")
+        )
+    return lines
 
 
 def plan_best(recipe: Recipe) -> tuple[list, str]:
@@ -90,14 +106,15 @@ def verdict(recipe: Recipe, figures: list[Figure]) -> list[str]:
     device = next((f.device for f in figures if f.device), None)
     steps = [f for f in figures if f.part == "step" and f.value]
     as_written = next((f for f in steps if f.name == RECIPE_AS_WRITTEN), None)
+    measured = step_lines(figures)
     if device is None:
-        return [
+        return measured + [
             "measured on a CPU: it prices no GPU, and the records it left are labelled cpu (plan never reads them)",
             f"plan's best for {recipe.name}: {best_text}; rent that card and run this check on it",
         ]
     gpu = find_gpu(device)
     price = recipe.train.price_per_hour or (gpu.usd_per_hour if gpu else 0.0)
-    lines = []
+    lines = list(measured)
     if not steps:
         lines.append("no step was measured: no $ per token (see the step part's lines)")
     elif not price:
