@@ -64,3 +64,25 @@ def test_auto_takes_the_fastest_kernel_a_check_measured_on_this_card(tmp_path):
     named = load_recipe("1b", {"attention_backend": "flash"})
     assert resolved_attention_backend(named, "NVIDIA H100 80GB HBM3", store) == ("flash", None)  # a choice wins
     assert torch.nn.attention.SDPBackend.CUDNN_ATTENTION  # the kernel names are torch's
+
+
+def test_the_performance_model_prices_the_attention_share_by_kernel():
+    """Published ratios (estimates, performance.py): cuDNN faster than FlashAttention-2 on Hopper only,
+    math far slower everywhere; `auto` and `flash` are the kernel the model was fitted with."""
+    from hf_pretrain.economics.gpus import find_gpu
+    from hf_pretrain.economics.performance import modelled_tokens_per_s, step_time
+    from hf_pretrain.economics.workload import recipe_workload
+
+    def rate(gpu: str, backend: str) -> float:
+        return modelled_tokens_per_s(load_recipe("1b", {"attention_backend": backend}), find_gpu(gpu))
+
+    h100, a100 = "H100 SXM", "A100 80GB SXM"
+    assert rate(h100, "auto") == rate(h100, "flash")
+    assert rate(h100, "cudnn") > rate(h100, "auto") > rate(h100, "efficient") > rate(h100, "math")
+    assert rate(a100, "cudnn") == rate(a100, "auto")  # no published advantage off Hopper
+    times = {
+        b: step_time(recipe_workload(load_recipe("1b", {"attention_backend": b})), find_gpu(h100))
+        for b in ("auto", "cudnn")
+    }
+    assert times["cudnn"].attention == pytest.approx(times["auto"].attention / 1.7)
+    assert times["cudnn"].matmul == times["auto"].matmul  # only the attention share moves
