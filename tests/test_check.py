@@ -155,3 +155,48 @@ def test_a_cpu_check_record_never_prices_a_gpu_in_plan(tmp_path, monkeypatch):
     assert _stored(store_path(), False) == []
     assert all(recorded_measurement(recipe, gpu) is None for gpu in ("H100 SXM", "cpu"))
     assert not [row for row in ranked_rows(recipe, 1e9, gpu_prices(None)) if row.measured]
+
+
+def test_one_command_ships_a_gpu_check_to_the_records_and_the_docs_and_refuses_a_cpu_one(tmp_path, monkeypatch):
+    import dataclasses
+    import importlib.util
+
+    from hf_pretrain.config import save_recipe
+    from hf_pretrain.economics import measurements
+
+    spec = importlib.util.spec_from_file_location("ship_check", ROOT / "benchmarks" / "ship_check.py")
+    ship = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ship)
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "gpu.md").write_text(f"# GPU\n\n{ship.BEGIN}\nnothing yet\n{ship.END}\nafter\n")
+    monkeypatch.setattr(ship, "ROOT", tmp_path)
+    monkeypatch.setattr(measurements, "SHIPPED_STORE", tmp_path / "measured.jsonl")
+    monkeypatch.setenv("HF_PRETRAIN_HOME", str(tmp_path / "home"))
+    folder = tmp_path / "gpu_check"
+    folder.mkdir()
+    recipe = load_recipe("1b")
+    save_recipe(recipe, folder / "recipe.yaml")
+    h100 = "NVIDIA H100 80GB HBM3"
+    fp8 = {"mixed_precision": "fp8", "fp8_recipe": "rowwise"}
+    figures = [
+        Figure("matmul", "bfloat16", 780.0, "TFLOP/s", "matmul peak: ...", h100),
+        step(h100, 78_100),
+        dataclasses.replace(step(h100, 90_000, "mixed_precision=fp8 fp8_recipe=rowwise"), detail={"overrides": fp8}),
+        Figure("micro_batch", "largest micro-batch", None, "", "largest micro-batch: none fits", h100),
+    ]
+    result = {"date": "2026-11-27", "seconds": 501.0, "figures": [dataclasses.asdict(f) for f in figures]}
+    (folder / "check.json").write_text(json.dumps(result | {"verdict": ["no sign of a slow or faulty node"]}))
+    assert ship.main([str(folder)]) == 0
+    found = measurements.recorded_measurement(load_recipe("1b", fp8), "H100 SXM")
+    assert found.tokens_per_s == 90_000 and found.shipped and "project's check, 2026-11-27" in found.label()
+    page = (tmp_path / "docs" / "gpu.md").read_text()
+    assert (
+        "nothing yet" not in page
+        and page.endswith("after\n")
+        and "| step | recipe as written | 78,100.00 tokens/s |" in page
+    )
+    assert "| micro_batch | largest micro-batch | none fits |" in page
+    (folder / "check.json").write_text(
+        json.dumps(result | {"figures": [dataclasses.asdict(step(None, 5.0))], "verdict": []})
+    )
+    assert ship.main([str(folder)]) == 2  # a CPU's check never becomes a shipped record
