@@ -65,7 +65,12 @@ class CheckRequest:
 
 def add_check_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("check options")
-    group.add_argument("--budget_s", type=float, default=300.0, help="seconds for the whole check; parts that finish early leave theirs to the next")
+    group.add_argument(
+        "--budget_s",
+        type=float,
+        default=300.0,
+        help="seconds for the whole check; parts that finish early leave theirs to the next",
+    )
     group.add_argument(
         "--variants",
         nargs="+",

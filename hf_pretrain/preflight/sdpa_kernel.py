@@ -35,12 +35,15 @@ def kernel_refusal(backend: str, heads: int, kv_heads: int, head_dim: int, devic
 
 
 def check_attention_backend(recipe: Recipe) -> CheckResult:
-    backend = recipe.train.attention_backend
+    from hf_pretrain.economics.check_records import resolved_attention_backend
+    from hf_pretrain.economics.measurements import this_gpu
+
+    backend, why = resolved_attention_backend(recipe, this_gpu())
     if backend == "auto":
         return CheckResult(
             "attention",
             "skip",
-            "attention_backend=auto: the fastest kernel `hf-pretrain check` measured here, else torch's choice",
+            "attention_backend=auto: torch's own choice (no `hf-pretrain check` of this card timed the kernels)",
         )
     cuda = torch.cuda.is_available()
     device = torch.device("cuda" if cuda else "cpu")
@@ -60,4 +63,4 @@ def check_attention_backend(recipe: Recipe) -> CheckResult:
             f"this attention ({refusal[:90]}...)",
             "--attention_backend auto (torch's choice), or `hf-pretrain check` to see which kernels this card has",
         )
-    return CheckResult("attention", "pass", f"attention_backend={backend}: {where} runs it")
+    return CheckResult("attention", "pass", why or f"attention_backend={backend}: {where} runs it")
