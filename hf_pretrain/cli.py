@@ -18,12 +18,13 @@ COMMANDS = {
         "train the recipe in this process (`accelerate launch hf_pretrain/train.py` for several)",
     ),
     "stop": ("hf_pretrain.training.stop_request", "ask a running job to finish now: decay (wsd), save, write final/"),
+    "status": ("hf_pretrain.run_status", "where a run stands: state, step, last checkpoint, loss, stop request"),
     "doctor": ("hf_pretrain.preflight.doctor", "check the plumbing of a run before spending money on it"),
     "export": (
-        "hf_pretrain.publish.export",
+        "hf_pretrain.publish.export_command",
         "write a standard Hugging Face model folder from a checkpoint, optionally push it",
     ),
-    "eval": ("hf_pretrain.evaluation.harness", "score a model with lm-evaluation-harness"),
+    "eval": ("hf_pretrain.evaluation.eval_command", "score a model with lm-evaluation-harness"),
     "bench": ("hf_pretrain.bench", "measure tokens/s, MFU, memory and $/token for recipe variants"),
     "check": (
         "hf_pretrain.check",
@@ -31,7 +32,7 @@ COMMANDS = {
     ),
     "plan": ("hf_pretrain.economics.plan", "tokens, time and cost of a run before it starts"),
     "report": ("hf_pretrain.report", "plots and a page for a run folder"),
-    "demo": ("hf_pretrain.publish.demo", "a Gradio app that compares checkpoints"),
+    "demo": ("hf_pretrain.publish.demo_command", "a Gradio app that compares checkpoints"),
     "space": ("hf_pretrain.publish.space", "write (and push) a Hugging Face Space for the demo"),
     "gguf": ("hf_pretrain.publish.gguf", "write an exported model as a GGUF file for llama.cpp"),
 }

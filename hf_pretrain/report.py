@@ -33,6 +33,7 @@ from hf_pretrain.economics.cost import (
     phases_from_recipe,
 )
 from hf_pretrain.economics.forecast import BAND_SIGMAS, LossFit, fit_run
+from hf_pretrain.exit_codes import EXIT_PREFLIGHT
 from hf_pretrain.formatting import human_count, table_cell, usd
 from hf_pretrain.optim import Cooldown, Schedule
 from hf_pretrain.plots import new_axes, plot_loss, token_unit, tokens_axis, value_at_steps
@@ -375,7 +376,7 @@ def main(argv: list[str] | None = None) -> int:
         description=__doc__.split("\n")[0],
         epilog=__doc__.split("\n", 1)[1],
     )
-    parser.add_argument("run_dir", type=Path, help="a run folder (the recipe's output_dir)")
+    parser.add_argument("run_dir", help="a run folder (the recipe's output_dir), or its URL (s3://...)")
     parser.add_argument("--output", type=Path, help="where the page and plots go (unset: RUN_DIR/report)")
     parser.add_argument(
         "--price_per_hour", type=float, help="$ per hour for the whole job (unset: the run's price_per_hour)"
@@ -389,8 +390,16 @@ def main(argv: list[str] | None = None) -> int:
     except ImportError:
         print("hf-pretrain report: needs matplotlib: pip install matplotlib", file=sys.stderr)
         return 2
+    from hf_pretrain.object_store.reach import StoreRefused
+    from hf_pretrain.object_store.reading import readable
+
     try:
-        page = write_report(args.run_dir, args.output or args.run_dir / "report", price)
+        run_dir = readable(args.run_dir, checkpoint=False)  # a URL: its records, pulled into the cache
+    except StoreRefused as exc:
+        print(f"hf-pretrain report: error: {exc}", file=sys.stderr)
+        return EXIT_PREFLIGHT
+    try:
+        page = write_report(run_dir, args.output or run_dir / "report", price)
     except FileNotFoundError as exc:
         print(f"hf-pretrain report: error: {exc}", file=sys.stderr)
         return 2

@@ -18,6 +18,7 @@ publish/side_jobs.py, wired in here. The exit code (exit_codes.py) and `output_d
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import TYPE_CHECKING
 
@@ -28,6 +29,7 @@ from hf_pretrain.processes import end_with_launcher
 end_with_launcher(EXIT_PREEMPTED)
 
 from hf_pretrain.config import Recipe, parse_recipe_args  # noqa: E402
+from hf_pretrain.run_dir import RunDir  # noqa: E402
 
 if TYPE_CHECKING:
     from hf_pretrain.training.loop import Outcome
@@ -37,24 +39,61 @@ def run_training(recipe: Recipe) -> Outcome:
     """The loop with the recipe's side jobs (final/ at the end, the pushes and benchmarks it asks for),
     in a session that holds the run folder and leaves its status.json (training/session.py)."""
     # Imported here, after the recipe was read: `--help` and a refused flag answer without torch.
+    from hf_pretrain.checkpoints.continuation import GO_FURTHER
+    from hf_pretrain.checkpoints.resume_decision import finished_at
     from hf_pretrain.publish.side_jobs import SideJobs
+    from hf_pretrain.training.loop import Outcome
     from hf_pretrain.training.loop import train as train_loop
     from hf_pretrain.training.session import Session
 
+    recipe, store = in_store(recipe)  # a URL output_dir: checked, leased, pulled; a local copy trains
+    finished = finished_at(recipe)
+    if finished is not None:  # the same command after the run completed: nothing to train, nothing written
+        message = f"the run in {recipe.train.output_dir} finished at step {finished:,}: nothing to train. {GO_FURTHER}"
+        if os.environ.get("RANK", "0") == "0":  # every process of a launched job comes here: one says it
+            print(message, flush=True)
+        if store is not None:
+            store.close()  # the lease handed back: nothing was trained, nothing to upload
+        return Outcome(0, message, RunDir(recipe.train.output_dir).final, finished=True)
     side_jobs = SideJobs(recipe.train)
-    with Session(recipe.train.output_dir) as session:
-        outcome = train_loop(recipe, callbacks=[side_jobs])
-        unpushed = side_jobs.unpushed(session.dir)  # on the first process only: the others push nothing
-        if unpushed:  # the last line of the log and status.json say it, not only a warning hours ago
-            print(f"warning: {unpushed}", flush=True)
-            outcome.message += f" | warning: {unpushed}"
-        session.ended(
-            outcome.exit_code,
-            outcome.message,
-            outcome.finished,
-            not_pushed=[what for what, _ in side_jobs.not_pushed] if recipe.train.push_to_hub else None,
-        )
-        return outcome
+    try:
+        with Session(recipe.train.output_dir) as session:
+            if store is not None:
+                store.session_started()
+            outcome = train_loop(recipe, callbacks=[side_jobs] + ([store] if store is not None else []))
+            unpushed = side_jobs.unpushed(session.dir)  # on the first process only: the others push nothing
+            behind = store.behind() if store is not None else None
+            for warning in (unpushed, behind):
+                if warning:  # the last line of the log and status.json say it, not only a warning hours ago
+                    print(f"warning: {warning}", flush=True)
+                    outcome.message += f" | warning: {warning}"
+            session.ended(
+                outcome.exit_code,
+                outcome.message,
+                outcome.finished,
+                not_pushed=[what for what, _ in side_jobs.not_pushed] if recipe.train.push_to_hub else None,
+            )
+            return outcome
+    finally:
+        if store is not None:
+            store.close()
+
+
+def in_store(recipe: Recipe):
+    """A recipe whose output_dir is a URL, made one that trains its local copy; and, on the job's first
+    process, the store side of the session (object_store/run_sync.py). A local output_dir: as it is."""
+    from hf_pretrain.object_store.urls import is_url
+
+    if not is_url(recipe.train.output_dir):
+        return recipe, None
+    import dataclasses
+    import os
+
+    from hf_pretrain.object_store.run_sync import RunInStore, working_copy
+
+    store = RunInStore.begin(recipe.train) if os.environ.get("RANK", "0") == "0" else None
+    local = dataclasses.replace(recipe.train, output_dir=str(working_copy(recipe.train)))
+    return dataclasses.replace(recipe, train=local), store
 
 
 def main(argv: list[str] | None = None) -> int:

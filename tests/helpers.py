@@ -5,9 +5,13 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+# Where the tests' commands run: an empty folder outside the checkout, so a recipe's relative defaults
+# (data/smoke, runs/smoke) name nothing there, whatever `make smoke` left in the checkout.
+OUTSIDE_CHECKOUT = Path(tempfile.mkdtemp(prefix="hf_pretrain_cwd_"))
 
 # The smoke model with a 12-step schedule: fast enough to run several times in CI. It keeps the cosine
 # its golden curve was recorded with (the smoke recipe itself is wsd; tests/test_run_life.py runs that).
@@ -62,7 +66,7 @@ def launch_training(
     for key, value in args.items():
         cmd += [f"--{key}", str(value)]
     result = subprocess.run(
-        cmd, cwd=ROOT, env={**offline_env(), **(env or {})}, capture_output=True, text=True, timeout=timeout
+        cmd, cwd=OUTSIDE_CHECKOUT, env={**offline_env(), **(env or {})}, capture_output=True, text=True, timeout=timeout
     )
     log = result.stdout + result.stderr
     if check and result.returncode != 0:

@@ -109,13 +109,13 @@ def test_eval_offline_of_a_task_whose_dataset_is_not_cached_is_one_line(exported
     import subprocess
     import sys
 
-    from tests.helpers import ROOT, offline_env
+    from tests.helpers import OUTSIDE_CHECKOUT, offline_env
 
     env = {**offline_env(), "HF_HOME": str(tmp_path / "empty-cache"), "HF_DATASETS_OFFLINE": "1"}
     for model in (str(exported), "someone/not-cached"):
         result = subprocess.run(
             [sys.executable, "-m", "hf_pretrain.cli", "eval", "--model", model, "--tasks", "arc_easy", "--limit", "2"],
-            cwd=ROOT,
+            cwd=OUTSIDE_CHECKOUT,
             env=env,
             capture_output=True,
             text=True,

@@ -142,7 +142,7 @@ def test_a_micro_batch_the_estimate_calls_too_big_is_still_tried(tmp_path):
 
 def test_a_probes_preflight_warns_about_memory_instead_of_refusing(monkeypatch):
     refusal = CheckResult("gpu memory", "fail", "does not fit without gradient checkpointing: 99.7 GB", "--x")
-    monkeypatch.setattr("hf_pretrain.preflight.run_checks", lambda *a, **k: [refusal])
+    monkeypatch.setattr("hf_pretrain.preflight.checks.run_checks", lambda *a, **k: [refusal])
     monkeypatch.delenv(MEMORY_PROBE_ENV, raising=False)
     with pytest.raises(PreflightError):
         preflight(one_b(), 1, log=lambda _: None)
@@ -310,6 +310,42 @@ def test_plan_uses_a_recorded_measurement_before_the_model_and_says_so(store, ca
     assert "77,900 tokens/s each (measured by train on NVIDIA H100" in capsys.readouterr().out
 
 
+def test_plan_takes_no_impossible_figure_as_measured(store, capsys):
+    """Issue 38: records of 1e12 tokens/s, NaN, a negative peak memory were shown as measured ("$0.00 per
+    billion tokens"), and a string value crashed `plan`. Each is skipped, said once with its line."""
+    _, fitted = _fitted_on(one_b(), "H100 SXM")
+    good = record_measurement(fitted, H100, 77_900.0, 37.24, "train")
+    assert good is not None
+    line = json.loads(store.read_text())
+    bad = [
+        {**line, "tokens_per_s": 1e12},  # line 2: MFU in the thousands
+        {**line, "tokens_per_s": float("nan")},  # line 3
+        {**line, "peak_memory_gib": -5},  # line 4
+        {**line, "tokens_per_s": "fast"},  # line 5
+        {**line, "peak_memory_gib": 500.0},  # line 6: more than the card holds
+    ]
+    with store.open("a") as file:
+        file.writelines(json.dumps(record) + "\n" for record in bad)
+    capsys.readouterr()
+    assert recorded_measurement(fitted, "H100 SXM") == good  # the good one, beneath them all
+    assert plan.main(["--recipe", "1b", "--gpu", "all"]) == 0
+    assert plan.main(["--recipe", "1b", "--gpu", "all"]) == 0
+    captured = capsys.readouterr()
+    table = {row.split(" | ")[0]: row for row in captured.out.splitlines() if row.startswith("| ")}
+    assert "| 77,900 measured |" in table["| H100 SXM"], captured.out
+    assert "1,000,000,000,000" not in captured.out and "$0.00" not in captured.out
+    notes = [n for n in captured.err.splitlines() if n.startswith("note: ")]
+    said = sorted(int(note.split(f"{store} line ")[1].split()[0]) for note in notes)
+    assert said == [2, 3, 4, 5, 6], notes  # once each, not per lookup
+    assert "MFU above 1" in captured.err and "'fast'" in captured.err and "nan" in captured.err
+    assert "-5" in captured.err and "500.0 GiB is more than the H100 SXM" in captured.err
+
+    store.write_text("".join(json.dumps(record) + "\n" for record in bad))  # no good record: the model's figure
+    assert plan.main(["--recipe", "1b", "--gpu", "H100"]) == 0
+    out = capsys.readouterr().out
+    assert " measured |" not in out and "measured rows" not in out and "Traceback" not in out
+
+
 def test_the_doctor_uses_this_gpus_measurement_for_time_cost_and_memory(store, monkeypatch):
     recipe = one_b(micro_batch_size=16)  # the estimate refused it; the card ran it at 65.9 GiB
     monkeypatch.setattr(measurements, "this_gpu", lambda: H100)
@@ -323,3 +359,21 @@ def test_the_doctor_uses_this_gpus_measurement_for_time_cost_and_memory(store, m
     assert memory.status == "pass" and "this configuration ran here: peak 65.9" in memory.reason
     assert "measured by bench" in memory.reason and "the estimate, modelled" in memory.reason
     assert check_memory(recipe, device_memory_bytes=int(79.2 * GIB)).reason != memory.reason  # another GPU's question
+
+
+def test_a_variant_that_never_trained_says_why_on_screen_and_shows_no_figures(tmp_path, monkeypatch):
+    """Issue 38: `bench --variants liger=true` on a CPU printed "preflight: n/a tokens/s, peak memory 0.54 GiB",
+    the reason only in bench.json, and a peak memory for a variant that never trained."""
+    from hf_pretrain.bench import variants as variants_module
+
+    refusal = "preflight: 1 check(s) failed, the run would not survive:\n  cuda: liger=true but no CUDA device"
+    monkeypatch.setattr(
+        variants_module, "run_in_child", lambda recipe, folder: RunResult("preflight", refusal, peak_memory_gib=0.54)
+    )
+    said: list[str] = []
+    runner = variants_module.VariantRunner(load_recipe("smoke"), tmp_path, 3, 1, said.append)
+    result = runner.run({"liger": "true"})
+    assert result.status == "preflight" and result.peak_memory_gib is None and result.tokens_per_s is None
+    screen = "\n".join(said)
+    assert "did not train (preflight)" in screen and "liger=true but no CUDA device" in screen
+    assert "GiB" not in screen

@@ -12,8 +12,7 @@ import pytest
 
 from hf_pretrain.check.deadline import run_part
 from hf_pretrain.check.figures import Figure, Report, read_figures
-from hf_pretrain.check.object_store import measure as measure_object_store
-from hf_pretrain.check.object_store import object_store_scheme
+from hf_pretrain.check.store_rates import measure as measure_object_store
 from hf_pretrain.check.verdict import verdict
 from hf_pretrain.check.volume_speed import measure as measure_disk
 from hf_pretrain.config import load_recipe
@@ -92,11 +91,13 @@ def test_the_disk_part_writes_reads_and_removes_its_own_file(tmp_path):
     assert "checkpoint takes" in said[0] and list(tmp_path.iterdir()) == [tmp_path / "figures.jsonl"]
 
 
-def test_object_store_urls_are_measured_where_fsspec_has_them_and_said_not_installed_where_not(tmp_path):
+def test_object_store_urls_are_measured_where_fsspec_has_them_and_said_not_installed_where_not(tmp_path, monkeypatch):
     import fsspec
 
-    assert object_store_scheme("s3://bucket/data") == "s3" and object_store_scheme("data/smoke") is None
-    assert object_store_scheme("file:///tmp/x") is None  # a disk: part (e)'s
+    from hf_pretrain.object_store import urls
+
+    # fsspec's in-memory store stands in for a bucket (object_store/urls.py knows s3, gs and hf)
+    monkeypatch.setitem(urls.SCHEMES, "memory", (None, "fsspec"))
     fsspec.filesystem("memory").pipe_file("memory://bucket/data/shard.ds", b"x" * 4096)
     said: list[str] = []
     report = Report("object_store", tmp_path / "figures.jsonl", None, say=said.append)
@@ -106,7 +107,7 @@ def test_object_store_urls_are_measured_where_fsspec_has_them_and_said_not_insta
     assert figures["download"].value > 0 and figures["upload"].value > 0
     assert not fsspec.filesystem("memory").find("memory://bucket/run")  # the scratch object is gone
     assert figures["output_dir"].value is None
-    assert "output_dir: skipped: object store support not installed (gs://" in said[-1]
+    assert "output_dir: skipped: object store support not installed (gs:// needs the gcsfs package" in said[-1]
 
 
 def step(device: str, tokens_per_s: float, name: str = "recipe as written") -> Figure:

@@ -10,7 +10,7 @@ import textwrap
 import pytest
 
 from hf_pretrain.config import RecipeError, build_recipe, load_recipe, parse_recipe_args
-from tests.helpers import ROOT, offline_env
+from tests.helpers import OUTSIDE_CHECKOUT, ROOT, offline_env
 
 
 def write(tmp_path, text):
@@ -192,7 +192,7 @@ def test_bad_cli_key_exits_nonzero_before_any_work(tmp_path):
     result = subprocess.run(
         [
             sys.executable,
-            "hf_pretrain/train.py",
+            str(ROOT / "hf_pretrain" / "train.py"),
             "--recipe",
             "smoke",
             "--max_stepz",
@@ -531,12 +531,19 @@ def test_a_tracker_that_is_not_installed_stops_the_run_before_any_work_with_its_
     missing = accelerate_tracker_not_installed()
     run = tmp_path / "run"
     result = subprocess.run(
-        [sys.executable, "hf_pretrain/train.py", "--recipe", "smoke", "--report_to", f"tensorboard,{missing}"]
+        [
+            sys.executable,
+            str(ROOT / "hf_pretrain" / "train.py"),
+            "--recipe",
+            "smoke",
+            "--report_to",
+            f"tensorboard,{missing}",
+        ]
         + ["--output_dir", str(run), "--data_dir", str(tmp_path / "data")],
         capture_output=True,
         text=True,
         env=offline_env(),
-        cwd=ROOT,
+        cwd=OUTSIDE_CHECKOUT,
         timeout=300,
     )
     assert result.returncode == 78, result.stderr[-2000:]  # EX_CONFIG: refused, nothing was started

@@ -580,3 +580,13 @@ def test_no_validation_tokens_is_refused_naming_val_every(tmp_path: Path) -> Non
     assert result.returncode == 1 and "Traceback" not in result.stderr
     assert "no validation tokens" in result.stderr and "lower val_every" in result.stderr
     assert not (tmp_path / "data" / "meta.json").exists()
+
+
+def test_a_files_source_is_named_by_its_name_else_by_its_files():
+    """Issue 38: a files source's `name` was silently ignored; it names its folder and its share's lines."""
+    from hf_pretrain.config import SourceConfig
+    from hf_pretrain.data.prepared import source_folder_name
+
+    assert source_folder_name(0, SourceConfig(kind="files", name="notes", paths=["/x/a.txt"])) == "00-notes"
+    assert source_folder_name(1, SourceConfig(kind="files", paths=["/x/a.txt"])) == "01-a"
+    assert source_folder_name(2, SourceConfig(kind="files", paths=["/x/corpus/*.txt"])) == "02-corpus"

@@ -183,6 +183,10 @@ def test_the_front_page_shows_the_commands_of_a_whole_run():
     "command", [c for c in front_page_commands() if c.startswith(("hf-pretrain", "accelerate"))], ids=str
 )
 def test_every_front_page_command_is_taken_in_both_spellings(command, monkeypatch):
+    taken_in_both_spellings(command, monkeypatch)
+
+
+def taken_in_both_spellings(command: str, monkeypatch) -> None:
     module, argv = hf_pretrain_argv(command)
     listed = help_text(module)
     if argv == ["--help"]:
@@ -204,6 +208,89 @@ def test_the_launch_lines_name_accelerate_flags_and_configs_that_exist(command):
     assert [a for a in launcher if FLAG.match(a) and a not in known] == []
     config = launcher[launcher.index("--config_file") + 1]
     assert (ROOT / config).is_file(), config
+
+
+# ---------------------------------------------------------------------- the guide's commands
+GUIDE = sorted((ROOT / "docs").glob("*.md"))
+
+
+def guide_commands() -> list[str]:
+    """Every `hf-pretrain ...` line of the guide's shell blocks (```bash: what a reader pastes; a plain
+    block is what a command printed)."""
+    lines: list[str] = []
+    for page in GUIDE:
+        for block in FENCE.findall(page.read_text()):
+            if block.split("\n", 1)[0].strip() not in ("```bash", "```sh"):
+                continue
+            body = "\n".join(block.splitlines()[1:-1]).replace("\\\n", " ")
+            lines += [re.sub(r"\s+#\s.*$", "", line).strip() for line in body.splitlines()]
+    return list(dict.fromkeys(line for line in lines if line.startswith("hf-pretrain ")))
+
+
+@pytest.mark.parametrize("command", guide_commands(), ids=str)
+def test_every_guide_command_is_taken_in_both_spellings(command, monkeypatch, tmp_path):
+    """Each command the guide shows is one the product takes (issue 38: docs/demo.md showed a `space` that
+    is refused). A recipe file of the reader's own (`--recipe proxy.yaml`) is read as the smoke recipe: its
+    keys are every recipe's."""
+    argv = words(command)
+    recipe = argv[argv.index("--recipe") + 1] if "--recipe" in argv else None
+    if recipe and recipe.endswith(".yaml"):
+        monkeypatch.chdir(tmp_path)
+        (tmp_path / recipe).write_text((ROOT / "recipes" / "smoke.yaml").read_text())
+    taken_in_both_spellings(command, monkeypatch)
+
+
+# Guide commands a reader can run offline on a CPU in a fresh folder, in this order (a later one reads what an
+# earlier one wrote); the expensive ones (training, bench, eval) are tested elsewhere.
+RUNS_OFFLINE = [
+    "hf-pretrain plan --recipe 1b",
+    "hf-pretrain prepare --recipe smoke",
+    "hf-pretrain prepare --recipe my-corpus.yaml",
+    "hf-pretrain doctor --recipe my-corpus.yaml",
+]
+
+
+def my_corpus(folder: Path) -> None:
+    """docs/prepare.md's own-files recipe, verbatim, beside a corpus of the shape it describes: `notes/*.txt`
+    and `articles.jsonl`, with words enough for its 4,096-token BPE."""
+    import json
+    import random
+
+    page = (ROOT / "docs" / "prepare.md").read_text()
+    recipe = next(b for b in re.findall(r"```yaml\n(.*?)```", page, re.S) if "kind: files" in b)
+    (folder / "my-corpus.yaml").write_text(recipe)
+    rng = random.Random(0)
+    vocabulary = [
+        "".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(rng.randint(4, 9))) for _ in range(3000)
+    ]
+
+    def text() -> str:
+        return " ".join(rng.choice(vocabulary) for _ in range(300))
+
+    (folder / "notes").mkdir()
+    for i in range(60):
+        (folder / "notes" / f"note-{i:02d}.txt").write_text(text())
+    (folder / "articles.jsonl").write_text("".join(json.dumps({"text": text()}) + "\n" for _ in range(200)))
+
+
+@pytest.mark.slow
+def test_the_guide_commands_that_run_offline_on_a_cpu_run_as_shown(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    from tests.helpers import offline_env
+
+    shown = guide_commands()
+    assert [c for c in RUNS_OFFLINE if c not in shown] == []
+    my_corpus(tmp_path)
+    env = offline_env() | {"PYTHONPATH": os.pathsep.join([str(ROOT), offline_env().get("PYTHONPATH", "")])}
+    for command in RUNS_OFFLINE:
+        argv = [sys.executable, "-m", "hf_pretrain.cli", *words(command)[1:]]
+        run = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+        assert run.returncode == 0 and "Traceback" not in run.stderr, f"`{command}`: {run.stderr[-2000:]}"
+    assert (tmp_path / "data" / "my-corpus" / "sources" / "00-notes").is_dir()  # the source's `name`
+    assert (tmp_path / "data" / "smoke" / "meta.json").is_file()
 
 
 def test_the_make_targets_exist():

@@ -36,7 +36,7 @@ from hf_pretrain.preflight.data import (
 from hf_pretrain.preflight.dependencies import check_versions
 from hf_pretrain.preflight.disk import check_disk_space, check_output_writable, check_save_speed, disk_write_bytes_per_s
 from hf_pretrain.preflight.gpu import check_bf16, check_cuda, check_memory, check_tf32
-from tests.helpers import ROOT, offline_env
+from tests.helpers import OUTSIDE_CHECKOUT, offline_env
 
 ON_GPU = torch.cuda.is_available()
 cpu_only = pytest.mark.skipif(ON_GPU, reason="checks what happens without CUDA")
@@ -132,6 +132,9 @@ def test_auto_precision_on_cpu_warns_and_gpu_only_checks_skip():
     result = check_cuda(load_recipe("smoke"))
     assert result.status == "warn" and "fp32 on the CPU" in result.reason
     assert check_cuda(load_recipe("smoke", {"mixed_precision": "no"})).status == "pass"
+    # issue 38: the fix named the smoke recipe whichever recipe was checked
+    other = check_cuda(load_recipe("1b", {"mixed_precision": "auto", "compile": False}))
+    assert other.status == "warn" and "smoke" not in other.fix
     assert check_bf16(one_b()).status == "skip"
     assert check_tf32(one_b(tf32=False)).status == "skip"
 
@@ -465,7 +468,7 @@ def test_a_check_that_crashes_is_reported_not_raised(monkeypatch):
     def broken(*args):
         raise RuntimeError("boom")
 
-    monkeypatch.setattr("hf_pretrain.preflight.check_cost", broken)
+    monkeypatch.setattr("hf_pretrain.preflight.checks.check_cost", broken)
     result = by_name(run_checks(load_recipe("smoke")))["time and cost"]
     assert result.status == "warn" and "RuntimeError: boom" in result.reason
 
@@ -479,7 +482,7 @@ def test_table_shows_fixes_under_problems_only():
 def doctor(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "hf_pretrain.cli", "doctor", "--recipe", "smoke", *args],
-        cwd=ROOT,
+        cwd=OUTSIDE_CHECKOUT,
         env=offline_env(),
         capture_output=True,
         text=True,

@@ -194,9 +194,9 @@ def test_comparison_table_never_sets_numbers_of_different_metrics_side_by_side()
         "models": [{"name": "Ref", "source": "s", "scores": {"hellaswag": {"acc_norm": 59.2}, "boolq": {"acc": 57.8}}}],
     }
     scores = [
-        Score("hellaswag", "hellaswag", "acc", 40.0, 1.0, 0, 20),
-        Score("hellaswag", "hellaswag", "acc_norm", 45.0, 1.1, 0, 20),
-        Score("boolq", "boolq", "acc", 60.0, 2.0, 0, 20),
+        Score("hellaswag", "hellaswag", "acc", 40.0, 1.0, 0, 2000),
+        Score("hellaswag", "hellaswag", "acc_norm", 45.0, 1.1, 0, 2000),
+        Score("boolq", "boolq", "acc", 60.0, 2.0, 0, 2000),
     ]
     rows = [
         line
@@ -213,11 +213,38 @@ def test_comparison_table_never_sets_numbers_of_different_metrics_side_by_side()
     assert "59.20" not in table and "not shown beside a run with another number of shots" in table
 
 
+def test_a_score_within_the_noise_of_chance_says_so():
+    """Issue 38: a 1.3M-parameter model's 30.5 on ARC read as above TinyLlama's 30.1; on 200 documents of a
+    four-choice task, 2 sigma of guessing is 25% +- 6.1 points, so 30.5 is chance, and 31.5 is not."""
+    references = load_references()
+    near = Score("arc_challenge_local", "arc_challenge", "acc_norm", 30.5, 3.3, 0, 200)
+    clear = Score("arc_challenge_local", "arc_challenge", "acc_norm", 31.5, 3.3, 0, 200)
+    two_choices = Score("piqa", "piqa", "acc", 53.0, 1.2, 0, 1838)  # 2 sigma of a coin over 1,838: 2.3 points
+    table = comparison_table([near, clear, two_choices], references, 200)
+    rows = [line for line in table.splitlines() if line.startswith("| arc_challenge_local") or "| piqa" in line]
+    assert "30.50 ± 3.30 (chance)" in rows[0] and "(chance)" not in rows[1] and "(chance)" not in rows[2]
+    assert "within two binomial standard deviations of guessing" in table
+    assert "(chance)" not in comparison_table([clear], references, 200)
+
+
 def test_local_tasks_say_which_data_they_need(tmp_path):
     with pytest.raises(evaluation.EvalError, match="--data_dir"):
         evaluation.run_lm_eval(None, None, ["arc_easy_local"])
     with pytest.raises(evaluation.EvalError, match=r"needs .*-train\.jsonl .* does not exist"):
         evaluation.local_tasks(tmp_path / "empty", tmp_path / "tasks")
+
+
+def test_a_local_task_needs_only_its_own_files(tmp_path):
+    """Issue 38: arc_easy_local was refused when the ARC-Challenge files were absent."""
+    easy = tmp_path / "arc"
+    easy.mkdir()
+    needed = yaml.safe_load((evaluation.LOCAL_TASKS_DIR / "arc_easy_local.yaml").read_text())
+    for name in needed["dataset_kwargs"]["data_files"].values():
+        (easy / name).write_text("")
+    written = evaluation.local_tasks(easy, tmp_path / "tasks", ["arc_easy_local"])
+    assert [p.name for p in written.glob("*.yaml")] == ["arc_easy_local.yaml"]
+    with pytest.raises(evaluation.EvalError, match="arc_challenge_local needs"):
+        evaluation.local_tasks(easy, tmp_path / "both", ["arc_easy_local", "arc_challenge_local"])
 
 
 @pytest.mark.slow

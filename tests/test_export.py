@@ -23,7 +23,7 @@ from hf_pretrain.model import build_model
 from hf_pretrain.optim import build_optimizer
 from hf_pretrain.publish import export
 from hf_pretrain.run_dir import read_jsonl
-from tests.helpers import ROOT, SHORT_RUN, offline_env
+from tests.helpers import OUTSIDE_CHECKOUT, SHORT_RUN, offline_env
 
 pytestmark = pytest.mark.slow
 INPUT_IDS = torch.randint(0, 4096, (2, 48), generator=torch.Generator().manual_seed(0))
@@ -200,7 +200,7 @@ def test_fsdp_sharded_checkpoint_exports_the_same_weights(reference_run, exports
     sharded = tmp_path / "run" / "checkpoints" / "step_00000012"
     subprocess.run(
         [sys.executable, "-m", "tests.fsdp_checkpoint", str(checkpoint_dir(run_dir, 12)), str(sharded)],
-        cwd=ROOT,
+        cwd=OUTSIDE_CHECKOUT,
         env=offline_env(),
         check=True,
         capture_output=True,
@@ -221,3 +221,16 @@ def test_export_says_what_is_wrong(reference_run, exports, tmp_path, capsys):
     assert export.main(["--checkpoint", str(run_dir), "--out", str(exports / "bf16")]) == 1
     assert "--overwrite" in capsys.readouterr().err
     assert (exports / "bf16" / "model.safetensors").is_file()  # untouched
+
+
+def test_the_card_names_local_files_without_the_machines_paths():
+    """Issue 38: the card (pushed to the Hub) listed the absolute paths of the user's data files."""
+    from hf_pretrain.config import SourceConfig
+    from hf_pretrain.publish.model_card import TEMPLATE, source_label
+
+    named = SourceConfig(kind="files", name="notes", paths=["/home/ann/private/notes/*.txt", "/srv/x/a.jsonl"])
+    unnamed = SourceConfig(kind="files", paths=["/home/ann/private/corpus.jsonl.gz"])
+    assert source_label(named) == "local files `notes` (`*.txt`, `a.jsonl`)"
+    assert source_label(unnamed) == "local files `corpus.jsonl.gz`"
+    assert source_label(SourceConfig(kind="hub", name="HuggingFaceFW/fineweb-edu")) == "hub `HuggingFaceFW/fineweb-edu`"
+    assert "document shares" not in TEMPLATE and "share of the training samples" in TEMPLATE

@@ -36,7 +36,7 @@ from hf_pretrain.model import (
 )
 from hf_pretrain.preflight.gpu import check_compiler, check_cuda
 from hf_pretrain.run_dir import read_jsonl
-from tests.helpers import ROOT, SHORT_RUN, launch_training, offline_env
+from tests.helpers import OUTSIDE_CHECKOUT, ROOT, SHORT_RUN, launch_training, offline_env
 
 ON_GPU = torch.cuda.is_available()
 cpu_only = pytest.mark.skipif(ON_GPU, reason="checks what happens without CUDA")
@@ -262,7 +262,7 @@ def launch_fsdp(
     for key, value in args.items():
         cmd += [f"--{key}", str(value)]
     result = subprocess.run(
-        cmd, cwd=ROOT, env={**offline_env(), **(env or {})}, capture_output=True, text=True, timeout=600
+        cmd, cwd=OUTSIDE_CHECKOUT, env={**offline_env(), **(env or {})}, capture_output=True, text=True, timeout=600
     )
     log = result.stdout + result.stderr
     if check and result.returncode != 0:

@@ -13,7 +13,7 @@ from transformers import AutoModelForCausalLM
 
 from hf_pretrain.publish import export
 from hf_pretrain.publish.hub import scrub
-from tests.helpers import ROOT, offline_env
+from tests.helpers import OUTSIDE_CHECKOUT, offline_env
 from tests.hub_standin import HubStandIn
 
 pytestmark = pytest.mark.slow
@@ -80,7 +80,7 @@ def test_export_cli_pushes_through_hf_endpoint_and_the_files_load_again(
             "me/tiny-llama",
             "--private",
         ],
-        cwd=ROOT,
+        cwd=OUTSIDE_CHECKOUT,
         env=env,
         capture_output=True,
         text=True,

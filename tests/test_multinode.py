@@ -19,7 +19,7 @@ import torch
 from safetensors.torch import load_file
 
 from hf_pretrain.run_dir import read_jsonl
-from tests.helpers import ROOT, SHORT_RUN, launch_training, offline_env
+from tests.helpers import OUTSIDE_CHECKOUT, ROOT, SHORT_RUN, launch_training, offline_env
 from tests.test_reliability_runs import kill_all, logged_step, start, status, wait_until
 from tests.test_survival import free_port
 
@@ -117,7 +117,7 @@ def two_machines(data_dir: Path, run_dir: Path, **overrides) -> list[str]:
                 + ["--main_process_ip", "127.0.0.1", "--main_process_port", port],
                 **overrides,
             ),
-            cwd=ROOT,
+            cwd=OUTSIDE_CHECKOUT,
             env=offline_env(),
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,

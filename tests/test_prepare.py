@@ -24,7 +24,7 @@ from hf_pretrain.data.loader import StepBatchSampler, build_mixture
 from hf_pretrain.data.mixing import Mixture, block_counts
 from hf_pretrain.data.tokenizer import save_tokenizer, train_tokenizer
 from hf_pretrain.data.verify import VERIFIED_FILE
-from tests.helpers import ROOT, offline_env
+from tests.helpers import OUTSIDE_CHECKOUT, offline_env
 
 VOCAB = 300
 WORDS = "the of and to in is was for on that with as by at from data model token python loss batch".split()
@@ -96,7 +96,12 @@ def prepared(corpus: Path, tmp_path_factory: pytest.TempPathFactory):
 def run_prepare(args: list[str], env: dict | None = None, **kwargs) -> subprocess.Popen:
     cmd = [sys.executable, "-m", "hf_pretrain.cli", "prepare", *args]
     return subprocess.Popen(
-        cmd, cwd=ROOT, env={**offline_env(), **(env or {})}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, **kwargs
+        cmd,
+        cwd=OUTSIDE_CHECKOUT,
+        env={**offline_env(), **(env or {})},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        **kwargs,
     )
 
 

@@ -23,7 +23,7 @@ from hf_pretrain.data.task_progress import (
     Totals,
     estimated_tokens,
 )
-from tests.helpers import ROOT, offline_env
+from tests.helpers import OUTSIDE_CHECKOUT, offline_env
 from tests.test_prepare import cli_args, corpus  # noqa: F401  (a fixture)
 
 # what datatrove's log looks like on a screen: loguru's lines, its stats blocks
@@ -36,7 +36,7 @@ def on_a_terminal(args: list[str], columns: int = 160, timeout_s: float = 300) -
     fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, columns, 0, 0))
     process = subprocess.Popen(
         [sys.executable, "-m", "hf_pretrain.cli", "prepare", *args],
-        cwd=ROOT,
+        cwd=OUTSIDE_CHECKOUT,
         env=offline_env(),
         stdin=subprocess.DEVNULL,
         stdout=slave,
@@ -83,7 +83,7 @@ def test_prepare_on_a_terminal_shows_a_live_line_per_source_and_no_datatrove_log
 def test_verbose_shows_datatrove_log_on_the_screen(corpus, tmp_path) -> None:  # noqa: F811
     out = subprocess.run(
         [sys.executable, "-m", "hf_pretrain.cli", "prepare", *cli_args(corpus, tmp_path / "data"), "--verbose"],
-        cwd=ROOT,
+        cwd=OUTSIDE_CHECKOUT,
         env=offline_env(),
         capture_output=True,
         text=True,

@@ -17,7 +17,7 @@ from hf_pretrain.config import build_recipe
 from hf_pretrain.data import DataMismatchError, prepare, read_meta
 from hf_pretrain.data.sources import SourceError
 from hf_pretrain.data.tokenizer import save_tokenizer, train_tokenizer
-from tests.helpers import ROOT
+from tests.helpers import OUTSIDE_CHECKOUT
 from tests.test_prepare import SETTINGS, VOCAB, _document, big_corpus  # noqa: F401, F811 (a fixture)
 
 
@@ -118,7 +118,7 @@ def test_a_second_prepare_into_a_held_folder_is_refused_by_name_and_touches_noth
     corpus = write_jsonl(tmp_path / "a.jsonl")
     data_dir = tmp_path / "dd"
     holder = subprocess.Popen(
-        [sys.executable, "-c", HOLD_LOCK, str(data_dir)], cwd=ROOT, stdout=subprocess.PIPE, text=True
+        [sys.executable, "-c", HOLD_LOCK, str(data_dir)], cwd=OUTSIDE_CHECKOUT, stdout=subprocess.PIPE, text=True
     )
     try:
         assert holder.stdout.readline().strip() == "locked"
@@ -126,7 +126,10 @@ def test_a_second_prepare_into_a_held_folder_is_refused_by_name_and_touches_noth
         args = ["--sources", json.dumps([{"kind": "files", "paths": [str(corpus)]}]), "--data_dir", str(data_dir)]
         args += [item for key, value in SETTINGS.items() for item in (f"--{key}", str(value))]
         second = subprocess.run(
-            [sys.executable, "-m", "hf_pretrain.cli", "prepare", *args], cwd=ROOT, capture_output=True, text=True
+            [sys.executable, "-m", "hf_pretrain.cli", "prepare", *args],
+            cwd=OUTSIDE_CHECKOUT,
+            capture_output=True,
+            text=True,
         )
         assert second.returncode == 73, second.stderr
         lines = second.stderr.strip().splitlines()
@@ -198,7 +201,7 @@ def test_a_prepare_is_refused_while_a_worker_of_an_earlier_one_still_lives_and_r
     data_dir.mkdir()
     (data_dir / "prepare.lock").touch()  # as the killed prepare left it: nobody holds it
     straggler = subprocess.Popen(
-        [sys.executable, "-c", STRAGGLER, str(data_dir)], cwd=ROOT, stdout=subprocess.PIPE, text=True
+        [sys.executable, "-c", STRAGGLER, str(data_dir)], cwd=OUTSIDE_CHECKOUT, stdout=subprocess.PIPE, text=True
     )
     try:
         assert straggler.stdout.readline().strip() == "holding"
@@ -230,7 +233,7 @@ def test_a_process_ends_with_one_that_is_not_its_parent() -> None:
             "print('armed', flush=True)\ntime.sleep(600)\n",
             str(followed.pid),
         ],
-        cwd=ROOT,
+        cwd=OUTSIDE_CHECKOUT,
         stdout=subprocess.PIPE,
         text=True,
     )
@@ -253,7 +256,7 @@ def prepare_cli(data_dir: Path, sources: list[dict], *extra: str) -> subprocess.
     args += [item for key, value in SETTINGS.items() for item in (f"--{key}", str(value))]
     return subprocess.run(
         [sys.executable, "-m", "hf_pretrain.cli", "prepare", *args, *extra],
-        cwd=ROOT,
+        cwd=OUTSIDE_CHECKOUT,
         capture_output=True,
         text=True,
         timeout=300,

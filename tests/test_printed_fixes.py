@@ -18,7 +18,7 @@ from hf_pretrain.config.recipe_command import recipe_command
 from hf_pretrain.data import prepare
 from hf_pretrain.data.prepared import PREPARE_KEYS
 from hf_pretrain.preflight.data import check_prepared
-from tests.helpers import ROOT, offline_env
+from tests.helpers import OUTSIDE_CHECKOUT, ROOT, offline_env
 from tests.test_prepare import SETTINGS, corpus  # noqa: F401  (a fixture)
 
 
@@ -44,7 +44,7 @@ def paste(fix: str) -> subprocess.CompletedProcess:
     words = shlex.split(commands[0])
     return subprocess.run(
         [sys.executable, "-m", "hf_pretrain.cli", *words[1:]],
-        cwd=ROOT,
+        cwd=OUTSIDE_CHECKOUT,
         env=offline_env(),
         capture_output=True,
         text=True,

@@ -65,3 +65,19 @@ def test_flops_per_token_is_six_n_plus_attention():
     config = llama_config(recipe.model, recipe_tokenizer_size(recipe))
     n = 1_000_000_000
     assert flops_per_token(config, n, 2048) == 6 * n + 12 * 16 * 2048 * 2048
+
+
+@pytest.mark.parametrize("name", sorted(p.stem for p in RECIPES_DIR.glob("*.yaml")))
+def test_a_recipe_prices_its_gpu_as_the_price_table_does(name):
+    """Issue 38: `1b` priced "one A100 80GB" at $1.29/h where economics/gpus.yaml says $1.79: a recipe whose
+    price names a GPU (`# $/hour of one NAME: ...`) charges that GPU's price in the table."""
+    import re
+
+    from hf_pretrain.economics.gpus import gpu_named
+
+    line = next(li for li in (RECIPES_DIR / f"{name}.yaml").read_text().splitlines() if "price_per_hour:" in li)
+    named = re.search(r"of one ([^:]+?)(?::|$)", line)
+    if named is None:
+        assert load_recipe(name).train.price_per_hour == 0, f"{name}: a price without its GPU: {line.strip()}"
+        return
+    assert load_recipe(name).train.price_per_hour == gpu_named(named.group(1).strip()).usd_per_hour, line

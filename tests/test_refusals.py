@@ -179,6 +179,25 @@ def test_the_next_start_recognises_a_killed_session(tmp_path, capsys):
         assert "killed" not in read_status(tmp_path)["reason"]
 
 
+def test_a_start_removes_the_unfinished_save_of_a_killed_session_and_nothing_else(tmp_path, capsys):
+    """Issue 38: a `step_N.tmp/` left by two SIGTERMs during a save was never cleaned. A start that holds
+    the lock removes one that holds only what a save writes; a folder with anything else stays."""
+    root = tmp_path / "checkpoints"
+    torn = root / "step_00000007.tmp"
+    torn.mkdir(parents=True)
+    for name in ("model.safetensors", "optimizer.bin", "random_states_0.pkl", "config.json", "tokenizer.json"):
+        (torn / name).write_bytes(b"partial")
+    foreign = root / "step_00000009.tmp"
+    foreign.mkdir()
+    (foreign / "my_notes.txt").write_text("mine")
+    with Session(tmp_path) as session:
+        session.ended(0, "done", True)
+    assert not torn.exists() and (foreign / "my_notes.txt").read_text() == "mine"
+    out = capsys.readouterr().out
+    assert "removed step_00000007.tmp: the unfinished save of a session that was killed while saving" in out
+    assert f"{foreign} holds files no save writes: left as it is" in out
+
+
 # ---------------------------------------------------------------------- real runs on CPU
 WSD = {"lr_schedule": "wsd", "decay_fraction": 0.25, "eval_interval": 0, "save_interval": 4, "log_interval": 1}
 
@@ -312,14 +331,16 @@ def test_three_processes_on_a_batch_that_does_not_split_are_refused_not_crashed(
     import subprocess
     import sys
 
-    from tests.helpers import ROOT, offline_env
+    from tests.helpers import OUTSIDE_CHECKOUT, ROOT, offline_env
 
     run = tmp_path / "run"
     command = [sys.executable, "-m", "accelerate.commands.launch", "--config_file"]
     command += [str(ROOT / "accelerate_configs" / "cpu_2proc.yaml"), "--num_processes", "3"]
     command += [str(ROOT / "hf_pretrain" / "train.py"), "--recipe", "smoke", "--data_dir", str(smoke_data)]
     command += ["--output_dir", str(run)]
-    result = subprocess.run(command, cwd=ROOT, env=offline_env(), capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        command, cwd=OUTSIDE_CHECKOUT, env=offline_env(), capture_output=True, text=True, timeout=300
+    )
     log = result.stdout + result.stderr
     status = read_status(run)
     assert result.returncode != 0 and status["state"] == "refused" and status["exit_code"] == 78, log[-3000:]
@@ -344,10 +365,10 @@ def run_export(args: list[str], file_limit: int = 0, umask: str = "022"):
     import subprocess
     import sys
 
-    from tests.helpers import ROOT, offline_env
+    from tests.helpers import OUTSIDE_CHECKOUT, offline_env
 
     command = [sys.executable, "-c", EXPORT_SCRIPT, str(file_limit), umask, *map(str, args)]
-    return subprocess.run(command, cwd=ROOT, env=offline_env(), capture_output=True, text=True, timeout=300)
+    return subprocess.run(command, cwd=OUTSIDE_CHECKOUT, env=offline_env(), capture_output=True, text=True, timeout=300)
 
 
 @pytest.mark.slow

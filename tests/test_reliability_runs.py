@@ -31,7 +31,7 @@ from hf_pretrain.optim import build_optimizer
 from hf_pretrain.publish import export
 from hf_pretrain.run_dir import RunDir, read_jsonl
 from hf_pretrain.run_lock import RunLock, RunLocked, holder_of
-from tests.helpers import ROOT, SHORT_RUN, offline_env
+from tests.helpers import OUTSIDE_CHECKOUT, ROOT, SHORT_RUN, offline_env
 
 TRAIN = [str(ROOT / "hf_pretrain" / "train.py"), "--recipe", "smoke"]
 LAUNCH = [
@@ -52,7 +52,7 @@ def start(command: list[str], env: dict[str, str] | None = None) -> subprocess.P
     """A process in a session of its own, so that whatever it leaves behind can be found and killed."""
     return subprocess.Popen(
         command,
-        cwd=ROOT,
+        cwd=OUTSIDE_CHECKOUT,
         env={**offline_env(), **(env or {})},
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -185,7 +185,7 @@ def test_a_trainer_whose_launcher_is_gone_before_it_follows_it_ends_in_one_line(
     run_dir, stderr = tmp_path / "orphan", tmp_path / "trainer.err"
     starter = subprocess.run(
         [sys.executable, "-c", ORPHAN_STARTER, str(stderr), sys.executable, *TRAIN, *arguments(smoke_data, run_dir)],
-        cwd=ROOT,
+        cwd=OUTSIDE_CHECKOUT,
         env=offline_env(),
         capture_output=True,
         text=True,
@@ -218,7 +218,7 @@ def test_a_second_training_in_the_same_folder_is_refused_by_name(smoke_data, tmp
     run_dir = tmp_path / "busy"
     holder = subprocess.Popen(
         [sys.executable, "-c", HOLD_THE_LOCK, str(run_dir)],
-        cwd=ROOT,
+        cwd=OUTSIDE_CHECKOUT,
         env=offline_env(),
         stdout=subprocess.PIPE,
         text=True,
@@ -227,7 +227,7 @@ def test_a_second_training_in_the_same_folder_is_refused_by_name(smoke_data, tmp
         assert holder.stdout.readline().strip() == "locked"
         second = subprocess.run(
             [sys.executable, *TRAIN, *arguments(smoke_data, run_dir)],
-            cwd=ROOT,
+            cwd=OUTSIDE_CHECKOUT,
             env=offline_env(),
             capture_output=True,
             text=True,
@@ -275,7 +275,7 @@ def test_a_checkpoint_of_another_shape_stops_the_run_and_touches_nothing(smoke_d
     before = tree_digest(copied_run)
     result = subprocess.run(
         [sys.executable, *TRAIN, *arguments(smoke_data, copied_run, **change)],
-        cwd=ROOT,
+        cwd=OUTSIDE_CHECKOUT,
         env=offline_env(),
         capture_output=True,
         text=True,
@@ -406,7 +406,7 @@ def test_training_on_re_prepared_data_is_refused_before_any_work(smoke_data, cop
     before = tree_digest(copied_run)
     result = subprocess.run(
         [sys.executable, *TRAIN, *arguments(data, copied_run)],
-        cwd=ROOT,
+        cwd=OUTSIDE_CHECKOUT,
         env=offline_env(),
         capture_output=True,
         text=True,

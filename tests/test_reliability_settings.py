@@ -12,7 +12,7 @@ import pytest
 
 from hf_pretrain.config import SECTIONS, RecipeError, SourceConfig, build_recipe, load_recipe, parse_recipe_args
 from hf_pretrain.data.loader import validation_batches
-from tests.helpers import ROOT, offline_env
+from tests.helpers import OUTSIDE_CHECKOUT, ROOT, offline_env
 
 
 # ---------------------------------------------------------------------- ranges
@@ -59,7 +59,7 @@ def test_a_bad_setting_stops_training_before_any_work(tmp_path):
     result = subprocess.run(
         [
             sys.executable,
-            "hf_pretrain/train.py",
+            str(ROOT / "hf_pretrain" / "train.py"),
             "--recipe",
             "smoke",
             "--grad_clip",
@@ -67,7 +67,7 @@ def test_a_bad_setting_stops_training_before_any_work(tmp_path):
             "--output_dir",
             str(run_dir),
         ],
-        cwd=ROOT,
+        cwd=OUTSIDE_CHECKOUT,
         env=offline_env(),
         capture_output=True,
         text=True,

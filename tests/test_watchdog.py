@@ -17,7 +17,7 @@ import pytest
 from hf_pretrain.checkpoints.manifest import verify_checkpoint
 from hf_pretrain.exit_codes import EXIT_HUNG, EXIT_PREEMPTED
 from hf_pretrain.training.watchdog import COLLECTIVE_MARGIN_S, process_group_kwargs, stop_grace_s
-from tests.helpers import ROOT, offline_env
+from tests.helpers import OUTSIDE_CHECKOUT, ROOT, offline_env
 from tests.test_reliability_runs import TRAIN, arguments, kill_all, logged_step, start, status, wait_until
 from tests.test_survival import free_port, start_process
 
@@ -71,7 +71,7 @@ def watched(run_dir: Path, scene: str, timeout: float = 1.0) -> tuple[subprocess
     started = time.monotonic()
     result = subprocess.run(
         [sys.executable, "-c", WATCHED, str(run_dir), str(timeout), scene],
-        cwd=ROOT,
+        cwd=OUTSIDE_CHECKOUT,
         env=offline_env(),
         capture_output=True,
         text=True,
@@ -151,7 +151,9 @@ def test_the_process_group_of_a_run_times_out_just_after_its_watchdog(smoke_data
         "smoke",
         *arguments(smoke_data, tmp_path / "run", hang_timeout_s=7),
     ]
-    result = subprocess.run(command, cwd=ROOT, env=offline_env(), capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        command, cwd=OUTSIDE_CHECKOUT, env=offline_env(), capture_output=True, text=True, timeout=300
+    )
     assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
     for process in (0, 1):
         assert f"process {process}: collectives time out after {7 + COLLECTIVE_MARGIN_S:g}s" in result.stdout

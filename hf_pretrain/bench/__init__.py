@@ -1,6 +1,6 @@
 """`hf-pretrain bench`: measure recipe variants with short runs of the real training loop.
 
-    command.py   the command: its flags, parsed into a `BenchRequest`
+    benchmark.py the command: its flags, parsed into a `BenchRequest` (its modules load after the parse)
     sweep.py     the bench: the recipe as written, the variants asked for, the micro-batch search, the verdict
     variants.py  one variant: a short run in a child process, and what it measured
     measure.py   the matmul peak (several sizes, the largest wins), peak memory, MFU and money (measured for
@@ -13,21 +13,16 @@
 
 from __future__ import annotations
 
-import importlib
+from hf_pretrain.bench.benchmark import main
+from hf_pretrain.lazy_exports import lazy_exports
 
-# Imported on first use: `hf-pretrain check` runs bench's matmul measurement (measure.py) in a fresh process
-# per part, which should not pay for the whole command (the data pipeline, transformers) to import it.
-_EXPORTS = {
-    "main": "hf_pretrain.bench.benchmark",
-    "largest_fitting": "hf_pretrain.bench.search",
-    "variant_grid": "hf_pretrain.bench.variants",
-    "timed_throughput": "hf_pretrain.economics.measurements",
-}
-
-__all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name: str):
-    if name in _EXPORTS:
-        return getattr(importlib.import_module(_EXPORTS[name]), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__all__ = ["largest_fitting", "main", "timed_throughput", "variant_grid"]
+# loaded on first use: they import torch, and `hf-pretrain bench --help` must not
+__getattr__ = lazy_exports(
+    __name__,
+    {
+        "largest_fitting": "hf_pretrain.bench.search",
+        "variant_grid": "hf_pretrain.bench.variants",
+        "timed_throughput": "hf_pretrain.economics.measurements",
+    },
+)

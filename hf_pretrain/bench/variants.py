@@ -218,8 +218,15 @@ def run_in_child(recipe: Recipe, folder: Path, keep_weights: bool = False) -> Ru
 
 def measure_variant(recipe: Recipe, overrides: dict[str, Any], folder: Path, warmup: int) -> VariantResult:
     run = run_in_child(recipe, folder)
+    # the memory of a variant that never trained (refused by preflight, failed) is the child's setup, no
+    # figure of the variant; an out-of-memory one's is what it held when it ran out
+    trained = run.status in ("ok", "oom")
     result = VariantResult(
-        variant_name(overrides), overrides, run.status, run.message, peak_memory_gib=run.peak_memory_gib
+        variant_name(overrides),
+        overrides,
+        run.status,
+        run.message,
+        peak_memory_gib=run.peak_memory_gib if trained else None,
     )
     timed = timed_throughput(read_jsonl(RunDir(recipe.train.output_dir).metrics), warmup)
     if run.status == "ok" and timed:
@@ -252,10 +259,13 @@ class VariantRunner:
             self.say(f"variant {index}: {variant_name(overrides)}")
             result = measure_variant(variant, overrides, folder, self.warmup)
             result.flops_per_token = recipe_flops_per_token(variant)[1]
-            self.say(
-                f"  {result.status}: {formatted(result.tokens_per_s, ',.0f')} tokens/s, "
-                f"peak memory {formatted(result.peak_memory_gib, '.2f')} GiB"
-            )
+            if result.status in ("ok", "oom"):
+                self.say(
+                    f"  {result.status}: {formatted(result.tokens_per_s, ',.0f')} tokens/s, "
+                    f"peak memory {formatted(result.peak_memory_gib, '.2f')} GiB"
+                )
+            else:  # why it did not train, on the screen (not only in bench.json)
+                self.say(f"  did not train ({result.status}): " + "\n    ".join(result.message.splitlines()))
             # compared by what runs: the micro-batch and how many layers recompute, however spelled
             self._settings.append(
                 {

@@ -8,7 +8,7 @@ matmul.py       (a) the matmul peak, bf16 and FP8
 sdpa.py         (b) SDPA's kernels on the recipe's attention shape: torch's pick, each one's time
 synthetic_step.py (c) the recipe's step on synthetic tokens, as training builds it; (d)'s probes
 volume_speed.py (e) write and read speed of output_dir's volume at a checkpoint's size
-object_store.py (f) download and upload rates of an object-store data_dir or output_dir
+store_rates.py  (f) download and upload rates of an object-store data_dir or output_dir
 all_reduce.py   (g) all-reduce bandwidth across this machine's GPUs
 verdict.py      $ per billion tokens at the pod's price, rank in plan's table, the slow-node check
 """

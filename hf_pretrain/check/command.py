@@ -28,7 +28,6 @@ from pathlib import Path
 
 from hf_pretrain.check.deadline import run_part
 from hf_pretrain.check.figures import Figure, read_figures
-from hf_pretrain.check.verdict import RECIPE_AS_WRITTEN, verdict
 from hf_pretrain.config import Recipe, RecipeError, build_recipe, parse_recipe_args, save_recipe
 
 PROG = "hf-pretrain check"
@@ -180,6 +179,7 @@ def run_parts(request: CheckRequest, recipe_file: Path, results: Path, say=print
 
 def run_check(request: CheckRequest, say=print) -> dict:
     """Every part asked for within the budget, the verdict, the records; what check.json holds."""
+    from hf_pretrain.check.verdict import verdict  # torch and the economics: after the parse, not for --help
     from hf_pretrain.economics.check_records import record_checks
 
     out = request.output
@@ -245,5 +245,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 2
     result = run_check(request)
+    from hf_pretrain.check.verdict import RECIPE_AS_WRITTEN
+
     as_written = [f for f in result["figures"] if f["part"] == "step" and f["name"] == RECIPE_AS_WRITTEN]
     return 0 if "step" not in request.parts or (as_written and as_written[0]["value"]) else 1

@@ -95,19 +95,19 @@ def main(argv: list[str]) -> int:
         search(recipe, report, folder / "micro_batch")
     elif part == "disk":
         from hf_pretrain.check import volume_speed as disk
-        from hf_pretrain.check.object_store import object_store_scheme
         from hf_pretrain.economics.memory import CHECKPOINT_BYTES_PER_PARAMETER
         from hf_pretrain.model import recipe_parameter_count
+        from hf_pretrain.object_store.urls import is_url
 
-        if object_store_scheme(recipe.train.output_dir):
+        if is_url(recipe.train.output_dir):
             report.skip("disk", "skipped: output_dir is an object store (part f measures it)")
         else:
             checkpoint = int(CHECKPOINT_BYTES_PER_PARAMETER * recipe_parameter_count(recipe))
             disk.measure(Path(recipe.train.output_dir), checkpoint, report, limit)
     elif part == "object_store":
-        from hf_pretrain.check import object_store
+        from hf_pretrain.check import store_rates
 
-        object_store.measure(str(recipe.data.data_dir), str(recipe.train.output_dir), report)
+        store_rates.measure(str(recipe.data.data_dir), str(recipe.train.output_dir), report)
     elif part == "all_reduce":
         from hf_pretrain.check import all_reduce
 

@@ -95,6 +95,11 @@ def check_ranges(config: Any, where: str = "") -> None:
                 raise RecipeError(f"{where}{f.name}={value} must be {allowed}: {f.metadata['help']}")
 
 
+# `name`'s default: the builtin corpus a bare `kind: builtin` reads. A files source whose name is this has
+# none of its own (it is named after its files), so a recipe written before files took a name reads the same.
+DEFAULT_SOURCE_NAME = "python-docs"
+
+
 @dataclass
 class SourceConfig:
     """One corpus in the data mixture."""
@@ -103,13 +108,19 @@ class SourceConfig:
         "builtin", "`builtin` (text every Python install has), `hub` (a Hub dataset) or `files` (local files)"
     )
     name: str = key(
-        "python-docs", "builtin: `python-docs` or `python-stdlib`; hub: the dataset id, e.g. HuggingFaceFW/fineweb-edu"
+        DEFAULT_SOURCE_NAME,
+        "builtin: `python-docs` or `python-stdlib`; hub: the dataset id, e.g. HuggingFaceFW/fineweb-edu; files: "
+        "the source's name in the data folder (`sources/NN-name`) and in training's lines (unset: its first "
+        "file's name, or its folder's for a glob)",
     )
     config: str | None = key(None, "Hub dataset configuration (subset), if it has several")
     split: str = key("train", "Hub split to read")
     column: str = key("text", "column that holds the document text")
     paths: list[str] = key(
-        factory=list, help="local files (globs) of .txt, .jsonl or .parquet; a txt file is one document"
+        factory=list,
+        help="local files (globs): .jsonl or .parquet (a document per row, from `column`) or text (.txt, .md, "
+        "...; .gz too). A text file is one document, except a .txt that holds <|endoftext|> (split there) or, "
+        "without it, is over 1 MB (a book, a dump: split at each blank line)",
     )
     weight: float = key(
         1.0,
@@ -213,7 +224,29 @@ class DataConfig:
 class TrainConfig:
     """Optimisation, precision, logging, checkpoints and what is published on the side."""
 
-    output_dir: str = key("runs/smoke", "checkpoints, metrics, samples and final/ go here", math=False)
+    output_dir: str = key(
+        "runs/smoke",
+        "checkpoints, metrics, samples and final/ go here: a local folder, or an object-store URL "
+        "(s3://BUCKET/PREFIX, gs://, hf://) trained through a local copy and resumable from any machine",
+        math=False,
+    )
+    cache_dir: str | None = key(
+        None,
+        "where the local copy of a URL output_dir lives (unset: $HF_PRETRAIN_HOME, else ~/.cache/hf_pretrain)",
+        math=False,
+    )
+    store_wait_s: float = key(
+        300,
+        "a URL output_dir: how long the end of a run, a stop or a SIGTERM waits for the uploads to finish",
+        math=False,
+        ge=0,
+    )
+    store_heartbeat_s: float = key(
+        30,
+        "a URL output_dir: the lease's heartbeat; another machine takes over after 3 missed heartbeats",
+        math=False,
+        gt=0,
+    )
     seed: int = key(1234, "model init and data order", ge=0, lt=2**32)
     # A cosine spans max_steps, so it shapes every step's learning rate; a wsd only its final decay.
     max_steps: int = key(100, "optimizer steps", ge=1)

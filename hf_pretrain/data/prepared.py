@@ -33,6 +33,7 @@ import numpy as np
 
 from hf_pretrain.config import Recipe, SourceConfig
 from hf_pretrain.config.recipe_command import recipe_command
+from hf_pretrain.config.schema import DEFAULT_SOURCE_NAME
 from hf_pretrain.data.tokenizer import TOKENIZER_DIR, TokenizerUnreadable, load_tokenizer, tokenizer_hash
 from hf_pretrain.data.verify import ShardCorruptError, verify_shards
 
@@ -61,9 +62,10 @@ def write_json_atomically(path: Path, payload: dict[str, Any]) -> None:
 
 def source_folder_name(index: int, source: SourceConfig) -> str:
     """`00-python-docs`, `01-fineweb-edu`, `02-corpus`: the order in the recipe and a readable name (a
-    files source: its first path's file name, or its folder's where that is a glob)."""
+    files source: its `name` when it has one, else its first path's file name, or its folder's where that
+    is a glob)."""
     name = source.name
-    if source.kind == "files":
+    if source.kind == "files" and name == DEFAULT_SOURCE_NAME:
         first = Path(source.paths[0]) if source.paths else Path("files")
         first = first.with_suffix("") if first.suffix in (".gz", ".zst") else first  # a.jsonl.gz: `a`
         name = first.stem if not set("*?[") & set(first.stem) else first.parent.name

@@ -8,11 +8,14 @@ import json
 from collections.abc import Iterable, Iterator
 from itertools import islice
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
-from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
 from hf_pretrain.hub_cache import TOKENIZER_FILES, HubFilesError, hub_snapshot, is_hub_id
+
+if TYPE_CHECKING:  # transformers' tokenizers import torch: seconds that `prepare --help` must not wait
+    from transformers import PreTrainedTokenizerFast
 
 # GPT-2's document separator; it doubles as bos/unk/pad so the model needs no other special ids.
 EOS_TOKEN = "<|endoftext|>"
@@ -39,6 +42,8 @@ def _batches(texts: Iterable[str], size: int) -> Iterator[list[str]]:
 
 
 def _wrap(backend: Tokenizer) -> PreTrainedTokenizerFast:
+    from transformers import PreTrainedTokenizerFast
+
     return PreTrainedTokenizerFast(
         tokenizer_object=backend,
         bos_token=EOS_TOKEN,
@@ -93,6 +98,8 @@ def load_pretrained_tokenizer(path: str | Path) -> PreTrainedTokenizerFast:
             f"tokenizer folder or tokenizer.json"
         )
     # local_files_only: a local folder must never turn into a Hub download.
+    from transformers import AutoTokenizer
+
     tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
     if not getattr(tokenizer, "is_fast", False):
         raise TokenizerError(

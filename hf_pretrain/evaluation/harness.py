@@ -1,4 +1,6 @@
-"""`hf-pretrain eval`: score a model with lm-evaluation-harness and set it beside reference models.
+"""The work of `hf-pretrain eval` (evaluation/eval_command.py reads its flags): score a model with
+lm-evaluation-harness and set it beside reference models.
+
 
     hf-pretrain eval --model exports/1b                        # the default zero-shot suite (eval/suites/default.yaml)
     hf-pretrain eval --model exports/1b --tasks arc_easy,hellaswag --limit 200
@@ -28,7 +30,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from hf_pretrain.checkpoints.load import load_checkpoint_model
 from hf_pretrain.checkpoints.manifest import CheckpointError
 from hf_pretrain.checkpoints.store import is_training_output, resolve_checkpoint
-from hf_pretrain.config import CommandParser
+from hf_pretrain.evaluation.eval_command import main  # noqa: F401  (harness.main as before)
 from hf_pretrain.evaluation.scores import EVAL_DIR, comparison_table, eval_results, load_references, scores_from_results
 from hf_pretrain.hardware import inference_device_and_dtype
 from hf_pretrain.publish.model_card import write_eval_section
@@ -112,11 +114,14 @@ def argument_problem(args: argparse.Namespace) -> str | None:
 HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?")
 
 
-def local_tasks(data_dir: Path, into: Path) -> Path:
-    """A copy of eval/tasks whose `data_files` name files inside `data_dir` (they must exist)."""
+def local_tasks(data_dir: Path, into: Path, tasks: list[str] | None = None) -> Path:
+    """A copy of eval/tasks (those in `tasks`, when given) whose `data_files` name files inside `data_dir`
+    (they must exist: only the asked tasks' files, so ARC-Easy runs without ARC-Challenge's)."""
     into.mkdir(parents=True, exist_ok=True)
     for source in sorted(LOCAL_TASKS_DIR.glob("*.yaml")):
         config = yaml.safe_load(source.read_text())
+        if tasks is not None and config["task"] not in tasks:
+            continue
         data_files = (config.get("dataset_kwargs") or {}).get("data_files") or {}
         for split, name in data_files.items():
             path = (data_dir / name).resolve()
@@ -205,7 +210,7 @@ def run_lm_eval(
     with tempfile.TemporaryDirectory() as scratch:
         paths = list(include_paths or [])
         if data_dir is not None:
-            paths.append(str(local_tasks(Path(data_dir), Path(scratch) / "tasks")))
+            paths.append(str(local_tasks(Path(data_dir), Path(scratch) / "tasks", tasks)))
         task_manager = TaskManager(include_path=paths or None)
         unknown = [t for t in tasks if t not in task_manager.all_tasks]
         if unknown:
@@ -285,30 +290,8 @@ def _default_output(model: str) -> Path:
     return path / "eval" if path.is_dir() else Path("eval_results") / model.replace("/", "__")
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = CommandParser(
-        prog="hf-pretrain eval", description=__doc__.split("\n")[0], epilog=__doc__.split("\n", 1)[1]
-    )
-    parser.add_argument("--model", required=True, help="exported folder, Hub repo id, run folder or checkpoint")
-    parser.add_argument(
-        "--tasks",
-        default="default",
-        help="suite name in eval/suites, a suite YAML, comma-separated lm-eval tasks, or `none`",
-    )
-    parser.add_argument("--limit", type=float, help="score only the first N documents of each task (a fraction if < 1)")
-    parser.add_argument("--num_fewshot", type=int, help="examples in each prompt (unset: the suite's, else lm-eval's)")
-    parser.add_argument("--output", type=Path, help="results folder (unset: <model folder>/eval)")
-    parser.add_argument("--include_path", action="append", default=[], metavar="DIR", help="extra lm-eval task YAMLs")
-    parser.add_argument(
-        "--data_dir",
-        type=Path,
-        help="folder of local data for the offline tasks in eval/tasks (e.g. ARC-Easy-test.jsonl)",
-    )
-    parser.add_argument("--batch_size", help="lm-eval batch size (unset: auto on a GPU, 8 on the CPU)")
-    parser.add_argument(
-        "--text", type=Path, metavar="FILE", help="also report perplexity and bits per byte on this text"
-    )
-    args = parser.parse_args(argv)
+def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    """The evaluation asked by eval_command's flags (parsed there, without torch); `parser.error` refuses."""
     problem = argument_problem(args)
     if problem:
         print(f"hf-pretrain eval: error: {problem}", file=sys.stderr)
@@ -385,7 +368,3 @@ def report_text_metrics(metrics: dict[str, float], text_file: Path, output: Path
     print(line)
     if model_folder and write_eval_section(model_folder, "text", line):
         print(f"eval: wrote the text metrics into {model_folder / 'README.md'}")
-
-
-if __name__ == "__main__":
-    sys.exit(main())

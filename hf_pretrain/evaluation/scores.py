@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -61,6 +62,27 @@ def load_references(path: Path = REFERENCE_SCORES) -> dict[str, Any]:
     return yaml.safe_load(path.read_text())
 
 
+# What guessing scores on the multiple-choice tasks (one over the number of choices; ARC has four for
+# nearly every question), by the lm-eval task a score compares to. Tasks not listed have no chance level.
+CHANCE = {
+    **dict.fromkeys(("arc_easy", "arc_challenge", "hellaswag", "openbookqa"), 0.25),
+    **dict.fromkeys(("piqa", "winogrande", "boolq"), 0.5),
+}
+CHANCE_NOTE = (
+    "(chance): within two binomial standard deviations of guessing (25% with four choices, 50% with two) "
+    "for the number of documents scored: no sign that the model beats a guess, whatever stands beside it."
+)
+
+
+def within_chance(score: Score) -> bool:
+    """Whether `score` is within 2 sigma of guessing, sigma = sqrt(p (1 - p) / n) over its n documents
+    (accuracy of n independent guesses at p is binomial)."""
+    p = CHANCE.get(score.compares_to)
+    if p is None or not score.samples:
+        return False
+    return abs(score.value / 100 - p) <= 2 * math.sqrt(p * (1 - p) / score.samples)
+
+
 def _format(value: float | None, stderr: float | None = None) -> str:
     if value is None:
         return "—"
@@ -79,12 +101,15 @@ def comparison_table(scores: list[Score], references: dict[str, Any], limit: int
     ]
     for s in scores:
         refs = [_format((m["scores"].get(s.compares_to) or {}).get(s.metric)) for m in models]
-        lines.append(f"| {s.task} | {s.metric} | {_format(s.value, s.stderr)} | " + " | ".join(refs) + " |")
+        mine = _format(s.value, s.stderr) + (" (chance)" if within_chance(s) else "")
+        lines.append(f"| {s.task} | {s.metric} | {mine} | " + " | ".join(refs) + " |")
     notes = [
         "",
         f"Percent, {', '.join(sorted(f'{k}-shot' for k in shots))}; this model's numbers carry their "
         f"standard error. acc_norm normalises each answer's log-likelihood by its length.",
     ]
+    if any(within_chance(s) for s in scores):
+        notes.append(CHANCE_NOTE)
     if limit:
         notes.append(
             f"This model was scored on the first {limit} documents of each task (`--limit`), the "

@@ -15,9 +15,8 @@ import os
 import sys
 
 from hf_pretrain.config import parse_recipe_args
-from hf_pretrain.preflight import CheckResult, PreflightError, format_table, preflight, run_checks
 
-__all__ = ["CheckResult", "PreflightError", "main", "preflight", "run_checks"]
+__all__ = ["main"]
 
 
 def _doctor_arguments(parser: argparse.ArgumentParser) -> None:
@@ -39,8 +38,17 @@ def main(argv: list[str] | None = None) -> int:
     )
     for note in recipe.notes():  # what a shortened run leaves out
         print(f"{note}\n")
+    # the checks import torch and try the loader in worker processes: seconds, a minute on a loaded machine
+    print("loading torch and running the checks...", flush=True)
+    from hf_pretrain.preflight import format_table, run_checks
+
     results = run_checks(recipe, world_size=args.num_processes)
-    print(format_table(results))
+    from hf_pretrain.checkpoints.continuation import GO_FURTHER
+    from hf_pretrain.checkpoints.resume_decision import finished_at
+
+    step = finished_at(recipe)  # the same command after the run completed: not "ready to train"
+    finished = None if step is None else f"the run finished at step {step:,}, nothing to train. {GO_FURTHER}"
+    print(format_table(results, finished))
     return 1 if any(r.status == "fail" for r in results) else 0
 
 

@@ -86,7 +86,7 @@ def check_cuda(recipe: Recipe) -> CheckResult:
             "cuda",
             "warn",
             "no CUDA device: mixed_precision=auto will train in fp32 on the CPU",
-            "fine for the smoke recipe; for real runs use a GPU machine",
+            "fine for a tiny model or checking every code path (docs/gpu.md); for real runs use a GPU machine",
         )
     return CheckResult("cuda", "pass", "no CUDA device; the recipe runs on the CPU (mixed_precision=no)")
 

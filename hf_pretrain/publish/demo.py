@@ -1,4 +1,6 @@
-"""`hf-pretrain demo`: a Gradio page that compares checkpoints of a run, or any models, on one prompt.
+"""The work of `hf-pretrain demo` (publish/demo_command.py reads its flags): a Gradio page that compares
+checkpoints of a run, or any models, on one prompt.
+
 
     hf-pretrain demo --model runs/smoke                  # every checkpoint of the run, and its final model
     hf-pretrain demo --model runs/1b/final --model TinyLlama/TinyLlama_v1.1 --port 7860
@@ -9,8 +11,8 @@ hf-pretrain; this module turns run folders and training checkpoints into the pag
 
 from __future__ import annotations
 
+import argparse
 import hashlib
-import os
 import sys
 from collections.abc import Callable
 from functools import partial
@@ -22,7 +24,8 @@ from huggingface_hub.utils import HFValidationError, validate_repo_id
 from hf_pretrain.checkpoints.layout import MANIFEST, TRAIN_STATE, checkpoint_path
 from hf_pretrain.checkpoints.manifest import CheckpointError, verify_checkpoint
 from hf_pretrain.checkpoints.store import Checkpoint, list_checkpoints, resolve_checkpoint
-from hf_pretrain.config import DEFAULT_PROMPTS, CommandParser
+from hf_pretrain.config import DEFAULT_PROMPTS
+from hf_pretrain.publish.demo_command import DEFAULT_CACHE_DIR, main  # noqa: F401  (demo.main as before)
 from hf_pretrain.publish.export import ExportError, export_checkpoint
 from hf_pretrain.publish.space_template.app import (
     DEFAULT_TITLE,
@@ -33,8 +36,6 @@ from hf_pretrain.publish.space_template.app import (
     read_progress,
 )
 from hf_pretrain.run_dir import RunDir
-
-DEFAULT_CACHE_DIR = Path(os.environ.get("XDG_CACHE_HOME", "~/.cache")).expanduser() / "hf_pretrain" / "demo"
 
 
 class DemoError(ValueError):
@@ -167,24 +168,8 @@ def build(
     return build_demo(ModelLibrary(choices), milestone_prompts(specs), title)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = CommandParser(prog="hf-pretrain demo", description=__doc__)
-    parser.add_argument(
-        "--model",
-        action="append",
-        required=True,
-        metavar="PATH_OR_REPO",
-        help="a run folder (all its checkpoints), a checkpoint, a model folder or a Hub repo id; "
-        "repeat to compare several",
-    )
-    parser.add_argument("--port", type=int, default=None, help="port to listen on (unset: GRADIO_SERVER_PORT or 7860)")
-    parser.add_argument("--host", default="127.0.0.1", help="address to listen on")
-    parser.add_argument("--share", action="store_true", help="also serve through a public gradio.live link")
-    parser.add_argument(
-        "--cache_dir", type=Path, default=DEFAULT_CACHE_DIR, help="where checkpoints are exported to model folders"
-    )
-    parser.add_argument("--title", default=DEFAULT_TITLE, help="the page's title")
-    args = parser.parse_args(argv)
+def run(args: argparse.Namespace) -> int:
+    """The page asked by demo_command's flags (parsed there, without gradio or torch), launched."""
     try:
         demo = build(args.model, args.cache_dir, args.title)
     except DemoError as exc:
@@ -192,7 +177,3 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     demo.launch(server_name=args.host, server_port=args.port, share=args.share)
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

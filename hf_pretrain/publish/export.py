@@ -1,4 +1,6 @@
-"""`hf-pretrain export`: a standard Hugging Face model folder from a training checkpoint, optionally pushed.
+"""The work of `hf-pretrain export` (publish/export_command.py reads its flags): a standard Hugging Face
+model folder from a training checkpoint, optionally pushed.
+
 
     hf-pretrain export --checkpoint runs/1b --out exports/1b                  # the newest complete checkpoint
     hf-pretrain export --checkpoint runs/1b/checkpoints/step_00050000 --out exports/1b-50k --dtype fp32
@@ -12,6 +14,7 @@ the loss curve it shows. Plain checkpoints and FSDP sharded ones (`pytorch_model
 
 from __future__ import annotations
 
+import argparse
 import fnmatch
 import json
 import os
@@ -29,15 +32,18 @@ from hf_pretrain.checkpoints.layout import WEIGHTS
 from hf_pretrain.checkpoints.load import load_checkpoint_model
 from hf_pretrain.checkpoints.manifest import CheckpointError
 from hf_pretrain.checkpoints.store import Checkpoint, resolve_checkpoint
-from hf_pretrain.config import CommandParser
 from hf_pretrain.data.tokenizer import MODEL_INPUT_NAMES
+from hf_pretrain.exit_codes import EXIT_PREFLIGHT
 from hf_pretrain.formatting import human_bytes
-from hf_pretrain.publish.gguf import EXIT_WRITE_FAILED, GGUF_TYPES, GGUFError, GGUFWriteError, write_gguf
+from hf_pretrain.object_store.reach import StoreRefused
+from hf_pretrain.object_store.reading import readable
+from hf_pretrain.publish.export_command import DTYPE_NAMES, main  # noqa: F401  (main: export.main as before)
+from hf_pretrain.publish.gguf import EXIT_WRITE_FAILED, GGUFError, GGUFWriteError, write_gguf
 from hf_pretrain.publish.hub import push_folder, push_or_explain
 from hf_pretrain.publish.model_card import LOSS_CURVE, CardOptions, write_model_card
 from hf_pretrain.publish.targets import unwritable_reason
 
-DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+DTYPES = dict(zip(DTYPE_NAMES, (torch.bfloat16, torch.float16, torch.float32), strict=True))
 # What an export folder holds: the files `export_checkpoint` writes, sharded weights, a GGUF (`--gguf`), and
 # what a Hub clone or push leaves. `--overwrite` replaces a folder holding nothing else.
 EXPORT_FILES = {
@@ -282,37 +288,8 @@ def push_checkpoint(checkpoint_dir: str | Path, repo_id: str, step: int, private
         )
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = CommandParser(
-        prog="hf-pretrain export", description=__doc__.split("\n")[0], epilog=__doc__.split("\n", 1)[1]
-    )
-    parser.add_argument(
-        "--checkpoint", required=True, help="a run folder (its newest complete checkpoint) or a checkpoint folder"
-    )
-    parser.add_argument("--out", required=True, help="folder to write the model to")
-    parser.add_argument("--dtype", choices=sorted(DTYPES), default="bf16", help="weight precision")
-    parser.add_argument("--overwrite", action="store_true", help="replace --out if it already holds something")
-    parser.add_argument(
-        "--push_to_hub", metavar="REPO_ID", help="upload the folder to this model repo (created if missing)"
-    )
-    parser.add_argument("--private", action="store_true", help="create the repo private")
-    parser.add_argument("--revision", metavar="BRANCH", help="push to this branch (created from main if missing)")
-    parser.add_argument("--license", default="apache-2.0", help="license in the model card")
-    parser.add_argument("--hardware", help="what the run trained on, for the card, e.g. '1x H100 80GB'")
-    parser.add_argument(
-        "--price_per_hour",
-        type=float,
-        metavar="USD",
-        help="what the whole job cost per hour, for the card's cost line (unset: the recipe's "
-        "price_per_hour; no cost line when neither is set)",
-    )
-    parser.add_argument(
-        "--gguf",
-        action="store_true",
-        help="also write the model as a GGUF file for llama.cpp into the folder (`hf-pretrain gguf`)",
-    )
-    parser.add_argument("--gguf_type", choices=GGUF_TYPES, default="f16", help="tensor type of the GGUF file")
-    args = parser.parse_args(argv)
+def run(args: argparse.Namespace) -> int:
+    """The export asked by export_command's flags (parsed there, without torch)."""
 
     options = CardOptions(
         model_name=args.push_to_hub or Path(args.out).resolve().name,
@@ -323,12 +300,20 @@ def main(argv: list[str] | None = None) -> int:
         local_path=args.out,
     )
     try:
-        checkpoint = resolve_checkpoint(args.checkpoint, log=lambda reason: print(f"export: {reason}"))
+        # a URL: its newest complete checkpoint (or the one it names) pulled into the cache first
+        local = readable(args.checkpoint, say=lambda line: print(f"export: {line}"))
+        checkpoint = resolve_checkpoint(local, log=lambda reason: print(f"export: {reason}"))
         print(f"export: {checkpoint.path} (step {checkpoint.train_state.get('step')}) -> {args.out} [{args.dtype}]")
         out = export_checkpoint(checkpoint, args.out, args.dtype, options, args.overwrite)
-    except (CheckpointError, ExportError) as exc:
+    except (CheckpointError, ExportError, StoreRefused) as exc:
         print(f"hf-pretrain export: error: {exc}", file=sys.stderr)
-        return EXIT_WRITE_FAILED if isinstance(exc, ExportWriteError) else 1
+        return (
+            EXIT_WRITE_FAILED
+            if isinstance(exc, ExportWriteError)
+            else EXIT_PREFLIGHT
+            if isinstance(exc, StoreRefused)
+            else 1
+        )
     print(f"export: wrote {out}")
     if args.gguf:
         try:
@@ -350,7 +335,3 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         print(f"export: pushed to {url}")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -15,16 +15,18 @@ import json
 import shutil
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
-from safetensors.torch import load_file
 
 from hf_pretrain.config import CommandParser
 from hf_pretrain.formatting import human_bytes
+from hf_pretrain.publish.export_command import GGUF_TYPES  # export's flags read them without torch
 from hf_pretrain.publish.targets import unwritable_reason
 
-GGUF_TYPES = ("f32", "f16", "bf16", "q8_0")
+if TYPE_CHECKING:  # torch is loaded with the weights, not for `--help`
+    import torch
+
 EXIT_WRITE_FAILED = 74  # EX_IOERR (training's save_failed too): the disk refused the write; nothing partial was left
 # The GPT-2 pre-tokenizer our BPE trains with: byte level, GPT-2's split regex, no prefix space.
 GPT2_PRE_TOKENIZER = {"type": "ByteLevel", "add_prefix_space": False, "use_regex": True}
@@ -139,6 +141,8 @@ def write_gguf(folder: str | Path, out: str | Path | None = None, gguf_type: str
     if unwritable:
         raise GGUFError(f"cannot write {out}: {unwritable}; choose an --out on a writable disk")
     out.parent.mkdir(parents=True, exist_ok=True)
+    from safetensors.torch import load_file
+
     weights = load_file(folder / "model.safetensors")
 
     # written as NAME.gguf.tmp, renamed when whole: a kill leaves only the .tmp (`export --overwrite` removes it)

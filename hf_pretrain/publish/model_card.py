@@ -18,7 +18,8 @@ from typing import Any
 
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
-from hf_pretrain.config import Recipe
+from hf_pretrain.config import Recipe, SourceConfig
+from hf_pretrain.config.schema import DEFAULT_SOURCE_NAME
 from hf_pretrain.economics.cost import dollars
 from hf_pretrain.formatting import human_count, human_duration, table_cell, usd
 from hf_pretrain.model import count_parameters
@@ -70,7 +71,7 @@ A GGUF file for llama.cpp: `hf-pretrain gguf <this folder>`.
 |---|---|
 {% for key, value in training %}| {{ key }} | {{ value }} |
 {% endfor %}
-{% if sources %}Data mixture (relative document shares):
+{% if sources %}Data mixture (each source's weight: its relative share of the training samples):
 {% for source in sources %}
 - {{ source }}{% endfor %}
 {% endif %}
@@ -257,6 +258,15 @@ def card_progress(recipe: Recipe | None, train_state: dict) -> dict[str, Any]:
     return {key: value for key, value in progress.items() if value is not None}
 
 
+def source_label(source: SourceConfig) -> str:
+    """A source as the card names it: local files by their source's name and their file names (or glob), never
+    the folders they sit in on the machine that trained (the card is published)."""
+    if source.kind != "files":
+        return f"{source.kind} `{source.name}`"
+    files = ", ".join(f"`{Path(p).name}`" for p in source.paths)
+    return f"local files `{source.name}` ({files})" if source.name != DEFAULT_SOURCE_NAME else f"local files {files}"
+
+
 def write_model_card(folder: Path, train_state: dict, run_dir: Path | None, model, options: CardOptions) -> Path:
     """README.md (and the loss curve it shows) for `model`, exported into `folder` from a checkpoint
     with `train_state` that belongs to `run_dir` (None: a checkpoint outside a run folder)."""
@@ -301,9 +311,7 @@ def write_model_card(folder: Path, train_state: dict, run_dir: Path | None, mode
         tokens=f"{train_state.get('tokens_seen', 0):,}",
         architecture=_architecture(model),
         training=_training(recipe, train_state, records, options),
-        sources=[
-            f"{s.kind} `{', '.join(s.paths) if s.kind == 'files' else s.name}`, weight {s.weight}" for s in sources
-        ],
+        sources=[f"{source_label(s)}, weight {s.weight}" for s in sources],
         loss_curve=LOSS_CURVE if records and plot_loss_curve(records, folder / LOSS_CURVE) else None,
         samples=_milestones(samples),
         eval_start=EVAL_START,

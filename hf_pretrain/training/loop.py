@@ -232,7 +232,7 @@ def setup(recipe: Recipe) -> Run:
     # last one before the decay of a run that goes further); the data position is the step
     state = TrainState.for_recipe(recipe, describe_hardware(accelerator.device, accelerator.num_processes))
     for reason in continuation.skipped:
-        say(f"resume: {reason}")
+        say(f"resume: skipping {reason}")
     saved = restore_continuation(accelerator, continuation.folder, log=say)
     if saved:
         state.load_state_dict(saved)

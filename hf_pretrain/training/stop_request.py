@@ -29,6 +29,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from hf_pretrain.checkpoints.continuation import GO_FURTHER
 from hf_pretrain.checkpoints.store import newest_good_checkpoint
 from hf_pretrain.config import CommandParser
 from hf_pretrain.exit_codes import EXIT_PREFLIGHT
@@ -107,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = CommandParser(
         prog="hf-pretrain stop", description=__doc__.split("\n")[0], epilog=__doc__.split("\n", 1)[1]
     )
-    parser.add_argument("run_dir", type=Path, help="the running job's output_dir")
+    parser.add_argument("run_dir", help="the running job's output_dir (a folder, or a URL: s3://...)")
     parser.add_argument(
         "--cooldown_steps",
         type=int,
@@ -117,23 +118,36 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.cooldown_steps is not None and args.cooldown_steps < 0:
         parser.error("--cooldown_steps must be 0 or more")
-    run = RunDir(args.run_dir)
-    if not run.is_run():
+    from hf_pretrain.object_store.urls import is_url
+
+    on_store = is_url(args.run_dir)
+    if on_store:  # the request goes into the store, where the trainer's uploader polls for it
+        from hf_pretrain.object_store.reach import StoreRefused
+        from hf_pretrain.object_store.reading import stop_facts
+
+        try:
+            view, store_holder, store_saved = stop_facts(args.run_dir)
+        except StoreRefused as exc:
+            print(f"hf-pretrain stop: refused, nothing written: {exc}", file=sys.stderr)
+            return EXIT_REFUSED
+    run = RunDir(view if on_store else args.run_dir)
+    if not run.is_run() and not (on_store and store_holder):  # a URL run before its first records: its lease
         print(
             f"hf-pretrain stop: error: {run.path} is not a run folder (no checkpoints/, no resolved_recipe.yaml)",
             file=sys.stderr,
         )
         return 2
-    holder, status, pending = holder_of(run.path), read_status(run.path), read_stop_request(run.path)
+    status, pending = read_status(run.path), read_stop_request(run.path)
+    if on_store:
+        holder, saved = store_holder, store_saved
+    else:
+        holder = holder_of(run.path)
+        newest = newest_good_checkpoint(run.path, checksums=False, log=lambda _: None)
+        saved = newest.train_state if newest is not None else None
     running = holder is not None
-    newest = newest_good_checkpoint(run.path, checksums=False, log=lambda _: None)
-    saved = newest.train_state if newest is not None else None
     refusal = None
     if not running and (finished := _finished_at(run, status, saved)) is not None:
-        refusal = (
-            f"{run.path} finished at step {finished:,}: there is nothing to stop. To go further, rerun its "
-            f"training command with a larger --max_steps (a wsd run goes on from its checkpoint before the decay)"
-        )
+        refusal = f"{run.path} finished at step {finished:,}: there is nothing to stop. {GO_FURTHER}"
     elif running and pending is not None and pending.answered:
         refusal = (
             f"the run in {run.path} is already finishing: it answered {pending.describe()} at step "
@@ -152,6 +166,11 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_REFUSED
 
     path = request_stop(run.path, args.cooldown_steps)
+    if on_store:
+        from hf_pretrain.object_store.reading import send_back
+
+        send_back(args.run_dir, run.path, path.name)
+        path = f"{args.run_dir.rstrip('/')}/{path.name}"
     recipe = run.load_recipe()
     if args.cooldown_steps == 0 or (
         recipe is not None and recipe.train.lr_schedule == "cosine" and args.cooldown_steps is None

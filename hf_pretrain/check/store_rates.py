@@ -1,40 +1,33 @@
 """Part (f): an object store's rates, where data_dir or output_dir is a URL (`s3://bucket/prefix`,
 `gs://...`): the download rate from data_dir (the first bytes of its first file) and the upload rate
-to output_dir (a scratch object of the check's own, read back and removed). Reached through fsspec's
-filesystem for the URL's scheme; where this install has none, one line says so. Local folders have
-nothing to measure here (part (e) measures their disk)."""
+to output_dir (a scratch object of the check's own, read back and removed). Reached through the one
+door to stores (hf_pretrain/object_store/urls.py: fsspec, no listing cache); where this install lacks
+the scheme's package, one line says so with the pip line. Local folders have nothing to measure here
+(part (e) measures their disk)."""
 
 from __future__ import annotations
 
 import os
-import re
 import time
 
 from hf_pretrain.check.figures import Report
+from hf_pretrain.object_store.urls import StoreUnavailable, StoreURL, is_url
+from hf_pretrain.object_store.urls import filesystem as store_filesystem
 
-URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
 SAMPLE_BYTES = 64 * 2**20
 
 
-def object_store_scheme(path: str) -> str | None:
-    """`s3` for `s3://bucket/x`; None for a local path (`file://` included: that is a disk)."""
-    found = URL.match(str(path))
-    return found.group(1).lower() if found and found.group(1).lower() != "file" else None
-
-
-def filesystem(scheme: str):
-    """(fsspec's filesystem for `scheme`, None) or (None, the one-line reason it is not installed)."""
+def filesystem(url: str):
+    """(the store's fsspec filesystem, None) or (None, the one-line reason this install cannot reach it)."""
     try:
-        import fsspec
-
-        return fsspec.filesystem(scheme), None
-    except (ImportError, ValueError) as exc:
-        return None, f"skipped: object store support not installed ({scheme}://: {str(exc).splitlines()[0][:100]})"
+        return store_filesystem(StoreURL.parse(url)), None
+    except StoreUnavailable as exc:
+        return None, f"skipped: object store support not installed ({exc})"
 
 
 def upload_and_download(url: str, nbytes: int) -> tuple[float, float]:
     """(upload, download) bytes/s of a scratch object of `nbytes` under `url`, removed after."""
-    fs, why = filesystem(object_store_scheme(url) or "")
+    fs, why = filesystem(url)
     if fs is None:
         raise RuntimeError(why)
     scratch = url.rstrip("/") + f"/.hf_pretrain_check.{os.getpid()}.bin"
@@ -56,7 +49,7 @@ def upload_and_download(url: str, nbytes: int) -> tuple[float, float]:
 
 def download(url: str, nbytes: int) -> tuple[float, int]:
     """(bytes/s, bytes) reading the first `nbytes` of the first file under `url`."""
-    fs, why = filesystem(object_store_scheme(url) or "")
+    fs, why = filesystem(url)
     if fs is None:
         raise RuntimeError(why)
     files = fs.find(url, maxdepth=4)
@@ -68,14 +61,12 @@ def download(url: str, nbytes: int) -> tuple[float, int]:
 
 
 def measure(data_dir: str, output_dir: str, report: Report) -> None:
-    urls = {
-        name: path for name, path in (("data_dir", data_dir), ("output_dir", output_dir)) if object_store_scheme(path)
-    }
+    urls = {name: path for name, path in (("data_dir", data_dir), ("output_dir", output_dir)) if is_url(path)}
     if not urls:
         report.skip("object store", "skipped: data_dir and output_dir are local folders (part e measures the disk)")
         return
     for name, url in urls.items():
-        fs, why = filesystem(object_store_scheme(url))
+        fs, why = filesystem(url)
         if fs is None:
             report.skip(name, why)
             continue

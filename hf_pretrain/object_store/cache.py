@@ -1,0 +1,29 @@
+"""Where a URL's local working copy lives: the user's cache, never the working directory.
+
+`$HF_PRETRAIN_HOME`, else `$XDG_CACHE_HOME/hf_pretrain`, else `~/.cache/hf_pretrain` (the measurement
+store's home too); a recipe key may move it (`cache_dir`). Each URL gets its own folder named by the URL
+itself, so two runs never share a copy and the same URL on the same machine finds its copy again.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from hf_pretrain.object_store.urls import StoreURL
+
+
+def home() -> Path:
+    """The user's hf-pretrain cache folder."""
+    if explicit := os.environ.get("HF_PRETRAIN_HOME"):
+        return Path(explicit).expanduser()
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache").expanduser() / "hf_pretrain"
+
+
+def local_copy(url: StoreURL, kind: str, cache_dir: str | Path | None = None) -> Path:
+    """The local folder of `url`'s working copy: `<cache>/<kind>/<scheme>/<bucket>/<prefix>`.
+
+    `kind` is "runs" or "data": a run and its data may share a prefix in the store, never a copy.
+    """
+    root = Path(cache_dir).expanduser() if cache_dir else home()
+    return root / kind / url.scheme / url.path

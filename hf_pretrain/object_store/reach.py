@@ -1,0 +1,100 @@
+"""Can this machine use the store at all: the checks a run makes before any work, one line each.
+
+A run to a URL asks four questions at its start, in the order a user fixes them: does the endpoint
+answer, does the bucket exist, are the credentials accepted, may they write here. Each failure is
+one line naming the URL and a fix, through `redact` (exit 78, `StoreRefused`); never a traceback.
+The write check puts and deletes one small object under the run's prefix (`.hf_pretrain_probe`):
+an object the run itself wrote, so removing it removes nothing of anyone else's.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from typing import TYPE_CHECKING
+
+from hf_pretrain.object_store.secrets import redact
+from hf_pretrain.object_store.urls import StoreUnavailable, StoreURL, filesystem
+from hf_pretrain.run_lock import RunDirUnusable
+
+if TYPE_CHECKING:
+    from fsspec import AbstractFileSystem
+
+PROBE = ".hf_pretrain_probe"  # the one object the write check puts and deletes
+# the words a store's client uses for each failure (botocore's error codes, as s3fs quotes them)
+_CREDENTIALS = ("InvalidAccessKeyId", "SignatureDoesNotMatch", "InvalidToken", "ExpiredToken", "credentials")
+_DENIED = ("AccessDenied", "Forbidden", "not authorized")
+# botocore's names for a store that does not answer (s3fs raises them as they are)
+_UNREACHABLE = ("EndpointConnectionError", "ConnectTimeoutError", "ReadTimeoutError", "ConnectionClosedError")
+
+
+class StoreRefused(RunDirUnusable):
+    """The store cannot be used as it is set up: one line, redacted, with the fix (exit 78)."""
+
+
+def where(url: StoreURL) -> str:
+    """`s3://bucket/prefix at http://127.0.0.1:9000`: the endpoint is what a user checks first."""
+    endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+    return f"{url} at {endpoint}" if url.scheme == "s3" and endpoint else str(url)
+
+
+def describe_failure(url: StoreURL, exc: BaseException, doing: str) -> str:
+    """What went wrong with the store, in one line with the fix (redacted): for the start checks,
+    the uploader's `last_error` and the readers alike."""
+    said = " ".join(str(exc).split()) or type(exc).__name__
+    name = type(exc).__name__
+    if name in _UNREACHABLE or isinstance(exc, (ConnectionError, TimeoutError)):
+        fix = "check AWS_ENDPOINT_URL and the network (is the store's server up?)"
+        line = f"the store {where(url)} does not answer while {doing}: {said}; {fix}"
+    elif isinstance(exc, FileNotFoundError) and "specified bucket" in said.lower():
+        line = _no_bucket(url)
+    elif any(word.lower() in said.lower() or word in name for word in _CREDENTIALS):
+        line = (
+            f"the store {where(url)} refused the credentials while {doing}: {said}; set AWS_ACCESS_KEY_ID and "
+            f"AWS_SECRET_ACCESS_KEY (or AWS_PROFILE) to a key of this store"
+        )
+    elif isinstance(exc, PermissionError) or any(word.lower() in said.lower() for word in _DENIED):
+        line = (
+            f"the credentials may not write to {where(url)} ({doing}: {said}); grant them read and write on "
+            f"the prefix, or choose another --output_dir"
+        )
+    else:
+        line = f"the store {where(url)} failed while {doing}: {name}: {said}"
+    return redact(line)
+
+
+def _no_bucket(url: StoreURL) -> str:
+    return redact(
+        f"the bucket {url.bucket!r} does not exist at {where(url)}; create it "
+        f"(e.g. `aws s3 mb s3://{url.bucket}`) or name another in the URL"
+    )
+
+
+def open_checked(location: str, write: bool = True) -> tuple[StoreURL, AbstractFileSystem]:
+    """The URL and its file system, once the store answered, its bucket exists and (with `write`) a
+    probe object could be put and deleted; else `StoreRefused`."""
+    try:
+        url = StoreURL.parse(location)
+        fs = filesystem(url)
+    except StoreUnavailable as exc:
+        raise StoreRefused(redact(str(exc))) from None
+    doing = "listing the run"
+    try:
+        try:
+            fs.ls(url.path, detail=False)
+        except FileNotFoundError:  # an empty prefix (a run not begun yet), or no bucket: the bucket says
+            fs.ls(url.bucket, detail=False)
+    except FileNotFoundError:
+        raise StoreRefused(_no_bucket(url)) from None
+    except Exception as exc:  # the client's errors have no common base: each said in a line
+        raise StoreRefused(describe_failure(url, exc, doing)) from None
+    if write:
+        probe = url.join(PROBE).path
+        doing = "writing a probe object"
+        try:
+            fs.pipe_file(probe, f"{socket.gethostname()} {time.time()}\n".encode())
+            fs.rm_file(probe)
+        except Exception as exc:
+            raise StoreRefused(describe_failure(url, exc, doing)) from None
+    return url, fs

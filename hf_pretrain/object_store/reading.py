@@ -1,0 +1,84 @@
+"""Every command that reads a run reads a URL: one function gives it a local folder to read.
+
+`readable(location)` is the location itself when it is local (nothing imported, nothing copied);
+for a URL it is a read-only copy in the user's cache (`<cache>/views/...`, apart from a trainer's
+working copy on the same machine), pulled with object_store/pull.py: the run's records, and its
+newest complete checkpoint (verified) when the command reads one. A URL naming one checkpoint
+(`s3://bucket/run/checkpoints/step_00001000`) pulls that one. A store that cannot be used is
+`StoreRefused`: one line, redacted.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from hf_pretrain.checkpoints.layout import PREFIX
+from hf_pretrain.object_store.cache import local_copy
+from hf_pretrain.object_store.urls import StoreURL, is_url
+
+
+def readable(
+    location: str | Path, checkpoint: bool = True, say: Callable[[str], None] = print, cache_dir: str | None = None
+) -> Path:
+    """A local folder holding what `location` names (see the module's docstring)."""
+    if not is_url(location):
+        return Path(location)
+    from hf_pretrain.checkpoints.manifest import CheckpointError
+    from hf_pretrain.object_store.pull import download_checkpoint, pull_run, pull_small_files
+    from hf_pretrain.object_store.reach import StoreRefused, describe_failure, open_checked
+    from hf_pretrain.object_store.secrets import redact
+
+    url, fs = open_checked(str(location), write=False)
+    name = url.path.rsplit("/", 1)[-1]
+    if name.startswith(PREFIX) and name[len(PREFIX) :].isdigit():  # one checkpoint
+        run = StoreURL(url.scheme, url.path.rsplit("/", 2)[0])
+        view = local_copy(run, "views", cache_dir)
+        try:
+            return download_checkpoint(fs, run, int(name[len(PREFIX) :]), view, say)
+        except CheckpointError as exc:
+            raise StoreRefused(redact(str(exc))) from None
+    view = local_copy(url, "views", cache_dir)
+    try:
+        if checkpoint:
+            pull_run(fs, url, view, say=lambda line: say(redact(line)))
+        else:
+            view.mkdir(parents=True, exist_ok=True)
+            pull_small_files(fs, url, view)
+    except StoreRefused:
+        raise
+    except Exception as exc:
+        raise StoreRefused(describe_failure(url, exc, "reading the run")) from None
+    return view
+
+
+def stop_facts(location: str, say: Callable[[str], None] = print) -> tuple[Path, dict | None, dict | None]:
+    """What `hf-pretrain stop URL` reads: the run's records in a local view, who trains it (the lease's
+    holder while its heartbeat is fresh, as `holder_of` names a local one) and the newest complete
+    checkpoint's train state, read from the store without its weights."""
+    import json
+
+    from hf_pretrain.object_store.lease import Lease
+    from hf_pretrain.object_store.pull import complete_steps
+    from hf_pretrain.object_store.reach import open_checked
+
+    view = readable(location, checkpoint=False, say=say)
+    url, fs = open_checked(location, write=False)
+    current, _ = Lease(fs, url, heartbeat_s=1).read()
+    holder = None
+    if current is not None and not current.is_stale():
+        holder = {"host": current.host, "pid": current.pid, "started": current.since}
+    steps = complete_steps(fs, url)
+    saved = None
+    if steps:
+        state = url.join("checkpoints", f"{PREFIX}{steps[0]:08d}", "train_state.json")
+        saved = json.loads(fs.cat_file(state.path))
+    return view, holder, saved
+
+
+def send_back(location: str, view: Path, name: str) -> None:
+    """The view's file `name` written into the store (a stop request, which the trainer polls for)."""
+    from hf_pretrain.object_store.reach import open_checked
+
+    url, fs = open_checked(location)
+    fs.put_file(str(view / name), url.join(name).path)

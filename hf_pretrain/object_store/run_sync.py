@@ -1,0 +1,243 @@
+"""A run whose `output_dir` is a URL: the store is the truth, this machine trains a local copy of it.
+
+`RunInStore.begin` (train.py, before anything else) checks the store (object_store/reach.py: exit 78,
+one line), takes the run's lease (object_store/lease.py: exit 73 when another machine holds it),
+pulls the run into its local copy (object_store/pull.py) and hands back where training writes. From
+there the run is a local run: resume, checkpoints and retention work as for any folder. As a side job
+of the loop (the `Callback` protocol, training/callbacks.py) it hands each sealed checkpoint to the
+uploader (object_store/uploader.py); its own thread renews the lease, mirrors a `stop` written into
+the store into the local folder (the guards read it there as always), and keeps status.json's
+`store` section (and status.json in the store) up to date. At the run's end, a stop or a SIGTERM,
+`wait` lets the uploads finish, with a live line, for at most `store_wait_s`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from hf_pretrain.checkpoints.layout import checkpoints_root
+from hf_pretrain.checkpoints.progress import ByteCount, LiveLine
+from hf_pretrain.checkpoints.store import list_checkpoints
+from hf_pretrain.formatting import human_bytes
+from hf_pretrain.object_store.cache import local_copy
+from hf_pretrain.object_store.lease import Lease
+from hf_pretrain.object_store.pull import complete_steps, pull_run
+from hf_pretrain.object_store.reach import describe_failure, open_checked
+from hf_pretrain.object_store.secrets import redact
+from hf_pretrain.object_store.transfer import put_files
+from hf_pretrain.object_store.uploader import UPLOAD_SUFFIX, Uploader
+from hf_pretrain.run_dir import RunDir, read_status, set_activity
+
+if TYPE_CHECKING:
+    from hf_pretrain.config import TrainConfig
+
+STOP_POLL_S = 3.0  # how often the store is asked for a stop request
+STORE_SECTION = "store"  # status.json's key
+
+
+def working_copy(train: TrainConfig) -> Path:
+    """The local folder a URL run trains in (the same on every process of this machine)."""
+    from hf_pretrain.object_store.urls import StoreURL
+
+    return local_copy(StoreURL.parse(train.output_dir), "runs", train.cache_dir)
+
+
+class RunInStore:
+    """The store side of one training session (first process only); see the module's docstring."""
+
+    def __init__(self, train: TrainConfig, say: Callable[[str], None] = print):
+        self.train, self.say = train, lambda line: say(redact(line))
+        self.url, self.fs = open_checked(train.output_dir)  # StoreRefused: one line, exit 78
+        self.local = working_copy(train)
+        self.lease = Lease(self.fs, self.url, train.store_heartbeat_s)
+        self.uploader: Uploader | None = None
+        self._stop = threading.Event()
+        self._ticker: threading.Thread | None = None
+        self._status_lock = threading.Lock()
+        self._final = False  # the schedule completed: final/ goes to the store too
+
+    @classmethod
+    def begin(cls, train: TrainConfig, say: Callable[[str], None] = print) -> RunInStore:
+        """Checked, leased and pulled, the uploader running; raises `StoreRefused` or `LeaseHeld`."""
+        run = cls(train, say)
+        note = run.lease.acquire()
+        if note:
+            run.say(f"store: {note}")
+        try:
+            run._pull()
+        except BaseException:
+            run.lease.release()
+            raise
+        run.uploader = Uploader(
+            run.fs, run.url, run.local, train.keep_checkpoints, train.milestone_interval, run._changed, run.say
+        )
+        run._catch_up()
+        run._ticker = threading.Thread(target=run._tick, name="hf-pretrain-store", daemon=True)
+        run._ticker.start()
+        return run
+
+    def _pull(self) -> None:
+        self.say(f"store: {self.url} -> working copy {self.local}")
+        for leftover in checkpoints_root(self.local).glob(f"*{UPLOAD_SUFFIX}"):  # a session killed mid-upload
+            import shutil
+
+            shutil.rmtree(leftover, ignore_errors=True)
+        try:
+            step = pull_run(self.fs, self.url, self.local, say=self.say)
+        except Exception as exc:  # the store failed between the checks and the pull
+            from hf_pretrain.object_store.reach import StoreRefused
+
+            raise StoreRefused(describe_failure(self.url, exc, "pulling the run")) from None
+        self.say(f"store: newest complete checkpoint: step {step}" if step is not None else "store: no checkpoint yet")
+
+    def _catch_up(self) -> None:
+        """A local checkpoint newer than the store's (a session that could not upload it) goes up first."""
+        newest = next(iter(list_checkpoints(self.local)), None)
+        in_store = next(iter(complete_steps(self.fs, self.url)), None)
+        self.uploader.progress.last_step = in_store
+        if newest is not None and (in_store is None or newest.step > in_store):
+            self.say(f"store: step {newest.step} is not in the store yet: uploading it")
+            self.uploader.submit(newest.path, newest.step)
+
+    def session_started(self) -> None:
+        """The session's fresh status.json gets this session's `store` section, here and in the store."""
+        try:
+            self._changed(mirror=True)
+        except Exception as exc:
+            self.uploader._error(exc, "writing status.json")
+
+    # ------------------------------------------------------------------ the Callback protocol
+    def on_checkpoint_saved(self, path: Path, step: int) -> None:
+        self.uploader.submit(path, step)
+
+    def on_train_end(self, run: RunDir) -> None:
+        self._final = True  # final/ is written by the side jobs: sent once they are done (`wait`)
+
+    def wait(self) -> None:
+        """The uploads finished (final/ too, at the run's end), or `store_wait_s` passed (said, in the
+        log and status.json)."""
+        p, started = self.uploader.progress, time.monotonic()
+        if not self.uploader.idle():
+            with LiveLine(f"uploading to {self.url}", p.count, self.say, self._activity):
+                done = self.uploader.wait(self.train.store_wait_s)
+            if not done:
+                self.say(f"warning: {self.behind()}")
+                return
+        final = RunDir(self.local).final
+        if self._final and final.is_dir():
+            deadline = started + self.train.store_wait_s
+            files = sorted(f for f in final.rglob("*") if f.is_file())
+            pairs = [(f, self.url.join("final", str(f.relative_to(final))).path) for f in files]
+            count = ByteCount(sum(f.stat().st_size for f in files))
+            with LiveLine(f"uploading final/ to {self.url}", count, self.say, self._activity):
+                sent = put_files(self.fs, pairs, count, lambda: time.monotonic() < deadline, self._final_error)
+            if not sent:
+                self.say(f"warning: final/ did not reach {self.url}; it is in {final}")
+
+    def _final_error(self, exc: BaseException) -> None:
+        self.uploader._error(exc, "uploading final/")
+
+    # ------------------------------------------------------------------ the end
+    def behind(self) -> str | None:
+        """None when the store has every checkpoint of this session, else what is missing and why."""
+        s = self.uploader.status()
+        if not s["steps_behind"]:
+            return None
+        error = f" (last error: {s['last_error']})" if s["last_error"] else ""
+        return (
+            f"the store {self.url} is {s['steps_behind']} steps ({human_bytes(s['bytes_behind'])}) behind this "
+            f"machine{error}; the local checkpoints stay in {self.local}, and the same command rerun on this "
+            f"machine uploads them first"
+        )
+
+    def close(self) -> None:
+        """Stop the threads, mirror the records and status.json a last time, release the lease."""
+        self._stop.set()
+        if self._ticker is not None:
+            self._ticker.join(timeout=10)
+        self.uploader.close()
+        self._write_section()
+        try:
+            if self.uploader.idle():
+                self.uploader.push_small_files()
+                self._clear_answered_stop()
+            self.lease.release()
+        except Exception as exc:  # the store gone at the very end: the lease goes stale on its own
+            self.say(f"warning: {describe_failure(self.url, exc, 'releasing the lease')}")
+
+    # ------------------------------------------------------------------ the thread beside training
+    def _tick(self) -> None:
+        next_beat = time.monotonic() + self.train.store_heartbeat_s
+        while not self._stop.wait(STOP_POLL_S):
+            try:
+                self._mirror_stop_request()
+                if time.monotonic() >= next_beat:
+                    next_beat = time.monotonic() + self.train.store_heartbeat_s
+                    self.lease.beat()
+                    if self.lease.lost_to is not None:
+                        self.say(
+                            f"warning: another machine took over the lease of {self.url}: "
+                            f"{self.lease.lost_to.describe()}; this one stops uploading"
+                        )
+                        self.uploader.close()
+                    self._changed()
+                    self.uploader.push_small_files(retry=False)  # status.json and the records, each heartbeat
+            except Exception as exc:  # the store unreachable: said in status.json, tried again
+                self.uploader._error(exc, "renewing the lease")
+
+    def _mirror_stop_request(self) -> None:
+        """A request `hf-pretrain stop URL` wrote into the store, copied where the guards read it."""
+        run = RunDir(self.local)
+        remote = self.url.join(run.stop_request.name).path
+        try:
+            theirs = json.loads(self.fs.cat_file(remote))
+        except FileNotFoundError:
+            return
+        except ValueError:
+            theirs = {"cooldown_steps": None, "requested_at_epoch": time.time()}
+        try:
+            ours = json.loads(run.stop_request.read_text())
+        except (OSError, ValueError):
+            ours = {}
+        if theirs.get("requested_at_epoch") != ours.get("requested_at_epoch"):
+            tmp = run.stop_request.with_name(run.stop_request.name + ".store.tmp")
+            tmp.write_text(json.dumps(theirs))
+            os.replace(tmp, run.stop_request)
+            self.say(f"store: a stop request for {self.url} arrived")
+
+    def _clear_answered_stop(self) -> None:
+        """A finished run cleared its stop request locally: the store's copy goes too."""
+        run = RunDir(self.local)
+        remote = self.url.join(run.stop_request.name).path
+        if not run.stop_request.exists() and read_status(self.local).get("state") == "finished":
+            if self.fs.exists(remote):
+                self.fs.rm_file(remote)
+
+    def _activity(self, what: str | None) -> None:
+        set_activity(self.local, what)
+
+    def _changed(self, mirror: bool = False) -> None:
+        self._write_section()
+        if mirror and (RunDir(self.local).status.is_file()):
+            self.fs.put_file(str(RunDir(self.local).status), self.url.join("status.json").path)
+
+    def _write_section(self) -> None:
+        """status.json's `store` section, beside what the session wrote (the session keeps it)."""
+        with self._status_lock:
+            run = RunDir(self.local)
+            status = read_status(self.local)
+            if not status:
+                return
+            status[STORE_SECTION] = self.uploader.status()
+            tmp = run.status.with_name(f"{run.status.name}.{os.getpid()}.store.tmp")
+            try:
+                tmp.write_text(redact(json.dumps(status, indent=1)) + "\n")
+                os.replace(tmp, run.status)
+            except OSError:
+                tmp.unlink(missing_ok=True)

@@ -1,0 +1,245 @@
+"""Sealed checkpoints to the store, in the background: training never waits for the network.
+
+`submit(path, step)` is called once a checkpoint is sealed locally (the run's callback); it holds
+the checkpoint's files by hard links (`step_N.upload/`, no bytes copied), so local retention may
+prune the checkpoint while it is still on its way, and returns. A thread of its own sends the files,
+several at a time, then the manifest LAST: a checkpoint is complete in the store only once all its
+bytes are (object_store/pull.py reads it so). Every failure is retried with exponential back-off and
+recorded, redacted, as `last_error`; nothing is raised into training. When a newer checkpoint is
+waiting, an older one that retention would drop anyway is skipped.
+
+After each upload the store's retention runs (`keep_checkpoints`, milestones and branch points kept,
+as locally), removing only step folders with a manifest: what this run, or one before it on the same
+URL, uploaded completely. The manifest goes first, so a removal cut short leaves no "complete" half.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from hf_pretrain.checkpoints.layout import BRANCH_POINT, MANIFEST, TRAIN_STATE
+from hf_pretrain.checkpoints.progress import ByteCount
+from hf_pretrain.object_store.pull import SMALL_FILES, complete_steps
+from hf_pretrain.object_store.reach import describe_failure
+from hf_pretrain.object_store.transfer import put_files
+from hf_pretrain.object_store.urls import StoreURL
+
+if TYPE_CHECKING:
+    from fsspec import AbstractFileSystem
+
+UPLOAD_SUFFIX = ".upload"  # hard links of a checkpoint on its way to the store; never listed or resumed
+
+
+@dataclass
+class Upload:
+    step: int
+    held: Path  # the hard-linked copy the files are read from
+    bytes: int
+    keep: bool = False  # a milestone or branch point: uploaded even when a newer one waits
+
+
+@dataclass
+class Progress:
+    """What status.json's `store` section says; read by the run, written by the uploader's thread."""
+
+    last_step: int | None = None  # newest complete checkpoint in the store
+    newest_local: int | None = None  # newest sealed checkpoint of this machine
+    bytes_behind: int = 0
+    uploading: int | None = None
+    last_error: str | None = None
+    count: ByteCount = field(default_factory=ByteCount)
+
+
+class Uploader:
+    """`submit(path, step)` after each seal; `wait(...)` at the end; `close()` to stop the thread."""
+
+    def __init__(
+        self,
+        fs: AbstractFileSystem,
+        url: StoreURL,
+        local: Path,
+        keep: int,
+        milestone_interval: int = 0,
+        on_change: Callable[[], None] = lambda: None,
+        say: Callable[[str], None] = print,
+    ):
+        self.fs, self.url, self.local, self.keep, self.milestones = fs, url, local, keep, milestone_interval
+        self.on_change, self.say = on_change, say
+        self.progress = Progress()
+        self._pending: list[Upload] = []
+        self._lock = threading.Condition()
+        self._busy = False
+        self._closing = False
+        self._give_up_at: float | None = None  # a wait that ends: retries stop then
+        self._thread = threading.Thread(target=self._run, name="hf-pretrain-upload", daemon=True)
+        self._thread.start()
+
+    # ------------------------------------------------------------------ the training side
+    def submit(self, path: Path, step: int) -> None:
+        """Hold the sealed checkpoint `path` by hard links and queue it; returns at once."""
+        held = path.with_name(path.name + UPLOAD_SUFFIX)
+        shutil.rmtree(held, ignore_errors=True)
+        shutil.copytree(path, held, copy_function=_link_or_copy)
+        size = sum(f.stat().st_size for f in held.rglob("*") if f.is_file())
+        keep = bool(self.milestones and step % self.milestones == 0) or _flag(held, BRANCH_POINT)
+        with self._lock:
+            self._pending.append(Upload(step, held, size, keep))
+            self.progress.newest_local = max(step, self.progress.newest_local or 0)
+            self.progress.bytes_behind += size
+            self._lock.notify_all()
+        self.on_change()
+
+    def idle(self) -> bool:
+        with self._lock:
+            return not self._pending and not self._busy
+
+    def wait(self, timeout_s: float) -> bool:
+        """Block until every submitted checkpoint is in the store (True), or `timeout_s` passed (False:
+        retries stop; the local checkpoints stay for the next start to upload)."""
+        deadline = time.monotonic() + timeout_s
+        with self._lock:
+            self._give_up_at = deadline
+            while self._pending or self._busy:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._lock.wait(min(left, 0.2))
+        return True
+
+    def close(self) -> None:
+        with self._lock:
+            self._closing = True
+            self._give_up_at = self._give_up_at or time.monotonic()
+            self._lock.notify_all()
+        self._thread.join(timeout=30)
+
+    # ------------------------------------------------------------------ the thread
+    def _keep_trying(self) -> bool:
+        return self._give_up_at is None or time.monotonic() < self._give_up_at
+
+    def _run(self) -> None:
+        while True:
+            with self._lock:
+                while not self._pending and not self._closing:
+                    self._lock.wait()
+                if not self._pending:
+                    return
+                job = self._next()
+                self._busy = True
+            try:
+                done = self._upload(job)
+            except Exception as exc:  # a bug here must not reach training: said, the job kept locally
+                self._error(exc, f"uploading step {job.step}")
+                done = False
+            with self._lock:
+                self._busy = False
+                if not done:  # given up (the wait ended): kept where it is, for the next start
+                    self._pending.insert(0, job)
+                    self._closing = True
+                    self._lock.notify_all()
+                    return
+                self._lock.notify_all()
+
+    def _next(self) -> Upload:
+        """The oldest job that must go (a milestone, a branch point), else the newest; the rest are dropped."""
+        self._pending.sort(key=lambda u: u.step)
+        newest = self._pending[-1]
+        job = next((u for u in self._pending if u.keep), newest)
+        for dropped in [u for u in self._pending if u is not job and not u.keep and u is not newest]:
+            self._pending.remove(dropped)
+            self.progress.bytes_behind -= dropped.bytes
+            shutil.rmtree(dropped.held, ignore_errors=True)
+        self._pending.remove(job)
+        return job
+
+    def _upload(self, job: Upload) -> bool:
+        self.progress.uploading = job.step
+        self.progress.count = ByteCount(job.bytes)
+        self.on_change()
+        remote = self.url.join("checkpoints", job.held.name[: -len(UPLOAD_SUFFIX)])
+        files = sorted(p for p in job.held.rglob("*") if p.is_file() and p.name != MANIFEST)
+        pairs = [(p, remote.join(str(p.relative_to(job.held))).path) for p in files]
+        on_error = lambda exc: self._error(exc, f"uploading step {job.step}")  # noqa: E731
+        if not put_files(self.fs, pairs, self.progress.count, self._keep_trying, on_error):
+            return False
+        # the manifest last: until it is there, the checkpoint is not complete in the store
+        if not put_files(
+            self.fs, [(job.held / MANIFEST, remote.join(MANIFEST).path)], None, self._keep_trying, on_error
+        ):
+            return False
+        shutil.rmtree(job.held, ignore_errors=True)
+        self.progress.last_step = max(job.step, self.progress.last_step or 0)
+        self.progress.bytes_behind -= job.bytes
+        self.progress.uploading, self.progress.last_error = None, None
+        self.push_small_files()
+        self._retention()
+        self.on_change()
+        return True
+
+    def push_small_files(self, retry: bool = True) -> bool:
+        """The run's records (metrics, samples, status.json, ...) to the store; True when they are there.
+        Without `retry`, one try (the heartbeat's thread must not wait on a store that is down)."""
+        pairs = [(self.local / n, self.url.join(n).path) for n in SMALL_FILES if (self.local / n).is_file()]
+        keep_trying = self._keep_trying if retry else lambda: False
+        return put_files(self.fs, pairs, None, keep_trying, lambda e: self._error(e, "uploading the records"))
+
+    def _retention(self) -> None:
+        """Keep the newest `keep` complete checkpoints in the store, its milestones and branch points."""
+        try:
+            for step in complete_steps(self.fs, self.url)[self.keep :]:
+                if self.milestones and step % self.milestones == 0:
+                    continue
+                folder = self.url.join("checkpoints", f"step_{step:08d}")
+                if _remote_flag(self.fs, folder, BRANCH_POINT):
+                    continue
+                self.fs.rm_file(folder.join(MANIFEST).path)  # no longer complete, then gone
+                self.fs.rm(folder.path, recursive=True)
+        except Exception as exc:  # retention is tried again after the next upload
+            self._error(exc, "removing old checkpoints in the store")
+
+    def _error(self, exc: BaseException, doing: str) -> None:
+        self.progress.last_error = describe_failure(self.url, exc, doing)
+        self.on_change()
+
+    def status(self) -> dict[str, Any]:
+        """status.json's `store` section."""
+        p = self.progress
+        behind = None if p.newest_local is None else p.newest_local - (p.last_step or 0)
+        return {
+            "url": str(self.url),
+            "last_step": p.last_step,
+            "steps_behind": behind,
+            "bytes_behind": max(0, p.bytes_behind),
+            "uploading": p.uploading,
+            "last_error": p.last_error,
+            "updated": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        }
+
+
+def _flag(folder: Path, key: str) -> bool:
+    try:
+        return bool(json.loads((folder / TRAIN_STATE).read_text()).get(key))
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def _remote_flag(fs: AbstractFileSystem, folder: StoreURL, key: str) -> bool:
+    try:
+        return bool(json.loads(fs.cat_file(folder.join(TRAIN_STATE).path)).get(key))
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def _link_or_copy(source: str, target: str) -> None:
+    try:
+        os.link(source, target)
+    except OSError:
+        shutil.copy2(source, target)

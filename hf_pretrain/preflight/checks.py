@@ -1,0 +1,123 @@
+"""Every preflight check in the order a run meets them (`run_checks`), and `preflight`, which also logs
+the table and raises `PreflightError` when any fails. The package's __init__ names these lazily.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from collections.abc import Callable
+
+from hf_pretrain.checkpoints.continuation import Continuation
+from hf_pretrain.checkpoints.resume_decision import decide_resume
+from hf_pretrain.config import Recipe
+from hf_pretrain.economics.measurements import this_gpu
+from hf_pretrain.preflight.budget import check_cost
+from hf_pretrain.preflight.data import (
+    check_batch_split,
+    check_context,
+    check_data_budget,
+    check_loader_pickling,
+    check_num_workers,
+    check_prepared,
+)
+from hf_pretrain.preflight.dependencies import check_versions
+from hf_pretrain.preflight.disk import check_disk_space, check_not_in_use, check_output_writable, check_save_speed
+from hf_pretrain.preflight.gpu import (
+    check_bf16,
+    check_compiler,
+    check_cuda,
+    check_fp8,
+    check_liger_under_compile,
+    check_memory,
+    check_tf32,
+)
+from hf_pretrain.preflight.hub_access import check_hub
+from hf_pretrain.preflight.init_from import check_init_from
+from hf_pretrain.preflight.result import CheckResult, PreflightError, format_table
+from hf_pretrain.preflight.resume import check_resume, check_stop_request
+from hf_pretrain.preflight.sdpa_kernel import check_attention_backend
+from hf_pretrain.preflight.trackers import check_trackers
+
+__all__ = ["MEMORY_PROBE_ENV", "CheckResult", "PreflightError", "format_table", "preflight", "run_checks"]
+
+# Set ("1") by `hf-pretrain bench` for its short runs: they try the configuration on the device, where
+# running out of memory is the answer, so the memory estimate warns instead of refusing.
+MEMORY_PROBE_ENV = "HF_PRETRAIN_MEMORY_PROBE"
+
+
+def _guarded(name: str, check: Callable[[], CheckResult | list[CheckResult]]) -> list[CheckResult]:
+    """A check that crashes is reported, not raised: the doctor must never be what kills a run."""
+    try:
+        result = check()
+    except Exception as exc:
+        return [
+            CheckResult(
+                name,
+                "warn",
+                f"the check could not run: {type(exc).__name__}: {exc}",
+                "report this; the run itself may still be fine",
+            )
+        ]
+    return result if isinstance(result, list) else [result]
+
+
+def run_checks(
+    recipe: Recipe,
+    world_size: int = 1,
+    device_memory_bytes: int | None = None,
+    resume_decision: Callable[[], Continuation] | None = None,
+) -> list[CheckResult]:
+    """Every check, in the order a run meets them: software, GPU, data (and the base model of init_from),
+    disk, memory, money. `resume_decision` is training's own (made once, then loaded); the doctor's is
+    made here, once, for the checks that ask it."""
+    decision = resume_decision or functools.cache(lambda: decide_resume(recipe))
+    checks: list[tuple[str, Callable[[], CheckResult | list[CheckResult]]]] = [
+        ("versions", lambda: check_versions(recipe)),
+        ("trackers", lambda: check_trackers(recipe)),
+        ("hub", lambda: check_hub(recipe)),  # push_to_hub: a warning, the run trains anyway
+        ("cuda", lambda: check_cuda(recipe)),
+        ("bf16", lambda: check_bf16(recipe)),
+        ("fp8", lambda: check_fp8(recipe)),
+        ("tf32", lambda: check_tf32(recipe)),
+        ("attention", lambda: check_attention_backend(recipe)),
+        ("compiler", lambda: check_compiler(recipe)),
+        ("liger + compile", lambda: check_liger_under_compile(recipe)),
+        ("data", lambda: check_prepared(recipe)),
+        ("init_from", lambda: check_init_from(recipe, decision)),  # nothing without one
+        ("data budget", lambda: check_data_budget(recipe)),
+        ("seq_len", lambda: check_context(recipe)),
+        ("batch", lambda: check_batch_split(recipe, world_size)),
+        ("num_workers", lambda: check_num_workers(recipe)),
+        ("loader", lambda: check_loader_pickling(recipe)),
+        ("output_dir", lambda: check_output_writable(recipe)),
+        ("in use", lambda: check_not_in_use(recipe)),
+        ("resume", lambda: check_resume(recipe, decision)),
+        ("stop request", lambda: check_stop_request(recipe, decision)),
+        ("disk space", lambda: check_disk_space(recipe)),
+        ("save speed", lambda: check_save_speed(recipe)),
+        ("gpu memory", lambda: check_memory(recipe, device_memory_bytes, world_size)),
+        ("time and cost", lambda: check_cost(recipe, this_gpu(), world_size)),
+    ]
+    return [result for name, check in checks for result in _guarded(name, check)]
+
+
+def tried_on_the_device(refusal: CheckResult) -> CheckResult:
+    return CheckResult(refusal.name, "warn", f"{refusal.reason}; the bench tries it on the device", refusal.fix)
+
+
+def preflight(
+    recipe: Recipe,
+    world_size: int,
+    log: Callable[[str], None] = print,
+    resume_decision: Callable[[], Continuation] | None = None,
+) -> list[CheckResult]:
+    """Run every check, log the table, and raise `PreflightError` (the failed checks with their
+    fixes) when any fails; returns the results otherwise (warnings included)."""
+    results = run_checks(recipe, world_size, resume_decision=resume_decision)
+    if os.environ.get(MEMORY_PROBE_ENV) == "1":
+        results = [tried_on_the_device(r) if r.name == "gpu memory" and r.status == "fail" else r for r in results]
+    log(format_table(results))
+    if any(r.status == "fail" for r in results):
+        raise PreflightError(results)
+    return results

@@ -1,0 +1,117 @@
+"""An S3-compatible server on localhost for the object-store tests: moto's server mode, offline.
+
+moto serves the S3 API in a thread of the test process; subprocesses (a trainer, `prepare`) reach it
+over TCP like any store. Between them sits a proxy the tests can cut and restore, so "the store's
+server stopped mid-upload and restarted" keeps the buckets (moto holds them in memory) while every
+client sees refused and reset connections, as it would of a real outage.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+FAKE_KEY_ID = "AKIAHFPRETRAINTESTKEY"
+# recognisable, so a test can prove it never appears in a log, status.json, metrics or an export
+FAKE_SECRET = "hfPretrainFakeSecret/DoNotPrintMe0123456789"
+
+
+class CuttableProxy:
+    """A TCP proxy from a local port to the server; `cut()` drops every connection and refuses new ones."""
+
+    def __init__(self, target: tuple[str, int]):
+        self.target = target
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self._listener.getsockname()[1]
+        self._open = threading.Event()
+        self._open.set()
+        self._connections: list[socket.socket] = []
+        self._lock = threading.Lock()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def cut(self) -> None:
+        """The server is gone: close what is open, refuse (reset) what comes next."""
+        self._open.clear()
+        with self._lock:
+            for conn in self._connections:
+                _close(conn)
+            self._connections.clear()
+
+    def restore(self) -> None:
+        self._open.set()
+
+    def _accept(self) -> None:
+        while True:
+            client, _ = self._listener.accept()
+            if not self._open.is_set():
+                client.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+                _close(client)  # linger 0: a reset, as a stopped server's port answers
+                continue
+            try:
+                upstream = socket.create_connection(self.target)
+            except OSError:
+                _close(client)
+                continue
+            with self._lock:
+                self._connections += [client, upstream]
+            for source, sink in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pipe, args=(source, sink), daemon=True).start()
+
+    def _pipe(self, source: socket.socket, sink: socket.socket) -> None:
+        try:
+            while self._open.is_set() and (chunk := source.recv(1 << 16)):
+                sink.sendall(chunk)
+        except OSError:
+            pass
+        finally:
+            _close(source)
+            _close(sink)
+
+
+def _close(conn: socket.socket) -> None:
+    try:
+        conn.close()
+    except OSError:
+        pass
+
+
+class S3Server:
+    """A running moto server behind a cuttable proxy; `env` is what a client process needs to reach it."""
+
+    def __init__(self, proxy: CuttableProxy):
+        self.proxy = proxy
+        self.endpoint = f"http://127.0.0.1:{proxy.port}"
+
+    @property
+    def env(self) -> dict[str, str]:
+        return {
+            "AWS_ENDPOINT_URL": self.endpoint,
+            "AWS_ACCESS_KEY_ID": FAKE_KEY_ID,
+            "AWS_SECRET_ACCESS_KEY": FAKE_SECRET,
+            "AWS_DEFAULT_REGION": "us-east-1",
+        }
+
+    def make_bucket(self, name: str) -> str:
+        """Create `name` and return its URL, `s3://name`."""
+        import boto3
+
+        boto3.client("s3", endpoint_url=self.endpoint, **_credentials()).create_bucket(Bucket=name)
+        return f"s3://{name}"
+
+
+def _credentials() -> dict[str, str]:
+    return {"aws_access_key_id": FAKE_KEY_ID, "aws_secret_access_key": FAKE_SECRET, "region_name": "us-east-1"}
+
+
+@contextmanager
+def running_s3_server() -> Iterator[S3Server]:
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    try:
+        yield S3Server(CuttableProxy(server.get_host_and_port()))
+    finally:
+        server.stop()

@@ -1,0 +1,58 @@
+"""The object-store room's base: URLs, the file system, secrets kept out of text, the test server itself."""
+
+from __future__ import annotations
+
+import pytest
+
+from hf_pretrain.object_store.cache import local_copy
+from hf_pretrain.object_store.secrets import redact
+from hf_pretrain.object_store.urls import StoreUnavailable, StoreURL, filesystem, is_url
+from tests.object_store_server import FAKE_SECRET
+
+
+def test_locations_are_urls_only_with_a_store_scheme(tmp_path):
+    assert is_url("s3://bucket/run") and is_url("hf://datasets/me/data")
+    assert not is_url("runs/smoke") and not is_url("file:///tmp/x") and not is_url(tmp_path)
+    url = StoreURL.parse("s3://bucket/runs/1b/")
+    assert (str(url), url.bucket, str(url.join("checkpoints", "step_1/"))) == (
+        "s3://bucket/runs/1b",
+        "bucket",
+        "s3://bucket/runs/1b/checkpoints/step_1",
+    )
+    assert local_copy(url, "runs", tmp_path) == tmp_path / "runs" / "s3" / "bucket" / "runs" / "1b"
+
+
+@pytest.mark.parametrize(
+    ("url", "says"), [("ftp2://x/y", "is not a store hf-pretrain knows"), ("s3://", "names no bucket")]
+)
+def test_a_url_this_machine_cannot_use_is_one_line(url, says):
+    with pytest.raises(StoreUnavailable, match=says) as refused:
+        StoreURL.parse(url)
+    assert "\n" not in str(refused.value)
+
+
+def test_redact_masks_held_credentials_and_secret_shapes(monkeypatch):
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", FAKE_SECRET)
+    text = redact(
+        f"failed with {FAKE_SECRET} at https://b.s3/x?X-Amz-Signature=deadbeef&X-Amz-Credential=AKIA%2F1&part=2 "
+        "from s3://user:pw@host/x by hf_abcdefghijklmnopqrstuvwxyz012"
+    )
+    assert FAKE_SECRET not in text and "deadbeef" not in text and "AKIA%2F1" not in text
+    assert ":pw@" not in text and "hf_abcdefghijklmnop" not in text
+    assert "part=2" in text and "s3://user:***@host/x" in text  # what is not secret stays readable
+
+
+def test_the_local_server_round_trips_and_its_outage_is_seen(s3_server, s3_bucket):
+    fs = filesystem(StoreURL.parse(s3_bucket))
+    path = StoreURL.parse(s3_bucket).join("a.bin").path
+    fs.pipe(path, b"x" * 1000)
+    assert fs.cat(path) == b"x" * 1000
+    from botocore.exceptions import BotoCoreError
+
+    s3_server.proxy.cut()
+    try:
+        with pytest.raises((OSError, BotoCoreError)):
+            filesystem(StoreURL.parse(s3_bucket)).cat(path)
+    finally:
+        s3_server.proxy.restore()
+    assert filesystem(StoreURL.parse(s3_bucket)).cat(path) == b"x" * 1000  # the data outlived the outage

@@ -1,0 +1,288 @@
+"""A run whose output_dir is an object-store URL (issue 40), against a local S3 server (moto).
+
+The acceptance run: trained to `s3://` in folder A and SIGKILLed once a checkpoint reached the store,
+then the same command from folder B with an empty cache finishes it, bit for bit equal to the
+uninterrupted reference run. Then the faults: the store cut mid-upload, a checksum mismatch on
+download, a store that cannot be used at the start, a second machine on the same URL, and secrets.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from hf_pretrain.exit_codes import EXIT_LOCKED, EXIT_PREFLIGHT
+from tests.helpers import ROOT, SHORT_RUN, offline_env
+from tests.object_store_server import FAKE_KEY_ID, FAKE_SECRET
+
+
+def train_command(data_dir: Path, url: str, **overrides) -> list[str]:
+    cmd = [sys.executable, str(ROOT / "hf_pretrain" / "train.py"), "--recipe", "smoke"]
+    for key, value in {**SHORT_RUN, "data_dir": data_dir, "output_dir": url, **overrides}.items():
+        cmd += [f"--{key}", str(value)]
+    return cmd
+
+
+def machine(folder: Path, s3_server) -> dict:
+    """Another machine: its own working folder and an empty cache, only the store's address shared."""
+    folder.mkdir(parents=True, exist_ok=True)
+    return {"cwd": folder, "env": {**offline_env(), **s3_server.env, "HF_PRETRAIN_HOME": str(folder / "home")}}
+
+
+def store_fs():
+    import s3fs
+
+    return s3fs.S3FileSystem(skip_instance_cache=True, use_listings_cache=False)
+
+
+def complete_in_store(url: str) -> list[int]:
+    from hf_pretrain.object_store.pull import complete_steps
+    from hf_pretrain.object_store.urls import StoreURL
+
+    return complete_steps(store_fs(), StoreURL.parse(url))
+
+
+def wait_until(condition, process: subprocess.Popen, timeout: float = 180, poll: float = 0.05) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return
+        if process.poll() is not None:
+            raise AssertionError(f"the trainer ended first:\n{process.communicate()[0][-3000:]}")
+        time.sleep(poll)
+    raise AssertionError("timed out")
+
+
+def every_file_text(*folders: Path) -> str:
+    return "".join(p.read_bytes().decode("latin-1") for f in folders for p in f.rglob("*") if p.is_file())
+
+
+@pytest.mark.slow
+def test_a_run_killed_on_one_machine_finishes_on_another_bit_for_bit(
+    reference_run, smoke_data, s3_bucket, s3_server, tmp_path
+):
+    url = f"{s3_bucket}/run"
+    a, b = machine(tmp_path / "A", s3_server), machine(tmp_path / "B", s3_server)
+    first = subprocess.Popen(
+        train_command(smoke_data, url), **a, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    wait_until(lambda: complete_in_store(url), first)  # a checkpoint reached the store ...
+    first.send_signal(signal.SIGKILL)  # ... and the machine is lost
+    log_a = first.communicate(timeout=60)[0]
+    assert first.returncode == -signal.SIGKILL, log_a[-2000:]
+    assert not store_fs().exists(f"{url}/final"), "the run finished before the kill"
+
+    second = subprocess.run(train_command(smoke_data, url), **b, capture_output=True, text=True, timeout=600)
+    log_b = second.stdout + second.stderr
+    assert second.returncode == 0, log_b[-3000:]
+    assert "took over the lease" in log_b  # the killed holder's lease, its pid gone
+    assert "resumed from" in log_b and "starting from step 0" not in log_b
+
+    reference = load_file(reference_run[0] / "final" / "model.safetensors")
+    local_b = tmp_path / "B" / "home" / "runs" / "s3" / url.removeprefix("s3://")
+    finished = load_file(local_b / "final" / "model.safetensors")
+    assert reference.keys() == finished.keys()
+    assert all(torch.equal(reference[k], finished[k]) for k in reference)
+    in_store = tmp_path / "final_from_store.safetensors"
+    store_fs().get_file(f"{url}/final/model.safetensors", str(in_store))
+    assert all(torch.equal(reference[k], v) for k, v in load_file(in_store).items())
+
+    status = json.loads(store_fs().cat_file(f"{url}/status.json"))
+    assert status["state"] == "finished" and status["store"]["last_step"] == 12, status
+    assert status["store"]["steps_behind"] == 0 and status["store"]["last_error"] is None
+    assert not store_fs().exists(f"{url}/lease.json")  # released at the end
+
+    # (f) no credential anywhere: logs, both local copies (status.json, metrics, recipe), the store's objects
+    store_copy = tmp_path / "store_copy"
+    store_fs().get(f"{url}/", str(store_copy), recursive=True)
+    text = log_a + log_b + every_file_text(tmp_path / "A", tmp_path / "B", store_copy)
+    assert FAKE_SECRET not in text and FAKE_KEY_ID not in text
+
+
+@pytest.mark.slow
+def test_the_store_cut_mid_upload_training_goes_on_and_the_upload_completes(smoke_data, s3_bucket, s3_server, tmp_path):
+    url = f"{s3_bucket}/run"
+    a = machine(tmp_path / "A", s3_server)
+    local = tmp_path / "A" / "home" / "runs" / "s3" / url.removeprefix("s3://")
+    trainer = subprocess.Popen(
+        train_command(smoke_data, url), **a, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    wait_until(lambda: (local / "checkpoints" / "step_00000004").is_dir(), trainer)
+    s3_server.proxy.cut()  # the store's server is gone while step 4 goes up
+    try:
+        steps_at_cut = _logged_steps(local)
+        wait_until(lambda: _logged_steps(local) >= steps_at_cut + 3, trainer, timeout=120)  # training goes on
+        status = json.loads((local / "status.json").read_text())
+        assert status["state"] == "running"
+    finally:
+        s3_server.proxy.restore()
+    out = trainer.communicate(timeout=600)[0]
+    assert trainer.returncode == 0, out[-3000:]
+    assert complete_in_store(url)[0] == 12
+    status = json.loads((local / "status.json").read_text())
+    assert status["store"]["last_step"] == 12 and status["store"]["steps_behind"] == 0, status["store"]
+
+    # nothing torn is used: a fresh machine pulls the newest checkpoint, verified against its manifest
+    from hf_pretrain.object_store.pull import pull_run
+    from hf_pretrain.object_store.urls import StoreURL
+
+    said = []
+    assert pull_run(store_fs(), StoreURL.parse(url), tmp_path / "fresh", say=said.append) == 12, said
+    assert not any("fails" in line for line in said)
+
+
+def _logged_steps(local: Path) -> int:
+    try:
+        return sum(1 for line in (local / "metrics.jsonl").read_text().splitlines() if '"kind": "train"' in line)
+    except OSError:
+        return 0
+
+
+def test_a_checksum_mismatch_on_download_falls_back_and_names_the_file(reference_run, s3_bucket, tmp_path):
+    from hf_pretrain.object_store.pull import pull_run
+    from hf_pretrain.object_store.urls import StoreURL
+
+    url, fs = f"{s3_bucket}/run", store_fs()
+    steps = sorted(p.name for p in (reference_run[0] / "checkpoints").iterdir() if p.name[5:].isdigit())
+    for name in steps[-2:]:
+        fs.put(str(reference_run[0] / "checkpoints" / name), f"{url}/checkpoints/{name}", recursive=True)
+    newest = f"{url}/checkpoints/{steps[-1]}/model.safetensors"
+    damaged = bytearray(fs.cat_file(newest))
+    damaged[-1] ^= 0xFF  # same size, one bit pattern changed: only the checksum can tell
+    fs.pipe_file(newest, bytes(damaged))
+
+    said = []
+    step = pull_run(fs, StoreURL.parse(url), tmp_path / "copy", say=said.append)
+    assert step == int(steps[-2][5:])
+    assert any("model.safetensors fails its checksum" in line and steps[-1] in line for line in said), said
+    assert (tmp_path / "copy" / "checkpoints" / steps[-2]).is_dir()
+    assert not (tmp_path / "copy" / "checkpoints" / steps[-1]).exists()
+
+
+def _start(smoke_data, url, env, tmp_path) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        train_command(smoke_data, url),
+        cwd=tmp_path,
+        env={**offline_env(), **env},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def test_a_store_that_cannot_be_used_is_refused_at_the_start_in_one_line(smoke_data, s3_server, tmp_path):
+    env = {**s3_server.env, "HF_PRETRAIN_HOME": str(tmp_path / "home")}
+    missing = _start(smoke_data, "s3://no-such-bucket-here/run", env, tmp_path)
+    unreachable = _start(smoke_data, "s3://any-bucket/run", {**env, "AWS_ENDPOINT_URL": "http://127.0.0.1:9"}, tmp_path)
+    for result, says in ((missing, "bucket 'no-such-bucket-here' does not exist"), (unreachable, "does not answer")):
+        assert result.returncode == EXIT_PREFLIGHT, result.stderr[-2000:]
+        lines = [line for line in result.stderr.splitlines() if line.strip()]
+        assert len(lines) == 1 and says in lines[0] and "Traceback" not in result.stderr, result.stderr
+        assert FAKE_SECRET not in result.stdout + result.stderr
+    assert not (tmp_path / "home" / "runs").exists()  # before any work
+
+
+def test_a_second_machine_on_the_same_url_is_refused_naming_the_first(smoke_data, s3_bucket, s3_server, tmp_path):
+    url = f"{s3_bucket}/run"
+    lease = {"host": "gpu-box-7", "pid": 4242, "run_id": "abc", "since": "2026-11-26T10:00:00+0000"}
+    store_fs().pipe_file(
+        f"{url}/lease.json", json.dumps({**lease, "heartbeat": time.time(), "heartbeat_s": 30}).encode()
+    )
+    result = _start(smoke_data, url, {**s3_server.env, "HF_PRETRAIN_HOME": str(tmp_path / "home")}, tmp_path)
+    assert result.returncode == EXIT_LOCKED, result.stderr[-2000:]
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "gpu-box-7" in lines[0] and "2026-11-26T10:00:00" in lines[0], result.stderr
+    assert json.loads(store_fs().cat_file(f"{url}/lease.json"))["host"] == "gpu-box-7"  # untouched
+
+
+def test_a_stale_lease_is_taken_over_and_a_live_one_is_not(s3_bucket):
+    from hf_pretrain.object_store.lease import STALE_BEATS, Lease, LeaseHeld
+    from hf_pretrain.object_store.urls import StoreURL
+
+    url, fs = StoreURL.parse(f"{s3_bucket}/run"), store_fs()
+    first = Lease(fs, url, heartbeat_s=10)
+    assert first.acquire() is None
+    with pytest.raises(LeaseHeld, match="is trained by"):
+        Lease(fs, url, heartbeat_s=10).acquire()
+    # the first holder's machine is lost: its heartbeat ages past STALE_BEATS beats
+    record = json.loads(fs.cat_file(url.join("lease.json").path))
+    record |= {"host": "lost-spot-instance", "heartbeat": time.time() - STALE_BEATS * 10 - 1}
+    fs.pipe_file(url.join("lease.json").path, json.dumps(record).encode())
+    second = Lease(fs, url, heartbeat_s=10)
+    assert "lost-spot-instance" in second.acquire()
+    first.beat()  # the old holder, back from the dead, sees it lost the lease and writes nothing
+    assert first.lost_to is not None and first.lost_to.run_id == second.run_id
+    assert json.loads(fs.cat_file(url.join("lease.json").path))["run_id"] == second.run_id
+    second.release()
+    assert not fs.exists(url.join("lease.json").path)
+
+
+def test_a_local_run_never_imports_a_store_client():
+    code = (
+        "import sys; from hf_pretrain.config import load_recipe; from hf_pretrain.train import in_store;"
+        "import hf_pretrain.training.loop;"
+        "recipe, store = in_store(load_recipe('smoke', {'output_dir': 'runs/x'}));"
+        "assert store is None and recipe.train.output_dir == 'runs/x';"
+        "bad = [m for m in ('s3fs', 'gcsfs', 'hf_pretrain.object_store.run_sync') if m in sys.modules];"
+        "assert not bad, bad"
+    )
+    subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=offline_env(), check=True)
+
+
+def test_export_report_and_status_read_a_run_url(reference_run, s3_bucket, s3_server, tmp_path, monkeypatch, capsys):
+    from hf_pretrain import report, run_status
+    from hf_pretrain.publish import export
+
+    monkeypatch.setenv("HF_PRETRAIN_HOME", str(tmp_path / "home"))
+    url, fs = f"{s3_bucket}/run", store_fs()
+    newest = max(p.name for p in (reference_run[0] / "checkpoints").iterdir() if p.name[5:].isdigit())
+    fs.put(str(reference_run[0] / "checkpoints" / newest), f"{url}/checkpoints/{newest}", recursive=True)
+    for name in ("metrics.jsonl", "resolved_recipe.yaml", "status.json", "samples.jsonl"):
+        fs.put_file(str(reference_run[0] / name), f"{url}/{name}")
+
+    assert export.main(["--checkpoint", url, "--out", str(tmp_path / "model"), "--dtype", "fp32"]) == 0
+    exported = load_file(tmp_path / "model" / "model.safetensors")
+    final = load_file(reference_run[0] / "final" / "model.safetensors")
+    assert all(torch.equal(final[k], exported[k]) for k in final)
+    assert report.main([url, "--output", str(tmp_path / "report")]) == 0
+    assert (tmp_path / "report" / "report.md").is_file() or list((tmp_path / "report").glob("*.md"))
+    assert export.main(["--checkpoint", "s3://no-such-bucket-x/run", "--out", str(tmp_path / "m2")]) == EXIT_PREFLIGHT
+    capsys.readouterr()
+    assert run_status.main([url]) == 0
+    said = capsys.readouterr().out
+    assert "finished" in said and newest.split("_")[-1].lstrip("0") in said.replace(",", "")
+    assert run_status.main(["s3://no-such-bucket-x/run"]) == EXIT_PREFLIGHT
+
+
+@pytest.mark.slow
+def test_a_stop_written_into_the_store_reaches_the_trainer(smoke_data, s3_bucket, s3_server, tmp_path):
+    url = f"{s3_bucket}/run"
+    a = machine(tmp_path / "A", s3_server)
+    local = tmp_path / "A" / "home" / "runs" / "s3" / url.removeprefix("s3://")
+    trainer = subprocess.Popen(
+        train_command(smoke_data, url, max_steps=60, eval_interval=30),
+        **a,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    wait_until(lambda: _logged_steps(local) >= 2, trainer)
+    laptop = machine(tmp_path / "laptop", s3_server)
+    stop = subprocess.run(
+        [sys.executable, "-m", "hf_pretrain.cli", "stop", url], **laptop, capture_output=True, text=True, timeout=120
+    )
+    assert stop.returncode == 0, stop.stderr
+    assert "asked the run" in stop.stdout and f"{url}/stop_request.json" in stop.stdout
+    out = trainer.communicate(timeout=600)[0]
+    assert trainer.returncode == 0, out[-3000:]
+    assert "a stop request for" in out
+    assert _logged_steps(local) < 60  # it stopped early
+    assert json.loads(store_fs().cat_file(f"{url}/status.json"))["state"] in ("finished", "stopped")
