@@ -26,6 +26,10 @@ COMMANDS = {
     ),
     "eval": ("hf_pretrain.evaluation.eval_command", "score a model with lm-evaluation-harness"),
     "bench": ("hf_pretrain.bench", "measure tokens/s, MFU, memory and $/token for recipe variants"),
+    "check": (
+        "hf_pretrain.check",
+        "is this pod worth renting for the recipe? five minutes, no data (rent, check, then move in)",
+    ),
     "plan": ("hf_pretrain.economics.plan", "tokens, time and cost of a run before it starts"),
     "report": ("hf_pretrain.report", "plots and a page for a run folder"),
     "demo": ("hf_pretrain.publish.demo_command", "a Gradio app that compares checkpoints"),
