@@ -209,13 +209,8 @@ def apply_liger(model: LlamaForCausalLM, log=print) -> bool:
     """Swap in Liger's Triton kernels (RMSNorm, SwiGLU, RoPE); True when they were applied, and then the
     loss is Liger's fused linear cross entropy too (hf_pretrain/loss.py, `loss_head_for`).
 
-    Liger needs CUDA and Triton; anywhere else we say so and train with the stock modules.
+    Liger needs CUDA and Triton: the run profile asks for it on a GPU only (run_profile.Step.liger).
     """
-    import torch
-
-    if not torch.cuda.is_available():
-        log("liger: CUDA is not available, training with the standard kernels")
-        return False
     try:
         patch_with_liger(model)
     except ImportError as exc:

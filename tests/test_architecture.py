@@ -200,3 +200,35 @@ def test_no_function_in_the_checkpoint_wing_is_longer_than_a_screen(room):
         and node.end_lineno - node.lineno + 1 > LONGEST_FUNCTION
     ]
     assert not long, long
+
+
+# How a run executes is decided once, in run_profile.py (the precision of `mixed_precision: auto`, the
+# device, the card's facts); config/ defines the key, and the assets run inside lm-eval, not the package.
+DEVICE_QUESTIONS = {"is_available", "is_bf16_supported", "get_device_capability", "get_device_name"}
+PROFILE_HOME = {f"{PACKAGE}.run_profile"}
+
+
+def _decides_again(module: str) -> set[str]:
+    """What `module` reads or asks that only the run profile may: `.mixed_precision`, torch's device."""
+    found = set()
+    for node in ast.walk(ast.parse(MODULES[module].read_text())):
+        if isinstance(node, ast.Attribute) and node.attr == "mixed_precision":
+            found.add(f"{module}:{node.lineno} reads .mixed_precision")
+        if isinstance(node, ast.Attribute) and node.attr in DEVICE_QUESTIONS:
+            inner = node.value
+            if isinstance(inner, ast.Attribute) and inner.attr in ("cuda", "mps"):  # torch.cuda.X, torch.backends.mps.X
+                found.add(f"{module}:{node.lineno} asks torch.{inner.attr}.{node.attr}")
+    return found
+
+
+def test_only_the_run_profile_resolves_the_precision_and_asks_torch_for_the_device():
+    exempt = PROFILE_HOME | set(_room(f"{PACKAGE}.config")) | set(_room(f"{PACKAGE}.evaluation.assets"))
+    wrong = sorted(line for module in MODULES if module not in exempt for line in _decides_again(module))
+    assert not wrong, wrong
+
+
+def test_the_profile_check_sees_a_module_that_decides_again(tmp_path, monkeypatch):
+    source = tmp_path / "again.py"
+    source.write_text("import torch\nx = torch.cuda.is_available() and recipe.train.mixed_precision\n")
+    monkeypatch.setitem(MODULES, "again", source)
+    assert len(_decides_again("again")) == 2

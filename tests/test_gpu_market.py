@@ -9,10 +9,11 @@ import pytest
 
 from hf_pretrain.config import load_recipe
 from hf_pretrain.economics import performance, plan, published
-from hf_pretrain.economics.gpus import FP8_COMPUTE_CAPABILITY, gpu_named, gpu_table
+from hf_pretrain.economics.gpus import gpu_named, gpu_table
 from hf_pretrain.economics.memory import estimate_memory, fit_in_memory, with_checkpointed_layers, with_micro_batch
 from hf_pretrain.economics.workload import recipe_workload
 from hf_pretrain.model import recipe_tokenizer_size
+from hf_pretrain.run_profile import FP8_COMPUTE_CAPABILITY
 
 ONE_B = load_recipe("1b")
 TOKENS = ONE_B.train.max_steps * ONE_B.train.global_batch_tokens

@@ -29,6 +29,7 @@ from hf_pretrain.formatting import formatted
 from hf_pretrain.model import recipe_flops_per_token
 from hf_pretrain.preflight import MEMORY_PROBE_ENV
 from hf_pretrain.run_dir import RunDir, read_jsonl
+from hf_pretrain.run_profile import device_kind
 
 
 @dataclass
@@ -172,7 +173,7 @@ def run_in_this_process(recipe: Recipe, result_path: Path) -> int:
     """Train `recipe` here and write a RunResult; what `--worker_result` runs in each child."""
     from hf_pretrain.train import run_training
 
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device("cuda" if device_kind() == "cuda" else "cpu")
     result = try_on_device(run_training, recipe, DeviceMemory(device))
     result_path.write_text(json.dumps(asdict(result)))
     return 0

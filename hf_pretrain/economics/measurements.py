@@ -29,8 +29,8 @@ from typing import Any
 
 from hf_pretrain.config import Recipe
 from hf_pretrain.economics.gpus import find_gpu
-from hf_pretrain.hardware import training_precision
 from hf_pretrain.model import recipe_tokenizer_size
+from hf_pretrain.run_profile import A_GPU, Machine, run_profile, this_machine
 from hf_pretrain.versions import installed_version
 
 STORE_NAME = "measurements.jsonl"
@@ -47,11 +47,11 @@ def store_path() -> Path:
     return Path(cache).expanduser() / "hf_pretrain" / STORE_NAME
 
 
-def configuration(recipe: Recipe, world_size: int = 1) -> dict[str, Any]:
-    """What a measurement is the measurement of: every recipe setting that changes a step's speed or memory."""
-    m, t = recipe.model, recipe.train
-    # only GPUs are recorded: `auto` is bf16 there (a GPU without bf16 measures `no` under its own name)
-    precision = training_precision(t.mixed_precision, cuda_available=True, bf16_supported=True)
+def configuration(recipe: Recipe, world_size: int = 1, machine: Machine = A_GPU) -> dict[str, Any]:
+    """What a measurement is the measurement of: the model's shape and the batch, and the step as the run
+    profile resolves it (run_profile.Step.key: every setting that changes a step's speed or memory).
+    Only GPUs are recorded: `machine` is a GPU with bf16 unless given."""
+    m = recipe.model
     return {
         "layers": m.num_hidden_layers,
         "hidden_size": m.hidden_size,
@@ -61,17 +61,8 @@ def configuration(recipe: Recipe, world_size: int = 1) -> dict[str, Any]:
         "vocab": recipe_tokenizer_size(recipe),
         "tie_word_embeddings": m.tie_word_embeddings,
         "seq_len": recipe.data.seq_len,
-        "micro_batch_size": t.micro_batch_size,
-        "global_batch_tokens": t.global_batch_tokens,
-        "compile": t.compile,
-        "compile_regions": t.compile and t.compile_regions,
-        "liger": t.liger,
-        "checkpointed_layers": recipe.checkpointed_layer_count,
-        "optimizer": t.optimizer,
-        "chunked_loss": t.chunked_loss,
-        "precision": precision,
-        "fp8_recipe": t.fp8_recipe if precision == "fp8" else None,  # tensorwise and rowwise differ in speed
-        "world_size": world_size,
+        "global_batch_tokens": recipe.train.global_batch_tokens,
+        **run_profile(recipe, machine, world_size).step.key(),
     }
 
 
@@ -101,11 +92,9 @@ class Measurement:
 
 def this_gpu() -> str | None:
     """The CUDA name of the GPU runs here train on, or None on a CPU (which records nothing), also where
-    Accelerate is told to use the CPU beside a GPU (as training/loop.py's `setup` reads it)."""
-    import torch
-
-    on_cpu = os.environ.get("ACCELERATE_USE_CPU", "").lower() in ("1", "true")
-    return torch.cuda.get_device_name(0) if torch.cuda.is_available() and not on_cpu else None
+    Accelerate is told to use the CPU beside a GPU (run_profile.this_machine)."""
+    machine = this_machine()
+    return machine.name if machine.on_gpu else None
 
 
 def _table_name(device: str) -> str:
@@ -150,6 +139,15 @@ def record_measurement(
     return measurement
 
 
+def _current(record: dict[str, Any]) -> dict[str, Any]:
+    """A record as this version keys it: fp32 was once keyed by Accelerate's name, `no`."""
+    record.pop("shipped", None)
+    key = record.get("configuration")
+    if isinstance(key, dict) and key.get("precision") == "no":
+        record["configuration"] = {**key, "precision": "fp32"}
+    return record
+
+
 def _stored(store: Path, shipped: bool) -> list[Measurement]:
     """The measurements of one store, newest first (nothing where it cannot be read)."""
     try:
@@ -159,7 +157,7 @@ def _stored(store: Path, shipped: bool) -> list[Measurement]:
     found = []
     for line in reversed(lines):
         try:
-            found.append(Measurement(**{**json.loads(line), "shipped": shipped}))
+            found.append(Measurement(**_current(json.loads(line)), shipped=shipped))
         except (ValueError, TypeError):  # a line another version wrote, or a torn one
             continue
     return found

@@ -9,7 +9,8 @@ from dataclasses import dataclass, replace
 from hf_pretrain.config import Recipe
 from hf_pretrain.economics.gpus import gpu_named
 from hf_pretrain.economics.performance import step_time
-from hf_pretrain.economics.workload import LOSS_BYTES, Shape, StepConfig, Workload, recipe_shape, workload
+from hf_pretrain.economics.workload import LOSS_BYTES, Shape, Workload, recipe_shape, workload
+from hf_pretrain.run_profile import Step
 
 H100_TABLE = (
     "the shared GPU table (2026-11-25): NVIDIA H100 80GB HBM3 (SXM), torch 2.11.0+cu130, transformers 5.23.0, "
@@ -67,7 +68,7 @@ def mpt_1b_shape() -> Shape:
 # step's do), but its loss is torch's uncompiled cross entropy (an fp32 upcast of the logits): a
 # compiled step with the eager loss.
 def _mpt_1b(shape: Shape, micro_batch_size: int, tokens_per_step_per_gpu: float, precision: str = "bf16") -> Workload:
-    config = StepConfig(micro_batch_size=micro_batch_size, precision=precision)
+    config = Step(micro_batch_size=micro_batch_size, precision=precision)
     work = workload(shape, config, tokens_per_step_per_gpu)
     eager_loss = (LOSS_BYTES["eager"] - LOSS_BYTES["compiled"]) * shape.vocab_rows
     return replace(work, pointwise_bytes=work.pointwise_bytes + eager_loss)
@@ -77,7 +78,7 @@ def published_runs(one_b: Recipe) -> list[PublishedRun]:
     """Every measurement of the check, with `one_b` the shipped `1b` recipe (compiled, AdamW, bf16)."""
     shape = recipe_shape(one_b)
     step = one_b.train.global_batch_tokens
-    compiled = StepConfig(micro_batch_size=one_b.train.micro_batch_size)
+    compiled = Step(micro_batch_size=one_b.train.micro_batch_size)
     eager = replace(compiled, compiled=False)
     return [
         PublishedRun("1b as shipped (compile)", "H100 SXM", 77_935, workload(shape, compiled, step), H100_TABLE, 0.10),
@@ -139,7 +140,7 @@ class Fp8Speedup:
 
 
 def _pair(shape: Shape, micro_batch_size: int, tokens_per_step: float) -> tuple[Workload, Workload]:
-    bf16 = StepConfig(micro_batch_size=micro_batch_size)
+    bf16 = Step(micro_batch_size=micro_batch_size)
     return workload(shape, bf16, tokens_per_step), workload(shape, replace(bf16, precision="fp8"), tokens_per_step)
 
 
