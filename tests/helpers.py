@@ -92,3 +92,16 @@ def save_with_stand_ins(accelerator, output_dir: Path, step: int, **options):
         tokenizer=StandInTokenizer(),
         **options,
     )
+
+
+class FakeLog:
+    """A RunLogger stand-in for the guards: what they said and recorded, kept."""
+
+    def __init__(self):
+        self.lines, self.records = [], []
+
+    def say(self, text, every_process=False):
+        self.lines.append(text)
+
+    def record(self, record):
+        self.records.append(record)

@@ -25,7 +25,7 @@ from hf_pretrain.training.session import Session, read_status
 from hf_pretrain.training.state import TrainState
 from hf_pretrain.training.stop_request import main as stop_main
 from hf_pretrain.training.stop_request import take_up_at_start
-from tests.helpers import launch_training
+from tests.helpers import FakeLog, launch_training
 
 
 # ---------------------------------------------------------------------- a run folder by hand
@@ -39,17 +39,6 @@ def fake_checkpoint(run: Path, step: int, **state) -> Path:
 
 def write_status(run: Path, **status) -> None:
     RunDir(run).status.write_text(json.dumps(status))
-
-
-class FakeLog:
-    def __init__(self):
-        self.lines, self.records = [], []
-
-    def say(self, text, every_process=False):
-        self.lines.append(text)
-
-    def record(self, record):
-        self.records.append(record)
 
 
 # ---------------------------------------------------------------------- 4. stop requests

@@ -35,7 +35,7 @@ from hf_pretrain.stop_file import read_stop_request, request_stop
 from hf_pretrain.training.guards import Guards
 from hf_pretrain.training.state import TrainState
 from hf_pretrain.training.stop_request import main as stop_main
-from tests.helpers import ROOT, SHORT_RUN, launch_training, offline_env
+from tests.helpers import ROOT, SHORT_RUN, FakeLog, launch_training, offline_env
 
 
 def train_config(**overrides):
@@ -123,17 +123,6 @@ def test_the_stop_command_writes_a_request_the_loop_can_read(tmp_path, capsys):
         cwd=ROOT,
     )
     assert process.returncode == 0 and "--cooldown_steps" in process.stdout
-
-
-class FakeLog:
-    def __init__(self):
-        self.lines, self.records = [], []
-
-    def say(self, text, every_process=False):
-        self.lines.append(text)
-
-    def record(self, record):
-        self.records.append(record)
 
 
 def guarded_state(tmp_path, **overrides):
