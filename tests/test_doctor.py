@@ -21,6 +21,7 @@ from hf_pretrain.config import Recipe, load_recipe
 from hf_pretrain.data import PackedDataset
 from hf_pretrain.data import loader as loader_module
 from hf_pretrain.economics.memory import estimate_memory, layer_activation_bytes_per_token
+from hf_pretrain.exit_codes import EXIT_CONFIG
 from hf_pretrain.formatting import human_bytes
 from hf_pretrain.model import recipe_tokenizer_size
 from hf_pretrain.preflight import CheckResult, PreflightError, format_table, preflight, run_checks
@@ -501,5 +502,5 @@ def test_doctor_command_passes_a_prepared_smoke_run(smoke_data, tmp_path):
 
 def test_doctor_command_exits_nonzero_on_a_failure(tmp_path):
     result = doctor("--data_dir", str(tmp_path / "nothing"), "--output_dir", str(tmp_path / "run"))
-    assert result.returncode == 1
+    assert result.returncode == EXIT_CONFIG
     assert "FAIL" in result.stdout and "hf-pretrain prepare --recipe smoke" in result.stdout

@@ -19,6 +19,7 @@ from hf_pretrain.checkpoints.load import load_checkpoint_model
 from hf_pretrain.checkpoints.manifest import CheckpointError, write_manifest
 from hf_pretrain.checkpoints.store import resolve_checkpoint
 from hf_pretrain.config import load_recipe
+from hf_pretrain.exit_codes import EXIT_CONFIG
 from hf_pretrain.model import build_model
 from hf_pretrain.optim import build_optimizer
 from hf_pretrain.publish import export
@@ -216,8 +217,8 @@ def test_fsdp_sharded_checkpoint_exports_the_same_weights(reference_run, exports
 
 def test_export_says_what_is_wrong(reference_run, exports, tmp_path, capsys):
     run_dir, _ = reference_run
-    assert export.main(["--checkpoint", str(tmp_path / "nowhere"), "--out", str(tmp_path / "o")]) == 1
+    assert export.main(["--checkpoint", str(tmp_path / "nowhere"), "--out", str(tmp_path / "o")]) == EXIT_CONFIG
     assert "neither a checkpoint" in capsys.readouterr().err
-    assert export.main(["--checkpoint", str(run_dir), "--out", str(exports / "bf16")]) == 1
+    assert export.main(["--checkpoint", str(run_dir), "--out", str(exports / "bf16")]) == EXIT_CONFIG
     assert "--overwrite" in capsys.readouterr().err
     assert (exports / "bf16" / "model.safetensors").is_file()  # untouched

@@ -15,6 +15,7 @@ import pytest
 from hf_pretrain.checkpoints.layout import TRAIN_STATE
 from hf_pretrain.checkpoints.manifest import write_manifest
 from hf_pretrain.config import build_recipe, load_recipe
+from hf_pretrain.exit_codes import EXIT_CONFIG
 from hf_pretrain.optim import Cooldown
 from hf_pretrain.preflight import run_checks
 from hf_pretrain.run_dir import RunDir
@@ -247,12 +248,12 @@ def test_eval_on_an_export_missing_a_file_names_it(tmp_path, capsys, missing):
         (folder / name).write_text("{}")
     (folder / "model.safetensors").write_bytes(b"")
     (folder / missing).unlink()
-    assert harness.main(["--model", str(folder), "--tasks", "arc_easy", "--limit", "2"]) == 1
+    assert harness.main(["--model", str(folder), "--tasks", "arc_easy", "--limit", "2"]) == EXIT_CONFIG
     err = capsys.readouterr().err
     assert f"{folder} has no {missing}: not a whole model folder" in err and "--overwrite" in err
     assert "Traceback" not in err and not (folder / "eval").exists()
     (folder / missing).write_text('{"model_type": "lla')  # cut short
-    assert harness.main(["--model", str(folder), "--tasks", "arc_easy"]) == 1
+    assert harness.main(["--model", str(folder), "--tasks", "arc_easy"]) == EXIT_CONFIG
     assert f"{folder / missing} cannot be read" in capsys.readouterr().err
 
 
@@ -364,7 +365,9 @@ def test_overwrite_cleans_what_a_killed_export_left_and_exports_are_readable_by_
     (tmp_path / ".tiny.export-k1ll3d").mkdir()  # and the folder an export was being built in
     (tmp_path / ".tiny.export-k1ll3d" / "model.safetensors").write_bytes(b"\0" * 1000)
     refused = run_export(["--checkpoint", reference_run[0], "--out", out])
-    assert refused.returncode == 1 and "tiny-f16.gguf.tmp" in refused.stderr and "--overwrite" in refused.stderr
+    assert (
+        refused.returncode == EXIT_CONFIG and "tiny-f16.gguf.tmp" in refused.stderr and "--overwrite" in refused.stderr
+    )
     elsewhere = run_export(["--checkpoint", reference_run[0], "--out", tmp_path / "tiny2"])
     assert elsewhere.returncode == 0 and "removed" not in elsewhere.stdout  # another --out's leftovers stay
     cleaned = run_export(["--checkpoint", reference_run[0], "--out", out, "--overwrite"], umask="027")

@@ -25,7 +25,7 @@ from hf_pretrain.checkpoints.load import restore_training_state
 from hf_pretrain.checkpoints.manifest import verify_checkpoint, write_manifest
 from hf_pretrain.checkpoints.resume_decision import decide_resume
 from hf_pretrain.config import load_recipe
-from hf_pretrain.exit_codes import EXIT_CRASHED, EXIT_LOCKED, EXIT_PREEMPTED, EXIT_PREFLIGHT
+from hf_pretrain.exit_codes import EXIT_CONFIG, EXIT_CRASHED, EXIT_LOCKED, EXIT_PREEMPTED, EXIT_PREFLIGHT
 from hf_pretrain.model import build_model
 from hf_pretrain.optim import build_optimizer
 from hf_pretrain.publish import export
@@ -321,7 +321,7 @@ def test_export_overwrite_replaces_a_previous_export_and_nothing_else(
     run_dir, _ = reference_run
     common = ["--checkpoint", str(run_dir), "--overwrite"]
     before = tree_digest(run_dir)
-    assert export.main([*common, "--out", str(run_dir)]) == 1  # it used to delete every checkpoint, rc 0
+    assert export.main([*common, "--out", str(run_dir)]) == EXIT_CONFIG  # it used to delete every checkpoint, rc 0
     assert "holds the checkpoint being exported" in capsys.readouterr().err
     assert tree_digest(run_dir) == before
 
@@ -329,7 +329,7 @@ def test_export_overwrite_replaces_a_previous_export_and_nothing_else(
     shutil.copytree(exported, mine)
     (mine / "notes.txt").write_text("my notes")
     (mine / "data").mkdir()
-    assert export.main([*common, "--out", str(mine)]) == 1
+    assert export.main([*common, "--out", str(mine)]) == EXIT_CONFIG
     err = capsys.readouterr().err
     assert "notes.txt" in err and "data/" in err and "not one" in err
     assert (mine / "notes.txt").read_text() == "my notes" and (mine / "model.safetensors").is_file()

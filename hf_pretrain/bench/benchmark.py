@@ -42,6 +42,7 @@ from hf_pretrain.bench.variants import run_in_this_process, variant_grid
 from hf_pretrain.config import Recipe, RecipeError, parse_recipe_args
 from hf_pretrain.data import DataMismatchError
 from hf_pretrain.economics.prices import PriceError, price_table
+from hf_pretrain.exit_codes import EXIT_CONFIG, EXIT_FAILED, EXIT_OK
 
 PROG = "hf-pretrain bench"
 
@@ -139,14 +140,14 @@ def main(argv: list[str] | None = None) -> int:
             quality = quality_request(recipe, args)
         except (RecipeError, ValueError) as exc:
             print(f"{PROG}: error: {exc}", file=sys.stderr)
-            return 2
+            return EXIT_CONFIG
         result = run_quality(quality)
-        return 0 if all(not c["failed"] for c in result["curves"]) else 1
+        return EXIT_OK if all(not c["failed"] for c in result["curves"]) else EXIT_FAILED
     try:
         request = bench_request(recipe, args)
     except (PriceError, RecipeError, ValueError) as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
-        return 2
+        return EXIT_CONFIG
     try:
         result = run_bench(request)
     except DataMismatchError as exc:  # the slice of the corpus it prepared is too small to hold out validation
@@ -154,5 +155,5 @@ def main(argv: list[str] | None = None) -> int:
             f"{PROG}: error: {exc}; or prepare the recipe's data first: hf-pretrain prepare --recipe {recipe.name}",
             file=sys.stderr,
         )
-        return 2
-    return 0 if result["variants"][0]["status"] == "ok" else 1
+        return EXIT_CONFIG
+    return EXIT_OK if result["variants"][0]["status"] == "ok" else EXIT_FAILED

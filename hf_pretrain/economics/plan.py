@@ -38,6 +38,7 @@ from hf_pretrain.economics.performance import (
     modelled_tokens_per_s,
 )
 from hf_pretrain.economics.prices import PriceError, table_gpu_prices
+from hf_pretrain.exit_codes import EXIT_CONFIG
 from hf_pretrain.formatting import human_count, usd
 from hf_pretrain.model import (
     TRAINING_FLOPS_PER_PARAMETER,
@@ -704,7 +705,7 @@ def main(argv: list[str] | None = None) -> int:
     named = [flag for flag in MODEL_FLAGS if _named(flag, argv)]
     if len(named) > 1:
         print(f"{PROG}: error: {' and '.join(named)} name two things to plan: give one", file=sys.stderr)
-        return 2
+        return EXIT_CONFIG
     try:
         if named == ["--recipe"]:
             recipe, args = parse_recipe_args(
@@ -726,6 +727,6 @@ def main(argv: list[str] | None = None) -> int:
         plan = make_plan(request)
     except (RecipeError, PriceError, ValueError) as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
-        return 2
+        return EXIT_CONFIG
     print(json.dumps(plan.to_dict(), indent=1) if args.json else format_plan(plan))
     return 0

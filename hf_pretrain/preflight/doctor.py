@@ -15,6 +15,7 @@ import os
 import sys
 
 from hf_pretrain.config import parse_recipe_args
+from hf_pretrain.exit_codes import EXIT_CONFIG, EXIT_OK
 from hf_pretrain.preflight import CheckResult, PreflightError, format_table, preflight, run_checks
 
 __all__ = ["CheckResult", "PreflightError", "main", "preflight", "run_checks"]
@@ -41,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{note}\n")
     results = run_checks(recipe, world_size=args.num_processes)
     print(format_table(results))
-    return 1 if any(r.status == "fail" for r in results) else 0
+    return EXIT_CONFIG if any(r.status == "fail" for r in results) else EXIT_OK  # what training would exit
 
 
 if __name__ == "__main__":

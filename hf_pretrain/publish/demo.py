@@ -23,6 +23,7 @@ from hf_pretrain.checkpoints.layout import MANIFEST, TRAIN_STATE, checkpoint_pat
 from hf_pretrain.checkpoints.manifest import CheckpointError, verify_checkpoint
 from hf_pretrain.checkpoints.store import Checkpoint, list_checkpoints, resolve_checkpoint
 from hf_pretrain.config import DEFAULT_PROMPTS, CommandParser
+from hf_pretrain.exit_codes import EXIT_CONFIG
 from hf_pretrain.publish.export import ExportError, export_checkpoint
 from hf_pretrain.publish.space_template.app import (
     DEFAULT_TITLE,
@@ -189,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
         demo = build(args.model, args.cache_dir, args.title)
     except DemoError as exc:
         print(f"hf-pretrain demo: {exc}", file=sys.stderr)
-        return 2
+        return EXIT_CONFIG
     demo.launch(server_name=args.host, server_port=args.port, share=args.share)
     return 0
 

@@ -31,8 +31,9 @@ from hf_pretrain.checkpoints.manifest import CheckpointError
 from hf_pretrain.checkpoints.store import Checkpoint, resolve_checkpoint
 from hf_pretrain.config import CommandParser
 from hf_pretrain.data.tokenizer import MODEL_INPUT_NAMES
+from hf_pretrain.exit_codes import EXIT_CONFIG, EXIT_FAILED, EXIT_WRITE_FAILED
 from hf_pretrain.formatting import human_bytes
-from hf_pretrain.publish.gguf import EXIT_WRITE_FAILED, GGUF_TYPES, GGUFError, GGUFWriteError, write_gguf
+from hf_pretrain.publish.gguf import GGUF_TYPES, GGUFError, GGUFWriteError, write_gguf
 from hf_pretrain.publish.hub import push_folder, push_or_explain
 from hf_pretrain.publish.model_card import LOSS_CURVE, CardOptions, write_model_card
 from hf_pretrain.publish.targets import unwritable_reason
@@ -328,14 +329,14 @@ def main(argv: list[str] | None = None) -> int:
         out = export_checkpoint(checkpoint, args.out, args.dtype, options, args.overwrite)
     except (CheckpointError, ExportError) as exc:
         print(f"hf-pretrain export: error: {exc}", file=sys.stderr)
-        return EXIT_WRITE_FAILED if isinstance(exc, ExportWriteError) else 1
+        return EXIT_WRITE_FAILED if isinstance(exc, ExportWriteError) else EXIT_CONFIG
     print(f"export: wrote {out}")
     if args.gguf:
         try:
             print(f"export: wrote {write_gguf(out, gguf_type=args.gguf_type)}")
         except GGUFError as exc:
             print(f"hf-pretrain export: error: {exc} (the HF folder {out} is complete)", file=sys.stderr)
-            return EXIT_WRITE_FAILED if isinstance(exc, GGUFWriteError) else 1
+            return EXIT_WRITE_FAILED if isinstance(exc, GGUFWriteError) else EXIT_CONFIG
     if args.push_to_hub:
         url = push_or_explain(
             out,
@@ -347,7 +348,7 @@ def main(argv: list[str] | None = None) -> int:
             revision=args.revision,
         )
         if url is None:
-            return 1
+            return EXIT_FAILED
         print(f"export: pushed to {url}")
     return 0
 

@@ -21,11 +21,11 @@ import torch
 from safetensors.torch import load_file
 
 from hf_pretrain.config import CommandParser
+from hf_pretrain.exit_codes import EXIT_CONFIG, EXIT_WRITE_FAILED
 from hf_pretrain.formatting import human_bytes
 from hf_pretrain.publish.targets import unwritable_reason
 
 GGUF_TYPES = ("f32", "f16", "bf16", "q8_0")
-EXIT_WRITE_FAILED = 74  # EX_IOERR (training's save_failed too): the disk refused the write; nothing partial was left
 # The GPT-2 pre-tokenizer our BPE trains with: byte level, GPT-2's split regex, no prefix space.
 GPT2_PRE_TOKENIZER = {"type": "ByteLevel", "add_prefix_space": False, "use_regex": True}
 
@@ -249,7 +249,7 @@ def main(argv: list[str] | None = None) -> int:
         path = write_gguf(args.folder, args.out, args.gguf_type)
     except GGUFError as exc:
         print(f"hf-pretrain gguf: {exc}", file=sys.stderr)
-        return EXIT_WRITE_FAILED if isinstance(exc, GGUFWriteError) else 1
+        return EXIT_WRITE_FAILED if isinstance(exc, GGUFWriteError) else EXIT_CONFIG
     print(f"wrote {path} ({path.stat().st_size / 2**20:.1f} MiB)")
     return 0
 

@@ -116,14 +116,14 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     if args.cooldown_steps is not None and args.cooldown_steps < 0:
-        parser.error("--cooldown_steps must be 0 or more")
+        parser.refuse("--cooldown_steps must be 0 or more")
     run = RunDir(args.run_dir)
     if not run.is_run():
         print(
             f"hf-pretrain stop: error: {run.path} is not a run folder (no checkpoints/, no resolved_recipe.yaml)",
             file=sys.stderr,
         )
-        return 2
+        return EXIT_REFUSED
     holder, status, pending = holder_of(run.path), read_status(run.path), read_stop_request(run.path)
     running = holder is not None
     newest = newest_good_checkpoint(run.path, checksums=False, log=lambda _: None)
