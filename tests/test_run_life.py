@@ -27,6 +27,7 @@ from hf_pretrain.data.loader import StepBatchSampler
 from hf_pretrain.economics import plan
 from hf_pretrain.economics.cost import Phase
 from hf_pretrain.economics.forecast import fit_loss_curve, forecast_fields, going_further, next_phase
+from hf_pretrain.exit_codes import EXIT_CONFIG
 from hf_pretrain.optim import Cooldown, Schedule, learning_rate_at
 from hf_pretrain.preflight.data import check_data_budget
 from hf_pretrain.publish.model_card import _how_it_ended
@@ -106,7 +107,7 @@ def test_a_shortened_run_drops_the_phases_past_its_end_and_warms_over_a_too_shor
 # ---------------------------------------------------------------------- stop requests
 def test_the_stop_command_writes_a_request_the_loop_can_read(tmp_path, capsys):
     run = tmp_path / "run"
-    assert stop_main([str(run)]) == 2  # not a run folder
+    assert stop_main([str(run)]) == EXIT_CONFIG  # not a run folder
     (run / "checkpoints").mkdir(parents=True)
     assert stop_main([str(run), "--cooldown_steps", "7"]) == 0
     assert "decays its learning rate over 7 steps" in capsys.readouterr().out
