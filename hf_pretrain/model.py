@@ -184,13 +184,19 @@ def recipe_flops_per_token(recipe: Recipe) -> tuple[int, float]:
 
 
 def flops_per_token(config: LlamaConfig, n_params: int, seq_len: int) -> float:
-    """Training FLOPs per token: 6N for the matmuls plus the attention scores (PaLM appendix B).
+    """Training FLOPs per token of a Llama config (`shape_flops_per_token`)."""
+    return shape_flops_per_token(n_params, config.num_hidden_layers, config.hidden_size, seq_len)
+
+
+def shape_flops_per_token(n_params: float, layers: int, hidden: int, seq_len: int) -> float:
+    """Training FLOPs per token: 6N for the matmuls plus the attention scores (PaLM appendix B). The
+    project's one count: MFU, `plan` and the performance model's limit read it.
 
     N counts the tied embedding once: its lookup is free but the same matrix is the output
     projection, whose matmul is real work. Attention adds 12 * layers * hidden * seq_len
     (QK^T and AV, forward and backward), without the causal-mask halving, as PaLM counts it.
     """
-    return dense_flops_per_token(n_params) + 12.0 * config.num_hidden_layers * config.hidden_size * seq_len
+    return dense_flops_per_token(n_params) + 12.0 * layers * hidden * seq_len
 
 
 # What `liger: true` has liger-kernel patch; tests/test_gpu_paths.py holds the patched model to it. Liger's

@@ -166,8 +166,18 @@ def _stored(store: Path, shipped: bool) -> list[Measurement]:
 def recorded_measurement(recipe: Recipe, gpu: str, world_size: int = 1, path: Path | None = None) -> Measurement | None:
     """The newest measurement of `recipe`'s configuration on `gpu` (a table name, a `--gpu` argument or a
     CUDA device name) in the user's store, else the project's shipped one, or None."""
+    return _matching([*_stored(path or store_path(), False), *_stored(SHIPPED_STORE, True)], recipe, gpu, world_size)
+
+
+def shipped_measurement(recipe: Recipe, gpu: str, world_size: int = 1) -> Measurement | None:
+    """The project's own measurement of `recipe`'s configuration on `gpu` (`measured.jsonl` alone, never
+    the user's): the one home of those figures; published.py's check and the doctor's lines read them."""
+    return _matching(_stored(SHIPPED_STORE, True), recipe, gpu, world_size)
+
+
+def _matching(measurements: list[Measurement], recipe: Recipe, gpu: str, world_size: int) -> Measurement | None:
     wanted, name = configuration(recipe, world_size), _table_name(gpu)
-    for measurement in [*_stored(path or store_path(), False), *_stored(SHIPPED_STORE, True)]:
+    for measurement in measurements:
         if measurement.gpu == name and measurement.configuration == wanted:
             return measurement
     return None

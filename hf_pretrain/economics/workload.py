@@ -35,7 +35,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from hf_pretrain.config import Recipe
-from hf_pretrain.model import llama_config, recipe_parameter_count, recipe_tokenizer_size
+from hf_pretrain.model import llama_config, recipe_parameter_count, recipe_tokenizer_size, shape_flops_per_token
 from hf_pretrain.run_profile import A_GPU, Machine, Step, run_profile
 
 # Chosen: an elementwise op's backward reads its saved input and the incoming gradient and writes the
@@ -123,7 +123,7 @@ class Workload:
     layer_forward_flops: float  # one layer's linear forward FLOPs (what a recompute repeats)
     layer_attention_forward_flops: float
     layer_forward_bytes: float
-    flops_per_token: float  # the project's count (6N + 12 x layers x hidden x seq_len, model.py): MFU, limit
+    flops_per_token: float  # the project's count (model.shape_flops_per_token): MFU, limit
 
     @property
     def layers(self) -> int:
@@ -173,7 +173,7 @@ def workload(shape: Shape, config: Step, tokens_per_step: float) -> Workload:
         layer_forward_flops=2.0 * shape.layer_matrix_parameters,
         layer_attention_forward_flops=2.0 * h * s,
         layer_forward_bytes=layer_bytes,
-        flops_per_token=6.0 * shape.parameters + 12.0 * shape.layers * h * s,
+        flops_per_token=shape_flops_per_token(shape.parameters, shape.layers, h, s),
     )
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import os
 import shutil
@@ -9,7 +10,7 @@ import shutil
 import torch
 
 from hf_pretrain.config import Recipe
-from hf_pretrain.economics.measurements import Measurement, measured_here
+from hf_pretrain.economics.measurements import Measurement, measured_here, shipped_measurement
 from hf_pretrain.economics.memory import (
     ESTIMATE_ERROR,
     USABLE_MEMORY_FRACTION,
@@ -95,14 +96,22 @@ def check_cuda(recipe: Recipe, profile: RunProfile | None = None) -> CheckResult
 
 def check_liger_under_compile(recipe: Recipe) -> CheckResult:
     """`liger` with `compile` runs (Liger's loss outside the compiled graph, hf_pretrain/loss.py), but no GPU
-    has timed the pair: say so rather than promise a speed-up (the H100 figures: ../shared/gpu/README.md)."""
+    has timed the pair: say so rather than promise a speed-up, with what each alone measured on the
+    project's H100 where the shipped records hold the recipe (economics/measured.jsonl)."""
     t = recipe.train
     if not (t.liger and t.compile):
         return CheckResult("liger + compile", "skip", "not asked for")
+    compiled = shipped_measurement(dataclasses.replace(recipe, train=dataclasses.replace(t, liger=False)), "H100 SXM")
+    liger = shipped_measurement(dataclasses.replace(recipe, train=dataclasses.replace(t, compile=False)), "H100 SXM")
+    figures = (
+        f" (H100: compiled {compiled.tokens_per_s / 1e3:.1f}k tokens/s, eager+Liger {liger.tokens_per_s / 1e3:.1f}k)"
+        if compiled and liger
+        else ""
+    )
     return CheckResult(
         "liger + compile",
         "warn",
-        "liger=true with compile=true is unmeasured on any GPU (H100: compiled 77.9k tokens/s, eager+Liger 72.9k)",
+        f"liger=true with compile=true is unmeasured on any GPU{figures}",
         f"hf-pretrain bench --recipe {recipe.name} --variants liger=true,false measures it on this GPU",
     )
 

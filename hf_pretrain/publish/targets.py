@@ -7,13 +7,7 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
-
-def nearest_existing(path: Path) -> Path:
-    """`path` itself or its closest ancestor that exists (where it would be created)."""
-    path = path.absolute()
-    while not path.exists():
-        path = path.parent
-    return path
+from hf_pretrain.checkpoints.disk_space import nearest_existing
 
 
 def unwritable_reason(folder: Path) -> str | None:
