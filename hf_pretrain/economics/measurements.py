@@ -10,7 +10,7 @@ newer torch rarely makes a measured figure worse than the model's, and the reade
 newest matching line wins.
 
 The project's own GPU measurements ship beside this module (`measured.jsonl`, `SHIPPED_STORE`: the
-`1b` on an H100 SXM, ../shared/gpu/README.md, docs/gpu.md) and are read after the user's, so a
+`1b` on an H100 SXM, docs/gpu.md) and are read after the user's, so a
 user's own record of the same configuration wins over them.
 
 A CPU records nothing: its speed says nothing of any GPU. `HF_PRETRAIN_RECORD=0` turns recording off

@@ -73,7 +73,7 @@ The head (`head_bytes`): the final norm, then the loss (`loss_bytes`):
 `compile_regions` compiles the decoder layers one by one: their activations are the compiled ones,
 the head runs eagerly.
 
-Checked against one H100 80GB (../shared/gpu/README.md, 2026-11-25; `tests/test_memory_estimate.py`,
+Checked against one H100 80GB (2026-11-25, the peaks in economics/measured.jsonl; `tests/test_memory_estimate.py`,
 docs/gpu.md): the 1b recipe at micro-batch 8 x 2048 compiled (+2.1%), eager (-0.1%) and eager with
 Liger (-0.7%); the hand-written transformers loop (its own per-layer bytes, from its graph) at
 micro-batch 8 and 16, 8-11% low. `ESTIMATE_ERROR` states 15%, the bound the tests hold. It is an estimate for one process without

@@ -185,6 +185,26 @@ def model_and_optimizer(recipe: Recipe, profile: RunProfile, config, accelerator
     return model, optimizer, n_params
 
 
+def accelerator_for(recipe: Recipe, profile: RunProfile, grad_accum: int, group: dict, run_dir: RunDir) -> Accelerator:
+    """The Accelerator the run profile describes: its device and precision, compiled as asked, FP8's
+    converter where it trains in fp8, the process group's timeout; TF32 matmuls on a GPU that allows them."""
+    cfg = recipe.train
+    accelerator = Accelerator(
+        cpu=not profile.machine.on_gpu,
+        mixed_precision=profile.accelerate_precision,
+        gradient_accumulation_steps=grad_accum,
+        log_with=trackers_for(cfg.report_to) or None,
+        project_dir=str(run_dir.path),
+        dynamo_plugin=dynamo_plugin(cfg),  # compiled in `prepare`: whole model, regions, or not at all
+        # fp8: torchao's float8 for the decoder's linear layers, converted in `prepare` (hf_pretrain/fp8.py)
+        kwargs_handlers=([InitProcessGroupKwargs(**group)] if group else []) + fp8_handlers(profile.step) or None,
+    )
+    if profile.machine.on_gpu and profile.step.tf32:
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+    return accelerator
+
+
 def setup(recipe: Recipe) -> Run:
     """Build a run, the cheap checks first: preflight (versions, device, data, disk, memory) before
     anything is built, then the Accelerator, model and optimizer, the resumed state, the data."""
@@ -208,20 +228,8 @@ def setup(recipe: Recipe) -> Run:
     grad_accum = recipe.grad_accum_steps(world_size)  # after the preflight, which refuses a batch that does not split
     tokenizer = load_tokenizer(recipe.data.data_dir)
 
-    accelerator = Accelerator(
-        cpu=on_cpu,
-        mixed_precision=profile.accelerate_precision,
-        gradient_accumulation_steps=grad_accum,
-        log_with=trackers_for(cfg.report_to) or None,
-        project_dir=str(run_dir.path),
-        dynamo_plugin=dynamo_plugin(cfg),  # compiled in `prepare`: whole model, regions, or not at all
-        # fp8: torchao's float8 for the decoder's linear layers, converted in `prepare` (hf_pretrain/fp8.py)
-        kwargs_handlers=([InitProcessGroupKwargs(**group)] if group else []) + fp8_handlers(profile.step) or None,
-    )
+    accelerator = accelerator_for(recipe, profile, grad_accum, group, run_dir)
     say = accelerator.print
-    if profile.machine.on_gpu and profile.step.tf32:
-        torch.backends.cuda.matmul.allow_tf32 = True
-        torch.backends.cudnn.allow_tf32 = True
 
     set_seed(cfg.seed)
     config = model_config(recipe, tokenizer, continuation.folder)  # the recipe's Llama, or init_from's config.json
