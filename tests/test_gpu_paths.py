@@ -36,7 +36,7 @@ from hf_pretrain.model import (
 )
 from hf_pretrain.preflight.gpu import check_compiler, check_cuda
 from hf_pretrain.run_dir import read_jsonl
-from tests.helpers import ROOT, SHORT_RUN, launch_training, offline_env
+from tests.helpers import ROOT, SHORT_RUN, launch_command, launch_training, offline_env
 
 ON_GPU = torch.cuda.is_available()
 cpu_only = pytest.mark.skipif(ON_GPU, reason="checks what happens without CUDA")
@@ -247,20 +247,10 @@ def launch_fsdp(
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     args = {**SHORT_RUN, "data_dir": data_dir, "output_dir": run_dir, **overrides}
-    cmd = [
-        sys.executable,
-        "-m",
-        "accelerate.commands.launch",
-        "--config_file",
-        str(ROOT / "tests" / "assets" / "fsdp_cpu_2proc.yaml"),
-        "--main_process_port",
-        str(port),
-        str(ROOT / "tests" / "fsdp_cpu_train.py"),
-        "--recipe",
-        "smoke",
-    ]
-    for key, value in args.items():
-        cmd += [f"--{key}", str(value)]
+    fsdp = ROOT / "tests" / "assets" / "fsdp_cpu_2proc.yaml"
+    cmd = launch_command(
+        "--main_process_port", str(port), config=fsdp, script=ROOT / "tests" / "fsdp_cpu_train.py", **args
+    )
     result = subprocess.run(
         cmd, cwd=ROOT, env={**offline_env(), **(env or {})}, capture_output=True, text=True, timeout=600
     )

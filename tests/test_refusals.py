@@ -300,15 +300,11 @@ def test_only_the_tied_embedding_note_is_silenced_and_only_during_the_save(caplo
 @pytest.mark.slow
 def test_three_processes_on_a_batch_that_does_not_split_are_refused_not_crashed(smoke_data, tmp_path):
     import subprocess
-    import sys
 
-    from tests.helpers import ROOT, offline_env
+    from tests.helpers import ROOT, launch_command, offline_env
 
     run = tmp_path / "run"
-    command = [sys.executable, "-m", "accelerate.commands.launch", "--config_file"]
-    command += [str(ROOT / "accelerate_configs" / "cpu_2proc.yaml"), "--num_processes", "3"]
-    command += [str(ROOT / "hf_pretrain" / "train.py"), "--recipe", "smoke", "--data_dir", str(smoke_data)]
-    command += ["--output_dir", str(run)]
+    command = launch_command("--num_processes", "3", processes=2, data_dir=smoke_data, output_dir=run)
     result = subprocess.run(command, cwd=ROOT, env=offline_env(), capture_output=True, text=True, timeout=300)
     log = result.stdout + result.stderr
     status = read_status(run)

@@ -31,16 +31,9 @@ from hf_pretrain.optim import build_optimizer
 from hf_pretrain.publish import export
 from hf_pretrain.run_dir import RunDir, read_jsonl
 from hf_pretrain.run_lock import RunLock, RunLocked, holder_of
-from tests.helpers import ROOT, SHORT_RUN, offline_env
+from tests.helpers import ROOT, SHORT_RUN, launch_command, offline_env
 
 TRAIN = [str(ROOT / "hf_pretrain" / "train.py"), "--recipe", "smoke"]
-LAUNCH = [
-    sys.executable,
-    "-m",
-    "accelerate.commands.launch",
-    "--config_file",
-    str(ROOT / "accelerate_configs" / "cpu.yaml"),
-]
 
 
 def arguments(data_dir: Path, run_dir: Path, **overrides) -> list[str]:
@@ -126,7 +119,7 @@ def test_a_crash_with_loader_workers_alive_ends_the_process(smoke_data, tmp_path
 @pytest.mark.slow  # 14 s on an idle 2-core machine, twice that when it is busy
 def test_sigterm_to_the_launcher_stops_the_trainer_with_a_checkpoint(smoke_data, tmp_path):
     run_dir = tmp_path / "orphan"
-    launcher = start([*LAUNCH, *TRAIN, *arguments(smoke_data, run_dir, max_steps=2000, save_interval=1000)])
+    launcher = start([*launch_command(), *arguments(smoke_data, run_dir, max_steps=2000, save_interval=1000)])
     try:
         wait_until(lambda: logged_step(run_dir) >= 2 or launcher.poll() is not None, 120, "no step 2")
         assert launcher.poll() is None, launcher.communicate()[0][-3000:]
@@ -157,7 +150,7 @@ def test_sigterm_to_the_launcher_while_the_trainer_imports_ends_the_trainer_too(
     """Issue 33: the launcher gone 1 s into the trainer's life (still importing torch), the trainer
     trained the whole run on its own and ended `finished`, while the scheduler saw 143."""
     run_dir = tmp_path / "early"
-    launcher = start([*LAUNCH, *TRAIN, *arguments(smoke_data, run_dir, max_steps=30)])
+    launcher = start([*launch_command(), *arguments(smoke_data, run_dir, max_steps=30)])
     try:
         wait_until(lambda: trainer_of(launcher) or launcher.poll() is not None, 120, "no trainer started")
         assert launcher.poll() is None, launcher.communicate()[0][-3000:]

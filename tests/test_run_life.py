@@ -36,7 +36,7 @@ from hf_pretrain.stop_file import read_stop_request, request_stop
 from hf_pretrain.training.guards import Guards
 from hf_pretrain.training.state import TrainState
 from hf_pretrain.training.stop_request import main as stop_main
-from tests.helpers import ROOT, SHORT_RUN, FakeLog, launch_training, offline_env
+from tests.helpers import ROOT, SHORT_RUN, FakeLog, launch_command, launch_training, offline_env
 
 
 def train_config(**overrides):
@@ -367,21 +367,7 @@ def test_stop_now_on_a_running_wsd_job_ends_with_a_decayed_model_better_than_an_
     abrupt stop at that step would have left (the checkpoint the run kept there, its branch point).
     docs/benchmarks.md has the figures, and the comparison at equal compute too."""
     run_dir, overrides = tmp_path / "stopped", {**SHORT_RUN, **WSD, "max_steps": 60, "log_interval": 1}
-    command = [
-        sys.executable,
-        "-m",
-        "accelerate.commands.launch",
-        "--config_file",
-        str(ROOT / "accelerate_configs" / "cpu_2proc.yaml"),
-        str(ROOT / "hf_pretrain" / "train.py"),
-        "--recipe",
-        "smoke",
-        "--data_dir",
-        str(smoke_data),
-        "--output_dir",
-        str(run_dir),
-    ]
-    command += [a for k, v in overrides.items() for a in (f"--{k}", str(v))]
+    command = launch_command(processes=2, data_dir=smoke_data, output_dir=run_dir, **overrides)
     process = subprocess.Popen(
         command, cwd=ROOT, env=offline_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
