@@ -88,8 +88,11 @@ def cast_fp8_inputs_to_autocast_dtype(model: torch.nn.Module) -> None:
         model.get_submodule(name).register_forward_pre_hook(_input_in_autocast_dtype)
 
 
-def finish_fp8(model: torch.nn.Module, step: Step) -> str:
-    """After `prepare` converted the model: align the CPU's dtypes with a GPU's; the line for the log."""
+def finish_fp8(model: torch.nn.Module, step: Step) -> str | None:
+    """After `prepare` converted the model: align the CPU's dtypes with a GPU's; the line for the log
+    (None, and nothing done, for a step that does not train in fp8)."""
+    if step.precision != "fp8":
+        return None
     cast_fp8_inputs_to_autocast_dtype(model)
     how = f"{step.fp8_recipe} scaling" + (", matmuls emulated in fp32" if step.fp8_emulate else "")
     return f"fp8: {len(float8_layers(model))} decoder linear layers in float8 ({how}); embedding, head and loss in bf16"

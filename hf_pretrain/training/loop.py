@@ -180,8 +180,8 @@ def model_and_optimizer(recipe: Recipe, profile: RunProfile, config, accelerator
     train_in_compute_dtype(model)  # residual stream in the autocast dtype, the loss alone out of the graph
     optimizer = build_optimizer(model, recipe.train, fused=accelerator.device.type == "cuda")
     model, optimizer = accelerator.prepare(model, optimizer)
-    if profile.precision == "fp8":
-        accelerator.print(finish_fp8(model, profile.step))  # the CPU's emulation takes a GPU's dtypes
+    if converted := finish_fp8(model, profile.step):  # fp8: the CPU's emulation takes a GPU's dtypes
+        accelerator.print(converted)
     return model, optimizer, n_params
 
 
