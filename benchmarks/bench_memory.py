@@ -83,6 +83,7 @@ def measure(shape: str) -> dict:
         train_in_compute_dtype,
     )
     from hf_pretrain.optim import build_optimizer
+    from hf_pretrain.run_profile import THE_CPU
     from hf_pretrain.training.step import TrainStep
 
     name, layers, micro, seq, accum, precision, gc = parse_shape(shape)
@@ -101,7 +102,7 @@ def measure(shape: str) -> dict:
         recipe, model=model_cfg, train=train, data=dataclasses.replace(recipe.data, seq_len=seq)
     )
     tokenizer_size = recipe_tokenizer_size(recipe)
-    estimate = estimate_memory(recipe, tokenizer_size, cuda_available=False)
+    estimate = estimate_memory(recipe, tokenizer_size, THE_CPU)
 
     accelerator = Accelerator(cpu=True, mixed_precision=precision)
     torch.manual_seed(0)

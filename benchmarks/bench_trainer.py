@@ -33,10 +33,10 @@ import torch
 
 from hf_pretrain.config import Recipe, load_recipe
 from hf_pretrain.data import PackedDataset, load_tokenizer, prepare, read_meta
-from hf_pretrain.hardware import training_precision
 from hf_pretrain.model import build_model, llama_config
 from hf_pretrain.optim import build_optimizer, learning_rate_at
 from hf_pretrain.run_dir import read_jsonl
+from hf_pretrain.run_profile import run_profile
 from hf_pretrain.train import run_training
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -116,7 +116,7 @@ def trainer_window_rates(recipe: Recipe, warmup: int) -> list[float]:
                     torch.cuda.synchronize()
                 self.times.append(time.perf_counter())
 
-    precision = training_precision(train_cfg.mixed_precision)
+    precision = run_profile(recipe).accelerate_precision  # Accelerate's word: `no` for fp32
     args = TrainingArguments(
         output_dir=train_cfg.output_dir,
         max_steps=train_cfg.max_steps,

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from hf_pretrain.config import TrainConfig
+from hf_pretrain.run_profile import Step
 
 if TYPE_CHECKING:  # imported where a model is built: the size rule, which `plan` asks, needs no torch
     import torch
@@ -79,27 +79,27 @@ def import_torchao_float8():
     return torchao.float8
 
 
-def float8_config(train: TrainConfig):
-    """torchao's `Float8LinearConfig` for the recipe's `fp8_recipe`, emulated with `fp8_emulate`."""
+def float8_config(step: Step):
+    """torchao's `Float8LinearConfig` for the step's `fp8_recipe`, emulated with `fp8_emulate`."""
     import dataclasses
 
     Float8LinearConfig = import_torchao_float8().Float8LinearConfig
 
-    config = Float8LinearConfig.from_recipe_name(train.fp8_recipe)
+    config = Float8LinearConfig.from_recipe_name(step.fp8_recipe)
     # from_recipe_name returns a frozen dataclass; `replace` re-runs its checks with emulation on
-    return dataclasses.replace(config, emulate=train.fp8_emulate)
+    return dataclasses.replace(config, emulate=step.fp8_emulate)
 
 
-def fp8_handlers(train: TrainConfig) -> list:
+def fp8_handlers(step: Step) -> list:
     """The Accelerator's kwargs handlers for FP8: torchao's backend with our config and module
     filter (Accelerate's own default would also skip the first decoder projection); none otherwise."""
-    if train.mixed_precision != "fp8":
+    if step.precision != "fp8":
         return []
     from accelerate.utils import AORecipeKwargs
 
     return [
         AORecipeKwargs(
-            config=float8_config(train), module_filter_func=decoder_linear_filter(train.fp8_recipe, train.fp8_emulate)
+            config=float8_config(step), module_filter_func=decoder_linear_filter(step.fp8_recipe, step.fp8_emulate)
         )
     ]
 
@@ -128,10 +128,13 @@ def cast_fp8_inputs_to_autocast_dtype(model: torch.nn.Module) -> None:
         model.get_submodule(name).register_forward_pre_hook(_input_in_autocast_dtype)
 
 
-def finish_fp8(model: torch.nn.Module, train: TrainConfig) -> str:
-    """After `prepare` converted the model: align the CPU's dtypes with a GPU's; the line for the log."""
+def finish_fp8(model: torch.nn.Module, step: Step) -> str | None:
+    """After `prepare` converted the model: align the CPU's dtypes with a GPU's; the line for the log
+    (None, and nothing done, for a step that does not train in fp8)."""
+    if step.precision != "fp8":
+        return None
     cast_fp8_inputs_to_autocast_dtype(model)
-    how = f"{train.fp8_recipe} scaling" + (", every projection, matmuls emulated in fp32" if train.fp8_emulate else "")
+    how = f"{step.fp8_recipe} scaling" + (", every projection, matmuls emulated in fp32" if step.fp8_emulate else "")
     layers = float8_layers(model)
     kinds = sorted({name.rsplit(".", 1)[-1] for name in layers})
     return (

@@ -1,9 +1,8 @@
-"""The one home of what depends on the machine: precision, device names, peak memory; a device's peak
-FLOPs come from the GPU table (economics/gpus.yaml).
+"""What a torch device measures and how it is named: its peak memory, `NVIDIA H100 80GB HBM3 (79 GiB)`,
+whether this CPU has bf16 kernels, bytes per exported dtype.
 
-Every other module asks here instead of deciding again, so training, the doctor, the memory and
-disk estimates, evaluation and the benchmarks always agree on what `mixed_precision: auto` means
-on this machine and on which GPU a name refers to.
+Which device a run uses and in what precision is decided once, in run_profile.py; this room only
+describes a device it is handed.
 """
 
 from __future__ import annotations
@@ -14,32 +13,6 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # torch is imported where a function asks the machine: `plan` and `stop` never do
     import torch
-
-from hf_pretrain.economics.gpus import find_gpu
-
-
-def cuda_bf16_available() -> bool:
-    import torch
-
-    return torch.cuda.is_available() and torch.cuda.is_bf16_supported()
-
-
-def training_precision(requested: str, cuda_available: bool | None = None, bf16_supported: bool | None = None) -> str:
-    """Accelerate's `mixed_precision` for the recipe's value: `auto` is bf16 on a GPU that supports
-    it and full fp32 (`no`) elsewhere; an explicit `no`/`bf16`/`fp16` is kept as asked.
-
-    `cuda_available`/`bf16_supported` default to this machine; the doctor passes them to ask "what
-    would a run do on the GPU it will rent".
-    """
-    if requested != "auto":
-        return requested
-    if cuda_available is None:
-        import torch
-
-        cuda_available = torch.cuda.is_available()
-    cuda = cuda_available
-    bf16 = (cuda_bf16_available() if bf16_supported is None else bf16_supported) if cuda else False
-    return "bf16" if cuda and bf16 else "no"
 
 
 def cpu_has_bf16_kernels() -> bool:
@@ -55,32 +28,6 @@ def cpu_has_bf16_kernels() -> bool:
 
 # Bytes per parameter of a weight copy in each export dtype.
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
-
-
-def inference_device_and_dtype() -> tuple[str, torch.dtype]:
-    """Where and in what dtype to run a model for evaluation: a GPU in bf16 (fp16 where bf16 is
-    missing, fine for inference), else the CPU in fp32."""
-    import torch
-
-    if torch.cuda.is_available():
-        return "cuda", torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-    return "cpu", torch.float32
-
-
-def peak_flops_for_name(name: str) -> float | None:
-    """Datasheet dense bf16 FLOP/s of a GPU named like a table entry or a CUDA device, or None
-    (the figures live in economics/gpus.yaml)."""
-    gpu = find_gpu(name)
-    return gpu.bf16_flops if gpu else None
-
-
-def device_peak_flops(device: torch.device) -> float | None:
-    """The bf16 peak of a known CUDA device, or None (CPU, unknown GPU): then no MFU is shown."""
-    if device.type != "cuda":
-        return None
-    import torch
-
-    return peak_flops_for_name(torch.cuda.get_device_name(device))
 
 
 def peak_memory_gib(device: torch.device) -> float | None:

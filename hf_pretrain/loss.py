@@ -13,7 +13,7 @@
 - `liger` (`liger: true` on CUDA): Liger's fused linear cross entropy, kept out of the compiled graph by
   `torch.compiler.disable` (a deliberate graph break, as torchtitan's Liger integration does: its
   `liger_fused_linear_cross_entropy_loss` is disabled for the compiler). dynamo tracing Liger's
-  kernel crashed on an H100 (`addmm(..., out_dtype=torch.float32, out=...)`, ../shared/gpu/README.md),
+  kernel crashed on an H100 (`addmm(..., out_dtype=torch.float32, out=...)`, docs/gpu.md),
   and compiled, the same loss is silently wrong where labels carry `ignore_index`
   (linkedin/Liger-Kernel#1338). Outside the graph it runs as it ran eagerly (+42.5% over eager, measured).
 

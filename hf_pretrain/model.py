@@ -186,13 +186,19 @@ def recipe_flops_per_token(recipe: Recipe) -> tuple[int, float]:
 
 
 def flops_per_token(config: LlamaConfig, n_params: int, seq_len: int) -> float:
-    """Training FLOPs per token: 6N for the matmuls plus the attention scores (PaLM appendix B).
+    """Training FLOPs per token of a Llama config (`shape_flops_per_token`)."""
+    return shape_flops_per_token(n_params, config.num_hidden_layers, config.hidden_size, seq_len)
+
+
+def shape_flops_per_token(n_params: float, layers: int, hidden: int, seq_len: int) -> float:
+    """Training FLOPs per token: 6N for the matmuls plus the attention scores (PaLM appendix B). The
+    project's one count: MFU, `plan` and the performance model's limit read it.
 
     N counts the tied embedding once: its lookup is free but the same matrix is the output
     projection, whose matmul is real work. Attention adds 12 * layers * hidden * seq_len
     (QK^T and AV, forward and backward), without the causal-mask halving, as PaLM counts it.
     """
-    return dense_flops_per_token(n_params) + 12.0 * config.num_hidden_layers * config.hidden_size * seq_len
+    return dense_flops_per_token(n_params) + 12.0 * layers * hidden * seq_len
 
 
 # What `liger: true` has liger-kernel patch; tests/test_gpu_paths.py holds the patched model to it. Liger's
@@ -211,13 +217,8 @@ def apply_liger(model: LlamaForCausalLM, log=print) -> bool:
     """Swap in Liger's Triton kernels (RMSNorm, SwiGLU, RoPE); True when they were applied, and then the
     loss is Liger's fused linear cross entropy too (hf_pretrain/loss.py, `loss_head_for`).
 
-    Liger needs CUDA and Triton; anywhere else we say so and train with the stock modules.
+    Liger needs CUDA and Triton: the run profile asks for it on a GPU only (run_profile.Step.liger).
     """
-    import torch
-
-    if not torch.cuda.is_available():
-        log("liger: CUDA is not available, training with the standard kernels")
-        return False
     try:
         patch_with_liger(model)
     except ImportError as exc:

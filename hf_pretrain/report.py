@@ -33,7 +33,7 @@ from hf_pretrain.economics.cost import (
     phases_from_recipe,
 )
 from hf_pretrain.economics.forecast import BAND_SIGMAS, LossFit, fit_run
-from hf_pretrain.exit_codes import EXIT_PREFLIGHT
+from hf_pretrain.exit_codes import EXIT_CONFIG
 from hf_pretrain.formatting import human_count, table_cell, usd
 from hf_pretrain.optim import Cooldown, Schedule
 from hf_pretrain.plots import new_axes, plot_loss, token_unit, tokens_axis, value_at_steps
@@ -384,12 +384,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     price = args.price_per_hour
     if price is not None and (price < 0 or not math.isfinite(price)):
-        parser.error("--price_per_hour must be a non-negative number of dollars per hour")
+        parser.refuse("--price_per_hour must be a non-negative number of dollars per hour")
     try:
         import matplotlib  # noqa: F401
     except ImportError:
         print("hf-pretrain report: needs matplotlib: pip install matplotlib", file=sys.stderr)
-        return 2
+        return EXIT_CONFIG
     from hf_pretrain.object_store.reach import StoreRefused
     from hf_pretrain.object_store.reading import readable
 
@@ -397,11 +397,11 @@ def main(argv: list[str] | None = None) -> int:
         run_dir = readable(args.run_dir, checkpoint=False)  # a URL: its records, pulled into the cache
     except StoreRefused as exc:
         print(f"hf-pretrain report: error: {exc}", file=sys.stderr)
-        return EXIT_PREFLIGHT
+        return EXIT_CONFIG
     try:
         page = write_report(run_dir, args.output or run_dir / "report", price)
     except FileNotFoundError as exc:
         print(f"hf-pretrain report: error: {exc}", file=sys.stderr)
-        return 2
+        return EXIT_CONFIG
     print(f"written: {page} and its plots in {page.parent}")
     return 0

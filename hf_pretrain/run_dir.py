@@ -21,9 +21,12 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
+
+from hf_pretrain.json_files import write_json_atomically
 
 if TYPE_CHECKING:
     from hf_pretrain.config import Recipe
@@ -146,12 +149,29 @@ def set_activity(run_dir: str | os.PathLike, what: str | None) -> None:
     status.pop("activity", None), status.pop("activity_detail", None)
     if what:
         status |= {"activity": what.split()[0], "activity_detail": what}
-    tmp = run.status.with_name(f"{run.status.name}.{os.getpid()}.activity.tmp")
+    write_status(run, status)
+
+
+def write_status(run: RunDir, status: dict) -> None:
+    """status.json, the one writer of it: whole or not at all; on a full disk rewritten in place; else a
+    warning (the exit code still says how the session ended)."""
+    text = json.dumps(status, indent=1) + "\n"
     try:
-        tmp.write_text(json.dumps(status, indent=1) + "\n")
-        os.replace(tmp, run.status)
-    except OSError:  # a full disk: the status says `running` without the detail, which is still true
-        tmp.unlink(missing_ok=True)
+        write_json_atomically(run.status, status)  # whole or not at all: a reader never sees half of it
+        return
+    except OSError as exc:
+        failed = exc
+    # A full disk has no room for a second copy, but the old status.json's own blocks are freed when it
+    # is truncated: rewritten in place, the ending (a few hundred bytes, like the `running` it replaces)
+    # fits. A write cut short there leaves a file that reads as no status, never as `running`.
+    try:
+        with run.status.open("w") as f:
+            f.write(text)
+        return
+    except OSError:
+        pass
+    # the exit code still says how the session ended
+    print(f"warning: {run.status} could not be written: {failed.strerror or failed}", file=sys.stderr)
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:

@@ -150,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
             f"resolved_recipe.yaml): give the output_dir of a training",
             file=sys.stderr,
         )
-        return 2
+        return EXIT_PREFLIGHT
     print(describe(read_run(run_dir, verify=args.verify)))
     return 0
 

@@ -13,12 +13,12 @@ set aside, said in the log, not applied: it was about the old plan (`at_start`).
 from __future__ import annotations
 
 import json
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from hf_pretrain.formatting import human_duration
+from hf_pretrain.json_files import write_json_atomically
 from hf_pretrain.run_dir import RunDir
 
 
@@ -48,7 +48,7 @@ def request_stop(run_dir: str | Path, cooldown_steps: int | None = None) -> Path
     """Write a new request, whole or not at all (a job reading it meanwhile never sees half of it);
     it replaces any request already there."""
     path = RunDir(run_dir).stop_request
-    _write(
+    write_json_atomically(
         path,
         {
             "cooldown_steps": cooldown_steps,
@@ -93,7 +93,7 @@ def answer_stop_request(run_dir: str | Path, step: int, answer: str) -> None:
     except (OSError, ValueError):
         saved = {"cooldown_steps": None}
     try:
-        _write(path, {**saved, "answered_at_step": step, "answer": answer})
+        write_json_atomically(path, {**saved, "answered_at_step": step, "answer": answer})
     except OSError:  # the request was still answered; the file just does not say so
         pass
 
@@ -119,9 +119,3 @@ def at_start(request: StopRequest, max_steps_changed: bool, cooldown_end: int | 
             f"its cooldown reached a checkpoint: applied again at the first step"
         )
     return True, f"{request.describe()}, written while no training ran: applied at the first step"
-
-
-def _write(path: Path, payload: dict) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(payload))
-    os.replace(tmp, path)

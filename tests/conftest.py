@@ -36,10 +36,10 @@ def reference_run(smoke_data, tmp_path_factory):
 @pytest.fixture(scope="session")
 def exported(reference_run, tmp_path_factory):
     """`hf-pretrain export` of the reference run (bf16), shared read-only by the export, hub and eval tests."""
-    from hf_pretrain.publish import export
+    from hf_pretrain.publish import export_command
 
     out = tmp_path_factory.mktemp("export") / "tiny"
-    assert export.main(["--checkpoint", str(reference_run[0]), "--out", str(out)]) == 0
+    assert export_command.main(["--checkpoint", str(reference_run[0]), "--out", str(out)]) == 0
     return out
 
 

@@ -38,6 +38,27 @@ def offline_env() -> dict[str, str]:
     return env
 
 
+TRAIN_SCRIPT = ROOT / "hf_pretrain" / "train.py"
+
+
+def launch_command(
+    *launcher_flags: str,
+    processes: int = 1,
+    config: Path | None = None,
+    script: Path = TRAIN_SCRIPT,
+    **keys,
+) -> list[str]:
+    """`python -m accelerate.commands.launch --config_file CONFIG [launcher flags] SCRIPT --recipe smoke
+    --key value ...`: the one hand-built launch of the tests (`launch_training` runs it). CONFIG is
+    accelerate_configs/cpu.yaml, or cpu_2proc.yaml for two processes, unless given."""
+    config = config or ROOT / "accelerate_configs" / ("cpu_2proc.yaml" if processes == 2 else "cpu.yaml")
+    command = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(config), *launcher_flags]
+    command += [str(script), "--recipe", "smoke"]
+    for key, value in keys.items():
+        command += [f"--{key}", str(value)]
+    return command
+
+
 def launch_training(
     data_dir: Path,
     run_dir: Path,
@@ -51,20 +72,8 @@ def launch_training(
     """`accelerate launch hf_pretrain/train.py --recipe smoke` (with SHORT_RUN unless `short=False`, and
     `env` on top of the offline environment); returns stdout + stderr. Past `timeout` seconds the
     launch is killed and `subprocess.TimeoutExpired` fails the test."""
-    config = "cpu_2proc.yaml" if processes == 2 else "cpu.yaml"
     args = {**(SHORT_RUN if short else {}), "data_dir": data_dir, "output_dir": run_dir, **overrides}
-    cmd = [
-        sys.executable,
-        "-m",
-        "accelerate.commands.launch",
-        "--config_file",
-        str(ROOT / "accelerate_configs" / config),
-        str(ROOT / "hf_pretrain" / "train.py"),
-        "--recipe",
-        "smoke",
-    ]
-    for key, value in args.items():
-        cmd += [f"--{key}", str(value)]
+    cmd = launch_command(processes=processes, **args)
     result = subprocess.run(
         cmd, cwd=OUTSIDE_CHECKOUT, env={**offline_env(), **(env or {})}, capture_output=True, text=True, timeout=timeout
     )
@@ -96,3 +105,16 @@ def save_with_stand_ins(accelerator, output_dir: Path, step: int, **options):
         tokenizer=StandInTokenizer(),
         **options,
     )
+
+
+class FakeLog:
+    """A RunLogger stand-in for the guards: what they said and recorded, kept."""
+
+    def __init__(self):
+        self.lines, self.records = [], []
+
+    def say(self, text, every_process=False):
+        self.lines.append(text)
+
+    def record(self, record):
+        self.records.append(record)

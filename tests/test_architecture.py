@@ -101,9 +101,21 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
     return None
 
 
-def test_no_module_level_import_cycle():
-    graph = {module: imported_modules(module, module_level_only=True) for module in MODULES}
+def test_no_import_cycle_not_even_through_lazy_or_type_only_imports():
+    """A lazy import (inside a function) or one under TYPE_CHECKING hides a circle from Python, not from a reader."""
+    graph = {module: imported_modules(module) for module in MODULES}
     assert find_cycle(graph) is None, " -> ".join(find_cycle(graph))
+
+
+def test_the_cycle_test_sees_lazy_and_type_only_imports(tmp_path, monkeypatch):
+    a, b = tmp_path / "a.py", tmp_path / "b.py"
+    a.write_text("def f():\n    from hf_pretrain.b import x\n")
+    b.write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from hf_pretrain.a import y\n")
+    monkeypatch.setitem(MODULES, "hf_pretrain.a", a)
+    monkeypatch.setitem(MODULES, "hf_pretrain.b", b)
+    assert imported_modules("hf_pretrain.a") == {"hf_pretrain.b"} and imported_modules("hf_pretrain.b") == {
+        "hf_pretrain.a"
+    }
 
 
 def test_the_cycle_finder_finds_one():
@@ -118,7 +130,6 @@ def _room(module: str) -> list[str]:
 @pytest.mark.parametrize(
     "room, forbidden",
     [
-        ("hf_pretrain.config", ["hf_pretrain"]),  # config is a leaf
         ("hf_pretrain.training", ["hf_pretrain.publish", "hf_pretrain.evaluation"]),  # only through callbacks
         ("hf_pretrain.data", ["hf_pretrain.training"]),  # data and model know nothing of the loop
         ("hf_pretrain.model", ["hf_pretrain.training"]),
@@ -133,6 +144,11 @@ def _room(module: str) -> list[str]:
         ("hf_pretrain.preflight", ["hf_pretrain.training"]),
         ("hf_pretrain.model_init", ["hf_pretrain.training"]),
         ("hf_pretrain.fp8", ["hf_pretrain.training"]),  # an ingredient: the preflight asks it too
+        # the products: evaluation fills model cards (publish/model_card.py); publishing starts the benchmark
+        # job as a process (evaluation/score_checkpoint.py) and never imports evaluation
+        ("hf_pretrain.publish", ["hf_pretrain.evaluation"]),
+        # what a device measures knows nothing of GPU prices or tables: the run profile asks economics/gpus.py
+        ("hf_pretrain.hardware", ["hf_pretrain.economics", "hf_pretrain.run_profile"]),
         # a shared fact: data/ and model_init.py read Hub ids through it, it reads neither
         ("hf_pretrain.hub_cache", ["hf_pretrain.data", "hf_pretrain.model", "hf_pretrain.model_init"]),
     ],
@@ -145,6 +161,19 @@ def test_the_arrows_between_rooms_point_one_way(room, forbidden):
         for target in imported_modules(module)  # lazy imports inside functions count too
         for prefix in forbidden
         if (target == prefix or target.startswith(prefix + ".")) and not target.startswith(room)
+    }
+    assert not wrong, sorted(wrong)
+
+
+def test_config_is_a_leaf_reading_only_the_exit_codes():
+    """config/ imports nothing of the package but exit_codes.py (the contract, which imports nothing)."""
+    config, contract = f"{PACKAGE}.config", f"{PACKAGE}.exit_codes"
+    assert not imported_modules(contract)
+    wrong = {
+        f"{module} imports {target}"
+        for module in _room(config)
+        for target in imported_modules(module)
+        if not target.startswith(config) and target != contract
     }
     assert not wrong, sorted(wrong)
 
@@ -200,3 +229,35 @@ def test_no_function_in_the_checkpoint_wing_is_longer_than_a_screen(room):
         and node.end_lineno - node.lineno + 1 > LONGEST_FUNCTION
     ]
     assert not long, long
+
+
+# How a run executes is decided once, in run_profile.py (the precision of `mixed_precision: auto`, the
+# device, the card's facts); config/ defines the key, and the assets run inside lm-eval, not the package.
+DEVICE_QUESTIONS = {"is_available", "is_bf16_supported", "get_device_capability", "get_device_name"}
+PROFILE_HOME = {f"{PACKAGE}.run_profile"}
+
+
+def _decides_again(module: str) -> set[str]:
+    """What `module` reads or asks that only the run profile may: `.mixed_precision`, torch's device."""
+    found = set()
+    for node in ast.walk(ast.parse(MODULES[module].read_text())):
+        if isinstance(node, ast.Attribute) and node.attr == "mixed_precision":
+            found.add(f"{module}:{node.lineno} reads .mixed_precision")
+        if isinstance(node, ast.Attribute) and node.attr in DEVICE_QUESTIONS:
+            inner = node.value
+            if isinstance(inner, ast.Attribute) and inner.attr in ("cuda", "mps"):  # torch.cuda.X, torch.backends.mps.X
+                found.add(f"{module}:{node.lineno} asks torch.{inner.attr}.{node.attr}")
+    return found
+
+
+def test_only_the_run_profile_resolves_the_precision_and_asks_torch_for_the_device():
+    exempt = PROFILE_HOME | set(_room(f"{PACKAGE}.config")) | set(_room(f"{PACKAGE}.evaluation.assets"))
+    wrong = sorted(line for module in MODULES if module not in exempt for line in _decides_again(module))
+    assert not wrong, wrong
+
+
+def test_the_profile_check_sees_a_module_that_decides_again(tmp_path, monkeypatch):
+    source = tmp_path / "again.py"
+    source.write_text("import torch\nx = torch.cuda.is_available() and recipe.train.mixed_precision\n")
+    monkeypatch.setitem(MODULES, "again", source)
+    assert len(_decides_again("again")) == 2

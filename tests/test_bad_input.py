@@ -10,6 +10,7 @@ import pytest
 
 from hf_pretrain.economics import plan
 from hf_pretrain.economics.prices import PriceError
+from hf_pretrain.exit_codes import EXIT_CONFIG
 
 
 # ---------------------------------------------------------------------- a price file
@@ -81,12 +82,12 @@ EVAL_ARGUMENTS = [
 def test_eval_refuses_a_bad_argument_in_one_line_before_loading_anything(
     tmp_path, monkeypatch, capsys, arguments, said
 ):
-    from hf_pretrain.evaluation import harness
+    from hf_pretrain.evaluation import eval_command, harness
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(harness, "load_model", lambda *a: pytest.fail("a model was loaded for a refused command"))
     (tmp_path / "model").mkdir()
-    assert harness.main(["--model", "model", *arguments]) == 2
+    assert eval_command.main(["--model", "model", *arguments]) == EXIT_CONFIG
     err = capsys.readouterr().err
     ours = [line for line in err.splitlines() if line.startswith("hf-pretrain")]  # not torch's import warnings
     assert "Traceback" not in err and len(ours) == 1 and ours[0].startswith("hf-pretrain eval: error: "), err
@@ -94,9 +95,9 @@ def test_eval_refuses_a_bad_argument_in_one_line_before_loading_anything(
 
 
 def test_eval_of_a_model_that_is_neither_a_folder_nor_a_repo_id_says_so(capsys):
-    from hf_pretrain.evaluation import harness
+    from hf_pretrain.evaluation import eval_command
 
-    assert harness.main(["--model", "/no/such/export"]) == 2
+    assert eval_command.main(["--model", "/no/such/export"]) == EXIT_CONFIG
     err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("hf-pretrain")]
     assert err == [
         "hf-pretrain eval: error: --model /no/such/export: no such folder, and not a Hub repo id (owner/name); "
@@ -121,7 +122,7 @@ def test_eval_offline_of_a_task_whose_dataset_is_not_cached_is_one_line(exported
             text=True,
             timeout=600,
         )
-        assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr[-3000:]
+        assert result.returncode == EXIT_CONFIG and "Traceback" not in result.stderr, result.stderr[-3000:]
         last = result.stderr.strip().splitlines()[-1]
         if model == "someone/not-cached":
             assert last.startswith("hf-pretrain eval: error: cannot load the model someone/not-cached: "), last
@@ -138,12 +139,12 @@ def only_our_lines(err: str) -> list[str]:
 
 
 def test_an_export_into_a_place_that_cannot_be_written_is_one_line(reference_run, tmp_path, capsys):
-    from hf_pretrain.publish import export
+    from hf_pretrain.publish import export_command
 
     run_dir, _ = reference_run
     a_file = tmp_path / "notes.txt"
     a_file.write_text("mine")
-    assert export.main(["--checkpoint", str(run_dir), "--out", str(a_file / "model")]) == 1
+    assert export_command.main(["--checkpoint", str(run_dir), "--out", str(a_file / "model")]) == EXIT_CONFIG
     err = capsys.readouterr().err
     assert "Traceback" not in err and only_our_lines(err) == [
         f"hf-pretrain export: error: cannot write {a_file / 'model'}: {a_file} is a file, not a folder; choose an "
@@ -154,9 +155,9 @@ def test_an_export_into_a_place_that_cannot_be_written_is_one_line(reference_run
 
 @pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs /proc, which nobody can write into")
 def test_an_export_onto_a_pseudo_filesystem_is_one_line(reference_run, capsys):
-    from hf_pretrain.publish import export
+    from hf_pretrain.publish import export_command
 
-    assert export.main(["--checkpoint", str(reference_run[0]), "--out", "/proc/model"]) == 1
+    assert export_command.main(["--checkpoint", str(reference_run[0]), "--out", "/proc/model"]) == EXIT_CONFIG
     assert only_our_lines(capsys.readouterr().err) == [
         "hf-pretrain export: error: cannot write /proc/model: /proc cannot be written (No such file or directory); "
         "choose an --out on a writable disk"
@@ -225,7 +226,7 @@ def test_a_source_file_without_text_is_named_with_a_fix_that_can_help(tmp_path, 
     extra = request.getfixturevalue("fixed_tokenizer") if tokenizer == "fixed" else []
     for sources, index in (([empty], 0), ([good, empty], 1)):
         result = prepare_cli(tmp_path / f"dd-{index}", [{"kind": "files", "paths": [str(p)]} for p in sources], *extra)
-        assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
+        assert result.returncode == EXIT_CONFIG and "Traceback" not in result.stderr, result.stderr
         lines = result.stderr.strip().splitlines()
         assert len(lines) == 1 and f"source `{empty}` holds no text" in lines[0], lines
         assert lines[0].endswith("give it files with text, or remove it from --sources"), lines
@@ -238,7 +239,7 @@ def test_a_corpus_of_one_document_says_why_not_to_lower_val_every(tmp_path, fixe
     one = tmp_path / "essay.txt"
     one.write_text("A short essay of one paragraph, with no blank line in it.\n" * 50)
     result = prepare_cli(tmp_path / "dd", [{"kind": "files", "paths": [str(one)]}], *fixed_tokenizer)
-    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
+    assert result.returncode == EXIT_CONFIG and "Traceback" not in result.stderr, result.stderr
     line = result.stderr.strip().splitlines()[-1]
     assert "1 document(s) in all: none to hold out for validation" in line and "lower val_every" not in line
     assert line.endswith("add documents")
@@ -304,7 +305,7 @@ def test_report_on_what_is_not_a_run_folder_says_so(tmp_path, capsys, where):
     if where == "a data folder":
         folder.mkdir(parents=True)
         (folder / "meta.json").write_text("{}")
-    assert report.main([str(folder)]) == 2
+    assert report.main([str(folder)]) == EXIT_CONFIG
     said = (
         "no such folder"
         if where == "missing"
@@ -320,14 +321,14 @@ def test_space_of_a_local_export_says_a_space_reads_the_hub_and_an_unwritable_ou
 
     export = tmp_path / "export"
     export.mkdir()
-    assert space.main(["--model", str(export), "--out", str(tmp_path / "space")]) == 2
+    assert space.main(["--model", str(export), "--out", str(tmp_path / "space")]) == EXIT_CONFIG
     assert only_our_lines(capsys.readouterr().err) == [
         f"hf-pretrain space: --model {export} is a local folder, and a Space loads its models from the Hub: push it "
         "first (`hf-pretrain export ... --push_to_hub ME/NAME`), then give --model ME/NAME"
     ]
     a_file = tmp_path / "notes.txt"
     a_file.write_text("mine")
-    assert space.main(["--model", "me/model", "--out", str(a_file / "space")]) == 2
+    assert space.main(["--model", "me/model", "--out", str(a_file / "space")]) == EXIT_CONFIG
     assert only_our_lines(capsys.readouterr().err) == [
         f"hf-pretrain space: cannot write {a_file / 'space'}: {a_file} is a file, not a folder; choose an --out on "
         "a writable disk"

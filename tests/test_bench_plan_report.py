@@ -16,6 +16,7 @@ from hf_pretrain.economics import plan
 from hf_pretrain.economics.cost import Phase, phase_row
 from hf_pretrain.economics.gpus import best_match, find_gpu
 from hf_pretrain.economics.prices import PriceError, parse_price, price_table
+from hf_pretrain.exit_codes import EXIT_CONFIG
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -115,27 +116,27 @@ def test_plan_takes_recipe_overrides_like_every_recipe_command(capsys):
 
 
 @pytest.mark.parametrize(
-    "argv, said",
+    "argv, said, code",
     [
-        (["--recipe", "smoke", "--max_stepz", "500"], "unknown key `max_stepz` (did you mean `max_steps`?)"),
-        (["--recipe", "smoke", "--max_steps", "0"], "max_steps"),  # checked like any run of the recipe
-        (["--params", "1e9", "--max_steps", "500"], "unknown key `max_steps`"),  # no recipe, no recipe keys
+        (["--recipe", "smoke", "--max_stepz", "500"], "unknown key `max_stepz` (did you mean `max_steps`?)", 2),
+        (["--recipe", "smoke", "--max_steps", "0"], "max_steps", EXIT_CONFIG),  # checked like any run of the recipe
+        (["--params", "1e9", "--max_steps", "500"], "unknown key `max_steps`", 2),  # no recipe, no recipe keys
     ],
 )
-def test_plan_refuses_an_unknown_recipe_key_naming_it(capsys, argv, said):
+def test_plan_refuses_an_unknown_recipe_key_naming_it(capsys, argv, said, code):
     with pytest.raises(SystemExit) as exited:  # the parser's refusal, as in every recipe command
         plan.main(argv)
-    assert exited.value.code == 2
+    assert exited.value.code == code
     err = capsys.readouterr().err
     assert said in err and "Traceback" not in err
 
 
 def test_plan_refuses_two_models_and_bad_numbers(capsys):
-    assert plan.main(["--recipe", "smoke", "--params", "1e9"]) == 2
+    assert plan.main(["--recipe", "smoke", "--params", "1e9"]) == EXIT_CONFIG
     assert "--recipe and --params" in capsys.readouterr().err
-    assert plan.main(["--params", "1e9", "--tokens", "-5"]) == 2
+    assert plan.main(["--params", "1e9", "--tokens", "-5"]) == EXIT_CONFIG
     assert "--tokens must be positive" in capsys.readouterr().err
-    assert plan.main(["--params", "1e9", "--price_per_hour", "3"]) == 2
+    assert plan.main(["--params", "1e9", "--price_per_hour", "3"]) == EXIT_CONFIG
     assert "--price_per_hour goes with --run" in capsys.readouterr().err
     with pytest.raises(ValueError, match="--max_gpus"):
         plan.PlanRequest(params=1e9, max_gpus=0)
@@ -225,7 +226,7 @@ def test_timed_throughput_leaves_the_warmup_out():
 
 
 def test_bench_rejects_a_malformed_variant(capsys, tmp_path):
-    assert bench.main(["--recipe", "smoke", "--variants", "compile", "--output", str(tmp_path)]) == 2
+    assert bench.main(["--recipe", "smoke", "--variants", "compile", "--output", str(tmp_path)]) == EXIT_CONFIG
     assert "KEY=VALUE" in capsys.readouterr().err
 
 
@@ -240,21 +241,26 @@ def test_two_benches_into_one_output_are_locked_like_training_folders(smoke_data
     import time
 
     from hf_pretrain.exit_codes import EXIT_LOCKED
-    from tests.helpers import ROOT, offline_env
+    from tests.helpers import OUTSIDE_CHECKOUT, offline_env
 
     out = tmp_path / "bench"
     command = [sys.executable, "-m", "hf_pretrain.cli", "bench", "--recipe", "smoke", "--data_dir", str(smoke_data)]
     command += ["--steps", "200", "--warmup", "1", "--memory_gib", "0.7", "--output", str(out)]
     env = {**offline_env(), "HF_PRETRAIN_HOME": str(tmp_path / "home")}
     first = subprocess.Popen(
-        command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+        command,
+        cwd=OUTSIDE_CHECKOUT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
     )
     try:
         deadline = time.monotonic() + 120
         while f'"pid": {first.pid}' not in ((out / "run.lock").read_text() if (out / "run.lock").exists() else ""):
             assert first.poll() is None and time.monotonic() < deadline, "the first bench never held its --output"
             time.sleep(0.1)
-        second = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+        second = subprocess.run(command, cwd=OUTSIDE_CHECKOUT, env=env, capture_output=True, text=True, timeout=120)
         assert second.returncode == EXIT_LOCKED, second.stderr
         assert f"in use by another bench: pid {first.pid}" in second.stderr and "--output" in second.stderr
         assert "Traceback" not in second.stderr
@@ -434,5 +440,5 @@ def test_report_price_override_reprices_the_phases(tmp_path):
 
 def test_report_of_an_empty_run_says_why(tmp_path, capsys):
     (tmp_path / "run").mkdir()
-    assert report.main([str(tmp_path / "run")]) == 2
+    assert report.main([str(tmp_path / "run")]) == EXIT_CONFIG
     assert "no training records" in capsys.readouterr().err

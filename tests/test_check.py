@@ -16,7 +16,8 @@ from hf_pretrain.check.store_rates import measure as measure_object_store
 from hf_pretrain.check.verdict import verdict
 from hf_pretrain.check.volume_speed import measure as measure_disk
 from hf_pretrain.config import load_recipe
-from tests.helpers import ROOT, offline_env
+from hf_pretrain.exit_codes import EXIT_CONFIG
+from tests.helpers import OUTSIDE_CHECKOUT, ROOT, offline_env
 
 PART_TITLES = (
     "(a) matmul",
@@ -38,7 +39,7 @@ def test_the_whole_check_runs_on_the_cpu_and_leaves_cpu_records_plan_never_price
     # a step of one micro-batch, two timed after one: the parts end as soon as they are done, the budget
     # only bounds them (a loaded CI machine stretches them, not the test)
     command += ["--steps", "2", "--warmup", "1", "--global_batch_tokens", "2048", "--micro_batch_size", "16"]
-    done = subprocess.run(command, env=env, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    done = subprocess.run(command, env=env, cwd=OUTSIDE_CHECKOUT, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     lines = done.stdout.splitlines()
     for title in PART_TITLES:  # each part's title, then at least one line of its own: a figure or why not
@@ -67,7 +68,7 @@ def test_the_whole_check_runs_on_the_cpu_and_leaves_cpu_records_plan_never_price
         "rows = ranked_rows(load_recipe('smoke'), 1e9, gpu_prices(None))\n"
         "print(sum(1 for r in rows if r.measured), len(_stored(store_path(), False)))\n"
     )
-    asked = subprocess.run([sys.executable, "-c", probe], env=env, cwd=ROOT, capture_output=True, text=True)
+    asked = subprocess.run([sys.executable, "-c", probe], env=env, cwd=OUTSIDE_CHECKOUT, capture_output=True, text=True)
     assert asked.stdout.split() == ["0", "0"], asked.stderr[-2000:]
 
 
@@ -135,10 +136,10 @@ def test_the_verdict_prices_the_pod_ranks_it_in_plan_and_names_a_slow_node(tmp_p
 def test_wrong_flags_are_refused_in_one_line(capsys):
     from hf_pretrain.check import main
 
-    assert main(["--recipe", "smoke", "--parts", "matmul,gpu"]) == 2
+    assert main(["--recipe", "smoke", "--parts", "matmul,gpu"]) == EXIT_CONFIG
     err = capsys.readouterr().err
     assert "--parts gpu: not a part" in err and len(err.strip().splitlines()) == 1
-    assert main(["--recipe", "smoke", "--variants", "attention_backend=flash3"]) == 2
+    assert main(["--recipe", "smoke", "--variants", "attention_backend=flash3"]) == EXIT_CONFIG
     assert "attention_backend" in capsys.readouterr().err
 
 

@@ -24,7 +24,7 @@ from hf_pretrain.checkpoints.store import resolve_checkpoint
 from hf_pretrain.config import ModelConfig
 from hf_pretrain.data.tokenizer import train_tokenizer
 from hf_pretrain.model import build_model, llama_config
-from hf_pretrain.publish import export
+from hf_pretrain.publish import export, export_command
 
 gguf = pytest.importorskip("gguf", reason="the `gguf` package (extra `gguf`) is not installed")
 from hf_pretrain.publish.gguf import GGUF_TYPES, GGUFError, check_gpt2_pre_tokenizer, write_gguf  # noqa: E402
@@ -74,7 +74,7 @@ def one_b_shaped_export(tmp_path_factory) -> Path:
     (checkpoint / "train_state.json").write_text(json.dumps({"step": 1, "tokens_seen": 1024}))
     write_manifest(checkpoint)
     out = root / "export"
-    assert export.main(["--checkpoint", str(checkpoint), "--out", str(out), "--dtype", "fp32"]) == 0
+    assert export_command.main(["--checkpoint", str(checkpoint), "--out", str(out), "--dtype", "fp32"]) == 0
     return out
 
 
@@ -249,7 +249,9 @@ def test_the_card_says_language_base_model_and_where_to_load_from(reference_run,
 
     run_dir, _ = reference_run
     local = tmp_path / "exports" / "tiny"
-    assert export.main(["--checkpoint", str(run_dir), "--out", str(local), "--gguf", "--gguf_type", "q8_0"]) == 0
+    assert (
+        export_command.main(["--checkpoint", str(run_dir), "--out", str(local), "--gguf", "--gguf_type", "q8_0"]) == 0
+    )
     card = ModelCard.load(local / "README.md")
     assert card.data.language == ["en"]
     assert f'model="{local}"' in card.text  # a local export loads from where it was written, not `tiny`

@@ -25,6 +25,7 @@ from hf_pretrain.config import Recipe, load_recipe
 from hf_pretrain.fp8 import finish_fp8, fp8_handlers
 from hf_pretrain.loss import LossHead, loss_head_for, use_loss_head
 from hf_pretrain.model import build_model, enable_activation_checkpointing, llama_config, train_in_compute_dtype
+from hf_pretrain.run_profile import THE_CPU, run_profile
 from hf_pretrain.training.compiling import dynamo_plugin
 from hf_pretrain.training.step import forward_backward
 
@@ -85,6 +86,7 @@ def compiled_step_graphs(
     torch._dynamo.reset()
     AcceleratorState._reset_state(reset_partial_state=True)
     cfg = recipe.train
+    profile = run_profile(recipe, THE_CPU)
     torch.manual_seed(0)
     # the kernel the loop's model prefers (training/loop.py: no check record on a CPU, so the recipe's own)
     model = build_model(llama_config(recipe.model, tokenizer_size), attention_backend=cfg.attention_backend)
@@ -94,13 +96,13 @@ def compiled_step_graphs(
     train_in_compute_dtype(model)
     accelerator = Accelerator(
         cpu=True,
-        mixed_precision=cfg.mixed_precision,
+        mixed_precision=profile.accelerate_precision,
         dynamo_plugin=dynamo_plugin(cfg),
-        kwargs_handlers=fp8_handlers(cfg) or None,  # fp8: the decoder's linear layers converted in `prepare`
+        kwargs_handlers=fp8_handlers(profile.step) or None,  # fp8: the decoder's linear layers converted in `prepare`
     )
     model = accelerator.prepare(model)
-    if cfg.mixed_precision == "fp8":
-        finish_fp8(model, cfg)
+    if profile.precision == "fp8":
+        finish_fp8(model, profile.step)
     tokens = torch.randint(0, tokenizer_size, (1, seq_len + 1), generator=torch.Generator().manual_seed(0))
     loss, _ = forward_backward(accelerator, model, iter([tokens]), grad_accum=1)
     assert 0 < loss.item() < float("inf")  # the step ran and produced a finite loss
@@ -452,7 +454,7 @@ def test_each_checkpointed_layer_saves_what_the_memory_estimate_says():
     )
     recipe = dataclasses.replace(recipe, model=dataclasses.replace(recipe.model, num_hidden_layers=layers))
     size = recipe_tokenizer_size(recipe)
-    estimate = estimate_memory(recipe, size, cuda_available=False)
+    estimate = estimate_memory(recipe, size, machine=THE_CPU)
     per_layer = estimate.activations / layers
     kept = (estimate.checkpointed_activations - per_layer) / layers  # what a checkpointed layer keeps
     peaks = {}

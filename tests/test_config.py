@@ -10,6 +10,7 @@ import textwrap
 import pytest
 
 from hf_pretrain.config import RecipeError, build_recipe, load_recipe, parse_recipe_args
+from hf_pretrain.exit_codes import EXIT_CONFIG
 from tests.helpers import OUTSIDE_CHECKOUT, ROOT, offline_env
 
 
@@ -288,10 +289,11 @@ def test_shipped_recipes_read_the_same_from_the_command_line():
 
 
 def test_wrong_type_on_the_command_line_exits_before_any_work(capsys):
-    for argv in (["--max_steps", "ten"], ["--compile", "maybe"], ["--phases", "{a: x}"]):
+    # argparse's own type checks are a command line that does not parse (2); a value the recipe refuses, 78
+    for argv, code in ((["--max_steps", "ten"], 2), (["--compile", "maybe"], 2), (["--phases", "{a: x}"], EXIT_CONFIG)):
         with pytest.raises(SystemExit) as exit_info:
             parse_recipe_args(argv, prog="t", description="")
-        assert exit_info.value.code == 2
+        assert exit_info.value.code == code
     assert "phases.a must be int" in capsys.readouterr().err
 
 
@@ -419,7 +421,7 @@ def test_python_m_train_reads_kebab_case_flags(tmp_path):
         env=offline_env(),
         timeout=300,
     )
-    assert run.returncode == 2 and "max_steps=0 must be >= 1" in run.stderr, run.stderr
+    assert run.returncode == EXIT_CONFIG and "max_steps=0 must be >= 1" in run.stderr, run.stderr
     assert not any(tmp_path.iterdir())
 
 
@@ -442,7 +444,7 @@ def test_report_price_is_price_per_hour(tmp_path, capsys):
 
     with pytest.raises(SystemExit) as exit_info:
         report.main([str(tmp_path), "--price_per_hour", "-1"])
-    assert exit_info.value.code == 2
+    assert exit_info.value.code == EXIT_CONFIG
     assert "--price_per_hour must be a non-negative number" in capsys.readouterr().err
     with pytest.raises(SystemExit) as exit_info:
         report.main([str(tmp_path), "--price", "-1"])
@@ -453,8 +455,8 @@ def test_report_price_is_price_per_hour(tmp_path, capsys):
 def test_bench_price_is_gpu_price(capsys):
     from hf_pretrain.bench import benchmark as bench
 
-    # A malformed entry reaches the price table (exit 2, naming it); the old spelling is refused naming the new one.
-    assert bench.main(["--recipe", "smoke", "--gpu_price", "H100"]) == 2
+    # A malformed entry reaches the price table (exit 78, naming it); the old spelling is refused naming the new one.
+    assert bench.main(["--recipe", "smoke", "--gpu_price", "H100"]) == EXIT_CONFIG
     assert "H100" in capsys.readouterr().err
     with pytest.raises(SystemExit) as exit_info:
         bench.main(["--recipe", "smoke", "--price", "H100"])
@@ -464,7 +466,7 @@ def test_bench_price_is_gpu_price(capsys):
 
 
 def test_eval_takes_its_flags_in_both_spellings(capsys, tmp_path):
-    from hf_pretrain.evaluation import harness
+    from hf_pretrain.evaluation import eval_command
 
     # folders that exist: eval refuses a missing --data_dir or --include_path in one line first
     x, d = str(tmp_path), str(tmp_path)
@@ -473,8 +475,8 @@ def test_eval_takes_its_flags_in_both_spellings(capsys, tmp_path):
         ["--include-path", x, "--data-dir", d],
     ):
         with pytest.raises(SystemExit) as exit_info:  # nothing to do: stops after parsing, before loading a model
-            harness.main(["--model", "m", "--tasks", "none", *flags])
-        assert exit_info.value.code == 2 and "--tasks none needs --text" in capsys.readouterr().err
+            eval_command.main(["--model", "m", "--tasks", "none", *flags])
+        assert exit_info.value.code == EXIT_CONFIG and "--tasks none needs --text" in capsys.readouterr().err
 
 
 # ---------------------------------------------------------------------- report_to: any tracker Accelerate knows
@@ -509,7 +511,7 @@ def test_a_tracker_accelerate_does_not_know_is_refused_listing_the_known_ones(re
     assert (f"did you mean `{wrong}`" in message) == bool(wrong)
     with pytest.raises(SystemExit) as exit_info:  # on the command line: before any work, like any bad key
         parse_recipe_args(["--report_to", report_to], prog="t", description="")
-    assert exit_info.value.code == 2 and "is not a tracker Accelerate knows" in capsys.readouterr().err
+    assert exit_info.value.code == EXIT_CONFIG and "is not a tracker Accelerate knows" in capsys.readouterr().err
 
 
 def test_the_doctor_passes_two_installed_trackers_and_names_a_missing_one_with_its_install(monkeypatch):

@@ -47,6 +47,7 @@ from hf_pretrain.data.tokenizer import (
     train_tokenizer,
 )
 from hf_pretrain.data.verify import VERIFIED_FILE, verify_shards
+from hf_pretrain.exit_codes import EXIT_CONFIG
 
 VOCAB = 320
 WORDS = (
@@ -560,13 +561,13 @@ def test_a_file_that_is_not_utf8_is_refused_without_a_traceback(tmp_path: Path) 
     rng = random.Random(4)
     latin1 = "\n\n".join(_paragraph(rng) + " café déjà vu à la carte" for _ in range(300)).encode("latin-1")
     result = _prepare_cli(tmp_path, {"a.txt": latin1})
-    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert result.returncode == EXIT_CONFIG and "Traceback" not in result.stderr
     assert "a.txt" in result.stderr and "are not valid UTF-8" in result.stderr and "iconv" in result.stderr
 
 
 def test_an_empty_corpus_is_named_as_such(tmp_path: Path) -> None:
     result = _prepare_cli(tmp_path, {"empty.txt": b"", "blank.jsonl": b""})
-    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert result.returncode == EXIT_CONFIG and "Traceback" not in result.stderr
     assert "holds no text: every document in it is empty" in result.stderr and "vocab_size" not in result.stderr
 
 
@@ -577,7 +578,7 @@ def test_no_validation_tokens_is_refused_naming_val_every(tmp_path: Path) -> Non
         {"a.jsonl": "".join(json.dumps({"text": _paragraph(rng) * 20}) + "\n" for _ in range(30)).encode()},
         val_every=1000,
     )
-    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert result.returncode == EXIT_CONFIG and "Traceback" not in result.stderr
     assert "no validation tokens" in result.stderr and "lower val_every" in result.stderr
     assert not (tmp_path / "data" / "meta.json").exists()
 

@@ -14,6 +14,7 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 
 from hf_pretrain.checkpoints.store import resolve_checkpoint  # noqa: E402
 from hf_pretrain.config import DEFAULT_PROMPTS, load_recipe, save_recipe  # noqa: E402
+from hf_pretrain.exit_codes import EXIT_CONFIG
 from hf_pretrain.publish.demo import DemoError, build, cached_export, milestone_prompts, model_choices  # noqa: E402
 from hf_pretrain.publish.space_template.app import format_progress, load_model, read_progress  # noqa: E402
 
@@ -180,7 +181,7 @@ def test_example_prompts_come_from_the_runs_recipe_else_the_defaults(tmp_path):
 def test_a_model_that_names_nothing_is_refused_before_serving(tmp_path, capsys):
     from hf_pretrain.cli import main as cli
 
-    assert cli(["demo", "--model", str(tmp_path / "missing" / "x")]) == 2
+    assert cli(["demo", "--model", str(tmp_path / "missing" / "x")]) == EXIT_CONFIG
     assert "no such folder" in capsys.readouterr().err
     with pytest.raises(DemoError, match="not a run folder"):
         model_choices(str(tmp_path), tmp_path / "cache")

@@ -20,7 +20,8 @@ import torch
 from hf_pretrain.config import Recipe, load_recipe
 from hf_pretrain.data import PackedDataset
 from hf_pretrain.data import loader as loader_module
-from hf_pretrain.economics.memory import estimate_memory, layer_activation_bytes_per_token, step_kind
+from hf_pretrain.economics.memory import estimate_memory, layer_activation_bytes_per_token
+from hf_pretrain.exit_codes import EXIT_CONFIG
 from hf_pretrain.formatting import human_bytes
 from hf_pretrain.model import recipe_tokenizer_size
 from hf_pretrain.preflight import CheckResult, PreflightError, format_table, preflight, run_checks
@@ -36,6 +37,7 @@ from hf_pretrain.preflight.data import (
 from hf_pretrain.preflight.dependencies import check_versions
 from hf_pretrain.preflight.disk import check_disk_space, check_output_writable, check_save_speed, disk_write_bytes_per_s
 from hf_pretrain.preflight.gpu import check_bf16, check_cuda, check_memory, check_tf32
+from hf_pretrain.run_profile import A_GPU, THE_CPU, run_profile
 from tests.helpers import OUTSIDE_CHECKOUT, offline_env
 
 ON_GPU = torch.cuda.is_available()
@@ -321,8 +323,8 @@ def test_memory_estimate_of_the_1b_recipe():
         2 * n,
     )
     # compiled, bf16: 2 x (6h + 2 h_kv + 3I) + 4a + 8 bytes per token and layer, h=2048, h_kv=8*64, I=8192, a=32
-    kind = step_kind(recipe)
-    assert (kind.compiled_layers, kind.compiled_head, kind.liger, kind.compute_bytes) == (True, True, False, 2)
+    kind = run_profile(recipe, A_GPU).step
+    assert (kind.compiled, kind.compiled_head, kind.liger, kind.compute_bytes) == (True, True, False, 2)
     assert layer_activation_bytes_per_token(recipe, kind) == 75_912
     assert estimate.activations == 16 * tokens * 75_912
     assert estimate.checkpointed_activations == 16 * tokens * 2 * 2048 + tokens * 75_912  # bf16 layer inputs
@@ -335,13 +337,16 @@ def test_memory_estimate_of_the_1b_recipe():
     assert round(estimate.total(False) / 1e9, 1) == 40.8 and round(estimate.total(True) / 1e9, 1) == 23.3
     # eager: autocast's casts and the unfused norms and SwiGLU keep more; the loss keeps 12 bytes per logit
     eager = one_b(compile=False)
-    assert layer_activation_bytes_per_token(eager, step_kind(eager)) == 26 * 2048 + 4 * 512 + 8 * 8192 + 4 * 32 + 8
+    assert (
+        layer_activation_bytes_per_token(eager, run_profile(eager, A_GPU).step)
+        == 26 * 2048 + 4 * 512 + 8 * 8192 + 4 * 32 + 8
+    )
     assert estimate_memory(eager, 32_005).head == tokens * (8 * 2048 + 4 + 12 * 32_064)
     # fused loss: no logits, but the projection's and the input's gradients, computed in the forward
     liger = estimate_memory(one_b(liger=True), 32_005)
     assert liger.head == tokens * (4 * 2048 + 4) + 4 * 32_064 * 2048 + 2 * tokens * 2048
     # without CUDA, Liger falls back to the standard kernels, and the estimate with it
-    assert estimate_memory(one_b(liger=True), 32_005, cuda_available=False).head == estimate.head
+    assert estimate_memory(one_b(liger=True), 32_005, machine=THE_CPU).head == estimate.head
 
 
 def test_checkpointing_that_is_not_needed_warns():
@@ -500,5 +505,5 @@ def test_doctor_command_passes_a_prepared_smoke_run(smoke_data, tmp_path):
 
 def test_doctor_command_exits_nonzero_on_a_failure(tmp_path):
     result = doctor("--data_dir", str(tmp_path / "nothing"), "--output_dir", str(tmp_path / "run"))
-    assert result.returncode == 1
+    assert result.returncode == EXIT_CONFIG
     assert "FAIL" in result.stdout and "hf-pretrain prepare --recipe smoke" in result.stdout

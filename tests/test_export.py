@@ -19,9 +19,10 @@ from hf_pretrain.checkpoints.load import load_checkpoint_model
 from hf_pretrain.checkpoints.manifest import CheckpointError, write_manifest
 from hf_pretrain.checkpoints.store import resolve_checkpoint
 from hf_pretrain.config import load_recipe
+from hf_pretrain.exit_codes import EXIT_CONFIG
 from hf_pretrain.model import build_model
 from hf_pretrain.optim import build_optimizer
-from hf_pretrain.publish import export
+from hf_pretrain.publish import export_command
 from hf_pretrain.run_dir import read_jsonl
 from tests.helpers import OUTSIDE_CHECKOUT, SHORT_RUN, offline_env
 
@@ -39,8 +40,8 @@ def exports(reference_run, tmp_path_factory):
     run_dir, _ = reference_run
     root = tmp_path_factory.mktemp("exports")
     common = ["--checkpoint", str(run_dir), "--hardware", "2 CPU cores", "--price_per_hour", "0.5"]
-    assert export.main([*common, "--out", str(root / "fp32"), "--dtype", "fp32"]) == 0
-    assert export.main([*common, "--out", str(root / "bf16")]) == 0
+    assert export_command.main([*common, "--out", str(root / "fp32"), "--dtype", "fp32"]) == 0
+    assert export_command.main([*common, "--out", str(root / "bf16")]) == 0
     return root
 
 
@@ -151,7 +152,9 @@ def test_model_card_describes_the_run(reference_run, exports):
 def test_an_older_checkpoint_is_exported_as_it_was(reference_run, tmp_path):
     run_dir, _ = reference_run
     assert (
-        export.main(["--checkpoint", str(checkpoint_dir(run_dir, 8)), "--out", str(tmp_path / "s8"), "--dtype", "fp32"])
+        export_command.main(
+            ["--checkpoint", str(checkpoint_dir(run_dir, 8)), "--out", str(tmp_path / "s8"), "--dtype", "fp32"]
+        )
         == 0
     )
     saved = load_file(checkpoint_dir(run_dir, 8) / "model.safetensors")
@@ -208,7 +211,10 @@ def test_fsdp_sharded_checkpoint_exports_the_same_weights(reference_run, exports
     )
     assert (sharded / "pytorch_model_fsdp_0" / ".metadata").is_file()
     assert not (sharded / "model.safetensors").exists()
-    assert export.main(["--checkpoint", str(tmp_path / "run"), "--out", str(tmp_path / "out"), "--dtype", "fp32"]) == 0
+    assert (
+        export_command.main(["--checkpoint", str(tmp_path / "run"), "--out", str(tmp_path / "out"), "--dtype", "fp32"])
+        == 0
+    )
     assert (tmp_path / "out" / "model.safetensors").read_bytes() == (
         exports / "fp32" / "model.safetensors"
     ).read_bytes()
@@ -216,9 +222,9 @@ def test_fsdp_sharded_checkpoint_exports_the_same_weights(reference_run, exports
 
 def test_export_says_what_is_wrong(reference_run, exports, tmp_path, capsys):
     run_dir, _ = reference_run
-    assert export.main(["--checkpoint", str(tmp_path / "nowhere"), "--out", str(tmp_path / "o")]) == 1
+    assert export_command.main(["--checkpoint", str(tmp_path / "nowhere"), "--out", str(tmp_path / "o")]) == EXIT_CONFIG
     assert "neither a checkpoint" in capsys.readouterr().err
-    assert export.main(["--checkpoint", str(run_dir), "--out", str(exports / "bf16")]) == 1
+    assert export_command.main(["--checkpoint", str(run_dir), "--out", str(exports / "bf16")]) == EXIT_CONFIG
     assert "--overwrite" in capsys.readouterr().err
     assert (exports / "bf16" / "model.safetensors").is_file()  # untouched
 

@@ -22,6 +22,7 @@ from hf_pretrain.config import RecipeError, load_recipe
 from hf_pretrain.fp8 import finish_fp8, float8_layers, fp8_handlers
 from hf_pretrain.model import build_model, llama_config, train_in_compute_dtype
 from hf_pretrain.preflight.gpu import check_fp8
+from hf_pretrain.run_profile import THE_CPU, Machine, run_profile
 from tests.helpers import launch_training
 from tests.test_survival import complete_steps, start_training, train_losses, wait_for_step
 
@@ -65,7 +66,9 @@ def test_fp8_recipe_changes_the_fingerprint_and_emulation_does_not():
     ],
 )
 def test_doctor_refuses_fp8_without_fp8_tensor_cores_naming_the_capability_and_the_fix(capability, card, status, said):
-    result = check_fp8(load_recipe("smoke", {"mixed_precision": "fp8"}), capability, card)
+    machine = Machine("cuda", name=card, bf16=True, capability=capability[0] + capability[1] / 10) if card else THE_CPU
+    recipe = load_recipe("smoke", {"mixed_precision": "fp8"})
+    result = check_fp8(recipe, run_profile(recipe, machine))
     assert result.status == status and said in result.reason
     if status == "fail":
         assert "\n" not in result.reason
@@ -73,7 +76,8 @@ def test_doctor_refuses_fp8_without_fp8_tensor_cores_naming_the_capability_and_t
 
 
 def test_doctor_passes_emulated_fp8_anywhere_and_skips_other_precisions():
-    emulated = check_fp8(load_recipe("smoke", {"mixed_precision": "fp8", "fp8_emulate": True}), None, None)
+    recipe = load_recipe("smoke", {"mixed_precision": "fp8", "fp8_emulate": True})
+    emulated = check_fp8(recipe, run_profile(recipe, THE_CPU))
     assert emulated.status == "pass" and "emulated" in emulated.reason
     assert check_fp8(load_recipe("smoke", {"mixed_precision": "bf16"})).status == "skip"
 
@@ -93,14 +97,15 @@ def test_doctor_command_refuses_fp8_on_this_cpu_in_one_line(capsys):
 # ---------------------------------------------------------------------- the conversion
 def prepared_fp8_model(fp8_recipe: str):
     recipe = load_recipe("smoke", FP8_EMULATED | {"fp8_emulate": True, "fp8_recipe": fp8_recipe})
+    step = run_profile(recipe, THE_CPU).step
     AcceleratorState._reset_state(reset_partial_state=True)
     torch.manual_seed(0)
     model = build_model(llama_config(recipe.model, 4096))
     weights = {name: p for name, p in model.named_parameters()}
     train_in_compute_dtype(model)
-    accelerator = Accelerator(cpu=True, mixed_precision="fp8", kwargs_handlers=fp8_handlers(recipe.train))
+    accelerator = Accelerator(cpu=True, mixed_precision="fp8", kwargs_handlers=fp8_handlers(step))
     model = accelerator.prepare(model)
-    line = finish_fp8(model, recipe.train)
+    line = finish_fp8(model, step)
     return accelerator, model, weights, line
 
 
@@ -174,11 +179,11 @@ def test_emulated_fp8_tracks_bf16_closely_but_not_exactly():
         torch.manual_seed(0)
         model = build_model(llama_config(recipe.model, 4096))
         train_in_compute_dtype(model)
-        train = load_recipe("smoke", {"mixed_precision": precision, "fp8_emulate": True}).train
-        accelerator = Accelerator(cpu=True, mixed_precision=precision, kwargs_handlers=fp8_handlers(train) or None)
+        step = run_profile(load_recipe("smoke", {"mixed_precision": precision, "fp8_emulate": True}), THE_CPU).step
+        accelerator = Accelerator(cpu=True, mixed_precision=precision, kwargs_handlers=fp8_handlers(step) or None)
         model = accelerator.prepare(model)
         if precision == "fp8":
-            finish_fp8(model, train)
+            finish_fp8(model, step)
         with torch.no_grad():
             losses[precision] = model(input_ids=tokens[:, :-1], labels=tokens[:, 1:]).loss.item()
     AcceleratorState._reset_state(reset_partial_state=True)
@@ -216,10 +221,10 @@ def test_emulated_fp8_smoke_run_killed_and_resumed_matches_the_uninterrupted_run
     # the export is a plain Llama: no FP8 module, scale or config left; it reproduces the run's weights
     from transformers import AutoModelForCausalLM, LlamaForCausalLM
 
-    from hf_pretrain.publish import export
+    from hf_pretrain.publish import export_command
 
     out = tmp_path / "export"
-    assert export.main(["--checkpoint", str(run_dir), "--out", str(out)]) == 0
+    assert export_command.main(["--checkpoint", str(run_dir), "--out", str(out)]) == 0
     exported = load_file(out / "model.safetensors")
     assert not [k for k in exported if "scale" in k or "float8" in k or "fp8" in k]
     assert {t.dtype for t in exported.values()} == {torch.bfloat16}

@@ -9,10 +9,12 @@ import pytest
 
 from hf_pretrain.config import load_recipe
 from hf_pretrain.economics import performance, plan, published
-from hf_pretrain.economics.gpus import FP8_COMPUTE_CAPABILITY, gpu_named, gpu_table
+from hf_pretrain.economics.gpus import gpu_named, gpu_table
 from hf_pretrain.economics.memory import estimate_memory, fit_in_memory, with_checkpointed_layers, with_micro_batch
 from hf_pretrain.economics.workload import recipe_workload
+from hf_pretrain.exit_codes import EXIT_CONFIG
 from hf_pretrain.model import recipe_tokenizer_size
+from hf_pretrain.run_profile import FP8_COMPUTE_CAPABILITY
 
 ONE_B = load_recipe("1b")
 TOKENS = ONE_B.train.max_steps * ONE_B.train.global_batch_tokens
@@ -139,7 +141,7 @@ def test_plan_ranks_fp8_where_cards_have_it_and_charges_the_measured_quality_fac
     h100 = by_gpu["H100 SXM"]
     assert h100["hours"] == pytest.approx(result["tokens"] * 1.007 / h100["tokens_per_s"] / 3600, rel=0.01)
     # one named card without FP8: one line naming its capability and the fix
-    assert plan.main(["--recipe", "1b", "--gpu", "A100", "--mixed_precision", "fp8"]) == 2
+    assert plan.main(["--recipe", "1b", "--gpu", "A100", "--mixed_precision", "fp8"]) == EXIT_CONFIG
     err = capsys.readouterr().err
     assert len(err.splitlines()) == 1 and "8.0" in err and "--mixed_precision bf16" in err
 
@@ -257,10 +259,10 @@ def test_one_named_gpu_gives_its_row_and_the_several_gpu_table(capsys):
 
 
 def test_an_unknown_gpu_is_refused_naming_the_known_ones(capsys):
-    assert plan.main(["--recipe", "smoke", "--gpu", "V100"]) == 2
+    assert plan.main(["--recipe", "smoke", "--gpu", "V100"]) == EXIT_CONFIG
     err = capsys.readouterr().err
     assert "unknown GPU 'V100'" in err and "H100 SXM" in err and "RTX 3090" in err and len(err.splitlines()) == 1
-    assert plan.main(["--params", "1e9", "--gpu", "all"]) == 2
+    assert plan.main(["--params", "1e9", "--gpu", "all"]) == EXIT_CONFIG
     assert "--recipe" in capsys.readouterr().err
 
 

@@ -36,7 +36,7 @@ from hf_pretrain.model import (
 )
 from hf_pretrain.preflight.gpu import check_compiler, check_cuda
 from hf_pretrain.run_dir import read_jsonl
-from tests.helpers import OUTSIDE_CHECKOUT, ROOT, SHORT_RUN, launch_training, offline_env
+from tests.helpers import OUTSIDE_CHECKOUT, ROOT, SHORT_RUN, launch_command, launch_training, offline_env
 
 ON_GPU = torch.cuda.is_available()
 cpu_only = pytest.mark.skipif(ON_GPU, reason="checks what happens without CUDA")
@@ -155,10 +155,10 @@ def assert_exports_and_loads(run_dir: Path, tmp_path: Path) -> None:
     """final/ and `hf-pretrain export` of the newest checkpoint load with the auto classes, agree, and generate."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from hf_pretrain.publish import export
+    from hf_pretrain.publish import export_command
 
     out = tmp_path / "exported"
-    assert export.main(["--checkpoint", str(run_dir), "--out", str(out), "--dtype", "fp32"]) == 0
+    assert export_command.main(["--checkpoint", str(run_dir), "--out", str(out), "--dtype", "fp32"]) == 0
     final = AutoModelForCausalLM.from_pretrained(run_dir / "final")
     exported = AutoModelForCausalLM.from_pretrained(out)
     tokenizer = AutoTokenizer.from_pretrained(out)
@@ -208,9 +208,9 @@ def test_regional_compilation_trains_like_eager_and_its_checkpoint_exports(refer
     assert max(abs(losses[s] - eager[s]) / eager[s] for s in losses) <= COMPILED_RTOL
     from transformers import AutoModelForCausalLM
 
-    from hf_pretrain.publish import export
+    from hf_pretrain.publish import export_command
 
-    assert export.main(["--checkpoint", str(run_dir), "--out", str(tmp_path / "exported")]) == 0
+    assert export_command.main(["--checkpoint", str(run_dir), "--out", str(tmp_path / "exported")]) == 0
     assert AutoModelForCausalLM.from_pretrained(tmp_path / "exported").num_parameters() > 1_000_000
 
 
@@ -247,20 +247,10 @@ def launch_fsdp(
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     args = {**SHORT_RUN, "data_dir": data_dir, "output_dir": run_dir, **overrides}
-    cmd = [
-        sys.executable,
-        "-m",
-        "accelerate.commands.launch",
-        "--config_file",
-        str(ROOT / "tests" / "assets" / "fsdp_cpu_2proc.yaml"),
-        "--main_process_port",
-        str(port),
-        str(ROOT / "tests" / "fsdp_cpu_train.py"),
-        "--recipe",
-        "smoke",
-    ]
-    for key, value in args.items():
-        cmd += [f"--{key}", str(value)]
+    fsdp = ROOT / "tests" / "assets" / "fsdp_cpu_2proc.yaml"
+    cmd = launch_command(
+        "--main_process_port", str(port), config=fsdp, script=ROOT / "tests" / "fsdp_cpu_train.py", **args
+    )
     result = subprocess.run(
         cmd, cwd=OUTSIDE_CHECKOUT, env={**offline_env(), **(env or {})}, capture_output=True, text=True, timeout=600
     )

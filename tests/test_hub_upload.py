@@ -11,7 +11,7 @@ import torch
 from huggingface_hub import snapshot_download
 from transformers import AutoModelForCausalLM
 
-from hf_pretrain.publish import export
+from hf_pretrain.publish import export, export_command
 from hf_pretrain.publish.hub import scrub
 from tests.helpers import OUTSIDE_CHECKOUT, offline_env
 from tests.hub_standin import HubStandIn
@@ -147,7 +147,7 @@ def test_a_refused_upload_fails_clearly_without_the_token_and_keeps_the_export(
     monkeypatch.setattr(huggingface_hub.constants, "HF_TOKEN_PATH", str(login))  # set from HF_HOME at import
     online.state.refuse_writes = True
     out = tmp_path / "kept"
-    code = export.main(["--checkpoint", str(run_dir), "--out", str(out), "--push_to_hub", "me/refused"])
+    code = export_command.main(["--checkpoint", str(run_dir), "--out", str(out), "--push_to_hub", "me/refused"])
     captured = capsys.readouterr()
     assert code == 1
     assert "403" in captured.err and "me/refused" in captured.err
@@ -162,7 +162,7 @@ def test_offline_mode_fails_before_any_request(reference_run, hub, tmp_path, cap
     run_dir, _ = reference_run
     assert huggingface_hub.constants.HF_HUB_OFFLINE  # the test session runs offline
     out = tmp_path / "offline"
-    assert export.main(["--checkpoint", str(run_dir), "--out", str(out), "--push_to_hub", "me/offline"]) == 1
+    assert export_command.main(["--checkpoint", str(run_dir), "--out", str(out), "--push_to_hub", "me/offline"]) == 1
     assert "HF_HUB_OFFLINE" in capsys.readouterr().err
     assert hub.state.requests == []
     assert (out / "model.safetensors").is_file()

@@ -315,10 +315,10 @@ def test_a_run_from_a_hub_id_starts_at_the_base_models_loss_resumes_exactly_and_
     first, last = (sum(losses[s] for s in steps) / 4 for steps in (range(1, 5), range(9, 13)))
     assert last < first - 0.05, losses  # it learns from there (5.55 -> 5.42 measured)
 
-    from hf_pretrain.publish import export
+    from hf_pretrain.publish import export_command
 
     out = tmp_path / "exported"
-    assert export.main(["--checkpoint", str(run_dir), "--out", str(out), "--dtype", "fp32"]) == 0
+    assert export_command.main(["--checkpoint", str(run_dir), "--out", str(out), "--dtype", "fp32"]) == 0
     config = json.loads((out / "config.json").read_text())
     assert {key: config[key] for key in ("hidden_size", "num_key_value_heads", "tie_word_embeddings")} == {
         "hidden_size": 64,
@@ -348,9 +348,9 @@ def test_two_processes_start_from_the_base_models_weights(base, tmp_path):
     assert abs(losses[1] - transformers_first_loss(base, world_size=2)) <= FIRST_LOSS_TOLERANCE
     assert losses[4] < losses[1]
     card_dir = tmp_path / "exported"
-    from hf_pretrain.publish import export
+    from hf_pretrain.publish import export_command
 
-    assert export.main(["--checkpoint", str(run_dir), "--out", str(card_dir)]) == 0
+    assert export_command.main(["--checkpoint", str(run_dir), "--out", str(card_dir)]) == 0
     card = ModelCard.load(card_dir / "README.md")
     assert card.data.base_model is None  # a local folder has no Hub id; the text names it
     assert f"continued from `{base['folder']}`" in card.text

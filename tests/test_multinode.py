@@ -19,27 +19,14 @@ import torch
 from safetensors.torch import load_file
 
 from hf_pretrain.run_dir import read_jsonl
-from tests.helpers import OUTSIDE_CHECKOUT, ROOT, SHORT_RUN, launch_training, offline_env
+from tests.helpers import OUTSIDE_CHECKOUT, ROOT, SHORT_RUN, launch_command, launch_training, offline_env
 from tests.test_reliability_runs import kill_all, logged_step, start, status, wait_until
 from tests.test_survival import free_port
-
-TWO_PROCESSES = str(ROOT / "accelerate_configs" / "cpu_2proc.yaml")
 
 
 def command(data_dir: Path, run_dir: Path, launch: list[str], **overrides) -> list[str]:
     args = {**SHORT_RUN, "data_dir": data_dir, "output_dir": run_dir, **overrides}
-    return [
-        sys.executable,
-        "-m",
-        "accelerate.commands.launch",
-        "--config_file",
-        TWO_PROCESSES,
-        *launch,
-        str(ROOT / "hf_pretrain" / "train.py"),
-        "--recipe",
-        "smoke",
-        *[part for key, value in args.items() for part in (f"--{key}", str(value))],
-    ]
+    return launch_command(*launch, processes=2, **args)
 
 
 def train_losses(run_dir: Path) -> list[float]:

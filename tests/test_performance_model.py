@@ -18,8 +18,9 @@ from torch.utils._pytree import tree_flatten
 
 from hf_pretrain.config import load_recipe
 from hf_pretrain.economics import published
-from hf_pretrain.economics.workload import BACKWARD_POINTWISE, StepConfig, layer_forward_bytes, recipe_shape
+from hf_pretrain.economics.workload import BACKWARD_POINTWISE, layer_forward_bytes, recipe_shape
 from hf_pretrain.model import build_model, llama_config, train_in_compute_dtype
+from hf_pretrain.run_profile import Step
 from tests.helpers import ROOT
 
 # timed by the model as FLOPs, not bytes
@@ -64,11 +65,11 @@ def test_the_eager_layer_moves_the_bytes_the_model_counts():
     per_token = (eager_step_bytes(2, overrides, batch, seq_len) - eager_step_bytes(1, overrides, batch, seq_len)) / (
         batch * seq_len
     )
-    eager = StepConfig(compiled=False)
+    eager = Step(compiled=False)
     counted = layer_forward_bytes(recipe_shape(load_recipe("smoke", overrides), 512), eager) * (1 + BACKWARD_POINTWISE)
     assert counted == pytest.approx(per_token, rel=0.15)
     # and the compiled layer (one kernel per run of pointwise ops) moves far less: why eager is slower
-    compiled = layer_forward_bytes(recipe_shape(load_recipe("smoke", overrides), 512), StepConfig())
+    compiled = layer_forward_bytes(recipe_shape(load_recipe("smoke", overrides), 512), Step())
     assert compiled * (1 + BACKWARD_POINTWISE) < 0.4 * per_token
 
 

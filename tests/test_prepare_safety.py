@@ -17,6 +17,7 @@ from hf_pretrain.config import build_recipe
 from hf_pretrain.data import DataMismatchError, prepare, read_meta
 from hf_pretrain.data.sources import SourceError
 from hf_pretrain.data.tokenizer import save_tokenizer, train_tokenizer
+from hf_pretrain.exit_codes import EXIT_CONFIG
 from tests.helpers import OUTSIDE_CHECKOUT
 from tests.test_prepare import SETTINGS, VOCAB, _document, big_corpus  # noqa: F401, F811 (a fixture)
 
@@ -285,7 +286,7 @@ def test_a_text_that_is_not_a_string_is_refused_naming_file_line_and_type_on_eve
         save_tokenizer(tokenizer_, tmp_path / "t")
         extra = ["--tokenizer", str(tmp_path / "t" / "tokenizer"), "--vocab_size", str(len(tokenizer_))]
     result = prepare_cli(tmp_path / "dd", [{"kind": "files", "paths": [str(corpus)]}], *extra)
-    assert result.returncode == 1, result.stdout + result.stderr
+    assert result.returncode == EXIT_CONFIG, result.stdout + result.stderr
     assert "Traceback" not in result.stderr and len(result.stderr.strip().splitlines()) == 1, result.stderr
     assert "a.jsonl:31" in result.stderr
     assert __import__("re").search(said, result.stderr), result.stderr

@@ -15,6 +15,7 @@ import pytest
 from hf_pretrain.checkpoints.layout import TRAIN_STATE
 from hf_pretrain.checkpoints.manifest import write_manifest
 from hf_pretrain.config import build_recipe, load_recipe
+from hf_pretrain.exit_codes import EXIT_CONFIG
 from hf_pretrain.optim import Cooldown
 from hf_pretrain.preflight import run_checks
 from hf_pretrain.run_dir import RunDir
@@ -25,7 +26,7 @@ from hf_pretrain.training.session import Session, read_status
 from hf_pretrain.training.state import TrainState
 from hf_pretrain.training.stop_request import main as stop_main
 from hf_pretrain.training.stop_request import take_up_at_start
-from tests.helpers import launch_training
+from tests.helpers import FakeLog, launch_training
 
 
 # ---------------------------------------------------------------------- a run folder by hand
@@ -39,17 +40,6 @@ def fake_checkpoint(run: Path, step: int, **state) -> Path:
 
 def write_status(run: Path, **status) -> None:
     RunDir(run).status.write_text(json.dumps(status))
-
-
-class FakeLog:
-    def __init__(self):
-        self.lines, self.records = [], []
-
-    def say(self, text, every_process=False):
-        self.lines.append(text)
-
-    def record(self, record):
-        self.records.append(record)
 
 
 # ---------------------------------------------------------------------- 4. stop requests
@@ -269,7 +259,7 @@ def test_a_batch_that_does_not_split_names_the_values_that_do():
 
 @pytest.mark.parametrize("missing", ["tokenizer.json", "config.json"])
 def test_eval_on_an_export_missing_a_file_names_it(tmp_path, capsys, missing):
-    from hf_pretrain.evaluation import harness
+    from hf_pretrain.evaluation import eval_command
 
     folder = tmp_path / "export"
     folder.mkdir()
@@ -277,12 +267,12 @@ def test_eval_on_an_export_missing_a_file_names_it(tmp_path, capsys, missing):
         (folder / name).write_text("{}")
     (folder / "model.safetensors").write_bytes(b"")
     (folder / missing).unlink()
-    assert harness.main(["--model", str(folder), "--tasks", "arc_easy", "--limit", "2"]) == 1
+    assert eval_command.main(["--model", str(folder), "--tasks", "arc_easy", "--limit", "2"]) == EXIT_CONFIG
     err = capsys.readouterr().err
     assert f"{folder} has no {missing}: not a whole model folder" in err and "--overwrite" in err
     assert "Traceback" not in err and not (folder / "eval").exists()
     (folder / missing).write_text('{"model_type": "lla')  # cut short
-    assert harness.main(["--model", str(folder), "--tasks", "arc_easy"]) == 1
+    assert eval_command.main(["--model", str(folder), "--tasks", "arc_easy"]) == EXIT_CONFIG
     assert f"{folder / missing} cannot be read" in capsys.readouterr().err
 
 
@@ -329,15 +319,11 @@ def test_only_the_tied_embedding_note_is_silenced_and_only_during_the_save(caplo
 @pytest.mark.slow
 def test_three_processes_on_a_batch_that_does_not_split_are_refused_not_crashed(smoke_data, tmp_path):
     import subprocess
-    import sys
 
-    from tests.helpers import OUTSIDE_CHECKOUT, ROOT, offline_env
+    from tests.helpers import OUTSIDE_CHECKOUT, launch_command, offline_env
 
     run = tmp_path / "run"
-    command = [sys.executable, "-m", "accelerate.commands.launch", "--config_file"]
-    command += [str(ROOT / "accelerate_configs" / "cpu_2proc.yaml"), "--num_processes", "3"]
-    command += [str(ROOT / "hf_pretrain" / "train.py"), "--recipe", "smoke", "--data_dir", str(smoke_data)]
-    command += ["--output_dir", str(run)]
+    command = launch_command("--num_processes", "3", processes=2, data_dir=smoke_data, output_dir=run)
     result = subprocess.run(
         command, cwd=OUTSIDE_CHECKOUT, env=offline_env(), capture_output=True, text=True, timeout=300
     )
@@ -357,7 +343,8 @@ if limit:
     resource.setrlimit(resource.RLIMIT_FSIZE, (limit, resource.RLIM_INFINITY))
 os.umask(int(sys.argv[2], 8))
 from hf_pretrain.publish import export
-sys.exit(export.main(sys.argv[3:]))
+from hf_pretrain.publish import export_command
+sys.exit(export_command.main(sys.argv[3:]))
 """
 
 
@@ -396,7 +383,9 @@ def test_overwrite_cleans_what_a_killed_export_left_and_exports_are_readable_by_
     (tmp_path / ".tiny.export-k1ll3d").mkdir()  # and the folder an export was being built in
     (tmp_path / ".tiny.export-k1ll3d" / "model.safetensors").write_bytes(b"\0" * 1000)
     refused = run_export(["--checkpoint", reference_run[0], "--out", out])
-    assert refused.returncode == 1 and "tiny-f16.gguf.tmp" in refused.stderr and "--overwrite" in refused.stderr
+    assert (
+        refused.returncode == EXIT_CONFIG and "tiny-f16.gguf.tmp" in refused.stderr and "--overwrite" in refused.stderr
+    )
     elsewhere = run_export(["--checkpoint", reference_run[0], "--out", tmp_path / "tiny2"])
     assert elsewhere.returncode == 0 and "removed" not in elsewhere.stdout  # another --out's leftovers stay
     cleaned = run_export(["--checkpoint", reference_run[0], "--out", out, "--overwrite"], umask="027")

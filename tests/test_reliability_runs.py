@@ -25,22 +25,15 @@ from hf_pretrain.checkpoints.load import restore_training_state
 from hf_pretrain.checkpoints.manifest import verify_checkpoint, write_manifest
 from hf_pretrain.checkpoints.resume_decision import decide_resume
 from hf_pretrain.config import load_recipe
-from hf_pretrain.exit_codes import EXIT_CRASHED, EXIT_LOCKED, EXIT_PREEMPTED, EXIT_PREFLIGHT
+from hf_pretrain.exit_codes import EXIT_CONFIG, EXIT_CRASHED, EXIT_LOCKED, EXIT_PREEMPTED, EXIT_PREFLIGHT
 from hf_pretrain.model import build_model
 from hf_pretrain.optim import build_optimizer
-from hf_pretrain.publish import export
+from hf_pretrain.publish import export_command
 from hf_pretrain.run_dir import RunDir, read_jsonl
 from hf_pretrain.run_lock import RunLock, RunLocked, holder_of
-from tests.helpers import OUTSIDE_CHECKOUT, ROOT, SHORT_RUN, offline_env
+from tests.helpers import OUTSIDE_CHECKOUT, ROOT, SHORT_RUN, launch_command, offline_env
 
 TRAIN = [str(ROOT / "hf_pretrain" / "train.py"), "--recipe", "smoke"]
-LAUNCH = [
-    sys.executable,
-    "-m",
-    "accelerate.commands.launch",
-    "--config_file",
-    str(ROOT / "accelerate_configs" / "cpu.yaml"),
-]
 
 
 def arguments(data_dir: Path, run_dir: Path, **overrides) -> list[str]:
@@ -126,7 +119,7 @@ def test_a_crash_with_loader_workers_alive_ends_the_process(smoke_data, tmp_path
 @pytest.mark.slow  # 14 s on an idle 2-core machine, twice that when it is busy
 def test_sigterm_to_the_launcher_stops_the_trainer_with_a_checkpoint(smoke_data, tmp_path):
     run_dir = tmp_path / "orphan"
-    launcher = start([*LAUNCH, *TRAIN, *arguments(smoke_data, run_dir, max_steps=2000, save_interval=1000)])
+    launcher = start([*launch_command(), *arguments(smoke_data, run_dir, max_steps=2000, save_interval=1000)])
     try:
         wait_until(lambda: logged_step(run_dir) >= 2 or launcher.poll() is not None, 120, "no step 2")
         assert launcher.poll() is None, launcher.communicate()[0][-3000:]
@@ -157,7 +150,7 @@ def test_sigterm_to_the_launcher_while_the_trainer_imports_ends_the_trainer_too(
     """Issue 33: the launcher gone 1 s into the trainer's life (still importing torch), the trainer
     trained the whole run on its own and ended `finished`, while the scheduler saw 143."""
     run_dir = tmp_path / "early"
-    launcher = start([*LAUNCH, *TRAIN, *arguments(smoke_data, run_dir, max_steps=30)])
+    launcher = start([*launch_command(), *arguments(smoke_data, run_dir, max_steps=30)])
     try:
         wait_until(lambda: trainer_of(launcher) or launcher.poll() is not None, 120, "no trainer started")
         assert launcher.poll() is None, launcher.communicate()[0][-3000:]
@@ -321,7 +314,9 @@ def test_export_overwrite_replaces_a_previous_export_and_nothing_else(
     run_dir, _ = reference_run
     common = ["--checkpoint", str(run_dir), "--overwrite"]
     before = tree_digest(run_dir)
-    assert export.main([*common, "--out", str(run_dir)]) == 1  # it used to delete every checkpoint, rc 0
+    assert (
+        export_command.main([*common, "--out", str(run_dir)]) == EXIT_CONFIG
+    )  # it used to delete every checkpoint, rc 0
     assert "holds the checkpoint being exported" in capsys.readouterr().err
     assert tree_digest(run_dir) == before
 
@@ -329,7 +324,7 @@ def test_export_overwrite_replaces_a_previous_export_and_nothing_else(
     shutil.copytree(exported, mine)
     (mine / "notes.txt").write_text("my notes")
     (mine / "data").mkdir()
-    assert export.main([*common, "--out", str(mine)]) == 1
+    assert export_command.main([*common, "--out", str(mine)]) == EXIT_CONFIG
     err = capsys.readouterr().err
     assert "notes.txt" in err and "data/" in err and "not one" in err
     assert (mine / "notes.txt").read_text() == "my notes" and (mine / "model.safetensors").is_file()
@@ -339,7 +334,7 @@ def test_export_overwrite_replaces_a_previous_export_and_nothing_else(
     (previous / "config.json").write_text("{}")  # stale: the new export must replace it
     (tmp_path / "previous.tmp").mkdir()  # a folder of the user's that the old export would have deleted
     (tmp_path / "previous.tmp" / "keep").write_text("x")
-    assert export.main([*common, "--out", str(previous)]) == 0
+    assert export_command.main([*common, "--out", str(previous)]) == 0
     assert json.loads((previous / "config.json").read_text())["num_hidden_layers"] == 4
     assert (tmp_path / "previous.tmp" / "keep").is_file()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["mine", "previous", "previous.tmp"]  # nothing left over
@@ -347,7 +342,7 @@ def test_export_overwrite_replaces_a_previous_export_and_nothing_else(
     here = tmp_path / "here"
     here.mkdir()
     monkeypatch.chdir(here)
-    assert export.main(["--checkpoint", str(run_dir), "--out", "."]) == 0  # a traceback before
+    assert export_command.main(["--checkpoint", str(run_dir), "--out", "."]) == 0  # a traceback before
     assert (here / "model.safetensors").is_file() and (here / "config.json").is_file()
 
 

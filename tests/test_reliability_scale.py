@@ -18,7 +18,7 @@ from hf_pretrain.checkpoints.manifest import CheckpointError, verify_checkpoint,
 from hf_pretrain.checkpoints.resume_decision import resumable
 from hf_pretrain.checkpoints.saving import CheckpointSaveError
 from hf_pretrain.checkpoints.store import keep_weights_only, prune_checkpoints
-from hf_pretrain.publish import export
+from hf_pretrain.publish import export_command
 from hf_pretrain.run_dir import read_jsonl, truncate_jsonl
 from tests.helpers import launch_training, save_with_stand_ins
 
@@ -143,7 +143,7 @@ def test_milestones_of_a_run_keep_bf16_weights_that_export_reads(reference_run, 
     milestone = load_file(root / "step_00000008" / "model.safetensors")
     assert all(torch.equal(milestone[k], reference[k].bfloat16()) for k in reference)  # the same run, in bf16
     out = tmp_path / "export"
-    assert export.main(["--checkpoint", str(root / "step_00000004"), "--out", str(out)]) == 0
+    assert export_command.main(["--checkpoint", str(root / "step_00000004"), "--out", str(out)]) == 0
     assert (out / "model.safetensors").is_file()
 
 

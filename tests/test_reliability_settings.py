@@ -12,6 +12,7 @@ import pytest
 
 from hf_pretrain.config import SECTIONS, RecipeError, SourceConfig, build_recipe, load_recipe, parse_recipe_args
 from hf_pretrain.data.loader import validation_batches
+from hf_pretrain.exit_codes import EXIT_CONFIG
 from tests.helpers import OUTSIDE_CHECKOUT, ROOT, offline_env
 
 
@@ -32,7 +33,7 @@ from tests.helpers import OUTSIDE_CHECKOUT, ROOT, offline_env
 def test_a_value_out_of_its_range_is_refused_naming_the_key_and_the_range(key, value, allowed, capsys):
     with pytest.raises(SystemExit) as exit_:
         parse_recipe_args(["--recipe", "smoke", f"--{key}", value], prog="hf-pretrain train", description="")
-    assert exit_.value.code == 2
+    assert exit_.value.code == EXIT_CONFIG
     err = capsys.readouterr().err
     assert f"{key}=" in err and f"must be {allowed}" in err, err
 
@@ -73,7 +74,7 @@ def test_a_bad_setting_stops_training_before_any_work(tmp_path):
         text=True,
         timeout=120,
     )
-    assert result.returncode == 2
+    assert result.returncode == EXIT_CONFIG
     assert "grad_clip=-1.0 must be >= 0" in result.stderr and "Traceback" not in result.stderr
     assert not run_dir.exists()
 

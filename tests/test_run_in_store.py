@@ -20,7 +20,7 @@ import torch
 from safetensors.torch import load_file
 
 from hf_pretrain.exit_codes import EXIT_LOCKED, EXIT_PREFLIGHT
-from tests.helpers import ROOT, SHORT_RUN, offline_env
+from tests.helpers import OUTSIDE_CHECKOUT, ROOT, SHORT_RUN, offline_env
 from tests.object_store_server import FAKE_KEY_ID, FAKE_SECRET
 
 
@@ -234,12 +234,12 @@ def test_a_local_run_never_imports_a_store_client():
         "bad = [m for m in ('s3fs', 'gcsfs', 'hf_pretrain.object_store.run_sync') if m in sys.modules];"
         "assert not bad, bad"
     )
-    subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=offline_env(), check=True)
+    subprocess.run([sys.executable, "-c", code], cwd=OUTSIDE_CHECKOUT, env=offline_env(), check=True)
 
 
 def test_export_report_and_status_read_a_run_url(reference_run, s3_bucket, s3_server, tmp_path, monkeypatch, capsys):
     from hf_pretrain import report, run_status
-    from hf_pretrain.publish import export
+    from hf_pretrain.publish import export_command
 
     monkeypatch.setenv("HF_PRETRAIN_HOME", str(tmp_path / "home"))
     url, fs = f"{s3_bucket}/run", store_fs()
@@ -248,13 +248,16 @@ def test_export_report_and_status_read_a_run_url(reference_run, s3_bucket, s3_se
     for name in ("metrics.jsonl", "resolved_recipe.yaml", "status.json", "samples.jsonl"):
         fs.put_file(str(reference_run[0] / name), f"{url}/{name}")
 
-    assert export.main(["--checkpoint", url, "--out", str(tmp_path / "model"), "--dtype", "fp32"]) == 0
+    assert export_command.main(["--checkpoint", url, "--out", str(tmp_path / "model"), "--dtype", "fp32"]) == 0
     exported = load_file(tmp_path / "model" / "model.safetensors")
     final = load_file(reference_run[0] / "final" / "model.safetensors")
     assert all(torch.equal(final[k], exported[k]) for k in final)
     assert report.main([url, "--output", str(tmp_path / "report")]) == 0
     assert (tmp_path / "report" / "report.md").is_file() or list((tmp_path / "report").glob("*.md"))
-    assert export.main(["--checkpoint", "s3://no-such-bucket-x/run", "--out", str(tmp_path / "m2")]) == EXIT_PREFLIGHT
+    assert (
+        export_command.main(["--checkpoint", "s3://no-such-bucket-x/run", "--out", str(tmp_path / "m2")])
+        == EXIT_PREFLIGHT
+    )
     capsys.readouterr()
     assert run_status.main([url]) == 0
     said = capsys.readouterr().out

@@ -28,6 +28,7 @@ from hf_pretrain.data.loader import StepBatchSampler
 from hf_pretrain.economics import plan
 from hf_pretrain.economics.cost import Phase
 from hf_pretrain.economics.forecast import fit_loss_curve, forecast_fields, going_further, next_phase
+from hf_pretrain.exit_codes import EXIT_CONFIG
 from hf_pretrain.optim import Cooldown, Schedule, learning_rate_at
 from hf_pretrain.preflight.data import check_data_budget
 from hf_pretrain.publish.model_card import _how_it_ended
@@ -36,7 +37,7 @@ from hf_pretrain.stop_file import read_stop_request, request_stop
 from hf_pretrain.training.guards import Guards
 from hf_pretrain.training.state import TrainState
 from hf_pretrain.training.stop_request import main as stop_main
-from tests.helpers import OUTSIDE_CHECKOUT, ROOT, SHORT_RUN, launch_training, offline_env
+from tests.helpers import OUTSIDE_CHECKOUT, SHORT_RUN, FakeLog, launch_command, launch_training, offline_env
 
 
 def train_config(**overrides):
@@ -107,7 +108,7 @@ def test_a_shortened_run_drops_the_phases_past_its_end_and_warms_over_a_too_shor
 # ---------------------------------------------------------------------- stop requests
 def test_the_stop_command_writes_a_request_the_loop_can_read(tmp_path, capsys):
     run = tmp_path / "run"
-    assert stop_main([str(run)]) == 2  # not a run folder
+    assert stop_main([str(run)]) == EXIT_CONFIG  # not a run folder
     (run / "checkpoints").mkdir(parents=True)
     assert stop_main([str(run), "--cooldown_steps", "7"]) == 0
     assert "decays its learning rate over 7 steps" in capsys.readouterr().out
@@ -124,17 +125,6 @@ def test_the_stop_command_writes_a_request_the_loop_can_read(tmp_path, capsys):
         cwd=OUTSIDE_CHECKOUT,
     )
     assert process.returncode == 0 and "--cooldown_steps" in process.stdout
-
-
-class FakeLog:
-    def __init__(self):
-        self.lines, self.records = [], []
-
-    def say(self, text, every_process=False):
-        self.lines.append(text)
-
-    def record(self, record):
-        self.records.append(record)
 
 
 def guarded_state(tmp_path, **overrides):
@@ -422,21 +412,7 @@ def test_stop_now_on_a_running_wsd_job_ends_with_a_decayed_model_better_than_an_
     abrupt stop at that step would have left (the checkpoint the run kept there, its branch point).
     docs/benchmarks.md has the figures, and the comparison at equal compute too."""
     run_dir, overrides = tmp_path / "stopped", {**SHORT_RUN, **WSD, "max_steps": 60, "log_interval": 1}
-    command = [
-        sys.executable,
-        "-m",
-        "accelerate.commands.launch",
-        "--config_file",
-        str(ROOT / "accelerate_configs" / "cpu_2proc.yaml"),
-        str(ROOT / "hf_pretrain" / "train.py"),
-        "--recipe",
-        "smoke",
-        "--data_dir",
-        str(smoke_data),
-        "--output_dir",
-        str(run_dir),
-    ]
-    command += [a for k, v in overrides.items() for a in (f"--{k}", str(v))]
+    command = launch_command(processes=2, data_dir=smoke_data, output_dir=run_dir, **overrides)
     process = subprocess.Popen(
         command, cwd=OUTSIDE_CHECKOUT, env=offline_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )

@@ -12,6 +12,7 @@ import pytest
 from huggingface_hub import SpaceCard
 
 from hf_pretrain.config import DEFAULT_PROMPTS
+from hf_pretrain.exit_codes import EXIT_CONFIG
 from hf_pretrain.publish.space import SpaceRefused, write_space
 from hf_pretrain.publish.targets import WRITTEN_RECORD
 from tests.helpers import OUTSIDE_CHECKOUT, ROOT, offline_env
@@ -175,7 +176,7 @@ def test_a_space_push_goes_through_the_one_upload_path(tmp_path):
 
 def test_a_model_that_is_not_a_repo_id_is_refused(tmp_path):
     result = hf_pretrain_cli("space", "--model", "runs/smoke/final/", "--out", str(tmp_path / "space"))
-    assert result.returncode == 2
+    assert result.returncode == EXIT_CONFIG
     assert "is not a Hub repo id" in result.stderr
     assert not (tmp_path / "space").exists()
 

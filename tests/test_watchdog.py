@@ -17,8 +17,8 @@ import pytest
 from hf_pretrain.checkpoints.manifest import verify_checkpoint
 from hf_pretrain.exit_codes import EXIT_HUNG, EXIT_PREEMPTED
 from hf_pretrain.training.watchdog import COLLECTIVE_MARGIN_S, process_group_kwargs, stop_grace_s
-from tests.helpers import OUTSIDE_CHECKOUT, ROOT, offline_env
-from tests.test_reliability_runs import TRAIN, arguments, kill_all, logged_step, start, status, wait_until
+from tests.helpers import OUTSIDE_CHECKOUT, launch_command, offline_env
+from tests.test_reliability_runs import arguments, kill_all, logged_step, start, status, wait_until
 from tests.test_survival import free_port, start_process
 
 HANG_TIMEOUT_S = 6  # a CPU step of the short run takes well under a second, a save about one: room for a busy machine
@@ -138,19 +138,8 @@ print(f"process {run.accelerator.process_index}: collectives time out after {bac
 def test_the_process_group_of_a_run_times_out_just_after_its_watchdog(smoke_data, tmp_path):
     script = tmp_path / "group_timeout.py"
     script.write_text(GROUP_TIMEOUT)
-    command = [
-        sys.executable,
-        "-m",
-        "accelerate.commands.launch",
-        "--config_file",
-        str(ROOT / "accelerate_configs" / "cpu_2proc.yaml"),
-        "--main_process_port",
-        str(free_port()),
-        str(script),
-        "--recipe",
-        "smoke",
-        *arguments(smoke_data, tmp_path / "run", hang_timeout_s=7),
-    ]
+    command = launch_command("--main_process_port", str(free_port()), processes=2, script=script)
+    command += arguments(smoke_data, tmp_path / "run", hang_timeout_s=7)
     result = subprocess.run(
         command, cwd=OUTSIDE_CHECKOUT, env=offline_env(), capture_output=True, text=True, timeout=300
     )
@@ -201,17 +190,8 @@ def test_sigterm_to_the_launcher_while_a_process_hangs_ends_the_job_and_says_so(
     """A SIGTERM cannot reach a process blocked in a collective; the watchdog hears it, gives the run
     the launcher's patience less the reports' time (15 s here: 5 s) to save, then ends it as hung."""
     run_dir = tmp_path / "run"
-    command = [
-        sys.executable,
-        "-m",
-        "accelerate.commands.launch",
-        "--config_file",
-        str(ROOT / "accelerate_configs" / "cpu_2proc.yaml"),
-        "--main_process_port",
-        str(free_port()),
-        *TRAIN,
-        *arguments(smoke_data, run_dir, hang_timeout_s=300, eval_interval=100),
-    ]
+    command = launch_command("--main_process_port", str(free_port()), processes=2)
+    command += arguments(smoke_data, run_dir, hang_timeout_s=300, eval_interval=100)
     launcher = start(command, env={"HF_PRETRAIN_FAULTS": "hang@1:6", "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "15"})
     try:
         wait_until(lambda: logged_step(run_dir) >= 5 or launcher.poll() is not None, 180, "no step 5")
@@ -237,17 +217,8 @@ def test_sigterm_to_the_launcher_while_a_process_hangs_ends_the_job_and_says_so(
 def test_sigterm_to_a_healthy_two_process_run_is_still_a_graceful_preemption(smoke_data, tmp_path):
     """The watchdog hears the signal too, but a run that saves within the launcher's patience is not hung."""
     run_dir = tmp_path / "run"
-    command = [
-        sys.executable,
-        "-m",
-        "accelerate.commands.launch",
-        "--config_file",
-        str(ROOT / "accelerate_configs" / "cpu_2proc.yaml"),
-        "--main_process_port",
-        str(free_port()),
-        *TRAIN,
-        *arguments(smoke_data, run_dir, max_steps=2000, save_interval=1000, hang_timeout_s=HANG_TIMEOUT_S),
-    ]
+    command = launch_command("--main_process_port", str(free_port()), processes=2)
+    command += arguments(smoke_data, run_dir, max_steps=2000, save_interval=1000, hang_timeout_s=HANG_TIMEOUT_S)
     launcher = start(command)
     try:
         wait_until(lambda: logged_step(run_dir) >= 3 or launcher.poll() is not None, 180, "no step 3")

@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING
 
 from hf_pretrain.config import Recipe, RecipeError, parse_recipe_args
 from hf_pretrain.economics.prices import PriceError, price_table
-from hf_pretrain.exit_codes import EXIT_LOCKED
+from hf_pretrain.exit_codes import EXIT_CONFIG, EXIT_FAILED, EXIT_LOCKED, EXIT_OK
 from hf_pretrain.run_dir import RunDir
 from hf_pretrain.run_lock import RunDirUnusable, RunLock, RunLocked
 
@@ -147,7 +147,7 @@ def hold_output(output: Path) -> int | None:
         return EXIT_LOCKED
     except RunDirUnusable as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
-        return 2
+        return EXIT_CONFIG
     return None
 
 
@@ -170,17 +170,17 @@ def main(argv: list[str] | None = None) -> int:
             quality = quality_request(recipe, args)
         except (RecipeError, ValueError) as exc:
             print(f"{PROG}: error: {exc}", file=sys.stderr)
-            return 2
+            return EXIT_CONFIG
         refused = hold_output(quality.output)
         if refused is not None:
             return refused
         result = run_quality(quality)
-        return 0 if all(not c["failed"] for c in result["curves"]) else 1
+        return EXIT_OK if all(not c["failed"] for c in result["curves"]) else EXIT_FAILED
     try:
         request = bench_request(recipe, args)
     except (PriceError, RecipeError, ValueError) as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
-        return 2
+        return EXIT_CONFIG
     refused = hold_output(request.output)
     if refused is not None:
         return refused
@@ -191,5 +191,5 @@ def main(argv: list[str] | None = None) -> int:
             f"{PROG}: error: {exc}; or prepare the recipe's data first: hf-pretrain prepare --recipe {recipe.name}",
             file=sys.stderr,
         )
-        return 2
-    return 0 if result["variants"][0]["status"] == "ok" else 1
+        return EXIT_CONFIG
+    return EXIT_OK if result["variants"][0]["status"] == "ok" else EXIT_FAILED

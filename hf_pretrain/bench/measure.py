@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import math
-import resource
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -16,7 +14,6 @@ from hf_pretrain.config import Recipe
 from hf_pretrain.economics.cost import dollars_per_billion_tokens
 from hf_pretrain.economics.gpus import GPU, find_gpu
 from hf_pretrain.economics.performance import modelled_tokens_per_s
-from hf_pretrain.hardware import peak_memory_gib
 
 if TYPE_CHECKING:
     from hf_pretrain.bench.variants import VariantResult
@@ -103,16 +100,6 @@ def measured_matmul_peak(
     if device.type == "cuda":
         torch.cuda.empty_cache()
     return MatmulPeak(max(rates.values()), str(dtype).removeprefix("torch."), rates, on_cpu)
-
-
-def process_peak_memory_gib(device: torch.device) -> float:
-    """This process's peak: CUDA memory allocated by torch, or resident set size on the CPU (where
-    nothing runs out of memory, so the RSS is what a budget is held against)."""
-    cuda_peak = peak_memory_gib(device)
-    if cuda_peak is not None:
-        return cuda_peak
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux, bytes on macOS
-    return rss / 2**30 if sys.platform == "darwin" else rss / 2**20
 
 
 def add_mfu(result: VariantResult, datasheet_peak: float | None, measured_peak: float) -> None:

@@ -24,8 +24,9 @@ from hf_pretrain.data import DataMismatchError, check_prepared_data, prepare
 from hf_pretrain.economics.gpus import best_match, find_gpu
 from hf_pretrain.economics.measurements import record_measurement, this_gpu
 from hf_pretrain.economics.performance import modelled_tokens_per_s, slow_node_warning
-from hf_pretrain.hardware import device_name, device_peak_flops
+from hf_pretrain.hardware import device_name
 from hf_pretrain.model import recipe_flops_per_token
+from hf_pretrain.run_profile import device_kind, this_machine
 
 Say = Callable[[str], None]
 
@@ -71,7 +72,7 @@ def largest_micro_batch(
     if not request.search:
         say("micro-batch search skipped (--no_search)")
         return None, None
-    if not torch.cuda.is_available() and request.memory_gib is None:
+    if device_kind() != "cuda" and request.memory_gib is None:
         say("micro-batch search skipped: on the CPU it needs a budget (--memory_gib)")
         return None, None
     say("largest micro-batch without gradient checkpointing:")
@@ -99,10 +100,11 @@ def bench_result(
     this process only now, so that the children before had the whole GPU. On a GPU, what each variant
     measured is recorded for `plan` and the doctor (economics/measurements.py)."""
     variants = runner.results
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    machine = this_machine()
+    device = torch.device("cuda" if machine.on_gpu else "cpu")
     name = device_name(device)
     matmul = measured_matmul_peak(device)
-    datasheet = device_peak_flops(device)
+    datasheet = machine.peak_flops
     n_params, per_token = recipe_flops_per_token(recipe)
     # only a GPU the table knows has a modelled figure to scale the others' by; a CPU prices no GPU
     gpu = find_gpu(name) if device.type == "cuda" else None

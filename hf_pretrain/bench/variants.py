@@ -12,6 +12,7 @@ import gc
 import itertools
 import json
 import os
+import resource
 import shutil
 import subprocess
 import sys
@@ -22,13 +23,24 @@ from typing import Any
 
 import torch
 
-from hf_pretrain.bench.measure import process_peak_memory_gib
 from hf_pretrain.config import Recipe, RecipeError, build_recipe, save_recipe
 from hf_pretrain.economics.measurements import RECORD_ENV, timed_throughput
 from hf_pretrain.formatting import formatted
+from hf_pretrain.hardware import peak_memory_gib
 from hf_pretrain.model import recipe_flops_per_token
 from hf_pretrain.preflight import MEMORY_PROBE_ENV
 from hf_pretrain.run_dir import RunDir, read_jsonl
+from hf_pretrain.run_profile import device_kind
+
+
+def process_peak_memory_gib(device: torch.device) -> float:
+    """This process's peak: CUDA memory allocated by torch, or resident set size on the CPU (where
+    nothing runs out of memory, so the RSS is what a budget is held against)."""
+    cuda_peak = peak_memory_gib(device)
+    if cuda_peak is not None:
+        return cuda_peak
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux, bytes on macOS
+    return rss / 2**30 if sys.platform == "darwin" else rss / 2**20
 
 
 @dataclass
@@ -172,7 +184,7 @@ def run_in_this_process(recipe: Recipe, result_path: Path) -> int:
     """Train `recipe` here and write a RunResult; what `--worker_result` runs in each child."""
     from hf_pretrain.train import run_training
 
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device("cuda" if device_kind() == "cuda" else "cpu")
     result = try_on_device(run_training, recipe, DeviceMemory(device))
     result_path.write_text(json.dumps(asdict(result)))
     return 0

@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 
 from hf_pretrain.check.figures import Report
+from hf_pretrain.run_profile import device_kind
 
 BUFFER_BYTES = 512 * 2**20
 REPEATS = 10
@@ -43,7 +44,7 @@ def _rank(rank: int, world: int, port: int, result: str) -> None:
 
 
 def measure(report: Report, folder: Path) -> None:
-    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    count = torch.cuda.device_count() if device_kind() == "cuda" else 0
     if count < 2:
         report.skip(
             "all-reduce", f"skipped: {'no GPU' if not count else 'one GPU visible'}, nothing to all-reduce across"

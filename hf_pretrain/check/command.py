@@ -29,6 +29,7 @@ from pathlib import Path
 from hf_pretrain.check.deadline import run_part
 from hf_pretrain.check.figures import Figure, read_figures
 from hf_pretrain.config import Recipe, RecipeError, build_recipe, parse_recipe_args, save_recipe
+from hf_pretrain.exit_codes import EXIT_CONFIG
 
 PROG = "hf-pretrain check"
 # (part, share of what is left of the budget relative to the parts after it, what it measures); the
@@ -243,7 +244,7 @@ def main(argv: list[str] | None = None) -> int:
         request = check_request(recipe, args)
     except (RecipeError, ValueError) as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
-        return 2
+        return EXIT_CONFIG
     result = run_check(request)
     from hf_pretrain.check.verdict import RECIPE_AS_WRITTEN
 

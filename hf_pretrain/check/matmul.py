@@ -11,8 +11,7 @@ import torch
 
 from hf_pretrain.bench.measure import GPU_MATMUL_SIZES, WARMUP_MATMULS, measured_matmul_peak
 from hf_pretrain.check.figures import Report
-
-FP8_CAPABILITY = (8, 9)
+from hf_pretrain.run_profile import this_machine
 
 
 def fp8_matmul_rate(size: int, device: torch.device, min_seconds: float) -> float:
@@ -37,7 +36,8 @@ def fp8_matmul_rate(size: int, device: torch.device, min_seconds: float) -> floa
 
 
 def measure(report: Report, limit_s: float) -> None:
-    cuda = torch.cuda.is_available()
+    machine = this_machine()
+    cuda = machine.kind == "cuda"
     device = torch.device("cuda" if cuda else "cpu")
     started = time.monotonic()
     # each size gets a slice of the limit: half for bf16, half for FP8 (where there is FP8)
@@ -47,9 +47,8 @@ def measure(report: Report, limit_s: float) -> None:
     if not cuda:
         report.skip("fp8", "skipped: no FP8 tensor cores on a CPU")
         return
-    capability = torch.cuda.get_device_capability(0)
-    if capability < FP8_CAPABILITY:
-        report.skip("fp8", f"skipped: compute capability {capability[0]}.{capability[1]} has no FP8 (8.9+)")
+    if not machine.fp8:
+        report.skip("fp8", f"skipped: {machine.fp8_missing()}")
         return
     left = limit_s - (time.monotonic() - started)
     rates = {}

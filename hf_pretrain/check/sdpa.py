@@ -16,7 +16,7 @@ from hf_pretrain.attention import BACKENDS
 from hf_pretrain.check.figures import Report
 from hf_pretrain.config import Recipe
 from hf_pretrain.economics.check_records import recipe_attention_shape
-from hf_pretrain.hardware import training_precision
+from hf_pretrain.run_profile import device_kind, run_profile
 
 CPU_LIMITS = (2, 256)  # micro-batch and tokens on a CPU: a shape the CPU times in a second
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp8": torch.bfloat16}
@@ -27,7 +27,7 @@ def attention_inputs(recipe: Recipe, device: torch.device):
     batch, tokens = recipe.train.micro_batch_size, recipe.data.seq_len
     if device.type != "cuda":
         batch, tokens = min(batch, CPU_LIMITS[0]), min(tokens, CPU_LIMITS[1])
-    dtype = DTYPES.get(training_precision(recipe.train.mixed_precision), torch.float32)
+    dtype = DTYPES.get(run_profile(recipe).precision, torch.float32)
     head_dim = m.hidden_size // m.num_attention_heads
 
     def tensor(heads: int) -> torch.Tensor:
@@ -57,7 +57,7 @@ def seconds_per_call(q, k, v, backend: str, min_seconds: float) -> float:
 
 
 def measure(recipe: Recipe, report: Report, limit_s: float) -> None:
-    cuda = torch.cuda.is_available()
+    cuda = device_kind() == "cuda"
     device = torch.device("cuda" if cuda else "cpu")
     q, k, v = attention_inputs(recipe, device)
     shape = recipe_attention_shape(recipe)

@@ -19,6 +19,7 @@ import torch
 from hf_pretrain.bench.variants import DeviceMemory, is_out_of_memory, variant_name
 from hf_pretrain.check.figures import Report
 from hf_pretrain.config import Recipe
+from hf_pretrain.run_profile import device_kind
 
 
 def synthetic_batches(recipe: Recipe, count: int = 4):
@@ -37,22 +38,23 @@ def built_step(recipe: Recipe):
     from accelerate import Accelerator
 
     from hf_pretrain.fp8 import fp8_handlers
-    from hf_pretrain.hardware import training_precision
     from hf_pretrain.model import llama_config, recipe_tokenizer_size
+    from hf_pretrain.run_profile import run_profile
     from hf_pretrain.training.compiling import dynamo_plugin
     from hf_pretrain.training.loop import model_and_optimizer
     from hf_pretrain.training.step import TrainStep
 
     cfg = recipe.train
     grad_accum = recipe.grad_accum_steps(1)
+    profile = run_profile(recipe)
     accelerator = Accelerator(
-        cpu=not torch.cuda.is_available(),
-        mixed_precision=training_precision(cfg.mixed_precision),
+        cpu=not profile.machine.on_gpu,
+        mixed_precision=profile.accelerate_precision,
         gradient_accumulation_steps=grad_accum,
         dynamo_plugin=dynamo_plugin(cfg),
-        kwargs_handlers=fp8_handlers(cfg) or None,
+        kwargs_handlers=fp8_handlers(profile.step) or None,
     )
-    if torch.cuda.is_available() and cfg.tf32:
+    if profile.machine.on_gpu and cfg.tf32:
         torch.backends.cuda.matmul.allow_tf32 = True
     torch.manual_seed(cfg.seed)
     config = llama_config(recipe.model, recipe_tokenizer_size(recipe))
@@ -66,7 +68,7 @@ def built_step(recipe: Recipe):
 def measure(recipe: Recipe, overrides: dict, report: Report, steps: int, warmup: int) -> None:
     """Time `steps` optimizer steps of `recipe` after `warmup` (the first holds the compile)."""
     name = variant_name(overrides)
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(device_kind())
     memory = DeviceMemory(device)
     refused = kernel_refused(recipe)
     if refused:  # the doctor's refusal: a kernel this card lacks would run math behind it, timed as itself
@@ -117,7 +119,7 @@ def kernel_refused(recipe: Recipe) -> str | None:
 
 def probe(recipe: Recipe, steps: int) -> dict:
     """A micro-batch probe: `steps` optimizer steps; {"status": ok | oom | failed, "message", "peak_memory_gib"}."""
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(device_kind())
     memory = DeviceMemory(device)
     try:
         step, _ = built_step(recipe)

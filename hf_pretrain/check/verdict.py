@@ -16,7 +16,6 @@ from hf_pretrain.economics.gpus import find_gpu
 from hf_pretrain.economics.measurements import recorded_measurement
 from hf_pretrain.economics.performance import SLOW_NODE_FRACTION, slow_node_warning
 from hf_pretrain.economics.plan import gpu_prices, ranked_rows
-from hf_pretrain.hardware import peak_flops_for_name
 from hf_pretrain.model import recipe_flops_per_token
 
 RECIPE_AS_WRITTEN = "recipe as written"
@@ -30,7 +29,8 @@ def add_mfu(recipe: Recipe, figures: list[Figure]) -> None:
     for figure in figures:
         if figure.part != "step" or not figure.value:
             continue
-        datasheet = peak_flops_for_name(figure.device) if figure.device else None
+        gpu = find_gpu(figure.device) if figure.device else None
+        datasheet = gpu.bf16_flops if gpu else None
         if datasheet:
             figure.detail["mfu"] = figure.value * per_token / datasheet
         if matmul:

@@ -13,9 +13,9 @@ from hf_pretrain.check.deadline import finished
 
 
 def device_name() -> str | None:
-    import torch
+    from hf_pretrain.run_profile import this_machine
 
-    return torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+    return this_machine().name if this_machine().kind == "cuda" else None
 
 
 def probe_in_child(recipe, folder: Path):
@@ -39,11 +39,11 @@ def probe_in_child(recipe, folder: Path):
 
 
 def search(recipe, report, folder: Path) -> None:
-    import torch
 
     from hf_pretrain.bench.search import ProbeError, search_micro_batch
+    from hf_pretrain.run_profile import device_kind
 
-    if not torch.cuda.is_available():
+    if device_kind() != "cuda":
         report.skip("largest micro-batch", "skipped: no GPU (on a CPU nothing runs out of memory)")
         return
     try:

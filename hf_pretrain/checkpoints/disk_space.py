@@ -21,7 +21,7 @@ def out_of_space(folder: Path, needed: int) -> bool:
     """Whether a write into `folder` that just failed failed for want of room: less free on its volume
     than a checkpoint needs, or a small probe write refused with ENOSPC/EDQUOT (a quota that statvfs
     does not show). Call it before the unfinished folder is removed: that is the state that failed."""
-    where = existing(folder)
+    where = nearest_existing(folder)
     if free_bytes(where) < needed:
         return True
     probe = where / f".hf-pretrain-space-probe-{os.getpid()}"
@@ -37,8 +37,9 @@ def out_of_space(folder: Path, needed: int) -> bool:
     return False
 
 
-def existing(path: Path) -> Path:
-    """`path`, or its closest ancestor that exists (a folder that failed to be made has none of its own)."""
+def nearest_existing(path: Path) -> Path:
+    """`path`, or its closest ancestor that exists: where it would be created (the disk a run, an export
+    or a checkpoint that failed to be made writes on). The one copy: the doctor and `publish/targets.py` ask here."""
     path = path.absolute()
     while not path.exists() and path != path.parent:
         path = path.parent
@@ -46,7 +47,7 @@ def existing(path: Path) -> Path:
 
 
 def free_bytes(path: Path) -> int:
-    return shutil.disk_usage(existing(path)).free
+    return shutil.disk_usage(nearest_existing(path)).free
 
 
 def folder_bytes(folder: Path) -> int:

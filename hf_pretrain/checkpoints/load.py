@@ -18,6 +18,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel
 from hf_pretrain.checkpoints.layout import FSDP_SHARDED_WEIGHTS, WEIGHTS, parameter_name, rng_state_file
 from hf_pretrain.checkpoints.manifest import CheckpointError, CheckpointMismatch, verify_checkpoint
 from hf_pretrain.model import shape_differences
+from hf_pretrain.run_profile import device_kind
 
 # How to go on when the run folder's checkpoints do not fit the recipe; nothing in the folder is touched.
 START_OVER = (
@@ -120,7 +121,7 @@ def rng_not_restored(folder: Path, process_index: int) -> str | None:
     try:
         states = load_torch_file(path)
         restored = torch.equal(torch.get_rng_state(), states["torch_manual_seed"])
-        if torch.cuda.is_available():
+        if device_kind() == "cuda":
             restored = restored and all(
                 torch.equal(now, saved)
                 for now, saved in zip(torch.cuda.get_rng_state_all(), states["torch_cuda_manual_seed"], strict=True)

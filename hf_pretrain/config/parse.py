@@ -24,6 +24,8 @@ from typing import Any
 
 import yaml
 
+from hf_pretrain.exit_codes import EXIT_CONFIG, EXIT_USAGE
+
 from .schema import KEY_SECTION, SECTIONS, TOP_LEVEL_KEYS, Recipe, RecipeError, did_you_mean, range_text
 
 RECIPES_DIR = Path(__file__).resolve().parent.parent / "recipes"
@@ -250,7 +252,12 @@ class CommandParser(argparse.ArgumentParser):
                 key = bad[0][2:].split("=", 1)[0]
                 valid = [a.lstrip("-") for a in self._option_string_actions if a.startswith("--")]
                 message = f"unknown key `{key}`{did_you_mean(key, valid)}"
-        super().error(message)
+        # one line, not argparse's usage block above it: `--help` has that
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (`{self.prog} --help` lists the options)\n")
+
+    def refuse(self, message: str) -> typing.NoReturn:
+        """The flags parse but their values cannot be used: one line, exit_codes.EXIT_CONFIG, nothing done."""
+        self.exit(EXIT_CONFIG, f"{self.prog}: error: {message}\n")
 
 
 @functools.cache
@@ -351,5 +358,5 @@ def parse_recipe_args(
         flat = {k: _from_flag(k, getattr(args, k)) for k in TOP_LEVEL_KEYS + list(KEY_SECTION)}
         recipe = build_recipe({}, flat, where="command line")
     except RecipeError as exc:
-        parser.exit(2, f"{prog}: error: {exc}\n")
+        parser.refuse(str(exc))
     return recipe, args

@@ -27,7 +27,13 @@ from datatrove.pipeline.tokens.tokenizer import DocumentTokenizer, TokenizedFile
 
 from hf_pretrain.config import DataConfig, SourceConfig
 from hf_pretrain.data import sources
-from hf_pretrain.data.sources import BUILTIN_CORPORA, SourceError, expand_globs, file_documents, require_text
+from hf_pretrain.data.sources import (
+    BUILTIN_CORPORA,
+    SourceError,
+    expand_globs,
+    file_documents,
+    require_text,
+)
 from hf_pretrain.data.task_progress import TaskCounts
 from hf_pretrain.data.tokenizer import EOS_TOKEN, PIECE_CHARS, split_long_text
 from hf_pretrain.processes import ProcessIdentity, die_with, die_with_parent
@@ -53,15 +59,6 @@ def task_share(total: int, rank: int, tasks: int) -> int:
     if not total:
         return 0
     return max(1, total // tasks + (rank < total % tasks))
-
-
-def source_tasks(source: SourceConfig) -> int:
-    """How many tasks a source's pipeline has: `tasks`, else one per file (a builtin or Hub source: one)."""
-    if source.tasks:
-        return source.tasks
-    if source.kind == "files":
-        return len(expand_globs(source.paths))
-    return 1
 
 
 def task_input_bytes(source: SourceConfig, tasks: int) -> list[int] | None:

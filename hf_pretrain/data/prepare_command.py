@@ -13,7 +13,7 @@ from hf_pretrain.data import DataMismatchError, prepare
 from hf_pretrain.data.prepare_folder import PrepareLocked
 from hf_pretrain.data.sources import SourceError
 from hf_pretrain.data.tokenizer import TokenizerError
-from hf_pretrain.exit_codes import EXIT_LOCKED, EXIT_SAVE_FAILED
+from hf_pretrain.exit_codes import EXIT_CONFIG, EXIT_LOCKED, EXIT_WRITE_FAILED
 from hf_pretrain.formatting import human_bytes
 
 
@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_LOCKED
     except (SourceError, DataMismatchError, TokenizerError) as exc:  # bad input: say what and where, no traceback
         print(f"hf-pretrain prepare: {exc}", file=sys.stderr)
-        return 1
+        return EXIT_CONFIG
     except OSError as exc:
         if exc.errno != errno.ENOSPC:
             raise
@@ -62,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
             f"space there, then run the same command again: it goes on with the tasks not yet done",
             file=sys.stderr,
         )
-        return EXIT_SAVE_FAILED
+        return EXIT_WRITE_FAILED
     if not args.dry_run:
         print(f"data in {data_dir}")
     return 0

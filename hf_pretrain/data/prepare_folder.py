@@ -24,10 +24,11 @@ from pathlib import Path
 from typing import Any
 
 from hf_pretrain.config import Recipe
-from hf_pretrain.data.prepared import LOGS_DIR, META_FILE, SOURCES_DIR, DataMismatchError, write_json_atomically
+from hf_pretrain.data.prepared import LOGS_DIR, META_FILE, SOURCES_DIR, DataMismatchError
 from hf_pretrain.data.sources import SourceError, expand_globs
 from hf_pretrain.data.tokenizer import TOKENIZER_DIR
 from hf_pretrain.data.verify import VERIFIED_FILE
+from hf_pretrain.json_files import write_json_atomically
 from hf_pretrain.run_lock import RunDirUnusable, RunLock, RunLocked
 
 PROGRESS_FILE = "prepare_progress.json"
@@ -248,7 +249,7 @@ def read_progress(data_dir: Path) -> dict[str, Any] | None:
 
 
 def write_progress(data_dir: Path, progress: dict[str, Any]) -> None:
-    write_json_atomically(data_dir / PROGRESS_FILE, progress)
+    write_json_atomically(data_dir / PROGRESS_FILE, progress, indent=2)
 
 
 def _what_differs(old: dict[str, Any], new: dict[str, Any]) -> str:

@@ -58,9 +58,8 @@ from hf_pretrain.data.prepared import (
     read_meta,
     source_folder_name,
     token_dtype,
-    write_json_atomically,
 )
-from hf_pretrain.data.sources import TXT_SPLIT_BYTES, SourceError, expand_globs, mixture
+from hf_pretrain.data.sources import TXT_SPLIT_BYTES, SourceError, expand_globs, mixture, source_tasks
 from hf_pretrain.data.task_progress import CountsReader, SourceProgress
 from hf_pretrain.data.tokenizer import (
     EOS_TOKEN,
@@ -74,6 +73,7 @@ from hf_pretrain.data.tokenizer import (
     tokenizer_hash,
     train_tokenizer,
 )
+from hf_pretrain.json_files import write_json_atomically
 
 HASH_CHUNK_BYTES = 16 * 2**20
 
@@ -153,7 +153,6 @@ def _prepare_locked(
         SplitTokenizer,
         build_executor,
         reader_for,
-        source_tasks,
         task_input_bytes,
     )
 
@@ -446,7 +445,7 @@ def _finish(
                 f"with text, or remove it from --sources"
             )
         record = {"name": name, "folder": f"{SOURCES_DIR}/{name}", "tokenizer_hash": saved_hash, "splits": splits}
-        write_json_atomically(folder / SOURCE_FILE, record)
+        write_json_atomically(folder / SOURCE_FILE, record, indent=2)
         sources.append(record | {"config": dataclasses.asdict(source)})
     read = totals["train"]["documents"]
     if totals["validation"]["tokens"] == 0 and read < 2:
@@ -479,6 +478,6 @@ def _finish(
         "splits": totals,
         "sources": sources,
     }
-    write_json_atomically(data_dir / META_FILE, meta)
+    write_json_atomically(data_dir / META_FILE, meta, indent=2)
     (data_dir / PROGRESS_FILE).unlink(missing_ok=True)
     return meta

@@ -24,7 +24,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import os
 import re
 from pathlib import Path
 from typing import Any
@@ -34,6 +33,7 @@ import numpy as np
 from hf_pretrain.config import Recipe, SourceConfig
 from hf_pretrain.config.recipe_command import recipe_command
 from hf_pretrain.config.schema import DEFAULT_SOURCE_NAME
+from hf_pretrain.data.sources import source_tasks
 from hf_pretrain.data.tokenizer import TOKENIZER_DIR, TokenizerUnreadable, load_tokenizer, tokenizer_hash
 from hf_pretrain.data.verify import ShardCorruptError, verify_shards
 
@@ -52,12 +52,6 @@ class DataMismatchError(RuntimeError):
 
 def token_dtype(vocab_len: int) -> np.dtype:
     return np.dtype(np.uint16 if vocab_len <= np.iinfo(np.uint16).max + 1 else np.uint32)
-
-
-def write_json_atomically(path: Path, payload: dict[str, Any]) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(payload, indent=2) + "\n")
-    os.replace(tmp, path)
 
 
 def source_folder_name(index: int, source: SourceConfig) -> str:
@@ -109,8 +103,6 @@ def data_fingerprint(recipe: Recipe) -> str:
 
 
 def source_task_counts(recipe: Recipe) -> list[int]:
-    from hf_pretrain.data.pipeline import source_tasks  # datatrove is imported only by what runs it
-
     return [source_tasks(s) for s in recipe.data.sources]
 
 

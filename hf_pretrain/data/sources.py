@@ -106,6 +106,15 @@ def expand_globs(patterns: list[str]) -> list[Path]:
     return list(files)
 
 
+def source_tasks(source: SourceConfig) -> int:
+    """How many tasks a source's pipeline has: `tasks`, else one per file (a builtin or Hub source: one)."""
+    if source.tasks:
+        return source.tasks
+    if source.kind == "files":
+        return len(expand_globs(source.paths))
+    return 1
+
+
 def open_binary(path: Path) -> BinaryIO:
     """`path` for reading, decompressed where its name ends in .gz or .zst."""
     if path.suffix == ".gz":

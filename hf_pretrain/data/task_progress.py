@@ -20,6 +20,8 @@ from typing import TextIO
 
 from tqdm.auto import tqdm
 
+from hf_pretrain.json_files import write_json_atomically
+
 COUNTS_DIR = "counts"  # in logs/<source>/, beside datatrove's completions/
 WRITE_INTERVAL_S = 1.0  # a task's counts file is rewritten at most this often
 POLL_INTERVAL_S = 0.5  # prepare reads the counts this often
@@ -53,9 +55,7 @@ class TaskCounts:
             "input_bytes": self.input_bytes,
             "cpu_s": round(time.process_time() - self.cpu_start, 3),
         }
-        tmp = self.path.with_name(f"{self.path.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(counts))
-        os.replace(tmp, self.path)
+        write_json_atomically(self.path, counts, indent=None)
         self.written_at = time.monotonic()
 
 

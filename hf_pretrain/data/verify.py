@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
@@ -18,6 +17,8 @@ from typing import Any
 
 import numpy as np
 from tqdm.auto import tqdm
+
+from hf_pretrain.json_files import write_json_atomically
 
 VERIFIED_FILE = "verified.json"
 CHUNK_BYTES = 16 * 2**20  # a multiple of every token dtype's size, so chunks split between tokens
@@ -105,10 +106,7 @@ def verify_shards(
 
 def _write_records(path: Path, records: dict[str, Any], log: Callable[[str], None]) -> None:
     payload = {"verified_at": datetime.now(UTC).isoformat(timespec="seconds"), "shards": records}
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")  # several processes may verify at once
     try:
-        tmp.write_text(json.dumps(payload, indent=1) + "\n")
-        os.replace(tmp, path)
+        write_json_atomically(path, payload)  # several processes may verify at once
     except OSError as exc:  # read-only data: verification still happened, it is just not remembered
         log(f"note: could not record the shard verification in {path} ({exc.strerror}); it will run again")
-        tmp.unlink(missing_ok=True)

@@ -1,8 +1,8 @@
 """The GPU table (gpus.yaml beside this file): each GPU's bf16 (and FP8) peak, measured matmul efficiency,
 memory, bandwidth and typical price, with their sources; and how a name finds its entry.
 
-One home for these facts: `hardware` asks here for a device's peak (MFU), `prices` for the default
-price list, `performance` and `plan` for everything else.
+One home for these facts: `run_profile` asks here for a machine's card (its peak: MFU; its compute
+capability: FP8), `prices` for the default price list, `performance` and `plan` for everything else.
 """
 
 from __future__ import annotations
@@ -17,8 +17,6 @@ import yaml
 
 GPU_TABLE_FILE = Path(__file__).resolve().parent / "gpus.yaml"
 ARCHITECTURES = ("ampere", "ada", "hopper", "blackwell")
-# FP8 tensor cores: Ada (8.9), Hopper (9.0) and newer.
-FP8_COMPUTE_CAPABILITY = 8.9
 
 
 @dataclass(frozen=True)
@@ -28,23 +26,12 @@ class GPU:
     architecture: str
     bf16_flops: float  # dense tensor-core peak, FLOP/s
     matmul_efficiency: float | None  # measured share of the peak a matmul reaches; None: not published
-    compute_capability: float  # FP8 needs FP8_COMPUTE_CAPABILITY or newer
+    compute_capability: float  # FP8 needs run_profile.FP8_COMPUTE_CAPABILITY or newer
     fp8_flops: float | None  # dense FP8 tensor-core peak with fp32 accumulate, FLOP/s; None: no FP8
     memory_bytes: int
     bandwidth_bytes_per_s: float
     usd_per_hour: float
     source: str
-
-
-def fp8_refusal(gpu: GPU) -> str | None:
-    """Why `gpu` cannot train in FP8 (one line with the fix), or None where it can."""
-    if gpu.fp8_flops is not None and gpu.compute_capability >= FP8_COMPUTE_CAPABILITY:
-        return None
-    return (
-        f"mixed_precision=fp8 needs FP8 tensor cores (compute capability {FP8_COMPUTE_CAPABILITY} or newer: "
-        f"Ada, Hopper, Blackwell); the {gpu.name} has {gpu.compute_capability:.1f}: --mixed_precision bf16, "
-        f"or a GPU such as the H100"
-    )
 
 
 def _words(name: str) -> set[str]:

@@ -15,7 +15,7 @@ no higher than the card's dense peak over the model's FLOPs per token (MFU at mo
 skipped, said once per process on stderr with its file and line (`usable`).
 
 The project's own GPU measurements ship beside this module (`measured.jsonl`, `SHIPPED_STORE`: the
-`1b` on an H100 SXM, ../shared/gpu/README.md, docs/gpu.md) and are read after the user's, so a
+`1b` on an H100 SXM, docs/gpu.md) and are read after the user's, so a
 user's own record of the same configuration wins over them.
 
 A CPU records nothing: its speed says nothing of any GPU. `HF_PRETRAIN_RECORD=0` turns recording off
@@ -36,8 +36,8 @@ from typing import Any
 
 from hf_pretrain.config import Recipe
 from hf_pretrain.economics.gpus import find_gpu
-from hf_pretrain.hardware import training_precision
 from hf_pretrain.model import recipe_flops_per_token, recipe_tokenizer_size
+from hf_pretrain.run_profile import A_GPU, Machine, run_profile, this_machine
 from hf_pretrain.versions import installed_version
 
 STORE_NAME = "measurements.jsonl"
@@ -54,11 +54,11 @@ def store_path() -> Path:
     return Path(cache).expanduser() / "hf_pretrain" / STORE_NAME
 
 
-def configuration(recipe: Recipe, world_size: int = 1) -> dict[str, Any]:
-    """What a measurement is the measurement of: every recipe setting that changes a step's speed or memory."""
-    m, t = recipe.model, recipe.train
-    # only GPUs are recorded: `auto` is bf16 there (a GPU without bf16 measures `no` under its own name)
-    precision = training_precision(t.mixed_precision, cuda_available=True, bf16_supported=True)
+def configuration(recipe: Recipe, world_size: int = 1, machine: Machine = A_GPU) -> dict[str, Any]:
+    """What a measurement is the measurement of: the model's shape and the batch, and the step as the run
+    profile resolves it (run_profile.Step.key: every setting that changes a step's speed or memory).
+    Only GPUs are recorded: `machine` is a GPU with bf16 unless given."""
+    m = recipe.model
     return {
         "layers": m.num_hidden_layers,
         "hidden_size": m.hidden_size,
@@ -68,17 +68,8 @@ def configuration(recipe: Recipe, world_size: int = 1) -> dict[str, Any]:
         "vocab": recipe_tokenizer_size(recipe),
         "tie_word_embeddings": m.tie_word_embeddings,
         "seq_len": recipe.data.seq_len,
-        "micro_batch_size": t.micro_batch_size,
-        "global_batch_tokens": t.global_batch_tokens,
-        "compile": t.compile,
-        "compile_regions": t.compile and t.compile_regions,
-        "liger": t.liger,
-        "checkpointed_layers": recipe.checkpointed_layer_count,
-        "optimizer": t.optimizer,
-        "chunked_loss": t.chunked_loss,
-        "precision": precision,
-        "fp8_recipe": t.fp8_recipe if precision == "fp8" else None,  # tensorwise and rowwise differ in speed
-        "world_size": world_size,
+        "global_batch_tokens": recipe.train.global_batch_tokens,
+        **run_profile(recipe, machine, world_size).step.key(),
     }
 
 
@@ -108,11 +99,9 @@ class Measurement:
 
 def this_gpu() -> str | None:
     """The CUDA name of the GPU runs here train on, or None on a CPU (which records nothing), also where
-    Accelerate is told to use the CPU beside a GPU (as training/loop.py's `setup` reads it)."""
-    import torch
-
-    on_cpu = os.environ.get("ACCELERATE_USE_CPU", "").lower() in ("1", "true")
-    return torch.cuda.get_device_name(0) if torch.cuda.is_available() and not on_cpu else None
+    Accelerate is told to use the CPU beside a GPU (run_profile.this_machine)."""
+    machine = this_machine()
+    return machine.name if machine.on_gpu else None
 
 
 def _table_name(device: str) -> str:
@@ -175,6 +164,15 @@ def _positive_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
 
 
+def _current(record: dict[str, Any]) -> dict[str, Any]:
+    """A record as this version keys it: fp32 was once keyed by Accelerate's name, `no`."""
+    record.pop("shipped", None)
+    key = record.get("configuration")
+    if isinstance(key, dict) and key.get("precision") == "no":
+        record["configuration"] = {**key, "precision": "fp32"}
+    return record
+
+
 def _stored(store: Path, shipped: bool) -> list[tuple[Measurement, int]]:
     """The measurements of one store with their line numbers, newest first (nothing where it cannot be
     read); a record whose figures are not finite positive numbers is skipped, and said (`_skip`)."""
@@ -185,7 +183,7 @@ def _stored(store: Path, shipped: bool) -> list[tuple[Measurement, int]]:
     found = []
     for number, line in reversed(list(enumerate(lines, start=1))):
         try:
-            measurement = Measurement(**{**json.loads(line), "shipped": shipped})
+            measurement = Measurement(**_current(json.loads(line)), shipped=shipped)
         except (ValueError, TypeError):  # a line another version wrote, or a torn one
             continue
         memory = measurement.peak_memory_gib
@@ -225,15 +223,29 @@ def recorded_measurement(recipe: Recipe, gpu: str, world_size: int = 1, path: Pa
     """The newest measurement of `recipe`'s configuration on `gpu` (a table name, a `--gpu` argument or a
     CUDA device name) in the user's store, else the project's shipped one, or None. A record no machine
     could produce (`impossible`) is passed over, and said once."""
+    stores = ((path or store_path(), False), (SHIPPED_STORE, True))
+    return _matching(
+        [(store, m, line) for store, shipped in stores for m, line in _stored(store, shipped)], recipe, gpu, world_size
+    )
+
+
+def shipped_measurement(recipe: Recipe, gpu: str, world_size: int = 1) -> Measurement | None:
+    """The project's own measurement of `recipe`'s configuration on `gpu` (`measured.jsonl` alone, never
+    the user's): the one home of those figures; published.py's check and the doctor's lines read them."""
+    return _matching([(SHIPPED_STORE, m, line) for m, line in _stored(SHIPPED_STORE, True)], recipe, gpu, world_size)
+
+
+def _matching(
+    measurements: list[tuple[Path, Measurement, int]], recipe: Recipe, gpu: str, world_size: int
+) -> Measurement | None:
     wanted, name = configuration(recipe, world_size), _table_name(gpu)
-    for store, shipped in ((path or store_path(), False), (SHIPPED_STORE, True)):
-        for measurement, line in _stored(store, shipped):
-            if measurement.gpu != name or measurement.configuration != wanted:
-                continue
-            why = impossible(measurement, recipe)
-            if why is None:
-                return measurement
-            _skip(store, line, why)
+    for store, measurement, line in measurements:
+        if measurement.gpu != name or measurement.configuration != wanted:
+            continue
+        why = impossible(measurement, recipe)
+        if why is None:
+            return measurement
+        _skip(store, line, why)
     return None
 
 

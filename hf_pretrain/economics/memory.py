@@ -73,7 +73,7 @@ The head (`head_bytes`): the final norm, then the loss (`loss_bytes`):
 `compile_regions` compiles the decoder layers one by one: their activations are the compiled ones,
 the head runs eagerly.
 
-Checked against one H100 80GB (../shared/gpu/README.md, 2026-11-25; `tests/test_memory_estimate.py`,
+Checked against one H100 80GB (2026-11-25, the peaks in economics/measured.jsonl; `tests/test_memory_estimate.py`,
 docs/gpu.md): the 1b recipe at micro-batch 8 x 2048 compiled (+2.1%), eager (-0.1%) and eager with
 Liger (-0.7%); the hand-written transformers loop (its own per-layer bytes, from its graph) at
 micro-batch 8 and 16, 8-11% low. `ESTIMATE_ERROR` states 15%, the bound the tests hold. It is an estimate for one process without
@@ -86,8 +86,8 @@ import dataclasses
 from dataclasses import dataclass
 
 from hf_pretrain.config import Recipe
-from hf_pretrain.hardware import training_precision
 from hf_pretrain.model import llama_config, recipe_parameter_count
+from hf_pretrain.run_profile import A_GPU, Machine, Step, run_profile
 
 # Bytes per parameter: fp32 weights, fp32 gradients, AdamW's two fp32 moments.
 # Accelerate's autocast keeps the weights in fp32, so the gradients (and what DDP all-reduces) are fp32.
@@ -110,31 +110,6 @@ LOSS_BYTES_PER_LOGIT = 12
 
 
 @dataclass(frozen=True)
-class StepKind:
-    """How the step runs, which decides what it keeps for the backward pass (module docstring)."""
-
-    compiled_layers: bool  # torch.compile, whole model or one decoder layer at a time
-    compiled_head: bool  # the final norm and the loss inside the compiled graph (whole-model compile)
-    liger: bool  # Liger's kernels (they run on CUDA only)
-    compute_bytes: int  # bytes of an activation element: 2 under bf16/fp16 autocast, 4 in fp32
-    chunked_loss: bool = False  # `chunked_loss: true` (hf_pretrain/loss.py), where Liger's loss does not replace it
-
-    @property
-    def fused_loss(self) -> bool:
-        """A loss that computes its gradients in the forward pass, a chunk of tokens at a time."""
-        return self.liger or self.chunked_loss
-
-    @property
-    def mixed_precision(self) -> bool:
-        return self.compute_bytes < 4
-
-    def describe(self) -> str:
-        how = "compiled" if self.compiled_layers else "eager"
-        how += (" + Liger" if self.liger else "") + (" + chunked loss" if self.chunked_loss else "")
-        return how + (", bf16" if self.mixed_precision else ", fp32")
-
-
-@dataclass(frozen=True)
 class MemoryEstimate:
     """Bytes on one GPU for the recipe's micro-batch; `peak(k)` is the step's peak with k layers checkpointed."""
 
@@ -150,7 +125,7 @@ class MemoryEstimate:
     accumulating: bool = True  # more than one micro-batch per step: gradients live through the forward
     layers: int = 0  # decoder layers
     layer_input: int = 0  # one checkpointed layer's saved input (the residual stream)
-    kind: StepKind | None = None  # how the step runs (compiled or eager, Liger, precision)
+    kind: Step | None = None  # how the step runs (compiled or eager, Liger, precision: run_profile.Step)
 
     @property
     def static(self) -> int:
@@ -177,38 +152,20 @@ class MemoryEstimate:
         return self.weights + self.optimizer + max(start, end)
 
 
-def uses_mixed_precision(recipe: Recipe, cuda_available: bool) -> bool:
-    """bf16/fp16 autocast, decided the way training decides (`hardware.training_precision`)."""
-    return training_precision(recipe.train.mixed_precision, cuda_available) != "no"
-
-
-def step_kind(recipe: Recipe, cuda_available: bool = True) -> StepKind:
-    """The recipe's step as it will run: `cuda_available` resolves `mixed_precision: auto` and Liger
-    (without CUDA, training falls back to the standard kernels: `model.apply_liger`)."""
-    t = recipe.train
-    return StepKind(
-        compiled_layers=t.compile,
-        compiled_head=t.compile and not t.compile_regions,
-        liger=t.liger and cuda_available,
-        compute_bytes=2 if uses_mixed_precision(recipe, cuda_available) else 4,
-        chunked_loss=t.chunked_loss and not (t.liger and cuda_available),
-    )
-
-
-def layer_activation_bytes_per_token(recipe: Recipe, kind: StepKind) -> int:
+def layer_activation_bytes_per_token(recipe: Recipe, kind: Step) -> int:
     """Bytes one decoder layer saves for backward per token (formulas in the module docstring)."""
     m = recipe.model
     h, inner, heads = m.hidden_size, m.intermediate_size, m.num_attention_heads
     kv_width = m.num_key_value_heads * (h // heads)
     e = kind.compute_bytes
-    if kind.compiled_layers or kind.liger:  # fused norms and SwiGLU
+    if kind.compiled or kind.liger:  # fused norms and SwiGLU
         return e * (6 * h + 2 * kv_width + 3 * inner) + 4 * heads + 8
-    if kind.mixed_precision:
+    if kind.autocast:
         return 26 * h + 4 * kv_width + 8 * inner + 4 * heads + 8
     return 32 * h + 8 * kv_width + 16 * inner + 4 * heads + 8
 
 
-def saved_logits_bytes_per_token(kind: StepKind, vocab_rows: int) -> int:
+def saved_logits_bytes_per_token(kind: Step, vocab_rows: int) -> int:
     """What the loss keeps from its forward for its backward, per token (module docstring): the compiled
     graph the logits in the compute dtype and two fp32 row statistics, eager the fp32 log-softmax and
     the int64 target; a fused loss (Liger's, or the chunked one) keeps no logits."""
@@ -219,7 +176,7 @@ def saved_logits_bytes_per_token(kind: StepKind, vocab_rows: int) -> int:
     return 4 * vocab_rows + 8
 
 
-def loss_bytes(recipe: Recipe, kind: StepKind, vocab_rows: int, tokens: int, accumulating: bool) -> int:
+def loss_bytes(recipe: Recipe, kind: Step, vocab_rows: int, tokens: int, accumulating: bool) -> int:
     """The loss's peak buffers for `tokens` tokens (module docstring): the saved logits and the
     gradients the backward writes beside them, or the output projection's gradient when larger; under
     a fused loss (Liger's, or `chunked_loss`), the gradients it computes in the forward pass instead of
@@ -244,15 +201,15 @@ def loss_bytes(recipe: Recipe, kind: StepKind, vocab_rows: int, tokens: int, acc
     return max(loss, logits_gradient + (2 if accumulating else 1) * projection_gradient)
 
 
-def head_norm_bytes_per_token(recipe: Recipe, kind: StepKind) -> int:
+def head_norm_bytes_per_token(recipe: Recipe, kind: Step) -> int:
     """What the final RMSNorm keeps per token (module docstring)."""
     h, e = recipe.model.hidden_size, kind.compute_bytes
     if kind.compiled_head or kind.liger:
         return 2 * e * h + 4  # the last layer's output, the normalised value, the rsqrt
-    return (8 if kind.mixed_precision else 12) * h + 4
+    return (8 if kind.autocast else 12) * h + 4
 
 
-def head_bytes(recipe: Recipe, kind: StepKind, vocab_rows: int, tokens: int, accumulating: bool) -> int:
+def head_bytes(recipe: Recipe, kind: Step, vocab_rows: int, tokens: int, accumulating: bool) -> int:
     """Final norm plus the loss for `tokens` tokens (module docstring)."""
     norm = head_norm_bytes_per_token(recipe, kind) * tokens
     return norm + loss_bytes(recipe, kind, vocab_rows, tokens, accumulating)
@@ -274,16 +231,16 @@ def optimizer_state_bytes(recipe: Recipe, n: int) -> int:
 
 
 def estimate_memory(
-    recipe: Recipe, tokenizer_size: int, cuda_available: bool = True, world_size: int = 1
+    recipe: Recipe, tokenizer_size: int, machine: Machine = A_GPU, world_size: int = 1
 ) -> MemoryEstimate:
     """Peak training memory of one process for `recipe` as it will run (see the module docstring).
 
-    `cuda_available` resolves `mixed_precision: auto` and Liger the way training will (bf16 and
+    `machine` resolves `mixed_precision: auto` and Liger the way training will (run_profile: bf16 and
     Liger's kernels on a GPU); `world_size` decides whether a process accumulates micro-batches.
     """
     config = llama_config(recipe.model, tokenizer_size)
     n = recipe_parameter_count(recipe, tokenizer_size)
-    kind = step_kind(recipe, cuda_available)
+    kind = run_profile(recipe, machine, world_size).step
     tokens = recipe.train.micro_batch_size * recipe.data.seq_len
     accumulating = recipe.train.global_batch_tokens > tokens * world_size  # more than one micro-batch a step
     layers = recipe.model.num_hidden_layers
@@ -294,7 +251,7 @@ def estimate_memory(
         weights=WEIGHT_BYTES * n,
         gradients=GRADIENT_BYTES * n,
         optimizer=optimizer_state_bytes(recipe, n),
-        weight_copies=kind.compute_bytes * n if kind.mixed_precision else 0,
+        weight_copies=kind.compute_bytes * n if kind.autocast else 0,
         activations=layers * per_layer,
         checkpointed_activations=layers * layer_input + per_layer,
         head=head_bytes(recipe, kind, config.vocab_size, tokens, accumulating),
@@ -347,6 +304,7 @@ def fit_in_memory(
     micro_batch_size: int | None = None,
     checkpointed_layers: int | None = None,
     world_size: int = 1,
+    machine: Machine = A_GPU,
 ) -> Fit:
     """The setting that fits `memory_bytes` (x USABLE_MEMORY_FRACTION): at the recipe's micro-batch,
     no checkpointing, else the fewest checkpointed layers; only when even every layer checkpointed
@@ -359,7 +317,7 @@ def fit_in_memory(
     counts = [checkpointed_layers] if checkpointed_layers is not None else list(range(layers + 1))
     smallest = None
     for size in sizes:
-        estimate = estimate_memory(with_micro_batch(recipe, size), tokenizer_size, True, world_size)
+        estimate = estimate_memory(with_micro_batch(recipe, size), tokenizer_size, machine, world_size)
         for count in counts:
             peak = estimate.peak(count)
             if peak <= usable:

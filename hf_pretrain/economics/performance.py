@@ -67,8 +67,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from hf_pretrain.config import Recipe
-from hf_pretrain.economics.gpus import GPU, find_gpu, fp8_refusal
+from hf_pretrain.economics.gpus import GPU, find_gpu
 from hf_pretrain.economics.workload import Workload, recipe_workload
+from hf_pretrain.run_profile import fp8_refusal_for, machine_with, run_profile
 
 GEMM_SHARE = 0.82
 DEFAULT_MATMUL_EFFICIENCY = 0.80
@@ -137,7 +138,7 @@ def matmul_flops_per_s(gpu: GPU, precision: str = "bf16", tf32: bool = True) -> 
 
 def fp8_matmul_flops_per_s(gpu: GPU) -> float:
     if gpu.fp8_flops is None:
-        raise ValueError(fp8_refusal(gpu))
+        raise ValueError(fp8_refusal_for(gpu))
     return (gpu.matmul_efficiency or DEFAULT_MATMUL_EFFICIENCY) * gpu.fp8_flops * GEMM_SHARE * FP8_GEMM_SHARE
 
 
@@ -147,8 +148,8 @@ def step_time(workload: Workload, gpu: GPU, *, attention_efficiency: float | Non
     `attention_efficiency` replaces ATTENTION_EFFICIENCY for a run whose attention is another kernel
     than SDPA's (published.py: llm-foundry's Triton kernel)."""
     config = workload.config
-    if config.precision == "fp8" and fp8_refusal(gpu):
-        raise ValueError(fp8_refusal(gpu))
+    if config.precision == "fp8" and fp8_refusal_for(gpu):
+        raise ValueError(fp8_refusal_for(gpu))
     matmul_rate = matmul_flops_per_s(gpu, config.precision, config.tf32)
     linear_rate = fp8_matmul_flops_per_s(gpu) if config.precision == "fp8" else matmul_rate
     attention_rate = (attention_efficiency or ATTENTION_EFFICIENCY[gpu.architecture]) * gpu.bf16_flops
@@ -193,7 +194,11 @@ def modelled_tokens_per_s(
     mixed_precision, tf32; its own micro-batch and checkpointing unless given). Raises ValueError
     (one line) for mixed_precision fp8 on a card without FP8."""
     work = recipe_workload(
-        recipe, micro_batch_size=micro_batch_size, world_size=world_size, checkpointed_layers=checkpointed_layers
+        recipe,
+        micro_batch_size=micro_batch_size,
+        world_size=world_size,
+        checkpointed_layers=checkpointed_layers,
+        machine=machine_with(gpu),
     )
     return step_time(work, gpu).tokens_per_s
 
@@ -214,7 +219,7 @@ def slow_node_warning(measured_tokens_per_s: float, device_name: str, recipe: Re
     micro-batch and checkpointing. fp32 runs are modelled only coarsely and are not judged.
     """
     gpu = find_gpu(device_name)
-    if gpu is None or measured_tokens_per_s <= 0 or recipe.train.mixed_precision == "no":
+    if gpu is None or measured_tokens_per_s <= 0 or run_profile(recipe, machine_with(gpu)).precision == "fp32":
         return None
     try:
         expected = modelled_tokens_per_s(recipe, gpu)

@@ -28,7 +28,7 @@ from typing import Any
 from hf_pretrain.config import CommandParser, Recipe, RecipeError, parse_recipe_args
 from hf_pretrain.economics.cost import dollars_per_billion_tokens
 from hf_pretrain.economics.forecast import BAND_SIGMAS, MIN_POINTS, MIN_TOKEN_RATIO, GoingFurther, going_further
-from hf_pretrain.economics.gpus import GPU, fp8_refusal, gpu_named, gpu_table
+from hf_pretrain.economics.gpus import GPU, gpu_named, gpu_table
 from hf_pretrain.economics.measurements import recorded_measurement
 from hf_pretrain.economics.memory import GRADIENT_BYTES, Fit, fit_in_memory, with_checkpointed_layers, with_micro_batch
 from hf_pretrain.economics.performance import (
@@ -38,7 +38,7 @@ from hf_pretrain.economics.performance import (
     modelled_tokens_per_s,
 )
 from hf_pretrain.economics.prices import PriceError, table_gpu_prices
-from hf_pretrain.economics.workload import step_config
+from hf_pretrain.exit_codes import EXIT_CONFIG
 from hf_pretrain.formatting import human_count, usd
 from hf_pretrain.model import (
     TRAINING_FLOPS_PER_PARAMETER,
@@ -49,6 +49,7 @@ from hf_pretrain.model import (
 )
 from hf_pretrain.optim import Cooldown, Schedule
 from hf_pretrain.run_dir import RunDir, read_jsonl
+from hf_pretrain.run_profile import A_GPU, FP8_COMPUTE_CAPABILITY, machine_with, run_profile
 
 # Chinchilla (Hoffmann et al. 2022): about 20 training tokens per parameter is compute-optimal.
 TOKENS_PER_PARAMETER = 20
@@ -174,21 +175,22 @@ class GpuRow:
 def quality_per_token(recipe: Recipe) -> float:
     """How much of a bf16 token one token of this recipe's precision is worth (FP8: measured on a proxy,
     see performance.py)."""
-    return FP8_QUALITY_PER_TOKEN if recipe.train.mixed_precision == "fp8" else 1.0
+    return FP8_QUALITY_PER_TOKEN if run_profile(recipe, A_GPU).precision == "fp8" else 1.0
 
 
 def gpu_row(recipe: Recipe, gpu: GPU, tokens: float, price: float, pinned: tuple[str, ...] = ()) -> GpuRow:
     """Fit `recipe` on `gpu` (keeping the `pinned` recipe keys as they are), model its rate for the
     recipe's configuration (compile, Liger, optimizer, precision), price the run. FP8 runs are charged
     for the tokens that match the bf16 run's (`quality_per_token`)."""
-    if recipe.train.mixed_precision == "fp8" and fp8_refusal(gpu):
-        reason = f"no FP8: compute capability {gpu.compute_capability:.1f} (fp8 needs 8.9+)"
+    on = machine_with(gpu)
+    if run_profile(recipe, on).precision == "fp8" and on.fp8_refusal():
+        reason = f"no FP8: compute capability {gpu.compute_capability:.1f} (fp8 needs {FP8_COMPUTE_CAPABILITY}+)"
         return GpuRow(gpu.name, False, None, None, None, price, None, None, None, reason)
     layers = (
         recipe.checkpointed_layer_count if {"gradient_checkpointing", "checkpointed_layers"} & set(pinned) else None
     )
     size = recipe.train.micro_batch_size if "micro_batch_size" in pinned else None
-    fit: Fit = fit_in_memory(recipe, recipe_tokenizer_size(recipe), gpu.memory_bytes, size, layers)
+    fit: Fit = fit_in_memory(recipe, recipe_tokenizer_size(recipe), gpu.memory_bytes, size, layers, machine=on)
     if not fit.fits:
         return GpuRow(gpu.name, False, None, None, None, price, None, None, None, fit.reason)
     fitted = with_checkpointed_layers(with_micro_batch(recipe, fit.micro_batch_size), fit.checkpointed_layers)
@@ -333,8 +335,9 @@ def make_plan(request: PlanRequest) -> Plan:
     if request.gpu == ALL_GPUS:
         rows = ranked_rows(request.recipe, tokens, prices, request.pinned)
     gpu = gpu_named(request.gpu) if request.gpu and request.gpu != ALL_GPUS else None
-    if gpu and request.recipe is not None and request.recipe.train.mixed_precision == "fp8" and fp8_refusal(gpu):
-        raise ValueError(fp8_refusal(gpu))
+    on = machine_with(gpu) if gpu else A_GPU
+    if gpu and request.recipe is not None and run_profile(request.recipe, on).precision == "fp8" and on.fp8_refusal():
+        raise ValueError(on.fp8_refusal())
     price = request.price_per_gpu_hour or (prices[gpu.name] if gpu else None) or recipe_price or None
     if gpu and request.recipe is not None:
         rows = [gpu_row(request.recipe, gpu, tokens, price, request.pinned)]
@@ -344,7 +347,7 @@ def make_plan(request: PlanRequest) -> Plan:
         rate, rate_source = request.tokens_per_s, "--tokens_per_s"
     elif gpu and rows:
         rate = rows[0].tokens_per_s
-        fitted = step_config(request.recipe, rows[0].micro_batch_size, rows[0].checkpointed_layers)
+        fitted = run_profile(request.recipe, on, 1, rows[0].micro_batch_size, rows[0].checkpointed_layers).step
         rate_source = (
             f"{rows[0].measured}, for {fitted.describe()}"
             if rows[0].measured
@@ -406,7 +409,7 @@ def make_plan(request: PlanRequest) -> Plan:
         if rate and request.gpu != ALL_GPUS
         else [],
         gpus=rows,
-        configuration=step_config(request.recipe).describe() if request.recipe is not None else "",
+        configuration=run_profile(request.recipe, on).step.describe() if request.recipe is not None else "",
         quality_per_token=quality_per_token(request.recipe) if request.recipe is not None else 1.0,
     )
 
@@ -733,7 +736,7 @@ def main(argv: list[str] | None = None) -> int:
     named = [flag for flag in MODEL_FLAGS if _named(flag, argv)]
     if len(named) > 1:
         print(f"{PROG}: error: {' and '.join(named)} name two things to plan: give one", file=sys.stderr)
-        return 2
+        return EXIT_CONFIG
     try:
         if named == ["--recipe"]:
             recipe, args = parse_recipe_args(
@@ -759,6 +762,6 @@ def main(argv: list[str] | None = None) -> int:
         plan = make_plan(request)
     except (RecipeError, PriceError, ValueError) as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
-        return 2
+        return EXIT_CONFIG
     print(json.dumps(plan.to_dict(), indent=1) if args.json else format_plan(plan))
     return 0

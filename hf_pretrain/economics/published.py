@@ -8,8 +8,10 @@ from dataclasses import dataclass, replace
 
 from hf_pretrain.config import Recipe
 from hf_pretrain.economics.gpus import gpu_named
+from hf_pretrain.economics.measurements import shipped_measurement
 from hf_pretrain.economics.performance import step_time
-from hf_pretrain.economics.workload import LOSS_BYTES, Shape, StepConfig, Workload, recipe_shape, workload
+from hf_pretrain.economics.workload import LOSS_BYTES, Shape, Workload, recipe_shape, workload
+from hf_pretrain.run_profile import Step
 
 H100_TABLE = (
     "the shared GPU table (2026-11-25): NVIDIA H100 80GB HBM3 (SXM), torch 2.11.0+cu130, transformers 5.23.0, "
@@ -67,25 +69,44 @@ def mpt_1b_shape() -> Shape:
 # step's do), but its loss is torch's uncompiled cross entropy (an fp32 upcast of the logits): a
 # compiled step with the eager loss.
 def _mpt_1b(shape: Shape, micro_batch_size: int, tokens_per_step_per_gpu: float, precision: str = "bf16") -> Workload:
-    config = StepConfig(micro_batch_size=micro_batch_size, precision=precision)
+    config = Step(micro_batch_size=micro_batch_size, precision=precision)
     work = workload(shape, config, tokens_per_step_per_gpu)
     eager_loss = (LOSS_BYTES["eager"] - LOSS_BYTES["compiled"]) * shape.vocab_rows
     return replace(work, pointwise_bytes=work.pointwise_bytes + eager_loss)
+
+
+def h100(one_b: Recipe, **train) -> float:
+    """What the 1b measured on the project's H100 SXM with `train` changed: the shipped records
+    (economics/measured.jsonl), the one home of those figures."""
+    recipe = replace(one_b, train=replace(one_b.train, **train))
+    measured = shipped_measurement(recipe, "H100 SXM")
+    if measured is None:
+        raise LookupError(f"no shipped H100 SXM measurement of the 1b with {train} in economics/measured.jsonl")
+    return measured.tokens_per_s
 
 
 def published_runs(one_b: Recipe) -> list[PublishedRun]:
     """Every measurement of the check, with `one_b` the shipped `1b` recipe (compiled, AdamW, bf16)."""
     shape = recipe_shape(one_b)
     step = one_b.train.global_batch_tokens
-    compiled = StepConfig(micro_batch_size=one_b.train.micro_batch_size)
+    compiled = Step(micro_batch_size=one_b.train.micro_batch_size)
     eager = replace(compiled, compiled=False)
     return [
-        PublishedRun("1b as shipped (compile)", "H100 SXM", 77_935, workload(shape, compiled, step), H100_TABLE, 0.10),
-        PublishedRun("1b, --compile false", "H100 SXM", 51_150, workload(shape, eager, step), H100_TABLE, 0.10),
+        PublishedRun(
+            "1b as shipped (compile)", "H100 SXM", h100(one_b), workload(shape, compiled, step), H100_TABLE, 0.10
+        ),
+        PublishedRun(
+            "1b, --compile false",
+            "H100 SXM",
+            h100(one_b, compile=False),
+            workload(shape, eager, step),
+            H100_TABLE,
+            0.10,
+        ),
         PublishedRun(
             "1b, --compile false --liger true",
             "H100 SXM",
-            72_900,
+            h100(one_b, compile=False, liger=True),
             workload(shape, replace(eager, liger=True), step),
             H100_TABLE,
             0.10,
@@ -139,7 +160,7 @@ class Fp8Speedup:
 
 
 def _pair(shape: Shape, micro_batch_size: int, tokens_per_step: float) -> tuple[Workload, Workload]:
-    bf16 = StepConfig(micro_batch_size=micro_batch_size)
+    bf16 = Step(micro_batch_size=micro_batch_size)
     return workload(shape, bf16, tokens_per_step), workload(shape, replace(bf16, precision="fp8"), tokens_per_step)
 
 

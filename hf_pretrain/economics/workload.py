@@ -1,6 +1,6 @@
 """What one token of a training step costs, independent of the GPU: FLOPs by kind and bytes moved by
 the memory-bound kernels, for the configuration that will run (compiled or eager, Liger, the
-optimizer, the precision, the micro-batch, the checkpointed layers). performance.py turns it into
+optimizer, the precision, the micro-batch, the checkpointed layers: run_profile.Step). performance.py turns it into
 seconds on a GPU.
 
 Bytes are counted kernel by kernel, per token, in the forward pass of one decoder layer; the
@@ -36,7 +36,8 @@ from dataclasses import dataclass
 
 from hf_pretrain.config import Recipe
 from hf_pretrain.fp8 import pays_in_fp8
-from hf_pretrain.model import llama_config, recipe_parameter_count, recipe_tokenizer_size
+from hf_pretrain.model import llama_config, recipe_parameter_count, recipe_tokenizer_size, shape_flops_per_token
+from hf_pretrain.run_profile import A_GPU, Machine, Step, run_profile
 
 # Chosen: an elementwise op's backward reads its saved input and the incoming gradient and writes the
 # outgoing gradient; norms and products read two saved tensors (docs/gpu.md's step budget, issue 26).
@@ -60,53 +61,6 @@ MUON_NS_STEPS = 5
 # written as fp8 (1), transposed (1 + 1).
 FP8_CAST_BYTES_PER_ELEMENT = {"compiled": 2 + 1 + 2, "eager": 2 + 2 + 1 + 2}
 FP8_WEIGHT_BYTES_PER_MICRO_BATCH = 4 + 4 + 1 + 2
-KERNELS = ("compiled", "eager")
-PRECISIONS = ("bf16", "fp16", "fp8", "fp32")
-
-
-@dataclass(frozen=True)
-class StepConfig:
-    """How the step runs: what changes its speed but not its FLOPs count."""
-
-    compiled: bool = True
-    liger: bool = False
-    optimizer: str = "adamw"  # or "muon"
-    precision: str = "bf16"  # bf16, fp16, fp8 (the decoder's linears), fp32 (tf32 matmuls when allowed)
-    tf32: bool = True
-    micro_batch_size: int = 8
-    checkpointed_layers: int = 0
-    fp8_recipe: str = "tensorwise"  # which projections go FP8 (fp8.py's size rule) and their scaling
-    attention_backend: str = "auto"  # SDPA's kernel (attention.py); performance.py prices each
-
-    def describe(self) -> str:
-        kernels = ("compiled" if self.compiled else "eager") + (" + Liger" if self.liger else "")
-        return (
-            f"{kernels}, {self.precision}, {self.optimizer}, micro-batch {self.micro_batch_size}, "
-            f"{self.checkpointed_layers} layers checkpointed"
-        )
-
-
-def recipe_precision(recipe: Recipe) -> str:
-    """The precision a GPU runs the recipe in: `auto` is bf16 there, `no` is fp32."""
-    return {"auto": "bf16", "no": "fp32"}.get(recipe.train.mixed_precision, recipe.train.mixed_precision)
-
-
-def step_config(
-    recipe: Recipe, micro_batch_size: int | None = None, checkpointed_layers: int | None = None
-) -> StepConfig:
-    """The recipe's configuration on a GPU (its own micro-batch and checkpointing unless given)."""
-    t = recipe.train
-    return StepConfig(
-        compiled=t.compile,
-        liger=t.liger,
-        optimizer=t.optimizer,
-        precision=recipe_precision(recipe),
-        tf32=t.tf32,
-        micro_batch_size=micro_batch_size or t.micro_batch_size,
-        checkpointed_layers=recipe.checkpointed_layer_count if checkpointed_layers is None else checkpointed_layers,
-        fp8_recipe=t.fp8_recipe,
-        attention_backend=t.attention_backend,
-    )
 
 
 @dataclass(frozen=True)
@@ -144,7 +98,7 @@ class Shape:
         return [(h, h), (kv, h), (kv, h), (h, h), *mlp] * self.layers
 
 
-def layer_forward_bytes(shape: Shape, config: StepConfig) -> float:
+def layer_forward_bytes(shape: Shape, config: Step) -> float:
     """Bytes the memory-bound kernels of one decoder layer's forward move per token (module docstring)."""
     h, kv, i = shape.hidden, shape.kv_width, shape.intermediate
     gated = shape.mlp_matrices == 3  # SwiGLU: gate and up in, product out; else one activation, in and out
@@ -157,7 +111,7 @@ def layer_forward_bytes(shape: Shape, config: StepConfig) -> float:
     return base * (2.0 if config.precision == "fp32" else 1.0)  # fp32 activations: twice the bytes
 
 
-def loss_bytes_per_row(config: StepConfig) -> int:
+def loss_bytes_per_row(config: Step) -> int:
     if config.liger:
         return LOSS_BYTES["liger"]
     return LOSS_BYTES["compiled" if config.compiled else "eager"]
@@ -168,7 +122,7 @@ class Workload:
     """What one token of a training step costs on one GPU, independent of the GPU."""
 
     shape: Shape
-    config: StepConfig
+    config: Step
     linear_flops: float  # the decoder layers' linear layers, forward and backward: 6 x their weights
     head_flops: float  # the output projection: 6 x vocabulary rows x hidden
     attention_flops: float  # causal (the mask skips half): 6 x layers x hidden x seq_len
@@ -181,7 +135,7 @@ class Workload:
     layer_fp8_forward_flops: float  # of which in FP8
     layer_attention_forward_flops: float
     layer_forward_bytes: float
-    flops_per_token: float  # the project's count (6N + 12 x layers x hidden x seq_len, model.py): MFU, limit
+    flops_per_token: float  # the project's count (model.shape_flops_per_token): MFU, limit
 
     @property
     def layers(self) -> int:
@@ -198,7 +152,7 @@ def muon_flops_per_step(shape: Shape) -> float:
     return MUON_NS_STEPS * total
 
 
-def workload(shape: Shape, config: StepConfig, tokens_per_step: float) -> Workload:
+def workload(shape: Shape, config: Step, tokens_per_step: float) -> Workload:
     """The workload of `shape` run as `config`, with `tokens_per_step` tokens per optimizer step on this GPU."""
     h, s = shape.hidden, shape.seq_len
     layer_bytes = layer_forward_bytes(shape, config)
@@ -234,7 +188,7 @@ def workload(shape: Shape, config: StepConfig, tokens_per_step: float) -> Worklo
         layer_fp8_forward_flops=2.0 * fp8_layer_weights,
         layer_attention_forward_flops=2.0 * h * s,
         layer_forward_bytes=layer_bytes,
-        flops_per_token=6.0 * shape.parameters + 12.0 * shape.layers * h * s,
+        flops_per_token=shape_flops_per_token(shape.parameters, shape.layers, h, s),
     )
 
 
@@ -258,7 +212,9 @@ def recipe_workload(
     micro_batch_size: int | None = None,
     world_size: int = 1,
     checkpointed_layers: int | None = None,
+    machine: Machine = A_GPU,
 ) -> Workload:
-    """The workload of the recipe's configuration on one of `world_size` data-parallel GPUs."""
-    config = step_config(recipe, micro_batch_size, checkpointed_layers)
+    """The workload of the recipe's configuration on one of `world_size` data-parallel GPUs (`machine`:
+    the card, which resolves `mixed_precision: auto`; a GPU with bf16 unless given)."""
+    config = run_profile(recipe, machine, world_size, micro_batch_size, checkpointed_layers).step
     return workload(recipe_shape(recipe, tokenizer_size), config, recipe.train.global_batch_tokens / world_size)

@@ -4,7 +4,7 @@ lm-evaluation-harness and set it beside reference models.
 
     hf-pretrain eval --model exports/1b                        # the default zero-shot suite (eval/suites/default.yaml)
     hf-pretrain eval --model exports/1b --tasks arc_easy,hellaswag --limit 200
-    hf-pretrain eval --model exports/1b --tasks arc_easy_local,arc_challenge_local --data_dir ../shared/data/arc
+    hf-pretrain eval --model exports/1b --tasks arc_easy_local,arc_challenge_local --data_dir data/arc
     hf-pretrain eval --model exports/1b --tasks none --text held_out.txt    # perplexity and bits per byte only
 
 `--model` is an exported folder, a Hub repo id, a run folder or a checkpoint. Results go to
@@ -30,11 +30,11 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from hf_pretrain.checkpoints.load import load_checkpoint_model
 from hf_pretrain.checkpoints.manifest import CheckpointError
 from hf_pretrain.checkpoints.store import is_training_output, resolve_checkpoint
-from hf_pretrain.evaluation.eval_command import main  # noqa: F401  (harness.main as before)
 from hf_pretrain.evaluation.scores import EVAL_DIR, comparison_table, eval_results, load_references, scores_from_results
-from hf_pretrain.hardware import inference_device_and_dtype
+from hf_pretrain.exit_codes import EXIT_CONFIG
 from hf_pretrain.publish.model_card import write_eval_section
 from hf_pretrain.run_dir import JsonlWriter, RunDir
+from hf_pretrain.run_profile import inference_device_and_dtype
 
 SUITES_DIR = EVAL_DIR / "suites"
 LOCAL_TASKS_DIR = EVAL_DIR / "tasks"
@@ -295,21 +295,21 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     problem = argument_problem(args)
     if problem:
         print(f"hf-pretrain eval: error: {problem}", file=sys.stderr)
-        return 2
+        return EXIT_CONFIG
     try:
         tasks, suite_shots = resolve_tasks(args.tasks)
         if tasks:
             check_task_names(tasks, args.include_path)
     except EvalError as exc:
         print(f"hf-pretrain eval: error: {exc}", file=sys.stderr)
-        return 2
+        return EXIT_CONFIG
     if not tasks and args.text is None:
-        parser.error("nothing to do: --tasks none needs --text FILE")
+        parser.refuse("nothing to do: --tasks none needs --text FILE")
     limit = int(args.limit) if args.limit and args.limit >= 1 else args.limit
     num_fewshot = args.num_fewshot if args.num_fewshot is not None else suite_shots
     output = args.output or _default_output(args.model)
     if args.text is not None and is_training_output(args.model):
-        parser.error("--text needs a model folder or Hub repo id: `hf-pretrain export` the checkpoint first")
+        parser.refuse("--text needs a model folder or Hub repo id: `hf-pretrain export` the checkpoint first")
     try:
         if Path(args.model).is_dir() and not is_training_output(args.model):
             check_model_folder(Path(args.model))
@@ -332,7 +332,7 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
             bpb = text_metrics(args.model, args.text)
     except (EvalError, CheckpointError) as exc:
         print(f"hf-pretrain eval: error: {exc}", file=sys.stderr)
-        return 1
+        return EXIT_CONFIG
 
     output.mkdir(parents=True, exist_ok=True)
     model_folder = Path(args.model) if Path(args.model).is_dir() else None

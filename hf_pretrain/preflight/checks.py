@@ -38,6 +38,7 @@ from hf_pretrain.preflight.result import CheckResult, PreflightError, format_tab
 from hf_pretrain.preflight.resume import check_resume, check_stop_request
 from hf_pretrain.preflight.sdpa_kernel import check_attention_backend
 from hf_pretrain.preflight.trackers import check_trackers
+from hf_pretrain.run_profile import RunProfile, run_profile
 
 __all__ = ["MEMORY_PROBE_ENV", "CheckResult", "PreflightError", "format_table", "preflight", "run_checks"]
 
@@ -67,21 +68,23 @@ def run_checks(
     world_size: int = 1,
     device_memory_bytes: int | None = None,
     resume_decision: Callable[[], Continuation] | None = None,
+    profile: RunProfile | None = None,
 ) -> list[CheckResult]:
     """Every check, in the order a run meets them: software, GPU, data (and the base model of init_from),
     disk, memory, money. `resume_decision` is training's own (made once, then loaded); the doctor's is
-    made here, once, for the checks that ask it."""
+    made here, once, for the checks that ask it; so is the run profile, training's own where it has one."""
     decision = resume_decision or functools.cache(lambda: decide_resume(recipe))
+    profile = profile or run_profile(recipe, world_size=world_size)
     checks: list[tuple[str, Callable[[], CheckResult | list[CheckResult]]]] = [
         ("versions", lambda: check_versions(recipe)),
         ("trackers", lambda: check_trackers(recipe)),
         ("hub", lambda: check_hub(recipe)),  # push_to_hub: a warning, the run trains anyway
-        ("cuda", lambda: check_cuda(recipe)),
-        ("bf16", lambda: check_bf16(recipe)),
-        ("fp8", lambda: check_fp8(recipe)),
-        ("tf32", lambda: check_tf32(recipe)),
+        ("cuda", lambda: check_cuda(recipe, profile)),
+        ("bf16", lambda: check_bf16(recipe, profile)),
+        ("fp8", lambda: check_fp8(recipe, profile)),
+        ("tf32", lambda: check_tf32(recipe, profile)),
         ("attention", lambda: check_attention_backend(recipe)),
-        ("compiler", lambda: check_compiler(recipe)),
+        ("compiler", lambda: check_compiler(recipe, profile)),
         ("liger + compile", lambda: check_liger_under_compile(recipe)),
         ("data", lambda: check_prepared(recipe)),
         ("init_from", lambda: check_init_from(recipe, decision)),  # nothing without one
@@ -111,10 +114,11 @@ def preflight(
     world_size: int,
     log: Callable[[str], None] = print,
     resume_decision: Callable[[], Continuation] | None = None,
+    profile: RunProfile | None = None,
 ) -> list[CheckResult]:
     """Run every check, log the table, and raise `PreflightError` (the failed checks with their
     fixes) when any fails; returns the results otherwise (warnings included)."""
-    results = run_checks(recipe, world_size, resume_decision=resume_decision)
+    results = run_checks(recipe, world_size, resume_decision=resume_decision, profile=profile)
     if os.environ.get(MEMORY_PROBE_ENV) == "1":
         results = [tried_on_the_device(r) if r.name == "gpu memory" and r.status == "fail" else r for r in results]
     log(format_table(results))

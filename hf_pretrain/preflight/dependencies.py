@@ -14,6 +14,7 @@ from packaging.utils import canonicalize_name
 
 from hf_pretrain.config import Recipe
 from hf_pretrain.preflight.result import CheckResult
+from hf_pretrain.run_profile import THE_CPU, run_profile
 from hf_pretrain.versions import installed_version
 
 CORE_PACKAGES = ["torch", "transformers", "accelerate", "datasets", "tokenizers"]
@@ -77,7 +78,7 @@ def check_versions(recipe: Recipe) -> list[CheckResult]:
         torch_warning = check_liger_torch(liger_ranges)
         if torch_warning:
             results.append(torch_warning)
-    if recipe.train.mixed_precision == "fp8":  # torchao's float8 layers, through Accelerate's torchao backend
+    if run_profile(recipe, THE_CPU).precision == "fp8":  # torchao's float8 layers, through Accelerate's torchao backend
         results.append(check_torchao(ranges.get("torchao")))
     return results
 

@@ -9,6 +9,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from hf_pretrain.checkpoints.disk_space import nearest_existing
 from hf_pretrain.checkpoints.layout import MANIFEST
 from hf_pretrain.checkpoints.store import list_checkpoints
 from hf_pretrain.config import Recipe
@@ -47,14 +48,6 @@ def newest_checkpoint_bytes(output_dir: str | Path) -> int:
     """The size of the run's newest sealed checkpoint (it has its manifest), 0 if none: the real figure."""
     sealed = [c.path for c in list_checkpoints(output_dir) if (c.path / MANIFEST).is_file()]
     return sum(f.stat().st_size for f in sealed[0].rglob("*") if f.is_file()) if sealed else 0
-
-
-def nearest_existing(path: Path) -> Path:
-    """`path` itself or its closest ancestor that exists (the folder a run would create it in)."""
-    path = path.absolute()
-    while not path.exists():
-        path = path.parent
-    return path
 
 
 def check_output_writable(recipe: Recipe) -> CheckResult:

@@ -15,6 +15,7 @@ import os
 import sys
 
 from hf_pretrain.config import parse_recipe_args
+from hf_pretrain.exit_codes import EXIT_CONFIG, EXIT_OK
 
 __all__ = ["main"]
 
@@ -49,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     step = finished_at(recipe)  # the same command after the run completed: not "ready to train"
     finished = None if step is None else f"the run finished at step {step:,}, nothing to train. {GO_FURTHER}"
     print(format_table(results, finished))
-    return 1 if any(r.status == "fail" for r in results) else 0
+    return EXIT_CONFIG if any(r.status == "fail" for r in results) else EXIT_OK  # what training would exit
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import os
 import shutil
@@ -9,7 +10,7 @@ import shutil
 import torch
 
 from hf_pretrain.config import Recipe
-from hf_pretrain.economics.measurements import Measurement, measured_here
+from hf_pretrain.economics.measurements import Measurement, measured_here, shipped_measurement
 from hf_pretrain.economics.memory import (
     ESTIMATE_ERROR,
     USABLE_MEMORY_FRACTION,
@@ -21,21 +22,22 @@ from hf_pretrain.formatting import human_bytes, human_count
 from hf_pretrain.hardware import cpu_has_bf16_kernels
 from hf_pretrain.model import recipe_tokenizer_size
 from hf_pretrain.preflight.result import CheckResult
+from hf_pretrain.run_profile import A_GPU, RunProfile, run_profile, this_machine
 
 LIGER_FIX = "--liger false (the rest of the recipe runs on the CPU too), or a CUDA machine"
 
 
-def cpu_costs(recipe: Recipe) -> list[str]:
+def cpu_costs(profile: RunProfile) -> list[str]:
     """What the recipe's GPU options cost when the run goes on the CPU (docs/gpu.md has the figures)."""
-    t, costs = recipe.train, []
-    if t.compile:
+    step, costs = profile.step, []
+    if step.compiled:
         costs.append(
             "compile=true compiles with inductor's C++ backend on the first step (tens of seconds "
             "for a small model, minutes at 1B), then runs the compiled kernels"
         )
-    if t.mixed_precision == "fp8" and t.fp8_emulate:
+    if step.fp8_emulate:
         costs.append("fp8_emulate=true adds FP8's casts and scales to bf16 autocast: slower than bf16, never faster")
-    if t.mixed_precision == "bf16":
+    if step.precision == "bf16":
         costs.append(
             "bf16 autocast "
             + (
@@ -47,15 +49,16 @@ def cpu_costs(recipe: Recipe) -> list[str]:
     return costs
 
 
-def check_cuda(recipe: Recipe) -> CheckResult:
+def check_cuda(recipe: Recipe, profile: RunProfile | None = None) -> CheckResult:
     """CUDA when there is one; without it, the run goes on the CPU with every option but Liger's
     kernels and fp16 (torch.compile and bf16 autocast work there, at a cost this check states)."""
-    if torch.cuda.is_available():
-        props = torch.cuda.get_device_properties(0)
+    profile = profile or run_profile(recipe)
+    if profile.machine.on_gpu:
         return CheckResult(
             "cuda",
             "pass",
-            f"{props.name}, {human_bytes(props.total_memory)}, torch {torch.__version__} (CUDA {torch.version.cuda})",
+            f"{profile.machine.name}, {human_bytes(profile.machine.memory_bytes or 0)}, torch {torch.__version__} "
+            f"(CUDA {torch.version.cuda})",
         )
     t = recipe.train
     if t.liger:
@@ -66,14 +69,14 @@ def check_cuda(recipe: Recipe) -> CheckResult:
             f"Liger's kernels are Triton, which runs on GPUs only",
             LIGER_FIX,
         )
-    if t.mixed_precision == "fp16":
+    if profile.precision == "fp16":
         return CheckResult(
             "cuda",
             "fail",
             "mixed_precision=fp16 needs CUDA (Accelerate has no fp16 autocast and loss scaling on the CPU)",
             "--mixed_precision bf16 or no",
         )
-    costs = cpu_costs(recipe)
+    costs = cpu_costs(profile)
     if costs:
         return CheckResult(
             "cuda",
@@ -81,7 +84,7 @@ def check_cuda(recipe: Recipe) -> CheckResult:
             "no CUDA device: the run goes on the CPU, where " + "; ".join(costs),
             "fine for checking every code path (docs/gpu.md); for real runs use a GPU machine",
         )
-    if t.mixed_precision == "auto":
+    if profile.asked_precision == "auto":
         return CheckResult(
             "cuda",
             "warn",
@@ -93,23 +96,31 @@ def check_cuda(recipe: Recipe) -> CheckResult:
 
 def check_liger_under_compile(recipe: Recipe) -> CheckResult:
     """`liger` with `compile` runs (Liger's loss outside the compiled graph, hf_pretrain/loss.py), but no GPU
-    has timed the pair: say so rather than promise a speed-up (the H100 figures: ../shared/gpu/README.md)."""
+    has timed the pair: say so rather than promise a speed-up, with what each alone measured on the
+    project's H100 where the shipped records hold the recipe (economics/measured.jsonl)."""
     t = recipe.train
     if not (t.liger and t.compile):
         return CheckResult("liger + compile", "skip", "not asked for")
+    compiled = shipped_measurement(dataclasses.replace(recipe, train=dataclasses.replace(t, liger=False)), "H100 SXM")
+    liger = shipped_measurement(dataclasses.replace(recipe, train=dataclasses.replace(t, compile=False)), "H100 SXM")
+    figures = (
+        f" (H100: compiled {compiled.tokens_per_s / 1e3:.1f}k tokens/s, eager+Liger {liger.tokens_per_s / 1e3:.1f}k)"
+        if compiled and liger
+        else ""
+    )
     return CheckResult(
         "liger + compile",
         "warn",
-        "liger=true with compile=true is unmeasured on any GPU (H100: compiled 77.9k tokens/s, eager+Liger 72.9k)",
+        f"liger=true with compile=true is unmeasured on any GPU{figures}",
         f"hf-pretrain bench --recipe {recipe.name} --variants liger=true,false measures it on this GPU",
     )
 
 
-def check_compiler(recipe: Recipe) -> CheckResult:
+def check_compiler(recipe: Recipe, profile: RunProfile | None = None) -> CheckResult:
     """torch.compile's inductor writes kernels at run time: Triton on a GPU, C++ on the CPU."""
     if not recipe.train.compile:
         return CheckResult("compiler", "skip", "compile=false")
-    if torch.cuda.is_available():
+    if (profile.machine if profile else this_machine()).on_gpu:
         found = importlib.util.find_spec("triton") is not None
         what, fix = "Triton", "a CUDA build of torch brings Triton (pip install -c constraints.txt -e .)"
     else:
@@ -122,14 +133,15 @@ def check_compiler(recipe: Recipe) -> CheckResult:
     )
 
 
-def check_bf16(recipe: Recipe) -> CheckResult:
-    requested = recipe.train.mixed_precision
-    if not torch.cuda.is_available():
+def check_bf16(recipe: Recipe, profile: RunProfile | None = None) -> CheckResult:
+    profile = profile or run_profile(recipe)
+    requested, card = profile.asked_precision, profile.machine.name
+    if not profile.machine.on_gpu:
         return CheckResult("bf16", "skip", "no CUDA device")
     if requested not in ("bf16", "auto"):
         return CheckResult("bf16", "skip", f"not asked for (mixed_precision={requested})")
-    if torch.cuda.is_bf16_supported():
-        return CheckResult("bf16", "pass", f"supported by {torch.cuda.get_device_name(0)}")
+    if profile.machine.bf16:
+        return CheckResult("bf16", "pass", f"supported by {card}")
     if requested == "auto":
         return CheckResult(
             "bf16",
@@ -140,45 +152,37 @@ def check_bf16(recipe: Recipe) -> CheckResult:
     return CheckResult(
         "bf16",
         "fail",
-        f"mixed_precision=bf16 but {torch.cuda.get_device_name(0)} has no bf16",
+        f"mixed_precision=bf16 but {card} has no bf16",
         "--mixed_precision fp16, or a GPU from Ampere (A100, A10, RTX 30xx) on",
     )
 
 
-# FP8 tensor cores: Ada (8.9: L4, L40S, RTX 40xx) and Hopper (9.0: H100, H200) on.
-FP8_MIN_CAPABILITY = (8, 9)
 FP8_FIX = "--fp8_emulate true (the same FP8 math emulated, for a CPU test), or --mixed_precision bf16"
 
 
-def check_fp8(recipe: Recipe, capability: tuple[int, int] | None = None, card: str | None = None) -> CheckResult:
-    """fp8 needs FP8 tensor cores (compute capability 8.9 or newer) unless its matmuls are emulated.
-    `capability`/`card` default to the first CUDA device's (None: no GPU)."""
-    t = recipe.train
-    if t.mixed_precision != "fp8":
-        return CheckResult("fp8", "skip", f"not asked for (mixed_precision={t.mixed_precision})")
-    if t.fp8_emulate:
-        return CheckResult(
-            "fp8", "pass", f"fp8 emulated ({t.fp8_recipe} scaling): FP8's casts and scales, the matmuls in fp32"
-        )
-    if capability is None and torch.cuda.is_available():
-        capability, card = torch.cuda.get_device_capability(0), torch.cuda.get_device_name(0)
-    if capability is None:
-        return CheckResult("fp8", "fail", "mixed_precision=fp8 needs a GPU with FP8 tensor cores: no GPU", FP8_FIX)
-    if tuple(capability) < FP8_MIN_CAPABILITY:
+def check_fp8(recipe: Recipe, profile: RunProfile | None = None) -> CheckResult:
+    """fp8 needs FP8 tensor cores (run_profile.FP8_COMPUTE_CAPABILITY or newer) unless its matmuls are
+    emulated. `profile` defaults to the recipe's on this machine."""
+    profile = profile or run_profile(recipe)
+    if profile.precision != "fp8":
+        return CheckResult("fp8", "skip", f"not asked for (mixed_precision={profile.asked_precision})")
+    if profile.step.fp8_emulate:
         return CheckResult(
             "fp8",
-            "fail",
-            f"mixed_precision=fp8 needs compute capability 8.9 or newer (Ada, Hopper): {card} has "
-            f"{capability[0]}.{capability[1]}",
-            FP8_FIX,
+            "pass",
+            f"fp8 emulated ({profile.step.fp8_recipe} scaling): FP8's casts and scales, the matmuls in fp32",
         )
+    missing = profile.machine.fp8_missing()
+    if missing:
+        return CheckResult("fp8", "fail", missing, FP8_FIX)
+    m = profile.machine
     return CheckResult(
-        "fp8", "pass", f"{card}: compute capability {capability[0]}.{capability[1]} has FP8 ({t.fp8_recipe} scaling)"
+        "fp8", "pass", f"{m.name}: compute capability {m.capability:.1f} has FP8 ({profile.step.fp8_recipe} scaling)"
     )
 
 
-def check_tf32(recipe: Recipe) -> CheckResult:
-    if not torch.cuda.is_available():
+def check_tf32(recipe: Recipe, profile: RunProfile | None = None) -> CheckResult:
+    if not (profile.machine if profile else this_machine()).on_gpu:
         return CheckResult("tf32", "skip", "only matters on CUDA")
     if recipe.train.tf32:
         return CheckResult("tf32", "pass", "TF32 matmuls on (tf32=true)")
@@ -188,12 +192,12 @@ def check_tf32(recipe: Recipe) -> CheckResult:
 
 
 def device_memory() -> int | None:
-    """Total memory of the first CUDA device, or None without one."""
-    return torch.cuda.get_device_properties(0).total_memory if torch.cuda.is_available() else None
+    """Total memory of the GPU a run here uses, or None without one."""
+    return this_machine().memory_bytes
 
 
 def describe(estimate: MemoryEstimate) -> str:
-    kind = f", {estimate.kind.describe()}" if estimate.kind else ""
+    kind = f", {estimate.kind.kernels()}" if estimate.kind else ""
     return (
         f"{human_count(estimate.parameters)} parameters need {human_bytes(estimate.total(False))} at the peak"
         f"{kind} ({human_bytes(estimate.static)} weights, gradients and AdamW, "
@@ -240,9 +244,10 @@ def check_memory(recipe: Recipe, device_memory_bytes: int | None = None, world_s
     computed for any GPU, on any machine.
     """
     total = device_memory_bytes if device_memory_bytes is not None else device_memory()
-    cuda = total is not None
+    # a GPU asked by its memory is one with bf16; this machine's own GPU as it is
+    machine = this_machine() if total is None or this_machine().on_gpu else A_GPU
     tokenizer_size = recipe_tokenizer_size(recipe)
-    estimate = estimate_memory(recipe, tokenizer_size, cuda_available=cuda, world_size=world_size)
+    estimate = estimate_memory(recipe, tokenizer_size, machine, world_size)
     if total is None:
         return CheckResult("gpu memory", "skip", f"no GPU to compare against; {describe(estimate)}")
     measured = measured_here(recipe, world_size) if device_memory_bytes is None else None
@@ -255,7 +260,7 @@ def check_memory(recipe: Recipe, device_memory_bytes: int | None = None, world_s
         where = f"{where}; {asked} of {layers} layers checkpointed: {human_bytes(estimate.peak(asked))}"
     # The fewest checkpointed layers that fit at the recipe's micro-batch (economics/memory.py's search):
     # each recomputed layer costs about a third of its forward-and-backward time, so fewer is cheaper.
-    fewest = fit_in_memory(recipe, tokenizer_size, total, recipe.train.micro_batch_size, None, world_size)
+    fewest = fit_in_memory(recipe, tokenizer_size, total, recipe.train.micro_batch_size, None, world_size, machine)
     if estimate.peak(asked) <= usable:
         if fewest.fits and fewest.checkpointed_layers < asked:
             none = fewest.checkpointed_layers == 0
@@ -277,7 +282,7 @@ def check_memory(recipe: Recipe, device_memory_bytes: int | None = None, world_s
     if fewest.fits:
         fix = f"--checkpointed_layers {fewest.checkpointed_layers} ({fewest.reason})"
     else:
-        smaller = fit_in_memory(recipe, tokenizer_size, total, None, None, world_size)
+        smaller = fit_in_memory(recipe, tokenizer_size, total, None, None, world_size, machine)
         fix = (
             f"--micro_batch_size {smaller.micro_batch_size} --checkpointed_layers {smaller.checkpointed_layers} "
             f"(accumulation keeps the global batch)"

@@ -9,8 +9,8 @@ import torch
 
 from hf_pretrain.attention import BACKENDS
 from hf_pretrain.config import Recipe
-from hf_pretrain.hardware import training_precision
 from hf_pretrain.preflight.result import CheckResult
+from hf_pretrain.run_profile import run_profile
 
 PROBE_TOKENS = 16  # a causal call of this many tokens: enough for every kernel to be chosen or refused
 
@@ -45,13 +45,12 @@ def check_attention_backend(recipe: Recipe) -> CheckResult:
             "skip",
             "attention_backend=auto: torch's own choice (no `hf-pretrain check` of this card timed the kernels)",
         )
-    cuda = torch.cuda.is_available()
+    profile = run_profile(recipe)
+    cuda = profile.machine.kind == "cuda"
     device = torch.device("cuda" if cuda else "cpu")
-    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp8": torch.bfloat16}.get(
-        training_precision(recipe.train.mixed_precision), torch.float32
-    )
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp8": torch.bfloat16}.get(profile.precision, torch.float32)
     m = recipe.model
-    where = torch.cuda.get_device_name(0) if cuda else "the CPU"
+    where = profile.machine.name if cuda else "the CPU"
     refusal = kernel_refusal(
         backend, m.num_attention_heads, m.num_key_value_heads, m.hidden_size // m.num_attention_heads, device, dtype
     )

@@ -25,7 +25,8 @@ from hf_pretrain.checkpoints.layout import MANIFEST, TRAIN_STATE, checkpoint_pat
 from hf_pretrain.checkpoints.manifest import CheckpointError, verify_checkpoint
 from hf_pretrain.checkpoints.store import Checkpoint, list_checkpoints, resolve_checkpoint
 from hf_pretrain.config import DEFAULT_PROMPTS
-from hf_pretrain.publish.demo_command import DEFAULT_CACHE_DIR, main  # noqa: F401  (demo.main as before)
+from hf_pretrain.exit_codes import EXIT_CONFIG
+from hf_pretrain.object_store.cache import home
 from hf_pretrain.publish.export import ExportError, export_checkpoint
 from hf_pretrain.publish.space_template.app import (
     DEFAULT_TITLE,
@@ -158,12 +159,12 @@ def _unique(choices: list[ModelChoice]) -> list[ModelChoice]:
 
 def build(
     specs: list[str],
-    cache_dir: str | Path = DEFAULT_CACHE_DIR,
+    cache_dir: str | Path | None = None,
     title: str = DEFAULT_TITLE,
     log: Callable[[str], None] = print,
 ) -> gr.Blocks:
     """The page for these --model values (not launched); raises DemoError naming a bad one."""
-    cache_dir = Path(cache_dir)
+    cache_dir = Path(cache_dir) if cache_dir else home() / "demo"  # demo_command's default, the user's cache
     choices = _unique([choice for spec in specs for choice in model_choices(spec, cache_dir, log)])
     return build_demo(ModelLibrary(choices), milestone_prompts(specs), title)
 
@@ -174,6 +175,6 @@ def run(args: argparse.Namespace) -> int:
         demo = build(args.model, args.cache_dir, args.title)
     except DemoError as exc:
         print(f"hf-pretrain demo: {exc}", file=sys.stderr)
-        return 2
+        return EXIT_CONFIG
     demo.launch(server_name=args.host, server_port=args.port, share=args.share)
     return 0

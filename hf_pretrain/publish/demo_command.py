@@ -10,15 +10,15 @@ hf-pretrain; this module turns run folders and training checkpoints into the pag
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 
 from hf_pretrain.config import CommandParser
 from hf_pretrain.exit_codes import EXIT_PREFLIGHT
 from hf_pretrain.extras import missing_extra
+from hf_pretrain.object_store.cache import home
 
-DEFAULT_CACHE_DIR = Path(os.environ.get("XDG_CACHE_HOME", "~/.cache")).expanduser() / "hf_pretrain" / "demo"
+DEFAULT_CACHE_DIR = home() / "demo"  # checkpoints exported for the page, in the user's cache
 DEFAULT_TITLE = "Compare checkpoints"  # space_template/app.py's, which imports gradio and torch
 
 

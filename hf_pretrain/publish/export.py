@@ -33,12 +33,12 @@ from hf_pretrain.checkpoints.load import load_checkpoint_model
 from hf_pretrain.checkpoints.manifest import CheckpointError
 from hf_pretrain.checkpoints.store import Checkpoint, resolve_checkpoint
 from hf_pretrain.data.tokenizer import MODEL_INPUT_NAMES
-from hf_pretrain.exit_codes import EXIT_PREFLIGHT
+from hf_pretrain.exit_codes import EXIT_CONFIG, EXIT_FAILED, EXIT_WRITE_FAILED
 from hf_pretrain.formatting import human_bytes
 from hf_pretrain.object_store.reach import StoreRefused
 from hf_pretrain.object_store.reading import readable
-from hf_pretrain.publish.export_command import DTYPE_NAMES, main  # noqa: F401  (main: export.main as before)
-from hf_pretrain.publish.gguf import EXIT_WRITE_FAILED, GGUFError, GGUFWriteError, write_gguf
+from hf_pretrain.publish.formats import DTYPE_NAMES
+from hf_pretrain.publish.gguf import GGUFError, GGUFWriteError, write_gguf
 from hf_pretrain.publish.hub import push_folder, push_or_explain
 from hf_pretrain.publish.model_card import LOSS_CURVE, CardOptions, write_model_card
 from hf_pretrain.publish.targets import unwritable_reason
@@ -307,20 +307,14 @@ def run(args: argparse.Namespace) -> int:
         out = export_checkpoint(checkpoint, args.out, args.dtype, options, args.overwrite)
     except (CheckpointError, ExportError, StoreRefused) as exc:
         print(f"hf-pretrain export: error: {exc}", file=sys.stderr)
-        return (
-            EXIT_WRITE_FAILED
-            if isinstance(exc, ExportWriteError)
-            else EXIT_PREFLIGHT
-            if isinstance(exc, StoreRefused)
-            else 1
-        )
+        return EXIT_WRITE_FAILED if isinstance(exc, ExportWriteError) else EXIT_CONFIG
     print(f"export: wrote {out}")
     if args.gguf:
         try:
             print(f"export: wrote {write_gguf(out, gguf_type=args.gguf_type)}")
         except GGUFError as exc:
             print(f"hf-pretrain export: error: {exc} (the HF folder {out} is complete)", file=sys.stderr)
-            return EXIT_WRITE_FAILED if isinstance(exc, GGUFWriteError) else 1
+            return EXIT_WRITE_FAILED if isinstance(exc, GGUFWriteError) else EXIT_CONFIG
     if args.push_to_hub:
         url = push_or_explain(
             out,
@@ -332,6 +326,6 @@ def run(args: argparse.Namespace) -> int:
             revision=args.revision,
         )
         if url is None:
-            return 1
+            return EXIT_FAILED
         print(f"export: pushed to {url}")
     return 0

@@ -16,10 +16,7 @@ import argparse
 import sys
 
 from hf_pretrain.config import CommandParser
-
-# publish/export.py maps each to its torch dtype, publish/gguf.py writes these tensor types (both import torch)
-DTYPE_NAMES = ("bf16", "fp16", "fp32")
-GGUF_TYPES = ("f32", "f16", "bf16", "q8_0")
+from hf_pretrain.publish.formats import DTYPE_NAMES, GGUF_TYPES
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -20,14 +20,14 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from hf_pretrain.config import CommandParser
+from hf_pretrain.exit_codes import EXIT_CONFIG, EXIT_WRITE_FAILED
 from hf_pretrain.formatting import human_bytes
-from hf_pretrain.publish.export_command import GGUF_TYPES  # export's flags read them without torch
+from hf_pretrain.publish.formats import GGUF_TYPES
 from hf_pretrain.publish.targets import unwritable_reason
 
 if TYPE_CHECKING:  # torch is loaded with the weights, not for `--help`
     import torch
 
-EXIT_WRITE_FAILED = 74  # EX_IOERR (training's save_failed too): the disk refused the write; nothing partial was left
 # The GPT-2 pre-tokenizer our BPE trains with: byte level, GPT-2's split regex, no prefix space.
 GPT2_PRE_TOKENIZER = {"type": "ByteLevel", "add_prefix_space": False, "use_regex": True}
 
@@ -253,7 +253,7 @@ def main(argv: list[str] | None = None) -> int:
         path = write_gguf(args.folder, args.out, args.gguf_type)
     except GGUFError as exc:
         print(f"hf-pretrain gguf: {exc}", file=sys.stderr)
-        return EXIT_WRITE_FAILED if isinstance(exc, GGUFWriteError) else 1
+        return EXIT_WRITE_FAILED if isinstance(exc, GGUFWriteError) else EXIT_CONFIG
     print(f"wrote {path} ({path.stat().st_size / 2**20:.1f} MiB)")
     return 0
 

@@ -6,7 +6,7 @@ process only (training/callbacks.py):
 - each saved checkpoint, with `push_checkpoints`: exported (bf16) and pushed to branch `step-N`
   of `push_to_hub`, on a background thread (one upload at a time, in order);
 - each saved checkpoint, with `benchmark_tasks`: scored with lm-eval in a subprocess
-  (`python -m hf_pretrain.publish.side_jobs benchmark ...`), which appends its record to the run's
+  (`python -m hf_pretrain.evaluation.score_checkpoint ...`), which appends its record to the run's
   benchmarks.jsonl when it is ready;
 - at the end of the schedule: `final/`, the last checkpoint exported in `FINAL_DTYPE` (the size
   the disk check counts), then pushed to `main` of `push_to_hub` in the background.
@@ -18,7 +18,6 @@ end the run waits for what is still pending, and says so.
 
 from __future__ import annotations
 
-import argparse
 import json
 import shutil
 import subprocess
@@ -123,8 +122,7 @@ class SideJobs:  # a training.callbacks.Callback
         command = [
             sys.executable,
             "-m",
-            "hf_pretrain.publish.side_jobs",
-            "benchmark",
+            "hf_pretrain.evaluation.score_checkpoint",  # run, never imported: publish/ stays above evaluation/
             str(checkpoint),
             "--tasks",
             ",".join(self.train.benchmark_tasks),
@@ -188,24 +186,3 @@ class _Pin:
             last = self._users == 0
         if last:
             shutil.rmtree(self.path, ignore_errors=True)
-
-
-def main(argv: list[str] | None = None) -> int:
-    """The benchmark job's own process: score one checkpoint, append the record to its run's
-    benchmarks.jsonl, print the record as the last line."""
-    parser = argparse.ArgumentParser(prog="python -m hf_pretrain.publish.side_jobs")
-    parser.add_argument("job", choices=["benchmark"])
-    parser.add_argument("checkpoint", type=Path)
-    parser.add_argument("--tasks", required=True, help="comma-separated lm-eval tasks")
-    parser.add_argument("--limit", type=int, required=True, help="examples per task")
-    parser.add_argument("--data_dir", help="local data for the offline tasks")
-    args = parser.parse_args(argv)
-    from hf_pretrain.evaluation.harness import evaluate_checkpoint  # lm-eval is the optional `eval` extra
-
-    record = evaluate_checkpoint(args.checkpoint, args.tasks.split(","), args.limit, data_dir=args.data_dir)
-    print(json.dumps(record))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

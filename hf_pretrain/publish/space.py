@@ -19,6 +19,7 @@ from huggingface_hub import SpaceCard, SpaceCardData
 from huggingface_hub.utils import HFValidationError, validate_repo_id
 
 from hf_pretrain.config import DEFAULT_PROMPTS, CommandParser
+from hf_pretrain.exit_codes import EXIT_CONFIG, EXIT_FAILED
 from hf_pretrain.publish.hub import push_or_explain
 from hf_pretrain.publish.targets import WRITTEN_RECORD, not_ours, record_written, unwritable_reason
 from hf_pretrain.versions import installed_version
@@ -142,29 +143,29 @@ def main(argv: list[str] | None = None) -> int:
                 f"push it first (`hf-pretrain export ... --push_to_hub ME/NAME`), then give --model ME/NAME",
                 file=sys.stderr,
             )
-            return 2
+            return EXIT_CONFIG
         try:
             validate_repo_id(repo_id)
         except HFValidationError as exc:
             print(f"hf-pretrain space: {repo_id!r} is not a Hub repo id: {exc}", file=sys.stderr)
-            return 2
+            return EXIT_CONFIG
     unwritable = unwritable_reason(args.out.absolute())
     if unwritable:
         print(
             f"hf-pretrain space: cannot write {args.out}: {unwritable}; choose an --out on a writable disk",
             file=sys.stderr,
         )
-        return 2
+        return EXIT_CONFIG
     try:
         folder = write_space(args.model, args.out, args.title, overwrite=args.overwrite)
     except SpaceRefused as exc:
         print(f"hf-pretrain space: {exc}", file=sys.stderr)
-        return 2
+        return EXIT_CONFIG
     print(f"space written to {folder} (try it: cd {folder} && python app.py)")
     if args.push:
         url = push_space(folder, args.push, private=True if args.private else None)
         if url is None:
-            return 1
+            return EXIT_FAILED
         print(f"pushed: {url}")
     return 0
 

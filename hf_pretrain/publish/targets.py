@@ -12,15 +12,9 @@ import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 
+from hf_pretrain.checkpoints.disk_space import nearest_existing
+
 WRITTEN_RECORD = ".hf-pretrain-written.json"  # what a command wrote into a folder, kept there (never pushed)
-
-
-def nearest_existing(path: Path) -> Path:
-    """`path` itself or its closest ancestor that exists (where it would be created)."""
-    path = path.absolute()
-    while not path.exists():
-        path = path.parent
-    return path
 
 
 def unwritable_reason(folder: Path) -> str | None:

@@ -9,7 +9,6 @@ benchmarks) hang off the saved checkpoints as callbacks and never hold the loop 
 from __future__ import annotations
 
 import functools
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,7 +30,7 @@ from hf_pretrain.economics.measurements import this_gpu
 from hf_pretrain.economics.memory import CHECKPOINT_BYTES_PER_PARAMETER
 from hf_pretrain.exit_codes import EXIT_SAVE_FAILED
 from hf_pretrain.fp8 import finish_fp8, fp8_handlers
-from hf_pretrain.hardware import describe_hardware, training_precision
+from hf_pretrain.hardware import describe_hardware
 from hf_pretrain.loss import loss_head_for, use_loss_head
 from hf_pretrain.model import (
     apply_liger,
@@ -45,6 +44,7 @@ from hf_pretrain.model_init import init_weights, model_config
 from hf_pretrain.optim import build_optimizer
 from hf_pretrain.preflight import preflight
 from hf_pretrain.run_dir import RunDir, set_activity, truncate_jsonl
+from hf_pretrain.run_profile import RunProfile, device_kind, run_profile, this_machine
 from hf_pretrain.training.callbacks import Callback, CallbackList
 from hf_pretrain.training.compiling import dynamo_plugin
 from hf_pretrain.training.guards import Guards, Stop
@@ -166,7 +166,7 @@ def take_the_folder(recipe: Recipe, run_dir: RunDir, continuation: Continuation,
     remove_pins(run_dir.path)  # held by side jobs of a session that was killed
 
 
-def model_and_optimizer(recipe: Recipe, config, accelerator: Accelerator, starts: bool):
+def model_and_optimizer(recipe: Recipe, profile: RunProfile, config, accelerator: Accelerator, starts: bool):
     """The recipe's model (init_from's weights for a run that `starts`; a resumed one loads its checkpoint)
     and optimizer, prepared; and the model's parameter count."""
     backend, why = resolved_attention_backend(recipe, this_gpu())  # `auto`: what a check measured here
@@ -178,14 +178,36 @@ def model_and_optimizer(recipe: Recipe, config, accelerator: Accelerator, starts
     n_params = count_parameters(model)
     if recipe.checkpointed_layer_count:  # checkpointed_layers, or all of them with gradient_checkpointing
         enable_activation_checkpointing(model, recipe.checkpointed_layer_count)
-    liger_applied = recipe.train.liger and apply_liger(model, log=accelerator.print)
+    if recipe.train.liger and not profile.step.liger:
+        accelerator.print("liger: CUDA is not available, training with the standard kernels")
+    liger_applied = profile.step.liger and apply_liger(model, log=accelerator.print)
     use_loss_head(model, loss_head_for(recipe.train, liger_applied))  # Liger's, chunked or stock (loss.py)
     train_in_compute_dtype(model)  # residual stream in the autocast dtype, the loss alone out of the graph
     optimizer = build_optimizer(model, recipe.train, fused=accelerator.device.type == "cuda")
     model, optimizer = accelerator.prepare(model, optimizer)
-    if recipe.train.mixed_precision == "fp8":
-        accelerator.print(finish_fp8(model, recipe.train))  # the CPU's emulation takes a GPU's dtypes
+    if converted := finish_fp8(model, profile.step):  # fp8: the CPU's emulation takes a GPU's dtypes
+        accelerator.print(converted)
     return model, optimizer, n_params
+
+
+def accelerator_for(recipe: Recipe, profile: RunProfile, grad_accum: int, group: dict, run_dir: RunDir) -> Accelerator:
+    """The Accelerator the run profile describes: its device and precision, compiled as asked, FP8's
+    converter where it trains in fp8, the process group's timeout; TF32 matmuls on a GPU that allows them."""
+    cfg = recipe.train
+    accelerator = Accelerator(
+        cpu=not profile.machine.on_gpu,
+        mixed_precision=profile.accelerate_precision,
+        gradient_accumulation_steps=grad_accum,
+        log_with=trackers_for(cfg.report_to) or None,
+        project_dir=str(run_dir.path),
+        dynamo_plugin=dynamo_plugin(cfg),  # compiled in `prepare`: whole model, regions, or not at all
+        # fp8: torchao's float8 for the decoder's linear layers, converted in `prepare` (hf_pretrain/fp8.py)
+        kwargs_handlers=([InitProcessGroupKwargs(**group)] if group else []) + fp8_handlers(profile.step) or None,
+    )
+    if profile.machine.on_gpu and profile.step.tf32:
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+    return accelerator
 
 
 def setup(recipe: Recipe) -> Run:
@@ -195,38 +217,30 @@ def setup(recipe: Recipe) -> Run:
     run_dir = RunDir(cfg.output_dir)
     # Without CUDA the processes must run on the CPU; saying so up front is what makes Accelerate
     # join processes started by torchrun (`accelerate launch --multi_gpu`) into a gloo group.
-    on_cpu = not torch.cuda.is_available() or os.environ.get("ACCELERATE_USE_CPU", "").lower() in ("1", "true")
+    on_cpu = device_kind() != "cuda"
     group = process_group_kwargs(cfg.hang_timeout_s)  # collectives give up just after the watchdog reports
     # this call creates the process group, its keys apart from those of an attempt before a restart
     world_size = PartialState(cpu=on_cpu, **group, **attempt_store(group.get("timeout"))).num_processes
+    # how this run executes, read and never decided again (after PartialState: a rank's own GPU)
+    profile = run_profile(recipe, this_machine(), world_size)
     # which checkpoint the run goes on from: decided once, checksums and all (a live line while they are
     # read); the table shows it
     main = PartialState().is_main_process
     activity = functools.partial(set_activity, run_dir.path) if main else None
     decide = functools.cache(lambda: decide_resume(recipe, say=print if main else None, activity=activity))
-    preflight(recipe, world_size, log=print if main else lambda _: None, resume_decision=decide)
+    preflight(recipe, world_size, log=print if main else lambda _: None, resume_decision=decide, profile=profile)
     continuation = decide()
     grad_accum = recipe.grad_accum_steps(world_size)  # after the preflight, which refuses a batch that does not split
     tokenizer = load_tokenizer(recipe.data.data_dir)
 
-    accelerator = Accelerator(
-        cpu=on_cpu,
-        mixed_precision=training_precision(cfg.mixed_precision),
-        gradient_accumulation_steps=grad_accum,
-        log_with=trackers_for(cfg.report_to) or None,
-        project_dir=str(run_dir.path),
-        dynamo_plugin=dynamo_plugin(cfg),  # compiled in `prepare`: whole model, regions, or not at all
-        # fp8: torchao's float8 for the decoder's linear layers, converted in `prepare` (hf_pretrain/fp8.py)
-        kwargs_handlers=([InitProcessGroupKwargs(**group)] if group else []) + fp8_handlers(cfg) or None,
-    )
+    accelerator = accelerator_for(recipe, profile, grad_accum, group, run_dir)
     say = accelerator.print
-    if torch.cuda.is_available() and cfg.tf32:
-        torch.backends.cuda.matmul.allow_tf32 = True
-        torch.backends.cudnn.allow_tf32 = True
 
     set_seed(cfg.seed)
     config = model_config(recipe, tokenizer, continuation.folder)  # the recipe's Llama, or init_from's config.json
-    model, optimizer, n_params = model_and_optimizer(recipe, config, accelerator, starts=continuation.folder is None)
+    model, optimizer, n_params = model_and_optimizer(
+        recipe, profile, config, accelerator, starts=continuation.folder is None
+    )
 
     # resume: weights, optimizer and RNG from the checkpoint the continuation names (the newest, or the
     # last one before the decay of a run that goes further); the data position is the step
@@ -250,7 +264,7 @@ def setup(recipe: Recipe) -> Run:
     say(
         f"model: {n_params / 1e6:.2f}M parameters | {world_size} process(es) x {grad_accum} micro-batches of "
         f"{cfg.micro_batch_size} x {recipe.data.seq_len} tokens = {cfg.global_batch_tokens:,} tokens/step | "
-        f"precision {accelerator.mixed_precision}\nschedule: {state.schedule.describe()}"
+        f"precision {profile.precision}\nschedule: {state.schedule.describe()}"
     )
     for note in recipe.notes():
         say(note)
@@ -260,6 +274,7 @@ def setup(recipe: Recipe) -> Run:
         run_dir,
         state,
         flops_per_token(config, n_params, recipe.data.seq_len),
+        machine=profile.machine,  # the card: its bf16 peak (MFU), its name (the slow-node check)
         epochs_after=data.epochs_after,
         source_tokens=data.source_tokens,
     )

@@ -21,8 +21,9 @@ from hf_pretrain.economics.cost import cost_record, phases_from_recipe, write_ph
 from hf_pretrain.economics.forecast import forecast_fields
 from hf_pretrain.economics.measurements import record_training_run
 from hf_pretrain.economics.performance import slow_node_warning
-from hf_pretrain.hardware import device_peak_flops, peak_memory_gib
+from hf_pretrain.hardware import peak_memory_gib
 from hf_pretrain.run_dir import JsonlWriter, RunDir, read_jsonl
+from hf_pretrain.run_profile import THE_CPU, Machine
 from hf_pretrain.training.compiling import CompileWatch
 from hf_pretrain.training.state import TrainState
 from hf_pretrain.training.step import StepResult
@@ -157,6 +158,7 @@ class RunLogger:
         run: RunDir,
         state: TrainState,
         flops_per_token: float,
+        machine: Machine = THE_CPU,
         epochs_after: Callable[[int], int] | None = None,
         source_tokens: Callable[[int], dict[str, int]] | None = None,
     ):
@@ -165,7 +167,8 @@ class RunLogger:
         self.metrics = JsonlWriter(run.metrics, self.main)
         self.samples = JsonlWriter(run.samples, self.main)
         accelerator.init_trackers("hf-pretrain", config=flat_config(recipe))
-        self.meter = ThroughputMeter(flops_per_token, device_peak_flops(accelerator.device), accelerator.num_processes)
+        self.meter = ThroughputMeter(flops_per_token, machine.peak_flops, accelerator.num_processes)
+        self.machine = machine
         self.compile_watch = CompileWatch() if self.train.compile else None  # what compiling cost, how often
         self.history = [r for r in read_jsonl(run.metrics) if r["kind"] == "train"]  # for cost per phase
         self.session_start = len(self.history)  # the records before are earlier sessions' (maybe another GPU)
@@ -287,7 +290,7 @@ class RunLogger:
         self.windows += 1
         if self.windows == 2 and self.main and device.type == "cuda":  # the first window holds the warm-up
             per_gpu = tokens_per_s / self.accelerator.num_processes
-            self.slow_node = slow_node_warning(per_gpu, torch.cuda.get_device_name(device), self.recipe)
+            self.slow_node = slow_node_warning(per_gpu, self.machine.name or device.type, self.recipe)
             if self.slow_node:
                 self.metrics.write({"kind": "slow_node", "step": state.step, "reason": self.slow_node})
                 self.say(f"step {state.step}: warning: {self.slow_node}")

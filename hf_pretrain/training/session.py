@@ -18,7 +18,6 @@ from __future__ import annotations
 import json
 import os
 import socket
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -38,7 +37,7 @@ from hf_pretrain.exit_codes import (
 from hf_pretrain.model_init import InitFromError
 from hf_pretrain.preflight import PreflightError
 from hf_pretrain.processes import follow_launcher, launcher
-from hf_pretrain.run_dir import RunDir, last_train_record, read_status
+from hf_pretrain.run_dir import RunDir, last_train_record, read_status, write_status
 from hf_pretrain.run_lock import RunDirUnusable, RunLock, RunLocked, command_line, now
 from hf_pretrain.training.start_up import StartUpSignals, StoppedDuringStartUp, record_exits_with
 
@@ -228,7 +227,7 @@ class Session:
             "updated": now(),
             "command": command_line(),
         }
-        _write_status(self.dir, status)
+        write_status(self.dir, status)
 
 
 def record_ending(output_dir: str | Path, exit_code: int, reason: str, **details) -> None:
@@ -241,7 +240,7 @@ def record_ending(output_dir: str | Path, exit_code: int, reason: str, **details
     except (OSError, ValueError):  # none yet, or unreadable: the ending alone still says what happened
         status = {"pid": None, "host": None, "launcher": launcher(), "started": None, "command": command_line()}
     ending = ENDINGS.get(exit_code, CRASHED)
-    _write_status(run, {**status, **_ending_fields(run, exit_code, ending, reason), **details, "updated": now()})
+    write_status(run, {**status, **_ending_fields(run, exit_code, ending, reason), **details, "updated": now()})
 
 
 def _ending_fields(run: RunDir, exit_code: int | None, ending: Ending, reason: str) -> dict:
@@ -255,26 +254,3 @@ def _ending_fields(run: RunDir, exit_code: int | None, ending: Ending, reason: s
         "checkpoint_step": newest.step if newest else None,
         "checkpoint": str(newest.path) if newest else None,
     }
-
-
-def _write_status(run: RunDir, status: dict) -> None:
-    text = json.dumps(status, indent=1) + "\n"
-    tmp = run.status.with_name(f"{run.status.name}.{os.getpid()}.tmp")  # one per writer: two may race
-    try:
-        tmp.write_text(text)
-        os.replace(tmp, run.status)  # whole or not at all: a reader never sees half of it
-        return
-    except OSError as exc:
-        tmp.unlink(missing_ok=True)  # never a stray status.json.*.tmp
-        failed = exc
-    # A full disk has no room for a second copy, but the old status.json's own blocks are freed when it
-    # is truncated: rewritten in place, the ending (a few hundred bytes, like the `running` it replaces)
-    # fits. A write cut short there leaves a file that reads as no status, never as `running`.
-    try:
-        with run.status.open("w") as f:
-            f.write(text)
-        return
-    except OSError:
-        pass
-    # the exit code still says how the session ended
-    print(f"warning: {run.status} could not be written: {failed.strerror or failed}", file=sys.stderr)

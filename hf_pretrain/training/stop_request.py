@@ -117,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     if args.cooldown_steps is not None and args.cooldown_steps < 0:
-        parser.error("--cooldown_steps must be 0 or more")
+        parser.refuse("--cooldown_steps must be 0 or more")
     from hf_pretrain.object_store.urls import is_url
 
     on_store = is_url(args.run_dir)
@@ -136,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
             f"hf-pretrain stop: error: {run.path} is not a run folder (no checkpoints/, no resolved_recipe.yaml)",
             file=sys.stderr,
         )
-        return 2
+        return EXIT_REFUSED
     status, pending = read_status(run.path), read_stop_request(run.path)
     if on_store:
         holder, saved = store_holder, store_saved

@@ -42,13 +42,13 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import timedelta
-from pathlib import Path
 from typing import Any
 
 from accelerate import Accelerator
 from accelerate.utils import gather_object
 
 from hf_pretrain.exit_codes import EXIT_HUNG, EXIT_PREEMPTED
+from hf_pretrain.json_files import write_json_atomically
 from hf_pretrain.processes import LAUNCHER_GONE, launcher_gone
 from hf_pretrain.run_dir import RunDir
 from hf_pretrain.training.session import record_ending
@@ -224,7 +224,7 @@ class Watchdog:
             "silent_s": round(silent, 1),
             "signal": self._signal[0] if self._signal else None,
         }
-        _write_json(self.folder / f"process_{self.rank}.json", report)
+        write_json_atomically(self.folder / f"process_{self.rank}.json", report)  # never half a report
         _say(f"\n[process {self.rank}] no progress for {silent:.0f}s in {doing}: stacks in {self.folder}")
         reports = self._gather_reports()
         silent_ones = [p for p in self.roster if p["process"] not in reports]
@@ -292,12 +292,6 @@ def _arm_backstop(seconds: float) -> bool:
         return True
     except (ValueError, AttributeError, OSError, RuntimeError):  # no usable stderr (embedded, captured)
         return False
-
-
-def _write_json(path: Path, record: dict[str, Any]) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(record, indent=1) + "\n")
-    os.replace(tmp, path)  # the others never read half a report
 
 
 def _say(text: str) -> None:

@@ -110,7 +110,7 @@ def read_progress(source: str) -> dict[str, Any] | None:
 
 
 # ---------------------------------------------------------------------------------- models
-# Device and dtype are decided here again on purpose: inside hf-pretrain `hardware.py` is their one
+# Device and dtype are decided here again on purpose: inside hf-pretrain `run_profile.py` is their one
 # home, but this file runs in a Space where hf-pretrain is not installed, so it cannot import it.
 def pick_device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
