@@ -187,8 +187,10 @@ def test_a_cache_too_small_for_one_step_is_one_line_naming_the_key(small_blocks,
     assert "\n" not in message and "data_cache_gb=1e-05" in message and "--data_cache_gb 0.0" in message
 
 
-def test_a_corrupted_shard_in_the_store_is_caught_by_its_checksum(s3_server, smoke_data, machine):
-    from hf_pretrain.object_store.data_cache import StoreDataCorrupt
+@pytest.fixture(scope="module")
+def corrupt_store(s3_server, smoke_data):
+    """The smoke data uploaded, then the first 4 KB of its largest training shard overwritten in the store
+    (same size): (url, that shard's file name)."""
     from hf_pretrain.object_store.data_upload import upload_prepared
     from hf_pretrain.object_store.urls import StoreURL, filesystem
 
@@ -199,15 +201,21 @@ def test_a_corrupted_shard_in_the_store_is_caught_by_its_checksum(s3_server, smo
     meta = json.loads((smoke_data / "meta.json").read_text())
     shard = max((e for s in meta["sources"] for e in s["splits"]["train"]["files"]), key=lambda e: e["tokens"])
     good = fs.cat_file(store.join(shard["file"]).path)
-    fs.pipe_file(store.join(shard["file"]).path, bytes(b ^ 0xFF for b in good[:4096]) + good[4096:])  # same size
+    fs.pipe_file(store.join(shard["file"]).path, bytes(b ^ 0xFF for b in good[:4096]) + good[4096:])
+    return url, shard["file"]
+
+
+def test_a_corrupted_shard_in_the_store_is_caught_by_its_checksum(corrupt_store, machine):
+    from hf_pretrain.data import build_train_loader
+    from hf_pretrain.object_store.data_cache import StoreDataCorrupt
+
+    url, shard = corrupt_store
     machine("c")
     remote = load_recipe("smoke", {"data_dir": url, "num_workers": 0})
-    from hf_pretrain.data import build_train_loader
-
     dataset = build_train_loader(remote, 0, 1, 2, 0).dataset.datasets[1]  # the stdlib source: its first samples
     with pytest.raises(StoreDataCorrupt) as caught:
         dataset[0]
-    assert shard["file"] in str(caught.value) and "checksum" in str(caught.value)
+    assert shard in str(caught.value) and "checksum" in str(caught.value)
 
 
 def test_a_store_cut_during_a_fetch_is_retried_then_a_clear_line(store_data, machine, s3_server, monkeypatch):
@@ -233,3 +241,120 @@ def test_a_store_cut_during_a_fetch_is_retried_then_a_clear_line(store_data, mac
         s3_server.proxy.restore()
     message = str(failed.value)
     assert "\n" not in message and "did not answer after 2 tries" in message and FAKE_SECRET not in message
+
+
+# ---------------------------------------------------------------------- the trainer
+def _train(url: str, run_dir: Path, home: Path, s3_server, **overrides) -> subprocess.CompletedProcess:
+    from tests.helpers import launch_training
+
+    env = s3_server.env | {"HF_PRETRAIN_HOME": str(home), "HF_PRETRAIN_STORE_RETRY_DELAYS": "0.2"}
+    return launch_training(url, run_dir, check=False, env=env, **overrides)
+
+
+def _losses(run_dir: Path) -> list[float]:
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [r["loss"] for r in records if "loss" in r]
+
+
+@pytest.mark.slow
+def test_training_from_the_url_on_an_empty_machine_trains_as_the_local_data_does(
+    store_data, reference_run, s3_server, tmp_path
+):
+    url, _, _ = store_data
+    log = _train(url, tmp_path / "run", tmp_path / "home", s3_server)
+    assert "Traceback" not in log, log[-3000:]
+    assert _losses(tmp_path / "run") == _losses(reference_run[0])  # the same batches, the same math
+    assert list((tmp_path / "home" / "data").rglob("blocks/rank0/*/*/*/*"))
+    assert FAKE_SECRET not in log
+
+
+@pytest.mark.slow
+def test_a_trainer_on_a_damaged_shard_or_a_missing_bucket_stops_in_one_line_with_78(corrupt_store, s3_server, tmp_path):
+    import re
+
+    url, shard = corrupt_store
+    for data_dir, expected in ((url, shard), ("s3://no-such-bucket-hf/data", "does not exist")):
+        run_dir = tmp_path / re.sub(r"\W", "-", data_dir)
+        log = _train(data_dir, run_dir, tmp_path / "home", s3_server)
+        status = json.loads((run_dir / "status.json").read_text()) if (run_dir / "status.json").is_file() else {}
+        # (accelerate's launcher prints its own traceback for any failed child; none comes from hf_pretrain)
+        assert expected in log and not re.search(r'File "[^"]*hf_pretrain/', log) and FAKE_SECRET not in log
+        assert "keep what workers receive picklable" not in log, log[-3000:]
+        assert status["exit_code"] == 78, status
+
+
+def test_a_local_data_dir_imports_no_store_package(smoke_data):
+    """A user who never names a URL loads none of fsspec, s3fs or botocore: prepare's check, the loaders."""
+    code = f"""
+import sys
+from hf_pretrain.config import load_recipe
+from hf_pretrain.data import build_train_loader, build_val_loader, check_prepared_data, data_identity
+from hf_pretrain.preflight.data import check_data_cache
+recipe = load_recipe("smoke", {{"data_dir": {str(smoke_data)!r}, "num_workers": 0}})
+check_prepared_data(recipe)
+data_identity(recipe.data.data_dir)
+assert check_data_cache(recipe) == []
+next(iter(build_train_loader(recipe, 0, 1, 2, 0)))
+next(iter(build_val_loader(recipe, 0, 1)))
+print(sorted(m for m in sys.modules if m.split(".")[0] in ("fsspec", "s3fs", "botocore", "aiobotocore", "boto3")))
+"""
+    from tests.helpers import offline_env
+
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=offline_env(), timeout=300
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_the_doctor_reads_a_data_url(store_data, s3_server, tmp_path):
+    """Complete data: the data rows pass with the cache's size against the data; a missing bucket: one row,
+    one line, no traceback, no credential."""
+    import os
+
+    from tests.helpers import offline_env
+
+    env = offline_env() | s3_server.env | {"HF_PRETRAIN_HOME": str(tmp_path / "home")}
+    env |= {"HF_PRETRAIN_STORE_RETRY_DELAYS": "0.2"}
+    url, _, _ = store_data
+    out = {}
+    for name, data_dir in (("good", url), ("missing", "s3://no-such-bucket-hf/data")):
+        command = [sys.executable, "-m", "hf_pretrain.cli", "doctor", "--recipe", "smoke", "--data_dir", data_dir]
+        command += ["--output_dir", str(tmp_path / name)]
+        result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300, cwd=os.getcwd())
+        out[name] = result.stdout + result.stderr
+    assert "all of it fits; no block is fetched twice" in out["good"], out["good"][-3000:]
+    data_rows = [
+        line for line in out["missing"].splitlines() if "no-such-bucket-hf" in line and "does not exist" in line
+    ]
+    assert data_rows, out["missing"][-3000:]
+    assert "Traceback" not in out["missing"] and FAKE_SECRET not in out["missing"] + out["good"]
+
+
+@pytest.mark.slow
+def test_a_store_cut_during_the_upload_is_retried_then_a_clear_line(s3_server, smoke_data, monkeypatch):
+    import threading
+
+    from hf_pretrain.object_store.data_upload import UploadIncomplete, upload_prepared
+    from hf_pretrain.object_store.urls import StoreURL, filesystem
+
+    monkeypatch.setenv("HF_PRETRAIN_STORE_RETRY_DELAYS", "1,1")
+    copy = _copy_prepared(smoke_data, smoke_data.parent / "smoke_upload_cut")
+    url = StoreURL.parse(s3_server.make_bucket("upload-cut") + "/smoke")
+    fs = filesystem(url)
+    s3_server.proxy.cut()
+    try:
+        threading.Timer(1.0, s3_server.proxy.restore).start()
+        upload_prepared(copy, url, fs, log=lambda _: None)  # came back: every file retried until it is in
+        assert json.loads(fs.cat_file(url.join("meta.json").path)) == json.loads((copy / "meta.json").read_text())
+        again = StoreURL.parse(s3_server.make_bucket("upload-cut-2") + "/smoke")
+        monkeypatch.setenv("HF_PRETRAIN_STORE_RETRY_DELAYS", "0.1")
+        s3_server.proxy.cut()
+        with pytest.raises(UploadIncomplete) as failed:
+            upload_prepared(copy, again, filesystem(again), log=lambda _: None)
+    finally:
+        s3_server.proxy.restore()
+    message = str(failed.value)
+    assert "\n" not in message and "the same command uploads what the store lacks" in message
+    assert FAKE_SECRET not in message
+    assert not filesystem(again).exists(again.join("meta.json").path)  # never "complete" in the store

@@ -92,7 +92,10 @@ def upload_prepared(local: Path, url: StoreURL, fs: Any, log: Callable[[str], No
     shards = [n for n in shards if (local / n).is_file()]  # an empty split may have no index
     records = [f"{s['folder']}/source.json" for s in meta["sources"]]
     tokenizer = sorted(str(p.relative_to(local)) for p in (local / "tokenizer").rglob("*") if p.is_file())
-    present = _store_sizes(url, fs)
+    try:
+        present = _store_sizes(url, fs)
+    except StoreError as exc:
+        raise _incomplete(exc, local) from None
     sent = 0
     for group in (shards, records, tokenizer, [BLOCKS_FILE], [META_FILE]):  # in this order: meta.json last
         todo = [n for n in group if present.get(n) != (local / n).stat().st_size or n in (BLOCKS_FILE, META_FILE)]
@@ -120,6 +123,8 @@ def _put(local: Path, url: StoreURL, fs: Any, name: str) -> None:
     try:
         store_call("uploading to", str(target), lambda: fs.put_file(str(local / name), target.path))
     except StoreError as exc:
-        raise UploadIncomplete(
-            f"{exc} (the data is prepared in {local}: the same command uploads what the store lacks)"
-        ) from None
+        raise _incomplete(exc, local) from None
+
+
+def _incomplete(exc: StoreError, local: Path) -> UploadIncomplete:
+    return UploadIncomplete(f"{exc} (the data is prepared in {local}: the same command uploads what the store lacks)")
