@@ -30,6 +30,7 @@ from collections import Counter, deque
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from queue import Queue
 from typing import Any
 
 import numpy as np
@@ -247,7 +248,11 @@ class Prefetcher:
         self.error: BaseException | None = None
         self.stopped = False
         self._adopt_cached()
-        self.pool = ThreadPoolExecutor(FETCH_THREADS)
+        # daemon threads, not an executor: a process that ends (or a store that stopped answering) never
+        # waits at exit for fetches nobody will read
+        self.queue: Queue[tuple[str, int] | None] = Queue()
+        for _ in range(FETCH_THREADS):
+            threading.Thread(target=self._fetcher, name="store-fetch", daemon=True).start()
         self.thread = threading.Thread(target=self._run, name="store-prefetch", daemon=True)
         self.thread.start()
 
@@ -273,7 +278,8 @@ class Prefetcher:
         with self.lock:
             self.stopped = True
             self.lock.notify_all()
-        self.pool.shutdown(wait=False, cancel_futures=True)
+        for _ in range(FETCH_THREADS):
+            self.queue.put(None)
 
     def _run(self) -> None:
         try:
@@ -296,15 +302,16 @@ class Prefetcher:
                     with self.lock:
                         self.cached[key] = self.data.block_bytes
                         self.used += self.data.block_bytes
-                    self.pool.submit(self._fetch, key)
+                    self.queue.put(key)
         except BaseException as exc:  # the loader reads the same blocks itself and reports the same error
             self.error = exc
 
-    def _fetch(self, key: tuple[str, int]) -> None:
-        try:
-            self.data.block(*key)
-        except BaseException as exc:
-            self.error = exc
+    def _fetcher(self) -> None:
+        while (key := self.queue.get()) is not None and not self.stopped:
+            try:
+                self.data.block(*key)
+            except BaseException as exc:  # the loader fetches the block itself and reports the same error
+                self.error = exc
 
     def _release(self) -> None:
         """Forget the uses of micro-batches the loader is done with; their blocks become evictable."""
