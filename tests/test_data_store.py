@@ -358,3 +358,21 @@ def test_a_store_cut_during_the_upload_is_retried_then_a_clear_line(s3_server, s
     assert "\n" not in message and "the same command uploads what the store lacks" in message
     assert FAKE_SECRET not in message
     assert not filesystem(again).exists(again.join("meta.json").path)  # never "complete" in the store
+
+
+def test_refused_credentials_are_one_line_without_the_secret_and_not_retried(monkeypatch):
+    """moto accepts any key, so the store's answer is stood in for: s3fs raises PermissionError on a 403."""
+    from hf_pretrain.object_store.store_calls import StoreError, store_call
+
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", FAKE_SECRET)
+    calls = []
+
+    def refused():
+        calls.append(1)
+        raise PermissionError(f"SignatureDoesNotMatch for secret {FAKE_SECRET}")
+
+    with pytest.raises(StoreError) as refusal:
+        store_call("reading", "s3://bucket/data/meta.json", refused)
+    message = str(refusal.value)
+    assert len(calls) == 1 and "\n" not in message and FAKE_SECRET not in message
+    assert "refused the credentials" in message and "AWS_SECRET_ACCESS_KEY" in message
