@@ -38,7 +38,7 @@ import numpy as np
 from hf_pretrain.object_store.cache import local_copy
 from hf_pretrain.object_store.data_blocks import BLOCKS_FILE, DIGEST, DIGEST_BYTES, SIDECAR_SUFFIX, block_digest
 from hf_pretrain.object_store.store_calls import StoreError, store_call
-from hf_pretrain.object_store.urls import StoreURL, filesystem
+from hf_pretrain.object_store.urls import StoreUnavailable, StoreURL, filesystem
 
 META_FILE = "meta.json"
 BLOCKS_DIR = "blocks"  # in the local copy: the block cache (a folder per training process)
@@ -63,9 +63,12 @@ def synced_copy(url: str, cache_dir: str | Path | None = None) -> Path:
     source.json and the sidecars as the store has them (fetched once per process)."""
     if url in _SYNCED:
         return _SYNCED[url]
-    store = StoreURL.parse(url)
+    try:
+        store = StoreURL.parse(url)
+        fs = filesystem(store)
+    except StoreUnavailable as exc:  # its package not installed: the refusal names the pip extra
+        raise StoreError(str(exc)) from None
     local = local_copy(store, "data", cache_dir)
-    fs = filesystem(store)
     meta_bytes = _fetch(fs, store, META_FILE, missing_ok=True)
     if meta_bytes is None:
         raise NotPrepared(
