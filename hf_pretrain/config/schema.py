@@ -218,6 +218,14 @@ class DataConfig:
         1, "DataLoader worker processes (>0 keeps data loading off the training thread)", math=False, ge=0
     )
     preload: bool = key(False, "copy shards into RAM instead of memory-mapping them", math=False)
+    # data_dir as an object-store URL (object_store/data_cache.py): the local cache of its blocks
+    data_cache_gb: float = key(
+        20.0,
+        "with data_dir an object-store URL: GB of data blocks this machine keeps per training process (fetched "
+        "ahead of use, the ones not needed soon evicted when full)",
+        math=False,
+        gt=0,
+    )
 
 
 @dataclass
@@ -232,7 +240,8 @@ class TrainConfig:
     )
     cache_dir: str | None = key(
         None,
-        "where the local copy of a URL output_dir lives (unset: $HF_PRETRAIN_HOME, else ~/.cache/hf_pretrain)",
+        "where the local copies of a URL output_dir and data_dir live (unset: $HF_PRETRAIN_HOME, else "
+        "~/.cache/hf_pretrain)",
         math=False,
     )
     store_wait_s: float = key(

@@ -15,12 +15,13 @@ from __future__ import annotations
 
 import atexit
 import multiprocessing
+import os
 import signal
 import threading
 from bisect import bisect_right
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
@@ -30,7 +31,11 @@ from torch.utils.data import ConcatDataset, DataLoader, Dataset, Sampler
 from hf_pretrain.config import Recipe
 from hf_pretrain.data.mixing import Mixture
 from hf_pretrain.data.prepared import DataMismatchError, read_meta, shard_paths, source_folder_name, source_paths
+from hf_pretrain.object_store.urls import is_url
 from hf_pretrain.processes import die_with_parent
+
+if TYPE_CHECKING:  # data in a store: imported only when data_dir is a URL
+    from hf_pretrain.object_store.data_cache import StoreData
 
 # Batches each worker keeps ready: training batches are tiny to produce, so a few cover any hiccup.
 PREFETCH_FACTOR = 4
@@ -45,12 +50,21 @@ class PackedDataset(Dataset[torch.Tensor]):
     workers copies only paths; `preload` reads them into RAM (per process) instead of mapping.
     """
 
-    def __init__(self, shard_paths: list[Path], seq_len: int, dtype: npt.DTypeLike, preload: bool = False) -> None:
+    def __init__(
+        self,
+        shard_paths: list[Path],
+        seq_len: int,
+        dtype: npt.DTypeLike,
+        preload: bool = False,
+        store: StoreData | None = None,
+    ) -> None:
         self.shard_paths = [Path(p) for p in shard_paths]
         self.seq_len = seq_len
         self.dtype = np.dtype(dtype)
         self.preload = preload
-        sizes = [p.stat().st_size // self.dtype.itemsize for p in self.shard_paths]
+        # data_dir as a URL: `shard_paths` are relative to it and the store's block cache opens them
+        self.store = store
+        sizes = [(store.size(p) if store else p.stat().st_size) // self.dtype.itemsize for p in self.shard_paths]
         # _starts[k] is the global offset of shard k's first token; _starts[-1] is the total.
         self._starts = [0]
         for size in sizes:
@@ -62,6 +76,8 @@ class PackedDataset(Dataset[torch.Tensor]):
         return max(0, (self.total_tokens - 1) // self.seq_len)
 
     def _open(self) -> list[np.ndarray]:
+        if self.store is not None:
+            return self.store.open_shards(self.shard_paths, self.dtype)
         if self.preload:
             return [np.fromfile(p, dtype=self.dtype) for p in self.shard_paths]
         # np.memmap refuses empty files; an empty shard contributes nothing anyway.
@@ -85,6 +101,19 @@ class PackedDataset(Dataset[torch.Tensor]):
             start, shard = stop, shard + 1
         tokens = pieces[0] if len(pieces) == 1 else np.concatenate(pieces)
         return torch.from_numpy(tokens.astype(np.int64))
+
+    def spans(self, index: int) -> list[tuple[str, int, int]]:
+        """(shard, first byte, end byte) of what sample `index` reads: what a prefetcher fetches ahead."""
+        start, itemsize = index * self.seq_len, self.dtype.itemsize
+        end = start + self.seq_len + 1
+        shard, out = bisect_right(self._starts, start) - 1, []
+        while start < end:
+            stop = min(end, self._starts[shard + 1])
+            if stop > start:
+                base = self._starts[shard]
+                out.append((str(self.shard_paths[shard]), (start - base) * itemsize, (stop - base) * itemsize))
+            start, shard = stop, shard + 1
+        return out
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
@@ -207,19 +236,64 @@ class ValidationBatches:
 
 def _split_dataset(recipe: Recipe, split: str) -> PackedDataset:
     """A split's samples, the sources one after the other (validation: the same samples on any world size)."""
+    meta = read_meta(recipe.data.data_dir, recipe)
+    if is_url(recipe.data.data_dir):
+        paths, store = [path for source in _store_paths(meta, split) for path in source], _store(recipe)
+        return PackedDataset(paths, recipe.data.seq_len, meta["dtype"], store=store)
     data_dir = Path(recipe.data.data_dir)
-    meta = read_meta(data_dir, recipe)
     return PackedDataset(shard_paths(data_dir, meta, split), recipe.data.seq_len, meta["dtype"], recipe.data.preload)
 
 
 def source_datasets(recipe: Recipe) -> list[PackedDataset]:
     """Each source's training samples."""
+    meta = read_meta(recipe.data.data_dir, recipe)
+    if is_url(recipe.data.data_dir):
+        store = _store(recipe)
+        return [
+            PackedDataset(paths, recipe.data.seq_len, meta["dtype"], store=store)
+            for paths in _store_paths(meta, "train")
+        ]
     data_dir = Path(recipe.data.data_dir)
-    meta = read_meta(data_dir, recipe)
     return [
         PackedDataset(paths, recipe.data.seq_len, meta["dtype"], recipe.data.preload)
         for paths in source_paths(data_dir, meta, "train")
     ]
+
+
+def _store_paths(meta: dict[str, Any], split: str) -> list[list[Path]]:
+    """Per source, its token files of `split`, relative to a data_dir URL (read through the store's cache)."""
+    return [[Path(entry["file"]) for entry in source["splits"][split]["files"]] for source in meta["sources"]]
+
+
+def _store(recipe: Recipe) -> StoreData:
+    """The block cache of this training process for data_dir's URL (object_store/data_cache.py)."""
+    from hf_pretrain.object_store.data_cache import StoreData
+    from hf_pretrain.object_store.data_upload import cache_folder
+
+    local_processes = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))  # the bound is the machine's, shared
+    capacity = int(recipe.data.data_cache_gb * 1e9 / max(local_processes, 1))
+    rank = int(os.environ.get("LOCAL_RANK", "0"))
+    return StoreData(recipe.data.data_dir, cache_folder(recipe), capacity, rank)
+
+
+def _prefetching(sampler: StepBatchSampler, datasets: list[PackedDataset], workers: int) -> Any:
+    """`sampler`, with a thread that fetches its batches' blocks ahead of the loader, in their order of use."""
+    from hf_pretrain.object_store.data_cache import PrefetchingSampler, blocks_of, check_capacity
+
+    store, offsets = datasets[0].store, sampler.offsets
+
+    def blocks_for(batch: list[int]) -> list[tuple[str, int]]:
+        spans = []
+        for index in batch:
+            source = bisect_right(offsets, index) - 1
+            spans += datasets[source].spans(index - offsets[source])
+        return blocks_of(spans, store.block_bytes)
+
+    held = PREFETCH_FACTOR * max(workers, 1) + 1  # micro-batches handed to the workers, and the one being read
+    first = iter(sampler)
+    needed = len({block for _ in range(held + 1) for block in blocks_for(next(first))}) * store.block_bytes
+    check_capacity(store.capacity_bytes, needed, "data_cache_gb", held + 1)
+    return PrefetchingSampler(sampler, store, blocks_for, held)
 
 
 def mixture_segments(recipe: Recipe, decay_position: int | None) -> list[tuple[int, list[float]]]:
@@ -281,6 +355,8 @@ def build_train_loader(
         mixture, recipe.train.micro_batch_size, grad_accum, world_size, rank, recipe.train.seed, start_step, origin
     )
     workers = recipe.data.num_workers
+    if datasets[0].store is not None:
+        sampler = _prefetching(sampler, datasets, workers)
     if workers:
         atexit.unregister(end_workers_at_exit)
         atexit.register(end_workers_at_exit)

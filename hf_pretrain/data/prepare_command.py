@@ -15,6 +15,9 @@ from hf_pretrain.data.sources import SourceError
 from hf_pretrain.data.tokenizer import TokenizerError
 from hf_pretrain.exit_codes import EXIT_CONFIG, EXIT_LOCKED, EXIT_WRITE_FAILED
 from hf_pretrain.formatting import human_bytes
+from hf_pretrain.object_store.data_upload import UploadIncomplete
+from hf_pretrain.object_store.store_calls import StoreError
+from hf_pretrain.object_store.urls import StoreUnavailable, is_url
 
 
 def _flags(parser: argparse.ArgumentParser) -> None:
@@ -50,6 +53,12 @@ def main(argv: list[str] | None = None) -> int:
     except PrepareLocked as exc:  # nothing was touched: the other prepare goes on
         print(f"hf-pretrain prepare: {exc}", file=sys.stderr)
         return EXIT_LOCKED
+    except StoreError as exc:  # the store: unreachable, refused (before any work) or an upload cut short
+        print(f"hf-pretrain prepare: {exc}", file=sys.stderr)
+        return EXIT_WRITE_FAILED if isinstance(exc, UploadIncomplete) else EXIT_CONFIG
+    except StoreUnavailable as exc:
+        print(f"hf-pretrain prepare: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
     except (SourceError, DataMismatchError, TokenizerError) as exc:  # bad input: say what and where, no traceback
         print(f"hf-pretrain prepare: {exc}", file=sys.stderr)
         return EXIT_CONFIG
@@ -64,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         return EXIT_WRITE_FAILED
     if not args.dry_run:
-        print(f"data in {data_dir}")
+        print(f"data in {recipe.data.data_dir if is_url(recipe.data.data_dir) else data_dir}")
     return 0
 
 

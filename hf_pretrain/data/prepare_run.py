@@ -74,6 +74,7 @@ from hf_pretrain.data.tokenizer import (
     train_tokenizer,
 )
 from hf_pretrain.json_files import write_json_atomically
+from hf_pretrain.object_store.urls import is_url
 
 HASH_CHUNK_BYTES = 16 * 2**20
 
@@ -113,6 +114,11 @@ def prepare(
     goes to `logs/<source>/` only, unless `verbose`.
     """
     d = recipe.data
+    if is_url(d.data_dir):  # prepared in a local copy exactly as below, then uploaded (object_store/data_upload.py)
+        from hf_pretrain.object_store.data_upload import prepare_into_store
+
+        fingerprint = data_fingerprint(recipe)
+        return prepare_into_store(recipe, fingerprint, lambda local: prepare(local, log, dry_run, verbose), log)
     data_dir = Path(d.data_dir)
     if recipe.model.init_from and d.tokenizer == "train" and not (data_dir / META_FILE).is_file():
         raise DataMismatchError(

@@ -36,6 +36,7 @@ from hf_pretrain.config.schema import DEFAULT_SOURCE_NAME
 from hf_pretrain.data.sources import source_tasks
 from hf_pretrain.data.tokenizer import TOKENIZER_DIR, TokenizerUnreadable, load_tokenizer, tokenizer_hash
 from hf_pretrain.data.verify import ShardCorruptError, verify_shards
+from hf_pretrain.object_store.urls import is_url
 
 FORMAT_VERSION = 2
 META_FILE = "meta.json"
@@ -125,15 +126,30 @@ def new_folder_next_to(data_dir: Path) -> Path:
 def reprepare_hint(recipe: Recipe) -> str:
     """For a folder that holds other data than `recipe` needs: a `prepare` into a new folder (a prepare into
     this one would find it prepared), and the flag that points the run at it."""
-    new = new_folder_next_to(Path(recipe.data.data_dir))
+    url = recipe.data.data_dir.rstrip("/")
+    new = f"{url}-prepared" if is_url(url) else new_folder_next_to(Path(url))  # a store's prefix: any new one
     moved = dataclasses.replace(recipe, data=dataclasses.replace(recipe.data, data_dir=str(new)))
     command = recipe_command(moved, "prepare", PREPARE_KEYS)
     return f"prepare into a new folder, `{command}`, and give this command `--data_dir {new}`"
 
 
 # ---------------------------------------------------------------------- reading
+def data_folder(data_dir: str | Path, recipe: Recipe | None = None) -> Path:
+    """The local folder holding `data_dir`'s meta.json and tokenizer: `data_dir` itself, or for an
+    object-store URL its local copy, synced from the store once per process (object_store/data_cache.py)."""
+    if not is_url(data_dir):
+        return Path(data_dir)
+    from hf_pretrain.object_store.data_cache import NotPrepared, synced_copy
+    from hf_pretrain.object_store.data_upload import cache_folder
+
+    try:
+        return synced_copy(str(data_dir), cache_folder(recipe) if recipe else None)
+    except NotPrepared as exc:
+        raise DataMismatchError(f"{exc}; {prepare_hint(recipe)}") from None
+
+
 def read_meta(data_dir: str | Path, recipe: Recipe | None = None) -> dict[str, Any]:
-    path = Path(data_dir) / META_FILE
+    path = data_folder(data_dir, recipe) / META_FILE
     if not path.is_file():
         raise DataMismatchError(
             f"{path} not found: the data is not prepared (or preparing did not finish); {prepare_hint(recipe)}"
@@ -210,7 +226,7 @@ def check_prepared_data(recipe: Recipe, verify: str = "recorded", progress: bool
     trusts a verification recorded beside the data that still matches the files, `full` hashes
     every file again, `none` only checks sizes.
     """
-    data_dir = Path(recipe.data.data_dir)
+    data_dir = data_folder(recipe.data.data_dir, recipe)
     meta_file = data_dir / META_FILE
     meta = read_meta(data_dir, recipe)
     hint = reprepare_hint(recipe)
@@ -274,6 +290,8 @@ def check_prepared_data(recipe: Recipe, verify: str = "recorded", progress: bool
             "one sample of seq_len + 1 tokens; lower val_every or add documents",
         )
     _check_sources(recipe, meta, saved_hash)
+    if is_url(recipe.data.data_dir):  # the shards stay in the store: each block is checked as it is fetched
+        return meta
     for split in SPLITS:
         source_paths(data_dir, meta, split)
     if verify != "none":
@@ -287,7 +305,7 @@ def check_prepared_data(recipe: Recipe, verify: str = "recorded", progress: bool
 def _check_sources(recipe: Recipe, meta: dict[str, Any], saved_hash: str) -> None:
     """The recipe's sources are the prepared ones, in order; each folder was made with this tokenizer,
     and holds at least one training sample (the mixture draws from every source)."""
-    data_dir, hint = Path(recipe.data.data_dir), reprepare_hint(recipe)
+    data_dir, hint = data_folder(recipe.data.data_dir, recipe), reprepare_hint(recipe)
     prepared = [s["name"] for s in meta["sources"]]
     wanted = [source_folder_name(i, s) for i, s in enumerate(recipe.data.sources)]
     if prepared != wanted:

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from hf_pretrain.hub_cache import TOKENIZER_FILES, HubFilesError, hub_snapshot, is_hub_id
+from hf_pretrain.object_store.urls import is_url
 
 if TYPE_CHECKING:  # transformers' tokenizers import torch: seconds that `prepare --help` must not wait
     from transformers import PreTrainedTokenizerFast
@@ -123,7 +124,12 @@ class TokenizerUnreadable(ValueError):
 
 
 def load_tokenizer(data_dir: str | Path) -> PreTrainedTokenizerFast:
-    """The tokenizer that `prepare` saved in `data_dir`; `TokenizerUnreadable` names a file cut short."""
+    """The tokenizer that `prepare` saved in `data_dir` (a URL: its synced local copy); `TokenizerUnreadable`
+    names a file cut short."""
+    if is_url(data_dir):
+        from hf_pretrain.object_store.data_cache import synced_copy
+
+        data_dir = synced_copy(str(data_dir))
     folder = Path(data_dir) / TOKENIZER_DIR
     if not (folder / "tokenizer.json").is_file():
         raise FileNotFoundError(f"no tokenizer in {folder}; run `hf-pretrain prepare` for this recipe first")

@@ -17,6 +17,7 @@ from hf_pretrain.preflight.data import (
     check_batch_split,
     check_context,
     check_data_budget,
+    check_data_cache,
     check_loader_pickling,
     check_num_workers,
     check_prepared,
@@ -87,6 +88,7 @@ def run_checks(
         ("compiler", lambda: check_compiler(recipe, profile)),
         ("liger + compile", lambda: check_liger_under_compile(recipe)),
         ("data", lambda: check_prepared(recipe)),
+        ("data cache", lambda: check_data_cache(recipe)),  # data_dir as a URL only
         ("init_from", lambda: check_init_from(recipe, decision)),  # nothing without one
         ("data budget", lambda: check_data_budget(recipe)),
         ("seq_len", lambda: check_context(recipe)),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pickle
+import shutil
 
 import torch
 
@@ -11,6 +12,9 @@ from hf_pretrain.data import DataMismatchError, build_train_loader, check_prepar
 from hf_pretrain.data.loader import build_mixture
 from hf_pretrain.data.prepared import prepare_hint, reprepare_hint
 from hf_pretrain.data.tokenizer import TokenizerUnreadable
+from hf_pretrain.formatting import human_bytes
+from hf_pretrain.object_store.store_calls import StoreError
+from hf_pretrain.object_store.urls import is_url
 from hf_pretrain.optim import Schedule
 from hf_pretrain.preflight.result import CheckResult
 
@@ -19,6 +23,9 @@ def check_prepared(recipe: Recipe) -> CheckResult:
     """meta.json, tokenizer and shards in data_dir agree with the recipe (tokenizer, vocabulary, sizes)."""
     try:
         meta = check_prepared_data(recipe)
+    except StoreError as exc:  # data_dir's store: unreachable, a missing bucket, refused credentials (redacted)
+        reason, _, fix = str(exc).rpartition("; ")
+        return CheckResult("data", "fail", reason or fix, fix if reason else "")
     except DataMismatchError as exc:
         if isinstance(exc.__cause__, TokenizerUnreadable):  # a prepare would find the folder prepared
             reason, _, fix = str(exc).partition("; ")
@@ -57,7 +64,7 @@ def check_data_budget(recipe: Recipe) -> CheckResult:
     over the most-read source is logged); past MAX_EPOCHS, the later tokens are worth much less."""
     try:
         meta = check_prepared_data(recipe)
-    except DataMismatchError:
+    except (DataMismatchError, StoreError):
         return CheckResult("data budget", "skip", "needs valid prepared data (see `data`)")
     t, seq_len = recipe.train, recipe.data.seq_len
     samples = [max(0, (s["splits"]["train"]["tokens"] - 1) // seq_len) for s in meta["sources"]]  # the loader's
@@ -178,6 +185,8 @@ def check_loader_pickling(recipe: Recipe) -> CheckResult:
         loader = build_train_loader(recipe, rank=0, world_size=1, grad_accum=recipe.grad_accum_steps(1), start_step=0)
     except (DataMismatchError, RecipeError):
         return CheckResult(name, "skip", "needs valid prepared data and batch settings (see `data` and `batch`)")
+    except StoreError as exc:  # a data cache too small for one step's blocks names its key; the store its fault
+        return CheckResult(name, "fail", str(exc).rpartition(": set ")[0] or str(exc), _fix_of(str(exc)))
     parts = (loader.dataset, loader.batch_sampler, loader.collate_fn, loader.worker_init_fn)
     try:
         dataset, batch_sampler, collate_fn, _worker_init_fn = pickle.loads(pickle.dumps(parts))
@@ -187,6 +196,9 @@ def check_loader_pickling(recipe: Recipe) -> CheckResult:
         )
     try:
         batch = collate_fn([dataset[i] for i in next(iter(batch_sampler))])
+    except StoreError as exc:  # data_dir's store: a damaged shard, an outage; its own fix, not pickling's
+        reason, _, fix = str(exc).rpartition("; ")
+        return CheckResult(name, "fail", reason or fix, fix if reason else "")
     except Exception as exc:  # whatever a worker would die of
         return CheckResult(
             name, "fail", f"the unpickled loader cannot produce a batch: {type(exc).__name__}: {exc}", fix
@@ -200,4 +212,44 @@ def check_loader_pickling(recipe: Recipe) -> CheckResult:
         "pass",
         f"dataset, sampler, collate_fn and worker_init_fn pickle for workers and "
         f"yield [{expected[0]}, {expected[1]}] batches",
+    )
+
+
+def _fix_of(message: str) -> str:
+    return "set " + message.rpartition(": set ")[2] if ": set " in message else ""
+
+
+def check_data_cache(recipe: Recipe) -> CheckResult | list[CheckResult]:
+    """data_dir as a URL: the data's size against the cache bound (data_cache_gb) and the free disk under it.
+    No row for a local data_dir (read in place)."""
+    if not is_url(recipe.data.data_dir):
+        return []
+    from hf_pretrain.data.prepared import data_folder
+    from hf_pretrain.preflight.disk import nearest_existing
+
+    try:
+        meta = check_prepared_data(recipe)
+        folder = data_folder(recipe.data.data_dir, recipe)
+    except (DataMismatchError, StoreError):
+        return CheckResult("data cache", "skip", "needs valid prepared data (see `data`)")
+    itemsize = 2 if meta["dtype"] == "uint16" else 4
+    data_bytes = sum(meta["splits"][split]["tokens"] for split in ("train", "validation")) * itemsize
+    bound = int(recipe.data.data_cache_gb * 1e9)
+    free = shutil.disk_usage(nearest_existing(folder)).free
+    needed = min(bound, data_bytes)
+    where = f"{human_bytes(data_bytes)} of data in {recipe.data.data_dir}, cached in {folder} (data_cache_gb={recipe.data.data_cache_gb:g})"
+    if free < needed:
+        return CheckResult(
+            "data cache",
+            "fail",
+            f"{where}: the cache may take {human_bytes(needed)}, the disk has {human_bytes(free)} free",
+            f"--data_cache_gb {max(free * 0.8 / 1e9, 0.001):.3g}, or free space on that disk",
+        )
+    if data_bytes <= bound:
+        return CheckResult("data cache", "pass", f"{where}: all of it fits; no block is fetched twice")
+    share = bound / data_bytes
+    return CheckResult(
+        "data cache",
+        "pass",
+        f"{where}: the cache holds {share:.0%} of it; blocks not needed soon are evicted and fetched again later",
     )

@@ -35,6 +35,7 @@ from hf_pretrain.exit_codes import (
     EXIT_SAVE_FAILED,
 )
 from hf_pretrain.model_init import InitFromError
+from hf_pretrain.object_store.store_calls import StoreError
 from hf_pretrain.preflight import PreflightError
 from hf_pretrain.processes import follow_launcher, launcher
 from hf_pretrain.run_dir import RunDir, last_train_record, read_status, write_status
@@ -94,7 +95,8 @@ KEPT_SECTIONS = ("store",)  # status.json sections others keep up to date (objec
 
 # Failures that stop a session before it trained, said in a line (the reason is the whole story) and
 # ended with an exit code of their own; anything else is a crash, with its traceback.
-REFUSALS = (PreflightError, ResumeRefused, CheckpointError, InitFromError, RunDirUnusable)
+# StoreError: data_dir's store is unreachable, refuses, or holds a shard whose bytes fail their checksum
+REFUSALS = (PreflightError, ResumeRefused, CheckpointError, InitFromError, RunDirUnusable, StoreError)
 
 
 def exit_code_of(error: BaseException) -> int:
@@ -123,6 +125,9 @@ def describe(error: BaseException) -> str:
         return str(error)
     if isinstance(error, RunDirUnusable):
         return f"refused, nothing was started: {error}"
+    if isinstance(error, StoreError):  # raised in a loader worker, its message carries the worker's traceback
+        line = str(error).strip().splitlines()[-1]
+        return line.split(f"{type(error).__name__}: ", 1)[-1]
     return f"crashed: {type(error).__name__}: {error}"
 
 

@@ -1,0 +1,127 @@
+"""`prepare` into a store: the data is prepared in a local working copy exactly as into a local folder
+(lock, resume of a half-done prepare, datatrove), then uploaded.
+
+Order of the upload: the shards (each with its `.ds.index` and block sidecar), each source's
+source.json, the tokenizer, blocks.json, and meta.json LAST: as in a local folder, its presence in the
+store means "complete", so a reader never takes a half-uploaded dataset for data. An upload cut short is
+finished by running the same command again: what the store already holds at its full size is skipped
+(a store shows an object only once its upload completed). A store whose meta.json exists is left alone.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from hf_pretrain.object_store.cache import local_copy
+from hf_pretrain.object_store.data_blocks import BLOCKS_FILE, SIDECAR_SUFFIX, blocks_manifest, shard_files
+from hf_pretrain.object_store.store_calls import StoreError, store_call
+from hf_pretrain.object_store.urls import StoreURL, filesystem
+
+if TYPE_CHECKING:
+    from hf_pretrain.config import Recipe
+
+META_FILE = "meta.json"  # prepared.py's name; not imported from there, which imports this room lazily
+UPLOAD_THREADS = 8
+
+
+class UploadIncomplete(StoreError):
+    """The data is prepared locally, but the store does not hold all of it yet: run the same command again."""
+
+
+def cache_folder(recipe: Recipe) -> str | None:
+    """The recipe's `cache_dir` (it moves every local copy, the run's and the data's), else None: the user's cache."""
+    return recipe.train.cache_dir
+
+
+def store_meta(url: StoreURL, fs: Any = None) -> dict[str, Any] | None:
+    """meta.json of the data at `url`, None while the store has none (not prepared, or still uploading)."""
+    fs = fs or filesystem(url)
+    where = url.join(META_FILE)
+    try:
+        text = store_call("reading", str(where), lambda: fs.cat_file(where.path))
+    except FileNotFoundError:
+        return None
+    return json.loads(text)
+
+
+def prepare_into_store(
+    recipe: Recipe, fingerprint: str, prepare_local: Callable[[Recipe], Path], log: Callable[[str], None]
+) -> Path:
+    """Prepare `recipe.data.data_dir` (a URL) in its local copy with `prepare_local`, then upload it; the copy.
+    `fingerprint`: the recipe's data settings' (prepared.data_fingerprint), which a prepared store must carry."""
+    url = StoreURL.parse(recipe.data.data_dir)
+    fs = filesystem(url)
+    local = local_copy(url, "data", cache_folder(recipe))
+    meta = store_meta(url, fs)  # before any work: an unreachable store or a missing bucket says so now
+    if meta is not None:
+        if meta.get("data_fingerprint") != fingerprint:
+            raise StoreError(
+                f"{url.join(META_FILE)}: data_fingerprint expected {fingerprint} (this recipe's data "
+                f"settings), found {meta.get('data_fingerprint')}: the store holds data prepared with other settings; "
+                f"give --data_dir another prefix"
+            )
+        log(f"{url} is already prepared (meta.json is in the store); nothing was prepared or uploaded")
+        return local
+    log(f"preparing {url} in its local copy {local}, then uploading it")
+    local.mkdir(parents=True, exist_ok=True)
+    prepare_local(dataclasses.replace(recipe, data=dataclasses.replace(recipe.data, data_dir=str(local))))
+    if not (local / META_FILE).is_file():  # a dry run, or a cluster's job still running: nothing to upload yet
+        return local
+    upload_prepared(local, url, fs, log)
+    return local
+
+
+def upload_prepared(local: Path, url: StoreURL, fs: Any, log: Callable[[str], None]) -> None:
+    """Every file a reader needs, meta.json last; what the store holds at its size already is skipped."""
+    started = time.perf_counter()
+    meta = json.loads((local / META_FILE).read_text())
+    manifest, sidecars = blocks_manifest(local, meta)  # one read of each shard, here, not at training time
+    for name, digests in sidecars.items():
+        (local / f"{name}{SIDECAR_SUFFIX}").write_bytes(digests)
+    (local / BLOCKS_FILE).write_text(json.dumps(manifest, indent=1) + "\n")
+    shards = [n for name in shard_files(meta) for n in (name, f"{name}.index", f"{name}{SIDECAR_SUFFIX}")]
+    shards = [n for n in shards if (local / n).is_file()]  # an empty split may have no index
+    records = [f"{s['folder']}/source.json" for s in meta["sources"]]
+    tokenizer = sorted(str(p.relative_to(local)) for p in (local / "tokenizer").rglob("*") if p.is_file())
+    try:
+        present = _store_sizes(url, fs)
+    except StoreError as exc:
+        raise _incomplete(exc, local) from None
+    sent = 0
+    for group in (shards, records, tokenizer, [BLOCKS_FILE], [META_FILE]):  # in this order: meta.json last
+        todo = [n for n in group if present.get(n) != (local / n).stat().st_size or n in (BLOCKS_FILE, META_FILE)]
+        with ThreadPoolExecutor(UPLOAD_THREADS) as pool:
+            list(pool.map(lambda name: _put(local, url, fs, name), todo))
+        sent += sum((local / n).stat().st_size for n in todo)
+    log(
+        f"uploaded {sent / 1e6:,.1f} MB to {url} in {time.perf_counter() - started:.1f} s "
+        f"({len(present)} object(s) were there already); meta.json last: the data is complete in the store"
+    )
+
+
+def _store_sizes(url: StoreURL, fs: Any) -> dict[str, int]:
+    """{path under the prefix: size} of what the store holds (an earlier upload cut short)."""
+    try:
+        found = store_call("listing", str(url), lambda: fs.find(url.path, detail=True))
+    except FileNotFoundError:
+        return {}
+    prefix = url.path + "/"
+    return {k.removeprefix(prefix): v["size"] for k, v in found.items() if k.startswith(prefix)}
+
+
+def _put(local: Path, url: StoreURL, fs: Any, name: str) -> None:
+    target = url.join(name)
+    try:
+        store_call("uploading to", str(target), lambda: fs.put_file(str(local / name), target.path))
+    except StoreError as exc:
+        raise _incomplete(exc, local) from None
+
+
+def _incomplete(exc: StoreError, local: Path) -> UploadIncomplete:
+    return UploadIncomplete(f"{exc} (the data is prepared in {local}: the same command uploads what the store lacks)")

@@ -1,0 +1,71 @@
+"""One call to a store, retried with back-off; what still fails is one line with the fix, redacted.
+
+A store answers over a network: a dropped connection or a throttled request is worth a few more tries
+(the store's client retries a little on its own, this adds seconds of patience on top); a missing
+bucket or refused credentials is not, and says so at once. Nothing here prints a credential: every
+message goes through `redact`.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from typing import TypeVar
+
+from hf_pretrain.object_store.secrets import redact
+
+T = TypeVar("T")
+# Seconds between tries; the tests shorten them (an outage they cut for good fails sooner).
+RETRY_DELAYS = (1.0, 4.0)
+RETRY_DELAYS_VARIABLE = "HF_PRETRAIN_STORE_RETRY_DELAYS"
+
+
+class StoreError(RuntimeError):
+    """A store that cannot be used: unreachable, a missing bucket, refused credentials. One line."""
+
+
+def retry_delays() -> tuple[float, ...]:
+    text = os.environ.get(RETRY_DELAYS_VARIABLE)
+    if text is None:
+        return RETRY_DELAYS
+    return tuple(float(x) for x in text.split(",") if x.strip())
+
+
+def reason(exc: BaseException) -> str:
+    """What went wrong, in one redacted line."""
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return redact(text)
+
+
+def store_call(what: str, url: str, fn: Callable[[], T]) -> T:
+    """`fn()` (a store request about `url`), tried again after each of `retry_delays()` on a network error.
+
+    FileNotFoundError passes through untouched (the caller knows what a missing object means), except
+    a missing bucket, which is a `StoreError` like refused credentials: retrying cannot help either.
+    """
+    delays = retry_delays()
+    for attempt in range(len(delays) + 1):
+        try:
+            return fn()
+        except FileNotFoundError as exc:
+            if "bucket does not exist" in str(exc).lower():
+                bucket = url.split("://", 1)[-1].split("/", 1)[0]
+                raise StoreError(
+                    f"{what} {url}: the bucket `{bucket}` does not exist at this endpoint; create it, or check "
+                    f"the URL and AWS_ENDPOINT_URL"
+                ) from None
+            raise
+        except PermissionError as exc:
+            raise StoreError(
+                f"{what} {url}: the store refused the credentials ({reason(exc)}); check AWS_ACCESS_KEY_ID / "
+                f"AWS_SECRET_ACCESS_KEY (or the profile) and the bucket's permissions"
+            ) from None
+        except Exception as exc:  # the clients raise many types for one outage (botocore, aiohttp, OSError)
+            if attempt == len(delays):
+                raise StoreError(
+                    f"{what} {url}: the store did not answer after {attempt + 1} tries ({reason(exc)}); check the "
+                    f"network and AWS_ENDPOINT_URL, then run the same command again"
+                ) from None
+            time.sleep(delays[attempt])
+    raise AssertionError("unreachable")

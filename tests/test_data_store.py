@@ -1,0 +1,379 @@
+"""Data in object storage (issue 40): `prepare` into an s3:// URL, training reads it through a bounded,
+verified block cache, and the batches are exactly those of the same data in a local folder."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hf_pretrain.config import load_recipe
+from tests.object_store_server import FAKE_SECRET
+
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
+
+
+@pytest.fixture(scope="module")
+def store_data(s3_server, tmp_path_factory, smoke_data):
+    """The smoke data prepared into s3://<bucket>/smoke by `hf-pretrain prepare`: (url, its log, the local copy's home)."""
+    import os
+
+    url = s3_server.make_bucket("store-data") + "/smoke"
+    home = tmp_path_factory.mktemp("prepare_home")
+    env = os.environ | s3_server.env | {"HF_PRETRAIN_HOME": str(home), "HF_HUB_OFFLINE": "1"}
+    result = subprocess.run(
+        [sys.executable, "-m", "hf_pretrain.cli", "prepare", "--recipe", "smoke", "--data_dir", url],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return url, result.stdout + result.stderr, home
+
+
+def _store_listing(url: str) -> dict[str, tuple]:
+    from hf_pretrain.object_store.urls import StoreURL, filesystem
+
+    store = StoreURL.parse(url)
+    found = filesystem(store).find(store.path, detail=True)
+    return {k: (v["size"], v.get("ETag"), str(v.get("LastModified"))) for k, v in found.items()}
+
+
+def test_prepare_into_a_url_uploads_everything_meta_last(store_data, smoke_data, s3_server):
+    url, log, _ = store_data
+    listing = _store_listing(url)
+    prefix = url.removeprefix("s3://") + "/"
+    names = {k.removeprefix(prefix) for k in listing}
+    meta = json.loads((smoke_data / "meta.json").read_text())
+    for source in meta["sources"]:
+        for split in source["splits"].values():
+            for entry in split["files"]:
+                assert {entry["file"], entry["file"] + ".index", entry["file"] + ".blocks"} <= names
+        assert f"{source['folder']}/source.json" in names
+    assert {"meta.json", "blocks.json", "tokenizer/tokenizer.json"} <= names
+    assert not any(n.startswith(("logs/", "prepare")) for n in names)  # only what a reader needs
+    stored_meta = json.loads(_cat(url, "meta.json"))
+    # the same bytes as a local prepare of the same recipe: the same shards, the same checksums
+    assert [s["splits"] for s in stored_meta["sources"]] == [s["splits"] for s in meta["sources"]]
+    assert FAKE_SECRET not in log
+
+
+def _cat(url: str, name: str) -> bytes:
+    from hf_pretrain.object_store.urls import StoreURL, filesystem
+
+    store = StoreURL.parse(url).join(name)
+    return filesystem(store).cat_file(store.path)
+
+
+def test_a_second_prepare_into_the_url_says_complete_and_rewrites_nothing(store_data, s3_server, tmp_path):
+    import os
+
+    url, _, _ = store_data
+    before = _store_listing(url)
+    env = os.environ | s3_server.env | {"HF_PRETRAIN_HOME": str(tmp_path / "empty"), "HF_HUB_OFFLINE": "1"}
+    result = subprocess.run(
+        [sys.executable, "-m", "hf_pretrain.cli", "prepare", "--recipe", "smoke", "--data-dir", url],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "already prepared" in result.stdout
+    assert _store_listing(url) == before
+    assert not (tmp_path / "empty" / "data").exists()  # nothing prepared again on this machine
+
+
+# ---------------------------------------------------------------------- training reads the URL
+@pytest.fixture
+def machine(tmp_path, monkeypatch):
+    """Another machine: an empty cache folder, and nothing this process synced before."""
+    from hf_pretrain.object_store import data_cache
+
+    def fresh(name: str) -> Path:
+        home = tmp_path / name
+        monkeypatch.setenv("HF_PRETRAIN_HOME", str(home))
+        monkeypatch.setattr(data_cache, "_SYNCED", {})
+        return home
+
+    return fresh
+
+
+def _batches(recipe, start_step: int, n: int) -> list:
+    from hf_pretrain.data import build_train_loader
+
+    loader = build_train_loader(recipe, 0, 1, recipe.grad_accum_steps(1), start_step)
+    it = iter(loader)
+    out = [next(it) for _ in range(n)]
+    del it
+    return out
+
+
+def _assert_same(a: list, b: list) -> None:
+    import torch
+
+    assert len(a) == len(b)
+    for x, y in zip(a, b, strict=True):
+        assert torch.equal(x, y)
+
+
+def test_batches_from_the_url_equal_the_local_ones_and_a_resume_elsewhere_too(store_data, smoke_data, machine):
+    from hf_pretrain.data import build_val_loader
+
+    url, _, _ = store_data
+    local = load_recipe("smoke", {"data_dir": str(smoke_data)})
+    remote = load_recipe("smoke", {"data_dir": url})
+    home = machine("a")
+    _assert_same(_batches(remote, 0, 12), _batches(local, 0, 12))  # 6 steps, through a loader worker
+    assert list((home / "data" / "s3").rglob("blocks/rank0/*/*/*/*"))  # the blocks came into this machine's cache
+    _assert_same([b for b, _ in build_val_loader(remote, 0, 1)], [b for b, _ in build_val_loader(local, 0, 1)])
+    machine("b")  # a resume at step 4 on another machine: its own empty cache
+    _assert_same(_batches(remote, 4, 6), _batches(local, 4, 6))
+
+
+@pytest.fixture(scope="module")
+def small_blocks(s3_server, smoke_data):
+    """The smoke data uploaded with 1 KiB blocks (the smoke corpus is ~40 blocks of the real 64 KiB)."""
+    from hf_pretrain.object_store import data_blocks
+    from hf_pretrain.object_store.data_upload import upload_prepared
+    from hf_pretrain.object_store.urls import StoreURL, filesystem
+
+    url = s3_server.make_bucket("small-blocks") + "/smoke"
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(data_blocks, "BLOCK_BYTES", 1024)
+        copy = _copy_prepared(smoke_data, smoke_data.parent / "smoke_small_blocks")
+        upload_prepared(copy, StoreURL.parse(url), filesystem(StoreURL.parse(url)), log=lambda _: None)
+    return url
+
+
+def _copy_prepared(source: Path, target: Path) -> Path:
+    import shutil
+
+    if not target.exists():
+        shutil.copytree(source, target, ignore=shutil.ignore_patterns("logs", "*.blocks", "blocks.json"))
+    return target
+
+
+def test_a_small_cache_evicts_and_gives_the_same_batches(small_blocks, smoke_data, machine, monkeypatch):
+    from hf_pretrain.object_store.data_cache import StoreData
+
+    fetched = []
+    real_fetch = StoreData.fetch
+    monkeypatch.setattr(
+        StoreData, "fetch", lambda self, file, block: fetched.append((file, block)) or real_fetch(self, file, block)
+    )
+    local = load_recipe("smoke", {"data_dir": str(smoke_data)})
+    # 300 KB of a 2.6 MB corpus; no loader worker, so this process sees every fetch
+    remote = load_recipe("smoke", {"data_dir": small_blocks, "data_cache_gb": 0.0003, "num_workers": 0})
+    home = machine("small")
+    _assert_same(_batches(remote, 0, 40), _batches(local, 0, 40))
+    cached = [p.stat().st_size for p in home.rglob("blocks/rank0/**/*") if p.is_file()]
+    assert len(set(fetched)) * 1024 > 400_000  # more distinct blocks than the cache holds: some were evicted
+    assert sum(cached) <= 300_000  # and the cache kept its bound
+
+
+def test_a_cache_too_small_for_one_step_is_one_line_naming_the_key(small_blocks, machine):
+    from hf_pretrain.object_store.store_calls import StoreError
+
+    machine("tiny")
+    remote = load_recipe("smoke", {"data_dir": small_blocks, "data_cache_gb": 0.00001})
+    with pytest.raises(StoreError) as refused:
+        _batches(remote, 0, 1)
+    message = str(refused.value)
+    assert "\n" not in message and "data_cache_gb=1e-05" in message and "--data_cache_gb 0.0" in message
+
+
+@pytest.fixture(scope="module")
+def corrupt_store(s3_server, smoke_data):
+    """The smoke data uploaded, then the first 4 KB of its largest training shard overwritten in the store
+    (same size): (url, that shard's file name)."""
+    from hf_pretrain.object_store.data_upload import upload_prepared
+    from hf_pretrain.object_store.urls import StoreURL, filesystem
+
+    url = s3_server.make_bucket("corrupt") + "/smoke"
+    store = StoreURL.parse(url)
+    fs = filesystem(store)
+    upload_prepared(_copy_prepared(smoke_data, smoke_data.parent / "smoke_corrupt"), store, fs, log=lambda _: None)
+    meta = json.loads((smoke_data / "meta.json").read_text())
+    shard = max((e for s in meta["sources"] for e in s["splits"]["train"]["files"]), key=lambda e: e["tokens"])
+    good = fs.cat_file(store.join(shard["file"]).path)
+    fs.pipe_file(store.join(shard["file"]).path, bytes(b ^ 0xFF for b in good[:4096]) + good[4096:])
+    return url, shard["file"]
+
+
+def test_a_corrupted_shard_in_the_store_is_caught_by_its_checksum(corrupt_store, machine):
+    from hf_pretrain.data import build_train_loader
+    from hf_pretrain.object_store.data_cache import StoreDataCorrupt
+
+    url, shard = corrupt_store
+    machine("c")
+    remote = load_recipe("smoke", {"data_dir": url, "num_workers": 0})
+    dataset = build_train_loader(remote, 0, 1, 2, 0).dataset.datasets[1]  # the stdlib source: its first samples
+    with pytest.raises(StoreDataCorrupt) as caught:
+        dataset[0]
+    assert shard in str(caught.value) and "checksum" in str(caught.value)
+
+
+def test_a_store_cut_during_a_fetch_is_retried_then_a_clear_line(store_data, machine, s3_server, monkeypatch):
+    import threading
+
+    from hf_pretrain.object_store.data_cache import StoreData
+    from hf_pretrain.object_store.store_calls import StoreError
+
+    url, _, _ = store_data
+    monkeypatch.setenv("HF_PRETRAIN_STORE_RETRY_DELAYS", "1,1")
+    machine("cut")
+    data = StoreData(url, None, 10**9)
+    file = next(iter(data.sizes))
+    s3_server.proxy.cut()
+    try:
+        threading.Timer(1.0, s3_server.proxy.restore).start()
+        assert len(data.block(file, 0)) == min(data.block_bytes, data.sizes[file])  # came back: retried
+        s3_server.proxy.cut()
+        monkeypatch.setenv("HF_PRETRAIN_STORE_RETRY_DELAYS", "0.1")
+        with pytest.raises(StoreError) as failed:
+            data.fetch(file, 1 if data.sizes[file] > data.block_bytes else 0)
+    finally:
+        s3_server.proxy.restore()
+    message = str(failed.value)
+    assert "\n" not in message and "did not answer after 2 tries" in message and FAKE_SECRET not in message
+
+
+# ---------------------------------------------------------------------- the trainer
+def _train(url: str, run_dir: Path, home: Path, s3_server, **overrides) -> subprocess.CompletedProcess:
+    from tests.helpers import launch_training
+
+    env = s3_server.env | {"HF_PRETRAIN_HOME": str(home), "HF_PRETRAIN_STORE_RETRY_DELAYS": "0.2"}
+    return launch_training(url, run_dir, check=False, env=env, **overrides)
+
+
+def _losses(run_dir: Path) -> list[float]:
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [r["loss"] for r in records if "loss" in r]
+
+
+@pytest.mark.slow
+def test_training_from_the_url_on_an_empty_machine_trains_as_the_local_data_does(
+    store_data, reference_run, s3_server, tmp_path
+):
+    url, _, _ = store_data
+    log = _train(url, tmp_path / "run", tmp_path / "home", s3_server)
+    assert "Traceback" not in log, log[-3000:]
+    assert _losses(tmp_path / "run") == _losses(reference_run[0])  # the same batches, the same math
+    assert list((tmp_path / "home" / "data").rglob("blocks/rank0/*/*/*/*"))
+    assert FAKE_SECRET not in log
+
+
+@pytest.mark.slow
+def test_a_trainer_on_a_damaged_shard_or_a_missing_bucket_stops_in_one_line_with_78(corrupt_store, s3_server, tmp_path):
+    import re
+
+    url, shard = corrupt_store
+    for data_dir, expected in ((url, shard), ("s3://no-such-bucket-hf/data", "does not exist")):
+        run_dir = tmp_path / re.sub(r"\W", "-", data_dir)
+        log = _train(data_dir, run_dir, tmp_path / "home", s3_server)
+        status = json.loads((run_dir / "status.json").read_text()) if (run_dir / "status.json").is_file() else {}
+        # (accelerate's launcher prints its own traceback for any failed child; none comes from hf_pretrain)
+        assert expected in log and not re.search(r'File "[^"]*hf_pretrain/', log) and FAKE_SECRET not in log
+        assert "keep what workers receive picklable" not in log, log[-3000:]
+        assert status["exit_code"] == 78, status
+
+
+def test_a_local_data_dir_imports_no_store_package(smoke_data):
+    """A user who never names a URL loads none of the store packages (fsspec, s3fs, aiobotocore, gcsfs): the
+    data check, the preflight's data rows, the loaders. (boto3 is accelerate's own import where installed.)"""
+    code = f"""
+import sys
+from hf_pretrain.config import load_recipe
+from hf_pretrain.data import build_train_loader, build_val_loader, check_prepared_data, data_identity
+from hf_pretrain.preflight.data import check_data_cache
+recipe = load_recipe("smoke", {{"data_dir": {str(smoke_data)!r}, "num_workers": 0}})
+check_prepared_data(recipe)
+data_identity(recipe.data.data_dir)
+assert check_data_cache(recipe) == []
+next(iter(build_train_loader(recipe, 0, 1, 2, 0)))
+next(iter(build_val_loader(recipe, 0, 1)))
+print(sorted(m for m in sys.modules if m.split(".")[0] in ("fsspec", "s3fs", "aiobotocore", "gcsfs")))
+"""
+    from tests.helpers import offline_env
+
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=offline_env(), timeout=300
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_the_doctor_reads_a_data_url(store_data, s3_server, tmp_path):
+    """Complete data: the data rows pass with the cache's size against the data; a missing bucket: one row,
+    one line, no traceback, no credential."""
+    import os
+
+    from tests.helpers import offline_env
+
+    env = offline_env() | s3_server.env | {"HF_PRETRAIN_HOME": str(tmp_path / "home")}
+    env |= {"HF_PRETRAIN_STORE_RETRY_DELAYS": "0.2"}
+    url, _, _ = store_data
+    out = {}
+    for name, data_dir in (("good", url), ("missing", "s3://no-such-bucket-hf/data")):
+        command = [sys.executable, "-m", "hf_pretrain.cli", "doctor", "--recipe", "smoke", "--data_dir", data_dir]
+        command += ["--output_dir", str(tmp_path / name)]
+        result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300, cwd=os.getcwd())
+        out[name] = result.stdout + result.stderr
+    assert "all of it fits; no block is fetched twice" in out["good"], out["good"][-3000:]
+    data_rows = [
+        line for line in out["missing"].splitlines() if "no-such-bucket-hf" in line and "does not exist" in line
+    ]
+    assert data_rows, out["missing"][-3000:]
+    assert "Traceback" not in out["missing"] and FAKE_SECRET not in out["missing"] + out["good"]
+
+
+@pytest.mark.slow
+def test_a_store_cut_during_the_upload_is_retried_then_a_clear_line(s3_server, smoke_data, monkeypatch):
+    import threading
+
+    from hf_pretrain.object_store.data_upload import UploadIncomplete, upload_prepared
+    from hf_pretrain.object_store.urls import StoreURL, filesystem
+
+    monkeypatch.setenv("HF_PRETRAIN_STORE_RETRY_DELAYS", "1,1")
+    copy = _copy_prepared(smoke_data, smoke_data.parent / "smoke_upload_cut")
+    url = StoreURL.parse(s3_server.make_bucket("upload-cut") + "/smoke")
+    fs = filesystem(url)
+    s3_server.proxy.cut()
+    try:
+        threading.Timer(1.0, s3_server.proxy.restore).start()
+        upload_prepared(copy, url, fs, log=lambda _: None)  # came back: every file retried until it is in
+        assert json.loads(fs.cat_file(url.join("meta.json").path)) == json.loads((copy / "meta.json").read_text())
+        again = StoreURL.parse(s3_server.make_bucket("upload-cut-2") + "/smoke")
+        monkeypatch.setenv("HF_PRETRAIN_STORE_RETRY_DELAYS", "0.1")
+        s3_server.proxy.cut()
+        with pytest.raises(UploadIncomplete) as failed:
+            upload_prepared(copy, again, filesystem(again), log=lambda _: None)
+    finally:
+        s3_server.proxy.restore()
+    message = str(failed.value)
+    assert "\n" not in message and "the same command uploads what the store lacks" in message
+    assert FAKE_SECRET not in message
+    assert not filesystem(again).exists(again.join("meta.json").path)  # never "complete" in the store
+
+
+def test_refused_credentials_are_one_line_without_the_secret_and_not_retried(monkeypatch):
+    """moto accepts any key, so the store's answer is stood in for: s3fs raises PermissionError on a 403."""
+    from hf_pretrain.object_store.store_calls import StoreError, store_call
+
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", FAKE_SECRET)
+    calls = []
+
+    def refused():
+        calls.append(1)
+        raise PermissionError(f"SignatureDoesNotMatch for secret {FAKE_SECRET}")
+
+    with pytest.raises(StoreError) as refusal:
+        store_call("reading", "s3://bucket/data/meta.json", refused)
+    message = str(refusal.value)
+    assert len(calls) == 1 and "\n" not in message and FAKE_SECRET not in message
+    assert "refused the credentials" in message and "AWS_SECRET_ACCESS_KEY" in message
