@@ -1,6 +1,6 @@
 """A run whose output_dir is an object-store URL (issue 40), against a local S3 server (moto).
 
-The acceptance run: trained to `s3://` in folder A and SIGKILLed once a checkpoint reached the store,
+The acceptance run: prepared into `s3://` and trained there from folder A, and SIGKILLed once a checkpoint reached the store,
 then the same command from folder B with an empty cache finishes it, bit for bit equal to the
 uninterrupted reference run. Then the faults: the store cut mid-upload, a checksum mismatch on
 download, a store that cannot be used at the start, a second machine on the same URL, and secrets.
@@ -66,13 +66,20 @@ def every_file_text(*folders: Path) -> str:
 
 
 @pytest.mark.slow
-def test_a_run_killed_on_one_machine_finishes_on_another_bit_for_bit(
-    reference_run, smoke_data, s3_bucket, s3_server, tmp_path
-):
-    url = f"{s3_bucket}/run"
+def test_a_run_killed_on_one_machine_finishes_on_another_bit_for_bit(reference_run, s3_bucket, s3_server, tmp_path):
+    """The issue's acceptance run: the data prepared into the store too, so machine B shares no disk with A."""
+    url, data_url = f"{s3_bucket}/run", f"{s3_bucket}/data"
     a, b = machine(tmp_path / "A", s3_server), machine(tmp_path / "B", s3_server)
+    prepared = subprocess.run(
+        [sys.executable, "-m", "hf_pretrain.cli", "prepare", "--recipe", "smoke", "--data_dir", data_url],
+        **a,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert prepared.returncode == 0, prepared.stderr[-3000:]
     first = subprocess.Popen(
-        train_command(smoke_data, url), **a, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        train_command(data_url, url), **a, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
     wait_until(lambda: complete_in_store(url), first)  # a checkpoint reached the store ...
     first.send_signal(signal.SIGKILL)  # ... and the machine is lost
@@ -80,7 +87,7 @@ def test_a_run_killed_on_one_machine_finishes_on_another_bit_for_bit(
     assert first.returncode == -signal.SIGKILL, log_a[-2000:]
     assert not store_fs().exists(f"{url}/final"), "the run finished before the kill"
 
-    second = subprocess.run(train_command(smoke_data, url), **b, capture_output=True, text=True, timeout=600)
+    second = subprocess.run(train_command(data_url, url), **b, capture_output=True, text=True, timeout=600)
     log_b = second.stdout + second.stderr
     assert second.returncode == 0, log_b[-3000:]
     assert "took over the lease" in log_b  # the killed holder's lease, its pid gone
@@ -103,7 +110,9 @@ def test_a_run_killed_on_one_machine_finishes_on_another_bit_for_bit(
     # (f) no credential anywhere: logs, both local copies (status.json, metrics, recipe), the store's objects
     store_copy = tmp_path / "store_copy"
     store_fs().get(f"{url}/", str(store_copy), recursive=True)
-    text = log_a + log_b + every_file_text(tmp_path / "A", tmp_path / "B", store_copy)
+    text = (
+        prepared.stdout + prepared.stderr + log_a + log_b + every_file_text(tmp_path / "A", tmp_path / "B", store_copy)
+    )
     assert FAKE_SECRET not in text and FAKE_KEY_ID not in text
 
 
