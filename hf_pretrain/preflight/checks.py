@@ -36,6 +36,7 @@ from hf_pretrain.preflight.hub_access import check_hub
 from hf_pretrain.preflight.init_from import check_init_from
 from hf_pretrain.preflight.result import CheckResult, PreflightError, format_table
 from hf_pretrain.preflight.resume import check_resume, check_stop_request
+from hf_pretrain.preflight.store_access import check_store
 from hf_pretrain.preflight.trackers import check_trackers
 
 __all__ = ["MEMORY_PROBE_ENV", "CheckResult", "PreflightError", "format_table", "preflight", "run_checks"]
@@ -70,6 +71,9 @@ def run_checks(
     """Every check, in the order a run meets them: software, GPU, data (and the base model of init_from),
     disk, memory, money. `resume_decision` is training's own (made once, then loaded); the doctor's is
     made here, once, for the checks that ask it."""
+    store = _in_store(recipe)
+    if store is not None:  # a URL output_dir (the doctor's; training checks its working copy): see preflight/store.py
+        recipe, url_recipe = store, recipe
     decision = resume_decision or functools.cache(lambda: decide_resume(recipe))
     checks: list[tuple[str, Callable[[], CheckResult | list[CheckResult]]]] = [
         ("versions", lambda: check_versions(recipe)),
@@ -88,7 +92,7 @@ def run_checks(
         ("batch", lambda: check_batch_split(recipe, world_size)),
         ("num_workers", lambda: check_num_workers(recipe)),
         ("loader", lambda: check_loader_pickling(recipe)),
-        ("output_dir", lambda: check_output_writable(recipe)),
+        ("output_dir", lambda: check_output_writable(recipe) if store is None else check_store(url_recipe)),
         ("in use", lambda: check_not_in_use(recipe)),
         ("resume", lambda: check_resume(recipe, decision)),
         ("stop request", lambda: check_stop_request(recipe, decision)),
@@ -98,6 +102,20 @@ def run_checks(
         ("time and cost", lambda: check_cost(recipe, this_gpu(), world_size)),
     ]
     return [result for name, check in checks for result in _guarded(name, check)]
+
+
+def _in_store(recipe: Recipe) -> Recipe | None:
+    """For a URL output_dir, the recipe whose output_dir is the local working copy training would use."""
+    from hf_pretrain.object_store.urls import is_url
+
+    if not is_url(recipe.train.output_dir):
+        return None
+    import dataclasses
+
+    from hf_pretrain.object_store.run_sync import working_copy
+
+    local = dataclasses.replace(recipe.train, output_dir=str(working_copy(recipe.train)))
+    return dataclasses.replace(recipe, train=local)
 
 
 def tried_on_the_device(refusal: CheckResult) -> CheckResult:
