@@ -100,6 +100,14 @@ def test_a_run_killed_on_one_machine_finishes_on_another_bit_for_bit(
     assert status["store"]["steps_behind"] == 0 and status["store"]["last_error"] is None
     assert not store_fs().exists(f"{url}/lease.json")  # released at the end
 
+    # the run is named by its URL, never by a machine's cache path: the recipe as run, status.json
+    caches = (str(tmp_path / "A" / "home"), str(tmp_path / "B" / "home"))
+    for name in ("resolved_recipe.yaml", "status.json"):
+        text = store_fs().cat_file(f"{url}/{name}").decode()
+        assert url in text and not any(cache in text for cache in caches), (name, text)
+    assert f"output_dir: {url}\n" in (local_b / "resolved_recipe.yaml").read_text()
+    assert status["checkpoint"] == f"{url}/checkpoints/step_00000012", status
+
     # (f) no credential anywhere: logs, both local copies (status.json, metrics, recipe), the store's objects
     store_copy = tmp_path / "store_copy"
     store_fs().get(f"{url}/", str(store_copy), recursive=True)
@@ -275,7 +283,8 @@ def test_a_stop_written_into_the_store_reaches_the_trainer(smoke_data, s3_bucket
         [sys.executable, "-m", "hf_pretrain.cli", "stop", url], **laptop, capture_output=True, text=True, timeout=120
     )
     assert stop.returncode == 0, stop.stderr
-    assert "asked the run" in stop.stdout and f"{url}/stop_request.json" in stop.stdout
+    assert f"asked the run in {url} " in stop.stdout and f"{url}/stop_request.json" in stop.stdout
+    assert str(tmp_path / "laptop" / "home") not in stop.stdout  # the URL, not the view's cache path
     out = trainer.communicate(timeout=600)[0]
     assert trainer.returncode == 0, out[-3000:]
     assert "a stop request for" in out

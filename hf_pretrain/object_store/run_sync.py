@@ -84,6 +84,8 @@ class RunInStore:
 
     def _pull(self) -> None:
         self.say(f"store: {self.url} -> working copy {self.local}")
+        self.local.mkdir(parents=True, exist_ok=True)  # the working copy names its URL (records and messages use it)
+        RunDir(self.local).store_link.write_text(json.dumps({"url": str(self.url)}) + "\n")
         for leftover in checkpoints_root(self.local).glob(f"*{UPLOAD_SUFFIX}"):  # a session killed mid-upload
             import shutil
 
@@ -225,7 +227,13 @@ class RunInStore:
     def _changed(self, mirror: bool = False) -> None:
         self._write_section()
         if mirror and (RunDir(self.local).status.is_file()):
-            self.fs.put_file(str(RunDir(self.local).status), self.url.join("status.json").path)
+            status = RunDir(self.local).status
+            sent = self.uploader.in_store_terms(status)
+            try:
+                self.fs.put_file(str(sent), self.url.join("status.json").path)
+            finally:
+                if sent != status:
+                    sent.unlink(missing_ok=True)
 
     def _write_section(self) -> None:
         """status.json's `store` section, beside what the session wrote (the session keeps it)."""

@@ -35,6 +35,7 @@ from hf_pretrain.object_store.urls import StoreURL
 if TYPE_CHECKING:
     from fsspec import AbstractFileSystem
 
+QUOTES_PATHS = ("status.json",)  # records whose text names local paths (training/session.py writes them)
 UPLOAD_SUFFIX = ".upload"  # hard links of a checkpoint on its way to the store; never listed or resumed
 
 
@@ -189,7 +190,27 @@ class Uploader:
         Without `retry`, one try (the heartbeat's thread must not wait on a store that is down)."""
         pairs = [(self.local / n, self.url.join(n).path) for n in SMALL_FILES if (self.local / n).is_file()]
         keep_trying = self._keep_trying if retry else lambda: False
-        return put_files(self.fs, pairs, None, keep_trying, lambda e: self._error(e, "uploading the records"))
+        sent = [(self.in_store_terms(path), remote) for path, remote in pairs]
+        try:
+            return put_files(self.fs, sent, None, keep_trying, lambda e: self._error(e, "uploading the records"))
+        finally:
+            for (path, _), (copy, _) in zip(pairs, sent, strict=True):
+                if copy != path:
+                    copy.unlink(missing_ok=True)
+
+    def in_store_terms(self, path: Path) -> Path:
+        """`path` itself, or for a record that quotes this machine's working copy (status.json: the
+        checkpoint, final/, metrics), a copy of it naming the run's URL there instead: the store holds
+        the same layout, and another machine reads it (the copy is the caller's to remove)."""
+        if path.name not in QUOTES_PATHS:
+            return path
+        try:
+            text = path.read_text()
+        except OSError:
+            return path
+        copy = path.with_name(f".{path.name}.{threading.get_ident()}.for_store")
+        copy.write_text(text.replace(str(self.local), str(self.url)))
+        return copy
 
     def _retention(self) -> None:
         """Keep the newest `keep` complete checkpoints in the store, its milestones and branch points."""
