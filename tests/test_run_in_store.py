@@ -290,3 +290,42 @@ def test_a_stop_written_into_the_store_reaches_the_trainer(smoke_data, s3_bucket
     assert "a stop request for" in out
     assert _logged_steps(local) < 60  # it stopped early
     assert json.loads(store_fs().cat_file(f"{url}/status.json"))["state"] in ("finished", "stopped")
+
+
+@pytest.fixture
+def guarded_store():
+    """A store that checks keys and policies (a moto server of its own; the shared one lets all in)."""
+    pytest.importorskip("moto.server", reason="the object-store tests need the dev extra (moto[server])")
+    from tests.object_store_server import running_authenticating_s3_server
+
+    with running_authenticating_s3_server() as server:
+        yield server
+
+
+def test_wrong_credentials_and_a_read_only_key_are_refused_at_the_start_in_one_line(
+    smoke_data, guarded_store, tmp_path
+):
+    url = f"{guarded_store.bucket}/run"
+    home = {"HF_PRETRAIN_HOME": str(tmp_path / "home")}
+    key_id, secret = guarded_store.writer
+    cases = (
+        (("AKIANOSUCHKEY0000000", FAKE_SECRET), "refused the credentials", "does not exist in our records"),
+        ((key_id, FAKE_SECRET), "refused the credentials", "signature"),
+        (guarded_store.reader, "may not write to", "Access Denied"),
+    )
+    for key, says, store_said in cases:
+        result = _start(smoke_data, url, {**guarded_store.env(key), **home}, tmp_path)
+        assert result.returncode == EXIT_PREFLIGHT, result.stderr[-2000:]
+        lines = [line for line in result.stderr.splitlines() if line.strip()]
+        assert len(lines) == 1 and "Traceback" not in result.stderr, result.stderr
+        assert says in lines[0] and store_said.lower() in lines[0].lower() and url in lines[0], lines[0]
+        assert key[1] not in result.stdout + result.stderr  # the secret never shows, refused or not
+    assert not (tmp_path / "home" / "runs").exists()  # before any work
+
+    import s3fs
+
+    writer = guarded_store.env(guarded_store.writer)
+    fs = s3fs.S3FileSystem(
+        key=writer["AWS_ACCESS_KEY_ID"], secret=writer["AWS_SECRET_ACCESS_KEY"], endpoint_url=guarded_store.endpoint
+    )
+    assert fs.ls(guarded_store.bucket.removeprefix("s3://")) == []  # nothing written: no probe, no lease
