@@ -329,3 +329,50 @@ def test_wrong_credentials_and_a_read_only_key_are_refused_at_the_start_in_one_l
         key=writer["AWS_ACCESS_KEY_ID"], secret=writer["AWS_SECRET_ACCESS_KEY"], endpoint_url=guarded_store.endpoint
     )
     assert fs.ls(guarded_store.bucket.removeprefix("s3://")) == []  # nothing written: no probe, no lease
+
+
+def launch_command(data_dir: Path, url: str, **overrides) -> list[str]:
+    """`accelerate launch` of two CPU processes (DDP over gloo) on the short smoke run."""
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file"]
+    cmd += [str(ROOT / "accelerate_configs" / "cpu_2proc.yaml"), *train_command(data_dir, url, **overrides)[1:]]
+    return cmd
+
+
+@pytest.mark.slow
+def test_two_processes_resume_a_url_run_on_another_machine_bit_for_bit(smoke_data, s3_bucket, s3_server, tmp_path):
+    """Each machine's first process pulls; the other waits for the pull before it reads the copy (had it
+    read the empty copy, it would start from step 0 beside a first process that resumed)."""
+    import os
+
+    from tests.helpers import launch_training
+
+    reference = tmp_path / "reference"
+    launch_training(smoke_data, reference, processes=2)  # uninterrupted, two processes, a local folder
+
+    url = f"{s3_bucket}/run"
+    a, b = machine(tmp_path / "A", s3_server), machine(tmp_path / "B", s3_server)
+    first = subprocess.Popen(
+        launch_command(smoke_data, url),
+        **a,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,  # the launcher and its two workers, killed together as a lost machine's
+    )
+    try:
+        wait_until(lambda: complete_in_store(url), first)
+    finally:
+        os.killpg(first.pid, signal.SIGKILL)
+    first.communicate(timeout=60)
+    assert not store_fs().exists(f"{url}/final"), "the run finished before the kill"
+    resumed_at = complete_in_store(url)[0]
+
+    second = subprocess.run(launch_command(smoke_data, url), **b, capture_output=True, text=True, timeout=600)
+    log = second.stdout + second.stderr
+    assert second.returncode == 0, log[-4000:]
+    assert "resumed from" in log and f"step {resumed_at}" in log and "starting from step 0" not in log, log[-4000:]
+    local_b = tmp_path / "B" / "home" / "runs" / "s3" / url.removeprefix("s3://")
+    expected = load_file(reference / "final" / "model.safetensors")
+    finished = load_file(local_b / "final" / "model.safetensors")
+    assert expected.keys() == finished.keys()
+    assert all(torch.equal(expected[k], finished[k]) for k in expected)
