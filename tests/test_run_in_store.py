@@ -376,3 +376,59 @@ def test_two_processes_resume_a_url_run_on_another_machine_bit_for_bit(smoke_dat
     finished = load_file(local_b / "final" / "model.safetensors")
     assert expected.keys() == finished.keys()
     assert all(torch.equal(expected[k], finished[k]) for k in expected)
+
+
+def test_a_runs_half_uploads_are_removed_at_its_next_start_and_no_one_elses(s3_bucket, tmp_path, monkeypatch):
+    from hf_pretrain.config import load_recipe
+    from hf_pretrain.object_store.run_sync import RunInStore
+    from hf_pretrain.object_store.uploader import WRITER, Uploader
+    from hf_pretrain.object_store.urls import StoreURL
+
+    monkeypatch.setenv("HF_PRETRAIN_HOME", str(tmp_path / "home"))
+    url, fs = f"{s3_bucket}/run", store_fs()
+    fs.pipe_file(f"{url}/run.json", b'{"run_id": "run-a"}')
+    folders = {  # step: (writer, complete)
+        4: ("run-a", True),
+        8: ("run-a", False),  # this run's, cut short: removed
+        12: ("run-b", False),  # another run's: left
+        16: (None, False),  # nobody's mark: left
+        20: ("run-a", True),
+    }
+    for step, (writer, complete) in folders.items():
+        folder = f"{url}/checkpoints/step_{step:08d}"
+        fs.pipe_file(f"{folder}/model.safetensors", b"weights")
+        if writer:
+            fs.pipe_file(f"{folder}/{WRITER}", json.dumps({"run_id": writer}).encode())
+        if complete:
+            fs.pipe_file(f"{folder}/manifest.json", b"{}")
+            fs.pipe_file(f"{folder}/train_state.json", json.dumps({"step": step}).encode())
+
+    said = []
+    train = load_recipe("smoke", {"output_dir": url, "keep_checkpoints": 2}).train
+    from hf_pretrain.object_store import run_sync
+
+    monkeypatch.setattr(run_sync, "pull_run", lambda *a, **k: None)  # what the store holds is not a real run
+    run = RunInStore.begin(train, say=said.append)
+    try:
+        left = {int(p.rstrip("/")[-8:]) for p in fs.ls(f"{url}/checkpoints", detail=False)}
+        assert left == {4, 12, 16, 20}, said
+        assert any("removed" in line and "step_00000008" in line for line in said), said
+        assert any("left" in line and "step_00000012" in line and "run-b" in line for line in said), said
+        assert run.uploader.run_id == "run-a"  # every session of the run marks its uploads with the run's id
+
+        # the uploader marks a folder as this run's before its first byte; retention counts complete folders only
+        local = tmp_path / "local" / "checkpoints" / "step_00000024"
+        local.mkdir(parents=True)
+        (local / "model.safetensors").write_bytes(b"w" * 1000)
+        (local / "train_state.json").write_text(json.dumps({"step": 24}))
+        (local / "manifest.json").write_text("{}")
+        uploader = Uploader(fs, StoreURL.parse(url), tmp_path / "local", keep=2, say=said.append, run_id="run-a")
+        uploader.submit(local, 24)
+        assert uploader.wait(60)
+        uploader.close()
+        mark = json.loads(fs.cat_file(f"{url}/checkpoints/step_00000024/{WRITER}"))
+        assert mark["run_id"] == "run-a"
+        left = {int(p.rstrip("/")[-8:]) for p in fs.ls(f"{url}/checkpoints", detail=False)}
+        assert left == {12, 16, 20, 24}, left  # 2 complete kept (20, 24); the halves neither counted nor touched
+    finally:
+        run.close()

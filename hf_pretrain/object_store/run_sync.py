@@ -31,7 +31,7 @@ from hf_pretrain.object_store.pull import complete_steps, pull_run
 from hf_pretrain.object_store.reach import describe_failure, open_checked
 from hf_pretrain.object_store.secrets import redact
 from hf_pretrain.object_store.transfer import put_files
-from hf_pretrain.object_store.uploader import UPLOAD_SUFFIX, Uploader
+from hf_pretrain.object_store.uploader import UPLOAD_SUFFIX, Uploader, remove_half_uploads, run_identity
 from hf_pretrain.run_dir import RunDir, read_status, set_activity
 
 if TYPE_CHECKING:
@@ -127,8 +127,17 @@ class RunInStore:
             run.lease.release()
             raise
         mark_pulled(run.local, run.url)  # this machine's other processes may read the copy now
+        run_id = run_identity(run.fs, run.url, run.lease.run_id)
+        remove_half_uploads(run.fs, run.url, run_id, run.say)  # the lease is ours: none of this run uploads
         run.uploader = Uploader(
-            run.fs, run.url, run.local, train.keep_checkpoints, train.milestone_interval, run._changed, run.say
+            run.fs,
+            run.url,
+            run.local,
+            train.keep_checkpoints,
+            train.milestone_interval,
+            run._changed,
+            run.say,
+            run_id=run_id,
         )
         run._catch_up()
         run._ticker = threading.Thread(target=run._tick, name="hf-pretrain-store", daemon=True)
