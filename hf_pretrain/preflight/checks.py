@@ -72,7 +72,9 @@ def run_checks(
     disk, memory, money. `resume_decision` is training's own (made once, then loaded); the doctor's is
     made here, once, for the checks that ask it."""
     store = _in_store(recipe)
-    if store is not None:  # a URL output_dir (the doctor's; training checks its working copy): see preflight/store.py
+    if (
+        store is not None
+    ):  # a URL output_dir (the doctor's; training checks its working copy): see preflight/store_access.py
         recipe, url_recipe = store, recipe
     decision = resume_decision or functools.cache(lambda: decide_resume(recipe))
     checks: list[tuple[str, Callable[[], CheckResult | list[CheckResult]]]] = [
