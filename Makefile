@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 PIP_INSTALL := $(BIN)/pip install --quiet --disable-pip-version-check -c constraints.txt
 RUN_DIR := runs/smoke
 
-.PHONY: smoke test slow_test liger_test quality style bench gpu_check clean
+.PHONY: smoke test slow_test liger_test quality style bench gpu_check gpu_check_ship clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -58,16 +58,19 @@ bench: $(VENV)/.installed-dev
 	$(BIN)/python benchmarks/bench_loop.py
 	$(BIN)/python benchmarks/bench_trainer.py
 
-## gpu_check: on a GPU machine, what only a GPU can show (docs/gpu.md): Liger, the 1b's options on CUDA
+## gpu_check: on one GPU, what only a GPU can show, in one run of at most 9 minutes on an H100 (docs/gpu.md):
+## `hf-pretrain check` on the 1b with its variants (bf16 as shipped, FP8 tensorwise and rowwise, Liger, the
+## chunked loss, each SDPA kernel) and the micro-batch search; `make gpu_check_ship` adds what it measured to
+## the shipped records (economics/measured.jsonl) and docs/gpu.md
 gpu_check: $(VENV)/.installed-dev
 	$(PIP_INSTALL) -e '.[dev,liger]'
-	$(BIN)/hf-pretrain prepare --recipe smoke
-	$(BIN)/hf-pretrain doctor --recipe smoke --mixed_precision bf16 --compile true --liger true
-	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q tests/test_gpu_paths.py tests/test_loss.py tests/test_doctor.py
-	rm -rf runs/gpu_check  # a check starts fresh each time
-	$(BIN)/accelerate launch --config_file accelerate_configs/single_gpu.yaml hf_pretrain/train.py \
-		--recipe smoke --mixed_precision bf16 --compile true --liger true --max_steps 100 \
-		--output_dir runs/gpu_check
+	HF_HUB_OFFLINE=1 $(BIN)/hf-pretrain check --recipe 1b --budget_s 510 --steps 3 --warmup 2 --output runs/gpu_check \
+		--variant 'mixed_precision=fp8 fp8_recipe=tensorwise' --variant 'mixed_precision=fp8 fp8_recipe=rowwise' \
+		--variant liger=true --variant chunked_loss=true \
+		--variant attention_backend=cudnn --variant attention_backend=flash --variant attention_backend=efficient
+
+gpu_check_ship: $(VENV)/.installed-base
+	$(BIN)/python benchmarks/ship_check.py runs/gpu_check
 
 clean:
 	rm -rf $(RUN_DIR) data/smoke

@@ -17,6 +17,16 @@ no mask, which then picks `is_causal=True` (any query longer than one token) and
 attends to the whole cache (a batch of one prompt, as generation here runs, has no padding to hide).
 An explicit 4D mask a caller passes reaches the function and is honoured.
 
+Which kernel SDPA runs is the recipe's `attention_backend`: `auto` leaves torch its own choice (its
+priority order, cuDNN first on Hopper with a recent cuDNN); `flash`, `efficient`, `cudnn` or `math`
+registers the same function under its own name (`implementation_name`) whose call is wrapped in
+`torch.nn.attention.sdpa_kernel([chosen, math], set_priority=True)`: dynamo traces that context
+manager, so the compiled graph calls the chosen kernel (tests/test_compiled_step.py reads it off the
+graph). Math stays as the fallback for a call the chosen kernel cannot take (a decoding step's odd
+shape), so a choice never fails a run; the doctor refuses a kernel this card lacks before it starts
+(preflight/gpu.py). On a CPU torch only looks at whether a kernel is allowed, not at the order: its
+flash kernel runs unless `math` is chosen.
+
 The name lives only in this process: `config.json` never stores the attention implementation
 (transformers drops `_attn_implementation` when it writes the config), so an exported model loads
 with the client's default, `sdpa`, which computes the same function.
@@ -24,12 +34,41 @@ with the client's default, `sdpa`, which computes the same function.
 
 from __future__ import annotations
 
+import contextlib
+import functools
+
 import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 # The implementation name the training model runs under (model.py sets it on every model it builds).
 CAUSAL_SDPA = "hf_pretrain_causal_sdpa"
+# `attention_backend` -> torch's SDPA backend (`auto`: none named, torch chooses).
+BACKENDS = {
+    "flash": SDPBackend.FLASH_ATTENTION,
+    "efficient": SDPBackend.EFFICIENT_ATTENTION,
+    "cudnn": SDPBackend.CUDNN_ATTENTION,
+    "math": SDPBackend.MATH,
+}
+
+
+def implementation_name(backend: str) -> str:
+    """The attention implementation a model with this `attention_backend` runs under (transformers takes a
+    name containing "flash" for its own flash-attention kernels: the kernel's enum value names it instead)."""
+    return CAUSAL_SDPA if backend not in BACKENDS else f"{CAUSAL_SDPA}_backend{BACKENDS[backend].value}"
+
+
+def backend_priority(backend: str) -> list[SDPBackend]:
+    """The chosen kernel first, math behind it (the call no other kernel takes)."""
+    return list(dict.fromkeys([BACKENDS[backend], SDPBackend.MATH]))
+
+
+def chosen_kernel(backend: str):
+    """The context in which SDPA prefers `backend` (nothing for `auto`)."""
+    if backend not in BACKENDS:
+        return contextlib.nullcontext()
+    return sdpa_kernel(backend_priority(backend), set_priority=True)
 
 
 def causal_sdpa_attention(
@@ -47,4 +86,11 @@ def causal_sdpa_attention(
     return sdpa_attention_forward(module, query, key, value, None, is_causal=True, **kwargs)
 
 
+def _with_backend(backend: str, module, query, key, value, attention_mask, **kwargs):
+    with chosen_kernel(backend):
+        return causal_sdpa_attention(module, query, key, value, attention_mask, **kwargs)
+
+
 AttentionInterface.register(CAUSAL_SDPA, causal_sdpa_attention)
+for _name in BACKENDS:
+    AttentionInterface.register(implementation_name(_name), functools.partial(_with_backend, _name))

@@ -18,6 +18,7 @@ COMMANDS = {
         "train the recipe in this process (`accelerate launch hf_pretrain/train.py` for several)",
     ),
     "stop": ("hf_pretrain.training.stop_request", "ask a running job to finish now: decay (wsd), save, write final/"),
+    "status": ("hf_pretrain.run_status", "where a run stands: state, step, last checkpoint, loss, stop request"),
     "doctor": ("hf_pretrain.preflight.doctor", "check the plumbing of a run before spending money on it"),
     "export": (
         "hf_pretrain.publish.export_command",
@@ -25,6 +26,10 @@ COMMANDS = {
     ),
     "eval": ("hf_pretrain.evaluation.eval_command", "score a model with lm-evaluation-harness"),
     "bench": ("hf_pretrain.bench", "measure tokens/s, MFU, memory and $/token for recipe variants"),
+    "check": (
+        "hf_pretrain.check",
+        "is this pod worth renting for the recipe? five minutes, no data (rent, check, then move in)",
+    ),
     "plan": ("hf_pretrain.economics.plan", "tokens, time and cost of a run before it starts"),
     "report": ("hf_pretrain.report", "plots and a page for a run folder"),
     "demo": ("hf_pretrain.publish.demo_command", "a Gradio app that compares checkpoints"),

@@ -8,6 +8,18 @@ stays as a bf16 run has it: bf16 autocast (Accelerate's `fp8` turns it on), the 
 head and the loss. Only the decoder's projections go FP8: the head's input is the whole model's
 output and its logits feed the loss, where FP8's 3 mantissa bits cost the most per FLOP saved.
 
+And only the projections where FP8 pays (`pays_in_fp8`): a matmul too small gains less from FP8's
+rate than its casts to float8 cost. The rule is torchao's, stated in its float8 README's performance
+tables (H100, compiled, forward + backward of one linear, the speed-up by shape) and in its
+`_auto_filter_for_recipe`: with tensorwise scaling a layer of at most 4096 inputs and 1024 outputs is
+slower in FP8; with rowwise scaling, one of at most 2048 outputs, or 1024 inputs, or 4096 outputs and
+2048 inputs. For the `1b` (hidden 2048, 8 KV heads of 64, MLP 8192) tensorwise keeps the 2048 x 512 K
+and V projections in bf16 and converts q, o, gate, up and down; rowwise converts gate and up alone.
+The performance model prices the same split (economics/workload.py); tests/test_fp8.py names the
+layers of the 1b. An emulated run (`fp8_emulate`) is never faster, so speed decides nothing there:
+it converts every decoder projection (with shapes `_scaled_mm` takes), so the CPU checks the FP8 math
+on all of them and a quality proxy's cost is an upper bound of what the size rule's run pays.
+
 `fp8_recipe` picks torchao's scaling: `tensorwise` (one scale per tensor, the fastest) or `rowwise`
 (one per row: finer, for outliers, slower on Hopper). `fp8_emulate` runs the same casts and scales
 with the matmul emulated in fp32, so the CPU and CI run the FP8 math without an FP8 GPU.
@@ -15,9 +27,12 @@ with the matmul emulated in fp32, so the CPU and CI run the FP8 math without an 
 
 from __future__ import annotations
 
-import torch
+from typing import TYPE_CHECKING
 
 from hf_pretrain.config import TrainConfig
+
+if TYPE_CHECKING:  # imported where a model is built: the size rule, which `plan` asks, needs no torch
+    import torch
 
 # torch._scaled_mm wants both dimensions of every FP8 operand to be multiples of 16.
 SCALED_MM_MULTIPLE = 16
@@ -25,15 +40,36 @@ SCALED_MM_MULTIPLE = 16
 DECODER_LAYERS = "model.layers."
 
 
-def is_decoder_linear(module: torch.nn.Module, fqn: str) -> bool:
-    """The module filter: a linear layer inside a decoder layer (attention and MLP projections), with
-    shapes `_scaled_mm` takes. The head (`lm_head`, tied to the embedding) is not one, so it stays bf16."""
-    return (
-        isinstance(module, torch.nn.Linear)
-        and fqn.startswith(DECODER_LAYERS)
-        and module.in_features % SCALED_MM_MULTIPLE == 0
-        and module.out_features % SCALED_MM_MULTIPLE == 0
-    )
+def pays_in_fp8(in_features: int, out_features: int, fp8_recipe: str) -> bool:
+    """Whether a linear layer of this shape is faster in FP8 than in bf16 under `fp8_recipe`'s scaling
+    (torchao's size rule, module docstring), and `_scaled_mm` takes its shape at all."""
+    if in_features % SCALED_MM_MULTIPLE or out_features % SCALED_MM_MULTIPLE:
+        return False
+    if fp8_recipe == "rowwise":
+        return not (out_features <= 2048 or in_features <= 1024 or (out_features <= 4096 and in_features <= 2048))
+    return not (in_features <= 4096 and out_features <= 1024)
+
+
+def decoder_linear_filter(fp8_recipe: str, everywhere: bool = False):
+    """The module filter for `fp8_recipe`: a linear layer inside a decoder layer (attention and MLP
+    projections) where FP8 pays, or every one `_scaled_mm` takes with `everywhere` (emulation). The head
+    (`lm_head`, tied to the embedding) is not one: it stays bf16."""
+
+    def pays(in_features: int, out_features: int) -> bool:
+        if everywhere:
+            return in_features % SCALED_MM_MULTIPLE == 0 and out_features % SCALED_MM_MULTIPLE == 0
+        return pays_in_fp8(in_features, out_features, fp8_recipe)
+
+    def selected(module: torch.nn.Module, fqn: str) -> bool:
+        import torch
+
+        return (
+            isinstance(module, torch.nn.Linear)
+            and fqn.startswith(DECODER_LAYERS)
+            and pays(module.in_features, module.out_features)
+        )
+
+    return selected
 
 
 def import_torchao_float8():
@@ -61,7 +97,11 @@ def fp8_handlers(train: TrainConfig) -> list:
         return []
     from accelerate.utils import AORecipeKwargs
 
-    return [AORecipeKwargs(config=float8_config(train), module_filter_func=is_decoder_linear)]
+    return [
+        AORecipeKwargs(
+            config=float8_config(train), module_filter_func=decoder_linear_filter(train.fp8_recipe, train.fp8_emulate)
+        )
+    ]
 
 
 def float8_layers(model: torch.nn.Module) -> list[str]:
@@ -91,11 +131,18 @@ def cast_fp8_inputs_to_autocast_dtype(model: torch.nn.Module) -> None:
 def finish_fp8(model: torch.nn.Module, train: TrainConfig) -> str:
     """After `prepare` converted the model: align the CPU's dtypes with a GPU's; the line for the log."""
     cast_fp8_inputs_to_autocast_dtype(model)
-    how = f"{train.fp8_recipe} scaling" + (", matmuls emulated in fp32" if train.fp8_emulate else "")
-    return f"fp8: {len(float8_layers(model))} decoder linear layers in float8 ({how}); embedding, head and loss in bf16"
+    how = f"{train.fp8_recipe} scaling" + (", every projection, matmuls emulated in fp32" if train.fp8_emulate else "")
+    layers = float8_layers(model)
+    kinds = sorted({name.rsplit(".", 1)[-1] for name in layers})
+    return (
+        f"fp8: {len(layers)} decoder linear layers in float8 ({how}: {', '.join(kinds) or 'none'}); "
+        f"the other projections (too small for FP8 to pay), embedding, head and loss in bf16"
+    )
 
 
 def _input_in_autocast_dtype(module: torch.nn.Module, args: tuple) -> tuple | None:
+    import torch
+
     (x,) = args
     device_type = x.device.type
     if device_type != "cuda" and torch.is_autocast_enabled(device_type):

@@ -78,15 +78,17 @@ def llama_config(
     )
 
 
-def build_model(config: LlamaConfig, device: str | torch.device | None = None) -> LlamaForCausalLM:
+def build_model(
+    config: LlamaConfig, device: str | torch.device | None = None, attention_backend: str = "auto"
+) -> LlamaForCausalLM:
     """A freshly initialised Llama with causal SDPA attention (attention.py: no mask tensor, flash-eligible
-    in compiled runs too); on `meta` it allocates nothing."""
+    in compiled runs too; `attention_backend` the SDPA kernel it prefers); on `meta` it allocates nothing."""
     import torch
     from transformers import LlamaForCausalLM
 
-    from hf_pretrain.attention import CAUSAL_SDPA
+    from hf_pretrain.attention import implementation_name
 
-    config._attn_implementation = CAUSAL_SDPA
+    config._attn_implementation = implementation_name(attention_backend)
     if device is None:
         return LlamaForCausalLM(config)
     with torch.device(device):

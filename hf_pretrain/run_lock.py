@@ -35,10 +35,12 @@ def now() -> str:
 
 
 class RunLock:
-    """An exclusive lock on a run folder for the life of this process (`acquire` / `release`)."""
+    """An exclusive lock on a run folder for the life of this process (`acquire` / `release`). `kind`
+    names what holds such folders in the refusal (a training, a bench) and `flag` the option that
+    chooses another one: `hf-pretrain bench` locks its --output the same way."""
 
-    def __init__(self, run_dir: RunDir):
-        self.run_dir = run_dir
+    def __init__(self, run_dir: RunDir, kind: str = "training", flag: str = "--output_dir"):
+        self.run_dir, self.kind, self.flag = run_dir, kind, flag
         self._fd: int | None = None
 
     def acquire(self) -> None:
@@ -50,8 +52,9 @@ class RunLock:
         except OSError as exc:
             where = exc.filename or self.run_dir.path
             raise RunDirUnusable(
-                f"cannot use {self.run_dir.path} as the run folder: {exc.strerror or exc} ({where}); choose an "
-                f"--output_dir on a writable disk (`hf-pretrain doctor` checks it)"
+                f"cannot use {self.run_dir.path} as the {'run' if self.kind == 'training' else self.kind} folder: "
+                f"{exc.strerror or exc} ({where}); "
+                f"choose a {self.flag} on a writable disk (`hf-pretrain doctor` checks it)"
             ) from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -62,7 +65,7 @@ class RunLock:
                 raise RunLocked(self._refusal(holder)) from None
             print(
                 f"warning: {self.run_dir.lock} cannot be locked ({exc.strerror}): nothing keeps a second "
-                f"training out of {self.run_dir.path}",
+                f"{self.kind} out of {self.run_dir.path}",
                 file=sys.stderr,
             )
             return
@@ -70,6 +73,11 @@ class RunLock:
         os.ftruncate(fd, 0)
         os.pwrite(fd, (json.dumps(holder) + "\n").encode(), 0)
         self._fd = fd
+
+    @property
+    def held(self) -> bool:
+        """Whether this process holds the lock (not on a filesystem without locks, where it only warned)."""
+        return self._fd is not None
 
     def release(self) -> None:
         if self._fd is None:
@@ -87,10 +95,17 @@ class RunLock:
         )
         stop = f"`kill -TERM {holder['pid']}` on {holder.get('host')}" if holder.get("pid") else "SIGTERM"
         return (
-            f"{self.run_dir.path} is in use by another training: {who}. Two trainings in one folder would "
-            f"interleave their metrics and overwrite each other's checkpoints; wait for it to end, stop it "
-            f"({stop}: it saves a checkpoint and exits), or choose another --output_dir"
+            f"{self.run_dir.path} is in use by another {self.kind}: {who}. {WHY_ONE_AT_A_TIME[self.kind]}; "
+            f"wait for it to end, stop it ({stop}{SIGTERM_DOES[self.kind]}), or choose another {self.flag}"
         )
+
+
+# why two of a kind must not share a folder, and what SIGTERM makes the holder do
+WHY_ONE_AT_A_TIME = {
+    "training": "Two trainings in one folder would interleave their metrics and overwrite each other's checkpoints",
+    "bench": "Two benches in one folder would write over each other's runs, logs and results",
+}
+SIGTERM_DOES = {"training": ": it saves a checkpoint and exits", "bench": ""}
 
 
 def _read_holder(fd: int) -> dict[str, Any]:

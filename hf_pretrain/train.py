@@ -18,6 +18,7 @@ publish/side_jobs.py, wired in here. The exit code (exit_codes.py) and `output_d
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import TYPE_CHECKING
 
@@ -28,6 +29,7 @@ from hf_pretrain.processes import end_with_launcher
 end_with_launcher(EXIT_PREEMPTED)
 
 from hf_pretrain.config import Recipe, parse_recipe_args  # noqa: E402
+from hf_pretrain.run_dir import RunDir  # noqa: E402
 
 if TYPE_CHECKING:
     from hf_pretrain.training.loop import Outcome
@@ -37,11 +39,22 @@ def run_training(recipe: Recipe) -> Outcome:
     """The loop with the recipe's side jobs (final/ at the end, the pushes and benchmarks it asks for),
     in a session that holds the run folder and leaves its status.json (training/session.py)."""
     # Imported here, after the recipe was read: `--help` and a refused flag answer without torch.
+    from hf_pretrain.checkpoints.continuation import GO_FURTHER
+    from hf_pretrain.checkpoints.resume_decision import finished_at
     from hf_pretrain.publish.side_jobs import SideJobs
+    from hf_pretrain.training.loop import Outcome
     from hf_pretrain.training.loop import train as train_loop
     from hf_pretrain.training.session import Session
 
     recipe, store = in_store(recipe)  # a URL output_dir: checked, leased, pulled; a local copy trains
+    finished = finished_at(recipe)
+    if finished is not None:  # the same command after the run completed: nothing to train, nothing written
+        message = f"the run in {recipe.train.output_dir} finished at step {finished:,}: nothing to train. {GO_FURTHER}"
+        if os.environ.get("RANK", "0") == "0":  # every process of a launched job comes here: one says it
+            print(message, flush=True)
+        if store is not None:
+            store.close()  # the lease handed back: nothing was trained, nothing to upload
+        return Outcome(0, message, RunDir(recipe.train.output_dir).final, finished=True)
     side_jobs = SideJobs(recipe.train)
     try:
         with Session(recipe.train.output_dir) as session:

@@ -302,3 +302,25 @@ def test_a_resume_verification_that_lasts_shows_its_line_and_says_verifying(tmp_
     assert manifest.verify_showing(folder, say=lines.append, activity=activity)["step"] == 2
     assert seen == ["verifying", None]
     assert re.fullmatch(r"verifying step_00000002: [\d.]+ MB in \d+ s \([\d.]+ MB/s\)", lines[-1]), lines
+
+
+def test_a_live_line_never_says_more_bytes_than_its_total(tmp_path):
+    """Issue 38: final/'s line read "5.5 MB of 5.3 MB": its total was the weights alone, and final/ holds a
+    card and a plot beside them. The total is now what an export keeps, and one overtaken says no total."""
+    from hf_pretrain.checkpoints.progress import ByteCount, LiveLine
+    from hf_pretrain.publish.side_jobs import final_bytes
+
+    count = ByteCount(5_300_000)
+    count.add(5_500_000)
+    line = LiveLine("writing final/", count, say=None).line()
+    assert " of " not in line and line.startswith("writing final/: 5.5 MB, ")
+    count.grow(1_000_000)
+    assert "5.5 MB of 6.3 MB" in LiveLine("writing final/", count, say=None).line()
+
+    checkpoint = tmp_path / "step_00000012"
+    checkpoint.mkdir()
+    for name, size in [("model.safetensors", 1000), ("optimizer.bin", 2000), ("tokenizer.json", 30)]:
+        (checkpoint / name).write_bytes(b"x" * size)
+    (checkpoint / "config.json").write_text("{}")
+    (checkpoint / "manifest.json").write_text("{}")
+    assert final_bytes(checkpoint) == 1000 + 30 + 2  # the weights, tokenizer and config: what final/ keeps

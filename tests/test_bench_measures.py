@@ -310,6 +310,42 @@ def test_plan_uses_a_recorded_measurement_before_the_model_and_says_so(store, ca
     assert "77,900 tokens/s each (measured by train on NVIDIA H100" in capsys.readouterr().out
 
 
+def test_plan_takes_no_impossible_figure_as_measured(store, capsys):
+    """Issue 38: records of 1e12 tokens/s, NaN, a negative peak memory were shown as measured ("$0.00 per
+    billion tokens"), and a string value crashed `plan`. Each is skipped, said once with its line."""
+    _, fitted = _fitted_on(one_b(), "H100 SXM")
+    good = record_measurement(fitted, H100, 77_900.0, 37.24, "train")
+    assert good is not None
+    line = json.loads(store.read_text())
+    bad = [
+        {**line, "tokens_per_s": 1e12},  # line 2: MFU in the thousands
+        {**line, "tokens_per_s": float("nan")},  # line 3
+        {**line, "peak_memory_gib": -5},  # line 4
+        {**line, "tokens_per_s": "fast"},  # line 5
+        {**line, "peak_memory_gib": 500.0},  # line 6: more than the card holds
+    ]
+    with store.open("a") as file:
+        file.writelines(json.dumps(record) + "\n" for record in bad)
+    capsys.readouterr()
+    assert recorded_measurement(fitted, "H100 SXM") == good  # the good one, beneath them all
+    assert plan.main(["--recipe", "1b", "--gpu", "all"]) == 0
+    assert plan.main(["--recipe", "1b", "--gpu", "all"]) == 0
+    captured = capsys.readouterr()
+    table = {row.split(" | ")[0]: row for row in captured.out.splitlines() if row.startswith("| ")}
+    assert "| 77,900 measured |" in table["| H100 SXM"], captured.out
+    assert "1,000,000,000,000" not in captured.out and "$0.00" not in captured.out
+    notes = [n for n in captured.err.splitlines() if n.startswith("note: ")]
+    said = sorted(int(note.split(f"{store} line ")[1].split()[0]) for note in notes)
+    assert said == [2, 3, 4, 5, 6], notes  # once each, not per lookup
+    assert "MFU above 1" in captured.err and "'fast'" in captured.err and "nan" in captured.err
+    assert "-5" in captured.err and "500.0 GiB is more than the H100 SXM" in captured.err
+
+    store.write_text("".join(json.dumps(record) + "\n" for record in bad))  # no good record: the model's figure
+    assert plan.main(["--recipe", "1b", "--gpu", "H100"]) == 0
+    out = capsys.readouterr().out
+    assert " measured |" not in out and "measured rows" not in out and "Traceback" not in out
+
+
 def test_the_doctor_uses_this_gpus_measurement_for_time_cost_and_memory(store, monkeypatch):
     recipe = one_b(micro_batch_size=16)  # the estimate refused it; the card ran it at 65.9 GiB
     monkeypatch.setattr(measurements, "this_gpu", lambda: H100)

@@ -229,6 +229,41 @@ def test_bench_rejects_a_malformed_variant(capsys, tmp_path):
     assert "KEY=VALUE" in capsys.readouterr().err
 
 
+@pytest.mark.slow
+def test_two_benches_into_one_output_are_locked_like_training_folders(smoke_data, tmp_path):
+    """Issue 38: a second bench into the same --output ran, and one failed pointing at the other's log.
+    Now the second is refused at once with exit 73 naming the first, which goes on untouched."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from hf_pretrain.exit_codes import EXIT_LOCKED
+    from tests.helpers import ROOT, offline_env
+
+    out = tmp_path / "bench"
+    command = [sys.executable, "-m", "hf_pretrain.cli", "bench", "--recipe", "smoke", "--data_dir", str(smoke_data)]
+    command += ["--steps", "200", "--warmup", "1", "--memory_gib", "0.7", "--output", str(out)]
+    env = {**offline_env(), "HF_PRETRAIN_HOME": str(tmp_path / "home")}
+    first = subprocess.Popen(
+        command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while f'"pid": {first.pid}' not in ((out / "run.lock").read_text() if (out / "run.lock").exists() else ""):
+            assert first.poll() is None and time.monotonic() < deadline, "the first bench never held its --output"
+            time.sleep(0.1)
+        second = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+        assert second.returncode == EXIT_LOCKED, second.stderr
+        assert f"in use by another bench: pid {first.pid}" in second.stderr and "--output" in second.stderr
+        assert "Traceback" not in second.stderr
+        assert first.poll() is None  # the first goes on
+    finally:
+        os.killpg(first.pid, signal.SIGKILL)
+        first.wait()
+
+
 # ---------------------------------------------------------------------- bench: a real CPU run
 @pytest.mark.slow
 def test_bench_smoke_measures_variants_and_finds_the_largest_micro_batch(smoke_data, tmp_path, monkeypatch):

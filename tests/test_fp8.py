@@ -112,7 +112,7 @@ def test_every_decoder_projection_goes_fp8_and_the_embedding_and_tied_head_do_no
     layers = model.config.num_hidden_layers
     converted = float8_layers(model)
     assert len(converted) == 7 * layers and {name.rsplit(".", 1)[-1] for name in converted} == DECODER_PROJECTIONS
-    assert f"{7 * layers} decoder linear layers in float8 ({fp8_recipe} scaling" in line
+    assert f"{7 * layers} decoder linear layers in float8 ({fp8_recipe} scaling, every projection" in line
     assert type(model.lm_head) is torch.nn.Linear and type(model.model.embed_tokens) is torch.nn.Embedding
     assert model.lm_head.weight is model.model.embed_tokens.weight  # still tied
     granularity = model.model.layers[0].mlp.down_proj.config.cast_config_weight.scaling_granularity
@@ -138,6 +138,30 @@ def test_every_decoder_projection_goes_fp8_and_the_embedding_and_tied_head_do_no
     assert torch.isfinite(loss) and all(p.grad is not None and torch.isfinite(p.grad).all() for p in after.values())
     assert len(seen) == len(converted) and set(seen.values()) == {(torch.bfloat16, torch.bfloat16)}
     AcceleratorState._reset_state(reset_partial_state=True)
+
+
+@pytest.mark.parametrize(
+    "fp8_recipe, in_fp8",
+    [
+        # torchao's size rule: the 2048 x 512 K/V projections cost more in FP8 than they gain
+        ("tensorwise", {"q_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}),
+        # rowwise's scales cost more: only the two 2048 -> 8192 MLP projections pay
+        ("rowwise", {"gate_proj", "up_proj"}),
+    ],
+)
+def test_the_1b_puts_in_fp8_only_the_projections_where_it_pays(fp8_recipe, in_fp8):
+    from hf_pretrain.fp8 import decoder_linear_filter
+    from hf_pretrain.model import recipe_tokenizer_size
+
+    recipe = load_recipe("1b", {"mixed_precision": "fp8", "fp8_recipe": fp8_recipe})
+    model = build_model(llama_config(recipe.model, recipe_tokenizer_size(recipe)), device="meta")
+    selected = decoder_linear_filter(recipe.train.fp8_recipe)
+    chosen = {name for name, module in model.named_modules() if selected(module, name)}
+    assert {name.rsplit(".", 1)[-1] for name in chosen} == in_fp8
+    assert len(chosen) == len(in_fp8) * recipe.model.num_hidden_layers  # every layer alike, the head never
+    # emulated, every projection goes FP8 (speed decides nothing there)
+    everywhere = decoder_linear_filter(fp8_recipe, everywhere=True)
+    assert {n.rsplit(".", 1)[-1] for n, m in model.named_modules() if everywhere(m, n)} == DECODER_PROJECTIONS
 
 
 def test_emulated_fp8_tracks_bf16_closely_but_not_exactly():

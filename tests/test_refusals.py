@@ -179,6 +179,25 @@ def test_the_next_start_recognises_a_killed_session(tmp_path, capsys):
         assert "killed" not in read_status(tmp_path)["reason"]
 
 
+def test_a_start_removes_the_unfinished_save_of_a_killed_session_and_nothing_else(tmp_path, capsys):
+    """Issue 38: a `step_N.tmp/` left by two SIGTERMs during a save was never cleaned. A start that holds
+    the lock removes one that holds only what a save writes; a folder with anything else stays."""
+    root = tmp_path / "checkpoints"
+    torn = root / "step_00000007.tmp"
+    torn.mkdir(parents=True)
+    for name in ("model.safetensors", "optimizer.bin", "random_states_0.pkl", "config.json", "tokenizer.json"):
+        (torn / name).write_bytes(b"partial")
+    foreign = root / "step_00000009.tmp"
+    foreign.mkdir()
+    (foreign / "my_notes.txt").write_text("mine")
+    with Session(tmp_path) as session:
+        session.ended(0, "done", True)
+    assert not torn.exists() and (foreign / "my_notes.txt").read_text() == "mine"
+    out = capsys.readouterr().out
+    assert "removed step_00000007.tmp: the unfinished save of a session that was killed while saving" in out
+    assert f"{foreign} holds files no save writes: left as it is" in out
+
+
 # ---------------------------------------------------------------------- real runs on CPU
 WSD = {"lr_schedule": "wsd", "decay_fraction": 0.25, "eval_interval": 0, "save_interval": 4, "log_interval": 1}
 

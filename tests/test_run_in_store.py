@@ -245,8 +245,8 @@ def test_a_local_run_never_imports_a_store_client():
     subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=offline_env(), check=True)
 
 
-def test_export_and_report_read_a_run_url(reference_run, s3_bucket, s3_server, tmp_path, monkeypatch):
-    from hf_pretrain import report
+def test_export_report_and_status_read_a_run_url(reference_run, s3_bucket, s3_server, tmp_path, monkeypatch, capsys):
+    from hf_pretrain import report, run_status
     from hf_pretrain.publish import export
 
     monkeypatch.setenv("HF_PRETRAIN_HOME", str(tmp_path / "home"))
@@ -263,6 +263,11 @@ def test_export_and_report_read_a_run_url(reference_run, s3_bucket, s3_server, t
     assert report.main([url, "--output", str(tmp_path / "report")]) == 0
     assert (tmp_path / "report" / "report.md").is_file() or list((tmp_path / "report").glob("*.md"))
     assert export.main(["--checkpoint", "s3://no-such-bucket-x/run", "--out", str(tmp_path / "m2")]) == EXIT_PREFLIGHT
+    capsys.readouterr()
+    assert run_status.main([url]) == 0
+    said = capsys.readouterr().out
+    assert "finished" in said and newest.split("_")[-1].lstrip("0") in said.replace(",", "")
+    assert run_status.main(["s3://no-such-bucket-x/run"]) == EXIT_PREFLIGHT
 
 
 @pytest.mark.slow

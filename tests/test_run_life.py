@@ -20,6 +20,7 @@ from safetensors.torch import load_file
 
 from hf_pretrain.checkpoints.continuation import ResumeRefused
 from hf_pretrain.checkpoints.layout import BRANCH_POINT, TRAIN_STATE
+from hf_pretrain.checkpoints.manifest import write_manifest
 from hf_pretrain.checkpoints.recipe_changes import plan_continuation
 from hf_pretrain.checkpoints.store import prune_checkpoints
 from hf_pretrain.config import RecipeError, build_recipe, load_recipe, math_keys
@@ -180,6 +181,7 @@ def test_pruning_keeps_the_last_checkpoint_before_the_decay(tmp_path):
     for step in (10, 20, 30, 40):
         (root / f"step_{step:08d}").mkdir(parents=True)
         (root / f"step_{step:08d}" / TRAIN_STATE).write_text(json.dumps({"step": step, BRANCH_POINT: step == 20}))
+        write_manifest(root / f"step_{step:08d}")  # sealed: retention counts only checkpoints that are whole
     prune_checkpoints(tmp_path, keep=1)
     assert sorted(p.name for p in root.iterdir()) == ["step_00000020", "step_00000040"]
 
@@ -336,6 +338,49 @@ def test_plan_run_prices_going_further_and_the_report_draws_the_forecast(tmp_pat
     assert "going there: 289 more steps, 0.08 h" in out and "per loss point" in out
     page = report.write_report(run.path, tmp_path / "report")
     assert "## Forecast" in page.read_text() and (tmp_path / "report" / "forecast.png").stat().st_size > 1000
+
+
+def _write_train_records(path: Path, steps, loss_of, mode: str = "a") -> None:
+    with path.open(mode) as f:
+        for step in steps:
+            record = {"kind": "train", "step": step, "tokens": step * 4096, "loss": loss_of(step), "lr": 3e-3}
+            f.write(json.dumps(record | {"tokens_per_s": 4096, "elapsed": float(step)}) + "\n")
+
+
+def test_plan_run_fits_the_branch_that_went_on_after_a_stop_and_a_refusal_names_a_fix(tmp_path, capsys):
+    """Issue 38: a run stopped (a cooldown from step 100) and then taken further from its checkpoint before
+    the decay kept the old cooldown record: `plan --run` fitted only the steps before the stop, and with
+    too few of them refused without a fix. It fits the lineage that went on, and a refusal says when."""
+    from hf_pretrain.config import save_recipe
+
+    run = RunDir(tmp_path / "run")
+    run.path.mkdir()
+    save_recipe(
+        load_recipe("smoke", {"lr_schedule": "wsd", "max_steps": 400, "price_per_hour": 2.0}), run.resolved_recipe
+    )
+    curve = lambda step: float(power_law(np.array([step * 4096.0]))[0])  # noqa: E731
+    _write_train_records(run.metrics, range(1, 101), curve, mode="w")
+    with run.metrics.open("a") as f:  # the stop's cooldown began at step 100 (the branch point's step)
+        f.write(json.dumps({"kind": "cooldown", "step": 100, "end": 120, "reason": "stop request"}) + "\n")
+    _write_train_records(run.metrics, range(101, 301), curve)  # went further from step 100: stable again
+    assert plan.main(["--run", str(run.path), "--tokens", "2e6"]) == 0
+    out = capsys.readouterr().out
+    assert "the loss curve over steps " in out
+    fitted_to = int(out.split("the loss curve over steps ")[1].split(" ")[0].split("-")[1].replace(",", ""))
+    assert fitted_to == 300, out  # the code before fitted steps up to 100, the stop
+
+    short = RunDir(tmp_path / "short")
+    short.path.mkdir()
+    save_recipe(
+        load_recipe("smoke", {"lr_schedule": "wsd", "max_steps": 400, "log_interval": 10}), short.resolved_recipe
+    )
+    _write_train_records(short.metrics, range(10, 60, 10), curve, mode="w")
+    assert plan.main(["--run", str(short.path)]) == 2
+    err = capsys.readouterr().err
+    assert (
+        "too few to fit the loss curve" in err
+        and f"rerun `hf-pretrain plan --run {short.path}` once the run has logged step" in err
+    )
 
 
 # ---------------------------------------------------------------------- data budget
@@ -529,3 +574,43 @@ def test_a_key_added_since_the_checkpoint_counts_as_its_default_not_as_a_change(
     assert changed_math_keys({"math_keys": saved}, recipe) == {}
     chunked = build_recipe(recipe.to_dict(), {"chunked_loss": True})
     assert changed_math_keys({"math_keys": saved}, chunked) == {"train.chunked_loss": (False, True)}
+
+
+def _folder_snapshot(folder: Path) -> dict[str, tuple[int, int]]:
+    return {
+        str(p.relative_to(folder)): (p.stat().st_size, p.stat().st_mtime_ns) for p in folder.rglob("*") if p.is_file()
+    }
+
+
+@pytest.mark.slow
+def test_a_finished_run_started_again_says_so_writes_nothing_and_status_reads_it(
+    reference_run, smoke_data, tmp_path, capsys
+):
+    """Issue 38: the same command after the run completed said "resumed", drew a full bar and rewrote
+    final/, and the doctor said "ready to train". Now it says the run finished and how to go further,
+    writes nothing and exits 0; the doctor says the same; `hf-pretrain status` reads it for a person."""
+    from hf_pretrain.preflight import doctor
+    from hf_pretrain.run_status import main as status_main
+
+    run_dir = tmp_path / "run"
+    shutil.copytree(reference_run[0], run_dir)
+    before = _folder_snapshot(run_dir)
+    log = launch_training(smoke_data, run_dir)
+    assert f"the run in {run_dir} finished at step 12: nothing to train. To go further" in log, log[-3000:]
+    assert "--max_steps" in log and "resumed" not in log
+    assert _folder_snapshot(run_dir) == before  # no final/ rewritten, no status, no recipe, no metrics
+
+    args = [f"--{key}={value}" for key, value in {**SHORT_RUN, "data_dir": smoke_data, "output_dir": run_dir}.items()]
+    capsys.readouterr()
+    assert doctor.main(["--recipe", "smoke", *args]) == 0
+    out = capsys.readouterr().out
+    assert "ready to train" not in out and "the run finished at step 12, nothing to train" in out
+
+    assert status_main([str(run_dir)]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"{run_dir}: finished (exit 0), step 12 of 12, ")
+    assert f"last checkpoint: {run_dir / 'checkpoints' / 'step_00000012'} (step 12;" in out
+    assert "stop request: none" in out and "next: To go further" in out and "last logged: step 12, loss " in out
+    assert status_main([str(run_dir), "--verify"]) == 0 and "every byte checked" in capsys.readouterr().out
+    assert _folder_snapshot(run_dir) == before
+    assert status_main([str(tmp_path / "nothing")]) == 2

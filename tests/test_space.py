@@ -12,7 +12,8 @@ import pytest
 from huggingface_hub import SpaceCard
 
 from hf_pretrain.config import DEFAULT_PROMPTS
-from hf_pretrain.publish.space import write_space
+from hf_pretrain.publish.space import SpaceRefused, write_space
+from hf_pretrain.publish.targets import WRITTEN_RECORD
 from tests.helpers import OUTSIDE_CHECKOUT, ROOT, offline_env
 from tests.hub_standin import HubStandIn
 from tests.test_demo import free_port, greedy_completion
@@ -39,7 +40,13 @@ def hf_pretrain_cli(*args: str, env: dict[str, str] | None = None) -> subprocess
 
 def test_the_space_has_an_app_its_requirements_and_a_readme_the_hub_reads(tmp_path):
     out = write_space(["me/llama-step10k", "me/llama-final"], tmp_path / "space", title="Llama, step by step")
-    assert sorted(p.name for p in out.iterdir()) == ["README.md", "app.py", "demo.json", "requirements.txt"]
+    assert sorted(p.name for p in out.iterdir()) == [
+        WRITTEN_RECORD,
+        "README.md",
+        "app.py",
+        "demo.json",
+        "requirements.txt",
+    ]
     card = SpaceCard.load(out / "README.md")
     assert card.data.sdk == "gradio"
     assert card.data.sdk_version == importlib.metadata.version("gradio")
@@ -129,8 +136,8 @@ def test_push_creates_a_gradio_space_and_uploads_the_folder(tmp_path):
     assert set(hub.state.authorization) == {f"Bearer {TOKEN}"}
     [commit] = hub.state.commits
     assert commit["repo"] == "me/llama-demo"
-    written = {p.name: p.read_bytes() for p in (tmp_path / "space").iterdir()}
-    assert commit["files"] == written
+    written = {p.name: p.read_bytes() for p in (tmp_path / "space").iterdir() if p.name != WRITTEN_RECORD}
+    assert commit["files"] == written  # the record of what was written stays on this machine
 
 
 def test_a_space_push_goes_through_the_one_upload_path(tmp_path):
@@ -171,3 +178,30 @@ def test_a_model_that_is_not_a_repo_id_is_refused(tmp_path):
     assert result.returncode == 2
     assert "is not a Hub repo id" in result.stderr
     assert not (tmp_path / "space").exists()
+
+
+def test_space_never_writes_over_a_users_files(tmp_path):
+    """Issue 38: `space --out` wrote its app.py over the user's own in an existing folder, silently."""
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "app.py").write_text("my own app")
+    (project / "notes.txt").write_text("mine")
+    refused = hf_pretrain_cli("space", "--model", "me/llama", "--out", str(project))
+    assert refused.returncode == 2, refused.stderr
+    assert "app.py" in refused.stderr and "notes.txt" in refused.stderr and "--overwrite" in refused.stderr
+    assert len(refused.stderr.strip().splitlines()) == 1  # one line, no traceback
+    assert sorted(p.name for p in project.iterdir()) == ["app.py", "notes.txt"]
+    assert (project / "app.py").read_text() == "my own app"
+
+    own = write_space(["me/a"], tmp_path / "space")
+    write_space(["me/b"], own)  # a Space this command wrote, unchanged: written again
+    assert '"me/b"' in (own / "demo.json").read_text()
+    (own / "app.py").write_text("edited by hand")
+    with pytest.raises(SpaceRefused, match=r"app\.py \(changed since hf-pretrain space\)"):
+        write_space(["me/c"], own)
+    assert (own / "app.py").read_text() == "edited by hand"
+
+    replaced = hf_pretrain_cli("space", "--model", "me/llama", "--out", str(project), "--overwrite")
+    assert replaced.returncode == 0, replaced.stderr
+    assert (project / "app.py").read_text() == TEMPLATE.read_text()
+    assert (project / "notes.txt").read_text() == "mine"  # what the Space does not write is kept

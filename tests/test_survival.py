@@ -199,6 +199,42 @@ def test_resume_auto_skips_torn_checkpoints_and_a_named_one_must_be_good(referen
     assert "model.safetensors is missing" in log
 
 
+def flip_last_byte(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("damaged, keep", [("model.safetensors", 2), ("optimizer.bin", 1)])
+def test_a_corrupt_checkpoint_is_set_aside_and_never_costs_a_good_one(
+    reference_run, smoke_data, tmp_path, damaged, keep
+):
+    """Issue 38: retention counted a corrupt checkpoint among the kept ones and deleted the good one
+    before it (with keep 1, the step just written), and status.json named the corrupt one."""
+    reference_dir, _ = reference_run
+    run_dir = copy_checkpoint_run(reference_dir, tmp_path)
+    shutil.copy(reference_dir / "metrics.jsonl", run_dir / "metrics.jsonl")
+    assert complete_steps(run_dir) == [8, 12]
+    flip_last_byte(run_dir / "checkpoints" / "step_00000012" / damaged)
+
+    log = launch_training(smoke_data, run_dir, keep_checkpoints=keep, stop_at_step=10)
+    assert "skipping step_00000012" in log and f"{damaged} fails its checksum" in log, log[-3000:]
+    assert "skipping skipping" not in log and "skipped skipping" not in log
+    assert "resumed from" in log and "at step 8" in log
+    assert complete_steps(run_dir) == ([8, 10] if keep == 2 else [10]), log[-3000:]
+    aside = run_dir / "checkpoints" / "step_00000012.corrupt"
+    assert (aside / damaged).is_file() and "fails its checksum" in (aside / "SET_ASIDE.txt").read_text()
+    status = json.loads((run_dir / "status.json").read_text())
+    assert status["checkpoint_step"] == 10 and status["checkpoint"].endswith("step_00000010")
+    verify_checkpoint(run_dir / "checkpoints" / "step_00000010")
+
+    log = launch_training(smoke_data, run_dir, keep_checkpoints=keep)  # and the run goes on from it
+    assert "at step 10" in log and (run_dir / "final").exists(), log[-3000:]
+    assert train_losses(run_dir) == train_losses(reference_dir)
+    assert aside.is_dir() and json.loads((run_dir / "status.json").read_text())["checkpoint_step"] == 12
+
+
 @pytest.mark.slow
 def test_full_disk_during_save_keeps_the_previous_checkpoint(smoke_data, tmp_path):
     run_dir = tmp_path / "full"
@@ -297,12 +333,23 @@ def test_non_finite_steps_are_skipped_then_the_run_stops(smoke_data, tmp_path):
     assert all(torch.equal(step5[k], step8[k]) for k in step5)
 
 
+def fake_checkpoint(folder: Path, step: int) -> Path:
+    """A sealed checkpoint of a train state alone: enough for listing and retention."""
+    from hf_pretrain.checkpoints.manifest import write_manifest
+
+    folder.mkdir(parents=True)
+    (folder / "train_state.json").write_text(json.dumps({"step": step}))
+    (folder / "model.safetensors").write_bytes(bytes(range(256)))
+    write_manifest(folder)
+    return folder
+
+
 def test_milestones_survive_pruning(tmp_path):
     from hf_pretrain.checkpoints.store import prune_checkpoints
 
     root = tmp_path / "checkpoints"
     for step in (2, 4, 5, 6, 8, 9, 10):
-        (root / f"step_{step:08d}").mkdir(parents=True)
+        fake_checkpoint(root / f"step_{step:08d}", step)
     (root / "step_00000003.tmp").mkdir()
     prune_checkpoints(tmp_path, keep=2, milestone_interval=4)
     assert sorted(p.name for p in root.iterdir()) == [
@@ -311,3 +358,34 @@ def test_milestones_survive_pruning(tmp_path):
         "step_00000009",
         "step_00000010",
     ]
+
+
+def test_retention_sets_a_broken_checkpoint_aside_and_keeps_the_good_ones(tmp_path):
+    """A checkpoint that failed its verification (a flipped byte), or whose files do not match its
+    manifest, is renamed step_N.corrupt/ and never counted among the kept: with keep 1 the good one
+    stays (the code before deleted it and kept the corrupt one)."""
+    from hf_pretrain.checkpoints.store import newest_good_checkpoint, newest_sound_checkpoint, prune_checkpoints
+
+    root = tmp_path / "checkpoints"
+    for step in (8, 10):
+        fake_checkpoint(root / f"step_{step:08d}", step)
+    flip_last_byte(fake_checkpoint(root / "step_00000012", 12) / "model.safetensors")
+    torn = fake_checkpoint(root / "step_00000014", 14)
+    (torn / "model.safetensors").write_bytes(b"cut")
+    said: list[str] = []
+    found = newest_good_checkpoint(tmp_path, log=said.append)
+    assert found is not None and found.path.name == "step_00000010", said
+    assert newest_sound_checkpoint(tmp_path).step == 10  # what status.json names
+    prune_checkpoints(tmp_path, keep=1)
+    assert sorted(p.name for p in root.iterdir()) == [
+        "step_00000010",
+        "step_00000012.corrupt",
+        "step_00000014.corrupt",
+    ]
+    assert "fails its checksum" in (root / "step_00000012.corrupt" / "SET_ASIDE.txt").read_text()
+    assert "has 3 bytes" in (root / "step_00000014.corrupt" / "SET_ASIDE.txt").read_text()
+    fake_checkpoint(root / "step_00000012", 12)  # the step written again, good, then damaged again
+    flip_last_byte(root / "step_00000012" / "model.safetensors")
+    newest_good_checkpoint(tmp_path, log=said.append)
+    prune_checkpoints(tmp_path, keep=1)
+    assert (root / "step_00000012.corrupt.2").is_dir() and (root / "step_00000010").is_dir()

@@ -24,7 +24,9 @@ performance model's figure scaled by this card's measured / modelled, labelled e
 prices no GPU. On a GPU, each variant's tokens/s and peak memory are recorded for `plan` and the
 doctor (economics/measurements.py).
 
-Results go to `--output`: bench.json (every field) and bench.md (the tables).
+Results go to `--output`: bench.json (every field) and bench.md (the tables). One bench at a time in a
+folder: a second one into the same `--output` is refused with exit 73, naming the one that holds it
+(the lock of training folders, run_lock.py).
 
 `--quality` measures loss per token instead (bench/quality.py): finished models of each variant at
 several lengths, over seeds, and the tokens and dollars a variant saves to reach the baseline's loss.
@@ -39,6 +41,9 @@ from typing import TYPE_CHECKING
 
 from hf_pretrain.config import Recipe, RecipeError, parse_recipe_args
 from hf_pretrain.economics.prices import PriceError, price_table
+from hf_pretrain.exit_codes import EXIT_LOCKED
+from hf_pretrain.run_dir import RunDir
+from hf_pretrain.run_lock import RunDirUnusable, RunLock, RunLocked
 
 if TYPE_CHECKING:  # the bench's modules import torch, loaded once the flags are read (`--help` needs none)
     from hf_pretrain.bench.quality import QualityRequest
@@ -132,6 +137,20 @@ def quality_request(recipe: Recipe, args: argparse.Namespace) -> QualityRequest:
     )
 
 
+def hold_output(output: Path) -> int | None:
+    """Lock `output` for this bench until the process ends (the kernel drops the lock however it ends),
+    or say why not and return the exit code: 73 when another bench holds it."""
+    try:
+        RunLock(RunDir(output), kind="bench", flag="--output").acquire()
+    except RunLocked as exc:
+        print(f"{PROG}: {exc}", file=sys.stderr)
+        return EXIT_LOCKED
+    except RunDirUnusable as exc:
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return 2
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     recipe, args = parse_recipe_args(
         argv,
@@ -152,6 +171,9 @@ def main(argv: list[str] | None = None) -> int:
         except (RecipeError, ValueError) as exc:
             print(f"{PROG}: error: {exc}", file=sys.stderr)
             return 2
+        refused = hold_output(quality.output)
+        if refused is not None:
+            return refused
         result = run_quality(quality)
         return 0 if all(not c["failed"] for c in result["curves"]) else 1
     try:
@@ -159,6 +181,9 @@ def main(argv: list[str] | None = None) -> int:
     except (PriceError, RecipeError, ValueError) as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 2
+    refused = hold_output(request.output)
+    if refused is not None:
+        return refused
     try:
         result = run_bench(request)
     except DataMismatchError as exc:  # the slice of the corpus it prepared is too small to hold out validation

@@ -10,8 +10,14 @@ from pathlib import Path
 from typing import Any
 
 from hf_pretrain.checkpoints.layout import SUPERSEDED_SUFFIX
-from hf_pretrain.checkpoints.store import list_checkpoints
+from hf_pretrain.checkpoints.store import list_checkpoints, set_aside
 from hf_pretrain.run_dir import RunDir
+
+# How a finished run goes further: what `stop`, a training started again, the doctor and `status` say
+GO_FURTHER = (
+    "To go further, rerun its training command with a larger --max_steps (a wsd run goes on from its "
+    "checkpoint before the decay; docs/stopping.md)"
+)
 
 
 class ResumeRefused(RuntimeError):
@@ -33,15 +39,22 @@ class Continuation:
     max_steps_changed: bool = False
     batch_changed: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
-    skipped: list[str] = field(default_factory=list)  # newer checkpoints passed over, with the reason
+    skipped: list[str] = field(default_factory=list)  # newer checkpoints passed over: "step_N: reason"
+    # those of them that failed their verification (not a milestone without its training state): set aside
+    broken: list[tuple[Path, str]] = field(default_factory=list)
 
     def set_aside(self, run: RunDir) -> list[str]:
         """Going further: keep the old ending out of the new run's way without destroying it (main
         process only). Its final/ becomes final_step_N/; its checkpoints past the branch point become
-        step_N.superseded/, which resume and pruning ignore."""
-        if self.branch is None:
-            return []
+        step_N.superseded/, which resume and pruning ignore. Checkpoints that failed their verification
+        (`broken`) become step_N.corrupt/ (store.set_aside): kept as evidence, never counted as kept."""
         notes = []
+        for folder, reason in self.broken:
+            if folder.is_dir():
+                moved = set_aside(folder, reason)
+                notes.append(f"{folder.name} failed its verification and is set aside as {moved} (kept, never resumed)")
+        if self.branch is None:
+            return notes
         if run.final.is_dir():
             run.final.rename(run.final_before_branch(self.branch["from_step"]))
             notes.append(

@@ -1,6 +1,7 @@
 """What a checkpoint folder holds, by name: one place knows the file layout, Accelerate's included.
 
-RUN/checkpoints/step_00001000/    a complete checkpoint (step_N.tmp/ while it is written)
+RUN/checkpoints/step_00001000/    a complete checkpoint (step_N.tmp/ while it is written; step_N.corrupt/
+                                  once it failed its verification, set aside with SET_ASIDE.txt saying why)
     manifest.json                 every other file with its size and checksum (manifest.py)
     train_state.json              the sidecar: step, tokens, data position, schedule, lineage
     config.json, tokenizer*       the model's shape and tokenizer: the folder describes itself
@@ -25,6 +26,10 @@ TMP_SUFFIX = ".tmp"  # being written; never resumed from
 PIN_SUFFIX = ".pin"  # hard-linked copy held by a reader that may outlast the original (store.pin_checkpoint)
 SLIM_SUFFIX, FULL_SUFFIX = ".slim", ".full"  # a milestone being reduced to its weights, and its old self
 SUPERSEDED_SUFFIX = ".superseded"  # checkpoints of an ending a run went further from; ignored by resume
+# a checkpoint that failed its verification, set aside (renamed, never deleted: it is evidence) so that no
+# reader takes it for one and retention never counts it; `SET_ASIDE_NOTE` inside it says why and when
+CORRUPT_SUFFIX = ".corrupt"
+SET_ASIDE_NOTE = "SET_ASIDE.txt"
 
 # Accelerate's names for the model weights: one safetensors file, or a torch.distributed.checkpoint
 # (DCP) folder from FSDP's SHARDED_STATE_DICT save.

@@ -128,8 +128,8 @@ class LiveLine:
                         file=self.screen,
                         mininterval=POLL_S,
                     )
-            if self.bar is not None:
-                self.bar.total = self.count.total or None
+            if self.bar is not None:  # a total first estimated too low grows with the bytes done
+                self.bar.total = max(self.count.total, self.count.done) or None
                 self.bar.update(self.count.done - self.bar.n)
             elif time.monotonic() - printed >= PLAIN_EVERY_S:  # read here: a test shortens it
                 printed = time.monotonic()
@@ -147,5 +147,6 @@ class LiveLine:
         rate = f"{human_bytes(self.count.done / seconds)}/s" if seconds > 0 else "-"
         if done:
             return f"{self.what}: {human_bytes(self.count.done)} in {seconds:.0f} s ({rate})"
-        of = f" of {human_bytes(self.count.total)}" if self.count.total else ""
+        # a total that was an estimate, overtaken (final/ holds its card and plots beside the weights), says nothing
+        of = f" of {human_bytes(self.count.total)}" if self.count.total > self.count.done else ""
         return f"{self.what}: {human_bytes(self.count.done)}{of}, {rate}, {seconds:.0f} s"

@@ -19,6 +19,7 @@ from hf_pretrain.checkpoints.store import is_weights_only, list_checkpoints, new
 from hf_pretrain.config import Recipe
 from hf_pretrain.data import data_identity
 from hf_pretrain.model import padded_vocab_size
+from hf_pretrain.run_dir import RunDir
 
 
 def refuse_another_shape(folder: Path, recipe: Recipe, data: dict[str, Any] | None) -> None:
@@ -41,11 +42,28 @@ def resumable(folder: Path, _train_state: dict[str, Any] | None = None) -> None:
         )
 
 
+def finished_at(recipe: Recipe) -> int | None:
+    """The step at which the run in `recipe`'s output_dir finished, when this start would train nothing
+    (the same command run again after it completed): --resume auto, final/ written, and its newest
+    checkpoint at the end of its schedule under the same max_steps. None for anything else, going
+    further (another max_steps) included. Reads the newest checkpoint's train state, no checksums."""
+    t = recipe.train
+    if t.resume != "auto" or not RunDir(t.output_dir).final.is_dir():
+        return None
+    newest = newest_good_checkpoint(t.output_dir, checksums=False, log=lambda _: None)
+    saved = newest.train_state if newest is not None else {}
+    end, step = saved.get("end", saved.get("max_steps")), saved.get("step")
+    if saved.get("max_steps") != t.max_steps or end is None or step is None or step < end:
+        return None
+    return int(step)
+
+
 def decide_resume(recipe: Recipe, say: Say = None, activity: Activity = None) -> Continuation:
     """From which checkpoint `recipe`'s run goes on, and how: the one decision of a start, every file
     checked against its manifest. `none` -> a fresh start (refused on top of a run); a folder -> that
     checkpoint, which must be good; `auto` -> the newest good one, newer broken ones skipped with the
-    reason, or the last one before the decay when a wsd run goes further. `say` and `activity` show
+    reason (those that failed their verification listed in `broken`, for the session to set aside), or
+    the last one before the decay when a wsd run goes further. `say` and `activity` show
     a verification that lasts. Raises `ResumeRefused` or `CheckpointError`."""
     t = recipe.train
     data = data_identity(recipe.data.data_dir)
@@ -67,7 +85,10 @@ def decide_resume(recipe: Recipe, say: Say = None, activity: Activity = None) ->
         refuse_another_shape(folder, recipe, data)
         return plan_continuation(saved, recipe, folder, named=True, data=data)
     skipped: list[str] = []
-    found = newest_good_checkpoint(t.output_dir, log=skipped.append, usable=resumable, say=say, activity=activity)
+    broken: list[tuple[Path, str]] = []
+    found = newest_good_checkpoint(
+        t.output_dir, log=skipped.append, usable=resumable, say=say, activity=activity, broken=broken
+    )
     if found is None and list_checkpoints(t.output_dir):
         raise ResumeRefused(
             f"none of the checkpoints in {t.output_dir} can be resumed from: " + "; ".join(skipped), START_OVER
@@ -76,7 +97,7 @@ def decide_resume(recipe: Recipe, say: Say = None, activity: Activity = None) ->
         return Continuation()
     refuse_another_shape(found.path, recipe, data)
     plan = plan_continuation(found.train_state, recipe, found.path, data=data)
-    plan.skipped = skipped
+    plan.skipped, plan.broken = skipped, broken
     if plan.branch is not None:
         branch = checkpoint_path(t.output_dir, plan.branch["branch_step"])
         try:

@@ -311,6 +311,13 @@ class TrainConfig:
         "or a GPU older than compute capability 8.9: for tests and quality proxies, never faster",
         math=False,
     )
+    # Which SDPA kernel the attention prefers (hf_pretrain/attention.py); the check measures them all.
+    attention_backend: Literal["auto", "flash", "efficient", "cudnn", "math"] = key(
+        "auto",
+        "SDPA's kernel: `auto` (the fastest `hf-pretrain check` measured on this card when it has, else torch's "
+        "own choice), `flash`, `efficient`, `cudnn` or `math`; the same function, other speed",
+        math=False,
+    )
     tf32: bool = key(True, "allow TF32 matmuls on CUDA (free speed on Ampere and later)")
     compile: bool = key(False, "torch.compile the model (inductor; on the CPU too, where it builds C++ kernels)")
     compile_regions: bool = key(

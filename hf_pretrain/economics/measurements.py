@@ -9,6 +9,11 @@ layers, optimizer, precision, processes). Versions and date are kept beside it, 
 newer torch rarely makes a measured figure worse than the model's, and the reader sees both. The
 newest matching line wins.
 
+A record is used only when it is one a machine could produce: its tokens/s a finite positive number
+no higher than the card's dense peak over the model's FLOPs per token (MFU at most 1), its peak memory
+(if any) positive and within the card's memory. Any other (a hand edit, another tool's line) is
+skipped, said once per process on stderr with its file and line (`usable`).
+
 The project's own GPU measurements ship beside this module (`measured.jsonl`, `SHIPPED_STORE`: the
 `1b` on an H100 SXM, ../shared/gpu/README.md, docs/gpu.md) and are read after the user's, so a
 user's own record of the same configuration wins over them.
@@ -22,7 +27,9 @@ from __future__ import annotations
 import datetime
 import fcntl
 import json
+import math
 import os
+import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -30,7 +37,7 @@ from typing import Any
 from hf_pretrain.config import Recipe
 from hf_pretrain.economics.gpus import find_gpu
 from hf_pretrain.hardware import training_precision
-from hf_pretrain.model import recipe_tokenizer_size
+from hf_pretrain.model import recipe_flops_per_token, recipe_tokenizer_size
 from hf_pretrain.versions import installed_version
 
 STORE_NAME = "measurements.jsonl"
@@ -150,28 +157,83 @@ def record_measurement(
     return measurement
 
 
-def _stored(store: Path, shipped: bool) -> list[Measurement]:
-    """The measurements of one store, newest first (nothing where it cannot be read)."""
+_SAID: set[tuple[Path, int]] = set()  # records already said to be skipped, by file and line: said once
+
+
+def _skip(store: Path, line: int, why: str) -> None:
+    if (store, line) in _SAID:
+        return
+    _SAID.add((store, line))
+    print(
+        f"note: {store} line {line} is not used as a measurement: {why} (no machine measures that: delete the "
+        f"line; `hf-pretrain bench` on the GPU measures it again)",
+        file=sys.stderr,
+    )
+
+
+def _positive_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
+
+
+def _stored(store: Path, shipped: bool) -> list[tuple[Measurement, int]]:
+    """The measurements of one store with their line numbers, newest first (nothing where it cannot be
+    read); a record whose figures are not finite positive numbers is skipped, and said (`_skip`)."""
     try:
         lines = store.read_text().splitlines()
     except OSError:
         return []
     found = []
-    for line in reversed(lines):
+    for number, line in reversed(list(enumerate(lines, start=1))):
         try:
-            found.append(Measurement(**{**json.loads(line), "shipped": shipped}))
+            measurement = Measurement(**{**json.loads(line), "shipped": shipped})
         except (ValueError, TypeError):  # a line another version wrote, or a torn one
             continue
+        memory = measurement.peak_memory_gib
+        if not _positive_number(measurement.tokens_per_s):
+            _skip(store, number, f"tokens_per_s is {measurement.tokens_per_s!r}, not a finite positive number")
+        elif memory is not None and not _positive_number(memory):
+            _skip(store, number, f"peak_memory_gib is {memory!r}, not a finite positive number")
+        else:
+            found.append((measurement, number))
     return found
+
+
+def impossible(measurement: Measurement, recipe: Recipe) -> str | None:
+    """Why `measurement` (of `recipe`'s configuration) is no figure its GPU could produce, or None: more
+    tokens/s than the card's dense peak over the model's FLOPs per token allows (MFU above 1), or a peak
+    memory beyond the card's. A GPU the table lacks is held to the first rule only where it is known."""
+    gpu = find_gpu(measurement.gpu)
+    if gpu is None:
+        return None
+    fp8 = measurement.configuration.get("precision") == "fp8" and gpu.fp8_flops
+    peak = gpu.fp8_flops if fp8 else gpu.bf16_flops
+    mfu = measurement.tokens_per_s * recipe_flops_per_token(recipe)[1] / peak
+    if mfu > 1:
+        return (
+            f"{measurement.tokens_per_s:,.0f} tokens/s is {mfu:,.1f}x what the {gpu.name}'s dense "
+            f"{'fp8' if fp8 else 'bf16'} peak allows for this model (MFU above 1)"
+        )
+    if measurement.peak_memory_gib is not None and measurement.peak_memory_gib * 2**30 > gpu.memory_bytes:
+        return (
+            f"a peak of {measurement.peak_memory_gib:,.1f} GiB is more than the {gpu.name}'s "
+            f"{gpu.memory_bytes / 2**30:,.0f} GiB"
+        )
+    return None
 
 
 def recorded_measurement(recipe: Recipe, gpu: str, world_size: int = 1, path: Path | None = None) -> Measurement | None:
     """The newest measurement of `recipe`'s configuration on `gpu` (a table name, a `--gpu` argument or a
-    CUDA device name) in the user's store, else the project's shipped one, or None."""
+    CUDA device name) in the user's store, else the project's shipped one, or None. A record no machine
+    could produce (`impossible`) is passed over, and said once."""
     wanted, name = configuration(recipe, world_size), _table_name(gpu)
-    for measurement in [*_stored(path or store_path(), False), *_stored(SHIPPED_STORE, True)]:
-        if measurement.gpu == name and measurement.configuration == wanted:
-            return measurement
+    for store, shipped in ((path or store_path(), False), (SHIPPED_STORE, True)):
+        for measurement, line in _stored(store, shipped):
+            if measurement.gpu != name or measurement.configuration != wanted:
+                continue
+            why = impossible(measurement, recipe)
+            if why is None:
+                return measurement
+            _skip(store, line, why)
     return None
 
 

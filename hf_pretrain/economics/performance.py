@@ -13,13 +13,14 @@ on a GPU is the sum of these parts (no overlap between them is assumed):
                  where none is published) x GEMM_SHARE, the share of that rate the step's own GEMMs
                  reach (16K-token rows, 512-8K columns, their epilogues)
     attention    causal SDPA at ATTENTION_EFFICIENCY of the bf16 peak (the FlashAttention kernel SDPA
-                 runs there)
+                 runs there), times ATTENTION_BACKEND_SPEED for the recipe's `attention_backend`
     memory-bound the pointwise kernels, the loss, the weight casts and the optimizer (bytes from
                  workload.py) at BANDWIDTH_EFFICIENCY of the datasheet bandwidth
     optimizer    Muon's Newton-Schulz matmuls, at the matmul rate
-    fp8          with FP8, the decoder linears' matmuls run at the FP8 peak x the GPU's matmul
-                 efficiency x GEMM_SHARE x FP8_GEMM_SHARE, and their casts to fp8 are memory-bound
-                 bytes; the head, the attention and the optimizer stay bf16
+    fp8          with FP8, the decoder linears where FP8 pays (fp8.py's size rule) run at the FP8 peak
+                 x the GPU's matmul efficiency x GEMM_SHARE x FP8_GEMM_SHARE, and their casts to fp8
+                 are memory-bound bytes; the smaller projections (the 1b's K and V; all but the
+                 MLP's gate and up under rowwise), the head, the attention and the optimizer stay bf16
     recompute    each checkpointed layer's forward pass again (its matmuls, attention and pointwise
                  kernels): a non-reentrant checkpoint reruns the layer's forward in the backward
 
@@ -32,6 +33,15 @@ Constants and where they come from:
     ATTENTION_EFFICIENCY         chosen from the FlashAttention-2 and -3 papers: FA2 reaches ~50% of an
                                  Ampere or Ada peak on a 2K causal sequence and ~35% of a Hopper's, whose
                                  new instructions it does not use (Shah et al. 2024, FlashAttention-3, sec. 1)
+    ATTENTION_BACKEND_SPEED      ESTIMATES from published ratios, never measured here (the check
+                                 measures them on the card: `hf-pretrain check`): `auto` and `flash`
+                                 1.0 (the kernel ATTENTION_EFFICIENCY describes); `cudnn` on Hopper
+                                 1.7, the low end of the 1.7-2.3x over FlashAttention-2 reported for
+                                 cuDNN 9's training attention on H100 (NVIDIA's cuDNN 9 release notes
+                                 and blog), elsewhere 1.0; `efficient` 0.6 (FlashAttention-2 paper,
+                                 Dao 2023: FA2 1.3-2.5x faster than xformers' cutlass kernel, which SDPA's
+                                 memory-efficient backend is); `math` 0.15 (the T x T scores written
+                                 and read in fp32 by separate kernels: bandwidth-bound, chosen)
     BANDWIDTH_EFFICIENCY 0.80    chosen: what a streaming kernel reaches of HBM or GDDR
     FP8_GEMM_SHARE 0.90          fitted on the published FP8 speed-ups on H100s (issue 34: torchtitan
                                  Llama 3 8B 1.28x, nanochat d26 1.17x, MPT-1b 1.35x at 512 tokens and
@@ -64,6 +74,14 @@ GEMM_SHARE = 0.82
 DEFAULT_MATMUL_EFFICIENCY = 0.80
 ATTENTION_EFFICIENCY = {"ampere": 0.50, "ada": 0.50, "hopper": 0.35, "blackwell": 0.50}
 BANDWIDTH_EFFICIENCY = 0.80
+# Estimates (module docstring): SDPA kernel speed against the FlashAttention-2 path, by kernel and architecture.
+ATTENTION_BACKEND_SPEED = {
+    "auto": {},
+    "flash": {},
+    "cudnn": {"hopper": 1.7},
+    "efficient": {"ampere": 0.6, "ada": 0.6, "hopper": 0.6, "blackwell": 0.6},
+    "math": {"ampere": 0.15, "ada": 0.15, "hopper": 0.15, "blackwell": 0.15},
+}
 FP8_GEMM_SHARE = 0.90
 # Without autocast: TF32 tensor cores run at half the dense bf16 rate on every card of the table; with
 # tf32 off, fp32 runs on the CUDA cores at ~1/16 of it (A100: 19.5 of 312 TFLOP/s).
@@ -134,16 +152,20 @@ def step_time(workload: Workload, gpu: GPU, *, attention_efficiency: float | Non
     matmul_rate = matmul_flops_per_s(gpu, config.precision, config.tf32)
     linear_rate = fp8_matmul_flops_per_s(gpu) if config.precision == "fp8" else matmul_rate
     attention_rate = (attention_efficiency or ATTENTION_EFFICIENCY[gpu.architecture]) * gpu.bf16_flops
+    attention_rate *= ATTENTION_BACKEND_SPEED.get(config.attention_backend, {}).get(gpu.architecture, 1.0)
     if config.precision == "fp32":
         attention_rate *= FP32_MATMUL_SHARE[config.tf32]
     byte_rate = BANDWIDTH_EFFICIENCY * gpu.bandwidth_bytes_per_s
+    bf16_layer_flops = workload.layer_forward_flops - workload.layer_fp8_forward_flops
     one_layer_forward = (
-        workload.layer_forward_flops / linear_rate
+        workload.layer_fp8_forward_flops / linear_rate
+        + bf16_layer_flops / matmul_rate
         + workload.layer_attention_forward_flops / attention_rate
         + workload.layer_forward_bytes / byte_rate
     )
     return StepTime(
-        matmul=workload.linear_flops / linear_rate + workload.head_flops / matmul_rate,
+        matmul=workload.fp8_linear_flops / linear_rate
+        + (workload.linear_flops - workload.fp8_linear_flops + workload.head_flops) / matmul_rate,
         attention=workload.attention_flops / attention_rate,
         memory=(workload.pointwise_bytes + workload.weight_bytes) / byte_rate,
         optimizer=workload.optimizer_flops / matmul_rate,
@@ -155,7 +177,7 @@ def step_time(workload: Workload, gpu: GPU, *, attention_efficiency: float | Non
 def physical_limit(workload: Workload, gpu: GPU) -> float:
     """Tokens/s at 100% of the datasheet peaks (FP8's for the decoder linears under FP8): no step reaches it."""
     if workload.config.precision == "fp8" and gpu.fp8_flops:
-        linear = workload.linear_flops
+        linear = workload.fp8_linear_flops
         return 1.0 / (linear / gpu.fp8_flops + (workload.flops_per_token - linear) / gpu.bf16_flops)
     return gpu.bf16_flops / workload.flops_per_token
 

@@ -27,7 +27,7 @@ from typing import Any
 
 from hf_pretrain.config import CommandParser, Recipe, RecipeError, parse_recipe_args
 from hf_pretrain.economics.cost import dollars_per_billion_tokens
-from hf_pretrain.economics.forecast import BAND_SIGMAS, GoingFurther, going_further
+from hf_pretrain.economics.forecast import BAND_SIGMAS, MIN_POINTS, MIN_TOKEN_RATIO, GoingFurther, going_further
 from hf_pretrain.economics.gpus import GPU, fp8_refusal, gpu_named, gpu_table
 from hf_pretrain.economics.measurements import recorded_measurement
 from hf_pretrain.economics.memory import GRADIENT_BYTES, Fit, fit_in_memory, with_checkpointed_layers, with_micro_batch
@@ -521,6 +521,38 @@ class FurtherPlan:
         return asdict(self)
 
 
+def lineage_cooldown(records: list[dict[str, Any]]) -> Cooldown | None:
+    """The cooldown of the run as it goes on: the last one logged, unless the run trained past its end (it
+    went further after that stop, from its checkpoint before the decay: its stable phase goes on)."""
+    cooldowns = [r for r in records if r.get("kind") == "cooldown"]
+    if not cooldowns:
+        return None
+    last = cooldowns[-1]
+    if any(r.get("kind") == "train" and r["step"] > last["end"] for r in records):
+        return None
+    return Cooldown(last["step"], last["end"])
+
+
+def too_few_steps(run: RunDir, records: list[dict[str, Any]], stable: tuple[int, int], log_interval: int) -> str:
+    """Why the loss curve has no fit yet, and when it will: the fit wants `MIN_POINTS` logged losses in the
+    later half of the stable steps logged, spanning `MIN_TOKEN_RATIO` x the tokens."""
+    first, last = stable
+    logged = [r["step"] for r in records if r.get("kind") == "train" and first <= r["step"] <= last]
+    # the later half of first..N holds MIN_POINTS records, and N / ((first + N) / 2) >= MIN_TOKEN_RATIO
+    ratio = MIN_TOKEN_RATIO / (2 - MIN_TOKEN_RATIO)
+    needed = max(first + 2 * MIN_POINTS * log_interval, math.ceil(ratio * first))
+    said = (
+        f"{run.metrics} has {len(logged)} logged step(s) between steps {first:,} and {last:,} (after the warmup, "
+        f"before any decay), too few to fit the loss curve"
+    )
+    if needed <= last:
+        return f"{said}: rerun `hf-pretrain plan --run {run.path}` once the run has logged step {needed:,}"
+    return (
+        f"{said}, and its stable phase ends before there can be enough (about step {needed:,} at log_interval "
+        f"{log_interval}): a run with a smaller log_interval or more steps before its decay has a forecast"
+    )
+
+
 def plan_further(run_dir: str, target_tokens: float | None, price_per_hour: float | None) -> FurtherPlan:
     """What training the run in `run_dir` on to `target_tokens` (unset: Chinchilla's 20 per parameter)
     buys, from its own loss curve, pace and price; raises ValueError saying what is missing."""
@@ -533,18 +565,13 @@ def plan_further(run_dir: str, target_tokens: float | None, price_per_hour: floa
     if recipe is None:
         raise ValueError(f"{run.resolved_recipe} is missing or unreadable: is {run_dir} a run folder?")
     records = read_jsonl(run.metrics)
-    cooldowns = [r for r in records if r.get("kind") == "cooldown"]
-    cooldown = Cooldown(cooldowns[-1]["step"], cooldowns[-1]["end"]) if cooldowns else None
-    stable = Schedule(recipe.train).stable_steps(cooldown)
+    stable = Schedule(recipe.train).stable_steps(lineage_cooldown(records))
     n_params = recipe_parameter_count(recipe)
     target = target_tokens or chinchilla_tokens(n_params)
     price = recipe.train.price_per_hour if price_per_hour is None else price_per_hour
     further = going_further([r for r in records if r.get("kind") == "train"], stable, target, price)
     if further is None:
-        raise ValueError(
-            f"{run.metrics} has too few logged steps between steps {stable[0]:,} and {stable[1]:,} "
-            f"(after the warmup, before any decay) to fit the loss curve yet"
-        )
+        raise ValueError(too_few_steps(run, records, stable, recipe.train.log_interval))
     steps = max(r["step"] for r in records if r.get("kind") == "train")
     return FurtherPlan(str(run_dir), n_params, chinchilla_tokens(n_params), stable, steps, price, further)
 
@@ -725,10 +752,10 @@ def main(argv: list[str] | None = None) -> int:
             if args.price_per_hour is not None:
                 raise ValueError("--price_per_hour goes with --run (with --params, give --price_per_gpu_hour)")
             request = plan_request(args, recipe=None)
-        if (
-            request.recipe is not None
-        ):  # its parameters are counted on torch's meta device: seconds, minutes when loaded
-            print(f"{PROG}: counting the recipe's parameters (loading torch)...", file=sys.stderr, flush=True)
+        if request.recipe is not None:  # its parameters are counted on torch's meta device: minutes when loaded
+            # a progress line, not an error: on stdout (stderr keeps refusals to one line), unless stdout is JSON
+            progress = sys.stderr if args.json else sys.stdout
+            print(f"{PROG}: counting the recipe's parameters (loading torch)...", file=progress, flush=True)
         plan = make_plan(request)
     except (RecipeError, PriceError, ValueError) as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)

@@ -35,6 +35,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from hf_pretrain.config import Recipe
+from hf_pretrain.fp8 import pays_in_fp8
 from hf_pretrain.model import llama_config, recipe_parameter_count, recipe_tokenizer_size
 
 # Chosen: an elementwise op's backward reads its saved input and the incoming gradient and writes the
@@ -74,6 +75,8 @@ class StepConfig:
     tf32: bool = True
     micro_batch_size: int = 8
     checkpointed_layers: int = 0
+    fp8_recipe: str = "tensorwise"  # which projections go FP8 (fp8.py's size rule) and their scaling
+    attention_backend: str = "auto"  # SDPA's kernel (attention.py); performance.py prices each
 
     def describe(self) -> str:
         kernels = ("compiled" if self.compiled else "eager") + (" + Liger" if self.liger else "")
@@ -101,6 +104,8 @@ def step_config(
         tf32=t.tf32,
         micro_batch_size=micro_batch_size or t.micro_batch_size,
         checkpointed_layers=recipe.checkpointed_layer_count if checkpointed_layers is None else checkpointed_layers,
+        fp8_recipe=t.fp8_recipe,
+        attention_backend=t.attention_backend,
     )
 
 
@@ -122,6 +127,15 @@ class Shape:
         """One decoder layer's linear weights: q and o (h x h), k and v (h x kv), the MLP."""
         h = self.hidden
         return h * (2 * h + 2 * self.kv_width) + self.mlp_matrices * h * self.intermediate
+
+    def projections(self) -> list[tuple[int, int]]:
+        """(in_features, out_features) of one decoder layer's linear layers: q, k, v, o, then the MLP's."""
+        h, kv, i = self.hidden, self.kv_width, self.intermediate
+        return [(h, h), (h, kv), (h, kv), (h, h), *[(h, i)] * (self.mlp_matrices - 1), (i, h)]
+
+    def fp8_projections(self, fp8_recipe: str) -> list[tuple[int, int]]:
+        """The projections fp8.py's size rule converts to FP8 (a GPU run: emulation is not priced)."""
+        return [(n_in, n_out) for n_in, n_out in self.projections() if pays_in_fp8(n_in, n_out, fp8_recipe)]
 
     def muon_matrices(self) -> list[tuple[int, int]]:
         """(rows, cols) of every decoder matrix Muon orthogonalises."""
@@ -162,7 +176,9 @@ class Workload:
     pointwise_bytes: float  # the memory-bound kernels of every layer and the loss, forward and backward
     weight_bytes: float  # weight casts and gradient accumulation per micro-batch, the optimizer per step
     fp8_cast_bytes: float  # FP8 only: the decoder linears' casts to fp8 (activations, gradients, weights)
+    fp8_linear_flops: float  # FP8 only: the part of linear_flops in the projections that go FP8 (the rest: bf16)
     layer_forward_flops: float  # one layer's linear forward FLOPs (what a recompute repeats)
+    layer_fp8_forward_flops: float  # of which in FP8
     layer_attention_forward_flops: float
     layer_forward_bytes: float
     flops_per_token: float  # the project's count (6N + 12 x layers x hidden x seq_len, model.py): MFU, limit
@@ -184,7 +200,7 @@ def muon_flops_per_step(shape: Shape) -> float:
 
 def workload(shape: Shape, config: StepConfig, tokens_per_step: float) -> Workload:
     """The workload of `shape` run as `config`, with `tokens_per_step` tokens per optimizer step on this GPU."""
-    h, kv, i, s = shape.hidden, shape.kv_width, shape.intermediate, shape.seq_len
+    h, s = shape.hidden, shape.seq_len
     layer_bytes = layer_forward_bytes(shape, config)
     final_norm = 4 * h if (config.compiled or config.liger) else 44 * h
     pointwise = shape.layers * layer_bytes * (1 + BACKWARD_POINTWISE) + final_norm * (1 + BACKWARD_POINTWISE)
@@ -194,13 +210,14 @@ def workload(shape: Shape, config: StepConfig, tokens_per_step: float) -> Worklo
     weights += OPTIMIZER_BYTES_PER_PARAMETER * shape.parameters / tokens_per_step
     if config.precision == "fp32":
         weights -= 2 * shape.parameters / tokens_per_micro_batch  # no bf16 copy of the weights
-    fp8 = 0.0
-    if config.precision == "fp8":
-        cast_inputs = 6 * h + i if shape.mlp_matrices == 3 else 5 * h + i  # q, k, v, o, (gate), up, down
-        cast_gradients = 3 * h + 2 * kv + (shape.mlp_matrices - 1) * i  # their outputs' gradients
+    fp8, fp8_layer_weights = 0.0, 0
+    if config.precision == "fp8":  # only the projections where FP8 pays (fp8.py) cast; the others stay bf16
+        converted = shape.fp8_projections(config.fp8_recipe)
+        fp8_layer_weights = sum(n_in * n_out for n_in, n_out in converted)
+        cast_elements = sum(n_in + n_out for n_in, n_out in converted)  # each input, each output's gradient
         per_element = FP8_CAST_BYTES_PER_ELEMENT["compiled" if config.compiled else "eager"]
-        fp8 = shape.layers * per_element * (cast_inputs + cast_gradients)
-        fp8 += FP8_WEIGHT_BYTES_PER_MICRO_BATCH * shape.layers * shape.layer_matrix_parameters / tokens_per_micro_batch
+        fp8 = shape.layers * per_element * cast_elements
+        fp8 += FP8_WEIGHT_BYTES_PER_MICRO_BATCH * shape.layers * fp8_layer_weights / tokens_per_micro_batch
     optimizer_flops = muon_flops_per_step(shape) / tokens_per_step if config.optimizer == "muon" else 0.0
     return Workload(
         shape=shape,
@@ -212,7 +229,9 @@ def workload(shape: Shape, config: StepConfig, tokens_per_step: float) -> Worklo
         pointwise_bytes=pointwise,
         weight_bytes=weights,
         fp8_cast_bytes=fp8,
+        fp8_linear_flops=6.0 * shape.layers * fp8_layer_weights,
         layer_forward_flops=2.0 * shape.layer_matrix_parameters,
+        layer_fp8_forward_flops=2.0 * fp8_layer_weights,
         layer_attention_forward_flops=2.0 * h * s,
         layer_forward_bytes=layer_bytes,
         flops_per_token=6.0 * shape.parameters + 12.0 * shape.layers * h * s,

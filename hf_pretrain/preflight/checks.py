@@ -36,6 +36,7 @@ from hf_pretrain.preflight.hub_access import check_hub
 from hf_pretrain.preflight.init_from import check_init_from
 from hf_pretrain.preflight.result import CheckResult, PreflightError, format_table
 from hf_pretrain.preflight.resume import check_resume, check_stop_request
+from hf_pretrain.preflight.sdpa_kernel import check_attention_backend
 from hf_pretrain.preflight.store_access import check_store
 from hf_pretrain.preflight.trackers import check_trackers
 
@@ -85,6 +86,7 @@ def run_checks(
         ("bf16", lambda: check_bf16(recipe)),
         ("fp8", lambda: check_fp8(recipe)),
         ("tf32", lambda: check_tf32(recipe)),
+        ("attention", lambda: check_attention_backend(recipe)),
         ("compiler", lambda: check_compiler(recipe)),
         ("liger + compile", lambda: check_liger_under_compile(recipe)),
         ("data", lambda: check_prepared(recipe)),

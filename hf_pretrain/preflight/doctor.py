@@ -43,7 +43,12 @@ def main(argv: list[str] | None = None) -> int:
     from hf_pretrain.preflight import format_table, run_checks
 
     results = run_checks(recipe, world_size=args.num_processes)
-    print(format_table(results))
+    from hf_pretrain.checkpoints.continuation import GO_FURTHER
+    from hf_pretrain.checkpoints.resume_decision import finished_at
+
+    step = finished_at(recipe)  # the same command after the run completed: not "ready to train"
+    finished = None if step is None else f"the run finished at step {step:,}, nothing to train. {GO_FURTHER}"
+    print(format_table(results, finished))
     return 1 if any(r.status == "fail" for r in results) else 0
 
 

@@ -33,8 +33,9 @@ class PreflightError(RuntimeError):
         super().__init__("\n".join(lines))
 
 
-def format_table(results: Iterable[CheckResult]) -> str:
-    """One row per check; a fix goes on its own line under anything that is not a pass."""
+def format_table(results: Iterable[CheckResult], finished: str | None = None) -> str:
+    """One row per check; a fix goes on its own line under anything that is not a pass. `finished` (a run
+    that completed: what it says) replaces the verdict: such a run is not "ready to train"."""
     results = list(results)
     width = max([len("check")] + [len(r.name) for r in results])
     rows = [f"{'check'.ljust(width)}  status  result"]
@@ -43,7 +44,7 @@ def format_table(results: Iterable[CheckResult]) -> str:
         if r.fix and r.status != "pass":
             rows.append(f"{''.ljust(width)}          fix: {r.fix}")
     counts = {s: sum(r.status == s for r in results) for s in STATUS_LABEL}
-    verdict = "fix the failures before training." if counts["fail"] else "ready to train."
+    verdict = "fix the failures before training." if counts["fail"] else finished or "ready to train."
     rows.append(
         f"\n{counts['pass']} passed, {counts['warn']} warning(s), {counts['fail']} failed, "
         f"{counts['skip']} skipped: {verdict}"

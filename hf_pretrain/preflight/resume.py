@@ -23,7 +23,7 @@ def check_resume(recipe: Recipe, decision: Callable[[], Continuation]) -> CheckR
         return CheckResult("resume", "fail", exc.reason, exc.fix)
     except CheckpointError as exc:
         return CheckResult("resume", "fail", str(exc), "pass --resume auto, none, or a complete checkpoint folder")
-    skipped = "".join(f"; skipped {reason}" for reason in plan.skipped)
+    skipped = "".join(f"; skipping {reason}" for reason in plan.skipped)
     if plan.saved is None:
         start = "starts from step 0" + (" (resume none)" if recipe.train.resume == "none" else ": no checkpoint yet")
         return CheckResult("resume", "pass", start + skipped)

@@ -40,10 +40,12 @@ def push_folder(
     commit_message: str = "Upload model exported with hf-pretrain",
     repo_type: str = "model",
     space_sdk: str | None = None,
+    ignore: list[str] | None = None,
 ) -> str:
     """Upload every file in `folder` to the repo `repo_id` of `repo_type` (`model`, or `space` with its
     `space_sdk`), created when missing (private=None: the account's default visibility), on branch
-    `revision` (created from main when missing; None = main). Returns the commit URL."""
+    `revision` (created from main when missing; None = main); files matching `ignore` stay here.
+    Returns the commit URL."""
     if constants.is_offline_mode():
         raise HubError(
             f"cannot push to {repo_id}: HF_HUB_OFFLINE is set, so huggingface_hub makes no network "
@@ -61,6 +63,7 @@ def push_folder(
             repo_type=repo_type,
             revision=revision,
             commit_message=commit_message,
+            ignore_patterns=ignore,
         )
     except Exception as exc:  # noqa: BLE001 - every failure becomes one scrubbed message
         reason = scrub(f"{type(exc).__name__}: {exc}", token)

@@ -28,7 +28,7 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
-from hf_pretrain.checkpoints.layout import WEIGHTS
+from hf_pretrain.checkpoints.layout import MANIFEST, TRAIN_STATE, TRAINING_ONLY_PREFIXES
 from hf_pretrain.checkpoints.progress import FolderBytes, LiveLine
 from hf_pretrain.checkpoints.store import pin_checkpoint, resolve_checkpoint
 from hf_pretrain.config import TrainConfig
@@ -36,6 +36,17 @@ from hf_pretrain.publish.export import export_checkpoint, push_checkpoint
 from hf_pretrain.publish.hub import HubError, push_folder
 from hf_pretrain.publish.model_card import CardOptions
 from hf_pretrain.run_dir import FINAL_DTYPE, RunDir
+
+
+def final_bytes(checkpoint: Path) -> int:
+    """About what final/ takes: the checkpoint's files an export keeps (weights in fp32, as final/ has them,
+    config, tokenizer); its card and plot come on top. 0 under FSDP (sharded weights: no total)."""
+    kept = [
+        f
+        for f in checkpoint.iterdir()
+        if f.is_file() and f.name not in (MANIFEST, TRAIN_STATE) and not f.name.startswith(TRAINING_ONLY_PREFIXES)
+    ]
+    return sum(f.stat().st_size for f in kept) if any(f.suffix == ".safetensors" for f in kept) else 0
 
 
 class SideJobs:  # a training.callbacks.Callback
@@ -64,10 +75,7 @@ class SideJobs:  # a training.callbacks.Callback
         """`final/`: a standard Hugging Face folder with its model card, by the same code path as
         `hf-pretrain export` (FSDP shards are merged too). Written before the run returns."""
         newest = resolve_checkpoint(run.path, checksums=False, log=self.log)  # the one this run just saved
-        weights = newest.path / WEIGHTS  # fp32, as final/ is: about what it takes (none under FSDP: no total)
-        building = FolderBytes(
-            run.path, f".{run.final.name}.export-*", weights.stat().st_size if weights.is_file() else 0
-        )
+        building = FolderBytes(run.path, f".{run.final.name}.export-*", final_bytes(newest.path))
         with LiveLine(f"writing {run.final.name}/", building, self.log):  # export builds it beside, then renames
             export_checkpoint(
                 newest,

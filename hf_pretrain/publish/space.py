@@ -20,7 +20,7 @@ from huggingface_hub.utils import HFValidationError, validate_repo_id
 
 from hf_pretrain.config import DEFAULT_PROMPTS, CommandParser
 from hf_pretrain.publish.hub import push_or_explain
-from hf_pretrain.publish.targets import unwritable_reason
+from hf_pretrain.publish.targets import WRITTEN_RECORD, not_ours, record_written, unwritable_reason
 from hf_pretrain.versions import installed_version
 
 TEMPLATE_PACKAGE = "hf_pretrain.publish.space_template"
@@ -28,6 +28,8 @@ DEFAULT_TITLE = "Compare checkpoints"
 # What app.py imports beyond gradio (the Space installs gradio itself, at sdk_version, with
 # huggingface_hub). Pinned to the versions installed here, the ones the app was tested with.
 RUNTIME_PACKAGES = ("torch", "transformers")
+SPACE_FILES = ("app.py", "demo.json", "requirements.txt", "README.md")  # what `write_space` writes
+COMMAND = "hf-pretrain space"
 
 
 def pinned_version(package: str) -> str:
@@ -63,8 +65,28 @@ def readme(models: list[str], title: str) -> str:
     return str(SpaceCard(f"---\n{data.to_yaml()}\n---\n\n{body}"))
 
 
-def write_space(models: list[str], out: Path, title: str = DEFAULT_TITLE, prompts: list[str] | None = None) -> Path:
-    """The Space's files in `out` (created if needed; files of the same names are replaced)."""
+class SpaceRefused(RuntimeError):
+    """--out holds files this command did not write (or that changed since): nothing was written."""
+
+
+def write_space(
+    models: list[str],
+    out: Path,
+    title: str = DEFAULT_TITLE,
+    prompts: list[str] | None = None,
+    overwrite: bool = False,
+) -> Path:
+    """The Space's files in `out`: an empty or new folder, or one this command wrote (its record there,
+    the files unchanged since). Anything else raises `SpaceRefused` naming the files, unless
+    `overwrite`: then the Space's own four files are replaced and the folder's other files kept."""
+    clashes = not_ours(out, SPACE_FILES, COMMAND)
+    if clashes and not overwrite:
+        listed = ", ".join(clashes[:8]) + (f" and {len(clashes) - 8} more" if len(clashes) > 8 else "")
+        raise SpaceRefused(
+            f"{out} is not empty and holds files {COMMAND} did not write or that changed since: {listed}; it "
+            f"writes only into an empty folder or one it wrote itself. Choose another --out, or pass --overwrite "
+            f"to replace {', '.join(SPACE_FILES)} there (the folder's other files are kept)"
+        )
     out.mkdir(parents=True, exist_ok=True)
     app = importlib.resources.files(TEMPLATE_PACKAGE).joinpath("app.py").read_text()
     (out / "app.py").write_text(app)
@@ -72,6 +94,7 @@ def write_space(models: list[str], out: Path, title: str = DEFAULT_TITLE, prompt
     (out / "demo.json").write_text(json.dumps(demo_config, indent=1) + "\n")
     (out / "requirements.txt").write_text(requirements_txt())
     (out / "README.md").write_text(readme(models, title))
+    record_written(out, SPACE_FILES, COMMAND)
     return out
 
 
@@ -87,6 +110,7 @@ def push_space(folder: Path, space_id: str, private: bool | None = None) -> str 
         private=private,
         repo_type="space",
         space_sdk="gradio",
+        ignore=[WRITTEN_RECORD],  # this machine's record of what it wrote, not part of the Space
         commit_message="Update the checkpoint demo (hf-pretrain space)",
     )
 
@@ -104,6 +128,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--push", metavar="SPACE_ID", help="also upload the folder to this Space (created if needed)")
     parser.add_argument("--private", action="store_true", help="create the Space private")
     parser.add_argument("--title", default=DEFAULT_TITLE, help="the page's title")
+    parser.add_argument(
+        "--overwrite",
+        action="store_true",
+        help=f"replace {', '.join(SPACE_FILES)} in an --out that holds other files (those are kept); "
+        f"without it, --out must be empty or a Space this command wrote",
+    )
     args = parser.parse_args(argv)
     for repo_id in args.model + ([args.push] if args.push else []):
         if repo_id in args.model and Path(repo_id).exists():  # a Space runs on the Hub: it reads no local folder
@@ -125,7 +155,11 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
-    folder = write_space(args.model, args.out, args.title)
+    try:
+        folder = write_space(args.model, args.out, args.title, overwrite=args.overwrite)
+    except SpaceRefused as exc:
+        print(f"hf-pretrain space: {exc}", file=sys.stderr)
+        return 2
     print(f"space written to {folder} (try it: cd {folder} && python app.py)")
     if args.push:
         url = push_space(folder, args.push, private=True if args.private else None)

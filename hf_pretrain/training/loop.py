@@ -27,6 +27,8 @@ from hf_pretrain.checkpoints.store import remove_pins
 from hf_pretrain.config import Recipe, save_recipe
 from hf_pretrain.data import build_val_loader, load_tokenizer
 from hf_pretrain.data.loader import TrainData
+from hf_pretrain.economics.check_records import resolved_attention_backend
+from hf_pretrain.economics.measurements import this_gpu
 from hf_pretrain.economics.memory import CHECKPOINT_BYTES_PER_PARAMETER
 from hf_pretrain.exit_codes import EXIT_SAVE_FAILED
 from hf_pretrain.fp8 import finish_fp8, fp8_handlers
@@ -170,7 +172,10 @@ def take_the_folder(recipe: Recipe, run_dir: RunDir, continuation: Continuation,
 def model_and_optimizer(recipe: Recipe, config, accelerator: Accelerator, starts: bool):
     """The recipe's model (init_from's weights for a run that `starts`; a resumed one loads its checkpoint)
     and optimizer, prepared; and the model's parameter count."""
-    model = build_model(config)
+    backend, why = resolved_attention_backend(recipe, this_gpu())  # `auto`: what a check measured here
+    if why:
+        accelerator.print(why)
+    model = build_model(config, attention_backend=backend)
     if starts:
         init_weights(model, recipe, log=accelerator.print)
     n_params = count_parameters(model)
@@ -230,7 +235,7 @@ def setup(recipe: Recipe) -> Run:
     # last one before the decay of a run that goes further); the data position is the step
     state = TrainState.for_recipe(recipe, describe_hardware(accelerator.device, accelerator.num_processes))
     for reason in continuation.skipped:
-        say(f"resume: {reason}")
+        say(f"resume: skipping {reason}")
     saved = restore_continuation(accelerator, continuation.folder, log=say)
     if saved:
         state.load_state_dict(saved)

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from hf_pretrain.checkpoints.continuation import ResumeRefused
 from hf_pretrain.checkpoints.manifest import CheckpointError
-from hf_pretrain.checkpoints.store import list_checkpoints
+from hf_pretrain.checkpoints.store import newest_sound_checkpoint, remove_unfinished_writes
 from hf_pretrain.exit_codes import (
     EXIT_CRASHED,
     EXIT_DIVERGED,
@@ -134,7 +134,7 @@ def killed_session(run: RunDir) -> str | None:
     if status.get("state") != "running":
         return None
     step = _last_logged_step(run.metrics)
-    newest = next(iter(list_checkpoints(run.path)), None)
+    newest = newest_sound_checkpoint(run.path)
     at = f"at step {step:,}" if step is not None else "before it logged a step"
     saved = f"its newest checkpoint is step {newest.step:,}" if newest else "it saved no checkpoint"
     return (
@@ -171,12 +171,22 @@ class Session:
                 killed = killed_session(self.dir)  # the lock was free: a `running` status is a session that was killed
                 if killed:
                     print(f"note: {killed}", flush=True)
+                if self.lock.held:  # nobody else writes here now: a `.tmp` left is a killed save's
+                    self._clean_unfinished_saves()
                 self._write(None, RUNNING, "training" + (f"; {killed}" if killed else ""))
                 record_exits_with(self._exited_at_once)
         except BaseException as exc:  # refused or stopped here: recorded if the lock was held, signals as they were
             self.__exit__(type(exc), exc, exc.__traceback__)
             raise
         return self
+
+    def _clean_unfinished_saves(self) -> None:
+        removed, left = remove_unfinished_writes(self.dir.path)
+        if removed:
+            names = ", ".join(p.name for p in removed)
+            print(f"note: removed {names}: the unfinished save of a session that was killed while saving", flush=True)
+        for folder in left:
+            print(f"note: {folder} holds files no save writes: left as it is; delete it if it is not yours", flush=True)
 
     def __exit__(self, exc_type, exc, tb) -> None:
         if exc is not None:
@@ -235,7 +245,7 @@ def record_ending(output_dir: str | Path, exit_code: int, reason: str, **details
 
 
 def _ending_fields(run: RunDir, exit_code: int | None, ending: Ending, reason: str) -> dict:
-    newest = next(iter(list_checkpoints(run.path)), None)
+    newest = newest_sound_checkpoint(run.path)  # never one that failed its verification
     return {
         "state": ending.state,
         "exit_code": exit_code,

@@ -29,6 +29,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from hf_pretrain.checkpoints.continuation import GO_FURTHER
 from hf_pretrain.checkpoints.store import newest_good_checkpoint
 from hf_pretrain.config import CommandParser
 from hf_pretrain.exit_codes import EXIT_PREFLIGHT
@@ -147,10 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     running = holder is not None
     refusal = None
     if not running and (finished := _finished_at(run, status, saved)) is not None:
-        refusal = (
-            f"{shown} finished at step {finished:,}: there is nothing to stop. To go further, rerun its "
-            f"training command with a larger --max_steps (a wsd run goes on from its checkpoint before the decay)"
-        )
+        refusal = f"{shown} finished at step {finished:,}: there is nothing to stop. {GO_FURTHER}"
     elif running and pending is not None and pending.answered:
         refusal = (
             f"the run in {shown} is already finishing: it answered {pending.describe()} at step "

@@ -1,0 +1,251 @@
+"""`hf-pretrain check`: is this pod worth renting for this recipe? Five minutes, no prepared data.
+
+    hf-pretrain check --recipe 1b                              # the default budget: 300 s
+    hf-pretrain check --recipe 1b --price_per_hour 2.10 --variants mixed_precision=bf16,fp8
+    hf-pretrain check --recipe smoke --budget_s 60              # on a CPU: every part says a figure or why not
+
+Most important first, each part in its own process under its own share of `--budget_s` (what a part
+leaves unused goes to the ones after it; `--part_limit_s` caps every part, for a quick look): (a) the
+matmul peak, bf16 and FP8; (b) SDPA's kernels on the recipe's attention shape; (c) the recipe's step on
+synthetic tokens as configured, then each `--variants` point (one compile each); (d) the largest
+micro-batch by real out-of-memory errors; (e) the write and read speed of output_dir's volume at a
+checkpoint's size; (f) download and upload rates where data_dir or output_dir is an object store
+URL; (g) all-reduce bandwidth when several GPUs are visible. A part that overruns is cut and says so;
+what it measured before is kept. Then the verdict (check/verdict.py), every figure into the
+measurement store labelled with card, versions and date (economics/check_records.py; on a GPU the
+step's tokens/s also as a measurement `plan` reads), and `--output`/check.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from hf_pretrain.check.deadline import run_part
+from hf_pretrain.check.figures import Figure, read_figures
+from hf_pretrain.config import Recipe, RecipeError, build_recipe, parse_recipe_args, save_recipe
+
+PROG = "hf-pretrain check"
+# (part, share of what is left of the budget relative to the parts after it, what it measures); the
+# step's share grows with its variants (STEP_SHARE_PER_VARIANT each: one compile and a few steps)
+PARTS = (
+    ("matmul", 0.05, "(a) matmul peak"),
+    ("attention", 0.07, "(b) SDPA kernels on the recipe's attention shape"),
+    ("step", 0.25, "(c) the recipe's step"),
+    ("micro_batch", 0.18, "(d) largest micro-batch"),
+    ("disk", 0.08, "(e) output_dir's disk"),
+    ("object_store", 0.03, "(f) object store"),
+    ("all_reduce", 0.04, "(g) all-reduce"),
+)
+PART_NAMES = tuple(name for name, _, _ in PARTS)
+MIN_PART_S = 2.0  # a part with less than this left is skipped, not started
+STEP_SHARE_PER_VARIANT = 0.1
+# A run of a part with several (the step's variants) may take this many times its even share of what is
+# left: a compile takes what it takes, and what a run leaves goes to the runs after it.
+RUN_STRETCH = 1.5
+
+
+@dataclass(frozen=True)
+class CheckRequest:
+    recipe: Recipe
+    output: Path
+    budget_s: float = 300.0
+    variants: tuple[dict, ...] = ()
+    parts: tuple[str, ...] = PART_NAMES
+    part_limit_s: float | None = None
+    steps: int = 5  # timed optimizer steps per step variant
+    warmup: int = 2  # the first holds the compile
+
+
+def add_check_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("check options")
+    group.add_argument(
+        "--budget_s",
+        type=float,
+        default=300.0,
+        help="seconds for the whole check; parts that finish early leave theirs to the next",
+    )
+    group.add_argument(
+        "--variants",
+        nargs="+",
+        default=[],
+        metavar="KEY=V1,V2",
+        help="recipe keys to vary in the step part, every combination (bench's syntax: mixed_precision=bf16,fp8)",
+    )
+    group.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        metavar="'KEY=V KEY2=V2'",
+        help="one more step variant, its keys together (repeatable): --variant 'mixed_precision=fp8 fp8_recipe=rowwise'",
+    )
+    group.add_argument(
+        "--parts", default=",".join(PART_NAMES), help=f"which parts, comma-separated: {','.join(PART_NAMES)}"
+    )
+    group.add_argument("--part_limit_s", type=float, default=None, help="cap every part at this many seconds")
+    group.add_argument("--steps", type=int, default=5, help="timed optimizer steps per step variant")
+    group.add_argument("--warmup", type=int, default=2, help="untimed steps first (the first compiles)")
+    group.add_argument("--output", default=None, help="results folder (unset: runs/check-RECIPE)")
+
+
+def check_request(recipe: Recipe, args: argparse.Namespace) -> CheckRequest:
+    """The typed request; raises RecipeError or ValueError naming the flag."""
+    from hf_pretrain.bench.variants import variant_grid
+
+    parts = tuple(p.strip() for p in args.parts.split(",") if p.strip())
+    unknown = [p for p in parts if p not in PART_NAMES]
+    if unknown:
+        raise ValueError(f"--parts {','.join(unknown)}: not a part; choose from {','.join(PART_NAMES)}")
+    if args.budget_s <= 0 or (args.part_limit_s is not None and args.part_limit_s <= 0):
+        raise ValueError("--budget_s and --part_limit_s are seconds above 0, e.g. --budget_s 300")
+    if args.steps < 1 or args.warmup < 1:
+        raise ValueError("--steps and --warmup are at least 1 (the first warm-up step compiles)")
+    variants = tuple(variant_grid(args.variants)) if args.variants else ()
+    for point in args.variant:
+        if any("," in spec for spec in point.split()):
+            raise ValueError(f"--variant {point!r} is one point: one value per key (--variants takes V1,V2)")
+        variants += tuple(variant_grid(point.split()))
+    for point in variants:
+        build_recipe(recipe.to_dict(), point)  # a wrong key or value: one line now, not a failed part later
+    return CheckRequest(
+        recipe=recipe,
+        output=Path(args.output or f"runs/check-{recipe.name}"),
+        budget_s=args.budget_s,
+        variants=variants,
+        parts=parts,
+        part_limit_s=args.part_limit_s,
+        steps=args.steps,
+        warmup=args.warmup,
+    )
+
+
+def part_runs(request: CheckRequest, part: str) -> list[dict]:
+    """Each process a part runs: the step's variants (the recipe as written first), else one."""
+    if part != "step":
+        return [{}]
+    return [{}] + [point for point in request.variants if point]
+
+
+def run_parts(request: CheckRequest, recipe_file: Path, results: Path, say=print) -> dict[str, list[str]]:
+    """Each part asked for, most important first, each run in its own process under its share of what is
+    left of the budget; {part: the status of each of its runs}."""
+    from hf_pretrain.bench.variants import variant_name
+
+    started = time.monotonic()
+    statuses: dict[str, list[str]] = {}
+    more = STEP_SHARE_PER_VARIANT * (len(part_runs(request, "step")) - 1)
+    chosen = [(p, s + more if p == "step" else s, t) for p, s, t in PARTS if p in request.parts]
+    for index, (part, share, title) in enumerate(chosen):
+        left = request.budget_s - (time.monotonic() - started)
+        part_s = left * share / sum(s for _, s, _ in chosen[index:])
+        if request.part_limit_s is not None:
+            part_s = min(part_s, request.part_limit_s)
+        say(f"{title} (limit {part_s:.0f} s):")
+        statuses[part] = []
+        part_started = time.monotonic()
+        runs = part_runs(request, part)
+        for run_index, item in enumerate(runs):
+            part_left = part_s - (time.monotonic() - part_started)
+            stretch = RUN_STRETCH if run_index < len(runs) - 1 else 1
+            run_s = min(part_left, part_left / (len(runs) - run_index) * stretch)
+            label = variant_name(item) if part == "step" else ""
+            if run_s < MIN_PART_S:
+                say(f"  {part}{f' ({label})' if label else ''}: skipped: {run_s:.0f} s left of its limit")
+                statuses[part].append("skipped")
+                continue
+            context = {
+                "recipe": str(recipe_file),
+                "results": str(results),
+                "folder": str(request.output / "scratch"),
+                "limit_s": run_s,
+                "item": item,
+                "item_index": run_index,
+                "steps": request.steps,
+                "warmup": request.warmup,
+            }
+            status = run_part(part, context, request.output / "contexts", run_s, say, label)
+            statuses[part].append(status)
+            if status == "cut" and part == "step":  # its running rate, written but not yet said
+                for kept in read_figures(results):
+                    if kept.part == "step" and kept.name == label and kept.value:
+                        say(f"  kept: {kept.text}")
+    return statuses
+
+
+def run_check(request: CheckRequest, say=print) -> dict:
+    """Every part asked for within the budget, the verdict, the records; what check.json holds."""
+    from hf_pretrain.check.verdict import verdict  # torch and the economics: after the parse, not for --help
+    from hf_pretrain.economics.check_records import record_checks
+
+    out = request.output
+    out.mkdir(parents=True, exist_ok=True)
+    results = out / "figures.jsonl"
+    results.unlink(missing_ok=True)  # the check's own file, from a check before into the same folder
+    recipe_file = out / "recipe.yaml"
+    save_recipe(request.recipe, recipe_file)
+    say(f"check: recipe {request.recipe.name}, budget {request.budget_s:.0f} s, results in {out}")
+    started = time.monotonic()
+    statuses = run_parts(request, recipe_file, results, say)
+    figures = read_figures(results)
+    say("verdict:")
+    lines = verdict(request.recipe, figures)
+    for line in lines:
+        say(f"  {line}")
+    stored = record_checks(check_records(figures))
+    recorded = record_step_measurements(request.recipe, figures)
+    say(
+        f"recorded {len([f for f in figures if f.value is not None])} figure(s) in {stored}"
+        if stored
+        else "recorded nothing"
+    )
+    if recorded:
+        say(f"  and {recorded} step measurement(s) for plan and the doctor (economics/measurements.py)")
+    result = {
+        "recipe": request.recipe.name,
+        "date": datetime.date.today().isoformat(),
+        "budget_s": request.budget_s,
+        "seconds": round(time.monotonic() - started, 1),
+        "parts": statuses,
+        "figures": [asdict(f) for f in figures],
+        "verdict": lines,
+    }
+    (out / "check.json").write_text(json.dumps(result, indent=1))
+    say(f"written: {out / 'check.json'} ({result['seconds']:.0f} s)")
+    return result
+
+
+def check_records(figures: list[Figure]) -> list:
+    from hf_pretrain.economics.check_records import new_record
+
+    return [new_record(f.part, f.name, f.value, f.unit, f.device, **f.detail) for f in figures if f.value is not None]
+
+
+def record_step_measurements(recipe: Recipe, figures: list[Figure]) -> int:
+    """On a GPU, each step figure as the measurement of its configuration (`plan`, the doctor); none on a CPU."""
+    from hf_pretrain.economics.measurements import record_measurement
+
+    count = 0
+    for f in figures:
+        if f.part == "step" and f.value and f.device:
+            configured = build_recipe(recipe.to_dict(), f.detail.get("overrides") or {})
+            count += bool(record_measurement(configured, f.device, f.value, f.detail.get("peak_memory_gib"), "check"))
+    return count
+
+
+def main(argv: list[str] | None = None) -> int:
+    recipe, args = parse_recipe_args(argv, prog=PROG, description=__doc__.split("\n")[0], extra=add_check_arguments)
+    try:
+        request = check_request(recipe, args)
+    except (RecipeError, ValueError) as exc:
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return 2
+    result = run_check(request)
+    from hf_pretrain.check.verdict import RECIPE_AS_WRITTEN
+
+    as_written = [f for f in result["figures"] if f["part"] == "step" and f["name"] == RECIPE_AS_WRITTEN]
+    return 0 if "step" not in request.parts or (as_written and as_written[0]["value"]) else 1

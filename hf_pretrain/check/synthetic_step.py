@@ -1,0 +1,130 @@
+"""Part (c): the recipe's training step on synthetic tokens, no prepared data: the model, optimizer,
+precision (FP8 included), compile, Liger and loss exactly as training builds them
+(`training.loop.model_and_optimizer`, `training.step.TrainStep`), fed random token ids of the recipe's
+vocabulary and sequence length, so the speed is the recipe's (a step's time does not depend on which
+tokens it reads). One process per variant (Accelerate's state is a process singleton; a fresh
+process gives each a clean peak-memory count) and one compile per variant: the first step holds it.
+
+The running rate is written after every timed step, so a variant cut at its limit still reports what
+it measured. Part (d)'s probes run the same step for two optimizer steps and answer "oom" when the
+device runs out of memory (bench/search.py asks them)."""
+
+from __future__ import annotations
+
+import itertools
+import time
+
+import torch
+
+from hf_pretrain.bench.variants import DeviceMemory, is_out_of_memory, variant_name
+from hf_pretrain.check.figures import Report
+from hf_pretrain.config import Recipe
+
+
+def synthetic_batches(recipe: Recipe, count: int = 4):
+    """Endless micro-batches of random token ids (`micro_batch_size` x `seq_len + 1`, the loader's shape)."""
+    from hf_pretrain.model import llama_config, recipe_tokenizer_size
+
+    vocab = llama_config(recipe.model, recipe_tokenizer_size(recipe)).vocab_size
+    generator = torch.Generator().manual_seed(recipe.train.seed)
+    shape = (recipe.train.micro_batch_size, recipe.data.seq_len + 1)
+    batches = [torch.randint(0, vocab, shape, generator=generator) for _ in range(count)]
+    return itertools.cycle(batches)
+
+
+def built_step(recipe: Recipe):
+    """(the step, the accelerator) as training builds them, on this machine's device."""
+    from accelerate import Accelerator
+
+    from hf_pretrain.fp8 import fp8_handlers
+    from hf_pretrain.hardware import training_precision
+    from hf_pretrain.model import llama_config, recipe_tokenizer_size
+    from hf_pretrain.training.compiling import dynamo_plugin
+    from hf_pretrain.training.loop import model_and_optimizer
+    from hf_pretrain.training.step import TrainStep
+
+    cfg = recipe.train
+    grad_accum = recipe.grad_accum_steps(1)
+    accelerator = Accelerator(
+        cpu=not torch.cuda.is_available(),
+        mixed_precision=training_precision(cfg.mixed_precision),
+        gradient_accumulation_steps=grad_accum,
+        dynamo_plugin=dynamo_plugin(cfg),
+        kwargs_handlers=fp8_handlers(cfg) or None,
+    )
+    if torch.cuda.is_available() and cfg.tf32:
+        torch.backends.cuda.matmul.allow_tf32 = True
+    torch.manual_seed(cfg.seed)
+    config = llama_config(recipe.model, recipe_tokenizer_size(recipe))
+    model, optimizer, _ = model_and_optimizer(recipe, config, accelerator, starts=False)
+    step = TrainStep(
+        accelerator, model, optimizer, synthetic_batches(recipe), cfg, grad_accum, lambda _: cfg.learning_rate
+    )
+    return step, accelerator
+
+
+def measure(recipe: Recipe, overrides: dict, report: Report, steps: int, warmup: int) -> None:
+    """Time `steps` optimizer steps of `recipe` after `warmup` (the first holds the compile)."""
+    name = variant_name(overrides)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    memory = DeviceMemory(device)
+    refused = kernel_refused(recipe)
+    if refused:  # the doctor's refusal: a kernel this card lacks would run math behind it, timed as itself
+        report.skip(name, f"refused: {refused}")
+        return
+    try:
+        step, _ = built_step(recipe)
+        started = time.perf_counter()
+        for n in range(1, warmup + 1):
+            step(n)
+        first = time.perf_counter() - started
+        tokens = recipe.train.global_batch_tokens
+        timed_start = time.perf_counter()
+        for n in range(1, steps + 1):
+            step(warmup + n)  # each step reads its loss on the host: the device has finished it
+            seconds = time.perf_counter() - timed_start
+            rate = n * tokens / seconds
+            peak = memory.peak_gib()
+            report.figure(
+                name,
+                rate,
+                "tokens/s",
+                f"{name}: {rate:,.0f} tokens/s over {n} step(s) after {warmup} "
+                f"(those took {first:.1f} s, compile included), peak memory {peak:.2f} GiB",
+                quiet=n < steps,
+                overrides=overrides,
+                peak_memory_gib=peak,
+                warmup_s=first,
+                timed_steps=n,
+            )
+    except Exception as exc:  # one line: a variant this card or this install cannot run
+        if is_out_of_memory(exc):
+            report.skip(name, f"out of memory (peak {memory.peak_gib() or 0:.2f} GiB)")
+        else:
+            report.skip(
+                name,
+                f"failed: {type(exc).__name__}: {str(exc).strip().splitlines()[0][:160] if str(exc).strip() else ''}",
+            )
+
+
+def kernel_refused(recipe: Recipe) -> str | None:
+    """The doctor's line when the recipe names an SDPA kernel this device lacks (preflight/sdpa_kernel.py)."""
+    from hf_pretrain.preflight.sdpa_kernel import check_attention_backend
+
+    verdict = check_attention_backend(recipe)
+    return verdict.reason if verdict.status == "fail" else None
+
+
+def probe(recipe: Recipe, steps: int) -> dict:
+    """A micro-batch probe: `steps` optimizer steps; {"status": ok | oom | failed, "message", "peak_memory_gib"}."""
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    memory = DeviceMemory(device)
+    try:
+        step, _ = built_step(recipe)
+        for n in range(1, steps + 1):
+            step(n)
+        status, message = "ok", ""
+    except Exception as exc:
+        status = "oom" if is_out_of_memory(exc) else "failed"
+        message = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
+    return {"status": status, "message": message, "peak_memory_gib": memory.peak_gib()}

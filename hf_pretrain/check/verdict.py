@@ -1,0 +1,133 @@
+"""The check's verdict: what a billion tokens of the recipe cost on this pod at its price, where that
+ranks in `plan`'s table of GPUs (economics/plan.py: the performance model, or a recorded measurement),
+and whether the pod is well under what the same card measured elsewhere ("likely a slow or faulty
+node"): under SLOW_NODE_FRACTION of the project's or the user's recorded step for this configuration
+(economics/measurements.py, measured.jsonl), of the published matmul rate of its kind (gpus.yaml), or
+of an earlier check of the same card; and under the performance model (performance.py). A CPU prices
+no GPU: its verdict says so and names plan's best."""
+
+from __future__ import annotations
+
+from hf_pretrain.check.figures import Figure
+from hf_pretrain.config import Recipe
+from hf_pretrain.economics.check_records import earlier_figure
+from hf_pretrain.economics.cost import dollars_per_billion_tokens
+from hf_pretrain.economics.gpus import find_gpu
+from hf_pretrain.economics.measurements import recorded_measurement
+from hf_pretrain.economics.performance import SLOW_NODE_FRACTION, slow_node_warning
+from hf_pretrain.economics.plan import gpu_prices, ranked_rows
+from hf_pretrain.hardware import peak_flops_for_name
+from hf_pretrain.model import recipe_flops_per_token
+
+RECIPE_AS_WRITTEN = "recipe as written"
+
+
+def add_mfu(recipe: Recipe, figures: list[Figure]) -> None:
+    """MFU of each step figure: of the datasheet's bf16 peak on a GPU the table knows, else (a CPU) of the
+    matmul rate the check measured."""
+    per_token = recipe_flops_per_token(recipe)[1]
+    matmul = next((f for f in figures if f.part == "matmul" and f.name in ("bfloat16", "float32") and f.value), None)
+    for figure in figures:
+        if figure.part != "step" or not figure.value:
+            continue
+        datasheet = peak_flops_for_name(figure.device) if figure.device else None
+        if datasheet:
+            figure.detail["mfu"] = figure.value * per_token / datasheet
+        if matmul:
+            scale = 1e12 if figure.device else 1e9
+            figure.detail["mfu_of_measured_matmul"] = figure.value * per_token / (matmul.value * scale)
+
+
+def step_lines(figures: list[Figure]) -> list[str]:
+    """`recipe as written: 77,935 tokens/s, MFU 55.5% (71.0% of the measured matmul peak), peak 37.24 GiB`."""
+    lines = []
+    for f in figures:
+        if f.part != "step" or not f.value:
+            continue
+        mfu = [f"MFU {f.detail['mfu']:.1%}"] if "mfu" in f.detail else []
+        if "mfu_of_measured_matmul" in f.detail:
+            mfu.append(f"{f.detail['mfu_of_measured_matmul']:.1%} of the measured matmul peak")
+        peak = f.detail.get("peak_memory_gib")
+        lines.append(
+            f"{f.name}: {f.value:,.0f} tokens/s"
+            + "".join(f", {m}" for m in mfu)
+            + (f", peak {peak:.2f} GiB" if peak else "")
+        )
+    return lines
+
+
+def plan_best(recipe: Recipe) -> tuple[list, str]:
+    tokens = recipe.train.max_steps * recipe.train.global_batch_tokens
+    rows = [row for row in ranked_rows(recipe, tokens, gpu_prices(None)) if row.fits]
+    rows.sort(key=lambda row: row.usd_per_billion_tokens)
+    best = rows[0]
+    how = "measured" if best.measured else "modelled"
+    return rows, f"{best.gpu} at ${best.usd_per_billion_tokens:,.2f} per billion tokens ({how})"
+
+
+def slow_node_lines(recipe: Recipe, device: str, figures: list[Figure], step: Figure | None) -> list[str]:
+    gpu = find_gpu(device)
+    name = gpu.name if gpu else device
+    lines = []
+    if step is not None:
+        modelled = slow_node_warning(step.value, device, recipe)
+        if modelled:
+            lines.append(modelled)
+        recorded = recorded_measurement(recipe, device)
+        if recorded and step.value < SLOW_NODE_FRACTION * recorded.tokens_per_s:
+            lines.append(
+                f"likely a slow or faulty node: {step.value:,.0f} tokens/s, "
+                f"{1 - step.value / recorded.tokens_per_s:.0%} under the {recorded.tokens_per_s:,.0f} this configuration "
+                f"{recorded.label()}"
+            )
+    matmul = next((f for f in figures if f.part == "matmul" and f.name == "bfloat16" and f.value), None)
+    if matmul and gpu:
+        published = (gpu.matmul_efficiency or 0) * gpu.bf16_flops / 1e12
+        earlier = earlier_figure("matmul", "bfloat16", name, [])
+        for what, value in (
+            ("published for its kind (gpus.yaml)", published),
+            (
+                f"an earlier check of a {name} measured ({earlier.date})" if earlier else "",
+                earlier.value if earlier else 0,
+            ),
+        ):
+            if value and matmul.value < SLOW_NODE_FRACTION * value:
+                lines.append(
+                    f"likely a slow or faulty node: bf16 matmul {matmul.value:,.0f} TFLOP/s, "
+                    f"{1 - matmul.value / value:.0%} under the {value:,.0f} {what} (nvidia-smi -q -d CLOCK,PERFORMANCE)"
+                )
+    return lines
+
+
+def verdict(recipe: Recipe, figures: list[Figure]) -> list[str]:
+    """The verdict's lines (figures' MFU added)."""
+    add_mfu(recipe, figures)
+    rows, best_text = plan_best(recipe)
+    device = next((f.device for f in figures if f.device), None)
+    steps = [f for f in figures if f.part == "step" and f.value]
+    as_written = next((f for f in steps if f.name == RECIPE_AS_WRITTEN), None)
+    measured = step_lines(figures)
+    if device is None:
+        return measured + [
+            "measured on a CPU: it prices no GPU, and the records it left are labelled cpu (plan never reads them)",
+            f"plan's best for {recipe.name}: {best_text}; rent that card and run this check on it",
+        ]
+    gpu = find_gpu(device)
+    price = recipe.train.price_per_hour or (gpu.usd_per_hour if gpu else 0.0)
+    lines = list(measured)
+    if not steps:
+        lines.append("no step was measured: no $ per token (see the step part's lines)")
+    elif not price:
+        lines.append(f"{device} is not in the GPU table: give its price, --price_per_hour X, for $ per token")
+    else:
+        fastest = max(steps, key=lambda f: f.value)
+        usd = dollars_per_billion_tokens(fastest.value, price)
+        where = "--price_per_hour" if recipe.train.price_per_hour else "gpus.yaml's typical price"
+        rank = 1 + sum(1 for row in rows if row.usd_per_billion_tokens < usd and row.gpu != (gpu.name if gpu else ""))
+        lines.append(
+            f"${usd:,.2f} per billion tokens on this {device} at ${price:.2f}/h ({where}), "
+            f"{fastest.name} at {fastest.value:,.0f} tokens/s"
+        )
+        lines.append(f"ranks {rank} of {len(rows)} in plan's table; plan's best: {best_text}")
+    lines += slow_node_lines(recipe, device, figures, as_written) or ["no sign of a slow or faulty node"]
+    return lines

@@ -1,0 +1,123 @@
+"""`python -m hf_pretrain.check.worker PART CONTEXT.json`: one part of the check in its own process
+(deadline.py starts it and kills it at its limit). The context names the recipe file, the results file
+and what the part needs; the part prints its lines and appends its figures (figures.py)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from hf_pretrain.check.deadline import finished
+
+
+def device_name() -> str | None:
+    import torch
+
+    return torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+
+
+def probe_in_child(recipe, folder: Path):
+    """bench/search.py's probe: two optimizer steps of `recipe` in a fresh process (a grandchild of the
+    check, killed with its part), "oom" when the device ran out of memory."""
+    from hf_pretrain.bench.variants import RunResult
+    from hf_pretrain.config import save_recipe
+
+    folder.mkdir(parents=True, exist_ok=True)
+    save_recipe(recipe, folder / "recipe.yaml")
+    context = {"recipe": str(folder / "recipe.yaml"), "result": str(folder / "probe.json"), "steps": 2}
+    (folder / "probe_context.json").write_text(json.dumps(context))
+    command = [sys.executable, "-m", "hf_pretrain.check.worker", "probe", str(folder / "probe_context.json")]
+    with (folder / "log.txt").open("w") as log:
+        code = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT).returncode
+    if (folder / "probe.json").exists():
+        return RunResult(**json.loads((folder / "probe.json").read_text()))
+    if code in (-9, 137):
+        return RunResult("oom", f"killed (exit {code}), probably out of memory")
+    return RunResult("failed", f"exit {code}; see {folder / 'log.txt'}")
+
+
+def search(recipe, report, folder: Path) -> None:
+    import torch
+
+    from hf_pretrain.bench.search import ProbeError, search_micro_batch
+
+    if not torch.cuda.is_available():
+        report.skip("largest micro-batch", "skipped: no GPU (on a CPU nothing runs out of memory)")
+        return
+    try:
+        found = search_micro_batch(recipe, {}, folder, None, report.say, probe=probe_in_child)
+    except ProbeError as exc:
+        report.skip("largest micro-batch", f"stopped: {exc}")
+        return
+    tried = ", ".join(f"{p.micro_batch_size}: {p.verdict}" for p in found.probes)
+    if found.largest_fitting is None:
+        report.skip("largest micro-batch", f"none fits without gradient checkpointing ({tried})")
+        return
+    report.figure(
+        "largest micro-batch",
+        found.largest_fitting,
+        "sequences",
+        f"largest micro-batch without gradient checkpointing: {found.largest_fitting} (by real out-of-memory "
+        f"errors; recipe: {recipe.train.micro_batch_size}; {tried})",
+    )
+
+
+def main(argv: list[str]) -> int:
+    part, context = argv[0], json.loads(Path(argv[1]).read_text())
+    from hf_pretrain.config import load_recipe
+
+    recipe = load_recipe(context["recipe"], context.get("item") or None)
+    if part == "probe":
+        from hf_pretrain.check.synthetic_step import probe
+
+        Path(context["result"]).write_text(json.dumps(probe(recipe, context["steps"])))
+        return 0
+    from hf_pretrain.check.figures import Report
+
+    report = Report(part, Path(context["results"]), device_name())
+    limit = float(context["limit_s"])
+    folder = Path(context["folder"])
+    if part == "matmul":
+        from hf_pretrain.check import matmul
+
+        matmul.measure(report, limit)
+    elif part == "attention":
+        from hf_pretrain.check import sdpa
+
+        sdpa.measure(recipe, report, limit)
+    elif part == "step":
+        from hf_pretrain.check import synthetic_step as step
+
+        step.measure(recipe, context.get("item") or {}, report, context["steps"], context["warmup"])
+    elif part == "micro_batch":
+        search(recipe, report, folder / "micro_batch")
+    elif part == "disk":
+        from hf_pretrain.check import volume_speed as disk
+        from hf_pretrain.economics.memory import CHECKPOINT_BYTES_PER_PARAMETER
+        from hf_pretrain.model import recipe_parameter_count
+        from hf_pretrain.object_store.urls import is_url
+
+        if is_url(recipe.train.output_dir):
+            report.skip("disk", "skipped: output_dir is an object store (part f measures it)")
+        else:
+            checkpoint = int(CHECKPOINT_BYTES_PER_PARAMETER * recipe_parameter_count(recipe))
+            disk.measure(Path(recipe.train.output_dir), checkpoint, report, limit)
+    elif part == "object_store":
+        from hf_pretrain.check import store_rates
+
+        store_rates.measure(str(recipe.data.data_dir), str(recipe.train.output_dir), report)
+    elif part == "all_reduce":
+        from hf_pretrain.check import all_reduce
+
+        all_reduce.measure(report, folder)
+    else:
+        raise SystemExit(f"unknown part {part!r}")
+    sys.stdout.flush()
+    finished(Path(argv[1])).touch()  # all said: a kill from here on cuts nothing
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,159 @@
+"""`hf-pretrain status RUN_DIR`: where a run stands, for a person.
+
+    hf-pretrain status runs/1b            # state, step of max_steps, last checkpoint, loss, tokens, stop request
+    hf-pretrain status runs/1b --verify   # and read every byte of the last checkpoint against its manifest
+
+It reads what the run leaves in its folder, and writes nothing: `status.json` (how its last session
+ended, or that one is running: training/session.py), the lock (who holds the folder now), the newest
+checkpoint's train state, the last train record of metrics.jsonl and a stop request. A `running`
+status whose holder is gone is a session that was killed. `read_run` takes the folder's location
+and does all the reading, so that another place of a run (an object store) needs only another reader.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from hf_pretrain.checkpoints.continuation import GO_FURTHER
+from hf_pretrain.checkpoints.store import newest_good_checkpoint
+from hf_pretrain.config import CommandParser
+from hf_pretrain.exit_codes import EXIT_PREFLIGHT
+from hf_pretrain.formatting import human_duration
+from hf_pretrain.run_dir import RunDir, last_train_record, read_status
+from hf_pretrain.run_lock import holder_of
+from hf_pretrain.stop_file import read_stop_request
+
+
+@dataclass
+class RunStanding:
+    """What a run folder says of its run, read once (`read_run`)."""
+
+    location: str
+    state: str  # status.json's state (finished, stopped, preempted, ...), `killed`, or `no status`
+    exit_code: int | None
+    reason: str | None  # status.json's reason: how the last session ended, in its words
+    next: str | None  # status.json's advice for a rerun
+    holder: dict[str, Any] | None  # who holds the folder now (host, pid, since, command)
+    status_age_s: float | None  # seconds since status.json was last written
+    max_steps: int | None
+    logged_step: int | None  # the last step in metrics.jsonl
+    loss: float | None  # its loss
+    tokens: int | None  # tokens seen at the last checkpoint
+    checkpoint: Path | None  # the newest checkpoint that verifies
+    checkpoint_step: int | None
+    checked: str  # how the checkpoint was checked
+    skipped: list[str]  # newer checkpoints that did not verify, with the reason
+    stop_request: str | None  # a pending or answered stop request, said for a person
+
+
+def _age_s(stamp: Any) -> float | None:
+    try:
+        return max(0.0, time.time() - time.mktime(time.strptime(str(stamp), "%Y-%m-%dT%H:%M:%S%z")))
+    except (TypeError, ValueError, OverflowError):
+        return None
+
+
+def read_run(location: str | Path, verify: bool = False) -> RunStanding:
+    """Everything `status` says of the run at `location` (a run folder), read without writing anything;
+    `verify` reads every byte of the newest checkpoint against its manifest (else names and sizes)."""
+    run = RunDir(location)
+    status, holder = read_status(run.path), holder_of(run.path)
+    state = status.get("state") or "no status"
+    if state == "running" and holder is None:
+        state = "killed"  # its status says running and nobody holds the folder: SIGKILL, out of memory
+    skipped: list[str] = []
+    newest = newest_good_checkpoint(run.path, checksums=verify, log=skipped.append)
+    saved = newest.train_state if newest is not None else {}
+    record = last_train_record(run.metrics) or {}
+    request = read_stop_request(run.path)
+    stop = None
+    if request is not None:
+        stop = request.describe() + (
+            f", answered at step {request.answered_at_step:,}" if request.answered else ", pending"
+        )
+    return RunStanding(
+        location=str(location),
+        state=state,
+        exit_code=status.get("exit_code"),
+        reason=status.get("reason"),
+        next=status.get("next"),
+        holder=holder,
+        status_age_s=_age_s(status.get("updated")),
+        max_steps=saved.get("max_steps"),
+        logged_step=record.get("step"),
+        loss=record.get("loss"),
+        tokens=saved.get("tokens_seen"),
+        checkpoint=newest.path if newest is not None else None,
+        checkpoint_step=saved.get("step"),
+        checked="every byte checked against its manifest" if verify else "names and sizes match its manifest",
+        skipped=skipped,
+        stop_request=stop,
+    )
+
+
+def describe(s: RunStanding) -> str:
+    """The standing in a few lines, for a person."""
+    exit_code = f" (exit {s.exit_code})" if s.exit_code is not None else ""
+    steps = f"step {s.checkpoint_step:,} of {s.max_steps:,}" if s.checkpoint_step is not None and s.max_steps else None
+    head = f"{s.location}: {s.state}{exit_code}" + (f", {steps}" if steps else "")
+    if s.tokens is not None:
+        head += f", {s.tokens:,} tokens"
+    lines = [head]
+    if s.holder is not None:
+        lines.append(f"  held by pid {s.holder.get('pid')} on {s.holder.get('host')} since {s.holder.get('since')}")
+    if s.checkpoint is not None:
+        lines.append(f"  last checkpoint: {s.checkpoint} (step {s.checkpoint_step:,}; {s.checked})")
+    else:
+        lines.append("  last checkpoint: none that verifies")
+    lines += [f"  skipped: {reason}" for reason in s.skipped]
+    if s.logged_step is not None:
+        loss = f"loss {s.loss:.4f}" if isinstance(s.loss, (int, float)) else "no loss"
+        lines.append(f"  last logged: step {s.logged_step:,}, {loss}")
+    lines.append(f"  stop request: {s.stop_request or 'none'}")
+    if s.status_age_s is not None:
+        lines.append(
+            f"  status.json: written {human_duration(s.status_age_s)} ago" + (f": {s.reason}" if s.reason else "")
+        )
+    else:
+        lines.append("  status.json: none (no session has started here, or it cannot be read)")
+    if s.state == "finished":
+        lines.append(f"  next: {GO_FURTHER}")
+    elif s.state == "killed":
+        lines.append("  next: rerun the same command: it resumes from the last checkpoint")
+    elif s.next:
+        lines.append(f"  next: {s.next}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = CommandParser(prog="hf-pretrain status", description=__doc__.split("\n")[0])
+    parser.add_argument("run_dir", help="the run's output_dir: a folder, or a URL (s3://...) of a run in a store")
+    parser.add_argument(
+        "--verify", action="store_true", help="read every byte of the last checkpoint against its manifest (slow)"
+    )
+    args = parser.parse_args(argv)
+    from hf_pretrain.object_store.reach import StoreRefused
+    from hf_pretrain.object_store.reading import readable
+
+    try:  # a URL: its records and its newest complete checkpoint's listing, pulled into the cache
+        run_dir = readable(args.run_dir, checkpoint=args.verify, say=lambda line: print(f"status: {line}"))
+    except StoreRefused as exc:
+        print(f"hf-pretrain status: error: {exc}", file=sys.stderr)
+        return EXIT_PREFLIGHT
+    if not RunDir(run_dir).is_run():
+        print(
+            f"hf-pretrain status: error: {args.run_dir} is not a run folder (no checkpoints/, no "
+            f"resolved_recipe.yaml): give the output_dir of a training",
+            file=sys.stderr,
+        )
+        return 2
+    print(describe(read_run(run_dir, verify=args.verify)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,88 @@
+"""`attention_backend` (issue 41): the SDPA kernel is a recipe choice, applied inside the compiled step,
+refused by the doctor where the card lacks it, chosen by `auto` from what `hf-pretrain check` measured."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hf_pretrain.config import RecipeError, load_recipe
+from hf_pretrain.economics.check_records import (
+    attention_shape,
+    new_record,
+    recipe_attention_shape,
+    record_checks,
+    resolved_attention_backend,
+)
+from hf_pretrain.preflight.sdpa_kernel import check_attention_backend
+from tests.test_compiled_step import compiled_step_graphs, recipe_with
+
+CPU_FLASH = "aten._scaled_dot_product_flash_attention_for_cpu.default"
+
+
+@pytest.mark.parametrize("backend, flash_calls", [("auto", 2), ("flash", 2), ("math", 0)])
+def test_the_compiled_step_calls_the_chosen_kernel(backend, flash_calls, monkeypatch):
+    """Read off the aten graphs the compiled forward and backward run: torch's CPU flash kernel by default
+    and with `flash`; with `math` none, the attention decomposed into matmuls and a softmax."""
+    graphs = compiled_step_graphs(
+        recipe_with("smoke", compile=True, mixed_precision="bf16", attention_backend=backend), monkeypatch
+    )
+    assert len(graphs.aten("forward", CPU_FLASH)) == flash_calls  # one per layer (2 layers)
+    backward = graphs.aten("backward", CPU_FLASH.replace(".default", "_backward.default"))
+    assert len(backward) == flash_calls
+    if backend == "math":
+        softmax = [n for g in graphs.forward for n in g.graph.nodes if "safe_softmax" in str(n.target)]
+        assert len(softmax) == 2
+
+
+def test_a_wrong_backend_is_refused_by_the_recipe_and_a_missing_one_by_the_doctor_in_one_line():
+    with pytest.raises(RecipeError, match="attention_backend"):
+        load_recipe("smoke", {"attention_backend": "flash3"})
+    assert check_attention_backend(load_recipe("smoke", {"attention_backend": "flash"})).status == "pass"
+    refused = check_attention_backend(load_recipe("smoke", {"attention_backend": "cudnn"}))
+    assert refused.status == "fail" and "no cudnn SDPA kernel" in refused.reason
+    assert "\n" not in refused.reason and "--attention_backend auto" in refused.fix
+    assert check_attention_backend(load_recipe("smoke")).status == "skip"
+
+
+def test_auto_takes_the_fastest_kernel_a_check_measured_on_this_card(tmp_path):
+    store = tmp_path / "measurements.jsonl"
+    recipe = load_recipe("1b")
+    shape = recipe_attention_shape(recipe)
+    assert shape == attention_shape(32, 8, 64, 2048)
+    assert resolved_attention_backend(recipe, "NVIDIA H100 80GB HBM3", store) == ("auto", None)  # none measured
+    timed = {"flash": 9.0, "cudnn": 5.0, "efficient": 12.0, "default": 4.0}
+    records = [
+        new_record("attention", name, ms, "ms", "NVIDIA H100 80GB HBM3", shape=shape) for name, ms in timed.items()
+    ]
+    records.append(new_record("attention", "math", 1.0, "ms", None, shape=shape))  # a CPU's: never a GPU's choice
+    record_checks(records, store)
+    backend, why = resolved_attention_backend(recipe, "NVIDIA H100 80GB HBM3", store)
+    assert backend == "cudnn" and "fastest" in why  # torch's default is timed but is not a kernel to name
+    assert resolved_attention_backend(recipe, "NVIDIA A100-SXM4-80GB", store) == ("auto", None)  # another card
+    assert resolved_attention_backend(recipe, None, store) == ("auto", None)  # the CPU
+    named = load_recipe("1b", {"attention_backend": "flash"})
+    assert resolved_attention_backend(named, "NVIDIA H100 80GB HBM3", store) == ("flash", None)  # a choice wins
+    assert torch.nn.attention.SDPBackend.CUDNN_ATTENTION  # the kernel names are torch's
+
+
+def test_the_performance_model_prices_the_attention_share_by_kernel():
+    """Published ratios (estimates, performance.py): cuDNN faster than FlashAttention-2 on Hopper only,
+    math far slower everywhere; `auto` and `flash` are the kernel the model was fitted with."""
+    from hf_pretrain.economics.gpus import find_gpu
+    from hf_pretrain.economics.performance import modelled_tokens_per_s, step_time
+    from hf_pretrain.economics.workload import recipe_workload
+
+    def rate(gpu: str, backend: str) -> float:
+        return modelled_tokens_per_s(load_recipe("1b", {"attention_backend": backend}), find_gpu(gpu))
+
+    h100, a100 = "H100 SXM", "A100 80GB SXM"
+    assert rate(h100, "auto") == rate(h100, "flash")
+    assert rate(h100, "cudnn") > rate(h100, "auto") > rate(h100, "efficient") > rate(h100, "math")
+    assert rate(a100, "cudnn") == rate(a100, "auto")  # no published advantage off Hopper
+    times = {
+        b: step_time(recipe_workload(load_recipe("1b", {"attention_backend": b})), find_gpu(h100))
+        for b in ("auto", "cudnn")
+    }
+    assert times["cudnn"].attention == pytest.approx(times["auto"].attention / 1.7)
+    assert times["cudnn"].matmul == times["auto"].matmul  # only the attention share moves
