@@ -11,6 +11,7 @@
       final_step_N/          final/ of the run as it ended at step N, before it went further
       stop_request.json      `hf-pretrain stop` asks the running job to finish (read at its next step)
       status.json            how the last session ended: exit code, reason, what to run next (training/session.py)
+      store.json             a run URL's working copy (object_store/): names the URL the run is known by
       run.lock               held (flock) by the session training into the folder; names its host, pid, start
 
 Training writes it; export, the report, the demo and the doctor read it. Nobody spells these
@@ -44,6 +45,17 @@ class RunDir:
     @property
     def resolved_recipe(self) -> Path:
         return self.path / "resolved_recipe.yaml"
+
+    @property
+    def store_link(self) -> Path:
+        return self.path / "store.json"
+
+    def shown_as(self) -> str:
+        """How records and messages name the run: its URL for a store's working copy, else its folder."""
+        try:
+            return str(json.loads(self.store_link.read_text())["url"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return str(self.path)
 
     @property
     def metrics(self) -> Path:

@@ -89,9 +89,17 @@ def in_store(recipe: Recipe):
     import dataclasses
     import os
 
-    from hf_pretrain.object_store.run_sync import RunInStore, working_copy
+    from hf_pretrain.object_store.run_sync import RunInStore, pull_here, wait_for_pull, working_copy
 
-    store = RunInStore.begin(recipe.train) if os.environ.get("RANK", "0") == "0" else None
+    # One process pulls a machine's copy (the job's first also takes the lease and uploads); the others
+    # of that machine wait for it, so that none reads the copy half pulled.
+    store = None
+    if os.environ.get("RANK", "0") == "0":
+        store = RunInStore.begin(recipe.train)
+    elif os.environ.get("LOCAL_RANK", "0") == "0":
+        pull_here(recipe.train)
+    else:
+        wait_for_pull(recipe.train)
     local = dataclasses.replace(recipe.train, output_dir=str(working_copy(recipe.train)))
     return dataclasses.replace(recipe, train=local), store
 

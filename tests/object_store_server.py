@@ -115,3 +115,82 @@ def running_s3_server() -> Iterator[S3Server]:
         yield S3Server(CuttableProxy(server.get_host_and_port()))
     finally:
         server.stop()
+
+
+# ---------------------------------------------------------------------------------- a store that checks keys
+READ_ONLY_POLICY = {
+    "Version": "2012-10-17",
+    "Statement": [{"Effect": "Allow", "Action": ["s3:GetObject", "s3:ListBucket", "s3:HeadBucket"], "Resource": "*"}],
+}
+READ_WRITE_POLICY = {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "s3:*", "Resource": "*"}]}
+
+
+class AuthenticatingS3Server:
+    """A moto server in a process of its own that checks every request's key and the IAM policy of its
+    user, as a real store does (moto's `INITIAL_NO_AUTH_ACTION_COUNT` is process-wide, so the shared
+    fixture's server stays open). `writer` and `reader` are (key id, secret) of two IAM users: one may
+    do anything, the other only read; `bucket` exists."""
+
+    def __init__(self, endpoint: str, writer: tuple[str, str], reader: tuple[str, str], bucket: str):
+        self.endpoint, self.writer, self.reader, self.bucket = endpoint, writer, reader, bucket
+
+    def env(self, key: tuple[str, str]) -> dict[str, str]:
+        return {
+            "AWS_ENDPOINT_URL": self.endpoint,
+            "AWS_ACCESS_KEY_ID": key[0],
+            "AWS_SECRET_ACCESS_KEY": key[1],
+            "AWS_DEFAULT_REGION": "us-east-1",
+        }
+
+
+@contextmanager
+def running_authenticating_s3_server(check_keys: bool = True) -> Iterator[AuthenticatingS3Server]:
+    """See `AuthenticatingS3Server`; without `check_keys`, a plain moto server in a process of its own
+    (benchmarks/bench_store.py: a store that does not share the trainer's interpreter)."""
+    import json
+    import subprocess
+    import sys
+    import time
+    import urllib.request
+
+    import boto3
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    endpoint = f"http://127.0.0.1:{port}"
+    server = subprocess.Popen(
+        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                urllib.request.urlopen(f"{endpoint}/moto-api/", timeout=2)
+                break
+            except OSError:
+                if time.monotonic() > deadline or server.poll() is not None:
+                    raise RuntimeError("the authenticating moto server did not start") from None
+                time.sleep(0.2)
+        # set up while moto still lets every request through, then make it check keys from here on
+        iam = boto3.client("iam", endpoint_url=endpoint, **_credentials())
+        keys = {}
+        for user, policy in (("writer", READ_WRITE_POLICY), ("reader", READ_ONLY_POLICY)):
+            iam.create_user(UserName=user)
+            iam.put_user_policy(UserName=user, PolicyName="s3", PolicyDocument=json.dumps(policy))
+            key = iam.create_access_key(UserName=user)["AccessKey"]
+            keys[user] = (key["AccessKeyId"], key["SecretAccessKey"])
+        boto3.client("s3", endpoint_url=endpoint, **_credentials()).create_bucket(Bucket="guarded")
+        if not check_keys:
+            yield AuthenticatingS3Server(endpoint, keys["writer"], keys["reader"], "s3://guarded")
+            return
+        request = urllib.request.Request(
+            f"{endpoint}/moto-api/reset-auth", data=b"0", method="POST", headers={"Content-Type": "text/plain"}
+        )
+        urllib.request.urlopen(request, timeout=10)
+        yield AuthenticatingS3Server(endpoint, keys["writer"], keys["reader"], "s3://guarded")
+    finally:
+        server.terminate()
+        server.wait(timeout=30)

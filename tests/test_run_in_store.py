@@ -107,6 +107,14 @@ def test_a_run_killed_on_one_machine_finishes_on_another_bit_for_bit(reference_r
     assert status["store"]["steps_behind"] == 0 and status["store"]["last_error"] is None
     assert not store_fs().exists(f"{url}/lease.json")  # released at the end
 
+    # the run is named by its URL, never by a machine's cache path: the recipe as run, status.json
+    caches = (str(tmp_path / "A" / "home"), str(tmp_path / "B" / "home"))
+    for name in ("resolved_recipe.yaml", "status.json"):
+        text = store_fs().cat_file(f"{url}/{name}").decode()
+        assert url in text and not any(cache in text for cache in caches), (name, text)
+    assert f"output_dir: {url}\n" in (local_b / "resolved_recipe.yaml").read_text()
+    assert status["checkpoint"] == f"{url}/checkpoints/step_00000012", status
+
     # (f) no credential anywhere: logs, both local copies (status.json, metrics, recipe), the store's objects
     store_copy = tmp_path / "store_copy"
     store_fs().get(f"{url}/", str(store_copy), recursive=True)
@@ -292,9 +300,152 @@ def test_a_stop_written_into_the_store_reaches_the_trainer(smoke_data, s3_bucket
         [sys.executable, "-m", "hf_pretrain.cli", "stop", url], **laptop, capture_output=True, text=True, timeout=120
     )
     assert stop.returncode == 0, stop.stderr
-    assert "asked the run" in stop.stdout and f"{url}/stop_request.json" in stop.stdout
+    assert f"asked the run in {url} " in stop.stdout and f"{url}/stop_request.json" in stop.stdout
+    assert str(tmp_path / "laptop" / "home") not in stop.stdout  # the URL, not the view's cache path
     out = trainer.communicate(timeout=600)[0]
     assert trainer.returncode == 0, out[-3000:]
     assert "a stop request for" in out
     assert _logged_steps(local) < 60  # it stopped early
     assert json.loads(store_fs().cat_file(f"{url}/status.json"))["state"] in ("finished", "stopped")
+
+
+@pytest.fixture
+def guarded_store():
+    """A store that checks keys and policies (a moto server of its own; the shared one lets all in)."""
+    pytest.importorskip("moto.server", reason="the object-store tests need the dev extra (moto[server])")
+    from tests.object_store_server import running_authenticating_s3_server
+
+    with running_authenticating_s3_server() as server:
+        yield server
+
+
+def test_wrong_credentials_and_a_read_only_key_are_refused_at_the_start_in_one_line(
+    smoke_data, guarded_store, tmp_path
+):
+    url = f"{guarded_store.bucket}/run"
+    home = {"HF_PRETRAIN_HOME": str(tmp_path / "home")}
+    key_id, secret = guarded_store.writer
+    cases = (
+        (("AKIANOSUCHKEY0000000", FAKE_SECRET), "refused the credentials", "does not exist in our records"),
+        ((key_id, FAKE_SECRET), "refused the credentials", "signature"),
+        (guarded_store.reader, "may not write to", "Access Denied"),
+    )
+    for key, says, store_said in cases:
+        result = _start(smoke_data, url, {**guarded_store.env(key), **home}, tmp_path)
+        assert result.returncode == EXIT_PREFLIGHT, result.stderr[-2000:]
+        lines = [line for line in result.stderr.splitlines() if line.strip()]
+        assert len(lines) == 1 and "Traceback" not in result.stderr, result.stderr
+        assert says in lines[0] and store_said.lower() in lines[0].lower() and url in lines[0], lines[0]
+        assert key[1] not in result.stdout + result.stderr  # the secret never shows, refused or not
+    assert not (tmp_path / "home" / "runs").exists()  # before any work
+
+    import s3fs
+
+    writer = guarded_store.env(guarded_store.writer)
+    fs = s3fs.S3FileSystem(
+        key=writer["AWS_ACCESS_KEY_ID"], secret=writer["AWS_SECRET_ACCESS_KEY"], endpoint_url=guarded_store.endpoint
+    )
+    assert fs.ls(guarded_store.bucket.removeprefix("s3://")) == []  # nothing written: no probe, no lease
+
+
+def launch_command(data_dir: Path, url: str, **overrides) -> list[str]:
+    """`accelerate launch` of two CPU processes (DDP over gloo) on the short smoke run."""
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file"]
+    cmd += [str(ROOT / "accelerate_configs" / "cpu_2proc.yaml"), *train_command(data_dir, url, **overrides)[1:]]
+    return cmd
+
+
+@pytest.mark.slow
+def test_two_processes_resume_a_url_run_on_another_machine_bit_for_bit(smoke_data, s3_bucket, s3_server, tmp_path):
+    """Each machine's first process pulls; the other waits for the pull before it reads the copy (had it
+    read the empty copy, it would start from step 0 beside a first process that resumed)."""
+    import os
+
+    from tests.helpers import launch_training
+
+    reference = tmp_path / "reference"
+    launch_training(smoke_data, reference, processes=2)  # uninterrupted, two processes, a local folder
+
+    url = f"{s3_bucket}/run"
+    a, b = machine(tmp_path / "A", s3_server), machine(tmp_path / "B", s3_server)
+    first = subprocess.Popen(
+        launch_command(smoke_data, url),
+        **a,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,  # the launcher and its two workers, killed together as a lost machine's
+    )
+    try:
+        wait_until(lambda: complete_in_store(url), first)
+    finally:
+        os.killpg(first.pid, signal.SIGKILL)
+    first.communicate(timeout=60)
+    assert not store_fs().exists(f"{url}/final"), "the run finished before the kill"
+    resumed_at = complete_in_store(url)[0]
+
+    second = subprocess.run(launch_command(smoke_data, url), **b, capture_output=True, text=True, timeout=600)
+    log = second.stdout + second.stderr
+    assert second.returncode == 0, log[-4000:]
+    assert "resumed from" in log and f"step {resumed_at}" in log and "starting from step 0" not in log, log[-4000:]
+    local_b = tmp_path / "B" / "home" / "runs" / "s3" / url.removeprefix("s3://")
+    expected = load_file(reference / "final" / "model.safetensors")
+    finished = load_file(local_b / "final" / "model.safetensors")
+    assert expected.keys() == finished.keys()
+    assert all(torch.equal(expected[k], finished[k]) for k in expected)
+
+
+def test_a_runs_half_uploads_are_removed_at_its_next_start_and_no_one_elses(s3_bucket, tmp_path, monkeypatch):
+    from hf_pretrain.config import load_recipe
+    from hf_pretrain.object_store.run_sync import RunInStore
+    from hf_pretrain.object_store.uploader import WRITER, Uploader
+    from hf_pretrain.object_store.urls import StoreURL
+
+    monkeypatch.setenv("HF_PRETRAIN_HOME", str(tmp_path / "home"))
+    url, fs = f"{s3_bucket}/run", store_fs()
+    fs.pipe_file(f"{url}/run.json", b'{"run_id": "run-a"}')
+    folders = {  # step: (writer, complete)
+        4: ("run-a", True),
+        8: ("run-a", False),  # this run's, cut short: removed
+        12: ("run-b", False),  # another run's: left
+        16: (None, False),  # nobody's mark: left
+        20: ("run-a", True),
+    }
+    for step, (writer, complete) in folders.items():
+        folder = f"{url}/checkpoints/step_{step:08d}"
+        fs.pipe_file(f"{folder}/model.safetensors", b"weights")
+        if writer:
+            fs.pipe_file(f"{folder}/{WRITER}", json.dumps({"run_id": writer}).encode())
+        if complete:
+            fs.pipe_file(f"{folder}/manifest.json", b"{}")
+            fs.pipe_file(f"{folder}/train_state.json", json.dumps({"step": step}).encode())
+
+    said = []
+    train = load_recipe("smoke", {"output_dir": url, "keep_checkpoints": 2}).train
+    from hf_pretrain.object_store import run_sync
+
+    monkeypatch.setattr(run_sync, "pull_run", lambda *a, **k: None)  # what the store holds is not a real run
+    run = RunInStore.begin(train, say=said.append)
+    try:
+        left = {int(p.rstrip("/")[-8:]) for p in fs.ls(f"{url}/checkpoints", detail=False)}
+        assert left == {4, 12, 16, 20}, said
+        assert any("removed" in line and "step_00000008" in line for line in said), said
+        assert any("left" in line and "step_00000012" in line and "run-b" in line for line in said), said
+        assert run.uploader.run_id == "run-a"  # every session of the run marks its uploads with the run's id
+
+        # the uploader marks a folder as this run's before its first byte; retention counts complete folders only
+        local = tmp_path / "local" / "checkpoints" / "step_00000024"
+        local.mkdir(parents=True)
+        (local / "model.safetensors").write_bytes(b"w" * 1000)
+        (local / "train_state.json").write_text(json.dumps({"step": 24}))
+        (local / "manifest.json").write_text("{}")
+        uploader = Uploader(fs, StoreURL.parse(url), tmp_path / "local", keep=2, say=said.append, run_id="run-a")
+        uploader.submit(local, 24)
+        assert uploader.wait(60)
+        uploader.close()
+        mark = json.loads(fs.cat_file(f"{url}/checkpoints/step_00000024/{WRITER}"))
+        assert mark["run_id"] == "run-a"
+        left = {int(p.rstrip("/")[-8:]) for p in fs.ls(f"{url}/checkpoints", detail=False)}
+        assert left == {12, 16, 20, 24}, left  # 2 complete kept (20, 24); the halves neither counted nor touched
+    finally:
+        run.close()

@@ -5,8 +5,10 @@
     hf-pretrain eval --model exports/1b --tasks arc_easy_local,arc_challenge_local --data_dir ../shared/data/arc
     hf-pretrain eval --model exports/1b --tasks none --text held_out.txt    # perplexity and bits per byte only
 
-`--model` is an exported folder, a Hub repo id, a run folder or a checkpoint. Results go to
-`--output` (default: `<model folder>/eval`): lm-eval's own `results.json` and `results.md`, a
+`--model` is an exported folder, a Hub repo id, a run folder or a checkpoint, or a run's URL
+(`s3://bucket/run`, or one checkpoint of it: its newest complete checkpoint is pulled into the cache
+first, object_store/reading.py). Results go to `--output` (default: `<model folder>/eval`, for a URL
+`eval_results/<bucket>__<prefix>`): lm-eval's own `results.json` and `results.md`, a
 table of this model beside the references in eval/reference_scores.yaml. Pointed at an export,
 the scores also go into its model card (`model-index` and the Evaluation section).
 """
@@ -26,7 +28,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser = CommandParser(
         prog="hf-pretrain eval", description=__doc__.split("\n")[0], epilog=__doc__.split("\n", 1)[1]
     )
-    parser.add_argument("--model", required=True, help="exported folder, Hub repo id, run folder or checkpoint")
+    parser.add_argument(
+        "--model",
+        required=True,
+        help="exported folder, Hub repo id, run folder or checkpoint, or a run URL (s3://bucket/run)",
+    )
     parser.add_argument(
         "--tasks",
         default="default",
@@ -56,6 +62,20 @@ def main(argv: list[str] | None = None) -> int:
     if missing:
         print(f"hf-pretrain eval: error: {missing}", file=sys.stderr)
         return EXIT_PREFLIGHT
+    from hf_pretrain.object_store.urls import is_url
+
+    if is_url(args.model):  # a run in a store: read through the one door, before torch is imported
+        from hf_pretrain.object_store.reach import StoreRefused
+        from hf_pretrain.object_store.reading import readable
+
+        url = args.model
+        try:
+            args.model = str(readable(url, say=lambda line: print(f"eval: {line}", flush=True)))
+        except StoreRefused as exc:
+            print(f"hf-pretrain eval: error: {exc}", file=sys.stderr)
+            return EXIT_PREFLIGHT
+        if args.output is None:  # not inside the cache's read-only view: beside where the command runs
+            args.output = Path("eval_results") / url.split("://", 1)[1].strip("/").replace("/", "__")
     from hf_pretrain.evaluation import harness
 
     return harness.run(parser, args)

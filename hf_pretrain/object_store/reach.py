@@ -23,7 +23,16 @@ if TYPE_CHECKING:
 
 PROBE = ".hf_pretrain_probe"  # the one object the write check puts and deletes
 # the words a store's client uses for each failure (botocore's error codes, as s3fs quotes them)
-_CREDENTIALS = ("InvalidAccessKeyId", "SignatureDoesNotMatch", "InvalidToken", "ExpiredToken", "credentials")
+_CREDENTIALS = (
+    "InvalidAccessKeyId",
+    "SignatureDoesNotMatch",
+    "InvalidToken",
+    "ExpiredToken",
+    "credentials",
+    # s3fs raises a refused key as a PermissionError with S3's sentence only (its code is on the cause)
+    "Access Key Id you provided does not exist",
+    "signature we calculated does not match",
+)
 _DENIED = ("AccessDenied", "Forbidden", "not authorized")
 # botocore's names for a store that does not answer (s3fs raises them as they are)
 _UNREACHABLE = ("EndpointConnectionError", "ConnectTimeoutError", "ReadTimeoutError", "ConnectionClosedError")
@@ -44,12 +53,13 @@ def describe_failure(url: StoreURL, exc: BaseException, doing: str) -> str:
     the uploader's `last_error` and the readers alike."""
     said = " ".join(str(exc).split()) or type(exc).__name__
     name = type(exc).__name__
+    cause = f"{said} {exc.__cause__ or ''}"  # botocore's error code, where s3fs kept it
     if name in _UNREACHABLE or isinstance(exc, (ConnectionError, TimeoutError)):
         fix = "check AWS_ENDPOINT_URL and the network (is the store's server up?)"
         line = f"the store {where(url)} does not answer while {doing}: {said}; {fix}"
     elif isinstance(exc, FileNotFoundError) and "specified bucket" in said.lower():
         line = _no_bucket(url)
-    elif any(word.lower() in said.lower() or word in name for word in _CREDENTIALS):
+    elif any(word.lower() in cause.lower() or word in name for word in _CREDENTIALS):
         line = (
             f"the store {where(url)} refused the credentials while {doing}: {said}; set AWS_ACCESS_KEY_ID and "
             f"AWS_SECRET_ACCESS_KEY (or AWS_PROFILE) to a key of this store"

@@ -31,7 +31,7 @@ from hf_pretrain.object_store.pull import complete_steps, pull_run
 from hf_pretrain.object_store.reach import describe_failure, open_checked
 from hf_pretrain.object_store.secrets import redact
 from hf_pretrain.object_store.transfer import put_files
-from hf_pretrain.object_store.uploader import UPLOAD_SUFFIX, Uploader
+from hf_pretrain.object_store.uploader import UPLOAD_SUFFIX, Uploader, remove_half_uploads, run_identity
 from hf_pretrain.run_dir import RunDir, read_status, set_activity
 
 if TYPE_CHECKING:
@@ -39,6 +39,58 @@ if TYPE_CHECKING:
 
 STOP_POLL_S = 3.0  # how often the store is asked for a stop request
 STORE_SECTION = "store"  # status.json's key
+
+
+MARK_SLACK_S = 2.0
+PULL_WAIT_S = 3600.0  # how long a process waits for its machine's pull (a launcher ends it sooner if that failed)
+
+
+def mark_pulled(local: Path, url) -> None:
+    """The working copy is pulled for this session: store.json says when (atomically: others poll it)."""
+    link = RunDir(local).store_link
+    tmp = link.with_name(f"{link.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps({"url": str(url), "pulled": time.time()}) + "\n")
+    os.replace(tmp, link)
+
+
+def pull_here(train: TrainConfig, say: Callable[[str], None] = print) -> None:
+    """The first process of another machine of the job: its own copy pulled (read only: the job's first
+    process holds the lease and uploads), then marked."""
+    from hf_pretrain.object_store.reach import StoreRefused
+
+    url, fs = open_checked(train.output_dir, write=False)
+    local = working_copy(train)
+    try:
+        pull_run(fs, url, local, say=lambda line: say(redact(line)))
+    except Exception as exc:
+        raise StoreRefused(describe_failure(url, exc, "pulling the run")) from None
+    mark_pulled(local, url)
+
+
+def wait_for_pull(train: TrainConfig, say: Callable[[str], None] = print) -> None:
+    """Block until this machine's first process has pulled the run into the working copy in this job.
+
+    Every process of the machine reads the same local copy, and only one pulls it: the others must not
+    read it before the pull ends (they would start from step 0, or from an older checkpoint, while the
+    first resumes). The mark counts when it was written after this process was created: a mark from an
+    earlier job on this machine was written at that job's start, before it trained, so it is older than
+    every process of this one by far more than the `MARK_SLACK_S` the clock's reading is allowed.
+    """
+    import psutil  # accelerate's dependency
+
+    born = psutil.Process().create_time() - MARK_SLACK_S  # psutil derives it from the boot time, to ~1 s
+    link = RunDir(working_copy(train)).store_link
+    deadline = time.monotonic() + PULL_WAIT_S
+    while time.monotonic() < deadline:
+        try:
+            if json.loads(link.read_text()).get("pulled", 0) >= born:
+                return
+        except (OSError, ValueError, AttributeError):
+            pass
+        time.sleep(0.2)
+    from hf_pretrain.object_store.reach import StoreRefused
+
+    raise StoreRefused(f"this machine's first process did not pull {train.output_dir} in {PULL_WAIT_S:.0f} s")
 
 
 def working_copy(train: TrainConfig) -> Path:
@@ -74,8 +126,18 @@ class RunInStore:
         except BaseException:
             run.lease.release()
             raise
+        mark_pulled(run.local, run.url)  # this machine's other processes may read the copy now
+        run_id = run_identity(run.fs, run.url, run.lease.run_id)
+        remove_half_uploads(run.fs, run.url, run_id, run.say)  # the lease is ours: none of this run uploads
         run.uploader = Uploader(
-            run.fs, run.url, run.local, train.keep_checkpoints, train.milestone_interval, run._changed, run.say
+            run.fs,
+            run.url,
+            run.local,
+            train.keep_checkpoints,
+            train.milestone_interval,
+            run._changed,
+            run.say,
+            run_id=run_id,
         )
         run._catch_up()
         run._ticker = threading.Thread(target=run._tick, name="hf-pretrain-store", daemon=True)
@@ -84,6 +146,8 @@ class RunInStore:
 
     def _pull(self) -> None:
         self.say(f"store: {self.url} -> working copy {self.local}")
+        self.local.mkdir(parents=True, exist_ok=True)  # the working copy names its URL (records and messages use it)
+        RunDir(self.local).store_link.write_text(json.dumps({"url": str(self.url)}) + "\n")
         for leftover in checkpoints_root(self.local).glob(f"*{UPLOAD_SUFFIX}"):  # a session killed mid-upload
             import shutil
 
@@ -225,7 +289,13 @@ class RunInStore:
     def _changed(self, mirror: bool = False) -> None:
         self._write_section()
         if mirror and (RunDir(self.local).status.is_file()):
-            self.fs.put_file(str(RunDir(self.local).status), self.url.join("status.json").path)
+            status = RunDir(self.local).status
+            sent = self.uploader.in_store_terms(status)
+            try:
+                self.fs.put_file(str(sent), self.url.join("status.json").path)
+            finally:
+                if sent != status:
+                    sent.unlink(missing_ok=True)
 
     def _write_section(self) -> None:
         """status.json's `store` section, beside what the session wrote (the session keeps it)."""

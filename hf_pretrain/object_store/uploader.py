@@ -8,6 +8,11 @@ bytes are (object_store/pull.py reads it so). Every failure is retried with expo
 recorded, redacted, as `last_error`; nothing is raised into training. When a newer checkpoint is
 waiting, an older one that retention would drop anyway is skipped.
 
+Before any byte of a checkpoint, its folder gets `WRITER` naming the run's id (`run.json` in the store,
+made at the run's first start and kept by every session of it): a folder left without a manifest (a
+machine lost mid-upload) is removed at the run's next start by `remove_half_uploads` only when that
+object proves this run wrote it; anything else (no such object, another run's id) is left and said.
+
 After each upload the store's retention runs (`keep_checkpoints`, milestones and branch points kept,
 as locally), removing only step folders with a manifest: what this run, or one before it on the same
 URL, uploaded completely. The manifest goes first, so a removal cut short leaves no "complete" half.
@@ -29,12 +34,15 @@ from hf_pretrain.checkpoints.layout import BRANCH_POINT, MANIFEST, TRAIN_STATE
 from hf_pretrain.checkpoints.progress import ByteCount
 from hf_pretrain.object_store.pull import SMALL_FILES, complete_steps
 from hf_pretrain.object_store.reach import describe_failure
-from hf_pretrain.object_store.transfer import put_files
+from hf_pretrain.object_store.transfer import put_files, with_retries
 from hf_pretrain.object_store.urls import StoreURL
 
 if TYPE_CHECKING:
     from fsspec import AbstractFileSystem
 
+WRITER = ".hf_pretrain_writer.json"  # the first object of a checkpoint folder: the run that writes it
+RUN_RECORD = "run.json"  # the run's id in the store, the same for every session of the run
+QUOTES_PATHS = ("status.json",)  # records whose text names local paths (training/session.py writes them)
 UPLOAD_SUFFIX = ".upload"  # hard links of a checkpoint on its way to the store; never listed or resumed
 
 
@@ -70,8 +78,10 @@ class Uploader:
         milestone_interval: int = 0,
         on_change: Callable[[], None] = lambda: None,
         say: Callable[[str], None] = print,
+        run_id: str | None = None,
     ):
         self.fs, self.url, self.local, self.keep, self.milestones = fs, url, local, keep, milestone_interval
+        self.run_id = run_id
         self.on_change, self.say = on_change, say
         self.progress = Progress()
         self._pending: list[Upload] = []
@@ -168,6 +178,10 @@ class Uploader:
         files = sorted(p for p in job.held.rglob("*") if p.is_file() and p.name != MANIFEST)
         pairs = [(p, remote.join(str(p.relative_to(job.held))).path) for p in files]
         on_error = lambda exc: self._error(exc, f"uploading step {job.step}")  # noqa: E731
+        # first: which run writes this folder, so that its half (a kill from here on) is provably this run's
+        mark = json.dumps({"run_id": self.run_id, "step": job.step}).encode()
+        if not with_retries(lambda: self.fs.pipe_file(remote.join(WRITER).path, mark), self._keep_trying, on_error):
+            return False
         if not put_files(self.fs, pairs, self.progress.count, self._keep_trying, on_error):
             return False
         # the manifest last: until it is there, the checkpoint is not complete in the store
@@ -189,7 +203,27 @@ class Uploader:
         Without `retry`, one try (the heartbeat's thread must not wait on a store that is down)."""
         pairs = [(self.local / n, self.url.join(n).path) for n in SMALL_FILES if (self.local / n).is_file()]
         keep_trying = self._keep_trying if retry else lambda: False
-        return put_files(self.fs, pairs, None, keep_trying, lambda e: self._error(e, "uploading the records"))
+        sent = [(self.in_store_terms(path), remote) for path, remote in pairs]
+        try:
+            return put_files(self.fs, sent, None, keep_trying, lambda e: self._error(e, "uploading the records"))
+        finally:
+            for (path, _), (copy, _) in zip(pairs, sent, strict=True):
+                if copy != path:
+                    copy.unlink(missing_ok=True)
+
+    def in_store_terms(self, path: Path) -> Path:
+        """`path` itself, or for a record that quotes this machine's working copy (status.json: the
+        checkpoint, final/, metrics), a copy of it naming the run's URL there instead: the store holds
+        the same layout, and another machine reads it (the copy is the caller's to remove)."""
+        if path.name not in QUOTES_PATHS:
+            return path
+        try:
+            text = path.read_text()
+        except OSError:
+            return path
+        copy = path.with_name(f".{path.name}.{threading.get_ident()}.for_store")
+        copy.write_text(text.replace(str(self.local), str(self.url)))
+        return copy
 
     def _retention(self) -> None:
         """Keep the newest `keep` complete checkpoints in the store, its milestones and branch points."""
@@ -222,6 +256,49 @@ class Uploader:
             "last_error": p.last_error,
             "updated": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         }
+
+
+def run_identity(fs: AbstractFileSystem, url: StoreURL, new_id: str) -> str:
+    """The run's id: `run.json`'s in the store, else `new_id`, written there (the run's first start)."""
+    record = url.join(RUN_RECORD).path
+    try:
+        return str(json.loads(fs.cat_file(record))["run_id"])
+    except FileNotFoundError:
+        fs.pipe_file(
+            record, (json.dumps({"run_id": new_id, "since": time.strftime("%Y-%m-%dT%H:%M:%S%z")}) + "\n").encode()
+        )
+        return new_id
+    except (ValueError, KeyError, TypeError):  # unreadable: no proof of anything; this session's own id
+        return new_id
+
+
+def remove_half_uploads(fs: AbstractFileSystem, url: StoreURL, run_id: str, say: Callable[[str], None]) -> list[int]:
+    """Remove the step folders without a manifest whose `WRITER` names `run_id`: this run's uploads cut
+    short (the caller holds the run's lease: none of its sessions is uploading). Others are left, said."""
+    from hf_pretrain.checkpoints.layout import PREFIX
+
+    complete = set(complete_steps(fs, url))
+    removed = []
+    try:
+        folders = fs.ls(url.join("checkpoints").path, detail=False)
+    except FileNotFoundError:
+        return removed
+    for folder in sorted(folders):
+        name = folder.rstrip("/").rsplit("/", 1)[-1]
+        if not (name.startswith(PREFIX) and name[len(PREFIX) :].isdigit()) or int(name[len(PREFIX) :]) in complete:
+            continue
+        try:
+            writer = json.loads(fs.cat_file(f"{folder}/{WRITER}")).get("run_id")
+        except (OSError, ValueError, AttributeError):
+            writer = None
+        if writer == run_id:
+            fs.rm(folder, recursive=True)
+            removed.append(int(name[len(PREFIX) :]))
+            say(f"store: removed {url}/checkpoints/{name}: this run's upload, cut short (no manifest)")
+        else:
+            whose = f"run {writer}" if writer else "no run's mark"
+            say(f"store: left {url}/checkpoints/{name} (no manifest, {whose}): not this run's to remove")
+    return removed
 
 
 def _flag(folder: Path, key: str) -> bool:

@@ -38,6 +38,7 @@ from hf_pretrain.preflight.init_from import check_init_from
 from hf_pretrain.preflight.result import CheckResult, PreflightError, format_table
 from hf_pretrain.preflight.resume import check_resume, check_stop_request
 from hf_pretrain.preflight.sdpa_kernel import check_attention_backend
+from hf_pretrain.preflight.store_access import check_store
 from hf_pretrain.preflight.trackers import check_trackers
 from hf_pretrain.run_profile import RunProfile, run_profile
 
@@ -74,6 +75,9 @@ def run_checks(
     """Every check, in the order a run meets them: software, GPU, data (and the base model of init_from),
     disk, memory, money. `resume_decision` is training's own (made once, then loaded); the doctor's is
     made here, once, for the checks that ask it; so is the run profile, training's own where it has one."""
+    store = _in_store(recipe)
+    if store is not None:  # a URL output_dir (the doctor's; training checks its working copy): store_access.py
+        recipe, url_recipe = store, recipe
     decision = resume_decision or functools.cache(lambda: decide_resume(recipe))
     profile = profile or run_profile(recipe, world_size=world_size)
     checks: list[tuple[str, Callable[[], CheckResult | list[CheckResult]]]] = [
@@ -95,7 +99,7 @@ def run_checks(
         ("batch", lambda: check_batch_split(recipe, world_size)),
         ("num_workers", lambda: check_num_workers(recipe)),
         ("loader", lambda: check_loader_pickling(recipe)),
-        ("output_dir", lambda: check_output_writable(recipe)),
+        ("output_dir", lambda: check_output_writable(recipe) if store is None else check_store(url_recipe)),
         ("in use", lambda: check_not_in_use(recipe)),
         ("resume", lambda: check_resume(recipe, decision)),
         ("stop request", lambda: check_stop_request(recipe, decision)),
@@ -105,6 +109,20 @@ def run_checks(
         ("time and cost", lambda: check_cost(recipe, this_gpu(), world_size)),
     ]
     return [result for name, check in checks for result in _guarded(name, check)]
+
+
+def _in_store(recipe: Recipe) -> Recipe | None:
+    """For a URL output_dir, the recipe whose output_dir is the local working copy training would use."""
+    from hf_pretrain.object_store.urls import is_url
+
+    if not is_url(recipe.train.output_dir):
+        return None
+    import dataclasses
+
+    from hf_pretrain.object_store.run_sync import working_copy
+
+    local = dataclasses.replace(recipe.train, output_dir=str(working_copy(recipe.train)))
+    return dataclasses.replace(recipe, train=local)
 
 
 def tried_on_the_device(refusal: CheckResult) -> CheckResult:

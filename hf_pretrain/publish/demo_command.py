@@ -2,6 +2,7 @@
 
     hf-pretrain demo --model runs/smoke                  # every checkpoint of the run, and its final model
     hf-pretrain demo --model runs/1b/final --model TinyLlama/TinyLlama_v1.1 --port 7860
+    hf-pretrain demo --model s3://bucket/run             # a run in a store: its newest checkpoint, pulled
 
 The page lives in hf_pretrain/publish/space_template/app.py, self-contained so that a Space runs it without
 hf-pretrain; this module turns run folders and training checkpoints into the page's model choices.
@@ -29,7 +30,7 @@ def build_parser() -> argparse.ArgumentParser:
         action="append",
         required=True,
         metavar="PATH_OR_REPO",
-        help="a run folder (all its checkpoints), a checkpoint, a model folder or a Hub repo id; "
+        help="a run folder (all its checkpoints), a checkpoint, a model folder, a Hub repo id or a run URL; "
         "repeat to compare several",
     )
     parser.add_argument("--port", type=int, default=None, help="port to listen on (unset: GRADIO_SERVER_PORT or 7860)")
@@ -50,6 +51,18 @@ def main(argv: list[str] | None = None) -> int:
     if missing:
         print(f"hf-pretrain demo: error: {missing}", file=sys.stderr)
         return EXIT_PREFLIGHT
+    from hf_pretrain.object_store.urls import is_url
+
+    if any(is_url(m) for m in args.model):  # runs in a store: read through the one door, before torch
+        from hf_pretrain.object_store.reach import StoreRefused
+        from hf_pretrain.object_store.reading import readable
+
+        try:
+            say = lambda line: print(f"demo: {line}", flush=True)  # noqa: E731
+            args.model = [str(readable(m, say=say)) if is_url(m) else m for m in args.model]
+        except StoreRefused as exc:
+            print(f"hf-pretrain demo: error: {exc}", file=sys.stderr)
+            return EXIT_PREFLIGHT
     from hf_pretrain.publish import demo
 
     return demo.run(args)

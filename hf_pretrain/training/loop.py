@@ -8,6 +8,7 @@ benchmarks) hang off the saved checkpoints as callbacks and never hold the loop 
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -155,6 +156,8 @@ def take_the_folder(recipe: Recipe, run_dir: RunDir, continuation: Continuation,
     """The run folder made this session's (main process): the recipe as run, an old ending set aside when
     going further, a stop request from before this start taken up, the records after the checkpoint cut."""
     run_dir.path.mkdir(parents=True, exist_ok=True)
+    if run_dir.shown_as() != str(run_dir.path):  # a run URL's working copy: the recipe names the URL, as typed
+        recipe = dataclasses.replace(recipe, train=dataclasses.replace(recipe.train, output_dir=run_dir.shown_as()))
     save_recipe(recipe, run_dir.resolved_recipe)
     for note in continuation.set_aside(run_dir):  # going further: the old ending stays, out of the way
         say(note)

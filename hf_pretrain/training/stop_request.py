@@ -131,9 +131,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"hf-pretrain stop: refused, nothing written: {exc}", file=sys.stderr)
             return EXIT_REFUSED
     run = RunDir(view if on_store else args.run_dir)
+    shown = args.run_dir.rstrip("/") if on_store else run.path  # a URL run is named by its URL, not the view
     if not run.is_run() and not (on_store and store_holder):  # a URL run before its first records: its lease
         print(
-            f"hf-pretrain stop: error: {run.path} is not a run folder (no checkpoints/, no resolved_recipe.yaml)",
+            f"hf-pretrain stop: error: {shown} is not a run folder (no checkpoints/, no resolved_recipe.yaml)",
             file=sys.stderr,
         )
         return EXIT_REFUSED
@@ -147,10 +148,10 @@ def main(argv: list[str] | None = None) -> int:
     running = holder is not None
     refusal = None
     if not running and (finished := _finished_at(run, status, saved)) is not None:
-        refusal = f"{run.path} finished at step {finished:,}: there is nothing to stop. {GO_FURTHER}"
+        refusal = f"{shown} finished at step {finished:,}: there is nothing to stop. {GO_FURTHER}"
     elif running and pending is not None and pending.answered:
         refusal = (
-            f"the run in {run.path} is already finishing: it answered {pending.describe()} at step "
+            f"the run in {shown} is already finishing: it answered {pending.describe()} at step "
             f"{pending.answered_at_step:,} ({pending.answer}). A cooldown under way is not restarted or "
             f"shortened; to stop sooner, `kill -TERM {holder.get('pid')}` on {holder.get('host')} saves a "
             f"checkpoint now, and a rerun resumes the cooldown"
@@ -158,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
     elif not running and saved and saved.get("cooldown") and saved["step"] < saved.get("end", saved["step"]):
         cooldown = saved["cooldown"]
         refusal = (
-            f"the run in {run.path} stopped at step {saved['step']:,} in its cooldown ({cooldown['reason']}); "
+            f"the run in {shown} stopped at step {saved['step']:,} in its cooldown ({cooldown['reason']}); "
             f"its next start finishes that cooldown at step {cooldown['end']:,} and writes final/"
         )
     if refusal is not None:
@@ -192,10 +193,10 @@ def main(argv: list[str] | None = None) -> int:
             else "which the run had not read yet."
         )
     if running:
-        print(f"asked the run in {run.path} to finish ({path}): it {then}.{replaced} Delete the file to take it back.")
+        print(f"asked the run in {shown} to finish ({path}): it {then}.{replaced} Delete the file to take it back.")
     else:
         print(
-            f"{run.path} is not running ({_last_session(status, holder)}). The request ({path}) waits for its "
+            f"{shown} is not running ({_last_session(status, holder)}). The request ({path}) waits for its "
             f"next start, which {then.replace('from its next step on', 'from its first step')}; a start with "
             f"another --max_steps sets it aside (a new plan), saying so.{replaced} Delete the file to take it back."
         )

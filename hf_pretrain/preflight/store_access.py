@@ -1,0 +1,101 @@
+"""A run whose output_dir is a URL: the store's rows of the doctor, one line each, redacted.
+
+The store (object_store/reach.py): it answers, its bucket exists, the credentials are accepted and
+may write under the run's prefix. The upload: one checkpoint's time at the rate a small test object
+(`RATE_PROBE_BYTES`, put then deleted: an object the doctor wrote) measured, against the time between
+saves (training never waits for it, but a store slower than the saves falls behind). The cache: the
+local working copy's disk (the checkpoints are sealed there first) against what the run keeps there.
+The local-folder checks (disk space, save speed, in use) then run on the working copy.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+
+from hf_pretrain.config import Recipe
+from hf_pretrain.formatting import human_bytes, human_duration
+from hf_pretrain.model import recipe_parameter_count
+from hf_pretrain.preflight.disk import checkpoint_bytes, nearest_existing, newest_checkpoint_bytes, tokenizer_bytes
+from hf_pretrain.preflight.result import CheckResult
+
+RATE_PROBE_BYTES = 8 * 2**20  # big enough that the request's latency is not the whole measure
+RATE_PROBE = ".hf_pretrain_doctor_rate"
+
+
+def check_store(recipe: Recipe) -> list[CheckResult]:
+    """The store's rows: reachable and writable (else the only row: the others need it)."""
+    from hf_pretrain.object_store.reach import StoreRefused, open_checked, where
+    from hf_pretrain.object_store.urls import StoreURL
+
+    try:
+        url, fs = open_checked(recipe.train.output_dir)
+    except StoreRefused as exc:
+        return [CheckResult("store", "fail", str(exc), "see the message; then run the doctor again")]
+    from hf_pretrain.object_store.pull import complete_steps
+
+    steps = complete_steps(fs, url)
+    newest = f"its newest complete checkpoint is step {steps[0]:,}" if steps else "no checkpoint in it yet"
+    said = f"{where(StoreURL.parse(str(url)))} answers, the credentials may write; {newest}"
+    rows = [CheckResult("store", "pass", said)]
+    return rows + [upload_time(recipe, url, fs), cache_disk(recipe)]
+
+
+def _checkpoint_size(recipe: Recipe) -> int:
+    from hf_pretrain.object_store.run_sync import working_copy
+
+    local = working_copy(recipe.train)
+    n = recipe_parameter_count(recipe)
+    return newest_checkpoint_bytes(local) or checkpoint_bytes(n, tokenizer_bytes(recipe))
+
+
+def upload_time(recipe: Recipe, url, fs) -> CheckResult:
+    """One checkpoint's upload time at the measured rate, against the time between saves."""
+    from hf_pretrain.object_store.reach import describe_failure
+
+    t = recipe.train
+    if os.environ.get("RANK", "0") != "0":
+        return CheckResult("store upload", "skip", "measured by the job's first process")
+    probe = url.join(RATE_PROBE).path
+    data = os.urandom(RATE_PROBE_BYTES)  # incompressible, as a checkpoint's bytes are
+    try:
+        started = time.perf_counter()
+        fs.pipe_file(probe, data)
+        rate = RATE_PROBE_BYTES / max(time.perf_counter() - started, 1e-9)
+        fs.rm_file(probe)
+    except Exception as exc:
+        return CheckResult("store upload", "warn", describe_failure(url, exc, "measuring the upload rate"))
+    size = _checkpoint_size(recipe)
+    upload_s = size / rate
+    reason = (
+        f"{human_bytes(rate)}/s measured with {human_bytes(RATE_PROBE_BYTES)}: a {human_bytes(size)} checkpoint "
+        f"uploads in ~{human_duration(upload_s)} in the background"
+    )
+    if not t.expected_tokens_per_s or t.save_interval >= t.max_steps:
+        return CheckResult("store upload", "pass", reason)
+    between_s = t.save_interval * t.global_batch_tokens / t.expected_tokens_per_s
+    reason += f", every {human_duration(between_s)} of training"
+    if upload_s <= between_s:
+        return CheckResult("store upload", "pass", reason)
+    return CheckResult(
+        "store upload",
+        "warn",
+        reason + ": the store falls behind (older checkpoints are skipped, the newest goes up)",
+        "raise --save_interval, or use a store nearer the machine (a crash loses the steps not in the store)",
+    )
+
+
+def cache_disk(recipe: Recipe) -> CheckResult:
+    """The working copy's disk against one checkpoint (the full need is the disk space row below)."""
+    from hf_pretrain.object_store.run_sync import working_copy
+
+    local = working_copy(recipe.train)
+    disk = nearest_existing(local)
+    free, size = shutil.disk_usage(disk).free, _checkpoint_size(recipe)
+    reason = f"the working copy {local}: {human_bytes(free)} free on {disk}, a checkpoint takes {human_bytes(size)}"
+    if free < size:
+        return CheckResult(
+            "store cache", "fail", reason, "free space, or move the cache with --cache_dir (or HF_PRETRAIN_HOME)"
+        )
+    return CheckResult("store cache", "pass", reason)
