@@ -1,11 +1,5 @@
 """The work of `hf-pretrain export` (publish/export_command.py reads its flags): a standard Hugging Face
-model folder from a training checkpoint, optionally pushed.
-
-
-    hf-pretrain export --checkpoint runs/1b --out exports/1b                  # the newest complete checkpoint
-    hf-pretrain export --checkpoint runs/1b/checkpoints/step_00050000 --out exports/1b-50k --dtype fp32
-    hf-pretrain export --checkpoint runs/1b --out exports/1b --push_to_hub me/tiny-1b [--private] [--revision BRANCH]
-    hf-pretrain export --checkpoint runs/1b --out exports/1b --gguf [--gguf_type q8_0]  # plus a GGUF for llama.cpp
+model folder from a training checkpoint, optionally pushed (the command lines: its docstring).
 
 The folder holds safetensors weights, `config.json`, `generation_config.json`, a tokenizer that
 current and older transformers both load as a plain fast tokenizer, a model card (`README.md`) and
