@@ -14,6 +14,7 @@ import yaml
 from huggingface_hub import EvalResult, ModelCard
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from hf_pretrain.evaluation import eval_command
 from hf_pretrain.evaluation import harness as evaluation
 from hf_pretrain.evaluation.scores import METRICS, REFERENCE_SCORES, Score, comparison_table, load_references
 from hf_pretrain.publish.model_card import write_eval_section
@@ -40,7 +41,7 @@ def fresh_export(exported, tmp_path):
 def test_eval_scores_local_arc_beside_the_references_and_fills_the_card(fresh_export, tmp_path):
     output = tmp_path / "results"
     assert (
-        evaluation.main(
+        eval_command.main(
             [
                 "--model",
                 str(fresh_export),
@@ -127,7 +128,7 @@ def test_bits_per_byte_metric_loads_offline_and_sums_every_token_once(exported):
 def test_eval_text_only_reports_bits_per_byte_on_the_card(fresh_export, tmp_path):
     text_file = tmp_path / "held_out.txt"
     text_file.write_text(HELD_OUT)
-    assert evaluation.main(["--model", str(fresh_export), "--tasks", "none", "--text", str(text_file)]) == 0
+    assert eval_command.main(["--model", str(fresh_export), "--tasks", "none", "--text", str(text_file)]) == 0
     metrics = json.loads((fresh_export / "eval" / "text_metrics.json").read_text())
     assert metrics["tokens"] > 512 and metrics["bits_per_byte"] > 0  # longer than the context: windows
     card = ModelCard.load(fresh_export / "README.md")

@@ -374,7 +374,7 @@ def test_stop_going_further_eval_and_demo_work_once_the_base_is_gone(base, tmp_p
     resume (read at step 5: a cooldown over steps 6-7, final/ at step 7); then going further to 12 steps
     from its branch point, step 5;
     then eval (bits per byte) and the demo's export of a checkpoint. None of it reads the base again."""
-    from hf_pretrain.evaluation import harness as evaluation
+    from hf_pretrain.evaluation import eval_command
     from hf_pretrain.publish.demo import cached_export, model_choices
     from hf_pretrain.publish.export import resolve_checkpoint
     from hf_pretrain.publish.space_template.app import load_model
@@ -402,7 +402,7 @@ def test_stop_going_further_eval_and_demo_work_once_the_base_is_gone(base, tmp_p
 
     text = tmp_path / "held_out.txt"
     text.write_text(" ".join(shutil.__doc__.split()) * 3)
-    assert evaluation.main(["--model", str(run_dir / "final"), "--tasks", "none", "--text", str(text)]) == 0
+    assert eval_command.main(["--model", str(run_dir / "final"), "--tasks", "none", "--text", str(text)]) == 0
     metrics = json.loads((run_dir / "final" / "eval" / "text_metrics.json").read_text())
     assert 0 < metrics["bits_per_byte"] < 8
 

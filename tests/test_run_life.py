@@ -365,7 +365,7 @@ def test_plan_run_fits_the_branch_that_went_on_after_a_stop_and_a_refusal_names_
         load_recipe("smoke", {"lr_schedule": "wsd", "max_steps": 400, "log_interval": 10}), short.resolved_recipe
     )
     _write_train_records(short.metrics, range(10, 60, 10), curve, mode="w")
-    assert plan.main(["--run", str(short.path)]) == 2
+    assert plan.main(["--run", str(short.path)]) == EXIT_CONFIG
     err = capsys.readouterr().err
     assert (
         "too few to fit the loss curve" in err
@@ -589,4 +589,4 @@ def test_a_finished_run_started_again_says_so_writes_nothing_and_status_reads_it
     assert "stop request: none" in out and "next: To go further" in out and "last logged: step 12, loss " in out
     assert status_main([str(run_dir), "--verify"]) == 0 and "every byte checked" in capsys.readouterr().out
     assert _folder_snapshot(run_dir) == before
-    assert status_main([str(tmp_path / "nothing")]) == 2
+    assert status_main([str(tmp_path / "nothing")]) == EXIT_CONFIG

@@ -188,7 +188,7 @@ def test_space_never_writes_over_a_users_files(tmp_path):
     (project / "app.py").write_text("my own app")
     (project / "notes.txt").write_text("mine")
     refused = hf_pretrain_cli("space", "--model", "me/llama", "--out", str(project))
-    assert refused.returncode == 2, refused.stderr
+    assert refused.returncode == EXIT_CONFIG, refused.stderr
     assert "app.py" in refused.stderr and "notes.txt" in refused.stderr and "--overwrite" in refused.stderr
     assert len(refused.stderr.strip().splitlines()) == 1  # one line, no traceback
     assert sorted(p.name for p in project.iterdir()) == ["app.py", "notes.txt"]

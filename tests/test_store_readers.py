@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from hf_pretrain.exit_codes import EXIT_PREFLIGHT
+from hf_pretrain.exit_codes import EXIT_CONFIG, EXIT_PREFLIGHT
 from tests.object_store_server import FAKE_KEY_ID, FAKE_SECRET
 
 # Two ARC-Easy questions in the dataset's own JSONL shape: the local task reads nothing else.
@@ -124,5 +124,5 @@ def test_the_doctor_checks_a_url_output_dir(run_url, smoke_data, tmp_path, capsy
     assert not store_fs().exists(f"{run_url}/.hf_pretrain_doctor_rate")  # the probe removed, nothing else
 
     code, rows = doctor_rows(capsys, "--data_dir", str(smoke_data), "--output_dir", "s3://no-such-bucket-doc/run")
-    assert code == 1 and "FAIL" in rows["store"] and "'no-such-bucket-doc' does not exist" in rows["store"]
+    assert code == EXIT_CONFIG and "FAIL" in rows["store"] and "'no-such-bucket-doc' does not exist" in rows["store"]
     assert "store upload" not in rows

@@ -58,7 +58,7 @@ def built_step(recipe: Recipe):
         torch.backends.cuda.matmul.allow_tf32 = True
     torch.manual_seed(cfg.seed)
     config = llama_config(recipe.model, recipe_tokenizer_size(recipe))
-    model, optimizer, _ = model_and_optimizer(recipe, config, accelerator, starts=False)
+    model, optimizer, _ = model_and_optimizer(recipe, profile, config, accelerator, starts=False)
     step = TrainStep(
         accelerator, model, optimizer, synthetic_batches(recipe), cfg, grad_accum, lambda _: cfg.learning_rate
     )
