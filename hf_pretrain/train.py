@@ -82,8 +82,13 @@ def run_training(recipe: Recipe) -> Outcome:
 def in_store(recipe: Recipe):
     """A recipe whose output_dir is a URL, made one that trains its local copy; and, on the job's first
     process, the store side of the session (object_store/run_sync.py). A local output_dir: as it is."""
-    from hf_pretrain.object_store.urls import is_url
+    from hf_pretrain.object_store.store_calls import StoreError
+    from hf_pretrain.object_store.urls import StoreUnavailable, check_locations, is_url
 
+    try:  # a malformed URL (output_dir or data_dir): one line, before the preflight's table
+        check_locations(recipe.train.output_dir, recipe.data.data_dir)
+    except StoreUnavailable as exc:
+        raise StoreError(str(exc)) from None
     if not is_url(recipe.train.output_dir):
         return recipe, None
     import dataclasses

@@ -23,7 +23,13 @@ def test_locations_are_urls_only_with_a_store_scheme(tmp_path):
 
 
 @pytest.mark.parametrize(
-    ("url", "says"), [("ftp2://x/y", "is not a store hf-pretrain knows"), ("s3://", "names no bucket")]
+    ("url", "says"),
+    [
+        ("ftp2://x/y", "is not a store hf-pretrain knows"),
+        ("s3://", "names no bucket"),
+        # botocore refuses the name itself; parse says so before three retries of a ParamValidationError
+        ("s3://Bad_Bucket!/x", "is not a bucket name"),
+    ],
 )
 def test_a_url_this_machine_cannot_use_is_one_line(url, says):
     with pytest.raises(StoreUnavailable, match=says) as refused:
