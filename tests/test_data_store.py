@@ -88,6 +88,34 @@ def test_a_second_prepare_into_the_url_says_complete_and_rewrites_nothing(store_
     assert not (tmp_path / "empty" / "data").exists()  # nothing prepared again on this machine
 
 
+def test_prepare_into_an_unreachable_store_says_so_in_one_line_within_seconds(tmp_path):
+    """Was three retried reads of meta.json: 27 s of silence before the line (measured, endpoint port 9)."""
+    import os
+    import time
+
+    env = os.environ | {
+        "AWS_ENDPOINT_URL": "http://127.0.0.1:9",  # nothing listens: connection refused
+        "AWS_ACCESS_KEY_ID": "AKIAFAKE",
+        "AWS_SECRET_ACCESS_KEY": FAKE_SECRET,
+        "HF_PRETRAIN_HOME": str(tmp_path / "home"),
+        "HF_HUB_OFFLINE": "1",
+    }
+    started = time.monotonic()
+    result = subprocess.run(
+        [sys.executable, "-m", "hf_pretrain.cli", "prepare", "--recipe", "smoke", "--data_dir", "s3://any/data"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    assert result.returncode == 78, result.stderr[-2000:]
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "does not answer while listing the data" in lines[0], result.stderr
+    assert FAKE_SECRET not in result.stdout + result.stderr and "Traceback" not in result.stderr
+    assert time.monotonic() - started < 20
+    assert not (tmp_path / "home" / "data").exists()  # before any work
+
+
 # ---------------------------------------------------------------------- training reads the URL
 @pytest.fixture
 def machine(tmp_path, monkeypatch):

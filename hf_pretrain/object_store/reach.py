@@ -81,15 +81,15 @@ def _no_bucket(url: StoreURL) -> str:
     )
 
 
-def open_checked(location: str, write: bool = True) -> tuple[StoreURL, AbstractFileSystem]:
+def open_checked(location: str, write: bool = True, what: str = "the run") -> tuple[StoreURL, AbstractFileSystem]:
     """The URL and its file system, once the store answered, its bucket exists and (with `write`) a
-    probe object could be put and deleted; else `StoreRefused`."""
+    probe object could be put and deleted; else `StoreRefused`. `what` the location holds, for the line."""
     try:
         url = StoreURL.parse(location)
         fs = filesystem(url)
     except StoreUnavailable as exc:
         raise StoreRefused(redact(str(exc))) from None
-    doing = "listing the run"
+    doing = f"listing {what}"
     try:
         try:
             fs.ls(url.path, detail=False)
