@@ -360,6 +360,29 @@ def test_the_doctor_reads_a_data_url(store_data, s3_server, tmp_path):
     assert "Traceback" not in out["missing"] and FAKE_SECRET not in out["missing"] + out["good"]
 
 
+def test_the_doctor_on_an_unreachable_data_url_answers_in_one_row_within_seconds(tmp_path):
+    """Was every data check retrying its own reads: 150 s with one line on the screen (measured, port 9)."""
+    import time
+
+    from tests.helpers import offline_env
+
+    env = offline_env() | {
+        "AWS_ENDPOINT_URL": "http://127.0.0.1:9",  # nothing listens: connection refused
+        "AWS_ACCESS_KEY_ID": "AKIAFAKE",
+        "AWS_SECRET_ACCESS_KEY": FAKE_SECRET,
+        "HF_PRETRAIN_HOME": str(tmp_path / "home"),
+    }
+    command = [sys.executable, "-m", "hf_pretrain.cli", "doctor", "--recipe", "smoke", "--data_dir", "s3://any/data"]
+    command += ["--output_dir", str(tmp_path / "run")]
+    started = time.monotonic()
+    result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
+    assert result.returncode == 78, result.stdout[-3000:] + result.stderr[-3000:]
+    assert time.monotonic() - started < 45  # one probe (botocore's own retries), then the table
+    rows = [line for line in result.stdout.splitlines() if "FAIL" in line]
+    assert len(rows) == 1 and "does not answer while listing the data" in rows[0], result.stdout
+    assert "Traceback" not in result.stdout + result.stderr and FAKE_SECRET not in result.stdout + result.stderr
+
+
 @pytest.mark.slow
 def test_a_store_cut_during_the_upload_is_retried_then_a_clear_line(s3_server, smoke_data, monkeypatch):
     import threading
