@@ -360,6 +360,19 @@ def test_the_doctor_reads_a_data_url(store_data, s3_server, tmp_path):
     assert "Traceback" not in out["missing"] and FAKE_SECRET not in out["missing"] + out["good"]
 
 
+def test_prepare_with_a_cache_dir_it_cannot_make_is_one_line_not_a_traceback(tmp_path):
+    import os
+
+    (tmp_path / "a_file").write_text("x")
+    env = os.environ | {"HF_HUB_OFFLINE": "1", "AWS_ENDPOINT_URL": "http://127.0.0.1:9"}  # never reached
+    command = [sys.executable, "-m", "hf_pretrain.cli", "prepare", "--recipe", "smoke", "--data_dir", "s3://b/d"]
+    command += ["--cache-dir", str(tmp_path / "a_file" / "cache")]
+    result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=120)
+    assert result.returncode == 78, result.stderr[-2000:]
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "set --cache_dir to a folder this machine can write" in lines[0], result.stderr
+
+
 def test_the_doctor_on_an_unreachable_data_url_answers_in_one_row_within_seconds(tmp_path):
     """Was every data check retrying its own reads: 150 s with one line on the screen (measured, port 9)."""
     import time

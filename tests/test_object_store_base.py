@@ -37,6 +37,17 @@ def test_a_url_this_machine_cannot_use_is_one_line(url, says):
     assert "\n" not in str(refused.value)
 
 
+def test_a_cache_dir_that_cannot_be_made_is_one_line_naming_the_flag(tmp_path):
+    from hf_pretrain.object_store.cache import check_cache_root
+
+    (tmp_path / "a_file").write_text("x")
+    with pytest.raises(StoreUnavailable, match="set --cache_dir to a folder this machine can write") as refused:
+        check_cache_root(tmp_path / "a_file" / "cache")
+    assert "\n" not in str(refused.value)
+    check_cache_root(tmp_path / "fine" / "cache")  # made, parents and all
+    assert (tmp_path / "fine" / "cache").is_dir()
+
+
 def test_redact_masks_held_credentials_and_secret_shapes(monkeypatch):
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", FAKE_SECRET)
     text = redact(
