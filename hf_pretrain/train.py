@@ -114,7 +114,7 @@ def in_store(recipe: Recipe):
 
 def main(argv: list[str] | None = None) -> int:
     """The exit code: 0, or one a scheduler can act on (exit_codes.py); status.json says the same."""
-    recipe, _ = parse_recipe_args(argv, prog="train.py", description=__doc__.split("\n")[0])
+    recipe, _ = parse_recipe_args(argv, prog="hf-pretrain train", description=__doc__.split("\n")[0])
     from hf_pretrain.training.session import REFUSALS, RunLocked, describe, exit_code_of
     from hf_pretrain.training.start_up import StoppedDuringStartUp
 
