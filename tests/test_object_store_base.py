@@ -48,6 +48,14 @@ def test_a_cache_dir_that_cannot_be_made_is_one_line_naming_the_flag(tmp_path):
     assert (tmp_path / "fine" / "cache").is_dir()
 
 
+def test_an_unreachable_hub_url_names_the_hubs_settings_not_aws():
+    from hf_pretrain.object_store.reach import describe_failure
+
+    hub = describe_failure(StoreURL.parse("hf://datasets/a/b"), ConnectionError("offline"), "listing the data")
+    s3 = describe_failure(StoreURL.parse("s3://a/b"), ConnectionError("refused"), "listing the data")
+    assert "AWS_ENDPOINT_URL" not in hub and "HF_HUB_OFFLINE" in hub and "AWS_ENDPOINT_URL" in s3
+
+
 def test_redact_masks_held_credentials_and_secret_shapes(monkeypatch):
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", FAKE_SECRET)
     text = redact(

@@ -55,7 +55,10 @@ def describe_failure(url: StoreURL, exc: BaseException, doing: str) -> str:
     name = type(exc).__name__
     cause = f"{said} {exc.__cause__ or ''}"  # botocore's error code, where s3fs kept it
     if name in _UNREACHABLE or isinstance(exc, (ConnectionError, TimeoutError)):
-        fix = "check AWS_ENDPOINT_URL and the network (is the store's server up?)"
+        fix = {  # AWS_ENDPOINT_URL means nothing to an hf:// or gs:// client: name what each one reads
+            "s3": "check AWS_ENDPOINT_URL and the network (is the store's server up?)",
+            "hf": "check the network, HF_ENDPOINT and HF_HUB_OFFLINE (offline mode never reaches the Hub)",
+        }.get(url.scheme, "check the network (is the store up?)")
         line = f"the store {where(url)} does not answer while {doing}: {said}; {fix}"
     elif isinstance(exc, FileNotFoundError) and "specified bucket" in said.lower():
         line = _no_bucket(url)
