@@ -82,8 +82,16 @@ def run_training(recipe: Recipe) -> Outcome:
 def in_store(recipe: Recipe):
     """A recipe whose output_dir is a URL, made one that trains its local copy; and, on the job's first
     process, the store side of the session (object_store/run_sync.py). A local output_dir: as it is."""
-    from hf_pretrain.object_store.urls import is_url
+    from hf_pretrain.object_store.cache import check_cache_root
+    from hf_pretrain.object_store.store_calls import StoreError
+    from hf_pretrain.object_store.urls import StoreUnavailable, check_locations, is_url
 
+    try:  # a malformed URL (output_dir or data_dir): one line, before the preflight's table
+        check_locations(recipe.train.output_dir, recipe.data.data_dir)
+        if is_url(recipe.train.output_dir) or is_url(recipe.data.data_dir):
+            check_cache_root(recipe.train.cache_dir)
+    except StoreUnavailable as exc:
+        raise StoreError(str(exc)) from None
     if not is_url(recipe.train.output_dir):
         return recipe, None
     import dataclasses
@@ -106,7 +114,7 @@ def in_store(recipe: Recipe):
 
 def main(argv: list[str] | None = None) -> int:
     """The exit code: 0, or one a scheduler can act on (exit_codes.py); status.json says the same."""
-    recipe, _ = parse_recipe_args(argv, prog="train.py", description=__doc__.split("\n")[0])
+    recipe, _ = parse_recipe_args(argv, prog="hf-pretrain train", description=__doc__.split("\n")[0])
     from hf_pretrain.training.session import REFUSALS, RunLocked, describe, exit_code_of
     from hf_pretrain.training.start_up import StoppedDuringStartUp
 

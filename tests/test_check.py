@@ -133,6 +133,20 @@ def test_the_verdict_prices_the_pod_ranks_it_in_plan_and_names_a_slow_node(tmp_p
     assert cpu[0] == "recipe as written: 5,000 tokens/s" and cpu[1].startswith("measured on a CPU: it prices no GPU")
 
 
+def test_a_budget_too_small_for_any_part_says_each_skip_with_its_floor_and_why_it_exits_1(
+    tmp_path, monkeypatch, capsys
+):
+    """Was "matmul: skipped: 1 s left of its limit" (which reads as room to run) and exit 1 with no reason."""
+    from hf_pretrain.check import main
+
+    monkeypatch.chdir(tmp_path)
+    assert main(["--recipe", "smoke", "--budget_s", "1", "--parts", "matmul,step"]) == 1
+    out, err = capsys.readouterr()
+    skips = [line for line in out.splitlines() if "skipped" in line]
+    assert len(skips) == 2 and all("under the 2 s a part needs; a larger --budget_s runs it" in s for s in skips)
+    assert len(err.strip().splitlines()) == 1 and "the recipe's step gave no figure (skipped)" in err
+
+
 def test_wrong_flags_are_refused_in_one_line(capsys):
     from hf_pretrain.check import main
 

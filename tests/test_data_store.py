@@ -88,6 +88,34 @@ def test_a_second_prepare_into_the_url_says_complete_and_rewrites_nothing(store_
     assert not (tmp_path / "empty" / "data").exists()  # nothing prepared again on this machine
 
 
+def test_prepare_into_an_unreachable_store_says_so_in_one_line_within_seconds(tmp_path):
+    """Was three retried reads of meta.json: 27 s of silence before the line (measured, endpoint port 9)."""
+    import os
+    import time
+
+    env = os.environ | {
+        "AWS_ENDPOINT_URL": "http://127.0.0.1:9",  # nothing listens: connection refused
+        "AWS_ACCESS_KEY_ID": "AKIAFAKE",
+        "AWS_SECRET_ACCESS_KEY": FAKE_SECRET,
+        "HF_PRETRAIN_HOME": str(tmp_path / "home"),
+        "HF_HUB_OFFLINE": "1",
+    }
+    started = time.monotonic()
+    result = subprocess.run(
+        [sys.executable, "-m", "hf_pretrain.cli", "prepare", "--recipe", "smoke", "--data_dir", "s3://any/data"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    assert result.returncode == 78, result.stderr[-2000:]
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "does not answer while listing the data" in lines[0], result.stderr
+    assert FAKE_SECRET not in result.stdout + result.stderr and "Traceback" not in result.stderr
+    assert time.monotonic() - started < 20
+    assert not (tmp_path / "home" / "data").exists()  # before any work
+
+
 # ---------------------------------------------------------------------- training reads the URL
 @pytest.fixture
 def machine(tmp_path, monkeypatch):
@@ -330,6 +358,42 @@ def test_the_doctor_reads_a_data_url(store_data, s3_server, tmp_path):
     ]
     assert data_rows, out["missing"][-3000:]
     assert "Traceback" not in out["missing"] and FAKE_SECRET not in out["missing"] + out["good"]
+
+
+def test_prepare_with_a_cache_dir_it_cannot_make_is_one_line_not_a_traceback(tmp_path):
+    import os
+
+    (tmp_path / "a_file").write_text("x")
+    env = os.environ | {"HF_HUB_OFFLINE": "1", "AWS_ENDPOINT_URL": "http://127.0.0.1:9"}  # never reached
+    command = [sys.executable, "-m", "hf_pretrain.cli", "prepare", "--recipe", "smoke", "--data_dir", "s3://b/d"]
+    command += ["--cache-dir", str(tmp_path / "a_file" / "cache")]
+    result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=120)
+    assert result.returncode == 78, result.stderr[-2000:]
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "set --cache_dir to a folder this machine can write" in lines[0], result.stderr
+
+
+def test_the_doctor_on_an_unreachable_data_url_answers_in_one_row_within_seconds(tmp_path):
+    """Was every data check retrying its own reads: 150 s with one line on the screen (measured, port 9)."""
+    import time
+
+    from tests.helpers import offline_env
+
+    env = offline_env() | {
+        "AWS_ENDPOINT_URL": "http://127.0.0.1:9",  # nothing listens: connection refused
+        "AWS_ACCESS_KEY_ID": "AKIAFAKE",
+        "AWS_SECRET_ACCESS_KEY": FAKE_SECRET,
+        "HF_PRETRAIN_HOME": str(tmp_path / "home"),
+    }
+    command = [sys.executable, "-m", "hf_pretrain.cli", "doctor", "--recipe", "smoke", "--data_dir", "s3://any/data"]
+    command += ["--output_dir", str(tmp_path / "run")]
+    started = time.monotonic()
+    result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
+    assert result.returncode == 78, result.stdout[-3000:] + result.stderr[-3000:]
+    assert time.monotonic() - started < 45  # one probe (botocore's own retries), then the table
+    rows = [line for line in result.stdout.splitlines() if "FAIL" in line]
+    assert len(rows) == 1 and "does not answer while listing the data" in rows[0], result.stdout
+    assert "Traceback" not in result.stdout + result.stderr and FAKE_SECRET not in result.stdout + result.stderr
 
 
 @pytest.mark.slow

@@ -503,6 +503,17 @@ def test_doctor_command_passes_a_prepared_smoke_run(smoke_data, tmp_path):
         assert f"\n{name} " in result.stdout
 
 
+@pytest.mark.parametrize(
+    ("key", "url"), [("--output_dir", "s3://"), ("--output-dir", "ftp://x/y"), ("--data_dir", "s3://Bad_Bucket!/x")]
+)
+def test_doctor_refuses_a_malformed_store_url_in_one_line(key, url):
+    """Was a traceback (output_dir) or a table after the store's retries (data_dir): one line, 78, at once."""
+    result = doctor(key, url)
+    assert result.returncode == EXIT_CONFIG, result.stdout + result.stderr
+    assert result.stdout == "" and len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert "Traceback" not in result.stderr and ("s3://BUCKET/PREFIX" in result.stderr or "ftp://" in result.stderr)
+
+
 def test_doctor_command_exits_nonzero_on_a_failure(tmp_path):
     result = doctor("--data_dir", str(tmp_path / "nothing"), "--output_dir", str(tmp_path / "run"))
     assert result.returncode == EXIT_CONFIG

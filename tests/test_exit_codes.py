@@ -65,6 +65,15 @@ def test_a_flag_that_does_not_parse_is_exit_usage_in_one_line(command, capsys):
     assert code == EXIT_USAGE and len(err.strip().splitlines()) == 1 and "unknown key `no_such_flag`" in err, err
 
 
+@pytest.mark.parametrize("command", ["train", "doctor", "check", "prepare"])
+def test_a_bad_choice_is_exit_usage_and_its_hint_can_be_pasted(command, capsys):
+    """train's hint was "`train.py --help` lists the options": no such command for who typed `hf-pretrain train`."""
+    code = exit_code([command, "--attention-backend", "flash3"])
+    err = capsys.readouterr().err
+    assert code == EXIT_USAGE and len(err.strip().splitlines()) == 1, err
+    assert "invalid choice: 'flash3'" in err and f"(`hf-pretrain {command} --help` lists the options)" in err, err
+
+
 def test_the_docs_table_is_the_contract():
     text = (ROOT / "docs" / "survival.md").read_text()
     table = text.split("## Exit codes of every command", 1)[1].split("\n- ", 1)[0]

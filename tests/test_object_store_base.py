@@ -23,12 +23,37 @@ def test_locations_are_urls_only_with_a_store_scheme(tmp_path):
 
 
 @pytest.mark.parametrize(
-    ("url", "says"), [("ftp2://x/y", "is not a store hf-pretrain knows"), ("s3://", "names no bucket")]
+    ("url", "says"),
+    [
+        ("ftp2://x/y", "is not a store hf-pretrain knows"),
+        ("s3://", "names no bucket"),
+        # botocore refuses the name itself; parse says so before three retries of a ParamValidationError
+        ("s3://Bad_Bucket!/x", "is not a bucket name"),
+    ],
 )
 def test_a_url_this_machine_cannot_use_is_one_line(url, says):
     with pytest.raises(StoreUnavailable, match=says) as refused:
         StoreURL.parse(url)
     assert "\n" not in str(refused.value)
+
+
+def test_a_cache_dir_that_cannot_be_made_is_one_line_naming_the_flag(tmp_path):
+    from hf_pretrain.object_store.cache import check_cache_root
+
+    (tmp_path / "a_file").write_text("x")
+    with pytest.raises(StoreUnavailable, match="set --cache_dir to a folder this machine can write") as refused:
+        check_cache_root(tmp_path / "a_file" / "cache")
+    assert "\n" not in str(refused.value)
+    check_cache_root(tmp_path / "fine" / "cache")  # made, parents and all
+    assert (tmp_path / "fine" / "cache").is_dir()
+
+
+def test_an_unreachable_hub_url_names_the_hubs_settings_not_aws():
+    from hf_pretrain.object_store.reach import describe_failure
+
+    hub = describe_failure(StoreURL.parse("hf://datasets/a/b"), ConnectionError("offline"), "listing the data")
+    s3 = describe_failure(StoreURL.parse("s3://a/b"), ConnectionError("refused"), "listing the data")
+    assert "AWS_ENDPOINT_URL" not in hub and "HF_HUB_OFFLINE" in hub and "AWS_ENDPOINT_URL" in s3
 
 
 def test_redact_masks_held_credentials_and_secret_shapes(monkeypatch):

@@ -207,6 +207,19 @@ def test_a_store_that_cannot_be_used_is_refused_at_the_start_in_one_line(smoke_d
     assert not (tmp_path / "home" / "runs").exists()  # before any work
 
 
+@pytest.mark.parametrize("url", ["ftp://x/y", "s3://Bad_Bucket!/x"])
+def test_a_malformed_data_dir_url_is_refused_in_one_line_before_the_preflight(smoke_data, url, tmp_path):
+    """Was the preflight's table with two failed rows (after 30 s of retries for a bad bucket name)."""
+    command = train_command(smoke_data, str(tmp_path / "run"))
+    command[command.index("--data_dir") + 1] = url
+    result = subprocess.run(command, cwd=tmp_path, env=offline_env(), capture_output=True, text=True, timeout=300)
+    assert result.returncode == EXIT_PREFLIGHT, result.stderr[-2000:]
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "Traceback" not in result.stderr, result.stderr
+    assert "is not a store hf-pretrain knows" in lines[0] or "is not a bucket name" in lines[0]
+    assert not (tmp_path / "run").exists()
+
+
 def test_a_second_machine_on_the_same_url_is_refused_naming_the_first(smoke_data, s3_bucket, s3_server, tmp_path):
     url = f"{s3_bucket}/run"
     lease = {"host": "gpu-box-7", "pid": 4242, "run_id": "abc", "since": "2026-11-26T10:00:00+0000"}

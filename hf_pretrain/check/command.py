@@ -156,7 +156,10 @@ def run_parts(request: CheckRequest, recipe_file: Path, results: Path, say=print
             run_s = min(part_left, part_left / (len(runs) - run_index) * stretch)
             label = variant_name(item) if part == "step" else ""
             if run_s < MIN_PART_S:
-                say(f"  {part}{f' ({label})' if label else ''}: skipped: {run_s:.0f} s left of its limit")
+                say(  # "1 s left" alone read as a reason to run it, not to skip it: say the floor and the fix
+                    f"  {part}{f' ({label})' if label else ''}: skipped: {max(run_s, 0):.1f} s left of its limit, "
+                    f"under the {MIN_PART_S:.0f} s a part needs; a larger --budget_s runs it"
+                )
                 statuses[part].append("skipped")
                 continue
             context = {
@@ -249,4 +252,12 @@ def main(argv: list[str] | None = None) -> int:
     from hf_pretrain.check.verdict import RECIPE_AS_WRITTEN
 
     as_written = [f for f in result["figures"] if f["part"] == "step" and f["name"] == RECIPE_AS_WRITTEN]
-    return 0 if "step" not in request.parts or (as_written and as_written[0]["value"]) else 1
+    if "step" not in request.parts or (as_written and as_written[0]["value"]):
+        return 0
+    # exit 1 (exit_codes.py: what it ran failed) after a screen that ends "written: ...": say why
+    print(
+        f"{PROG}: the recipe's step gave no figure ({', '.join(result['parts'].get('step', []))}); "
+        f"its lines above say why (a --budget_s of 300 leaves each part room)",
+        file=sys.stderr,
+    )
+    return 1

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from hf_pretrain.object_store.urls import StoreURL
+from hf_pretrain.object_store.urls import StoreUnavailable, StoreURL
 
 
 def home() -> Path:
@@ -27,3 +27,21 @@ def local_copy(url: StoreURL, kind: str, cache_dir: str | Path | None = None) ->
     """
     root = Path(cache_dir).expanduser() if cache_dir else home()
     return root / kind / url.scheme / url.path
+
+
+def check_cache_root(cache_dir: str | Path | None = None) -> None:
+    """Make the cache folder, or raise `StoreUnavailable` in one line: a `cache_dir` this machine cannot
+    write was a FileNotFoundError traceback from deep in the pull or the prepare."""
+    root = Path(cache_dir).expanduser() if cache_dir else home()
+    flag = "--cache_dir" if cache_dir else "--cache_dir (or HF_PRETRAIN_HOME)"
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        writable = os.access(root, os.W_OK)
+    except OSError as exc:
+        writable, why = False, exc.strerror or type(exc).__name__
+    else:
+        why = "not writable"
+    if not writable:
+        raise StoreUnavailable(
+            f"the cache folder {root} cannot hold the local copies ({why}); set {flag} to a folder this machine can write"
+        )

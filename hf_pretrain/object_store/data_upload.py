@@ -18,8 +18,9 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from hf_pretrain.object_store.cache import local_copy
+from hf_pretrain.object_store.cache import check_cache_root, local_copy
 from hf_pretrain.object_store.data_blocks import BLOCKS_FILE, SIDECAR_SUFFIX, blocks_manifest, shard_files
+from hf_pretrain.object_store.reach import StoreRefused, open_checked
 from hf_pretrain.object_store.store_calls import StoreError, store_call
 from hf_pretrain.object_store.urls import StoreURL, filesystem
 
@@ -56,7 +57,11 @@ def prepare_into_store(
     """Prepare `recipe.data.data_dir` (a URL) in its local copy with `prepare_local`, then upload it; the copy.
     `fingerprint`: the recipe's data settings' (prepared.data_fingerprint), which a prepared store must carry."""
     url = StoreURL.parse(recipe.data.data_dir)
-    fs = filesystem(url)
+    check_cache_root(cache_folder(recipe))  # before the probe and the hour of tokenizing
+    try:  # one probe first: an unreachable endpoint was three retried reads, ~30 s in silence, before its line
+        _, fs = open_checked(str(url), write=False, what="the data")
+    except StoreRefused as exc:
+        raise StoreError(str(exc)) from None
     local = local_copy(url, "data", cache_folder(recipe))
     meta = store_meta(url, fs)  # before any work: an unreachable store or a missing bucket says so now
     if meta is not None:

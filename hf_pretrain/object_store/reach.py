@@ -55,7 +55,10 @@ def describe_failure(url: StoreURL, exc: BaseException, doing: str) -> str:
     name = type(exc).__name__
     cause = f"{said} {exc.__cause__ or ''}"  # botocore's error code, where s3fs kept it
     if name in _UNREACHABLE or isinstance(exc, (ConnectionError, TimeoutError)):
-        fix = "check AWS_ENDPOINT_URL and the network (is the store's server up?)"
+        fix = {  # AWS_ENDPOINT_URL means nothing to an hf:// or gs:// client: name what each one reads
+            "s3": "check AWS_ENDPOINT_URL and the network (is the store's server up?)",
+            "hf": "check the network, HF_ENDPOINT and HF_HUB_OFFLINE (offline mode never reaches the Hub)",
+        }.get(url.scheme, "check the network (is the store up?)")
         line = f"the store {where(url)} does not answer while {doing}: {said}; {fix}"
     elif isinstance(exc, FileNotFoundError) and "specified bucket" in said.lower():
         line = _no_bucket(url)
@@ -81,15 +84,15 @@ def _no_bucket(url: StoreURL) -> str:
     )
 
 
-def open_checked(location: str, write: bool = True) -> tuple[StoreURL, AbstractFileSystem]:
+def open_checked(location: str, write: bool = True, what: str = "the run") -> tuple[StoreURL, AbstractFileSystem]:
     """The URL and its file system, once the store answered, its bucket exists and (with `write`) a
-    probe object could be put and deleted; else `StoreRefused`."""
+    probe object could be put and deleted; else `StoreRefused`. `what` the location holds, for the line."""
     try:
         url = StoreURL.parse(location)
         fs = filesystem(url)
     except StoreUnavailable as exc:
         raise StoreRefused(redact(str(exc))) from None
-    doing = "listing the run"
+    doing = f"listing {what}"
     try:
         try:
             fs.ls(url.path, detail=False)

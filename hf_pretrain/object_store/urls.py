@@ -24,6 +24,9 @@ SCHEMES = {
     "hf": (None, "huggingface_hub"),  # HfFileSystem ships with huggingface_hub, a dependency already
 }
 _URL = re.compile(r"^(?P<scheme>[a-z][a-z0-9+.-]*)://(?P<rest>.*)$")
+# botocore's own rule for a bucket name: one it would refuse is refused here, before any network call
+# (its ParamValidationError was retried three times and came back as a wall of regex)
+_S3_BUCKET = re.compile(r"^[A-Za-z0-9._-]{1,255}$")
 
 
 class StoreUnavailable(RuntimeError):
@@ -56,6 +59,12 @@ class StoreURL:
             raise StoreUnavailable(f"{scheme}:// is not a store hf-pretrain knows; use one of {known} or a local path")
         if not path:
             raise StoreUnavailable(f"{url!r} names no bucket; write it as {scheme}://BUCKET/PREFIX")
+        bucket = path.split("/", 1)[0]
+        if scheme == "s3" and not _S3_BUCKET.match(bucket):
+            raise StoreUnavailable(
+                f"{url!r}: {bucket!r} is not a bucket name (letters, digits, '.', '-' and '_' only); "
+                f"write it as s3://BUCKET/PREFIX"
+            )
         return cls(scheme, path)
 
     @property
@@ -68,6 +77,14 @@ class StoreURL:
 
     def __str__(self) -> str:
         return f"{self.scheme}://{self.path}"
+
+
+def check_locations(*locations: str) -> None:
+    """Raise `StoreUnavailable` for the first URL among `locations` that does not parse: a command refuses
+    a malformed output_dir or data_dir in one line before it loads torch or reaches the network."""
+    for location in locations:
+        if is_url(location):
+            StoreURL.parse(location)
 
 
 def filesystem(url: StoreURL) -> AbstractFileSystem:

@@ -75,6 +75,11 @@ def run_checks(
     """Every check, in the order a run meets them: software, GPU, data (and the base model of init_from),
     disk, memory, money. `resume_decision` is training's own (made once, then loaded); the doctor's is
     made here, once, for the checks that ask it; so is the run profile, training's own where it has one."""
+    from hf_pretrain.preflight.store_access import data_store_refused
+
+    unreachable = data_store_refused(recipe)
+    if unreachable is not None:  # every data check would retry the store on its own, minutes in all
+        return [unreachable]
     store = _in_store(recipe)
     if store is not None:  # a URL output_dir (the doctor's; training checks its working copy): store_access.py
         recipe, url_recipe = store, recipe

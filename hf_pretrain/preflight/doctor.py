@@ -33,6 +33,13 @@ def main(argv: list[str] | None = None) -> int:
     recipe, args = parse_recipe_args(
         argv, prog="hf-pretrain doctor", description=__doc__.split("\n")[0], extra=_doctor_arguments
     )
+    from hf_pretrain.object_store.urls import StoreUnavailable, check_locations
+
+    try:  # a malformed URL is one line, not a table (nor a traceback from a check that needs its copy)
+        check_locations(recipe.train.output_dir, recipe.data.data_dir)
+    except StoreUnavailable as exc:
+        print(f"hf-pretrain doctor: refused: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
     print(
         f"hf-pretrain doctor: recipe `{recipe.name}`, {args.num_processes} process(es), "
         f"data {recipe.data.data_dir}, output {recipe.train.output_dir}\n"

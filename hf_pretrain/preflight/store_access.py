@@ -24,6 +24,22 @@ RATE_PROBE_BYTES = 8 * 2**20  # big enough that the request's latency is not the
 RATE_PROBE = ".hf_pretrain_doctor_rate"
 
 
+def data_store_refused(recipe: Recipe) -> CheckResult | None:
+    """A URL data_dir whose store does not answer (or has no such bucket): the one row, from one probe.
+    Without it each data check retried its own reads: 2 to 2.5 minutes of silence for an unreachable endpoint."""
+    from hf_pretrain.object_store.urls import is_url
+
+    if not is_url(recipe.data.data_dir):
+        return None
+    from hf_pretrain.object_store.reach import StoreRefused, open_checked
+
+    try:
+        open_checked(recipe.data.data_dir, write=False, what="the data")
+    except StoreRefused as exc:
+        return CheckResult("data", "fail", str(exc), "see the message; the other checks need the data")
+    return None
+
+
 def check_store(recipe: Recipe) -> list[CheckResult]:
     """The store's rows: reachable and writable (else the only row: the others need it)."""
     from hf_pretrain.object_store.reach import StoreRefused, open_checked, where
