@@ -37,6 +37,14 @@ def machine(folder: Path, s3_server) -> dict:
     return {"cwd": folder, "env": {**offline_env(), **s3_server.env, "HF_PRETRAIN_HOME": str(folder / "home")}}
 
 
+def working_copy(machine_folder: Path, url: str) -> Path:
+    """Where a machine made by `machine` keeps its local copy of the run at `url` (the product's own rule)."""
+    from hf_pretrain.object_store.cache import local_copy
+    from hf_pretrain.object_store.urls import StoreURL
+
+    return local_copy(StoreURL.parse(url), "runs", machine_folder / "home")
+
+
 def store_fs():
     import s3fs
 
@@ -94,7 +102,7 @@ def test_a_run_killed_on_one_machine_finishes_on_another_bit_for_bit(reference_r
     assert "resumed from" in log_b and "starting from step 0" not in log_b
 
     reference = load_file(reference_run[0] / "final" / "model.safetensors")
-    local_b = tmp_path / "B" / "home" / "runs" / "s3" / url.removeprefix("s3://")
+    local_b = working_copy(tmp_path / "B", url)
     finished = load_file(local_b / "final" / "model.safetensors")
     assert reference.keys() == finished.keys()
     assert all(torch.equal(reference[k], finished[k]) for k in reference)
@@ -128,7 +136,7 @@ def test_a_run_killed_on_one_machine_finishes_on_another_bit_for_bit(reference_r
 def test_the_store_cut_mid_upload_training_goes_on_and_the_upload_completes(smoke_data, s3_bucket, s3_server, tmp_path):
     url = f"{s3_bucket}/run"
     a = machine(tmp_path / "A", s3_server)
-    local = tmp_path / "A" / "home" / "runs" / "s3" / url.removeprefix("s3://")
+    local = working_copy(tmp_path / "A", url)
     trainer = subprocess.Popen(
         train_command(smoke_data, url), **a, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
@@ -299,7 +307,7 @@ def test_export_report_and_status_read_a_run_url(reference_run, s3_bucket, s3_se
 def test_a_stop_written_into_the_store_reaches_the_trainer(smoke_data, s3_bucket, s3_server, tmp_path):
     url = f"{s3_bucket}/run"
     a = machine(tmp_path / "A", s3_server)
-    local = tmp_path / "A" / "home" / "runs" / "s3" / url.removeprefix("s3://")
+    local = working_copy(tmp_path / "A", url)
     trainer = subprocess.Popen(
         train_command(smoke_data, url, max_steps=60, eval_interval=30),
         **a,
@@ -401,7 +409,7 @@ def test_two_processes_resume_a_url_run_on_another_machine_bit_for_bit(smoke_dat
     log = second.stdout + second.stderr
     assert second.returncode == 0, log[-4000:]
     assert "resumed from" in log and f"step {resumed_at}" in log and "starting from step 0" not in log, log[-4000:]
-    local_b = tmp_path / "B" / "home" / "runs" / "s3" / url.removeprefix("s3://")
+    local_b = working_copy(tmp_path / "B", url)
     expected = load_file(reference / "final" / "model.safetensors")
     finished = load_file(local_b / "final" / "model.safetensors")
     assert expected.keys() == finished.keys()
