@@ -69,6 +69,19 @@ def wait_until(condition, process: subprocess.Popen, timeout: float = 180, poll:
     raise AssertionError("timed out")
 
 
+def lose_the_machine_after_a_checkpoint(process: subprocess.Popen, url: str, s3_server, kill) -> None:
+    """Wait until a complete checkpoint is in the store, then lose the machine: its network first, so
+    nothing more of it reaches the store however fast it trains on (on a loaded CI machine the run
+    used to finish between the poll and the kill), then its processes (`kill`)."""
+    wait_until(lambda: complete_in_store(url), process)
+    s3_server.proxy.cut()
+    try:
+        kill()
+        process.wait(timeout=60)
+    finally:
+        s3_server.proxy.restore()
+
+
 def every_file_text(*folders: Path) -> str:
     return "".join(p.read_bytes().decode("latin-1") for f in folders for p in f.rglob("*") if p.is_file())
 
@@ -89,8 +102,7 @@ def test_a_run_killed_on_one_machine_finishes_on_another_bit_for_bit(reference_r
     first = subprocess.Popen(
         train_command(data_url, url), **a, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
-    wait_until(lambda: complete_in_store(url), first)  # a checkpoint reached the store ...
-    first.send_signal(signal.SIGKILL)  # ... and the machine is lost
+    lose_the_machine_after_a_checkpoint(first, url, s3_server, kill=lambda: first.send_signal(signal.SIGKILL))
     log_a = first.communicate(timeout=60)[0]
     assert first.returncode == -signal.SIGKILL, log_a[-2000:]
     assert not store_fs().exists(f"{url}/final"), "the run finished before the kill"
@@ -398,9 +410,10 @@ def test_two_processes_resume_a_url_run_on_another_machine_bit_for_bit(smoke_dat
         start_new_session=True,  # the launcher and its two workers, killed together as a lost machine's
     )
     try:
-        wait_until(lambda: complete_in_store(url), first)
+        lose_the_machine_after_a_checkpoint(first, url, s3_server, kill=lambda: os.killpg(first.pid, signal.SIGKILL))
     finally:
-        os.killpg(first.pid, signal.SIGKILL)
+        if first.poll() is None:
+            os.killpg(first.pid, signal.SIGKILL)
     first.communicate(timeout=60)
     assert not store_fs().exists(f"{url}/final"), "the run finished before the kill"
     resumed_at = complete_in_store(url)[0]
