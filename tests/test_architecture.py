@@ -258,6 +258,6 @@ def test_only_the_run_profile_resolves_the_precision_and_asks_torch_for_the_devi
 
 def test_the_profile_check_sees_a_module_that_decides_again(tmp_path, monkeypatch):
     source = tmp_path / "again.py"
-    source.write_text("import torch\nx = torch.cuda.is_available() and recipe.train.mixed_precision\n")
+    source.write_text("import torch\nx = torch.cuda.is_available() and recipe.compute.mixed_precision\n")
     monkeypatch.setitem(MODULES, "again", source)
     assert len(_decides_again("again")) == 2

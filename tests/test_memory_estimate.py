@@ -132,7 +132,7 @@ def eager_saved(recipe: Recipe) -> Saved:
     torch.manual_seed(0)
     model = build_model(llama_config(recipe.model, TOKENIZER_SIZE))
     train_in_compute_dtype(model)
-    model = Accelerator(cpu=True, mixed_precision=recipe.train.mixed_precision).prepare(model)
+    model = Accelerator(cpu=True, mixed_precision=recipe.compute.mixed_precision).prepare(model)
     tokens = torch.randint(0, TOKENIZER_SIZE, (1, SEQ_LEN + 1), generator=torch.Generator().manual_seed(0))
     inputs, targets = tokens[:, :-1], tokens[:, 1:].contiguous()
     live = {t.untyped_storage().data_ptr() for t in [*model.parameters(), tokens, targets]}

@@ -43,7 +43,7 @@ from tests.helpers import OUTSIDE_CHECKOUT, SHORT_RUN, FakeLog, launch_command, 
 def train_config(**overrides):
     return build_recipe(
         {}, {"learning_rate": 1e-3, "min_lr_ratio": 0.1, "warmup_steps": 10, "max_steps": 100, **overrides}
-    ).train
+    )
 
 
 # ---------------------------------------------------------------------- schedules
@@ -95,12 +95,12 @@ def test_a_run_that_ends_at_its_peak_is_unfinished_and_a_cosines_last_step_is_it
 # ---------------------------------------------------------------------- overrides a user expects to work
 def test_a_shortened_run_drops_the_phases_past_its_end_and_warms_over_a_too_short_run():
     recipe = load_recipe("smoke", {"max_steps": 24})  # phases warmup 20, learning 100, settling 250
-    assert recipe.train.run_phases == {"warmup": 20}
+    assert recipe.run_phases == {"warmup": 20}
     assert any("learning (step 100), settling (step 250)" in note for note in recipe.notes())
     tiny = load_recipe("smoke", {"max_steps": 6})
-    assert tiny.train.run_phases == {} and tiny.train.effective_warmup_steps == 6
+    assert tiny.run_phases == {} and tiny.effective_warmup_steps == 6
     assert any("warmup_steps=20 is not below max_steps=6" in note for note in tiny.notes())
-    assert [Schedule(tiny.train).lr(s) for s in (3, 6)] == pytest.approx([1.5e-3, 3e-3])  # warms over the run
+    assert [Schedule(tiny).lr(s) for s in (3, 6)] == pytest.approx([1.5e-3, 3e-3])  # warms over the run
     with pytest.raises(RecipeError, match="phases.bad=0 must be a step"):
         load_recipe("smoke", {"phases": {"bad": 0}})
 
@@ -131,7 +131,7 @@ def guarded_state(tmp_path, **overrides):
     recipe = build_recipe({}, {"output_dir": str(tmp_path), "max_steps": 100, "warmup_steps": 10, **overrides})
     accelerator = SimpleNamespace(num_processes=1, is_main_process=True)
     log = FakeLog()
-    return TrainState.for_recipe(recipe, "cpu"), Guards(recipe.train, accelerator, log), log
+    return TrainState.for_recipe(recipe, "cpu"), Guards(recipe, accelerator, log), log
 
 
 def test_a_stop_request_starts_a_wsd_cooldown_that_ends_the_run_with_final(tmp_path):
@@ -233,7 +233,7 @@ def test_a_new_batch_or_context_stops_by_name_unless_allowed_which_moves_the_dat
     )
     saved = saved_state(old, 30)
     continuation = plan_continuation(saved, new)
-    assert continuation.batch_changed == ["train.global_batch_tokens", "data.seq_len"]
+    assert continuation.batch_changed == ["global_batch_tokens", "seq_len"]
     state = TrainState.for_recipe(new, "cpu")
     state.load_state_dict(saved)
     state.go_on_as(continuation, saved)
@@ -545,11 +545,15 @@ def test_a_key_added_since_the_checkpoint_counts_as_its_default_not_as_a_change(
     from hf_pretrain.checkpoints.recipe_changes import changed_math_keys
 
     recipe = load_recipe("smoke")
-    saved = math_keys(recipe)
+    keys = math_keys(recipe)
+    # as checkpoints wrote them before the recipe had sections: every run key under `train`
+    saved = {"model": keys.pop("model"), "data": keys.pop("data")}
+    saved["train"] = {name: value for section in keys.values() for name, value in section.items()}
+    assert changed_math_keys({"math_keys": saved}, recipe) == {}
     del saved["train"]["chunked_loss"], saved["train"]["fp8_recipe"]
     assert changed_math_keys({"math_keys": saved}, recipe) == {}
     chunked = build_recipe(recipe.to_dict(), {"chunked_loss": True})
-    assert changed_math_keys({"math_keys": saved}, chunked) == {"train.chunked_loss": (False, True)}
+    assert changed_math_keys({"math_keys": saved}, chunked) == {"chunked_loss": (False, True)}
 
 
 def _folder_snapshot(folder: Path) -> dict[str, tuple[int, int]]:

@@ -115,7 +115,7 @@ def quality_overrides(request: QualityRequest, seed: int, max_steps: int, output
         "max_steps": max_steps,
         "lr_schedule": "wsd",
         "warmup_steps": min(
-            request.recipe.train.effective_warmup_steps, finished_lengths(request.steps, request.points)[0] // 2
+            request.recipe.effective_warmup_steps, finished_lengths(request.steps, request.points)[0] // 2
         ),
         "eval_interval": 10 * request.steps,  # only the last step of each length
         "save_interval": 10 * request.steps,  # only the branch point and the end

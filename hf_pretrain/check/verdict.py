@@ -113,7 +113,7 @@ def verdict(recipe: Recipe, figures: list[Figure]) -> list[str]:
             f"plan's best for {recipe.name}: {best_text}; rent that card and run this check on it",
         ]
     gpu = find_gpu(device)
-    price = recipe.train.price_per_hour or (gpu.usd_per_hour if gpu else 0.0)
+    price = recipe.reporting.price_per_hour or (gpu.usd_per_hour if gpu else 0.0)
     lines = list(measured)
     if not steps:
         lines.append("no step was measured: no $ per token (see the step part's lines)")
@@ -122,7 +122,7 @@ def verdict(recipe: Recipe, figures: list[Figure]) -> list[str]:
     else:
         fastest = max(steps, key=lambda f: f.value)
         usd = dollars_per_billion_tokens(fastest.value, price)
-        where = "--price_per_hour" if recipe.train.price_per_hour else "gpus.yaml's typical price"
+        where = "--price_per_hour" if recipe.reporting.price_per_hour else "gpus.yaml's typical price"
         rank = 1 + sum(1 for row in rows if row.usd_per_billion_tokens < usd and row.gpu != (gpu.name if gpu else ""))
         lines.append(
             f"${usd:,.2f} per billion tokens on this {device} at ${price:.2f}/h ({where}), "

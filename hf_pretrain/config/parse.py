@@ -26,7 +26,8 @@ import yaml
 
 from hf_pretrain.exit_codes import EXIT_CONFIG, EXIT_USAGE
 
-from .schema import KEY_SECTION, SECTIONS, TOP_LEVEL_KEYS, Recipe, RecipeError, did_you_mean, range_text
+from .keys import RecipeError, did_you_mean, range_text
+from .schema import KEY_SECTION, SECTIONS, TOP_LEVEL_KEYS, Recipe, legacy_layout
 
 RECIPES_DIR = Path(__file__).resolve().parent.parent / "recipes"
 
@@ -82,7 +83,12 @@ def _build(cls: type, values: dict[str, Any], where: str) -> Any:
     types_ = _field_types(cls)
     unknown = [k for k in values if k not in types_]
     if unknown:
-        raise RecipeError(f"unknown key `{unknown[0]}` in {where}{did_you_mean(unknown[0], types_)}")
+        name = unknown[0]
+        if name in KEY_SECTION:
+            hint = f" (it belongs in the `{KEY_SECTION[name]}:` section)"
+        else:  # the section's own keys first, then every section's (a key another section owns)
+            hint = did_you_mean(name, types_) or did_you_mean(name, KEY_SECTION)
+        raise RecipeError(f"unknown key `{name}` in {where}{hint}")
     return cls(**{k: typed(f"{where}.{k}", v, types_[k]) for k, v in values.items()})
 
 
@@ -164,6 +170,7 @@ def recipe_dict_from_yaml(path: Path) -> dict[str, Any]:
 
 def _assemble(raw: dict[str, Any], overrides: dict[str, Any] | None, where: str) -> Recipe:
     """Recipe from a YAML mapping plus flat overrides (`{"max_steps": 10}`), typed but not yet validated."""
+    raw = legacy_layout(raw)
     sections = {s: dict(raw.get(s) or {}) for s in SECTIONS}
     top = {k: raw[k] for k in TOP_LEVEL_KEYS if k in raw}
     for key, value in (overrides or {}).items():

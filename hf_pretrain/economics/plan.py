@@ -321,7 +321,7 @@ def make_plan(request: PlanRequest) -> Plan:
         source = f"recipe {recipe.name}"
         default_tokens = recipe.train.max_steps * recipe.train.global_batch_tokens
         batch_tokens = recipe.train.global_batch_tokens
-        recipe_rate, recipe_price = recipe.train.expected_tokens_per_s, recipe.train.price_per_hour
+        recipe_rate, recipe_price = recipe.reporting.expected_tokens_per_s, recipe.reporting.price_per_hour
     else:
         n_params = int(request.params)
         per_token = dense_flops_per_token(n_params)
@@ -568,13 +568,13 @@ def plan_further(run_dir: str, target_tokens: float | None, price_per_hour: floa
     if recipe is None:
         raise ValueError(f"{run.resolved_recipe} is missing or unreadable: is {run_dir} a run folder?")
     records = read_jsonl(run.metrics)
-    stable = Schedule(recipe.train).stable_steps(lineage_cooldown(records))
+    stable = Schedule(recipe).stable_steps(lineage_cooldown(records))
     n_params = recipe_parameter_count(recipe)
     target = target_tokens or chinchilla_tokens(n_params)
-    price = recipe.train.price_per_hour if price_per_hour is None else price_per_hour
+    price = recipe.reporting.price_per_hour if price_per_hour is None else price_per_hour
     further = going_further([r for r in records if r.get("kind") == "train"], stable, target, price)
     if further is None:
-        raise ValueError(too_few_steps(run, records, stable, recipe.train.log_interval))
+        raise ValueError(too_few_steps(run, records, stable, recipe.reporting.log_interval))
     steps = max(r["step"] for r in records if r.get("kind") == "train")
     return FurtherPlan(str(run_dir), n_params, chinchilla_tokens(n_params), stable, steps, price, further)
 

@@ -174,10 +174,10 @@ def main(argv: list[str] | None = None) -> int:
         path = f"{args.run_dir.rstrip('/')}/{path.name}"
     recipe = run.load_recipe()
     if args.cooldown_steps == 0 or (
-        recipe is not None and recipe.train.lr_schedule == "cosine" and args.cooldown_steps is None
+        recipe is not None and recipe.optim.lr_schedule == "cosine" and args.cooldown_steps is None
     ):
         then = "saves and writes final/ after its next step"
-        if recipe is not None and recipe.train.lr_schedule == "cosine":
+        if recipe is not None and recipe.optim.lr_schedule == "cosine":
             then += " (a cosine run: the model will not have finished its decay)"
     else:
         steps = f"{args.cooldown_steps:,} steps" if args.cooldown_steps else "decay_fraction x the steps done"
