@@ -8,7 +8,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from hf_pretrain.economics.cost import dollars_per_billion_tokens
-from hf_pretrain.economics.gpus import gpu_named
+from hf_pretrain.economics.gpus import GPU, gpu_named
 from hf_pretrain.economics.planning.data_parallel import INTERCONNECT_GBPS, ScalingRow, scaling_row
 from hf_pretrain.economics.planning.gpu_ranking import GpuRow, gpu_prices, gpu_row, quality_per_token, ranked_rows
 from hf_pretrain.economics.planning.request import ALL_GPUS, DEFAULT_GLOBAL_BATCH_TOKENS, DEFAULT_MFU, PlanRequest
@@ -19,7 +19,7 @@ from hf_pretrain.economics.planning.scaling_laws import (
     training_flops,
 )
 from hf_pretrain.model import dense_flops_per_token, recipe_flops_per_token
-from hf_pretrain.run_profile import A_GPU, machine_with, run_profile
+from hf_pretrain.run_profile import A_GPU, Machine, machine_with, run_profile
 
 
 def tokens_per_s_at_mfu(peak_flops: float, mfu: float, flops_per_token_: float) -> float:
@@ -60,8 +60,21 @@ class Plan:
         return asdict(self)
 
 
-def make_plan(request: PlanRequest) -> Plan:
-    """The plan of `request`; raises ValueError (or PriceError) saying what to give instead."""
+@dataclass(frozen=True)
+class PlannedModel:
+    """What is planned, before any GPU: a recipe's model, or a bare parameter count (FLOPs per token then 6N)."""
+
+    source: str  # "recipe 1b" or "--params"
+    parameters: int
+    flops_per_token: float
+    default_tokens: float  # the budget when --tokens is unset: the recipe's, else Chinchilla's 20 per parameter
+    global_batch_tokens: int
+    recipe_rate: float  # the recipe's expected_tokens_per_s (0: unknown)
+    recipe_price: float  # the recipe's price_per_hour (0: unknown)
+
+
+def planned_model(request: PlanRequest) -> PlannedModel:
+    """The model of `request`, its default token budget, batch, and the rate and price its recipe says."""
     if request.recipe is not None:
         recipe = request.recipe
         n_params, per_token = recipe_flops_per_token(recipe)
@@ -75,20 +88,22 @@ def make_plan(request: PlanRequest) -> Plan:
         source, default_tokens = "--params", chinchilla_tokens(n_params)
         batch_tokens = request.global_batch_tokens or DEFAULT_GLOBAL_BATCH_TOKENS
         recipe_rate = recipe_price = 0.0
-    tokens = float(request.tokens) if request.tokens else float(default_tokens)
+    return PlannedModel(source, n_params, per_token, default_tokens, batch_tokens, recipe_rate, recipe_price)
 
-    rows: list[GpuRow] = []
-    prices = gpu_prices(request.prices)  # read (and checked) even where no GPU is named: never silently unused
-    if request.gpu == ALL_GPUS:
-        rows = ranked_rows(request.recipe, tokens, prices, request.pinned)
-    gpu = gpu_named(request.gpu) if request.gpu and request.gpu != ALL_GPUS else None
-    on = machine_with(gpu) if gpu else A_GPU
-    if gpu and request.recipe is not None and run_profile(request.recipe, on).precision == "fp8" and on.fp8_refusal():
+
+def named_gpu_row(request: PlanRequest, gpu: GPU, on: Machine, tokens: float, price: float | None) -> GpuRow:
+    """The recipe's row on the one `--gpu` (`on`: that card); an FP8 recipe on a card without FP8 is refused."""
+    if run_profile(request.recipe, on).precision == "fp8" and on.fp8_refusal():
         raise ValueError(on.fp8_refusal())
-    price = request.price_per_gpu_hour or (prices[gpu.name] if gpu else None) or recipe_price or None
-    if gpu and request.recipe is not None:
-        rows = [gpu_row(request.recipe, gpu, tokens, price, request.pinned)]
+    return gpu_row(request.recipe, gpu, tokens, price, request.pinned)
 
+
+def one_gpu_rate(
+    request: PlanRequest, gpu: GPU | None, on: Machine, rows: list[GpuRow], model: PlannedModel
+) -> tuple[float | None, str]:
+    """Tokens/s of one GPU and where they come from, the first that applies: --tokens_per_s; the named GPU's
+    row (measured, else the performance model); the recipe's expected_tokens_per_s; the GPU's datasheet peak
+    at an assumed MFU (a parameter count has no shape to model); else none, and what would give one."""
     rate: float | None
     if request.tokens_per_s:
         rate, rate_source = request.tokens_per_s, "--tokens_per_s"
@@ -103,11 +118,11 @@ def make_plan(request: PlanRequest) -> Plan:
             if rows[0].fits
             else f"none: {rows[0].reason}"
         )
-    elif recipe_rate and request.gpu != ALL_GPUS:
-        rate, rate_source = recipe_rate, "the recipe's expected_tokens_per_s"
+    elif model.recipe_rate and request.gpu != ALL_GPUS:
+        rate, rate_source = model.recipe_rate, "the recipe's expected_tokens_per_s"
     elif gpu:
         mfu = request.mfu or DEFAULT_MFU
-        rate = tokens_per_s_at_mfu(gpu.bf16_flops, mfu, per_token)
+        rate = tokens_per_s_at_mfu(gpu.bf16_flops, mfu, model.flops_per_token)
         rate_source = (
             f"assumed {mfu:.0%} MFU of the {gpu.bf16_flops / 1e12:,.0f} TFLOP/s datasheet peak (a parameter "
             f"count has no shape to model; --recipe has); measure it with `hf-pretrain bench`"
@@ -118,6 +133,23 @@ def make_plan(request: PlanRequest) -> Plan:
             "time and cost need a throughput: --gpu NAME (the performance model with a recipe), "
             "--gpu all, --tokens_per_s, or the recipe's expected_tokens_per_s (`hf-pretrain bench` measures it)"
         )
+    return rate, rate_source
+
+
+def make_plan(request: PlanRequest) -> Plan:
+    """The plan of `request`; raises ValueError (or PriceError) saying what to give instead."""
+    model = planned_model(request)
+    n_params, per_token, batch_tokens = model.parameters, model.flops_per_token, model.global_batch_tokens
+    tokens = float(request.tokens) if request.tokens else float(model.default_tokens)
+
+    prices = gpu_prices(request.prices)  # read (and checked) even where no GPU is named: never silently unused
+    rows = ranked_rows(request.recipe, tokens, prices, request.pinned) if request.gpu == ALL_GPUS else []
+    gpu = gpu_named(request.gpu) if request.gpu and request.gpu != ALL_GPUS else None
+    on = machine_with(gpu) if gpu else A_GPU
+    price = request.price_per_gpu_hour or (prices[gpu.name] if gpu else None) or model.recipe_price or None
+    if gpu and request.recipe is not None:
+        rows = [named_gpu_row(request, gpu, on, tokens, price)]
+    rate, rate_source = one_gpu_rate(request, gpu, on, rows, model)
 
     gbps = request.interconnect_gbps or INTERCONNECT_GBPS[request.interconnect]
     # FP8 is charged for the tokens that reach the bf16 run's loss, as the GPU rows are
@@ -127,7 +159,7 @@ def make_plan(request: PlanRequest) -> Plan:
     c_6nd = training_flops(n_params, tokens)
     n_opt, d_opt = compute_optimal(c_6nd)
     return Plan(
-        source=source,
+        source=model.source,
         parameters=n_params,
         flops_per_token=per_token,
         tokens=tokens,

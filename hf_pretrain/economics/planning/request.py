@@ -24,7 +24,7 @@ class PlanRequest:
     """What to plan: the model (a recipe, or a bare parameter count) and how it would be run.
 
     The fields are the command's flags; unset ones come from the recipe where it says (token budget,
-    throughput, price), else from the defaults below. Contradictions raise ValueError naming the flag.
+    throughput, price), else from the defaults above. Contradictions raise ValueError naming the flag.
     """
 
     recipe: Recipe | None = None  # parameters and FLOPs of its model, its token budget, batch, rate, price
