@@ -496,15 +496,15 @@ def test_python_m_train_reads_kebab_case_flags(tmp_path):
 
 
 def test_plan_price_is_price_per_gpu_hour_and_the_old_flags_are_refused_naming_it(capsys):
-    from hf_pretrain.economics import plan
+    from hf_pretrain.economics.planning import plan_command
 
     new = ["--params", "1e9", "--tokens_per_s", "10000", "--price_per_gpu_hour", "2", "--max_gpus", "1", "--json"]
-    assert plan.main(new) == 0
+    assert plan_command.main(new) == 0
     captured = capsys.readouterr()
     assert json.loads(captured.out)["price_per_gpu_hour"] == 2 and "note" not in captured.err
     for old, spelled_now in ((["--price", "2"], "price_per_gpu_hour"), (["--max-gpu", "1"], "max_gpus")):
         with pytest.raises(SystemExit) as exit_info:
-            plan.main(["--params", "1e9", "--tokens_per_s", "10000", *old, "--json"])
+            plan_command.main(["--params", "1e9", "--tokens_per_s", "10000", *old, "--json"])
         assert exit_info.value.code == 2
         assert f"`{spelled_now}`" in capsys.readouterr().err.split("did you mean")[1]
 

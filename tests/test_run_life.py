@@ -25,9 +25,9 @@ from hf_pretrain.checkpoints.recipe_changes import plan_continuation
 from hf_pretrain.checkpoints.store import prune_checkpoints
 from hf_pretrain.config import RecipeError, build_recipe, load_recipe, math_keys
 from hf_pretrain.data.loader import StepBatchSampler
-from hf_pretrain.economics import plan
 from hf_pretrain.economics.cost import Phase
 from hf_pretrain.economics.forecast import fit_loss_curve, forecast_fields, going_further, next_phase
+from hf_pretrain.economics.planning import plan_command, scaling_laws
 from hf_pretrain.exit_codes import EXIT_CONFIG
 from hf_pretrain.optim import Cooldown, Schedule, learning_rate_at
 from hf_pretrain.preflight.data import check_data_budget
@@ -285,13 +285,13 @@ def test_forecast_fields_price_the_next_phase_and_going_further():
 # ---------------------------------------------------------------------- the plan
 @pytest.mark.parametrize("compute", [1e18, 7.35e19, 5.76e23])
 def test_the_compute_optimal_split_spends_exactly_the_budget(compute):
-    n_opt, d_opt = plan.compute_optimal(compute)
+    n_opt, d_opt = scaling_laws.compute_optimal(compute)
     assert 6 * n_opt * d_opt == pytest.approx(compute, rel=0.01)
     assert 15 < d_opt / n_opt < 35  # about Chinchilla's 20 tokens per parameter
 
 
 def test_plan_for_the_1b_recipe_with_nothing_else(capsys):
-    assert plan.main(["--recipe", "1b"]) == 0
+    assert plan_command.main(["--recipe", "1b"]) == 0
     out = capsys.readouterr().out
     assert "11.8B = 11.4 per parameter" in out and "FLOPs" in out and "20.8B" in out
     assert "N_opt 729M parameters x D_opt 16.8B tokens" in out
@@ -323,7 +323,7 @@ def test_plan_run_prices_going_further_and_the_report_draws_the_forecast(tmp_pat
                 )
                 + "\n"
             )
-    assert plan.main(["--run", str(run.path), "--tokens", "2e6"]) == 0
+    assert plan_command.main(["--run", str(run.path), "--tokens", "2e6"]) == 0
     out = capsys.readouterr().out
     assert "going there: 289 more steps, 0.08 h" in out and "per loss point" in out
     page = report.write_report(run.path, tmp_path / "report")
@@ -353,7 +353,7 @@ def test_plan_run_fits_the_branch_that_went_on_after_a_stop_and_a_refusal_names_
     with run.metrics.open("a") as f:  # the stop's cooldown began at step 100 (the branch point's step)
         f.write(json.dumps({"kind": "cooldown", "step": 100, "end": 120, "reason": "stop request"}) + "\n")
     _write_train_records(run.metrics, range(101, 301), curve)  # went further from step 100: stable again
-    assert plan.main(["--run", str(run.path), "--tokens", "2e6"]) == 0
+    assert plan_command.main(["--run", str(run.path), "--tokens", "2e6"]) == 0
     out = capsys.readouterr().out
     assert "the loss curve over steps " in out
     fitted_to = int(out.split("the loss curve over steps ")[1].split(" ")[0].split("-")[1].replace(",", ""))
@@ -365,7 +365,7 @@ def test_plan_run_fits_the_branch_that_went_on_after_a_stop_and_a_refusal_names_
         load_recipe("smoke", {"lr_schedule": "wsd", "max_steps": 400, "log_interval": 10}), short.resolved_recipe
     )
     _write_train_records(short.metrics, range(10, 60, 10), curve, mode="w")
-    assert plan.main(["--run", str(short.path)]) == EXIT_CONFIG
+    assert plan_command.main(["--run", str(short.path)]) == EXIT_CONFIG
     err = capsys.readouterr().err
     assert (
         "too few to fit the loss curve" in err

@@ -1,5 +1,5 @@
 """The check's verdict: what a billion tokens of the recipe cost on this pod at its price, where that
-ranks in `plan`'s table of GPUs (economics/plan.py: the performance model, or a recorded measurement),
+ranks in `plan`'s table of GPUs (economics/planning/gpu_ranking.py: the performance model, or a recorded measurement),
 and whether the pod is well under what the same card measured elsewhere ("likely a slow or faulty
 node"): under SLOW_NODE_FRACTION of the project's or the user's recorded step for this configuration
 (economics/measurements.py, measured.jsonl), of the published matmul rate of its kind (gpus.yaml), or
@@ -15,7 +15,7 @@ from hf_pretrain.economics.cost import dollars_per_billion_tokens
 from hf_pretrain.economics.gpus import find_gpu
 from hf_pretrain.economics.measurements import recorded_measurement
 from hf_pretrain.economics.performance import SLOW_NODE_FRACTION, slow_node_warning
-from hf_pretrain.economics.plan import gpu_prices, ranked_rows
+from hf_pretrain.economics.planning.gpu_ranking import gpu_prices, ranked_rows
 from hf_pretrain.model import recipe_flops_per_token
 
 RECIPE_AS_WRITTEN = "recipe as written"
