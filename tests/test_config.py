@@ -125,7 +125,7 @@ def test_a_resolved_recipe_written_by_an_earlier_version_loads_with_every_value(
     old = load_recipe(str(ASSETS / "resolved_recipe_before_sections.yaml"))
     assert (old.train.max_steps, old.optim.learning_rate, old.compute.compile) == (12, 0.002, True)
     assert (old.checkpoints.keep_checkpoints, old.store.cache_dir, old.stopping.hang_timeout_s) == (3, "/tmp/cache", 60)
-    assert (old.evaluation.benchmark_tasks, old.publish.push_to_hub) == (["arc_easy"], "me/run")
+    assert (old.evaluation.lm_eval_tasks, old.publish.push_to_hub) == (["arc_easy"], "me/run")
     assert (old.reporting.phases, old.reporting.report_to) == ({"a": 6}, "tensorboard")
     # written again, it is in today's layout and reads back the same
     from hf_pretrain.config import save_recipe
@@ -138,6 +138,21 @@ def test_a_key_under_both_train_and_its_section_is_refused_naming_both(tmp_path)
     path = write(tmp_path, "train:\n  learning_rate: 0.1\noptim:\n  learning_rate: 0.2\n")
     with pytest.raises(RecipeError, match=r"`learning_rate` is given under both `train:` and `optim:`"):
         load_recipe(str(path))
+
+
+def test_a_renamed_key_reads_under_its_old_name_everywhere(tmp_path):
+    """benchmark_tasks & co. became lm_eval_tasks & co.: a run's resolved_recipe.yaml, a recipe file and a
+    command line of an earlier version still mean what they meant; both names at once are refused."""
+    old_yaml = write(tmp_path, "evaluation:\n  benchmark_tasks: [arc_easy]\n  benchmark_limit: 7\n")
+    assert load_recipe(str(old_yaml)).evaluation.lm_eval_tasks == ["arc_easy"]
+    assert load_recipe(str(old_yaml)).evaluation.lm_eval_limit == 7
+    for flag in ("--benchmark_tasks", "--benchmark-tasks"):
+        recipe = parse_recipe_args([flag, "[piqa]", "--benchmark-limit=3"], prog="t", description="")[0]
+        assert (recipe.evaluation.lm_eval_tasks, recipe.evaluation.lm_eval_limit) == (["piqa"], 3)
+    assert build_recipe({}, {"benchmark_data_dir": "arc"}).evaluation.lm_eval_data_dir == "arc"
+    both = write(tmp_path, "evaluation:\n  benchmark_tasks: [a]\n  lm_eval_tasks: [b]\n")
+    with pytest.raises(RecipeError, match=r"`benchmark_tasks` and `lm_eval_tasks` are the same key"):
+        load_recipe(str(both))
 
 
 def test_every_key_reads_from_the_command_line_in_both_spellings():
@@ -322,7 +337,7 @@ def test_yaml_values_are_the_flags_defaults_and_the_command_line_wins(tmp_path, 
           max_steps: 40
           warmup_steps: 4
           phases: {a: 10, b: 40}
-          benchmark_tasks: [arc_easy]
+          lm_eval_tasks: [arc_easy]
     """,
     )
     recipe, _ = parse_recipe_args(
@@ -336,15 +351,15 @@ def test_yaml_values_are_the_flags_defaults_and_the_command_line_wins(tmp_path, 
         2,
         1e-3,
     )  # YAML, command line, default
-    assert (recipe.reporting.phases, recipe.evaluation.benchmark_tasks, recipe.evaluation.prompts) == (
+    assert (recipe.reporting.phases, recipe.evaluation.lm_eval_tasks, recipe.evaluation.prompts) == (
         {"a": 20},
         ["arc_easy"],
         ["one", "two"],
     )
     recipe, _ = parse_recipe_args(
-        ["--recipe", str(path), "--benchmark_tasks", "[]", "--prompts", '["x", "y"]'], prog="t", description=""
+        ["--recipe", str(path), "--lm_eval_tasks", "[]", "--prompts", '["x", "y"]'], prog="t", description=""
     )
-    assert (recipe.evaluation.benchmark_tasks, recipe.evaluation.prompts) == ([], ["x", "y"])  # a YAML list still works
+    assert (recipe.evaluation.lm_eval_tasks, recipe.evaluation.prompts) == ([], ["x", "y"])  # a YAML list still works
     with pytest.raises(SystemExit):
         parse_recipe_args(["--recipe", str(path), "--help"], prog="t", description="")
     out = capsys.readouterr().out
@@ -523,7 +538,7 @@ def test_report_price_is_price_per_hour(tmp_path, capsys):
 
 
 def test_bench_price_is_gpu_price(capsys):
-    from hf_pretrain.bench import benchmark as bench
+    from hf_pretrain.bench import bench_command as bench
 
     # A malformed entry reaches the price table (exit 78, naming it); the old spelling is refused naming the new one.
     assert bench.main(["--recipe", "smoke", "--gpu_price", "H100"]) == EXIT_CONFIG

@@ -32,12 +32,15 @@ class EvaluationConfig:
         factory=lambda: list(DEFAULT_PROMPTS), math=False, help="fixed prompts sampled greedily at every evaluation"
     )
     sample_max_new_tokens: int = key(32, "tokens generated per prompt", math=False, ge=1)
-    benchmark_tasks: list[str] = key(
+    # Named after lm-evaluation-harness, whose tasks they are: `bench` is the speed sweep and `benchmarks/`
+    # the project's own timings. Their names before (benchmark_tasks, ...) still read: schema.RENAMED_KEYS.
+    lm_eval_tasks: list[str] = key(
         factory=list,
         math=False,
-        help="lm-eval tasks scored at every saved checkpoint into benchmarks.jsonl (empty = none)",
+        help="lm-eval tasks scored at every saved checkpoint, in a process of their own, into benchmarks.jsonl "
+        "(empty = none)",
     )
-    benchmark_limit: int = key(50, "examples per benchmark task at each checkpoint", math=False, ge=1)
-    benchmark_data_dir: str | None = key(
-        None, "folder of local ARC JSONL for the offline arc_*_local tasks", math=False
+    lm_eval_limit: int = key(50, "examples per lm-eval task at each checkpoint", math=False, ge=1)
+    lm_eval_data_dir: str | None = key(
+        None, "folder of local ARC JSONL for the offline arc_*_local lm-eval tasks", math=False
     )

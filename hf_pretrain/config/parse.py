@@ -27,7 +27,7 @@ import yaml
 from hf_pretrain.exit_codes import EXIT_CONFIG, EXIT_USAGE
 
 from .keys import RecipeError, did_you_mean, range_text
-from .schema import KEY_SECTION, SECTIONS, TOP_LEVEL_KEYS, Recipe, legacy_layout
+from .schema import KEY_SECTION, RENAMED_KEYS, SECTIONS, TOP_LEVEL_KEYS, Recipe, legacy_layout, renamed
 
 RECIPES_DIR = Path(__file__).resolve().parent.parent / "recipes"
 
@@ -173,7 +173,7 @@ def _assemble(raw: dict[str, Any], overrides: dict[str, Any] | None, where: str)
     raw = legacy_layout(raw)
     sections = {s: dict(raw.get(s) or {}) for s in SECTIONS}
     top = {k: raw[k] for k in TOP_LEVEL_KEYS if k in raw}
-    for key, value in (overrides or {}).items():
+    for key, value in renamed(overrides or {}, where).items():
         if key in TOP_LEVEL_KEYS:
             top[key] = value
         elif key in KEY_SECTION:
@@ -337,6 +337,20 @@ def _yaml_value(text: str) -> Any:
         return text  # `typed` names the key
 
 
+def renamed_flags(args: list[str]) -> list[str]:
+    """`args` with a renamed key's old flag (`--benchmark_tasks`, `--benchmark-tasks=...`) spelled as its new
+    one; nothing after a bare `--` is touched."""
+    spelled = list(args)
+    for i, arg in enumerate(spelled):
+        if arg == "--":
+            break
+        name, sep, value = arg.partition("=")
+        old = name[2:].replace("-", "_")
+        if name.startswith("--") and old in RENAMED_KEYS:
+            spelled[i] = f"--{RENAMED_KEYS[old]}{sep}{value}"
+    return spelled
+
+
 def parse_recipe_args(
     argv: list[str] | None,
     prog: str,
@@ -345,7 +359,7 @@ def parse_recipe_args(
 ) -> tuple[Recipe, argparse.Namespace]:
     """The recipe named by `--recipe`, every key overridable as `--key value`, validated; `extra` adds the
     command's own flags (they come back in the namespace)."""
-    argv = sys.argv[1:] if argv is None else list(argv)
+    argv = renamed_flags(sys.argv[1:] if argv is None else list(argv))
     recipe_flag = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     recipe_flag.add_argument("--recipe", default="smoke", help="recipe name in recipes/ or a path to a YAML file")
     chosen, _ = recipe_flag.parse_known_args(argv)

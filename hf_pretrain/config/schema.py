@@ -262,11 +262,34 @@ def _section_of_key() -> dict[str, str]:
 
 KEY_SECTION = _section_of_key()
 
+# Keys renamed since an earlier version: the old name still reads, in a recipe, a run's
+# resolved_recipe.yaml and on the command line, as the new one; `--help` lists the new one only.
+RENAMED_KEYS = {
+    "benchmark_tasks": "lm_eval_tasks",
+    "benchmark_limit": "lm_eval_limit",
+    "benchmark_data_dir": "lm_eval_data_dir",
+}
+
+
+def renamed(values: dict[str, Any], where: str) -> dict[str, Any]:
+    """`values` (a section's mapping, or flat overrides) with each old key name read as its new one."""
+    if not any(name in RENAMED_KEYS for name in values):
+        return values
+    out: dict[str, Any] = {}
+    for name, value in values.items():
+        new = RENAMED_KEYS.get(name, name)
+        if new in out or (new != name and new in values):
+            raise RecipeError(f"`{name}` and `{new}` are the same key (renamed) in {where}; keep `{new}`")
+        out[new] = value
+    return out
+
 
 def legacy_layout(raw: dict[str, Any]) -> dict[str, Any]:
     """A recipe mapping as written before the sections (a shipped recipe of an earlier version, a run's
-    `resolved_recipe.yaml`), in today's layout: a key under `train:` that another section now owns moves
-    there. A key given in both places is refused, naming both."""
+    `resolved_recipe.yaml`), in today's layout: a renamed key under its new name (`RENAMED_KEYS`), and a
+    key under `train:` that another section now owns moved there. A key given in both places is refused,
+    naming both."""
+    raw = {name: renamed(v, name) if isinstance(v, dict) else v for name, v in raw.items()}
     old_train = raw.get("train")
     if not isinstance(old_train, dict) or all(KEY_SECTION.get(k) in ("train", None) for k in old_train):
         return raw

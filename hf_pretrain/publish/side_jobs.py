@@ -5,7 +5,7 @@ process only (training/callbacks.py):
 
 - each saved checkpoint, with `push_checkpoints`: exported (bf16) and pushed to branch `step-N`
   of `push_to_hub`, on a background thread (one upload at a time, in order);
-- each saved checkpoint, with `benchmark_tasks`: scored with lm-eval in a subprocess
+- each saved checkpoint, with `lm_eval_tasks`: scored with lm-eval in a subprocess
   (`python -m hf_pretrain.evaluation.score_checkpoint ...`), which appends its record to the run's
   benchmarks.jsonl when it is ready;
 - at the end of the schedule: `final/`, the last checkpoint exported in `FINAL_DTYPE` (the size
@@ -62,7 +62,7 @@ class SideJobs:  # a training.callbacks.Callback
         jobs = []
         if self.publish.push_checkpoints:
             jobs.append((f"the push of step {step}", self._uploads, self._push_checkpoint))
-        if self.evaluation.benchmark_tasks:
+        if self.evaluation.lm_eval_tasks:
             jobs.append((f"the benchmarks of step {step}", self._benchmarks, self._benchmark))
         if not jobs:
             return
@@ -125,12 +125,12 @@ class SideJobs:  # a training.callbacks.Callback
             "hf_pretrain.evaluation.score_checkpoint",  # run, never imported: publish/ stays above evaluation/
             str(checkpoint),
             "--tasks",
-            ",".join(self.evaluation.benchmark_tasks),
+            ",".join(self.evaluation.lm_eval_tasks),
             "--limit",
-            str(self.evaluation.benchmark_limit),
+            str(self.evaluation.lm_eval_limit),
         ]
-        if self.evaluation.benchmark_data_dir:
-            command += ["--data_dir", self.evaluation.benchmark_data_dir]
+        if self.evaluation.lm_eval_data_dir:
+            command += ["--data_dir", self.evaluation.lm_eval_data_dir]
         # lm-eval loads its own copy of the model: in its own process it shares no memory, lock or
         # RNG with training, and ends by giving all of it back
         result = subprocess.run(command, capture_output=True, text=True)
