@@ -14,6 +14,7 @@ import dataclasses
 import functools
 import json
 import os
+import re
 import sys
 import types
 import typing
@@ -211,6 +212,14 @@ def _is_kebab(flag: str) -> bool:
     return flag.startswith("--") and "-" in flag[2:]
 
 
+def _snake_case(names: tuple[str, ...]) -> list[str]:
+    """A flag's names without their kebab-case twins: they are read (`snake_case_flags`), never listed."""
+    snake = [n for n in names if not _is_kebab(n)]
+    if not snake:
+        raise ValueError(f"flags are snake_case, like the recipe keys: {names}")
+    return snake
+
+
 class CommandParser(argparse.ArgumentParser):
     """The parser of every `hf-pretrain` command, so that they all parse the same way.
 
@@ -227,10 +236,14 @@ class CommandParser(argparse.ArgumentParser):
         super().__init__(*args, **kwargs)
 
     def add_argument(self, *names: str, **kwargs: Any) -> argparse.Action:
-        snake = [n for n in names if not _is_kebab(n)]
-        if not snake:
-            raise ValueError(f"flags are snake_case, like the recipe keys: {names}")
-        return super().add_argument(*snake, **kwargs)
+        return super().add_argument(*_snake_case(names), **kwargs)
+
+    def add_argument_group(self, *args: Any, **kwargs: Any) -> argparse._ArgumentGroup:
+        """A group (a recipe section in `--help`) whose flags follow the same rule as the parser's own."""
+        group = super().add_argument_group(*args, **kwargs)
+        add = group.add_argument
+        group.add_argument = lambda *names, **kw: add(*_snake_case(names), **kw)  # type: ignore[method-assign]
+        return group
 
     def parse_known_args(  # type: ignore[override]
         self, args: list[str] | None = None, namespace: argparse.Namespace | None = None
@@ -307,7 +320,12 @@ def _flags_of(cls: type) -> type:
         valid = f"; valid {range_text(bounds).removeprefix('in ')}" if bounds else ""
         help_ = (f.metadata["help"] + valid).replace("%", "%%")  # argparse formats help with %-placeholders
         fields.append((f.name, annotation, dataclasses.field(default=None, metadata={"help": help_})))
-    return dataclasses.make_dataclass(f"{cls.__name__}Flags", fields)
+    flags = dataclasses.make_dataclass(f"{cls.__name__}Flags", fields)
+    section = next((name for name, owner in SECTIONS.items() if owner is cls), None)
+    if section:  # `--help` lists each section's keys under its name, as a recipe file holds them
+        what = re.split(r"[:(.]", cls.__doc__ or section)[0].strip()
+        flags._argument_group_name = f"{section} ({what[:1].lower()}{what[1:]})"
+    return flags
 
 
 def _flag_defaults(recipe: Recipe) -> dict[str, Any]:
