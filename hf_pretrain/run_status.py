@@ -25,7 +25,7 @@ from hf_pretrain.exit_codes import EXIT_PREFLIGHT
 from hf_pretrain.formatting import human_duration
 from hf_pretrain.run_dir import RunDir, last_train_record, read_status
 from hf_pretrain.run_lock import holder_of
-from hf_pretrain.stop_file import read_stop_request
+from hf_pretrain.stop_request import read_stop_request
 
 
 @dataclass

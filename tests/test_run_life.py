@@ -33,10 +33,10 @@ from hf_pretrain.optim import Cooldown, Schedule, learning_rate_at
 from hf_pretrain.preflight.data import check_data_budget
 from hf_pretrain.publish.model_card import _how_it_ended
 from hf_pretrain.run_dir import RunDir, read_jsonl
-from hf_pretrain.stop_file import read_stop_request, request_stop
+from hf_pretrain.stop_command import main as stop_main
+from hf_pretrain.stop_request import read_stop_request, request_stop
 from hf_pretrain.training.guards import Guards
 from hf_pretrain.training.state import TrainState
-from hf_pretrain.training.stop_request import main as stop_main
 from tests.helpers import OUTSIDE_CHECKOUT, SHORT_RUN, FakeLog, launch_command, launch_training, offline_env
 
 

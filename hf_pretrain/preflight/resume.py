@@ -10,7 +10,7 @@ from hf_pretrain.checkpoints.manifest import CheckpointError
 from hf_pretrain.config import Recipe
 from hf_pretrain.preflight.result import CheckResult
 from hf_pretrain.run_dir import RunDir
-from hf_pretrain.stop_file import at_start, read_stop_request
+from hf_pretrain.stop_request import at_start, read_stop_request
 
 
 def check_resume(recipe: Recipe, decision: Callable[[], Continuation]) -> CheckResult:
@@ -41,7 +41,7 @@ def check_resume(recipe: Recipe, decision: Callable[[], Continuation]) -> CheckR
 
 
 def check_stop_request(recipe: Recipe, decision: Callable[[], Continuation]) -> list[CheckResult]:
-    """A stop request waiting in the run folder, its age and what this start does with it (stop_file.py):
+    """A stop request waiting in the run folder, its age and what this start does with it (stop_request.py):
     no row when there is none."""
     request = read_stop_request(recipe.train.output_dir)
     if request is None:

@@ -26,7 +26,7 @@ from hf_pretrain.config import TrainConfig
 from hf_pretrain.economics.cost import window_cost_per_loss_point
 from hf_pretrain.exit_codes import EXIT_DIVERGED, EXIT_PREEMPTED
 from hf_pretrain.processes import LAUNCHER_GONE, followed_launcher, launcher_gone
-from hf_pretrain.stop_file import StopRequest, answer_stop_request, clear_stop_request, read_stop_request
+from hf_pretrain.stop_request import StopRequest, answer_stop_request, clear_stop_request, read_stop_request
 from hf_pretrain.training.start_up import exit_at_once, loop_ended
 
 if TYPE_CHECKING:
