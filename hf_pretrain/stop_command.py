@@ -25,8 +25,6 @@ What the command answers:
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from hf_pretrain.checkpoints.continuation import GO_FURTHER
@@ -34,26 +32,11 @@ from hf_pretrain.checkpoints.store import newest_good_checkpoint
 from hf_pretrain.config import CommandParser
 from hf_pretrain.exit_codes import EXIT_PREFLIGHT
 from hf_pretrain.formatting import human_duration
-from hf_pretrain.optim import Cooldown
 from hf_pretrain.run_dir import RunDir, last_train_record, read_status
 from hf_pretrain.run_lock import holder_of
-from hf_pretrain.stop_request import at_start, clear_stop_request, read_stop_request, request_stop
+from hf_pretrain.stop_request import read_stop_request, request_stop
 
 EXIT_REFUSED = EXIT_PREFLIGHT  # refused, nothing written: the same code as a training refused before any work
-
-
-def take_up_at_start(
-    run_dir: str | Path, max_steps_changed: bool, cooldown: Cooldown | None, say: Callable[[str], None]
-) -> None:
-    """A request found when a run starts (main process): say it, and set aside one this start does not
-    apply (a new max_steps, or a cooldown resumed that already answers it)."""
-    request = read_stop_request(run_dir)
-    if request is None:
-        return
-    applies, line = at_start(request, max_steps_changed, cooldown.end if cooldown else None)
-    say(f"stop request: {line}")
-    if not applies:
-        clear_stop_request(run_dir)
 
 
 def _finished_at(run: RunDir, status: dict[str, Any], newest: dict[str, Any] | None) -> int | None:

@@ -21,9 +21,8 @@ from hf_pretrain.preflight import run_checks
 from hf_pretrain.run_dir import RunDir
 from hf_pretrain.run_lock import RunLock
 from hf_pretrain.stop_command import main as stop_main
-from hf_pretrain.stop_command import take_up_at_start
 from hf_pretrain.stop_request import read_stop_request, request_stop
-from hf_pretrain.training.guards import Guards
+from hf_pretrain.training.guards import Guards, take_up_at_start
 from hf_pretrain.training.session import Session, read_status
 from hf_pretrain.training.state import TrainState
 from tests.helpers import FakeLog, launch_training

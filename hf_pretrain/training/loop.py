@@ -46,10 +46,9 @@ from hf_pretrain.optim import build_optimizer
 from hf_pretrain.preflight import preflight
 from hf_pretrain.run_dir import RunDir, set_activity, truncate_jsonl
 from hf_pretrain.run_profile import RunProfile, device_kind, run_profile, this_machine
-from hf_pretrain.stop_command import take_up_at_start
 from hf_pretrain.training.callbacks import Callback, CallbackList
 from hf_pretrain.training.compiling import dynamo_plugin
-from hf_pretrain.training.guards import Guards, Stop
+from hf_pretrain.training.guards import Guards, Stop, take_up_at_start
 from hf_pretrain.training.metrics import RunLogger, trackers_for
 from hf_pretrain.training.rendezvous import attempt_store
 from hf_pretrain.training.state import TrainState
