@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hf_pretrain.checkpoints.continuation import GO_FURTHER
+from hf_pretrain.checkpoints.resume_plan import GO_FURTHER
 from hf_pretrain.checkpoints.store import newest_good_checkpoint
 from hf_pretrain.config import CommandParser
 from hf_pretrain.exit_codes import EXIT_PREFLIGHT

@@ -385,7 +385,7 @@ def test_the_job_says_a_cooldown_was_cut_at_max_steps(tmp_path):
 
 # ---------------------------------------------------------------------- a mixture changed on resume
 def test_a_mixture_changed_on_resume_is_said_in_words_that_agree_with_the_readme():
-    from hf_pretrain.checkpoints.recipe_changes import plan_continuation
+    from hf_pretrain.checkpoints.resume_rules import plan_continuation
     from hf_pretrain.config import load_recipe, math_keys
 
     old = load_recipe("smoke", {})

@@ -18,10 +18,10 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from hf_pretrain.checkpoints.continuation import ResumeRefused
 from hf_pretrain.checkpoints.layout import BRANCH_POINT, TRAIN_STATE
 from hf_pretrain.checkpoints.manifest import write_manifest
-from hf_pretrain.checkpoints.recipe_changes import plan_continuation
+from hf_pretrain.checkpoints.resume_plan import ResumeRefused
+from hf_pretrain.checkpoints.resume_rules import plan_continuation
 from hf_pretrain.checkpoints.store import prune_checkpoints
 from hf_pretrain.config import RecipeError, build_recipe, load_recipe, math_keys
 from hf_pretrain.data.loader import StepBatchSampler
@@ -542,7 +542,7 @@ def test_a_key_added_since_the_checkpoint_counts_as_its_default_not_as_a_change(
     """A checkpoint written before `chunked_loss` and `fp8_recipe` existed recorded no value for them:
     resuming it under their defaults changes nothing (a warning there named them as changed math);
     a value other than the default is still named."""
-    from hf_pretrain.checkpoints.recipe_changes import changed_math_keys
+    from hf_pretrain.checkpoints.resume_rules import changed_math_keys
 
     recipe = load_recipe("smoke")
     saved = math_keys(recipe)

@@ -8,7 +8,7 @@
   the background; `async_save.py`: a periodic save staged into host memory; `disk_space.py`: a
   failed write judged by the volume;
 - `store.py`: a run's checkpoints: listing, the newest good one, pins, retention, milestones;
-- `continuation.py`, `resume_decision.py`, `recipe_changes.py`: from which checkpoint a run goes on,
+- `resume_plan.py`, `resume_decision.py`, `resume_rules.py`: from which checkpoint a run goes on,
   and what may change since;
 - `load.py`: weights into a model (FSDP shards merged), a whole training state into a run.
 

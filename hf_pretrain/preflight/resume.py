@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from hf_pretrain.checkpoints.continuation import Continuation, ResumeRefused
 from hf_pretrain.checkpoints.manifest import CheckpointError
+from hf_pretrain.checkpoints.resume_plan import Continuation, ResumeRefused
 from hf_pretrain.config import Recipe
 from hf_pretrain.preflight.result import CheckResult
 from hf_pretrain.run_dir import RunDir
@@ -14,7 +14,7 @@ from hf_pretrain.stop_request import at_start, read_stop_request
 
 
 def check_resume(recipe: Recipe, decision: Callable[[], Continuation]) -> CheckResult:
-    """What resuming will do (checkpoints/continuation.py): a fresh start, the same plan, going further from the
+    """What resuming will do (checkpoints/resume_plan.py): a fresh start, the same plan, going further from the
     last checkpoint before the decay; or a change that needs an explicit flag, which fails here.
     `decision` is made once per start (training's `setup` loads what it names)."""
     try:

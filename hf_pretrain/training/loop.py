@@ -19,9 +19,9 @@ from accelerate import Accelerator, PartialState
 from accelerate.utils import InitProcessGroupKwargs, set_seed
 
 from hf_pretrain.checkpoints.checkpointer import Checkpointer, CheckpointSaveError
-from hf_pretrain.checkpoints.continuation import Continuation
 from hf_pretrain.checkpoints.load import restore_continuation
 from hf_pretrain.checkpoints.resume_decision import decide_resume
+from hf_pretrain.checkpoints.resume_plan import Continuation
 from hf_pretrain.checkpoints.store import remove_pins
 from hf_pretrain.config import Recipe, save_recipe
 from hf_pretrain.data import build_val_loader, load_tokenizer
