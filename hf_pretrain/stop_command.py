@@ -7,9 +7,10 @@
 The request is a file in the run folder (its format: hf_pretrain/stop_request.py, beside this
 command). The main process of the job reads it at every step and the guards share it with every
 other process in the step's one exchange (training/guards.py), so all of them begin the same
-cooldown at the same step, however many there are and on however many machines. A wsd run then decays from the rate it had, saves, and writes
-final/; a cosine run stops at once unless a cooldown is asked for, and its log and model card say
-that it did not finish its decay. The file goes when the run has finished.
+cooldown at the same step, however many there are and on however many machines. A wsd run then
+decays from the rate it had, saves, and writes final/; a cosine run stops at once unless a cooldown
+is asked for, and its log and model card say that it did not finish its decay. The file goes when
+the run has finished.
 
 What the command answers:
 - a running job: the request is written; a second one before the job has read the first replaces

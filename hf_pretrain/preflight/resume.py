@@ -1,5 +1,5 @@
-"""The run folder's checkpoints against the recipe: can the run go on under it, and how; and a stop
-request waiting for it."""
+"""The doctor's row of the resume decision (checkpoints/resume_decision.py): can the run go on under
+this recipe, and how; and the row of a stop request waiting for this start (hf_pretrain/stop_request.py)."""
 
 from __future__ import annotations
 
@@ -14,9 +14,9 @@ from hf_pretrain.stop_request import at_start, read_stop_request
 
 
 def check_resume(recipe: Recipe, decision: Callable[[], Continuation]) -> CheckResult:
-    """What resuming will do (checkpoints/resume_plan.py): a fresh start, the same plan, going further from the
-    last checkpoint before the decay; or a change that needs an explicit flag, which fails here.
-    `decision` is made once per start (training's `setup` loads what it names)."""
+    """What resuming will do (the plan, checkpoints/resume_plan.py): a fresh start, the same plan, going
+    further from the last checkpoint before the decay; or a change that needs an explicit flag, which
+    fails here. `decision` is made once per start (training's `setup` loads what it names)."""
     try:
         plan = decision()
     except ResumeRefused as exc:
