@@ -30,7 +30,7 @@ smoke: $(VENV)/.installed-base
 
 ## test: install the dev extra and run the whole suite (slow tests included), offline
 test: $(VENV)/.installed-dev
-	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q
+	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q --durations=20  # the 20 slowest, for keeping the suite near 30 minutes
 
 ## liger_test: the [liger] extra (Triton, ~1 GB) and the test of Liger's public API, which needs no GPU
 liger_test: $(VENV)/.installed-dev

@@ -102,7 +102,7 @@ def main() -> None:
         default=2.2,
         help="seconds per optimizer step of the 1b recipe (the published run: ~2.2 s for 131,072 tokens on an A100)",
     )
-    parser.add_argument("--save_interval", type=int, default=load_recipe("1b").train.save_interval)
+    parser.add_argument("--save_interval", type=int, default=load_recipe("1b").checkpoints.save_interval)
     parser.add_argument("--repeats", type=int, default=2, help="saves of each kind")
     args = parser.parse_args()
     model, optimizer, config = one_b_state(args.layers)

@@ -27,7 +27,7 @@ def honesty(run_dir: Path, cut: float) -> dict:
     train = [r for r in records if r["kind"] == "train"]
     cooldowns = [r for r in records if r["kind"] == "cooldown"]
     cooldown = Cooldown(cooldowns[-1]["step"], cooldowns[-1]["end"]) if cooldowns else None
-    first, last = Schedule(recipe.train).stable_steps(cooldown)
+    first, last = Schedule(recipe).stable_steps(cooldown)
     last = min(last, train[-1]["step"])
     cut_step = first + int(cut * (last - first))
     fit = fit_run(train, first, cut_step)
@@ -39,7 +39,7 @@ def honesty(run_dir: Path, cut: float) -> dict:
     end = train[-1]
     return {
         "run": str(run_dir),
-        "schedule": recipe.train.lr_schedule,
+        "schedule": recipe.optim.lr_schedule,
         "steps": end["step"],
         "fitted": f"{round(fit.first_tokens / (end['tokens'] / end['step']))}-{cut_step}",
         "predicted": f"{cut_step + 1}-{last}",

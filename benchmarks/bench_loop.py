@@ -43,7 +43,7 @@ def bare_pytorch_tokens_per_s(recipe, steps: int, warmup: int) -> float:
         )
     )
     model.train()
-    optimizer = build_optimizer(model, recipe.train, fused=False)
+    optimizer = build_optimizer(model, recipe.optim, fused=False)
     accum = recipe.grad_accum_steps(1)
     micro = recipe.train.micro_batch_size
     order = torch.randperm(len(dataset), generator=torch.Generator().manual_seed(recipe.train.seed))
@@ -51,7 +51,7 @@ def bare_pytorch_tokens_per_s(recipe, steps: int, warmup: int) -> float:
     for step in range(steps):
         if step == warmup:
             start = time.perf_counter()
-        set_learning_rate(optimizer, learning_rate_at(step, recipe.train))
+        set_learning_rate(optimizer, learning_rate_at(step, recipe))
         for _ in range(accum):
             indices = order[position % len(order) : position % len(order) + micro]
             if len(indices) < micro:
@@ -61,7 +61,7 @@ def bare_pytorch_tokens_per_s(recipe, steps: int, warmup: int) -> float:
             logits = model(input_ids=tokens[:, :-1]).logits
             loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), tokens[:, 1:].flatten())
             (loss / accum).backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), recipe.train.grad_clip)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), recipe.optim.grad_clip)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
     return (steps - warmup) * recipe.train.global_batch_tokens / (time.perf_counter() - start)

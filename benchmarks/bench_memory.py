@@ -89,18 +89,16 @@ def measure(shape: str) -> dict:
     name, layers, micro, seq, accum, precision, gc = parse_shape(shape)
     recipe = load_recipe(name)
     model_cfg = dataclasses.replace(recipe.model, **({"num_hidden_layers": layers} if layers else {}))
-    train = dataclasses.replace(
-        recipe.train,
+    recipe = recipe.replace(
         micro_batch_size=micro,
         global_batch_tokens=micro * seq * accum,
         mixed_precision=precision,
         gradient_checkpointing=gc,
         liger=False,
         compile=False,
+        seq_len=seq,
     )
-    recipe = dataclasses.replace(
-        recipe, model=model_cfg, train=train, data=dataclasses.replace(recipe.data, seq_len=seq)
-    )
+    recipe = dataclasses.replace(recipe, model=model_cfg)
     tokenizer_size = recipe_tokenizer_size(recipe)
     estimate = estimate_memory(recipe, tokenizer_size, THE_CPU)
 
@@ -111,11 +109,17 @@ def measure(shape: str) -> dict:
     if gc:
         enable_activation_checkpointing(model)
     train_in_compute_dtype(model)  # as training/loop.py does
-    optimizer = build_optimizer(model, train, fused=False)
+    optimizer = build_optimizer(model, recipe.optim, fused=False)
     model, optimizer = accelerator.prepare(model, optimizer)
     batches = iter([torch.randint(0, config.vocab_size, (micro, seq + 1)) for _ in range(2 * accum)])
     step = TrainStep(
-        accelerator, model, optimizer, batches, train, grad_accum=accum, lr_of=lambda _: train.learning_rate
+        accelerator,
+        model,
+        optimizer,
+        batches,
+        recipe.optim,
+        grad_accum=accum,
+        lr_of=lambda _: recipe.optim.learning_rate,
     )
     step(1)  # creates AdamW's moments
     before = sum(t.nbytes for t in model.parameters()) + sum(

@@ -32,7 +32,7 @@ def synthetic_run(folder: Path, steps: int, log_interval: int, eval_interval: in
     )
     save_recipe(recipe, run.resolved_recipe)
     rng = random.Random(0)
-    tokens_per_step, price = recipe.train.global_batch_tokens, recipe.train.price_per_hour
+    tokens_per_step, price = recipe.train.global_batch_tokens, recipe.reporting.price_per_hour
     with run.metrics.open("w") as metrics, run.samples.open("w") as samples:
         for step in range(log_interval, steps + 1, log_interval):
             tokens, elapsed = step * tokens_per_step, step * 2.2

@@ -52,7 +52,7 @@ def bench_recipe(name: str, data_dir: Path, output_dir: Path, steps: int, warmup
             "data_dir": str(data_dir),
             "output_dir": str(output_dir),
             "max_steps": steps,
-            "warmup_steps": min(recipe.train.warmup_steps, steps - 1),
+            "warmup_steps": min(recipe.optim.warmup_steps, steps - 1),
             "log_interval": warmup,
             "eval_interval": 0,
             "save_interval": steps,
@@ -94,9 +94,9 @@ def trainer_window_rates(recipe: Recipe, warmup: int) -> list[float]:
     )
     if cuda:
         model.to("cuda")  # fused AdamW needs its parameters on the GPU before it is built
-    optimizer = build_optimizer(model, train_cfg, fused=cuda)
+    optimizer = build_optimizer(model, recipe.optim, fused=cuda)
     # hf-pretrain sets learning_rate_at(step) before each step; LambdaLR multiplies the peak by the same factor
-    schedule = LambdaLR(optimizer, lambda step: learning_rate_at(step, train_cfg) / train_cfg.learning_rate)
+    schedule = LambdaLR(optimizer, lambda step: learning_rate_at(step, recipe) / recipe.optim.learning_rate)
 
     def collate(samples: list[torch.Tensor]) -> dict[str, torch.Tensor]:
         tokens = torch.stack(samples)
@@ -122,13 +122,13 @@ def trainer_window_rates(recipe: Recipe, warmup: int) -> list[float]:
         max_steps=train_cfg.max_steps,
         per_device_train_batch_size=train_cfg.micro_batch_size,
         gradient_accumulation_steps=recipe.grad_accum_steps(1),
-        max_grad_norm=train_cfg.grad_clip,
+        max_grad_norm=recipe.optim.grad_clip,
         bf16=precision == "bf16",
         fp16=precision == "fp16",
-        tf32=train_cfg.tf32 if cuda else None,
+        tf32=recipe.compute.tf32 if cuda else None,
         use_cpu=not cuda,
-        torch_compile=train_cfg.compile,
-        gradient_checkpointing=train_cfg.gradient_checkpointing,
+        torch_compile=recipe.compute.compile,
+        gradient_checkpointing=recipe.compute.gradient_checkpointing,
         dataloader_num_workers=recipe.data.num_workers,
         logging_steps=warmup,
         save_strategy="no",

@@ -30,7 +30,7 @@ COMMANDS = {
         "hf_pretrain.check",
         "is this pod worth renting for the recipe? five minutes, no data (rent, check, then move in)",
     ),
-    "plan": ("hf_pretrain.economics.plan", "tokens, time and cost of a run before it starts"),
+    "plan": ("hf_pretrain.economics.planning", "tokens, time and cost of a run before it starts"),
     "report": ("hf_pretrain.report", "plots and a page for a run folder"),
     "demo": ("hf_pretrain.publish.demo_command", "a Gradio app that compares checkpoints"),
     "space": ("hf_pretrain.publish.space", "write (and push) a Hugging Face Space for the demo"),

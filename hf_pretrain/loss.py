@@ -32,7 +32,7 @@ import torch.nn.functional as F
 if TYPE_CHECKING:
     from transformers import LlamaForCausalLM
 
-    from hf_pretrain.config import TrainConfig
+    from hf_pretrain.config import ComputeConfig
 
 LossHead = Literal["stock", "chunked", "liger"]
 
@@ -45,12 +45,12 @@ IGNORE_INDEX = -100
 LOSS_CHUNK_TOKENS = 2048
 
 
-def loss_head_for(train: TrainConfig, liger_applied: bool) -> LossHead:
+def loss_head_for(compute: ComputeConfig, liger_applied: bool) -> LossHead:
     """Which loss a run's forward computes: Liger's where its kernels were applied (CUDA), the chunked one
     where the recipe asks for it, else transformers' own."""
     if liger_applied:
         return "liger"
-    return "chunked" if train.chunked_loss else "stock"
+    return "chunked" if compute.chunked_loss else "stock"
 
 
 class _ChunkedLinearCrossEntropy(torch.autograd.Function):

@@ -17,13 +17,13 @@ import math
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
-from hf_pretrain.config import TrainConfig
+from hf_pretrain.config import OptimConfig, Recipe
 
 if TYPE_CHECKING:  # the schedule is arithmetic: `plan`, `report` and `stop` read it without importing torch
     import torch
 
 
-def build_optimizer(model: torch.nn.Module, train: TrainConfig, fused: bool) -> torch.optim.Optimizer:
+def build_optimizer(model: torch.nn.Module, optim: OptimConfig, fused: bool) -> torch.optim.Optimizer:
     """AdamW where matrices decay and norms and biases (1-D tensors) do not; with `optimizer: muon`,
     Muon takes the decoder's matrices (`muon.py`) and AdamW the rest, with the same split of decay."""
     import torch
@@ -31,28 +31,28 @@ def build_optimizer(model: torch.nn.Module, train: TrainConfig, fused: bool) -> 
     from hf_pretrain.muon import MuonAdamW, is_muon_matrix
 
     named = [(name, param) for name, param in model.named_parameters() if param.requires_grad]
-    matrices = [p for name, p in named if train.optimizer == "muon" and is_muon_matrix(name, p)]
+    matrices = [p for name, p in named if optim.optimizer == "muon" and is_muon_matrix(name, p)]
     on_muon = {id(p) for p in matrices}
     rest = [p for _, p in named if id(p) not in on_muon]
     # The embedding (tied to the head) is 2-D and decays, as it always has here; norms never do.
     groups = [
-        {"params": [p for p in rest if p.ndim >= 2], "weight_decay": train.weight_decay},
+        {"params": [p for p in rest if p.ndim >= 2], "weight_decay": optim.weight_decay},
         {"params": [p for p in rest if p.ndim < 2], "weight_decay": 0.0},
     ]
-    betas = (train.adam_beta1, train.adam_beta2)
-    if train.optimizer == "muon":
+    betas = (optim.adam_beta1, optim.adam_beta2)
+    if optim.optimizer == "muon":
         return MuonAdamW(
             matrices,
             groups,
-            lr=train.learning_rate,
-            muon_lr_scale=(train.muon_learning_rate or train.learning_rate) / train.learning_rate,
-            weight_decay=train.weight_decay,
-            momentum=train.muon_momentum,
+            lr=optim.learning_rate,
+            muon_lr_scale=(optim.muon_learning_rate or optim.learning_rate) / optim.learning_rate,
+            weight_decay=optim.weight_decay,
+            momentum=optim.muon_momentum,
             betas=betas,
-            eps=train.adam_eps,
+            eps=optim.adam_eps,
             fused=fused,
         )
-    return torch.optim.AdamW(groups, lr=train.learning_rate, betas=betas, eps=train.adam_eps, fused=fused)
+    return torch.optim.AdamW(groups, lr=optim.learning_rate, betas=betas, eps=optim.adam_eps, fused=fused)
 
 
 @dataclass(frozen=True)
@@ -78,15 +78,15 @@ class Schedule:
     Counted in optimizer steps, so the schedule is the same on 1 process or 64.
     """
 
-    def __init__(self, train: TrainConfig):
-        self.train = train
-        self.kind = train.lr_schedule
-        self.peak = train.learning_rate
-        self.floor = train.learning_rate * train.min_lr_ratio
-        self.max_steps = train.max_steps
-        self.warmup = train.effective_warmup_steps
+    def __init__(self, recipe: Recipe):
+        self.optim = optim = recipe.optim
+        self.kind = optim.lr_schedule
+        self.peak = optim.learning_rate
+        self.floor = optim.learning_rate * optim.min_lr_ratio
+        self.max_steps = recipe.train.max_steps
+        self.warmup = recipe.effective_warmup_steps
         # wsd: the final decay takes the last `decay_fraction` of the steps, never the warmup's
-        self.decay_steps = min(round(train.decay_fraction * train.max_steps), train.max_steps - self.warmup)
+        self.decay_steps = min(round(optim.decay_fraction * self.max_steps), self.max_steps - self.warmup)
 
     def lr(self, step: int, cooldown: Cooldown | None = None) -> float:
         if cooldown is not None and step > cooldown.start:
@@ -105,7 +105,7 @@ class Schedule:
     def _decayed(self, start_lr: float, progress: float) -> float:
         """From `start_lr` (progress 0) to the floor (progress 1) in the recipe's decay shape."""
         progress = min(1.0, progress)
-        remaining = 1.0 - progress if self.train.decay_shape == "linear" else 1.0 - math.sqrt(progress)
+        remaining = 1.0 - progress if self.optim.decay_shape == "linear" else 1.0 - math.sqrt(progress)
         return self.floor + (start_lr - self.floor) * remaining
 
     def end(self, cooldown: Cooldown | None = None) -> int:
@@ -142,7 +142,7 @@ class Schedule:
 
     def default_cooldown_steps(self, step: int) -> int:
         """The recipe's decay fraction of the steps done so far."""
-        return max(1, round(self.train.decay_fraction * step)) if self.cools_down_on_stop() else 0
+        return max(1, round(self.optim.decay_fraction * step)) if self.cools_down_on_stop() else 0
 
     def cooldown(self, step: int, steps: int, reason: str) -> Cooldown:
         """A decay of `steps` steps after `step`, never past `max_steps`."""
@@ -150,18 +150,18 @@ class Schedule:
 
     def describe(self) -> str:
         """One line for the log and the model card."""
-        floor = f"{self.train.min_lr_ratio:g} x peak"
+        floor = f"{self.optim.min_lr_ratio:g} x peak"
         if self.kind == "cosine":
             return f"{self.warmup:,} warmup steps, cosine to {floor} over {self.max_steps:,} steps"
         return (
             f"wsd: {self.warmup:,} warmup steps, the peak held to step {self.max_steps - self.decay_steps:,}, "
-            f"{self.train.decay_shape} decay to {floor} over the last {self.decay_steps:,} steps"
+            f"{self.optim.decay_shape} decay to {floor} over the last {self.decay_steps:,} steps"
         )
 
 
-def learning_rate_at(step: int, train: TrainConfig) -> float:
+def learning_rate_at(step: int, recipe: Recipe) -> float:
     """The rate of the step with 0-based index `step` (optimizer step `step + 1`)."""
-    return Schedule(train).lr(step + 1)
+    return Schedule(recipe).lr(step + 1)
 
 
 def set_learning_rate(optimizer: torch.optim.Optimizer, lr: float) -> None:

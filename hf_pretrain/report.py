@@ -73,11 +73,11 @@ def load_run(run_dir: Path, price_override: float | None = None) -> RunData:
     if not train:
         raise FileNotFoundError(f"{run.metrics} holds no training records yet")
     recipe = run.load_recipe()
-    price = price_override if price_override is not None else (recipe.train.price_per_hour if recipe else 0.0)
+    price = price_override if price_override is not None else (recipe.reporting.price_per_hour if recipe else 0.0)
     cooldowns = [r for r in metrics if r.get("kind") == "cooldown"]
     cooldown = Cooldown(cooldowns[-1]["step"], cooldowns[-1]["end"]) if cooldowns else None
     if recipe is not None:
-        schedule = Schedule(recipe.train)
+        schedule = Schedule(recipe)
         stable, end = schedule.stable_steps(cooldown), schedule.end(cooldown)
     else:  # no recipe: skip the first tenth of the curve, where a warmup would be
         stable, end = (train[-1]["step"] // 10 + 1, train[-1]["step"]), train[-1]["step"]
@@ -88,8 +88,8 @@ def load_run(run_dir: Path, price_override: float | None = None) -> RunData:
         samples=read_jsonl(run.samples),
         benchmarks=read_jsonl(run.benchmarks),
         price_per_hour=price,
-        milestone_interval=recipe.train.milestone_interval if recipe else 0,
-        phases=load_phases(run, train, recipe.train.phases if recipe else {}, price, price_override is not None),
+        milestone_interval=recipe.checkpoints.milestone_interval if recipe else 0,
+        phases=load_phases(run, train, recipe.reporting.phases if recipe else {}, price, price_override is not None),
         stable_steps=stable,
         end_step=end,
     )
@@ -332,7 +332,7 @@ def write_report(run_dir: Path, output: Path, price: float | None = None) -> Pat
         page.append(f"![loss against dollars]({plot_run_loss(run, output / 'loss_vs_dollars.png', 'dollars').name})")
     else:
         page.append(
-            "\nNo loss-against-dollars plot: the run has no price (set train.price_per_hour or pass `--price`)."
+            "\nNo loss-against-dollars plot: the run has no price (set reporting.price_per_hour or pass `--price`)."
         )
     page += ["", "## Forecast", ""] + forecast_section(run, output)
     page += [
@@ -350,9 +350,9 @@ def write_report(run_dir: Path, output: Path, price: float | None = None) -> Pat
             f"![cost per loss point]({plot_cost_per_loss_point(run, output / 'cost_per_loss_point.png').name})",
         ]
         if not run.price_per_hour:
-            page.append("\nCosts are zero: the run has no price (set train.price_per_hour or pass `--price`).")
+            page.append("\nCosts are zero: the run has no price (set reporting.price_per_hour or pass `--price`).")
     else:
-        page.append("No phase has ended yet, or the recipe names none (train.phases).")
+        page.append("No phase has ended yet, or the recipe names none (reporting.phases).")
     page += ["", "## Samples", ""]
     page.append(
         samples_table(run.samples, run.milestone_interval)

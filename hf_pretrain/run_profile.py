@@ -253,24 +253,26 @@ def run_profile(
     micro-batch and checkpointed layers are the recipe's unless given (`plan`'s and the doctor's what-ifs)."""
     machine = this_machine() if machine is None else machine
     t = recipe.train
-    precision = resolve_precision(t.mixed_precision, machine)
-    liger = t.liger and machine.on_gpu  # without CUDA, training uses the standard kernels (model.apply_liger)
+    precision = resolve_precision(recipe.compute.mixed_precision, machine)
+    liger = (
+        recipe.compute.liger and machine.on_gpu
+    )  # without CUDA, training uses the standard kernels (model.apply_liger)
     step = Step(
         precision=precision,
-        compiled=t.compile,
-        compile_regions=t.compile and t.compile_regions,
+        compiled=recipe.compute.compile,
+        compile_regions=recipe.compute.compile and recipe.compute.compile_regions,
         liger=liger,
-        chunked_loss=t.chunked_loss and not liger,
-        optimizer=t.optimizer,
+        chunked_loss=recipe.compute.chunked_loss and not liger,
+        optimizer=recipe.optim.optimizer,
         micro_batch_size=micro_batch_size or t.micro_batch_size,
         checkpointed_layers=recipe.checkpointed_layer_count if checkpointed_layers is None else checkpointed_layers,
-        tf32=t.tf32,
-        fp8_recipe=t.fp8_recipe if precision == "fp8" else None,
-        fp8_emulate=precision == "fp8" and t.fp8_emulate,
-        attention_backend=t.attention_backend,
+        tf32=recipe.compute.tf32,
+        fp8_recipe=recipe.compute.fp8_recipe if precision == "fp8" else None,
+        fp8_emulate=precision == "fp8" and recipe.compute.fp8_emulate,
+        attention_backend=recipe.compute.attention_backend,
         world_size=world_size,
     )
-    return RunProfile(machine, step, t.mixed_precision)
+    return RunProfile(machine, step, recipe.compute.mixed_precision)
 
 
 def with_step(profile: RunProfile, **changes) -> RunProfile:

@@ -195,9 +195,9 @@ def what_it_does(r: RunToStop, cooldown_steps: int | None) -> str:
     """What the run does with the request, from its recipe: `decays its learning rate over ..., then
     saves and writes final/`, with where a cooldown longer than the steps left ends."""
     recipe = r.run.load_recipe()
-    if cooldown_steps == 0 or (recipe is not None and recipe.train.lr_schedule == "cosine" and cooldown_steps is None):
+    if cooldown_steps == 0 or (recipe is not None and recipe.optim.lr_schedule == "cosine" and cooldown_steps is None):
         then = "saves and writes final/ after its next step"
-        if recipe is not None and recipe.train.lr_schedule == "cosine":
+        if recipe is not None and recipe.optim.lr_schedule == "cosine":
             then += " (a cosine run: the model will not have finished its decay)"
     else:
         steps = f"{cooldown_steps:,} steps" if cooldown_steps else "decay_fraction x the steps done"

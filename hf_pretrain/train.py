@@ -55,7 +55,7 @@ def run_training(recipe: Recipe) -> Outcome:
         if store is not None:
             store.close()  # the lease handed back: nothing was trained, nothing to upload
         return Outcome(0, message, RunDir(recipe.train.output_dir).final, finished=True)
-    side_jobs = SideJobs(recipe.train)
+    side_jobs = SideJobs(recipe)
     try:
         with Session(recipe.train.output_dir) as session:
             if store is not None:
@@ -71,7 +71,7 @@ def run_training(recipe: Recipe) -> Outcome:
                 outcome.exit_code,
                 outcome.message,
                 outcome.finished,
-                not_pushed=[what for what, _ in side_jobs.not_pushed] if recipe.train.push_to_hub else None,
+                not_pushed=[what for what, _ in side_jobs.not_pushed] if recipe.publish.push_to_hub else None,
             )
             return outcome
     finally:
@@ -89,12 +89,11 @@ def in_store(recipe: Recipe):
     try:  # a malformed URL (output_dir or data_dir): one line, before the preflight's table
         check_locations(recipe.train.output_dir, recipe.data.data_dir)
         if is_url(recipe.train.output_dir) or is_url(recipe.data.data_dir):
-            check_cache_root(recipe.train.cache_dir)
+            check_cache_root(recipe.store.cache_dir)
     except StoreUnavailable as exc:
         raise StoreError(str(exc)) from None
     if not is_url(recipe.train.output_dir):
         return recipe, None
-    import dataclasses
     import os
 
     from hf_pretrain.object_store.run_sync import RunInStore, pull_here, wait_for_pull, working_copy
@@ -103,13 +102,12 @@ def in_store(recipe: Recipe):
     # of that machine wait for it, so that none reads the copy half pulled.
     store = None
     if os.environ.get("RANK", "0") == "0":
-        store = RunInStore.begin(recipe.train)
+        store = RunInStore.begin(recipe)
     elif os.environ.get("LOCAL_RANK", "0") == "0":
-        pull_here(recipe.train)
+        pull_here(recipe)
     else:
-        wait_for_pull(recipe.train)
-    local = dataclasses.replace(recipe.train, output_dir=str(working_copy(recipe.train)))
-    return dataclasses.replace(recipe, train=local), store
+        wait_for_pull(recipe)
+    return recipe.replace(output_dir=str(working_copy(recipe))), store
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -194,19 +194,18 @@ def test_the_layout_names_accelerates_files():
 
 
 def test_async_save_false_keeps_the_write_on_the_training_thread(accelerator):
-    from dataclasses import replace
 
     from hf_pretrain.checkpoints.checkpointer import Checkpointer
     from hf_pretrain.config import load_recipe
 
-    train = load_recipe("smoke").train
-    assert train.async_save  # the default
+    recipe = load_recipe("smoke")
+    assert recipe.checkpoints.async_save  # the default
 
-    def checkpointer_of(train):
-        return Checkpointer(accelerator, train, LlamaConfig(), StandInTokenizer(), log=lambda line: None)
+    def checkpointer_of(recipe):
+        return Checkpointer(accelerator, recipe, LlamaConfig(), StandInTokenizer(), log=lambda line: None)
 
-    assert checkpointer_of(train)._stage is not None
-    assert checkpointer_of(replace(train, async_save=False))._stage is None
+    assert checkpointer_of(recipe)._stage is not None
+    assert checkpointer_of(recipe.replace(async_save=False))._stage is None
 
 
 class SlowDisk:

@@ -12,9 +12,10 @@ import yaml
 
 from hf_pretrain import bench, report
 from hf_pretrain.config import load_recipe
-from hf_pretrain.economics import plan
 from hf_pretrain.economics.cost import Phase, phase_row
 from hf_pretrain.economics.gpus import best_match, find_gpu
+from hf_pretrain.economics.planning import data_parallel, plan, plan_command, scaling_laws
+from hf_pretrain.economics.planning.request import DEFAULT_GLOBAL_BATCH_TOKENS, PlanRequest
 from hf_pretrain.economics.prices import PriceError, parse_price, price_table
 from hf_pretrain.exit_codes import EXIT_CONFIG
 
@@ -23,10 +24,10 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 # ---------------------------------------------------------------------- plan: formulas by hand
 def test_chinchilla_and_the_compute_optimal_fit():
-    assert plan.chinchilla_tokens(1.04e9) == pytest.approx(20.8e9)
-    assert plan.training_flops(1e9, 2e10) == pytest.approx(1.2e20)
+    assert scaling_laws.chinchilla_tokens(1.04e9) == pytest.approx(20.8e9)
+    assert scaling_laws.training_flops(1e9, 2e10) == pytest.approx(1.2e20)
     # G = (0.3478 * 482.01 / (0.3658 * 2085.43))^(1 / 0.7136) = 0.119630; N_opt = G (1e20 / 6)^(0.3658 / 0.7136)
-    n_opt, d_opt = plan.compute_optimal(1e20)
+    n_opt, d_opt = scaling_laws.compute_optimal(1e20)
     assert n_opt == pytest.approx(0.119630 * (1e20 / 6) ** (0.3658 / 0.7136), rel=1e-4)
     assert n_opt * d_opt == pytest.approx(1e20 / 6)
 
@@ -35,17 +36,17 @@ def test_throughput_from_mfu_and_the_ring_all_reduce():
     # 40% of 989 TFLOP/s over 6.24 GFLOP per token
     assert plan.tokens_per_s_at_mfu(989e12, 0.4, 6.24e9) == pytest.approx(63_397.4, rel=1e-5)
     # 8 GPUs each send 2 * 7/8 * 4 GB = 7 GB over 3600 Gbit/s = 450 GB/s
-    assert plan.ring_allreduce_seconds(8, 4e9, 3600) == pytest.approx(7e9 / 450e9)
-    assert plan.ring_allreduce_seconds(1, 4e9, 3600) == 0.0
+    assert data_parallel.ring_allreduce_seconds(8, 4e9, 3600) == pytest.approx(7e9 / 450e9)
+    assert data_parallel.ring_allreduce_seconds(1, 4e9, 3600) == 0.0
 
 
 def test_more_gpus_buy_time_not_money():
     # 1e9 tokens at 10,000 tokens/s per GPU, $2/h, 1,000 steps, 4 GB of gradients over 100 Gbit/s
-    one = plan.scaling_row(1, 1e9, 10_000, 2.0, 1000, 4e9, 100)
+    one = data_parallel.scaling_row(1, 1e9, 10_000, 2.0, 1000, 4e9, 100)
     assert (one.hours, one.communication_hours, one.cost, one.cost_vs_one_gpu) == pytest.approx(
         (100_000 / 3600, 0.0, 2 * 100_000 / 3600, 1.0)
     )
-    two = plan.scaling_row(2, 1e9, 10_000, 2.0, 1000, 4e9, 100)
+    two = data_parallel.scaling_row(2, 1e9, 10_000, 2.0, 1000, 4e9, 100)
     # compute 50,000 s; each step's all-reduce sends 2 * 1/2 * 4e9 bytes at 12.5e9 B/s = 0.32 s
     assert two.compute_hours == pytest.approx(50_000 / 3600)
     assert two.communication_hours == pytest.approx(320 / 3600)
@@ -57,7 +58,7 @@ def test_more_gpus_buy_time_not_money():
 
 def test_plan_command_json(capsys):
     assert (
-        plan.main(
+        plan_command.main(
             [
                 "--params",
                 "1e9",
@@ -78,7 +79,7 @@ def test_plan_command_json(capsys):
     assert result["tokens"] == pytest.approx(2e10)  # 20 tokens per parameter by default
     assert result["flops_per_token"] == pytest.approx(6e9)
     assert result["usd_per_billion_tokens"] == pytest.approx(2 * 1e9 / 10_000 / 3600)
-    assert result["optimizer_steps"] == math.ceil(2e10 / plan.DEFAULT_GLOBAL_BATCH_TOKENS)
+    assert result["optimizer_steps"] == math.ceil(2e10 / DEFAULT_GLOBAL_BATCH_TOKENS)
     one, two = result["scaling"]
     assert one["hours"] == pytest.approx(2e10 / 10_000 / 3600)
     assert one["cost"] == pytest.approx(2e10 / 10_000 / 3600 * 2)
@@ -89,13 +90,13 @@ def test_plan_command_json(capsys):
 
 
 def test_plan_from_a_recipe_and_a_named_gpu(capsys):
-    assert plan.main(["--recipe", "smoke", "--gpu", "A100 80GB", "--max_gpus", "1"]) == 0
+    assert plan_command.main(["--recipe", "smoke", "--gpu", "A100 80GB", "--max_gpus", "1"]) == 0
     out = capsys.readouterr().out
     assert "recipe smoke" in out and "A100 80GB" in out and "$1.79/h" in out and "| 1 |" in out
 
 
 def _plan_json(capsys, argv):
-    assert plan.main([*argv, "--json"]) == 0
+    assert plan_command.main([*argv, "--json"]) == 0
     return json.loads(capsys.readouterr().out)
 
 
@@ -125,27 +126,27 @@ def test_plan_takes_recipe_overrides_like_every_recipe_command(capsys):
 )
 def test_plan_refuses_an_unknown_recipe_key_naming_it(capsys, argv, said, code):
     with pytest.raises(SystemExit) as exited:  # the parser's refusal, as in every recipe command
-        plan.main(argv)
+        plan_command.main(argv)
     assert exited.value.code == code
     err = capsys.readouterr().err
     assert said in err and "Traceback" not in err
 
 
 def test_plan_refuses_two_models_and_bad_numbers(capsys):
-    assert plan.main(["--recipe", "smoke", "--params", "1e9"]) == EXIT_CONFIG
+    assert plan_command.main(["--recipe", "smoke", "--params", "1e9"]) == EXIT_CONFIG
     assert "--recipe and --params" in capsys.readouterr().err
-    assert plan.main(["--params", "1e9", "--tokens", "-5"]) == EXIT_CONFIG
+    assert plan_command.main(["--params", "1e9", "--tokens", "-5"]) == EXIT_CONFIG
     assert "--tokens must be positive" in capsys.readouterr().err
-    assert plan.main(["--params", "1e9", "--price_per_hour", "3"]) == EXIT_CONFIG
+    assert plan_command.main(["--params", "1e9", "--price_per_hour", "3"]) == EXIT_CONFIG
     assert "--price_per_hour goes with --run" in capsys.readouterr().err
     with pytest.raises(ValueError, match="--max_gpus"):
-        plan.PlanRequest(params=1e9, max_gpus=0)
+        PlanRequest(params=1e9, max_gpus=0)
     with pytest.raises(ValueError, match="one of them"):
-        plan.PlanRequest()
+        PlanRequest()
 
 
 def test_a_plan_request_plans_without_a_command_line():
-    request = plan.PlanRequest(params=1e9, tokens=2e10, tokens_per_s=10_000, price_per_gpu_hour=2.0, max_gpus=1)
+    request = PlanRequest(params=1e9, tokens=2e10, tokens_per_s=10_000, price_per_gpu_hour=2.0, max_gpus=1)
     result = plan.make_plan(request)
     assert result.flops_per_token == pytest.approx(6e9) and result.total_flops == pytest.approx(1.2e20)
     assert result.gradient_bytes == pytest.approx(4e9)  # fp32 gradients all-reduced
@@ -153,7 +154,7 @@ def test_a_plan_request_plans_without_a_command_line():
 
 
 def test_plan_without_throughput_says_what_time_and_cost_need(capsys):
-    assert plan.main(["--params", "1e9"]) == 0
+    assert plan_command.main(["--params", "1e9"]) == 0
     out = capsys.readouterr().out
     assert "time and cost: unknown" in out and "--tokens_per_s" in out and "| GPUs |" not in out
 

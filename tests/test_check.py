@@ -63,7 +63,7 @@ def test_the_whole_check_runs_on_the_cpu_and_leaves_cpu_records_plan_never_price
     # plan, reading this store, prices every GPU without them (no "measured" row), and no measurement reads them
     probe = (
         "from hf_pretrain.config import load_recipe\n"
-        "from hf_pretrain.economics.plan import gpu_prices, ranked_rows\n"
+        "from hf_pretrain.economics.planning.gpu_ranking import gpu_prices, ranked_rows\n"
         "from hf_pretrain.economics.measurements import _stored, store_path\n"
         "rows = ranked_rows(load_recipe('smoke'), 1e9, gpu_prices(None))\n"
         "print(sum(1 for r in rows if r.measured), len(_stored(store_path(), False)))\n"
@@ -162,7 +162,7 @@ def test_a_cpu_check_record_never_prices_a_gpu_in_plan(tmp_path, monkeypatch):
     modelled, no measurement reads it, and only check records of a GPU choose a kernel."""
     from hf_pretrain.economics.check_records import new_record, record_checks, stored_checks
     from hf_pretrain.economics.measurements import _stored, recorded_measurement, store_path
-    from hf_pretrain.economics.plan import gpu_prices, ranked_rows
+    from hf_pretrain.economics.planning.gpu_ranking import gpu_prices, ranked_rows
 
     monkeypatch.setenv("HF_PRETRAIN_HOME", str(tmp_path))
     recipe = load_recipe("smoke")

@@ -85,19 +85,18 @@ def compiled_step_graphs(
     monkeypatch.setattr(torch, "compile", lambda model=None, **kw: TORCH_COMPILE(model, **{**kw, "backend": recorder}))
     torch._dynamo.reset()
     AcceleratorState._reset_state(reset_partial_state=True)
-    cfg = recipe.train
     profile = run_profile(recipe, THE_CPU)
     torch.manual_seed(0)
     # the kernel the loop's model prefers (training/loop.py: no check record on a CPU, so the recipe's own)
-    model = build_model(llama_config(recipe.model, tokenizer_size), attention_backend=cfg.attention_backend)
+    model = build_model(llama_config(recipe.model, tokenizer_size), attention_backend=recipe.compute.attention_backend)
     if recipe.checkpointed_layer_count:
         enable_activation_checkpointing(model, recipe.checkpointed_layer_count)
-    use_loss_head(model, loss_head or loss_head_for(cfg, liger_applied=False))
+    use_loss_head(model, loss_head or loss_head_for(recipe.compute, liger_applied=False))
     train_in_compute_dtype(model)
     accelerator = Accelerator(
         cpu=True,
         mixed_precision=profile.accelerate_precision,
-        dynamo_plugin=dynamo_plugin(cfg),
+        dynamo_plugin=dynamo_plugin(recipe.compute),
         kwargs_handlers=fp8_handlers(profile.step) or None,  # fp8: the decoder's linear layers converted in `prepare`
     )
     model = accelerator.prepare(model)
@@ -134,7 +133,7 @@ def test_compiled_attention_is_causal_sdpa_with_no_mask_and_kv_not_repeated(shap
     model = graphs.recipe.model
     sdpa = graphs.calls("scaled_dot_product_attention")
     # regional compilation compiles one layer and reuses its graph for the others
-    assert len(sdpa) == (1 if graphs.recipe.train.compile_regions else model.num_hidden_layers)
+    assert len(sdpa) == (1 if graphs.recipe.compute.compile_regions else model.num_hidden_layers)
     for node in sdpa:
         assert node.kwargs.get("attn_mask") is None, node.kwargs
         assert node.kwargs.get("is_causal") is True, node.kwargs
@@ -319,8 +318,8 @@ def test_an_optimizer_step_reads_the_device_once_whatever_its_micro_batches(comp
     model = build_model(llama_config(recipe.model, TOKENIZER_SIZE))
     train_in_compute_dtype(model)
     # fused, as on a GPU: the unfused AdamW reads each parameter's step count (a CPU tensor on a GPU too)
-    optimizer = build_optimizer(model, recipe.train, fused=True)
-    plugin = dynamo_plugin(recipe.train)
+    optimizer = build_optimizer(model, recipe.optim, fused=True)
+    plugin = dynamo_plugin(recipe.compute)
     if compiled:  # the recording backend of the tests above: no C++ compile, the same graphs
         monkeypatch.setattr(
             torch, "compile", lambda model=None, **kw: TORCH_COMPILE(model, **{**kw, "backend": "eager"})
@@ -330,7 +329,7 @@ def test_an_optimizer_step_reads_the_device_once_whatever_its_micro_batches(comp
     batches = [
         torch.randint(0, TOKENIZER_SIZE, (2, SEQ_LEN + 1), generator=torch.Generator().manual_seed(i)) for i in range(8)
     ]
-    step = TrainStep(accelerator, model, optimizer, batches, recipe.train, grad_accum=4, lr_of=lambda _: 1e-3)
+    step = TrainStep(accelerator, model, optimizer, batches, recipe.optim, grad_accum=4, lr_of=lambda _: 1e-3)
     step(1)  # compiles, creates AdamW's moments
     counts = count_host_reads(monkeypatch)
     result = step(2)

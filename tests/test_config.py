@@ -34,7 +34,7 @@ def test_yaml_overrides_defaults_and_cli_overrides_yaml(tmp_path):
     )
     recipe, _ = parse_recipe_args(["--recipe", str(path)], prog="t", description="")
     assert recipe.train.max_steps == 7
-    assert recipe.train.learning_rate == pytest.approx(3e-4)  # YAML 1.1 reads 3e-4 as a string: coerced
+    assert recipe.optim.learning_rate == pytest.approx(3e-4)  # YAML 1.1 reads 3e-4 as a string: coerced
     assert recipe.data.seq_len == 64
     assert recipe.train.seed == 1234  # default
     recipe, _ = parse_recipe_args(
@@ -55,8 +55,8 @@ def test_yaml_overrides_defaults_and_cli_overrides_yaml(tmp_path):
         prog="t",
         description="",
     )
-    assert (recipe.train.max_steps, recipe.train.seed, recipe.train.compile) == (9, 5, True)
-    assert (recipe.train.output_dir, recipe.train.resume) == ("x/y", "none")
+    assert (recipe.train.max_steps, recipe.train.seed, recipe.compute.compile) == (9, 5, True)
+    assert (recipe.train.output_dir, recipe.checkpoints.resume) == ("x/y", "none")
 
 
 def test_recipe_by_name_and_every_required_override():
@@ -72,7 +72,7 @@ def test_recipe_by_name_and_every_required_override():
         },
     )
     assert recipe.name == "smoke"
-    assert recipe.train.save_interval == 3 and recipe.train.eval_interval == 4
+    assert recipe.checkpoints.save_interval == 3 and recipe.evaluation.eval_interval == 4
     assert recipe.grad_accum_steps(1) == 4 and recipe.grad_accum_steps(2) == 2 and recipe.grad_accum_steps(4) == 1
 
 
@@ -92,6 +92,83 @@ def test_key_in_the_wrong_section_is_pointed_out(tmp_path):
     path = write(tmp_path, "seq_len: 12\n")
     with pytest.raises(RecipeError, match=r"`seq_len` belongs in the `data:` section"):
         load_recipe(str(path))
+
+
+def test_a_key_in_a_section_it_does_not_belong_to_names_its_section(tmp_path):
+    path = write(tmp_path, "optim:\n  max_steps: 12\n")
+    with pytest.raises(RecipeError, match=r"`max_steps` in .*:optim \(it belongs in the `train:` section\)"):
+        load_recipe(str(path))
+
+
+# ---------------------------------------------------------------------- recipes from before the sections
+ASSETS = ROOT / "tests" / "assets"
+
+
+def flat(recipe) -> dict:
+    """Every key's value by its flat name: what a recipe means, whichever section holds each key."""
+    from hf_pretrain.config import SECTIONS
+
+    return {name: value for section in SECTIONS for name, value in dataclasses.asdict(getattr(recipe, section)).items()}
+
+
+def test_a_shipped_recipe_of_an_earlier_version_reads_as_the_same_recipe():
+    """The 1b as versions before the sections shipped it, every run key under `train:`: the same recipe,
+    key for key, with the same fingerprint (a checkpoint's recorded one still matches)."""
+    old = load_recipe(str(ASSETS / "recipe_1b_before_sections.yaml"))
+    assert "optim:" not in (ASSETS / "recipe_1b_before_sections.yaml").read_text()
+    assert flat(old) == flat(load_recipe("1b")) and old.fingerprint() == load_recipe("1b").fingerprint()
+    assert old.optim.lr_schedule == "wsd" and old.compute.compile and old.reporting.price_per_hour == 1.79
+
+
+def test_a_resolved_recipe_written_by_an_earlier_version_loads_with_every_value(tmp_path):
+    """A run's resolved_recipe.yaml from before the sections (what a resume or `report` reads)."""
+    old = load_recipe(str(ASSETS / "resolved_recipe_before_sections.yaml"))
+    assert (old.train.max_steps, old.optim.learning_rate, old.compute.compile) == (12, 0.002, True)
+    assert (old.checkpoints.keep_checkpoints, old.store.cache_dir, old.stopping.hang_timeout_s) == (3, "/tmp/cache", 60)
+    assert (old.evaluation.lm_eval_tasks, old.publish.push_to_hub) == (["arc_easy"], "me/run")
+    assert (old.reporting.phases, old.reporting.report_to) == ({"a": 6}, "tensorboard")
+    # written again, it is in today's layout and reads back the same
+    from hf_pretrain.config import save_recipe
+
+    save_recipe(old, tmp_path / "again.yaml")
+    assert "optim:" in (tmp_path / "again.yaml").read_text() and load_recipe(str(tmp_path / "again.yaml")) == old
+
+
+def test_a_key_under_both_train_and_its_section_is_refused_naming_both(tmp_path):
+    path = write(tmp_path, "train:\n  learning_rate: 0.1\noptim:\n  learning_rate: 0.2\n")
+    with pytest.raises(RecipeError, match=r"`learning_rate` is given under both `train:` and `optim:`"):
+        load_recipe(str(path))
+
+
+def test_a_renamed_key_reads_under_its_old_name_everywhere(tmp_path):
+    """benchmark_tasks & co. became lm_eval_tasks & co.: a run's resolved_recipe.yaml, a recipe file and a
+    command line of an earlier version still mean what they meant; both names at once are refused."""
+    old_yaml = write(tmp_path, "evaluation:\n  benchmark_tasks: [arc_easy]\n  benchmark_limit: 7\n")
+    assert load_recipe(str(old_yaml)).evaluation.lm_eval_tasks == ["arc_easy"]
+    assert load_recipe(str(old_yaml)).evaluation.lm_eval_limit == 7
+    for flag in ("--benchmark_tasks", "--benchmark-tasks"):
+        recipe = parse_recipe_args([flag, "[piqa]", "--benchmark-limit=3"], prog="t", description="")[0]
+        assert (recipe.evaluation.lm_eval_tasks, recipe.evaluation.lm_eval_limit) == (["piqa"], 3)
+    assert build_recipe({}, {"benchmark_data_dir": "arc"}).evaluation.lm_eval_data_dir == "arc"
+    both = write(tmp_path, "evaluation:\n  benchmark_tasks: [a]\n  lm_eval_tasks: [b]\n")
+    with pytest.raises(RecipeError, match=r"`benchmark_tasks` and `lm_eval_tasks` are the same key"):
+        load_recipe(str(both))
+
+
+def test_every_key_reads_from_the_command_line_in_both_spellings():
+    """Each of the recipe's keys, whichever section owns it, as `--key_name` and as `--key-name`."""
+    from hf_pretrain.config import KEY_SECTION
+
+    recipe = load_recipe("smoke")
+    for name in KEY_SECTION:
+        value = recipe.value(name)
+        value = "elsewhere" if value is None else value  # a path left unset: set one
+        plain = [dataclasses.asdict(v) for v in value] if name == "sources" else value
+        text = json.dumps(plain) if isinstance(value, (list, dict)) else str(value)
+        text = text.lower() if isinstance(value, bool) else text
+        for flag in (f"--{name}", f"--{name.replace('_', '-')}"):
+            parsed = parse_recipe_args(["--recipe", "smoke", flag, text], prog="t", description="")[0]
+            assert parsed.value(name) == value, (flag, text)
 
 
 def test_unknown_cli_key_names_nearest(capsys):
@@ -211,11 +288,11 @@ def test_bad_cli_key_exits_nonzero_before_any_work(tmp_path):
 
 # ---------------------------------------------------------------------- keys carry their help and their math
 def leaf_fields():
-    from hf_pretrain.config import DataConfig, ModelConfig, Recipe, SourceConfig, TrainConfig
+    from hf_pretrain.config import SECTIONS, Recipe, SourceConfig
 
-    for cls in (Recipe, ModelConfig, DataConfig, TrainConfig, SourceConfig):
+    for cls in (Recipe, *SECTIONS.values(), SourceConfig):
         for f in dataclasses.fields(cls):
-            if f.name not in ("model", "data", "train"):
+            if f.name not in SECTIONS:
                 yield cls.__name__, f
 
 
@@ -260,7 +337,7 @@ def test_yaml_values_are_the_flags_defaults_and_the_command_line_wins(tmp_path, 
           max_steps: 40
           warmup_steps: 4
           phases: {a: 10, b: 40}
-          benchmark_tasks: [arc_easy]
+          lm_eval_tasks: [arc_easy]
     """,
     )
     recipe, _ = parse_recipe_args(
@@ -269,12 +346,20 @@ def test_yaml_values_are_the_flags_defaults_and_the_command_line_wins(tmp_path, 
         description="",
     )
     t = recipe.train
-    assert (t.max_steps, t.warmup_steps, t.learning_rate) == (40, 2, 1e-3)  # YAML, command line, default
-    assert (t.phases, t.benchmark_tasks, t.prompts) == ({"a": 20}, ["arc_easy"], ["one", "two"])
-    recipe, _ = parse_recipe_args(
-        ["--recipe", str(path), "--benchmark_tasks", "[]", "--prompts", '["x", "y"]'], prog="t", description=""
+    assert (t.max_steps, recipe.optim.warmup_steps, recipe.optim.learning_rate) == (
+        40,
+        2,
+        1e-3,
+    )  # YAML, command line, default
+    assert (recipe.reporting.phases, recipe.evaluation.lm_eval_tasks, recipe.evaluation.prompts) == (
+        {"a": 20},
+        ["arc_easy"],
+        ["one", "two"],
     )
-    assert (recipe.train.benchmark_tasks, recipe.train.prompts) == ([], ["x", "y"])  # a YAML list still works
+    recipe, _ = parse_recipe_args(
+        ["--recipe", str(path), "--lm_eval_tasks", "[]", "--prompts", '["x", "y"]'], prog="t", description=""
+    )
+    assert (recipe.evaluation.lm_eval_tasks, recipe.evaluation.prompts) == ([], ["x", "y"])  # a YAML list still works
     with pytest.raises(SystemExit):
         parse_recipe_args(["--recipe", str(path), "--help"], prog="t", description="")
     out = capsys.readouterr().out
@@ -426,15 +511,15 @@ def test_python_m_train_reads_kebab_case_flags(tmp_path):
 
 
 def test_plan_price_is_price_per_gpu_hour_and_the_old_flags_are_refused_naming_it(capsys):
-    from hf_pretrain.economics import plan
+    from hf_pretrain.economics.planning import plan_command
 
     new = ["--params", "1e9", "--tokens_per_s", "10000", "--price_per_gpu_hour", "2", "--max_gpus", "1", "--json"]
-    assert plan.main(new) == 0
+    assert plan_command.main(new) == 0
     captured = capsys.readouterr()
     assert json.loads(captured.out)["price_per_gpu_hour"] == 2 and "note" not in captured.err
     for old, spelled_now in ((["--price", "2"], "price_per_gpu_hour"), (["--max-gpu", "1"], "max_gpus")):
         with pytest.raises(SystemExit) as exit_info:
-            plan.main(["--params", "1e9", "--tokens_per_s", "10000", *old, "--json"])
+            plan_command.main(["--params", "1e9", "--tokens_per_s", "10000", *old, "--json"])
         assert exit_info.value.code == 2
         assert f"`{spelled_now}`" in capsys.readouterr().err.split("did you mean")[1]
 
@@ -453,7 +538,7 @@ def test_report_price_is_price_per_hour(tmp_path, capsys):
 
 
 def test_bench_price_is_gpu_price(capsys):
-    from hf_pretrain.bench import benchmark as bench
+    from hf_pretrain.bench import bench_command as bench
 
     # A malformed entry reaches the price table (exit 78, naming it); the old spelling is refused naming the new one.
     assert bench.main(["--recipe", "smoke", "--gpu_price", "H100"]) == EXIT_CONFIG
@@ -494,8 +579,10 @@ def accelerate_tracker_not_installed() -> str:
 def test_report_to_takes_any_tracker_accelerate_knows_a_list_of_them_or_none():
     from hf_pretrain.config import tracker_names
 
-    assert build_recipe({}, {"report_to": "trackio"}).train.report_to == "trackio"  # refused when it was a hand list
-    assert tracker_names(build_recipe({}, {"report_to": "tensorboard, mlflow"}).train.report_to) == [
+    assert (
+        build_recipe({}, {"report_to": "trackio"}).reporting.report_to == "trackio"
+    )  # refused when it was a hand list
+    assert tracker_names(build_recipe({}, {"report_to": "tensorboard, mlflow"}).reporting.report_to) == [
         "tensorboard",
         "mlflow",
     ]

@@ -49,7 +49,7 @@ def training_model_logits(run_dir, step):
     """Logits of the model as training restores it: built from the recipe, state loaded by Accelerate."""
     checkpoint = checkpoint_dir(run_dir, step)
     model = build_model(AutoConfig.from_pretrained(checkpoint))
-    optimizer = build_optimizer(model, load_recipe(str(run_dir / "resolved_recipe.yaml")).train, fused=False)
+    optimizer = build_optimizer(model, load_recipe(str(run_dir / "resolved_recipe.yaml")).optim, fused=False)
     accelerator = Accelerator(cpu=True)
     model, optimizer = accelerator.prepare(model, optimizer)
     accelerator.load_state(str(checkpoint))

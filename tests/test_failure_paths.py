@@ -375,7 +375,7 @@ def test_the_job_says_a_cooldown_was_cut_at_max_steps(tmp_path):
     recipe = build_recipe({}, {"output_dir": str(tmp_path), "max_steps": 100, "lr_schedule": "wsd"})
     said = []
     log = SimpleNamespace(say=lambda text, every_process=False: said.append(text), record=lambda r: None)
-    guards = Guards(recipe.train, SimpleNamespace(num_processes=1, is_main_process=True), log)
+    guards = Guards(recipe, SimpleNamespace(num_processes=1, is_main_process=True), log)
     state = TrainState.for_recipe(recipe, "cpu")
     state.step = 95
     request_stop(tmp_path, cooldown_steps=500)

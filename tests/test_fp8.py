@@ -35,7 +35,11 @@ DECODER_PROJECTIONS = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_
 # ---------------------------------------------------------------------- the recipe
 def test_fp8_keys_parse_and_a_wrong_recipe_or_width_is_refused_in_one_line():
     recipe = load_recipe("smoke", {"mixed_precision": "fp8", "fp8_recipe": "rowwise", "fp8_emulate": True})
-    assert (recipe.train.mixed_precision, recipe.train.fp8_recipe, recipe.train.fp8_emulate) == ("fp8", "rowwise", True)
+    assert (recipe.compute.mixed_precision, recipe.compute.fp8_recipe, recipe.compute.fp8_emulate) == (
+        "fp8",
+        "rowwise",
+        True,
+    )
     with pytest.raises(RecipeError, match="fp8_recipe") as wrong:
         load_recipe("smoke", {"mixed_precision": "fp8", "fp8_recipe": "blockwise"})
     assert "\n" not in str(wrong.value)
@@ -160,7 +164,7 @@ def test_the_1b_puts_in_fp8_only_the_projections_where_it_pays(fp8_recipe, in_fp
 
     recipe = load_recipe("1b", {"mixed_precision": "fp8", "fp8_recipe": fp8_recipe})
     model = build_model(llama_config(recipe.model, recipe_tokenizer_size(recipe)), device="meta")
-    selected = decoder_linear_filter(recipe.train.fp8_recipe)
+    selected = decoder_linear_filter(recipe.compute.fp8_recipe)
     chosen = {name for name, module in model.named_modules() if selected(module, name)}
     assert {name.rsplit(".", 1)[-1] for name in chosen} == in_fp8
     assert len(chosen) == len(in_fp8) * recipe.model.num_hidden_layers  # every layer alike, the head never

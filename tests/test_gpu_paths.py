@@ -106,7 +106,7 @@ def test_compile_keys_choose_how_accelerate_compiles():
     from hf_pretrain.training.compiling import dynamo_plugin
 
     def plugin(**overrides):
-        p = dynamo_plugin(load_recipe("smoke", overrides).train)
+        p = dynamo_plugin(load_recipe("smoke", overrides).compute)
         return p.backend.value, p.use_regional_compilation
 
     assert plugin() == ("NO", False)

@@ -123,7 +123,7 @@ def test_training_publishes_each_checkpoint_and_survives_a_refusal(reference_run
     from hf_pretrain.config import build_recipe
     from hf_pretrain.publish.side_jobs import SideJobs
 
-    train_cfg = build_recipe({}, {"push_to_hub": "me/run", "push_checkpoints": True}).train
+    train_cfg = build_recipe({}, {"push_to_hub": "me/run", "push_checkpoints": True})
     said = []
     side_jobs = SideJobs(train_cfg, log=said.append)
     side_jobs.on_checkpoint_saved(reference_run[0] / "checkpoints" / "step_00000012", 12)

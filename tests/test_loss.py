@@ -268,11 +268,11 @@ def test_the_stand_in_has_liger_kernels_signature():
 # ---------------------------------------------------------------------- the recipe keys
 def test_the_loop_picks_the_loss_and_refuses_chunked_with_liger():
     smoke = load_recipe("smoke")
-    assert loss_head_for(smoke.train, liger_applied=False) == "stock"
-    assert loss_head_for(load_recipe("smoke", {"chunked_loss": True}).train, liger_applied=False) == "chunked"
-    assert loss_head_for(load_recipe("smoke", {"liger": True}).train, liger_applied=True) == "liger"
+    assert loss_head_for(smoke.compute, liger_applied=False) == "stock"
+    assert loss_head_for(load_recipe("smoke", {"chunked_loss": True}).compute, liger_applied=False) == "chunked"
+    assert loss_head_for(load_recipe("smoke", {"liger": True}).compute, liger_applied=True) == "liger"
     # liger asked for on a machine without CUDA: the stock modules and the stock loss
-    assert loss_head_for(load_recipe("smoke", {"liger": True}).train, liger_applied=False) == "stock"
+    assert loss_head_for(load_recipe("smoke", {"liger": True}).compute, liger_applied=False) == "stock"
     with pytest.raises(RecipeError, match="chunked_loss=true with liger=true.*--chunked_loss false") as refused:
         load_recipe("smoke", {"chunked_loss": True, "liger": True})
     assert "\n" not in str(refused.value)

@@ -132,7 +132,7 @@ def eager_saved(recipe: Recipe) -> Saved:
     torch.manual_seed(0)
     model = build_model(llama_config(recipe.model, TOKENIZER_SIZE))
     train_in_compute_dtype(model)
-    model = Accelerator(cpu=True, mixed_precision=recipe.train.mixed_precision).prepare(model)
+    model = Accelerator(cpu=True, mixed_precision=recipe.compute.mixed_precision).prepare(model)
     tokens = torch.randint(0, TOKENIZER_SIZE, (1, SEQ_LEN + 1), generator=torch.Generator().manual_seed(0))
     inputs, targets = tokens[:, :-1], tokens[:, 1:].contiguous()
     live = {t.untyped_storage().data_ptr() for t in [*model.parameters(), tokens, targets]}
@@ -338,12 +338,14 @@ def test_plan_refits_every_gpu_for_the_configuration_given():
     """`plan --gpu all --compile false` fits the eager step, which keeps more (53.13 GiB on the H100 at
     micro-batch 8 against 37.24 compiled): on a 48 GB L40S it needs recompute the compiled step does not;
     with Liger's kernels it does not again."""
-    from hf_pretrain.economics import plan
+    from hf_pretrain.economics.planning import gpu_ranking
 
-    def l40s(flags: dict) -> plan.GpuRow:
+    def l40s(flags: dict) -> gpu_ranking.GpuRow:
         recipe = load_recipe("1b", flags)
         tokens = recipe.train.max_steps * recipe.train.global_batch_tokens
-        return next(row for row in plan.ranked_rows(recipe, tokens, plan.gpu_prices(None)) if row.gpu == "L40S")
+        return next(
+            row for row in gpu_ranking.ranked_rows(recipe, tokens, gpu_ranking.gpu_prices(None)) if row.gpu == "L40S"
+        )
 
     assert l40s({}).checkpointed_layers == 0
     assert l40s({"compile": False}).checkpointed_layers > 0

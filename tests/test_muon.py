@@ -28,7 +28,7 @@ def smoke_model(**overrides):
 
 def test_every_decoder_matrix_is_on_muon_and_nothing_else():
     recipe, model = smoke_model()
-    optimizer = build_optimizer(model, recipe.train, fused=False)
+    optimizer = build_optimizer(model, recipe.optim, fused=False)
     on_muon = {id(p) for g in optimizer.param_groups if g[MUON_GROUP] for p in g["params"]}
     for name, param in model.named_parameters():
         matrix = name.startswith("model.layers.") and param.ndim == 2
@@ -45,12 +45,12 @@ def test_every_decoder_matrix_is_on_muon_and_nothing_else():
 def test_adamw_recipe_builds_plain_adamw():
     recipe = load_recipe("smoke")
     model = build_model(llama_config(recipe.model, 4096))
-    assert type(build_optimizer(model, recipe.train, fused=False)) is torch.optim.AdamW
+    assert type(build_optimizer(model, recipe.optim, fused=False)) is torch.optim.AdamW
 
 
 def test_the_schedule_drives_both_rates_and_muon_learning_rate_scales_the_matrices():
     recipe, model = smoke_model(learning_rate=2e-3, muon_learning_rate=1e-2)
-    optimizer = build_optimizer(model, recipe.train, fused=False)
+    optimizer = build_optimizer(model, recipe.optim, fused=False)
     set_learning_rate(optimizer, 1e-3)  # half the peak
     rates = {g[MUON_GROUP]: g["lr"] for g in optimizer.param_groups}
     assert rates == {True: pytest.approx(5e-3), False: pytest.approx(1e-3)}
@@ -68,7 +68,7 @@ def _one_step(model, optimizer, batch):
 
 def test_state_dict_round_trip_continues_bitwise():
     recipe, model = smoke_model()
-    optimizer = build_optimizer(model, recipe.train, fused=False)
+    optimizer = build_optimizer(model, recipe.optim, fused=False)
     batches = torch.randint(0, 4096, (4, 2, 33), generator=torch.Generator().manual_seed(1))
     for batch in batches[:2]:
         _one_step(model, optimizer, batch)
@@ -79,7 +79,7 @@ def test_state_dict_round_trip_continues_bitwise():
 
     _, resumed = smoke_model()
     resumed.load_state_dict(saved_model)
-    reloaded = build_optimizer(resumed, recipe.train, fused=False)
+    reloaded = build_optimizer(resumed, recipe.optim, fused=False)
     reloaded.load_state_dict(saved_optimizer)
     assert [_one_step(resumed, reloaded, b) for b in batches[2:]] == expected
     assert all(torch.equal(a, b) for a, b in zip(model.parameters(), resumed.parameters(), strict=True))
@@ -87,8 +87,8 @@ def test_state_dict_round_trip_continues_bitwise():
 
 def test_an_adamw_state_is_refused_by_name():
     recipe, model = smoke_model()
-    adamw = build_optimizer(model, load_recipe("smoke").train, fused=False)
-    muon = build_optimizer(model, recipe.train, fused=False)
+    adamw = build_optimizer(model, load_recipe("smoke").optim, fused=False)
+    muon = build_optimizer(model, recipe.optim, fused=False)
     assert isinstance(muon, MuonAdamW)
     with pytest.raises(ValueError, match="not Muon \\+ AdamW's"):
         muon.load_state_dict(adamw.state_dict())
@@ -205,7 +205,7 @@ def test_the_memory_estimate_knows_muons_single_moment():
     recipe, model = smoke_model()
     on_muon = sum(
         p.numel()
-        for g in build_optimizer(model, recipe.train, fused=False).param_groups
+        for g in build_optimizer(model, recipe.optim, fused=False).param_groups
         if g[MUON_GROUP]
         for p in g["params"]
     )

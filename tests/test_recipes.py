@@ -52,8 +52,8 @@ def test_1b_is_the_published_architecture():
     assert recipe_tokenizer_size(recipe) == 32002  # 32,000 BPE tokens + ChatML's two markers
     assert d.special_tokens == ["<|im_start|>", "<|im_end|>"]  # one chat convention, not two
     assert t.global_batch_tokens == 131072 and recipe.grad_accum_steps(1) == 8
-    assert t.max_steps == 90000 and t.compile and not t.gradient_checkpointing
-    assert t.mixed_precision == "bf16"
+    assert t.max_steps == 90000 and recipe.compute.compile and not recipe.compute.gradient_checkpointing
+    assert recipe.compute.mixed_precision == "bf16"
     weights = {s.name: s.weight for s in d.sources}
     assert sorted(weights.values()) == [0.04, 0.11, 0.85]
     n = count_parameters(build_model(llama_config(m, recipe_tokenizer_size(recipe)), device="meta"))
@@ -78,6 +78,6 @@ def test_a_recipe_prices_its_gpu_as_the_price_table_does(name):
     line = next(li for li in (RECIPES_DIR / f"{name}.yaml").read_text().splitlines() if "price_per_hour:" in li)
     named = re.search(r"of one ([^:]+?)(?::|$)", line)
     if named is None:
-        assert load_recipe(name).train.price_per_hour == 0, f"{name}: a price without its GPU: {line.strip()}"
+        assert load_recipe(name).reporting.price_per_hour == 0, f"{name}: a price without its GPU: {line.strip()}"
         return
-    assert load_recipe(name).train.price_per_hour == gpu_named(named.group(1).strip()).usd_per_hour, line
+    assert load_recipe(name).reporting.price_per_hour == gpu_named(named.group(1).strip()).usd_per_hour, line

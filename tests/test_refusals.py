@@ -103,7 +103,7 @@ def guarded_state(tmp_path, **overrides):
         {}, {"output_dir": str(tmp_path), "max_steps": 100, "warmup_steps": 10, "lr_schedule": "wsd", **overrides}
     )
     log = FakeLog()
-    guards = Guards(recipe.train, SimpleNamespace(num_processes=1, is_main_process=True), log)
+    guards = Guards(recipe, SimpleNamespace(num_processes=1, is_main_process=True), log)
     return TrainState.for_recipe(recipe, "cpu"), guards, log
 
 

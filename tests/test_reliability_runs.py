@@ -296,7 +296,7 @@ def test_an_unreadable_random_state_is_said(copied_run):
     write_manifest(checkpoint)  # whole by its manifest: only the load can tell
     config = AutoConfig.from_pretrained(checkpoint)
     model = build_model(config)
-    optimizer = build_optimizer(model, load_recipe(str(copied_run / "resolved_recipe.yaml")).train, fused=False)
+    optimizer = build_optimizer(model, load_recipe(str(copied_run / "resolved_recipe.yaml")).optim, fused=False)
     accelerator = Accelerator(cpu=True)
     model, optimizer = accelerator.prepare(model, optimizer)
     said: list[str] = []

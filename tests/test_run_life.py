@@ -25,9 +25,9 @@ from hf_pretrain.checkpoints.resume_rules import plan_continuation
 from hf_pretrain.checkpoints.store import prune_checkpoints
 from hf_pretrain.config import RecipeError, build_recipe, load_recipe, math_keys
 from hf_pretrain.data.loader import StepBatchSampler
-from hf_pretrain.economics import plan
 from hf_pretrain.economics.cost import Phase
 from hf_pretrain.economics.forecast import fit_loss_curve, forecast_fields, going_further, next_phase
+from hf_pretrain.economics.planning import plan_command, scaling_laws
 from hf_pretrain.exit_codes import EXIT_CONFIG
 from hf_pretrain.optim import Cooldown, Schedule, learning_rate_at
 from hf_pretrain.preflight.data import check_data_budget
@@ -43,7 +43,7 @@ from tests.helpers import OUTSIDE_CHECKOUT, SHORT_RUN, FakeLog, launch_command, 
 def train_config(**overrides):
     return build_recipe(
         {}, {"learning_rate": 1e-3, "min_lr_ratio": 0.1, "warmup_steps": 10, "max_steps": 100, **overrides}
-    ).train
+    )
 
 
 # ---------------------------------------------------------------------- schedules
@@ -95,12 +95,12 @@ def test_a_run_that_ends_at_its_peak_is_unfinished_and_a_cosines_last_step_is_it
 # ---------------------------------------------------------------------- overrides a user expects to work
 def test_a_shortened_run_drops_the_phases_past_its_end_and_warms_over_a_too_short_run():
     recipe = load_recipe("smoke", {"max_steps": 24})  # phases warmup 20, learning 100, settling 250
-    assert recipe.train.run_phases == {"warmup": 20}
+    assert recipe.run_phases == {"warmup": 20}
     assert any("learning (step 100), settling (step 250)" in note for note in recipe.notes())
     tiny = load_recipe("smoke", {"max_steps": 6})
-    assert tiny.train.run_phases == {} and tiny.train.effective_warmup_steps == 6
+    assert tiny.run_phases == {} and tiny.effective_warmup_steps == 6
     assert any("warmup_steps=20 is not below max_steps=6" in note for note in tiny.notes())
-    assert [Schedule(tiny.train).lr(s) for s in (3, 6)] == pytest.approx([1.5e-3, 3e-3])  # warms over the run
+    assert [Schedule(tiny).lr(s) for s in (3, 6)] == pytest.approx([1.5e-3, 3e-3])  # warms over the run
     with pytest.raises(RecipeError, match="phases.bad=0 must be a step"):
         load_recipe("smoke", {"phases": {"bad": 0}})
 
@@ -131,7 +131,7 @@ def guarded_state(tmp_path, **overrides):
     recipe = build_recipe({}, {"output_dir": str(tmp_path), "max_steps": 100, "warmup_steps": 10, **overrides})
     accelerator = SimpleNamespace(num_processes=1, is_main_process=True)
     log = FakeLog()
-    return TrainState.for_recipe(recipe, "cpu"), Guards(recipe.train, accelerator, log), log
+    return TrainState.for_recipe(recipe, "cpu"), Guards(recipe, accelerator, log), log
 
 
 def test_a_stop_request_starts_a_wsd_cooldown_that_ends_the_run_with_final(tmp_path):
@@ -233,7 +233,7 @@ def test_a_new_batch_or_context_stops_by_name_unless_allowed_which_moves_the_dat
     )
     saved = saved_state(old, 30)
     continuation = plan_continuation(saved, new)
-    assert continuation.batch_changed == ["train.global_batch_tokens", "data.seq_len"]
+    assert continuation.batch_changed == ["global_batch_tokens", "seq_len"]
     state = TrainState.for_recipe(new, "cpu")
     state.load_state_dict(saved)
     state.go_on_as(continuation, saved)
@@ -285,13 +285,13 @@ def test_forecast_fields_price_the_next_phase_and_going_further():
 # ---------------------------------------------------------------------- the plan
 @pytest.mark.parametrize("compute", [1e18, 7.35e19, 5.76e23])
 def test_the_compute_optimal_split_spends_exactly_the_budget(compute):
-    n_opt, d_opt = plan.compute_optimal(compute)
+    n_opt, d_opt = scaling_laws.compute_optimal(compute)
     assert 6 * n_opt * d_opt == pytest.approx(compute, rel=0.01)
     assert 15 < d_opt / n_opt < 35  # about Chinchilla's 20 tokens per parameter
 
 
 def test_plan_for_the_1b_recipe_with_nothing_else(capsys):
-    assert plan.main(["--recipe", "1b"]) == 0
+    assert plan_command.main(["--recipe", "1b"]) == 0
     out = capsys.readouterr().out
     assert "11.8B = 11.4 per parameter" in out and "FLOPs" in out and "20.8B" in out
     assert "N_opt 729M parameters x D_opt 16.8B tokens" in out
@@ -323,7 +323,7 @@ def test_plan_run_prices_going_further_and_the_report_draws_the_forecast(tmp_pat
                 )
                 + "\n"
             )
-    assert plan.main(["--run", str(run.path), "--tokens", "2e6"]) == 0
+    assert plan_command.main(["--run", str(run.path), "--tokens", "2e6"]) == 0
     out = capsys.readouterr().out
     assert "going there: 289 more steps, 0.08 h" in out and "per loss point" in out
     page = report.write_report(run.path, tmp_path / "report")
@@ -353,7 +353,7 @@ def test_plan_run_fits_the_branch_that_went_on_after_a_stop_and_a_refusal_names_
     with run.metrics.open("a") as f:  # the stop's cooldown began at step 100 (the branch point's step)
         f.write(json.dumps({"kind": "cooldown", "step": 100, "end": 120, "reason": "stop request"}) + "\n")
     _write_train_records(run.metrics, range(101, 301), curve)  # went further from step 100: stable again
-    assert plan.main(["--run", str(run.path), "--tokens", "2e6"]) == 0
+    assert plan_command.main(["--run", str(run.path), "--tokens", "2e6"]) == 0
     out = capsys.readouterr().out
     assert "the loss curve over steps " in out
     fitted_to = int(out.split("the loss curve over steps ")[1].split(" ")[0].split("-")[1].replace(",", ""))
@@ -365,7 +365,7 @@ def test_plan_run_fits_the_branch_that_went_on_after_a_stop_and_a_refusal_names_
         load_recipe("smoke", {"lr_schedule": "wsd", "max_steps": 400, "log_interval": 10}), short.resolved_recipe
     )
     _write_train_records(short.metrics, range(10, 60, 10), curve, mode="w")
-    assert plan.main(["--run", str(short.path)]) == EXIT_CONFIG
+    assert plan_command.main(["--run", str(short.path)]) == EXIT_CONFIG
     err = capsys.readouterr().err
     assert (
         "too few to fit the loss curve" in err
@@ -545,11 +545,15 @@ def test_a_key_added_since_the_checkpoint_counts_as_its_default_not_as_a_change(
     from hf_pretrain.checkpoints.resume_rules import changed_math_keys
 
     recipe = load_recipe("smoke")
-    saved = math_keys(recipe)
+    keys = math_keys(recipe)
+    # as checkpoints wrote them before the recipe had sections: every run key under `train`
+    saved = {"model": keys.pop("model"), "data": keys.pop("data")}
+    saved["train"] = {name: value for section in keys.values() for name, value in section.items()}
+    assert changed_math_keys({"math_keys": saved}, recipe) == {}
     del saved["train"]["chunked_loss"], saved["train"]["fp8_recipe"]
     assert changed_math_keys({"math_keys": saved}, recipe) == {}
     chunked = build_recipe(recipe.to_dict(), {"chunked_loss": True})
-    assert changed_math_keys({"math_keys": saved}, chunked) == {"train.chunked_loss": (False, True)}
+    assert changed_math_keys({"math_keys": saved}, chunked) == {"chunked_loss": (False, True)}
 
 
 def _folder_snapshot(folder: Path) -> dict[str, tuple[int, int]]:

@@ -1,19 +1,19 @@
 """`hf-pretrain bench`: measure recipe variants with short runs of the real training loop.
 
-    benchmark.py the command: its flags, parsed into a `BenchRequest` (its modules load after the parse)
+    bench_command.py  the command: its flags, parsed into a `BenchRequest` (its modules load after the parse)
     sweep.py     the bench: the recipe as written, the variants asked for, the micro-batch search, the verdict
     variants.py  one variant: a short run in a child process, and what it measured
     measure.py   the matmul peak (several sizes, the largest wins), peak memory, MFU and money (measured for
                  this GPU, estimates for the others); throughput comes from economics/measurements.py
     search.py    the largest micro-batch that fits without gradient checkpointing, each tried on the device
-    report.py    the verdict and bench.md
+    results.py   the verdict and bench.md
 
 `python -m hf_pretrain.bench` runs the command (each variant's child process runs it too).
 """
 
 from __future__ import annotations
 
-from hf_pretrain.bench.benchmark import main
+from hf_pretrain.bench.bench_command import main
 from hf_pretrain.lazy_exports import lazy_exports
 
 __all__ = ["largest_fitting", "main", "timed_throughput", "variant_grid"]

@@ -2,6 +2,6 @@
 
 import sys
 
-from hf_pretrain.bench.benchmark import main
+from hf_pretrain.bench.bench_command import main
 
 sys.exit(main())

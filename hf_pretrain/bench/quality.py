@@ -14,7 +14,7 @@ batches in the same order (both are functions of the seed), so the comparison is
 From those finished losses, L(tokens) per variant and seed: the tokens a variant needs to reach the
 baseline's final loss (the first variant is the baseline; interpolated in log tokens between the
 two finished models around it), the saving against the baseline's tokens, its mean and spread over
-seeds, and what that saving is worth on the recipe's plan (`economics/plan.py`).
+seeds, and what that saving is worth on the recipe's plan (`economics/planning/`).
 
 Any recipe key can shrink the model for the bench (`--num_hidden_layers 4 --hidden_size 256`); the
 output says what was shrunk against the recipe as shipped, since a small proxy overstates savings
@@ -115,7 +115,7 @@ def quality_overrides(request: QualityRequest, seed: int, max_steps: int, output
         "max_steps": max_steps,
         "lr_schedule": "wsd",
         "warmup_steps": min(
-            request.recipe.train.effective_warmup_steps, finished_lengths(request.steps, request.points)[0] // 2
+            request.recipe.effective_warmup_steps, finished_lengths(request.steps, request.points)[0] // 2
         ),
         "eval_interval": 10 * request.steps,  # only the last step of each length
         "save_interval": 10 * request.steps,  # only the branch point and the end
@@ -180,7 +180,8 @@ def beaten_by_first_model(curves: list[Curve], baseline: str) -> dict[str, int]:
 
 def run_dollars(request: QualityRequest) -> tuple[float | None, str]:
     """The recipe's (as shipped) whole run in dollars on the plan's GPU, and how it was priced."""
-    from hf_pretrain.economics.plan import PlanRequest, make_plan
+    from hf_pretrain.economics.planning.plan import make_plan
+    from hf_pretrain.economics.planning.request import PlanRequest
 
     recipe = request.shipped or request.recipe
     try:

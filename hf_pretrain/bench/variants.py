@@ -254,7 +254,7 @@ class VariantRunner:
 
     def __init__(self, recipe: Recipe, out: Path, steps: int, warmup: int, say: Callable[[str], None]) -> None:
         self.recipe, self.out, self.warmup, self.say = recipe, out, warmup, say
-        self.short_run = short_run_overrides(steps, min(recipe.train.warmup_steps, steps - 1), out)
+        self.short_run = short_run_overrides(steps, min(recipe.optim.warmup_steps, steps - 1), out)
         self.results: list[VariantResult] = []
         self._settings: list[dict[str, Any]] = []  # micro-batch and checkpointing of each one run
 

@@ -44,23 +44,28 @@ def built_step(recipe: Recipe):
     from hf_pretrain.training.loop import model_and_optimizer
     from hf_pretrain.training.step import TrainStep
 
-    cfg = recipe.train
     grad_accum = recipe.grad_accum_steps(1)
     profile = run_profile(recipe)
     accelerator = Accelerator(
         cpu=not profile.machine.on_gpu,
         mixed_precision=profile.accelerate_precision,
         gradient_accumulation_steps=grad_accum,
-        dynamo_plugin=dynamo_plugin(cfg),
+        dynamo_plugin=dynamo_plugin(recipe.compute),
         kwargs_handlers=fp8_handlers(profile.step) or None,
     )
-    if profile.machine.on_gpu and cfg.tf32:
+    if profile.machine.on_gpu and recipe.compute.tf32:
         torch.backends.cuda.matmul.allow_tf32 = True
-    torch.manual_seed(cfg.seed)
+    torch.manual_seed(recipe.train.seed)
     config = llama_config(recipe.model, recipe_tokenizer_size(recipe))
     model, optimizer, _ = model_and_optimizer(recipe, profile, config, accelerator, starts=False)
     step = TrainStep(
-        accelerator, model, optimizer, synthetic_batches(recipe), cfg, grad_accum, lambda _: cfg.learning_rate
+        accelerator,
+        model,
+        optimizer,
+        synthetic_batches(recipe),
+        recipe.optim,
+        grad_accum,
+        lambda _: recipe.optim.learning_rate,
     )
     return step, accelerator
 

@@ -1,5 +1,5 @@
 """The check's verdict: what a billion tokens of the recipe cost on this pod at its price, where that
-ranks in `plan`'s table of GPUs (economics/plan.py: the performance model, or a recorded measurement),
+ranks in `plan`'s table of GPUs (economics/planning/gpu_ranking.py: the performance model, or a recorded measurement),
 and whether the pod is well under what the same card measured elsewhere ("likely a slow or faulty
 node"): under SLOW_NODE_FRACTION of the project's or the user's recorded step for this configuration
 (economics/measurements.py, measured.jsonl), of the published matmul rate of its kind (gpus.yaml), or
@@ -15,7 +15,7 @@ from hf_pretrain.economics.cost import dollars_per_billion_tokens
 from hf_pretrain.economics.gpus import find_gpu
 from hf_pretrain.economics.measurements import recorded_measurement
 from hf_pretrain.economics.performance import SLOW_NODE_FRACTION, slow_node_warning
-from hf_pretrain.economics.plan import gpu_prices, ranked_rows
+from hf_pretrain.economics.planning.gpu_ranking import gpu_prices, ranked_rows
 from hf_pretrain.model import recipe_flops_per_token
 
 RECIPE_AS_WRITTEN = "recipe as written"
@@ -113,7 +113,7 @@ def verdict(recipe: Recipe, figures: list[Figure]) -> list[str]:
             f"plan's best for {recipe.name}: {best_text}; rent that card and run this check on it",
         ]
     gpu = find_gpu(device)
-    price = recipe.train.price_per_hour or (gpu.usd_per_hour if gpu else 0.0)
+    price = recipe.reporting.price_per_hour or (gpu.usd_per_hour if gpu else 0.0)
     lines = list(measured)
     if not steps:
         lines.append("no step was measured: no $ per token (see the step part's lines)")
@@ -122,7 +122,7 @@ def verdict(recipe: Recipe, figures: list[Figure]) -> list[str]:
     else:
         fastest = max(steps, key=lambda f: f.value)
         usd = dollars_per_billion_tokens(fastest.value, price)
-        where = "--price_per_hour" if recipe.train.price_per_hour else "gpus.yaml's typical price"
+        where = "--price_per_hour" if recipe.reporting.price_per_hour else "gpus.yaml's typical price"
         rank = 1 + sum(1 for row in rows if row.usd_per_billion_tokens < usd and row.gpu != (gpu.name if gpu else ""))
         lines.append(
             f"${usd:,.2f} per billion tokens on this {device} at ${price:.2f}/h ({where}), "

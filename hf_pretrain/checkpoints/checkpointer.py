@@ -16,7 +16,7 @@ from hf_pretrain.checkpoints.async_save import HostStage, can_stage
 from hf_pretrain.checkpoints.layout import BRANCH_POINT
 from hf_pretrain.checkpoints.progress import Activity
 from hf_pretrain.checkpoints.saving import CheckpointSaveError, Sealing, save_checkpoint
-from hf_pretrain.config import TrainConfig
+from hf_pretrain.config import Recipe
 
 __all__ = ["CheckpointSaveError", "Checkpointer", "save_checkpoint"]
 
@@ -35,7 +35,7 @@ class Checkpointer:
     def __init__(
         self,
         accelerator: Accelerator,
-        train: TrainConfig,
+        recipe: Recipe,
         model_config: PretrainedConfig,
         tokenizer: PreTrainedTokenizerBase,
         log: Callable[[str], None],
@@ -43,22 +43,17 @@ class Checkpointer:
         activity: Activity = None,
     ):
         self.expected_bytes = expected_bytes  # about one checkpoint of this model: tells a full disk from a crash
-        self.accelerator, self.train, self.model_config, self.tokenizer, self.log = (
-            accelerator,
-            train,
-            model_config,
-            tokenizer,
-            log,
-        )
+        self.accelerator, self.model_config, self.tokenizer, self.log = accelerator, model_config, tokenizer, log
+        self.output_dir, self.checkpoints = recipe.train.output_dir, recipe.checkpoints
         # the live line of a wait for a save, and status.json's `activity`: the main process's
         self.say, self.activity = (log, activity) if accelerator.is_main_process else (None, None)
         self._sealing: Sealing | None = None  # the last save, perhaps still sealing in the background
         # host memory for one training state, where a periodic save can stage it (not under FSDP)
-        self._stage = HostStage() if train.async_save and can_stage(accelerator) else None
+        self._stage = HostStage() if recipe.checkpoints.async_save and can_stage(accelerator) else None
 
     def due(self, state: Progress) -> bool:
         """Every `save_interval` steps, and at the last step before a decay (the run's branch point)."""
-        return state.step % self.train.save_interval == 0 or state.step == state.decay_start
+        return state.step % self.checkpoints.save_interval == 0 or state.step == state.decay_start
 
     def save(
         self, train_state: dict[str, Any], last: bool = False, then: Callable[[Path, int], None] | None = None
@@ -86,16 +81,16 @@ class Checkpointer:
 
         self._sealing = save_checkpoint(
             self.accelerator,
-            self.train.output_dir,
+            self.output_dir,
             train_state,
-            self.train.keep_checkpoints,
+            self.checkpoints.keep_checkpoints,
             self.model_config,
             self.tokenizer,
-            self.train.milestone_interval,
+            self.checkpoints.milestone_interval,
             background=not last,
             previous=self._sealing,
             on_sealed=sealed,
-            milestone_full_state=self.train.milestone_full_state,
+            milestone_full_state=self.checkpoints.milestone_full_state,
             expected_bytes=self.expected_bytes,
             stage=self._stage,
             say=self.say,

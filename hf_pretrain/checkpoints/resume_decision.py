@@ -48,7 +48,7 @@ def finished_at(recipe: Recipe) -> int | None:
     checkpoint at the end of its schedule under the same max_steps. None for anything else, going
     further (another max_steps) included. Reads the newest checkpoint's train state, no checksums."""
     t = recipe.train
-    if t.resume != "auto" or not RunDir(t.output_dir).final.is_dir():
+    if recipe.checkpoints.resume != "auto" or not RunDir(t.output_dir).final.is_dir():
         return None
     newest = newest_good_checkpoint(t.output_dir, checksums=False, log=lambda _: None)
     saved = newest.train_state if newest is not None else {}
@@ -67,7 +67,7 @@ def decide_resume(recipe: Recipe, say: Say = None, activity: Activity = None) ->
     a verification that lasts. Raises `ResumeRefused` or `CheckpointError`."""
     t = recipe.train
     data = data_identity(recipe.data.data_dir)
-    if t.resume == "none":
+    if recipe.checkpoints.resume == "none":
         existing = list_checkpoints(t.output_dir)
         if existing:  # starting over there would truncate its records and prune its checkpoints
             raise ResumeRefused(
@@ -76,10 +76,10 @@ def decide_resume(recipe: Recipe, say: Say = None, activity: Activity = None) ->
                 "choose a new --output_dir to start over, or --resume auto to go on with this run",
             )
         return Continuation()
-    if t.resume != "auto":
-        folder = Path(t.resume)
+    if recipe.checkpoints.resume != "auto":
+        folder = Path(recipe.checkpoints.resume)
         if not folder.is_dir():
-            raise CheckpointError(f"--resume {t.resume}: no such checkpoint folder")
+            raise CheckpointError(f"--resume {recipe.checkpoints.resume}: no such checkpoint folder")
         saved = verify_showing(folder, say=say, activity=activity)
         resumable(folder, saved)
         refuse_another_shape(folder, recipe, data)

@@ -21,30 +21,29 @@ one function per kind of change; which checkpoint it is asked about is checkpoin
 
 from __future__ import annotations
 
-from dataclasses import MISSING, fields, is_dataclass, replace
+from dataclasses import MISSING, fields, is_dataclass
 from pathlib import Path
 from typing import Any
 
 from hf_pretrain.checkpoints.resume_plan import Continuation, ResumeRefused
-from hf_pretrain.config import Recipe, TrainConfig, math_keys
+from hf_pretrain.config import KEY_SECTION, CheckpointConfig, Recipe, math_keys
 from hf_pretrain.optim import Schedule
 
 # keys whose change moves the data position: the stream is counted in samples of seq_len per step
-BATCH_KEYS = ("train.global_batch_tokens", "data.seq_len")
+BATCH_KEYS = ("global_batch_tokens", "seq_len")
 
 
-def flat_keys(keys: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+def flat_keys(keys: dict[str, Any]) -> dict[str, Any]:
+    """A recipe's math keys by their flat names (as on the command line), whatever section held them: a
+    checkpoint saved before the recipe had its sections (every run key under `train`) reads the same."""
     out: dict[str, Any] = {}
     for name, value in keys.items():
-        if isinstance(value, dict):
-            out.update(flat_keys(value, f"{prefix}{name}."))
-        else:
-            out[f"{prefix}{name}"] = value
+        out.update(value if isinstance(value, dict) else {name: value})
     return out
 
 
 def changed_math_keys(saved: dict[str, Any], recipe: Recipe) -> dict[str, tuple[Any, Any]]:
-    """{"train.max_steps": (250, 400), ...}: the math keys that differ from the checkpoint's recipe
+    """{"max_steps": (250, 400), ...}: the math keys that differ from the checkpoint's recipe
     (none known for a checkpoint that did not record them). A key the checkpoint's version did not
     have yet counts as its default: a new key's default keeps the behaviour it was saved with."""
     if not saved.get("math_keys"):
@@ -54,22 +53,18 @@ def changed_math_keys(saved: dict[str, Any], recipe: Recipe) -> dict[str, tuple[
     return {k: (old.get(k), new.get(k)) for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k)}
 
 
-def key_default(recipe: Recipe, flat_key: str) -> Any:
-    """The default of a `section.name` recipe key (None where there is no plain default)."""
-    section, _, name = flat_key.partition(".")
-    config = getattr(recipe, section, None)
+def key_default(recipe: Recipe, name: str) -> Any:
+    """The default of a recipe key (None where there is no plain default)."""
+    config = getattr(recipe, KEY_SECTION.get(name, ""), None)
     found = [f for f in fields(config) if f.name == name] if is_dataclass(config) else []
     return found[0].default if found and found[0].default is not MISSING else None
 
 
-def smallest_max_steps(train: TrainConfig, stable_until: int) -> int:
+def smallest_max_steps(recipe: Recipe, stable_until: int) -> int:
     """The smallest max_steps whose wsd decay starts at `stable_until` or later."""
-    guess = (
-        stable_until
-        if train.decay_fraction >= 1
-        else max(stable_until, int(stable_until / (1 - train.decay_fraction)) - 2)
-    )
-    while (Schedule(replace(train, max_steps=guess)).decay_start() or guess) < stable_until:
+    fraction = recipe.optim.decay_fraction
+    guess = stable_until if fraction >= 1 else max(stable_until, int(stable_until / (1 - fraction)) - 2)
+    while (Schedule(recipe.replace(max_steps=guess)).decay_start() or guess) < stable_until:
         guess += 1
     return guess
 
@@ -127,7 +122,7 @@ def check_same_data(saved: dict[str, Any], data: dict[str, Any] | None, recipe: 
         )
     if old["train_tokens_sha256"] == data["train_tokens_sha256"]:
         return None
-    if not recipe.train.allow_data_change:
+    if not recipe.checkpoints.allow_data_change:
         raise ResumeRefused(
             f"the training shards in {data['data_dir']} are not the ones the checkpoint of step {step:,} "
             f"trained on (same tokenizer, other tokens: the folder was prepared again or changed)",
@@ -156,17 +151,17 @@ def plan_continuation(
     plan = Continuation(folder=folder, saved=saved)
     changed = changed_math_keys(saved, recipe)
     data_went_on(plan, saved, data, recipe)
-    batch_went_on(plan, saved, changed, recipe.train)
+    batch_went_on(plan, saved, changed, recipe.checkpoints)
     refuse_another_optimizer(saved, changed)
     note_other_changes(plan, saved, changed, recipe)
     old_max = saved.get("max_steps", recipe.train.max_steps)
     if old_max == recipe.train.max_steps:
         return plan
     plan.max_steps_changed = True
-    if recipe.train.lr_schedule == "wsd" and saved.get("lr_schedule") == "wsd":
-        wsd_goes_further(plan, saved, recipe.train, named)
+    if recipe.optim.lr_schedule == "wsd" and saved.get("lr_schedule") == "wsd":
+        wsd_goes_further(plan, saved, recipe, named)
     else:
-        schedule_changes(plan, saved, recipe.train)
+        schedule_changes(plan, saved, recipe)
     return plan
 
 
@@ -180,13 +175,15 @@ def data_went_on(plan: Continuation, saved: dict[str, Any], data: dict[str, Any]
         )
 
 
-def batch_went_on(plan: Continuation, saved: dict[str, Any], changed: dict[str, tuple], t: TrainConfig) -> None:
+def batch_went_on(
+    plan: Continuation, saved: dict[str, Any], changed: dict[str, tuple], allowed: CheckpointConfig
+) -> None:
     """Another batch or sequence length: refused, or the data stream goes on from the tokens read."""
     plan.batch_changed = [k for k in BATCH_KEYS if k in changed]
     if not plan.batch_changed:
         return
     what = ", ".join(f"{k.split('.')[-1]} {changed[k][0]} -> {changed[k][1]}" for k in plan.batch_changed)
-    if not t.allow_recipe_change:
+    if not allowed.allow_recipe_change:
         raise ResumeRefused(
             f"{what} since the checkpoint of step {saved['step']}: the tokens of every later step, and "
             f"where the data stream stands, would change",
@@ -197,8 +194,8 @@ def batch_went_on(plan: Continuation, saved: dict[str, Any], changed: dict[str, 
 
 
 def refuse_another_optimizer(saved: dict[str, Any], changed: dict[str, tuple]) -> None:
-    if "train.optimizer" in changed:
-        old, new = changed["train.optimizer"]
+    if "optimizer" in changed:
+        old, new = changed["optimizer"]
         raise ResumeRefused(
             f"optimizer {old} -> {new} since the checkpoint of step {saved['step']}: its optimizer state is "
             f"{old}'s, and {new} would start from none",
@@ -214,9 +211,9 @@ def note_other_changes(plan: Continuation, saved: dict[str, Any], changed: dict[
             f"warning: the checkpoint of step {step} was written by a recipe with different math "
             f"settings; continuing with the new ones"
         )
-    if "data.sources" in changed:
-        plan.notes.append(mixture_change(step, *changed["data.sources"]))
-    others = [k for k in changed if k not in BATCH_KEYS and k not in ("train.max_steps", "data.sources")]
+    if "sources" in changed:
+        plan.notes.append(mixture_change(step, *changed["sources"]))
+    others = [k for k in changed if k not in BATCH_KEYS and k not in ("max_steps", "sources")]
     if others:
         plan.notes.append(
             "warning: math keys changed since the checkpoint, continuing with the new ones: "
@@ -224,23 +221,27 @@ def note_other_changes(plan: Continuation, saved: dict[str, Any], changed: dict[
         )
 
 
-def wsd_goes_further(plan: Continuation, saved: dict[str, Any], t: TrainConfig, named: bool) -> None:
+def wsd_goes_further(plan: Continuation, saved: dict[str, Any], recipe: Recipe, named: bool) -> None:
     """A wsd run under another max_steps: the peak held to the new decay; past its decay, from the
     branch point (the last checkpoint before it), unless --resume named a later checkpoint."""
-    step, old_max, new = saved["step"], saved.get("max_steps", t.max_steps), Schedule(t)
+    step, old_max, new = saved["step"], saved.get("max_steps", recipe.train.max_steps), Schedule(recipe)
     stable_until = saved.get("decay_start")
     decaying = stable_until is not None and step > stable_until
     at = stable_until if decaying else step
-    if (new.decay_start() or t.max_steps) < at:
+    if (new.decay_start() or recipe.train.max_steps) < at:
         raise ResumeRefused(
-            f"max_steps={t.max_steps:,} would begin its decay at step {new.decay_start():,}, before "
+            f"max_steps={recipe.train.max_steps:,} would begin its decay at step {new.decay_start():,}, before "
             f"step {at:,} where this run {'began its decay' if decaying else 'stands'}",
-            f"choose max_steps of at least {smallest_max_steps(t, at):,}"
-            + ("" if decaying else f", or finish the run early with `hf-pretrain stop {t.output_dir}` while it runs"),
+            f"choose max_steps of at least {smallest_max_steps(recipe, at):,}"
+            + (
+                ""
+                if decaying
+                else f", or finish the run early with `hf-pretrain stop {recipe.train.output_dir}` while it runs"
+            ),
         )
     plan.notes.append(
-        f"max_steps {old_max:,} -> {t.max_steps:,}: the peak holds to step {new.decay_start():,}, "
-        f"then the learning rate decays to step {t.max_steps:,}"
+        f"max_steps {old_max:,} -> {recipe.train.max_steps:,}: the peak holds to step {new.decay_start():,}, "
+        f"then the learning rate decays to step {recipe.train.max_steps:,}"
     )
     if not decaying:
         return
@@ -255,7 +256,7 @@ def wsd_goes_further(plan: Continuation, saved: dict[str, Any], t: TrainConfig, 
         "from_step": step,
         "from_max_steps": old_max,
         "from_end": saved.get("end", old_max),
-        "max_steps": t.max_steps,
+        "max_steps": recipe.train.max_steps,
     }
     plan.notes.insert(
         0,
@@ -265,10 +266,10 @@ def wsd_goes_further(plan: Continuation, saved: dict[str, Any], t: TrainConfig, 
     )
 
 
-def schedule_changes(plan: Continuation, saved: dict[str, Any], t: TrainConfig) -> None:
+def schedule_changes(plan: Continuation, saved: dict[str, Any], recipe: Recipe) -> None:
     """A cosine run (or a change of schedule) under another max_steps: every later step's rate changes,
     refused unless allow_schedule_change; nothing changes while still warming up."""
-    step, old_max, new = saved["step"], saved.get("max_steps", t.max_steps), Schedule(t)
+    step, old_max, new = saved["step"], saved.get("max_steps", recipe.train.max_steps), Schedule(recipe)
     if step < new.warmup:
         return  # still warming up: the same rates either way
     old_lr, new_lr = saved.get("lr"), new.lr(step + 1)
@@ -276,10 +277,10 @@ def schedule_changes(plan: Continuation, saved: dict[str, Any], t: TrainConfig) 
     jump = f" ({new_lr / old_lr:.1f}x)" if old_lr else ""
     how = (
         f"this run's {saved.get('lr_schedule', 'cosine')} schedule over max_steps={old_max:,} reached {before}; "
-        f"under {t.lr_schedule} over max_steps={t.max_steps:,} step {step + 1:,} gets {new_lr:.3g}{jump} and every "
+        f"under {recipe.optim.lr_schedule} over max_steps={recipe.train.max_steps:,} step {step + 1:,} gets {new_lr:.3g}{jump} and every "
         f"later step's rate changes"
     )
-    if not t.allow_schedule_change:
+    if not recipe.checkpoints.allow_schedule_change:
         raise ResumeRefused(
             how,
             "pass --allow_schedule_change true to go on this way, or keep max_steps; a run you "

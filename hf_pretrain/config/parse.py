@@ -26,7 +26,8 @@ import yaml
 
 from hf_pretrain.exit_codes import EXIT_CONFIG, EXIT_USAGE
 
-from .schema import KEY_SECTION, SECTIONS, TOP_LEVEL_KEYS, Recipe, RecipeError, did_you_mean, range_text
+from .keys import RecipeError, did_you_mean, range_text
+from .schema import KEY_SECTION, RENAMED_KEYS, SECTIONS, TOP_LEVEL_KEYS, Recipe, legacy_layout, renamed
 
 RECIPES_DIR = Path(__file__).resolve().parent.parent / "recipes"
 
@@ -82,7 +83,12 @@ def _build(cls: type, values: dict[str, Any], where: str) -> Any:
     types_ = _field_types(cls)
     unknown = [k for k in values if k not in types_]
     if unknown:
-        raise RecipeError(f"unknown key `{unknown[0]}` in {where}{did_you_mean(unknown[0], types_)}")
+        name = unknown[0]
+        if name in KEY_SECTION:
+            hint = f" (it belongs in the `{KEY_SECTION[name]}:` section)"
+        else:  # the section's own keys first, then every section's (a key another section owns)
+            hint = did_you_mean(name, types_) or did_you_mean(name, KEY_SECTION)
+        raise RecipeError(f"unknown key `{name}` in {where}{hint}")
     return cls(**{k: typed(f"{where}.{k}", v, types_[k]) for k, v in values.items()})
 
 
@@ -164,9 +170,10 @@ def recipe_dict_from_yaml(path: Path) -> dict[str, Any]:
 
 def _assemble(raw: dict[str, Any], overrides: dict[str, Any] | None, where: str) -> Recipe:
     """Recipe from a YAML mapping plus flat overrides (`{"max_steps": 10}`), typed but not yet validated."""
+    raw = legacy_layout(raw)
     sections = {s: dict(raw.get(s) or {}) for s in SECTIONS}
     top = {k: raw[k] for k in TOP_LEVEL_KEYS if k in raw}
-    for key, value in (overrides or {}).items():
+    for key, value in renamed(overrides or {}, where).items():
         if key in TOP_LEVEL_KEYS:
             top[key] = value
         elif key in KEY_SECTION:
@@ -330,6 +337,20 @@ def _yaml_value(text: str) -> Any:
         return text  # `typed` names the key
 
 
+def renamed_flags(args: list[str]) -> list[str]:
+    """`args` with a renamed key's old flag (`--benchmark_tasks`, `--benchmark-tasks=...`) spelled as its new
+    one; nothing after a bare `--` is touched."""
+    spelled = list(args)
+    for i, arg in enumerate(spelled):
+        if arg == "--":
+            break
+        name, sep, value = arg.partition("=")
+        old = name[2:].replace("-", "_")
+        if name.startswith("--") and old in RENAMED_KEYS:
+            spelled[i] = f"--{RENAMED_KEYS[old]}{sep}{value}"
+    return spelled
+
+
 def parse_recipe_args(
     argv: list[str] | None,
     prog: str,
@@ -338,7 +359,7 @@ def parse_recipe_args(
 ) -> tuple[Recipe, argparse.Namespace]:
     """The recipe named by `--recipe`, every key overridable as `--key value`, validated; `extra` adds the
     command's own flags (they come back in the namespace)."""
-    argv = sys.argv[1:] if argv is None else list(argv)
+    argv = renamed_flags(sys.argv[1:] if argv is None else list(argv))
     recipe_flag = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     recipe_flag.add_argument("--recipe", default="smoke", help="recipe name in recipes/ or a path to a YAML file")
     chosen, _ = recipe_flag.parse_known_args(argv)

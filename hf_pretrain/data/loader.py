@@ -416,7 +416,7 @@ class TrainData:
 
 def eval_samples(recipe: Recipe) -> int:
     """Validation samples per evaluation: `eval_tokens` rounded up to whole sequences."""
-    return -(-recipe.train.eval_tokens // recipe.data.seq_len)
+    return -(-recipe.evaluation.eval_tokens // recipe.data.seq_len)
 
 
 def build_val_loader(recipe: Recipe, rank: int, world_size: int) -> ValidationBatches:

@@ -30,9 +30,8 @@ from typing import Any
 
 import numpy as np
 
-from hf_pretrain.config import Recipe, SourceConfig
+from hf_pretrain.config import DEFAULT_SOURCE_NAME, Recipe, SourceConfig
 from hf_pretrain.config.recipe_command import recipe_command
-from hf_pretrain.config.schema import DEFAULT_SOURCE_NAME
 from hf_pretrain.data.sources import source_tasks
 from hf_pretrain.data.tokenizer import TOKENIZER_DIR, TokenizerUnreadable, load_tokenizer, tokenizer_hash
 from hf_pretrain.data.verify import ShardCorruptError, verify_shards

@@ -154,7 +154,7 @@ def resolved_attention_backend(recipe, device: str | None, path: Path | None = N
     """(the SDPA kernel a run uses, the line that says why when `auto` chose one): the recipe's choice, or
     for `auto` the fastest a check measured on this GPU (`device`, a CUDA name) for the recipe's shape,
     else `auto` (torch's own choice)."""
-    backend = recipe.train.attention_backend
+    backend = recipe.compute.attention_backend
     if backend != "auto" or device is None:
         return backend, None
     fastest = fastest_attention_backend(device, recipe_attention_shape(recipe), path)

@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from hf_pretrain.config import TrainConfig
+from hf_pretrain.config import Recipe
 from hf_pretrain.run_dir import RunDir
 
 
@@ -124,13 +124,13 @@ def markdown_table(rows: list[PhaseRow]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def cost_record(record: dict[str, Any], train: TrainConfig) -> dict[str, float]:
+def cost_record(record: dict[str, Any], recipe: Recipe) -> dict[str, float]:
     """The money fields of a metrics record: spent so far, $ per billion tokens now, projected total."""
-    spent = dollars(record["elapsed"] / 3600, train.price_per_hour)
+    spent = dollars(record["elapsed"] / 3600, recipe.reporting.price_per_hour)
     return {
         "cost": spent,
-        "usd_per_billion_tokens": dollars_per_billion_tokens(record["tokens_per_s"], train.price_per_hour),
-        "projected_cost": spent / record["step"] * train.max_steps,
+        "usd_per_billion_tokens": dollars_per_billion_tokens(record["tokens_per_s"], recipe.reporting.price_per_hour),
+        "projected_cost": spent / record["step"] * recipe.train.max_steps,
     }
 
 

@@ -48,7 +48,7 @@ never the s x s scores (so Korthikanti et al. 2022's 5as/h term and the dropout 
 (2 layers, a short sequence, per token): AOTAutograd's saved tensors under inductor's partition for
 compiled, `torch.autograd.graph.saved_tensors_hooks` for eager.
 
-With activation checkpointing of the first k of L layers (`train.checkpointed_layers`), a
+With activation checkpointing of the first k of L layers (`compute.checkpointed_layers`), a
 checkpointed layer keeps only its input (e*h per token) and one layer's activations are recomputed
 at a time in the backward pass; the checkpointed layers are the first k, which the backward
 reaches last, after the others' activations are freed, so their recomputation adds to the peak
@@ -82,7 +82,6 @@ FSDP sharding (FSDP divides the static state by the number of processes).
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 
 from hf_pretrain.config import Recipe
@@ -225,7 +224,7 @@ def decoder_matrix_parameters(recipe: Recipe) -> int:
 
 def optimizer_state_bytes(recipe: Recipe, n: int) -> int:
     """AdamW's two moments for every parameter; with Muon, one momentum for the decoder's matrices."""
-    if recipe.train.optimizer == "muon":
+    if recipe.optim.optimizer == "muon":
         return ADAM_BYTES * n - (ADAM_BYTES - MUON_BYTES) * decoder_matrix_parameters(recipe)
     return ADAM_BYTES * n
 
@@ -267,12 +266,12 @@ def estimate_memory(
 
 def with_micro_batch(recipe: Recipe, micro_batch_size: int) -> Recipe:
     """The same recipe at another micro-batch size (for 'what would fit' questions)."""
-    return dataclasses.replace(recipe, train=dataclasses.replace(recipe.train, micro_batch_size=micro_batch_size))
+    return recipe.replace(micro_batch_size=micro_batch_size)
 
 
 def with_checkpointed_layers(recipe: Recipe, checkpointed_layers: int) -> Recipe:
     """The same recipe with `checkpointed_layers` of its layers recomputed (0: none)."""
-    return dataclasses.replace(recipe, train=dataclasses.replace(recipe.train, checkpointed_layers=checkpointed_layers))
+    return recipe.replace(checkpointed_layers=checkpointed_layers)
 
 
 @dataclass(frozen=True)

@@ -78,7 +78,7 @@ def _mpt_1b(shape: Shape, micro_batch_size: int, tokens_per_step_per_gpu: float,
 def h100(one_b: Recipe, **train) -> float:
     """What the 1b measured on the project's H100 SXM with `train` changed: the shipped records
     (economics/measured.jsonl), the one home of those figures."""
-    recipe = replace(one_b, train=replace(one_b.train, **train))
+    recipe = one_b.replace(**train)
     measured = shipped_measurement(recipe, "H100 SXM")
     if measured is None:
         raise LookupError(f"no shipped H100 SXM measurement of the 1b with {train} in economics/measured.jsonl")

@@ -2,7 +2,7 @@
 
     hf-pretrain eval --model exports/1b                        # the default zero-shot suite (eval/suites/default.yaml)
     hf-pretrain eval --model exports/1b --tasks arc_easy,hellaswag --limit 200
-    hf-pretrain eval --model exports/1b --tasks arc_easy_local,arc_challenge_local --data_dir ../shared/data/arc
+    hf-pretrain eval --model exports/1b --tasks arc_easy_local,arc_challenge_local --data_dir arc_jsonl/   # ARC as local JSONL
     hf-pretrain eval --model exports/1b --tasks none --text held_out.txt    # perplexity and bits per byte only
 
 `--model` is an exported folder, a Hub repo id, a run folder or a checkpoint, or a run's URL

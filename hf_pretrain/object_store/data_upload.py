@@ -37,7 +37,7 @@ class UploadIncomplete(StoreError):
 
 def cache_folder(recipe: Recipe) -> str | None:
     """The recipe's `cache_dir` (it moves every local copy, the run's and the data's), else None: the user's cache."""
-    return recipe.train.cache_dir
+    return recipe.store.cache_dir
 
 
 def store_meta(url: StoreURL, fs: Any = None) -> dict[str, Any] | None:

@@ -35,7 +35,7 @@ from hf_pretrain.object_store.uploader import UPLOAD_SUFFIX, Uploader, remove_ha
 from hf_pretrain.run_dir import RunDir, read_status, set_activity
 
 if TYPE_CHECKING:
-    from hf_pretrain.config import TrainConfig
+    from hf_pretrain.config import Recipe
 
 STOP_POLL_S = 3.0  # how often the store is asked for a stop request
 STORE_SECTION = "store"  # status.json's key
@@ -53,13 +53,13 @@ def mark_pulled(local: Path, url) -> None:
     os.replace(tmp, link)
 
 
-def pull_here(train: TrainConfig, say: Callable[[str], None] = print) -> None:
+def pull_here(recipe: Recipe, say: Callable[[str], None] = print) -> None:
     """The first process of another machine of the job: its own copy pulled (read only: the job's first
     process holds the lease and uploads), then marked."""
     from hf_pretrain.object_store.reach import StoreRefused
 
-    url, fs = open_checked(train.output_dir, write=False)
-    local = working_copy(train)
+    url, fs = open_checked(recipe.train.output_dir, write=False)
+    local = working_copy(recipe)
     try:
         pull_run(fs, url, local, say=lambda line: say(redact(line)))
     except Exception as exc:
@@ -67,7 +67,7 @@ def pull_here(train: TrainConfig, say: Callable[[str], None] = print) -> None:
     mark_pulled(local, url)
 
 
-def wait_for_pull(train: TrainConfig, say: Callable[[str], None] = print) -> None:
+def wait_for_pull(recipe: Recipe, say: Callable[[str], None] = print) -> None:
     """Block until this machine's first process has pulled the run into the working copy in this job.
 
     Every process of the machine reads the same local copy, and only one pulls it: the others must not
@@ -79,7 +79,7 @@ def wait_for_pull(train: TrainConfig, say: Callable[[str], None] = print) -> Non
     import psutil  # accelerate's dependency
 
     born = psutil.Process().create_time() - MARK_SLACK_S  # psutil derives it from the boot time, to ~1 s
-    link = RunDir(working_copy(train)).store_link
+    link = RunDir(working_copy(recipe)).store_link
     deadline = time.monotonic() + PULL_WAIT_S
     while time.monotonic() < deadline:
         try:
@@ -90,24 +90,24 @@ def wait_for_pull(train: TrainConfig, say: Callable[[str], None] = print) -> Non
         time.sleep(0.2)
     from hf_pretrain.object_store.reach import StoreRefused
 
-    raise StoreRefused(f"this machine's first process did not pull {train.output_dir} in {PULL_WAIT_S:.0f} s")
+    raise StoreRefused(f"this machine's first process did not pull {recipe.train.output_dir} in {PULL_WAIT_S:.0f} s")
 
 
-def working_copy(train: TrainConfig) -> Path:
+def working_copy(recipe: Recipe) -> Path:
     """The local folder a URL run trains in (the same on every process of this machine)."""
     from hf_pretrain.object_store.urls import StoreURL
 
-    return local_copy(StoreURL.parse(train.output_dir), "runs", train.cache_dir)
+    return local_copy(StoreURL.parse(recipe.train.output_dir), "runs", recipe.store.cache_dir)
 
 
 class RunInStore:
     """The store side of one training session (first process only); see the module's docstring."""
 
-    def __init__(self, train: TrainConfig, say: Callable[[str], None] = print):
-        self.train, self.say = train, lambda line: say(redact(line))
-        self.url, self.fs = open_checked(train.output_dir)  # StoreRefused: one line, exit 78
-        self.local = working_copy(train)
-        self.lease = Lease(self.fs, self.url, train.store_heartbeat_s)
+    def __init__(self, recipe: Recipe, say: Callable[[str], None] = print):
+        self.store, self.say = recipe.store, lambda line: say(redact(line))
+        self.url, self.fs = open_checked(recipe.train.output_dir)  # StoreRefused: one line, exit 78
+        self.local = working_copy(recipe)
+        self.lease = Lease(self.fs, self.url, recipe.store.store_heartbeat_s)
         self.uploader: Uploader | None = None
         self._stop = threading.Event()
         self._ticker: threading.Thread | None = None
@@ -115,9 +115,9 @@ class RunInStore:
         self._final = False  # the schedule completed: final/ goes to the store too
 
     @classmethod
-    def begin(cls, train: TrainConfig, say: Callable[[str], None] = print) -> RunInStore:
+    def begin(cls, recipe: Recipe, say: Callable[[str], None] = print) -> RunInStore:
         """Checked, leased and pulled, the uploader running; raises `StoreRefused` or `LeaseHeld`."""
-        run = cls(train, say)
+        run = cls(recipe, say)
         note = run.lease.acquire()
         if note:
             run.say(f"store: {note}")
@@ -133,8 +133,8 @@ class RunInStore:
             run.fs,
             run.url,
             run.local,
-            train.keep_checkpoints,
-            train.milestone_interval,
+            recipe.checkpoints.keep_checkpoints,
+            recipe.checkpoints.milestone_interval,
             run._changed,
             run.say,
             run_id=run_id,
@@ -189,13 +189,13 @@ class RunInStore:
         p, started = self.uploader.progress, time.monotonic()
         if not self.uploader.idle():
             with LiveLine(f"uploading to {self.url}", p.count, self.say, self._activity):
-                done = self.uploader.wait(self.train.store_wait_s)
+                done = self.uploader.wait(self.store.store_wait_s)
             if not done:
                 self.say(f"warning: {self.behind()}")
                 return
         final = RunDir(self.local).final
         if self._final and final.is_dir():
-            deadline = started + self.train.store_wait_s
+            deadline = started + self.store.store_wait_s
             files = sorted(f for f in final.rglob("*") if f.is_file())
             pairs = [(f, self.url.join("final", str(f.relative_to(final))).path) for f in files]
             count = ByteCount(sum(f.stat().st_size for f in files))
@@ -237,12 +237,12 @@ class RunInStore:
 
     # ------------------------------------------------------------------ the thread beside training
     def _tick(self) -> None:
-        next_beat = time.monotonic() + self.train.store_heartbeat_s
+        next_beat = time.monotonic() + self.store.store_heartbeat_s
         while not self._stop.wait(STOP_POLL_S):
             try:
                 self._mirror_stop_request()
                 if time.monotonic() >= next_beat:
-                    next_beat = time.monotonic() + self.train.store_heartbeat_s
+                    next_beat = time.monotonic() + self.store.store_heartbeat_s
                     self.lease.beat()
                     if self.lease.lost_to is not None:
                         self.say(

@@ -4,9 +4,8 @@ configuration (labelled an estimate)."""
 
 from __future__ import annotations
 
-from hf_pretrain.config import Recipe, build_recipe
+from hf_pretrain.config import KEY_SECTION, Recipe, build_recipe
 from hf_pretrain.config.recipe_command import recipe_command
-from hf_pretrain.config.schema import KEY_SECTION
 from hf_pretrain.economics.cost import dollars, dollars_per_billion_tokens
 from hf_pretrain.economics.gpus import find_gpu
 from hf_pretrain.economics.measurements import measured_here
@@ -21,13 +20,13 @@ def run_tokens(recipe: Recipe) -> int:
 
 def run_hours(recipe: Recipe) -> float | None:
     """Wall-clock hours at expected_tokens_per_s, or None when the throughput is unknown (0)."""
-    rate = recipe.train.expected_tokens_per_s
+    rate = recipe.reporting.expected_tokens_per_s
     return run_tokens(recipe) / rate / 3600 if rate else None
 
 
 def run_cost(recipe: Recipe) -> float | None:
     """Dollars at price_per_hour for the whole job, or None when throughput or price is unknown."""
-    hours, price = run_hours(recipe), recipe.train.price_per_hour
+    hours, price = run_hours(recipe), recipe.reporting.price_per_hour
     return dollars(hours, price) if hours is not None and price else None
 
 
@@ -53,7 +52,7 @@ def modelled_rate(recipe: Recipe, gpu_name: str | None, world_size: int = 1) -> 
 def check_cost(recipe: Recipe, gpu_name: str | None = None, world_size: int = 1) -> CheckResult:
     """Time and cost at the recipe's expected_tokens_per_s, else at what this configuration measured on
     this GPU (economics/measurements.py), else at the model's for `gpu_name`."""
-    measured = None if recipe.train.expected_tokens_per_s else measured_here(recipe, world_size)
+    measured = None if recipe.reporting.expected_tokens_per_s else measured_here(recipe, world_size)
     if measured:  # what this configuration measured on this GPU stands in for the unknown rate
         recipe = build_recipe(recipe.to_dict(), {"expected_tokens_per_s": measured.tokens_per_s * world_size})
     t = recipe.train
@@ -67,7 +66,11 @@ def check_cost(recipe: Recipe, gpu_name: str | None = None, world_size: int = 1)
             f"{hours:,.1f} h at ~{modelled:,.0f} tokens/s (an estimate of the performance model for {gpus}; "
             f"`hf-pretrain bench` measures it)"
         )
-        price = f", {usd(dollars(hours, t.price_per_hour))} at {usd(t.price_per_hour)}/h" if t.price_per_hour else ""
+        price = (
+            f", {usd(dollars(hours, recipe.reporting.price_per_hour))} at {usd(recipe.reporting.price_per_hour)}/h"
+            if recipe.reporting.price_per_hour
+            else ""
+        )
         return CheckResult("time and cost", "pass", f"{tokens}: {duration}{price}")
     if hours is None:
         return CheckResult(
@@ -75,9 +78,9 @@ def check_cost(recipe: Recipe, gpu_name: str | None = None, world_size: int = 1)
             "warn",
             f"{tokens}: time and cost unknown (expected_tokens_per_s=0)",
             f"measure with `{bench_command(recipe)}`, then set --expected_tokens_per_s"
-            + ("" if t.price_per_hour else " and --price_per_hour"),
+            + ("" if recipe.reporting.price_per_hour else " and --price_per_hour"),
         )
-    duration = f"{hours:,.1f} h at {t.expected_tokens_per_s:,.0f} tokens/s" + (
+    duration = f"{hours:,.1f} h at {recipe.reporting.expected_tokens_per_s:,.0f} tokens/s" + (
         f" ({measured.label()})" if measured else ""
     )
     if cost is None:
@@ -87,9 +90,9 @@ def check_cost(recipe: Recipe, gpu_name: str | None = None, world_size: int = 1)
             f"{tokens}: {duration}; cost unknown (price_per_hour=0)",
             "set --price_per_hour (the job's $/hour, all GPUs)",
         )
-    per_billion = dollars_per_billion_tokens(t.expected_tokens_per_s, t.price_per_hour)
+    per_billion = dollars_per_billion_tokens(recipe.reporting.expected_tokens_per_s, recipe.reporting.price_per_hour)
     return CheckResult(
         "time and cost",
         "pass",
-        f"{tokens}: {duration}, {usd(cost)} at {usd(t.price_per_hour)}/h ({usd(per_billion)} per billion tokens)",
+        f"{tokens}: {duration}, {usd(cost)} at {usd(recipe.reporting.price_per_hour)}/h ({usd(per_billion)} per billion tokens)",
     )

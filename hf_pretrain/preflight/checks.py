@@ -122,12 +122,10 @@ def _in_store(recipe: Recipe) -> Recipe | None:
 
     if not is_url(recipe.train.output_dir):
         return None
-    import dataclasses
 
     from hf_pretrain.object_store.run_sync import working_copy
 
-    local = dataclasses.replace(recipe.train, output_dir=str(working_copy(recipe.train)))
-    return dataclasses.replace(recipe, train=local)
+    return recipe.replace(output_dir=str(working_copy(recipe)))
 
 
 def tried_on_the_device(refusal: CheckResult) -> CheckResult:

@@ -42,11 +42,11 @@ def check_prepared(recipe: Recipe) -> CheckResult:
         f"{recipe.data.data_dir}: {train_tokens:,} training tokens, {val_tokens:,} validation tokens, "
         f"vocabulary {meta['vocab_size']:,}, {meta['dtype']}"
     )
-    if val_tokens < recipe.train.eval_tokens:  # val_loss then covers all of them: still the same on any world size
+    if val_tokens < recipe.evaluation.eval_tokens:  # val_loss then covers all of them: still the same on any world size
         return CheckResult(
             "data",
             "warn",
-            f"{reason}; eval_tokens={recipe.train.eval_tokens:,} asks for more, so "
+            f"{reason}; eval_tokens={recipe.evaluation.eval_tokens:,} asks for more, so "
             f"every evaluation uses all {val_tokens:,}",
             f"--eval_tokens {val_tokens} to say so, or a lower val_every at the next prepare",
         )
@@ -69,7 +69,7 @@ def check_data_budget(recipe: Recipe) -> CheckResult:
     t, seq_len = recipe.train, recipe.data.seq_len
     samples = [max(0, (s["splits"]["train"]["tokens"] - 1) // seq_len) for s in meta["sources"]]  # the loader's
     per_step = t.global_batch_tokens // seq_len
-    decay_start = Schedule(t).decay_start()
+    decay_start = Schedule(recipe).decay_start()
     mixture = build_mixture(recipe, samples, None if decay_start is None else decay_start * per_step)
     planned = t.max_steps * t.global_batch_tokens
     epochs = mixture.epochs_before(t.max_steps * per_step)

@@ -71,7 +71,7 @@ def check_versions(recipe: Recipe) -> list[CheckResult]:
             )
         ]
     results = [check_package(p, ranges.get(p), INSTALL_FIX) for p in CORE_PACKAGES]
-    if recipe.train.liger:
+    if recipe.compute.liger:
         liger = check_package("liger-kernel", ranges.get("liger-kernel"), LIGER_INSTALL_FIX)
         liger_ranges = declared_ranges("liger-kernel") if liger.status == "pass" else {}
         results += [liger, check_package("triton", liger_ranges.get("triton"), LIGER_INSTALL_FIX)]

@@ -85,7 +85,11 @@ def milestone_count(recipe: Recipe) -> int:
     """Checkpoints never pruned: saves (every save_interval) at multiples of milestone_interval,
     before the final step's, which is among the kept ones anyway."""
     t = recipe.train
-    return (t.max_steps - 1) // math.lcm(t.save_interval, t.milestone_interval) if t.milestone_interval else 0
+    return (
+        (t.max_steps - 1) // math.lcm(recipe.checkpoints.save_interval, recipe.checkpoints.milestone_interval)
+        if recipe.checkpoints.milestone_interval
+        else 0
+    )
 
 
 def existing_checkpoint_bytes(output_dir: str | Path) -> int:
@@ -102,22 +106,22 @@ def check_disk_space(recipe: Recipe) -> CheckResult:
     tokenizer = tokenizer_bytes(recipe)
     checkpoint = newest_checkpoint_bytes(t.output_dir) or checkpoint_bytes(n, tokenizer)
     small = SMALL_FILES_BYTES + tokenizer
-    milestone = checkpoint if t.milestone_full_state else MILESTONE_BYTES_PER_PARAMETER * n + small
+    milestone = checkpoint if recipe.checkpoints.milestone_full_state else MILESTONE_BYTES_PER_PARAMETER * n + small
     export = DTYPE_BYTES[FINAL_DTYPE] * n  # final/ is exported in FINAL_DTYPE whatever the training precision
     milestones = milestone_count(recipe)
     already = existing_checkpoint_bytes(t.output_dir)
-    needed = max(0, (t.keep_checkpoints + 1) * checkpoint + milestones * milestone + export - already)
+    needed = max(0, (recipe.checkpoints.keep_checkpoints + 1) * checkpoint + milestones * milestone + export - already)
     disk = nearest_existing(Path(t.output_dir))
     if not disk.is_dir():
         return CheckResult("disk space", "skip", f"{disk} is not a folder (see output_dir)")
     free = shutil.disk_usage(disk).free
-    count = t.keep_checkpoints + 1
-    kind = "whole" if t.milestone_full_state else "bf16 weights only"
+    count = recipe.checkpoints.keep_checkpoints + 1
+    kind = "whole" if recipe.checkpoints.milestone_full_state else "bf16 weights only"
     kept = f" + {milestones} milestones of {human_bytes(milestone)} ({kind})" if milestones else ""
     existing = f" - {human_bytes(already)} in existing checkpoints" if already else ""
     reason = (
         f"needs {human_bytes(needed)} = {count} checkpoints of {human_bytes(checkpoint)} "
-        f"({t.keep_checkpoints} kept + 1 being written){kept} + a {human_bytes(export)} export{existing}; "
+        f"({recipe.checkpoints.keep_checkpoints} kept + 1 being written){kept} + a {human_bytes(export)} export{existing}; "
         f"{human_bytes(free)} free on {disk}"
     )
     if free < needed:
@@ -154,18 +158,18 @@ def disk_write_bytes_per_s(folder: Path) -> float:
 def check_save_speed(recipe: Recipe) -> CheckResult:
     """Whether writing a checkpoint every save_interval steps costs more than 1% of the run."""
     t = recipe.train
-    if not t.expected_tokens_per_s:
+    if not recipe.reporting.expected_tokens_per_s:
         return CheckResult("save speed", "skip", "the step time is unknown (expected_tokens_per_s=0)")
     if os.environ.get("RANK", "0") != "0":
         return CheckResult("save speed", "skip", "measured by the job's first process")
-    if t.save_interval >= t.max_steps:
+    if recipe.checkpoints.save_interval >= t.max_steps:
         return CheckResult("save speed", "pass", "one save, at the end of the run")
     disk = nearest_existing(Path(t.output_dir))
     if not disk.is_dir():
         return CheckResult("save speed", "skip", f"{disk} is not a folder (see output_dir)")
     speed = disk_write_bytes_per_s(disk)
     write_s = checkpoint_bytes(recipe_parameter_count(recipe), tokenizer_bytes(recipe)) / speed
-    between_saves_s = t.save_interval * t.global_batch_tokens / t.expected_tokens_per_s
+    between_saves_s = recipe.checkpoints.save_interval * t.global_batch_tokens / recipe.reporting.expected_tokens_per_s
     share = write_s / between_saves_s
     # An upper bound: the probe is flushed to the disk, while the page cache can take part of a save
     reason = (
@@ -174,7 +178,7 @@ def check_save_speed(recipe: Recipe) -> CheckResult:
     )
     if share <= SAVE_SHARE_LIMIT:
         return CheckResult("save speed", "pass", reason)
-    under = math.ceil(write_s / SAVE_SHARE_LIMIT / (between_saves_s / t.save_interval))
+    under = math.ceil(write_s / SAVE_SHARE_LIMIT / (between_saves_s / recipe.checkpoints.save_interval))
     return CheckResult(
         "save speed",
         "warn",

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import importlib.util
 import os
 import shutil
@@ -60,8 +59,7 @@ def check_cuda(recipe: Recipe, profile: RunProfile | None = None) -> CheckResult
             f"{profile.machine.name}, {human_bytes(profile.machine.memory_bytes or 0)}, torch {torch.__version__} "
             f"(CUDA {torch.version.cuda})",
         )
-    t = recipe.train
-    if t.liger:
+    if recipe.compute.liger:
         return CheckResult(
             "cuda",
             "fail",
@@ -98,11 +96,10 @@ def check_liger_under_compile(recipe: Recipe) -> CheckResult:
     """`liger` with `compile` runs (Liger's loss outside the compiled graph, hf_pretrain/loss.py), but no GPU
     has timed the pair: say so rather than promise a speed-up, with what each alone measured on the
     project's H100 where the shipped records hold the recipe (economics/measured.jsonl)."""
-    t = recipe.train
-    if not (t.liger and t.compile):
+    if not (recipe.compute.liger and recipe.compute.compile):
         return CheckResult("liger + compile", "skip", "not asked for")
-    compiled = shipped_measurement(dataclasses.replace(recipe, train=dataclasses.replace(t, liger=False)), "H100 SXM")
-    liger = shipped_measurement(dataclasses.replace(recipe, train=dataclasses.replace(t, compile=False)), "H100 SXM")
+    compiled = shipped_measurement(recipe.replace(liger=False), "H100 SXM")
+    liger = shipped_measurement(recipe.replace(compile=False), "H100 SXM")
     figures = (
         f" (H100: compiled {compiled.tokens_per_s / 1e3:.1f}k tokens/s, eager+Liger {liger.tokens_per_s / 1e3:.1f}k)"
         if compiled and liger
@@ -118,7 +115,7 @@ def check_liger_under_compile(recipe: Recipe) -> CheckResult:
 
 def check_compiler(recipe: Recipe, profile: RunProfile | None = None) -> CheckResult:
     """torch.compile's inductor writes kernels at run time: Triton on a GPU, C++ on the CPU."""
-    if not recipe.train.compile:
+    if not recipe.compute.compile:
         return CheckResult("compiler", "skip", "compile=false")
     if (profile.machine if profile else this_machine()).on_gpu:
         found = importlib.util.find_spec("triton") is not None
@@ -184,7 +181,7 @@ def check_fp8(recipe: Recipe, profile: RunProfile | None = None) -> CheckResult:
 def check_tf32(recipe: Recipe, profile: RunProfile | None = None) -> CheckResult:
     if not (profile.machine if profile else this_machine()).on_gpu:
         return CheckResult("tf32", "skip", "only matters on CUDA")
-    if recipe.train.tf32:
+    if recipe.compute.tf32:
         return CheckResult("tf32", "pass", "TF32 matmuls on (tf32=true)")
     return CheckResult(
         "tf32", "warn", "tf32=false: fp32 matmuls run several times slower on Ampere and later", "--tf32 true"
@@ -212,13 +209,13 @@ def bench_command(recipe: Recipe) -> str:
     keys = [f"--micro_batch_size {t.micro_batch_size}"]
     if recipe.checkpointed_layer_count:
         keys.append(f"--checkpointed_layers {recipe.checkpointed_layer_count}")
-    keys.append(f"--compile {str(t.compile).lower()}")
-    if t.compile and t.compile_regions:
+    keys.append(f"--compile {str(recipe.compute.compile).lower()}")
+    if recipe.compute.compile and recipe.compute.compile_regions:
         keys.append("--compile_regions true")
-    if t.liger:
+    if recipe.compute.liger:
         keys.append("--liger true")
-    if t.optimizer != "adamw":
-        keys.append(f"--optimizer {t.optimizer}")
+    if recipe.optim.optimizer != "adamw":
+        keys.append(f"--optimizer {recipe.optim.optimizer}")
     return f"hf-pretrain bench --recipe {recipe.name} {' '.join(keys)} --no_search --steps 10 --warmup 4"
 
 

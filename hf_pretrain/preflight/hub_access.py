@@ -24,7 +24,7 @@ WHOAMI_TIMEOUT_S = 10.0
 
 
 def check_hub(recipe: Recipe, timeout: float = WHOAMI_TIMEOUT_S) -> CheckResult:
-    repo = recipe.train.push_to_hub
+    repo = recipe.publish.push_to_hub
     if not repo:
         return CheckResult("hub", "skip", "push_to_hub is not set: nothing is pushed")
     if os.environ.get("RANK", "0") != "0":

@@ -25,7 +25,9 @@ def check_resume(recipe: Recipe, decision: Callable[[], Continuation]) -> CheckR
         return CheckResult("resume", "fail", str(exc), "pass --resume auto, none, or a complete checkpoint folder")
     skipped = "".join(f"; skipping {reason}" for reason in plan.skipped)
     if plan.saved is None:
-        start = "starts from step 0" + (" (resume none)" if recipe.train.resume == "none" else ": no checkpoint yet")
+        start = "starts from step 0" + (
+            " (resume none)" if recipe.checkpoints.resume == "none" else ": no checkpoint yet"
+        )
         return CheckResult("resume", "pass", start + skipped)
     step = plan.saved["step"]
     reason = f"goes on from step {step:,}" if plan.branch is None else f"goes on from {plan.folder}"

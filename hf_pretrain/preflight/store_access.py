@@ -61,7 +61,7 @@ def check_store(recipe: Recipe) -> list[CheckResult]:
 def _checkpoint_size(recipe: Recipe) -> int:
     from hf_pretrain.object_store.run_sync import working_copy
 
-    local = working_copy(recipe.train)
+    local = working_copy(recipe)
     n = recipe_parameter_count(recipe)
     return newest_checkpoint_bytes(local) or checkpoint_bytes(n, tokenizer_bytes(recipe))
 
@@ -88,9 +88,9 @@ def upload_time(recipe: Recipe, url, fs) -> CheckResult:
         f"{human_bytes(rate)}/s measured with {human_bytes(RATE_PROBE_BYTES)}: a {human_bytes(size)} checkpoint "
         f"uploads in ~{human_duration(upload_s)} in the background"
     )
-    if not t.expected_tokens_per_s or t.save_interval >= t.max_steps:
+    if not recipe.reporting.expected_tokens_per_s or recipe.checkpoints.save_interval >= t.max_steps:
         return CheckResult("store upload", "pass", reason)
-    between_s = t.save_interval * t.global_batch_tokens / t.expected_tokens_per_s
+    between_s = recipe.checkpoints.save_interval * t.global_batch_tokens / recipe.reporting.expected_tokens_per_s
     reason += f", every {human_duration(between_s)} of training"
     if upload_s <= between_s:
         return CheckResult("store upload", "pass", reason)
@@ -106,7 +106,7 @@ def cache_disk(recipe: Recipe) -> CheckResult:
     """The working copy's disk against one checkpoint (the full need is the disk space row below)."""
     from hf_pretrain.object_store.run_sync import working_copy
 
-    local = working_copy(recipe.train)
+    local = working_copy(recipe)
     disk = nearest_existing(local)
     free, size = shutil.disk_usage(disk).free, _checkpoint_size(recipe)
     reason = f"the working copy {local}: {human_bytes(free)} free on {disk}, a checkpoint takes {human_bytes(size)}"

@@ -131,13 +131,13 @@ def model_choices(spec: str, cache_dir: Path, log: Callable[[str], None] = print
 
 
 def milestone_prompts(specs: list[str]) -> list[str]:
-    """The example prompts: the runs' `train.prompts` (those sampled during training), else the defaults."""
+    """The example prompts: the runs' `evaluation.prompts` (those sampled during training), else the defaults."""
     prompts: list[str] = []
     for spec in specs:
         run = run_of(Path(spec).expanduser())
         recipe = RunDir(run).load_recipe() if run is not None else None
         if recipe is not None:  # none, or one from an older hf-pretrain: the defaults will do
-            prompts += recipe.train.prompts
+            prompts += recipe.evaluation.prompts
     return list(dict.fromkeys(prompts)) or list(DEFAULT_PROMPTS)
 
 

@@ -18,8 +18,7 @@ from typing import Any
 
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
-from hf_pretrain.config import Recipe, SourceConfig
-from hf_pretrain.config.schema import DEFAULT_SOURCE_NAME
+from hf_pretrain.config import DEFAULT_SOURCE_NAME, Recipe, SourceConfig
 from hf_pretrain.economics.cost import dollars
 from hf_pretrain.formatting import human_count, human_duration, table_cell, usd
 from hf_pretrain.model import count_parameters
@@ -214,20 +213,19 @@ def _training(
         ("tokens", f"{train_state.get('tokens_seen', 0):,}"),
     ]
     if recipe is not None:
-        t = recipe.train
         rows += [
-            ("batch", f"{t.global_batch_tokens:,} tokens/step"),
+            ("batch", f"{recipe.train.global_batch_tokens:,} tokens/step"),
             ("sequence length", recipe.data.seq_len),
-            ("peak learning rate", t.learning_rate),
-            ("schedule", Schedule(t).describe()),
+            ("peak learning rate", recipe.optim.learning_rate),
+            ("schedule", Schedule(recipe).describe()),
         ]
-        rows += _how_it_ended(Schedule(t), train_state)
+        rows += _how_it_ended(Schedule(recipe), train_state)
     rows.append(("hardware", options.hardware or train_state.get("hardware") or "not recorded"))
     seconds = train_state.get("elapsed_seconds")
     if seconds:
         rows.append(("training time", human_duration(seconds)))
         # 0 or absent: unknown, no row
-        price = options.price_per_hour or (recipe.train.price_per_hour if recipe is not None else 0.0)
+        price = options.price_per_hour or (recipe.reporting.price_per_hour if recipe is not None else 0.0)
         if price:
             rows.append(("cost", f"{usd(dollars(seconds / 3600, price))} (at ${price:g}/h)"))
     for label, value, fmt in [

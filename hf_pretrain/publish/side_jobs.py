@@ -1,11 +1,11 @@
 """The side jobs of a training run: publish and score its checkpoints without holding it up.
 
-`hf_pretrain/train.py` hands `SideJobs(recipe.train)` to the loop, which calls it on the main
+`hf_pretrain/train.py` hands `SideJobs(recipe)` to the loop, which calls it on the main
 process only (training/callbacks.py):
 
 - each saved checkpoint, with `push_checkpoints`: exported (bf16) and pushed to branch `step-N`
   of `push_to_hub`, on a background thread (one upload at a time, in order);
-- each saved checkpoint, with `benchmark_tasks`: scored with lm-eval in a subprocess
+- each saved checkpoint, with `lm_eval_tasks`: scored with lm-eval in a subprocess
   (`python -m hf_pretrain.evaluation.score_checkpoint ...`), which appends its record to the run's
   benchmarks.jsonl when it is ready;
 - at the end of the schedule: `final/`, the last checkpoint exported in `FINAL_DTYPE` (the size
@@ -30,7 +30,7 @@ from pathlib import Path
 from hf_pretrain.checkpoints.layout import MANIFEST, TRAIN_STATE, TRAINING_ONLY_PREFIXES
 from hf_pretrain.checkpoints.progress import FolderBytes, LiveLine
 from hf_pretrain.checkpoints.store import pin_checkpoint, resolve_checkpoint
-from hf_pretrain.config import TrainConfig
+from hf_pretrain.config import Recipe
 from hf_pretrain.publish.export import export_checkpoint, push_checkpoint
 from hf_pretrain.publish.hub import HubError, push_folder
 from hf_pretrain.publish.model_card import CardOptions
@@ -51,8 +51,8 @@ def final_bytes(checkpoint: Path) -> int:
 class SideJobs:  # a training.callbacks.Callback
     """The recipe's publishing and benchmark jobs; `log` says what they did (from any thread)."""
 
-    def __init__(self, train: TrainConfig, log: Callable[[str], None] = print):
-        self.train, self.log = train, log
+    def __init__(self, recipe: Recipe, log: Callable[[str], None] = print):
+        self.publish, self.evaluation, self.log = recipe.publish, recipe.evaluation, log
         self._uploads = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hf-pretrain-upload")
         self._benchmarks = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hf-pretrain-benchmark")
         self._pending: list[tuple[str, Future]] = []
@@ -60,9 +60,9 @@ class SideJobs:  # a training.callbacks.Callback
 
     def on_checkpoint_saved(self, path: Path, step: int) -> None:
         jobs = []
-        if self.train.push_checkpoints:
+        if self.publish.push_checkpoints:
             jobs.append((f"the push of step {step}", self._uploads, self._push_checkpoint))
-        if self.train.benchmark_tasks:
+        if self.evaluation.lm_eval_tasks:
             jobs.append((f"the benchmarks of step {step}", self._benchmarks, self._benchmark))
         if not jobs:
             return
@@ -82,12 +82,12 @@ class SideJobs:  # a training.callbacks.Callback
                 dtype=FINAL_DTYPE,
                 overwrite=True,
                 card=CardOptions(
-                    model_name=self.train.push_to_hub or run.path.name,
-                    repo_id=self.train.push_to_hub or None,
+                    model_name=self.publish.push_to_hub or run.path.name,
+                    repo_id=self.publish.push_to_hub or None,
                     local_path=str(run.final),
                 ),
             )
-        if self.train.push_to_hub:
+        if self.publish.push_to_hub:
             self._pending.append(("the push of final/", self._uploads.submit(self._push_final, run)))
 
     def wait(self) -> None:
@@ -111,7 +111,7 @@ class SideJobs:  # a training.callbacks.Callback
 
     def _push_checkpoint(self, checkpoint: Path, step: int) -> None:
         try:
-            url = push_checkpoint(checkpoint, self.train.push_to_hub, step, private=self.train.push_private)
+            url = push_checkpoint(checkpoint, self.publish.push_to_hub, step, private=self.publish.push_private)
         except HubError as exc:
             self.log(f"warning: step {step} was not pushed: {exc}")
             self.not_pushed.append((f"branch step-{step}", str(exc)))
@@ -125,12 +125,12 @@ class SideJobs:  # a training.callbacks.Callback
             "hf_pretrain.evaluation.score_checkpoint",  # run, never imported: publish/ stays above evaluation/
             str(checkpoint),
             "--tasks",
-            ",".join(self.train.benchmark_tasks),
+            ",".join(self.evaluation.lm_eval_tasks),
             "--limit",
-            str(self.train.benchmark_limit),
+            str(self.evaluation.lm_eval_limit),
         ]
-        if self.train.benchmark_data_dir:
-            command += ["--data_dir", self.train.benchmark_data_dir]
+        if self.evaluation.lm_eval_data_dir:
+            command += ["--data_dir", self.evaluation.lm_eval_data_dir]
         # lm-eval loads its own copy of the model: in its own process it shares no memory, lock or
         # RNG with training, and ends by giving all of it back
         result = subprocess.run(command, capture_output=True, text=True)
@@ -144,14 +144,14 @@ class SideJobs:  # a training.callbacks.Callback
     def _push_final(self, run: RunDir) -> None:
         try:
             self.log(
-                f"pushed final/ to {push_folder(run.final, self.train.push_to_hub, private=self.train.push_private)}"
+                f"pushed final/ to {push_folder(run.final, self.publish.push_to_hub, private=self.publish.push_private)}"
             )
         except HubError as exc:
             self.log(f"warning: {exc}; push it later with `{self._upload_final(run)}`")
             self.not_pushed.append(("final/", str(exc)))
 
     def _upload_final(self, run: RunDir) -> str:
-        return f"hf upload {self.train.push_to_hub} {run.final}" + (" --private" if self.train.push_private else "")
+        return f"hf upload {self.publish.push_to_hub} {run.final}" + (" --private" if self.publish.push_private else "")
 
     def unpushed(self, run: RunDir) -> str | None:
         """After `wait`: a line naming what was not pushed, why (the first reason) and how to push it, or None."""
@@ -168,10 +168,10 @@ class SideJobs:  # a training.callbacks.Callback
             if folder.is_dir():  # the others may have been pruned since
                 fixes.append(
                     f"`hf-pretrain export --checkpoint {folder} --out {run.path / 'exports' / f'step-{step}'} "
-                    f"--push_to_hub {self.train.push_to_hub} --revision step-{step}`"
+                    f"--push_to_hub {self.publish.push_to_hub} --revision step-{step}`"
                 )
         how = f"; push later with {' and '.join(fixes)}" if fixes else ""
-        return f"not pushed to {self.train.push_to_hub}: {what} ({self.not_pushed[0][1]}){how}"
+        return f"not pushed to {self.publish.push_to_hub}: {what} ({self.not_pushed[0][1]}){how}"
 
 
 class _Pin:

@@ -14,17 +14,18 @@ import time
 
 from accelerate.utils import TorchDynamoPlugin
 
-from hf_pretrain.config import TrainConfig
+from hf_pretrain.config import ComputeConfig
 
 # Steps after the first whose median is the compiled step's usual time.
 SETTLE_STEPS = 3
 
 
-def dynamo_plugin(train: TrainConfig) -> TorchDynamoPlugin:
+def dynamo_plugin(compute: ComputeConfig) -> TorchDynamoPlugin:
     """How Accelerate compiles the model in `prepare`: not at all, whole (`compile`), or one decoder
     layer compiled and reused for every layer (`compile_regions`, Accelerate's regional compilation)."""
     return TorchDynamoPlugin(
-        backend="inductor" if train.compile else "no", use_regional_compilation=train.compile and train.compile_regions
+        backend="inductor" if compute.compile else "no",
+        use_regional_compilation=compute.compile and compute.compile_regions,
     )
 
 

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from accelerate import Accelerator
 
-from hf_pretrain.config import TrainConfig
+from hf_pretrain.config import Recipe
 from hf_pretrain.economics.cost import window_cost_per_loss_point
 from hf_pretrain.exit_codes import EXIT_DIVERGED, EXIT_PREEMPTED
 from hf_pretrain.processes import LAUNCHER_GONE, followed_launcher, launcher_gone
@@ -115,34 +115,34 @@ class EarlyStop:
     """When to stop paying: cost per loss point over a window, or validation loss that stopped
     improving. Both rules are off unless the recipe sets them; `reason` says which fired, and why."""
 
-    def __init__(self, train: TrainConfig):
-        self.train = train
+    def __init__(self, recipe: Recipe):
+        self.stopping, self.reporting = recipe.stopping, recipe.reporting
         self.reason: str | None = None
         self.best_val_loss = float("inf")
         self.evals_without_improvement = 0
 
     def observe_cost(self, history: list[dict[str, Any]]) -> None:
-        limit = self.train.early_stop_cost_per_loss_point
+        limit = self.stopping.early_stop_cost_per_loss_point
         if not limit or self.reason:
             return
-        cost = window_cost_per_loss_point(history, self.train.early_stop_window, self.train.price_per_hour)
+        cost = window_cost_per_loss_point(history, self.stopping.early_stop_window, self.reporting.price_per_hour)
         if cost is not None and cost > limit:
             self.reason = (
-                f"the last {self.train.early_stop_window} steps cost ${cost:,.2f} per loss point, "
+                f"the last {self.stopping.early_stop_window} steps cost ${cost:,.2f} per loss point, "
                 f"above early_stop_cost_per_loss_point=${limit:,.2f}"
             )
 
     def observe_val_loss(self, val_loss: float) -> None:
-        patience = self.train.early_stop_patience
+        patience = self.stopping.early_stop_patience
         if not patience or self.reason:
             return
-        if val_loss < self.best_val_loss - self.train.early_stop_min_delta:
+        if val_loss < self.best_val_loss - self.stopping.early_stop_min_delta:
             self.best_val_loss, self.evals_without_improvement = val_loss, 0
             return
         self.evals_without_improvement += 1
         if self.evals_without_improvement >= patience:
             self.reason = (
-                f"validation loss has not improved by {self.train.early_stop_min_delta} for {patience} "
+                f"validation loss has not improved by {self.stopping.early_stop_min_delta} for {patience} "
                 f"evaluations (best {self.best_val_loss:.4f}, now {val_loss:.4f})"
             )
 
@@ -151,12 +151,12 @@ class Guards:
     """The run's health and its stop decision, step by step. Use as a context manager: inside it,
     SIGTERM/SIGINT ask for a graceful stop instead of killing the process."""
 
-    def __init__(self, train: TrainConfig, accelerator: Accelerator, log: RunLogger):
-        self.train = train
+    def __init__(self, recipe: Recipe, accelerator: Accelerator, log: RunLogger):
+        self.train, self.stopping, self.reporting = recipe.train, recipe.stopping, recipe.reporting
         self.accelerator = accelerator
         self.log = log
         self.signals = GracefulStop(log.say)
-        self.early_stop = EarlyStop(train)
+        self.early_stop = EarlyStop(recipe)
         self.bad_in_a_row = 0
         self.recent_loss: float | None = None  # running average, for spike detection
         self.last_step_healthy = True
@@ -177,11 +177,11 @@ class Guards:
             self.log.record({"kind": "skipped", "step": step, "loss": str(loss), "grad_norm": str(grad_norm)})
             self.log.say(
                 f"step {step}: non-finite loss {loss} / grad norm {grad_norm}: step skipped, weights "
-                f"untouched ({self.bad_in_a_row} in a row, stop at {self.train.max_bad_steps})"
+                f"untouched ({self.bad_in_a_row} in a row, stop at {self.stopping.max_bad_steps})"
             )
             return False
         self.bad_in_a_row = 0
-        if self.recent_loss is not None and loss > self.train.loss_spike_factor * self.recent_loss:
+        if self.recent_loss is not None and loss > self.stopping.loss_spike_factor * self.recent_loss:
             self.log.record({"kind": "spike", "step": step, "loss": loss, "recent_loss": self.recent_loss})
             self.log.say(f"step {step}: loss spike {loss:.3f} against a recent average of {self.recent_loss:.3f}")
         self.recent_loss = loss if self.recent_loss is None else 0.9 * self.recent_loss + 0.1 * loss
@@ -193,7 +193,7 @@ class Guards:
     def decide(self, state: TrainState, history: list[dict[str, Any]]) -> Stop | None:
         """Whether the run stops after `state.step` (or begins its cooldown), the same answer on every process."""
         step, main = state.step, self.accelerator.is_main_process
-        if self.last_step_healthy and step % self.train.log_interval == 0:
+        if self.last_step_healthy and step % self.reporting.log_interval == 0:
             self.early_stop.observe_cost(history)
         request = self._stop_request(state) if main else None
         # the step's one exchange: a signal may have reached any process; early stopping and stop requests
@@ -205,7 +205,7 @@ class Guards:
             request is not None,
             request.cooldown_steps + 1 if request and request.cooldown_steps is not None else 0,
         )
-        if self.bad_in_a_row >= self.train.max_bad_steps:
+        if self.bad_in_a_row >= self.stopping.max_bad_steps:
             return Stop(
                 EXIT_DIVERGED,
                 f"stopped: {self.bad_in_a_row} non-finite steps in a row. {CHECKPOINT} holds the weights from "
@@ -219,7 +219,7 @@ class Guards:
                 f"stopped by {self.signals.signal_name or 'a signal to another process'} "
                 f"after step {step}; checkpoint {CHECKPOINT}. Rerun the same command to resume.",
             )
-        if step == self.train.stop_at_step:
+        if step == self.stopping.stop_at_step:
             return Stop(0, f"stopped at step {step} as asked (stop_at_step); rerun the same command to continue")
         if (requested or stop_early) and state.cooldown is None:
             if requested:
@@ -269,7 +269,7 @@ class Guards:
             cut = state.cooldown.end - step < steps  # never past max_steps (optim.Schedule.cooldown)
             self.log.say(
                 f"step {step}: {reason}: the learning rate decays from {state.lr(step):.3g} to "
-                f"{schedule.floor:.3g} over steps {step + 1}-{state.cooldown.end} ({schedule.train.decay_shape}"
+                f"{schedule.floor:.3g} over steps {step + 1}-{state.cooldown.end} ({schedule.optim.decay_shape}"
                 + (f"; {steps:,} steps were asked, {state.cooldown.end - step:,} are left to max_steps" if cut else "")
                 + "), then the run saves and writes final/"
             )

@@ -8,7 +8,6 @@ benchmarks) hang off the saved checkpoints as callbacks and never hold the loop 
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -75,18 +74,18 @@ def train(recipe: Recipe, callbacks: Sequence[Callback] = ()) -> Outcome:
     `hf-pretrain stop` and early stopping finish it early: a wsd run decays first (guards.py).
     """
     run = setup(recipe)
-    state, log, cfg = run.state, run.log, recipe.train
+    state, log = run.state, run.log
     side_jobs = CallbackList(callbacks if run.accelerator.is_main_process else [])  # nobody waits for them
     stop = Stop(0, finished=True) if state.step >= state.end else None
     checkpoint = None
     with (
-        Guards(cfg, run.accelerator, log) as guards,
-        Watchdog(cfg.hang_timeout_s, run.accelerator, run.dir) as watchdog,
+        Guards(recipe, run.accelerator, log) as guards,
+        Watchdog(recipe.stopping.hang_timeout_s, run.accelerator, run.dir) as watchdog,
     ):
         state.start_clock()
         while stop is None:
             result = run.train_step(state.step + 1)
-            state.advance(cfg.global_batch_tokens, skipped=not result.finite)
+            state.advance(recipe.train.global_batch_tokens, skipped=not result.finite)
             watchdog.beat(state.step)  # no progress for hang_timeout_s: the run is hung (watchdog.py)
             healthy = guards.check(state.step, result)  # a non-finite step was skipped, weights untouched
             log.step(state, result)
@@ -156,7 +155,7 @@ def take_the_folder(recipe: Recipe, run_dir: RunDir, continuation: Continuation,
     going further, a stop request from before this start taken up, the records after the checkpoint cut."""
     run_dir.path.mkdir(parents=True, exist_ok=True)
     if run_dir.shown_as() != str(run_dir.path):  # a run URL's working copy: the recipe names the URL, as typed
-        recipe = dataclasses.replace(recipe, train=dataclasses.replace(recipe.train, output_dir=run_dir.shown_as()))
+        recipe = recipe.replace(output_dir=run_dir.shown_as())
     save_recipe(recipe, run_dir.resolved_recipe)
     for note in continuation.set_aside(run_dir):  # going further: the old ending stays, out of the way
         say(note)
@@ -180,12 +179,12 @@ def model_and_optimizer(recipe: Recipe, profile: RunProfile, config, accelerator
     n_params = count_parameters(model)
     if recipe.checkpointed_layer_count:  # checkpointed_layers, or all of them with gradient_checkpointing
         enable_activation_checkpointing(model, recipe.checkpointed_layer_count)
-    if recipe.train.liger and not profile.step.liger:
+    if recipe.compute.liger and not profile.step.liger:
         accelerator.print("liger: CUDA is not available, training with the standard kernels")
     liger_applied = profile.step.liger and apply_liger(model, log=accelerator.print)
-    use_loss_head(model, loss_head_for(recipe.train, liger_applied))  # Liger's, chunked or stock (loss.py)
+    use_loss_head(model, loss_head_for(recipe.compute, liger_applied))  # Liger's, chunked or stock (loss.py)
     train_in_compute_dtype(model)  # residual stream in the autocast dtype, the loss alone out of the graph
-    optimizer = build_optimizer(model, recipe.train, fused=accelerator.device.type == "cuda")
+    optimizer = build_optimizer(model, recipe.optim, fused=accelerator.device.type == "cuda")
     model, optimizer = accelerator.prepare(model, optimizer)
     if converted := finish_fp8(model, profile.step):  # fp8: the CPU's emulation takes a GPU's dtypes
         accelerator.print(converted)
@@ -195,14 +194,13 @@ def model_and_optimizer(recipe: Recipe, profile: RunProfile, config, accelerator
 def accelerator_for(recipe: Recipe, profile: RunProfile, grad_accum: int, group: dict, run_dir: RunDir) -> Accelerator:
     """The Accelerator the run profile describes: its device and precision, compiled as asked, FP8's
     converter where it trains in fp8, the process group's timeout; TF32 matmuls on a GPU that allows them."""
-    cfg = recipe.train
     accelerator = Accelerator(
         cpu=not profile.machine.on_gpu,
         mixed_precision=profile.accelerate_precision,
         gradient_accumulation_steps=grad_accum,
-        log_with=trackers_for(cfg.report_to) or None,
+        log_with=trackers_for(recipe.reporting.report_to) or None,
         project_dir=str(run_dir.path),
-        dynamo_plugin=dynamo_plugin(cfg),  # compiled in `prepare`: whole model, regions, or not at all
+        dynamo_plugin=dynamo_plugin(recipe.compute),  # compiled in `prepare`: whole model, regions, or not at all
         # fp8: torchao's float8 for the decoder's linear layers, converted in `prepare` (hf_pretrain/fp8.py)
         kwargs_handlers=([InitProcessGroupKwargs(**group)] if group else []) + fp8_handlers(profile.step) or None,
     )
@@ -220,7 +218,7 @@ def setup(recipe: Recipe) -> Run:
     # Without CUDA the processes must run on the CPU; saying so up front is what makes Accelerate
     # join processes started by torchrun (`accelerate launch --multi_gpu`) into a gloo group.
     on_cpu = device_kind() != "cuda"
-    group = process_group_kwargs(cfg.hang_timeout_s)  # collectives give up just after the watchdog reports
+    group = process_group_kwargs(recipe.stopping.hang_timeout_s)  # collectives give up just after the watchdog reports
     # this call creates the process group, its keys apart from those of an attempt before a restart
     world_size = PartialState(cpu=on_cpu, **group, **attempt_store(group.get("timeout"))).num_processes
     # how this run executes, read and never decided again (after PartialState: a rank's own GPU)
@@ -255,7 +253,7 @@ def setup(recipe: Recipe) -> Run:
         for note in state.go_on_as(continuation, saved):
             say(note)
         say(f"resumed from {continuation.folder} at step {state.step}")
-    elif recipe.train.resume == "auto":
+    elif recipe.checkpoints.resume == "auto":
         say(f"resume: no complete checkpoint in {run_dir.checkpoints}, starting from step 0")
     if accelerator.is_main_process:  # only now, resumed or started: a refused run leaves the folder as it was
         take_the_folder(recipe, run_dir, continuation, state, say)
@@ -285,11 +283,11 @@ def setup(recipe: Recipe) -> Run:
         accelerator,
         run_dir,
         state,
-        TrainStep(accelerator, model, optimizer, train_loader, cfg, grad_accum, lr_of=state.lr),
-        Evaluation(accelerator, model, val_loader, tokenizer, cfg),
+        TrainStep(accelerator, model, optimizer, train_loader, recipe.optim, grad_accum, lr_of=state.lr),
+        Evaluation(accelerator, model, val_loader, tokenizer, recipe.evaluation),
         Checkpointer(
             accelerator,
-            cfg,
+            recipe,
             config,
             tokenizer,
             log=say,

@@ -16,7 +16,7 @@ from accelerate import Accelerator
 from accelerate.utils import gather_object
 from tqdm.auto import tqdm
 
-from hf_pretrain.config import Recipe, tracker_names
+from hf_pretrain.config import SECTIONS, Recipe, tracker_names
 from hf_pretrain.economics.cost import cost_record, phases_from_recipe, write_phase_table
 from hf_pretrain.economics.forecast import forecast_fields
 from hf_pretrain.economics.measurements import record_training_run
@@ -141,7 +141,7 @@ def trackers_for(report_to: str) -> list[str]:
 def flat_config(recipe: Recipe) -> dict[str, Any]:
     """The recipe as one flat dict of scalars, the shape trackers accept."""
     flat = {}
-    for section in ("model", "data", "train"):
+    for section in SECTIONS:
         for key, value in recipe.to_dict()[section].items():
             flat[key] = value if isinstance(value, (int, float, str, bool)) else str(value)
     return flat
@@ -162,17 +162,18 @@ class RunLogger:
         epochs_after: Callable[[int], int] | None = None,
         source_tokens: Callable[[int], dict[str, int]] | None = None,
     ):
-        self.accelerator, self.train, self.run = accelerator, recipe.train, run
+        self.accelerator, self.recipe, self.run = accelerator, recipe, run
+        self.train, self.compute, self.reporting = recipe.train, recipe.compute, recipe.reporting
         self.main = accelerator.is_main_process
         self.metrics = JsonlWriter(run.metrics, self.main)
         self.samples = JsonlWriter(run.samples, self.main)
         accelerator.init_trackers("hf-pretrain", config=flat_config(recipe))
         self.meter = ThroughputMeter(flops_per_token, machine.peak_flops, accelerator.num_processes)
         self.machine = machine
-        self.compile_watch = CompileWatch() if self.train.compile else None  # what compiling cost, how often
+        self.compile_watch = CompileWatch() if self.compute.compile else None  # what compiling cost, how often
         self.history = [r for r in read_jsonl(run.metrics) if r["kind"] == "train"]  # for cost per phase
         self.session_start = len(self.history)  # the records before are earlier sessions' (maybe another GPU)
-        self.phases = phases_from_recipe(self.train.run_phases)
+        self.phases = phases_from_recipe(recipe.run_phases)
         # this process's step losses since the last record; a checkpoint keeps them (state_dict), so the
         # first record after a resume averages the same steps as the uninterrupted run's
         self.window_losses: list[float] = []
@@ -234,7 +235,7 @@ class RunLogger:
         self._epoch(state)
         if result.finite:
             self.window_losses.append(result.loss)
-            if state.step % self.train.log_interval == 0 or state.step == state.end:
+            if state.step % self.reporting.log_interval == 0 or state.step == state.end:
                 self._train_record(state, result)
         # after the record: one refresh shows this step's count with this step's loss (a bar moved first
         # showed step N with step N-1's figures, a line of its own in a log)
@@ -244,7 +245,7 @@ class RunLogger:
         # a phase that ends before the first record has no loss yet: its row comes with the next table
         if self.main and self.history and any(phase.end_step == state.step for phase in self.phases):
             ended = [p for p in self.phases if p.end_step <= state.step]
-            self.say(write_phase_table(self.run.path, self.history, ended, self.train.price_per_hour))
+            self.say(write_phase_table(self.run.path, self.history, ended, self.reporting.price_per_hour))
 
     def _train_record(self, state: TrainState, result: StepResult) -> None:
         device = self.accelerator.device
@@ -271,8 +272,8 @@ class RunLogger:
         if mfu is not None:
             record["mfu"] = mfu
             record["peak_memory_gib"] = peak_memory_gib(device)
-        if self.train.price_per_hour:
-            record.update(cost_record(record, self.train))
+        if self.reporting.price_per_hour:
+            record.update(cost_record(record, self.recipe))
         if self.forecaster:  # a fit of the curve so far, in a worker thread: only the main process writes it
             # the history's records are final; the new one is copied, as this thread adds to it below
             self.forecast = self.forecaster.submit(
@@ -280,7 +281,7 @@ class RunLogger:
                 state.schedule.stable_steps(state.cooldown),
                 state.end,
                 self.phases,
-                self.train.price_per_hour,
+                self.reporting.price_per_hour,
             )
             record.update(self.forecast)
         if self.compile_watch:

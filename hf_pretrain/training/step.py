@@ -14,7 +14,7 @@ import torch
 from accelerate import Accelerator
 from torch.distributed.tensor import DTensor
 
-from hf_pretrain.config import TrainConfig
+from hf_pretrain.config import EvaluationConfig, OptimConfig
 from hf_pretrain.faults import fault_active
 from hf_pretrain.optim import set_learning_rate
 
@@ -45,12 +45,12 @@ class TrainStep:
         model: torch.nn.Module,
         optimizer: torch.optim.Optimizer,
         train_loader,
-        train: TrainConfig,
+        optim: OptimConfig,
         grad_accum: int,
         lr_of: Callable[[int], float],
     ):
         self.accelerator, self.model, self.optimizer = accelerator, model, optimizer
-        self.train, self.grad_accum, self.lr_of = train, grad_accum, lr_of
+        self.optim, self.grad_accum, self.lr_of = optim, grad_accum, lr_of
         self.batches = iter(train_loader)
         model.train()
 
@@ -66,7 +66,7 @@ class TrainStep:
         )
         # After the last micro-batch the gradients are synchronised, so every process sees the
         # same norm and takes the same decision: a non-finite step is skipped, weights untouched.
-        grad_norm = self.accelerator.clip_grad_norm_(self.model.parameters(), self.train.grad_clip or float("inf"))
+        grad_norm = self.accelerator.clip_grad_norm_(self.model.parameters(), self.optim.grad_clip or float("inf"))
         # The step's one host read: the loss and the norm in one transfer (the guards read both every
         # step, and the skip needs them before the update). The micro-batches read nothing (docs/gpu.md).
         if isinstance(grad_norm, DTensor):  # FSDP2's norm: replicated, the same value on every process
@@ -109,19 +109,21 @@ class Evaluation:
     """The validation loss and greedy samples of the fixed prompts, every `eval_interval` steps and
     at the last step."""
 
-    def __init__(self, accelerator: Accelerator, model: torch.nn.Module, val_loader, tokenizer, train: TrainConfig):
+    def __init__(
+        self, accelerator: Accelerator, model: torch.nn.Module, val_loader, tokenizer, evaluation: EvaluationConfig
+    ):
         self.accelerator, self.model, self.val_loader, self.tokenizer = accelerator, model, val_loader, tokenizer
-        self.train = train
+        self.evaluation = evaluation
 
     def due(self, state: TrainState) -> bool:
-        return bool(self.train.eval_interval) and (
-            state.step % self.train.eval_interval == 0 or state.step == state.end
+        return bool(self.evaluation.eval_interval) and (
+            state.step % self.evaluation.eval_interval == 0 or state.step == state.end
         )
 
     def __call__(self) -> tuple[float, list[tuple[str, str]]]:
         val_loss = evaluate(self.accelerator, self.model, self.val_loader)
         samples = generate_samples(
-            self.accelerator, self.model, self.tokenizer, self.train.prompts, self.train.sample_max_new_tokens
+            self.accelerator, self.model, self.tokenizer, self.evaluation.prompts, self.evaluation.sample_max_new_tokens
         )
         return val_loss, samples
 

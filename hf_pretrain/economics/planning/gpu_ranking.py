@@ -1,0 +1,89 @@
+"""The recipe on each GPU of the table: how it fits (the memory estimate), its rate (a recorded measurement,
+else the performance model), what the run costs; every GPU ranked by the run's dollars (`plan --gpu all`)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from hf_pretrain.config import Recipe
+from hf_pretrain.economics.cost import dollars_per_billion_tokens
+from hf_pretrain.economics.gpus import GPU, gpu_table
+from hf_pretrain.economics.measurements import recorded_measurement
+from hf_pretrain.economics.memory import Fit, fit_in_memory, with_checkpointed_layers, with_micro_batch
+from hf_pretrain.economics.performance import FP8_QUALITY_PER_TOKEN, modelled_tokens_per_s
+from hf_pretrain.economics.prices import table_gpu_prices
+from hf_pretrain.model import recipe_tokenizer_size
+from hf_pretrain.run_profile import A_GPU, FP8_COMPUTE_CAPABILITY, machine_with, run_profile
+
+
+@dataclass(frozen=True)
+class GpuRow:
+    """The recipe on one GPU: how it fits, the modelled rate (an estimate), what the run costs."""
+
+    gpu: str
+    fits: bool
+    micro_batch_size: int | None
+    checkpointed_layers: int | None
+    tokens_per_s: float | None  # the performance model's, for one GPU
+    price_per_gpu_hour: float
+    usd_per_billion_tokens: float | None
+    hours: float | None  # the recipe's tokens on one GPU
+    usd: float | None
+    reason: str  # the fit, or why nothing fits
+    measured: str | None = None  # where tokens/s is a recorded measurement: which (economics/measurements.py)
+
+
+def quality_per_token(recipe: Recipe) -> float:
+    """How much of a bf16 token one token of this recipe's precision is worth (FP8: measured on a proxy,
+    see performance.py)."""
+    return FP8_QUALITY_PER_TOKEN if run_profile(recipe, A_GPU).precision == "fp8" else 1.0
+
+
+def gpu_row(recipe: Recipe, gpu: GPU, tokens: float, price: float, pinned: tuple[str, ...] = ()) -> GpuRow:
+    """Fit `recipe` on `gpu` (keeping the `pinned` recipe keys as they are), model its rate for the
+    recipe's configuration (compile, Liger, optimizer, precision), price the run. FP8 runs are charged
+    for the tokens that match the bf16 run's (`quality_per_token`)."""
+    on = machine_with(gpu)
+    if run_profile(recipe, on).precision == "fp8" and on.fp8_refusal():
+        reason = f"no FP8: compute capability {gpu.compute_capability:.1f} (fp8 needs {FP8_COMPUTE_CAPABILITY}+)"
+        return GpuRow(gpu.name, False, None, None, None, price, None, None, None, reason)
+    layers = (
+        recipe.checkpointed_layer_count if {"gradient_checkpointing", "checkpointed_layers"} & set(pinned) else None
+    )
+    size = recipe.train.micro_batch_size if "micro_batch_size" in pinned else None
+    fit: Fit = fit_in_memory(recipe, recipe_tokenizer_size(recipe), gpu.memory_bytes, size, layers, machine=on)
+    if not fit.fits:
+        return GpuRow(gpu.name, False, None, None, None, price, None, None, None, fit.reason)
+    fitted = with_checkpointed_layers(with_micro_batch(recipe, fit.micro_batch_size), fit.checkpointed_layers)
+    measured = recorded_measurement(fitted, gpu.name)  # what this configuration measured on this GPU wins
+    rate = measured.tokens_per_s if measured else modelled_tokens_per_s(fitted, gpu)
+    hours = tokens / quality_per_token(recipe) / rate / 3600
+    return GpuRow(
+        gpu.name,
+        True,
+        fit.micro_batch_size,
+        fit.checkpointed_layers,
+        rate,
+        price,
+        dollars_per_billion_tokens(rate, price),
+        hours,
+        hours * price,
+        fit.reason,
+        measured.label() if measured else None,
+    )
+
+
+def gpu_prices(prices_file: str | None) -> dict[str, float]:
+    """Each table GPU's $/h: the table's typical price, or the entry of `prices_file` naming that GPU."""
+    prices = {name: gpu.usd_per_hour for name, gpu in gpu_table().items()}
+    if prices_file:  # a name the table does not know is refused (PriceError), never dropped
+        prices.update(table_gpu_prices(prices_file))
+    return prices
+
+
+def ranked_rows(recipe: Recipe, tokens: float, prices: dict[str, float], pinned: tuple[str, ...] = ()) -> list[GpuRow]:
+    """Every GPU of the table, cheapest run first (the run's dollars, not the hourly price); those the
+    recipe does not fit last."""
+    rows = [gpu_row(recipe, gpu, tokens, prices[gpu.name], pinned) for gpu in gpu_table().values()]
+    return sorted(rows, key=lambda row: (not row.fits, row.usd if row.usd is not None else math.inf))

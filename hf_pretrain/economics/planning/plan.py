@@ -1,0 +1,193 @@
+"""The plan of a `PlanRequest` (`make_plan`): tokens, FLOPs and Chinchilla's split; the GPU rows; the rate of
+one GPU and where it comes from; time and money on 1..N GPUs. Every number comes from a pure function."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from hf_pretrain.economics.cost import dollars_per_billion_tokens
+from hf_pretrain.economics.gpus import GPU, gpu_named
+from hf_pretrain.economics.planning.data_parallel import INTERCONNECT_GBPS, ScalingRow, scaling_row
+from hf_pretrain.economics.planning.gpu_ranking import GpuRow, gpu_prices, gpu_row, quality_per_token, ranked_rows
+from hf_pretrain.economics.planning.request import ALL_GPUS, DEFAULT_GLOBAL_BATCH_TOKENS, DEFAULT_MFU, PlanRequest
+from hf_pretrain.economics.planning.scaling_laws import (
+    chinchilla_loss,
+    chinchilla_tokens,
+    compute_optimal,
+    training_flops,
+)
+from hf_pretrain.model import dense_flops_per_token, recipe_flops_per_token
+from hf_pretrain.run_profile import A_GPU, Machine, machine_with, run_profile
+
+
+def tokens_per_s_at_mfu(peak_flops: float, mfu: float, flops_per_token_: float) -> float:
+    """Throughput of one GPU running at `mfu` of its peak."""
+    return mfu * peak_flops / flops_per_token_
+
+
+@dataclass(frozen=True)
+class Plan:
+    source: str  # "recipe 1b" or "--params"
+    parameters: int
+    flops_per_token: float
+    tokens: float
+    tokens_per_parameter: float
+    chinchilla_tokens: float
+    total_flops: float  # flops_per_token * tokens (attention included when a recipe is known)
+    compute_6nd: float
+    optimal_parameters: float  # Chinchilla's compute-optimal split of C = 6ND
+    optimal_tokens: float
+    chinchilla_loss: float  # Chinchilla's L(N, D) for this plan
+    optimal_loss: float  # ... and for the compute-optimal split of the same compute
+    gpu: str | None
+    tokens_per_s_per_gpu: float | None  # None: unknown, so no time or cost
+    throughput_source: str
+    price_per_gpu_hour: float | None
+    usd_per_billion_tokens: float | None
+    global_batch_tokens: int
+    optimizer_steps: int
+    interconnect: str
+    interconnect_gbps: float
+    gradient_bytes: float
+    scaling: list[ScalingRow]
+    gpus: list[GpuRow] = field(default_factory=list)  # with a recipe and --gpu: the fitted, modelled rows
+    configuration: str = ""  # with a recipe: how the step runs (what the performance model prices)
+    quality_per_token: float = 1.0  # FP8: the bf16 tokens one token is worth (FP8_QUALITY_PER_TOKEN, a proxy's)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class PlannedModel:
+    """What is planned, before any GPU: a recipe's model, or a bare parameter count (FLOPs per token then 6N)."""
+
+    source: str  # "recipe 1b" or "--params"
+    parameters: int
+    flops_per_token: float
+    default_tokens: float  # the budget when --tokens is unset: the recipe's, else Chinchilla's 20 per parameter
+    global_batch_tokens: int
+    recipe_rate: float  # the recipe's expected_tokens_per_s (0: unknown)
+    recipe_price: float  # the recipe's price_per_hour (0: unknown)
+
+
+def planned_model(request: PlanRequest) -> PlannedModel:
+    """The model of `request`, its default token budget, batch, and the rate and price its recipe says."""
+    if request.recipe is not None:
+        recipe = request.recipe
+        n_params, per_token = recipe_flops_per_token(recipe)
+        source = f"recipe {recipe.name}"
+        default_tokens = recipe.train.max_steps * recipe.train.global_batch_tokens
+        batch_tokens = recipe.train.global_batch_tokens
+        recipe_rate, recipe_price = recipe.reporting.expected_tokens_per_s, recipe.reporting.price_per_hour
+    else:
+        n_params = int(request.params)
+        per_token = dense_flops_per_token(n_params)
+        source, default_tokens = "--params", chinchilla_tokens(n_params)
+        batch_tokens = request.global_batch_tokens or DEFAULT_GLOBAL_BATCH_TOKENS
+        recipe_rate = recipe_price = 0.0
+    return PlannedModel(source, n_params, per_token, default_tokens, batch_tokens, recipe_rate, recipe_price)
+
+
+def named_gpu_row(request: PlanRequest, gpu: GPU, on: Machine, tokens: float, price: float | None) -> GpuRow:
+    """The recipe's row on the one `--gpu` (`on`: that card); an FP8 recipe on a card without FP8 is refused."""
+    if run_profile(request.recipe, on).precision == "fp8" and on.fp8_refusal():
+        raise ValueError(on.fp8_refusal())
+    return gpu_row(request.recipe, gpu, tokens, price, request.pinned)
+
+
+def one_gpu_rate(
+    request: PlanRequest, gpu: GPU | None, on: Machine, rows: list[GpuRow], model: PlannedModel
+) -> tuple[float | None, str]:
+    """Tokens/s of one GPU and where they come from, the first that applies: --tokens_per_s; the named GPU's
+    row (measured, else the performance model); the recipe's expected_tokens_per_s; the GPU's datasheet peak
+    at an assumed MFU (a parameter count has no shape to model); else none, and what would give one."""
+    rate: float | None
+    if request.tokens_per_s:
+        rate, rate_source = request.tokens_per_s, "--tokens_per_s"
+    elif gpu and rows:
+        rate = rows[0].tokens_per_s
+        fitted = run_profile(request.recipe, on, 1, rows[0].micro_batch_size, rows[0].checkpointed_layers).step
+        rate_source = (
+            f"{rows[0].measured}, for {fitted.describe()}"
+            if rows[0].measured
+            else f"an estimate of the performance model (economics/performance.py) for {fitted.describe()}; "
+            f"measure it with `hf-pretrain bench`"
+            if rows[0].fits
+            else f"none: {rows[0].reason}"
+        )
+    elif model.recipe_rate and request.gpu != ALL_GPUS:
+        rate, rate_source = model.recipe_rate, "the recipe's expected_tokens_per_s"
+    elif gpu:
+        mfu = request.mfu or DEFAULT_MFU
+        rate = tokens_per_s_at_mfu(gpu.bf16_flops, mfu, model.flops_per_token)
+        rate_source = (
+            f"assumed {mfu:.0%} MFU of the {gpu.bf16_flops / 1e12:,.0f} TFLOP/s datasheet peak (a parameter "
+            f"count has no shape to model; --recipe has); measure it with `hf-pretrain bench`"
+        )
+    else:
+        rate = None
+        rate_source = (
+            "time and cost need a throughput: --gpu NAME (the performance model with a recipe), "
+            "--gpu all, --tokens_per_s, or the recipe's expected_tokens_per_s (`hf-pretrain bench` measures it)"
+        )
+    return rate, rate_source
+
+
+def make_plan(request: PlanRequest) -> Plan:
+    """The plan of `request`; raises ValueError (or PriceError) saying what to give instead."""
+    model = planned_model(request)
+    n_params, per_token, batch_tokens = model.parameters, model.flops_per_token, model.global_batch_tokens
+    tokens = float(request.tokens) if request.tokens else float(model.default_tokens)
+
+    prices = gpu_prices(request.prices)  # read (and checked) even where no GPU is named: never silently unused
+    rows = ranked_rows(request.recipe, tokens, prices, request.pinned) if request.gpu == ALL_GPUS else []
+    gpu = gpu_named(request.gpu) if request.gpu and request.gpu != ALL_GPUS else None
+    on = machine_with(gpu) if gpu else A_GPU
+    price = request.price_per_gpu_hour or (prices[gpu.name] if gpu else None) or model.recipe_price or None
+    if gpu and request.recipe is not None:
+        rows = [named_gpu_row(request, gpu, on, tokens, price)]
+    rate, rate_source = one_gpu_rate(request, gpu, on, rows, model)
+
+    gbps = request.interconnect_gbps or INTERCONNECT_GBPS[request.interconnect]
+    # FP8 is charged for the tokens that reach the bf16 run's loss, as the GPU rows are
+    priced_tokens = tokens / quality_per_token(request.recipe) if request.recipe is not None else tokens
+    gradient_bytes = request.gradient_bytes * n_params
+    steps = math.ceil(tokens / batch_tokens)
+    c_6nd = training_flops(n_params, tokens)
+    n_opt, d_opt = compute_optimal(c_6nd)
+    return Plan(
+        source=model.source,
+        parameters=n_params,
+        flops_per_token=per_token,
+        tokens=tokens,
+        tokens_per_parameter=tokens / n_params,
+        chinchilla_tokens=chinchilla_tokens(n_params),
+        total_flops=per_token * tokens,
+        compute_6nd=c_6nd,
+        optimal_parameters=n_opt,
+        optimal_tokens=d_opt,
+        chinchilla_loss=chinchilla_loss(n_params, tokens),
+        optimal_loss=chinchilla_loss(n_opt, d_opt),
+        gpu=gpu.name if gpu else request.gpu,
+        tokens_per_s_per_gpu=rate,
+        throughput_source=rate_source,
+        price_per_gpu_hour=price,
+        usd_per_billion_tokens=dollars_per_billion_tokens(rate, price) if price and rate else None,
+        global_batch_tokens=batch_tokens,
+        optimizer_steps=steps,
+        interconnect=request.interconnect if not request.interconnect_gbps else "custom",
+        interconnect_gbps=gbps,
+        gradient_bytes=gradient_bytes,
+        scaling=[
+            scaling_row(n, priced_tokens, rate, price, steps, gradient_bytes, gbps)
+            for n in range(1, request.max_gpus + 1)
+        ]
+        if rate and request.gpu != ALL_GPUS
+        else [],
+        gpus=rows,
+        configuration=run_profile(request.recipe, on).step.describe() if request.recipe is not None else "",
+        quality_per_token=quality_per_token(request.recipe) if request.recipe is not None else 1.0,
+    )

@@ -1,0 +1,188 @@
+"""`hf-pretrain plan`: tokens, FLOPs, time and money of a run before it starts, on 1..N GPUs; or what
+going further would buy a run that is under way.
+
+    hf-pretrain plan --recipe 1b                      # tokens, FLOPs, Chinchilla; time and cost when the recipe knows
+    hf-pretrain plan --recipe 1b --gpu all            # every GPU of the table: fitted, modelled, ranked by the run's $
+    hf-pretrain plan --recipe 1b --gpu H100 --max_steps 120000   # any recipe key overrides, as in training
+    hf-pretrain plan --params 1.04e9 --tokens 20e9 --tokens_per_s 40000 --price_per_gpu_hour 2.99 --max_gpus 8 --json
+    hf-pretrain plan --run runs/1b --tokens 20.8e9    # from the run's own loss curve, pace and price
+
+Every number comes from a pure function below, so the tests check them against hand-computed
+values. With a recipe and a GPU, the fit comes from the memory estimate (memory.fit_in_memory) and
+the tokens/s from the performance model (performance.py): an estimate, checked against published
+runs, until `hf-pretrain bench` measures it. The multi-GPU model is deliberately simple and pessimistic: data parallelism with one ring
+all-reduce of the gradients per optimizer step, *not* overlapped with compute (DDP overlaps part
+of it with the backward pass, so real runs land between the compute-only and the total figure).
+It shows the trade: more GPUs buy time, never money.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from hf_pretrain.config import CommandParser, Recipe, RecipeError, parse_recipe_args
+from hf_pretrain.economics.memory import GRADIENT_BYTES
+from hf_pretrain.economics.planning.data_parallel import INTERCONNECT_GBPS
+from hf_pretrain.economics.planning.further import plan_further
+from hf_pretrain.economics.planning.plan import make_plan
+from hf_pretrain.economics.planning.printing import format_further, format_plan
+from hf_pretrain.economics.planning.request import DEFAULT_GLOBAL_BATCH_TOKENS, DEFAULT_MFU, FIT_KEYS, PlanRequest
+from hf_pretrain.economics.prices import PriceError
+from hf_pretrain.exit_codes import EXIT_CONFIG
+
+PROG = "hf-pretrain plan"
+# The three ways to name what is planned; a recipe takes every recipe key as `--key value` on top.
+MODEL_FLAGS = ("--recipe", "--params", "--run")
+# Flags whose values a PlanRequest takes as they are, with a recipe or without.
+PLAN_OPTIONS = (
+    "tokens",
+    "gpu",
+    "prices",
+    "price_per_gpu_hour",
+    "tokens_per_s",
+    "mfu",
+    "max_gpus",
+    "interconnect",
+    "interconnect_gbps",
+    "gradient_bytes",
+)
+
+
+def add_plan_options(parser: argparse.ArgumentParser, with_recipe: bool) -> None:
+    """The command's own flags. With a recipe, `--global_batch_tokens` and `--price_per_hour` are the
+    recipe's keys (its batch, its price), so the plan's flags of those names are left out."""
+    group = parser.add_argument_group("plan options")
+    group.add_argument(
+        "--tokens",
+        type=float,
+        help="token budget (unset: the recipe's max_steps x global_batch_tokens, else 20 x params; "
+        "with --run, 20 x the run's parameters)",
+    )
+    if not with_recipe:
+        group.add_argument(
+            "--global_batch_tokens",
+            type=int,
+            help=f"tokens per optimizer step with --params (unset: {DEFAULT_GLOBAL_BATCH_TOKENS:,})",
+        )
+    group.add_argument(
+        "--gpu",
+        help="a GPU of the table (hf_pretrain/economics/gpus.yaml), e.g. H100: its fit, modelled rate and price, "
+        "and the several-GPU table; `all`: every GPU of the table ranked by the run's dollars (with --recipe)",
+    )
+    group.add_argument(
+        "--prices",
+        help="YAML of GPU names to $ per GPU-hour, overriding the table's typical prices of the GPUs it names",
+    )
+    group.add_argument(
+        "--price_per_gpu_hour",
+        type=float,
+        help="$ per GPU-hour of the one --gpu (unset: its typical price in the table, else the recipe's price_per_hour)",
+    )
+    group.add_argument(
+        "--tokens_per_s",
+        type=float,
+        help="measured tokens/s of one GPU (unset: the recipe's expected_tokens_per_s, else --gpu's peak x --mfu)",
+    )
+    group.add_argument(
+        "--mfu",
+        type=float,
+        help=f"with --params and --gpu: assumed model FLOPs utilisation (unset: {DEFAULT_MFU}); a recipe is modelled",
+    )
+    group.add_argument("--max_gpus", type=int, default=8, help="table rows for 1..N GPUs")
+    group.add_argument(
+        "--interconnect",
+        choices=sorted(INTERCONNECT_GBPS),
+        default="nvlink",
+        help="link between the GPUs: " + ", ".join(f"{k} {v:,.0f} Gbit/s" for k, v in INTERCONNECT_GBPS.items()),
+    )
+    group.add_argument(
+        "--interconnect_gbps", type=float, help="link rate in Gbit/s per GPU, one direction (overrides --interconnect)"
+    )
+    group.add_argument(
+        "--gradient_bytes",
+        type=float,
+        default=GRADIENT_BYTES,
+        help="bytes per parameter all-reduced each step (4: fp32 gradients; 2 with a bf16 compression hook)",
+    )
+    if not with_recipe:
+        group.add_argument(
+            "--price_per_hour",
+            type=float,
+            help="with --run: $ per hour of the whole job (unset: the run's price_per_hour)",
+        )
+    group.add_argument("--json", action="store_true", help="print the plan as JSON")
+
+
+# `--help`: the docstring's first sentence (two lines) above the options, its examples and notes below
+DESCRIPTION, EPILOG = (part.strip("\n") for part in __doc__.split("\n\n", 1))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The parser without a recipe (`--params`, `--run`); `--recipe` is parsed with the recipe's keys
+    (`main`), and stays here for `--help` and for the error when no model is named."""
+    parser = CommandParser(prog=PROG, description=DESCRIPTION, epilog=EPILOG)
+    model = parser.add_mutually_exclusive_group(required=True)
+    model.add_argument(
+        "--recipe",
+        help="recipe name or YAML path: parameters from a meta-device build; every recipe key may follow as "
+        "--key value (`hf-pretrain plan --recipe NAME --help` lists them)",
+    )
+    model.add_argument("--params", type=float, help="parameter count, e.g. 1.04e9 (FLOPs per token then 6N)")
+    model.add_argument("--run", help="a run folder: what going on to --tokens would buy, from its loss curve so far")
+    add_plan_options(parser, with_recipe=False)
+    return parser
+
+
+def _named(flag: str, argv: list[str]) -> bool:
+    return any(arg == flag or arg.startswith(flag + "=") for arg in argv)
+
+
+def pinned_keys(argv: list[str]) -> tuple[str, ...]:
+    """The FIT_KEYS the command line sets (snake or kebab case): they win over the fit search."""
+    return tuple(key for key in FIT_KEYS if _named(f"--{key}", argv) or _named(f"--{key.replace('_', '-')}", argv))
+
+
+def plan_request(args: argparse.Namespace, recipe: Recipe | None, pinned: tuple[str, ...] = ()) -> PlanRequest:
+    """The typed request of parsed flags (`recipe`: the one `--recipe` and its overrides resolved to)."""
+    options = {name: getattr(args, name) for name in PLAN_OPTIONS}
+    if recipe is not None:
+        return PlanRequest(recipe=recipe, pinned=pinned, **options)
+    return PlanRequest(params=args.params, global_batch_tokens=args.global_batch_tokens, **options)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    named = [flag for flag in MODEL_FLAGS if _named(flag, argv)]
+    if len(named) > 1:
+        print(f"{PROG}: error: {' and '.join(named)} name two things to plan: give one", file=sys.stderr)
+        return EXIT_CONFIG
+    try:
+        if named == ["--recipe"]:
+            recipe, args = parse_recipe_args(
+                argv,
+                prog=PROG,
+                description=DESCRIPTION,
+                extra=lambda parser: add_plan_options(parser, with_recipe=True),
+            )
+            request = plan_request(args, recipe, pinned_keys(argv))
+        else:
+            args = build_parser().parse_args(argv)
+            if args.run:
+                further = plan_further(args.run, args.tokens, args.price_per_hour)
+                print(json.dumps(further.to_dict(), indent=1) if args.json else format_further(further))
+                return 0
+            if args.price_per_hour is not None:
+                raise ValueError("--price_per_hour goes with --run (with --params, give --price_per_gpu_hour)")
+            request = plan_request(args, recipe=None)
+        if request.recipe is not None:  # its parameters are counted on torch's meta device: minutes when loaded
+            # a progress line, not an error: on stdout (stderr keeps refusals to one line), unless stdout is JSON
+            progress = sys.stderr if args.json else sys.stdout
+            print(f"{PROG}: counting the recipe's parameters (loading torch)...", file=progress, flush=True)
+        plan = make_plan(request)
+    except (RecipeError, PriceError, ValueError) as exc:
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+    print(json.dumps(plan.to_dict(), indent=1) if args.json else format_plan(plan))
+    return 0

@@ -1,0 +1,137 @@
+"""The plans as a person reads them: the plan with its markdown tables (the ranked GPUs, 1..N GPUs), the FP8
+line, and what going further buys a run (`plan --run`). `--json` prints the same plans as they are."""
+
+from __future__ import annotations
+
+from hf_pretrain.economics.forecast import BAND_SIGMAS
+from hf_pretrain.economics.performance import FP8_QUALITY_SOURCE, FP8_TOKENS_FOR_BF16_LOSS_1B_ESTIMATE
+from hf_pretrain.economics.planning.further import FurtherPlan
+from hf_pretrain.economics.planning.gpu_ranking import GpuRow
+from hf_pretrain.economics.planning.plan import Plan
+from hf_pretrain.economics.planning.request import ALL_GPUS
+from hf_pretrain.formatting import human_count, usd
+
+
+def format_plan(plan: Plan) -> str:
+    price = (
+        f"{usd(plan.price_per_gpu_hour)}/h per GPU"
+        if plan.price_per_gpu_hour
+        else "price unknown (--price_per_gpu_hour)"
+    )
+    per_billion = (
+        f", {usd(plan.usd_per_billion_tokens)} per billion tokens" if plan.usd_per_billion_tokens is not None else ""
+    )
+    lines = [
+        f"model: {human_count(plan.parameters)} parameters ({plan.source}), {plan.flops_per_token / 1e9:,.2f} GFLOP "
+        f"per training token",
+        f"tokens: {human_count(plan.tokens)} = {plan.tokens_per_parameter:.1f} per parameter "
+        f"(Chinchilla's 20 per parameter: {human_count(plan.chinchilla_tokens)})",
+        f"compute: {plan.total_flops:.3g} FLOPs; for C = 6ND = {plan.compute_6nd:.3g} Chinchilla's fit "
+        f"(Besiroglu et al. 2024) splits it best as N_opt {human_count(plan.optimal_parameters)} parameters x "
+        f"D_opt {human_count(plan.optimal_tokens)} tokens ({plan.optimal_tokens / plan.optimal_parameters:.1f} "
+        f"per parameter); its L(N, D): {plan.chinchilla_loss:.3f} for this plan, {plan.optimal_loss:.3f} at the "
+        f"optimum (Chinchilla's data, not yours: the shape of the trade, not this run's loss)",
+    ]
+    if plan.quality_per_token != 1.0 or "fp8" in plan.configuration:
+        lines.append(fp8_note(plan.quality_per_token, next((row for row in plan.gpus if row.fits), None)))
+    if plan.configuration.startswith("compiled + Liger"):
+        lines.append(
+            "compiled + Liger: not measured on a GPU yet (the H100 of 2026-11-25 measured eager + Liger and "
+            "compiled, and this pair crashed under compile there); the model prices it as the compiled step "
+            "with Liger's fused loss"
+        )
+    if plan.gpu == ALL_GPUS:
+        return "\n".join(lines + ["", *format_gpu_rows(plan.gpus, plan.tokens, plan.configuration)]) + "\n"
+    if plan.gpus:
+        lines += ["", *format_gpu_rows(plan.gpus, plan.tokens, plan.configuration), ""]
+    if plan.tokens_per_s_per_gpu is None:
+        return "\n".join(lines + [f"time and cost: unknown: {plan.throughput_source}; {price}"]) + "\n"
+    lines += [
+        f"GPU: {plan.gpu or '(not named)'}: {plan.tokens_per_s_per_gpu:,.0f} tokens/s each ({plan.throughput_source}), "
+        f"{price}{per_billion}",
+        f"several GPUs: data parallel, {plan.optimizer_steps:,} optimizer steps of {plan.global_batch_tokens:,} "
+        f"tokens, each ends with a ring all-reduce of {plan.gradient_bytes / 1e9:,.2f} GB of gradients over "
+        f"{plan.interconnect} at {plan.interconnect_gbps:,.0f} Gbit/s per GPU, not overlapped with compute",
+        "",
+        "| GPUs | job tokens/s | compute h | all-reduce h | wall h | cost ($) | cost vs 1 GPU |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for row in plan.scaling:
+        cost = f"{row.cost:,.2f}" if row.cost is not None else "n/a"
+        ratio = f"{row.cost_vs_one_gpu:.3f}x" if row.cost_vs_one_gpu is not None else "n/a"
+        lines.append(
+            f"| {row.gpus} | {row.tokens_per_s:,.0f} | {row.compute_hours:,.2f} | "
+            f"{row.communication_hours:,.2f} | {row.hours:,.2f} | {cost} | {ratio} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def fp8_note(quality: float, cheapest: GpuRow | None = None) -> str:
+    """The FP8 line: the quality factor the hours and dollars carry, where it comes from, and the 1B
+    estimate's range, with the run's dollars at both ends on the first GPU that fits (the cheapest)."""
+    low, high = FP8_TOKENS_FOR_BF16_LOSS_1B_ESTIMATE
+    dollars = ""
+    if cheapest is not None and cheapest.usd is not None:
+        bf16_tokens_usd = cheapest.usd * quality  # the run's dollars at 1.0x: they carry 1/quality
+        dollars = f" (${bf16_tokens_usd * low:,.0f}-${bf16_tokens_usd * high:,.0f} on the {cheapest.gpu})"
+    return (
+        f"fp8: the decoder's linear layers at each card's FP8 rate (performance.py's FP8 term); FP8 needs "
+        f"{1 / quality:.3f}x bf16's tokens for its loss, {FP8_QUALITY_SOURCE}, so hours and dollars cover "
+        f"{1 / quality:.3f}x the tokens; 1B estimate {low:.2f}-{high:.2f}x tokens{dollars}"
+    )
+
+
+def format_gpu_rows(rows: list[GpuRow], tokens: float, configuration: str = "") -> list[str]:
+    """The ranked GPU table: fit, modelled rate (an estimate), $ per billion tokens, hours and dollars."""
+    priced = f" for {configuration.split(', micro-batch')[0]}" if configuration else ""
+    lines = [
+        f"one GPU of each kind for the {human_count(tokens)} tokens, cheapest run first; tokens/s are the "
+        f"performance model's estimates{priced} (~, economics/performance.py, docs/benchmarks.md) unless marked "
+        f"measured (a bench or training run of the same configuration on that GPU, yours or the project's); "
+        f"`hf-pretrain bench` measures yours",
+        "",
+        "| GPU | fit: micro-batch, checkpointed layers | tokens/s | $/h | $ per 1B tokens | hours | run $ |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for row in rows:
+        if not row.fits:
+            lines.append(f"| {row.gpu} | {row.reason} | - | {row.price_per_gpu_hour:,.2f} | - | - | - |")
+            continue
+        rate = f"{row.tokens_per_s:,.0f} measured" if row.measured else f"~{row.tokens_per_s:,.0f}"
+        lines.append(
+            f"| {row.gpu} | {row.micro_batch_size}, {row.checkpointed_layers} | {rate} | "
+            f"{row.price_per_gpu_hour:,.2f} | {row.usd_per_billion_tokens:,.2f} | {row.hours:,.1f} | {row.usd:,.0f} |"
+        )
+    measured = [f"- {row.gpu}: {row.measured}" for row in rows if row.measured]
+    return lines + (["", "measured rows:", *measured] if measured else [])
+
+
+def format_further(plan: FurtherPlan) -> str:
+    f, fit = plan.further, plan.further.fit
+    tokens_per_step = f.tokens_now / plan.steps_so_far
+    lines = [
+        f"run {plan.run}: {human_count(f.tokens_now)} tokens so far; the loss curve over steps "
+        f"{round(fit.first_tokens / tokens_per_step):,}-{round(fit.last_tokens / tokens_per_step):,} (the later "
+        f"half of its stable phase) fits L = {fit.irreducible:.3f} + "
+        f"{fit.amplitude:.3f} x (D / {human_count(fit.tokens_0)})^-{fit.exponent:.3f}"
+    ]
+    if plan.chinchilla_tokens:
+        lines.append(
+            f"target: {human_count(f.target_tokens)} tokens = {f.target_tokens / plan.parameters:.1f} per "
+            f"parameter (Chinchilla's 20: {human_count(plan.chinchilla_tokens)})"
+        )
+    if f.steps == 0:
+        return "\n".join(lines + ["the run has already read that many tokens"]) + "\n"
+    cost = f"{usd(f.cost)}" if f.cost is not None else "cost unknown (the run has no price_per_hour; --price_per_hour)"
+    lines.append(f"going there: {f.steps:,} more steps, {f.hours:,.2f} h at the run's own pace, {cost}")
+    per_point = f", {usd(f.usd_per_loss_point)} per loss point" if f.usd_per_loss_point is not None else ""
+    lines.append(
+        f"loss (fitted curve, +/- {BAND_SIGMAS:g} sd): {f.loss_now:.3f} +/- {BAND_SIGMAS * f.loss_now_sd:.3f} "
+        f"now -> {f.loss_target:.3f} +/- {BAND_SIGMAS * f.loss_target_sd:.3f}, a drop of "
+        f"{f.loss_now - f.loss_target:.3f}{per_point}"
+    )
+    lines.append(
+        "the fit describes the curve before any final decay: a wsd run's decay (or a cooldown) drops the loss "
+        "further at the end; go further with `--max_steps` on the same output_dir (docs/stopping.md)"
+    )
+    return "\n".join(lines) + "\n"
