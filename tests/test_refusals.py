@@ -14,7 +14,7 @@ import pytest
 
 from hf_pretrain.checkpoints.layout import TRAIN_STATE
 from hf_pretrain.checkpoints.manifest import write_manifest
-from hf_pretrain.config import build_recipe, load_recipe
+from hf_pretrain.config import build_recipe, load_recipe, save_recipe
 from hf_pretrain.exit_codes import EXIT_CONFIG
 from hf_pretrain.optim import Cooldown
 from hf_pretrain.preflight import run_checks
@@ -60,6 +60,22 @@ def test_a_second_request_before_the_run_reads_the_first_replaces_it_and_says_so
     out = capsys.readouterr().out
     assert "It replaces a stop request of" in out and "cooldown 7 steps" in out and "had not read yet" in out
     assert read_stop_request(tmp_path).cooldown_steps == 3
+
+
+@pytest.mark.parametrize(
+    "schedule, flags, then",
+    [
+        ("cosine", [], "saves and writes final/ after its next step (a cosine run: the model will not have finished"),
+        ("wsd", [], "decays its learning rate over decay_fraction x the steps done from its first step"),
+        ("wsd", ["--cooldown_steps", "0"], "saves and writes final/ after its next step; a start"),
+    ],
+)
+def test_what_a_stop_says_the_run_will_do_follows_its_recipe_schedule(tmp_path, capsys, schedule, flags, then):
+    """The answer reads the run's own recipe (resolved_recipe.yaml): a cosine run stops unfinished."""
+    fake_checkpoint(tmp_path, 40, end=100)
+    save_recipe(build_recipe({}, {"lr_schedule": schedule, "max_steps": 100}), RunDir(tmp_path).resolved_recipe)
+    assert stop_main([str(tmp_path), *flags]) == 0
+    assert then in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("how", ["status", "final"])
