@@ -23,7 +23,7 @@ from hf_pretrain.bench.measure import add_money, estimated_rates, measured_matmu
 from hf_pretrain.bench.results import dollar_table
 from hf_pretrain.bench.variants import DeviceMemory, RunResult, VariantResult, try_on_device
 from hf_pretrain.config import load_recipe
-from hf_pretrain.economics import measurements, plan
+from hf_pretrain.economics import measurements
 from hf_pretrain.economics.gpus import gpu_named
 from hf_pretrain.economics.measurements import (
     configuration,
@@ -33,6 +33,7 @@ from hf_pretrain.economics.measurements import (
 )
 from hf_pretrain.economics.memory import with_checkpointed_layers, with_micro_batch
 from hf_pretrain.economics.performance import modelled_tokens_per_s
+from hf_pretrain.economics.planning import gpu_ranking, plan_command
 from hf_pretrain.preflight import MEMORY_PROBE_ENV, CheckResult, PreflightError, preflight
 from hf_pretrain.preflight.budget import check_cost
 from hf_pretrain.preflight.gpu import check_memory
@@ -289,7 +290,7 @@ def test_the_store_skips_a_torn_line_and_keeps_every_writers_line(store):
 
 # ---------------------------------------------------------------------- plan and the doctor read them
 def _fitted_on(recipe, gpu_name):
-    row = plan.gpu_row(recipe, gpu_named(gpu_name), 1e9, 2.99)
+    row = gpu_ranking.gpu_row(recipe, gpu_named(gpu_name), 1e9, 2.99)
     return row, with_checkpointed_layers(with_micro_batch(recipe, row.micro_batch_size), row.checkpointed_layers)
 
 
@@ -299,14 +300,14 @@ def test_plan_uses_a_recorded_measurement_before_the_model_and_says_so(store, ca
     record_measurement(fitted, H100, 77_900.0, 37.24, "train")
     row, _ = _fitted_on(one_b(), "H100 SXM")
     assert row.tokens_per_s == 77_900.0 and row.measured.startswith("measured by train on NVIDIA H100")
-    assert plan.gpu_row(one_b(), gpu_named("H100 PCIe"), 1e9, 2.0).measured is None  # the model elsewhere
+    assert gpu_ranking.gpu_row(one_b(), gpu_named("H100 PCIe"), 1e9, 2.0).measured is None  # the model elsewhere
 
-    assert plan.main(["--recipe", "1b", "--gpu", "all"]) == 0
+    assert plan_command.main(["--recipe", "1b", "--gpu", "all"]) == 0
     out = capsys.readouterr().out
     table = {line.split(" | ")[0]: line for line in out.splitlines() if line.startswith("| ")}
     assert "| 77,900 measured |" in table["| H100 SXM"] and "- H100 SXM: measured by train on NVIDIA H100" in out
     assert "| ~" in table["| A100 80GB SXM"]  # modelled, marked as an estimate
-    assert plan.main(["--recipe", "1b", "--gpu", "H100", "--max_gpus", "1"]) == 0
+    assert plan_command.main(["--recipe", "1b", "--gpu", "H100", "--max_gpus", "1"]) == 0
     assert "77,900 tokens/s each (measured by train on NVIDIA H100" in capsys.readouterr().out
 
 
@@ -328,8 +329,8 @@ def test_plan_takes_no_impossible_figure_as_measured(store, capsys):
         file.writelines(json.dumps(record) + "\n" for record in bad)
     capsys.readouterr()
     assert recorded_measurement(fitted, "H100 SXM") == good  # the good one, beneath them all
-    assert plan.main(["--recipe", "1b", "--gpu", "all"]) == 0
-    assert plan.main(["--recipe", "1b", "--gpu", "all"]) == 0
+    assert plan_command.main(["--recipe", "1b", "--gpu", "all"]) == 0
+    assert plan_command.main(["--recipe", "1b", "--gpu", "all"]) == 0
     captured = capsys.readouterr()
     table = {row.split(" | ")[0]: row for row in captured.out.splitlines() if row.startswith("| ")}
     assert "| 77,900 measured |" in table["| H100 SXM"], captured.out
@@ -341,7 +342,7 @@ def test_plan_takes_no_impossible_figure_as_measured(store, capsys):
     assert "-5" in captured.err and "500.0 GiB is more than the H100 SXM" in captured.err
 
     store.write_text("".join(json.dumps(record) + "\n" for record in bad))  # no good record: the model's figure
-    assert plan.main(["--recipe", "1b", "--gpu", "H100"]) == 0
+    assert plan_command.main(["--recipe", "1b", "--gpu", "H100"]) == 0
     out = capsys.readouterr().out
     assert " measured |" not in out and "measured rows" not in out and "Traceback" not in out
 

@@ -8,9 +8,10 @@ import json
 import pytest
 
 from hf_pretrain.config import load_recipe
-from hf_pretrain.economics import performance, plan, published
+from hf_pretrain.economics import performance, published
 from hf_pretrain.economics.gpus import gpu_named, gpu_table
 from hf_pretrain.economics.memory import estimate_memory, fit_in_memory, with_checkpointed_layers, with_micro_batch
+from hf_pretrain.economics.planning import gpu_ranking, plan_command
 from hf_pretrain.economics.workload import recipe_workload
 from hf_pretrain.exit_codes import EXIT_CONFIG
 from hf_pretrain.model import recipe_tokenizer_size
@@ -21,7 +22,7 @@ TOKENS = ONE_B.train.max_steps * ONE_B.train.global_batch_tokens
 
 
 def rows(recipe=ONE_B, prices=None, pinned=()):
-    return plan.ranked_rows(recipe, TOKENS, prices or plan.gpu_prices(None), pinned)
+    return gpu_ranking.ranked_rows(recipe, TOKENS, prices or gpu_ranking.gpu_prices(None), pinned)
 
 
 # ---------------------------------------------------------------------- the table
@@ -87,7 +88,7 @@ def test_the_configuration_changes_the_price_the_way_the_gpu_does(capsys):
     eager = _json(capsys, ["--recipe", "1b", "--gpu", "H100", "--compile", "false"])
     assert eager["tokens_per_s_per_gpu"] < 0.8 * shipped["tokens_per_s_per_gpu"]
     assert "eager" in eager["throughput_source"] and "compiled" in shipped["throughput_source"]
-    assert plan.main(["--recipe", "1b", "--gpu", "H100", "--liger", "true"]) == 0
+    assert plan_command.main(["--recipe", "1b", "--gpu", "H100", "--liger", "true"]) == 0
     assert "compiled + Liger: not measured on a GPU yet" in capsys.readouterr().out
 
 
@@ -130,7 +131,7 @@ def test_plan_ranks_fp8_where_cards_have_it_and_charges_the_measured_quality_fac
     assert not by_gpu["A100 80GB SXM"]["fits"] and "no FP8: compute capability 8.0" in by_gpu["A100 80GB SXM"]["reason"]
     bf16 = {row["gpu"]: row for row in _json(capsys, ["--recipe", "1b", "--gpu", "all"])["gpus"]}
     assert by_gpu["H100 SXM"]["tokens_per_s"] > 1.15 * bf16["H100 SXM"]["tokens_per_s"]
-    assert plan.main(["--recipe", "1b", "--gpu", "all", "--mixed-precision", "fp8"]) == 0
+    assert plan_command.main(["--recipe", "1b", "--gpu", "all", "--mixed-precision", "fp8"]) == 0
     out = capsys.readouterr().out
     note = next(line for line in out.splitlines() if line.startswith("fp8:"))
     assert (
@@ -141,7 +142,7 @@ def test_plan_ranks_fp8_where_cards_have_it_and_charges_the_measured_quality_fac
     h100 = by_gpu["H100 SXM"]
     assert h100["hours"] == pytest.approx(result["tokens"] * 1.007 / h100["tokens_per_s"] / 3600, rel=0.01)
     # one named card without FP8: one line naming its capability and the fix
-    assert plan.main(["--recipe", "1b", "--gpu", "A100", "--mixed_precision", "fp8"]) == EXIT_CONFIG
+    assert plan_command.main(["--recipe", "1b", "--gpu", "A100", "--mixed_precision", "fp8"]) == EXIT_CONFIG
     err = capsys.readouterr().err
     assert len(err.splitlines()) == 1 and "8.0" in err and "--mixed_precision bf16" in err
 
@@ -216,14 +217,14 @@ def test_the_ranking_orders_by_the_runs_dollars_not_the_hourly_price():
 def test_a_price_table_reprices_the_gpus_it_names(tmp_path):
     prices = tmp_path / "prices.yaml"
     prices.write_text("H100: 0.50\n")
-    table = plan.gpu_prices(str(prices))
+    table = gpu_ranking.gpu_prices(str(prices))
     assert table["H100 SXM"] == 0.50 and table["A100 80GB SXM"] == gpu_named("A100 80GB").usd_per_hour
     assert rows(prices=table)[0].gpu == "H100 SXM"
 
 
 # ---------------------------------------------------------------------- the command
 def _json(capsys, argv):
-    assert plan.main([*argv, "--json"]) == 0
+    assert plan_command.main([*argv, "--json"]) == 0
     return json.loads(capsys.readouterr().out)
 
 
@@ -233,7 +234,7 @@ def test_plan_gpu_all_json_has_a_row_per_gpu_with_its_keys(capsys):
     assert {row["gpu"] for row in result["gpus"]} == set(gpu_table()) and result["scaling"] == []
     for row in result["gpus"]:
         assert keys | {"hours", "usd"} <= set(row)
-    assert plan.main(["--recipe", "1b", "--gpu", "all"]) == 0
+    assert plan_command.main(["--recipe", "1b", "--gpu", "all"]) == 0
     out = capsys.readouterr().out
     assert "| GPU | fit: micro-batch, checkpointed layers | tokens/s |" in out and "| H200 | 8, 0 | ~" in out
 
@@ -259,10 +260,10 @@ def test_one_named_gpu_gives_its_row_and_the_several_gpu_table(capsys):
 
 
 def test_an_unknown_gpu_is_refused_naming_the_known_ones(capsys):
-    assert plan.main(["--recipe", "smoke", "--gpu", "V100"]) == EXIT_CONFIG
+    assert plan_command.main(["--recipe", "smoke", "--gpu", "V100"]) == EXIT_CONFIG
     err = capsys.readouterr().err
     assert "unknown GPU 'V100'" in err and "H100 SXM" in err and "RTX 3090" in err and len(err.splitlines()) == 1
-    assert plan.main(["--params", "1e9", "--gpu", "all"]) == EXIT_CONFIG
+    assert plan_command.main(["--params", "1e9", "--gpu", "all"]) == EXIT_CONFIG
     assert "--recipe" in capsys.readouterr().err
 
 

@@ -13,9 +13,10 @@ import json
 import pytest
 
 from hf_pretrain.config import load_recipe
-from hf_pretrain.economics import measurements, plan
+from hf_pretrain.economics import measurements
 from hf_pretrain.economics.gpus import gpu_named
 from hf_pretrain.economics.measurements import configuration, record_measurement, recorded_measurement
+from hf_pretrain.economics.planning import gpu_ranking, plan_command
 from hf_pretrain.preflight.budget import check_cost
 from hf_pretrain.preflight.gpu import check_memory
 
@@ -51,32 +52,32 @@ def test_the_shipped_record_is_used_for_the_1b_on_an_h100_sxm_labelled_with_its_
     found = recorded_measurement(recipe, "H100")
     assert found.shipped and (found.tokens_per_s, found.peak_memory_gib) == (rate, peak)
     assert found.label().startswith(f"measured: {SOURCE} ({H100}, torch 2.11.0")
-    row = plan.gpu_row(recipe, gpu_named("H100 SXM"), 1e9, 2.99)
+    row = gpu_ranking.gpu_row(recipe, gpu_named("H100 SXM"), 1e9, 2.99)
     assert row.tokens_per_s == rate and row.measured == found.label()
-    assert plan.gpu_row(recipe, gpu_named("H100 PCIe"), 1e9, 2.0).measured is None  # another card: modelled
+    assert gpu_ranking.gpu_row(recipe, gpu_named("H100 PCIe"), 1e9, 2.0).measured is None  # another card: modelled
 
 
 def test_a_users_record_of_the_same_configuration_wins(store):
     recipe = load_recipe("1b")
     mine = record_measurement(recipe, H100, 80_000.0, 37.0, "train")
     assert recorded_measurement(recipe, "H100 SXM") == mine and not mine.shipped
-    assert plan.gpu_row(recipe, gpu_named("H100 SXM"), 1e9, 2.99).tokens_per_s == 80_000.0
+    assert gpu_ranking.gpu_row(recipe, gpu_named("H100 SXM"), 1e9, 2.99).tokens_per_s == 80_000.0
 
 
 def test_another_micro_batch_is_not_matched_and_stays_modelled(store, capsys):
     assert recorded_measurement(load_recipe("1b", {"micro_batch_size": 16}), "H100 SXM") is None
-    assert plan.main(["--recipe", "1b", "--gpu", "H100", "--micro_batch_size", "16", "--max_gpus", "1"]) == 0
+    assert plan_command.main(["--recipe", "1b", "--gpu", "H100", "--micro_batch_size", "16", "--max_gpus", "1"]) == 0
     out = capsys.readouterr().out
     assert "| H100 SXM | 16, 0 | ~" in out and "an estimate of the performance model" in out and SOURCE not in out
 
 
 def test_plan_gpu_all_marks_the_h100_sxm_row_measured_and_the_others_modelled(store, capsys):
-    assert plan.main(["--recipe", "1b", "--gpu", "all"]) == 0
+    assert plan_command.main(["--recipe", "1b", "--gpu", "all"]) == 0
     out = capsys.readouterr().out
     table = {line.split(" | ")[0]: line for line in out.splitlines() if line.startswith("| ")}
     assert "| 77,935 measured |" in table["| H100 SXM"] and f"- H100 SXM: measured: {SOURCE}" in out
     assert "| ~" in table["| H100 PCIe"] and "| ~" in table["| H200"]
-    assert plan.main(["--recipe", "1b", "--gpu", "all", "--compile", "false"]) == 0
+    assert plan_command.main(["--recipe", "1b", "--gpu", "all", "--compile", "false"]) == 0
     assert "| 51,150 measured |" in capsys.readouterr().out
 
 

@@ -23,12 +23,12 @@ from datetime import UTC, datetime
 from importlib import metadata
 from itertools import islice
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 import numpy as np
 from transformers import PreTrainedTokenizerFast
 
-from hf_pretrain.config import Recipe
+from hf_pretrain.config import Recipe, SourceConfig
 from hf_pretrain.data.prepare_folder import (
     CREATED_NAMES,
     PROGRESS_FILE,
@@ -75,6 +75,9 @@ from hf_pretrain.data.tokenizer import (
 )
 from hf_pretrain.json_files import write_json_atomically
 from hf_pretrain.object_store.urls import is_url
+
+if TYPE_CHECKING:  # pipeline.py imports datatrove: only a prepare that runs pays for it (`_prepare_locked`)
+    from hf_pretrain.data.pipeline import ExecutorOptions
 
 HASH_CHUNK_BYTES = 16 * 2**20
 
@@ -154,13 +157,7 @@ def _prepare_locked(
     dry_run: bool,
     verbose: bool,
 ) -> Path:
-    from hf_pretrain.data.pipeline import (
-        ExecutorOptions,
-        SplitTokenizer,
-        build_executor,
-        reader_for,
-        task_input_bytes,
-    )
+    from hf_pretrain.data.pipeline import ExecutorOptions, build_executor, task_input_bytes
 
     d = recipe.data
     if (data_dir / META_FILE).is_file():  # another prepare finished it while this one waited to start
@@ -169,7 +166,6 @@ def _prepare_locked(
         return data_dir
     refuse_while_jobs_run(data_dir, lambda source: _done_so_far(data_dir / LOGS_DIR / source))
     tokenizer = _tokenizer(recipe, data_dir, settings, fingerprint, log)
-    tokenizer_file = str((data_dir / TOKENIZER_DIR / "tokenizer.json").resolve())
     options = ExecutorOptions.from_recipe(d)
     shares = _token_shares(recipe)
     results, pending, jobs = [], [], []
@@ -177,18 +173,7 @@ def _prepare_locked(
         name = source_folder_name(index, source)
         folder, logs = (data_dir / SOURCES_DIR / name).resolve(), (data_dir / LOGS_DIR / name).resolve()
         tasks = source_tasks(source)
-        pipeline = [
-            reader_for(source, tasks),
-            SplitTokenizer(
-                str(folder),
-                tokenizer_file,
-                d.val_every,
-                shares[index],
-                eos_token=tokenizer.eos_token,
-                counts_dir=str(logs),
-                data_dir=str(data_dir.resolve()) if options.kind == "local" else "",
-            ),
-        ]
+        pipeline = _source_pipeline(recipe, data_dir, source, tasks, folder, logs, tokenizer, shares[index], options)
         executor = build_executor(pipeline, tasks, logs, options, job_name=f"prepare-{name}")
         todo = executor.get_incomplete_ranks()
         if dry_run:
@@ -215,16 +200,61 @@ def _prepare_locked(
     if dry_run:
         return data_dir
     if pending:
-        if jobs:  # the lock goes when this returns: the record keeps a second prepare out while they run
-            record_jobs(data_dir, jobs)
-        submitted = ", ".join(f"Slurm job {job['job_id']} ({job['source']}, {job['tasks']} tasks)" for job in jobs)
-        log(
-            f"submitted {submitted or ', '.join(pending)}: when the job is done (`squeue -j "
-            f"{','.join(job['job_id'] for job in jobs) or 'ID'}`), run the same `hf-pretrain prepare` again to check "
-            f"the files and write {data_dir / META_FILE}; until then a prepare into {data_dir} is refused"
-        )
+        _record_submitted_jobs(data_dir, pending, jobs, log)
         return data_dir
     meta = _finish(recipe, tokenizer, fingerprint, data_dir, log)
+    _report_prepared(recipe, data_dir, meta, results, log)
+    return data_dir
+
+
+def _source_pipeline(
+    recipe: Recipe,
+    data_dir: Path,
+    source: SourceConfig,
+    tasks: int,
+    folder: Path,
+    logs: Path,
+    tokenizer: PreTrainedTokenizerFast,
+    share: int,
+    options: ExecutorOptions,
+) -> list[Any]:
+    """One source's datatrove pipeline: its reader, then the tokenizer writing its train and validation files."""
+    from hf_pretrain.data.pipeline import SplitTokenizer, reader_for
+
+    d = recipe.data
+    tokenizer_file = str((data_dir / TOKENIZER_DIR / "tokenizer.json").resolve())
+    return [
+        reader_for(source, tasks),
+        SplitTokenizer(
+            str(folder),
+            tokenizer_file,
+            d.val_every,
+            share,
+            eos_token=tokenizer.eos_token,
+            counts_dir=str(logs),
+            data_dir=str(data_dir.resolve()) if options.kind == "local" else "",
+        ),
+    ]
+
+
+def _record_submitted_jobs(
+    data_dir: Path, pending: list[str], jobs: list[dict[str, Any]], log: Callable[[str], None]
+) -> None:
+    """Sources left to a cluster: record their Slurm jobs and say how to finish once they are done."""
+    if jobs:  # the lock goes when this returns: the record keeps a second prepare out while they run
+        record_jobs(data_dir, jobs)
+    submitted = ", ".join(f"Slurm job {job['job_id']} ({job['source']}, {job['tasks']} tasks)" for job in jobs)
+    log(
+        f"submitted {submitted or ', '.join(pending)}: when the job is done (`squeue -j "
+        f"{','.join(job['job_id'] for job in jobs) or 'ID'}`), run the same `hf-pretrain prepare` again to check "
+        f"the files and write {data_dir / META_FILE}; until then a prepare into {data_dir} is refused"
+    )
+
+
+def _report_prepared(
+    recipe: Recipe, data_dir: Path, meta: dict[str, Any], results: list[SourceResult], log: Callable[[str], None]
+) -> None:
+    """Each source's counts and the totals; a recipe whose batch shape does not fit the data is warned here."""
     for result in results:
         log(result.line())
     log(
@@ -236,7 +266,6 @@ def _prepare_locked(
     except DataMismatchError as exc:
         # The data is still valid; the recipe's batch shape is what does not fit. Training says so again.
         log(f"warning: {exc}")
-    return data_dir
 
 
 OUTPUT_LOG = "output.log"  # in logs/<source>/: what datatrove printed (its INFO lines, stats, tracebacks)

@@ -228,66 +228,14 @@ def check_prepared_data(recipe: Recipe, verify: str = "recorded", progress: bool
     data_dir = data_folder(recipe.data.data_dir, recipe)
     meta_file = data_dir / META_FILE
     meta = read_meta(data_dir, recipe)
-    hint = reprepare_hint(recipe)
-
-    def mismatch(field: str, expected: Any, found: Any, why: str) -> DataMismatchError:
-        return DataMismatchError(f"{meta_file}: {field} expected {expected}, found {found} ({why}); {hint}")
-
     if meta.get("format_version") != FORMAT_VERSION:
         raise DataMismatchError(
             f"{meta_file}: format_version expected {FORMAT_VERSION}, found {meta.get('format_version')} (written by "
             f"another version of hf-pretrain: format 1 is one mixed stream of flat shards, format 2 a datatrove "
             f"folder per source, mixed when training); delete {data_dir} and {prepare_hint(recipe)}"
         )
-    try:
-        tokenizer = load_tokenizer(data_dir)
-    except FileNotFoundError as exc:
-        raise DataMismatchError(f"{exc}; {hint}") from exc
-    except TokenizerUnreadable as exc:  # its message names the file and the fix
-        raise DataMismatchError(str(exc)) from exc
-    saved_hash = tokenizer_hash(tokenizer)
-    if len(tokenizer) != meta.get("vocab_size"):
-        raise mismatch(
-            "vocab_size",
-            len(tokenizer),
-            meta.get("vocab_size"),
-            f"the size of the tokenizer in {data_dir / TOKENIZER_DIR}",
-        )
-    if saved_hash != meta.get("tokenizer_hash"):
-        raise mismatch(
-            "tokenizer_hash",
-            saved_hash,
-            meta.get("tokenizer_hash"),
-            f"expected is the hash of the tokenizer in {data_dir / TOKENIZER_DIR}; the token files were "
-            f"made with another one",
-        )
-    expected_vocab = recipe.data.vocab_size + len(recipe.data.special_tokens)
-    if meta.get("vocab_size") != expected_vocab:
-        raise mismatch(
-            "vocab_size",
-            expected_vocab,
-            meta.get("vocab_size"),
-            f"the recipe's vocab_size {recipe.data.vocab_size} + {len(recipe.data.special_tokens)} special tokens",
-        )
-    if meta.get("dtype") != token_dtype(expected_vocab).name:
-        raise mismatch("dtype", token_dtype(expected_vocab).name, meta.get("dtype"), "token ids must fit the dtype")
-    train_needed = recipe.train.global_batch_tokens + 1
-    if meta["splits"]["train"]["tokens"] < train_needed:
-        raise mismatch(
-            "splits.train.tokens",
-            f"at least {train_needed}",
-            meta["splits"]["train"]["tokens"],
-            "one global batch of global_batch_tokens plus the shifted target; add documents, raise "
-            "max_tokens or lower global_batch_tokens",
-        )
-    val_needed = recipe.data.seq_len + 1
-    if meta["splits"]["validation"]["tokens"] < val_needed:
-        raise mismatch(
-            "splits.validation.tokens",
-            f"at least {val_needed}",
-            meta["splits"]["validation"]["tokens"],
-            "one sample of seq_len + 1 tokens; lower val_every or add documents",
-        )
+    saved_hash = _check_tokenizer(recipe, data_dir, meta)
+    _check_sizes(recipe, data_dir, meta)
     _check_sources(recipe, meta, saved_hash)
     if is_url(recipe.data.data_dir):  # the shards stay in the store: each block is checked as it is fetched
         return meta
@@ -299,6 +247,83 @@ def check_prepared_data(recipe: Recipe, verify: str = "recorded", progress: bool
         except ShardCorruptError as exc:
             raise DataMismatchError(str(exc)) from None
     return meta
+
+
+def _mismatch(recipe: Recipe, data_dir: Path, field: str, expected: Any, found: Any, why: str) -> DataMismatchError:
+    """meta.json's `field` is not what this recipe or this folder needs: what, why, and a prepare that fixes it."""
+    return DataMismatchError(
+        f"{data_dir / META_FILE}: {field} expected {expected}, found {found} ({why}); {reprepare_hint(recipe)}"
+    )
+
+
+def _check_tokenizer(recipe: Recipe, data_dir: Path, meta: dict[str, Any]) -> str:
+    """The folder's tokenizer is the one meta.json records (size and hash); returns its hash."""
+    try:
+        tokenizer = load_tokenizer(data_dir)
+    except FileNotFoundError as exc:
+        raise DataMismatchError(f"{exc}; {reprepare_hint(recipe)}") from exc
+    except TokenizerUnreadable as exc:  # its message names the file and the fix
+        raise DataMismatchError(str(exc)) from exc
+    saved_hash = tokenizer_hash(tokenizer)
+    if len(tokenizer) != meta.get("vocab_size"):
+        raise _mismatch(
+            recipe,
+            data_dir,
+            "vocab_size",
+            len(tokenizer),
+            meta.get("vocab_size"),
+            f"the size of the tokenizer in {data_dir / TOKENIZER_DIR}",
+        )
+    if saved_hash != meta.get("tokenizer_hash"):
+        raise _mismatch(
+            recipe,
+            data_dir,
+            "tokenizer_hash",
+            saved_hash,
+            meta.get("tokenizer_hash"),
+            f"expected is the hash of the tokenizer in {data_dir / TOKENIZER_DIR}; the token files were "
+            f"made with another one",
+        )
+    return saved_hash
+
+
+def _check_sizes(recipe: Recipe, data_dir: Path, meta: dict[str, Any]) -> None:
+    """The recipe's vocabulary and its token dtype, and enough tokens for one global batch and one
+    validation sample."""
+    expected_vocab = recipe.data.vocab_size + len(recipe.data.special_tokens)
+    if meta.get("vocab_size") != expected_vocab:
+        raise _mismatch(
+            recipe,
+            data_dir,
+            "vocab_size",
+            expected_vocab,
+            meta.get("vocab_size"),
+            f"the recipe's vocab_size {recipe.data.vocab_size} + {len(recipe.data.special_tokens)} special tokens",
+        )
+    if meta.get("dtype") != token_dtype(expected_vocab).name:
+        dtype = token_dtype(expected_vocab).name
+        raise _mismatch(recipe, data_dir, "dtype", dtype, meta.get("dtype"), "token ids must fit the dtype")
+    train_needed = recipe.train.global_batch_tokens + 1
+    if meta["splits"]["train"]["tokens"] < train_needed:
+        raise _mismatch(
+            recipe,
+            data_dir,
+            "splits.train.tokens",
+            f"at least {train_needed}",
+            meta["splits"]["train"]["tokens"],
+            "one global batch of global_batch_tokens plus the shifted target; add documents, raise "
+            "max_tokens or lower global_batch_tokens",
+        )
+    val_needed = recipe.data.seq_len + 1
+    if meta["splits"]["validation"]["tokens"] < val_needed:
+        raise _mismatch(
+            recipe,
+            data_dir,
+            "splits.validation.tokens",
+            f"at least {val_needed}",
+            meta["splits"]["validation"]["tokens"],
+            "one sample of seq_len + 1 tokens; lower val_every or add documents",
+        )
 
 
 def _check_sources(recipe: Recipe, meta: dict[str, Any], saved_hash: str) -> None:

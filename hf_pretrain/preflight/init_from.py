@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
+from typing import Any
 
 from hf_pretrain.checkpoints.manifest import CheckpointError
 from hf_pretrain.checkpoints.resume_decision import decide_resume
@@ -32,10 +33,7 @@ def check_init_from(recipe: Recipe, resume_decision: Callable[[], Continuation] 
     init_from = recipe.model.init_from
     if not init_from:
         return []
-    try:
-        saved = (resume_decision or (lambda: decide_resume(recipe)))().saved
-    except (ResumeRefused, CheckpointError):
-        saved = None  # the resume check says why; the base is checked as for a start
+    saved = _saved_checkpoint(recipe, resume_decision)
     if saved is not None:
         return [
             CheckResult(
@@ -44,28 +42,13 @@ def check_init_from(recipe: Recipe, resume_decision: Callable[[], Continuation] 
         ]
     try:
         base = open_base(init_from)
+        if base.folder.is_dir() and any(base.folder.glob("*.safetensors")):  # a Hub id's weights come at training
+            weight_files(base)  # every file's header, and that the file holds all its tensors' bytes
     except InitFromError as exc:
         return [CheckResult(NAME, "fail", exc.reason, exc.fix)]
-    if base.folder.is_dir() and any(base.folder.glob("*.safetensors")):  # a Hub id's weights come at training
-        try:
-            weight_files(base)  # every file's header, and that the file holds all its tensors' bytes
-        except InitFromError as exc:
-            return [CheckResult(NAME, "fail", exc.reason, exc.fix)]
     differences = recipe_differences(base.config, recipe)
     if differences:
-        return [
-            CheckResult(
-                NAME,
-                "fail",
-                f"{init_from}'s config.json and the recipe's model keys differ: "
-                + ", ".join(
-                    f"{key} {ours} in the recipe, {theirs} in config.json"
-                    for key, (ours, theirs) in differences.items()
-                ),
-                "set them to the base model's in the recipe, or pass "
-                + " ".join(f"--{key} {theirs}" for key, (_, theirs) in differences.items()),
-            )
-        ]
+        return [_model_keys_differ(init_from, differences)]
     data_dir = recipe.data.data_dir
     try:
         tokenizers = data_tokenizer_differs(base, data_dir)
@@ -76,19 +59,7 @@ def check_init_from(recipe: Recipe, resume_decision: Callable[[], Continuation] 
     else:
         data_note = f"{data_dir} is tokenized with its tokenizer"
     if tokenizers is not None:
-        return [
-            CheckResult(
-                NAME,
-                "fail",
-                f"data_dir {data_dir} was tokenized with another tokenizer than {init_from}'s (tokenizer hash "
-                f"{tokenizers[0][:12]} there, {tokenizers[1][:12]} for the base model): the model would read "
-                f"other tokens than it learned",
-                "with its tokenizer, "
-                + reprepare_hint(
-                    dataclasses.replace(recipe, data=dataclasses.replace(recipe.data, tokenizer=init_from))
-                ),
-            )
-        ]
+        return [_data_tokenized_otherwise(recipe, tokenizers)]
     kept = beyond_the_recipe(base.config)
     return [
         CheckResult(
@@ -98,3 +69,39 @@ def check_init_from(recipe: Recipe, resume_decision: Callable[[], Continuation] 
             f"{data_note}" + (f"; also from config.json: {', '.join(kept)}" if kept else ""),
         )
     ]
+
+
+def _saved_checkpoint(recipe: Recipe, resume_decision: Callable[[], Continuation] | None) -> dict[str, Any] | None:
+    """The run's own checkpoint it goes on from, if any (then the base model is not read again)."""
+    try:
+        return (resume_decision or (lambda: decide_resume(recipe)))().saved
+    except (ResumeRefused, CheckpointError):
+        return None  # the resume check says why; the base is checked as for a start
+
+
+def _model_keys_differ(init_from: str, differences: dict[str, tuple[Any, Any]]) -> CheckResult:
+    """The base model's config.json and the recipe's model keys disagree: each key, and the flags that agree."""
+    return CheckResult(
+        NAME,
+        "fail",
+        f"{init_from}'s config.json and the recipe's model keys differ: "
+        + ", ".join(
+            f"{key} {ours} in the recipe, {theirs} in config.json" for key, (ours, theirs) in differences.items()
+        ),
+        "set them to the base model's in the recipe, or pass "
+        + " ".join(f"--{key} {theirs}" for key, (_, theirs) in differences.items()),
+    )
+
+
+def _data_tokenized_otherwise(recipe: Recipe, tokenizers: tuple[str, str]) -> CheckResult:
+    """data_dir holds tokens of another tokenizer than the base model's: a prepare with its own fixes it."""
+    init_from, data_dir = recipe.model.init_from, recipe.data.data_dir
+    return CheckResult(
+        NAME,
+        "fail",
+        f"data_dir {data_dir} was tokenized with another tokenizer than {init_from}'s (tokenizer hash "
+        f"{tokenizers[0][:12]} there, {tokenizers[1][:12]} for the base model): the model would read "
+        f"other tokens than it learned",
+        "with its tokenizer, "
+        + reprepare_hint(dataclasses.replace(recipe, data=dataclasses.replace(recipe.data, tokenizer=init_from))),
+    )

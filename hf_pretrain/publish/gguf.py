@@ -177,24 +177,44 @@ def _write_file(
     gguf_type: str,
 ) -> None:
     """The GGUF file: llama.cpp's metadata keys, the vocabulary, the tensors."""
-    heads, kv_heads = config["num_attention_heads"], config["num_key_value_heads"]
-    layers, hidden = config["num_hidden_layers"], config["hidden_size"]
-    rope_theta = config.get("rope_theta") or (config.get("rope_parameters") or {}).get("rope_theta", 10000.0)
     vocab_rows = weights["model.embed_tokens.weight"].shape[0]
     writer = gguf.GGUFWriter(str(building), arch=gguf.MODEL_ARCH_NAMES[gguf.MODEL_ARCH.LLAMA])
+    _add_model_keys(writer, gguf, name, config, vocab_rows, gguf_type)
+    _add_vocabulary(writer, gguf, tokenizer_json, tokenizer_config, vocab_rows)
+    _add_tensors(writer, gguf, config, weights, gguf_type)
+    try:
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_tensors_to_file()
+        writer.close()
+    finally:  # a failed write leaves the file open: close it, so that removing it frees the disk
+        for fout in writer.fout or []:
+            try:
+                fout.close()
+            except OSError:
+                pass
+
+
+def _add_model_keys(writer, gguf, name: str, config: dict, vocab_rows: int, gguf_type: str) -> None:
+    """llama.cpp's keys for the architecture: sizes, heads, rotary base, norm epsilon, the file's tensor type."""
+    heads, hidden = config["num_attention_heads"], config["hidden_size"]
+    rope_theta = config.get("rope_theta") or (config.get("rope_parameters") or {}).get("rope_theta", 10000.0)
     writer.add_name(name)
     writer.add_context_length(config["max_position_embeddings"])
     writer.add_embedding_length(hidden)
-    writer.add_block_count(layers)
+    writer.add_block_count(config["num_hidden_layers"])
     writer.add_feed_forward_length(config["intermediate_size"])
     writer.add_head_count(heads)
-    writer.add_head_count_kv(kv_heads)
+    writer.add_head_count_kv(config["num_key_value_heads"])
     writer.add_rope_dimension_count(config.get("head_dim") or hidden // heads)
     writer.add_rope_freq_base(float(rope_theta))
     writer.add_layer_norm_rms_eps(config["rms_norm_eps"])
     writer.add_vocab_size(vocab_rows)
     writer.add_file_type(getattr(gguf.LlamaFileType, FILE_TYPES[gguf_type]))
 
+
+def _add_vocabulary(writer, gguf, tokenizer_json: dict, tokenizer_config: dict, vocab_rows: int) -> None:
+    """The BPE vocabulary as GPT-2's, its merges, and the special tokens the tokenizer config names."""
     tokens, types, merges = _vocabulary(tokenizer_json, vocab_rows, gguf)
     writer.add_tokenizer_model("gpt2")
     writer.add_tokenizer_pre("gpt-2")
@@ -214,7 +234,11 @@ def _write_file(
             add(ids[token])
     writer.add_add_bos_token(False)  # a base model trained on documents separated by EOS, never prefixed by BOS
 
-    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, layers)
+
+def _add_tensors(writer, gguf, config: dict, weights: dict[str, torch.Tensor], gguf_type: str) -> None:
+    """Every weight under its llama.cpp name, q/k rows reordered for its rotary layout; a tied head left out."""
+    heads, kv_heads = config["num_attention_heads"], config["num_key_value_heads"]
+    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, config["num_hidden_layers"])
     for name, tensor in weights.items():
         if name == "lm_head.weight" and config.get("tie_word_embeddings"):
             continue  # tied: llama.cpp reuses token_embd when `output` is absent
@@ -227,18 +251,6 @@ def _write_file(
             raise GGUFError(f"no GGUF name for the tensor {name}")
         data, raw_shape, raw_dtype = _tensor_data(name, tensor, gguf_type, gguf)
         writer.add_tensor(gguf_name, data, raw_shape=raw_shape, raw_dtype=raw_dtype)
-
-    try:
-        writer.write_header_to_file()
-        writer.write_kv_data_to_file()
-        writer.write_tensors_to_file()
-        writer.close()
-    finally:  # a failed write leaves the file open: close it, so that removing it frees the disk
-        for fout in writer.fout or []:
-            try:
-                fout.close()
-            except OSError:
-                pass
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -19,6 +19,7 @@ from accelerate.utils import InitProcessGroupKwargs, set_seed
 
 from hf_pretrain.checkpoints.checkpointer import Checkpointer, CheckpointSaveError
 from hf_pretrain.checkpoints.load import restore_continuation
+from hf_pretrain.checkpoints.progress import Activity
 from hf_pretrain.checkpoints.resume_decision import decide_resume
 from hf_pretrain.checkpoints.resume_plan import Continuation
 from hf_pretrain.checkpoints.store import remove_pins
@@ -210,6 +211,43 @@ def accelerator_for(recipe: Recipe, profile: RunProfile, grad_accum: int, group:
     return accelerator
 
 
+def checked_start(
+    recipe: Recipe, world_size: int, profile: RunProfile, run_dir: RunDir
+) -> tuple[Continuation, Activity]:
+    """The preflight's verdict, then which checkpoint the run goes on from: decided once, checksums and
+    all (a live line while they are read, and status.json's `activity` on the main process); the
+    preflight's table shows that decision. Raises what the preflight or the decision refuses."""
+    main = PartialState().is_main_process
+    activity = functools.partial(set_activity, run_dir.path) if main else None
+    decide = functools.cache(lambda: decide_resume(recipe, say=print if main else None, activity=activity))
+    preflight(recipe, world_size, log=print if main else lambda _: None, resume_decision=decide, profile=profile)
+    return decide(), activity
+
+
+def resumed_state(
+    recipe: Recipe, accelerator: Accelerator, continuation: Continuation, run_dir: RunDir
+) -> tuple[TrainState, dict | None]:
+    """The run's progress, and the checkpoint's train state it came from (None for a start at step 0):
+    weights, optimizer and RNG restored from the checkpoint the continuation names (the newest, or the
+    last one before the decay of a run that goes further); the data position is the step. The main
+    process takes the folder only now, resumed or started: a refused run leaves it as it was."""
+    say = accelerator.print
+    state = TrainState.for_recipe(recipe, describe_hardware(accelerator.device, accelerator.num_processes))
+    for reason in continuation.skipped:
+        say(f"resume: skipping {reason}")
+    saved = restore_continuation(accelerator, continuation.folder, log=say)
+    if saved:
+        state.load_state_dict(saved)
+        for note in state.go_on_as(continuation, saved):
+            say(note)
+        say(f"resumed from {continuation.folder} at step {state.step}")
+    elif recipe.checkpoints.resume == "auto":
+        say(f"resume: no complete checkpoint in {run_dir.checkpoints}, starting from step 0")
+    if accelerator.is_main_process:
+        take_the_folder(recipe, run_dir, continuation, state, say)
+    return state, saved
+
+
 def setup(recipe: Recipe) -> Run:
     """Build a run, the cheap checks first: preflight (versions, device, data, disk, memory) before
     anything is built, then the Accelerator, model and optimizer, the resumed state, the data."""
@@ -223,13 +261,7 @@ def setup(recipe: Recipe) -> Run:
     world_size = PartialState(cpu=on_cpu, **group, **attempt_store(group.get("timeout"))).num_processes
     # how this run executes, read and never decided again (after PartialState: a rank's own GPU)
     profile = run_profile(recipe, this_machine(), world_size)
-    # which checkpoint the run goes on from: decided once, checksums and all (a live line while they are
-    # read); the table shows it
-    main = PartialState().is_main_process
-    activity = functools.partial(set_activity, run_dir.path) if main else None
-    decide = functools.cache(lambda: decide_resume(recipe, say=print if main else None, activity=activity))
-    preflight(recipe, world_size, log=print if main else lambda _: None, resume_decision=decide, profile=profile)
-    continuation = decide()
+    continuation, activity = checked_start(recipe, world_size, profile, run_dir)
     grad_accum = recipe.grad_accum_steps(world_size)  # after the preflight, which refuses a batch that does not split
     tokenizer = load_tokenizer(recipe.data.data_dir)
 
@@ -242,22 +274,7 @@ def setup(recipe: Recipe) -> Run:
         recipe, profile, config, accelerator, starts=continuation.folder is None
     )
 
-    # resume: weights, optimizer and RNG from the checkpoint the continuation names (the newest, or the
-    # last one before the decay of a run that goes further); the data position is the step
-    state = TrainState.for_recipe(recipe, describe_hardware(accelerator.device, accelerator.num_processes))
-    for reason in continuation.skipped:
-        say(f"resume: skipping {reason}")
-    saved = restore_continuation(accelerator, continuation.folder, log=say)
-    if saved:
-        state.load_state_dict(saved)
-        for note in state.go_on_as(continuation, saved):
-            say(note)
-        say(f"resumed from {continuation.folder} at step {state.step}")
-    elif recipe.checkpoints.resume == "auto":
-        say(f"resume: no complete checkpoint in {run_dir.checkpoints}, starting from step 0")
-    if accelerator.is_main_process:  # only now, resumed or started: a refused run leaves the folder as it was
-        take_the_folder(recipe, run_dir, continuation, state, say)
-
+    state, saved = resumed_state(recipe, accelerator, continuation, run_dir)
     data = TrainData(recipe, accelerator.process_index, world_size, grad_accum, accelerator.device.type == "cuda")
     train_loader = data.loader(state.step, state.data_origin, decay_position(state))
     val_loader = build_val_loader(recipe, accelerator.process_index, world_size)

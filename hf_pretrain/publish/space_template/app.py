@@ -295,13 +295,51 @@ def default_selection(names: list[str], columns: int) -> list[str]:
     return [names[round(i * (len(names) - 1) / (columns - 1))] for i in range(columns)]
 
 
+def column_header(library: ModelLibrary, name: str | None) -> str:
+    """A column's title: the model's name and how far it was trained; empty for a column with no model."""
+    return f"**{name}**  \n{library.progress(name)}" if name else ""
+
+
+def generation_controls() -> list[Any]:
+    """The controls of `Settings`, in one row, in its field order, starting at its defaults."""
+    with gr.Row():
+        return [
+            gr.Slider(1, 512, value=Settings.max_new_tokens, step=1, label="Max new tokens"),
+            gr.Slider(0, 2, value=Settings.temperature, step=0.05, label="Temperature (0 = greedy)"),
+            gr.Slider(0, 200, value=Settings.top_k, step=1, label="Top-k (0 = off)"),
+            gr.Slider(0.05, 1, value=Settings.top_p, step=0.05, label="Top-p"),
+            gr.Slider(1, 2, value=Settings.repetition_penalty, step=0.05, label="Repetition penalty"),
+            gr.Number(value=Settings.seed, precision=0, label="Seed"),
+        ]
+
+
+def completion_columns(
+    library: ModelLibrary, selected: list[str], columns: int
+) -> tuple[list[gr.Column], list[gr.Markdown], list[gr.Textbox]]:
+    """One column per model side by side, each a header over its completion; those without a pick hidden."""
+    panels, headers, outputs = [], [], []
+    with gr.Row():
+        for column in range(columns):
+            name = selected[column] if column < len(selected) else None
+            with gr.Column(visible=name is not None) as panel:
+                headers.append(gr.Markdown(column_header(library, name)))
+                outputs.append(
+                    gr.Textbox(
+                        label="Completion",
+                        lines=8,
+                        interactive=False,
+                        buttons=["copy"],
+                        elem_id=f"completion-{column}",
+                    )
+                )
+            panels.append(panel)
+    return panels, headers, outputs
+
+
 def build_demo(library: ModelLibrary, prompts: list[str], title: str = DEFAULT_TITLE) -> gr.Blocks:
     names = library.names()
     columns = min(len(names), MAX_COLUMNS)
     selected = default_selection(names, columns)
-
-    def header(name: str | None) -> str:
-        return f"**{name}**  \n{library.progress(name)}" if name else ""
 
     with gr.Blocks(title=title) as demo:
         gr.Markdown(f"# {title}\nThe same prompt through each picked model; temperature 0 is greedy decoding.")
@@ -319,31 +357,8 @@ def build_demo(library: ModelLibrary, prompts: list[str], title: str = DEFAULT_T
             max_choices=columns,
             label=f"Models (up to {columns}, in column order)",
         )
-        with gr.Row():
-            max_new_tokens = gr.Slider(1, 512, value=Settings.max_new_tokens, step=1, label="Max new tokens")
-            temperature = gr.Slider(0, 2, value=Settings.temperature, step=0.05, label="Temperature (0 = greedy)")
-            top_k = gr.Slider(0, 200, value=Settings.top_k, step=1, label="Top-k (0 = off)")
-            top_p = gr.Slider(0.05, 1, value=Settings.top_p, step=0.05, label="Top-p")
-            repetition_penalty = gr.Slider(
-                1, 2, value=Settings.repetition_penalty, step=0.05, label="Repetition penalty"
-            )
-            seed = gr.Number(value=Settings.seed, precision=0, label="Seed")
-        panels, headers, outputs = [], [], []
-        with gr.Row():
-            for column in range(columns):
-                name = selected[column] if column < len(selected) else None
-                with gr.Column(visible=name is not None) as panel:
-                    headers.append(gr.Markdown(header(name)))
-                    outputs.append(
-                        gr.Textbox(
-                            label="Completion",
-                            lines=8,
-                            interactive=False,
-                            buttons=["copy"],
-                            elem_id=f"completion-{column}",
-                        )
-                    )
-                panels.append(panel)
+        controls = generation_controls()
+        panels, headers, outputs = completion_columns(library, selected, columns)
 
         def generate(
             prompt: str,
@@ -371,11 +386,11 @@ def build_demo(library: ModelLibrary, prompts: list[str], title: str = DEFAULT_T
             picked = [models[c] if c < len(models) else None for c in range(columns)]
             return (
                 [gr.Column(visible=name is not None) for name in picked]
-                + [header(name) for name in picked]
+                + [column_header(library, name) for name in picked]
                 + [""] * columns
             )  # texts of the previous picks would now sit under the wrong header
 
-        inputs = [prompt, models, max_new_tokens, temperature, top_k, top_p, repetition_penalty, seed]
+        inputs = [prompt, models, *controls]
         # One event for the button and Enter, so gradio's default of one run at a time covers both:
         # the loaded models and torch's global RNG are shared by every visitor.
         gr.on([button.click, prompt.submit], generate, inputs, outputs, api_name="generate")
