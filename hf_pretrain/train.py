@@ -39,8 +39,8 @@ def run_training(recipe: Recipe) -> Outcome:
     """The loop with the recipe's side jobs (final/ at the end, the pushes and benchmarks it asks for),
     in a session that holds the run folder and leaves its status.json (training/session.py)."""
     # Imported here, after the recipe was read: `--help` and a refused flag answer without torch.
-    from hf_pretrain.checkpoints.continuation import GO_FURTHER
     from hf_pretrain.checkpoints.resume_decision import finished_at
+    from hf_pretrain.checkpoints.resume_plan import GO_FURTHER
     from hf_pretrain.publish.side_jobs import SideJobs
     from hf_pretrain.training.loop import Outcome
     from hf_pretrain.training.loop import train as train_loop

@@ -149,6 +149,11 @@ def _room(module: str) -> list[str]:
         ("hf_pretrain.publish", ["hf_pretrain.evaluation"]),
         # what a device measures knows nothing of GPU prices or tables: the run profile asks economics/gpus.py
         ("hf_pretrain.hardware", ["hf_pretrain.economics", "hf_pretrain.run_profile"]),
+        # the stop story: the request file is a shared fact the run, the doctor and the command read; the
+        # command is a product the run never imports (a request found at a start is the guards')
+        ("hf_pretrain.stop_request", ["hf_pretrain.training", "hf_pretrain.preflight", "hf_pretrain.stop_command"]),
+        ("hf_pretrain.training", ["hf_pretrain.stop_command"]),
+        ("hf_pretrain.preflight", ["hf_pretrain.stop_command"]),
         # a shared fact: data/ and model_init.py read Hub ids through it, it reads neither
         ("hf_pretrain.hub_cache", ["hf_pretrain.data", "hf_pretrain.model", "hf_pretrain.model_init"]),
     ],

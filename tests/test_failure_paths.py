@@ -344,7 +344,7 @@ def stoppable_run(run: Path, step: int, max_steps: int = 100) -> None:
 def test_stop_with_a_cooldown_longer_than_what_is_left_says_where_and_when_the_decay_ends(tmp_path, capsys):
     from hf_pretrain.run_dir import RunDir
     from hf_pretrain.run_lock import RunLock
-    from hf_pretrain.training.stop_request import main as stop_main
+    from hf_pretrain.stop_command import main as stop_main
 
     stoppable_run(tmp_path, 90)
     lock = RunLock(RunDir(tmp_path))
@@ -368,7 +368,7 @@ def test_the_job_says_a_cooldown_was_cut_at_max_steps(tmp_path):
     from types import SimpleNamespace
 
     from hf_pretrain.config import build_recipe
-    from hf_pretrain.stop_file import request_stop
+    from hf_pretrain.stop_request import request_stop
     from hf_pretrain.training.guards import Guards
     from hf_pretrain.training.state import TrainState
 
@@ -385,7 +385,7 @@ def test_the_job_says_a_cooldown_was_cut_at_max_steps(tmp_path):
 
 # ---------------------------------------------------------------------- a mixture changed on resume
 def test_a_mixture_changed_on_resume_is_said_in_words_that_agree_with_the_readme():
-    from hf_pretrain.checkpoints.recipe_changes import plan_continuation
+    from hf_pretrain.checkpoints.resume_rules import plan_continuation
     from hf_pretrain.config import load_recipe, math_keys
 
     old = load_recipe("smoke", {})

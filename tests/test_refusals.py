@@ -14,18 +14,17 @@ import pytest
 
 from hf_pretrain.checkpoints.layout import TRAIN_STATE
 from hf_pretrain.checkpoints.manifest import write_manifest
-from hf_pretrain.config import build_recipe, load_recipe
+from hf_pretrain.config import build_recipe, load_recipe, save_recipe
 from hf_pretrain.exit_codes import EXIT_CONFIG
 from hf_pretrain.optim import Cooldown
 from hf_pretrain.preflight import run_checks
 from hf_pretrain.run_dir import RunDir
 from hf_pretrain.run_lock import RunLock
-from hf_pretrain.stop_file import read_stop_request, request_stop
-from hf_pretrain.training.guards import Guards
+from hf_pretrain.stop_command import main as stop_main
+from hf_pretrain.stop_request import read_stop_request, request_stop
+from hf_pretrain.training.guards import Guards, take_up_at_start
 from hf_pretrain.training.session import Session, read_status
 from hf_pretrain.training.state import TrainState
-from hf_pretrain.training.stop_request import main as stop_main
-from hf_pretrain.training.stop_request import take_up_at_start
 from tests.helpers import FakeLog, launch_training
 
 
@@ -63,6 +62,22 @@ def test_a_second_request_before_the_run_reads_the_first_replaces_it_and_says_so
     assert read_stop_request(tmp_path).cooldown_steps == 3
 
 
+@pytest.mark.parametrize(
+    "schedule, flags, then",
+    [
+        ("cosine", [], "saves and writes final/ after its next step (a cosine run: the model will not have finished"),
+        ("wsd", [], "decays its learning rate over decay_fraction x the steps done from its first step"),
+        ("wsd", ["--cooldown_steps", "0"], "saves and writes final/ after its next step; a start"),
+    ],
+)
+def test_what_a_stop_says_the_run_will_do_follows_its_recipe_schedule(tmp_path, capsys, schedule, flags, then):
+    """The answer reads the run's own recipe (resolved_recipe.yaml): a cosine run stops unfinished."""
+    fake_checkpoint(tmp_path, 40, end=100)
+    save_recipe(build_recipe({}, {"lr_schedule": schedule, "max_steps": 100}), RunDir(tmp_path).resolved_recipe)
+    assert stop_main([str(tmp_path), *flags]) == 0
+    assert then in capsys.readouterr().out
+
+
 @pytest.mark.parametrize("how", ["status", "final"])
 def test_a_stop_on_a_finished_run_is_refused_and_writes_nothing(tmp_path, capsys, how):
     if how == "status":  # status.json says so
@@ -85,7 +100,7 @@ def test_a_stop_during_a_cooldown_is_refused_by_the_command_and_by_the_running_j
     assert "in its cooldown (stop requested)" in capsys.readouterr().err
     # a running job that answered a request: a second one is refused, naming how to stop sooner
     request_stop(tmp_path)
-    from hf_pretrain.stop_file import answer_stop_request
+    from hf_pretrain.stop_request import answer_stop_request
 
     answer_stop_request(tmp_path, 40, "began its cooldown to step 60")
     lock = RunLock(RunDir(tmp_path))

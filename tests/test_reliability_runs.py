@@ -20,10 +20,10 @@ import pytest
 from accelerate import Accelerator
 from transformers import AutoConfig
 
-from hf_pretrain.checkpoints.continuation import ResumeRefused
 from hf_pretrain.checkpoints.load import restore_training_state
 from hf_pretrain.checkpoints.manifest import verify_checkpoint, write_manifest
 from hf_pretrain.checkpoints.resume_decision import decide_resume
+from hf_pretrain.checkpoints.resume_plan import ResumeRefused
 from hf_pretrain.config import load_recipe
 from hf_pretrain.exit_codes import EXIT_CONFIG, EXIT_CRASHED, EXIT_LOCKED, EXIT_PREEMPTED, EXIT_PREFLIGHT
 from hf_pretrain.model import build_model

@@ -18,10 +18,10 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from hf_pretrain.checkpoints.continuation import ResumeRefused
 from hf_pretrain.checkpoints.layout import BRANCH_POINT, TRAIN_STATE
 from hf_pretrain.checkpoints.manifest import write_manifest
-from hf_pretrain.checkpoints.recipe_changes import plan_continuation
+from hf_pretrain.checkpoints.resume_plan import ResumeRefused
+from hf_pretrain.checkpoints.resume_rules import plan_continuation
 from hf_pretrain.checkpoints.store import prune_checkpoints
 from hf_pretrain.config import RecipeError, build_recipe, load_recipe, math_keys
 from hf_pretrain.data.loader import StepBatchSampler
@@ -33,10 +33,10 @@ from hf_pretrain.optim import Cooldown, Schedule, learning_rate_at
 from hf_pretrain.preflight.data import check_data_budget
 from hf_pretrain.publish.model_card import _how_it_ended
 from hf_pretrain.run_dir import RunDir, read_jsonl
-from hf_pretrain.stop_file import read_stop_request, request_stop
+from hf_pretrain.stop_command import main as stop_main
+from hf_pretrain.stop_request import read_stop_request, request_stop
 from hf_pretrain.training.guards import Guards
 from hf_pretrain.training.state import TrainState
-from hf_pretrain.training.stop_request import main as stop_main
 from tests.helpers import OUTSIDE_CHECKOUT, SHORT_RUN, FakeLog, launch_command, launch_training, offline_env
 
 
@@ -542,7 +542,7 @@ def test_a_key_added_since_the_checkpoint_counts_as_its_default_not_as_a_change(
     """A checkpoint written before `chunked_loss` and `fp8_recipe` existed recorded no value for them:
     resuming it under their defaults changes nothing (a warning there named them as changed math);
     a value other than the default is still named."""
-    from hf_pretrain.checkpoints.recipe_changes import changed_math_keys
+    from hf_pretrain.checkpoints.resume_rules import changed_math_keys
 
     recipe = load_recipe("smoke")
     keys = math_keys(recipe)

@@ -8,8 +8,10 @@
   the background; `async_save.py`: a periodic save staged into host memory; `disk_space.py`: a
   failed write judged by the volume;
 - `store.py`: a run's checkpoints: listing, the newest good one, pins, retention, milestones;
-- `continuation.py`, `resume_decision.py`, `recipe_changes.py`: from which checkpoint a run goes on,
-  and what may change since;
+- the resume story, three files named alike: `resume_decision.py`, whether and from which checkpoint
+  a run resumes (`decide_resume`, every file checked); `resume_rules.py`, what may change since the
+  checkpoint (`plan_continuation`, one function per refusal); `resume_plan.py`, the plan a run goes
+  on by (`Continuation`, `ResumeRefused`). The doctor's row is preflight/resume.py;
 - `load.py`: weights into a model (FSDP shards merged), a whole training state into a run.
 
 Publishing, evaluation, the preflight and the loop use checkpoints through this wing, which imports

@@ -93,8 +93,8 @@ def restore_continuation(accelerator: Accelerator, folder: Path | None, log: Cal
 def restore_training_state(accelerator: Accelerator, folder: Path, log: Callable[[str], None] = print) -> None:
     """Load weights, optimizer and random state from `folder` into the prepared run of `accelerator`.
 
-    The folder was chosen, verified and found resumable before (checkpoints/continuation.py: not a weights-only
-    milestone, the recipe's shape); what fails here is this run (its model, optimizer or setup), raised
+    The folder was chosen, verified and found resumable before (checkpoints/resume_decision.py: not a
+    weights-only milestone, the recipe's shape); what fails here is this run (its model, optimizer or setup), raised
     as `CheckpointMismatch` naming the checkpoint.
     """
     try:

@@ -1,5 +1,5 @@
 """The resume decision of a start: from which checkpoint the run goes on, every file checked against its
-manifest (a live line while it lasts), and how (checkpoints/recipe_changes.py). Made once per start:
+manifest (a live line while it lasts), and how (checkpoints/resume_rules.py). Made once per start:
 the preflight table shows it and `setup` loads the checkpoint it names (checkpoints/load.py).
 """
 
@@ -9,12 +9,12 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from hf_pretrain.checkpoints.continuation import Continuation, ResumeRefused
 from hf_pretrain.checkpoints.layout import checkpoint_path
 from hf_pretrain.checkpoints.load import START_OVER, shape_mismatch
 from hf_pretrain.checkpoints.manifest import CheckpointError, verify_showing
 from hf_pretrain.checkpoints.progress import Activity, Say
-from hf_pretrain.checkpoints.recipe_changes import plan_continuation
+from hf_pretrain.checkpoints.resume_plan import Continuation, ResumeRefused
+from hf_pretrain.checkpoints.resume_rules import plan_continuation
 from hf_pretrain.checkpoints.store import is_weights_only, list_checkpoints, newest_good_checkpoint
 from hf_pretrain.config import Recipe
 from hf_pretrain.data import data_identity

@@ -8,8 +8,8 @@ import functools
 import os
 from collections.abc import Callable
 
-from hf_pretrain.checkpoints.continuation import Continuation
 from hf_pretrain.checkpoints.resume_decision import decide_resume
+from hf_pretrain.checkpoints.resume_plan import Continuation
 from hf_pretrain.config import Recipe
 from hf_pretrain.economics.measurements import this_gpu
 from hf_pretrain.preflight.budget import check_cost

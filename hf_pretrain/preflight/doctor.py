@@ -51,8 +51,8 @@ def main(argv: list[str] | None = None) -> int:
     from hf_pretrain.preflight import format_table, run_checks
 
     results = run_checks(recipe, world_size=args.num_processes)
-    from hf_pretrain.checkpoints.continuation import GO_FURTHER
     from hf_pretrain.checkpoints.resume_decision import finished_at
+    from hf_pretrain.checkpoints.resume_plan import GO_FURTHER
 
     step = finished_at(recipe)  # the same command after the run completed: not "ready to train"
     finished = None if step is None else f"the run finished at step {step:,}, nothing to train. {GO_FURTHER}"

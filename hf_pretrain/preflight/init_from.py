@@ -7,9 +7,9 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
-from hf_pretrain.checkpoints.continuation import Continuation, ResumeRefused
 from hf_pretrain.checkpoints.manifest import CheckpointError
 from hf_pretrain.checkpoints.resume_decision import decide_resume
+from hf_pretrain.checkpoints.resume_plan import Continuation, ResumeRefused
 from hf_pretrain.config import Recipe
 from hf_pretrain.data.prepared import reprepare_hint
 from hf_pretrain.data.tokenizer import TokenizerError

@@ -1,22 +1,22 @@
-"""The run folder's checkpoints against the recipe: can the run go on under it, and how; and a stop
-request waiting for it."""
+"""The doctor's row of the resume decision (checkpoints/resume_decision.py): can the run go on under
+this recipe, and how; and the row of a stop request waiting for this start (hf_pretrain/stop_request.py)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-from hf_pretrain.checkpoints.continuation import Continuation, ResumeRefused
 from hf_pretrain.checkpoints.manifest import CheckpointError
+from hf_pretrain.checkpoints.resume_plan import Continuation, ResumeRefused
 from hf_pretrain.config import Recipe
 from hf_pretrain.preflight.result import CheckResult
 from hf_pretrain.run_dir import RunDir
-from hf_pretrain.stop_file import at_start, read_stop_request
+from hf_pretrain.stop_request import at_start, read_stop_request
 
 
 def check_resume(recipe: Recipe, decision: Callable[[], Continuation]) -> CheckResult:
-    """What resuming will do (checkpoints/continuation.py): a fresh start, the same plan, going further from the
-    last checkpoint before the decay; or a change that needs an explicit flag, which fails here.
-    `decision` is made once per start (training's `setup` loads what it names)."""
+    """What resuming will do (the plan, checkpoints/resume_plan.py): a fresh start, the same plan, going
+    further from the last checkpoint before the decay; or a change that needs an explicit flag, which
+    fails here. `decision` is made once per start (training's `setup` loads what it names)."""
     try:
         plan = decision()
     except ResumeRefused as exc:
@@ -43,7 +43,7 @@ def check_resume(recipe: Recipe, decision: Callable[[], Continuation]) -> CheckR
 
 
 def check_stop_request(recipe: Recipe, decision: Callable[[], Continuation]) -> list[CheckResult]:
-    """A stop request waiting in the run folder, its age and what this start does with it (stop_file.py):
+    """A stop request waiting in the run folder, its age and what this start does with it (stop_request.py):
     no row when there is none."""
     request = read_stop_request(recipe.train.output_dir)
     if request is None:

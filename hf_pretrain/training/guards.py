@@ -9,6 +9,10 @@ those are combined in one all-reduce per step (`Guards.decide`).
 Finishing early (a stop request, early stopping) does not cut a wsd run: it begins a cooldown, a
 decay from the rate of the moment (training/state.py keeps it), and the run ends, with final/, when
 the cooldown does. A cosine run stops at once, and says that its decay is unfinished.
+
+A stop request found when a session starts (written while no training ran, or answered by a session
+that ended before its cooldown was saved) is taken up here too (`take_up_at_start`): applied at the
+first step, or set aside when this start is a new plan; the request file is hf_pretrain/stop_request.py.
 """
 
 from __future__ import annotations
@@ -26,10 +30,11 @@ from hf_pretrain.config import Recipe
 from hf_pretrain.economics.cost import window_cost_per_loss_point
 from hf_pretrain.exit_codes import EXIT_DIVERGED, EXIT_PREEMPTED
 from hf_pretrain.processes import LAUNCHER_GONE, followed_launcher, launcher_gone
-from hf_pretrain.stop_file import StopRequest, answer_stop_request, clear_stop_request, read_stop_request
+from hf_pretrain.stop_request import StopRequest, answer_stop_request, at_start, clear_stop_request, read_stop_request
 from hf_pretrain.training.start_up import exit_at_once, loop_ended
 
 if TYPE_CHECKING:
+    from hf_pretrain.optim import Cooldown
     from hf_pretrain.training.metrics import RunLogger
     from hf_pretrain.training.state import TrainState
     from hf_pretrain.training.step import StepResult
@@ -288,3 +293,17 @@ def unfinished_decay(state: TrainState) -> str | None:
         f"The model did not finish its decay: the learning rate was {lr:.3g} ({lr / schedule.peak:.0%} of the "
         f"peak) when it stopped ({how}). A wsd schedule stops with a finished model."
     )
+
+
+def take_up_at_start(
+    run_dir: str | Path, max_steps_changed: bool, cooldown: Cooldown | None, say: Callable[[str], None]
+) -> None:
+    """A request found when a run starts (main process): say it, and set aside one this start does not
+    apply (a new max_steps, or a cooldown resumed that already answers it)."""
+    request = read_stop_request(run_dir)
+    if request is None:
+        return
+    applies, line = at_start(request, max_steps_changed, cooldown.end if cooldown else None)
+    say(f"stop request: {line}")
+    if not applies:
+        clear_stop_request(run_dir)

@@ -18,10 +18,10 @@ from accelerate import Accelerator, PartialState
 from accelerate.utils import InitProcessGroupKwargs, set_seed
 
 from hf_pretrain.checkpoints.checkpointer import Checkpointer, CheckpointSaveError
-from hf_pretrain.checkpoints.continuation import Continuation
 from hf_pretrain.checkpoints.load import restore_continuation
 from hf_pretrain.checkpoints.progress import Activity
 from hf_pretrain.checkpoints.resume_decision import decide_resume
+from hf_pretrain.checkpoints.resume_plan import Continuation
 from hf_pretrain.checkpoints.store import remove_pins
 from hf_pretrain.config import Recipe, save_recipe
 from hf_pretrain.data import build_val_loader, load_tokenizer
@@ -48,12 +48,11 @@ from hf_pretrain.run_dir import RunDir, set_activity, truncate_jsonl
 from hf_pretrain.run_profile import RunProfile, device_kind, run_profile, this_machine
 from hf_pretrain.training.callbacks import Callback, CallbackList
 from hf_pretrain.training.compiling import dynamo_plugin
-from hf_pretrain.training.guards import Guards, Stop
+from hf_pretrain.training.guards import Guards, Stop, take_up_at_start
 from hf_pretrain.training.metrics import RunLogger, trackers_for
 from hf_pretrain.training.rendezvous import attempt_store
 from hf_pretrain.training.state import TrainState
 from hf_pretrain.training.step import Evaluation, TrainStep
-from hf_pretrain.training.stop_request import take_up_at_start
 from hf_pretrain.training.watchdog import Watchdog, process_group_kwargs
 
 

@@ -21,8 +21,8 @@ import socket
 from dataclasses import dataclass
 from pathlib import Path
 
-from hf_pretrain.checkpoints.continuation import ResumeRefused
 from hf_pretrain.checkpoints.manifest import CheckpointError
+from hf_pretrain.checkpoints.resume_plan import ResumeRefused
 from hf_pretrain.checkpoints.store import newest_sound_checkpoint, remove_unfinished_writes
 from hf_pretrain.exit_codes import (
     EXIT_CRASHED,

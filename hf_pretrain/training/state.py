@@ -7,7 +7,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from hf_pretrain.checkpoints.continuation import Continuation
+from hf_pretrain.checkpoints.resume_plan import Continuation
 from hf_pretrain.config import Recipe, math_keys
 from hf_pretrain.data import data_identity
 from hf_pretrain.optim import Cooldown, Schedule
@@ -19,7 +19,7 @@ class TrainState:
     the run stands on its schedule.
 
     `recipe_fingerprint`, `math_keys` and `hardware` describe the session that saved it; a resume
-    keeps its own (checkpoints/continuation.py compares them). The data position is a pure function of the
+    keeps its own (checkpoints/resume_rules.py compares them). The data position is a pure function of the
     step: sample `data_origin[1] + (step - data_origin[0]) * samples_per_step`, where the origin
     moves only when a resume changes the batch (`allow_recipe_change`).
     """

@@ -1,5 +1,5 @@
 """How a run goes on from a checkpoint: the plan (`Continuation`) the resume decision makes
-(checkpoints/resume_decision.py) under the recipe-change policy (checkpoints/recipe_changes.py), and
+(checkpoints/resume_decision.py) under the recipe-change policy (checkpoints/resume_rules.py), and
 `ResumeRefused`, the reason it cannot without a flag, with the fix.
 """
 

@@ -4,12 +4,13 @@
     hf-pretrain stop runs/1b --cooldown_steps 500  # decay over 500 steps
     hf-pretrain stop runs/1b --cooldown_steps 0    # no decay: save and write final/ at the next step
 
-The request is a file in the run folder (hf_pretrain/stop_file.py). The main process of the job reads
-it at every step and the guards share it with every other process in the step's one exchange
-(training/guards.py), so all of them begin the same cooldown at the same step, however many there
-are and on however many machines. A wsd run then decays from the rate it had, saves, and writes
-final/; a cosine run stops at once unless a cooldown is asked for, and its log and model card say
-that it did not finish its decay. The file goes when the run has finished.
+The request is a file in the run folder (its format: hf_pretrain/stop_request.py, beside this
+command). The main process of the job reads it at every step and the guards share it with every
+other process in the step's one exchange (training/guards.py), so all of them begin the same
+cooldown at the same step, however many there are and on however many machines. A wsd run then
+decays from the rate it had, saves, and writes final/; a cosine run stops at once unless a cooldown
+is asked for, and its log and model card say that it did not finish its decay. The file goes when
+the run has finished.
 
 What the command answers:
 - a running job: the request is written; a second one before the job has read the first replaces
@@ -24,36 +25,22 @@ What the command answers:
 
 from __future__ import annotations
 
+import argparse
 import sys
-from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hf_pretrain.checkpoints.continuation import GO_FURTHER
+from hf_pretrain.checkpoints.resume_plan import GO_FURTHER
 from hf_pretrain.checkpoints.store import newest_good_checkpoint
 from hf_pretrain.config import CommandParser
 from hf_pretrain.exit_codes import EXIT_PREFLIGHT
 from hf_pretrain.formatting import human_duration
-from hf_pretrain.optim import Cooldown
 from hf_pretrain.run_dir import RunDir, last_train_record, read_status
 from hf_pretrain.run_lock import holder_of
-from hf_pretrain.stop_file import at_start, clear_stop_request, read_stop_request, request_stop
+from hf_pretrain.stop_request import StopRequest, read_stop_request, request_stop
 
 EXIT_REFUSED = EXIT_PREFLIGHT  # refused, nothing written: the same code as a training refused before any work
-
-
-def take_up_at_start(
-    run_dir: str | Path, max_steps_changed: bool, cooldown: Cooldown | None, say: Callable[[str], None]
-) -> None:
-    """A request found when a run starts (main process): say it, and set aside one this start does not
-    apply (a new max_steps, or a cooldown resumed that already answers it)."""
-    request = read_stop_request(run_dir)
-    if request is None:
-        return
-    applies, line = at_start(request, max_steps_changed, cooldown.end if cooldown else None)
-    say(f"stop request: {line}")
-    if not applies:
-        clear_stop_request(run_dir)
 
 
 def _finished_at(run: RunDir, status: dict[str, Any], newest: dict[str, Any] | None) -> int | None:
@@ -104,7 +91,28 @@ def _decay_cut_at_max_steps(
     )
 
 
-def main(argv: list[str] | None = None) -> int:
+@dataclass
+class RunToStop:
+    """What the command knows of the run it is asked to stop, all read before anything is written."""
+
+    run: RunDir  # the run folder; for a run URL, its local view
+    shown: str | Path  # how the answers name the run: its URL as typed (no trailing /), else its folder
+    url: str | None  # the run URL when the run lives in a store, else None
+    status: dict[str, Any]  # its status.json
+    pending: StopRequest | None  # a request already there, answered or not
+    holder: dict[str, Any] | None  # who holds its lock: None when no training runs it
+    saved: dict[str, Any] | None  # its newest checkpoint's train state
+
+    @property
+    def running(self) -> bool:
+        return self.holder is not None
+
+
+class Refused(Exception):
+    """The command's one line on stderr, with nothing written (exit 78)."""
+
+
+def parse_flags(argv: list[str] | None) -> argparse.Namespace:
     parser = CommandParser(
         prog="hf-pretrain stop", description=__doc__.split("\n")[0], epilog=__doc__.split("\n", 1)[1]
     )
@@ -118,26 +126,28 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.cooldown_steps is not None and args.cooldown_steps < 0:
         parser.refuse("--cooldown_steps must be 0 or more")
+    return args
+
+
+def read_run(run_dir: str) -> RunToStop:
+    """The run `run_dir` names, a folder or a URL; raises `Refused` when there is none to ask."""
     from hf_pretrain.object_store.urls import is_url
 
-    on_store = is_url(args.run_dir)
+    on_store = is_url(run_dir)
     if on_store:  # the request goes into the store, where the trainer's uploader polls for it
         from hf_pretrain.object_store.reach import StoreRefused
         from hf_pretrain.object_store.reading import stop_facts
 
         try:
-            view, store_holder, store_saved = stop_facts(args.run_dir)
+            view, store_holder, store_saved = stop_facts(run_dir)
         except StoreRefused as exc:
-            print(f"hf-pretrain stop: refused, nothing written: {exc}", file=sys.stderr)
-            return EXIT_REFUSED
-    run = RunDir(view if on_store else args.run_dir)
-    shown = args.run_dir.rstrip("/") if on_store else run.path  # a URL run is named by its URL, not the view
+            raise Refused(f"hf-pretrain stop: refused, nothing written: {exc}") from exc
+    run = RunDir(view if on_store else run_dir)
+    shown = run_dir.rstrip("/") if on_store else run.path  # a URL run is named by its URL, not the view
     if not run.is_run() and not (on_store and store_holder):  # a URL run before its first records: its lease
-        print(
-            f"hf-pretrain stop: error: {shown} is not a run folder (no checkpoints/, no resolved_recipe.yaml)",
-            file=sys.stderr,
+        raise Refused(
+            f"hf-pretrain stop: error: {shown} is not a run folder (no checkpoints/, no resolved_recipe.yaml)"
         )
-        return EXIT_REFUSED
     status, pending = read_status(run.path), read_stop_request(run.path)
     if on_store:
         holder, saved = store_holder, store_saved
@@ -145,61 +155,90 @@ def main(argv: list[str] | None = None) -> int:
         holder = holder_of(run.path)
         newest = newest_good_checkpoint(run.path, checksums=False, log=lambda _: None)
         saved = newest.train_state if newest is not None else None
-    running = holder is not None
-    refusal = None
-    if not running and (finished := _finished_at(run, status, saved)) is not None:
-        refusal = f"{shown} finished at step {finished:,}: there is nothing to stop. {GO_FURTHER}"
-    elif running and pending is not None and pending.answered:
-        refusal = (
-            f"the run in {shown} is already finishing: it answered {pending.describe()} at step "
-            f"{pending.answered_at_step:,} ({pending.answer}). A cooldown under way is not restarted or "
-            f"shortened; to stop sooner, `kill -TERM {holder.get('pid')}` on {holder.get('host')} saves a "
+    return RunToStop(run, shown, run_dir if on_store else None, status, pending, holder, saved)
+
+
+def refusal(r: RunToStop) -> str | None:
+    """Why no request is written, or None: a finished run, or one already in its cooldown (running, or
+    stopped in it: its next start finishes it)."""
+    saved = r.saved
+    if not r.running and (finished := _finished_at(r.run, r.status, saved)) is not None:
+        return f"{r.shown} finished at step {finished:,}: there is nothing to stop. {GO_FURTHER}"
+    if r.running and r.pending is not None and r.pending.answered:
+        return (
+            f"the run in {r.shown} is already finishing: it answered {r.pending.describe()} at step "
+            f"{r.pending.answered_at_step:,} ({r.pending.answer}). A cooldown under way is not restarted or "
+            f"shortened; to stop sooner, `kill -TERM {r.holder.get('pid')}` on {r.holder.get('host')} saves a "
             f"checkpoint now, and a rerun resumes the cooldown"
         )
-    elif not running and saved and saved.get("cooldown") and saved["step"] < saved.get("end", saved["step"]):
+    if not r.running and saved and saved.get("cooldown") and saved["step"] < saved.get("end", saved["step"]):
         cooldown = saved["cooldown"]
-        refusal = (
-            f"the run in {shown} stopped at step {saved['step']:,} in its cooldown ({cooldown['reason']}); "
+        return (
+            f"the run in {r.shown} stopped at step {saved['step']:,} in its cooldown ({cooldown['reason']}); "
             f"its next start finishes that cooldown at step {cooldown['end']:,} and writes final/"
         )
-    if refusal is not None:
-        print(f"hf-pretrain stop: refused, nothing written: {refusal}", file=sys.stderr)
-        return EXIT_REFUSED
+    return None
 
-    path = request_stop(run.path, args.cooldown_steps)
-    if on_store:
-        from hf_pretrain.object_store.reading import send_back
 
-        send_back(args.run_dir, run.path, path.name)
-        path = f"{args.run_dir.rstrip('/')}/{path.name}"
-    recipe = run.load_recipe()
-    if args.cooldown_steps == 0 or (
-        recipe is not None and recipe.optim.lr_schedule == "cosine" and args.cooldown_steps is None
-    ):
+def write_request(r: RunToStop, cooldown_steps: int | None) -> Path | str:
+    """Write the request into the run folder (and into the store, for a run URL); where it is, as said."""
+    path = request_stop(r.run.path, cooldown_steps)
+    if r.url is None:
+        return path
+    from hf_pretrain.object_store.reading import send_back
+
+    send_back(r.url, r.run.path, path.name)
+    return f"{r.url.rstrip('/')}/{path.name}"
+
+
+def what_it_does(r: RunToStop, cooldown_steps: int | None) -> str:
+    """What the run does with the request, from its recipe: `decays its learning rate over ..., then
+    saves and writes final/`, with where a cooldown longer than the steps left ends."""
+    recipe = r.run.load_recipe()
+    if cooldown_steps == 0 or (recipe is not None and recipe.optim.lr_schedule == "cosine" and cooldown_steps is None):
         then = "saves and writes final/ after its next step"
         if recipe is not None and recipe.optim.lr_schedule == "cosine":
             then += " (a cosine run: the model will not have finished its decay)"
     else:
-        steps = f"{args.cooldown_steps:,} steps" if args.cooldown_steps else "decay_fraction x the steps done"
+        steps = f"{cooldown_steps:,} steps" if cooldown_steps else "decay_fraction x the steps done"
         then = f"decays its learning rate over {steps} from its next step on, then saves and writes final/"
-    cut = _decay_cut_at_max_steps(run, recipe, saved, running, args.cooldown_steps)
+    cut = _decay_cut_at_max_steps(r.run, recipe, r.saved, r.running, cooldown_steps)
     if cut:
         then = then.replace("then saves and writes final/", cut)
+    return then
+
+
+def answer(r: RunToStop, path: Path | str, then: str) -> str:
+    """The command's answer once the request is written: to a running job, or to a run that waits."""
     replaced = ""
-    if pending is not None:
-        replaced = f" It replaces {pending.describe()}, " + (
-            f"answered at step {pending.answered_at_step:,} by a session that ended before its cooldown was saved."
-            if pending.answered
+    if r.pending is not None:
+        replaced = f" It replaces {r.pending.describe()}, " + (
+            f"answered at step {r.pending.answered_at_step:,} by a session that ended before its cooldown was saved."
+            if r.pending.answered
             else "which the run had not read yet."
         )
-    if running:
-        print(f"asked the run in {shown} to finish ({path}): it {then}.{replaced} Delete the file to take it back.")
-    else:
-        print(
-            f"{shown} is not running ({_last_session(status, holder)}). The request ({path}) waits for its "
-            f"next start, which {then.replace('from its next step on', 'from its first step')}; a start with "
-            f"another --max_steps sets it aside (a new plan), saying so.{replaced} Delete the file to take it back."
-        )
+    if r.running:
+        return f"asked the run in {r.shown} to finish ({path}): it {then}.{replaced} Delete the file to take it back."
+    return (
+        f"{r.shown} is not running ({_last_session(r.status, r.holder)}). The request ({path}) waits for its "
+        f"next start, which {then.replace('from its next step on', 'from its first step')}; a start with "
+        f"another --max_steps sets it aside (a new plan), saying so.{replaced} Delete the file to take it back."
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_flags(argv)
+    try:
+        run = read_run(args.run_dir)
+    except Refused as exc:
+        print(exc, file=sys.stderr)
+        return EXIT_REFUSED
+    why_not = refusal(run)
+    if why_not is not None:
+        print(f"hf-pretrain stop: refused, nothing written: {why_not}", file=sys.stderr)
+        return EXIT_REFUSED
+    path = write_request(run, args.cooldown_steps)
+    print(answer(run, path, what_it_does(run, args.cooldown_steps)))
     return 0
 
 

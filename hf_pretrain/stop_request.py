@@ -1,5 +1,6 @@
-"""A run folder's stop request (`stop_request.json`): what `hf-pretrain stop` writes, the running job
-reads at each step (training/guards.py) and answers, and the doctor shows with its age.
+"""A run folder's stop request (`stop_request.json`): what `hf-pretrain stop` (stop_command.py, beside
+this file) writes, the running job reads at each step (training/guards.py) and answers, and the
+doctor shows with its age.
 
     {"cooldown_steps": 500, "requested_at": "2026-11-23T10:02:11+0000", "requested_at_epoch": 1795...,
      "answered_at_step": 4200, "answer": "began its cooldown: steps 4201-4700"}

@@ -25,7 +25,7 @@ from dataclasses import MISSING, fields, is_dataclass
 from pathlib import Path
 from typing import Any
 
-from hf_pretrain.checkpoints.continuation import Continuation, ResumeRefused
+from hf_pretrain.checkpoints.resume_plan import Continuation, ResumeRefused
 from hf_pretrain.config import KEY_SECTION, CheckpointConfig, Recipe, math_keys
 from hf_pretrain.optim import Schedule
 
