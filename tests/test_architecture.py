@@ -225,12 +225,12 @@ def test_no_two_modules_share_a_file_name():
 LONGEST_FUNCTION = 70
 
 
-@pytest.mark.parametrize("room", ["hf_pretrain.checkpoints", "hf_pretrain.economics.planning"])
-def test_no_function_in_the_checkpoint_wing_or_the_plan_is_longer_than_a_screen(room):
-    assert _room(room), f"no module {room}"
+def test_no_function_in_the_package_is_longer_than_a_screen():
+    """A function reads in one screen (issue 39: 10 were over 70 lines); a longer one is split into
+    named steps, as `loop.setup` into `checked_start` and `resumed_state`."""
     long = [
         f"{module}.{node.name}: {node.end_lineno - node.lineno + 1} lines"
-        for module in _room(room)
+        for module in MODULES
         for node in ast.walk(ast.parse(MODULES[module].read_text()))
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
         and node.end_lineno - node.lineno + 1 > LONGEST_FUNCTION
