@@ -46,14 +46,15 @@ def launch_command(
     processes: int = 1,
     config: Path | None = None,
     script: Path = TRAIN_SCRIPT,
+    recipe: str = "smoke",
     **keys,
 ) -> list[str]:
-    """`python -m accelerate.commands.launch --config_file CONFIG [launcher flags] SCRIPT --recipe smoke
+    """`python -m accelerate.commands.launch --config_file CONFIG [launcher flags] SCRIPT --recipe RECIPE
     --key value ...`: the one hand-built launch of the tests (`launch_training` runs it). CONFIG is
     accelerate_configs/cpu.yaml, or cpu_2proc.yaml for two processes, unless given."""
     config = config or ROOT / "accelerate_configs" / ("cpu_2proc.yaml" if processes == 2 else "cpu.yaml")
     command = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(config), *launcher_flags]
-    command += [str(script), "--recipe", "smoke"]
+    command += [str(script), "--recipe", recipe]
     for key, value in keys.items():
         command += [f"--{key}", str(value)]
     return command
@@ -67,15 +68,17 @@ def launch_training(
     short: bool = True,
     env: dict[str, str] | None = None,
     timeout: float = 600,
+    recipe: str = "smoke",
+    cwd: Path = OUTSIDE_CHECKOUT,
     **overrides,
 ) -> str:
-    """`accelerate launch hf_pretrain/train.py --recipe smoke` (with SHORT_RUN unless `short=False`, and
-    `env` on top of the offline environment); returns stdout + stderr. Past `timeout` seconds the
-    launch is killed and `subprocess.TimeoutExpired` fails the test."""
+    """`accelerate launch hf_pretrain/train.py --recipe RECIPE` in `cwd` (with SHORT_RUN unless
+    `short=False`, and `env` on top of the offline environment); returns stdout + stderr. Past `timeout`
+    seconds the launch is killed and `subprocess.TimeoutExpired` fails the test."""
     args = {**(SHORT_RUN if short else {}), "data_dir": data_dir, "output_dir": run_dir, **overrides}
-    cmd = launch_command(processes=processes, **args)
+    cmd = launch_command(processes=processes, recipe=recipe, **args)
     result = subprocess.run(
-        cmd, cwd=OUTSIDE_CHECKOUT, env={**offline_env(), **(env or {})}, capture_output=True, text=True, timeout=timeout
+        cmd, cwd=cwd, env={**offline_env(), **(env or {})}, capture_output=True, text=True, timeout=timeout
     )
     log = result.stdout + result.stderr
     if check and result.returncode != 0:
