@@ -8,6 +8,7 @@ import json
 import pytest
 
 from hf_pretrain.exit_codes import EXIT_CONFIG, EXIT_PREFLIGHT
+from tests.helpers import SHORT_RUN
 from tests.object_store_server import FAKE_KEY_ID, FAKE_SECRET
 
 # Two ARC-Easy questions in the dataset's own JSONL shape: the local task reads nothing else.
@@ -106,9 +107,9 @@ def doctor_rows(capsys, *argv) -> tuple[int, dict[str, str]]:
     code = doctor.main(["--recipe", "smoke", *argv])
     out = capsys.readouterr().out
     assert FAKE_SECRET not in out and FAKE_KEY_ID not in out
-    rows = {}
+    rows = {"verdict": out.strip().splitlines()[-1]}
     for line in out.splitlines():
-        for name in ("store upload", "store cache", "store"):
+        for name in ("store upload", "store cache", "store", "resume"):
             if line.startswith(name + " "):
                 rows.setdefault(name, line)
                 break
@@ -116,12 +117,24 @@ def doctor_rows(capsys, *argv) -> tuple[int, dict[str, str]]:
 
 
 def test_the_doctor_checks_a_url_output_dir(run_url, smoke_data, tmp_path, capsys):
-    code, rows = doctor_rows(capsys, "--data_dir", str(smoke_data), "--output_dir", run_url)
+    # the recipe the store's run trained with (12 steps): this machine's copy is empty, and the resume row
+    # judges the store's newest checkpoint, as training will once it has pulled it
+    short = [a for k, v in SHORT_RUN.items() for a in (f"--{k}", json.dumps(v) if isinstance(v, dict) else str(v))]
+    code, rows = doctor_rows(capsys, *short, "--data_dir", str(smoke_data), "--output_dir", run_url)
     assert code == 0, rows
+    assert "pass" in rows["resume"] and "goes on from step 12" in rows["resume"], rows
+    assert "in the store; training pulls it" in rows["resume"] and "ready to train" in rows["verdict"], rows
     assert "pass" in rows["store"] and "may write" in rows["store"] and "step 12" in rows["store"]
     assert "pass" in rows["store upload"] and "measured with 8.4 MB" in rows["store upload"]
     assert "pass" in rows["store cache"] and str(tmp_path / "home") in rows["store cache"]
     assert not store_fs().exists(f"{run_url}/.hf_pretrain_doctor_rate")  # the probe removed, nothing else
+
+    longer = [*short, "--max_steps", "16"]  # a cosine run under another max_steps: refused, as training would
+    code, rows = doctor_rows(capsys, *longer, "--data_dir", str(smoke_data), "--output_dir", run_url)
+    assert code == EXIT_CONFIG and "FAIL" in rows["resume"] and "max_steps" in rows["resume"], rows
+    store_fs().put_file(__file__, f"{run_url}/final/README.md")  # the run has finished: nothing to train
+    code, rows = doctor_rows(capsys, *short, "--data_dir", str(smoke_data), "--output_dir", run_url)
+    assert "the run finished at step 12" in rows["verdict"], rows
 
     code, rows = doctor_rows(capsys, "--data_dir", str(smoke_data), "--output_dir", "s3://no-such-bucket-doc/run")
     assert code == EXIT_CONFIG and "FAIL" in rows["store"] and "'no-such-bucket-doc' does not exist" in rows["store"]

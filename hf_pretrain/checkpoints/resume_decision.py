@@ -47,15 +47,20 @@ def finished_at(recipe: Recipe) -> int | None:
     (the same command run again after it completed): --resume auto, final/ written, and its newest
     checkpoint at the end of its schedule under the same max_steps. None for anything else, going
     further (another max_steps) included. Reads the newest checkpoint's train state, no checksums."""
-    t = recipe.train
-    if recipe.checkpoints.resume != "auto" or not RunDir(t.output_dir).final.is_dir():
+    output_dir = recipe.train.output_dir
+    if recipe.checkpoints.resume != "auto" or not RunDir(output_dir).final.is_dir():
         return None
-    newest = newest_good_checkpoint(t.output_dir, checksums=False, log=lambda _: None)
-    saved = newest.train_state if newest is not None else {}
+    newest = newest_good_checkpoint(output_dir, checksums=False, log=lambda _: None)
+    return finished_step(recipe, newest.train_state if newest is not None else {})
+
+
+def finished_step(recipe: Recipe, saved: dict[str, Any]) -> int | None:
+    """The step of `saved` (the newest checkpoint's train state of a run with final/ written) when it
+    is the end of its schedule under the recipe's max_steps, with --resume auto; else None."""
     end, step = saved.get("end", saved.get("max_steps")), saved.get("step")
-    if saved.get("max_steps") != t.max_steps or end is None or step is None or step < end:
+    if recipe.checkpoints.resume != "auto" or saved.get("max_steps") != recipe.train.max_steps:
         return None
-    return int(step)
+    return None if end is None or step is None or step < end else int(step)
 
 
 def decide_resume(recipe: Recipe, say: Say = None, activity: Activity = None) -> Continuation:

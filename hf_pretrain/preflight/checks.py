@@ -75,6 +75,7 @@ def run_checks(
     """Every check, in the order a run meets them: software, GPU, data (and the base model of init_from),
     disk, memory, money. `resume_decision` is training's own (made once, then loaded); the doctor's is
     made here, once, for the checks that ask it; so is the run profile, training's own where it has one."""
+    from hf_pretrain.preflight.store_access import check_resume_from_store as resume_row
     from hf_pretrain.preflight.store_access import data_store_refused
 
     unreachable = data_store_refused(recipe)
@@ -106,7 +107,10 @@ def run_checks(
         ("loader", lambda: check_loader_pickling(recipe)),
         ("output_dir", lambda: check_output_writable(recipe) if store is None else check_store(url_recipe)),
         ("in use", lambda: check_not_in_use(recipe)),
-        ("resume", lambda: check_resume(recipe, decision)),
+        (
+            "resume",
+            lambda: check_resume(recipe, decision) if store is None else resume_row(url_recipe, recipe, decision),
+        ),
         ("stop request", lambda: check_stop_request(recipe, decision)),
         ("disk space", lambda: check_disk_space(recipe)),
         ("save speed", lambda: check_save_speed(recipe)),

@@ -53,8 +53,11 @@ def main(argv: list[str] | None = None) -> int:
     results = run_checks(recipe, world_size=args.num_processes)
     from hf_pretrain.checkpoints.resume_decision import finished_at
     from hf_pretrain.checkpoints.resume_plan import GO_FURTHER
+    from hf_pretrain.object_store.urls import is_url
+    from hf_pretrain.preflight.store_access import finished_in_store
 
-    step = finished_at(recipe)  # the same command after the run completed: not "ready to train"
+    # the same command after the run completed: not "ready to train"
+    step = finished_in_store(recipe) if is_url(recipe.train.output_dir) else finished_at(recipe)
     finished = None if step is None else f"the run finished at step {step:,}, nothing to train. {GO_FURTHER}"
     print(format_table(results, finished))
     return EXIT_CONFIG if any(r.status == "fail" for r in results) else EXIT_OK  # what training would exit

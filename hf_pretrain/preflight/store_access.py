@@ -10,15 +10,24 @@ The local-folder checks (disk space, save speed, in use) then run on the working
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import time
+from collections.abc import Callable
 
+from hf_pretrain.checkpoints.layout import PREFIX
+from hf_pretrain.checkpoints.manifest import CheckpointError
+from hf_pretrain.checkpoints.resume_decision import finished_step
+from hf_pretrain.checkpoints.resume_plan import Continuation, ResumeRefused
+from hf_pretrain.checkpoints.resume_rules import plan_continuation
 from hf_pretrain.config import Recipe
+from hf_pretrain.data import data_identity
 from hf_pretrain.formatting import human_bytes, human_duration
 from hf_pretrain.model import recipe_parameter_count
 from hf_pretrain.preflight.disk import checkpoint_bytes, nearest_existing, newest_checkpoint_bytes, tokenizer_bytes
 from hf_pretrain.preflight.result import CheckResult
+from hf_pretrain.preflight.resume import check_resume
 
 RATE_PROBE_BYTES = 8 * 2**20  # big enough that the request's latency is not the whole measure
 RATE_PROBE = ".hf_pretrain_doctor_rate"
@@ -38,6 +47,56 @@ def data_store_refused(recipe: Recipe) -> CheckResult | None:
     except StoreRefused as exc:
         return CheckResult("data", "fail", str(exc), "see the message; the other checks need the data")
     return None
+
+
+def newest_in_store(recipe: Recipe) -> tuple[int, dict] | None:
+    """The step and train state of the newest complete checkpoint of `recipe`'s run URL: one small
+    object read, nothing pulled (None when the store holds none or cannot be read)."""
+    import json
+
+    from hf_pretrain.checkpoints.layout import TRAIN_STATE
+    from hf_pretrain.object_store.pull import complete_steps
+    from hf_pretrain.object_store.reach import StoreRefused, open_checked
+
+    try:
+        url, fs = open_checked(recipe.train.output_dir, write=False)
+        steps = complete_steps(fs, url)
+        if not steps:
+            return None
+        folder = url.join("checkpoints", f"{PREFIX}{steps[0]:08d}")
+        return steps[0], json.loads(fs.cat_file(folder.join(TRAIN_STATE).path))
+    except (StoreRefused, OSError, ValueError):  # the store row says why
+        return None
+
+
+def check_resume_from_store(url_recipe: Recipe, recipe: Recipe, decision: Callable[[], Continuation]) -> CheckResult:
+    """The resume row of a run URL on a machine whose working copy is behind the store (a fresh machine:
+    empty): what training will do once it has pulled the store's newest checkpoint, judged on that
+    checkpoint's train state (its checksums are checked when it is pulled)."""
+    newest = newest_in_store(url_recipe)
+    try:
+        here = decision().saved
+    except (ResumeRefused, CheckpointError):
+        here = None
+    if newest is None or (here is not None and here["step"] >= newest[0]):
+        return check_resume(recipe, decision)  # this machine's copy is as new as the store's
+    step, saved = newest
+    row = check_resume(recipe, lambda: plan_continuation(saved, recipe, data=data_identity(recipe.data.data_dir)))
+    pulled = f"step {step:,} is in the store; training pulls it into this machine's copy first"
+    return dataclasses.replace(row, reason=f"{row.reason} ({pulled})")
+
+
+def finished_in_store(recipe: Recipe) -> int | None:
+    """`resume_decision.finished_at` for a run URL: the step it finished at, read in the store."""
+    from hf_pretrain.object_store.reach import StoreRefused, open_checked
+
+    newest = newest_in_store(recipe)
+    try:
+        url, fs = open_checked(recipe.train.output_dir, write=False)
+        done = newest is not None and fs.exists(url.join("final").path)
+    except (StoreRefused, OSError):
+        return None
+    return finished_step(recipe, newest[1]) if done else None
 
 
 def check_store(recipe: Recipe) -> list[CheckResult]:
