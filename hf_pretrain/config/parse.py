@@ -87,8 +87,8 @@ def _build(cls: type, values: dict[str, Any], where: str) -> Any:
         name = unknown[0]
         if name in KEY_SECTION:
             hint = f" (it belongs in the `{KEY_SECTION[name]}:` section)"
-        else:  # the section's own keys first, then every section's (a key another section owns)
-            hint = did_you_mean(name, types_) or did_you_mean(name, KEY_SECTION)
+        else:  # a section's typo may be any section's key (a recipe of before the sections has them all in `train`)
+            hint = did_you_mean(name, KEY_SECTION if cls in SECTIONS.values() else types_)
         raise RecipeError(f"unknown key `{name}` in {where}{hint}")
     return cls(**{k: typed(f"{where}.{k}", v, types_[k]) for k, v in values.items()})
 
