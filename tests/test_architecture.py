@@ -149,6 +149,8 @@ def _room(module: str) -> list[str]:
         ("hf_pretrain.publish", ["hf_pretrain.evaluation"]),
         # what a device measures knows nothing of GPU prices or tables: the run profile asks economics/gpus.py
         ("hf_pretrain.hardware", ["hf_pretrain.economics", "hf_pretrain.run_profile"]),
+        # what a precision is: a shared fact every reader asks, below the run profile that resolves one
+        ("hf_pretrain.precisions", ["hf_pretrain.config", "hf_pretrain.run_profile", "hf_pretrain.economics"]),
         # a shared fact: data/ and model_init.py read Hub ids through it, it reads neither
         ("hf_pretrain.hub_cache", ["hf_pretrain.data", "hf_pretrain.model", "hf_pretrain.model_init"]),
     ],
