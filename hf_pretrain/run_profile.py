@@ -53,7 +53,7 @@ class Machine:
         peak it runs at listed); a precision that needs none runs anywhere."""
         if precision.compute_capability is None:
             return True
-        has_peak = self.gpu is None or getattr(self.gpu, f"{precision.peak}_flops") is not None
+        has_peak = self.gpu is None or self.gpu.flops_at(precision.peak) is not None
         return self.capability is not None and self.capability >= precision.compute_capability and has_peak
 
     def lacks(self, precision: Precision) -> str | None:

@@ -36,7 +36,7 @@ def test_the_recipe_choices_and_the_table_name_the_same_precisions():
 def test_each_row_names_a_peak_of_the_gpu_table_and_an_accelerate_word():
     columns = {f.name for f in dataclasses.fields(GPU)}
     for p in PRECISIONS:
-        assert f"{p.peak}_flops" in columns, p.name
+        assert f"{p.peak}_flops" in columns, p.name  # GPU.flops_at(p.peak)
         assert p.accelerate in ("no", "bf16", "fp16", "fp8"), p.name  # Accelerate's choices
         assert accelerate_word(p.name) == p.accelerate
     assert [p.name for p in PRECISIONS if not p.autocasts] == ["fp32"]

@@ -207,8 +207,8 @@ def impossible(measurement: Measurement, recipe: Recipe) -> str | None:
     name = measurement.configuration.get("precision")
     # the peak its converted linears run at (FP8's) where the card lists it, else the dense bf16 peak
     peak_name = precision_named(name).peak if name in NAMES else "bf16"
-    peak_name = peak_name if getattr(gpu, f"{peak_name}_flops") else "bf16"
-    peak = getattr(gpu, f"{peak_name}_flops")
+    peak_name = peak_name if gpu.flops_at(peak_name) else "bf16"
+    peak = gpu.flops_at(peak_name)
     mfu = measurement.tokens_per_s * recipe_flops_per_token(recipe)[1] / peak
     if mfu > 1:
         return (

@@ -130,14 +130,9 @@ def matmul_flops_per_s(gpu: GPU, autocast: bool = True, tf32: bool = True) -> fl
     return rate if autocast else rate * FP32_MATMUL_SHARE[tf32]
 
 
-def peak_flops(gpu: GPU, precision: Precision) -> float | None:
-    """The peak of `gpu`'s row that `precision`'s converted linears run at (gpus.yaml; None: the card has none)."""
-    return getattr(gpu, f"{precision.peak}_flops")
-
-
 def converted_matmul_flops_per_s(gpu: GPU, precision: Precision) -> float:
     """The rate of the decoder linears a precision converts (FP8's scaled matmuls) on `gpu`."""
-    peak = peak_flops(gpu, precision)
+    peak = gpu.flops_at(precision.peak)
     if peak is None:
         raise ValueError(refusal_for(gpu, precision))
     return (gpu.matmul_efficiency or DEFAULT_MATMUL_EFFICIENCY) * peak * GEMM_SHARE * FP8_GEMM_SHARE
@@ -179,7 +174,7 @@ def step_time(workload: Workload, gpu: GPU, *, attention_efficiency: float | Non
 def physical_limit(workload: Workload, gpu: GPU) -> float:
     """Tokens/s at 100% of the datasheet peaks (FP8's for the decoder linears under FP8): no step reaches it."""
     precision = workload.config.precision_facts
-    if precision.converts_linears and (peak := peak_flops(gpu, precision)):
+    if precision.converts_linears and (peak := gpu.flops_at(precision.peak)):
         linear = workload.fp8_linear_flops
         return 1.0 / (linear / peak + (workload.flops_per_token - linear) / gpu.bf16_flops)
     return gpu.bf16_flops / workload.flops_per_token

@@ -89,10 +89,8 @@ def check_precision_package(precision: Precision, supported: SpecifierSet | None
     """The package a precision's converter needs (torchao for fp8) installed, in range, and importable:
     each torchao release is built against one torch, and a mismatch shows only at import (the run would
     die in `prepare`)."""
-    package, fix = (
-        precision.package,
-        f"pip install -c constraints.txt -e '.[{precision.extra}]', or --mixed_precision bf16",
-    )
+    package = precision.package
+    fix = f"pip install -c constraints.txt -e '.[{precision.extra}]', or --mixed_precision bf16"
     result = check_package(package, supported, fix)
     if result.status != "pass":
         return result
