@@ -29,13 +29,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from hf_pretrain.config.compute_section import SCALED_MATMUL_MULTIPLE
 from hf_pretrain.run_profile import Step
 
 if TYPE_CHECKING:  # imported where a model is built: the size rule, which `plan` asks, needs no torch
     import torch
 
-# torch._scaled_mm wants both dimensions of every FP8 operand to be multiples of 16.
-SCALED_MM_MULTIPLE = 16
+# torch._scaled_mm wants both dimensions of every FP8 operand to be multiples of 16 (the recipe checks it too).
+SCALED_MM_MULTIPLE = SCALED_MATMUL_MULTIPLE
 # Where the decoder's layers live in a LlamaForCausalLM: `model.layers.<i>.self_attn.q_proj`, ...
 DECODER_LAYERS = "model.layers."
 
@@ -93,7 +94,7 @@ def float8_config(step: Step):
 def fp8_handlers(step: Step) -> list:
     """The Accelerator's kwargs handlers for FP8: torchao's backend with our config and module
     filter (Accelerate's own default would also skip the first decoder projection); none otherwise."""
-    if step.precision != "fp8":
+    if not step.precision_facts.converts_linears:
         return []
     from accelerate.utils import AORecipeKwargs
 
@@ -131,7 +132,7 @@ def cast_fp8_inputs_to_autocast_dtype(model: torch.nn.Module) -> None:
 def finish_fp8(model: torch.nn.Module, step: Step) -> str | None:
     """After `prepare` converted the model: align the CPU's dtypes with a GPU's; the line for the log
     (None, and nothing done, for a step that does not train in fp8)."""
-    if step.precision != "fp8":
+    if not step.precision_facts.converts_linears:
         return None
     cast_fp8_inputs_to_autocast_dtype(model)
     how = f"{step.fp8_recipe} scaling" + (", every projection, matmuls emulated in fp32" if step.fp8_emulate else "")

@@ -12,8 +12,9 @@ A `RunProfile` is the recipe met with a machine: this one (`this_machine()`, ask
 
 The loop, the memory estimate, the performance model, the measurement key, the doctor, `plan` and
 `bench` read it; none of them reads the recipe's `mixed_precision` or asks torch for the device
-(tests/test_architecture.py holds them to it). Adding a precision means teaching `resolve_precision`
-and `Step` here, and the room that runs it (fp8.py for FP8).
+(tests/test_architecture.py holds them to it). What each precision is (its Accelerate word, its
+operands, the peak it runs at, the capability it needs) is a row of precisions.py, which this module
+and every reader ask (`Step.precision_facts`).
 """
 
 from __future__ import annotations
@@ -26,14 +27,10 @@ from typing import TYPE_CHECKING
 
 from hf_pretrain.config import Recipe
 from hf_pretrain.economics.gpus import GPU, find_gpu, gpu_named
+from hf_pretrain.precisions import Precision, precision_named
 
 if TYPE_CHECKING:  # torch is imported where the machine is asked: `plan` and `stop` never do
     import torch
-
-# FP8 tensor cores: Ada (8.9: L4, L40S, RTX 40xx), Hopper (9.0: H100, H200) and newer. The one home of
-# the figure: the GPU table, the doctor and `plan` ask `Machine.fp8_refusal`.
-FP8_COMPUTE_CAPABILITY = 8.9
-PRECISIONS = ("bf16", "fp16", "fp8", "fp32")
 
 
 @dataclass(frozen=True)
@@ -51,25 +48,27 @@ class Machine:
     def on_gpu(self) -> bool:
         return self.kind == "cuda"
 
-    @property
-    def fp8(self) -> bool:
-        """FP8 tensor cores (and, for a card of the table, an FP8 peak it lists)."""
-        has_peak = self.gpu is None or self.gpu.fp8_flops is not None
-        return self.capability is not None and self.capability >= FP8_COMPUTE_CAPABILITY and has_peak
+    def runs(self, precision: Precision) -> bool:
+        """The tensor cores `precision` needs (its compute capability, and, for a card of the table, the
+        peak it runs at listed); a precision that needs none runs anywhere."""
+        if precision.compute_capability is None:
+            return True
+        has_peak = self.gpu is None or self.gpu.flops_at(precision.peak) is not None
+        return self.capability is not None and self.capability >= precision.compute_capability and has_peak
 
-    def fp8_missing(self) -> str | None:
-        """What this machine lacks for FP8 (one line), or None where it has it."""
-        if self.fp8:
+    def lacks(self, precision: Precision) -> str | None:
+        """What this machine lacks for `precision` (one line), or None where it has it."""
+        if self.runs(precision):
             return None
         has = f"{self.name} has {self.capability:.1f}" if self.capability is not None else "no GPU"
         return (
-            f"mixed_precision=fp8 needs FP8 tensor cores (compute capability {FP8_COMPUTE_CAPABILITY} or newer: "
-            f"Ada, Hopper, Blackwell); {has}"
+            f"mixed_precision={precision.name} needs {precision.hardware} (compute capability "
+            f"{precision.compute_capability} or newer: {precision.architectures}); {has}"
         )
 
-    def fp8_refusal(self) -> str | None:
-        """`fp8_missing` with the fix that works on a rented card."""
-        missing = self.fp8_missing()
+    def refusal(self, precision: Precision) -> str | None:
+        """`lacks` with the fix that works on a rented card."""
+        missing = self.lacks(precision)
         return f"{missing}: --mixed_precision bf16, or a GPU such as the H100" if missing else None
 
     @property
@@ -125,9 +124,9 @@ def this_machine() -> Machine:
     )
 
 
-def fp8_refusal_for(gpu: GPU) -> str | None:
-    """Why the table's `gpu` cannot train in FP8 (one line with the fix), or None where it can."""
-    return machine_with(gpu).fp8_refusal()
+def refusal_for(gpu: GPU, precision: Precision) -> str | None:
+    """Why the table's `gpu` cannot train in `precision` (one line with the fix), or None where it can."""
+    return machine_with(gpu).refusal(precision)
 
 
 def machine_with(gpu: GPU | str) -> Machine:
@@ -150,7 +149,7 @@ def resolve_precision(requested: str, machine: Machine) -> str:
 
 def accelerate_word(precision: str) -> str:
     """Accelerate's `mixed_precision` for a precision of the one vocabulary (fp32 is its `no`)."""
-    return "no" if precision == "fp32" else precision
+    return precision_named(precision).accelerate
 
 
 @dataclass(frozen=True)
@@ -167,8 +166,8 @@ class Step:
     micro_batch_size: int = 8
     checkpointed_layers: int = 0
     tf32: bool = True
-    fp8_recipe: str | None = None  # tensorwise or rowwise scaling, under fp8 only
-    fp8_emulate: bool = False  # fp8's casts and scales with the matmuls in fp32 (a CPU test)
+    fp8_recipe: str | None = None  # tensorwise or rowwise scaling, where the precision converts linears (fp8)
+    fp8_emulate: bool = False  # the converted linears' casts and scales with the matmuls in fp32 (a CPU test)
     attention_backend: str = "auto"  # SDPA's kernel (attention.py); the performance model prices each
     world_size: int = 1
 
@@ -183,14 +182,19 @@ class Step:
         return self.liger or self.chunked_loss
 
     @property
+    def precision_facts(self) -> Precision:
+        """What the step's precision is (precisions.py): its operands, peak, autocast, needs."""
+        return precision_named(self.precision)
+
+    @property
     def autocast(self) -> bool:
         """Activations in a 16-bit dtype (bf16 or fp16 autocast; fp8 runs under bf16 autocast)."""
-        return self.precision != "fp32"
+        return self.precision_facts.autocasts
 
     @property
     def compute_bytes(self) -> int:
         """Bytes of an activation element."""
-        return 2 if self.autocast else 4
+        return self.precision_facts.activation_bytes
 
     def kernels(self) -> str:
         """`compiled + Liger, bf16`: what decides the step's activations (the memory estimate's words)."""
@@ -254,6 +258,7 @@ def run_profile(
     machine = this_machine() if machine is None else machine
     t = recipe.train
     precision = resolve_precision(recipe.compute.mixed_precision, machine)
+    converts = precision_named(precision).converts_linears  # fp8's scaling and emulation keys apply
     liger = (
         recipe.compute.liger and machine.on_gpu
     )  # without CUDA, training uses the standard kernels (model.apply_liger)
@@ -267,8 +272,8 @@ def run_profile(
         micro_batch_size=micro_batch_size or t.micro_batch_size,
         checkpointed_layers=recipe.checkpointed_layer_count if checkpointed_layers is None else checkpointed_layers,
         tf32=recipe.compute.tf32,
-        fp8_recipe=recipe.compute.fp8_recipe if precision == "fp8" else None,
-        fp8_emulate=precision == "fp8" and recipe.compute.fp8_emulate,
+        fp8_recipe=recipe.compute.fp8_recipe if converts else None,
+        fp8_emulate=converts and recipe.compute.fp8_emulate,
         attention_backend=recipe.compute.attention_backend,
         world_size=world_size,
     )

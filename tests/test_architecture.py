@@ -154,6 +154,8 @@ def _room(module: str) -> list[str]:
         ("hf_pretrain.stop_request", ["hf_pretrain.training", "hf_pretrain.preflight", "hf_pretrain.stop_command"]),
         ("hf_pretrain.training", ["hf_pretrain.stop_command"]),
         ("hf_pretrain.preflight", ["hf_pretrain.stop_command"]),
+        # what a precision is: a shared fact every reader asks, below the run profile that resolves one
+        ("hf_pretrain.precisions", ["hf_pretrain.config", "hf_pretrain.run_profile", "hf_pretrain.economics"]),
         # a shared fact: data/ and model_init.py read Hub ids through it, it reads neither
         ("hf_pretrain.hub_cache", ["hf_pretrain.data", "hf_pretrain.model", "hf_pretrain.model_init"]),
     ],

@@ -245,19 +245,21 @@ def test_emulated_fp8_smoke_run_killed_and_resumed_matches_the_uninterrupted_run
 
 
 def test_doctor_checks_torchao_for_fp8_runs_only_and_says_when_it_does_not_import(monkeypatch):
-    from hf_pretrain import fp8
+    from hf_pretrain.precisions import precision_named
     from hf_pretrain.preflight import dependencies
 
     fp8_run, bf16_run = load_recipe("smoke", {"mixed_precision": "fp8"}), load_recipe("smoke")
     assert "torchao" in {r.name for r in dependencies.check_versions(fp8_run)}
     assert "torchao" not in {r.name for r in dependencies.check_versions(bf16_run)}
-    assert dependencies.check_torchao(None).status == "pass"
+    fp8 = precision_named("fp8")
+    assert dependencies.check_precision_package(fp8, None).status == "pass"
 
-    def broken():
+    def broken(name):
+        assert name == "torchao.float8"
         raise ImportError("undefined symbol: _ZN3c104cuda9SetDevice\nmore lines")
 
-    monkeypatch.setattr(fp8, "import_torchao_float8", broken)
-    result = dependencies.check_torchao(None)
+    monkeypatch.setattr(dependencies.importlib, "import_module", broken)
+    result = dependencies.check_precision_package(fp8, None)
     assert result.status == "fail" and "does not import with torch" in result.reason
     assert "undefined symbol" in result.reason and "\n" not in result.reason
     assert "'.[fp8]'" in result.fix and "--mixed_precision bf16" in result.fix

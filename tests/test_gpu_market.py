@@ -15,7 +15,7 @@ from hf_pretrain.economics.planning import gpu_ranking, plan_command
 from hf_pretrain.economics.workload import recipe_workload
 from hf_pretrain.exit_codes import EXIT_CONFIG
 from hf_pretrain.model import recipe_tokenizer_size
-from hf_pretrain.run_profile import FP8_COMPUTE_CAPABILITY
+from hf_pretrain.precisions import precision_named
 
 ONE_B = load_recipe("1b")
 TOKENS = ONE_B.train.max_steps * ONE_B.train.global_batch_tokens
@@ -41,7 +41,8 @@ def test_the_table_holds_the_gpus_people_rent_with_sources():
 def test_fp8_peaks_are_listed_for_ada_hopper_and_blackwell_only():
     for gpu in gpu_table().values():
         has_fp8 = gpu.architecture in ("ada", "hopper", "blackwell")
-        assert (gpu.fp8_flops is not None) == has_fp8 == (gpu.compute_capability >= FP8_COMPUTE_CAPABILITY), gpu.name
+        needs = precision_named("fp8").compute_capability
+        assert (gpu.fp8_flops is not None) == has_fp8 == (gpu.compute_capability >= needs), gpu.name
         if has_fp8:  # dense, fp32 accumulate: twice the bf16 rate, never more
             assert gpu.fp8_flops == pytest.approx(2 * gpu.bf16_flops, rel=0.02), gpu.name
     assert gpu_named("H100 SXM").fp8_flops == 1979e12 and gpu_named("RTX 4090").fp8_flops == 330.3e12
@@ -126,7 +127,7 @@ def test_the_fp8_term_reproduces_the_published_fp8_speedups_within_10_percent(sp
 def test_plan_ranks_fp8_where_cards_have_it_and_charges_the_measured_quality_factor(capsys):
     result = _json(capsys, ["--recipe", "1b", "--gpu", "all", "--mixed_precision", "fp8"])
     # the proxy's measurement (docs/benchmarks.md): FP8 needs 1.007x bf16's tokens for its loss
-    assert result["quality_per_token"] == performance.FP8_QUALITY_PER_TOKEN == pytest.approx(1 / 1.007)
+    assert result["quality_per_token"] == precision_named("fp8").quality_per_token == pytest.approx(1 / 1.007)
     by_gpu = {row["gpu"]: row for row in result["gpus"]}
     assert not by_gpu["A100 80GB SXM"]["fits"] and "no FP8: compute capability 8.0" in by_gpu["A100 80GB SXM"]["reason"]
     bf16 = {row["gpu"]: row for row in _json(capsys, ["--recipe", "1b", "--gpu", "all"])["gpus"]}

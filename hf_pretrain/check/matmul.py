@@ -11,7 +11,10 @@ import torch
 
 from hf_pretrain.bench.measure import GPU_MATMUL_SIZES, WARMUP_MATMULS, measured_matmul_peak
 from hf_pretrain.check.figures import Report
+from hf_pretrain.precisions import precision_named
 from hf_pretrain.run_profile import this_machine
+
+FP8 = precision_named("fp8")  # the card's FP8 peak is what this part measures, beside bf16's
 
 
 def fp8_matmul_rate(size: int, device: torch.device, min_seconds: float) -> float:
@@ -47,8 +50,8 @@ def measure(report: Report, limit_s: float) -> None:
     if not cuda:
         report.skip("fp8", "skipped: no FP8 tensor cores on a CPU")
         return
-    if not machine.fp8:
-        report.skip("fp8", f"skipped: {machine.fp8_missing()}")
+    if missing := machine.lacks(FP8):
+        report.skip("fp8", f"skipped: {missing}")
         return
     left = limit_s - (time.monotonic() - started)
     rates = {}

@@ -19,7 +19,6 @@ from hf_pretrain.economics.check_records import recipe_attention_shape
 from hf_pretrain.run_profile import device_kind, run_profile
 
 CPU_LIMITS = (2, 256)  # micro-batch and tokens on a CPU: a shape the CPU times in a second
-DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp8": torch.bfloat16}
 
 
 def attention_inputs(recipe: Recipe, device: torch.device):
@@ -27,7 +26,7 @@ def attention_inputs(recipe: Recipe, device: torch.device):
     batch, tokens = recipe.train.micro_batch_size, recipe.data.seq_len
     if device.type != "cuda":
         batch, tokens = min(batch, CPU_LIMITS[0]), min(tokens, CPU_LIMITS[1])
-    dtype = DTYPES.get(run_profile(recipe).precision, torch.float32)
+    dtype = getattr(torch, run_profile(recipe).step.precision_facts.autocast or "float32")  # fp8's: bf16
     head_dim = m.hidden_size // m.num_attention_heads
 
     def tensor(heads: int) -> torch.Tensor:

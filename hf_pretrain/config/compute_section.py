@@ -7,6 +7,13 @@ from typing import Literal
 
 from .keys import key
 
+# What each choice of `mixed_precision` is lives in hf_pretrain/precisions.py (a row per precision; `no` is its
+# fp32). config/ is a leaf and cannot ask that table, so tests/test_precisions.py holds the Literal below and
+# this tuple to its rows: the choices whose decoder linears multiply scaled float8 operands (fp8.py), which
+# torch._scaled_mm takes only in widths that are multiples of 16 (Recipe's checks).
+SCALED_MATMUL_CHOICES = ("fp8",)
+SCALED_MATMUL_MULTIPLE = 16
+
 
 @dataclass
 class ComputeConfig:

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .checkpoints_section import CheckpointConfig
-from .compute_section import ComputeConfig
+from .compute_section import SCALED_MATMUL_CHOICES, SCALED_MATMUL_MULTIPLE, ComputeConfig
 from .data_section import DataConfig
 from .evaluation_section import EvaluationConfig
 from .keys import RecipeError, check_ranges, did_you_mean, key, math_keys
@@ -191,13 +191,14 @@ def _check_compute(recipe: Recipe) -> None:
         )
     if c.compile_regions and not c.compile:
         raise RecipeError("compile_regions=true needs compile=true (it says how to compile, not whether)")
-    if c.mixed_precision == "fp8":  # torch._scaled_mm takes FP8 operands whose dimensions are multiples of 16
+    if c.mixed_precision in SCALED_MATMUL_CHOICES:  # torch._scaled_mm: operand dimensions in multiples of 16
         kv_width = m.num_key_value_heads * (m.hidden_size // m.num_attention_heads)
         widths = {"hidden_size": m.hidden_size, "intermediate_size": m.intermediate_size, "key/value width": kv_width}
-        odd = [f"{name}={value}" for name, value in widths.items() if value % 16]
+        odd = [f"{name}={value}" for name, value in widths.items() if value % SCALED_MATMUL_MULTIPLE]
         if odd:
             raise RecipeError(
-                f"mixed_precision=fp8 needs the decoder's widths to be multiples of 16 (torch._scaled_mm); "
+                f"mixed_precision={c.mixed_precision} needs the decoder's widths to be multiples of "
+                f"{SCALED_MATMUL_MULTIPLE} (torch._scaled_mm); "
                 f"{', '.join(odd)} is not: change it, or --mixed_precision bf16"
             )
     if c.chunked_loss and c.liger:

@@ -26,12 +26,17 @@ class GPU:
     architecture: str
     bf16_flops: float  # dense tensor-core peak, FLOP/s
     matmul_efficiency: float | None  # measured share of the peak a matmul reaches; None: not published
-    compute_capability: float  # FP8 needs run_profile.FP8_COMPUTE_CAPABILITY or newer
+    compute_capability: float  # FP8 needs fp8's row of precisions.py (8.9) or newer
     fp8_flops: float | None  # dense FP8 tensor-core peak with fp32 accumulate, FLOP/s; None: no FP8
     memory_bytes: int
     bandwidth_bytes_per_s: float
     usd_per_hour: float
     source: str
+
+    def flops_at(self, peak: str) -> float | None:
+        """The card's dense peak named `peak` (`bf16`, `fp8`: gpus.yaml's `<peak>_tflops`; a precision's row
+        says which it runs at), None where the card has none."""
+        return getattr(self, f"{peak}_flops")
 
 
 def _words(name: str) -> set[str]:

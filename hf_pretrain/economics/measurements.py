@@ -37,6 +37,7 @@ from typing import Any
 from hf_pretrain.config import Recipe
 from hf_pretrain.economics.gpus import find_gpu
 from hf_pretrain.model import recipe_flops_per_token, recipe_tokenizer_size
+from hf_pretrain.precisions import NAMES, precision_named
 from hf_pretrain.run_profile import A_GPU, Machine, run_profile, this_machine
 from hf_pretrain.versions import installed_version
 
@@ -203,13 +204,16 @@ def impossible(measurement: Measurement, recipe: Recipe) -> str | None:
     gpu = find_gpu(measurement.gpu)
     if gpu is None:
         return None
-    fp8 = measurement.configuration.get("precision") == "fp8" and gpu.fp8_flops
-    peak = gpu.fp8_flops if fp8 else gpu.bf16_flops
+    name = measurement.configuration.get("precision")
+    # the peak its converted linears run at (FP8's) where the card lists it, else the dense bf16 peak
+    peak_name = precision_named(name).peak if name in NAMES else "bf16"
+    peak_name = peak_name if gpu.flops_at(peak_name) else "bf16"
+    peak = gpu.flops_at(peak_name)
     mfu = measurement.tokens_per_s * recipe_flops_per_token(recipe)[1] / peak
     if mfu > 1:
         return (
             f"{measurement.tokens_per_s:,.0f} tokens/s is {mfu:,.1f}x what the {gpu.name}'s dense "
-            f"{'fp8' if fp8 else 'bf16'} peak allows for this model (MFU above 1)"
+            f"{peak_name} peak allows for this model (MFU above 1)"
         )
     if measurement.peak_memory_gib is not None and measurement.peak_memory_gib * 2**30 > gpu.memory_bytes:
         return (

@@ -17,7 +17,8 @@ on a GPU is the sum of these parts (no overlap between them is assumed):
     memory-bound the pointwise kernels, the loss, the weight casts and the optimizer (bytes from
                  workload.py) at BANDWIDTH_EFFICIENCY of the datasheet bandwidth
     optimizer    Muon's Newton-Schulz matmuls, at the matmul rate
-    fp8          with FP8, the decoder linears where FP8 pays (fp8.py's size rule) run at the FP8 peak
+    fp8          with FP8 (a precision that converts the decoder linears, precisions.py), the decoder
+                 linears where FP8 pays (fp8.py's size rule) run at the precision's peak (FP8's)
                  x the GPU's matmul efficiency x GEMM_SHARE x FP8_GEMM_SHARE, and their casts to fp8
                  are memory-bound bytes; the smaller projections (the 1b's K and V; all but the
                  MLP's gate and up under rowwise), the head, the attention and the optimizer stay bf16
@@ -51,9 +52,10 @@ Constants and where they come from:
                                  bytes (workload.py)
     FP32_MATMUL_SHARE            datasheets: TF32 dense is half the bf16 rate; fp32 on CUDA cores ~1/16
                                  (fp32 runs are priced coarsely and not judged by the slow-node check)
-    FP8_QUALITY_PER_TOKEN        measured on a 1.48M-parameter proxy (docs/benchmarks.md, "FP8 vs bf16"):
-                                 FP8 needs 1.007x +/- 0.013 bf16's tokens for its loss (3 seeds, emulated);
-                                 the 1B estimate, 1.01-1.11x, is printed beside it by plan
+    a precision's tokens for bf16's loss (`plan` charges them) are its row's in precisions.py: FP8's
+                                 measured on a 1.48M-parameter proxy (docs/benchmarks.md, "FP8 vs bf16"):
+                                 1.007x +/- 0.013 bf16's tokens for its loss (3 seeds, emulated); the 1B
+                                 estimate, 1.01-1.11x, is printed beside it by plan
     workload.py's byte counts    counted kernel by kernel (its docstring), not fitted; the eager layer's
                                  count is checked against a dispatch-level count of the real step on the
                                  CPU (tests/test_performance_model.py: -9%)
@@ -69,7 +71,8 @@ from dataclasses import dataclass
 from hf_pretrain.config import Recipe
 from hf_pretrain.economics.gpus import GPU, find_gpu
 from hf_pretrain.economics.workload import Workload, recipe_workload
-from hf_pretrain.run_profile import fp8_refusal_for, machine_with, run_profile
+from hf_pretrain.precisions import Precision
+from hf_pretrain.run_profile import machine_with, refusal_for, run_profile
 
 GEMM_SHARE = 0.82
 DEFAULT_MATMUL_EFFICIENCY = 0.80
@@ -87,15 +90,6 @@ FP8_GEMM_SHARE = 0.90
 # Without autocast: TF32 tensor cores run at half the dense bf16 rate on every card of the table; with
 # tf32 off, fp32 runs on the CUDA cores at ~1/16 of it (A100: 19.5 of 312 TFLOP/s).
 FP32_MATMUL_SHARE = {True: 0.5, False: 1 / 16}
-# The bf16 tokens one FP8 token is worth (1.0 = the same loss after the same tokens). Measured by
-# `hf-pretrain bench --quality --variants mixed_precision=bf16,fp8` on a 1.48M-parameter proxy, three seeds,
-# FP8 emulated (docs/benchmarks.md, "FP8 vs bf16", 2026-11-25): FP8 needs 1.007x +/- 0.013 bf16's tokens to
-# reach its loss. At 1B that is the easy end: the same section estimates 1.01-1.11x (the proxy to nanochat's
-# d26), which plan prints beside the measured factor.
-FP8_TOKENS_FOR_BF16_LOSS = 1.007
-FP8_QUALITY_PER_TOKEN = 1 / FP8_TOKENS_FOR_BF16_LOSS
-FP8_TOKENS_FOR_BF16_LOSS_1B_ESTIMATE = (1.01, 1.11)
-FP8_QUALITY_SOURCE = "measured on a 1.48M proxy (3 seeds, docs/benchmarks.md)"
 # A measured rate this far below the model's names the node as likely slow or faulty.
 SLOW_NODE_FRACTION = 0.75
 
@@ -130,16 +124,18 @@ class StepTime:
         }
 
 
-def matmul_flops_per_s(gpu: GPU, precision: str = "bf16", tf32: bool = True) -> float:
-    """The rate the step's bf16 (fp32: tf32) GEMMs reach on `gpu`."""
+def matmul_flops_per_s(gpu: GPU, autocast: bool = True, tf32: bool = True) -> float:
+    """The rate the step's bf16 (without autocast, fp32: tf32) GEMMs reach on `gpu`."""
     rate = (gpu.matmul_efficiency or DEFAULT_MATMUL_EFFICIENCY) * gpu.bf16_flops * GEMM_SHARE
-    return rate * FP32_MATMUL_SHARE[tf32] if precision == "fp32" else rate
+    return rate if autocast else rate * FP32_MATMUL_SHARE[tf32]
 
 
-def fp8_matmul_flops_per_s(gpu: GPU) -> float:
-    if gpu.fp8_flops is None:
-        raise ValueError(fp8_refusal_for(gpu))
-    return (gpu.matmul_efficiency or DEFAULT_MATMUL_EFFICIENCY) * gpu.fp8_flops * GEMM_SHARE * FP8_GEMM_SHARE
+def converted_matmul_flops_per_s(gpu: GPU, precision: Precision) -> float:
+    """The rate of the decoder linears a precision converts (FP8's scaled matmuls) on `gpu`."""
+    peak = gpu.flops_at(precision.peak)
+    if peak is None:
+        raise ValueError(refusal_for(gpu, precision))
+    return (gpu.matmul_efficiency or DEFAULT_MATMUL_EFFICIENCY) * peak * GEMM_SHARE * FP8_GEMM_SHARE
 
 
 def step_time(workload: Workload, gpu: GPU, *, attention_efficiency: float | None = None) -> StepTime:
@@ -147,14 +143,14 @@ def step_time(workload: Workload, gpu: GPU, *, attention_efficiency: float | Non
 
     `attention_efficiency` replaces ATTENTION_EFFICIENCY for a run whose attention is another kernel
     than SDPA's (published.py: llm-foundry's Triton kernel)."""
-    config = workload.config
-    if config.precision == "fp8" and fp8_refusal_for(gpu):
-        raise ValueError(fp8_refusal_for(gpu))
-    matmul_rate = matmul_flops_per_s(gpu, config.precision, config.tf32)
-    linear_rate = fp8_matmul_flops_per_s(gpu) if config.precision == "fp8" else matmul_rate
+    config, precision = workload.config, workload.config.precision_facts
+    if refusal := refusal_for(gpu, precision):
+        raise ValueError(refusal)
+    matmul_rate = matmul_flops_per_s(gpu, config.autocast, config.tf32)
+    linear_rate = converted_matmul_flops_per_s(gpu, precision) if precision.converts_linears else matmul_rate
     attention_rate = (attention_efficiency or ATTENTION_EFFICIENCY[gpu.architecture]) * gpu.bf16_flops
     attention_rate *= ATTENTION_BACKEND_SPEED.get(config.attention_backend, {}).get(gpu.architecture, 1.0)
-    if config.precision == "fp32":
+    if not config.autocast:
         attention_rate *= FP32_MATMUL_SHARE[config.tf32]
     byte_rate = BANDWIDTH_EFFICIENCY * gpu.bandwidth_bytes_per_s
     bf16_layer_flops = workload.layer_forward_flops - workload.layer_fp8_forward_flops
@@ -177,9 +173,10 @@ def step_time(workload: Workload, gpu: GPU, *, attention_efficiency: float | Non
 
 def physical_limit(workload: Workload, gpu: GPU) -> float:
     """Tokens/s at 100% of the datasheet peaks (FP8's for the decoder linears under FP8): no step reaches it."""
-    if workload.config.precision == "fp8" and gpu.fp8_flops:
+    precision = workload.config.precision_facts
+    if precision.converts_linears and (peak := gpu.flops_at(precision.peak)):
         linear = workload.fp8_linear_flops
-        return 1.0 / (linear / gpu.fp8_flops + (workload.flops_per_token - linear) / gpu.bf16_flops)
+        return 1.0 / (linear / peak + (workload.flops_per_token - linear) / gpu.bf16_flops)
     return gpu.bf16_flops / workload.flops_per_token
 
 
@@ -219,7 +216,7 @@ def slow_node_warning(measured_tokens_per_s: float, device_name: str, recipe: Re
     micro-batch and checkpointing. fp32 runs are modelled only coarsely and are not judged.
     """
     gpu = find_gpu(device_name)
-    if gpu is None or measured_tokens_per_s <= 0 or run_profile(recipe, machine_with(gpu)).precision == "fp32":
+    if gpu is None or measured_tokens_per_s <= 0 or not run_profile(recipe, machine_with(gpu)).step.autocast:
         return None
     try:
         expected = modelled_tokens_per_s(recipe, gpu)

@@ -53,14 +53,21 @@ OPTIMIZER_BYTES_PER_PARAMETER = 16 + 12 + 4
 # torch.optim.Muon's Newton-Schulz iterations per matrix and optimizer step (its DEFAULT_NS_STEPS;
 # hf_pretrain/muon.py does not change it).
 MUON_NS_STEPS = 5
-# FP8 (torchao float8, dynamic tensorwise scaling), bytes per element that a decoder linear casts
-# (inputs in the forward, output gradients in the backward): the bf16 tensor read (2), written as fp8
-# (1), and its transposed fp8 copy for the other matmul of the backward (read 1, write 1). Compiled,
-# the amax is taken in the kernel that produces the tensor; eager, it reads the tensor once more (2).
-# The weights, per parameter and micro-batch: the fp32 master read for its amax and its cast (4 + 4),
-# written as fp8 (1), transposed (1 + 1).
-FP8_CAST_BYTES_PER_ELEMENT = {"compiled": 2 + 1 + 2, "eager": 2 + 2 + 1 + 2}
-FP8_WEIGHT_BYTES_PER_MICRO_BATCH = 4 + 4 + 1 + 2
+
+
+# A precision that converts the decoder linears (FP8: torchao float8, dynamic tensorwise scaling), bytes per
+# element that a converted linear casts (inputs in the forward, output gradients in the backward), with o its
+# operand bytes (precisions.py; fp8: 1): the bf16 tensor read (2), written as an operand (o), and its
+# transposed copy for the other matmul of the backward (read o, write o). Compiled, the amax is taken in the
+# kernel that produces the tensor; eager, it reads the tensor once more (2). The weights, per parameter and
+# micro-batch: the fp32 master read for its amax and its cast (4 + 4), written as an operand (o), transposed
+# (o + o).
+def cast_bytes_per_element(operand_bytes: int, compiled: bool) -> int:
+    return 2 + (0 if compiled else 2) + 3 * operand_bytes
+
+
+def cast_weight_bytes_per_micro_batch(operand_bytes: int) -> int:
+    return 4 + 4 + 3 * operand_bytes
 
 
 @dataclass(frozen=True)
@@ -108,7 +115,7 @@ def layer_forward_bytes(shape: Shape, config: Step) -> float:
             base += 6 * h  # the residual adds and the attention output's copy stay eager
     else:
         base = 142 * h + 20 * kv + (10 * i if gated else 4 * i)
-    return base * (2.0 if config.precision == "fp32" else 1.0)  # fp32 activations: twice the bytes
+    return base * config.compute_bytes / 2  # counted in bf16's 2 bytes; fp32 activations: twice the bytes
 
 
 def loss_bytes_per_row(config: Step) -> int:
@@ -162,16 +169,17 @@ def workload(shape: Shape, config: Step, tokens_per_step: float) -> Workload:
     tokens_per_micro_batch = config.micro_batch_size * s
     weights = WEIGHT_BYTES_PER_MICRO_BATCH * shape.parameters / tokens_per_micro_batch
     weights += OPTIMIZER_BYTES_PER_PARAMETER * shape.parameters / tokens_per_step
-    if config.precision == "fp32":
+    if not config.autocast:
         weights -= 2 * shape.parameters / tokens_per_micro_batch  # no bf16 copy of the weights
-    fp8, fp8_layer_weights = 0.0, 0
-    if config.precision == "fp8":  # only the projections where FP8 pays (fp8.py) cast; the others stay bf16
+    fp8, fp8_layer_weights, precision = 0.0, 0, config.precision_facts
+    if precision.converts_linears:  # only the projections where FP8 pays (fp8.py) cast; the others stay bf16
         converted = shape.fp8_projections(config.fp8_recipe)
         fp8_layer_weights = sum(n_in * n_out for n_in, n_out in converted)
         cast_elements = sum(n_in + n_out for n_in, n_out in converted)  # each input, each output's gradient
-        per_element = FP8_CAST_BYTES_PER_ELEMENT["compiled" if config.compiled else "eager"]
+        per_element = cast_bytes_per_element(precision.operand_bytes, config.compiled)
         fp8 = shape.layers * per_element * cast_elements
-        fp8 += FP8_WEIGHT_BYTES_PER_MICRO_BATCH * shape.layers * fp8_layer_weights / tokens_per_micro_batch
+        weight_casts = cast_weight_bytes_per_micro_batch(precision.operand_bytes)
+        fp8 += weight_casts * shape.layers * fp8_layer_weights / tokens_per_micro_batch
     optimizer_flops = muon_flops_per_step(shape) / tokens_per_step if config.optimizer == "muon" else 0.0
     return Workload(
         shape=shape,

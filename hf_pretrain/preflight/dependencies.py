@@ -6,6 +6,7 @@ pyproject.toml stays the single source of truth: the ranges are read back from t
 
 from __future__ import annotations
 
+import importlib
 from importlib import metadata
 
 from packaging.requirements import InvalidRequirement, Requirement
@@ -13,6 +14,7 @@ from packaging.specifiers import SpecifierSet
 from packaging.utils import canonicalize_name
 
 from hf_pretrain.config import Recipe
+from hf_pretrain.precisions import Precision
 from hf_pretrain.preflight.result import CheckResult
 from hf_pretrain.run_profile import THE_CPU, run_profile
 from hf_pretrain.versions import installed_version
@@ -20,7 +22,6 @@ from hf_pretrain.versions import installed_version
 CORE_PACKAGES = ["torch", "transformers", "accelerate", "datasets", "tokenizers"]
 INSTALL_FIX = "pip install -c constraints.txt -e .  (constraints.txt pins the tested set)"
 LIGER_INSTALL_FIX = "pip install -c constraints.txt -e '.[liger]' on a CUDA machine, or --liger false"
-FP8_INSTALL_FIX = "pip install -c constraints.txt -e '.[fp8]', or --mixed_precision bf16"
 
 
 def declared_ranges(distribution: str) -> dict[str, SpecifierSet]:
@@ -61,7 +62,7 @@ def check_liger_torch(liger_ranges: dict[str, SpecifierSet]) -> CheckResult | No
 
 def check_versions(recipe: Recipe) -> list[CheckResult]:
     """One row per package the run imports; Liger's and Triton's only when the recipe turns Liger on,
-    torchao only for fp8."""
+    a precision's own (torchao for fp8: precisions.py) only when the recipe trains in it."""
     try:
         ranges = declared_ranges("hf-pretrain")
     except metadata.PackageNotFoundError:
@@ -78,28 +79,30 @@ def check_versions(recipe: Recipe) -> list[CheckResult]:
         torch_warning = check_liger_torch(liger_ranges)
         if torch_warning:
             results.append(torch_warning)
-    if run_profile(recipe, THE_CPU).precision == "fp8":  # torchao's float8 layers, through Accelerate's torchao backend
-        results.append(check_torchao(ranges.get("torchao")))
+    precision = run_profile(recipe, THE_CPU).step.precision_facts
+    if precision.package:  # fp8: torchao's float8 layers, through Accelerate's torchao backend
+        results.append(check_precision_package(precision, ranges.get(precision.package)))
     return results
 
 
-def check_torchao(supported: SpecifierSet | None) -> CheckResult:
-    """torchao installed, in range, and importable: each release is built against one torch, and a
-    mismatch shows only at import (the run would die in `prepare`)."""
-    result = check_package("torchao", supported, FP8_INSTALL_FIX)
+def check_precision_package(precision: Precision, supported: SpecifierSet | None) -> CheckResult:
+    """The package a precision's converter needs (torchao for fp8) installed, in range, and importable:
+    each torchao release is built against one torch, and a mismatch shows only at import (the run would
+    die in `prepare`)."""
+    package = precision.package
+    fix = f"pip install -c constraints.txt -e '.[{precision.extra}]', or --mixed_precision bf16"
+    result = check_package(package, supported, fix)
     if result.status != "pass":
         return result
-    from hf_pretrain.fp8 import import_torchao_float8
-
     try:
-        import_torchao_float8()
+        importlib.import_module(precision.module)
     except Exception as exc:  # an ImportError, or a torch op torchao registers that this torch lacks
         first_line = (str(exc).splitlines() or [""])[0][:200]
         return CheckResult(
-            "torchao",
+            package,
             "fail",
-            f"{installed_version('torchao')} does not import with torch {installed_version('torch')}: "
+            f"{installed_version(package)} does not import with torch {installed_version('torch')}: "
             f"{type(exc).__name__}: {first_line}",
-            FP8_INSTALL_FIX,
+            fix,
         )
     return result

@@ -67,11 +67,11 @@ def check_cuda(recipe: Recipe, profile: RunProfile | None = None) -> CheckResult
             f"Liger's kernels are Triton, which runs on GPUs only",
             LIGER_FIX,
         )
-    if profile.precision == "fp16":
+    if cpu_refusal := profile.step.precision_facts.cpu_refusal:
         return CheckResult(
             "cuda",
             "fail",
-            "mixed_precision=fp16 needs CUDA (Accelerate has no fp16 autocast and loss scaling on the CPU)",
+            f"mixed_precision={profile.precision} needs CUDA ({cpu_refusal})",
             "--mixed_precision bf16 or no",
         )
     costs = cpu_costs(profile)
@@ -154,27 +154,30 @@ def check_bf16(recipe: Recipe, profile: RunProfile | None = None) -> CheckResult
     )
 
 
-FP8_FIX = "--fp8_emulate true (the same FP8 math emulated, for a CPU test), or --mixed_precision bf16"
-
-
 def check_fp8(recipe: Recipe, profile: RunProfile | None = None) -> CheckResult:
-    """fp8 needs FP8 tensor cores (run_profile.FP8_COMPUTE_CAPABILITY or newer) unless its matmuls are
-    emulated. `profile` defaults to the recipe's on this machine."""
+    """A precision that converts the decoder linears (fp8) needs the tensor cores of its row in precisions.py
+    (FP8's: compute capability 8.9 or newer) unless its matmuls are emulated. `profile` defaults to the
+    recipe's on this machine."""
     profile = profile or run_profile(recipe)
-    if profile.precision != "fp8":
+    precision = profile.step.precision_facts
+    name, label = precision.name, precision.name.upper()
+    if not precision.converts_linears:
         return CheckResult("fp8", "skip", f"not asked for (mixed_precision={profile.asked_precision})")
     if profile.step.fp8_emulate:
         return CheckResult(
             "fp8",
             "pass",
-            f"fp8 emulated ({profile.step.fp8_recipe} scaling): FP8's casts and scales, the matmuls in fp32",
+            f"{name} emulated ({profile.step.fp8_recipe} scaling): {label}'s casts and scales, the matmuls in fp32",
         )
-    missing = profile.machine.fp8_missing()
+    missing = profile.machine.lacks(precision)
     if missing:
-        return CheckResult("fp8", "fail", missing, FP8_FIX)
+        fix = f"--fp8_emulate true (the same {label} math emulated, for a CPU test), or --mixed_precision bf16"
+        return CheckResult("fp8", "fail", missing, fix)
     m = profile.machine
     return CheckResult(
-        "fp8", "pass", f"{m.name}: compute capability {m.capability:.1f} has FP8 ({profile.step.fp8_recipe} scaling)"
+        "fp8",
+        "pass",
+        f"{m.name}: compute capability {m.capability:.1f} has {label} ({profile.step.fp8_recipe} scaling)",
     )
 
 

@@ -48,7 +48,7 @@ def check_attention_backend(recipe: Recipe) -> CheckResult:
     profile = run_profile(recipe)
     cuda = profile.machine.kind == "cuda"
     device = torch.device("cuda" if cuda else "cpu")
-    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp8": torch.bfloat16}.get(profile.precision, torch.float32)
+    dtype = getattr(torch, profile.step.precision_facts.autocast or "float32")  # fp8's attention runs in bf16
     m = recipe.model
     where = profile.machine.name if cuda else "the CPU"
     refusal = kernel_refusal(

@@ -11,10 +11,10 @@ from hf_pretrain.economics.cost import dollars_per_billion_tokens
 from hf_pretrain.economics.gpus import GPU, gpu_table
 from hf_pretrain.economics.measurements import recorded_measurement
 from hf_pretrain.economics.memory import Fit, fit_in_memory, with_checkpointed_layers, with_micro_batch
-from hf_pretrain.economics.performance import FP8_QUALITY_PER_TOKEN, modelled_tokens_per_s
+from hf_pretrain.economics.performance import modelled_tokens_per_s
 from hf_pretrain.economics.prices import table_gpu_prices
 from hf_pretrain.model import recipe_tokenizer_size
-from hf_pretrain.run_profile import A_GPU, FP8_COMPUTE_CAPABILITY, machine_with, run_profile
+from hf_pretrain.run_profile import A_GPU, machine_with, run_profile
 
 
 @dataclass(frozen=True)
@@ -36,8 +36,8 @@ class GpuRow:
 
 def quality_per_token(recipe: Recipe) -> float:
     """How much of a bf16 token one token of this recipe's precision is worth (FP8: measured on a proxy,
-    see performance.py)."""
-    return FP8_QUALITY_PER_TOKEN if run_profile(recipe, A_GPU).precision == "fp8" else 1.0
+    precisions.py)."""
+    return run_profile(recipe, A_GPU).step.precision_facts.quality_per_token
 
 
 def gpu_row(recipe: Recipe, gpu: GPU, tokens: float, price: float, pinned: tuple[str, ...] = ()) -> GpuRow:
@@ -45,8 +45,10 @@ def gpu_row(recipe: Recipe, gpu: GPU, tokens: float, price: float, pinned: tuple
     recipe's configuration (compile, Liger, optimizer, precision), price the run. FP8 runs are charged
     for the tokens that match the bf16 run's (`quality_per_token`)."""
     on = machine_with(gpu)
-    if run_profile(recipe, on).precision == "fp8" and on.fp8_refusal():
-        reason = f"no FP8: compute capability {gpu.compute_capability:.1f} (fp8 needs {FP8_COMPUTE_CAPABILITY}+)"
+    precision = run_profile(recipe, on).step.precision_facts
+    if on.refusal(precision):
+        needs = f"{precision.name} needs {precision.compute_capability}+"
+        reason = f"no {precision.name.upper()}: compute capability {gpu.compute_capability:.1f} ({needs})"
         return GpuRow(gpu.name, False, None, None, None, price, None, None, None, reason)
     layers = (
         recipe.checkpointed_layer_count if {"gradient_checkpointing", "checkpointed_layers"} & set(pinned) else None

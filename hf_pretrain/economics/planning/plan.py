@@ -54,7 +54,7 @@ class Plan:
     scaling: list[ScalingRow]
     gpus: list[GpuRow] = field(default_factory=list)  # with a recipe and --gpu: the fitted, modelled rows
     configuration: str = ""  # with a recipe: how the step runs (what the performance model prices)
-    quality_per_token: float = 1.0  # FP8: the bf16 tokens one token is worth (FP8_QUALITY_PER_TOKEN, a proxy's)
+    quality_per_token: float = 1.0  # FP8: the bf16 tokens one token is worth (precisions.py, a proxy's)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -93,8 +93,8 @@ def planned_model(request: PlanRequest) -> PlannedModel:
 
 def named_gpu_row(request: PlanRequest, gpu: GPU, on: Machine, tokens: float, price: float | None) -> GpuRow:
     """The recipe's row on the one `--gpu` (`on`: that card); an FP8 recipe on a card without FP8 is refused."""
-    if run_profile(request.recipe, on).precision == "fp8" and on.fp8_refusal():
-        raise ValueError(on.fp8_refusal())
+    if refusal := on.refusal(run_profile(request.recipe, on).step.precision_facts):
+        raise ValueError(refusal)
     return gpu_row(request.recipe, gpu, tokens, price, request.pinned)
 
 

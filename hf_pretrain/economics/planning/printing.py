@@ -4,12 +4,12 @@ line, and what going further buys a run (`plan --run`). `--json` prints the same
 from __future__ import annotations
 
 from hf_pretrain.economics.forecast import BAND_SIGMAS
-from hf_pretrain.economics.performance import FP8_QUALITY_SOURCE, FP8_TOKENS_FOR_BF16_LOSS_1B_ESTIMATE
 from hf_pretrain.economics.planning.further import FurtherPlan
 from hf_pretrain.economics.planning.gpu_ranking import GpuRow
 from hf_pretrain.economics.planning.plan import Plan
 from hf_pretrain.economics.planning.request import ALL_GPUS
 from hf_pretrain.formatting import human_count, usd
+from hf_pretrain.precisions import PRECISIONS, Precision
 
 
 def format_plan(plan: Plan) -> str:
@@ -32,8 +32,10 @@ def format_plan(plan: Plan) -> str:
         f"per parameter); its L(N, D): {plan.chinchilla_loss:.3f} for this plan, {plan.optimal_loss:.3f} at the "
         f"optimum (Chinchilla's data, not yours: the shape of the trade, not this run's loss)",
     ]
-    if plan.quality_per_token != 1.0 or "fp8" in plan.configuration:
-        lines.append(fp8_note(plan.quality_per_token, next((row for row in plan.gpus if row.fits), None)))
+    converting = converting_precision(plan.configuration)
+    if converting is not None:
+        cheapest = next((row for row in plan.gpus if row.fits), None)
+        lines.append(precision_note(converting, plan.quality_per_token, cheapest))
     if plan.configuration.startswith("compiled + Liger"):
         lines.append(
             "compiled + Liger: not measured on a GPU yet (the H100 of 2026-11-25 measured eager + Liger and "
@@ -66,18 +68,30 @@ def format_plan(plan: Plan) -> str:
     return "\n".join(lines) + "\n"
 
 
-def fp8_note(quality: float, cheapest: GpuRow | None = None) -> str:
-    """The FP8 line: the quality factor the hours and dollars carry, where it comes from, and the 1B
-    estimate's range, with the run's dollars at both ends on the first GPU that fits (the cheapest)."""
-    low, high = FP8_TOKENS_FOR_BF16_LOSS_1B_ESTIMATE
-    dollars = ""
-    if cheapest is not None and cheapest.usd is not None:
-        bf16_tokens_usd = cheapest.usd * quality  # the run's dollars at 1.0x: they carry 1/quality
-        dollars = f" (${bf16_tokens_usd * low:,.0f}-${bf16_tokens_usd * high:,.0f} on the {cheapest.gpu})"
+def converting_precision(configuration: str) -> Precision | None:
+    """The precision named in a plan's configuration (`compiled, fp8, adamw, ...`) where it converts the
+    decoder linears (fp8), else None."""
+    words = set(configuration.split(", "))
+    return next((p for p in PRECISIONS if p.converts_linears and p.name in words), None)
+
+
+def precision_note(precision: Precision, quality: float, cheapest: GpuRow | None = None) -> str:
+    """The FP8 line (a precision that converts the decoder linears): the quality factor the hours and
+    dollars carry, where it comes from, and the 1B estimate's range, with the run's dollars at both ends
+    on the first GPU that fits (the cheapest)."""
+    name, label = precision.name, precision.name.upper()
+    estimate = ""
+    if precision.tokens_for_bf16_loss_1b is not None:
+        low, high = precision.tokens_for_bf16_loss_1b
+        dollars = ""
+        if cheapest is not None and cheapest.usd is not None:
+            bf16_tokens_usd = cheapest.usd * quality  # the run's dollars at 1.0x: they carry 1/quality
+            dollars = f" (${bf16_tokens_usd * low:,.0f}-${bf16_tokens_usd * high:,.0f} on the {cheapest.gpu})"
+        estimate = f"; 1B estimate {low:.2f}-{high:.2f}x tokens{dollars}"
     return (
-        f"fp8: the decoder's linear layers at each card's FP8 rate (performance.py's FP8 term); FP8 needs "
-        f"{1 / quality:.3f}x bf16's tokens for its loss, {FP8_QUALITY_SOURCE}, so hours and dollars cover "
-        f"{1 / quality:.3f}x the tokens; 1B estimate {low:.2f}-{high:.2f}x tokens{dollars}"
+        f"{name}: the decoder's linear layers at each card's {label} rate (performance.py's FP8 term); {label} "
+        f"needs {1 / quality:.3f}x bf16's tokens for its loss, {precision.quality_source or 'not measured'}, so "
+        f"hours and dollars cover {1 / quality:.3f}x the tokens{estimate}"
     )
 
 
