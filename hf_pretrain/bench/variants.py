@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from hf_pretrain.config import Recipe, RecipeError, build_recipe, save_recipe
+from hf_pretrain.config import KEY_SECTION, Recipe, RecipeError, build_recipe, save_recipe
 from hf_pretrain.economics.measurements import RECORD_ENV, timed_throughput
 from hf_pretrain.formatting import formatted
 from hf_pretrain.hardware import peak_memory_gib
@@ -117,8 +117,7 @@ def short_run_overrides(steps: int, warmup_steps: int, output_dir: Path) -> dict
 
 def settings_of(recipe: Recipe, keys: list[str]) -> dict[str, Any]:
     """The recipe's values for `keys` (top-level or section keys), for comparing variants."""
-    flat = {k: v for section in ("model", "data", "train") for k, v in recipe.to_dict()[section].items()}
-    return {k: flat.get(k, getattr(recipe, k, None)) for k in keys}
+    return {k: recipe.value(k) if k in KEY_SECTION else getattr(recipe, k, None) for k in keys}
 
 
 def is_recipe_as_written(recipe: Recipe, overrides: dict[str, Any]) -> bool:
