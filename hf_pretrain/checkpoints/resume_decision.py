@@ -48,7 +48,7 @@ def finished_at(recipe: Recipe) -> int | None:
     checkpoint at the end of its schedule under the same max_steps. None for anything else, going
     further (another max_steps) included. Reads the newest checkpoint's train state, no checksums."""
     output_dir = recipe.train.output_dir
-    if recipe.checkpoints.resume != "auto" or not RunDir(output_dir).final.is_dir():
+    if not RunDir(output_dir).final.is_dir():
         return None
     newest = newest_good_checkpoint(output_dir, checksums=False, log=lambda _: None)
     return finished_step(recipe, newest.train_state if newest is not None else {})

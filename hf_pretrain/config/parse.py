@@ -253,16 +253,18 @@ class CommandParser(argparse.ArgumentParser):
         return super().parse_known_args(self.snake_case_flags(args), namespace)
 
     def snake_case_flags(self, args: list[str]) -> list[str]:
-        """`args` with each `--key-name[=value]` of a known flag spelled `--key_name[=value]`. Only known
+        """`args` with each `--key-name[=value]` of a known flag spelled `--key_name[=value]`, and a renamed
+        recipe key's old name (`--benchmark_tasks`, schema.RENAMED_KEYS) spelled as its new one. Only known
         flags are respelled, so an unknown one is refused as typed; nothing after a bare `--` is touched."""
         spelled = list(args)
         for i, arg in enumerate(spelled):
             if arg == "--":
                 break
             name, sep, value = arg.partition("=")
-            snake = "--" + name[2:].replace("-", "_")
-            if _is_kebab(name) and snake in self._option_string_actions:
-                spelled[i] = snake + sep + value
+            bare = name[2:].replace("-", "_")
+            flag = "--" + RENAMED_KEYS.get(bare, bare)
+            if name.startswith("--") and flag != name and flag in self._option_string_actions:
+                spelled[i] = flag + sep + value
         return spelled
 
     def error(self, message: str) -> typing.NoReturn:  # type: ignore[override]
@@ -355,20 +357,6 @@ def _yaml_value(text: str) -> Any:
         return text  # `typed` names the key
 
 
-def renamed_flags(args: list[str]) -> list[str]:
-    """`args` with a renamed key's old flag (`--benchmark_tasks`, `--benchmark-tasks=...`) spelled as its new
-    one; nothing after a bare `--` is touched."""
-    spelled = list(args)
-    for i, arg in enumerate(spelled):
-        if arg == "--":
-            break
-        name, sep, value = arg.partition("=")
-        old = name[2:].replace("-", "_")
-        if name.startswith("--") and old in RENAMED_KEYS:
-            spelled[i] = f"--{RENAMED_KEYS[old]}{sep}{value}"
-    return spelled
-
-
 def parse_recipe_args(
     argv: list[str] | None,
     prog: str,
@@ -377,7 +365,7 @@ def parse_recipe_args(
 ) -> tuple[Recipe, argparse.Namespace]:
     """The recipe named by `--recipe`, every key overridable as `--key value`, validated; `extra` adds the
     command's own flags (they come back in the namespace)."""
-    argv = renamed_flags(sys.argv[1:] if argv is None else list(argv))
+    argv = sys.argv[1:] if argv is None else list(argv)
     recipe_flag = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     recipe_flag.add_argument("--recipe", default="smoke", help="recipe name in recipes/ or a path to a YAML file")
     chosen, _ = recipe_flag.parse_known_args(argv)

@@ -22,10 +22,6 @@ from .schema import KEY_SECTION, TOP_LEVEL_KEYS, Recipe, RecipeError
 DEFAULT_RECIPE = "smoke"  # what `--recipe` is when a command is given none
 
 
-def _value(recipe: Recipe, key: str) -> Any:
-    return getattr(recipe, key) if key in TOP_LEVEL_KEYS else getattr(getattr(recipe, KEY_SECTION[key]), key)
-
-
 def _set_fields(item: Any) -> Any:
     """A dataclass (a source) as the mapping a recipe writes: only the fields that differ from their defaults."""
     if not dataclasses.is_dataclass(item):
@@ -81,13 +77,13 @@ def recipe_command(recipe: Recipe, command: str, keys: Iterable[str]) -> str:
     `keys` (and in every other key too, where leaving one out would make the recipe invalid)."""
     name, raw = recipe_source(recipe)
     base = build_recipe(raw, where=name) if raw else Recipe()
-    differing = [k for k in (*TOP_LEVEL_KEYS, *KEY_SECTION) if _value(recipe, k) != _value(base, k)]
+    differing = [k for k in (*TOP_LEVEL_KEYS, *KEY_SECTION) if recipe.value(k) != base.value(k)]
     wanted = [k for k in differing if k in set(keys)]
     try:
-        build_recipe(raw, {k: _value(recipe, k) for k in wanted})
+        build_recipe(raw, {k: recipe.value(k) for k in wanted})
     except RecipeError:  # e.g. a new seq_len the file's global_batch_tokens does not divide: all of them
         wanted = differing
     words = ["hf-pretrain", command, "--recipe", name]
     for key in wanted:
-        words += [f"--{key}", _flag_text(_value(recipe, key))]
+        words += [f"--{key}", _flag_text(recipe.value(key))]
     return shlex.join(words)

@@ -62,8 +62,8 @@ class Recipe:
         return dataclasses.replace(self, **changed)
 
     def value(self, name: str) -> Any:
-        """A key's value by its flat name, wherever its section is."""
-        return getattr(getattr(self, KEY_SECTION[name]), name)
+        """A key's value by its flat name, wherever its section is (`name` and `description` too)."""
+        return getattr(self, name) if name in TOP_LEVEL_KEYS else getattr(getattr(self, KEY_SECTION[name]), name)
 
     # ------------------------------------------------------------------ derived values
     @property

@@ -49,23 +49,28 @@ def data_store_refused(recipe: Recipe) -> CheckResult | None:
     return None
 
 
-def newest_in_store(recipe: Recipe) -> tuple[int, dict] | None:
-    """The step and train state of the newest complete checkpoint of `recipe`'s run URL: one small
-    object read, nothing pulled (None when the store holds none or cannot be read)."""
+def newest_in_store(fs, url) -> tuple[int, dict] | None:
+    """The step and train state of the newest complete checkpoint of the run at `url`: one small object
+    read, nothing pulled (None when the store holds none)."""
     import json
 
     from hf_pretrain.checkpoints.layout import TRAIN_STATE
     from hf_pretrain.object_store.pull import complete_steps
+
+    steps = complete_steps(fs, url)
+    if not steps:
+        return None
+    folder = url.join("checkpoints", f"{PREFIX}{steps[0]:08d}")
+    return steps[0], json.loads(fs.cat_file(folder.join(TRAIN_STATE).path))
+
+
+def _store_of(recipe: Recipe):
+    """(url, file system) of a run URL to read, or None when it cannot be read (the store row says why)."""
     from hf_pretrain.object_store.reach import StoreRefused, open_checked
 
     try:
-        url, fs = open_checked(recipe.train.output_dir, write=False)
-        steps = complete_steps(fs, url)
-        if not steps:
-            return None
-        folder = url.join("checkpoints", f"{PREFIX}{steps[0]:08d}")
-        return steps[0], json.loads(fs.cat_file(folder.join(TRAIN_STATE).path))
-    except (StoreRefused, OSError, ValueError):  # the store row says why
+        return open_checked(recipe.train.output_dir, write=False)
+    except StoreRefused:
         return None
 
 
@@ -73,7 +78,13 @@ def check_resume_from_store(url_recipe: Recipe, recipe: Recipe, decision: Callab
     """The resume row of a run URL on a machine whose working copy is behind the store (a fresh machine:
     empty): what training will do once it has pulled the store's newest checkpoint, judged on that
     checkpoint's train state (its checksums are checked when it is pulled)."""
-    newest = newest_in_store(url_recipe)
+    store, newest = _store_of(url_recipe), None
+    if store is not None:
+        url, fs = store
+        try:
+            newest = newest_in_store(fs, url)
+        except (OSError, ValueError):  # unreadable: the store row says why
+            pass
     try:
         here = decision().saved
     except (ResumeRefused, CheckpointError):
@@ -87,16 +98,17 @@ def check_resume_from_store(url_recipe: Recipe, recipe: Recipe, decision: Callab
 
 
 def finished_in_store(recipe: Recipe) -> int | None:
-    """`resume_decision.finished_at` for a run URL: the step it finished at, read in the store."""
-    from hf_pretrain.object_store.reach import StoreRefused, open_checked
-
-    newest = newest_in_store(recipe)
-    try:
-        url, fs = open_checked(recipe.train.output_dir, write=False)
-        done = newest is not None and fs.exists(url.join("final").path)
-    except (StoreRefused, OSError):
+    """`resume_decision.finished_at` for a run URL: the step it finished at, read in the store (its
+    checkpoints listed only when final/ is there)."""
+    store = _store_of(recipe)
+    if store is None:
         return None
-    return finished_step(recipe, newest[1]) if done else None
+    url, fs = store
+    try:
+        newest = newest_in_store(fs, url) if fs.exists(url.join("final").path) else None
+    except (OSError, ValueError):
+        return None
+    return finished_step(recipe, newest[1]) if newest else None
 
 
 def check_store(recipe: Recipe) -> list[CheckResult]:
