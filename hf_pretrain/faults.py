@@ -15,7 +15,8 @@ e.g. `disk-full@0:8`. Unset (always, outside tests) it costs one dict lookup.
   heartbeat) going on, until a file named for the step (`9` for `hold:9`) appears in the folder
   `HF_PRETRAIN_RELEASE` names, or until the process dies. A signal during the hold is recorded as
   always and acted on once released. A test's certain point to kill, cut or signal at: the run
-  cannot get past it however fast or loaded the machine is (issue 49).
+  cannot get past it however fast or loaded the machine is (issue 49). `hold:0` holds the start-up,
+  before the model is built.
 """
 
 from __future__ import annotations

@@ -260,7 +260,9 @@ def setup(recipe: Recipe) -> Run:
     on_cpu = device_kind() != "cuda"
     group = process_group_kwargs(recipe.stopping.hang_timeout_s)  # collectives give up just after the watchdog reports
     # this call creates the process group, its keys apart from those of an attempt before a restart
-    world_size = PartialState(cpu=on_cpu, **group, **attempt_store(group.get("timeout"))).num_processes
+    processes = PartialState(cpu=on_cpu, **group, **attempt_store(group.get("timeout")))
+    hold_if_asked(0, processes.process_index, print)  # tests only: `hold:0` holds the start-up (faults.py)
+    world_size = processes.num_processes
     # how this run executes, read and never decided again (after PartialState: a rank's own GPU)
     profile = run_profile(recipe, this_machine(), world_size)
     continuation, activity = checked_start(recipe, world_size, profile, run_dir)
