@@ -42,7 +42,7 @@ def run_variant(shape: str, variant: str, steps: int) -> dict:
     from torch._dynamo.utils import counters
 
     from hf_pretrain.config import load_recipe
-    from hf_pretrain.model import build_model, llama_config, recipe_tokenizer_size
+    from hf_pretrain.model.llama import build_model, llama_config, recipe_tokenizer_size
     from hf_pretrain.training.compiling import compile_counts
 
     name, model_overrides, micro_batch, seq_len = SHAPES[shape]

@@ -16,8 +16,8 @@ from pathlib import Path
 import numpy as np
 
 from hf_pretrain.economics.forecast import BAND_SIGMAS, fit_run
-from hf_pretrain.optim import Cooldown, Schedule
-from hf_pretrain.run_dir import RunDir, read_jsonl
+from hf_pretrain.optim.build import Cooldown, Schedule
+from hf_pretrain.run_folder.run_dir import RunDir, read_jsonl
 
 
 def honesty(run_dir: Path, cut: float) -> dict:

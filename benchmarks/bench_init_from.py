@@ -54,7 +54,7 @@ class Peaks(threading.Thread):
 
 def make_base(folder: Path, layers: int, dtype: torch.dtype) -> None:
     from hf_pretrain.config import load_recipe
-    from hf_pretrain.model import build_model, llama_config
+    from hf_pretrain.model.llama import build_model, llama_config
 
     recipe = load_recipe("1b-continue", {"num_hidden_layers": layers, "expected_params": 0})
     config = llama_config(recipe.model, recipe.data.vocab_size)
@@ -65,8 +65,8 @@ def make_base(folder: Path, layers: int, dtype: torch.dtype) -> None:
 def measure(folder: str, what: str) -> dict:
     """In this process: build the model as `setup` does, then (`what` = init_from) copy the weights in."""
     from hf_pretrain.config import load_recipe
-    from hf_pretrain.model import build_model
-    from hf_pretrain.model_init import load_base_weights, model_config, open_base
+    from hf_pretrain.model.initialisation import load_base_weights, model_config, open_base
+    from hf_pretrain.model.llama import build_model
 
     config_json = json.loads((Path(folder) / "config.json").read_text())
     overrides = {"init_from": folder, "tokenizer": folder, "num_hidden_layers": config_json["num_hidden_layers"]}

@@ -23,9 +23,9 @@ import torch
 
 from hf_pretrain.config import load_recipe
 from hf_pretrain.data import PackedDataset, load_tokenizer, prepare, read_meta
-from hf_pretrain.model import build_model, llama_config
-from hf_pretrain.optim import build_optimizer, learning_rate_at, set_learning_rate
-from hf_pretrain.run_dir import read_jsonl
+from hf_pretrain.model.llama import build_model, llama_config
+from hf_pretrain.optim.build import build_optimizer, learning_rate_at, set_learning_rate
+from hf_pretrain.run_folder.run_dir import read_jsonl
 from hf_pretrain.train import train
 
 

@@ -3,7 +3,7 @@
 What a compiled training step keeps for its backward is the set of tensors AOTAutograd's partition
 saves between the forward and backward graphs, partitioned as inductor partitions them (min-cut
 rematerialisation). This sums their bytes, less the step's own inputs (weights, the batch), for the
-stock loss and the chunked one (hf_pretrain/loss.py), at the `1b` recipe's width, heads and 32K
+stock loss and the chunked one (hf_pretrain/model/loss.py), at the `1b` recipe's width, heads and 32K
 vocabulary with 2 of its 16 decoder layers, bf16 autocast as the recipe ships, traced on fake tensors
 (shapes and dtypes only: nothing is computed or allocated), so at the recipe's real micro-batch,
 8 x 2048 tokens, and at half of it: the slope is the bytes per token, the rest the bytes whatever the length.
@@ -37,8 +37,8 @@ def saved_bytes(chunked: bool, tokens: int, layers: int = 2) -> dict:
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     from hf_pretrain.config import load_recipe
-    from hf_pretrain.loss import use_loss_head
-    from hf_pretrain.model import build_model, llama_config, recipe_tokenizer_size, train_in_compute_dtype
+    from hf_pretrain.model.llama import build_model, llama_config, recipe_tokenizer_size, train_in_compute_dtype
+    from hf_pretrain.model.loss import use_loss_head
 
     recipe = load_recipe("1b")
     config = llama_config(dataclasses.replace(recipe.model, num_hidden_layers=layers), recipe_tokenizer_size(recipe))

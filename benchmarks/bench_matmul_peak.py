@@ -20,7 +20,7 @@ import time
 import torch
 
 from hf_pretrain.bench.measure import measured_matmul_peak
-from hf_pretrain.hardware import device_name
+from hf_pretrain.machine.hardware import device_name
 
 
 def plain_matmul(device: torch.device, size: int, dtype: torch.dtype, repetitions: int = 20) -> float:

@@ -75,15 +75,15 @@ def measure(shape: str) -> dict:
 
     from hf_pretrain.config import load_recipe
     from hf_pretrain.economics.memory import estimate_memory
-    from hf_pretrain.model import (
+    from hf_pretrain.machine.run_profile import THE_CPU
+    from hf_pretrain.model.llama import (
         build_model,
         enable_activation_checkpointing,
         llama_config,
         recipe_tokenizer_size,
         train_in_compute_dtype,
     )
-    from hf_pretrain.optim import build_optimizer
-    from hf_pretrain.run_profile import THE_CPU
+    from hf_pretrain.optim.build import build_optimizer
     from hf_pretrain.training.step import TrainStep
 
     name, layers, micro, seq, accum, precision, gc = parse_shape(shape)

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 from hf_pretrain.config import load_recipe, save_recipe
-from hf_pretrain.run_dir import RunDir, read_jsonl, truncate_jsonl
+from hf_pretrain.run_folder.run_dir import RunDir, read_jsonl, truncate_jsonl
 
 PROMPTS = ["The capital of France is", "def fibonacci(n):", "In a shocking discovery, scientists found that"]
 

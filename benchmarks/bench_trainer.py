@@ -3,7 +3,7 @@ otherwise pick, on the same model, data, batch, precision and optimizer.
 
 Both sides train the recipe's Llama (`smoke` by default) from the same prepared shards
 (`PackedDataset`), with the same micro-batch, gradient accumulation and global batch, the same
-precision (fp32 on CPU, the recipe's on GPU), the same AdamW object settings (hf_pretrain.optim,
+precision (fp32 on CPU, the recipe's on GPU), the same AdamW object settings (hf_pretrain.optim.build,
 handed to Trainer through `optimizers=`) and learning-rate schedule, the same gradient clipping,
 the same number of DataLoader workers, and both log every `--warmup` steps. Each run is its own
 process (Accelerate's state is a process singleton and both sides use Accelerate); the two
@@ -33,10 +33,10 @@ import torch
 
 from hf_pretrain.config import Recipe, load_recipe
 from hf_pretrain.data import PackedDataset, load_tokenizer, prepare, read_meta
-from hf_pretrain.model import build_model, llama_config
-from hf_pretrain.optim import build_optimizer, learning_rate_at
-from hf_pretrain.run_dir import read_jsonl
-from hf_pretrain.run_profile import run_profile
+from hf_pretrain.machine.run_profile import run_profile
+from hf_pretrain.model.llama import build_model, llama_config
+from hf_pretrain.optim.build import build_optimizer, learning_rate_at
+from hf_pretrain.run_folder.run_dir import read_jsonl
 from hf_pretrain.train import run_training
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -9,9 +9,9 @@ docs/gpu.md prints the table.
 from __future__ import annotations
 
 from hf_pretrain.config import load_recipe
-from hf_pretrain.economics.gpus import gpu_named
 from hf_pretrain.economics.performance import physical_limit, step_time
 from hf_pretrain.economics.workload import recipe_workload
+from hf_pretrain.machine.gpus import gpu_named
 
 GPU = "H100 SXM"
 # (column, recipe flags, what the shared table's H100 measured, 2026-11-25; None: not measured)

@@ -35,9 +35,9 @@ from hf_pretrain.economics.cost import (
 from hf_pretrain.economics.forecast import BAND_SIGMAS, LossFit, fit_run
 from hf_pretrain.exit_codes import EXIT_CONFIG
 from hf_pretrain.formatting import human_count, table_cell, usd
-from hf_pretrain.optim import Cooldown, Schedule
+from hf_pretrain.optim.build import Cooldown, Schedule
 from hf_pretrain.plots import new_axes, plot_loss, token_unit, tokens_axis, value_at_steps
-from hf_pretrain.run_dir import RunDir, read_jsonl
+from hf_pretrain.run_folder.run_dir import RunDir, read_jsonl
 
 # One colour per phase band, cycled; light enough that the curves stay readable on top.
 PHASE_COLOURS = ["#dbe9f6", "#fde2c8", "#d9f0d3", "#eadcf2", "#fbe3e8", "#e8e8e8"]

@@ -29,7 +29,7 @@ from hf_pretrain.processes import end_with_launcher
 end_with_launcher(EXIT_PREEMPTED)
 
 from hf_pretrain.config import Recipe, parse_recipe_args  # noqa: E402
-from hf_pretrain.run_dir import RunDir  # noqa: E402
+from hf_pretrain.run_folder.run_dir import RunDir  # noqa: E402
 
 if TYPE_CHECKING:
     from hf_pretrain.training.loop import Outcome

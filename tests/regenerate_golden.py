@@ -128,7 +128,7 @@ def prepare_golden_data(data_dir: Path) -> None:
 
 
 def train_losses(run_dir: Path) -> list[float]:
-    from hf_pretrain.run_dir import read_jsonl
+    from hf_pretrain.run_folder.run_dir import read_jsonl
 
     return [r["loss"] for r in read_jsonl(run_dir / "metrics.jsonl") if r["kind"] == "train"]
 

@@ -127,12 +127,34 @@ def _room(module: str) -> list[str]:
     return [m for m in MODULES if m == module or m.startswith(module + ".")]
 
 
+BELOW_THE_MACHINE = [
+    f"{PACKAGE}.{room}"
+    for room in (
+        "economics",
+        "training",
+        "checkpoints",
+        "preflight",
+        "data",
+        "object_store",
+        "publish",
+        "evaluation",
+        "bench",
+        "check",
+        "run_folder",
+        "optim",
+        "report",
+        "train",
+    )
+]
+
+
 @pytest.mark.parametrize(
     "room, forbidden",
     [
         ("hf_pretrain.training", ["hf_pretrain.publish", "hf_pretrain.evaluation"]),  # only through callbacks
         ("hf_pretrain.data", ["hf_pretrain.training"]),  # data and model know nothing of the loop
         ("hf_pretrain.model", ["hf_pretrain.training"]),
+        ("hf_pretrain.optim", ["hf_pretrain.training"]),
         # the checkpoint room sits below everything that reads or writes checkpoints
         (
             "hf_pretrain.checkpoints",
@@ -142,22 +164,31 @@ def _room(module: str) -> list[str]:
         ("hf_pretrain.publish", ["hf_pretrain.training"]),
         ("hf_pretrain.evaluation", ["hf_pretrain.training"]),
         ("hf_pretrain.preflight", ["hf_pretrain.training"]),
-        ("hf_pretrain.model_init", ["hf_pretrain.training"]),
-        ("hf_pretrain.fp8", ["hf_pretrain.training"]),  # an ingredient: the preflight asks it too
+        ("hf_pretrain.model.initialisation", ["hf_pretrain.training"]),
+        ("hf_pretrain.model.fp8", ["hf_pretrain.training"]),  # an ingredient: the preflight asks it too
         # the products: evaluation fills model cards (publish/model_card.py); publishing starts the benchmark
         # job as a process (evaluation/score_checkpoint.py) and never imports evaluation
         ("hf_pretrain.publish", ["hf_pretrain.evaluation"]),
-        # what a device measures knows nothing of GPU prices or tables: the run profile asks economics/gpus.py
-        ("hf_pretrain.hardware", ["hf_pretrain.economics", "hf_pretrain.run_profile"]),
+        # what a device measures knows nothing of GPU prices or tables: the run profile asks machine/gpus.py
+        ("hf_pretrain.machine.hardware", ["hf_pretrain.economics", "hf_pretrain.machine.run_profile"]),
         # the stop story: the request file is a shared fact the run, the doctor and the command read; the
         # command is a product the run never imports (a request found at a start is the guards')
-        ("hf_pretrain.stop_request", ["hf_pretrain.training", "hf_pretrain.preflight", "hf_pretrain.stop_command"]),
-        ("hf_pretrain.training", ["hf_pretrain.stop_command"]),
-        ("hf_pretrain.preflight", ["hf_pretrain.stop_command"]),
+        (
+            "hf_pretrain.run_folder.stop_request",
+            ["hf_pretrain.training", "hf_pretrain.preflight", "hf_pretrain.run_folder.stop_command"],
+        ),
+        ("hf_pretrain.training", ["hf_pretrain.run_folder.stop_command"]),
+        ("hf_pretrain.preflight", ["hf_pretrain.run_folder.stop_command"]),
         # what a precision is: a shared fact every reader asks, below the run profile that resolves one
-        ("hf_pretrain.precisions", ["hf_pretrain.config", "hf_pretrain.run_profile", "hf_pretrain.economics"]),
+        (
+            "hf_pretrain.machine.precisions",
+            ["hf_pretrain.config", "hf_pretrain.machine.run_profile", "hf_pretrain.economics"],
+        ),
+        # the machine (issue 46): the GPU table, the precisions, the device's facts and the run profile sit
+        # below every room that reads them; none of them reads back up
+        ("hf_pretrain.machine", BELOW_THE_MACHINE),
         # a shared fact: data/ and model_init.py read Hub ids through it, it reads neither
-        ("hf_pretrain.hub_cache", ["hf_pretrain.data", "hf_pretrain.model", "hf_pretrain.model_init"]),
+        ("hf_pretrain.hub_cache", ["hf_pretrain.data", "hf_pretrain.model.llama", "hf_pretrain.model.initialisation"]),
     ],
 )
 def test_the_arrows_between_rooms_point_one_way(room, forbidden):
@@ -243,7 +274,7 @@ def test_no_function_in_the_package_is_longer_than_a_screen():
 # How a run executes is decided once, in run_profile.py (the precision of `mixed_precision: auto`, the
 # device, the card's facts); config/ defines the key, and the assets run inside lm-eval, not the package.
 DEVICE_QUESTIONS = {"is_available", "is_bf16_supported", "get_device_capability", "get_device_name"}
-PROFILE_HOME = {f"{PACKAGE}.run_profile"}
+PROFILE_HOME = {f"{PACKAGE}.machine.run_profile"}
 
 
 def _decides_again(module: str) -> set[str]:

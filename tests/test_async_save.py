@@ -253,7 +253,7 @@ def test_a_stop_with_a_save_in_flight_ends_in_the_disk_time_of_the_bytes(tmp_pat
 
 def test_a_wait_for_a_save_shows_a_live_line_and_status_json_says_saving(tmp_path, monkeypatch):
     from hf_pretrain.checkpoints import progress
-    from hf_pretrain.run_dir import read_status, set_activity
+    from hf_pretrain.run_folder.run_dir import read_status, set_activity
 
     monkeypatch.setattr(progress, "QUIET_S", 0.1)
     monkeypatch.setattr(progress, "PLAIN_EVERY_S", 0.3)
@@ -278,7 +278,7 @@ def test_a_wait_for_a_save_shows_a_live_line_and_status_json_says_saving(tmp_pat
 
 def test_a_resume_verification_that_lasts_shows_its_line_and_says_verifying(tmp_path, monkeypatch):
     from hf_pretrain.checkpoints import checksum, manifest, progress
-    from hf_pretrain.run_dir import read_status, set_activity
+    from hf_pretrain.run_folder.run_dir import read_status, set_activity
 
     accelerator = trained_accelerator(512, depth=2)
     save(accelerator, tmp_path, 2)

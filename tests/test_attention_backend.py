@@ -69,9 +69,9 @@ def test_auto_takes_the_fastest_kernel_a_check_measured_on_this_card(tmp_path):
 def test_the_performance_model_prices_the_attention_share_by_kernel():
     """Published ratios (estimates, performance.py): cuDNN faster than FlashAttention-2 on Hopper only,
     math far slower everywhere; `auto` and `flash` are the kernel the model was fitted with."""
-    from hf_pretrain.economics.gpus import find_gpu
     from hf_pretrain.economics.performance import modelled_tokens_per_s, step_time
     from hf_pretrain.economics.workload import recipe_workload
+    from hf_pretrain.machine.gpus import find_gpu
 
     def rate(gpu: str, backend: str) -> float:
         return modelled_tokens_per_s(load_recipe("1b", {"attention_backend": backend}), find_gpu(gpu))

@@ -40,7 +40,7 @@ def test_the_disk_check_sizes_a_checkpoint_from_its_real_bytes_and_passes_a_disk
 
     from hf_pretrain.checkpoints.store import list_checkpoints
     from hf_pretrain.config import load_recipe
-    from hf_pretrain.model import recipe_parameter_count
+    from hf_pretrain.model.llama import recipe_parameter_count
     from hf_pretrain.preflight import disk
 
     run_dir, _ = reference_run
@@ -252,7 +252,7 @@ def test_a_second_sigterm_exits_at_once_with_75_and_a_status_that_says_so(smoke_
     import signal
 
     from hf_pretrain.exit_codes import EXIT_PREEMPTED
-    from hf_pretrain.run_dir import RunDir
+    from hf_pretrain.run_folder.run_dir import RunDir
     from hf_pretrain.training.session import killed_session, read_status
     from tests.test_survival import start_training, wait_for_step
 

@@ -24,7 +24,6 @@ from hf_pretrain.bench.results import dollar_table
 from hf_pretrain.bench.variants import DeviceMemory, RunResult, VariantResult, try_on_device
 from hf_pretrain.config import load_recipe
 from hf_pretrain.economics import measurements
-from hf_pretrain.economics.gpus import gpu_named
 from hf_pretrain.economics.measurements import (
     configuration,
     record_measurement,
@@ -34,6 +33,7 @@ from hf_pretrain.economics.measurements import (
 from hf_pretrain.economics.memory import with_checkpointed_layers, with_micro_batch
 from hf_pretrain.economics.performance import modelled_tokens_per_s
 from hf_pretrain.economics.planning import gpu_ranking, plan_command
+from hf_pretrain.machine.gpus import gpu_named
 from hf_pretrain.preflight import MEMORY_PROBE_ENV, CheckResult, PreflightError, preflight
 from hf_pretrain.preflight.budget import check_cost
 from hf_pretrain.preflight.gpu import check_memory

@@ -13,11 +13,11 @@ import yaml
 from hf_pretrain import bench, report
 from hf_pretrain.config import load_recipe
 from hf_pretrain.economics.cost import Phase, phase_row
-from hf_pretrain.economics.gpus import best_match, find_gpu
 from hf_pretrain.economics.planning import data_parallel, plan, plan_command, scaling_laws
 from hf_pretrain.economics.planning.request import DEFAULT_GLOBAL_BATCH_TOKENS, PlanRequest
 from hf_pretrain.economics.prices import PriceError, parse_price, price_table
 from hf_pretrain.exit_codes import EXIT_CONFIG
+from hf_pretrain.machine.gpus import best_match, find_gpu
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

@@ -23,7 +23,7 @@ from hf_pretrain.checkpoints.manifest import write_manifest
 from hf_pretrain.checkpoints.store import resolve_checkpoint
 from hf_pretrain.config import ModelConfig
 from hf_pretrain.data.tokenizer import train_tokenizer
-from hf_pretrain.model import build_model, llama_config
+from hf_pretrain.model.llama import build_model, llama_config
 from hf_pretrain.publish import export, export_command
 
 gguf = pytest.importorskip("gguf", reason="the `gguf` package (extra `gguf`) is not installed")

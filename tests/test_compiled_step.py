@@ -22,10 +22,10 @@ from accelerate import Accelerator
 from accelerate.state import AcceleratorState
 
 from hf_pretrain.config import Recipe, load_recipe
-from hf_pretrain.fp8 import finish_fp8, fp8_handlers
-from hf_pretrain.loss import LossHead, loss_head_for, use_loss_head
-from hf_pretrain.model import build_model, enable_activation_checkpointing, llama_config, train_in_compute_dtype
-from hf_pretrain.run_profile import THE_CPU, run_profile
+from hf_pretrain.machine.run_profile import THE_CPU, run_profile
+from hf_pretrain.model.fp8 import finish_fp8, fp8_handlers
+from hf_pretrain.model.llama import build_model, enable_activation_checkpointing, llama_config, train_in_compute_dtype
+from hf_pretrain.model.loss import LossHead, loss_head_for, use_loss_head
 from hf_pretrain.training.compiling import dynamo_plugin
 from hf_pretrain.training.step import forward_backward
 
@@ -309,7 +309,7 @@ def test_an_optimizer_step_reads_the_device_once_whatever_its_micro_batches(comp
     guards and the non-finite skip need every step (docs/gpu.md says why that costs nothing measurable).
     The micro-batches read nothing: before, the mean loss and then the norm were two reads, and in eager
     mode transformers' packed-sequence check read the device once per micro-batch (attention.py)."""
-    from hf_pretrain.optim import build_optimizer
+    from hf_pretrain.optim.build import build_optimizer
     from hf_pretrain.training.step import TrainStep
 
     recipe = recipe_with("smoke", compile=compiled, mixed_precision="bf16")
@@ -399,7 +399,7 @@ def test_a_saved_model_names_no_attention_of_ours_and_loads_as_sdpa_computing_th
 
     from transformers import AutoModelForCausalLM
 
-    from hf_pretrain.attention import CAUSAL_SDPA
+    from hf_pretrain.model.attention import CAUSAL_SDPA
 
     recipe = recipe_with("1b", layers=2)
     config = llama_config(dataclasses.replace(recipe.model, hidden_size=256, intermediate_size=512), TOKENIZER_SIZE)
@@ -444,7 +444,7 @@ def test_each_checkpointed_layer_saves_what_the_memory_estimate_says():
     layer's buffers do not add to the peak: the peak is at the start of the backward, and the
     checkpointed layers are the first ones, recomputed last."""
     from hf_pretrain.economics.memory import estimate_memory
-    from hf_pretrain.model import recipe_tokenizer_size
+    from hf_pretrain.model.llama import recipe_tokenizer_size
 
     layers, micro, seq = 4, 8, 256
     recipe = load_recipe(

@@ -18,7 +18,7 @@ from hf_pretrain.evaluation import eval_command
 from hf_pretrain.evaluation import harness as evaluation
 from hf_pretrain.evaluation.scores import METRICS, REFERENCE_SCORES, Score, comparison_table, load_references
 from hf_pretrain.publish.model_card import write_eval_section
-from hf_pretrain.run_dir import read_jsonl
+from hf_pretrain.run_folder.run_dir import read_jsonl
 from tests.helpers import ROOT
 
 ARC = ROOT.parent / "shared" / "data" / "arc"

@@ -20,10 +20,10 @@ from hf_pretrain.checkpoints.manifest import CheckpointError, write_manifest
 from hf_pretrain.checkpoints.store import resolve_checkpoint
 from hf_pretrain.config import load_recipe
 from hf_pretrain.exit_codes import EXIT_CONFIG
-from hf_pretrain.model import build_model
-from hf_pretrain.optim import build_optimizer
+from hf_pretrain.model.llama import build_model
+from hf_pretrain.optim.build import build_optimizer
 from hf_pretrain.publish import export_command
-from hf_pretrain.run_dir import read_jsonl
+from hf_pretrain.run_folder.run_dir import read_jsonl
 from tests.helpers import OUTSIDE_CHECKOUT, SHORT_RUN, offline_env
 
 pytestmark = pytest.mark.slow

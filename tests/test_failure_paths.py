@@ -329,7 +329,7 @@ def stoppable_run(run: Path, step: int, max_steps: int = 100) -> None:
     from hf_pretrain.checkpoints.layout import TRAIN_STATE
     from hf_pretrain.checkpoints.manifest import write_manifest
     from hf_pretrain.config import build_recipe, save_recipe
-    from hf_pretrain.run_dir import RunDir
+    from hf_pretrain.run_folder.run_dir import RunDir
 
     recipe = build_recipe({}, {"output_dir": str(run), "max_steps": max_steps, "global_batch_tokens": 4096})
     folder = RunDir(run).checkpoints / f"step_{step:08d}"
@@ -342,9 +342,9 @@ def stoppable_run(run: Path, step: int, max_steps: int = 100) -> None:
 
 
 def test_stop_with_a_cooldown_longer_than_what_is_left_says_where_and_when_the_decay_ends(tmp_path, capsys):
-    from hf_pretrain.run_dir import RunDir
-    from hf_pretrain.run_lock import RunLock
-    from hf_pretrain.stop_command import main as stop_main
+    from hf_pretrain.run_folder.run_dir import RunDir
+    from hf_pretrain.run_folder.run_lock import RunLock
+    from hf_pretrain.run_folder.stop_command import main as stop_main
 
     stoppable_run(tmp_path, 90)
     lock = RunLock(RunDir(tmp_path))
@@ -368,7 +368,7 @@ def test_the_job_says_a_cooldown_was_cut_at_max_steps(tmp_path):
     from types import SimpleNamespace
 
     from hf_pretrain.config import build_recipe
-    from hf_pretrain.stop_request import request_stop
+    from hf_pretrain.run_folder.stop_request import request_stop
     from hf_pretrain.training.guards import Guards
     from hf_pretrain.training.state import TrainState
 

@@ -19,10 +19,10 @@ from accelerate.state import AcceleratorState
 from safetensors.torch import load_file
 
 from hf_pretrain.config import RecipeError, load_recipe
-from hf_pretrain.fp8 import finish_fp8, float8_layers, fp8_handlers
-from hf_pretrain.model import build_model, llama_config, train_in_compute_dtype
+from hf_pretrain.machine.run_profile import THE_CPU, Machine, run_profile
+from hf_pretrain.model.fp8 import finish_fp8, float8_layers, fp8_handlers
+from hf_pretrain.model.llama import build_model, llama_config, train_in_compute_dtype
 from hf_pretrain.preflight.gpu import check_fp8
-from hf_pretrain.run_profile import THE_CPU, Machine, run_profile
 from tests.helpers import launch_training
 from tests.test_survival import complete_steps, start_training, train_losses, wait_for_step
 
@@ -159,8 +159,8 @@ def test_every_decoder_projection_goes_fp8_and_the_embedding_and_tied_head_do_no
     ],
 )
 def test_the_1b_puts_in_fp8_only_the_projections_where_it_pays(fp8_recipe, in_fp8):
-    from hf_pretrain.fp8 import decoder_linear_filter
-    from hf_pretrain.model import recipe_tokenizer_size
+    from hf_pretrain.model.fp8 import decoder_linear_filter
+    from hf_pretrain.model.llama import recipe_tokenizer_size
 
     recipe = load_recipe("1b", {"mixed_precision": "fp8", "fp8_recipe": fp8_recipe})
     model = build_model(llama_config(recipe.model, recipe_tokenizer_size(recipe)), device="meta")
@@ -246,7 +246,7 @@ def test_emulated_fp8_smoke_run_killed_and_resumed_matches_the_uninterrupted_run
 
 
 def test_doctor_checks_torchao_for_fp8_runs_only_and_says_when_it_does_not_import(monkeypatch):
-    from hf_pretrain.precisions import precision_named
+    from hf_pretrain.machine.precisions import precision_named
     from hf_pretrain.preflight import dependencies
 
     fp8_run, bf16_run = load_recipe("smoke", {"mixed_precision": "fp8"}), load_recipe("smoke")

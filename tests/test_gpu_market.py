@@ -9,13 +9,13 @@ import pytest
 
 from hf_pretrain.config import load_recipe
 from hf_pretrain.economics import performance, published
-from hf_pretrain.economics.gpus import gpu_named, gpu_table
 from hf_pretrain.economics.memory import estimate_memory, fit_in_memory, with_checkpointed_layers, with_micro_batch
 from hf_pretrain.economics.planning import gpu_ranking, plan_command
 from hf_pretrain.economics.workload import recipe_workload
 from hf_pretrain.exit_codes import EXIT_CONFIG
-from hf_pretrain.model import recipe_tokenizer_size
-from hf_pretrain.precisions import precision_named
+from hf_pretrain.machine.gpus import gpu_named, gpu_table
+from hf_pretrain.machine.precisions import precision_named
+from hf_pretrain.model.llama import recipe_tokenizer_size
 
 ONE_B = load_recipe("1b")
 TOKENS = ONE_B.train.max_steps * ONE_B.train.global_batch_tokens

@@ -26,7 +26,7 @@ import pytest
 import torch
 
 from hf_pretrain.config import load_recipe
-from hf_pretrain.model import (
+from hf_pretrain.model.llama import (
     LIGER_KERNELS,
     build_model,
     count_parameters,
@@ -35,7 +35,7 @@ from hf_pretrain.model import (
     llama_config,
 )
 from hf_pretrain.preflight.gpu import check_compiler, check_cuda
-from hf_pretrain.run_dir import read_jsonl
+from hf_pretrain.run_folder.run_dir import read_jsonl
 from tests.helpers import OUTSIDE_CHECKOUT, ROOT, SHORT_RUN, launch_command, launch_training, offline_env
 
 ON_GPU = torch.cuda.is_available()
@@ -295,7 +295,7 @@ def test_flops_per_token_matches_pytorchs_flop_counter(shape, overrides, seq_len
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from torch.utils.flop_counter import FlopCounterMode
 
-    from hf_pretrain.model import recipe_tokenizer_size
+    from hf_pretrain.model.llama import recipe_tokenizer_size
 
     recipe = load_recipe(shape)
     recipe = dataclasses.replace(recipe, model=dataclasses.replace(recipe.model, **overrides))
@@ -351,8 +351,8 @@ def test_liger_public_api_patches_the_modules_and_takes_the_loops_call(monkeypat
 
     from transformers.models.llama import modeling_llama
 
-    from hf_pretrain.loss import use_loss_head
-    from hf_pretrain.model import patch_with_liger
+    from hf_pretrain.model.llama import patch_with_liger
+    from hf_pretrain.model.loss import use_loss_head
 
     # Liger patches the transformers module too (RoPE, the norm and MLP classes): undo it afterwards
     stock_rope = modeling_llama.apply_rotary_pos_emb
@@ -367,7 +367,7 @@ def test_liger_public_api_patches_the_modules_and_takes_the_loops_call(monkeypat
         "rope": True,
         "rms_norm": True,
         "swiglu": True,
-        "fused_linear_cross_entropy": False,  # called by hf_pretrain/loss.py, outside the compiled graph
+        "fused_linear_cross_entropy": False,  # called by hf_pretrain/model/loss.py, outside the compiled graph
         "cross_entropy": False,
     }
     torch.manual_seed(0)
@@ -388,7 +388,7 @@ def test_liger_public_api_patches_the_modules_and_takes_the_loops_call(monkeypat
     use_loss_head(model, "liger")
     call = loop_call(4096)
     inspect.signature(model.forward).bind(**call)  # the loop's call, exactly
-    # the keywords hf_pretrain/loss.py passes are Liger's public function's own
+    # the keywords hf_pretrain/model/loss.py passes are Liger's public function's own
     inspect.signature(liger_fused_linear_cross_entropy).bind(
         torch.zeros(1, 1), torch.zeros(1, 1), torch.zeros(1), ignore_index=-100, reduction="mean"
     )

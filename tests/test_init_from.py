@@ -35,8 +35,8 @@ from hf_pretrain.data.sources import mixture
 from hf_pretrain.data.tokenizer import TokenizerError, load_pretrained_tokenizer, load_tokenizer
 from hf_pretrain.exit_codes import EXIT_PREFLIGHT
 from hf_pretrain.hub_cache import hub_id_of_folder
-from hf_pretrain.model import build_model
-from hf_pretrain.model_init import InitFromError, base_model_id, load_base_weights, model_config, open_base
+from hf_pretrain.model.initialisation import InitFromError, base_model_id, load_base_weights, model_config, open_base
+from hf_pretrain.model.llama import build_model
 from hf_pretrain.preflight.init_from import check_init_from
 from tests.helpers import OUTSIDE_CHECKOUT, SHORT_RUN, launch_training, offline_env
 from tests.test_gpu_paths import assert_resumed_exactly, launch_fsdp, train_losses
@@ -378,7 +378,7 @@ def test_stop_going_further_eval_and_demo_work_once_the_base_is_gone(base, tmp_p
     from hf_pretrain.publish.demo import cached_export, model_choices
     from hf_pretrain.publish.export import resolve_checkpoint
     from hf_pretrain.publish.space_template.app import load_model
-    from hf_pretrain.stop_command import main as stop_main
+    from hf_pretrain.run_folder.stop_command import main as stop_main
 
     copy = tmp_path / "base-copy"
     shutil.copytree(base["folder"], copy)

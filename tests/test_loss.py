@@ -1,4 +1,4 @@
-"""The training loss three ways (hf_pretrain/loss.py), each equal to transformers' stock loss.
+"""The training loss three ways (hf_pretrain/model/loss.py), each equal to transformers' stock loss.
 
 - `chunked_loss: true`: the same loss and gradients as the stock forward, eager and compiled, with and
   without `ignore_index` targets, tied or untied head; compiled, it stays in the step's one graph and the
@@ -21,10 +21,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from hf_pretrain import loss as loss_module
 from hf_pretrain.config import RecipeError, load_recipe
-from hf_pretrain.loss import IGNORE_INDEX, loss_head_for, use_loss_head
-from hf_pretrain.model import build_model, llama_config, train_in_compute_dtype
+from hf_pretrain.model import loss as loss_module
+from hf_pretrain.model.llama import build_model, llama_config, train_in_compute_dtype
+from hf_pretrain.model.loss import IGNORE_INDEX, loss_head_for, use_loss_head
 from tests.test_compiled_step import TORCH_COMPILE, compiled_step_graphs, recipe_with
 
 VOCAB = 4096

@@ -35,8 +35,8 @@ from hf_pretrain.economics.memory import (
     layer_activation_bytes_per_token,
     saved_logits_bytes_per_token,
 )
-from hf_pretrain.model import llama_config, recipe_tokenizer_size
-from hf_pretrain.run_profile import A_GPU, run_profile
+from hf_pretrain.machine.run_profile import A_GPU, run_profile
+from hf_pretrain.model.llama import llama_config, recipe_tokenizer_size
 from tests.test_compiled_step import SEQ_LEN, TOKENIZER_SIZE, compiled_step_graphs, recipe_with
 
 GIB = 2**30
@@ -126,7 +126,7 @@ def eager_saved(recipe: Recipe) -> Saved:
     from accelerate import Accelerator
     from accelerate.state import AcceleratorState
 
-    from hf_pretrain.model import build_model, train_in_compute_dtype
+    from hf_pretrain.model.llama import build_model, train_in_compute_dtype
 
     AcceleratorState._reset_state(reset_partial_state=True)
     torch.manual_seed(0)
@@ -198,7 +198,7 @@ def test_at_the_real_micro_batch_the_compiled_graph_saves_exactly_the_formula():
     from torch._functorch.aot_autograd import make_boxed_func
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from hf_pretrain.model import build_model, train_in_compute_dtype
+    from hf_pretrain.model.llama import build_model, train_in_compute_dtype
 
     recipe = load_recipe("1b")
     tokens, seq_len = recipe.train.micro_batch_size * recipe.data.seq_len, recipe.data.seq_len

@@ -18,7 +18,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from hf_pretrain.run_dir import read_jsonl
+from hf_pretrain.run_folder.run_dir import read_jsonl
 from tests.helpers import OUTSIDE_CHECKOUT, ROOT, SHORT_RUN, launch_command, launch_training, offline_env
 from tests.test_reliability_runs import kill_all, logged_step, start, status, wait_until
 from tests.test_survival import free_port

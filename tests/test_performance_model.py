@@ -19,8 +19,8 @@ from torch.utils._pytree import tree_flatten
 from hf_pretrain.config import load_recipe
 from hf_pretrain.economics import published
 from hf_pretrain.economics.workload import BACKWARD_POINTWISE, layer_forward_bytes, recipe_shape
-from hf_pretrain.model import build_model, llama_config, train_in_compute_dtype
-from hf_pretrain.run_profile import Step
+from hf_pretrain.machine.run_profile import Step
+from hf_pretrain.model.llama import build_model, llama_config, train_in_compute_dtype
 from tests.helpers import ROOT
 
 # timed by the model as FLOPs, not bytes

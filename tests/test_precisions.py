@@ -1,4 +1,4 @@
-"""What a precision is has one home (hf_pretrain/precisions.py, issue 39): the recipe's choices and the
+"""What a precision is has one home (hf_pretrain/machine/precisions.py, issue 39): the recipe's choices and the
 table name the same precisions, and a precision like fp8 added as a row of the table alone is priced,
 checked and converted as fp8 is, by readers that never name it."""
 
@@ -10,19 +10,26 @@ import typing
 import pytest
 from accelerate.utils import PrecisionType
 
-from hf_pretrain import precisions
 from hf_pretrain.config import load_recipe
 from hf_pretrain.config.compute_section import SCALED_MATMUL_CHOICES, ComputeConfig
 from hf_pretrain.economics import performance
-from hf_pretrain.economics.gpus import GPU, gpu_named
 from hf_pretrain.economics.memory import estimate_memory
 from hf_pretrain.economics.planning.gpu_ranking import gpu_row, quality_per_token
 from hf_pretrain.economics.planning.printing import converting_precision
-from hf_pretrain.fp8 import fp8_handlers
-from hf_pretrain.precisions import PRECISIONS, precision_named
+from hf_pretrain.machine import precisions
+from hf_pretrain.machine.gpus import GPU, gpu_named
+from hf_pretrain.machine.precisions import PRECISIONS, precision_named
+from hf_pretrain.machine.run_profile import (
+    A_GPU,
+    THE_CPU,
+    accelerate_word,
+    machine_with,
+    resolve_precision,
+    run_profile,
+)
+from hf_pretrain.model.fp8 import fp8_handlers
 from hf_pretrain.preflight.dependencies import check_versions
 from hf_pretrain.preflight.gpu import check_fp8
-from hf_pretrain.run_profile import A_GPU, THE_CPU, accelerate_word, machine_with, resolve_precision, run_profile
 
 
 def test_the_recipe_choices_and_the_table_name_the_same_precisions():

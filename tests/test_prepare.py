@@ -363,7 +363,7 @@ DECAY_RUN = {"sources": DECAYING, "lr_schedule": "wsd", "decay_fraction": 0.5, "
 
 
 def source_tokens(run_dir: Path) -> list[tuple[int, float, dict]]:
-    from hf_pretrain.run_dir import read_jsonl
+    from hf_pretrain.run_folder.run_dir import read_jsonl
 
     return [
         (r["step"], r["loss"], r["source_tokens"])
@@ -392,7 +392,7 @@ def test_a_run_draws_the_weights_then_the_decay_weights_also_resumed_inside_the_
 @pytest.mark.slow
 def test_a_stop_request_cooldown_switches_to_the_decay_weights(smoke_data, tmp_path) -> None:
     """`hf-pretrain stop --cooldown_steps 4` read at step 1: steps 2-5 decay, on the decay mixture."""
-    from hf_pretrain.stop_request import request_stop
+    from hf_pretrain.run_folder.stop_request import request_stop
     from tests.helpers import launch_training
 
     run_dir = tmp_path / "run"

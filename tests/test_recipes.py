@@ -5,9 +5,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from hf_pretrain.attention import CAUSAL_SDPA
 from hf_pretrain.config import RECIPES_DIR, load_recipe
-from hf_pretrain.model import build_model, count_parameters, flops_per_token, llama_config, recipe_tokenizer_size
+from hf_pretrain.model.attention import CAUSAL_SDPA
+from hf_pretrain.model.llama import build_model, count_parameters, flops_per_token, llama_config, recipe_tokenizer_size
 
 RECIPES = sorted(p.stem for p in RECIPES_DIR.glob("*.yaml"))
 
@@ -69,11 +69,11 @@ def test_flops_per_token_is_six_n_plus_attention():
 
 @pytest.mark.parametrize("name", sorted(p.stem for p in RECIPES_DIR.glob("*.yaml")))
 def test_a_recipe_prices_its_gpu_as_the_price_table_does(name):
-    """Issue 38: `1b` priced "one A100 80GB" at $1.29/h where economics/gpus.yaml says $1.79: a recipe whose
+    """Issue 38: `1b` priced "one A100 80GB" at $1.29/h where machine/gpus.yaml says $1.79: a recipe whose
     price names a GPU (`# $/hour of one NAME: ...`) charges that GPU's price in the table."""
     import re
 
-    from hf_pretrain.economics.gpus import gpu_named
+    from hf_pretrain.machine.gpus import gpu_named
 
     line = next(li for li in (RECIPES_DIR / f"{name}.yaml").read_text().splitlines() if "price_per_hour:" in li)
     named = re.search(r"of one ([^:]+?)(?::|$)", line)

@@ -16,12 +16,12 @@ from hf_pretrain.checkpoints.layout import TRAIN_STATE
 from hf_pretrain.checkpoints.manifest import write_manifest
 from hf_pretrain.config import build_recipe, load_recipe, save_recipe
 from hf_pretrain.exit_codes import EXIT_CONFIG
-from hf_pretrain.optim import Cooldown
+from hf_pretrain.optim.build import Cooldown
 from hf_pretrain.preflight import run_checks
-from hf_pretrain.run_dir import RunDir
-from hf_pretrain.run_lock import RunLock
-from hf_pretrain.stop_command import main as stop_main
-from hf_pretrain.stop_request import read_stop_request, request_stop
+from hf_pretrain.run_folder.run_dir import RunDir
+from hf_pretrain.run_folder.run_lock import RunLock
+from hf_pretrain.run_folder.stop_command import main as stop_main
+from hf_pretrain.run_folder.stop_request import read_stop_request, request_stop
 from hf_pretrain.training.guards import Guards, take_up_at_start
 from hf_pretrain.training.session import Session, read_status
 from hf_pretrain.training.state import TrainState
@@ -100,7 +100,7 @@ def test_a_stop_during_a_cooldown_is_refused_by_the_command_and_by_the_running_j
     assert "in its cooldown (stop requested)" in capsys.readouterr().err
     # a running job that answered a request: a second one is refused, naming how to stop sooner
     request_stop(tmp_path)
-    from hf_pretrain.stop_request import answer_stop_request
+    from hf_pretrain.run_folder.stop_request import answer_stop_request
 
     answer_stop_request(tmp_path, 40, "began its cooldown to step 60")
     lock = RunLock(RunDir(tmp_path))

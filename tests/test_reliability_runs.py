@@ -26,11 +26,11 @@ from hf_pretrain.checkpoints.resume_decision import decide_resume
 from hf_pretrain.checkpoints.resume_plan import ResumeRefused
 from hf_pretrain.config import load_recipe
 from hf_pretrain.exit_codes import EXIT_CONFIG, EXIT_CRASHED, EXIT_LOCKED, EXIT_PREEMPTED, EXIT_PREFLIGHT
-from hf_pretrain.model import build_model
-from hf_pretrain.optim import build_optimizer
+from hf_pretrain.model.llama import build_model
+from hf_pretrain.optim.build import build_optimizer
 from hf_pretrain.publish import export_command
-from hf_pretrain.run_dir import RunDir, read_jsonl
-from hf_pretrain.run_lock import RunLock, RunLocked, holder_of
+from hf_pretrain.run_folder.run_dir import RunDir, read_jsonl
+from hf_pretrain.run_folder.run_lock import RunLock, RunLocked, holder_of
 from tests.helpers import OUTSIDE_CHECKOUT, ROOT, SHORT_RUN, launch_command, offline_env
 
 TRAIN = [str(ROOT / "hf_pretrain" / "train.py"), "--recipe", "smoke"]
@@ -203,7 +203,7 @@ def test_a_finished_run_says_so_in_status_json(reference_run):
 
 # ---------------------------------------------------------------- one training per run folder
 HOLD_THE_LOCK = (
-    "import sys, time\nfrom hf_pretrain.run_dir import RunDir\nfrom hf_pretrain.run_lock "
+    "import sys, time\nfrom hf_pretrain.run_folder.run_dir import RunDir\nfrom hf_pretrain.run_folder.run_lock "
     "import RunLock\nRunLock(RunDir(sys.argv[1])).acquire()\nprint('locked', flush=True)\ntime.sleep(600)\n"
 )
 

@@ -19,7 +19,7 @@ from hf_pretrain.checkpoints.resume_decision import resumable
 from hf_pretrain.checkpoints.saving import CheckpointSaveError
 from hf_pretrain.checkpoints.store import keep_weights_only, prune_checkpoints
 from hf_pretrain.publish import export_command
-from hf_pretrain.run_dir import read_jsonl, truncate_jsonl
+from hf_pretrain.run_folder.run_dir import read_jsonl, truncate_jsonl
 from tests.helpers import launch_training, save_with_stand_ins
 
 

@@ -14,9 +14,9 @@ import pytest
 
 from hf_pretrain.config import load_recipe
 from hf_pretrain.economics import measurements
-from hf_pretrain.economics.gpus import gpu_named
 from hf_pretrain.economics.measurements import configuration, record_measurement, recorded_measurement
 from hf_pretrain.economics.planning import gpu_ranking, plan_command
+from hf_pretrain.machine.gpus import gpu_named
 from hf_pretrain.preflight.budget import check_cost
 from hf_pretrain.preflight.gpu import check_memory
 

@@ -10,7 +10,7 @@ import pytest
 
 from hf_pretrain.config import build_recipe
 from hf_pretrain.publish.side_jobs import SideJobs
-from hf_pretrain.run_dir import read_jsonl
+from hf_pretrain.run_folder.run_dir import read_jsonl
 from tests.helpers import ROOT, launch_training
 from tests.hub_standin import HubStandIn
 

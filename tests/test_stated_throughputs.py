@@ -2,7 +2,7 @@
 
 A sentence of README.md, docs/*.md or a recipe that gives tokens/s, seconds per step, or the time of
 a save interval on an A100, H100, ... implies a rate of tokens per second; at most that GPU's dense
-bf16 peak (economics/gpus.yaml) over the model's training FLOPs per token (model.py: 6N plus
+bf16 peak (machine/gpus.yaml) over the model's training FLOPs per token (model.py: 6N plus
 attention) can be processed, i.e. 100% MFU. A recipe's sentence is held to its own model; any other
 to the smallest of the GPU recipes' models (the most lenient bound). Two sentences broke this before:
 the recipes' "~25 minutes of A100 time" per 1,000 steps (87,000 tokens/s, 197% of an A100's peak)
@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 from hf_pretrain.config import RECIPES_DIR, load_recipe
-from hf_pretrain.economics.gpus import find_gpu, gpu_table
-from hf_pretrain.model import recipe_flops_per_token
+from hf_pretrain.machine.gpus import find_gpu, gpu_table
+from hf_pretrain.model.llama import recipe_flops_per_token
 from tests.helpers import ROOT
 
 # every way the table lets a GPU be named (its names and their match words), the longest first

@@ -24,7 +24,7 @@ from safetensors.torch import load_file
 
 from hf_pretrain.checkpoints.manifest import CheckpointError, verify_checkpoint
 from hf_pretrain.exit_codes import EXIT_DIVERGED, EXIT_PREEMPTED, EXIT_SAVE_FAILED
-from hf_pretrain.run_dir import read_jsonl
+from hf_pretrain.run_folder.run_dir import read_jsonl
 from tests.helpers import OUTSIDE_CHECKOUT, ROOT, SHORT_RUN, launch_training, offline_env
 
 MIN_KILLS = 10

@@ -10,7 +10,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from hf_pretrain.run_dir import read_jsonl
+from hf_pretrain.run_folder.run_dir import read_jsonl
 from tests.helpers import SHORT_RUN, launch_training
 from tests.regenerate_golden import CORPUS, GOLDEN, golden_losses
 

@@ -29,7 +29,7 @@ WATCHED = """
 import json, re, sys, time
 from pathlib import Path
 from types import SimpleNamespace
-from hf_pretrain.run_dir import RunDir
+from hf_pretrain.run_folder.run_dir import RunDir
 from hf_pretrain.training import watchdog
 from hf_pretrain.training.session import Session
 

@@ -42,8 +42,8 @@ from typing import TYPE_CHECKING
 from hf_pretrain.config import Recipe, RecipeError, parse_recipe_args
 from hf_pretrain.economics.prices import PriceError, price_table
 from hf_pretrain.exit_codes import EXIT_CONFIG, EXIT_FAILED, EXIT_LOCKED, EXIT_OK
-from hf_pretrain.run_dir import RunDir
-from hf_pretrain.run_lock import RunDirUnusable, RunLock, RunLocked
+from hf_pretrain.run_folder.run_dir import RunDir
+from hf_pretrain.run_folder.run_lock import RunDirUnusable, RunLock, RunLocked
 
 if TYPE_CHECKING:  # the bench's modules import torch, loaded once the flags are read (`--help` needs none)
     from hf_pretrain.bench.quality import QualityRequest
@@ -66,7 +66,7 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--warmup", type=int, default=5, help="first steps left out of the timing")
     group.add_argument("--output", default=None, help="results folder (unset: runs/bench-RECIPE)")
     group.add_argument(
-        "--prices", default=None, help="price table YAML (unset: the typical prices of hf_pretrain/economics/gpus.yaml)"
+        "--prices", default=None, help="price table YAML (unset: the typical prices of hf_pretrain/machine/gpus.yaml)"
     )
     group.add_argument(
         "--gpu_price",

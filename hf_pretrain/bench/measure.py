@@ -12,8 +12,8 @@ import torch
 
 from hf_pretrain.config import Recipe
 from hf_pretrain.economics.cost import dollars_per_billion_tokens
-from hf_pretrain.economics.gpus import GPU, find_gpu
 from hf_pretrain.economics.performance import modelled_tokens_per_s
+from hf_pretrain.machine.gpus import GPU, find_gpu
 
 if TYPE_CHECKING:
     from hf_pretrain.bench.variants import VariantResult

@@ -35,7 +35,7 @@ from typing import Any
 
 from hf_pretrain.bench.variants import run_in_child, variant_name
 from hf_pretrain.config import Recipe, build_recipe, load_recipe
-from hf_pretrain.run_dir import RunDir, read_jsonl
+from hf_pretrain.run_folder.run_dir import RunDir, read_jsonl
 
 Say = Callable[[str], None]
 MODEL_SHAPE_KEYS = (

@@ -57,7 +57,7 @@ def dollar_table(result: dict[str, Any]) -> list[str]:
             + (
                 "a CPU, whose speed says nothing of a GPU's; `hf-pretrain plan --gpu all` models each GPU"
                 if result["peak_flops"]["on_cpu"]
-                else "a GPU without a price entry or a performance model (economics/gpus.yaml)"
+                else "a GPU without a price entry or a performance model (machine/gpus.yaml)"
             ),
         ]
     this = result["price_entry_of_device"]

@@ -21,12 +21,12 @@ from hf_pretrain.bench.search import ProbeError, SearchResult, search_micro_batc
 from hf_pretrain.bench.variants import VariantResult, VariantRunner, is_recipe_as_written
 from hf_pretrain.config import Recipe, build_recipe
 from hf_pretrain.data import DataMismatchError, check_prepared_data, prepare
-from hf_pretrain.economics.gpus import best_match, find_gpu
 from hf_pretrain.economics.measurements import record_measurement, this_gpu
 from hf_pretrain.economics.performance import modelled_tokens_per_s, slow_node_warning
-from hf_pretrain.hardware import device_name
-from hf_pretrain.model import recipe_flops_per_token
-from hf_pretrain.run_profile import device_kind, this_machine
+from hf_pretrain.machine.gpus import best_match, find_gpu
+from hf_pretrain.machine.hardware import device_name
+from hf_pretrain.machine.run_profile import device_kind, this_machine
+from hf_pretrain.model.llama import recipe_flops_per_token
 
 Say = Callable[[str], None]
 

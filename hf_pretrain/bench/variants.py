@@ -26,11 +26,11 @@ import torch
 from hf_pretrain.config import KEY_SECTION, Recipe, RecipeError, build_recipe, save_recipe
 from hf_pretrain.economics.measurements import RECORD_ENV, timed_throughput
 from hf_pretrain.formatting import formatted
-from hf_pretrain.hardware import peak_memory_gib
-from hf_pretrain.model import recipe_flops_per_token
+from hf_pretrain.machine.hardware import peak_memory_gib
+from hf_pretrain.machine.run_profile import device_kind
+from hf_pretrain.model.llama import recipe_flops_per_token
 from hf_pretrain.preflight import MEMORY_PROBE_ENV
-from hf_pretrain.run_dir import RunDir, read_jsonl
-from hf_pretrain.run_profile import device_kind
+from hf_pretrain.run_folder.run_dir import RunDir, read_jsonl
 
 
 def process_peak_memory_gib(device: torch.device) -> float:
@@ -61,7 +61,7 @@ class VariantResult:
     flops_per_token: float | None = None
     tokens_per_s: float | None = None
     step_seconds: float | None = None
-    mfu: float | None = None  # against the datasheet bf16 peak (GPUs in economics/gpus.yaml)
+    mfu: float | None = None  # against the datasheet bf16 peak (GPUs in machine/gpus.yaml)
     mfu_measured_peak: float | None = None  # against the matmul rate measured in this run
     peak_memory_gib: float | None = None
     data_wait_share: float | None = None  # None when the run's metrics do not log it

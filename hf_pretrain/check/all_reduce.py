@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 
 from hf_pretrain.check.figures import Report
-from hf_pretrain.run_profile import device_kind
+from hf_pretrain.machine.run_profile import device_kind
 
 BUFFER_BYTES = 512 * 2**20
 REPEATS = 10

@@ -11,8 +11,8 @@ import torch
 
 from hf_pretrain.bench.measure import GPU_MATMUL_SIZES, WARMUP_MATMULS, measured_matmul_peak
 from hf_pretrain.check.figures import Report
-from hf_pretrain.precisions import precision_named
-from hf_pretrain.run_profile import this_machine
+from hf_pretrain.machine.precisions import precision_named
+from hf_pretrain.machine.run_profile import this_machine
 
 FP8 = precision_named("fp8")  # the card's FP8 peak is what this part measures, beside bf16's
 

@@ -19,12 +19,12 @@ import torch
 from hf_pretrain.bench.variants import DeviceMemory, is_out_of_memory, variant_name
 from hf_pretrain.check.figures import Report
 from hf_pretrain.config import Recipe
-from hf_pretrain.run_profile import device_kind
+from hf_pretrain.machine.run_profile import device_kind
 
 
 def synthetic_batches(recipe: Recipe, count: int = 4):
     """Endless micro-batches of random token ids (`micro_batch_size` x `seq_len + 1`, the loader's shape)."""
-    from hf_pretrain.model import llama_config, recipe_tokenizer_size
+    from hf_pretrain.model.llama import llama_config, recipe_tokenizer_size
 
     vocab = llama_config(recipe.model, recipe_tokenizer_size(recipe)).vocab_size
     generator = torch.Generator().manual_seed(recipe.train.seed)
@@ -37,9 +37,9 @@ def built_step(recipe: Recipe):
     """(the step, the accelerator) as training builds them, on this machine's device."""
     from accelerate import Accelerator
 
-    from hf_pretrain.fp8 import fp8_handlers
-    from hf_pretrain.model import llama_config, recipe_tokenizer_size
-    from hf_pretrain.run_profile import run_profile
+    from hf_pretrain.machine.run_profile import run_profile
+    from hf_pretrain.model.fp8 import fp8_handlers
+    from hf_pretrain.model.llama import llama_config, recipe_tokenizer_size
     from hf_pretrain.training.compiling import dynamo_plugin
     from hf_pretrain.training.loop import model_and_optimizer
     from hf_pretrain.training.step import TrainStep

@@ -12,11 +12,11 @@ from hf_pretrain.check.figures import Figure
 from hf_pretrain.config import Recipe
 from hf_pretrain.economics.check_records import earlier_figure
 from hf_pretrain.economics.cost import dollars_per_billion_tokens
-from hf_pretrain.economics.gpus import find_gpu
 from hf_pretrain.economics.measurements import recorded_measurement
 from hf_pretrain.economics.performance import SLOW_NODE_FRACTION, slow_node_warning
 from hf_pretrain.economics.planning.gpu_ranking import gpu_prices, ranked_rows
-from hf_pretrain.model import recipe_flops_per_token
+from hf_pretrain.machine.gpus import find_gpu
+from hf_pretrain.model.llama import recipe_flops_per_token
 
 RECIPE_AS_WRITTEN = "recipe as written"
 

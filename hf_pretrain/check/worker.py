@@ -13,7 +13,7 @@ from hf_pretrain.check.deadline import finished
 
 
 def device_name() -> str | None:
-    from hf_pretrain.run_profile import this_machine
+    from hf_pretrain.machine.run_profile import this_machine
 
     return this_machine().name if this_machine().kind == "cuda" else None
 
@@ -41,7 +41,7 @@ def probe_in_child(recipe, folder: Path):
 def search(recipe, report, folder: Path) -> None:
 
     from hf_pretrain.bench.search import ProbeError, search_micro_batch
-    from hf_pretrain.run_profile import device_kind
+    from hf_pretrain.machine.run_profile import device_kind
 
     if device_kind() != "cuda":
         report.skip("largest micro-batch", "skipped: no GPU (on a CPU nothing runs out of memory)")
@@ -96,7 +96,7 @@ def main(argv: list[str]) -> int:
     elif part == "disk":
         from hf_pretrain.check import volume_speed as disk
         from hf_pretrain.economics.memory import CHECKPOINT_BYTES_PER_PARAMETER
-        from hf_pretrain.model import recipe_parameter_count
+        from hf_pretrain.model.llama import recipe_parameter_count
         from hf_pretrain.object_store.urls import is_url
 
         if is_url(recipe.train.output_dir):

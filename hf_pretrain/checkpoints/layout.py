@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from hf_pretrain.run_dir import RunDir
+from hf_pretrain.run_folder.run_dir import RunDir
 
 # Accelerate's name for its RNG states (accelerate.utils.RNG_STATE_NAME, held equal by a test): written
 # here so that reading a layout does not import Accelerate and torch (`stop`, `report`: a second each)

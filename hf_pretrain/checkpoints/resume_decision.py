@@ -18,8 +18,8 @@ from hf_pretrain.checkpoints.resume_rules import plan_continuation
 from hf_pretrain.checkpoints.store import is_weights_only, list_checkpoints, newest_good_checkpoint
 from hf_pretrain.config import Recipe
 from hf_pretrain.data import data_identity
-from hf_pretrain.model import padded_vocab_size
-from hf_pretrain.run_dir import RunDir
+from hf_pretrain.model.llama import padded_vocab_size
+from hf_pretrain.run_folder.run_dir import RunDir
 
 
 def refuse_another_shape(folder: Path, recipe: Recipe, data: dict[str, Any] | None) -> None:

@@ -11,7 +11,7 @@ from typing import Any
 
 from hf_pretrain.checkpoints.layout import SUPERSEDED_SUFFIX
 from hf_pretrain.checkpoints.store import list_checkpoints, set_aside
-from hf_pretrain.run_dir import RunDir
+from hf_pretrain.run_folder.run_dir import RunDir
 
 # How a finished run goes further: what `stop`, a training started again, the doctor and `status` say
 GO_FURTHER = (

@@ -27,7 +27,7 @@ from typing import Any
 
 from hf_pretrain.checkpoints.resume_plan import Continuation, ResumeRefused
 from hf_pretrain.config import KEY_SECTION, CheckpointConfig, Recipe, math_keys
-from hf_pretrain.optim import Schedule
+from hf_pretrain.optim.build import Schedule
 
 # keys whose change moves the data position: the stream is counted in samples of seq_len per step
 BATCH_KEYS = ("global_batch_tokens", "seq_len")

@@ -47,7 +47,7 @@ from hf_pretrain.checkpoints.manifest import (
     verify_showing,
     write_manifest,
 )
-from hf_pretrain.run_dir import RunDir
+from hf_pretrain.run_folder.run_dir import RunDir
 
 # checkpoints this process saw fail their verification: (folder, its inode) -> the reason. The inode
 # tells a folder written again at the same path (a re-save of the step) from the one that failed.

@@ -7,7 +7,7 @@ from typing import Literal
 
 from .keys import key
 
-# What each choice of `mixed_precision` is lives in hf_pretrain/precisions.py (a row per precision; `no` is its
+# What each choice of `mixed_precision` is lives in hf_pretrain/machine/precisions.py (a row per precision; `no` is its
 # fp32). config/ is a leaf and cannot ask that table, so tests/test_precisions.py holds the Literal below and
 # this tuple to its rows: the choices whose decoder linears multiply scaled float8 operands (fp8.py), which
 # torch._scaled_mm takes only in widths that are multiples of 16 (Recipe's checks).
@@ -26,7 +26,7 @@ class ComputeConfig:
         "`auto` (bf16 on a GPU that supports it, fp32 otherwise), `no`, `bf16`, `fp16` or `fp8` (the decoder's "
         "linear layers; compute capability 8.9+)",
     )
-    # fp8: the decoder's linear layers in torchao's float8 (hf_pretrain/fp8.py); the rest as bf16 runs it.
+    # fp8: the decoder's linear layers in torchao's float8 (hf_pretrain/model/fp8.py); the rest as bf16 runs it.
     fp8_recipe: Literal["tensorwise", "rowwise"] = key(
         "tensorwise",
         "fp8: torchao's scaling, `tensorwise` (one scale per tensor, the fastest) or `rowwise` (one per row, "
@@ -38,7 +38,7 @@ class ComputeConfig:
         "or a GPU older than compute capability 8.9: for tests and quality proxies, never faster",
         math=False,
     )
-    # Which SDPA kernel the attention prefers (hf_pretrain/attention.py); the check measures them all.
+    # Which SDPA kernel the attention prefers (hf_pretrain/model/attention.py); the check measures them all.
     attention_backend: Literal["auto", "flash", "efficient", "cudnn", "math"] = key(
         "auto",
         "SDPA's kernel: `auto` (the fastest `hf-pretrain check` measured on this card when it has, else torch's "
@@ -65,6 +65,6 @@ class ComputeConfig:
     liger: bool = key(False, "Liger kernels (RMSNorm, SwiGLU, RoPE, fused linear cross entropy); CUDA only")
     chunked_loss: bool = key(
         False,
-        "the head's matmul and log-softmax a chunk of tokens at a time (hf_pretrain/loss.py): the backward "
+        "the head's matmul and log-softmax a chunk of tokens at a time (hf_pretrain/model/loss.py): the backward "
         "keeps no [tokens, vocabulary] logits (their gradients are computed chunk by chunk in the forward)",
     )

@@ -1,4 +1,4 @@
-"""The recipe's `model:` section: the Llama architecture (`hf_pretrain/model.py` builds it)."""
+"""The recipe's `model:` section: the Llama architecture (`hf_pretrain/model/llama.py` builds it)."""
 
 from __future__ import annotations
 

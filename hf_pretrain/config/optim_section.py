@@ -10,7 +10,7 @@ from .keys import key
 
 @dataclass
 class OptimConfig:
-    """The optimizer and the learning-rate schedule (`hf_pretrain/optim.py` owns it: AdamW or Muon, cosine
+    """The optimizer and the learning-rate schedule (`hf_pretrain/optim/build.py` owns it: AdamW or Muon, cosine
     or wsd).
     """
 

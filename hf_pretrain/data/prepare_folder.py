@@ -28,8 +28,8 @@ from hf_pretrain.data.prepared import LOGS_DIR, META_FILE, SOURCES_DIR, DataMism
 from hf_pretrain.data.sources import SourceError, expand_globs
 from hf_pretrain.data.tokenizer import TOKENIZER_DIR
 from hf_pretrain.data.verify import VERIFIED_FILE
-from hf_pretrain.json_files import write_json_atomically
-from hf_pretrain.run_lock import RunDirUnusable, RunLock, RunLocked
+from hf_pretrain.run_folder.json_files import write_json_atomically
+from hf_pretrain.run_folder.run_lock import RunDirUnusable, RunLock, RunLocked
 
 PROGRESS_FILE = "prepare_progress.json"
 LOCK_FILE = "prepare.lock"

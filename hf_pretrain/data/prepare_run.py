@@ -73,8 +73,8 @@ from hf_pretrain.data.tokenizer import (
     tokenizer_hash,
     train_tokenizer,
 )
-from hf_pretrain.json_files import write_json_atomically
 from hf_pretrain.object_store.urls import is_url
+from hf_pretrain.run_folder.json_files import write_json_atomically
 
 if TYPE_CHECKING:  # pipeline.py imports datatrove: only a prepare that runs pays for it (`_prepare_locked`)
     from hf_pretrain.data.pipeline import ExecutorOptions

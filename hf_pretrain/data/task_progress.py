@@ -20,7 +20,7 @@ from typing import TextIO
 
 from tqdm.auto import tqdm
 
-from hf_pretrain.json_files import write_json_atomically
+from hf_pretrain.run_folder.json_files import write_json_atomically
 
 COUNTS_DIR = "counts"  # in logs/<source>/, beside datatrove's completions/
 WRITE_INTERVAL_S = 1.0  # a task's counts file is rewritten at most this often

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 from tqdm.auto import tqdm
 
-from hf_pretrain.json_files import write_json_atomically
+from hf_pretrain.run_folder.json_files import write_json_atomically
 
 VERIFIED_FILE = "verified.json"
 CHUNK_BYTES = 16 * 2**20  # a multiple of every token dtype's size, so chunks split between tokens

@@ -22,8 +22,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hf_pretrain.economics.gpus import find_gpu
 from hf_pretrain.economics.measurements import RECORD_ENV, SHIPPED_STORE, store_path
+from hf_pretrain.machine.gpus import find_gpu
 from hf_pretrain.versions import installed_version
 
 CHECK_KIND = "check"
@@ -112,7 +112,7 @@ def attention_shape(heads: int, kv_heads: int, head_dim: int, seq_len: int) -> s
 def fastest_attention_backend(gpu: str, shape: str, path: Path | None = None) -> CheckRecord | None:
     """The fastest SDPA kernel (lowest forward + backward ms) that a check measured on `gpu` (a table name
     or a CUDA name) for `shape`, from the newest check of that card; None where none was measured."""
-    from hf_pretrain.attention import BACKENDS  # the kernels a recipe can name (torch's default is not one)
+    from hf_pretrain.model.attention import BACKENDS  # the kernels a recipe can name (torch's default is not one)
 
     table = find_gpu(gpu)
     name = table.name if table else gpu

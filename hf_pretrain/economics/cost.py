@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from hf_pretrain.config import Recipe
-from hf_pretrain.run_dir import RunDir
+from hf_pretrain.run_folder.run_dir import RunDir
 
 
 @dataclass

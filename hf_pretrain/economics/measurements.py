@@ -35,10 +35,10 @@ from pathlib import Path
 from typing import Any
 
 from hf_pretrain.config import Recipe
-from hf_pretrain.economics.gpus import find_gpu
-from hf_pretrain.model import recipe_flops_per_token, recipe_tokenizer_size
-from hf_pretrain.precisions import NAMES, precision_named
-from hf_pretrain.run_profile import A_GPU, Machine, run_profile, this_machine
+from hf_pretrain.machine.gpus import find_gpu
+from hf_pretrain.machine.precisions import NAMES, precision_named
+from hf_pretrain.machine.run_profile import A_GPU, Machine, run_profile, this_machine
+from hf_pretrain.model.llama import recipe_flops_per_token, recipe_tokenizer_size
 from hf_pretrain.versions import installed_version
 
 STORE_NAME = "measurements.jsonl"
@@ -76,7 +76,7 @@ def configuration(recipe: Recipe, world_size: int = 1, machine: Machine = A_GPU)
 
 @dataclass(frozen=True)
 class Measurement:
-    gpu: str  # the GPU table's name (economics/gpus.yaml), or the device's own for a GPU the table lacks
+    gpu: str  # the GPU table's name (machine/gpus.yaml), or the device's own for a GPU the table lacks
     device: str  # as CUDA names it
     configuration: dict[str, Any]
     tokens_per_s: float  # one GPU's, after the warm-up (compilation)

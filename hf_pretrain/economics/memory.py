@@ -67,7 +67,7 @@ The head (`head_bytes`): the final norm, then the loss (`loss_bytes`):
     Liger's fused linear cross entropy never materialises the logits (chunked), but computes its
         gradients in the forward pass and keeps them for the backward: the projection's weight
         gradient (4Vh) and the input's (e*h per token), read from liger-kernel 0.8.5's source;
-        `chunked_loss` (hf_pretrain/loss.py) does the same in torch ops, plus one chunk of
+        `chunked_loss` (hf_pretrain/model/loss.py) does the same in torch ops, plus one chunk of
         `LOSS_CHUNK_TOKENS` tokens' logits, their fp32 copy and their gradient (e + 8 bytes a logit)
         while it runs. `mixed_precision: fp8` is estimated as bf16 (its fp8 copies are not modelled).
 `compile_regions` compiles the decoder layers one by one: their activations are the compiled ones,
@@ -85,8 +85,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from hf_pretrain.config import Recipe
-from hf_pretrain.model import llama_config, recipe_parameter_count
-from hf_pretrain.run_profile import A_GPU, Machine, Step, run_profile
+from hf_pretrain.machine.run_profile import A_GPU, Machine, Step, run_profile
+from hf_pretrain.model.llama import llama_config, recipe_parameter_count
 
 # Bytes per parameter: fp32 weights, fp32 gradients, AdamW's two fp32 moments.
 # Accelerate's autocast keeps the weights in fp32, so the gradients (and what DDP all-reduces) are fp32.
@@ -185,7 +185,7 @@ def loss_bytes(recipe: Recipe, kind: Step, vocab_rows: int, tokens: int, accumul
     if kind.fused_loss:
         chunk = 0
         if kind.chunked_loss:
-            from hf_pretrain.loss import LOSS_CHUNK_TOKENS
+            from hf_pretrain.model.loss import LOSS_CHUNK_TOKENS
 
             chunk = min(tokens, LOSS_CHUNK_TOKENS) * vocab_rows * (e + 4 + 4)
         return projection_gradient + e * tokens * h + chunk

@@ -69,10 +69,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from hf_pretrain.config import Recipe
-from hf_pretrain.economics.gpus import GPU, find_gpu
 from hf_pretrain.economics.workload import Workload, recipe_workload
-from hf_pretrain.precisions import Precision
-from hf_pretrain.run_profile import machine_with, refusal_for, run_profile
+from hf_pretrain.machine.gpus import GPU, find_gpu
+from hf_pretrain.machine.precisions import Precision
+from hf_pretrain.machine.run_profile import machine_with, refusal_for, run_profile
 
 GEMM_SHARE = 0.82
 DEFAULT_MATMUL_EFFICIENCY = 0.80

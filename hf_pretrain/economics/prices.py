@@ -13,7 +13,7 @@ from pathlib import Path
 
 import yaml
 
-from hf_pretrain.economics.gpus import GPU_TABLE_FILE, find_gpu, gpu_table
+from hf_pretrain.machine.gpus import GPU_TABLE_FILE, find_gpu, gpu_table
 
 
 class PriceError(ValueError):

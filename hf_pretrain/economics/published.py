@@ -7,11 +7,11 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from hf_pretrain.config import Recipe
-from hf_pretrain.economics.gpus import gpu_named
 from hf_pretrain.economics.measurements import shipped_measurement
 from hf_pretrain.economics.performance import step_time
 from hf_pretrain.economics.workload import LOSS_BYTES, Shape, Workload, recipe_shape, workload
-from hf_pretrain.run_profile import Step
+from hf_pretrain.machine.gpus import gpu_named
+from hf_pretrain.machine.run_profile import Step
 
 H100_TABLE = (
     "the shared GPU table (2026-11-25): NVIDIA H100 80GB HBM3 (SXM), torch 2.11.0+cu130, transformers 5.23.0, "

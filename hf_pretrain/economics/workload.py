@@ -35,9 +35,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from hf_pretrain.config import Recipe
-from hf_pretrain.fp8 import pays_in_fp8
-from hf_pretrain.model import llama_config, recipe_parameter_count, recipe_tokenizer_size, shape_flops_per_token
-from hf_pretrain.run_profile import A_GPU, Machine, Step, run_profile
+from hf_pretrain.machine.run_profile import A_GPU, Machine, Step, run_profile
+from hf_pretrain.model.fp8 import pays_in_fp8
+from hf_pretrain.model.llama import llama_config, recipe_parameter_count, recipe_tokenizer_size, shape_flops_per_token
 
 # Chosen: an elementwise op's backward reads its saved input and the incoming gradient and writes the
 # outgoing gradient; norms and products read two saved tensors (docs/gpu.md's step budget, issue 26).
@@ -51,7 +51,7 @@ WEIGHT_BYTES_PER_MICRO_BATCH = 4 + 2 + 8
 # three of them back; the gradient is zeroed. Muon's momentum and update move about as much.
 OPTIMIZER_BYTES_PER_PARAMETER = 16 + 12 + 4
 # torch.optim.Muon's Newton-Schulz iterations per matrix and optimizer step (its DEFAULT_NS_STEPS;
-# hf_pretrain/muon.py does not change it).
+# hf_pretrain/optim/muon.py does not change it).
 MUON_NS_STEPS = 5
 
 

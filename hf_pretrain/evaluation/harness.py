@@ -32,9 +32,9 @@ from hf_pretrain.checkpoints.manifest import CheckpointError
 from hf_pretrain.checkpoints.store import is_training_output, resolve_checkpoint
 from hf_pretrain.evaluation.scores import EVAL_DIR, comparison_table, eval_results, load_references, scores_from_results
 from hf_pretrain.exit_codes import EXIT_CONFIG
+from hf_pretrain.machine.run_profile import inference_device_and_dtype
 from hf_pretrain.publish.model_card import write_eval_section
-from hf_pretrain.run_dir import JsonlWriter, RunDir
-from hf_pretrain.run_profile import inference_device_and_dtype
+from hf_pretrain.run_folder.run_dir import JsonlWriter, RunDir
 
 SUITES_DIR = EVAL_DIR / "suites"
 LOCAL_TASKS_DIR = EVAL_DIR / "tasks"

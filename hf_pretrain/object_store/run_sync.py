@@ -32,7 +32,7 @@ from hf_pretrain.object_store.reach import describe_failure, open_checked
 from hf_pretrain.object_store.secrets import redact
 from hf_pretrain.object_store.transfer import put_files
 from hf_pretrain.object_store.uploader import UPLOAD_SUFFIX, Uploader, remove_half_uploads, run_identity
-from hf_pretrain.run_dir import RunDir, read_status, set_activity
+from hf_pretrain.run_folder.run_dir import RunDir, read_status, set_activity
 
 if TYPE_CHECKING:
     from hf_pretrain.config import Recipe

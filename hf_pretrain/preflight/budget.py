@@ -7,10 +7,10 @@ from __future__ import annotations
 from hf_pretrain.config import KEY_SECTION, Recipe, build_recipe
 from hf_pretrain.config.recipe_command import recipe_command
 from hf_pretrain.economics.cost import dollars, dollars_per_billion_tokens
-from hf_pretrain.economics.gpus import find_gpu
 from hf_pretrain.economics.measurements import measured_here
 from hf_pretrain.economics.performance import modelled_tokens_per_s
 from hf_pretrain.formatting import usd
+from hf_pretrain.machine.gpus import find_gpu
 from hf_pretrain.preflight.result import CheckResult
 
 

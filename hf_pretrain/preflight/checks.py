@@ -12,6 +12,7 @@ from hf_pretrain.checkpoints.resume_decision import decide_resume
 from hf_pretrain.checkpoints.resume_plan import Continuation
 from hf_pretrain.config import Recipe
 from hf_pretrain.economics.measurements import this_gpu
+from hf_pretrain.machine.run_profile import RunProfile, run_profile
 from hf_pretrain.preflight.budget import check_cost
 from hf_pretrain.preflight.data import (
     check_batch_split,
@@ -40,7 +41,6 @@ from hf_pretrain.preflight.resume import check_resume, check_stop_request
 from hf_pretrain.preflight.sdpa_kernel import check_attention_backend
 from hf_pretrain.preflight.store_access import check_store
 from hf_pretrain.preflight.trackers import check_trackers
-from hf_pretrain.run_profile import RunProfile, run_profile
 
 __all__ = ["MEMORY_PROBE_ENV", "CheckResult", "PreflightError", "format_table", "preflight", "run_checks"]
 

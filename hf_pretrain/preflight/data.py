@@ -15,7 +15,7 @@ from hf_pretrain.data.tokenizer import TokenizerUnreadable
 from hf_pretrain.formatting import human_bytes
 from hf_pretrain.object_store.store_calls import StoreError
 from hf_pretrain.object_store.urls import is_url
-from hf_pretrain.optim import Schedule
+from hf_pretrain.optim.build import Schedule
 from hf_pretrain.preflight.result import CheckResult
 
 

@@ -14,9 +14,9 @@ from packaging.specifiers import SpecifierSet
 from packaging.utils import canonicalize_name
 
 from hf_pretrain.config import Recipe
-from hf_pretrain.precisions import Precision
+from hf_pretrain.machine.precisions import Precision
+from hf_pretrain.machine.run_profile import THE_CPU, run_profile
 from hf_pretrain.preflight.result import CheckResult
-from hf_pretrain.run_profile import THE_CPU, run_profile
 from hf_pretrain.versions import installed_version
 
 CORE_PACKAGES = ["torch", "transformers", "accelerate", "datasets", "tokenizers"]

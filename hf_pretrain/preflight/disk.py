@@ -15,11 +15,11 @@ from hf_pretrain.checkpoints.store import list_checkpoints
 from hf_pretrain.config import Recipe
 from hf_pretrain.economics.memory import CHECKPOINT_BYTES_PER_PARAMETER
 from hf_pretrain.formatting import human_bytes
-from hf_pretrain.hardware import DTYPE_BYTES
-from hf_pretrain.model import recipe_parameter_count
+from hf_pretrain.machine.hardware import DTYPE_BYTES
+from hf_pretrain.model.llama import recipe_parameter_count
 from hf_pretrain.preflight.result import CheckResult
-from hf_pretrain.run_dir import FINAL_DTYPE
-from hf_pretrain.run_lock import holder_of
+from hf_pretrain.run_folder.run_dir import FINAL_DTYPE
+from hf_pretrain.run_folder.run_lock import holder_of
 
 # Beside the tensors: RNG states (~15 KB a process), config, manifest, train state (a few KB each).
 SMALL_FILES_BYTES = 2**20

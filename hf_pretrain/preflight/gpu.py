@@ -18,10 +18,10 @@ from hf_pretrain.economics.memory import (
     fit_in_memory,
 )
 from hf_pretrain.formatting import human_bytes, human_count
-from hf_pretrain.hardware import cpu_has_bf16_kernels
-from hf_pretrain.model import recipe_tokenizer_size
+from hf_pretrain.machine.hardware import cpu_has_bf16_kernels
+from hf_pretrain.machine.run_profile import A_GPU, RunProfile, run_profile, this_machine
+from hf_pretrain.model.llama import recipe_tokenizer_size
 from hf_pretrain.preflight.result import CheckResult
-from hf_pretrain.run_profile import A_GPU, RunProfile, run_profile, this_machine
 
 LIGER_FIX = "--liger false (the rest of the recipe runs on the CPU too), or a CUDA machine"
 
@@ -93,7 +93,7 @@ def check_cuda(recipe: Recipe, profile: RunProfile | None = None) -> CheckResult
 
 
 def check_liger_under_compile(recipe: Recipe) -> CheckResult:
-    """`liger` with `compile` runs (Liger's loss outside the compiled graph, hf_pretrain/loss.py), but no GPU
+    """`liger` with `compile` runs (Liger's loss outside the compiled graph, hf_pretrain/model/loss.py), but no GPU
     has timed the pair: say so rather than promise a speed-up, with what each alone measured on the
     project's H100 where the shipped records hold the recipe (economics/measured.jsonl)."""
     if not (recipe.compute.liger and recipe.compute.compile):

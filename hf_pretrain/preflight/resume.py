@@ -1,5 +1,5 @@
 """The doctor's row of the resume decision (checkpoints/resume_decision.py): can the run go on under
-this recipe, and how; and the row of a stop request waiting for this start (hf_pretrain/stop_request.py)."""
+this recipe, and how; and the row of a stop request waiting for this start (hf_pretrain/run_folder/stop_request.py)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from hf_pretrain.checkpoints.manifest import CheckpointError
 from hf_pretrain.checkpoints.resume_plan import Continuation, ResumeRefused
 from hf_pretrain.config import Recipe
 from hf_pretrain.preflight.result import CheckResult
-from hf_pretrain.run_dir import RunDir
-from hf_pretrain.stop_request import at_start, read_stop_request
+from hf_pretrain.run_folder.run_dir import RunDir
+from hf_pretrain.run_folder.stop_request import at_start, read_stop_request
 
 
 def check_resume(recipe: Recipe, decision: Callable[[], Continuation]) -> CheckResult:

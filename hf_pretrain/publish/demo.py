@@ -36,7 +36,7 @@ from hf_pretrain.publish.space_template.app import (
     format_progress,
     read_progress,
 )
-from hf_pretrain.run_dir import RunDir
+from hf_pretrain.run_folder.run_dir import RunDir
 
 
 class DemoError(ValueError):

@@ -34,7 +34,7 @@ from hf_pretrain.config import Recipe
 from hf_pretrain.publish.export import export_checkpoint, push_checkpoint
 from hf_pretrain.publish.hub import HubError, push_folder
 from hf_pretrain.publish.model_card import CardOptions
-from hf_pretrain.run_dir import FINAL_DTYPE, RunDir
+from hf_pretrain.run_folder.run_dir import FINAL_DTYPE, RunDir
 
 
 def final_bytes(checkpoint: Path) -> int:

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Protocol
 
-from hf_pretrain.run_dir import RunDir
+from hf_pretrain.run_folder.run_dir import RunDir
 
 
 class Callback(Protocol):

@@ -12,7 +12,7 @@ the cooldown does. A cosine run stops at once, and says that its decay is unfini
 
 A stop request found when a session starts (written while no training ran, or answered by a session
 that ended before its cooldown was saved) is taken up here too (`take_up_at_start`): applied at the
-first step, or set aside when this start is a new plan; the request file is hf_pretrain/stop_request.py.
+first step, or set aside when this start is a new plan; the request file is hf_pretrain/run_folder/stop_request.py.
 """
 
 from __future__ import annotations
@@ -30,11 +30,17 @@ from hf_pretrain.config import Recipe
 from hf_pretrain.economics.cost import window_cost_per_loss_point
 from hf_pretrain.exit_codes import EXIT_DIVERGED, EXIT_PREEMPTED
 from hf_pretrain.processes import LAUNCHER_GONE, followed_launcher, launcher_gone
-from hf_pretrain.stop_request import StopRequest, answer_stop_request, at_start, clear_stop_request, read_stop_request
+from hf_pretrain.run_folder.stop_request import (
+    StopRequest,
+    answer_stop_request,
+    at_start,
+    clear_stop_request,
+    read_stop_request,
+)
 from hf_pretrain.training.start_up import exit_at_once, loop_ended
 
 if TYPE_CHECKING:
-    from hf_pretrain.optim import Cooldown
+    from hf_pretrain.optim.build import Cooldown
     from hf_pretrain.training.metrics import RunLogger
     from hf_pretrain.training.state import TrainState
     from hf_pretrain.training.step import StepResult

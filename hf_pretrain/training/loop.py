@@ -31,10 +31,11 @@ from hf_pretrain.economics.measurements import this_gpu
 from hf_pretrain.economics.memory import CHECKPOINT_BYTES_PER_PARAMETER
 from hf_pretrain.exit_codes import EXIT_SAVE_FAILED
 from hf_pretrain.faults import hold_if_asked
-from hf_pretrain.fp8 import finish_fp8, fp8_handlers
-from hf_pretrain.hardware import describe_hardware
-from hf_pretrain.loss import loss_head_for, use_loss_head
-from hf_pretrain.model import (
+from hf_pretrain.machine.hardware import describe_hardware
+from hf_pretrain.machine.run_profile import RunProfile, device_kind, run_profile, this_machine
+from hf_pretrain.model.fp8 import finish_fp8, fp8_handlers
+from hf_pretrain.model.initialisation import init_weights, model_config
+from hf_pretrain.model.llama import (
     apply_liger,
     build_model,
     count_parameters,
@@ -42,11 +43,10 @@ from hf_pretrain.model import (
     flops_per_token,
     train_in_compute_dtype,
 )
-from hf_pretrain.model_init import init_weights, model_config
-from hf_pretrain.optim import build_optimizer
+from hf_pretrain.model.loss import loss_head_for, use_loss_head
+from hf_pretrain.optim.build import build_optimizer
 from hf_pretrain.preflight import preflight
-from hf_pretrain.run_dir import RunDir, set_activity, truncate_jsonl
-from hf_pretrain.run_profile import RunProfile, device_kind, run_profile, this_machine
+from hf_pretrain.run_folder.run_dir import RunDir, set_activity, truncate_jsonl
 from hf_pretrain.training.callbacks import Callback, CallbackList
 from hf_pretrain.training.compiling import dynamo_plugin
 from hf_pretrain.training.guards import Guards, Stop, take_up_at_start
@@ -204,7 +204,7 @@ def accelerator_for(recipe: Recipe, profile: RunProfile, grad_accum: int, group:
         log_with=trackers_for(recipe.reporting.report_to) or None,
         project_dir=str(run_dir.path),
         dynamo_plugin=dynamo_plugin(recipe.compute),  # compiled in `prepare`: whole model, regions, or not at all
-        # fp8: torchao's float8 for the decoder's linear layers, converted in `prepare` (hf_pretrain/fp8.py)
+        # fp8: torchao's float8 for the decoder's linear layers, converted in `prepare` (hf_pretrain/model/fp8.py)
         kwargs_handlers=([InitProcessGroupKwargs(**group)] if group else []) + fp8_handlers(profile.step) or None,
     )
     if profile.machine.on_gpu and profile.step.tf32:

@@ -21,9 +21,9 @@ from hf_pretrain.economics.cost import cost_record, phases_from_recipe, write_ph
 from hf_pretrain.economics.forecast import forecast_fields
 from hf_pretrain.economics.measurements import record_training_run
 from hf_pretrain.economics.performance import slow_node_warning
-from hf_pretrain.hardware import peak_memory_gib
-from hf_pretrain.run_dir import JsonlWriter, RunDir, read_jsonl
-from hf_pretrain.run_profile import THE_CPU, Machine
+from hf_pretrain.machine.hardware import peak_memory_gib
+from hf_pretrain.machine.run_profile import THE_CPU, Machine
+from hf_pretrain.run_folder.run_dir import JsonlWriter, RunDir, read_jsonl
 from hf_pretrain.training.compiling import CompileWatch
 from hf_pretrain.training.state import TrainState
 from hf_pretrain.training.step import StepResult

@@ -34,12 +34,12 @@ from hf_pretrain.exit_codes import (
     EXIT_PREFLIGHT,
     EXIT_SAVE_FAILED,
 )
-from hf_pretrain.model_init import InitFromError
+from hf_pretrain.model.initialisation import InitFromError
 from hf_pretrain.object_store.store_calls import StoreError
 from hf_pretrain.preflight import PreflightError
 from hf_pretrain.processes import follow_launcher, launcher
-from hf_pretrain.run_dir import RunDir, last_train_record, read_status, write_status
-from hf_pretrain.run_lock import RunDirUnusable, RunLock, RunLocked, command_line, now
+from hf_pretrain.run_folder.run_dir import RunDir, last_train_record, read_status, write_status
+from hf_pretrain.run_folder.run_lock import RunDirUnusable, RunLock, RunLocked, command_line, now
 from hf_pretrain.training.start_up import StartUpSignals, StoppedDuringStartUp, record_exits_with
 
 

@@ -16,7 +16,7 @@ from torch.distributed.tensor import DTensor
 
 from hf_pretrain.config import EvaluationConfig, OptimConfig
 from hf_pretrain.faults import fault_active
-from hf_pretrain.optim import set_learning_rate
+from hf_pretrain.optim.build import set_learning_rate
 
 if TYPE_CHECKING:
     from hf_pretrain.training.state import TrainState

@@ -48,9 +48,9 @@ from accelerate import Accelerator
 from accelerate.utils import gather_object
 
 from hf_pretrain.exit_codes import EXIT_HUNG, EXIT_PREEMPTED
-from hf_pretrain.json_files import write_json_atomically
 from hf_pretrain.processes import LAUNCHER_GONE, launcher_gone
-from hf_pretrain.run_dir import RunDir
+from hf_pretrain.run_folder.json_files import write_json_atomically
+from hf_pretrain.run_folder.run_dir import RunDir
 from hf_pretrain.training.session import record_ending
 
 REPORT_WAIT_S = 5.0  # how long a process that saw the hang waits for the others' reports

@@ -9,9 +9,9 @@ from typing import Any
 
 from hf_pretrain.economics.forecast import MIN_POINTS, MIN_TOKEN_RATIO, GoingFurther, going_further
 from hf_pretrain.economics.planning.scaling_laws import chinchilla_tokens
-from hf_pretrain.model import recipe_parameter_count
-from hf_pretrain.optim import Cooldown, Schedule
-from hf_pretrain.run_dir import RunDir, read_jsonl
+from hf_pretrain.model.llama import recipe_parameter_count
+from hf_pretrain.optim.build import Cooldown, Schedule
+from hf_pretrain.run_folder.run_dir import RunDir, read_jsonl
 
 
 @dataclass(frozen=True)

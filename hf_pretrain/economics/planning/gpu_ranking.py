@@ -8,13 +8,13 @@ from dataclasses import dataclass
 
 from hf_pretrain.config import Recipe
 from hf_pretrain.economics.cost import dollars_per_billion_tokens
-from hf_pretrain.economics.gpus import GPU, gpu_table
 from hf_pretrain.economics.measurements import recorded_measurement
 from hf_pretrain.economics.memory import Fit, fit_in_memory, with_checkpointed_layers, with_micro_batch
 from hf_pretrain.economics.performance import modelled_tokens_per_s
 from hf_pretrain.economics.prices import table_gpu_prices
-from hf_pretrain.model import recipe_tokenizer_size
-from hf_pretrain.run_profile import A_GPU, machine_with, run_profile
+from hf_pretrain.machine.gpus import GPU, gpu_table
+from hf_pretrain.machine.run_profile import A_GPU, machine_with, run_profile
+from hf_pretrain.model.llama import recipe_tokenizer_size
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,6 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from hf_pretrain.economics.cost import dollars_per_billion_tokens
-from hf_pretrain.economics.gpus import GPU, gpu_named
 from hf_pretrain.economics.planning.data_parallel import INTERCONNECT_GBPS, ScalingRow, scaling_row
 from hf_pretrain.economics.planning.gpu_ranking import GpuRow, gpu_prices, gpu_row, quality_per_token, ranked_rows
 from hf_pretrain.economics.planning.request import ALL_GPUS, DEFAULT_GLOBAL_BATCH_TOKENS, DEFAULT_MFU, PlanRequest
@@ -18,8 +17,9 @@ from hf_pretrain.economics.planning.scaling_laws import (
     compute_optimal,
     training_flops,
 )
-from hf_pretrain.model import dense_flops_per_token, recipe_flops_per_token
-from hf_pretrain.run_profile import A_GPU, Machine, machine_with, run_profile
+from hf_pretrain.machine.gpus import GPU, gpu_named
+from hf_pretrain.machine.run_profile import A_GPU, Machine, machine_with, run_profile
+from hf_pretrain.model.llama import dense_flops_per_token, recipe_flops_per_token
 
 
 def tokens_per_s_at_mfu(peak_flops: float, mfu: float, flops_per_token_: float) -> float:

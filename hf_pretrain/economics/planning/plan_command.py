@@ -68,7 +68,7 @@ def add_plan_options(parser: argparse.ArgumentParser, with_recipe: bool) -> None
         )
     group.add_argument(
         "--gpu",
-        help="a GPU of the table (hf_pretrain/economics/gpus.yaml), e.g. H100: its fit, modelled rate and price, "
+        help="a GPU of the table (hf_pretrain/machine/gpus.yaml), e.g. H100: its fit, modelled rate and price, "
         "and the several-GPU table; `all`: every GPU of the table ranked by the run's dollars (with --recipe)",
     )
     group.add_argument(

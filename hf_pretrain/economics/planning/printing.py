@@ -9,7 +9,7 @@ from hf_pretrain.economics.planning.gpu_ranking import GpuRow
 from hf_pretrain.economics.planning.plan import Plan
 from hf_pretrain.economics.planning.request import ALL_GPUS
 from hf_pretrain.formatting import human_count, usd
-from hf_pretrain.precisions import PRECISIONS, Precision
+from hf_pretrain.machine.precisions import PRECISIONS, Precision
 
 
 def format_plan(plan: Plan) -> str:

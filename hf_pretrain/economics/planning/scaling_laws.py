@@ -4,7 +4,7 @@ not this run's numbers)."""
 
 from __future__ import annotations
 
-from hf_pretrain.model import TRAINING_FLOPS_PER_PARAMETER, dense_flops_per_token
+from hf_pretrain.model.llama import TRAINING_FLOPS_PER_PARAMETER, dense_flops_per_token
 
 # Chinchilla (Hoffmann et al. 2022): about 20 training tokens per parameter is compute-optimal.
 TOKENS_PER_PARAMETER = 20

@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from hf_pretrain.run_dir import RunDir
+from hf_pretrain.run_folder.run_dir import RunDir
 
 
 class RunLocked(RuntimeError):

@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hf_pretrain.formatting import human_duration
-from hf_pretrain.json_files import write_json_atomically
-from hf_pretrain.run_dir import RunDir
+from hf_pretrain.run_folder.json_files import write_json_atomically
+from hf_pretrain.run_folder.run_dir import RunDir
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from hf_pretrain.config.compute_section import SCALED_MATMUL_MULTIPLE
-from hf_pretrain.run_profile import Step
+from hf_pretrain.machine.run_profile import Step
 
 if TYPE_CHECKING:  # imported where a model is built: the size rule, which `plan` asks, needs no torch
     import torch

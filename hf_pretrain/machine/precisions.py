@@ -8,7 +8,7 @@ leaf and cannot import this table, so tests/test_precisions.py holds the two to 
 that converts layers differently from fp8 also needs its converter (fp8.py is fp8's).
 
 Every field is something the code branches on; a figure that belongs to a card (its peaks) stays in
-economics/gpus.yaml and the row only says which of the card's peaks it runs at.
+machine/gpus.yaml and the row only says which of the card's peaks it runs at.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ class Precision:
     # are narrower than its autocast converts those linears (`converts_linears`) and casts them on every call.
     operand_bytes: int
     peak: str = (
-        "bf16"  # which peak of the card's row of economics/gpus.yaml its converted linears run at (`<peak>_tflops`)
+        "bf16"  # which peak of the card's row of machine/gpus.yaml its converted linears run at (`<peak>_tflops`)
     )
     compute_capability: float | None = None  # the CUDA compute capability it needs, None: any card of the table
     hardware: str = ""  # what that capability brings, for the refusal ("FP8 tensor cores")

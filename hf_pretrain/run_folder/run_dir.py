@@ -27,7 +27,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
 
-from hf_pretrain.json_files import write_json_atomically
+from hf_pretrain.run_folder.json_files import write_json_atomically
 
 if TYPE_CHECKING:
     from hf_pretrain.config import Recipe

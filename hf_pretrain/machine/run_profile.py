@@ -2,7 +2,7 @@
 
 A `RunProfile` is the recipe met with a machine: this one (`this_machine()`, asked of torch once, with
 `ACCELERATE_USE_CPU` honoured the way Accelerate honours it) or a card about to be rented
-(`machine_with("H100")`, from economics/gpus.yaml). It holds
+(`machine_with("H100")`, from machine/gpus.yaml). It holds
 
 - the machine: cpu, cuda or mps, the card and its row of the GPU table, bf16, compute capability;
 - the precision in one vocabulary (`bf16`, `fp16`, `fp8`, `fp32`): `mixed_precision: auto` is bf16 on
@@ -26,8 +26,8 @@ from functools import cache
 from typing import TYPE_CHECKING
 
 from hf_pretrain.config import Recipe
-from hf_pretrain.economics.gpus import GPU, find_gpu, gpu_named
-from hf_pretrain.precisions import Precision, precision_named
+from hf_pretrain.machine.gpus import GPU, find_gpu, gpu_named
+from hf_pretrain.machine.precisions import Precision, precision_named
 
 if TYPE_CHECKING:  # torch is imported where the machine is asked: `plan` and `stop` never do
     import torch
@@ -39,7 +39,7 @@ class Machine:
 
     kind: str  # "cpu", "cuda" or "mps"
     name: str | None = None  # CUDA's name of the card ("NVIDIA H100 80GB HBM3"), or the table's for a rented one
-    gpu: GPU | None = None  # its row of economics/gpus.yaml; None for a CPU or a card the table lacks
+    gpu: GPU | None = None  # its row of machine/gpus.yaml; None for a CPU or a card the table lacks
     bf16: bool = False  # bf16 tensor cores (autocast in bf16)
     capability: float | None = None  # CUDA compute capability, 9.0 for an H100
     memory_bytes: int | None = None  # the card's memory
@@ -161,7 +161,7 @@ class Step:
     compiled: bool = True  # torch.compile: the whole model, or one decoder layer at a time (compile_regions)
     compile_regions: bool = False
     liger: bool = False  # Liger's kernels and fused loss: only where they run (CUDA)
-    chunked_loss: bool = False  # hf_pretrain/loss.py's chunked loss, where Liger's does not replace it
+    chunked_loss: bool = False  # hf_pretrain/model/loss.py's chunked loss, where Liger's does not replace it
     optimizer: str = "adamw"  # or "muon"
     micro_batch_size: int = 8
     checkpointed_layers: int = 0

@@ -35,7 +35,7 @@ from hf_pretrain.data.tokenizer import (
     tokenizer_hash,
 )
 from hf_pretrain.hub_cache import TOKENIZER_FILES, HubFilesError, hub_id_of_folder, hub_snapshot, is_hub_id
-from hf_pretrain.model import llama_config, padded_vocab_size
+from hf_pretrain.model.llama import llama_config, padded_vocab_size
 
 CONFIG_FILE = "config.json"
 # The weights, in the order they are looked for: safetensors (whole or sharded), then PyTorch pickles.

@@ -23,9 +23,9 @@ from hf_pretrain.checkpoints.store import newest_good_checkpoint
 from hf_pretrain.config import CommandParser
 from hf_pretrain.exit_codes import EXIT_PREFLIGHT
 from hf_pretrain.formatting import human_duration
-from hf_pretrain.run_dir import RunDir, last_train_record, read_status
-from hf_pretrain.run_lock import holder_of
-from hf_pretrain.stop_request import read_stop_request
+from hf_pretrain.run_folder.run_dir import RunDir, last_train_record, read_status
+from hf_pretrain.run_folder.run_lock import holder_of
+from hf_pretrain.run_folder.stop_request import read_stop_request
 
 
 @dataclass

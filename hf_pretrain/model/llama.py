@@ -86,7 +86,7 @@ def build_model(
     import torch
     from transformers import LlamaForCausalLM
 
-    from hf_pretrain.attention import implementation_name
+    from hf_pretrain.model.attention import implementation_name
 
     config._attn_implementation = implementation_name(attention_backend)
     if device is None:
@@ -203,7 +203,7 @@ def shape_flops_per_token(n_params: float, layers: int, hidden: int, seq_len: in
 
 # What `liger: true` has liger-kernel patch; tests/test_gpu_paths.py holds the patched model to it. Liger's
 # fused linear cross entropy is not patched in (its forward would be traced by torch.compile, which crashed
-# on an H100): hf_pretrain/loss.py calls it, outside the compiled graph, from a forward of ours.
+# on an H100): hf_pretrain/model/loss.py calls it, outside the compiled graph, from a forward of ours.
 LIGER_KERNELS = {
     "rope": True,
     "rms_norm": True,
@@ -215,7 +215,7 @@ LIGER_KERNELS = {
 
 def apply_liger(model: LlamaForCausalLM, log=print) -> bool:
     """Swap in Liger's Triton kernels (RMSNorm, SwiGLU, RoPE); True when they were applied, and then the
-    loss is Liger's fused linear cross entropy too (hf_pretrain/loss.py, `loss_head_for`).
+    loss is Liger's fused linear cross entropy too (hf_pretrain/model/loss.py, `loss_head_for`).
 
     Liger needs CUDA and Triton: the run profile asks for it on a GPU only (run_profile.Step.liger).
     """

@@ -4,7 +4,7 @@
     hf-pretrain stop runs/1b --cooldown_steps 500  # decay over 500 steps
     hf-pretrain stop runs/1b --cooldown_steps 0    # no decay: save and write final/ at the next step
 
-The request is a file in the run folder (its format: hf_pretrain/stop_request.py, beside this
+The request is a file in the run folder (its format: hf_pretrain/run_folder/stop_request.py, beside this
 command). The main process of the job reads it at every step and the guards share it with every
 other process in the step's one exchange (training/guards.py), so all of them begin the same
 cooldown at the same step, however many there are and on however many machines. A wsd run then
@@ -36,9 +36,9 @@ from hf_pretrain.checkpoints.store import newest_good_checkpoint
 from hf_pretrain.config import CommandParser
 from hf_pretrain.exit_codes import EXIT_PREFLIGHT
 from hf_pretrain.formatting import human_duration
-from hf_pretrain.run_dir import RunDir, last_train_record, read_status
-from hf_pretrain.run_lock import holder_of
-from hf_pretrain.stop_request import StopRequest, read_stop_request, request_stop
+from hf_pretrain.run_folder.run_dir import RunDir, last_train_record, read_status
+from hf_pretrain.run_folder.run_lock import holder_of
+from hf_pretrain.run_folder.stop_request import StopRequest, read_stop_request, request_stop
 
 EXIT_REFUSED = EXIT_PREFLIGHT  # refused, nothing written: the same code as a training refused before any work
 

@@ -1,0 +1,1 @@
+"""The optimizers (AdamW, Muon) and the learning-rate schedule."""
