@@ -160,6 +160,9 @@ BELOW_THE_MACHINE = [
             "hf_pretrain.checkpoints",
             ["hf_pretrain.training", "hf_pretrain.publish", "hf_pretrain.evaluation", "hf_pretrain.preflight"],
         ),
+        # ... and below the data: a start's resume decision is handed the data's identity (issue 46), so the
+        # store's run half may read checkpoints while the data reads the store, with no loop between rooms
+        ("hf_pretrain.checkpoints", ["hf_pretrain.data", "hf_pretrain.object_store"]),
         # publishing, evaluation and the preflight read checkpoints through the room, never the loop's
         ("hf_pretrain.publish", ["hf_pretrain.training"]),
         ("hf_pretrain.evaluation", ["hf_pretrain.training"]),

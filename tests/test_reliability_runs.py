@@ -25,6 +25,7 @@ from hf_pretrain.checkpoints.manifest import verify_checkpoint, write_manifest
 from hf_pretrain.checkpoints.resume_decision import decide_resume
 from hf_pretrain.checkpoints.resume_plan import ResumeRefused
 from hf_pretrain.config import load_recipe
+from hf_pretrain.data import data_identity
 from hf_pretrain.exit_codes import EXIT_CONFIG, EXIT_CRASHED, EXIT_LOCKED, EXIT_PREEMPTED, EXIT_PREFLIGHT
 from hf_pretrain.model.llama import build_model
 from hf_pretrain.optim.build import build_optimizer
@@ -34,6 +35,11 @@ from hf_pretrain.run_folder.run_lock import RunLock, RunLocked, holder_of
 from tests.helpers import OUTSIDE_CHECKOUT, ROOT, SHORT_RUN, launch_command, offline_env
 
 TRAIN = [str(ROOT / "hf_pretrain" / "train.py"), "--recipe", "smoke"]
+
+
+def decided(recipe):
+    """The resume decision of a start of `recipe`, handed its data's identity as training hands it."""
+    return decide_resume(recipe, data_identity(recipe.data.data_dir))
 
 
 def arguments(data_dir: Path, run_dir: Path, **overrides) -> list[str]:
@@ -284,11 +290,11 @@ def test_a_checkpoint_of_another_shape_stops_the_run_and_touches_nothing(smoke_d
 def test_starting_over_on_top_of_a_run_is_refused(copied_run):
     recipe = load_recipe(str(copied_run / "resolved_recipe.yaml"), {"output_dir": str(copied_run), "resume": "none"})
     with pytest.raises(ResumeRefused, match="already holds a run"):
-        decide_resume(recipe)
+        decided(recipe)
     for checkpoint in (copied_run / "checkpoints").iterdir():  # every checkpoint torn
         (checkpoint / "optimizer.bin").write_bytes(b"torn")
     with pytest.raises(ResumeRefused, match="none of the checkpoints"):
-        decide_resume(load_recipe(str(copied_run / "resolved_recipe.yaml"), {"output_dir": str(copied_run)}))
+        decided(load_recipe(str(copied_run / "resolved_recipe.yaml"), {"output_dir": str(copied_run)}))
 
 
 def test_an_unreadable_random_state_is_said(copied_run):
@@ -302,7 +308,7 @@ def test_an_unreadable_random_state_is_said(copied_run):
     model, optimizer = accelerator.prepare(model, optimizer)
     said: list[str] = []
     recipe = load_recipe(str(copied_run / "resolved_recipe.yaml"), {"output_dir": str(copied_run)})
-    resumed = decide_resume(recipe).folder
+    resumed = decided(recipe).folder
     restore_training_state(accelerator, resumed, log=said.append)
     assert resumed == checkpoint  # the weights and optimizer still resume
     assert any("random_states_0.pkl is unreadable" in line and "fresh random state" in line for line in said), said
@@ -368,19 +374,19 @@ def recipe_of(run: Path, data: Path, **overrides):
 def test_the_checkpoint_records_its_data_and_another_tokenizers_data_is_refused(smoke_data, copied_run, tmp_path):
     saved = verify_checkpoint(copied_run / "checkpoints" / f"step_{SHORT_RUN['max_steps']:08d}")
     assert saved["data"]["tokenizer_hash"] == json.loads((smoke_data / "meta.json").read_text())["tokenizer_hash"]
-    assert decide_resume(recipe_of(copied_run, smoke_data)).data_change is None  # the same data: no note
+    assert decided(recipe_of(copied_run, smoke_data)).data_change is None  # the same data: no note
     data = other_data(smoke_data, tmp_path, tokenizer_hash="f" * 64)
     with pytest.raises(ResumeRefused, match="another tokenizer") as refused:
-        decide_resume(recipe_of(copied_run, data, allow_data_change=True))  # no flag lets that through
+        decided(recipe_of(copied_run, data, allow_data_change=True))  # no flag lets that through
     assert str(data) in refused.value.reason and "prepare the data again" in refused.value.fix
 
 
 def test_other_shards_of_the_same_tokenizer_need_allow_data_change_and_are_recorded(smoke_data, copied_run, tmp_path):
     data = other_data(smoke_data, tmp_path, shards=True)
     with pytest.raises(ResumeRefused, match="not the ones the checkpoint of step 12 trained on") as refused:
-        decide_resume(recipe_of(copied_run, data))
+        decided(recipe_of(copied_run, data))
     assert "--allow_data_change true" in refused.value.fix
-    plan = decide_resume(recipe_of(copied_run, data, allow_data_change=True))
+    plan = decided(recipe_of(copied_run, data, allow_data_change=True))
     assert plan.data_change["step"] == 12 and plan.data_change["to_data_dir"] == str(data)
     assert any("training data changed" in note for note in plan.notes)
 

@@ -17,7 +17,6 @@ from hf_pretrain.checkpoints.resume_plan import Continuation, ResumeRefused
 from hf_pretrain.checkpoints.resume_rules import plan_continuation
 from hf_pretrain.checkpoints.store import is_weights_only, list_checkpoints, newest_good_checkpoint
 from hf_pretrain.config import Recipe
-from hf_pretrain.data import data_identity
 from hf_pretrain.model.llama import padded_vocab_size
 from hf_pretrain.run_folder.run_dir import RunDir
 
@@ -63,15 +62,18 @@ def finished_step(recipe: Recipe, saved: dict[str, Any]) -> int | None:
     return None if end is None or step is None or step < end else int(step)
 
 
-def decide_resume(recipe: Recipe, say: Say = None, activity: Activity = None) -> Continuation:
+def decide_resume(
+    recipe: Recipe, data: dict[str, Any] | None, say: Say = None, activity: Activity = None
+) -> Continuation:
     """From which checkpoint `recipe`'s run goes on, and how: the one decision of a start, every file
     checked against its manifest. `none` -> a fresh start (refused on top of a run); a folder -> that
     checkpoint, which must be good; `auto` -> the newest good one, newer broken ones skipped with the
     reason (those that failed their verification listed in `broken`, for the session to set aside), or
     the last one before the decay when a wsd run goes further. `say` and `activity` show
-    a verification that lasts. Raises `ResumeRefused` or `CheckpointError`."""
+    a verification that lasts. `data`: the prepared data's identity (`data.data_identity`), handed in
+    by the caller so that the checkpoint wing reads no data folder. Raises `ResumeRefused` or
+    `CheckpointError`."""
     t = recipe.train
-    data = data_identity(recipe.data.data_dir)
     if recipe.checkpoints.resume == "none":
         existing = list_checkpoints(t.output_dir)
         if existing:  # starting over there would truncate its records and prune its checkpoints

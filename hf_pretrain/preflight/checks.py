@@ -11,6 +11,7 @@ from collections.abc import Callable
 from hf_pretrain.checkpoints.resume_decision import decide_resume
 from hf_pretrain.checkpoints.resume_plan import Continuation
 from hf_pretrain.config import Recipe
+from hf_pretrain.data import data_identity
 from hf_pretrain.economics.measurements import this_gpu
 from hf_pretrain.machine.run_profile import RunProfile, run_profile
 from hf_pretrain.preflight.budget import check_cost
@@ -84,7 +85,7 @@ def run_checks(
     store = _in_store(recipe)
     if store is not None:  # a URL output_dir (the doctor's; training checks its working copy): store_access.py
         recipe, url_recipe = store, recipe
-    decision = resume_decision or functools.cache(lambda: decide_resume(recipe))
+    decision = resume_decision or functools.cache(lambda: decide_resume(recipe, data_identity(recipe.data.data_dir)))
     profile = profile or run_profile(recipe, world_size=world_size)
     checks: list[tuple[str, Callable[[], CheckResult | list[CheckResult]]]] = [
         ("versions", lambda: check_versions(recipe)),

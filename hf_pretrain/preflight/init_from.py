@@ -11,6 +11,7 @@ from hf_pretrain.checkpoints.manifest import CheckpointError
 from hf_pretrain.checkpoints.resume_decision import decide_resume
 from hf_pretrain.checkpoints.resume_plan import Continuation, ResumeRefused
 from hf_pretrain.config import Recipe
+from hf_pretrain.data import data_identity
 from hf_pretrain.data.prepared import reprepare_hint
 from hf_pretrain.data.tokenizer import TokenizerError
 from hf_pretrain.model.initialisation import (
@@ -74,7 +75,7 @@ def check_init_from(recipe: Recipe, resume_decision: Callable[[], Continuation] 
 def _saved_checkpoint(recipe: Recipe, resume_decision: Callable[[], Continuation] | None) -> dict[str, Any] | None:
     """The run's own checkpoint it goes on from, if any (then the base model is not read again)."""
     try:
-        return (resume_decision or (lambda: decide_resume(recipe)))().saved
+        return (resume_decision or (lambda: decide_resume(recipe, data_identity(recipe.data.data_dir))))().saved
     except (ResumeRefused, CheckpointError):
         return None  # the resume check says why; the base is checked as for a start
 

@@ -24,7 +24,7 @@ from hf_pretrain.checkpoints.resume_decision import decide_resume
 from hf_pretrain.checkpoints.resume_plan import Continuation
 from hf_pretrain.checkpoints.store import remove_pins
 from hf_pretrain.config import Recipe, save_recipe
-from hf_pretrain.data import build_val_loader, load_tokenizer
+from hf_pretrain.data import build_val_loader, data_identity, load_tokenizer
 from hf_pretrain.data.loader import TrainData
 from hf_pretrain.economics.check_records import resolved_attention_backend
 from hf_pretrain.economics.measurements import this_gpu
@@ -221,7 +221,11 @@ def checked_start(
     preflight's table shows that decision. Raises what the preflight or the decision refuses."""
     main = PartialState().is_main_process
     activity = functools.partial(set_activity, run_dir.path) if main else None
-    decide = functools.cache(lambda: decide_resume(recipe, say=print if main else None, activity=activity))
+    decide = functools.cache(
+        lambda: decide_resume(
+            recipe, data_identity(recipe.data.data_dir), say=print if main else None, activity=activity
+        )
+    )
     preflight(recipe, world_size, log=print if main else lambda _: None, resume_decision=decide, profile=profile)
     return decide(), activity
 
