@@ -17,9 +17,12 @@ COMMANDS = {
         "hf_pretrain.train",
         "train the recipe in this process (`accelerate launch hf_pretrain/train.py` for several)",
     ),
-    "stop": ("hf_pretrain.run_folder.stop_command", "ask a running job to finish now: decay (wsd), save, write final/"),
+    "stop": (
+        "hf_pretrain.run_commands.stop_command",
+        "ask a running job to finish now: decay (wsd), save, write final/",
+    ),
     "status": (
-        "hf_pretrain.run_folder.run_status",
+        "hf_pretrain.run_commands.run_status",
         "where a run stands: state, step, last checkpoint, loss, stop request",
     ),
     "doctor": ("hf_pretrain.preflight.doctor", "check the plumbing of a run before spending money on it"),

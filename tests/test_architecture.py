@@ -160,9 +160,10 @@ BELOW_THE_MACHINE = [
             "hf_pretrain.checkpoints",
             ["hf_pretrain.training", "hf_pretrain.publish", "hf_pretrain.evaluation", "hf_pretrain.preflight"],
         ),
-        # ... and below the data: a start's resume decision is handed the data's identity (issue 46), so the
+        # ... and below the data and the model: a start's resume decision is handed the data's identity, the shape
+        # checks ask the model section (config/) (issue 46), so the
         # store's run half may read checkpoints while the data reads the store, with no loop between rooms
-        ("hf_pretrain.checkpoints", ["hf_pretrain.data", "hf_pretrain.object_store"]),
+        ("hf_pretrain.checkpoints", ["hf_pretrain.data", "hf_pretrain.object_store", "hf_pretrain.model"]),
         # publishing, evaluation and the preflight read checkpoints through the room, never the loop's
         ("hf_pretrain.publish", ["hf_pretrain.training"]),
         ("hf_pretrain.evaluation", ["hf_pretrain.training"]),
@@ -178,10 +179,12 @@ BELOW_THE_MACHINE = [
         # command is a product the run never imports (a request found at a start is the guards')
         (
             "hf_pretrain.run_folder.stop_request",
-            ["hf_pretrain.training", "hf_pretrain.preflight", "hf_pretrain.run_folder.stop_command"],
+            ["hf_pretrain.training", "hf_pretrain.preflight", "hf_pretrain.run_commands.stop_command"],
         ),
-        ("hf_pretrain.training", ["hf_pretrain.run_folder.stop_command"]),
-        ("hf_pretrain.preflight", ["hf_pretrain.run_folder.stop_command"]),
+        # the run folder's facts are read by the checkpoints, the store and the commands: they read none of them
+        ("hf_pretrain.run_folder", ["hf_pretrain.checkpoints", "hf_pretrain.object_store", "hf_pretrain.run_commands"]),
+        ("hf_pretrain.training", ["hf_pretrain.run_commands.stop_command"]),
+        ("hf_pretrain.preflight", ["hf_pretrain.run_commands.stop_command"]),
         # what a precision is: a shared fact every reader asks, below the run profile that resolves one
         (
             "hf_pretrain.machine.precisions",

@@ -33,7 +33,12 @@ def heavy_imports(code: str) -> list[str]:
 
 @pytest.mark.parametrize(
     "module",
-    ["hf_pretrain.cli", "hf_pretrain.run_folder.stop_command", "hf_pretrain.economics.planning", "hf_pretrain.report"],
+    [
+        "hf_pretrain.cli",
+        "hf_pretrain.run_commands.stop_command",
+        "hf_pretrain.economics.planning",
+        "hf_pretrain.report",
+    ],
 )
 def test_the_light_commands_import_no_heavy_library(module):
     assert heavy_imports(f"import {module}") == []

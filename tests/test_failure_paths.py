@@ -342,9 +342,9 @@ def stoppable_run(run: Path, step: int, max_steps: int = 100) -> None:
 
 
 def test_stop_with_a_cooldown_longer_than_what_is_left_says_where_and_when_the_decay_ends(tmp_path, capsys):
+    from hf_pretrain.run_commands.stop_command import main as stop_main
     from hf_pretrain.run_folder.run_dir import RunDir
     from hf_pretrain.run_folder.run_lock import RunLock
-    from hf_pretrain.run_folder.stop_command import main as stop_main
 
     stoppable_run(tmp_path, 90)
     lock = RunLock(RunDir(tmp_path))

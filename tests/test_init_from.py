@@ -378,7 +378,7 @@ def test_stop_going_further_eval_and_demo_work_once_the_base_is_gone(base, tmp_p
     from hf_pretrain.publish.demo import cached_export, model_choices
     from hf_pretrain.publish.export import resolve_checkpoint
     from hf_pretrain.publish.space_template.app import load_model
-    from hf_pretrain.run_folder.stop_command import main as stop_main
+    from hf_pretrain.run_commands.stop_command import main as stop_main
 
     copy = tmp_path / "base-copy"
     shutil.copytree(base["folder"], copy)

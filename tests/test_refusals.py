@@ -18,9 +18,9 @@ from hf_pretrain.config import build_recipe, load_recipe, save_recipe
 from hf_pretrain.exit_codes import EXIT_CONFIG
 from hf_pretrain.optim.build import Cooldown
 from hf_pretrain.preflight import run_checks
+from hf_pretrain.run_commands.stop_command import main as stop_main
 from hf_pretrain.run_folder.run_dir import RunDir
 from hf_pretrain.run_folder.run_lock import RunLock
-from hf_pretrain.run_folder.stop_command import main as stop_main
 from hf_pretrain.run_folder.stop_request import read_stop_request, request_stop
 from hf_pretrain.training.guards import Guards, take_up_at_start
 from hf_pretrain.training.session import Session, read_status

@@ -32,8 +32,8 @@ from hf_pretrain.exit_codes import EXIT_CONFIG
 from hf_pretrain.optim.build import Cooldown, Schedule, learning_rate_at
 from hf_pretrain.preflight.data import check_data_budget
 from hf_pretrain.publish.model_card import _how_it_ended
+from hf_pretrain.run_commands.stop_command import main as stop_main
 from hf_pretrain.run_folder.run_dir import RunDir, read_jsonl
-from hf_pretrain.run_folder.stop_command import main as stop_main
 from hf_pretrain.run_folder.stop_request import read_stop_request, request_stop
 from hf_pretrain.training.guards import Guards
 from hf_pretrain.training.state import TrainState
@@ -581,7 +581,7 @@ def test_a_finished_run_started_again_says_so_writes_nothing_and_status_reads_it
     final/, and the doctor said "ready to train". Now it says the run finished and how to go further,
     writes nothing and exits 0; the doctor says the same; `hf-pretrain status` reads it for a person."""
     from hf_pretrain.preflight import doctor
-    from hf_pretrain.run_folder.run_status import main as status_main
+    from hf_pretrain.run_commands.run_status import main as status_main
 
     run_dir = tmp_path / "run"
     shutil.copytree(reference_run[0], run_dir)

@@ -17,8 +17,8 @@ from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel
 
 from hf_pretrain.checkpoints.layout import FSDP_SHARDED_WEIGHTS, WEIGHTS, parameter_name, rng_state_file
 from hf_pretrain.checkpoints.manifest import CheckpointError, CheckpointMismatch, verify_checkpoint
+from hf_pretrain.config.model_section import shape_differences
 from hf_pretrain.machine.run_profile import device_kind
-from hf_pretrain.model.llama import shape_differences
 
 # How to go on when the run folder's checkpoints do not fit the recipe; nothing in the folder is touched.
 START_OVER = (

@@ -17,7 +17,7 @@ from hf_pretrain.checkpoints.resume_plan import Continuation, ResumeRefused
 from hf_pretrain.checkpoints.resume_rules import plan_continuation
 from hf_pretrain.checkpoints.store import is_weights_only, list_checkpoints, newest_good_checkpoint
 from hf_pretrain.config import Recipe
-from hf_pretrain.model.llama import padded_vocab_size
+from hf_pretrain.config.model_section import padded_vocab_size
 from hf_pretrain.run_folder.run_dir import RunDir
 
 

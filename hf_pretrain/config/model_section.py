@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import math
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from .keys import key
 
@@ -36,3 +39,31 @@ class ModelConfig:
     expected_params: int = key(
         0, "parameter count the recipe claims (0 = no claim); tests hold it to within 2%", math=False, ge=0
     )
+
+
+def padded_vocab_size(tokenizer_size: int, multiple: int) -> int:
+    """Embedding rows: the tokenizer's size rounded up to `multiple` for tensor-core friendly matmuls."""
+    return multiple * math.ceil(tokenizer_size / multiple)
+
+
+# The config keys that fix the shapes of the weights: a checkpoint saved under other values cannot be
+# loaded into the model (the recipe's model section names all but vocab_size and head_dim the same way).
+SHAPE_KEYS = (
+    "vocab_size",
+    "hidden_size",
+    "intermediate_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "tie_word_embeddings",
+)
+
+
+def shape_differences(saved: Mapping[str, Any], wanted: Mapping[str, Any]) -> dict[str, tuple[Any, Any]]:
+    """{key: (saved value, wanted value)} for each shape key that both name and that differs."""
+    return {
+        key: (saved[key], wanted[key])
+        for key in SHAPE_KEYS
+        if key in saved and key in wanted and saved[key] != wanted[key]
+    }

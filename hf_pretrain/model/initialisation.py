@@ -27,6 +27,7 @@ from safetensors import safe_open
 from transformers import LlamaConfig, PreTrainedTokenizerFast
 
 from hf_pretrain.config import Recipe
+from hf_pretrain.config.model_section import padded_vocab_size
 from hf_pretrain.data.tokenizer import (
     TokenizerError,
     load_pretrained_tokenizer,
@@ -35,7 +36,7 @@ from hf_pretrain.data.tokenizer import (
     tokenizer_hash,
 )
 from hf_pretrain.hub_cache import TOKENIZER_FILES, HubFilesError, hub_id_of_folder, hub_snapshot, is_hub_id
-from hf_pretrain.model.llama import llama_config, padded_vocab_size
+from hf_pretrain.model.llama import llama_config
 
 CONFIG_FILE = "config.json"
 # The weights, in the order they are looked for: safetensors (whole or sharded), then PyTorch pickles.

@@ -2,49 +2,20 @@
 
 from __future__ import annotations
 
-import math
 import types
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from hf_pretrain.config import ModelConfig, Recipe
+from hf_pretrain.config.model_section import padded_vocab_size
 
 if TYPE_CHECKING:  # imported where a model is built: the counts `plan` and `stop` read need neither
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
 
-def padded_vocab_size(tokenizer_size: int, multiple: int) -> int:
-    """Embedding rows: the tokenizer's size rounded up to `multiple` for tensor-core friendly matmuls."""
-    return multiple * math.ceil(tokenizer_size / multiple)
-
-
 def recipe_tokenizer_size(recipe: Recipe) -> int:
     """Tokens the recipe's tokenizer will have: the BPE vocabulary plus the extra special tokens."""
     return recipe.data.vocab_size + len(recipe.data.special_tokens)
-
-
-# The config keys that fix the shapes of the weights: a checkpoint saved under other values cannot be
-# loaded into the model (the recipe's model section names all but vocab_size and head_dim the same way).
-SHAPE_KEYS = (
-    "vocab_size",
-    "hidden_size",
-    "intermediate_size",
-    "num_hidden_layers",
-    "num_attention_heads",
-    "num_key_value_heads",
-    "head_dim",
-    "tie_word_embeddings",
-)
-
-
-def shape_differences(saved: Mapping[str, Any], wanted: Mapping[str, Any]) -> dict[str, tuple[Any, Any]]:
-    """{key: (saved value, wanted value)} for each shape key that both name and that differs."""
-    return {
-        key: (saved[key], wanted[key])
-        for key in SHAPE_KEYS
-        if key in saved and key in wanted and saved[key] != wanted[key]
-    }
 
 
 def llama_config(

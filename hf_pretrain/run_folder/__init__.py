@@ -1,1 +1,1 @@
-"""The run folder's facts: its layout, its lock, status.json, the stop request and the stop command."""
+"""The run folder's facts: its layout, its lock, JSON files written whole, the stop request."""
