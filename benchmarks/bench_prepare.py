@@ -126,7 +126,7 @@ def run_prepare(files: str, data_dir: Path, tokenizer_dir: Path, vocab_size: int
     code = f"""
 import json
 from hf_pretrain.config import build_recipe
-from hf_pretrain.data import prepare
+from hf_pretrain.data.prepare_run import prepare
 recipe = build_recipe(
     {{"data": {{"sources": [{{"kind": "files", "paths": [{files!r}]}}]}}}},
     {{"data_dir": {str(data_dir)!r}, "tokenizer": {str(tokenizer_dir)!r}, "vocab_size": {vocab_size},
@@ -150,7 +150,7 @@ print(json.dumps({{}}))
 
 def check_ids(data_dir: Path, corpus: Path, tokenizer_dir: Path) -> int:
     """A sample of each file's documents, encoded alone (+ EOS), are documents prepare wrote for that file."""
-    from hf_pretrain.data import read_meta
+    from hf_pretrain.data.prepared import read_meta
     from hf_pretrain.data.sources import file_documents
 
     meta = read_meta(data_dir)

@@ -32,7 +32,10 @@ from pathlib import Path
 import torch
 
 from hf_pretrain.config import Recipe, load_recipe
-from hf_pretrain.data import PackedDataset, load_tokenizer, prepare, read_meta
+from hf_pretrain.data.loader import PackedDataset
+from hf_pretrain.data.prepare_run import prepare
+from hf_pretrain.data.prepared import read_meta
+from hf_pretrain.data.tokenizer import load_tokenizer
 from hf_pretrain.machine.run_profile import run_profile
 from hf_pretrain.model.llama import build_model, llama_config
 from hf_pretrain.optim.build import build_optimizer, learning_rate_at

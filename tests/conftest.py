@@ -17,7 +17,7 @@ os.environ["HF_PRETRAIN_HOME"] = tempfile.mkdtemp(prefix="hf_pretrain_home_")
 def smoke_data(tmp_path_factory):
     """The `smoke` recipe's built-in corpus, tokenized once per test session."""
     from hf_pretrain.config import load_recipe
-    from hf_pretrain.data import prepare
+    from hf_pretrain.data.prepare_run import prepare
 
     data_dir = tmp_path_factory.mktemp("smoke_data")
     prepare(load_recipe("smoke", {"data_dir": str(data_dir)}), log=lambda _: None)

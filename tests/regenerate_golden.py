@@ -121,7 +121,7 @@ def golden_overrides(data_dir: Path) -> dict:
 
 def prepare_golden_data(data_dir: Path) -> None:
     from hf_pretrain.config import load_recipe
-    from hf_pretrain.data import prepare
+    from hf_pretrain.data.prepare_run import prepare
 
     overrides = golden_overrides(data_dir)
     prepare(load_recipe("smoke", {**overrides, "sources": json.loads(overrides["sources"])}), log=lambda _: None)

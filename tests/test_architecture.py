@@ -307,3 +307,20 @@ def test_the_profile_check_sees_a_module_that_decides_again(tmp_path, monkeypatc
     source.write_text("import torch\nx = torch.cuda.is_available() and recipe.compute.mixed_precision\n")
     monkeypatch.setitem(MODULES, "again", source)
     assert len(_decides_again("again")) == 2
+
+
+def test_no_package_hides_its_names_behind_a_lazy_facade():
+    """Issue 46: a package `__getattr__` that loaded names on first use kept `--help` free of torch but hid
+    the preflight from a reader following the imports; each name is imported from where it lives."""
+    facades = [
+        module
+        for module, path in MODULES.items()
+        if path.name == "__init__.py"
+        and any(
+            isinstance(node, (ast.FunctionDef, ast.Assign))
+            and "__getattr__"
+            in ([node.name] if isinstance(node, ast.FunctionDef) else [ast.unparse(t) for t in node.targets])
+            for node in ast.parse(path.read_text()).body
+        )
+    ]
+    assert not facades, facades

@@ -34,9 +34,10 @@ from hf_pretrain.economics.memory import with_checkpointed_layers, with_micro_ba
 from hf_pretrain.economics.performance import modelled_tokens_per_s
 from hf_pretrain.economics.planning import gpu_ranking, plan_command
 from hf_pretrain.machine.gpus import gpu_named
-from hf_pretrain.preflight import MEMORY_PROBE_ENV, CheckResult, PreflightError, preflight
 from hf_pretrain.preflight.budget import check_cost
+from hf_pretrain.preflight.checks import MEMORY_PROBE_ENV, preflight
 from hf_pretrain.preflight.gpu import check_memory
+from hf_pretrain.preflight.result import CheckResult, PreflightError
 
 H100 = "NVIDIA H100 80GB HBM3"  # what CUDA calls the card of the shared README's table
 GIB = 2**30

@@ -11,8 +11,11 @@ import pytest
 import yaml
 
 from hf_pretrain import bench, report
+from hf_pretrain.bench.search import largest_fitting
+from hf_pretrain.bench.variants import variant_grid
 from hf_pretrain.config import load_recipe
 from hf_pretrain.economics.cost import Phase, phase_row
+from hf_pretrain.economics.measurements import timed_throughput
 from hf_pretrain.economics.planning import data_parallel, plan, plan_command, scaling_laws
 from hf_pretrain.economics.planning.request import DEFAULT_GLOBAL_BATCH_TOKENS, PlanRequest
 from hf_pretrain.economics.prices import PriceError, parse_price, price_table
@@ -186,17 +189,17 @@ def test_price_table_and_gpu_names(tmp_path):
 
 # ---------------------------------------------------------------------- bench: pure parts
 def test_variant_grid_is_every_combination():
-    grid = bench.variant_grid(["gradient_checkpointing=true,false", "micro_batch_size=4,8"])
+    grid = variant_grid(["gradient_checkpointing=true,false", "micro_batch_size=4,8"])
     assert grid == [
         {"gradient_checkpointing": "true", "micro_batch_size": "4"},
         {"gradient_checkpointing": "true", "micro_batch_size": "8"},
         {"gradient_checkpointing": "false", "micro_batch_size": "4"},
         {"gradient_checkpointing": "false", "micro_batch_size": "8"},
     ]
-    assert bench.variant_grid(["gradient-checkpointing=true,false", "micro-batch-size=4,8"]) == grid  # as flags read
-    assert bench.variant_grid([]) == [{}]
+    assert variant_grid(["gradient-checkpointing=true,false", "micro-batch-size=4,8"]) == grid  # as flags read
+    assert variant_grid([]) == [{}]
     with pytest.raises(ValueError, match="KEY=VALUE"):
-        bench.variant_grid(["compile"])
+        variant_grid(["compile"])
 
 
 @pytest.mark.parametrize("limit, start, expected", [(37, 8, 37), (5, 8, 5), (0, 8, None), (500, 8, 100), (64, 64, 64)])
@@ -207,7 +210,7 @@ def test_largest_fitting_doubles_then_bisects(limit, start, expected):
         probed.append(size)
         return size <= limit
 
-    assert bench.largest_fitting(list(range(1, 101)), start, fits) == expected
+    assert largest_fitting(list(range(1, 101)), start, fits) == expected
     assert len(probed) == len(set(probed)), "a size was probed twice"
     assert len(probed) <= 2 * math.log2(100) + 2
 
@@ -217,13 +220,13 @@ def test_timed_throughput_leaves_the_warmup_out():
         {"kind": "train", "step": s, "tokens": 100 * s, "tokens_per_s": rate, "data_wait_share": wait}
         for s, rate, wait in [(1, 10, 0.9), (2, 100, 0.1), (3, 50, 0.4)]
     ]
-    rate, step_seconds, wait = bench.timed_throughput(records + [{"kind": "eval", "step": 3}], warmup=1)
+    rate, step_seconds, wait = timed_throughput(records + [{"kind": "eval", "step": 3}], warmup=1)
     # steps 2 and 3: 200 tokens in 1 s + 2 s
     assert (rate, step_seconds) == pytest.approx((200 / 3, 1.5))
     assert wait == pytest.approx((0.1 * 1 + 0.4 * 2) / 3)
-    assert bench.timed_throughput(records, warmup=3) is None
+    assert timed_throughput(records, warmup=3) is None
     no_wait = [{k: v for k, v in r.items() if k != "data_wait_share"} for r in records]
-    assert bench.timed_throughput(no_wait, warmup=1)[2] is None
+    assert timed_throughput(no_wait, warmup=1)[2] is None
 
 
 def test_bench_rejects_a_malformed_variant(capsys, tmp_path):

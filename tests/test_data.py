@@ -25,22 +25,20 @@ import torch
 from transformers import AutoTokenizer
 
 from hf_pretrain.config import Recipe, SourceConfig, build_recipe
-from hf_pretrain.data import (
-    DataMismatchError,
+from hf_pretrain.data import sources
+from hf_pretrain.data.loader import (
     PackedDataset,
+    StepBatchSampler,
     build_train_loader,
     build_val_loader,
-    check_prepared_data,
-    load_tokenizer,
-    prepare,
-    read_meta,
-    sources,
+    validation_batches,
 )
-from hf_pretrain.data.loader import StepBatchSampler, validation_batches
-from hf_pretrain.data.prepared import shard_paths
+from hf_pretrain.data.prepare_run import prepare
+from hf_pretrain.data.prepared import DataMismatchError, check_prepared_data, read_meta, shard_paths
 from hf_pretrain.data.sources import MixedStream, SourceError, is_validation, iter_source
 from hf_pretrain.data.tokenizer import (
     load_pretrained_tokenizer,
+    load_tokenizer,
     save_tokenizer,
     split_long_text,
     tokenizer_hash,
@@ -493,7 +491,7 @@ def test_one_huge_line_is_prepared_in_bounded_memory(tmp_path: Path) -> None:
     script = (
         "import resource, sys\n"
         "from hf_pretrain.config import build_recipe\n"
-        "from hf_pretrain.data import prepare\n"
+        "from hf_pretrain.data.prepare_run import prepare\n"
         f"raw = {{'data': {{'sources': [{{'kind': 'files', 'paths': [{str(tmp_path / '*.txt')!r}]}}]}}}}\n"
         f"prepare(build_recipe(raw, {{'data_dir': {str(tmp_path / 'data')!r}, 'vocab_size': 300, 'val_every': 2, "
         " 'seq_len': 16, 'micro_batch_size': 2, 'global_batch_tokens': 64}), "

@@ -132,7 +132,7 @@ def machine(tmp_path, monkeypatch):
 
 
 def _batches(recipe, start_step: int, n: int) -> list:
-    from hf_pretrain.data import build_train_loader
+    from hf_pretrain.data.loader import build_train_loader
 
     loader = build_train_loader(recipe, 0, 1, recipe.grad_accum_steps(1), start_step)
     it = iter(loader)
@@ -150,7 +150,7 @@ def _assert_same(a: list, b: list) -> None:
 
 
 def test_batches_from_the_url_equal_the_local_ones_and_a_resume_elsewhere_too(store_data, smoke_data, machine):
-    from hf_pretrain.data import build_val_loader
+    from hf_pretrain.data.loader import build_val_loader
 
     url, _, _ = store_data
     local = load_recipe("smoke", {"data_dir": str(smoke_data)})
@@ -234,7 +234,7 @@ def corrupt_store(s3_server, smoke_data):
 
 
 def test_a_corrupted_shard_in_the_store_is_caught_by_its_checksum(corrupt_store, machine):
-    from hf_pretrain.data import build_train_loader
+    from hf_pretrain.data.loader import build_train_loader
     from hf_pretrain.object_store.data_cache import StoreDataCorrupt
 
     url, shard = corrupt_store
@@ -335,7 +335,8 @@ def test_a_local_data_dir_imports_no_store_package(smoke_data):
     code = f"""
 import sys
 from hf_pretrain.config import load_recipe
-from hf_pretrain.data import build_train_loader, build_val_loader, check_prepared_data, data_identity
+from hf_pretrain.data.loader import build_train_loader, build_val_loader
+from hf_pretrain.data.prepared import check_prepared_data, data_identity
 from hf_pretrain.preflight.data import check_data_cache
 recipe = load_recipe("smoke", {{"data_dir": {str(smoke_data)!r}, "num_workers": 0}})
 check_prepared_data(recipe)

@@ -18,16 +18,16 @@ import pytest
 import torch
 
 from hf_pretrain.config import Recipe, load_recipe
-from hf_pretrain.data import PackedDataset
 from hf_pretrain.data import loader as loader_module
+from hf_pretrain.data.loader import PackedDataset
 from hf_pretrain.economics.memory import estimate_memory, layer_activation_bytes_per_token
 from hf_pretrain.exit_codes import EXIT_CONFIG
 from hf_pretrain.formatting import human_bytes
 from hf_pretrain.machine.run_profile import A_GPU, THE_CPU, run_profile
 from hf_pretrain.model.llama import recipe_tokenizer_size
-from hf_pretrain.preflight import CheckResult, PreflightError, format_table, preflight, run_checks
 from hf_pretrain.preflight import disk as disk_module
 from hf_pretrain.preflight.budget import check_cost, run_cost, run_hours
+from hf_pretrain.preflight.checks import preflight, run_checks
 from hf_pretrain.preflight.data import (
     check_batch_split,
     check_context,
@@ -38,6 +38,7 @@ from hf_pretrain.preflight.data import (
 from hf_pretrain.preflight.dependencies import check_versions
 from hf_pretrain.preflight.disk import check_disk_space, check_output_writable, check_save_speed, disk_write_bytes_per_s
 from hf_pretrain.preflight.gpu import check_bf16, check_cuda, check_memory, check_tf32
+from hf_pretrain.preflight.result import CheckResult, PreflightError, format_table
 from tests.helpers import OUTSIDE_CHECKOUT, offline_env
 
 ON_GPU = torch.cuda.is_available()

@@ -65,7 +65,7 @@ def losses(run: Path) -> dict[int, float]:
 def test_a_checkpoint_written_before_the_sections_resumes_bit_for_bit(tmp_path):
     import torch
 
-    from hf_pretrain.data import data_identity
+    from hf_pretrain.data.prepared import data_identity
 
     prepare_again(tmp_path)
     # The checkpoint records its data's identity: today's prepare of the same corpus must give the same

@@ -30,9 +30,11 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, 
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 from hf_pretrain.config import RecipeError, load_recipe
-from hf_pretrain.data import build_train_loader, prepare, read_meta, tokenizer_hash
+from hf_pretrain.data.loader import build_train_loader
+from hf_pretrain.data.prepare_run import prepare
+from hf_pretrain.data.prepared import read_meta
 from hf_pretrain.data.sources import mixture
-from hf_pretrain.data.tokenizer import TokenizerError, load_pretrained_tokenizer, load_tokenizer
+from hf_pretrain.data.tokenizer import TokenizerError, load_pretrained_tokenizer, load_tokenizer, tokenizer_hash
 from hf_pretrain.exit_codes import EXIT_PREFLIGHT
 from hf_pretrain.hub_cache import hub_id_of_folder
 from hf_pretrain.model.initialisation import InitFromError, base_model_id, load_base_weights, model_config, open_base
@@ -206,7 +208,7 @@ def test_a_folder_that_is_not_a_llama_is_refused(base, tmp_path):
 
 
 def test_init_from_needs_the_base_models_tokenizer(tmp_path):
-    from hf_pretrain.data import DataMismatchError
+    from hf_pretrain.data.prepared import DataMismatchError
 
     with pytest.raises(DataMismatchError, match="not a newly fitted BPE: set tokenizer to org/base"):
         prepare(load_recipe("smoke", {"init_from": "org/base", "data_dir": str(tmp_path / "d")}), log=print)

@@ -19,10 +19,11 @@ import numpy as np
 import pytest
 
 from hf_pretrain.config import build_recipe
-from hf_pretrain.data import DataMismatchError, check_prepared_data, load_tokenizer, prepare, read_meta
 from hf_pretrain.data.loader import StepBatchSampler, build_mixture
 from hf_pretrain.data.mixing import Mixture, block_counts
-from hf_pretrain.data.tokenizer import save_tokenizer, train_tokenizer
+from hf_pretrain.data.prepare_run import prepare
+from hf_pretrain.data.prepared import DataMismatchError, check_prepared_data, read_meta
+from hf_pretrain.data.tokenizer import load_tokenizer, save_tokenizer, train_tokenizer
 from hf_pretrain.data.verify import VERIFIED_FILE
 from tests.helpers import OUTSIDE_CHECKOUT, offline_env
 

@@ -141,8 +141,8 @@ def test_off_a_terminal_the_line_is_plain_with_an_estimated_time_left(tmp_path) 
 def test_a_failure_in_the_tokenizing_shows_the_end_of_datatrove_log(corpus, tmp_path, monkeypatch, capsys) -> None:  # noqa: F811
     import pytest
 
-    from hf_pretrain.data import prepare
     from hf_pretrain.data.pipeline import SplitTokenizer
+    from hf_pretrain.data.prepare_run import prepare
     from tests.test_prepare import recipe_for
 
     def broken(self, texts):

@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from hf_pretrain.config import build_recipe
-from hf_pretrain.data import DataMismatchError, prepare, read_meta
+from hf_pretrain.data.prepare_run import prepare
+from hf_pretrain.data.prepared import DataMismatchError, read_meta
 from hf_pretrain.data.sources import SourceError
 from hf_pretrain.data.tokenizer import save_tokenizer, train_tokenizer
 from hf_pretrain.exit_codes import EXIT_CONFIG
@@ -142,7 +143,7 @@ def test_a_second_prepare_into_a_held_folder_is_refused_by_name_and_touches_noth
 
 
 def test_a_token_file_that_disagrees_with_its_index_is_refused_by_the_doctor_and_the_loader(tmp_path) -> None:
-    from hf_pretrain.data import build_train_loader
+    from hf_pretrain.data.loader import build_train_loader
     from hf_pretrain.preflight.data import check_prepared
 
     recipe = files_recipe(tmp_path / "dd", str(write_jsonl(tmp_path / "a.jsonl", documents=400)))

@@ -15,7 +15,7 @@ import pytest
 
 from hf_pretrain.config import parse_recipe_args
 from hf_pretrain.config.recipe_command import recipe_command
-from hf_pretrain.data import prepare
+from hf_pretrain.data.prepare_run import prepare
 from hf_pretrain.data.prepared import PREPARE_KEYS
 from hf_pretrain.preflight.data import check_prepared
 from tests.helpers import OUTSIDE_CHECKOUT, ROOT, offline_env

@@ -17,7 +17,7 @@ from hf_pretrain.checkpoints.manifest import write_manifest
 from hf_pretrain.config import build_recipe, load_recipe, save_recipe
 from hf_pretrain.exit_codes import EXIT_CONFIG
 from hf_pretrain.optim.build import Cooldown
-from hf_pretrain.preflight import run_checks
+from hf_pretrain.preflight.checks import run_checks
 from hf_pretrain.run_commands.stop_command import main as stop_main
 from hf_pretrain.run_folder.run_dir import RunDir
 from hf_pretrain.run_folder.run_lock import RunLock

@@ -25,7 +25,7 @@ from hf_pretrain.checkpoints.manifest import verify_checkpoint, write_manifest
 from hf_pretrain.checkpoints.resume_decision import decide_resume
 from hf_pretrain.checkpoints.resume_plan import ResumeRefused
 from hf_pretrain.config import load_recipe
-from hf_pretrain.data import data_identity
+from hf_pretrain.data.prepared import data_identity
 from hf_pretrain.exit_codes import EXIT_CONFIG, EXIT_CRASHED, EXIT_LOCKED, EXIT_PREEMPTED, EXIT_PREFLIGHT
 from hf_pretrain.model.llama import build_model
 from hf_pretrain.optim.build import build_optimizer

@@ -13,16 +13,6 @@
 
 from __future__ import annotations
 
-from hf_pretrain.bench.bench_command import main
-from hf_pretrain.lazy_exports import lazy_exports
+from hf_pretrain.bench.bench_command import main  # its flags; the bench loads after the parse
 
-__all__ = ["largest_fitting", "main", "timed_throughput", "variant_grid"]
-# loaded on first use: they import torch, and `hf-pretrain bench --help` must not
-__getattr__ = lazy_exports(
-    __name__,
-    {
-        "largest_fitting": "hf_pretrain.bench.search",
-        "variant_grid": "hf_pretrain.bench.variants",
-        "timed_throughput": "hf_pretrain.economics.measurements",
-    },
-)
+__all__ = ["main"]

@@ -161,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     from hf_pretrain.bench.quality import run_quality
     from hf_pretrain.bench.sweep import run_bench
     from hf_pretrain.bench.variants import run_in_this_process
-    from hf_pretrain.data import DataMismatchError
+    from hf_pretrain.data.prepared import DataMismatchError
 
     if args.worker_result:  # a variant's child process (variants.run_in_child)
         return run_in_this_process(recipe, Path(args.worker_result))

@@ -20,7 +20,8 @@ from hf_pretrain.bench.results import advice, markdown_report
 from hf_pretrain.bench.search import ProbeError, SearchResult, search_micro_batch
 from hf_pretrain.bench.variants import VariantResult, VariantRunner, is_recipe_as_written
 from hf_pretrain.config import Recipe, build_recipe
-from hf_pretrain.data import DataMismatchError, check_prepared_data, prepare
+from hf_pretrain.data.prepare_run import prepare
+from hf_pretrain.data.prepared import DataMismatchError, check_prepared_data
 from hf_pretrain.economics.measurements import record_measurement, this_gpu
 from hf_pretrain.economics.performance import modelled_tokens_per_s, slow_node_warning
 from hf_pretrain.machine.gpus import best_match, find_gpu

@@ -29,7 +29,7 @@ from hf_pretrain.formatting import formatted
 from hf_pretrain.machine.hardware import peak_memory_gib
 from hf_pretrain.machine.run_profile import device_kind
 from hf_pretrain.model.llama import recipe_flops_per_token
-from hf_pretrain.preflight import MEMORY_PROBE_ENV
+from hf_pretrain.preflight.checks import MEMORY_PROBE_ENV
 from hf_pretrain.run_folder.run_dir import RunDir, read_jsonl
 
 
@@ -162,7 +162,7 @@ def is_out_of_memory(error: BaseException) -> bool:
 def try_on_device(train: Callable[[Recipe], Any], recipe: Recipe, memory: DeviceMemory) -> RunResult:
     """Run `train(recipe)` (a `run_training`); running out of memory is an answer, "oom" with the memory
     in use when it happened, and the memory is handed back after it."""
-    from hf_pretrain.preflight import PreflightError
+    from hf_pretrain.preflight.result import PreflightError
 
     try:
         outcome = train(recipe)

@@ -9,8 +9,9 @@ import sys
 from pathlib import Path
 
 from hf_pretrain.config import parse_recipe_args
-from hf_pretrain.data import DataMismatchError, prepare
 from hf_pretrain.data.prepare_folder import PrepareLocked
+from hf_pretrain.data.prepare_run import prepare
+from hf_pretrain.data.prepared import DataMismatchError
 from hf_pretrain.data.sources import SourceError
 from hf_pretrain.data.tokenizer import TokenizerError
 from hf_pretrain.exit_codes import EXIT_CONFIG, EXIT_LOCKED, EXIT_WRITE_FAILED

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from hf_pretrain.checkpoints.resume_decision import decide_resume
 from hf_pretrain.checkpoints.resume_plan import Continuation
 from hf_pretrain.config import Recipe
-from hf_pretrain.data import data_identity
+from hf_pretrain.data.prepared import data_identity
 from hf_pretrain.economics.measurements import this_gpu
 from hf_pretrain.machine.run_profile import RunProfile, run_profile
 from hf_pretrain.preflight.budget import check_cost

@@ -8,9 +8,8 @@ import shutil
 import torch
 
 from hf_pretrain.config import Recipe, RecipeError
-from hf_pretrain.data import DataMismatchError, build_train_loader, check_prepared_data
-from hf_pretrain.data.loader import build_mixture
-from hf_pretrain.data.prepared import prepare_hint, reprepare_hint
+from hf_pretrain.data.loader import build_mixture, build_train_loader
+from hf_pretrain.data.prepared import DataMismatchError, check_prepared_data, prepare_hint, reprepare_hint
 from hf_pretrain.data.tokenizer import TokenizerUnreadable
 from hf_pretrain.formatting import human_bytes
 from hf_pretrain.object_store.store_calls import StoreError

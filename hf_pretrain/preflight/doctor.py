@@ -5,7 +5,7 @@ versions, CUDA / bf16 / TF32, the prepared data against the recipe, a loader tha
 worker processes, a writable output folder with room for the checkpoints and the export, the
 estimated GPU memory, and the time and cost of the run. It prints one row per check (pass, warn,
 fail, skip) with the reason and the fix, and exits non-zero when any check fails. Training runs
-the same checks first (`hf_pretrain.preflight.preflight`).
+the same checks first (`hf_pretrain.preflight.checks.preflight`).
 """
 
 from __future__ import annotations
@@ -48,7 +48,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{note}\n")
     # the checks import torch and try the loader in worker processes: seconds, a minute on a loaded machine
     print("loading torch and running the checks...", flush=True)
-    from hf_pretrain.preflight import format_table, run_checks
+    from hf_pretrain.preflight.checks import run_checks
+    from hf_pretrain.preflight.result import format_table
 
     results = run_checks(recipe, world_size=args.num_processes)
     from hf_pretrain.checkpoints.resume_decision import finished_at

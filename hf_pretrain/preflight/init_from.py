@@ -11,8 +11,7 @@ from hf_pretrain.checkpoints.manifest import CheckpointError
 from hf_pretrain.checkpoints.resume_decision import decide_resume
 from hf_pretrain.checkpoints.resume_plan import Continuation, ResumeRefused
 from hf_pretrain.config import Recipe
-from hf_pretrain.data import data_identity
-from hf_pretrain.data.prepared import reprepare_hint
+from hf_pretrain.data.prepared import data_identity, reprepare_hint
 from hf_pretrain.data.tokenizer import TokenizerError
 from hf_pretrain.model.initialisation import (
     InitFromError,

@@ -22,7 +22,7 @@ from hf_pretrain.checkpoints.resume_decision import finished_step
 from hf_pretrain.checkpoints.resume_plan import Continuation, ResumeRefused
 from hf_pretrain.checkpoints.resume_rules import plan_continuation
 from hf_pretrain.config import Recipe
-from hf_pretrain.data import data_identity
+from hf_pretrain.data.prepared import data_identity
 from hf_pretrain.formatting import human_bytes, human_duration
 from hf_pretrain.model.llama import recipe_parameter_count
 from hf_pretrain.preflight.disk import checkpoint_bytes, nearest_existing, newest_checkpoint_bytes, tokenizer_bytes

@@ -24,8 +24,9 @@ from hf_pretrain.checkpoints.resume_decision import decide_resume
 from hf_pretrain.checkpoints.resume_plan import Continuation
 from hf_pretrain.checkpoints.store import remove_pins
 from hf_pretrain.config import Recipe, save_recipe
-from hf_pretrain.data import build_val_loader, data_identity, load_tokenizer
-from hf_pretrain.data.loader import TrainData
+from hf_pretrain.data.loader import TrainData, build_val_loader
+from hf_pretrain.data.prepared import data_identity
+from hf_pretrain.data.tokenizer import load_tokenizer
 from hf_pretrain.economics.check_records import resolved_attention_backend
 from hf_pretrain.economics.measurements import this_gpu
 from hf_pretrain.economics.memory import CHECKPOINT_BYTES_PER_PARAMETER
@@ -45,7 +46,7 @@ from hf_pretrain.model.llama import (
 )
 from hf_pretrain.model.loss import loss_head_for, use_loss_head
 from hf_pretrain.optim.build import build_optimizer
-from hf_pretrain.preflight import preflight
+from hf_pretrain.preflight.checks import preflight
 from hf_pretrain.run_folder.run_dir import RunDir, set_activity, truncate_jsonl
 from hf_pretrain.training.callbacks import Callback, CallbackList
 from hf_pretrain.training.compiling import dynamo_plugin

@@ -36,7 +36,7 @@ from hf_pretrain.exit_codes import (
 )
 from hf_pretrain.model.initialisation import InitFromError
 from hf_pretrain.object_store.store_calls import StoreError
-from hf_pretrain.preflight import PreflightError
+from hf_pretrain.preflight.result import PreflightError
 from hf_pretrain.processes import follow_launcher, launcher
 from hf_pretrain.run_folder.run_dir import RunDir, last_train_record, read_status, write_status
 from hf_pretrain.run_folder.run_lock import RunDirUnusable, RunLock, RunLocked, command_line, now

@@ -9,7 +9,7 @@ from typing import Any
 
 from hf_pretrain.checkpoints.resume_plan import Continuation
 from hf_pretrain.config import Recipe, math_keys
-from hf_pretrain.data import data_identity
+from hf_pretrain.data.prepared import data_identity
 from hf_pretrain.optim.build import Cooldown, Schedule
 
 
