@@ -11,7 +11,9 @@ caught); every trainer process leaves its pid and its code in a folder this comm
 launcher exited (on SIGTERM accelerate exits at once; the trainer checkpoints and ends 75) becomes its
 child, and this command returns only when every process of the job has ended, so the scheduler's
 next start never meets a trainer of this one. SIGTERM, SIGINT and SIGHUP sent here go to the launcher,
-which passes them on as it does when started by hand.
+which passes them on as it does when started by hand (accelerate's exits, and the trainer follows it with
+a checkpoint; torchrun's agent forwards them); the launcher runs in a process group of its own, so a
+signal to this command's group reaches the trainers by that one path.
 """
 
 from __future__ import annotations
@@ -105,7 +107,9 @@ def main(argv: list[str] | None = None) -> int:
     subreaper = become_subreaper()
     with tempfile.TemporaryDirectory(prefix="hf_pretrain_launch_") as folder:
         command = [sys.executable, "-m", "hf_pretrain.engines.accelerate_quietly", *argv]
-        launcher = subprocess.Popen(command, env={**os.environ, ENV_VAR: folder})
+        # its own process group: a signal to this job's group (a terminal's Ctrl-C, a shutdown of the run
+        # block) reaches the trainers once, through the launcher, never twice (a second one exits at once)
+        launcher = subprocess.Popen(command, env={**os.environ, ENV_VAR: folder}, process_group=0)
 
         def forward(signum: int, frame) -> None:
             if launcher.poll() is None:

@@ -28,9 +28,10 @@ def script_lines(script: str) -> list[str]:
 
 
 def command_words(script: str, command: str, env: dict[str, str] | None = None) -> list[str]:
-    """The words of the script's first line that starts with `command` (e.g. "hf-pretrain launch"),
+    """The words of the script's first line that runs `command` (e.g. "hf-pretrain launch", or `exec` it),
     `$NAME` and `"$NAME"` replaced from `env` where it has a value for NAME (None: given at launch)."""
-    line = next(line for line in script_lines(script) if line.startswith(command))
+    lines = [line.removeprefix("exec ") for line in script_lines(script)]  # `exec`: the same command, in place
+    line = next(line for line in lines if line.startswith(command))
     for name, value in (env or {}).items():
         if value is None:
             continue
