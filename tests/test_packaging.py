@@ -30,6 +30,7 @@ DATA_FILES = [
     "hf_pretrain/recipes/134m.yaml",
     "hf_pretrain/recipes/tinyllama-1.1b.yaml",
     "hf_pretrain/economics/gpus.yaml",
+    "hf_pretrain/economics/egress.yaml",
     "hf_pretrain/economics/measured.jsonl",
     "hf_pretrain/evaluation/assets/suites/default.yaml",
     "hf_pretrain/evaluation/assets/tasks/arc_easy_local.yaml",
