@@ -187,6 +187,9 @@ def test_every_front_page_command_is_taken_in_both_spellings(command, monkeypatc
 
 
 def taken_in_both_spellings(command: str, monkeypatch) -> None:
+    if words(command) == ["hf-pretrain", "launch"]:  # the launcher named in prose: its arguments are accelerate's
+        assert "launch" in COMMANDS
+        return
     module, argv = hf_pretrain_argv(command)
     listed = help_text(module)
     if argv == ["--help"]:
@@ -231,7 +234,8 @@ def test_every_guide_command_is_taken_in_both_spellings(command, monkeypatch, tm
 def launch_lines() -> list[str]:
     """The front page's and the guide's launch lines: `accelerate launch ...` and `hf-pretrain launch ...`."""
     every = front_page_commands() + guide_commands()
-    return list(dict.fromkeys(c for c in every if c.startswith(("accelerate launch", "hf-pretrain launch"))))
+    launches = [c for c in every if c.startswith(("accelerate launch", "hf-pretrain launch"))]
+    return list(dict.fromkeys(c for c in launches if "hf_pretrain" in c))  # a full line, not the name in prose
 
 
 @pytest.mark.parametrize("command", launch_lines(), ids=str)

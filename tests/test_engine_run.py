@@ -28,7 +28,7 @@ from tests.helpers import ROOT, SHORT_RUN, offline_env
 TASK = read_task(next(p for p in SKYPILOT if p.name == "1b.yaml"))
 # the smoke model on the tests' short schedule (`phases` is reporting only: it stays the recipe's)
 TRAIN_ARGS = " ".join(f"--{k} {v}" for k, v in SHORT_RUN.items() if k != "phases")
-CHECK_ARGS = "--parts matmul --budget_s 60"  # the gate, kept to its first part on 2 CPU cores
+CHECK_ARGS = "--parts health --budget_s 60"  # the gate, kept to the GPU's health (one line each here: no GPU)
 
 
 def session_processes(sid: int) -> list[int]:
@@ -123,6 +123,14 @@ def relaunch(code: int | None, restarts_on_errors: int) -> bool:
     if code == EXIT_OK:
         return False
     return code in recover_on_exit_codes(TASK) or restarts_on_errors > 0
+
+
+def test_the_recovery_rules_are_the_tasks_own():
+    from hf_pretrain.exit_codes import EXIT_FAILED, EXIT_FAULTY_HOST, EXIT_LOCKED
+
+    assert relaunch(None, 0) and relaunch(EXIT_PREEMPTED, 0) and relaunch(EXIT_FAULTY_HOST, 0)
+    assert not any(relaunch(code, 0) for code in (EXIT_OK, EXIT_LOCKED, EXIT_CONFIG, EXIT_FAILED))
+    assert relaunch(EXIT_FAILED, 1)  # within max_restarts_on_errors, had the task allowed any
 
 
 def data_in_store(smoke_data: Path, url: str) -> str:
