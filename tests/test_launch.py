@@ -134,13 +134,17 @@ def read_until(process: subprocess.Popen, text: str, seen: list[str]) -> None:
 
 
 @pytest.mark.slow
-def test_a_sigterm_to_the_launcher_ends_the_job_75_with_a_checkpoint(smoke_data, tmp_path):
+@pytest.mark.parametrize("config", ["cpu.yaml", "cpu_2proc.yaml"])
+def test_a_sigterm_to_the_launcher_ends_the_job_75_with_a_checkpoint(config, smoke_data, tmp_path):
+    """One process: accelerate exits at once and the trainer follows it with a checkpoint, reaped by the
+    wrapper; two: torchrun's agent passes the SIGTERM on (and waits 30 s before its SIGKILL)."""
     release, run = tmp_path / "release", tmp_path / "run"
     release.mkdir()
     env = {**offline_env(), "HF_PRETRAIN_FAULTS": "hold:3", "HF_PRETRAIN_RELEASE": str(release)}
     env["PYTHONUNBUFFERED"] = "1"
     keys = {**SHORT_RUN, "data_dir": smoke_data, "output_dir": run}
-    launcher = subprocess.Popen(launch(**keys), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    command = launch(config=config, **keys)
+    launcher = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     seen: list[str] = []
     try:
         read_until(launcher, "holding before step 3", seen)
