@@ -160,3 +160,30 @@ def test_a_sigterm_to_the_launcher_ends_the_job_75_with_a_checkpoint(config, smo
     assert launcher.returncode == EXIT_PREEMPTED, log[-3000:]
     assert "Traceback" not in log, log[-3000:]
     assert (run / "checkpoints" / "step_00000003").is_dir(), log[-3000:]
+
+
+DRIVER = """
+import json, subprocess, sys
+from pathlib import Path
+from hf_pretrain.engines.launch_command import become_subreaper, job_exit_code, reap_the_trainers
+folder = Path(sys.argv[1])
+assert become_subreaper()
+launcher = "import os, sys, time\\npid = os.fork()\\nif pid:\\n    open(sys.argv[1], 'w').write(str(pid))\\n    sys.exit(0)\\ntime.sleep(0.5)\\nos._exit(75)"
+assert subprocess.run([sys.executable, "-c", launcher, str(folder / "pid.0")]).returncode == 0
+reaped = reap_the_trainers(folder)
+print(json.dumps({"reaped": reaped, "code": job_exit_code(folder, 143, reaped)}))
+"""
+
+
+def test_the_wrapper_waits_for_an_orphaned_trainer_and_reads_its_status(tmp_path):
+    """A trainer its launcher left (accelerate exits at once on SIGTERM) becomes the wrapper's child (the
+    subreaper), which waits for it and reads its status; in a process of its own, as the wrapper is."""
+    import json
+
+    done = subprocess.run(
+        [sys.executable, "-c", DRIVER, str(tmp_path)], env=offline_env(), capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    orphan = int((tmp_path / "pid.0").read_text())
+    assert result == {"reaped": {str(orphan): EXIT_PREEMPTED}, "code": EXIT_PREEMPTED}

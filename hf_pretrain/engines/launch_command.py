@@ -9,7 +9,7 @@ How: the launcher runs in a child process (accelerate_quietly.py: accelerate's o
 caught); every trainer process leaves its pid and its code in a folder this command names
 (exit_file.py). This process is the job's subreaper (Linux): a trainer still saving after its
 launcher exited (on SIGTERM accelerate exits at once; the trainer checkpoints and ends 75) becomes its
-child, and this command returns only when every process of the job has ended, so the scheduler's
+child, and this command returns only when every trainer of the job has ended, so the scheduler's
 next start never meets a trainer of this one. SIGTERM, SIGINT and SIGHUP sent here go to the launcher,
 which passes them on as it does when started by hand (accelerate's exits, and the trainer follows it with
 a checkpoint; torchrun's agent forwards them); the launcher runs in a process group of its own, so a
@@ -48,17 +48,28 @@ def become_subreaper() -> bool:
         return False
 
 
-def reap_the_rest() -> dict[int, int]:
-    """Wait for every remaining descendant (as subreaper, orphans are ours): pid -> exit status."""
-    statuses = {}
-    while True:
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def reap_the_trainers(folder: Path) -> dict[int, int]:
+    """Wait until every trainer that left its pid has ended (as subreaper, those the launcher left are
+    ours to reap): pid -> exit status of each process reaped. Any other process of the job still alive
+    then (none should be) is not waited for: it belongs to init once this command exits."""
+    statuses: dict[int, int] = {}
+    while any(alive(pid) for pid in pids_left(folder) if pid not in statuses):
         try:
             pid, status = os.waitpid(-1, 0)
-        except ChildProcessError:
-            return statuses
-        except InterruptedError:  # pragma: no cover (PEP 475 retries)
-            continue
+        except ChildProcessError:  # alive, yet not ours: a trainer whose launcher still holds it
+            break
         statuses[pid] = os.waitstatus_to_exitcode(status)
+    return statuses
 
 
 def job_exit_code(folder: Path, launcher_code: int, reaped: dict[int, int]) -> int:
@@ -119,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             launcher_code = launcher.wait()
             launcher_code = 128 - launcher_code if launcher_code < 0 else launcher_code
-            reaped = reap_the_rest() if subreaper else {}
+            reaped = reap_the_trainers(Path(folder)) if subreaper else {}
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
