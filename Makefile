@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 PIP_INSTALL := $(BIN)/pip install --quiet --disable-pip-version-check -c constraints.txt
 RUN_DIR := runs/smoke
 
-.PHONY: smoke test slow_test liger_test quality style bench gpu_check gpu_check_ship clean
+.PHONY: smoke test slow_test liger_test sky_test quality style bench gpu_check gpu_check_ship clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -37,6 +37,16 @@ liger_test: $(VENV)/.installed-dev
 	$(PIP_INSTALL) -e '.[dev,liger]'
 	$(BIN)/python -c "import liger_kernel.transformers"  # fail here, not as a skipped test
 	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q -rs tests/test_gpu_paths.py tests/test_loss.py -k "liger or stand_in"
+
+## sky_test: SkyPilot's own parser (`sky.Task.from_yaml`) reads every shipped task file (hf_pretrain/engines/), offline;
+## SkyPilot (~460 MB, no torch) lives in a venv of its own, .venv-sky, as it pins its own dependencies
+SKY_VENV := .venv-sky
+SKYPILOT := skypilot==0.14.1
+sky_test:
+	test -x $(SKY_VENV)/bin/python || $(PYTHON) -m venv $(SKY_VENV)
+	$(SKY_VENV)/bin/pip install --quiet --disable-pip-version-check '$(SKYPILOT)' pytest pyyaml
+	$(SKY_VENV)/bin/python -c "import sky"  # fail here, not as a skipped test
+	PYTHONPATH=$(CURDIR) $(SKY_VENV)/bin/python -m pytest -q -rs -p no:cacheprovider tests/test_skypilot_tasks.py
 
 ## slow_test: only the end-to-end runs
 slow_test: $(VENV)/.installed-dev

@@ -17,6 +17,10 @@ COMMANDS = {
         "hf_pretrain.train",
         "train the recipe in this process (`accelerate launch hf_pretrain/train.py` for several)",
     ),
+    "launch": (
+        "hf_pretrain.engines.launch_command",
+        "`accelerate launch ...` that exits with the trainer's own code (0, 75 rerun, 73, 78), for schedulers",
+    ),
     "stop": (
         "hf_pretrain.run_commands.stop_command",
         "ask a running job to finish now: decay (wsd), save, write final/",

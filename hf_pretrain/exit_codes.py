@@ -20,6 +20,9 @@ EXIT_CRASHED = EXIT_FAILED  # a training session's name for it (status.json: cra
 EXIT_USAGE = 2  # the command line does not parse (argparse: an unknown flag, a missing value); nothing done
 EXIT_DIVERGED = 65  # EX_DATAERR: too many non-finite steps in a row
 EXIT_HUNG = 69  # EX_UNAVAILABLE: no progress for hang_timeout_s (a process stopped answering); stacks in hangs/
+# EX_OSERR: `check` found the machine faulty (GPU memory errors, remapped rows, a throttled or slow card):
+# rent another; an engine's task relaunches elsewhere on it (hf_pretrain/engines/)
+EXIT_FAULTY_HOST = 71
 EXIT_LOCKED = 73  # EX_CANTCREAT: another session holds the run (or data) folder; nothing was touched
 EXIT_WRITE_FAILED = 74  # EX_IOERR: the disk refused a write (full, quota); what was there before is intact
 EXIT_SAVE_FAILED = EXIT_WRITE_FAILED  # a training session's name for it: a checkpoint could not be written
@@ -37,6 +40,10 @@ CONTRACT: dict[int, tuple[str, str]] = {
     EXIT_USAGE: ("usage", "the command line does not parse (an unknown flag, a missing value); nothing done"),
     EXIT_DIVERGED: ("diverged", "training: `max_bad_steps` non-finite steps in a row; a checkpoint written"),
     EXIT_HUNG: ("hung", "training: a process stopped answering for `hang_timeout_s`; stacks in `hangs/`"),
+    EXIT_FAULTY_HOST: (
+        "faulty_host",
+        "check: the GPU is faulty or slow (ECC, remapped rows, throttling); rent another",
+    ),
     EXIT_LOCKED: ("locked", "another session holds the run (or data) folder; nothing touched"),
     EXIT_WRITE_FAILED: ("write_failed", "the disk refused a write (full, quota, I/O); what was there is intact"),
     EXIT_PREEMPTED: ("preempted", "training: SIGTERM / SIGINT, the step finished, a checkpoint written"),

@@ -22,7 +22,8 @@ import os
 import sys
 from typing import TYPE_CHECKING
 
-from hf_pretrain.exit_codes import EXIT_PREEMPTED
+from hf_pretrain.engines.exit_file import leave_exit_code, leave_pid
+from hf_pretrain.exit_codes import EXIT_FAILED, EXIT_PREEMPTED
 from hf_pretrain.processes import end_with_launcher
 
 # First, before seconds of imports: a launcher stopped while this process starts must end it too.
@@ -111,7 +112,22 @@ def in_store(recipe: Recipe):
 
 
 def main(argv: list[str] | None = None) -> int:
-    """The exit code: 0, or one a scheduler can act on (exit_codes.py); status.json says the same."""
+    """The exit code: 0, or one a scheduler can act on (exit_codes.py); status.json says the same. Under
+    `hf-pretrain launch`, also left where the wrapper reads it (engines/exit_file.py): a launcher would
+    turn it into its own."""
+    leave_pid()
+    code = EXIT_FAILED  # an uncaught exception: its traceback says what
+    try:
+        code = _main(argv)
+    except SystemExit as exc:  # the parser's refusal of a flag (EXIT_USAGE), --help (0)
+        code = exc.code if isinstance(exc.code, int) else EXIT_FAILED
+        raise
+    finally:
+        leave_exit_code(code)
+    return code
+
+
+def _main(argv: list[str] | None) -> int:
     recipe, _ = parse_recipe_args(argv, prog="hf-pretrain train", description=__doc__.split("\n")[0])
     from hf_pretrain.training.session import REFUSALS, RunLocked, describe, exit_code_of
     from hf_pretrain.training.start_up import StoppedDuringStartUp

@@ -164,7 +164,7 @@ def help_text(module: str) -> str:
 def hf_pretrain_argv(command: str) -> tuple[str, list[str]]:
     """(module that runs it, its arguments) of an `hf-pretrain ...` or `accelerate launch ... train.py` line."""
     argv = words(command)
-    if argv[0] == "hf-pretrain":
+    if argv[0] == "hf-pretrain" and argv[1] != "launch":  # `hf-pretrain launch`: accelerate's flags, then train's
         assert argv[1] in COMMANDS, f"`{command}`: hf-pretrain has no command `{argv[1]}`"
         return COMMANDS[argv[1]][0], argv[2:]
     script = next(i for i, a in enumerate(argv) if a in ("hf_pretrain/train.py", "hf_pretrain.train"))
@@ -187,6 +187,9 @@ def test_every_front_page_command_is_taken_in_both_spellings(command, monkeypatc
 
 
 def taken_in_both_spellings(command: str, monkeypatch) -> None:
+    if words(command) == ["hf-pretrain", "launch"]:  # the launcher named in prose: its arguments are accelerate's
+        assert "launch" in COMMANDS
+        return
     module, argv = hf_pretrain_argv(command)
     listed = help_text(module)
     if argv == ["--help"]:
@@ -196,18 +199,6 @@ def taken_in_both_spellings(command: str, monkeypatch) -> None:
     assert not unlisted, f"`{command}`: not in `--help`: {unlisted}"
     snake = parse_command(module, argv, monkeypatch)
     assert parse_command(module, kebab(argv), monkeypatch) == snake, f"`{command}` reads otherwise in kebab case"
-
-
-@pytest.mark.parametrize("command", [c for c in front_page_commands() if c.startswith("accelerate")], ids=str)
-def test_the_launch_lines_name_accelerate_flags_and_configs_that_exist(command):
-    from accelerate.commands.launch import launch_command_parser
-
-    argv = words(command)
-    launcher = argv[: next(i for i, a in enumerate(argv) if a.startswith("hf_pretrain") or a == "-m")]
-    known = launch_command_parser()._option_string_actions
-    assert [a for a in launcher if FLAG.match(a) and a not in known] == []
-    config = launcher[launcher.index("--config_file") + 1]
-    assert (ROOT / config).is_file(), config
 
 
 # ---------------------------------------------------------------------- the guide's commands
@@ -238,6 +229,25 @@ def test_every_guide_command_is_taken_in_both_spellings(command, monkeypatch, tm
         monkeypatch.chdir(tmp_path)
         (tmp_path / recipe).write_text((ROOT / "recipes" / "smoke.yaml").read_text())
     taken_in_both_spellings(command, monkeypatch)
+
+
+def launch_lines() -> list[str]:
+    """The front page's and the guide's launch lines: `accelerate launch ...` and `hf-pretrain launch ...`."""
+    every = front_page_commands() + guide_commands()
+    launches = [c for c in every if c.startswith(("accelerate launch", "hf-pretrain launch"))]
+    return list(dict.fromkeys(c for c in launches if "hf_pretrain" in c))  # a full line, not the name in prose
+
+
+@pytest.mark.parametrize("command", launch_lines(), ids=str)
+def test_the_launch_lines_name_accelerate_flags_and_configs_that_exist(command):
+    from accelerate.commands.launch import launch_command_parser
+
+    argv = words(command)[2:]
+    launcher = argv[: next(i for i, a in enumerate(argv) if a.startswith("hf_pretrain") or a == "-m")]
+    known = launch_command_parser()._option_string_actions
+    assert [a for a in launcher if FLAG.match(a) and a not in known] == []
+    config = launcher[launcher.index("--config_file") + 1]
+    assert (ROOT / config).is_file(), config
 
 
 # Guide commands a reader can run offline on a CPU in a fresh folder, in this order (a later one reads what an

@@ -32,6 +32,7 @@ def bad_values(tmp_path) -> dict[str, list[str]]:
         "gguf": [nothing],
         "check": ["--recipe", "smoke", "--budget_s", "-5"],
         "status": [nothing],
+        "launch": ["--config_file", nothing, "hf_pretrain/train.py", "--recipe", "smoke"],
     }
 
 

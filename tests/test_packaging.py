@@ -30,6 +30,7 @@ DATA_FILES = [
     "hf_pretrain/recipes/134m.yaml",
     "hf_pretrain/recipes/tinyllama-1.1b.yaml",
     "hf_pretrain/machine/gpus.yaml",
+    "hf_pretrain/economics/egress.yaml",
     "hf_pretrain/economics/measured.jsonl",
     "hf_pretrain/evaluation/assets/suites/default.yaml",
     "hf_pretrain/evaluation/assets/tasks/arc_easy_local.yaml",
@@ -37,6 +38,10 @@ DATA_FILES = [
     "hf_pretrain/evaluation/assets/metrics/bits_per_byte/bits_per_byte.py",
     "hf_pretrain/evaluation/assets/reference_scores.yaml",
     "hf_pretrain/publish/space_template/app.py",
+    "hf_pretrain/engines/skypilot/1b.yaml",
+    "hf_pretrain/engines/skypilot/1b_multinode.yaml",
+    "hf_pretrain/engines/dstack/1b.dstack.yml",
+    "hf_pretrain/engines/slurm/1b.sbatch",
 ]
 # A few steps of the smoke model: enough to write a checkpoint and final/ in seconds.
 TINY_RUN = {

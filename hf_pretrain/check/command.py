@@ -29,12 +29,17 @@ from pathlib import Path
 from hf_pretrain.check.deadline import run_part
 from hf_pretrain.check.figures import Figure, read_figures
 from hf_pretrain.config import Recipe, RecipeError, build_recipe, parse_recipe_args, save_recipe
-from hf_pretrain.exit_codes import EXIT_CONFIG
+from hf_pretrain.exit_codes import EXIT_CONFIG, EXIT_FAULTY_HOST
 
 PROG = "hf-pretrain check"
 # (part, share of what is left of the budget relative to the parts after it, what it measures); the
 # step's share grows with its variants (STEP_SHARE_PER_VARIANT each: one compile and a few steps)
 PARTS = (
+    (
+        "health",
+        0.1,
+        "(h) the GPU's health: NVML (ECC, remapped rows, clocks, temperature, PCIe), a sustained matmul, Xid",
+    ),
     ("matmul", 0.05, "(a) matmul peak"),
     ("attention", 0.07, "(b) SDPA kernels on the recipe's attention shape"),
     ("step", 0.25, "(c) the recipe's step"),
@@ -249,7 +254,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return EXIT_CONFIG
     result = run_check(request)
-    from hf_pretrain.check.verdict import RECIPE_AS_WRITTEN
+    from hf_pretrain.check.verdict import RECIPE_AS_WRITTEN, faulty_lines
+
+    faulty = faulty_lines(result["figures"])
+    if faulty:  # a scheduler relaunches elsewhere on this code (hf_pretrain/engines/)
+        print(
+            f"{PROG}: this machine is faulty: {'; '.join(faulty)}; rent another (exit {EXIT_FAULTY_HOST})",
+            file=sys.stderr,
+        )
+        return EXIT_FAULTY_HOST
 
     as_written = [f for f in result["figures"] if f["part"] == "step" and f["name"] == RECIPE_AS_WRITTEN]
     if "step" not in request.parts or (as_written and as_written[0]["value"]):

@@ -99,6 +99,17 @@ def slow_node_lines(recipe: Recipe, device: str, figures: list[Figure], step: Fi
     return lines
 
 
+def faulty_lines(figures: list) -> list[str]:
+    """The health part's findings that make this machine one to leave (check/gpu_health.py); figures as
+    objects or as check.json's dicts."""
+    lines = []
+    for f in figures:
+        part, detail, text = (f["part"], f["detail"], f["text"]) if isinstance(f, dict) else (f.part, f.detail, f.text)
+        if part == "health" and detail.get("verdict") == "faulty":
+            lines.append(text.removeprefix("FAULTY: "))
+    return lines
+
+
 def verdict(recipe: Recipe, figures: list[Figure]) -> list[str]:
     """The verdict's lines (figures' MFU added)."""
     add_mfu(recipe, figures)
@@ -129,5 +140,6 @@ def verdict(recipe: Recipe, figures: list[Figure]) -> list[str]:
             f"{fastest.name} at {fastest.value:,.0f} tokens/s"
         )
         lines.append(f"ranks {rank} of {len(rows)} in plan's table; plan's best: {best_text}")
-    lines += slow_node_lines(recipe, device, figures, as_written) or ["no sign of a slow or faulty node"]
+    faulty = [f"faulty host: {line}" for line in faulty_lines(figures)]
+    lines += faulty + slow_node_lines(recipe, device, figures, as_written) or ["no sign of a slow or faulty node"]
     return lines

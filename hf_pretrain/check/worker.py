@@ -79,7 +79,11 @@ def main(argv: list[str]) -> int:
     report = Report(part, Path(context["results"]), device_name())
     limit = float(context["limit_s"])
     folder = Path(context["folder"])
-    if part == "matmul":
+    if part == "health":
+        from hf_pretrain.check import health
+
+        health.measure(report, limit)
+    elif part == "matmul":
         from hf_pretrain.check import matmul
 
         matmul.measure(report, limit)

@@ -8,6 +8,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from hf_pretrain.economics.cost import dollars_per_billion_tokens
+from hf_pretrain.economics.egress import MoveCost, move_cost
 from hf_pretrain.economics.planning.data_parallel import INTERCONNECT_GBPS, ScalingRow, scaling_row
 from hf_pretrain.economics.planning.gpu_ranking import GpuRow, gpu_prices, gpu_row, quality_per_token, ranked_rows
 from hf_pretrain.economics.planning.request import ALL_GPUS, DEFAULT_GLOBAL_BATCH_TOKENS, DEFAULT_MFU, PlanRequest
@@ -55,6 +56,7 @@ class Plan:
     gpus: list[GpuRow] = field(default_factory=list)  # with a recipe and --gpu: the fitted, modelled rows
     configuration: str = ""  # with a recipe: how the step runs (what the performance model prices)
     quality_per_token: float = 1.0  # FP8: the bf16 tokens one token is worth (precisions.py, a proxy's)
+    move: MoveCost | None = None  # what moving the run to another machine costs in egress (economics/egress.py)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -189,5 +191,6 @@ def make_plan(request: PlanRequest) -> Plan:
         else [],
         gpus=rows,
         configuration=run_profile(request.recipe, on).step.describe() if request.recipe is not None else "",
+        move=move_cost(n_params, tokens, request.recipe.data.vocab_size if request.recipe is not None else None),
         quality_per_token=quality_per_token(request.recipe) if request.recipe is not None else 1.0,
     )

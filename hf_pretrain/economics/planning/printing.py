@@ -51,6 +51,7 @@ def format_plan(plan: Plan) -> str:
     lines += [
         f"GPU: {plan.gpu or '(not named)'}: {plan.tokens_per_s_per_gpu:,.0f} tokens/s each ({plan.throughput_source}), "
         f"{price}{per_billion}",
+        *format_move(plan),
         f"several GPUs: data parallel, {plan.optimizer_steps:,} optimizer steps of {plan.global_batch_tokens:,} "
         f"tokens, each ends with a ring all-reduce of {plan.gradient_bytes / 1e9:,.2f} GB of gradients over "
         f"{plan.interconnect} at {plan.interconnect_gbps:,.0f} Gbit/s per GPU, not overlapped with compute",
@@ -66,6 +67,26 @@ def format_plan(plan: Plan) -> str:
             f"{row.communication_hours:,.2f} | {row.hours:,.2f} | {cost} | {ratio} |"
         )
     return "\n".join(lines) + "\n"
+
+
+def format_move(plan: Plan) -> list[str]:
+    """What a move to another machine costs in egress, per store provider (economics/egress.yaml), beside the
+    GPU's $ per billion tokens."""
+    move = plan.move
+    if move is None:
+        return []
+    rates = ", ".join(
+        f"{provider} {usd(per_move)} (${per_gb:.3f}/GB; data {usd(per_billion)} per billion tokens)"
+        if per_gb
+        else f"{provider} $0 (no egress fee)"
+        for provider, per_gb, per_move, per_billion in move.providers
+    )
+    gpu = f"; the GPU costs {usd(plan.usd_per_billion_tokens)}" if plan.usd_per_billion_tokens is not None else ""
+    return [
+        f"a move to another machine: the newest checkpoint, {move.checkpoint_gb:,.1f} GB, pulled from the store; the "
+        f"data, {move.data_gb:,.1f} GB ({move.data_gb_per_billion_tokens:g} GB per billion tokens{gpu}), is read once "
+        f"over the run wherever it trains. Egress per move: {rates}"
+    ]
 
 
 def converting_precision(configuration: str) -> Precision | None:

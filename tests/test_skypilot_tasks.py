@@ -1,0 +1,36 @@
+"""SkyPilot's own parser reads every shipped SkyPilot task (`make sky_test`: SkyPilot is large, ~460 MB,
+so it lives in a virtual environment of its own, .venv-sky, like Liger's extra; skipped elsewhere). The
+values launch takes with `--env` and `--secret` are given as `sky jobs launch` gives them, offline."""
+
+from __future__ import annotations
+
+import pytest
+
+from hf_pretrain.engines.tasks import SKYPILOT, read_task
+from hf_pretrain.exit_codes import EXIT_FAULTY_HOST, EXIT_PREEMPTED
+
+sky = pytest.importorskip("sky", reason="SkyPilot's parser: `make sky_test` installs it in .venv-sky")
+
+ENVS = [("RUN_URL", "s3://bucket/runs/1b"), ("DATA_URL", "s3://bucket/data/1b")]
+SECRETS = [("AWS_ACCESS_KEY_ID", "AKIASTANDIN"), ("AWS_SECRET_ACCESS_KEY", "stand-in")]
+
+
+@pytest.mark.parametrize("path", SKYPILOT, ids=lambda p: p.name)
+def test_skypilot_reads_the_task_as_launch_would(path):
+    task = sky.Task.from_yaml_config(read_task(path), env_overrides=ENVS, secrets_overrides=SECRETS)
+    options = list(task.resources)
+    assert {r.use_spot for r in options} == {True, False}, options  # spot, and on-demand as the fallback
+    for resources in options:
+        assert resources.job_recovery["recover_on_exit_codes"] == [EXIT_PREEMPTED, EXIT_FAULTY_HOST]
+        assert resources.job_recovery["max_restarts_on_errors"] == 0
+        assert list(resources.accelerators) == ["H100"]
+    assert task.envs["RUN_URL"] == "s3://bucket/runs/1b" and "hf-pretrain launch" in task.run
+    multinode = "multinode" in path.name
+    assert task.num_nodes == (2 if multinode else 1)
+    assert set(task.secrets) == {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"}
+
+
+@pytest.mark.parametrize("path", SKYPILOT, ids=lambda p: p.name)
+def test_skypilot_itself_requires_the_run_and_data_urls(path):
+    with pytest.raises(ValueError, match="RUN_URL"):
+        sky.Task.from_yaml(str(path))
