@@ -64,9 +64,8 @@ def make_base(folder: Path, layers: int, dtype: torch.dtype) -> None:
 
 def measure(folder: str, what: str) -> dict:
     """In this process: build the model as `setup` does, then (`what` = init_from) copy the weights in."""
-    from hf_pretrain.model.llama.initialisation import load_base_weights, model_config, open_base
-
     from hf_pretrain.config import load_recipe
+    from hf_pretrain.model.initialisation import load_base_weights, model_config, open_base
     from hf_pretrain.model.llama import build_model
 
     config_json = json.loads((Path(folder) / "config.json").read_text())

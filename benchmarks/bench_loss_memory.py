@@ -30,7 +30,6 @@ ONE_B_MICRO_BATCH_TOKENS = 8 * 2048  # the `1b` recipe's micro-batch
 
 def saved_bytes(chunked: bool, tokens: int, layers: int = 2) -> dict:
     """Bytes the compiled step of `tokens` tokens keeps for its backward, and those of [tokens, vocabulary]."""
-    from hf_pretrain.model.llama.loss import use_loss_head
     from torch._dynamo.backends.common import aot_autograd
     from torch._functorch.aot_autograd import make_boxed_func
     from torch._inductor.compile_fx import partition_fn
@@ -39,6 +38,7 @@ def saved_bytes(chunked: bool, tokens: int, layers: int = 2) -> dict:
 
     from hf_pretrain.config import load_recipe
     from hf_pretrain.model.llama import build_model, llama_config, recipe_tokenizer_size, train_in_compute_dtype
+    from hf_pretrain.model.loss import use_loss_head
 
     recipe = load_recipe("1b")
     config = llama_config(dataclasses.replace(recipe.model, num_hidden_layers=layers), recipe_tokenizer_size(recipe))

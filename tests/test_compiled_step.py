@@ -20,12 +20,12 @@ import torch
 import torch.utils._pytree as pytree
 from accelerate import Accelerator
 from accelerate.state import AcceleratorState
-from hf_pretrain.model.llama.fp8 import finish_fp8, fp8_handlers
-from hf_pretrain.model.llama.loss import LossHead, loss_head_for, use_loss_head
 
 from hf_pretrain.config import Recipe, load_recipe
 from hf_pretrain.machine.run_profile import THE_CPU, run_profile
+from hf_pretrain.model.fp8 import finish_fp8, fp8_handlers
 from hf_pretrain.model.llama import build_model, enable_activation_checkpointing, llama_config, train_in_compute_dtype
+from hf_pretrain.model.loss import LossHead, loss_head_for, use_loss_head
 from hf_pretrain.training.compiling import dynamo_plugin
 from hf_pretrain.training.step import forward_backward
 
@@ -397,8 +397,9 @@ def test_a_saved_model_names_no_attention_of_ours_and_loads_as_sdpa_computing_th
     same logits; generation with a KV cache under our attention gives the same tokens as under sdpa."""
     import json
 
-    from hf_pretrain.model.llama.attention import CAUSAL_SDPA
     from transformers import AutoModelForCausalLM
+
+    from hf_pretrain.model.attention import CAUSAL_SDPA
 
     recipe = recipe_with("1b", layers=2)
     config = llama_config(dataclasses.replace(recipe.model, hidden_size=256, intermediate_size=512), TOKENIZER_SIZE)

@@ -16,11 +16,11 @@ import pytest
 import torch
 from accelerate import Accelerator
 from accelerate.state import AcceleratorState
-from hf_pretrain.model.llama.fp8 import finish_fp8, float8_layers, fp8_handlers
 from safetensors.torch import load_file
 
 from hf_pretrain.config import RecipeError, load_recipe
 from hf_pretrain.machine.run_profile import THE_CPU, Machine, run_profile
+from hf_pretrain.model.fp8 import finish_fp8, float8_layers, fp8_handlers
 from hf_pretrain.model.llama import build_model, llama_config, train_in_compute_dtype
 from hf_pretrain.preflight.gpu import check_fp8
 from tests.helpers import launch_training
@@ -159,8 +159,7 @@ def test_every_decoder_projection_goes_fp8_and_the_embedding_and_tied_head_do_no
     ],
 )
 def test_the_1b_puts_in_fp8_only_the_projections_where_it_pays(fp8_recipe, in_fp8):
-    from hf_pretrain.model.llama.fp8 import decoder_linear_filter
-
+    from hf_pretrain.model.fp8 import decoder_linear_filter
     from hf_pretrain.model.llama import recipe_tokenizer_size
 
     recipe = load_recipe("1b", {"mixed_precision": "fp8", "fp8_recipe": fp8_recipe})

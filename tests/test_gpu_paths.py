@@ -349,10 +349,10 @@ def test_liger_public_api_patches_the_modules_and_takes_the_loops_call(monkeypat
     eager and compiled (tests/test_loss.py proves the same on the CPU with a stand-in)."""
     import inspect
 
-    from hf_pretrain.model.llama.loss import use_loss_head
     from transformers.models.llama import modeling_llama
 
     from hf_pretrain.model.llama import patch_with_liger
+    from hf_pretrain.model.loss import use_loss_head
 
     # Liger patches the transformers module too (RoPE, the norm and MLP classes): undo it afterwards
     stock_rope = modeling_llama.apply_rotary_pos_emb

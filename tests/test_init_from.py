@@ -25,13 +25,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from hf_pretrain.model.llama.initialisation import (
-    InitFromError,
-    base_model_id,
-    load_base_weights,
-    model_config,
-    open_base,
-)
 from huggingface_hub import ModelCard, constants
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
@@ -44,6 +37,7 @@ from hf_pretrain.data.sources import mixture
 from hf_pretrain.data.tokenizer import TokenizerError, load_pretrained_tokenizer, load_tokenizer, tokenizer_hash
 from hf_pretrain.exit_codes import EXIT_PREFLIGHT
 from hf_pretrain.hub_cache import hub_id_of_folder
+from hf_pretrain.model.initialisation import InitFromError, base_model_id, load_base_weights, model_config, open_base
 from hf_pretrain.model.llama import build_model
 from hf_pretrain.preflight.init_from import check_init_from
 from tests.helpers import OUTSIDE_CHECKOUT, SHORT_RUN, launch_training, offline_env

@@ -20,11 +20,11 @@ import types
 import pytest
 import torch
 import torch.nn.functional as F
-from hf_pretrain.model.llama.loss import IGNORE_INDEX, loss_head_for, use_loss_head
 
 from hf_pretrain.config import RecipeError, load_recipe
+from hf_pretrain.model import loss as loss_module
 from hf_pretrain.model.llama import build_model, llama_config, train_in_compute_dtype
-from hf_pretrain.model.llama import loss as loss_module
+from hf_pretrain.model.loss import IGNORE_INDEX, loss_head_for, use_loss_head
 from tests.test_compiled_step import TORCH_COMPILE, compiled_step_graphs, recipe_with
 
 VOCAB = 4096

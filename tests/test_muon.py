@@ -8,13 +8,13 @@ import shutil
 
 import pytest
 import torch
-from hf_pretrain.optim.build.muon import MUON_GROUP, MuonAdamW
 
 from hf_pretrain import bench
 from hf_pretrain.bench.quality import Curve, QualityRequest, beaten_by_first_model, savings, summary_lines
 from hf_pretrain.config import load_recipe
 from hf_pretrain.model.llama import build_model, llama_config
 from hf_pretrain.optim.build import build_optimizer, set_learning_rate
+from hf_pretrain.optim.muon import MUON_GROUP, MuonAdamW
 from tests.helpers import launch_training
 from tests.test_gpu_paths import launch_fsdp
 from tests.test_train import checkpoint_weights, train_losses

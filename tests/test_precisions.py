@@ -9,7 +9,6 @@ import typing
 
 import pytest
 from accelerate.utils import PrecisionType
-from hf_pretrain.model.llama.fp8 import fp8_handlers
 
 from hf_pretrain.config import load_recipe
 from hf_pretrain.config.compute_section import SCALED_MATMUL_CHOICES, ComputeConfig
@@ -28,6 +27,7 @@ from hf_pretrain.machine.run_profile import (
     resolve_precision,
     run_profile,
 )
+from hf_pretrain.model.fp8 import fp8_handlers
 from hf_pretrain.preflight.dependencies import check_versions
 from hf_pretrain.preflight.gpu import check_fp8
 

@@ -4,9 +4,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from hf_pretrain.model.llama.attention import CAUSAL_SDPA
 
 from hf_pretrain.config import RECIPES_DIR, load_recipe
+from hf_pretrain.model.attention import CAUSAL_SDPA
 from hf_pretrain.model.llama import build_model, count_parameters, flops_per_token, llama_config, recipe_tokenizer_size
 
 RECIPES = sorted(p.stem for p in RECIPES_DIR.glob("*.yaml"))

@@ -16,7 +16,7 @@ from hf_pretrain.check.figures import Report
 from hf_pretrain.config import Recipe
 from hf_pretrain.economics.check_records import recipe_attention_shape
 from hf_pretrain.machine.run_profile import device_kind, run_profile
-from hf_pretrain.model.llama.attention import BACKENDS
+from hf_pretrain.model.attention import BACKENDS
 
 CPU_LIMITS = (2, 256)  # micro-batch and tokens on a CPU: a shape the CPU times in a second
 

@@ -38,8 +38,8 @@ def built_step(recipe: Recipe):
     from accelerate import Accelerator
 
     from hf_pretrain.machine.run_profile import run_profile
+    from hf_pretrain.model.fp8 import fp8_handlers
     from hf_pretrain.model.llama import llama_config, recipe_tokenizer_size
-    from hf_pretrain.model.llama.fp8 import fp8_handlers
     from hf_pretrain.training.compiling import dynamo_plugin
     from hf_pretrain.training.loop import model_and_optimizer
     from hf_pretrain.training.step import TrainStep

@@ -112,7 +112,7 @@ def attention_shape(heads: int, kv_heads: int, head_dim: int, seq_len: int) -> s
 def fastest_attention_backend(gpu: str, shape: str, path: Path | None = None) -> CheckRecord | None:
     """The fastest SDPA kernel (lowest forward + backward ms) that a check measured on `gpu` (a table name
     or a CUDA name) for `shape`, from the newest check of that card; None where none was measured."""
-    from hf_pretrain.model.llama.attention import BACKENDS  # the kernels a recipe can name (torch's default is not one)
+    from hf_pretrain.model.attention import BACKENDS  # the kernels a recipe can name (torch's default is not one)
 
     table = find_gpu(gpu)
     name = table.name if table else gpu

@@ -185,7 +185,7 @@ def loss_bytes(recipe: Recipe, kind: Step, vocab_rows: int, tokens: int, accumul
     if kind.fused_loss:
         chunk = 0
         if kind.chunked_loss:
-            from hf_pretrain.model.llama.loss import LOSS_CHUNK_TOKENS
+            from hf_pretrain.model.loss import LOSS_CHUNK_TOKENS
 
             chunk = min(tokens, LOSS_CHUNK_TOKENS) * vocab_rows * (e + 4 + 4)
         return projection_gradient + e * tokens * h + chunk

@@ -36,8 +36,8 @@ from dataclasses import dataclass
 
 from hf_pretrain.config import Recipe
 from hf_pretrain.machine.run_profile import A_GPU, Machine, Step, run_profile
+from hf_pretrain.model.fp8 import pays_in_fp8
 from hf_pretrain.model.llama import llama_config, recipe_parameter_count, recipe_tokenizer_size, shape_flops_per_token
-from hf_pretrain.model.llama.fp8 import pays_in_fp8
 
 # Chosen: an elementwise op's backward reads its saved input and the incoming gradient and writes the
 # outgoing gradient; norms and products read two saved tensors (docs/gpu.md's step budget, issue 26).

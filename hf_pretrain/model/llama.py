@@ -57,7 +57,7 @@ def build_model(
     import torch
     from transformers import LlamaForCausalLM
 
-    from hf_pretrain.model.llama.attention import implementation_name
+    from hf_pretrain.model.attention import implementation_name
 
     config._attn_implementation = implementation_name(attention_backend)
     if device is None:

@@ -28,7 +28,7 @@ def build_optimizer(model: torch.nn.Module, optim: OptimConfig, fused: bool) -> 
     Muon takes the decoder's matrices (`muon.py`) and AdamW the rest, with the same split of decay."""
     import torch
 
-    from hf_pretrain.optim.build.muon import MuonAdamW, is_muon_matrix
+    from hf_pretrain.optim.muon import MuonAdamW, is_muon_matrix
 
     named = [(name, param) for name, param in model.named_parameters() if param.requires_grad]
     matrices = [p for name, p in named if optim.optimizer == "muon" and is_muon_matrix(name, p)]
@@ -166,7 +166,7 @@ def learning_rate_at(step: int, recipe: Recipe) -> float:
 
 def set_learning_rate(optimizer: torch.optim.Optimizer, lr: float) -> None:
     """The schedule's rate on every group, times the group's own scale (Muon's matrices may differ)."""
-    from hf_pretrain.optim.build.muon import LR_SCALE
+    from hf_pretrain.optim.muon import LR_SCALE
 
     for group in optimizer.param_groups:
         group["lr"] = lr * group.get(LR_SCALE, 1.0)

@@ -13,7 +13,7 @@ from hf_pretrain.checkpoints.resume_plan import Continuation, ResumeRefused
 from hf_pretrain.config import Recipe
 from hf_pretrain.data.prepared import data_identity, reprepare_hint
 from hf_pretrain.data.tokenizer import TokenizerError
-from hf_pretrain.model.llama.initialisation import (
+from hf_pretrain.model.initialisation import (
     InitFromError,
     beyond_the_recipe,
     data_tokenizer_differs,

@@ -9,7 +9,7 @@ import torch
 
 from hf_pretrain.config import Recipe
 from hf_pretrain.machine.run_profile import run_profile
-from hf_pretrain.model.llama.attention import BACKENDS
+from hf_pretrain.model.attention import BACKENDS
 from hf_pretrain.preflight.result import CheckResult
 
 PROBE_TOKENS = 16  # a causal call of this many tokens: enough for every kernel to be chosen or refused

@@ -21,8 +21,8 @@ from huggingface_hub import EvalResult, ModelCard, ModelCardData
 from hf_pretrain.config import DEFAULT_SOURCE_NAME, Recipe, SourceConfig
 from hf_pretrain.economics.cost import dollars
 from hf_pretrain.formatting import human_count, human_duration, table_cell, usd
+from hf_pretrain.model.initialisation import base_model_id
 from hf_pretrain.model.llama import count_parameters
-from hf_pretrain.model.llama.initialisation import base_model_id
 from hf_pretrain.optim.build import Schedule
 from hf_pretrain.plots import plot_loss
 from hf_pretrain.run_folder.run_dir import RunDir, read_jsonl

@@ -34,6 +34,8 @@ from hf_pretrain.exit_codes import EXIT_SAVE_FAILED
 from hf_pretrain.faults import hold_if_asked
 from hf_pretrain.machine.hardware import describe_hardware
 from hf_pretrain.machine.run_profile import RunProfile, device_kind, run_profile, this_machine
+from hf_pretrain.model.fp8 import finish_fp8, fp8_handlers
+from hf_pretrain.model.initialisation import init_weights, model_config
 from hf_pretrain.model.llama import (
     apply_liger,
     build_model,
@@ -42,9 +44,7 @@ from hf_pretrain.model.llama import (
     flops_per_token,
     train_in_compute_dtype,
 )
-from hf_pretrain.model.llama.fp8 import finish_fp8, fp8_handlers
-from hf_pretrain.model.llama.initialisation import init_weights, model_config
-from hf_pretrain.model.llama.loss import loss_head_for, use_loss_head
+from hf_pretrain.model.loss import loss_head_for, use_loss_head
 from hf_pretrain.optim.build import build_optimizer
 from hf_pretrain.preflight.checks import preflight
 from hf_pretrain.run_folder.run_dir import RunDir, set_activity, truncate_jsonl

@@ -34,7 +34,7 @@ from hf_pretrain.exit_codes import (
     EXIT_PREFLIGHT,
     EXIT_SAVE_FAILED,
 )
-from hf_pretrain.model.llama.initialisation import InitFromError
+from hf_pretrain.model.initialisation import InitFromError
 from hf_pretrain.object_store.store_calls import StoreError
 from hf_pretrain.preflight.result import PreflightError
 from hf_pretrain.processes import follow_launcher, launcher
