@@ -518,3 +518,16 @@ def test_doctor_command_exits_nonzero_on_a_failure(tmp_path):
     result = doctor("--data_dir", str(tmp_path / "nothing"), "--output_dir", str(tmp_path / "run"))
     assert result.returncode == EXIT_CONFIG
     assert "FAIL" in result.stdout and "hf-pretrain prepare --recipe smoke" in result.stdout
+
+
+def test_lm_eval_tasks_lm_eval_does_not_know_fail_the_doctor_before_training():
+    """A bogus lm_eval_tasks passed the doctor ("ready to train") and failed only as a warning at every
+    checkpoint (issue 45)."""
+    from hf_pretrain.preflight.lm_eval_tasks import check_lm_eval_tasks
+
+    pytest.importorskip("lm_eval")
+    bogus = check_lm_eval_tasks(load_recipe("smoke", {"lm_eval_tasks": ["arc_easy", "arc_eazy"]}))
+    assert bogus.status == "fail" and "arc_eazy" in bogus.reason and "arc_easy," not in bogus.reason
+    assert "--lm_eval_tasks" in bogus.fix
+    assert check_lm_eval_tasks(load_recipe("smoke", {"lm_eval_tasks": ["arc_easy", "arc_easy_local"]})).status == "pass"
+    assert check_lm_eval_tasks(load_recipe("smoke")).status == "skip"
