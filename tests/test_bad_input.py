@@ -131,6 +131,8 @@ def test_eval_offline_of_a_task_whose_dataset_is_not_cached_is_one_line(exported
                 "hf-pretrain eval: error: a task's dataset is not in the cache and the Hub cannot be"
             )
             assert "use the offline tasks (arc_challenge_local, arc_easy_local) with --data_dir" in last
+            # which files, and where a user gets them (issue 45)
+            assert "ARC-Easy-test.jsonl" in last and "load_dataset('allenai/ai2_arc'" in last and "Offline" in last
 
 
 # ---------------------------------------------------------------------- export and gguf targets

@@ -293,3 +293,26 @@ def test_results_json_keeps_file_names_never_this_machines_paths():
     assert kept["config"]["model_args"] == "pretrained=1b,dtype=bf16" and kept["config"]["include"] == ["x.yaml"]
     assert kept["url"] == results["url"] and kept["n"] == 3
     assert kept["configs"]["arc_easy_local"]["doc_to_text"] == results["configs"]["arc_easy_local"]["doc_to_text"]
+
+
+def test_lm_evals_warnings_about_the_model_object_and_gits_complaint_stay_off_the_screen(
+    tmp_path, monkeypatch, capfd, caplog
+):
+    """Every `eval` printed "fatal: not a git repository" and a warning about the `pretrained` kwarg (issue 45)."""
+    import logging
+
+    import lm_eval.evaluator
+
+    from hf_pretrain.evaluation.quiet import quiet_lm_eval
+
+    monkeypatch.chdir(tmp_path)  # not a checkout
+    logger = logging.getLogger("lm_eval.models.huggingface")
+    with quiet_lm_eval():
+        logger.warning("`pretrained` model kwarg is not of type `str`. Many other model arguments may be ignored.")
+        logger.warning("Passed an already-initialized model through `pretrained`, assuming single-process call")
+        logger.warning("a warning that matters")
+        assert lm_eval.evaluator.get_git_commit_hash() is None
+    out, err = capfd.readouterr()
+    assert "fatal" not in out + err
+    assert [r.getMessage() for r in caplog.records if r.name == logger.name] == ["a warning that matters"]
+    assert lm_eval.evaluator.get_git_commit_hash is not None and not logger.filters  # all as it was after

@@ -31,6 +31,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from hf_pretrain.checkpoints.load import load_checkpoint_model
 from hf_pretrain.checkpoints.manifest import CheckpointError
 from hf_pretrain.checkpoints.store import is_training_output, resolve_checkpoint
+from hf_pretrain.evaluation.quiet import quiet_lm_eval
 from hf_pretrain.evaluation.scores import (
     EVAL_DIR,
     comparison_table,
@@ -263,21 +264,23 @@ def run_lm_eval(
             raise EvalError(
                 f"unknown lm-eval task(s): {', '.join(unknown)} (see `lm_eval ls tasks`, or --include_path)"
             )
-        lm = HFLM(pretrained=model, tokenizer=tokenizer, batch_size=batch_size)
         try:
-            return lm_eval.simple_evaluate(
-                model=lm,
-                tasks=tasks,
-                num_fewshot=num_fewshot,
-                limit=limit,
-                task_manager=task_manager,
-                log_samples=False,
-            )
+            with quiet_lm_eval():  # its warnings about the model object passed on purpose, git's complaint
+                lm = HFLM(pretrained=model, tokenizer=tokenizer, batch_size=batch_size)
+                return lm_eval.simple_evaluate(
+                    model=lm,
+                    tasks=tasks,
+                    num_fewshot=num_fewshot,
+                    limit=limit,
+                    task_manager=task_manager,
+                    log_samples=False,
+                )
         except ConnectionError as exc:  # datasets' words for a dataset neither cached nor reachable (offline)
             local = ", ".join(sorted(_local_task_names()))
             raise EvalError(
                 f"a task's dataset is not in the cache and the Hub cannot be reached ({exc}): run it once online to "
-                f"cache it, or use the offline tasks ({local}) with --data_dir"
+                f"cache it, or use the offline tasks ({local}) with --data_dir, a folder of ARC-Easy-test.jsonl and "
+                f"ARC-Challenge-test.jsonl ({local_files_hint(local_task_config('arc_easy_local'))}; docs/publish.md, Offline)"
             ) from None
 
 
