@@ -339,3 +339,26 @@ def test_one_command_ships_a_gpu_check_to_the_records_and_the_docs_and_refuses_a
         json.dumps(result | {"figures": [dataclasses.asdict(step(None, 5.0))], "verdict": []})
     )
     assert ship.main([str(folder)]) == 2  # a CPU's check never becomes a shipped record
+
+
+def test_the_sdpa_part_times_each_kernel_once_under_its_own_name_and_calls_the_fastest_fastest(tmp_path, monkeypatch):
+    """It timed torch's pick twice, as "default" (80 ms) and as "flash" (132 ms), and called the slower
+    fastest (issue 45). Each kernel now once, interleaved rounds keeping its best, the pick marked."""
+    from hf_pretrain.check import sdpa
+
+    times = {"flash": [0.132, 0.080], "math": [0.300, 0.290]}  # flash warms up in the second round
+    asked: list[str] = []
+
+    def timed(q, k, v, backend, min_seconds):
+        asked.append(backend)
+        return times[backend][asked.count(backend) - 1]
+
+    monkeypatch.setattr(sdpa, "seconds_per_call", timed)
+    monkeypatch.setattr(sdpa.torch, "_fused_sdp_choice", lambda *a, **k: sdpa.SDPBackend.FLASH_ATTENTION.value)
+    said: list[str] = []
+    sdpa.measure(load_recipe("smoke"), Report("attention", tmp_path / "f.jsonl", None, say=said.append), 10)
+    figures = {f.name: f for f in read_figures(tmp_path / "f.jsonl")}
+    assert asked == ["flash", "math", "flash", "math"] and "default" not in figures
+    assert figures["flash"].value == pytest.approx(80.0) and figures["math"].value == pytest.approx(290.0)
+    assert figures["fastest"].detail["backend"] == "flash" and figures["fastest"].value == pytest.approx(80.0)
+    assert any(line.startswith("  flash (torch picks it): 80.00 ms") for line in said), said
