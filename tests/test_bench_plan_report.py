@@ -443,3 +443,16 @@ def test_report_of_an_empty_run_says_why(tmp_path, capsys):
     (tmp_path / "run").mkdir()
     assert report.main([str(tmp_path / "run")]) == EXIT_CONFIG
     assert "no training records" in capsys.readouterr().err
+
+
+def test_the_plans_price_says_where_it_comes_from(capsys):
+    """`plan --recipe 1b` ended with an unlabelled "$1.79/h per GPU", the recipe's A100 price, while the README
+    prices the H100 (issue 45)."""
+    from hf_pretrain.economics.planning import plan_command
+
+    assert plan_command.main(["--recipe", "1b"]) == 0
+    assert (
+        "$1.79/h per GPU (the recipe's price_per_hour; --gpu NAME prices a GPU of the table)" in capsys.readouterr().out
+    )
+    assert plan_command.main(["--recipe", "1b", "--gpu", "H100"]) == 0
+    assert "$2.99/h per GPU (the H100 SXM's typical price)" in capsys.readouterr().out

@@ -531,3 +531,16 @@ def test_lm_eval_tasks_lm_eval_does_not_know_fail_the_doctor_before_training():
     assert "--lm_eval_tasks" in bogus.fix
     assert check_lm_eval_tasks(load_recipe("smoke", {"lm_eval_tasks": ["arc_easy", "arc_easy_local"]})).status == "pass"
     assert check_lm_eval_tasks(load_recipe("smoke")).status == "skip"
+
+
+def test_the_resume_row_of_a_finished_run_says_nothing_goes_on(tmp_path):
+    """The doctor on a finished run said "resume: goes on from step 250", then "nothing to train" (issue 45)."""
+    from hf_pretrain.checkpoints.resume_plan import Continuation
+    from hf_pretrain.preflight.resume import check_resume
+
+    recipe = load_recipe("smoke", {"output_dir": str(tmp_path), "max_steps": 250})
+    saved = {"step": 250, "max_steps": 250, "end": 250}
+    plan = Continuation(folder=tmp_path / "checkpoints" / "step_00000250", saved=saved)
+    assert check_resume(recipe, lambda: plan).reason == "goes on from step 250"  # no final/: it was killed at the end
+    (tmp_path / "final").mkdir()
+    assert check_resume(recipe, lambda: plan).reason == "nothing to resume: the run finished at step 250"
