@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from hf_pretrain.config import Recipe
-from hf_pretrain.economics.gpus import find_gpu
+from hf_pretrain.economics.gpus import find_gpu, gpu_table
 from hf_pretrain.model import recipe_flops_per_token, recipe_tokenizer_size
 from hf_pretrain.precisions import NAMES, precision_named
 from hf_pretrain.run_profile import A_GPU, Machine, run_profile, this_machine
@@ -311,6 +311,13 @@ def record_training_run(
     if timed is None:
         return None
     return record_measurement(recipe, this_gpu(), timed[0] / world_size, peak_memory_gib, "train", world_size)
+
+
+def measured_on_a_gpu(recipe: Recipe, world_size: int = 1) -> Measurement | None:
+    """The newest measurement of `recipe`'s configuration on any GPU of the table, the user's before the
+    project's shipped ones: what the doctor quotes on a machine without a GPU (labelled with its card)."""
+    found = [m for name in gpu_table() if (m := recorded_measurement(recipe, name, world_size)) is not None]
+    return max(found, key=lambda m: (not m.shipped, m.date), default=None)
 
 
 def measured_here(recipe: Recipe, world_size: int = 1) -> Measurement | None:
