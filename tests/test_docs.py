@@ -330,3 +330,14 @@ def test_the_pictures_are_what_the_run_records_draw_today(tmp_path):
     assert shown, "the smoke run's phase table is on no page: python -m tests.regenerate_docs_images prints it"
     for page in shown:
         assert all(f"images/{name}" in page.read_text() for name in PICTURES[:1]), page.name
+
+
+def test_the_sample_outputs_print_what_the_program_prints_with_no_developers_path():
+    """docs/training.md showed `precision no` (the program prints `precision fp32`) and a developer's path (issue 45)."""
+    from hf_pretrain.precisions import PRECISIONS
+
+    for page in PAGES:
+        for block in FENCE.findall(page.read_text()):
+            assert "/work/" not in block, f"{page.name}: a developer's path in a sample"
+            for shown in re.findall(r"\| precision (\S+)", block):
+                assert shown in [p.name for p in PRECISIONS], f"{page.name}: `precision {shown}` is not what it prints"
