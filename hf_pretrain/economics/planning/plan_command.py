@@ -50,6 +50,29 @@ PLAN_OPTIONS = (
 )
 
 
+def add_rate_and_price(group: argparse._ArgumentGroup) -> None:
+    """The flags that stand in for the plan's rate and price."""
+    group.add_argument(
+        "--price_per_gpu_hour",
+        type=float,
+        ge=0,
+        help="$ per GPU-hour of the one --gpu (unset: its typical price in the table, else the recipe's price_per_hour)",
+    )
+    group.add_argument(
+        "--tokens_per_s",
+        type=float,
+        gt=0,
+        help="measured tokens/s of one GPU (unset: the recipe's expected_tokens_per_s, else --gpu's peak x --mfu)",
+    )
+    group.add_argument(
+        "--mfu",
+        type=float,
+        gt=0,
+        le=1,
+        help=f"with --params and --gpu: assumed model FLOPs utilisation (unset: {DEFAULT_MFU}); a recipe is modelled",
+    )
+
+
 def add_plan_options(parser: argparse.ArgumentParser, with_recipe: bool) -> None:
     """The command's own flags. With a recipe, `--global_batch_tokens` and `--price_per_hour` are the
     recipe's keys (its batch, its price), so the plan's flags of those names are left out."""
@@ -77,25 +100,7 @@ def add_plan_options(parser: argparse.ArgumentParser, with_recipe: bool) -> None
         "--prices",
         help="YAML of GPU names to $ per GPU-hour, overriding the table's typical prices of the GPUs it names",
     )
-    group.add_argument(
-        "--price_per_gpu_hour",
-        type=float,
-        ge=0,
-        help="$ per GPU-hour of the one --gpu (unset: its typical price in the table, else the recipe's price_per_hour)",
-    )
-    group.add_argument(
-        "--tokens_per_s",
-        type=float,
-        gt=0,
-        help="measured tokens/s of one GPU (unset: the recipe's expected_tokens_per_s, else --gpu's peak x --mfu)",
-    )
-    group.add_argument(
-        "--mfu",
-        type=float,
-        gt=0,
-        le=1,
-        help=f"with --params and --gpu: assumed model FLOPs utilisation (unset: {DEFAULT_MFU}); a recipe is modelled",
-    )
+    add_rate_and_price(group)
     group.add_argument("--max_gpus", type=int, default=8, ge=1, help="table rows for 1..N GPUs")
     group.add_argument(
         "--interconnect",
