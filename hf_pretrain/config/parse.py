@@ -213,10 +213,11 @@ def _is_kebab(flag: str) -> bool:
     return flag.startswith("--") and "-" in flag[2:]
 
 
-def _number_flag(names: tuple[str, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
+def _number_flag(parser: CommandParser, names: tuple[str, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
     """`kwargs` of a flag, its `type` wrapped when it is a number: every numeric flag of every command
     (a recipe key's, a command's own) refuses NaN and infinity, and the range a command declares with
-    `ge`/`gt`/`le`/`lt` (as `keys.key` does), at parse time: one line naming the flag, before any work."""
+    `ge`/`gt`/`le`/`lt` (as `keys.key` does), as it is parsed: one line naming the flag and a value that
+    works, exit_codes.EXIT_CONFIG (a value that parses but cannot be used), before any work."""
     bounds = {b: kwargs.pop(b) for b in ("ge", "gt", "le", "lt") if b in kwargs}
     base = kwargs.get("type")
     if base not in (int, float):
@@ -228,11 +229,11 @@ def _number_flag(names: tuple[str, ...], kwargs: dict[str, Any]) -> dict[str, An
     example = f", e.g. {flag} {default:g}" if isinstance(default, (int, float)) and math.isfinite(default) else ""
 
     def number(text: str) -> int | float:
-        value = base(text)  # a ValueError: argparse says "invalid float value: 'x'"
+        value = base(text)  # a ValueError: argparse says "invalid float value: 'x'" (exit 2: it does not parse)
         if not math.isfinite(value):
-            raise ArgumentTypeError(f"{text!r} is not a finite number{example}")
+            parser.refuse(f"{flag} {text} is not a finite number{example}")
         if not all(BOUND_CHECKS[bound](value, limit) for bound, limit in bounds.items()):
-            raise ArgumentTypeError(f"{text} must be {range_text(bounds)}{example}")
+            parser.refuse(f"{flag} {text} must be {range_text(bounds)}{example}")
         return value
 
     number.__name__ = base.__name__
@@ -247,10 +248,10 @@ def _snake_case(names: tuple[str, ...]) -> list[str]:
     return snake
 
 
-def _same_rules(group: Any) -> Any:
-    """`group` (of a CommandParser) adding its flags by the parser's rules: snake_case, checked numbers."""
+def _same_rules(parser: CommandParser, group: Any) -> Any:
+    """`group` (of `parser`) adding its flags by the parser's rules: snake_case, checked numbers."""
     add = group.add_argument
-    group.add_argument = lambda *names, **kw: add(*_snake_case(names), **_number_flag(names, kw))
+    group.add_argument = lambda *names, **kw: add(*_snake_case(names), **_number_flag(parser, names, kw))
     return group
 
 
@@ -270,14 +271,14 @@ class CommandParser(argparse.ArgumentParser):
         super().__init__(*args, **kwargs)
 
     def add_argument(self, *names: str, **kwargs: Any) -> argparse.Action:
-        return super().add_argument(*_snake_case(names), **_number_flag(names, kwargs))
+        return super().add_argument(*_snake_case(names), **_number_flag(self, names, kwargs))
 
     def add_argument_group(self, *args: Any, **kwargs: Any) -> argparse._ArgumentGroup:
         """A group (a recipe section in `--help`) whose flags follow the same rule as the parser's own."""
-        return _same_rules(super().add_argument_group(*args, **kwargs))
+        return _same_rules(self, super().add_argument_group(*args, **kwargs))
 
     def add_mutually_exclusive_group(self, **kwargs: Any) -> argparse._MutuallyExclusiveGroup:
-        return _same_rules(super().add_mutually_exclusive_group(**kwargs))
+        return _same_rules(self, super().add_mutually_exclusive_group(**kwargs))
 
     def parse_known_args(  # type: ignore[override]
         self, args: list[str] | None = None, namespace: argparse.Namespace | None = None
