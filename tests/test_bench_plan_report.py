@@ -137,7 +137,7 @@ def test_plan_refuses_two_models_and_bad_numbers(capsys):
     assert "--recipe and --params" in capsys.readouterr().err
     with pytest.raises(SystemExit) as refused:  # refused as it is parsed, as every numeric flag is
         plan_command.main(["--params", "1e9", "--tokens", "-5"])
-    assert refused.value.code == EXIT_CONFIG and "--tokens -5 must be > 0" in capsys.readouterr().err
+    assert refused.value.code == EXIT_CONFIG and "tokens=-5 must be > 0" in capsys.readouterr().err
     assert plan_command.main(["--params", "1e9", "--price_per_hour", "3"]) == EXIT_CONFIG
     assert "--price_per_hour goes with --run" in capsys.readouterr().err
     with pytest.raises(ValueError, match="--max_gpus"):

@@ -157,7 +157,9 @@ def test_a_budget_that_is_not_a_positive_finite_number_is_refused_in_one_line(va
     with pytest.raises(SystemExit) as exited:
         main(["--recipe", "smoke", "--budget_s", value])
     err = capsys.readouterr().err
-    assert exited.value.code == EXIT_CONFIG and len(err.strip().splitlines()) == 1 and f"--budget_s {value} " in err
+    assert (
+        exited.value.code == EXIT_CONFIG and len(err.strip().splitlines()) == 1 and f"budget_s={value} must be " in err
+    )
     assert "e.g. --budget_s 300" in err and not (tmp_path / "runs").exists()
 
 

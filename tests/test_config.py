@@ -425,7 +425,7 @@ def test_every_numeric_flag_of_every_command_is_finite_and_in_range_or_refused_i
         cli.main([command, *needed, f"{flag}={value}"])
     err = capsys.readouterr().err
     assert exit_info.value.code == EXIT_CONFIG and len(err.strip().splitlines()) == 1, err
-    assert f"error: {flag} {value} " in err and ("is not a finite number" in err or "must be" in err), err
+    assert f"error: {flag[2:]}={value} must be " in err, err
     assert not list(tmp_path.iterdir())  # refused before any work
 
 
@@ -577,7 +577,7 @@ def test_report_price_is_price_per_hour(tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_info:
         report.main([str(tmp_path), "--price_per_hour", "-1"])
     assert exit_info.value.code == EXIT_CONFIG
-    assert "--price_per_hour -1 must be >= 0" in capsys.readouterr().err
+    assert "price_per_hour=-1 must be >= 0" in capsys.readouterr().err
     with pytest.raises(SystemExit) as exit_info:
         report.main([str(tmp_path), "--price", "-1"])
     assert exit_info.value.code == 2

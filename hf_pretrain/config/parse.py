@@ -220,9 +220,7 @@ def _number_flag(parser: CommandParser, names: tuple[str, ...], kwargs: dict[str
     works, exit_codes.EXIT_CONFIG (a value that parses but cannot be used), before any work."""
     bounds = {b: kwargs.pop(b) for b in ("ge", "gt", "le", "lt") if b in kwargs}
     base = kwargs.get("type")
-    if base not in (int, float):
-        if bounds:
-            raise ValueError(f"{names}: a range needs type=int or type=float")
+    if base not in (int, float):  # a recipe key's range on a list or a structure: Recipe.validate checks it
         return kwargs
     flag = next((n for n in names if n.startswith("--")), names[0])
     default = kwargs.get("default")
@@ -230,10 +228,11 @@ def _number_flag(parser: CommandParser, names: tuple[str, ...], kwargs: dict[str
 
     def number(text: str) -> int | float:
         value = base(text)  # a ValueError: argparse says "invalid float value: 'x'" (exit 2: it does not parse)
-        if not math.isfinite(value):
-            parser.refuse(f"{flag} {text} is not a finite number{example}")
-        if not all(BOUND_CHECKS[bound](value, limit) for bound, limit in bounds.items()):
-            parser.refuse(f"{flag} {text} must be {range_text(bounds)}{example}")
+        in_range = all(BOUND_CHECKS[bound](value, limit) for bound, limit in bounds.items())  # NaN: never
+        if not in_range or not math.isfinite(value):  # worded as Recipe.validate words a key's range
+            within = f" {range_text(bounds)}" if bounds else ""
+            allowed = range_text(bounds) if not in_range else f"a finite number{within}"
+            parser.refuse(f"{flag[2:]}={text} must be {allowed}{example}")
         return value
 
     number.__name__ = base.__name__
@@ -352,17 +351,18 @@ STRUCTURED_KEYS = {k for cls in SECTIONS.values() for k, t in _field_types(cls).
 
 def _flags_of(cls: type) -> type:
     """`cls` as HfArgumentParser should see it: it hands a field's whole metadata to argparse, so this view
-    keeps only the help; structured keys take text; the defaults come from the recipe (`set_defaults`)."""
+    keeps only the help and the range; structured keys take text; the defaults come from the recipe (`set_defaults`)."""
     types_ = _field_types(cls)
     fields = []
     for f in dataclasses.fields(cls):
         if f.name in SECTIONS:  # Recipe's sections: their keys come from their own classes
             continue
         annotation = str if _is_structure(types_[f.name]) else types_[f.name]
-        bounds = f.metadata.get("range")  # the valid range, as Recipe.validate checks it
+        bounds = f.metadata.get("range") or {}  # the valid range, as Recipe.validate checks it
         valid = f"; valid {range_text(bounds).removeprefix('in ')}" if bounds else ""
         help_ = (f.metadata["help"] + valid).replace("%", "%%")  # argparse formats help with %-placeholders
-        fields.append((f.name, annotation, dataclasses.field(default=None, metadata={"help": help_})))
+        # the range goes to the flag too (CommandParser checks it as the value is parsed, NaN and infinity too)
+        fields.append((f.name, annotation, dataclasses.field(default=None, metadata={"help": help_, **bounds})))
     flags = dataclasses.make_dataclass(f"{cls.__name__}Flags", fields)
     section = next((name for name, owner in SECTIONS.items() if owner is cls), None)
     if section:  # `--help` lists each section's keys under its name, as a recipe file holds them
