@@ -406,7 +406,7 @@ BAD_NUMBERS = [
     ("plan", ["--recipe", "1b"], "--tokens", "inf"),
     ("plan", ["--params", "1e9", "--gpu", "H100"], "--mfu", "1.5"),
     ("eval", ["--model", "x/y"], "--limit", "nan"),
-    ("eval", ["--model", "x/y"], "--num_fewshot", "-1"),
+    ("eval", ["--model", "x/y"], "--limit", "inf"),  # its range: harness.argument_problem, in its own words
     ("report", ["runs/x"], "--price_per_hour", "-2"),
     ("doctor", [], "--num_processes", "0"),
     ("stop", ["runs/x"], "--cooldown_steps", "-5"),

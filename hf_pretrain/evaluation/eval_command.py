@@ -38,12 +38,8 @@ def build_parser() -> argparse.ArgumentParser:
         default="default",
         help="suite name in eval/suites, a suite YAML, comma-separated lm-eval tasks, or `none`",
     )
-    parser.add_argument(
-        "--limit", type=float, gt=0, help="score only the first N documents of each task (a fraction if < 1)"
-    )
-    parser.add_argument(
-        "--num_fewshot", type=int, ge=0, help="examples in each prompt (unset: the suite's, else lm-eval's)"
-    )
+    parser.add_argument("--limit", type=float, help="score only the first N documents of each task (a fraction if < 1)")
+    parser.add_argument("--num_fewshot", type=int, help="examples in each prompt (unset: the suite's, else lm-eval's)")
     parser.add_argument("--output", type=Path, help="results folder (unset: <model folder>/eval)")
     parser.add_argument("--include_path", action="append", default=[], metavar="DIR", help="extra lm-eval task YAMLs")
     parser.add_argument(
