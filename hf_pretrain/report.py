@@ -379,7 +379,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("run_dir", help="a run folder (the recipe's output_dir), or its URL (s3://...)")
     parser.add_argument("--output", type=Path, help="where the page and plots go (unset: RUN_DIR/report)")
     parser.add_argument(
-        "--price_per_hour", type=float, help="$ per hour for the whole job (unset: the run's price_per_hour)"
+        "--price_per_hour", type=float, ge=0, help="$ per hour for the whole job (unset: the run's price_per_hour)"
     )
     args = parser.parse_args(argv)
     price = args.price_per_hour

@@ -153,8 +153,8 @@ BELOW_THE_MACHINE = [
     [
         ("hf_pretrain.training", ["hf_pretrain.publish", "hf_pretrain.evaluation"]),  # only through callbacks
         ("hf_pretrain.data", ["hf_pretrain.training"]),  # data and model know nothing of the loop
-        ("hf_pretrain.model", ["hf_pretrain.training"]),
-        ("hf_pretrain.optim", ["hf_pretrain.training"]),
+        ("hf_pretrain.model.llama", ["hf_pretrain.training"]),
+        ("hf_pretrain.optim.build", ["hf_pretrain.training"]),
         # the checkpoint room sits below everything that reads or writes checkpoints
         (
             "hf_pretrain.checkpoints",
@@ -163,7 +163,7 @@ BELOW_THE_MACHINE = [
         # ... and below the data and the model: a start's resume decision is handed the data's identity, the shape
         # checks ask the model section (config/) (issue 46), so the
         # store's run half may read checkpoints while the data reads the store, with no loop between rooms
-        ("hf_pretrain.checkpoints", ["hf_pretrain.data", "hf_pretrain.object_store", "hf_pretrain.model"]),
+        ("hf_pretrain.checkpoints", ["hf_pretrain.data", "hf_pretrain.object_store", "hf_pretrain.model.llama"]),
         # publishing, evaluation and the preflight read checkpoints through the room, never the loop's
         ("hf_pretrain.publish", ["hf_pretrain.training"]),
         ("hf_pretrain.evaluation", ["hf_pretrain.training"]),

@@ -131,6 +131,8 @@ def test_eval_offline_of_a_task_whose_dataset_is_not_cached_is_one_line(exported
                 "hf-pretrain eval: error: a task's dataset is not in the cache and the Hub cannot be"
             )
             assert "use the offline tasks (arc_challenge_local, arc_easy_local) with --data_dir" in last
+            # which files, and where a user gets them (issue 45)
+            assert "ARC-Easy-test.jsonl" in last and "load_dataset('allenai/ai2_arc'" in last and "Offline" in last
 
 
 # ---------------------------------------------------------------------- export and gguf targets
@@ -172,6 +174,15 @@ def test_gguf_out_a_folder_or_a_new_folder(exported, tmp_path, capsys):
     fix = str(tmp_path / f"{exported.name}-f16.gguf")
     assert lines == [f"hf-pretrain gguf: --out {tmp_path} is a folder; give the file to write, e.g. --out {fix}"]
     assert gguf.main([str(exported), "--out", fix]) == 0  # the printed fix works
+    # an existing file: a GGUF only with --overwrite, a user's other file never (was replaced silently)
+    assert gguf.main([str(exported), "--out", fix]) == EXIT_CONFIG
+    assert "already exists; pass --overwrite" in capsys.readouterr().err
+    assert gguf.main([str(exported), "--out", fix, "--overwrite"]) == 0
+    notes = tmp_path / "notes.gguf"
+    notes.write_text("the user's own file")
+    assert gguf.main([str(exported), "--out", str(notes), "--overwrite"]) == EXIT_CONFIG
+    assert "is not a GGUF file; it is never replaced" in capsys.readouterr().err
+    assert notes.read_text() == "the user's own file"
     assert gguf.main([str(exported), "--out", str(tmp_path / "new" / "model.gguf")]) == 0  # its folder is made
     assert (tmp_path / "new" / "model.gguf").stat().st_size > 0
 

@@ -325,9 +325,11 @@ def test_plan_takes_no_impossible_figure_as_measured(store, capsys):
         {**line, "peak_memory_gib": -5},  # line 4
         {**line, "tokens_per_s": "fast"},  # line 5
         {**line, "peak_memory_gib": 500.0},  # line 6: more than the card holds
+        {**line, "tokens_per_s": 1e-300},  # line 7: "0 measured | inf | inf" (issue 45)
     ]
     with store.open("a") as file:
         file.writelines(json.dumps(record) + "\n" for record in bad)
+        file.write("not json, edited by hand\n")  # line 8: skipped without the note the docs promise
     capsys.readouterr()
     assert recorded_measurement(fitted, "H100 SXM") == good  # the good one, beneath them all
     assert plan_command.main(["--recipe", "1b", "--gpu", "all"]) == 0
@@ -338,7 +340,9 @@ def test_plan_takes_no_impossible_figure_as_measured(store, capsys):
     assert "1,000,000,000,000" not in captured.out and "$0.00" not in captured.out
     notes = [n for n in captured.err.splitlines() if n.startswith("note: ")]
     said = sorted(int(note.split(f"{store} line ")[1].split()[0]) for note in notes)
-    assert said == [2, 3, 4, 5, 6], notes  # once each, not per lookup
+    assert said == [2, 3, 4, 5, 6, 7, 8], notes  # once each, not per lookup
+    assert "| inf |" not in captured.out and "1e-300" in captured.err and "line 8 is not used" in captured.err
+    assert "it is not JSON" in captured.err
     assert "MFU above 1" in captured.err and "'fast'" in captured.err and "nan" in captured.err
     assert "-5" in captured.err and "500.0 GiB is more than the H100 SXM" in captured.err
 

@@ -138,8 +138,9 @@ def test_plan_refuses_an_unknown_recipe_key_naming_it(capsys, argv, said, code):
 def test_plan_refuses_two_models_and_bad_numbers(capsys):
     assert plan_command.main(["--recipe", "smoke", "--params", "1e9"]) == EXIT_CONFIG
     assert "--recipe and --params" in capsys.readouterr().err
-    assert plan_command.main(["--params", "1e9", "--tokens", "-5"]) == EXIT_CONFIG
-    assert "--tokens must be positive" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as refused:  # refused as it is parsed, as every numeric flag is
+        plan_command.main(["--params", "1e9", "--tokens", "-5"])
+    assert refused.value.code == EXIT_CONFIG and "tokens=-5 must be > 0" in capsys.readouterr().err
     assert plan_command.main(["--params", "1e9", "--price_per_hour", "3"]) == EXIT_CONFIG
     assert "--price_per_hour goes with --run" in capsys.readouterr().err
     with pytest.raises(ValueError, match="--max_gpus"):
@@ -446,3 +447,16 @@ def test_report_of_an_empty_run_says_why(tmp_path, capsys):
     (tmp_path / "run").mkdir()
     assert report.main([str(tmp_path / "run")]) == EXIT_CONFIG
     assert "no training records" in capsys.readouterr().err
+
+
+def test_the_plans_price_says_where_it_comes_from(capsys):
+    """`plan --recipe 1b` ended with an unlabelled "$1.79/h per GPU", the recipe's A100 price, while the README
+    prices the H100 (issue 45)."""
+    from hf_pretrain.economics.planning import plan_command
+
+    assert plan_command.main(["--recipe", "1b"]) == 0
+    assert (
+        "$1.79/h per GPU (the recipe's price_per_hour; --gpu NAME prices a GPU of the table)" in capsys.readouterr().out
+    )
+    assert plan_command.main(["--recipe", "1b", "--gpu", "H100"]) == 0
+    assert "$2.99/h per GPU (the H100 SXM's typical price)" in capsys.readouterr().out

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -133,18 +134,142 @@ def test_the_verdict_prices_the_pod_ranks_it_in_plan_and_names_a_slow_node(tmp_p
     assert cpu[0] == "recipe as written: 5,000 tokens/s" and cpu[1].startswith("measured on a CPU: it prices no GPU")
 
 
-def test_a_budget_too_small_for_any_part_says_each_skip_with_its_floor_and_why_it_exits_1(
+def test_a_budget_too_small_to_measure_anything_is_refused_up_front_naming_the_budget_that_can(
     tmp_path, monkeypatch, capsys
 ):
-    """Was "matmul: skipped: 1 s left of its limit" (which reads as room to run) and exit 1 with no reason."""
+    """Was accepted: every part skipped, exit 1 (issue 45)."""
     from hf_pretrain.check import main
 
     monkeypatch.chdir(tmp_path)
-    assert main(["--recipe", "smoke", "--budget_s", "1", "--parts", "matmul,step"]) == 1
+    assert main(["--recipe", "smoke", "--budget_s", "1", "--parts", "matmul,step"]) == EXIT_CONFIG
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "too small to measure anything" in err
+    assert "give at least --budget_s 12" in err  # matmul's share of matmul+step: 0.05 / 0.30 of 12 s is 2 s
+    assert not (tmp_path / "runs").exists()  # refused before any work
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-5", "0"])
+def test_a_budget_that_is_not_a_positive_finite_number_is_refused_in_one_line(value, tmp_path, monkeypatch, capsys):
+    """`--budget_s nan` was accepted, then a ZeroDivisionError traceback and exit 0 (issue 45)."""
+    from hf_pretrain.check import main
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as exited:
+        main(["--recipe", "smoke", "--budget_s", value])
+    err = capsys.readouterr().err
+    assert (
+        exited.value.code == EXIT_CONFIG and len(err.strip().splitlines()) == 1 and f"budget_s={value} must be " in err
+    )
+    assert "e.g. --budget_s 300" in err and not (tmp_path / "runs").exists()
+
+
+def test_check_output_never_replaces_a_users_files_and_replaces_an_earlier_checks_only_when_asked(
+    tmp_path, monkeypatch, capsys
+):
+    """`--output` holding the user's own check.json was overwritten without a word; a second check into
+    the same folder kept the first's part markers, which could call a cut part done (issue 45)."""
+    from hf_pretrain.check import command
+
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "check.json").write_text("my own notes")
+    assert command.main(["--recipe", "smoke", "--output", str(mine), "--overwrite"]) == EXIT_CONFIG
+    err = capsys.readouterr().err
+    assert "holds files the check did not write" in err and "check.json" in err and len(err.splitlines()) == 1
+    assert (mine / "check.json").read_text() == "my own notes"
+    # an earlier check's folder (its record, its files unchanged): refused without --overwrite, then
+    # --overwrite removes its files, markers included, before the new check writes
+    monkeypatch.setattr(command, "run_parts", lambda request, recipe_file, results, statuses, say: None)
+    monkeypatch.setattr(command, "conclude", lambda recipe, figures, say: [])
+    earlier = tmp_path / "earlier"
+    request = command.CheckRequest(recipe=load_recipe("smoke"), output=earlier)
+    (earlier / "contexts").mkdir(parents=True)
+    (earlier / "contexts" / "step.0.done").touch()
+    command.run_check(request, say=lambda _: None)
+    assert command.main(["--recipe", "smoke", "--output", str(earlier)]) == EXIT_CONFIG
+    assert "an earlier check's results; pass --overwrite" in capsys.readouterr().err
+    command.check_output(earlier, overwrite=True)
+    command.remove_earlier_check(earlier)
+    assert not earlier.exists() or not any(earlier.rglob("*"))
+    (earlier / "check.json").parent.mkdir(parents=True, exist_ok=True)
+    (earlier / "check.json").write_text("edited since")  # no longer what the check wrote: the user's now
+    with pytest.raises(ValueError, match="did not write or that changed since"):
+        command.check_output(earlier, overwrite=True)
+
+
+def test_ctrl_c_during_a_part_kills_its_process_group_before_passing_the_interrupt_on(tmp_path, monkeypatch):
+    """The step worker, in its own session, was orphaned for about 50 s after a Ctrl-C (issue 45). The
+    interrupt is raised by the wait itself, after the child is started: no race with the child."""
+    import os
+    import subprocess
+
+    from hf_pretrain.check import deadline
+
+    started: list[subprocess.Popen] = []
+
+    class InterruptedWait(subprocess.Popen):
+        def __init__(self, command, **kwargs):
+            super().__init__([sys.executable, "-c", "import time; time.sleep(600)"], **kwargs)
+            started.append(self)
+
+        def wait(self, timeout=None):
+            if timeout is not None:  # the part's wait: Ctrl-C arrives now
+                raise KeyboardInterrupt
+            return super().wait()
+
+    monkeypatch.setattr(deadline.subprocess, "Popen", InterruptedWait)
+    with pytest.raises(KeyboardInterrupt):
+        run_part("step", {"item_index": 0}, tmp_path, 60, say=lambda _: None)
+    assert started[0].returncode == -9
+    with pytest.raises(ProcessLookupError):
+        os.killpg(started[0].pid, 0)  # nothing of its session is left
+
+
+def test_ctrl_c_writes_check_json_with_what_was_measured_and_exits_130(tmp_path, monkeypatch, capsys):
+    """Was a KeyboardInterrupt traceback, exit 1 and no check.json (issue 45)."""
+    from hf_pretrain.check import command
+
+    def interrupted(request, recipe_file, results, statuses, say):
+        Report("matmul", results, None, say=say).figure("float32", 12.0, "GFLOP/s", "float32: 12 GFLOP/s")
+        statuses["matmul"] = ["done"]
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(command, "run_parts", interrupted)
+    assert command.main(["--recipe", "smoke", "--output", str(tmp_path / "check")]) == 130
     out, err = capsys.readouterr()
-    skips = [line for line in out.splitlines() if "skipped" in line]
-    assert len(skips) == 2 and all("under the 2 s a part needs; a larger --budget_s runs it" in s for s in skips)
-    assert len(err.strip().splitlines()) == 1 and "the recipe's step gave no figure (skipped)" in err
+    assert "interrupted (Ctrl-C)" in out and "Traceback" not in out + err and len(err.strip().splitlines()) == 1
+    result = json.loads((tmp_path / "check" / "check.json").read_text())
+    assert result["interrupted"] and result["parts"] == {"matmul": ["done"]}
+    assert [f["name"] for f in result["figures"]] == ["float32"]
+
+
+def test_a_measurement_store_that_cannot_be_written_says_why(tmp_path):
+    """Was "recorded nothing" without why (issue 45)."""
+    from hf_pretrain.economics.check_records import StoreNotWritten, new_record, record_checks
+
+    (tmp_path / "home").write_text("a file where the store's folder should be")
+    with pytest.raises(StoreNotWritten, match=r"cannot be written \(.+\); set HF_PRETRAIN_HOME to a writable"):
+        record_checks([new_record("disk", "write", 1.0, "MB/s", None)], tmp_path / "home" / "measurements.jsonl")
+
+
+def test_a_step_without_a_figure_on_a_machine_without_a_gpu_names_what_helps_not_a_larger_budget(monkeypatch):
+    """`check --recipe 1b` on a laptop advised a larger --budget_s, which cannot help there (issue 45)."""
+    from hf_pretrain import run_profile
+    from hf_pretrain.check import command
+
+    monkeypatch.setattr(run_profile, "device_kind", lambda: "cpu")
+    said = command.what_helps(command.CheckRequest(recipe=load_recipe("1b"), output=Path("x")))
+    assert "a larger --budget_s will not help" in said
+    assert "`hf-pretrain check --recipe smoke`" in said and "`hf-pretrain check --recipe 1b` on the rented card" in said
+
+
+def test_check_help_lists_its_own_options_before_the_recipe_keys(capsys):
+    from hf_pretrain.check import main
+
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    out = capsys.readouterr().out
+    assert out.index("check options:") < out.index("--budget_s") < out.index("model (")
 
 
 def test_wrong_flags_are_refused_in_one_line(capsys):
@@ -216,3 +341,26 @@ def test_one_command_ships_a_gpu_check_to_the_records_and_the_docs_and_refuses_a
         json.dumps(result | {"figures": [dataclasses.asdict(step(None, 5.0))], "verdict": []})
     )
     assert ship.main([str(folder)]) == 2  # a CPU's check never becomes a shipped record
+
+
+def test_the_sdpa_part_times_each_kernel_once_under_its_own_name_and_calls_the_fastest_fastest(tmp_path, monkeypatch):
+    """It timed torch's pick twice, as "default" (80 ms) and as "flash" (132 ms), and called the slower
+    fastest (issue 45). Each kernel now once, interleaved rounds keeping its best, the pick marked."""
+    from hf_pretrain.check import sdpa
+
+    times = {"flash": [0.132, 0.080], "math": [0.300, 0.290]}  # flash warms up in the second round
+    asked: list[str] = []
+
+    def timed(q, k, v, backend, min_seconds):
+        asked.append(backend)
+        return times[backend][asked.count(backend) - 1]
+
+    monkeypatch.setattr(sdpa, "seconds_per_call", timed)
+    monkeypatch.setattr(sdpa.torch, "_fused_sdp_choice", lambda *a, **k: sdpa.SDPBackend.FLASH_ATTENTION.value)
+    said: list[str] = []
+    sdpa.measure(load_recipe("smoke"), Report("attention", tmp_path / "f.jsonl", None, say=said.append), 10)
+    figures = {f.name: f for f in read_figures(tmp_path / "f.jsonl")}
+    assert asked == ["flash", "math", "flash", "math"] and "default" not in figures
+    assert figures["flash"].value == pytest.approx(80.0) and figures["math"].value == pytest.approx(290.0)
+    assert figures["fastest"].detail["backend"] == "flash" and figures["fastest"].value == pytest.approx(80.0)
+    assert any(line.startswith("  flash (torch picks it): 80.00 ms") for line in said), said

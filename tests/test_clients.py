@@ -254,7 +254,8 @@ def test_the_card_says_language_base_model_and_where_to_load_from(reference_run,
     )
     card = ModelCard.load(local / "README.md")
     assert card.data.language == ["en"]
-    assert f'model="{local}"' in card.text  # a local export loads from where it was written, not `tiny`
+    # a local export loads by its folder's name, never this machine's path (issue 45), and not as `tiny` the repo
+    assert 'model="./tiny"' in card.text and str(local.parent) not in card.text
     assert "This is a base model" in card.text and "no chat template" in card.text
     assert (local / "tiny-q8_0.gguf").is_file()
     assert "chat_template" not in json.loads((local / "tokenizer_config.json").read_text())

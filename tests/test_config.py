@@ -155,6 +155,18 @@ def test_a_renamed_key_reads_under_its_old_name_everywhere(tmp_path):
         load_recipe(str(both))
 
 
+@pytest.mark.parametrize(
+    "argv", [["--benchmark_tasks", "a", "--lm_eval_tasks", "b"], ["--lm-eval-tasks=b", "--benchmark-tasks", "a"]]
+)
+def test_a_renamed_key_under_both_names_on_the_command_line_is_refused_as_in_a_recipe_file(argv, capsys):
+    """Accepted before, the last one winning (issue 45)."""
+    with pytest.raises(SystemExit) as exit_info:
+        parse_recipe_args(argv, prog="t", description="")
+    err = capsys.readouterr().err
+    assert exit_info.value.code == EXIT_CONFIG and len(err.strip().splitlines()) == 1
+    assert "are the same key (renamed); keep `--lm_eval_tasks`" in err
+
+
 def test_every_key_reads_from_the_command_line_in_both_spellings():
     """Each of the recipe's keys, whichever section owns it, as `--key_name` and as `--key-name`."""
     from hf_pretrain.config import KEY_SECTION
@@ -382,6 +394,41 @@ def test_wrong_type_on_the_command_line_exits_before_any_work(capsys):
     assert "phases.a must be int" in capsys.readouterr().err
 
 
+# Every command's numeric flags: finite, in range, refused at parse time in one line (issue 45: `check
+# --budget_s nan` ran, then a ZeroDivisionError traceback). (command, flags it needs, flag, bad value)
+BAD_NUMBERS = [
+    ("check", [], "--budget_s", "nan"),
+    ("check", [], "--part_limit_s", "-1"),
+    ("check", [], "--steps", "0"),
+    ("check", [], "--learning_rate", "inf"),  # a recipe key, through every command that reads a recipe
+    ("train", [], "--grad_clip", "nan"),
+    ("bench", [], "--memory_gib", "-inf"),
+    ("plan", ["--recipe", "1b"], "--tokens", "inf"),
+    ("plan", ["--params", "1e9", "--gpu", "H100"], "--mfu", "1.5"),
+    ("eval", ["--model", "x/y"], "--limit", "nan"),
+    ("eval", ["--model", "x/y"], "--limit", "inf"),  # its range: harness.argument_problem, in its own words
+    ("report", ["runs/x"], "--price_per_hour", "-2"),
+    ("doctor", [], "--num_processes", "0"),
+    ("stop", ["runs/x"], "--cooldown_steps", "-5"),
+    ("export", ["--checkpoint", "runs/x", "--out", "e"], "--price_per_hour", "nan"),
+]
+
+
+@pytest.mark.parametrize("command, needed, flag, value", BAD_NUMBERS)
+def test_every_numeric_flag_of_every_command_is_finite_and_in_range_or_refused_in_one_line(
+    command, needed, flag, value, capsys, tmp_path, monkeypatch
+):
+    from hf_pretrain import cli
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main([command, *needed, f"{flag}={value}"])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == EXIT_CONFIG and len(err.strip().splitlines()) == 1, err
+    assert f"error: {flag[2:]}={value} must be " in err, err
+    assert not list(tmp_path.iterdir())  # refused before any work
+
+
 # ---------------------------------------------------------------------- one convention, both spellings
 COMMANDS = ["prepare", "train", "doctor", "export", "eval", "bench", "plan", "report", "demo", "space", "gguf"]
 
@@ -530,7 +577,7 @@ def test_report_price_is_price_per_hour(tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_info:
         report.main([str(tmp_path), "--price_per_hour", "-1"])
     assert exit_info.value.code == EXIT_CONFIG
-    assert "--price_per_hour must be a non-negative number" in capsys.readouterr().err
+    assert "price_per_hour=-1 must be >= 0" in capsys.readouterr().err
     with pytest.raises(SystemExit) as exit_info:
         report.main([str(tmp_path), "--price", "-1"])
     assert exit_info.value.code == 2

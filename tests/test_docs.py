@@ -317,8 +317,24 @@ def test_a_flag_the_product_does_not_take_is_caught(monkeypatch):
         parse_command(module, argv, monkeypatch)
 
 
+# A front page read in five minutes at 230 words a minute, its two commands in the first two (issue 45: it
+# was 1,821 words, eight minutes, measurement tables and development history before the Quickstart).
+FRONT_PAGE_WORDS = 1_150
+WORDS_BEFORE_THE_COMMANDS = 460
+
+
 def test_the_front_page_is_a_front_page():
-    assert len(FRONT_PAGE.read_text().splitlines()) <= 250
+    text = FRONT_PAGE.read_text()
+    assert len(text.splitlines()) <= 250
+    assert len(text.split()) <= FRONT_PAGE_WORDS, f"README.md is {len(text.split()):,} words"
+    before = text[: text.index("make test")].split()
+    assert "make" in before and len(before) <= WORDS_BEFORE_THE_COMMANDS, f"`make test` comes after {len(before)} words"
+
+
+def test_the_front_page_links_every_page_of_the_guide():
+    """ "Where to go next" left out docs/moving-runs.md (issue 45): the front page itself links each page."""
+    linked = {(ROOT / t.partition("#")[0]).resolve() for t in relative_links(FRONT_PAGE)}
+    assert [p.name for p in GUIDE if p.resolve() not in linked] == []
 
 
 # ---------------------------------------------------------------------- the pictures
@@ -340,3 +356,14 @@ def test_the_pictures_are_what_the_run_records_draw_today(tmp_path):
     assert shown, "the smoke run's phase table is on no page: python -m tests.regenerate_docs_images prints it"
     for page in shown:
         assert all(f"images/{name}" in page.read_text() for name in PICTURES[:1]), page.name
+
+
+def test_the_sample_outputs_print_what_the_program_prints_with_no_developers_path():
+    """docs/training.md showed `precision no` (the program prints `precision fp32`) and a developer's path (issue 45)."""
+    from hf_pretrain.machine.precisions import PRECISIONS
+
+    for page in PAGES:
+        for block in FENCE.findall(page.read_text()):
+            assert "/work/" not in block, f"{page.name}: a developer's path in a sample"
+            for shown in re.findall(r"\| precision (\S+)", block):
+                assert shown in [p.name for p in PRECISIONS], f"{page.name}: `precision {shown}` is not what it prints"

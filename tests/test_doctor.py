@@ -428,10 +428,11 @@ def test_without_an_expected_rate_a_known_gpu_is_priced_by_the_performance_model
     assert "~53,907 tokens/s" in eager.reason and "at $2.99/h" in eager.reason
     two = check_cost(one_b(), h100, world_size=2)  # data parallel: the optimizer step per GPU halves its tokens
     assert "~153,149 tokens/s" in two.reason and "2 x NVIDIA H100" in two.reason  # a little under 2 x 77,134
-    # the recipe's own figure wins; a CPU, an unknown card or fp8 on an A100 leave it unknown
+    # the recipe's own figure wins; a CPU (for a configuration no card measured), an unknown card or fp8 on
+    # an A100 leave it unknown
     assert "30,000 tokens/s" in check_cost(one_b(expected_tokens_per_s=30_000), h100).reason
     for name, recipe in [
-        (None, one_b()),
+        (None, one_b(checkpointed_layers=8)),
         ("Some GPU 9000", one_b()),
         ("NVIDIA A100-SXM4-80GB", one_b(mixed_precision="fp8")),
     ]:
@@ -439,7 +440,7 @@ def test_without_an_expected_rate_a_known_gpu_is_priced_by_the_performance_model
 
 
 def test_unknown_throughput_or_price_warns():
-    unknown_rate = check_cost(one_b())
+    unknown_rate = check_cost(one_b(checkpointed_layers=8))  # a configuration no card of the table measured
     assert unknown_rate.status == "warn" and "time and cost unknown" in unknown_rate.reason
     assert "hf-pretrain bench" in unknown_rate.fix
     unknown_price = check_cost(one_b(expected_tokens_per_s=30_000, price_per_hour=0))
@@ -519,3 +520,44 @@ def test_doctor_command_exits_nonzero_on_a_failure(tmp_path):
     result = doctor("--data_dir", str(tmp_path / "nothing"), "--output_dir", str(tmp_path / "run"))
     assert result.returncode == EXIT_CONFIG
     assert "FAIL" in result.stdout and "hf-pretrain prepare --recipe smoke" in result.stdout
+
+
+def test_lm_eval_tasks_lm_eval_does_not_know_fail_the_doctor_before_training():
+    """A bogus lm_eval_tasks passed the doctor ("ready to train") and failed only as a warning at every
+    checkpoint (issue 45)."""
+    from hf_pretrain.preflight.lm_eval_tasks import check_lm_eval_tasks
+
+    pytest.importorskip("lm_eval")
+    bogus = check_lm_eval_tasks(load_recipe("smoke", {"lm_eval_tasks": ["arc_easy", "arc_eazy"]}))
+    assert bogus.status == "fail" and "arc_eazy" in bogus.reason and "arc_easy," not in bogus.reason
+    assert "--lm_eval_tasks" in bogus.fix
+    assert check_lm_eval_tasks(load_recipe("smoke", {"lm_eval_tasks": ["arc_easy", "arc_easy_local"]})).status == "pass"
+    assert check_lm_eval_tasks(load_recipe("smoke")).status == "skip"
+
+
+def test_the_resume_row_of_a_finished_run_says_nothing_goes_on(tmp_path):
+    """The doctor on a finished run said "resume: goes on from step 250", then "nothing to train" (issue 45)."""
+    from hf_pretrain.checkpoints.resume_plan import Continuation
+    from hf_pretrain.preflight.resume import check_resume
+
+    recipe = load_recipe("smoke", {"output_dir": str(tmp_path), "max_steps": 250})
+    saved = {"step": 250, "max_steps": 250, "end": 250}
+    plan = Continuation(folder=tmp_path / "checkpoints" / "step_00000250", saved=saved)
+    assert check_resume(recipe, lambda: plan).reason == "goes on from step 250"  # no final/: it was killed at the end
+    (tmp_path / "final").mkdir()
+    assert check_resume(recipe, lambda: plan).reason == "nothing to resume: the run finished at step 250"
+
+
+def test_without_a_gpu_the_doctor_describes_the_configuration_asked_and_quotes_the_shipped_measurement(
+    tmp_path, monkeypatch
+):
+    """`doctor --recipe 1b --checkpointed_layers 8` printed the same 40.8 GB as without them, and called the
+    1b's time and cost unknown although the package ships the H100's measurement (issue 45)."""
+    monkeypatch.setenv("HF_PRETRAIN_HOME", str(tmp_path))  # the shipped store only
+    asked = check_memory(one_b(checkpointed_layers=8))
+    assert asked.status == "skip" and "with 8 of 16 layers checkpointed, as asked: 31.4 GB at the peak" in asked.reason
+    plain = check_memory(one_b())
+    assert "the H100 SXM measured a peak of" in plain.reason and "project's H100 run" in plain.reason
+    cost = check_cost(one_b(), None)
+    assert cost.status == "pass" and "at 77,935 tokens/s on one H100 SXM" in cost.reason
+    assert "$2.99/h (its typical price)" in cost.reason and "no GPU here" in cost.reason

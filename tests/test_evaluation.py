@@ -228,11 +228,28 @@ def test_a_score_within_the_noise_of_chance_says_so():
     assert "(chance)" not in comparison_table([clear], references, 200)
 
 
-def test_local_tasks_say_which_data_they_need(tmp_path):
-    with pytest.raises(evaluation.EvalError, match="--data_dir"):
+def test_local_tasks_say_which_data_they_need_and_where_to_get_them(tmp_path):
+    """The refusal named no file and no source (issue 45): now the files a zero-shot run reads, and the
+    one command that writes them from the Hub dataset."""
+    with pytest.raises(evaluation.EvalError) as refused:
         evaluation.run_lm_eval(None, None, ["arc_easy_local"])
+    said = str(refused.value)
+    assert "--data_dir with the folder that holds ARC-Easy-test.jsonl;" in said and "train" not in said
+    assert "load_dataset('allenai/ai2_arc', 'ARC-Easy', split='test').to_json('ARC-Easy-test.jsonl')" in said
     with pytest.raises(evaluation.EvalError, match=r"needs .*-train\.jsonl .* does not exist"):
-        evaluation.local_tasks(tmp_path / "empty", tmp_path / "tasks")
+        evaluation.local_tasks(tmp_path / "empty", tmp_path / "tasks", num_fewshot=5)
+
+
+def test_a_zero_shot_local_task_neither_needs_nor_reads_the_train_and_validation_files(tmp_path):
+    """Empty train/validation files stopped `datasets` in a StopIteration traceback, and the task demanded
+    them although a zero-shot run reads neither (issue 45)."""
+    arc = tmp_path / "arc"
+    arc.mkdir()
+    (arc / "ARC-Easy-test.jsonl").write_text('{"id": "1"}\n')
+    written = evaluation.local_tasks(arc, tmp_path / "tasks", ["arc_easy_local"], num_fewshot=0)
+    config = yaml.safe_load((written / "arc_easy_local.yaml").read_text())
+    assert config["dataset_kwargs"]["data_files"] == {"test": str(arc.resolve() / "ARC-Easy-test.jsonl")}
+    assert config["training_split"] is None and config["validation_split"] is None
 
 
 def test_a_local_task_needs_only_its_own_files(tmp_path):
@@ -242,10 +259,10 @@ def test_a_local_task_needs_only_its_own_files(tmp_path):
     needed = yaml.safe_load((evaluation.LOCAL_TASKS_DIR / "arc_easy_local.yaml").read_text())
     for name in needed["dataset_kwargs"]["data_files"].values():
         (easy / name).write_text("")
-    written = evaluation.local_tasks(easy, tmp_path / "tasks", ["arc_easy_local"])
+    written = evaluation.local_tasks(easy, tmp_path / "tasks", ["arc_easy_local"], num_fewshot=5)
     assert [p.name for p in written.glob("*.yaml")] == ["arc_easy_local.yaml"]
     with pytest.raises(evaluation.EvalError, match="arc_challenge_local needs"):
-        evaluation.local_tasks(easy, tmp_path / "both", ["arc_easy_local", "arc_challenge_local"])
+        evaluation.local_tasks(easy, tmp_path / "both", ["arc_easy_local", "arc_challenge_local"], num_fewshot=5)
 
 
 @pytest.mark.slow
@@ -253,3 +270,49 @@ def test_unknown_task_is_named(exported):
     model, tokenizer = evaluation.load_model(str(exported), torch.float32, "cpu")
     with pytest.raises(evaluation.EvalError, match="no_such_task"):
         evaluation.run_lm_eval(model, tokenizer, ["arc_easy", "no_such_task"])
+
+
+def test_results_json_keeps_file_names_never_this_machines_paths():
+    """eval/results.json, in the folder a user pushes, held the ARC files' and a temporary task file's
+    absolute paths (issue 45)."""
+    results = {
+        "configs": {
+            "arc_easy_local": {
+                "dataset_kwargs": {"data_files": {"test": "/home/ann/data/arc/ARC-Easy-test.jsonl"}},
+                "doc_to_text": "Question: {{question}}\nAnswer: and/or 1/2",
+            }
+        },
+        "config": {"model_args": "pretrained=/srv/ann/exports/1b,dtype=bf16", "include": ["/tmp/tmpab12/tasks/x.yaml"]},
+        "url": "https://github.com/EleutherAI/lm-evaluation-harness/blob/main/README.md",
+        "n": 3,
+    }
+    kept = evaluation.without_local_paths(results)
+    text = json.dumps(kept)
+    assert "/home/" not in text and "/srv/" not in text and "/tmp/" not in text
+    assert kept["configs"]["arc_easy_local"]["dataset_kwargs"]["data_files"]["test"] == "ARC-Easy-test.jsonl"
+    assert kept["config"]["model_args"] == "pretrained=1b,dtype=bf16" and kept["config"]["include"] == ["x.yaml"]
+    assert kept["url"] == results["url"] and kept["n"] == 3
+    assert kept["configs"]["arc_easy_local"]["doc_to_text"] == results["configs"]["arc_easy_local"]["doc_to_text"]
+
+
+def test_lm_evals_warnings_about_the_model_object_and_gits_complaint_stay_off_the_screen(
+    tmp_path, monkeypatch, capfd, caplog
+):
+    """Every `eval` printed "fatal: not a git repository" and a warning about the `pretrained` kwarg (issue 45)."""
+    import logging
+
+    import lm_eval.evaluator
+
+    from hf_pretrain.evaluation.quiet import quiet_lm_eval
+
+    monkeypatch.chdir(tmp_path)  # not a checkout
+    logger = logging.getLogger("lm_eval.models.huggingface")
+    with quiet_lm_eval():
+        logger.warning("`pretrained` model kwarg is not of type `str`. Many other model arguments may be ignored.")
+        logger.warning("Passed an already-initialized model through `pretrained`, assuming single-process call")
+        logger.warning("a warning that matters")
+        assert lm_eval.evaluator.get_git_commit_hash() is None
+    out, err = capfd.readouterr()
+    assert "fatal" not in out + err
+    assert [r.getMessage() for r in caplog.records if r.name == logger.name] == ["a warning that matters"]
+    assert lm_eval.evaluator.get_git_commit_hash is not None and not logger.filters  # all as it was after

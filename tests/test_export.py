@@ -147,6 +147,8 @@ def test_model_card_describes_the_run(reference_run, exports):
     ):
         assert expected in card.text, expected
     assert (folder / "loss_curve.png").read_bytes().startswith(b"\x89PNG")
+    # the usage example loads the folder by its name, never this machine's path (issue 45)
+    assert 'pipeline("text-generation", model="./bf16")' in card.text and str(folder.parent) not in card.text
 
 
 def test_an_older_checkpoint_is_exported_as_it_was(reference_run, tmp_path):

@@ -376,3 +376,23 @@ def test_a_source_of_weight_0_without_decay_weight_is_refused_saying_how_to_writ
     sources = [{"kind": "files", "paths": ["a.jsonl"]}, {"kind": "files", "paths": ["b.jsonl"], "weight": 0}]
     with pytest.raises(RecipeError, match=r"sources\[1\] has weight 0 and no decay_weight.*decay-only source"):
         build_recipe({"data": {"sources": sources}}, {**SETTINGS, "data_dir": str(tmp_path / "dd")})
+
+
+def test_a_data_dir_that_cannot_be_made_says_why_with_a_fix_that_can_work(tmp_path, monkeypatch):
+    """A dangling link was refused as "a file is in the way ... a writable disk", and a read-only disk got a
+    folder next to it, on the same disk (issue 45)."""
+    from hf_pretrain.data.prepare_folder import PrepareLock
+
+    dangling = tmp_path / "dd"
+    dangling.symlink_to(tmp_path / "nowhere")
+    with pytest.raises(DataMismatchError) as refused:
+        PrepareLock(dangling).acquire()
+    assert f"is a symbolic link to {tmp_path / 'nowhere'}, which does not exist" in str(refused.value)
+    assert f"`mkdir -p {tmp_path / 'nowhere'}`" in str(refused.value)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    with pytest.raises(DataMismatchError) as refused:
+        PrepareLock(Path("/proc/no_such/dd")).acquire()  # a pseudo filesystem: nothing can be made there
+    said = str(refused.value)
+    assert (
+        "read-only or not writable" in said and f"`--data_dir {tmp_path / 'home' / 'hf_pretrain_data' / 'dd'}`" in said
+    )

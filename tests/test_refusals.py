@@ -170,6 +170,7 @@ def test_the_doctor_shows_a_pending_request_and_its_age(tmp_path, smoke_data):
 # ---------------------------------------------------------------------- 5. a killed session is recognised
 def test_the_next_start_recognises_a_killed_session(tmp_path, capsys):
     fake_checkpoint(tmp_path, 20, end=100)
+    fake_checkpoint(tmp_path, 30, end=100)  # saved after step 27 was logged (issue 45: "killed at step 27 ... 30")
     RunDir(tmp_path).metrics.write_text(
         "\n".join(json.dumps({"kind": "train", "step": s}) for s in (10, 20, 27)) + '\n{"kind": "tr'
     )
@@ -177,9 +178,9 @@ def test_the_next_start_recognises_a_killed_session(tmp_path, capsys):
     with Session(tmp_path) as session:
         status = read_status(tmp_path)
         session.ended(0, "done", True)
-    note = "the last run was killed at step 27 (pid 999999 on gpu-7 gone, started then"
+    note = "the last run was killed after logging step 27 (pid 999999 on gpu-7 gone, started then"
     assert note in capsys.readouterr().out and note in status["reason"]
-    assert "newest checkpoint is step 20" in status["reason"] and status["state"] == "running"
+    assert "newest checkpoint is step 30" in status["reason"] and status["state"] == "running"
     with Session(tmp_path):  # it ended `finished`: nothing to say this time
         assert "killed" not in read_status(tmp_path)["reason"]
 

@@ -293,8 +293,10 @@ def test_starting_over_on_top_of_a_run_is_refused(copied_run):
         decided(recipe)
     for checkpoint in (copied_run / "checkpoints").iterdir():  # every checkpoint torn
         (checkpoint / "optimizer.bin").write_bytes(b"torn")
-    with pytest.raises(ResumeRefused, match="none of the checkpoints"):
+    with pytest.raises(ResumeRefused, match="none of the checkpoints") as refused:
         decided(load_recipe(str(copied_run / "resolved_recipe.yaml"), {"output_dir": str(copied_run)}))
+    # damaged files, not another recipe's: the fix was "go back to the recipe the checkpoints were saved with"
+    assert "damaged" in refused.value.fix and "recipe the checkpoints were saved with" not in refused.value.fix
 
 
 def test_an_unreadable_random_state_is_said(copied_run):

@@ -62,8 +62,8 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
         help="recipe keys to vary, every combination runs (e.g. gradient_checkpointing=true,false "
         "compile=false micro_batch_size=4,8); the recipe as written always runs first",
     )
-    group.add_argument("--steps", type=int, default=20, help="optimizer steps per variant")
-    group.add_argument("--warmup", type=int, default=5, help="first steps left out of the timing")
+    group.add_argument("--steps", type=int, default=20, ge=1, help="optimizer steps per variant")
+    group.add_argument("--warmup", type=int, default=5, ge=0, help="first steps left out of the timing")
     group.add_argument("--output", default=None, help="results folder (unset: runs/bench-RECIPE)")
     group.add_argument(
         "--prices", default=None, help="price table YAML (unset: the typical prices of hf_pretrain/machine/gpus.yaml)"
@@ -78,6 +78,7 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--memory_gib",
         type=float,
+        gt=0,
         default=None,
         help="memory budget for the micro-batch search (GPU: on top of running out of memory; "
         "CPU: required for a search, against the process's peak RSS)",
@@ -91,7 +92,7 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
         "print the tokens (and dollars) each saves to reach the first variant's final loss",
     )
     quality.add_argument("--seeds", default="1,2", help="quality: comma-separated seeds (init and data order)")
-    quality.add_argument("--points", type=int, default=4, help="quality: finished models per variant and seed")
+    quality.add_argument("--points", type=int, default=4, ge=1, help="quality: finished models per variant and seed")
     quality.add_argument(
         "--gpu", default=None, help="quality: price the saving on this GPU's plan (`hf-pretrain plan`)"
     )

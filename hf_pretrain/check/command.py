@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import math
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -29,7 +30,8 @@ from pathlib import Path
 from hf_pretrain.check.deadline import run_part
 from hf_pretrain.check.figures import Figure, read_figures
 from hf_pretrain.config import Recipe, RecipeError, build_recipe, parse_recipe_args, save_recipe
-from hf_pretrain.exit_codes import EXIT_CONFIG, EXIT_FAULTY_HOST
+from hf_pretrain.exit_codes import EXIT_CONFIG, EXIT_FAULTY_HOST, EXIT_INTERRUPTED
+from hf_pretrain.publish.targets import WRITTEN_RECORD, not_ours, record_written
 
 PROG = "hf-pretrain check"
 # (part, share of what is left of the budget relative to the parts after it, what it measures); the
@@ -64,6 +66,7 @@ class CheckRequest:
     variants: tuple[dict, ...] = ()
     parts: tuple[str, ...] = PART_NAMES
     part_limit_s: float | None = None
+    overwrite: bool = False  # replace an earlier check's results in `output`
     steps: int = 5  # timed optimizer steps per step variant
     warmup: int = 2  # the first holds the compile
 
@@ -74,6 +77,7 @@ def add_check_arguments(parser: argparse.ArgumentParser) -> None:
         "--budget_s",
         type=float,
         default=300.0,
+        gt=0,
         help="seconds for the whole check; parts that finish early leave theirs to the next",
     )
     group.add_argument(
@@ -93,10 +97,17 @@ def add_check_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--parts", default=",".join(PART_NAMES), help=f"which parts, comma-separated: {','.join(PART_NAMES)}"
     )
-    group.add_argument("--part_limit_s", type=float, default=None, help="cap every part at this many seconds")
-    group.add_argument("--steps", type=int, default=5, help="timed optimizer steps per step variant")
-    group.add_argument("--warmup", type=int, default=2, help="untimed steps first (the first compiles)")
-    group.add_argument("--output", default=None, help="results folder (unset: runs/check-RECIPE)")
+    group.add_argument("--part_limit_s", type=float, default=None, gt=0, help="cap every part at this many seconds")
+    group.add_argument("--steps", type=int, default=5, ge=1, help="timed optimizer steps per step variant")
+    group.add_argument("--warmup", type=int, default=2, ge=1, help="untimed steps first (the first compiles)")
+    group.add_argument(
+        "--output",
+        default=None,
+        help="results folder: new, empty or an earlier check's (unset: runs/check-RECIPE); never a user's files",
+    )
+    group.add_argument(
+        "--overwrite", action="store_true", help="replace an earlier check's results in --output (its files only)"
+    )
 
 
 def check_request(recipe: Recipe, args: argparse.Namespace) -> CheckRequest:
@@ -107,10 +118,6 @@ def check_request(recipe: Recipe, args: argparse.Namespace) -> CheckRequest:
     unknown = [p for p in parts if p not in PART_NAMES]
     if unknown:
         raise ValueError(f"--parts {','.join(unknown)}: not a part; choose from {','.join(PART_NAMES)}")
-    if args.budget_s <= 0 or (args.part_limit_s is not None and args.part_limit_s <= 0):
-        raise ValueError("--budget_s and --part_limit_s are seconds above 0, e.g. --budget_s 300")
-    if args.steps < 1 or args.warmup < 1:
-        raise ValueError("--steps and --warmup are at least 1 (the first warm-up step compiles)")
     variants = tuple(variant_grid(args.variants)) if args.variants else ()
     for point in args.variant:
         if any("," in spec for spec in point.split()):
@@ -118,16 +125,81 @@ def check_request(recipe: Recipe, args: argparse.Namespace) -> CheckRequest:
         variants += tuple(variant_grid(point.split()))
     for point in variants:
         build_recipe(recipe.to_dict(), point)  # a wrong key or value: one line now, not a failed part later
-    return CheckRequest(
+    request = CheckRequest(
         recipe=recipe,
         output=Path(args.output or f"runs/check-{recipe.name}"),
         budget_s=args.budget_s,
         variants=variants,
         parts=parts,
         part_limit_s=args.part_limit_s,
+        overwrite=args.overwrite,
         steps=args.steps,
         warmup=args.warmup,
     )
+    check_budget(request)
+    check_output(request.output, request.overwrite)
+    return request
+
+
+def chosen_parts(request: CheckRequest) -> list[tuple[str, float, str]]:
+    """(part, share, title) of each part asked for, in order; the step's share grown by its variants."""
+    more = STEP_SHARE_PER_VARIANT * (len(part_runs(request, "step")) - 1)
+    return [(p, s + more if p == "step" else s, t) for p, s, t in PARTS if p in request.parts]
+
+
+def check_budget(request: CheckRequest) -> None:
+    """Refuse, before any work, a budget (or a per-part cap) that leaves the first part under the
+    MIN_PART_S a part needs: nothing at all would be measured."""
+    chosen = chosen_parts(request)
+    if request.part_limit_s is not None and request.part_limit_s < MIN_PART_S:
+        raise ValueError(f"--part_limit_s {request.part_limit_s:g} leaves no part the {MIN_PART_S:.0f} s it needs")
+    first, share, _ = chosen[0]
+    floor = MIN_PART_S * sum(s for _, s, _ in chosen) / share
+    if request.budget_s < floor:
+        raise ValueError(
+            f"--budget_s {request.budget_s:g} is too small to measure anything: its first part ({first}) would "
+            f"get {request.budget_s * share / sum(s for _, s, _ in chosen):.1f} s of the {MIN_PART_S:.0f} s a part "
+            f"needs; give at least --budget_s {math.ceil(floor)} (the default, 300, leaves every part room)"
+        )
+
+
+CHECK_COMMAND = "hf-pretrain check"  # the name in the record of what a check wrote (publish/targets.py)
+
+
+def files_under(folder: Path) -> list[str]:
+    """Every file under `folder`, relative, but the record of what a command wrote."""
+    if not folder.is_dir():
+        return []
+    return sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file() and p.name != WRITTEN_RECORD)
+
+
+def check_output(out: Path, overwrite: bool) -> None:
+    """The check writes into a new or empty folder, or, with `overwrite`, one an earlier check wrote (its
+    record there, the files unchanged since): as `space` does, never over a user's files. Raises ValueError."""
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--output {out} is a file, not a folder; choose another --output")
+    clashes = not_ours(out, files_under(out), CHECK_COMMAND)
+    if clashes:
+        listed = ", ".join(clashes[:8]) + (f" and {len(clashes) - 8} more" if len(clashes) > 8 else "")
+        raise ValueError(
+            f"--output {out} holds files the check did not write or that changed since: {listed}; a check "
+            f"writes only into a new or empty folder or an earlier check's. Choose another --output"
+        )
+    if files_under(out) and not overwrite:
+        raise ValueError(
+            f"--output {out} holds an earlier check's results; pass --overwrite to replace them "
+            f"(its files only), or choose another --output"
+        )
+
+
+def remove_earlier_check(out: Path) -> None:
+    """An earlier check's files in `out` (check_output proved them its own), then the folders they leave empty."""
+    for name in files_under(out):
+        (out / name).unlink()
+    for folder in sorted((p for p in out.rglob("*") if p.is_dir()), key=lambda p: len(p.parts), reverse=True):
+        if not any(folder.iterdir()):
+            folder.rmdir()
+    (out / WRITTEN_RECORD).unlink(missing_ok=True)
 
 
 def part_runs(request: CheckRequest, part: str) -> list[dict]:
@@ -137,15 +209,16 @@ def part_runs(request: CheckRequest, part: str) -> list[dict]:
     return [{}] + [point for point in request.variants if point]
 
 
-def run_parts(request: CheckRequest, recipe_file: Path, results: Path, say=print) -> dict[str, list[str]]:
+def run_parts(
+    request: CheckRequest, recipe_file: Path, results: Path, statuses: dict[str, list[str]], say=print
+) -> None:
     """Each part asked for, most important first, each run in its own process under its share of what is
-    left of the budget; {part: the status of each of its runs}."""
+    left of the budget; `statuses` gets {part: the status of each of its runs} as they end (a Ctrl-C
+    leaves it holding those that did)."""
     from hf_pretrain.bench.variants import variant_name
 
     started = time.monotonic()
-    statuses: dict[str, list[str]] = {}
-    more = STEP_SHARE_PER_VARIANT * (len(part_runs(request, "step")) - 1)
-    chosen = [(p, s + more if p == "step" else s, t) for p, s, t in PARTS if p in request.parts]
+    chosen = chosen_parts(request)
     for index, (part, share, title) in enumerate(chosen):
         left = request.budget_s - (time.monotonic() - started)
         part_s = left * share / sum(s for _, s, _ in chosen[index:])
@@ -183,37 +256,30 @@ def run_parts(request: CheckRequest, recipe_file: Path, results: Path, say=print
                 for kept in read_figures(results):
                     if kept.part == "step" and kept.name == label and kept.value:
                         say(f"  kept: {kept.text}")
-    return statuses
 
 
 def run_check(request: CheckRequest, say=print) -> dict:
-    """Every part asked for within the budget, the verdict, the records; what check.json holds."""
-    from hf_pretrain.check.verdict import verdict  # torch and the economics: after the parse, not for --help
-    from hf_pretrain.economics.check_records import record_checks
-
+    """Every part asked for within the budget, the verdict, the records; what check.json holds. A Ctrl-C
+    ends the part running (its processes with it) and writes check.json with what was measured before,
+    `"interrupted": true`, without a verdict or records."""
     out = request.output
+    if request.overwrite:
+        remove_earlier_check(out)
     out.mkdir(parents=True, exist_ok=True)
     results = out / "figures.jsonl"
-    results.unlink(missing_ok=True)  # the check's own file, from a check before into the same folder
     recipe_file = out / "recipe.yaml"
     save_recipe(request.recipe, recipe_file)
     say(f"check: recipe {request.recipe.name}, budget {request.budget_s:.0f} s, results in {out}")
     started = time.monotonic()
-    statuses = run_parts(request, recipe_file, results, say)
+    statuses: dict[str, list[str]] = {}
+    try:
+        run_parts(request, recipe_file, results, statuses, say)
+        interrupted = False
+    except KeyboardInterrupt:
+        interrupted = True
+        say("interrupted (Ctrl-C): the part running was stopped; what the parts measured before is kept")
     figures = read_figures(results)
-    say("verdict:")
-    lines = verdict(request.recipe, figures)
-    for line in lines:
-        say(f"  {line}")
-    stored = record_checks(check_records(figures))
-    recorded = record_step_measurements(request.recipe, figures)
-    say(
-        f"recorded {len([f for f in figures if f.value is not None])} figure(s) in {stored}"
-        if stored
-        else "recorded nothing"
-    )
-    if recorded:
-        say(f"  and {recorded} step measurement(s) for plan and the doctor (economics/measurements.py)")
+    lines = [] if interrupted else conclude(request.recipe, figures, say)
     result = {
         "recipe": request.recipe.name,
         "date": datetime.date.today().isoformat(),
@@ -222,10 +288,37 @@ def run_check(request: CheckRequest, say=print) -> dict:
         "parts": statuses,
         "figures": [asdict(f) for f in figures],
         "verdict": lines,
-    }
+    } | ({"interrupted": True} if interrupted else {})
     (out / "check.json").write_text(json.dumps(result, indent=1))
+    record_written(out, files_under(out), CHECK_COMMAND)  # a later check may replace only these
     say(f"written: {out / 'check.json'} ({result['seconds']:.0f} s)")
     return result
+
+
+def conclude(recipe: Recipe, figures: list[Figure], say=print) -> list[str]:
+    """Say the verdict and keep every figure in the measurement store; the verdict's lines."""
+    from hf_pretrain.check.verdict import verdict  # torch and the economics: after the parse, not for --help
+    from hf_pretrain.economics.check_records import StoreNotWritten, record_checks
+
+    say("verdict:")
+    lines = verdict(recipe, figures)
+    for line in lines:
+        say(f"  {line}")
+    try:
+        stored = record_checks(check_records(figures))
+        recorded = record_step_measurements(recipe, figures)
+    except StoreNotWritten as exc:
+        say(f"recorded nothing: {exc}")
+        return lines
+    measured = len([f for f in figures if f.value is not None])
+    say(
+        f"recorded {measured} figure(s) in {stored}"
+        if stored
+        else "recorded nothing (no figure, or HF_PRETRAIN_RECORD=0)"
+    )
+    if recorded:
+        say(f"  and {recorded} step measurement(s) for plan and the doctor (economics/measurements.py)")
+    return lines
 
 
 def check_records(figures: list[Figure]) -> list:
@@ -254,6 +347,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return EXIT_CONFIG
     result = run_check(request)
+    if result.get("interrupted"):
+        print(f"{PROG}: interrupted; {request.output / 'check.json'} holds what was measured", file=sys.stderr)
+        return EXIT_INTERRUPTED
     from hf_pretrain.check.verdict import RECIPE_AS_WRITTEN, faulty_lines
 
     faulty = faulty_lines(result["figures"])
@@ -267,10 +363,22 @@ def main(argv: list[str] | None = None) -> int:
     as_written = [f for f in result["figures"] if f["part"] == "step" and f["name"] == RECIPE_AS_WRITTEN]
     if "step" not in request.parts or (as_written and as_written[0]["value"]):
         return 0
-    # exit 1 (exit_codes.py: what it ran failed) after a screen that ends "written: ...": say why
+    # exit 1 (exit_codes.py: what it ran failed) after a screen that ends "written: ...": say why and what helps
     print(
-        f"{PROG}: the recipe's step gave no figure ({', '.join(result['parts'].get('step', []))}); "
-        f"its lines above say why (a --budget_s of 300 leaves each part room)",
+        f"{PROG}: the recipe's step gave no figure ({', '.join(result['parts'].get('step', []))}); {what_helps(request)}",
         file=sys.stderr,
     )
     return 1
+
+
+def what_helps(request: CheckRequest) -> str:
+    """After a step with no figure: on a machine without a GPU a larger budget cannot help (a GPU's recipe
+    is a GPU's work), so name what can; on a GPU, the lines above and the budget."""
+    from hf_pretrain.machine.run_profile import device_kind
+
+    if device_kind() != "cuda":
+        return (
+            f"this machine has no GPU, so a larger --budget_s will not help: `{PROG} --recipe smoke` checks the "
+            f"plumbing here, and `{PROG} --recipe {request.recipe.name}` on the rented card measures the pod"
+        )
+    return "its lines above say why (a --budget_s of 300 leaves each part room)"

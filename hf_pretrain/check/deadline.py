@@ -41,6 +41,10 @@ def run_part(part: str, context: dict[str, Any], folder: Path, limit_s: float, s
     child = subprocess.Popen(command, env=env, start_new_session=True)
     try:
         code = child.wait(timeout=max(limit_s, 0.1))
+    except KeyboardInterrupt:  # its own session got no SIGINT: end it and what it started, then pass it on
+        os.killpg(child.pid, signal.SIGKILL)
+        child.wait()
+        raise
     except subprocess.TimeoutExpired:
         os.killpg(child.pid, signal.SIGKILL)
         child.wait()

@@ -20,6 +20,12 @@ from hf_pretrain.config import Recipe
 from hf_pretrain.config.model_section import padded_vocab_size
 from hf_pretrain.run_folder.run_dir import RunDir
 
+# How to go on when every checkpoint of the folder failed its verification: no recipe can read them.
+DAMAGED_START_OVER = (
+    "their files are damaged (no recipe can read them): start a new run in a new folder "
+    "(--resume none --output_dir NEW), or copy an intact checkpoint back in and run again; this folder is left as it is"
+)
+
 
 def refuse_another_shape(folder: Path, recipe: Recipe, data: dict[str, Any] | None) -> None:
     """Raise `ResumeRefused` when the checkpoint's model (its config.json) has another shape than the
@@ -97,8 +103,11 @@ def decide_resume(
         t.output_dir, log=skipped.append, usable=resumable, say=say, activity=activity, broken=broken
     )
     if found is None and list_checkpoints(t.output_dir):
+        # damaged files are not another recipe's: going back to one cannot help
+        all_damaged = len(broken) == len(list_checkpoints(t.output_dir))
         raise ResumeRefused(
-            f"none of the checkpoints in {t.output_dir} can be resumed from: " + "; ".join(skipped), START_OVER
+            f"none of the checkpoints in {t.output_dir} can be resumed from: " + "; ".join(skipped),
+            DAMAGED_START_OVER if all_damaged else START_OVER,
         )
     if found is None:
         return Continuation()

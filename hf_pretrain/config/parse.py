@@ -13,6 +13,7 @@ import contextlib
 import dataclasses
 import functools
 import json
+import math
 import os
 import re
 import sys
@@ -27,7 +28,7 @@ import yaml
 
 from hf_pretrain.exit_codes import EXIT_CONFIG, EXIT_USAGE
 
-from .keys import RecipeError, did_you_mean, range_text
+from .keys import BOUND_CHECKS, RecipeError, did_you_mean, range_text
 from .schema import KEY_SECTION, RENAMED_KEYS, SECTIONS, TOP_LEVEL_KEYS, Recipe, legacy_layout, renamed
 
 RECIPES_DIR = Path(__file__).resolve().parent.parent / "recipes"
@@ -212,12 +213,45 @@ def _is_kebab(flag: str) -> bool:
     return flag.startswith("--") and "-" in flag[2:]
 
 
+def _number_flag(parser: CommandParser, names: tuple[str, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
+    """`kwargs` of a flag, its `type` wrapped when it is a number: every numeric flag of every command
+    (a recipe key's, a command's own) refuses NaN and infinity, and the range a command declares with
+    `ge`/`gt`/`le`/`lt` (as `keys.key` does), as it is parsed: one line naming the flag and a value that
+    works, exit_codes.EXIT_CONFIG (a value that parses but cannot be used), before any work."""
+    bounds = {b: kwargs.pop(b) for b in ("ge", "gt", "le", "lt") if b in kwargs}
+    base = kwargs.get("type")
+    if base not in (int, float):  # a recipe key's range on a list or a structure: Recipe.validate checks it
+        return kwargs
+    flag = next((n for n in names if n.startswith("--")), names[0])
+    default = kwargs.get("default")
+    example = f", e.g. {flag} {default:g}" if isinstance(default, (int, float)) and math.isfinite(default) else ""
+
+    def number(text: str) -> int | float:
+        value = base(text)  # a ValueError: argparse says "invalid float value: 'x'" (exit 2: it does not parse)
+        in_range = all(BOUND_CHECKS[bound](value, limit) for bound, limit in bounds.items())  # NaN: never
+        if not in_range or not math.isfinite(value):  # worded as Recipe.validate words a key's range
+            within = f" {range_text(bounds)}" if bounds else ""
+            allowed = range_text(bounds) if not in_range else f"a finite number{within}"
+            parser.refuse(f"{flag[2:]}={text} must be {allowed}{example}")
+        return value
+
+    number.__name__ = base.__name__
+    return {**kwargs, "type": number}
+
+
 def _snake_case(names: tuple[str, ...]) -> list[str]:
     """A flag's names without their kebab-case twins: they are read (`snake_case_flags`), never listed."""
     snake = [n for n in names if not _is_kebab(n)]
     if not snake:
         raise ValueError(f"flags are snake_case, like the recipe keys: {names}")
     return snake
+
+
+def _same_rules(parser: CommandParser, group: Any) -> Any:
+    """`group` (of `parser`) adding its flags by the parser's rules: snake_case, checked numbers."""
+    add = group.add_argument
+    group.add_argument = lambda *names, **kw: add(*_snake_case(names), **_number_flag(parser, names, kw))
+    return group
 
 
 class CommandParser(argparse.ArgumentParser):
@@ -236,14 +270,14 @@ class CommandParser(argparse.ArgumentParser):
         super().__init__(*args, **kwargs)
 
     def add_argument(self, *names: str, **kwargs: Any) -> argparse.Action:
-        return super().add_argument(*_snake_case(names), **kwargs)
+        return super().add_argument(*_snake_case(names), **_number_flag(self, names, kwargs))
 
     def add_argument_group(self, *args: Any, **kwargs: Any) -> argparse._ArgumentGroup:
         """A group (a recipe section in `--help`) whose flags follow the same rule as the parser's own."""
-        group = super().add_argument_group(*args, **kwargs)
-        add = group.add_argument
-        group.add_argument = lambda *names, **kw: add(*_snake_case(names), **kw)  # type: ignore[method-assign]
-        return group
+        return _same_rules(self, super().add_argument_group(*args, **kwargs))
+
+    def add_mutually_exclusive_group(self, **kwargs: Any) -> argparse._MutuallyExclusiveGroup:
+        return _same_rules(self, super().add_mutually_exclusive_group(**kwargs))
 
     def parse_known_args(  # type: ignore[override]
         self, args: list[str] | None = None, namespace: argparse.Namespace | None = None
@@ -255,8 +289,10 @@ class CommandParser(argparse.ArgumentParser):
     def snake_case_flags(self, args: list[str]) -> list[str]:
         """`args` with each `--key-name[=value]` of a known flag spelled `--key_name[=value]`, and a renamed
         recipe key's old name (`--benchmark_tasks`, schema.RENAMED_KEYS) spelled as its new one. Only known
-        flags are respelled, so an unknown one is refused as typed; nothing after a bare `--` is touched."""
+        flags are respelled, so an unknown one is refused as typed; nothing after a bare `--` is touched.
+        A key given under both its names is refused, as in a recipe file (schema.renamed): the last would win."""
         spelled = list(args)
+        given: dict[str, str] = {}  # a flag as spelled now -> as typed, for a renamed key's two names
         for i, arg in enumerate(spelled):
             if arg == "--":
                 break
@@ -265,6 +301,10 @@ class CommandParser(argparse.ArgumentParser):
             flag = "--" + RENAMED_KEYS.get(bare, bare)
             if name.startswith("--") and flag != name and flag in self._option_string_actions:
                 spelled[i] = flag + sep + value
+            if name.startswith("--") and flag[2:] in RENAMED_KEYS.values():
+                typed_as = given.setdefault(flag, name)
+                if typed_as.replace("-", "_") != name.replace("-", "_"):
+                    self.refuse(f"`{typed_as}` and `{name}` are the same key (renamed); keep `{flag}`")
         return spelled
 
     def error(self, message: str) -> typing.NoReturn:  # type: ignore[override]
@@ -311,17 +351,18 @@ STRUCTURED_KEYS = {k for cls in SECTIONS.values() for k, t in _field_types(cls).
 
 def _flags_of(cls: type) -> type:
     """`cls` as HfArgumentParser should see it: it hands a field's whole metadata to argparse, so this view
-    keeps only the help; structured keys take text; the defaults come from the recipe (`set_defaults`)."""
+    keeps only the help and the range; structured keys take text; the defaults come from the recipe (`set_defaults`)."""
     types_ = _field_types(cls)
     fields = []
     for f in dataclasses.fields(cls):
         if f.name in SECTIONS:  # Recipe's sections: their keys come from their own classes
             continue
         annotation = str if _is_structure(types_[f.name]) else types_[f.name]
-        bounds = f.metadata.get("range")  # the valid range, as Recipe.validate checks it
+        bounds = f.metadata.get("range") or {}  # the valid range, as Recipe.validate checks it
         valid = f"; valid {range_text(bounds).removeprefix('in ')}" if bounds else ""
         help_ = (f.metadata["help"] + valid).replace("%", "%%")  # argparse formats help with %-placeholders
-        fields.append((f.name, annotation, dataclasses.field(default=None, metadata={"help": help_})))
+        # the range goes to the flag too (CommandParser checks it as the value is parsed, NaN and infinity too)
+        fields.append((f.name, annotation, dataclasses.field(default=None, metadata={"help": help_, **bounds})))
     flags = dataclasses.make_dataclass(f"{cls.__name__}Flags", fields)
     section = next((name for name, owner in SECTIONS.items() if owner is cls), None)
     if section:  # `--help` lists each section's keys under its name, as a recipe file holds them
@@ -376,8 +417,11 @@ def parse_recipe_args(
         description=description,
         parents=[recipe_flag],
     )
-    if extra:
+    if extra:  # the command's own options, listed by `--help` before the recipe's sections
+        recipe_groups = parser._action_groups[2:]  # after argparse's positionals and options
         extra(parser)
+        own = [group for group in parser._action_groups[2:] if group not in recipe_groups]
+        parser._action_groups[2:] = own + recipe_groups
     try:
         path = resolve_recipe_path(chosen.recipe)
         parser.set_defaults(**_flag_defaults(_assemble(recipe_dict_from_yaml(path), None, where=str(path))))

@@ -18,6 +18,7 @@ import os
 import shutil
 import socket
 import subprocess
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -56,6 +57,39 @@ def own_folder_hint(data_dir: Path) -> str:
     return f"set data_dir to a folder of its own, e.g. `--data_dir {candidate}`"
 
 
+def writable(folder: Path) -> bool:
+    """Whether a folder can be created at `folder`, tried: a probe folder made and removed in its nearest
+    existing ancestor (a read-only mount, /proc, a root-owned folder all fail it, whatever their modes say)."""
+    existing = folder
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    try:
+        with tempfile.TemporaryDirectory(dir=existing, prefix=".hf-pretrain-probe-"):
+            return True
+    except OSError:
+        return False
+
+
+def unusable_data_dir(data_dir: Path) -> str:
+    """Why `prepare` cannot create or write `data_dir`, and a fix that works when pasted: a dangling link
+    named as one, a read-only disk answered with a folder on another disk (one next to it would be on the
+    same), anything else (a file in the way) with a folder of its own beside it."""
+    if data_dir.is_symlink() and not data_dir.exists():
+        target = Path(os.readlink(data_dir))
+        target = target if target.is_absolute() else data_dir.parent / target
+        return (
+            f"data_dir {data_dir} is a symbolic link to {target}, which does not exist: create it "
+            f"(`mkdir -p {target}`), or set data_dir to another folder"
+        )
+    if not writable(data_dir):
+        elsewhere = [Path.home() / "hf_pretrain_data" / data_dir.name, Path(tempfile.gettempdir()) / data_dir.name]
+        fix = next((f"e.g. `--data_dir {c}`" for c in elsewhere if writable(c)), "a folder on another disk")
+        return (
+            f"cannot write into {data_dir}: its disk is read-only or not writable by this user; set data_dir to {fix}"
+        )
+    return f"cannot write into {data_dir} (a file is in the way?); {own_folder_hint(data_dir)}"
+
+
 # ---------------------------------------------------------------------- one at a time
 @dataclasses.dataclass
 class _LockedFolder:  # what RunLock needs of a folder: where it is, and its lock file
@@ -87,10 +121,7 @@ class PrepareLock(RunLock):
                 time.sleep(0.1)
             except RunDirUnusable:
                 break
-        raise DataMismatchError(
-            f"cannot write into {self.run_dir.path} (not writable, or a file is in the way); "
-            f"{own_folder_hint(self.run_dir.path)} on a writable disk"
-        )
+        raise DataMismatchError(unusable_data_dir(self.run_dir.path))
 
     def _wait_for_workers(self, deadline: float) -> None:
         """Holding prepare.lock, wait (until `deadline`) for the workers of an earlier prepare to end;

@@ -68,9 +68,14 @@ def new_record(part: str, name: str, value: float, unit: str, device: str | None
     )
 
 
+class StoreNotWritten(OSError):
+    """The measurement store could not be written: the message says which file, why and what to set."""
+
+
 def record_checks(records: list[CheckRecord], path: Path | None = None) -> Path | None:
-    """Append `records` to the store; the store's path, or None when nothing was written (recording
-    off, or a store that cannot be written: a check never fails on it)."""
+    """Append `records` to the store; the store's path, or None when there was nothing to write or
+    recording is off. A store that cannot be written raises `StoreNotWritten` saying why (the check
+    says it in one line and goes on: it never fails on its records)."""
     import os
 
     if not records or os.environ.get(RECORD_ENV) == "0":
@@ -81,8 +86,11 @@ def record_checks(records: list[CheckRecord], path: Path | None = None) -> Path 
         with store.open("a") as file:
             fcntl.flock(file, fcntl.LOCK_EX)  # one writer at a time, as measurements.py does
             file.writelines(json.dumps(asdict(record)) + "\n" for record in records)
-    except OSError:
-        return None
+    except OSError as exc:
+        raise StoreNotWritten(
+            f"the measurement store {store} cannot be written ({exc.strerror or exc}); set HF_PRETRAIN_HOME "
+            f"to a writable folder (or {RECORD_ENV}=0 to record nothing)"
+        ) from None
     return store
 
 

@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from hf_pretrain.config import Recipe
-from hf_pretrain.machine.gpus import find_gpu
+from hf_pretrain.machine.gpus import find_gpu, gpu_table
 from hf_pretrain.machine.precisions import NAMES, precision_named
 from hf_pretrain.machine.run_profile import A_GPU, Machine, run_profile, this_machine
 from hf_pretrain.model.llama import recipe_flops_per_token, recipe_tokenizer_size
@@ -121,7 +121,7 @@ def record_measurement(
 ) -> Measurement | None:
     """Append what `device` (a CUDA device name; None for a CPU) measured of `recipe`; None when nothing
     was written (a CPU, no rate, recording off, or a cache that cannot be written: a run never fails on it)."""
-    if device is None or tokens_per_s <= 0 or os.environ.get(RECORD_ENV) == "0":
+    if device is None or not _positive_number(tokens_per_s, MIN_TOKENS_PER_S) or os.environ.get(RECORD_ENV) == "0":
         return None
     version = {name: installed_version(name) for name in ("torch", "transformers")}
     measurement = Measurement(
@@ -161,8 +161,19 @@ def _skip(store: Path, line: int, why: str) -> None:
     )
 
 
-def _positive_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
+def _positive_number(value: Any, floor: float = 0.0) -> bool:
+    return (
+        isinstance(value, (int, float))
+        and not isinstance(value, bool)
+        and math.isfinite(value)
+        and value > 0
+        and value >= floor
+    )
+
+
+# Fewer tokens a second than this is no GPU's step, whatever the model (a 1B trains at tens of thousands
+# on one H100): a figure under it (1e-300) would price a run at infinite hours and dollars.
+MIN_TOKENS_PER_S = 1.0
 
 
 def _current(record: dict[str, Any]) -> dict[str, Any]:
@@ -184,12 +195,22 @@ def _stored(store: Path, shipped: bool) -> list[tuple[Measurement, int]]:
     found = []
     for number, line in reversed(list(enumerate(lines, start=1))):
         try:
-            measurement = Measurement(**_current(json.loads(line)), shipped=shipped)
-        except (ValueError, TypeError):  # a line another version wrote, or a torn one
+            record = json.loads(line)
+        except ValueError:  # a torn line, or one edited by hand
+            if line.strip():
+                _skip(store, number, "it is not JSON")
+            continue
+        try:
+            measurement = Measurement(**_current(record), shipped=shipped)
+        except (TypeError, AttributeError):  # a line another version wrote, or another kind (a check's record)
             continue
         memory = measurement.peak_memory_gib
-        if not _positive_number(measurement.tokens_per_s):
-            _skip(store, number, f"tokens_per_s is {measurement.tokens_per_s!r}, not a finite positive number")
+        if not _positive_number(measurement.tokens_per_s, MIN_TOKENS_PER_S):
+            _skip(
+                store,
+                number,
+                f"tokens_per_s is {measurement.tokens_per_s!r}, not a finite number of at least {MIN_TOKENS_PER_S:g}",
+            )
         elif memory is not None and not _positive_number(memory):
             _skip(store, number, f"peak_memory_gib is {memory!r}, not a finite positive number")
         else:
@@ -290,6 +311,13 @@ def record_training_run(
     if timed is None:
         return None
     return record_measurement(recipe, this_gpu(), timed[0] / world_size, peak_memory_gib, "train", world_size)
+
+
+def measured_on_a_gpu(recipe: Recipe, world_size: int = 1) -> Measurement | None:
+    """The newest measurement of `recipe`'s configuration on any GPU of the table, the user's before the
+    project's shipped ones: what the doctor quotes on a machine without a GPU (labelled with its card)."""
+    found = [m for name in gpu_table() if (m := recorded_measurement(recipe, name, world_size)) is not None]
+    return max(found, key=lambda m: (not m.shipped, m.date), default=None)
 
 
 def measured_here(recipe: Recipe, world_size: int = 1) -> Measurement | None:

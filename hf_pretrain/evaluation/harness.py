@@ -16,6 +16,7 @@ the scores also go into its model card (`model-index` and the Evaluation section
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import re
 import sys
@@ -30,7 +31,15 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from hf_pretrain.checkpoints.load import load_checkpoint_model
 from hf_pretrain.checkpoints.manifest import CheckpointError
 from hf_pretrain.checkpoints.store import is_training_output, resolve_checkpoint
-from hf_pretrain.evaluation.scores import EVAL_DIR, comparison_table, eval_results, load_references, scores_from_results
+from hf_pretrain.evaluation.quiet import quiet_lm_eval
+from hf_pretrain.evaluation.scores import (
+    EVAL_DIR,
+    comparison_table,
+    eval_results,
+    load_references,
+    scores_from_results,
+    without_local_paths,
+)
 from hf_pretrain.exit_codes import EXIT_CONFIG
 from hf_pretrain.machine.run_profile import inference_device_and_dtype
 from hf_pretrain.publish.model_card import write_eval_section
@@ -69,9 +78,7 @@ def suite_names() -> list[str]:
 def check_task_names(tasks: list[str], include_paths: list[str]) -> None:
     """Raise `EvalError` naming the tasks neither lm-eval, --include_path nor eval/tasks knows, with
     what there is: before a model is loaded for them (minutes for a big one)."""
-    from lm_eval.tasks import TaskManager
-
-    known = set(TaskManager(include_path=include_paths or None).all_tasks) | _local_task_names()
+    known = known_task_names(tuple(include_paths)) | _local_task_names()
     unknown = [task for task in tasks if task not in known]
     if unknown:
         raise EvalError(
@@ -79,6 +86,15 @@ def check_task_names(tasks: list[str], include_paths: list[str]) -> None:
             f"the offline tasks: {', '.join(sorted(_local_task_names()))} (eval/tasks, with --data_dir), lm-eval's: "
             f"`lm_eval ls tasks` (or add yours with --include_path)"
         )
+
+
+@functools.cache
+def known_task_names(include_paths: tuple[str, ...] = ()) -> frozenset[str]:
+    """Every task lm-eval knows (with `include_paths`): its index of thousands of YAML files takes seconds,
+    so it is read once per process."""
+    from lm_eval.tasks import TaskManager
+
+    return frozenset(TaskManager(include_path=list(include_paths) or None).all_tasks)
 
 
 def argument_problem(args: argparse.Namespace) -> str | None:
@@ -114,12 +130,14 @@ def argument_problem(args: argparse.Namespace) -> str | None:
 HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?")
 
 
-def local_tasks(data_dir: Path, into: Path, tasks: list[str] | None = None) -> Path:
+def local_tasks(data_dir: Path, into: Path, tasks: list[str] | None = None, num_fewshot: int | None = None) -> Path:
     """A copy of eval/tasks (those in `tasks`, when given) whose `data_files` name files inside `data_dir`
-    (they must exist: only the asked tasks' files, so ARC-Easy runs without ARC-Challenge's)."""
+    (they must exist: only the asked tasks' files, so ARC-Easy runs without ARC-Challenge's). A zero-shot
+    run (`num_fewshot` 0 or unset) reads only the test split: the train and validation files are left out,
+    neither required nor opened (an empty one would stop `datasets` in a traceback)."""
     into.mkdir(parents=True, exist_ok=True)
     for source in sorted(LOCAL_TASKS_DIR.glob("*.yaml")):
-        config = yaml.safe_load(source.read_text())
+        config = local_task_config(yaml.safe_load(source.read_text())["task"], num_fewshot)
         if tasks is not None and config["task"] not in tasks:
             continue
         data_files = (config.get("dataset_kwargs") or {}).get("data_files") or {}
@@ -127,12 +145,36 @@ def local_tasks(data_dir: Path, into: Path, tasks: list[str] | None = None) -> P
             path = (data_dir / name).resolve()
             if not path.is_file():
                 raise EvalError(
-                    f"task {config['task']} needs {path} (split {split}), which does not exist; "
-                    f"--data_dir must hold {', '.join(data_files.values())}"
+                    f"task {config['task']} needs {path} (split {split}), which does not exist; --data_dir must "
+                    f"hold {', '.join(data_files.values())}: {local_files_hint(config)}"
                 )
             data_files[split] = str(path)
         (into / source.name).write_text(yaml.safe_dump(config, sort_keys=False))
     return into
+
+
+def local_files_hint(config: dict[str, Any]) -> str:
+    """Where the files of an offline task come from: its Hub dataset, each split written as JSONL by
+    `datasets` on a machine that reaches the Hub (docs/publish.md, "Offline")."""
+    meta = config.get("metadata") or {}
+    dataset, name = meta.get("hub_dataset"), meta.get("hub_config")
+    files = (config.get("dataset_kwargs") or {}).get("data_files") or {}
+    writes = "; ".join(
+        f"load_dataset('{dataset}', '{name}', split='{split}').to_json('{Path(file).name}')"
+        for split, file in files.items()
+    )
+    return f'write them once where the Hub is reachable: python -c "from datasets import load_dataset; {writes}"'
+
+
+def local_task_config(task: str, num_fewshot: int | None = None) -> dict[str, Any]:
+    """The offline task's YAML as a run with `num_fewshot` reads it (zero-shot: its test split only)."""
+    source = next(p for p in LOCAL_TASKS_DIR.glob("*.yaml") if yaml.safe_load(p.read_text())["task"] == task)
+    config = yaml.safe_load(source.read_text())
+    if not num_fewshot:  # lm-eval then takes its (unused) few-shot pool from the test split
+        files = config["dataset_kwargs"]["data_files"]
+        config["dataset_kwargs"]["data_files"] = {"test": files["test"]}
+        config["training_split"] = config["validation_split"] = None  # over what an `include` sets
+    return config
 
 
 def _local_task_names() -> set[str]:
@@ -204,34 +246,41 @@ def run_lm_eval(
 
     wanted_local = sorted(set(tasks) & _local_task_names())
     if wanted_local and data_dir is None:
-        raise EvalError(f"{', '.join(wanted_local)} read local files: pass --data_dir with the folder that holds them")
+        needs = [local_task_config(task, num_fewshot) for task in wanted_local]
+        files = ", ".join(Path(f).name for c in needs for f in c["dataset_kwargs"]["data_files"].values())
+        raise EvalError(
+            f"{', '.join(wanted_local)} read local files: pass --data_dir with the folder that holds {files}; "
+            f"{local_files_hint(needs[0])}"
+        )
     if batch_size is None:
         batch_size = "auto" if model.device.type == "cuda" else CPU_BATCH_SIZE
     with tempfile.TemporaryDirectory() as scratch:
         paths = list(include_paths or [])
         if data_dir is not None:
-            paths.append(str(local_tasks(Path(data_dir), Path(scratch) / "tasks", tasks)))
+            paths.append(str(local_tasks(Path(data_dir), Path(scratch) / "tasks", tasks, num_fewshot)))
         task_manager = TaskManager(include_path=paths or None)
         unknown = [t for t in tasks if t not in task_manager.all_tasks]
         if unknown:
             raise EvalError(
                 f"unknown lm-eval task(s): {', '.join(unknown)} (see `lm_eval ls tasks`, or --include_path)"
             )
-        lm = HFLM(pretrained=model, tokenizer=tokenizer, batch_size=batch_size)
         try:
-            return lm_eval.simple_evaluate(
-                model=lm,
-                tasks=tasks,
-                num_fewshot=num_fewshot,
-                limit=limit,
-                task_manager=task_manager,
-                log_samples=False,
-            )
+            with quiet_lm_eval():  # its warnings about the model object passed on purpose, git's complaint
+                lm = HFLM(pretrained=model, tokenizer=tokenizer, batch_size=batch_size)
+                return lm_eval.simple_evaluate(
+                    model=lm,
+                    tasks=tasks,
+                    num_fewshot=num_fewshot,
+                    limit=limit,
+                    task_manager=task_manager,
+                    log_samples=False,
+                )
         except ConnectionError as exc:  # datasets' words for a dataset neither cached nor reachable (offline)
             local = ", ".join(sorted(_local_task_names()))
             raise EvalError(
                 f"a task's dataset is not in the cache and the Hub cannot be reached ({exc}): run it once online to "
-                f"cache it, or use the offline tasks ({local}) with --data_dir"
+                f"cache it, or use the offline tasks ({local}) with --data_dir, a folder of ARC-Easy-test.jsonl and "
+                f"ARC-Challenge-test.jsonl ({local_files_hint(local_task_config('arc_easy_local'))}; docs/publish.md, Offline)"
             ) from None
 
 
@@ -350,7 +399,9 @@ def report_benchmarks(
     """lm-eval's results.json, the comparison table (results.md, stdout) and, for an export, its card."""
     from lm_eval.utils import handle_non_serializable, make_table
 
-    (output / "results.json").write_text(json.dumps(results, indent=2, default=handle_non_serializable))
+    # lm-eval's own file, without this machine's paths (an export's eval/ is pushed with it)
+    kept = without_local_paths(json.loads(json.dumps(results, default=handle_non_serializable)))
+    (output / "results.json").write_text(json.dumps(kept, indent=2))
     scores = scores_from_results(results)
     table = comparison_table(scores, load_references(), limit)
     (output / "results.md").write_text(f"# {model}\n\n{table}\n## lm-eval's table\n\n{make_table(results)}")

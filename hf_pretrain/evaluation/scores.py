@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -150,3 +151,21 @@ def eval_results(scores: list[Score], results: dict[str, Any], limit: int | floa
             )
         )
     return entries
+
+
+# A path of this machine inside a longer text: a `/` that starts neither a word's part (`and/or`, `1/2`)
+# nor a URL's (`https://`), then folders, then the name kept.
+_EMBEDDED_PATH = re.compile(r"(?<![\w:/.])(?:/[\w.+@~-]+)+/([\w.+@~-]+)")
+
+
+def without_local_paths(value: Any) -> Any:
+    """`value` (lm-eval's results, JSON-like) with every absolute path of this machine replaced by its
+    file name: results.json sits in the folder a user pushes, which may hold no local path (the ARC
+    files under --data_dir, the temporary task files, the model folder)."""
+    if isinstance(value, dict):
+        return {key: without_local_paths(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [without_local_paths(item) for item in value]
+    if isinstance(value, str):
+        return _EMBEDDED_PATH.sub(r"\1", value)
+    return value

@@ -7,7 +7,7 @@ from __future__ import annotations
 from hf_pretrain.config import KEY_SECTION, Recipe, build_recipe
 from hf_pretrain.config.recipe_command import recipe_command
 from hf_pretrain.economics.cost import dollars, dollars_per_billion_tokens
-from hf_pretrain.economics.measurements import measured_here
+from hf_pretrain.economics.measurements import Measurement, measured_here, measured_on_a_gpu
 from hf_pretrain.economics.performance import modelled_tokens_per_s
 from hf_pretrain.formatting import usd
 from hf_pretrain.machine.gpus import find_gpu
@@ -58,6 +58,9 @@ def check_cost(recipe: Recipe, gpu_name: str | None = None, world_size: int = 1)
     t = recipe.train
     tokens = f"{run_tokens(recipe):,} tokens ({t.max_steps:,} steps x {t.global_batch_tokens:,})"
     hours, cost = run_hours(recipe), run_cost(recipe)
+    elsewhere = measured_on_a_gpu(recipe, world_size) if hours is None and gpu_name is None else None
+    if elsewhere:  # no GPU here: the configuration's measurement on a card of the table, said as that card's
+        return measured_elsewhere(recipe, elsewhere, tokens, world_size)
     modelled = modelled_rate(recipe, gpu_name, world_size) if hours is None else None
     if modelled:
         hours = run_tokens(recipe) / modelled / 3600
@@ -95,4 +98,21 @@ def check_cost(recipe: Recipe, gpu_name: str | None = None, world_size: int = 1)
         "time and cost",
         "pass",
         f"{tokens}: {duration}, {usd(cost)} at {usd(recipe.reporting.price_per_hour)}/h ({usd(per_billion)} per billion tokens)",
+    )
+
+
+def measured_elsewhere(recipe: Recipe, measured: Measurement, tokens: str, world_size: int) -> CheckResult:
+    """Time and cost on the card that measured this configuration, at that card's typical price (the
+    recipe's price_per_hour may be another card's): a machine without a GPU has none of its own."""
+    gpu = find_gpu(measured.gpu)
+    rate = measured.tokens_per_s * world_size
+    hours = run_tokens(recipe) / rate / 3600
+    gpus = f"{world_size} x {measured.gpu}" if world_size > 1 else f"one {measured.gpu}"
+    price = gpu.usd_per_hour * world_size if gpu is not None else 0.0
+    cost = f", {usd(dollars(hours, price))} at {usd(price)}/h (its typical price)" if price else ""
+    return CheckResult(
+        "time and cost",
+        "pass",
+        f"{tokens}: {hours:,.1f} h at {rate:,.0f} tokens/s on {gpus}{cost} ({measured.label()}; no GPU here: "
+        f"`hf-pretrain plan --recipe {recipe.name} --gpu all` ranks the other cards)",
     )

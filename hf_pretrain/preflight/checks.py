@@ -37,6 +37,7 @@ from hf_pretrain.preflight.gpu import (
 )
 from hf_pretrain.preflight.hub_access import check_hub
 from hf_pretrain.preflight.init_from import check_init_from
+from hf_pretrain.preflight.lm_eval_tasks import check_lm_eval_tasks
 from hf_pretrain.preflight.result import CheckResult, PreflightError, format_table
 from hf_pretrain.preflight.resume import check_resume, check_stop_request
 from hf_pretrain.preflight.sdpa_kernel import check_attention_backend
@@ -90,6 +91,7 @@ def run_checks(
     checks: list[tuple[str, Callable[[], CheckResult | list[CheckResult]]]] = [
         ("versions", lambda: check_versions(recipe)),
         ("trackers", lambda: check_trackers(recipe)),
+        ("lm-eval tasks", lambda: check_lm_eval_tasks(recipe)),  # scored at every checkpoint: known before
         ("hub", lambda: check_hub(recipe)),  # push_to_hub: a warning, the run trains anyway
         ("cuda", lambda: check_cuda(recipe, profile)),
         ("bf16", lambda: check_bf16(recipe, profile)),

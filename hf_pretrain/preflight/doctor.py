@@ -24,6 +24,7 @@ def _doctor_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--num_processes",
         type=int,
+        ge=1,
         default=int(os.environ.get("WORLD_SIZE", "1")),
         help="processes the run will use (the batch must split over them); WORLD_SIZE when set",
     )

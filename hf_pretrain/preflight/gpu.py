@@ -9,7 +9,7 @@ import shutil
 import torch
 
 from hf_pretrain.config import Recipe
-from hf_pretrain.economics.measurements import Measurement, measured_here, shipped_measurement
+from hf_pretrain.economics.measurements import Measurement, measured_here, measured_on_a_gpu, shipped_measurement
 from hf_pretrain.economics.memory import (
     ESTIMATE_ERROR,
     USABLE_MEMORY_FRACTION,
@@ -222,6 +222,24 @@ def bench_command(recipe: Recipe) -> str:
     return f"hf-pretrain bench --recipe {recipe.name} {' '.join(keys)} --no_search --steps 10 --warmup 4"
 
 
+def without_a_gpu(recipe: Recipe, estimate: MemoryEstimate, world_size: int) -> str:
+    """The memory row on a machine without a GPU: the configuration asked first (its checkpointed layers),
+    then what a card of the table measured for it, where one did (economics/measurements.py)."""
+    layers, asked = recipe.model.num_hidden_layers, recipe.checkpointed_layer_count
+    said = "no GPU to compare against; "
+    if 0 < asked < layers:
+        said += (
+            f"with {asked} of {layers} layers checkpointed, as asked: {human_bytes(estimate.peak(asked))} at the peak; "
+        )
+    said += describe(estimate)
+    measured = measured_on_a_gpu(recipe, world_size)
+    if measured is not None and measured.peak_memory_gib is not None:
+        said += (
+            f"; the {measured.gpu} measured a peak of {measured.peak_memory_gib:.1f} GiB for it ({measured.label()})"
+        )
+    return said
+
+
 def measured_fit(measured: Measurement, total: int, estimate: MemoryEstimate) -> CheckResult:
     where = f"on an {measured.gpu}" if measured.shipped else "here"  # the project's run, or this machine's
     return CheckResult(
@@ -249,7 +267,7 @@ def check_memory(recipe: Recipe, device_memory_bytes: int | None = None, world_s
     tokenizer_size = recipe_tokenizer_size(recipe)
     estimate = estimate_memory(recipe, tokenizer_size, machine, world_size)
     if total is None:
-        return CheckResult("gpu memory", "skip", f"no GPU to compare against; {describe(estimate)}")
+        return CheckResult("gpu memory", "skip", without_a_gpu(recipe, estimate, world_size))
     measured = measured_here(recipe, world_size) if device_memory_bytes is None else None
     if measured and measured.peak_memory_gib is not None:  # it ran here: the measurement wins over the estimate
         return measured_fit(measured, total, estimate)

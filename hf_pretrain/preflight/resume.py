@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from hf_pretrain.checkpoints.manifest import CheckpointError
+from hf_pretrain.checkpoints.resume_decision import finished_step
 from hf_pretrain.checkpoints.resume_plan import Continuation, ResumeRefused
 from hf_pretrain.config import Recipe
 from hf_pretrain.preflight.result import CheckResult
@@ -30,6 +31,9 @@ def check_resume(recipe: Recipe, decision: Callable[[], Continuation]) -> CheckR
         )
         return CheckResult("resume", "pass", start + skipped)
     step = plan.saved["step"]
+    if RunDir(recipe.train.output_dir).final.is_dir() and finished_step(recipe, plan.saved) is not None:
+        # the same command after the run completed: nothing goes on (the verdict under the table says so)
+        return CheckResult("resume", "pass", f"nothing to resume: the run finished at step {step:,}{skipped}")
     reason = f"goes on from step {step:,}" if plan.branch is None else f"goes on from {plan.folder}"
     if plan.notes:
         reason += ": " + "; ".join(plan.notes)

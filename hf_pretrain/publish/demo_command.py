@@ -33,7 +33,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="a run folder (all its checkpoints), a checkpoint, a model folder, a Hub repo id or a run URL; "
         "repeat to compare several",
     )
-    parser.add_argument("--port", type=int, default=None, help="port to listen on (unset: GRADIO_SERVER_PORT or 7860)")
+    parser.add_argument(
+        "--port", type=int, default=None, ge=1, le=65535, help="port to listen on (unset: GRADIO_SERVER_PORT or 7860)"
+    )
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on")
     parser.add_argument("--share", action="store_true", help="also serve through a public gradio.live link")
     parser.add_argument(

@@ -305,7 +305,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"export: wrote {out}")
     if args.gguf:
         try:
-            print(f"export: wrote {write_gguf(out, gguf_type=args.gguf_type)}")
+            print(f"export: wrote {write_gguf(out, gguf_type=args.gguf_type, overwrite=True)}")
         except GGUFError as exc:
             print(f"hf-pretrain export: error: {exc} (the HF folder {out} is complete)", file=sys.stderr)
             return EXIT_WRITE_FAILED if isinstance(exc, GGUFWriteError) else EXIT_CONFIG

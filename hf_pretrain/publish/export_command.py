@@ -41,6 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--price_per_hour",
         type=float,
+        ge=0,
         metavar="USD",
         help="what the whole job cost per hour, for the card's cost line (unset: the recipe's "
         "price_per_hour; no cost line when neither is set)",

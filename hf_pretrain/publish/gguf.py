@@ -113,8 +113,11 @@ def _tensor_data(name: str, tensor: torch.Tensor, gguf_type: str, gguf):
 FILE_TYPES = {"f32": "ALL_F32", "f16": "MOSTLY_F16", "bf16": "MOSTLY_BF16", "q8_0": "MOSTLY_Q8_0"}
 
 
-def write_gguf(folder: str | Path, out: str | Path | None = None, gguf_type: str = "f16") -> Path:
-    """Write the Llama model folder `folder` (an `hf-pretrain export`) as GGUF; returns the file."""
+def write_gguf(
+    folder: str | Path, out: str | Path | None = None, gguf_type: str = "f16", overwrite: bool = False
+) -> Path:
+    """Write the Llama model folder `folder` (an `hf-pretrain export`) as GGUF; returns the file. An
+    existing `out` is replaced only with `overwrite`, and only when it is a GGUF file (never a user's other file)."""
     gguf = _gguf()
     folder = Path(folder)
     if gguf_type not in GGUF_TYPES:
@@ -137,6 +140,7 @@ def write_gguf(folder: str | Path, out: str | Path | None = None, gguf_type: str
         raise GGUFError(
             f"--out {out} is a folder; give the file to write, e.g. --out {out / f'{folder.name}-{gguf_type}.gguf'}"
         )
+    refuse_replacing(out, overwrite)
     unwritable = unwritable_reason(out.absolute().parent)
     if unwritable:
         raise GGUFError(f"cannot write {out}: {unwritable}; choose an --out on a writable disk")
@@ -253,6 +257,25 @@ def _add_tensors(writer, gguf, config: dict, weights: dict[str, torch.Tensor], g
         writer.add_tensor(gguf_name, data, raw_shape=raw_shape, raw_dtype=raw_dtype)
 
 
+GGUF_MAGIC = b"GGUF"  # the first four bytes of every GGUF file
+
+
+def refuse_replacing(out: Path, overwrite: bool) -> None:
+    """Raise GGUFError when writing `out` would replace a file: any file without `overwrite`, a file that
+    is not a GGUF file even with it."""
+    if not out.exists() and not out.is_symlink():
+        return
+    try:
+        with out.open("rb") as file:
+            is_gguf = file.read(4) == GGUF_MAGIC
+    except OSError:
+        is_gguf = False
+    if not is_gguf:
+        raise GGUFError(f"--out {out} exists and is not a GGUF file; it is never replaced: choose another --out")
+    if not overwrite:
+        raise GGUFError(f"--out {out} already exists; pass --overwrite to replace it, or choose another --out")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = CommandParser(
         prog="hf-pretrain gguf", description=__doc__.split("\n")[0], epilog=__doc__.split("\n", 1)[1]
@@ -260,9 +283,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("folder", help="a model folder written by `hf-pretrain export`")
     parser.add_argument("--gguf_type", choices=GGUF_TYPES, default="f16", help="tensor type")
     parser.add_argument("--out", help="the .gguf file to write (unset: FOLDER/NAME-TYPE.gguf)")
+    parser.add_argument("--overwrite", action="store_true", help="replace a GGUF file at --out (never another file)")
     args = parser.parse_args(argv)
     try:
-        path = write_gguf(args.folder, args.out, args.gguf_type)
+        path = write_gguf(args.folder, args.out, args.gguf_type, args.overwrite)
     except GGUFError as exc:
         print(f"hf-pretrain gguf: {exc}", file=sys.stderr)
         return EXIT_WRITE_FAILED if isinstance(exc, GGUFWriteError) else EXIT_CONFIG

@@ -101,7 +101,7 @@ class CardOptions:
     model_name: str
     license: str = "apache-2.0"
     repo_id: str | None = None  # the Hub repo it goes to: the usage snippet loads from there
-    local_path: str | None = None  # where it was written, for the snippet when there is no repo
+    local_path: str | None = None  # where it was written: its name (never the path) for the snippet without a repo
     hardware: str | None = None  # e.g. "1x H100 80GB"
     price_per_hour: float | None = None  # USD for the whole job; default the recipe's price_per_hour
 
@@ -300,7 +300,10 @@ def write_model_card(folder: Path, train_state: dict, run_dir: Path | None, mode
         template_str=TEMPLATE,
         model_name=options.model_name,
         params=human_count(count_parameters(model)),
-        load_from=options.repo_id or options.local_path or options.model_name,
+        # the folder is what a user pushes: its name relative to where it sits, never this machine's path
+        load_from=options.repo_id
+        or (options.local_path and f"./{Path(options.local_path).name}")
+        or options.model_name,
         chat_markers=" and ".join(f"`{m}`" for m in markers),
         base_model=base_named,
         recipe_name=recipe.name if recipe is not None else "unknown",

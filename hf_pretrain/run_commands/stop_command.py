@@ -120,6 +120,7 @@ def parse_flags(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--cooldown_steps",
         type=int,
+        ge=0,
         help="steps of learning-rate decay before the run stops (unset: decay_fraction x the steps "
         "done for a wsd run, 0 for a cosine)",
     )

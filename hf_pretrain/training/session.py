@@ -139,7 +139,9 @@ def killed_session(run: RunDir) -> str | None:
         return None
     step = _last_logged_step(run.metrics)
     newest = newest_sound_checkpoint(run.path)
-    at = f"at step {step:,}" if step is not None else "before it logged a step"
+    # the last step it logged, not where it was killed: it may have trained and saved past it (step 20 logged,
+    # step 25 saved read as "killed at step 20 ... newest checkpoint step 25")
+    at = f"after logging step {step:,}" if step is not None else "before it logged a step"
     saved = f"its newest checkpoint is step {newest.step:,}" if newest else "it saved no checkpoint"
     return (
         f"the last run was killed {at} (pid {status.get('pid')} on {status.get('host')} gone, started "

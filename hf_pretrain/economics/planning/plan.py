@@ -46,6 +46,7 @@ class Plan:
     tokens_per_s_per_gpu: float | None  # None: unknown, so no time or cost
     throughput_source: str
     price_per_gpu_hour: float | None
+    price_source: str  # where the price comes from, said beside it: the recipe's is of its own GPU
     usd_per_billion_tokens: float | None
     global_batch_tokens: int
     optimizer_steps: int
@@ -138,6 +139,20 @@ def one_gpu_rate(
     return rate, rate_source
 
 
+def plan_price(
+    request: PlanRequest, gpu: GPU | None, prices: dict[str, float], model: PlannedModel
+) -> tuple[float | None, str]:
+    """$ per GPU-hour and where it comes from: --price_per_gpu_hour, the price table's for --gpu, else the
+    recipe's price_per_hour (whatever GPU its comment names: said as the recipe's, not as any card's)."""
+    if request.price_per_gpu_hour:
+        return request.price_per_gpu_hour, "--price_per_gpu_hour"
+    if gpu is not None and prices.get(gpu.name):
+        return prices[gpu.name], f"the {gpu.name}'s typical price"
+    if model.recipe_price:
+        return model.recipe_price, "the recipe's price_per_hour; --gpu NAME prices a GPU of the table"
+    return None, ""
+
+
 def make_plan(request: PlanRequest) -> Plan:
     """The plan of `request`; raises ValueError (or PriceError) saying what to give instead."""
     model = planned_model(request)
@@ -148,7 +163,7 @@ def make_plan(request: PlanRequest) -> Plan:
     rows = ranked_rows(request.recipe, tokens, prices, request.pinned) if request.gpu == ALL_GPUS else []
     gpu = gpu_named(request.gpu) if request.gpu and request.gpu != ALL_GPUS else None
     on = machine_with(gpu) if gpu else A_GPU
-    price = request.price_per_gpu_hour or (prices[gpu.name] if gpu else None) or model.recipe_price or None
+    price, price_source = plan_price(request, gpu, prices, model)
     if gpu and request.recipe is not None:
         rows = [named_gpu_row(request, gpu, on, tokens, price)]
     rate, rate_source = one_gpu_rate(request, gpu, on, rows, model)
@@ -177,6 +192,7 @@ def make_plan(request: PlanRequest) -> Plan:
         tokens_per_s_per_gpu=rate,
         throughput_source=rate_source,
         price_per_gpu_hour=price,
+        price_source=price_source,
         usd_per_billion_tokens=dollars_per_billion_tokens(rate, price) if price and rate else None,
         global_batch_tokens=batch_tokens,
         optimizer_steps=steps,

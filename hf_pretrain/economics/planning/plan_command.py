@@ -50,6 +50,29 @@ PLAN_OPTIONS = (
 )
 
 
+def add_rate_and_price(group: argparse._ArgumentGroup) -> None:
+    """The flags that stand in for the plan's rate and price."""
+    group.add_argument(
+        "--price_per_gpu_hour",
+        type=float,
+        ge=0,
+        help="$ per GPU-hour of the one --gpu (unset: its typical price in the table, else the recipe's price_per_hour)",
+    )
+    group.add_argument(
+        "--tokens_per_s",
+        type=float,
+        gt=0,
+        help="measured tokens/s of one GPU (unset: the recipe's expected_tokens_per_s, else --gpu's peak x --mfu)",
+    )
+    group.add_argument(
+        "--mfu",
+        type=float,
+        gt=0,
+        le=1,
+        help=f"with --params and --gpu: assumed model FLOPs utilisation (unset: {DEFAULT_MFU}); a recipe is modelled",
+    )
+
+
 def add_plan_options(parser: argparse.ArgumentParser, with_recipe: bool) -> None:
     """The command's own flags. With a recipe, `--global_batch_tokens` and `--price_per_hour` are the
     recipe's keys (its batch, its price), so the plan's flags of those names are left out."""
@@ -57,6 +80,7 @@ def add_plan_options(parser: argparse.ArgumentParser, with_recipe: bool) -> None
     group.add_argument(
         "--tokens",
         type=float,
+        gt=0,
         help="token budget (unset: the recipe's max_steps x global_batch_tokens, else 20 x params; "
         "with --run, 20 x the run's parameters)",
     )
@@ -64,6 +88,7 @@ def add_plan_options(parser: argparse.ArgumentParser, with_recipe: bool) -> None
         group.add_argument(
             "--global_batch_tokens",
             type=int,
+            ge=1,
             help=f"tokens per optimizer step with --params (unset: {DEFAULT_GLOBAL_BATCH_TOKENS:,})",
         )
     group.add_argument(
@@ -75,22 +100,8 @@ def add_plan_options(parser: argparse.ArgumentParser, with_recipe: bool) -> None
         "--prices",
         help="YAML of GPU names to $ per GPU-hour, overriding the table's typical prices of the GPUs it names",
     )
-    group.add_argument(
-        "--price_per_gpu_hour",
-        type=float,
-        help="$ per GPU-hour of the one --gpu (unset: its typical price in the table, else the recipe's price_per_hour)",
-    )
-    group.add_argument(
-        "--tokens_per_s",
-        type=float,
-        help="measured tokens/s of one GPU (unset: the recipe's expected_tokens_per_s, else --gpu's peak x --mfu)",
-    )
-    group.add_argument(
-        "--mfu",
-        type=float,
-        help=f"with --params and --gpu: assumed model FLOPs utilisation (unset: {DEFAULT_MFU}); a recipe is modelled",
-    )
-    group.add_argument("--max_gpus", type=int, default=8, help="table rows for 1..N GPUs")
+    add_rate_and_price(group)
+    group.add_argument("--max_gpus", type=int, default=8, ge=1, help="table rows for 1..N GPUs")
     group.add_argument(
         "--interconnect",
         choices=sorted(INTERCONNECT_GBPS),
@@ -98,11 +109,15 @@ def add_plan_options(parser: argparse.ArgumentParser, with_recipe: bool) -> None
         help="link between the GPUs: " + ", ".join(f"{k} {v:,.0f} Gbit/s" for k, v in INTERCONNECT_GBPS.items()),
     )
     group.add_argument(
-        "--interconnect_gbps", type=float, help="link rate in Gbit/s per GPU, one direction (overrides --interconnect)"
+        "--interconnect_gbps",
+        type=float,
+        gt=0,
+        help="link rate in Gbit/s per GPU, one direction (overrides --interconnect)",
     )
     group.add_argument(
         "--gradient_bytes",
         type=float,
+        gt=0,
         default=GRADIENT_BYTES,
         help="bytes per parameter all-reduced each step (4: fp32 gradients; 2 with a bf16 compression hook)",
     )
@@ -110,6 +125,7 @@ def add_plan_options(parser: argparse.ArgumentParser, with_recipe: bool) -> None
         group.add_argument(
             "--price_per_hour",
             type=float,
+            ge=0,
             help="with --run: $ per hour of the whole job (unset: the run's price_per_hour)",
         )
     group.add_argument("--json", action="store_true", help="print the plan as JSON")
@@ -129,7 +145,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="recipe name or YAML path: parameters from a meta-device build; every recipe key may follow as "
         "--key value (`hf-pretrain plan --recipe NAME --help` lists them)",
     )
-    model.add_argument("--params", type=float, help="parameter count, e.g. 1.04e9 (FLOPs per token then 6N)")
+    model.add_argument("--params", type=float, gt=0, help="parameter count, e.g. 1.04e9 (FLOPs per token then 6N)")
     model.add_argument("--run", help="a run folder: what going on to --tokens would buy, from its loss curve so far")
     add_plan_options(parser, with_recipe=False)
     return parser

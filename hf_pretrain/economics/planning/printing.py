@@ -14,7 +14,7 @@ from hf_pretrain.machine.precisions import PRECISIONS, Precision
 
 def format_plan(plan: Plan) -> str:
     price = (
-        f"{usd(plan.price_per_gpu_hour)}/h per GPU"
+        f"{usd(plan.price_per_gpu_hour)}/h per GPU ({plan.price_source})"
         if plan.price_per_gpu_hour
         else "price unknown (--price_per_gpu_hour)"
     )
