@@ -52,8 +52,12 @@ def run_training(recipe: Recipe) -> Outcome:
         message = f"the run in {recipe.train.output_dir} finished at step {finished:,}: nothing to train. {GO_FURTHER}"
         if os.environ.get("RANK", "0") == "0":  # every process of a launched job comes here: one says it
             print(message, flush=True)
-        if store is not None:
-            store.close()  # the lease handed back: nothing was trained, nothing to upload
+        if store is not None:  # what an earlier session could not upload goes now; then the lease handed back
+            store.wait()
+            if behind := store.behind():
+                message += f" | warning: {behind}"
+                print(f"warning: {behind}", flush=True)
+            store.close()
         return Outcome(0, message, RunDir(recipe.train.output_dir).final, finished=True)
     side_jobs = SideJobs(recipe)
     try:
@@ -63,6 +67,8 @@ def run_training(recipe: Recipe) -> Outcome:
             outcome = train_loop(recipe, callbacks=[side_jobs] + ([store] if store is not None else []))
             unpushed = side_jobs.unpushed(session.dir)  # on the first process only: the others push nothing
             behind = store.behind() if store is not None else None
+            if store is not None and not behind:
+                print(store.standing(), flush=True)
             for warning in (unpushed, behind):
                 if warning:  # the last line of the log and status.json say it, not only a warning hours ago
                     print(f"warning: {warning}", flush=True)
