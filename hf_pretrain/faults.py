@@ -11,13 +11,22 @@ e.g. `disk-full@0:8`. Unset (always, outside tests) it costs one dict lookup.
 - `crash`: an uncaught exception in the step (a bug, a bad batch): the process must still end.
 - `hang`: the process stops itself (SIGSTOP) at the start of the step, as a frozen GPU or a dead
   network card would leave it: the others wait at the next collective (training/watchdog.py).
+- `hold`: the loop waits before the step, its background work (uploads, sealing, the store's
+  heartbeat) going on, until a file named for the step (`9` for `hold:9`) appears in the folder
+  `HF_PRETRAIN_RELEASE` names, or until the process dies. A signal during the hold is recorded as
+  always and acted on once released. A test's certain point to kill, cut or signal at: the run
+  cannot get past it however fast or loaded the machine is (issue 49). `hold:0` holds the start-up,
+  before the model is built.
 """
 
 from __future__ import annotations
 
 import os
+import time
+from collections.abc import Callable
 
 ENV_VAR = "HF_PRETRAIN_FAULTS"
+RELEASE_VAR = "HF_PRETRAIN_RELEASE"
 
 
 def fault_active(name: str, step: int, process: int | None = None) -> bool:
@@ -35,3 +44,13 @@ def fault_active(name: str, step: int, process: int | None = None) -> bool:
         if int(first) <= step <= int(last or first):
             return True
     return False
+
+
+def hold_if_asked(step: int, process: int, say: Callable[[str], None]) -> None:
+    """The `hold` fault: wait before `step` until the step's release file appears."""
+    if not fault_active("hold", step, process):
+        return
+    release = os.path.join(os.environ.get(RELEASE_VAR, "<HF_PRETRAIN_RELEASE unset>"), str(step))
+    say(f"injected fault: holding before step {step} until {release} exists")
+    while not os.path.exists(release):
+        time.sleep(0.05)

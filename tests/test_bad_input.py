@@ -257,8 +257,9 @@ def test_a_second_sigterm_exits_at_once_with_75_and_a_status_that_says_so(smoke_
     from tests.test_survival import start_training, wait_for_step
 
     run_dir = tmp_path / "run"
-    # a wider model than the smoke recipe's: its step and its save take long enough for a second signal
-    process = start_training(smoke_data, run_dir, max_steps=200, hidden_size=512, intermediate_size=1536)
+    # held before step 3, never released: the second signal certainly comes before the graceful stop's
+    # save could end the run (a wider model's slow save made it only likely; issue 49)
+    process = start_training(smoke_data, run_dir, "hold:3", tmp_path / "release")
     try:
         assert wait_for_step(process, run_dir, 2), process.communicate()[0][-3000:]
         process.send_signal(signal.SIGTERM)

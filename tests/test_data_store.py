@@ -246,9 +246,26 @@ def test_a_corrupted_shard_in_the_store_is_caught_by_its_checksum(corrupt_store,
     assert shard in str(caught.value) and "checksum" in str(caught.value)
 
 
-def test_a_store_cut_during_a_fetch_is_retried_then_a_clear_line(store_data, machine, s3_server, monkeypatch):
-    import threading
+def the_store_returns_at_the_first_retry(monkeypatch, proxy) -> None:
+    """The cut store comes back when the product's retry loop first waits: certain, where a timer that
+    restored it after a second raced that loop's own one-second delay on a loaded machine (issue 49)."""
+    import time
 
+    from hf_pretrain.object_store import store_calls
+
+    class Clock:
+        def __getattr__(self, name):
+            return getattr(time, name)
+
+        @staticmethod
+        def sleep(seconds: float) -> None:
+            proxy.restore()
+            time.sleep(seconds)
+
+    monkeypatch.setattr(store_calls, "time", Clock())
+
+
+def test_a_store_cut_during_a_fetch_is_retried_then_a_clear_line(store_data, machine, s3_server, monkeypatch):
     from hf_pretrain.object_store.data_cache import StoreData
     from hf_pretrain.object_store.store_calls import StoreError
 
@@ -259,8 +276,9 @@ def test_a_store_cut_during_a_fetch_is_retried_then_a_clear_line(store_data, mac
     file = next(iter(data.sizes))
     s3_server.proxy.cut()
     try:
-        threading.Timer(1.0, s3_server.proxy.restore).start()
-        assert len(data.block(file, 0)) == min(data.block_bytes, data.sizes[file])  # came back: retried
+        with monkeypatch.context() as patched:
+            the_store_returns_at_the_first_retry(patched, s3_server.proxy)
+            assert len(data.block(file, 0)) == min(data.block_bytes, data.sizes[file])  # came back: retried
         s3_server.proxy.cut()
         monkeypatch.setenv("HF_PRETRAIN_STORE_RETRY_DELAYS", "0.1")
         with pytest.raises(StoreError) as failed:
@@ -398,8 +416,6 @@ def test_the_doctor_on_an_unreachable_data_url_answers_in_one_row_within_seconds
 
 @pytest.mark.slow
 def test_a_store_cut_during_the_upload_is_retried_then_a_clear_line(s3_server, smoke_data, monkeypatch):
-    import threading
-
     from hf_pretrain.object_store.data_upload import UploadIncomplete, upload_prepared
     from hf_pretrain.object_store.urls import StoreURL, filesystem
 
@@ -409,8 +425,9 @@ def test_a_store_cut_during_the_upload_is_retried_then_a_clear_line(s3_server, s
     fs = filesystem(url)
     s3_server.proxy.cut()
     try:
-        threading.Timer(1.0, s3_server.proxy.restore).start()
-        upload_prepared(copy, url, fs, log=lambda _: None)  # came back: every file retried until it is in
+        with monkeypatch.context() as patched:
+            the_store_returns_at_the_first_retry(patched, s3_server.proxy)
+            upload_prepared(copy, url, fs, log=lambda _: None)  # came back: every file retried until it is in
         assert json.loads(fs.cat_file(url.join("meta.json").path)) == json.loads((copy / "meta.json").read_text())
         again = StoreURL.parse(s3_server.make_bucket("upload-cut-2") + "/smoke")
         monkeypatch.setenv("HF_PRETRAIN_STORE_RETRY_DELAYS", "0.1")

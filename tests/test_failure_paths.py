@@ -148,7 +148,8 @@ def test_a_run_whose_disk_fills_up_exits_74_with_the_free_space_and_the_next_sta
     """The run of the issue: the disk fills between two saves; torch's zip writer fails in optimizer.bin."""
     with small_volume(tmp_path / "disk", "400m") as volume:  # room for the preflight's estimate
         run_dir = volume / "run"
-        process = start_training(smoke_data, run_dir, save_interval=4, report_to="none")
+        release = tmp_path / "release"  # held before step 6 while the disk fills: no race with step 8 (issue 49)
+        process = start_training(smoke_data, run_dir, "hold:6", release, save_interval=4, report_to="none")
         try:
             assert wait_for_step(process, run_dir, 5, timeout=300)
             first = run_dir / "checkpoints" / "step_00000004"
@@ -156,10 +157,9 @@ def test_a_run_whose_disk_fills_up_exits_74_with_the_free_space_and_the_next_sta
             while not (first / "manifest.json").exists():  # sealed on a thread
                 assert time.monotonic() < deadline, "the step 4 checkpoint was never sealed"
                 time.sleep(0.05)
-            process.send_signal(signal.SIGSTOP)  # the disk fills while the run waits: no race with step 8
             size = {f.name: f.stat().st_size for f in first.iterdir()}
             filler = fill(volume, leave=size["model.safetensors"] + size["optimizer.bin"] // 2)
-            process.send_signal(signal.SIGCONT)
+            (release / "6").touch()
             output = process.communicate(timeout=300)[0]
         finally:
             if process.poll() is None:
@@ -206,7 +206,7 @@ def test_a_signal_after_the_loop_does_not_change_the_ending(tmp_path, capfd):
 @pytest.mark.slow
 def test_sigterm_in_the_first_seconds_exits_75_with_a_status_that_says_so(smoke_data, tmp_path):
     run_dir = tmp_path / "run"
-    process = start_training(smoke_data, run_dir)
+    process = start_training(smoke_data, run_dir, "hold:0", tmp_path / "release")  # a start-up that waits (issue 49)
     try:
         deadline = time.monotonic() + 120
         while read_status(run_dir).get("state") != "running":  # the session holds the folder: start-up begins

@@ -150,7 +150,8 @@ def test_sigterm_to_the_launcher_while_the_trainer_imports_ends_the_trainer_too(
     """Issue 33: the launcher gone 1 s into the trainer's life (still importing torch), the trainer
     trained the whole run on its own and ended `finished`, while the scheduler saw 143."""
     run_dir = tmp_path / "early"
-    launcher = start([*launch_command(), *arguments(smoke_data, run_dir, max_steps=30)])
+    # 2,000 steps: alone, the trainer would outlive the 20 s wait below by minutes, never finish within it
+    launcher = start([*launch_command(), *arguments(smoke_data, run_dir, max_steps=2000)])
     try:
         wait_until(lambda: trainer_of(launcher) or launcher.poll() is not None, 120, "no trainer started")
         assert launcher.poll() is None, launcher.communicate()[0][-3000:]
@@ -160,7 +161,7 @@ def test_sigterm_to_the_launcher_while_the_trainer_imports_ends_the_trainer_too(
         wait_until(lambda: not processes_naming(run_dir), 20, "the trainer outlived its launcher")
         ended = json.loads(RunDir(run_dir).status.read_text()) if RunDir(run_dir).status.is_file() else {}
         assert ended.get("state") in (None, "preempted"), ended  # never `finished`: it trained nothing alone
-        assert not RunDir(run_dir).metrics.is_file() or logged_step(run_dir) < 30
+        assert not RunDir(run_dir).metrics.is_file() or logged_step(run_dir) < 2000
         assert "launcher (accelerate launch, pid" in output or "exit of its launcher" in output, output[-3000:]
     finally:
         kill_all(launcher, run_dir)

@@ -31,10 +31,11 @@ def train_command(data_dir: Path, url: str, **overrides) -> list[str]:
     return cmd
 
 
-def machine(folder: Path, s3_server) -> dict:
+def machine(folder: Path, s3_server, **env: str) -> dict:
     """Another machine: its own working folder and an empty cache, only the store's address shared."""
     folder.mkdir(parents=True, exist_ok=True)
-    return {"cwd": folder, "env": {**offline_env(), **s3_server.env, "HF_PRETRAIN_HOME": str(folder / "home")}}
+    home = str(folder / "home")
+    return {"cwd": folder, "env": {**offline_env(), **s3_server.env, "HF_PRETRAIN_HOME": home, **env}}
 
 
 def working_copy(machine_folder: Path, url: str) -> Path:
@@ -69,10 +70,14 @@ def wait_until(condition, process: subprocess.Popen, timeout: float = 180, poll:
     raise AssertionError("timed out")
 
 
+HELD = {"HF_PRETRAIN_FAULTS": "hold:9"}  # the machine to lose trains to step 8 and waits there (faults.py)
+
+
 def lose_the_machine_after_a_checkpoint(process: subprocess.Popen, url: str, s3_server, kill) -> None:
-    """Wait until a complete checkpoint is in the store, then lose the machine: its network first, so
-    nothing more of it reaches the store however fast it trains on (on a loaded CI machine the run
-    used to finish between the poll and the kill), then its processes (`kill`)."""
+    """Lose a machine started with `HELD` once a complete checkpoint is in the store. The run waits
+    before step 9 until it is killed, so it cannot reach its end first however fast the machine is
+    (issue 49: polling for the checkpoint and killing after raced the short run's last uploads). The
+    network goes first, so nothing more reaches the store during the kill, then the processes (`kill`)."""
     wait_until(lambda: complete_in_store(url), process)
     s3_server.proxy.cut()
     try:
@@ -90,7 +95,7 @@ def every_file_text(*folders: Path) -> str:
 def test_a_run_killed_on_one_machine_finishes_on_another_bit_for_bit(reference_run, s3_bucket, s3_server, tmp_path):
     """The issue's acceptance run: the data prepared into the store too, so machine B shares no disk with A."""
     url, data_url = f"{s3_bucket}/run", f"{s3_bucket}/data"
-    a, b = machine(tmp_path / "A", s3_server), machine(tmp_path / "B", s3_server)
+    a, b = machine(tmp_path / "A", s3_server, **HELD), machine(tmp_path / "B", s3_server)
     prepared = subprocess.run(
         [sys.executable, "-m", "hf_pretrain.cli", "prepare", "--recipe", "smoke", "--data_dir", data_url],
         **a,
@@ -146,8 +151,11 @@ def test_a_run_killed_on_one_machine_finishes_on_another_bit_for_bit(reference_r
 
 @pytest.mark.slow
 def test_the_store_cut_mid_upload_training_goes_on_and_the_upload_completes(smoke_data, s3_bucket, s3_server, tmp_path):
-    url = f"{s3_bucket}/run"
-    a = machine(tmp_path / "A", s3_server)
+    """Certain at every point (issue 49): the run waits before step 4 until the store is cut, so step 4's
+    checkpoint goes up into the cut, and before step 9 until the test has seen training go on without it."""
+    url, release = f"{s3_bucket}/run", tmp_path / "release"
+    release.mkdir()
+    a = machine(tmp_path / "A", s3_server, HF_PRETRAIN_FAULTS="hold:4,hold:9", HF_PRETRAIN_RELEASE=str(release))
     local = working_copy(tmp_path / "A", url)
     # store_wait_s above the default: on a loaded machine a request caught by the cut may wait out the
     # store client's own timeouts and retries (minutes) before ours take over, and the end waits for it
@@ -158,15 +166,17 @@ def test_the_store_cut_mid_upload_training_goes_on_and_the_upload_completes(smok
         stderr=subprocess.STDOUT,
         text=True,
     )
-    wait_until(lambda: (local / "checkpoints" / "step_00000004").is_dir(), trainer)
-    s3_server.proxy.cut()  # the store's server is gone while step 4 goes up
+    wait_until(lambda: _logged_steps(local) == 3, trainer)  # held before step 4
+    s3_server.proxy.cut()  # the store's server is gone before step 4 is saved and goes up
     try:
-        steps_at_cut = _logged_steps(local)
-        wait_until(lambda: _logged_steps(local) >= steps_at_cut + 3, trainer, timeout=120)  # training goes on
+        (release / "4").touch()
+        wait_until(lambda: _logged_steps(local) == 8, trainer, timeout=300)  # training went on, to the hold at 9
         status = json.loads((local / "status.json").read_text())
         assert status["state"] == "running"
+        assert not complete_in_store(url), "a checkpoint reached the store through the cut"
     finally:
         s3_server.proxy.restore()
+        (release / "9").touch()
     out = trainer.communicate(timeout=1200)[0]
     assert trainer.returncode == 0, out[-3000:]
     assert complete_in_store(url)[:1] == [12], (out[-3000:], (local / "status.json").read_text())
@@ -323,8 +333,10 @@ def test_export_report_and_status_read_a_run_url(reference_run, s3_bucket, s3_se
 
 @pytest.mark.slow
 def test_a_stop_written_into_the_store_reaches_the_trainer(smoke_data, s3_bucket, s3_server, tmp_path):
-    url = f"{s3_bucket}/run"
-    a = machine(tmp_path / "A", s3_server)
+    url, release = f"{s3_bucket}/run", tmp_path / "release"
+    release.mkdir()
+    # held before step 3 until the request is on this machine: it cannot finish first (issue 49)
+    a = machine(tmp_path / "A", s3_server, HF_PRETRAIN_FAULTS="hold:3", HF_PRETRAIN_RELEASE=str(release))
     local = working_copy(tmp_path / "A", url)
     trainer = subprocess.Popen(
         train_command(smoke_data, url, max_steps=60, eval_interval=30),
@@ -333,7 +345,7 @@ def test_a_stop_written_into_the_store_reaches_the_trainer(smoke_data, s3_bucket
         stderr=subprocess.STDOUT,
         text=True,
     )
-    wait_until(lambda: _logged_steps(local) >= 2, trainer)
+    wait_until(lambda: _logged_steps(local) == 2, trainer)
     laptop = machine(tmp_path / "laptop", s3_server)
     stop = subprocess.run(
         [sys.executable, "-m", "hf_pretrain.cli", "stop", url], **laptop, capture_output=True, text=True, timeout=120
@@ -341,6 +353,8 @@ def test_a_stop_written_into_the_store_reaches_the_trainer(smoke_data, s3_bucket
     assert stop.returncode == 0, stop.stderr
     assert f"asked the run in {url} " in stop.stdout and f"{url}/stop_request.json" in stop.stdout
     assert str(tmp_path / "laptop" / "home") not in stop.stdout  # the URL, not the view's cache path
+    wait_until(lambda: (local / "stop_request.json").exists(), trainer)  # mirrored from the store
+    (release / "3").touch()
     out = trainer.communicate(timeout=600)[0]
     assert trainer.returncode == 0, out[-3000:]
     assert "a stop request for" in out
@@ -406,7 +420,7 @@ def test_two_processes_resume_a_url_run_on_another_machine_bit_for_bit(smoke_dat
     launch_training(smoke_data, reference, processes=2)  # uninterrupted, two processes, a local folder
 
     url = f"{s3_bucket}/run"
-    a, b = machine(tmp_path / "A", s3_server), machine(tmp_path / "B", s3_server)
+    a, b = machine(tmp_path / "A", s3_server, **HELD), machine(tmp_path / "B", s3_server)
     first = subprocess.Popen(
         launch_command(smoke_data, url),
         **a,

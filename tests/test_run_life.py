@@ -413,8 +413,18 @@ def test_stop_now_on_a_running_wsd_job_ends_with_a_decayed_model_better_than_an_
     docs/benchmarks.md has the figures, and the comparison at equal compute too."""
     run_dir, overrides = tmp_path / "stopped", {**SHORT_RUN, **WSD, "max_steps": 60, "log_interval": 1}
     command = launch_command(processes=2, data_dir=smoke_data, output_dir=run_dir, **overrides)
+    # held before step 25 until the request is written: read at step 25, before the schedule's own decay
+    # at 48 however fast the machine is (issue 49)
+    release = tmp_path / "release"
+    release.mkdir()
+    held = {"HF_PRETRAIN_FAULTS": "hold:25", "HF_PRETRAIN_RELEASE": str(release)}
     process = subprocess.Popen(
-        command, cwd=OUTSIDE_CHECKOUT, env=offline_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        command,
+        cwd=OUTSIDE_CHECKOUT,
+        env={**offline_env(), **held},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
     )
     try:
         deadline = time.monotonic() + 300
@@ -426,6 +436,7 @@ def test_stop_now_on_a_running_wsd_job_ends_with_a_decayed_model_better_than_an_
             assert process.poll() is None and time.monotonic() < deadline, process.communicate()[0][-3000:]
             time.sleep(0.05)
         assert stop_main([str(run_dir), "--cooldown_steps", "12"]) == 0
+        (release / "25").touch()
         log = process.communicate(timeout=300)[0]
     finally:
         if process.poll() is None:

@@ -48,8 +48,11 @@ def complete_steps(run_dir: Path) -> list[int]:
     return sorted(int(p.name[5:]) for p in root.glob("step_*") if p.name[5:].isdigit()) if root.exists() else []
 
 
-def start_training(data_dir: Path, run_dir: Path, faults: str = "", **overrides) -> subprocess.Popen:
-    """The training process itself (no launcher in between), so signals reach it directly."""
+def start_training(
+    data_dir: Path, run_dir: Path, faults: str = "", release: Path | None = None, **overrides
+) -> subprocess.Popen:
+    """The training process itself (no launcher in between), so signals reach it directly. A `hold`
+    fault waits for its file in `release` (faults.py)."""
     args = {**SHORT_RUN, "data_dir": data_dir, "output_dir": run_dir, **overrides}
     cmd = [sys.executable, str(ROOT / "hf_pretrain" / "train.py"), "--recipe", "smoke"]
     for key, value in args.items():
@@ -57,6 +60,9 @@ def start_training(data_dir: Path, run_dir: Path, faults: str = "", **overrides)
     env = offline_env()
     if faults:
         env["HF_PRETRAIN_FAULTS"] = faults
+    if release is not None:
+        release.mkdir(parents=True, exist_ok=True)
+        env["HF_PRETRAIN_RELEASE"] = str(release)
     return subprocess.Popen(
         cmd, cwd=OUTSIDE_CHECKOUT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
@@ -112,7 +118,9 @@ def test_kills_at_any_moment_lose_nothing_but_recent_steps(smoke_data, tmp_path)
         else:
             # a killed run may have logged steps past its last checkpoint: wait for fresh ones
             target = max(resume_step, last_logged_step(run_dir)) + 1 + rng.randrange(2)
-            process = start_training(smoke_data, run_dir, **overrides)
+            # held before target + 2: the kill lands before it however fast the machine is (issue 49)
+            release = tmp_path / f"release_{kills}"
+            process = start_training(smoke_data, run_dir, f"hold:{target + 2}", release, **overrides)
             if action == "sigkill-anytime":
                 time.sleep(rng.uniform(0.5, 5.0))  # start-up, a step, an eval or a checkpoint write
             else:
@@ -120,6 +128,7 @@ def test_kills_at_any_moment_lose_nothing_but_recent_steps(smoke_data, tmp_path)
                 if action == "sigkill-random":
                     time.sleep(rng.uniform(0.0, 0.3))  # somewhere in the next step or its checkpoint
             process.send_signal(signal.SIGTERM if action == "sigterm" else signal.SIGKILL)
+            (release / str(target + 2)).touch()  # a SIGTERM'd run that reached the hold takes its step, then stops
             output = process.communicate(timeout=300)[0]
             if action == "sigterm" and process.returncode == EXIT_PREEMPTED:
                 assert "SIGTERM received" in output and "Rerun the same command to resume" in output

@@ -18,7 +18,7 @@ from hf_pretrain.checkpoints.manifest import verify_checkpoint
 from hf_pretrain.exit_codes import EXIT_HUNG, EXIT_PREEMPTED
 from hf_pretrain.training.watchdog import COLLECTIVE_MARGIN_S, process_group_kwargs, stop_grace_s
 from tests.helpers import OUTSIDE_CHECKOUT, launch_command, offline_env
-from tests.test_reliability_runs import arguments, kill_all, logged_step, start, status, wait_until
+from tests.test_reliability_runs import arguments, kill_all, logged_step, processes_naming, start, status, wait_until
 from tests.test_survival import free_port, start_process
 
 HANG_TIMEOUT_S = 6  # a CPU step of the short run takes well under a second, a save about one: room for a busy machine
@@ -194,8 +194,9 @@ def test_sigterm_to_the_launcher_while_a_process_hangs_ends_the_job_and_says_so(
     command += arguments(smoke_data, run_dir, hang_timeout_s=300, eval_interval=100)
     launcher = start(command, env={"HF_PRETRAIN_FAULTS": "hang@1:6", "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "15"})
     try:
-        wait_until(lambda: logged_step(run_dir) >= 5 or launcher.poll() is not None, 180, "no step 5")
-        time.sleep(2)  # process 1 is frozen at the start of step 6, process 0 waits for it
+        # process 1 frozen at the start of step 6, process 0 waiting for it: seen, not slept for (issue 49)
+        frozen = lambda: any(stopped(pid) for pid in processes_naming(run_dir))  # noqa: E731
+        wait_until(lambda: frozen() or launcher.poll() is not None, 180, "process 1 never froze")
         assert launcher.poll() is None, launcher.communicate()[0][-3000:]
         launcher.send_signal(signal.SIGTERM)
         signalled = time.monotonic()

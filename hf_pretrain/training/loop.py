@@ -30,6 +30,7 @@ from hf_pretrain.economics.check_records import resolved_attention_backend
 from hf_pretrain.economics.measurements import this_gpu
 from hf_pretrain.economics.memory import CHECKPOINT_BYTES_PER_PARAMETER
 from hf_pretrain.exit_codes import EXIT_SAVE_FAILED
+from hf_pretrain.faults import hold_if_asked
 from hf_pretrain.fp8 import finish_fp8, fp8_handlers
 from hf_pretrain.hardware import describe_hardware
 from hf_pretrain.loss import loss_head_for, use_loss_head
@@ -85,6 +86,7 @@ def train(recipe: Recipe, callbacks: Sequence[Callback] = ()) -> Outcome:
     ):
         state.start_clock()
         while stop is None:
+            hold_if_asked(state.step + 1, run.accelerator.process_index, log.say)  # tests only (faults.py)
             result = run.train_step(state.step + 1)
             state.advance(recipe.train.global_batch_tokens, skipped=not result.finite)
             watchdog.beat(state.step)  # no progress for hang_timeout_s: the run is hung (watchdog.py)
@@ -258,7 +260,9 @@ def setup(recipe: Recipe) -> Run:
     on_cpu = device_kind() != "cuda"
     group = process_group_kwargs(recipe.stopping.hang_timeout_s)  # collectives give up just after the watchdog reports
     # this call creates the process group, its keys apart from those of an attempt before a restart
-    world_size = PartialState(cpu=on_cpu, **group, **attempt_store(group.get("timeout"))).num_processes
+    processes = PartialState(cpu=on_cpu, **group, **attempt_store(group.get("timeout")))
+    hold_if_asked(0, processes.process_index, print)  # tests only: `hold:0` holds the start-up (faults.py)
+    world_size = processes.num_processes
     # how this run executes, read and never decided again (after PartialState: a rank's own GPU)
     profile = run_profile(recipe, this_machine(), world_size)
     continuation, activity = checked_start(recipe, world_size, profile, run_dir)
