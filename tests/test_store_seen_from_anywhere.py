@@ -70,3 +70,210 @@ def test_a_dot_dot_url_never_leaves_the_cache():
 
     with pytest.raises(StoreUnavailable, match=r"`\.` or `\.\.`"):
         StoreURL.parse("s3://bkt/runs/../../../etc")
+
+
+# ------------------------------------------------------------------------------------ 2. a store that stops answering
+
+
+def fake_checkpoint(run: Path, step: int, size: int = 4096, max_steps: int = 12) -> Path:
+    """A sealed checkpoint folder (weights of `size` bytes, its train state, its manifest): the uploader
+    and the readers need nothing more of one."""
+    from hf_pretrain.checkpoints.layout import checkpoint_path
+    from hf_pretrain.checkpoints.manifest import write_manifest
+
+    folder = checkpoint_path(run, step)
+    folder.mkdir(parents=True)
+    (folder / "model.safetensors").write_bytes(os.urandom(size))
+    state = {"step": step, "max_steps": max_steps, "tokens_seen": step * 2048}
+    (folder / "train_state.json").write_text(json.dumps(state))
+    write_manifest(folder)
+    return folder
+
+
+def store_of(url: str):
+    """The product's own client of `url` (its timeouts and retries), and the parsed URL."""
+    from hf_pretrain.object_store.urls import StoreURL, filesystem
+
+    parsed = StoreURL.parse(url)
+    return filesystem(parsed), parsed
+
+
+def complete_in_store(url: str) -> list[int]:
+    from hf_pretrain.object_store.pull import complete_steps
+
+    fs, parsed = store_of(url)
+    return complete_steps(fs, parsed)
+
+
+UPLOAD_INTO_A_BLACK_HOLE = """
+import sys, time
+from pathlib import Path
+from hf_pretrain.object_store.transfer import put_files
+from hf_pretrain.object_store.uploader import Uploader
+from hf_pretrain.object_store.urls import StoreURL, filesystem
+url, run, wait_s = StoreURL.parse(sys.argv[1]), Path(sys.argv[2]), float(sys.argv[3])
+uploader = Uploader(filesystem(url), url, run, keep=3, say=lambda line: None)
+uploader.submit(run / "checkpoints" / "step_00000004", 4)
+began = time.monotonic()
+done = uploader.wait(wait_s)
+uploader.close(timeout=1)
+print(f"done={done} waited={time.monotonic() - began:.1f} missing={uploader.missing()}", flush=True)
+# final/ at a run's end goes up from the main thread, with the same deadline
+began = time.monotonic()
+files = [(p, url.join("final", p.name).path) for p in (run / "checkpoints" / "step_00000004").iterdir()]
+sent = put_files(filesystem(url), files, keep_trying=lambda: time.monotonic() < began + wait_s)
+print(f"sent={sent} waited={time.monotonic() - began:.1f}", flush=True)
+print(f"exiting {time.time()}", flush=True)
+"""
+
+
+def test_a_black_holed_store_bounds_the_wait_and_the_process_exits(s3_bucket, s3_server, tmp_path):
+    """The store accepts connections and answers nothing: `wait(store_wait_s)` returns in its time, the
+    step is named as missing, and the interpreter's exit joins no upload blocked in a request (it did:
+    a ThreadPoolExecutor's worker, in s3fs's put_file, kept a finished run alive for 21 minutes)."""
+    import subprocess
+    import sys
+
+    from tests.helpers import offline_env
+
+    run = tmp_path / "run"
+    fake_checkpoint(run, 4, size=1 << 20)
+    s3_server.proxy.stall()
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", UPLOAD_INTO_A_BLACK_HOLE, f"{s3_bucket}/run", str(run), "3"],
+            env={**offline_env(), **s3_server.env},  # the client's own timeouts: read 20 s, a request 120 s
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        exited = time.time()
+    finally:
+        s3_server.proxy.restore()
+    assert done.returncode == 0, done.stderr[-2000:]
+    said = done.stdout.splitlines()
+    assert said[0].startswith("done=False") and "missing=[4]" in said[0], said
+    assert said[1].startswith("sent=False"), said
+    for line in said[:2]:  # store_wait_s, plus the 0.2 s poll and the join of `close(timeout=1)`
+        assert 3 <= float(line.split("waited=")[1].split()[0]) < 3 + 2, said
+    shutdown_s = exited - float(said[2].split()[1])
+    assert shutdown_s < 10, f"the interpreter's exit waited {shutdown_s:.0f} s on a blocked upload"
+    assert not complete_in_store(f"{s3_bucket}/run")
+
+
+def test_a_throttling_store_still_completes_every_checkpoint(s3_bucket, s3_server, tmp_path):
+    """A third of the requests answered 503 SlowDown (S3 under load): every checkpoint completes, each
+    object the size of its file, and the 503s were really sent."""
+    from hf_pretrain.object_store.uploader import Uploader
+
+    run, url = tmp_path / "run", f"{s3_bucket}/run"
+    fs, parsed = store_of(url)
+    before = s3_server.proxy.throttled
+    s3_server.proxy.throttle(0.35)
+    try:
+        uploader = Uploader(fs, parsed, run, keep=5, say=lambda line: None)
+        for step in (4, 8, 12):
+            uploader.submit(fake_checkpoint(run, step, size=200_000), step)
+            assert uploader.wait(120), uploader.progress.last_error
+        uploader.close()
+    finally:
+        s3_server.proxy.throttle(0.0)
+    assert s3_server.proxy.throttled - before >= 3
+    assert complete_in_store(url) == [12, 8, 4]
+    for step in (4, 8, 12):
+        name = f"step_{step:08d}"
+        assert fs.size(f"{parsed.path}/checkpoints/{name}/model.safetensors") == 200_000
+
+
+def test_a_short_object_never_makes_a_checkpoint_complete(s3_bucket, s3_server, tmp_path):
+    """The store keeps a cut-short object (a throttled part, an unflushed write): the sizes are checked
+    before the manifest goes, the short one is sent again, and at the manifest's write every object is whole."""
+    from hf_pretrain.object_store.uploader import Uploader
+
+    run, url = tmp_path / "run", f"{s3_bucket}/run"
+    fs, parsed = store_of(url)
+    folder = fake_checkpoint(run, 4, size=100_000)
+    real_put, torn = fs.put_file, []
+
+    def put_file(lpath, rpath, **kwargs):
+        if rpath.endswith("model.safetensors") and not torn:  # the first time: half of it arrives
+            torn.append(rpath)
+            return fs.pipe_file(rpath, Path(lpath).read_bytes()[:50_000])
+        if rpath.endswith("manifest.json"):
+            size = fs.size(rpath.replace("manifest.json", "model.safetensors"))
+            assert size == 100_000, f"the manifest went up beside a {size}-byte object"
+        return real_put(lpath, rpath, **kwargs)
+
+    fs.put_file = put_file
+    uploader = Uploader(fs, parsed, run, keep=3, say=lambda line: None)
+    uploader.submit(folder, 4)
+    assert uploader.wait(60), uploader.progress.last_error
+    uploader.close()
+    assert torn and complete_in_store(url) == [4]
+    assert fs.size(torn[0]) == 100_000
+
+
+def test_the_next_start_uploads_every_missing_step_and_final_first(s3_bucket, s3_server, tmp_path, monkeypatch):
+    """status.json of a session whose store was down names steps 8 and 12 and final/ as not in the store:
+    the next start uploads all three (the step before the newest too, and final/), then says so."""
+    from hf_pretrain.config import parse_recipe_args
+    from hf_pretrain.object_store.run_sync import RunInStore, working_copy
+
+    monkeypatch.setenv("HF_PRETRAIN_HOME", str(tmp_path / "home"))
+    url = f"{s3_bucket}/run"
+    argv = ["--recipe", "smoke", "--output_dir", url, "--data_dir", str(tmp_path)]
+    recipe, _ = parse_recipe_args(argv, prog="test", description="")
+    local = working_copy(recipe)
+    for step in (4, 8, 12):
+        fake_checkpoint(local, step)
+    (local / "final").mkdir()
+    (local / "final" / "model.safetensors").write_bytes(b"w" * 1000)
+    store_section = {"url": url, "last_step": 4, "not_in_store": [8, 12, "final"]}
+    (local / "status.json").write_text(json.dumps({"state": "finished", "store": store_section}))
+    said: list[str] = []
+    store = RunInStore.begin(recipe, say=said.append)
+    store.wait()
+    assert store.behind() is None
+    store.close()
+    assert complete_in_store(url) == [12, 8]  # step 4 stays local: the store never had it, none named it
+    fs, parsed = store_of(url)
+    assert fs.size(f"{parsed.path}/final/model.safetensors") == 1000
+    text = "\n".join(said)
+    for step in (8, 12):
+        assert f"step {step} is not in {url} yet: uploading it first" in text
+        assert f"step {step}: in {url}/checkpoints/step_{step:08d}" in text
+    assert "final/ is not in" in text and f"final/: in {url}/final" in text
+    assert str(tmp_path / "home") not in text, text
+
+
+# ------------------------------------------------------------------------------------ 3. one writer of status.json
+
+
+def test_two_writers_of_status_json_at_once_lose_nothing(tmp_path):
+    """The session and a URL run's store thread write status.json at once (and the watchdog from another
+    process): each read-modify-write holds the one lock, so neither's last change is lost."""
+    import subprocess
+    import sys
+
+    from hf_pretrain.run_dir import read_status, update_status
+
+    (tmp_path / "status.json").write_text("{}")
+    rounds = 200
+    other_process = (
+        "import sys\nfrom hf_pretrain.run_dir import update_status\n"
+        f"for i in range({rounds}):\n    update_status(sys.argv[1], lambda s, i=i: {{**s, 'watchdog': i}})\n"
+    )
+    process = subprocess.Popen([sys.executable, "-c", other_process, str(tmp_path)])
+
+    def writer(key: str) -> None:
+        for i in range(rounds):
+            update_status(tmp_path, lambda s, i=i: {**s, key: i})
+
+    threads = [threading.Thread(target=writer, args=(k,)) for k in ("session", "store")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert process.wait(timeout=120) == 0
+    status = read_status(tmp_path)
+    assert status == {"session": rounds - 1, "store": rounds - 1, "watchdog": rounds - 1}, status
