@@ -277,3 +277,101 @@ def test_two_writers_of_status_json_at_once_lose_nothing(tmp_path):
     assert process.wait(timeout=120) == 0
     status = read_status(tmp_path)
     assert status == {"session": rounds - 1, "store": rounds - 1, "watchdog": rounds - 1}, status
+
+
+# ------------------------------------------------------------------------------------ 3. `status URL` from the store
+
+
+def put_run(url: str, tmp_path: Path, steps=(4, 8), status: dict | None = None) -> None:
+    """A run in the store as a training machine leaves it: complete checkpoints, its records."""
+    fs, parsed = store_of(url)
+    source = tmp_path / "source"
+    for step in steps:
+        folder = fake_checkpoint(source, step, max_steps=12)
+        fs.put(str(folder), f"{parsed.path}/checkpoints/{folder.name}", recursive=True)
+    recipe = "train:\n  max_steps: 12\ndata:\n  data_dir: s3://corpus/smoke-prepared\n"
+    fs.pipe_file(f"{parsed.path}/resolved_recipe.yaml", recipe.encode())
+    if status is not None:
+        fs.pipe_file(f"{parsed.path}/status.json", json.dumps(status).encode())
+
+
+def test_status_of_a_url_answers_from_the_store_on_a_fresh_machine(s3_bucket, s3_server, tmp_path, monkeypatch, capsys):
+    """A machine that never saw the run: state, step N of M and the newest complete checkpoint in the
+    store (no `--verify`, no weights pulled), how far the store is behind, the lease, the data URL; a
+    live run with a fresh lease is `running`, never `killed`; the cache's path is on no line."""
+    from hf_pretrain import run_status
+    from hf_pretrain.object_store.lease import Lease
+
+    home = tmp_path / "home"
+    monkeypatch.setenv("HF_PRETRAIN_HOME", str(home))
+    url = f"{s3_bucket}/run"
+    section = {"url": url, "last_step": 8, "steps_behind": 3, "not_in_store": [11], "updated": "now"}
+    put_run(url, tmp_path, status={"state": "running", "updated": "2026-01-01T00:00:00+0000", "store": section})
+    fs, parsed = store_of(url)
+    lease = Lease(fs, parsed, heartbeat_s=30)
+    lease.acquire()  # the training machine, alive
+
+    assert run_status.main([url]) == 0
+    said = capsys.readouterr().out
+    assert said.splitlines()[0].startswith(f"{url}: running, step 8 of 12"), said
+    assert "killed" not in said
+    assert f"last checkpoint: {url}/checkpoints/step_00000008 (step 8; complete in the store" in said
+    assert f"step 8 is the newest checkpoint in {url}" in said and "not in the store yet: step 11" in said
+    assert "lease: " in said and "(fresh)" in said
+    assert "data: s3://corpus/smoke-prepared" in said
+    assert str(home) not in said, said
+    assert not list(home.rglob("model.safetensors")), "status pulled weights"
+
+    lease.release()  # the machine is gone, its status.json still says running: killed
+    assert run_status.main([url]) == 0
+    said = capsys.readouterr().out
+    assert said.splitlines()[0].startswith(f"{url}: killed, step 8 of 12"), said
+
+
+def test_status_skips_a_checkpoint_whose_objects_do_not_match_its_manifest(s3_bucket, s3_server, tmp_path, capsys):
+    from hf_pretrain import run_status
+
+    url = f"{s3_bucket}/run"
+    put_run(url, tmp_path, status={"state": "stopped"})
+    fs, parsed = store_of(url)
+    fs.pipe_file(f"{parsed.path}/checkpoints/step_00000008/model.safetensors", b"short")
+    assert run_status.main([url]) == 0
+    said = capsys.readouterr().out
+    assert "step 4 of 12" in said and "step_00000008: model.safetensors is 5 bytes" in said, said
+
+
+def test_a_machine_that_lost_its_lease_stops_writing_the_store(s3_bucket, s3_server, tmp_path, monkeypatch):
+    """Another machine took the run over: this one's heartbeat sees it, and from then on neither its
+    status.json nor its lease release reaches the store, and its end waits for nothing."""
+    from hf_pretrain.config import parse_recipe_args
+    from hf_pretrain.object_store.run_sync import RunInStore
+
+    monkeypatch.setenv("HF_PRETRAIN_HOME", str(tmp_path / "home"))
+    url = f"{s3_bucket}/run"
+    argv = ["--recipe", "smoke", "--output_dir", url, "--data_dir", str(tmp_path), "--store_wait_s", "600"]
+    recipe, _ = parse_recipe_args(argv, prog="test", description="")
+    store = RunInStore.begin(recipe, say=lambda line: None)
+    fs, parsed = store_of(url)
+    theirs = {
+        "host": "other",
+        "pid": 1,
+        "run_id": "theirs",
+        "since": "now",
+        "heartbeat": time.time(),
+        "heartbeat_s": 30,
+    }
+    fs.pipe_file(f"{parsed.path}/lease.json", json.dumps(theirs).encode())
+    fs.pipe_file(f"{parsed.path}/status.json", b'{"state": "finished", "pid": 1}')
+    assert store._heartbeat() is False  # what the store's thread does every store_heartbeat_s
+    assert store.lease.lost_to is not None and store.lease.lost_to.host == "other"
+    (store.local / "status.json").write_text(json.dumps({"state": "running", "pid": os.getpid()}))
+    store.on_checkpoint_saved(fake_checkpoint(store.local, 4), 4)
+    began = time.monotonic()
+    store.session_started()
+    store.wait()
+    store.close()
+    assert time.monotonic() - began < 30  # not store_wait_s (600 s)
+    assert json.loads(fs.cat_file(f"{parsed.path}/status.json")) == {"state": "finished", "pid": 1}
+    assert not complete_in_store(url)  # step 4 was saved after the takeover: not this machine's to upload
+    assert json.loads(fs.cat_file(f"{parsed.path}/lease.json"))["run_id"] == "theirs"
+    assert "lost to other" in json.loads((store.local / "status.json").read_text())["store"]["lease"]

@@ -293,19 +293,26 @@ class RunInStore:
                 self._mirror_stop_request()
                 if time.monotonic() >= next_beat:
                     next_beat = time.monotonic() + self.store.store_heartbeat_s
-                    self.lease.beat()
-                    if self.lease.lost_to is not None:
-                        self.say(
-                            f"warning: another machine took over the lease of {self.url}: "
-                            f"{self.lease.lost_to.describe()}; this one stops writing the store"
-                        )
-                        self.uploader.close(timeout=0)
-                        self._write_section()
+                    if not self._heartbeat():
                         return  # nothing more of this machine goes to the store: not status.json either
-                    self._changed()
-                    self.uploader.push_small_files(retry=False)  # status.json and the records, each heartbeat
             except Exception as exc:  # the store unreachable: said in status.json, tried again
                 self.uploader._error(exc, "renewing the lease")
+
+    def _heartbeat(self) -> bool:
+        """Renew the lease and mirror the records; False once another machine took the lease over (then
+        this one writes nothing more to the store: its uploads stop, status.json there is the other's)."""
+        self.lease.beat()
+        if self.lease.lost_to is not None:
+            self.say(
+                f"warning: another machine took over the lease of {self.url}: "
+                f"{self.lease.lost_to.describe()}; this one stops writing the store"
+            )
+            self.uploader.lease_lost()
+            self._write_section()
+            return False
+        self._changed()
+        self.uploader.push_small_files(retry=False)  # status.json and the records, each heartbeat
+        return True
 
     def _mirror_stop_request(self) -> None:
         """A request `hf-pretrain stop URL` wrote into the store, copied where the guards read it."""

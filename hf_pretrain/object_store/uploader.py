@@ -93,6 +93,7 @@ class Uploader:
         self._busy = False
         self._closing = False
         self._give_up_at: float | None = None  # a wait that ends: retries stop then
+        self._lost = False  # another machine holds the run's lease: nothing more is written to the store
         self._thread = threading.Thread(target=self._run, name="hf-pretrain-upload", daemon=True)
         self._thread.start()
 
@@ -127,6 +128,11 @@ class Uploader:
                     return False
                 self._lock.wait(min(left, 0.2))
         return not (self._pending or self._busy)
+
+    def lease_lost(self) -> None:
+        """Another machine took the run over: no upload, manifest or record of this one goes up from now."""
+        self._lost = True
+        self.close(timeout=0)
 
     def close(self, timeout: float = 30.0) -> None:
         """No more uploads: a job under way gives up at its next retry; the thread is a daemon, so one
@@ -195,7 +201,7 @@ class Uploader:
         if not with_retries(lambda: self._check_sizes(pairs, remote), self._keep_trying, on_error):
             return False
         # the manifest last: until it is there, the checkpoint is not complete in the store
-        if not put_files(
+        if self._lost or not put_files(
             self.fs, [(job.held / MANIFEST, remote.join(MANIFEST).path)], None, self._keep_trying, on_error
         ):
             return False
@@ -228,6 +234,8 @@ class Uploader:
     def push_small_files(self, retry: bool = True) -> bool:
         """The run's records (metrics, samples, status.json, ...) to the store; True when they are there.
         Without `retry`, one try (the heartbeat's thread must not wait on a store that is down)."""
+        if self._lost:
+            return False  # the lease is another machine's: its records in the store are not ours to write
         pairs = [(self.local / n, self.url.join(n).path) for n in SMALL_FILES if (self.local / n).is_file()]
         keep_trying = self._keep_trying if retry else lambda: False
         sent = [(self.in_store_terms(path), remote) for path, remote in pairs]
