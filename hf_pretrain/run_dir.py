@@ -69,6 +69,11 @@ class RunDir:
             return str(path)
         return str(path) if shown == str(self.path) else f"{shown}/{relative}"
 
+    def in_words(self, text: str) -> str:
+        """`text` with this folder's path named as the user knows it (`show`), wherever it appears."""
+        shown = self.shown_as()
+        return text if shown == str(self.path) else text.replace(str(self.path), shown)
+
     @property
     def metrics(self) -> Path:
         return self.path / "metrics.jsonl"

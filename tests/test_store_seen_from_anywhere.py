@@ -230,13 +230,14 @@ def test_the_next_start_uploads_every_missing_step_and_final_first(s3_bucket, s3
     (local / "final" / "model.safetensors").write_bytes(b"w" * 1000)
     store_section = {"url": url, "last_step": 4, "not_in_store": [8, 12, "final"]}
     (local / "status.json").write_text(json.dumps({"state": "finished", "store": store_section}))
+    fs, parsed = store_of(url)
+    fs.pipe_file(f"{parsed.path}/run.json", b'{"run_id": "earlier"}')  # the session that trained it wrote this
     said: list[str] = []
     store = RunInStore.begin(recipe, say=said.append)
     store.wait()
     assert store.behind() is None
     store.close()
     assert complete_in_store(url) == [12, 8]  # step 4 stays local: the store never had it, none named it
-    fs, parsed = store_of(url)
     assert fs.size(f"{parsed.path}/final/model.safetensors") == 1000
     text = "\n".join(said)
     for step in (8, 12):
@@ -375,3 +376,286 @@ def test_a_machine_that_lost_its_lease_stops_writing_the_store(s3_bucket, s3_ser
     assert not complete_in_store(url)  # step 4 was saved after the takeover: not this machine's to upload
     assert json.loads(fs.cat_file(f"{parsed.path}/lease.json"))["run_id"] == "theirs"
     assert "lost to other" in json.loads((store.local / "status.json").read_text())["store"]["lease"]
+
+
+# ------------------------------------------------------------------------------------ end to end
+
+
+def data_in_store(smoke_data: Path, bucket: str) -> str:
+    """The prepared smoke data uploaded as `prepare --data_dir s3://...` leaves it: its URL."""
+    import shutil
+
+    from hf_pretrain.object_store.data_upload import upload_prepared
+    from hf_pretrain.object_store.urls import StoreURL, filesystem
+
+    url = f"{bucket}/data"
+    copy = smoke_data.parent / f"smoke_for_{bucket.split('//')[1]}"
+    if not copy.exists():
+        shutil.copytree(smoke_data, copy, ignore=shutil.ignore_patterns("logs", "*.blocks", "blocks.json"))
+    upload_prepared(copy, StoreURL.parse(url), filesystem(StoreURL.parse(url)), log=lambda _: None)
+    return url
+
+
+def trainer(data: str, url: str, env: dict, **overrides):
+    """The trainer of tests/test_run_in_store.py, its output read line by line with the time of each."""
+    import subprocess
+    import sys
+
+    from tests.helpers import ROOT, SHORT_RUN
+
+    cmd = [sys.executable, str(ROOT / "hf_pretrain" / "train.py"), "--recipe", "smoke"]
+    for key, value in {**SHORT_RUN, "data_dir": data, "output_dir": url, **overrides}.items():
+        if value is not None:  # None: the flag left out (the run URL alone)
+            cmd += [f"--{key}", str(value)]
+    process = subprocess.Popen(cmd, **env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines: list[tuple[float, str]] = []
+
+    def read() -> None:
+        for line in process.stdout:
+            lines.append((time.monotonic(), line.rstrip("\n")))
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    return process, lines, reader
+
+
+def a_machine(folder: Path, s3_server, **env: str) -> dict:
+    from tests.helpers import offline_env
+
+    folder.mkdir(parents=True, exist_ok=True)
+    return {"cwd": folder, "env": {**offline_env(), **s3_server.env, "HF_PRETRAIN_HOME": str(folder / "home"), **env}}
+
+
+STORE_WAIT_S = 8
+# past store_wait_s, the end of a run spends at most run_sync.CLOSE_S (20 s) on the store's last writes;
+# the rest of the margin is local work after the last step on a loaded 2-core machine (final/ written,
+# status.json, the interpreter's exit). Before issue 47 the process never exited (21 minutes and more).
+END_MARGIN_S = 20 + 60
+
+
+@pytest.mark.slow
+def test_a_black_holed_store_mid_run_ends_in_time_and_the_next_start_uploads_the_rest(
+    smoke_data, s3_bucket, s3_server, tmp_path
+):
+    """Held before step 5 once step 4 is in the store, the store becomes a black hole; the run trains
+    on to 12, ends within store_wait_s plus the margin, its last line and status.json name steps 8 and
+    12 and final/ as not in the store; the same command with the store back uploads all of them first.
+    On the way: every checkpoint in the store said in a line, and no line names the cache."""
+    from tests.object_store_server import FAKE_SECRET
+
+    run_url, release = f"{s3_bucket}/run", tmp_path / "release"
+    release.mkdir()
+    data = str(smoke_data)  # local: a black hole in the data's store would stop the steps (the loader's bounds)
+    a = a_machine(tmp_path / "A", s3_server, HF_PRETRAIN_FAULTS="hold:5", HF_PRETRAIN_RELEASE=str(release))
+    process, lines, reader = trainer(data, run_url, a, store_wait_s=STORE_WAIT_S)
+    deadline = time.monotonic() + 600
+    while not complete_in_store(run_url):  # the run waits before step 5: it cannot end meanwhile
+        assert process.poll() is None and time.monotonic() < deadline, "\n".join(t for _, t in lines)[-3000:]
+        time.sleep(0.2)
+    s3_server.proxy.stall()
+    try:
+        (release / "5").touch()
+        process.wait(timeout=900)
+        ended = time.monotonic()
+        reader.join(timeout=10)
+    finally:
+        s3_server.proxy.restore()
+    out = "\n".join(text for _, text in lines)
+    assert process.returncode == 0, out[-4000:]
+    last_step = max(t for t, text in lines if '"step": 12' in text or text.startswith("step 12"))
+    assert ended - last_step < STORE_WAIT_S + END_MARGIN_S, out[-3000:]
+    assert f"step 4: in {run_url}/checkpoints/step_00000004" in out
+    assert "not in the store" in lines[-1][1] and "step 8, step 12, final/" in lines[-1][1], lines[-3:]
+    home = str(tmp_path / "A" / "home")
+    local = next(Path(home).glob("runs/s3/*/run"))
+    status = json.loads((local / "status.json").read_text())
+    assert status["store"]["not_in_store"] == [8, 12, "final"], status["store"]
+    assert status["rerun"] is True and "uploads what the store lacks first" in status["next"], status
+    assert status["command"].startswith("python hf_pretrain/train.py --recipe smoke"), status["command"]
+    assert complete_in_store(run_url) == [4]
+
+    from hf_pretrain import run_status
+
+    standing = run_status.describe(run_status.read_run(local))  # the local copy's status: the store lines
+    assert f"step 4 is the newest checkpoint in {run_url}" in standing and "step 8, step 12, final/" in standing
+
+    b_env = {**a, "env": {k: v for k, v in a["env"].items() if not k.startswith("HF_PRETRAIN_FAULTS")}}
+    again, lines2, reader2 = trainer(data, run_url, b_env, store_wait_s=300)
+    again.wait(timeout=600)
+    reader2.join(timeout=10)
+    out2 = "\n".join(text for _, text in lines2)
+    assert again.returncode == 0, out2[-4000:]
+    for step in (8, 12):
+        assert f"step {step} is not in {run_url} yet: uploading it first" in out2
+    assert f"final/: in {run_url}/final" in out2
+    assert complete_in_store(run_url)[:2] == [12, 8]
+    fs, parsed = store_of(run_url)
+    assert fs.exists(f"{parsed.path}/final/config.json")
+    for said in (out, out2):
+        assert home not in said, [line for line in said.splitlines() if home in line]
+        assert FAKE_SECRET not in said
+
+
+# ------------------------------------------------------------------------------------ 5. a run remembers its data
+
+
+def test_a_run_url_alone_brings_its_data_url_from_the_store(s3_bucket, s3_server, tmp_path, capsys):
+    """The command names only the run's URL: the data URL comes from the run's record in the store, said
+    in one line; a --data_dir on the command line wins (checked against the run's data as always)."""
+    from hf_pretrain.config import parse_recipe_args
+    from hf_pretrain.object_store.run_record import with_remembered_data
+
+    url = f"{s3_bucket}/run"
+    put_run(url, tmp_path, steps=(4,))
+    only_the_run = ["--recipe", "smoke", "--output_dir", url]
+    recipe, _ = parse_recipe_args(only_the_run, prog="test", description="")
+    said: list[str] = []
+    assert with_remembered_data(recipe, only_the_run, said.append).data.data_dir == "s3://corpus/smoke-prepared"
+    assert said == [f"data: s3://corpus/smoke-prepared (the run's own record in {url}; --data_dir overrides it)"]
+    for named in (["--data_dir", "elsewhere"], ["--data-dir=elsewhere"]):
+        recipe, _ = parse_recipe_args(only_the_run + named, prog="test", description="")
+        assert with_remembered_data(recipe, only_the_run + named, said.append).data.data_dir == "elsewhere"
+    assert len(said) == 1
+
+
+def test_the_command_in_status_json_is_the_one_typed_and_holds_no_secret(monkeypatch, tmp_path):
+    from hf_pretrain.run_lock import command_line
+    from tests.helpers import ROOT
+
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "sEcReT-value-1234")
+    typed = [str(ROOT / "hf_pretrain" / "train.py"), "--hub_token", "hf_" + "x" * 30, "--note", "sEcReT-value-1234"]
+    said = command_line(typed)
+    assert said == "python hf_pretrain/train.py --hub_token '***' --note ***", said
+    assert str(ROOT) not in said
+    assert command_line(["/somewhere/.venv/bin/hf-pretrain", "train", "--output_dir", "s3://b/r"]) == (
+        "hf-pretrain train --output_dir s3://b/r"
+    )
+    monkeypatch.setenv("ACCELERATE_USE_CPU", "true")  # set by every `accelerate launch`
+    assert command_line([str(ROOT / "hf_pretrain" / "train.py")]) == "accelerate launch hf_pretrain/train.py"
+
+
+# ------------------------------------------------------------------------------------ 6. smaller items
+
+
+def test_stop_of_a_url_whose_newest_checkpoint_lacks_train_state_reads_the_one_before(
+    s3_bucket, s3_server, tmp_path, monkeypatch, capsys
+):
+    from hf_pretrain.object_store.reading import stop_facts
+
+    monkeypatch.setenv("HF_PRETRAIN_HOME", str(tmp_path / "home"))
+    url = f"{s3_bucket}/run"
+    put_run(url, tmp_path, steps=(4, 8), status={"state": "stopped"})
+    fs, parsed = store_of(url)
+    fs.rm_file(f"{parsed.path}/checkpoints/step_00000008/train_state.json")
+    said: list[str] = []
+    _, holder, saved = stop_facts(url, say=said.append)
+    assert holder is None and saved["step"] == 4
+    assert said == [f"{url}/checkpoints/step_00000008 has no readable train_state.json; the one before is read"]
+
+
+def test_gguf_of_a_url_says_which_command_reads_it(capsys):
+    from hf_pretrain.publish import gguf
+
+    assert gguf.main(["s3://bkt/exports/1b"]) == EXIT_CONFIG
+    err = capsys.readouterr().err.strip()
+    assert "s3:/bkt" not in err.replace("s3://bkt", "")  # the URL as given, never mangled into a path
+    assert "hf-pretrain export --checkpoint s3://bkt/exports/1b --out model --gguf" in err and "\n" not in err
+
+
+def test_a_view_keeps_only_the_checkpoint_it_read(s3_bucket, s3_server, tmp_path, monkeypatch):
+    """`views/` held every checkpoint ever pulled (optimizer state included): each read keeps one."""
+    from hf_pretrain.object_store.reading import readable
+
+    monkeypatch.setenv("HF_PRETRAIN_HOME", str(tmp_path / "home"))
+    url = f"{s3_bucket}/run"
+    put_run(url, tmp_path, steps=(4,), status={"state": "running"})
+    view = readable(url, say=lambda line: None)
+    assert [p.name for p in (view / "checkpoints").iterdir()] == ["step_00000004"]
+    fs, parsed = store_of(url)
+    folder = fake_checkpoint(tmp_path / "later", 8)
+    fs.put(str(folder), f"{parsed.path}/checkpoints/{folder.name}", recursive=True)
+    assert readable(url, say=lambda line: None) == view
+    assert [p.name for p in (view / "checkpoints").iterdir()] == ["step_00000008"]
+
+
+def test_a_run_deleted_from_the_store_starts_fresh_not_from_the_hidden_copy(
+    s3_bucket, s3_server, tmp_path, monkeypatch
+):
+    from hf_pretrain.config import parse_recipe_args
+    from hf_pretrain.object_store.run_sync import RunInStore, working_copy
+
+    monkeypatch.setenv("HF_PRETRAIN_HOME", str(tmp_path / "home"))
+    url = f"{s3_bucket}/run"
+    argv = ["--recipe", "smoke", "--output_dir", url, "--data_dir", str(tmp_path)]
+    recipe, _ = parse_recipe_args(argv, prog="test", description="")
+    local = working_copy(recipe)
+    fake_checkpoint(local, 6)  # this machine trained the run once; then the run was deleted from the store
+    said: list[str] = []
+    store = RunInStore.begin(recipe, say=said.append)
+    store.close()
+    assert not (local / "checkpoints").exists()
+    assert list(local.parent.glob("run.set-aside-*/checkpoints/step_00000006"))
+    assert "holds no run (deleted there?)" in "\n".join(said) and "step 6" not in "\n".join(said)
+
+
+def test_the_doctors_bench_command_names_the_run_url_not_its_copy(tmp_path, monkeypatch):
+    from hf_pretrain.config import parse_recipe_args
+    from hf_pretrain.object_store.run_sync import working_copy
+    from hf_pretrain.preflight.budget import bench_command
+
+    monkeypatch.setenv("HF_PRETRAIN_HOME", str(tmp_path / "home"))
+    argv = ["--recipe", "smoke", "--output_dir", "s3://bkt/runs/x"]
+    recipe, _ = parse_recipe_args(argv, prog="test", description="")
+    checked = recipe.replace(output_dir=str(working_copy(recipe)))  # what the doctor's checks see
+    command = bench_command(checked)
+    assert "--output_dir s3://bkt/runs/x" in command and str(tmp_path / "home") not in command, command
+
+
+@pytest.mark.slow
+def test_a_run_moves_with_its_url_alone_and_status_reads_it_from_anywhere(
+    smoke_data, s3_bucket, s3_server, tmp_path, monkeypatch, capsys
+):
+    """Data and run in the store from the first command on. While machine A trains (held before step 9,
+    step 8 in the store), a machine that never saw the run asks `status URL`: running, step 8 of 12, the
+    lease fresh, the data URL. A is killed: `killed`. Machine B, its command naming only the run URL,
+    finds the data from the run's record, says so in one line, and finishes the run; no line of its
+    output names a cache."""
+    import signal
+
+    from hf_pretrain import run_status
+
+    run_url, release = f"{s3_bucket}/run", tmp_path / "release"
+    release.mkdir()
+    data = data_in_store(smoke_data, s3_bucket)
+    a = a_machine(tmp_path / "A", s3_server, HF_PRETRAIN_FAULTS="hold:9", HF_PRETRAIN_RELEASE=str(release))
+    process, lines, reader = trainer(data, run_url, a)
+    deadline = time.monotonic() + 600
+    while 8 not in complete_in_store(run_url):  # the run waits before step 9: it cannot end meanwhile
+        assert process.poll() is None and time.monotonic() < deadline, "\n".join(t for _, t in lines)[-3000:]
+        time.sleep(0.2)
+
+    fresh = tmp_path / "fresh"
+    monkeypatch.setenv("HF_PRETRAIN_HOME", str(fresh / "home"))
+    capsys.readouterr()
+    assert run_status.main([run_url]) == 0
+    said = capsys.readouterr().out
+    assert said.splitlines()[0].startswith(f"{run_url}: running, step 8 of 12"), said
+    assert "(fresh)" in said and f"data: {data}" in said and str(fresh) not in said
+    assert not list((fresh / "home").rglob("*.safetensors")), "status pulled weights"
+
+    process.send_signal(signal.SIGKILL)
+    process.wait(timeout=60)
+    assert run_status.main([run_url]) == 0
+    assert capsys.readouterr().out.splitlines()[0].startswith(f"{run_url}: killed, step 8 of 12")
+
+    b = a_machine(tmp_path / "B", s3_server)
+    moved, lines_b, reader_b = trainer(None, run_url, b)
+    moved.wait(timeout=900)
+    reader_b.join(timeout=10)
+    out = "\n".join(text for _, text in lines_b)
+    assert moved.returncode == 0, out[-4000:]
+    assert f"data: {data} (the run's own record in {run_url}; --data_dir overrides it)" in out
+    assert "done: 12 steps" in out and f"step 12: in {run_url}/checkpoints/step_00000012" in out
+    assert not list((tmp_path / "B").rglob("data/smoke")), "the data came from the store"
+    for cache in (str(tmp_path / "B" / "home"), str(tmp_path / "A" / "home")):
+        assert cache not in out, [line for line in out.splitlines() if cache in line]

@@ -31,7 +31,13 @@ from hf_pretrain.object_store.pull import complete_steps, pull_run
 from hf_pretrain.object_store.reach import describe_failure, open_checked
 from hf_pretrain.object_store.secrets import redact
 from hf_pretrain.object_store.transfer import put_files
-from hf_pretrain.object_store.uploader import UPLOAD_SUFFIX, Uploader, remove_half_uploads, run_identity
+from hf_pretrain.object_store.uploader import (
+    RUN_RECORD,
+    UPLOAD_SUFFIX,
+    Uploader,
+    remove_half_uploads,
+    run_identity,
+)
 from hf_pretrain.run_dir import RunDir, read_status, set_activity, update_status
 
 if TYPE_CHECKING:
@@ -151,6 +157,7 @@ class RunInStore:
         self.say(
             f"store: training {self.url} (a working copy on this machine; `hf-pretrain status {self.url}` from any)"
         )
+        self._set_aside_a_deleted_run()
         self.local.mkdir(parents=True, exist_ok=True)  # the working copy names its URL (records and messages use it)
         RunDir(self.local).store_link.write_text(json.dumps({"url": str(self.url)}) + "\n")
         for leftover in checkpoints_root(self.local).glob(f"*{UPLOAD_SUFFIX}"):  # a session killed mid-upload
@@ -164,6 +171,21 @@ class RunInStore:
 
             raise StoreRefused(describe_failure(self.url, exc, "pulling the run")) from None
         self.say(f"store: newest complete checkpoint: step {step}" if step is not None else "store: no checkpoint yet")
+
+    def _set_aside_a_deleted_run(self) -> None:
+        """The store holds nothing of the run (no run.json, no checkpoint: deleted there) while this machine's
+        copy has checkpoints: the store is the truth, so the run starts fresh, and the old copy (this cache's
+        own) is set aside, not resumed from (it came back, the log calling the empty store's newest step 6)."""
+        if not self.local.is_dir() or not list_checkpoints(self.local):
+            return
+        if self.fs.exists(self.url.join(RUN_RECORD).path) or complete_steps(self.fs, self.url):
+            return
+        aside = self.local.with_name(f"{self.local.name}.set-aside-{time.strftime('%Y%m%dT%H%M%S')}")
+        os.replace(self.local, aside)
+        self.say(
+            f"store: {self.url} holds no run (deleted there?): this machine's old copy of it is set aside in the "
+            f"cache, not resumed from; the run starts fresh"
+        )
 
     def _catch_up(self) -> None:
         """What an earlier session on this machine could not upload goes up first: every step its
@@ -270,10 +292,10 @@ class RunInStore:
         last = threading.Thread(target=self._last_writes, name="hf-pretrain-store-close", daemon=True)
         last.start()
         last.join(timeout=max(1.0, deadline - time.monotonic()))
-        if last.is_alive():
+        if last.is_alive():  # the last line of the run: what is not in the store, first
+            behind = self.behind() or "the newest records may be missing there"
             self.say(
-                f"warning: the store {self.url} did not answer in {CLOSE_S:.0f} s at the end; its lease goes "
-                f"stale on its own, and the same command rerun uploads what is missing first"
+                f"warning: {behind} (the store did not answer in {CLOSE_S:.0f} s at the end: the lease goes stale on its own)"
             )
 
     def _last_writes(self) -> None:
