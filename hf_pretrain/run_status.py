@@ -23,7 +23,6 @@ from hf_pretrain.checkpoints.store import newest_good_checkpoint
 from hf_pretrain.config import CommandParser
 from hf_pretrain.exit_codes import EXIT_PREFLIGHT
 from hf_pretrain.formatting import human_duration
-from hf_pretrain.object_store.standing import store_lines
 from hf_pretrain.run_dir import RunDir, last_train_record, read_status
 from hf_pretrain.run_lock import holder_of
 from hf_pretrain.stop_request import read_stop_request
@@ -101,7 +100,11 @@ def read_run(location: str | Path, verify: bool = False) -> RunStanding:
 def _store_lines_of(run: RunDir, status: dict[str, Any]) -> list[str]:
     """A run that uploads (its status.json has a `store` section): the same lines as `status URL`."""
     section = status.get("store")
-    return store_lines(section, data=_data_url(run)) if isinstance(section, dict) else []
+    if not isinstance(section, dict):
+        return []  # a local run: nothing of the store imported
+    from hf_pretrain.object_store.standing import store_lines
+
+    return store_lines(section, data=_data_url(run))
 
 
 def _data_url(run: RunDir) -> str | None:
