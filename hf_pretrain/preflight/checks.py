@@ -131,7 +131,11 @@ def _named_as_given(results: list[CheckResult], local: str, url: str | None) -> 
     if str(shown) == str(local):
         return results
     mend = lambda text: text.replace(str(local), str(shown)) if text else text  # noqa: E731
-    return [dataclasses.replace(r, reason=mend(r.reason), fix=mend(r.fix)) for r in results]
+    # the `store cache` row is about the copy's disk itself: there the folder is what the user asked for
+    return [
+        r if r.name == "store cache" else dataclasses.replace(r, reason=mend(r.reason), fix=mend(r.fix))
+        for r in results
+    ]
 
 
 def _in_store(recipe: Recipe) -> Recipe | None:
