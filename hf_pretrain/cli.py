@@ -76,6 +76,15 @@ def main(argv: list[str] | None = None) -> int:
     if command not in COMMANDS or not installed(COMMANDS[command][0]):
         print(f"hf-pretrain: unknown command `{command}`\n\n{usage()}", file=sys.stderr)
         return 2
+    from hf_pretrain.object_store.urls import StoreUnavailable, check_command_line
+
+    try:  # a URL typo (`s3:/bkt/x`) would be a local folder named `s3:`: refused for every command
+        check_command_line(rest)
+    except StoreUnavailable as exc:
+        from hf_pretrain.exit_codes import EXIT_CONFIG
+
+        print(f"hf-pretrain {command}: error: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
     return importlib.import_module(COMMANDS[command][0]).main(rest) or 0
 
 

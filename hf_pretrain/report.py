@@ -398,8 +398,13 @@ def main(argv: list[str] | None = None) -> int:
     except StoreRefused as exc:
         print(f"hf-pretrain report: error: {exc}", file=sys.stderr)
         return EXIT_CONFIG
+    from hf_pretrain.object_store.urls import is_url
+
+    output = args.output or run_dir / "report"
+    if is_url(args.run_dir) and not args.output:  # not inside the cache's read-only view: beside the command
+        output = Path("reports") / args.run_dir.split("://", 1)[1].strip("/").replace("/", "__")
     try:
-        page = write_report(run_dir, args.output or run_dir / "report", price)
+        page = write_report(run_dir, Path(output), price)
     except FileNotFoundError as exc:
         print(f"hf-pretrain report: error: {exc}", file=sys.stderr)
         return EXIT_CONFIG

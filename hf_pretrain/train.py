@@ -36,6 +36,13 @@ if TYPE_CHECKING:
     from hf_pretrain.training.loop import Outcome
 
 
+# status.json of a session whose store lacks some of it: "nothing: the run is complete" was untrue
+UPLOAD_FIRST = {
+    "rerun": True,
+    "next": "rerun the same command on this machine: it uploads what the store lacks first (store.not_in_store)",
+}
+
+
 def run_training(recipe: Recipe) -> Outcome:
     """The loop with the recipe's side jobs (final/ at the end, the pushes and benchmarks it asks for),
     in a session that holds the run folder and leaves its status.json (training/session.py)."""
@@ -50,11 +57,16 @@ def run_training(recipe: Recipe) -> Outcome:
     recipe, store = in_store(recipe)  # a URL output_dir: checked, leased, pulled; a local copy trains
     finished = finished_at(recipe)
     if finished is not None:  # the same command after the run completed: nothing to train, nothing written
-        message = f"the run in {recipe.train.output_dir} finished at step {finished:,}: nothing to train. {GO_FURTHER}"
+        shown = RunDir(recipe.train.output_dir).shown_as()  # a URL run: its URL, not the working copy
+        message = f"the run in {shown} finished at step {finished:,}: nothing to train. {GO_FURTHER}"
         if os.environ.get("RANK", "0") == "0":  # every process of a launched job comes here: one says it
             print(message, flush=True)
-        if store is not None:
-            store.close()  # the lease handed back: nothing was trained, nothing to upload
+        if store is not None:  # what an earlier session could not upload goes now; then the lease handed back
+            store.wait()
+            if behind := store.behind():
+                message += f" | warning: {behind}"
+                print(f"warning: {behind}", flush=True)
+            store.close()
         return Outcome(0, message, RunDir(recipe.train.output_dir).final, finished=True)
     side_jobs = SideJobs(recipe)
     try:
@@ -64,6 +76,8 @@ def run_training(recipe: Recipe) -> Outcome:
             outcome = train_loop(recipe, callbacks=[side_jobs] + ([store] if store is not None else []))
             unpushed = side_jobs.unpushed(session.dir)  # on the first process only: the others push nothing
             behind = store.behind() if store is not None else None
+            if store is not None and not behind:
+                print(store.standing(), flush=True)
             for warning in (unpushed, behind):
                 if warning:  # the last line of the log and status.json say it, not only a warning hours ago
                     print(f"warning: {warning}", flush=True)
@@ -73,6 +87,7 @@ def run_training(recipe: Recipe) -> Outcome:
                 outcome.message,
                 outcome.finished,
                 not_pushed=[what for what, _ in side_jobs.not_pushed] if recipe.publish.push_to_hub else None,
+                **(UPLOAD_FIRST if behind else {}),  # complete here, not in the store: a rerun is what mends it
             )
             return outcome
     finally:
@@ -129,6 +144,10 @@ def main(argv: list[str] | None = None) -> int:
 
 def _main(argv: list[str] | None) -> int:
     recipe, _ = parse_recipe_args(argv, prog="hf-pretrain train", description=__doc__.split("\n")[0])
+    from hf_pretrain.object_store.run_record import with_remembered_data
+
+    say = print if os.environ.get("RANK", "0") == "0" else lambda line: None  # every process reads it, one says it
+    recipe = with_remembered_data(recipe, sys.argv[1:] if argv is None else argv, say)
     from hf_pretrain.training.session import REFUSALS, RunLocked, describe, exit_code_of
     from hf_pretrain.training.start_up import StoppedDuringStartUp
 

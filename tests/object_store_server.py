@@ -8,6 +8,7 @@ client sees refused and reset connections, as it would of a real outage.
 
 from __future__ import annotations
 
+import random
 import socket
 import threading
 from collections.abc import Iterator
@@ -18,11 +19,23 @@ FAKE_KEY_ID = "AKIAHFPRETRAINTESTKEY"
 FAKE_SECRET = "hfPretrainFakeSecret/DoNotPrintMe0123456789"
 
 
+SLOW_DOWN = (
+    b'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>SlowDown</Code>'
+    b"<Message>Please reduce your request rate.</Message><RequestId>proxy</RequestId></Error>"
+)
+
+
 class CuttableProxy:
-    """A TCP proxy from a local port to the server; `cut()` drops every connection and refuses new ones."""
+    """A TCP proxy from a local port to the server; `cut()` drops every connection and refuses new ones,
+    `stall()` makes the store a black hole (connections accepted, bytes read, nothing ever answered),
+    `throttle(share)` answers that share of requests `503 SlowDown` as S3 does under load."""
 
     def __init__(self, target: tuple[str, int]):
         self.target = target
+        self._stalled = threading.Event()
+        self.throttle_share = 0.0
+        self.throttled = 0  # how many requests were answered 503 SlowDown
+        self._rng = random.Random(0)
         self._listener = socket.create_server(("127.0.0.1", 0))
         self.port = self._listener.getsockname()[1]
         self._open = threading.Event()
@@ -40,7 +53,27 @@ class CuttableProxy:
             self._connections.clear()
 
     def restore(self) -> None:
+        """The store answers again; a connection caught in a stall is closed (half a request went nowhere)."""
+        if self._stalled.is_set():
+            self._stalled.clear()
+            self._drop_connections()
         self._open.set()
+
+    def stall(self) -> None:
+        """A black hole: every open connection and every new one is read from and never answered."""
+        self._stalled.set()
+
+    def throttle(self, share: float) -> None:
+        """From now on, `share` of the requests of new connections are answered 503 SlowDown (open ones
+        are closed, so that clients reconnect through the throttle)."""
+        self.throttle_share = share
+        self._drop_connections()
+
+    def _drop_connections(self) -> None:
+        with self._lock:
+            for conn in self._connections:
+                _close(conn)
+            self._connections.clear()
 
     def _accept(self) -> None:
         while True:
@@ -49,6 +82,11 @@ class CuttableProxy:
                 client.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
                 _close(client)  # linger 0: a reset, as a stopped server's port answers
                 continue
+            if self._stalled.is_set():
+                with self._lock:
+                    self._connections.append(client)
+                threading.Thread(target=self._swallow, args=(client,), daemon=True).start()
+                continue
             try:
                 upstream = socket.create_connection(self.target)
             except OSError:
@@ -56,18 +94,75 @@ class CuttableProxy:
                 continue
             with self._lock:
                 self._connections += [client, upstream]
-            for source, sink in ((client, upstream), (upstream, client)):
-                threading.Thread(target=self._pipe, args=(source, sink), daemon=True).start()
+            requests = self._throttled_requests if self.throttle_share else self._pipe
+            threading.Thread(target=requests, args=(client, upstream), daemon=True).start()
+            threading.Thread(target=self._pipe, args=(upstream, client), daemon=True).start()
 
     def _pipe(self, source: socket.socket, sink: socket.socket) -> None:
         try:
             while self._open.is_set() and (chunk := source.recv(1 << 16)):
-                sink.sendall(chunk)
+                if not self._stalled.is_set():  # a black hole: read, never passed on
+                    sink.sendall(chunk)
         except OSError:
             pass
         finally:
             _close(source)
             _close(sink)
+
+    def _swallow(self, client: socket.socket) -> None:
+        try:
+            while client.recv(1 << 16):
+                pass
+        except OSError:
+            pass
+
+    def _throttled_requests(self, client: socket.socket, upstream: socket.socket) -> None:
+        """Client to server one HTTP request at a time (clients send the next only after the answer):
+        a share answered 503 SlowDown here, the rest passed on whole."""
+        buffer = b""
+        try:
+            while True:
+                while b"\r\n\r\n" not in buffer:
+                    chunk = client.recv(1 << 16)
+                    if not chunk:
+                        return
+                    buffer += chunk
+                head, buffer = buffer.split(b"\r\n\r\n", 1)
+                fields = dict(line.split(b":", 1) for line in head.split(b"\r\n")[1:] if b":" in line)
+                fields = {k.strip().lower(): v.strip() for k, v in fields.items()}
+                length = int(fields.get(b"content-length", b"0"))
+                waits_for_continue = fields.get(b"expect", b"").lower() == b"100-continue"
+                if self._rng.random() < self.throttle_share:
+                    self.throttled += 1
+                    answer = b"HTTP/1.1 503 Slow Down\r\nContent-Type: application/xml\r\n"
+                    if waits_for_continue:  # its body never comes: the connection ends with the answer
+                        client.sendall(
+                            answer + b"Connection: close\r\nContent-Length: %d\r\n\r\n" % len(SLOW_DOWN) + SLOW_DOWN
+                        )
+                        return
+                    while len(buffer) < length:
+                        chunk = client.recv(1 << 16)
+                        if not chunk:
+                            return
+                        buffer += chunk
+                    buffer = buffer[length:]
+                    client.sendall(answer + b"Content-Length: %d\r\n\r\n" % len(SLOW_DOWN) + SLOW_DOWN)
+                    continue
+                upstream.sendall(head + b"\r\n\r\n")
+                sent = 0
+                while sent < length:
+                    if not buffer:
+                        buffer = client.recv(1 << 16)
+                        if not buffer:
+                            return
+                    part, buffer = buffer[: length - sent], buffer[length - sent :]
+                    upstream.sendall(part)
+                    sent += len(part)
+        except OSError:
+            pass
+        finally:
+            _close(client)
+            _close(upstream)
 
 
 def _close(conn: socket.socket) -> None:

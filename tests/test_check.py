@@ -254,8 +254,8 @@ def test_a_measurement_store_that_cannot_be_written_says_why(tmp_path):
 
 def test_a_step_without_a_figure_on_a_machine_without_a_gpu_names_what_helps_not_a_larger_budget(monkeypatch):
     """`check --recipe 1b` on a laptop advised a larger --budget_s, which cannot help there (issue 45)."""
-    from hf_pretrain.machine import run_profile
     from hf_pretrain.check import command
+    from hf_pretrain.machine import run_profile
 
     monkeypatch.setattr(run_profile, "device_kind", lambda: "cpu")
     said = command.what_helps(command.CheckRequest(recipe=load_recipe("1b"), output=Path("x")))

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from hf_pretrain.object_store.cache import local_copy
-from hf_pretrain.object_store.secrets import redact
 from hf_pretrain.object_store.urls import StoreUnavailable, StoreURL, filesystem, is_url
+from hf_pretrain.redaction import redact
 from tests.object_store_server import FAKE_SECRET
 
 

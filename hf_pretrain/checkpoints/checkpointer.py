@@ -17,6 +17,7 @@ from hf_pretrain.checkpoints.layout import BRANCH_POINT
 from hf_pretrain.checkpoints.progress import Activity
 from hf_pretrain.checkpoints.saving import CheckpointSaveError, Sealing, save_checkpoint
 from hf_pretrain.config import Recipe
+from hf_pretrain.run_folder.run_dir import RunDir
 
 __all__ = ["CheckpointSaveError", "Checkpointer", "save_checkpoint"]
 
@@ -72,7 +73,11 @@ class Checkpointer:
         step = train_state["step"]
 
         def sealed(path: Path) -> None:
-            self.log(f"step {step}: saved {path}")
+            run = RunDir(self.output_dir)
+            if run.shown_as() != str(run.path):  # a run URL: saved here, in the store once uploaded (said then)
+                self.log(f"step {step}: saved, on its way to {run.show(path)}")
+            else:
+                self.log(f"step {step}: saved {path}")
             if then is not None:
                 try:
                     then(path, step)

@@ -74,6 +74,7 @@ def main(argv: list[str] | None = None) -> int:
         except StoreRefused as exc:
             print(f"hf-pretrain eval: error: {exc}", file=sys.stderr)
             return EXIT_PREFLIGHT
+        args.model_shown = url  # results.md's title: the URL the user gave, not the cache's copy
         if args.output is None:  # not inside the cache's read-only view: beside where the command runs
             args.output = Path("eval_results") / url.split("://", 1)[1].strip("/").replace("/", "__")
     from hf_pretrain.evaluation import harness

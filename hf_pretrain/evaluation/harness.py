@@ -386,7 +386,7 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     output.mkdir(parents=True, exist_ok=True)
     model_folder = Path(args.model) if Path(args.model).is_dir() else None
     if tasks:
-        report_benchmarks(results, args.model, output, model_folder, limit)
+        report_benchmarks(results, getattr(args, "model_shown", None) or args.model, output, model_folder, limit)
     if args.text is not None:
         report_text_metrics(bpb, args.text, output, model_folder)
     print(f"eval: results in {output}")

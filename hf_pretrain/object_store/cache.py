@@ -29,6 +29,17 @@ def local_copy(url: StoreURL, kind: str, cache_dir: str | Path | None = None) ->
     return root / kind / url.scheme / url.path
 
 
+def url_of_copy(path: str | Path, cache_dir: str | Path | None = None) -> str | None:
+    """The run URL whose working copy `path` is (`local_copy`'s rule read backwards), else None: a fix
+    the product prints names the URL the user gave, not the cache's folder."""
+    root = (Path(cache_dir).expanduser() if cache_dir else home()) / "runs"
+    try:
+        scheme, rest = Path(path).relative_to(root).as_posix().split("/", 1)
+    except ValueError:
+        return None
+    return f"{scheme}://{rest}"
+
+
 def check_cache_root(cache_dir: str | Path | None = None) -> None:
     """Make the cache folder, or raise `StoreUnavailable` in one line: a `cache_dir` this machine cannot
     write was a FileNotFoundError traceback from deep in the pull or the prepare."""

@@ -14,8 +14,8 @@ import socket
 import time
 from typing import TYPE_CHECKING
 
-from hf_pretrain.object_store.secrets import redact
 from hf_pretrain.object_store.urls import StoreUnavailable, StoreURL, filesystem
+from hf_pretrain.redaction import redact
 from hf_pretrain.run_folder.run_lock import RunDirUnusable
 
 if TYPE_CHECKING:

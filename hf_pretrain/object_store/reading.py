@@ -27,7 +27,7 @@ def readable(
     from hf_pretrain.checkpoints.manifest import CheckpointError
     from hf_pretrain.object_store.pull import download_checkpoint, pull_run, pull_small_files
     from hf_pretrain.object_store.reach import StoreRefused, describe_failure, open_checked
-    from hf_pretrain.object_store.secrets import redact
+    from hf_pretrain.redaction import redact
 
     url, fs = open_checked(str(location), write=False)
     name = url.path.rsplit("/", 1)[-1]
@@ -41,7 +41,8 @@ def readable(
     view = local_copy(url, "views", cache_dir)
     try:
         if checkpoint:
-            pull_run(fs, url, view, say=lambda line: say(redact(line)))
+            step = pull_run(fs, url, view, say=lambda line: say(redact(line)))
+            prune_view(view, keep=step)
         else:
             view.mkdir(parents=True, exist_ok=True)
             pull_small_files(fs, url, view)
@@ -50,6 +51,23 @@ def readable(
     except Exception as exc:
         raise StoreRefused(describe_failure(url, exc, "reading the run")) from None
     return view
+
+
+def prune_view(view: Path, keep: int | None) -> None:
+    """A view holds one checkpoint: the one just read. Every other is an older pull of this cache's own
+    (`views/` is written by `readable` alone), removed: a view kept every checkpoint ever pulled, optimizer
+    state included, tens of GB each for the `1b`."""
+    import shutil
+
+    from hf_pretrain.checkpoints.layout import checkpoint_path, checkpoints_root
+
+    root = checkpoints_root(view)
+    if keep is None or not root.is_dir():
+        return
+    kept = checkpoint_path(view, keep).name
+    for folder in root.iterdir():
+        if folder.is_dir() and folder.name.startswith(PREFIX) and folder.name != kept:
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 def stop_facts(location: str, say: Callable[[str], None] = print) -> tuple[Path, dict | None, dict | None]:
@@ -68,11 +86,14 @@ def stop_facts(location: str, say: Callable[[str], None] = print) -> tuple[Path,
     holder = None
     if current is not None and not current.is_stale():
         holder = {"host": current.host, "pid": current.pid, "started": current.since}
-    steps = complete_steps(fs, url)
     saved = None
-    if steps:
-        state = url.join("checkpoints", f"{PREFIX}{steps[0]:08d}", "train_state.json")
-        saved = json.loads(fs.cat_file(state.path))
+    for step in complete_steps(fs, url):  # the newest whose train state reads (one without it: the one before)
+        state = url.join("checkpoints", f"{PREFIX}{step:08d}", "train_state.json")
+        try:
+            saved = json.loads(fs.cat_file(state.path))
+            break
+        except (FileNotFoundError, ValueError):
+            say(f"{url}/checkpoints/{PREFIX}{step:08d} has no readable train_state.json; the one before is read")
     return view, holder, saved
 
 

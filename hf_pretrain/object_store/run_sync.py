@@ -29,16 +29,25 @@ from hf_pretrain.object_store.cache import local_copy
 from hf_pretrain.object_store.lease import Lease
 from hf_pretrain.object_store.pull import complete_steps, pull_run
 from hf_pretrain.object_store.reach import describe_failure, open_checked
-from hf_pretrain.object_store.secrets import redact
 from hf_pretrain.object_store.transfer import put_files
-from hf_pretrain.object_store.uploader import UPLOAD_SUFFIX, Uploader, remove_half_uploads, run_identity
-from hf_pretrain.run_folder.run_dir import RunDir, read_status, set_activity
+from hf_pretrain.object_store.uploader import (
+    RUN_RECORD,
+    UPLOAD_SUFFIX,
+    Uploader,
+    remove_half_uploads,
+    run_identity,
+)
+from hf_pretrain.redaction import redact
+from hf_pretrain.run_folder.run_dir import RunDir, read_status, set_activity, update_status
 
 if TYPE_CHECKING:
     from hf_pretrain.config import Recipe
 
 STOP_POLL_S = 3.0  # how often the store is asked for a stop request
 STORE_SECTION = "store"  # status.json's key
+NOT_IN_STORE = "not_in_store"  # the section's list of steps (and `final`) a rerun uploads first
+FINAL = "final"
+CLOSE_S = 20.0  # the most the last store writes (records, the lease) wait at a run's end, past `store_wait_s`
 
 
 MARK_SLACK_S = 2.0
@@ -145,7 +154,10 @@ class RunInStore:
         return run
 
     def _pull(self) -> None:
-        self.say(f"store: {self.url} -> working copy {self.local}")
+        self.say(
+            f"store: training {self.url} (a working copy on this machine; `hf-pretrain status {self.url}` from any)"
+        )
+        self._set_aside_a_deleted_run()
         self.local.mkdir(parents=True, exist_ok=True)  # the working copy names its URL (records and messages use it)
         RunDir(self.local).store_link.write_text(json.dumps({"url": str(self.url)}) + "\n")
         for leftover in checkpoints_root(self.local).glob(f"*{UPLOAD_SUFFIX}"):  # a session killed mid-upload
@@ -160,14 +172,39 @@ class RunInStore:
             raise StoreRefused(describe_failure(self.url, exc, "pulling the run")) from None
         self.say(f"store: newest complete checkpoint: step {step}" if step is not None else "store: no checkpoint yet")
 
+    def _set_aside_a_deleted_run(self) -> None:
+        """The store holds nothing of the run (no run.json, no checkpoint: deleted there) while this machine's
+        copy has checkpoints: the store is the truth, so the run starts fresh, and the old copy (this cache's
+        own) is set aside, not resumed from (it came back, the log calling the empty store's newest step 6)."""
+        if not self.local.is_dir() or not list_checkpoints(self.local):
+            return
+        if self.fs.exists(self.url.join(RUN_RECORD).path) or complete_steps(self.fs, self.url):
+            return
+        aside = self.local.with_name(f"{self.local.name}.set-aside-{time.strftime('%Y%m%dT%H%M%S')}")
+        os.replace(self.local, aside)
+        self.say(
+            f"store: {self.url} holds no run (deleted there?): this machine's old copy of it is set aside in the "
+            f"cache, not resumed from; the run starts fresh"
+        )
+
     def _catch_up(self) -> None:
-        """A local checkpoint newer than the store's (a session that could not upload it) goes up first."""
-        newest = next(iter(list_checkpoints(self.local)), None)
-        in_store = next(iter(complete_steps(self.fs, self.url)), None)
-        self.uploader.progress.last_step = in_store
-        if newest is not None and (in_store is None or newest.step > in_store):
-            self.say(f"store: step {newest.step} is not in the store yet: uploading it")
-            self.uploader.submit(newest.path, newest.step)
+        """What an earlier session on this machine could not upload goes up first: every step its
+        status.json names as not in the store (the checkpoint before a decay too, not only the newest),
+        final/ when it is named, and a local checkpoint newer than the store's."""
+        named = read_status(self.local).get(STORE_SECTION, {}).get(NOT_IN_STORE) or []
+        in_store = set(complete_steps(self.fs, self.url))
+        self.uploader.progress.last_step = max(in_store, default=None)
+        local = {c.step: c.path for c in list_checkpoints(self.local)}
+        newest = max(local, default=None)
+        wanted = {step for step in named if isinstance(step, int)}
+        if newest is not None and newest > max(in_store, default=-1):
+            wanted.add(newest)
+        for step in sorted(wanted & set(local) - in_store):
+            self.say(f"store: step {step} is not in {self.url} yet: uploading it first")
+            self.uploader.submit(local[step], step, keep=True)
+        if FINAL in named and RunDir(self.local).final.is_dir():
+            self.say(f"store: final/ is not in {self.url} yet: uploading it first")
+            self._final = True
 
     def session_started(self) -> None:
         """The session's fresh status.json gets this session's `store` section, here and in the store."""
@@ -185,8 +222,10 @@ class RunInStore:
 
     def wait(self) -> None:
         """The uploads finished (final/ too, at the run's end), or `store_wait_s` passed (said, in the
-        log and status.json)."""
+        log and status.json). A machine that lost the lease waits for nothing: the run is another's."""
         p, started = self.uploader.progress, time.monotonic()
+        if self.lease.lost_to is not None:
+            return
         if not self.uploader.idle():
             with LiveLine(f"uploading to {self.url}", p.count, self.say, self._activity):
                 done = self.uploader.wait(self.store.store_wait_s)
@@ -201,32 +240,65 @@ class RunInStore:
             count = ByteCount(sum(f.stat().st_size for f in files))
             with LiveLine(f"uploading final/ to {self.url}", count, self.say, self._activity):
                 sent = put_files(self.fs, pairs, count, lambda: time.monotonic() < deadline, self._final_error)
-            if not sent:
-                self.say(f"warning: final/ did not reach {self.url}; it is in {final}")
+            if sent:
+                self._final = False
+                self.say(f"final/: in {self.url}/final")
+            else:
+                self.say(f"warning: final/ did not reach {self.url}; the same command rerun uploads it first")
 
     def _final_error(self, exc: BaseException) -> None:
         self.uploader._error(exc, "uploading final/")
 
     # ------------------------------------------------------------------ the end
+    def not_in_store(self) -> list[int | str]:
+        """The steps of this session not complete in the store, and `final` when final/ is not there."""
+        return [*self.uploader.missing(), *([FINAL] if self._final else [])]
+
     def behind(self) -> str | None:
-        """None when the store has every checkpoint of this session, else what is missing and why."""
-        s = self.uploader.status()
-        if not s["steps_behind"]:
+        """None when the store has every checkpoint of this session (and final/), else what is missing."""
+        missing = self.not_in_store()
+        if not missing:
             return None
+        s = self.uploader.status()
         error = f" (last error: {s['last_error']})" if s["last_error"] else ""
+        named = ", ".join(f"step {m}" if isinstance(m, int) else f"{m}/" for m in missing)
         return (
-            f"the store {self.url} is {s['steps_behind']} steps ({human_bytes(s['bytes_behind'])}) behind this "
-            f"machine{error}; the local checkpoints stay in {self.local}, and the same command rerun on this "
-            f"machine uploads them first"
+            f"not in the store {self.url}: {named} ({human_bytes(s['bytes_behind'])}){error}; they stay on this "
+            f"machine, and the same command rerun here uploads them first"
         )
 
+    def standing(self) -> str:
+        """Where the store stands at the end, in one line."""
+        last = self.uploader.progress.last_step
+        where = (
+            f"step {last} is the newest checkpoint in {self.url}"
+            if last is not None
+            else f"{self.url} holds no checkpoint"
+        )
+        return f"store: {where}" + ("" if self.not_in_store() else "; nothing of this session is missing there")
+
     def close(self) -> None:
-        """Stop the threads, mirror the records and status.json a last time, release the lease."""
+        """Stop the threads, mirror the records and status.json a last time, release the lease: at most
+        `CLOSE_S` in all. Every store call here runs on a daemon thread: a store gone silent at the very
+        end leaves the lease to go stale on its own, and the process exits (nothing joins a blocked call)."""
         self._stop.set()
+        deadline = time.monotonic() + CLOSE_S
         if self._ticker is not None:
-            self._ticker.join(timeout=10)
-        self.uploader.close()
+            self._ticker.join(timeout=max(0.0, deadline - time.monotonic()))
+        self.uploader.close(timeout=max(0.0, deadline - time.monotonic()))
         self._write_section()
+        if self.lease.lost_to is not None:
+            return  # another machine holds the run: its records in the store are not this one's to write
+        last = threading.Thread(target=self._last_writes, name="hf-pretrain-store-close", daemon=True)
+        last.start()
+        last.join(timeout=max(1.0, deadline - time.monotonic()))
+        if last.is_alive():  # the last line of the run: what is not in the store, first
+            behind = self.behind() or "the newest records may be missing there"
+            self.say(
+                f"warning: {behind} (the store did not answer in {CLOSE_S:.0f} s at the end: the lease goes stale on its own)"
+            )
+
+    def _last_writes(self) -> None:
         try:
             if self.uploader.idle():
                 self.uploader.push_small_files()
@@ -243,17 +315,26 @@ class RunInStore:
                 self._mirror_stop_request()
                 if time.monotonic() >= next_beat:
                     next_beat = time.monotonic() + self.store.store_heartbeat_s
-                    self.lease.beat()
-                    if self.lease.lost_to is not None:
-                        self.say(
-                            f"warning: another machine took over the lease of {self.url}: "
-                            f"{self.lease.lost_to.describe()}; this one stops uploading"
-                        )
-                        self.uploader.close()
-                    self._changed()
-                    self.uploader.push_small_files(retry=False)  # status.json and the records, each heartbeat
+                    if not self._heartbeat():
+                        return  # nothing more of this machine goes to the store: not status.json either
             except Exception as exc:  # the store unreachable: said in status.json, tried again
                 self.uploader._error(exc, "renewing the lease")
+
+    def _heartbeat(self) -> bool:
+        """Renew the lease and mirror the records; False once another machine took the lease over (then
+        this one writes nothing more to the store: its uploads stop, status.json there is the other's)."""
+        self.lease.beat()
+        if self.lease.lost_to is not None:
+            self.say(
+                f"warning: another machine took over the lease of {self.url}: "
+                f"{self.lease.lost_to.describe()}; this one stops writing the store"
+            )
+            self.uploader.lease_lost()
+            self._write_section()
+            return False
+        self._changed()
+        self.uploader.push_small_files(retry=False)  # status.json and the records, each heartbeat
+        return True
 
     def _mirror_stop_request(self) -> None:
         """A request `hf-pretrain stop URL` wrote into the store, copied where the guards read it."""
@@ -288,7 +369,7 @@ class RunInStore:
 
     def _changed(self, mirror: bool = False) -> None:
         self._write_section()
-        if mirror and (RunDir(self.local).status.is_file()):
+        if mirror and self.lease.lost_to is None and RunDir(self.local).status.is_file():
             status = RunDir(self.local).status
             sent = self.uploader.in_store_terms(status)
             try:
@@ -298,16 +379,20 @@ class RunInStore:
                     sent.unlink(missing_ok=True)
 
     def _write_section(self) -> None:
-        """status.json's `store` section, beside what the session wrote (the session keeps it)."""
-        with self._status_lock:
-            run = RunDir(self.local)
-            status = read_status(self.local)
-            if not status:
-                return
-            status[STORE_SECTION] = self.uploader.status()
-            tmp = run.status.with_name(f"{run.status.name}.{os.getpid()}.store.tmp")
-            try:
-                tmp.write_text(redact(json.dumps(status, indent=1)) + "\n")
-                os.replace(tmp, run.status)
-            except OSError:
-                tmp.unlink(missing_ok=True)
+        """status.json's `store` section, beside what the session wrote (the session keeps it), under the
+        lock every writer of status.json takes (run_dir.update_status)."""
+        section = json.loads(redact(json.dumps(self.section())))
+
+        def change(status: dict) -> dict | None:
+            return {**status, STORE_SECTION: section} if status else None
+
+        update_status(self.local, change)
+
+    def section(self) -> dict:
+        """The `store` section: the uploader's progress, what is not in the store, the lease's holder."""
+        lost = self.lease.lost_to
+        return {
+            **self.uploader.status(),
+            NOT_IN_STORE: self.not_in_store(),
+            "lease": "lost to " + lost.describe() if lost is not None else "held",
+        }

@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable
 from typing import TypeVar
 
-from hf_pretrain.object_store.secrets import redact
+from hf_pretrain.redaction import redact
 
 T = TypeVar("T")
 # Seconds between tries; the tests shorten them (an outage they cut for good fails sooner).

@@ -8,9 +8,10 @@ as it was written, and its manifest carries them (the download side verifies aga
 
 from __future__ import annotations
 
+import queue
+import threading
 import time
 from collections.abc import Callable, Iterable
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -75,7 +76,12 @@ def put_files(
 ) -> bool:
     """Upload each (local file, store path), several at a time, each retried; True once all are there."""
     return _each(
-        lambda lpath, rpath, cb: fs.put_file(str(lpath), rpath, callback=cb), pairs, count, keep_trying, on_error
+        lambda lpath, rpath, cb: fs.put_file(str(lpath), rpath, callback=cb),
+        pairs,
+        count,
+        keep_trying,
+        on_error,
+        abandon=lambda: not keep_trying(),
     )
 
 
@@ -95,15 +101,40 @@ def get_files(
     return _each(get, pairs, count, keep_trying, on_error)
 
 
-def _each(move, pairs, count, keep_trying, on_error) -> bool:
-    def one(pair) -> bool:
-        cb = _Counted(count)
+def _each(move, pairs, count, keep_trying, on_error, abandon: Callable[[], bool] = lambda: False) -> bool:
+    """Each pair moved on `PARALLEL_FILES` daemon threads; False as soon as one failed for good, or when
+    `abandon()` says the caller's deadline passed. The threads are daemons, not a ThreadPoolExecutor's:
+    the interpreter's shutdown joins an executor's workers, and one blocked in a request to a store that
+    went silent kept a finished run's process alive for good (its own timeouts end it later, unseen)."""
+    work: queue.SimpleQueue = queue.SimpleQueue()
+    pairs = list(pairs)
+    for pair in pairs:
+        work.put(pair)
+    results: list[bool] = []
 
-        def attempt() -> None:
-            cb.undo()
-            move(*pair, cb)
+    def worker() -> None:
+        while True:
+            try:
+                pair = work.get_nowait()
+            except queue.Empty:
+                return
+            cb = _Counted(count)
 
-        return with_retries(attempt, keep_trying, on_error)
+            def attempt(pair=pair, cb=cb) -> None:
+                cb.undo()
+                move(*pair, cb)
 
-    with ThreadPoolExecutor(PARALLEL_FILES, thread_name_prefix="hf-pretrain-transfer") as pool:
-        return all(list(pool.map(one, list(pairs))))
+            results.append(with_retries(attempt, keep_trying, on_error))
+
+    threads = [
+        threading.Thread(target=worker, name="hf-pretrain-transfer", daemon=True)
+        for _ in range(min(PARALLEL_FILES, len(pairs)))
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        while thread.is_alive():
+            thread.join(0.2)
+            if abandon():  # the caller's deadline: the threads are left to their client's timeouts
+                return False
+    return len(results) == len(pairs) and all(results)

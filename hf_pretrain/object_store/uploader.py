@@ -46,6 +46,10 @@ QUOTES_PATHS = ("status.json",)  # records whose text names local paths (trainin
 UPLOAD_SUFFIX = ".upload"  # hard links of a checkpoint on its way to the store; never listed or resumed
 
 
+class ShortUpload(OSError):
+    """An object in the store is not the size of the file it was sent from: sent again, then checked again."""
+
+
 @dataclass
 class Upload:
     step: int
@@ -89,17 +93,18 @@ class Uploader:
         self._busy = False
         self._closing = False
         self._give_up_at: float | None = None  # a wait that ends: retries stop then
+        self._lost = False  # another machine holds the run's lease: nothing more is written to the store
         self._thread = threading.Thread(target=self._run, name="hf-pretrain-upload", daemon=True)
         self._thread.start()
 
     # ------------------------------------------------------------------ the training side
-    def submit(self, path: Path, step: int) -> None:
+    def submit(self, path: Path, step: int, keep: bool = False) -> None:
         """Hold the sealed checkpoint `path` by hard links and queue it; returns at once."""
         held = path.with_name(path.name + UPLOAD_SUFFIX)
         shutil.rmtree(held, ignore_errors=True)
         shutil.copytree(path, held, copy_function=_link_or_copy)
         size = sum(f.stat().st_size for f in held.rglob("*") if f.is_file())
-        keep = bool(self.milestones and step % self.milestones == 0) or _flag(held, BRANCH_POINT)
+        keep = keep or bool(self.milestones and step % self.milestones == 0) or _flag(held, BRANCH_POINT)
         with self._lock:
             self._pending.append(Upload(step, held, size, keep))
             self.progress.newest_local = max(step, self.progress.newest_local or 0)
@@ -117,19 +122,26 @@ class Uploader:
         deadline = time.monotonic() + timeout_s
         with self._lock:
             self._give_up_at = deadline
-            while self._pending or self._busy:
+            while (self._pending or self._busy) and not self._closing:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     return False
                 self._lock.wait(min(left, 0.2))
-        return True
+        return not (self._pending or self._busy)
 
-    def close(self) -> None:
+    def lease_lost(self) -> None:
+        """Another machine took the run over: no upload, manifest or record of this one goes up from now."""
+        self._lost = True
+        self.close(timeout=0)
+
+    def close(self, timeout: float = 30.0) -> None:
+        """No more uploads: a job under way gives up at its next retry; the thread is a daemon, so one
+        blocked in a request does not hold the process (the join is bounded)."""
         with self._lock:
             self._closing = True
-            self._give_up_at = self._give_up_at or time.monotonic()
+            self._give_up_at = min(self._give_up_at or time.monotonic(), time.monotonic())
             self._lock.notify_all()
-        self._thread.join(timeout=30)
+        self._thread.join(timeout=timeout)
 
     # ------------------------------------------------------------------ the thread
     def _keep_trying(self) -> bool:
@@ -140,7 +152,7 @@ class Uploader:
             with self._lock:
                 while not self._pending and not self._closing:
                     self._lock.wait()
-                if not self._pending:
+                if not self._pending or self._closing:  # closed: what waits stays for the next start
                     return
                 job = self._next()
                 self._busy = True
@@ -184,12 +196,17 @@ class Uploader:
             return False
         if not put_files(self.fs, pairs, self.progress.count, self._keep_trying, on_error):
             return False
+        # every object's size in the store checked against the local file before the manifest goes: an
+        # object cut short (a throttled part, an unflushed write) never makes the checkpoint complete
+        if not with_retries(lambda: self._check_sizes(pairs, remote), self._keep_trying, on_error):
+            return False
         # the manifest last: until it is there, the checkpoint is not complete in the store
-        if not put_files(
+        if self._lost or not put_files(
             self.fs, [(job.held / MANIFEST, remote.join(MANIFEST).path)], None, self._keep_trying, on_error
         ):
             return False
         shutil.rmtree(job.held, ignore_errors=True)
+        self.say(f"step {job.step}: in {remote}")  # from here a kill of this machine loses nothing of it
         self.progress.last_step = max(job.step, self.progress.last_step or 0)
         self.progress.bytes_behind -= job.bytes
         self.progress.uploading, self.progress.last_error = None, None
@@ -198,9 +215,27 @@ class Uploader:
         self.on_change()
         return True
 
+    def _check_sizes(self, pairs: list[tuple[Path, str]], remote: StoreURL) -> None:
+        """Raise `ShortUpload` naming the objects under `remote` whose size differs from the local file
+        (each sent again first, so the next try can pass)."""
+        listed = {path.rstrip("/"): info.get("size") for path, info in self.fs.find(remote.path, detail=True).items()}
+        wrong = [(local, path) for local, path in pairs if listed.get(path) != local.stat().st_size]
+        if wrong:
+            names = ", ".join(path.rsplit("/", 1)[-1] for _, path in wrong[:3])
+            for local, path in wrong:
+                self.fs.put_file(str(local), path)
+            raise ShortUpload(f"{len(wrong)} object(s) in {remote} short or missing after the upload ({names})")
+
+    def missing(self) -> list[int]:
+        """The steps of this session that are not complete in the store (queued, or given up on)."""
+        with self._lock:
+            return sorted({u.step for u in self._pending} | ({self.progress.uploading} - {None}))
+
     def push_small_files(self, retry: bool = True) -> bool:
         """The run's records (metrics, samples, status.json, ...) to the store; True when they are there.
         Without `retry`, one try (the heartbeat's thread must not wait on a store that is down)."""
+        if self._lost:
+            return False  # the lease is another machine's: its records in the store are not ours to write
         pairs = [(self.local / n, self.url.join(n).path) for n in SMALL_FILES if (self.local / n).is_file()]
         keep_trying = self._keep_trying if retry else lambda: False
         sent = [(self.in_store_terms(path), remote) for path, remote in pairs]

@@ -9,6 +9,7 @@ holds a secret itself.
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +28,15 @@ _URL = re.compile(r"^(?P<scheme>[a-z][a-z0-9+.-]*)://(?P<rest>.*)$")
 # botocore's own rule for a bucket name: one it would refuse is refused here, before any network call
 # (its ParamValidationError was retried three times and came back as a wall of regex)
 _S3_BUCKET = re.compile(r"^[A-Za-z0-9._-]{1,255}$")
+# What a mistyped URL looks like: `s3:/bkt/x`, `s3:bkt`, `S3://bkt`, `gs:/x`. Taken as a local path, each
+# trained into a folder named `s3:` in the working directory and exited 0 with nothing in the store. A
+# scheme of two letters or more (a Windows drive `C:` is one) followed by one slash, or a store's scheme
+# not followed by `://`, is a URL the user meant and got wrong.
+_ONE_SLASH = re.compile(r"^(?P<scheme>[A-Za-z][A-Za-z0-9+.-]+):/(?!/)")
+_STORE_SCHEME_TYPO = re.compile(r"^(?P<scheme>s3|gs|hf|gcs|file):(?!//)", re.IGNORECASE)
+_UPPERCASE_SCHEME = re.compile(r"^(?P<scheme>[A-Za-z][A-Za-z0-9+.-]+)://")
+# schemes a command line may carry that are not a store (an endpoint, a Hub page): never refused here
+_NOT_STORES = ("http", "https", "file")
 
 
 class StoreUnavailable(RuntimeError):
@@ -59,6 +69,9 @@ class StoreURL:
             raise StoreUnavailable(f"{scheme}:// is not a store hf-pretrain knows; use one of {known} or a local path")
         if not path:
             raise StoreUnavailable(f"{url!r} names no bucket; write it as {scheme}://BUCKET/PREFIX")
+        if any(part in (".", "..") for part in path.split("/")):
+            # the local copy's folder is named by the path: `..` would put it outside the cache
+            raise StoreUnavailable(f"{url!r} holds a `.` or `..` part; write the prefix without them")
         bucket = path.split("/", 1)[0]
         if scheme == "s3" and not _S3_BUCKET.match(bucket):
             raise StoreUnavailable(
@@ -79,12 +92,54 @@ class StoreURL:
         return f"{self.scheme}://{self.path}"
 
 
-def check_locations(*locations: str) -> None:
-    """Raise `StoreUnavailable` for the first URL among `locations` that does not parse: a command refuses
+def mistyped(location: str) -> str | None:
+    """One line saying how `location` is a URL gone wrong, with the spelling that works; None when it
+    is a URL hf-pretrain can open or plainly a local path (or not a location at all)."""
+    if not isinstance(location, str):
+        return None
+    upper = _UPPERCASE_SCHEME.match(location)
+    if upper and upper["scheme"] != upper["scheme"].lower() and upper["scheme"].lower() in SCHEMES:
+        fixed = upper["scheme"].lower() + location[len(upper["scheme"]) :]
+        return f"{location!r} is not a URL hf-pretrain reads (a scheme is lowercase); write it as {fixed}"
+    typo = _ONE_SLASH.match(location) or _STORE_SCHEME_TYPO.match(location)
+    if typo:
+        rest = location[len(typo["scheme"]) + 1 :].lstrip("/")
+        fixed = f"{typo['scheme'].lower()}://{rest}"
+        return (
+            f"{location!r} looks like a URL but is not one (a URL is SCHEME://BUCKET/PREFIX); write it as "
+            f"{fixed}, or ./{location} for a local folder"
+        )
+    return None
+
+
+def check_location(location: str, any_arg: bool = False) -> None:
+    """`StoreUnavailable` (one line, with the fix) for a mistyped URL, an unknown scheme or a malformed
+    store URL; nothing for a local path or a URL this machine can name. `any_arg`: `location` is any
+    argument of a command line, where an http(s):// URL (an endpoint, a page) is not a location."""
+    line = mistyped(location)
+    if line:
+        raise StoreUnavailable(line)
+    match = _URL.match(location) if isinstance(location, str) else None
+    if match and not (any_arg and match["scheme"] in _NOT_STORES):
+        StoreURL.parse(location)
+
+
+def check_locations(*locations: str | None) -> None:
+    """Raise `StoreUnavailable` for the first of `locations` that is a URL gone wrong: a command refuses
     a malformed output_dir or data_dir in one line before it loads torch or reaches the network."""
     for location in locations:
-        if is_url(location):
-            StoreURL.parse(location)
+        if location is not None:
+            check_location(str(location))
+
+
+def check_command_line(argv: list[str]) -> None:
+    """Every argument of a command line (and each `--key=value`'s value) that is a location checked as
+    `check_location` does: `hf-pretrain COMMAND` refuses `s3:/bkt/x` before any work, whichever command
+    and flag carries it (a run, a checkpoint, a data folder, a model)."""
+    for arg in argv:
+        value = arg.split("=", 1)[1] if arg.startswith("--") and "=" in arg else arg
+        if not value.startswith("-"):
+            check_location(value, any_arg=True)
 
 
 def filesystem(url: StoreURL) -> AbstractFileSystem:
@@ -101,4 +156,36 @@ def filesystem(url: StoreURL) -> AbstractFileSystem:
     except ImportError:
         install = f"pip install 'hf-pretrain[{extra}]'" if extra else f"pip install {module}"
         raise StoreUnavailable(f"{url.scheme}:// needs the {module} package: {install}") from None
-    return fsspec.filesystem(url.scheme, skip_instance_cache=True, use_listings_cache=False)
+    fs = fsspec.filesystem(url.scheme, skip_instance_cache=True, use_listings_cache=False, **client_options(url))
+    if url.scheme == "s3":
+        fs.retries = S3FS_TRIES  # a class attribute of s3fs, not an argument of its constructor
+    return fs
+
+
+# The S3 client's bounds, stated rather than inherited. s3fs's defaults (connect 5 s, read 15 s, its own
+# 5 tries around botocore's legacy 5 attempts) let one request caught in an outage wait 6 minutes and more
+# before the product's own bounds apply. Here one request to a store that accepts connections and then
+# says nothing gives up after READ_TIMEOUT_S x BOTOCORE_ATTEMPTS x S3FS_TRIES = 20 x 3 x 2 = 120 s, and
+# every caller above bounds its own wait (the uploader's deadline, `store_wait_s` at the end).
+CONNECT_TIMEOUT_S = 5.0  # a TCP handshake takes milliseconds; 5 s is a congested link, more is no store
+READ_TIMEOUT_S = 20.0  # silence between bytes of an answer: S3 answers even a 50 MiB part within seconds
+BOTOCORE_ATTEMPTS = 3  # "standard" retries: throttling (503 SlowDown) and 5xx, with jittered back-off
+S3FS_TRIES = 2  # s3fs's own wrapper (timeouts, SlowDown) on top; the product's retry loops sit above both
+TIMEOUTS_VARIABLE = "HF_PRETRAIN_STORE_TIMEOUTS"  # "CONNECT,READ" in seconds: the tests' black hole is short
+
+
+def client_options(url: StoreURL) -> dict:
+    """The keyword arguments of `url`'s fsspec file system that bound each request (S3 only: the other
+    schemes keep their client's own)."""
+    if url.scheme != "s3":
+        return {}
+    connect, read = CONNECT_TIMEOUT_S, READ_TIMEOUT_S
+    if text := os.environ.get(TIMEOUTS_VARIABLE):
+        connect, read = (float(x) for x in text.split(","))
+    return {
+        "config_kwargs": {
+            "connect_timeout": connect,
+            "read_timeout": read,
+            "retries": {"mode": "standard", "max_attempts": BOTOCORE_ATTEMPTS},
+        },
+    }

@@ -33,7 +33,10 @@ def run_cost(recipe: Recipe) -> float | None:
 def bench_command(recipe: Recipe) -> str:
     """The `hf-pretrain bench` of this very recipe: its file (a path stays a path, not its `name`) and
     every key the command line changed, so that it works when pasted."""
-    return recipe_command(recipe, "bench", KEY_SECTION)
+    from hf_pretrain.object_store.cache import url_of_copy
+
+    url = url_of_copy(recipe.train.output_dir, recipe.store.cache_dir)  # the doctor checks a URL run's copy
+    return recipe_command(recipe.replace(output_dir=url) if url else recipe, "bench", KEY_SECTION)
 
 
 def modelled_rate(recipe: Recipe, gpu_name: str | None, world_size: int = 1) -> float | None:

@@ -4,6 +4,7 @@ the table and raises `PreflightError` when any fails. The package's __init__ nam
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 from collections.abc import Callable
@@ -120,7 +121,24 @@ def run_checks(
         ("gpu memory", lambda: check_memory(recipe, device_memory_bytes, world_size)),
         ("time and cost", lambda: check_cost(recipe, this_gpu(), world_size)),
     ]
-    return [result for name, check in checks for result in _guarded(name, check)]
+    results = [result for name, check in checks for result in _guarded(name, check)]
+    return _named_as_given(results, recipe.train.output_dir, url_recipe.train.output_dir if store else None)
+
+
+def _named_as_given(results: list[CheckResult], local: str, url: str | None) -> list[CheckResult]:
+    """The rows of a URL run name its URL, not its working copy's folder in the cache (no place the user
+    gave): the doctor knows the URL, training finds it in the copy's store.json."""
+    from hf_pretrain.run_folder.run_dir import RunDir
+
+    shown = url or RunDir(local).shown_as()
+    if str(shown) == str(local):
+        return results
+    mend = lambda text: text.replace(str(local), str(shown)) if text else text  # noqa: E731
+    # the `store cache` row is about the copy's disk itself: there the folder is what the user asked for
+    return [
+        r if r.name == "store cache" else dataclasses.replace(r, reason=mend(r.reason), fix=mend(r.fix))
+        for r in results
+    ]
 
 
 def _in_store(recipe: Recipe) -> Recipe | None:

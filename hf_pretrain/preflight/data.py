@@ -236,12 +236,13 @@ def check_data_cache(recipe: Recipe) -> CheckResult | list[CheckResult]:
     bound = int(recipe.data.data_cache_gb * 1e9)
     free = shutil.disk_usage(nearest_existing(folder)).free
     needed = min(bound, data_bytes)
-    where = f"{human_bytes(data_bytes)} of data in {recipe.data.data_dir}, cached in {folder} (data_cache_gb={recipe.data.data_cache_gb:g})"
+    # the cache's folder is named only where the user must act on it (a full disk), not on a passing row
+    where = f"{human_bytes(data_bytes)} of data in {recipe.data.data_dir}, cached on this machine (data_cache_gb={recipe.data.data_cache_gb:g})"
     if free < needed:
         return CheckResult(
             "data cache",
             "fail",
-            f"{where}: the cache may take {human_bytes(needed)}, the disk has {human_bytes(free)} free",
+            f"{where}: the cache may take {human_bytes(needed)}, the disk under {folder} has {human_bytes(free)} free",
             f"--data_cache_gb {max(free * 0.8 / 1e9, 0.001):.3g}, or free space on that disk",
         )
     if data_bytes <= bound:

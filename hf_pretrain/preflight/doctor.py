@@ -41,6 +41,10 @@ def main(argv: list[str] | None = None) -> int:
     except StoreUnavailable as exc:
         print(f"hf-pretrain doctor: refused: {exc}", file=sys.stderr)
         return EXIT_CONFIG
+    from hf_pretrain.object_store.run_record import with_remembered_data
+
+    # the data training would read: a run URL's own record when the command names no --data_dir
+    recipe = with_remembered_data(recipe, sys.argv[1:] if argv is None else argv, print)
     print(
         f"hf-pretrain doctor: recipe `{recipe.name}`, {args.num_processes} process(es), "
         f"data {recipe.data.data_dir}, output {recipe.train.output_dir}\n"

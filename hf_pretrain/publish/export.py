@@ -297,7 +297,8 @@ def run(args: argparse.Namespace) -> int:
         # a URL: its newest complete checkpoint (or the one it names) pulled into the cache first
         local = readable(args.checkpoint, say=lambda line: print(f"export: {line}"))
         checkpoint = resolve_checkpoint(local, log=lambda reason: print(f"export: {reason}"))
-        print(f"export: {checkpoint.path} (step {checkpoint.train_state.get('step')}) -> {args.out} [{args.dtype}]")
+        shown = str(checkpoint.path).replace(str(local), str(args.checkpoint).rstrip("/"), 1)  # a URL: as given
+        print(f"export: {shown} (step {checkpoint.train_state.get('step')}) -> {args.out} [{args.dtype}]")
         out = export_checkpoint(checkpoint, args.out, args.dtype, options, args.overwrite)
     except (CheckpointError, ExportError, StoreRefused) as exc:
         print(f"hf-pretrain export: error: {exc}", file=sys.stderr)

@@ -285,6 +285,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", help="the .gguf file to write (unset: FOLDER/NAME-TYPE.gguf)")
     parser.add_argument("--overwrite", action="store_true", help="replace a GGUF file at --out (never another file)")
     args = parser.parse_args(argv)
+    from hf_pretrain.object_store.urls import is_url
+
+    if is_url(args.folder):  # a Path of it would read `s3:/bucket/...`: said, with the command that reads it
+        print(
+            f"hf-pretrain gguf: {args.folder} is a URL; gguf reads a model folder on this machine. "
+            f"`hf-pretrain export --checkpoint {args.folder} --out model --gguf --gguf_type {args.gguf_type}` "
+            f"reads the URL and writes both",
+            file=sys.stderr,
+        )
+        return EXIT_CONFIG
     try:
         path = write_gguf(args.folder, args.out, args.gguf_type, args.overwrite)
     except GGUFError as exc:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -43,11 +43,12 @@ class RunStanding:
     logged_step: int | None  # the last step in metrics.jsonl
     loss: float | None  # its loss
     tokens: int | None  # tokens seen at the last checkpoint
-    checkpoint: Path | None  # the newest checkpoint that verifies
+    checkpoint: Path | str | None  # the newest checkpoint that verifies (a URL's: in the store)
     checkpoint_step: int | None
     checked: str  # how the checkpoint was checked
     skipped: list[str]  # newer checkpoints that did not verify, with the reason
     stop_request: str | None  # a pending or answered stop request, said for a person
+    store: list[str] = field(default_factory=list)  # a run that uploads: where the store stands, lease, data
 
 
 def _age_s(stamp: Any) -> float | None:
@@ -92,7 +93,61 @@ def read_run(location: str | Path, verify: bool = False) -> RunStanding:
         checked="every byte checked against its manifest" if verify else "names and sizes match its manifest",
         skipped=skipped,
         stop_request=stop,
+        store=_store_lines_of(run, status),
     )
+
+
+def _store_lines_of(run: RunDir, status: dict[str, Any]) -> list[str]:
+    """A run that uploads (its status.json has a `store` section): the same lines as `status URL`."""
+    section = status.get("store")
+    if not isinstance(section, dict):
+        return []  # a local run: nothing of the store imported
+    from hf_pretrain.object_store.standing import store_lines
+
+    return store_lines(section, data=_data_url(run))
+
+
+def _data_url(run: RunDir) -> str | None:
+    """The run's data_dir when it is a URL (a person moving the run needs it), from its resolved recipe."""
+    from hf_pretrain.object_store.urls import is_url
+
+    try:
+        recipe = run.load_recipe()
+    except Exception:  # an unreadable recipe is the doctor's to say; status says what it can
+        return None
+    data = recipe.data.data_dir if recipe is not None else None
+    return str(data) if data is not None and is_url(str(data)) else None
+
+
+def read_store_run(location: str, view: Path, verify: bool) -> RunStanding:
+    """The standing of a run URL, from the store's small records (object_store/standing.py): a fresh
+    lease is a run that trains (never "killed"), the checkpoint is the newest complete one in the store."""
+    from hf_pretrain.object_store.reach import open_checked
+    from hf_pretrain.object_store.standing import read_store, store_lines
+
+    url, fs = open_checked(location, write=False)
+    store = read_store(fs, url)
+    s = read_run(view, verify=verify)
+    status = store.status or read_status(view)
+    state = status.get("state") or "no status"
+    if store.live:
+        state = "running"
+    elif state == "running":
+        state = "killed"  # its status says running and no machine renews the lease: SIGKILL, a lost machine
+    saved = store.train_state
+    s.location, s.state, s.holder = location, state, None
+    if not verify:
+        s.checkpoint = store.checkpoint  # the URL: the cache's copy is no place the user gave
+        s.checkpoint_step, s.max_steps, s.tokens = saved.get("step"), saved.get("max_steps"), saved.get("tokens_seen")
+        s.checked = "complete in the store: every object's size matches its manifest"
+        s.skipped = store.skipped
+    elif s.checkpoint is not None:
+        s.checkpoint = f"{url}/checkpoints/{Path(str(s.checkpoint)).name}"
+    section = status.get("store") if isinstance(status.get("store"), dict) else None
+    s.store = store_lines(section, store.holder, _data_url(RunDir(view)))
+    if store.live:
+        s.next = f"nothing: it trains (`hf-pretrain stop {location}` ends it with a checkpoint)"
+    return s
 
 
 def describe(s: RunStanding) -> str:
@@ -110,6 +165,7 @@ def describe(s: RunStanding) -> str:
     else:
         lines.append("  last checkpoint: none that verifies")
     lines += [f"  skipped: {reason}" for reason in s.skipped]
+    lines += s.store
     if s.logged_step is not None:
         loss = f"loss {s.loss:.4f}" if isinstance(s.loss, (int, float)) else "no loss"
         lines.append(f"  last logged: step {s.logged_step:,}, {loss}")
@@ -151,7 +207,18 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return EXIT_PREFLIGHT
-    print(describe(read_run(run_dir, verify=args.verify)))
+    from hf_pretrain.object_store.urls import is_url
+
+    try:
+        standing = (
+            read_store_run(args.run_dir, run_dir, args.verify)
+            if is_url(args.run_dir)
+            else read_run(run_dir, verify=args.verify)
+        )
+    except StoreRefused as exc:
+        print(f"hf-pretrain status: error: {exc}", file=sys.stderr)
+        return EXIT_PREFLIGHT
+    print(describe(standing))
     return 0
 
 

@@ -11,6 +11,7 @@
       final_step_N/          final/ of the run as it ended at step N, before it went further
       stop_request.json      `hf-pretrain stop` asks the running job to finish (read at its next step)
       status.json            how the last session ended: exit code, reason, what to run next (training/session.py)
+      status.json.lock       taken (flock) by every writer of status.json (`update_status`)
       store.json             a run URL's working copy (object_store/): names the URL the run is known by
       run.lock               held (flock) by the session training into the folder; names its host, pid, start
 
@@ -23,7 +24,8 @@ from __future__ import annotations
 import json
 import os
 import sys
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
 
@@ -32,6 +34,7 @@ from hf_pretrain.run_folder.json_files import write_json_atomically
 if TYPE_CHECKING:
     from hf_pretrain.config import Recipe
 
+STATUS_LOCK = "status.json.lock"  # taken by every writer of status.json (`update_status`)
 # final/ is exported in full precision: the disk check and the export must agree on its size.
 FINAL_DTYPE = "fp32"
 
@@ -56,6 +59,21 @@ class RunDir:
             return str(json.loads(self.store_link.read_text())["url"])
         except (OSError, ValueError, KeyError, TypeError):
             return str(self.path)
+
+    def show(self, path: str | Path) -> str:
+        """`path`, a file of this folder, as the user knows it: under the run's URL for a store's working
+        copy (the cache's path is no place the user gave), else as it is."""
+        shown = self.shown_as()
+        try:
+            relative = Path(path).relative_to(self.path)
+        except ValueError:
+            return str(path)
+        return str(path) if shown == str(self.path) else f"{shown}/{relative}"
+
+    def in_words(self, text: str) -> str:
+        """`text` with this folder's path named as the user knows it (`show`), wherever it appears."""
+        shown = self.shown_as()
+        return text if shown == str(self.path) else text.replace(str(self.path), shown)
 
     @property
     def metrics(self) -> Path:
@@ -154,14 +172,44 @@ def set_activity(run_dir: str | os.PathLike, what: str | None) -> None:
     `saving`, `verifying`; `activity_detail`: the live line's subject), or no longer (`what` None).
     `state` stays `running`: scripts that poll it keep working. Only the session's first process
     calls this; a status that is not `running` (the session ended, or none yet) is left alone."""
+
+    def change(status: dict[str, Any]) -> dict[str, Any] | None:
+        if status.get("state") != "running":
+            return None
+        status.pop("activity", None), status.pop("activity_detail", None)
+        if what:
+            status |= {"activity": what.split()[0], "activity_detail": what}
+        return status
+
+    update_status(run_dir, change)
+
+
+_STATUS_LOCK = threading.Lock()  # the threads of one process (the session, a URL run's store thread)
+
+
+def update_status(run_dir: str | os.PathLike, change: Callable[[dict[str, Any]], dict[str, Any] | None]) -> None:
+    """status.json read, changed by `change` (None: left as it is) and written, under one lock that every
+    writer takes: the session, the watchdog's ending, the activity and a URL run's `store` section. Two
+    writers without it each wrote what they had read, and one's change was lost (a `running` status
+    written back over the session's ending). The lock is a thread lock and an flock on `status.json.lock`
+    beside it (another process of the job: the watchdog)."""
+    import fcntl
+
     run = RunDir(run_dir)
-    status = read_status(run.path)
-    if status.get("state") != "running":
-        return
-    status.pop("activity", None), status.pop("activity_detail", None)
-    if what:
-        status |= {"activity": what.split()[0], "activity_detail": what}
-    write_status(run, status)
+    with _STATUS_LOCK:
+        try:
+            handle = open(run.path / STATUS_LOCK, "a")
+        except OSError:  # a folder this process cannot write: the write below says so
+            handle = None
+        try:
+            if handle is not None:
+                fcntl.flock(handle, fcntl.LOCK_EX)
+            changed = change(read_status(run.path))
+            if changed is not None:
+                write_status(run, changed)
+        finally:
+            if handle is not None:
+                handle.close()  # closing releases the flock
 
 
 def write_status(run: RunDir, status: dict) -> None:

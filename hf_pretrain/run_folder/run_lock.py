@@ -131,5 +131,40 @@ def holder_of(run_dir: str | Path) -> dict[str, Any] | None:
         os.close(fd)
 
 
-def command_line() -> str:
-    return shlex.join([Path(sys.executable).name, *sys.argv])
+# flags whose value is a secret: never written into status.json, the lock or a log
+_SECRET_FLAGS = ("token", "secret", "password", "api_key", "access_key")
+
+
+def command_line(argv: list[str] | None = None) -> str:
+    """The command as typed, in a form another machine can run: the console script as `hf-pretrain`, a
+    script of this project relative to the project (`hf_pretrain/train.py`, after the launcher's own
+    name), never an absolute path of this clone; a secret flag's value masked, the store's keys too."""
+    from hf_pretrain.processes import launcher
+    from hf_pretrain.redaction import MASK, redact
+
+    argv = list(sys.argv if argv is None else argv)
+    first = Path(argv[0]) if argv else Path("python")
+    project = Path(__file__).resolve().parent.parent
+    if first.name == "hf-pretrain":
+        head = ["hf-pretrain"]
+    else:
+        try:
+            script = str(first.resolve().relative_to(Path.cwd().resolve()))  # as typed from here
+            if not (project / "pyproject.toml").is_file():
+                raise ValueError  # an installed package: no clone to run a path from
+        except ValueError:
+            installed = first.parent.name == "hf_pretrain" and first.suffix == ".py"
+            script = f"-m hf_pretrain.{first.stem}" if installed else first.name
+        if (project / "pyproject.toml").is_file() and first.is_absolute() and first.resolve().is_relative_to(project):
+            script = str(first.resolve().relative_to(project))  # the launcher's absolute path: the project's own
+        head = [*(launcher() or "python").split(), *script.split()]
+    rest, masked = [], False
+    for arg in argv[1:]:
+        if masked:
+            rest.append(MASK)
+        elif "=" in arg and arg.startswith("--") and any(w in arg.split("=")[0].lower() for w in _SECRET_FLAGS):
+            rest.append(arg.split("=")[0] + "=" + MASK)
+        else:
+            rest.append(arg)
+        masked = arg.startswith("--") and "=" not in arg and any(w in arg.lower() for w in _SECRET_FLAGS)
+    return redact(shlex.join([*head, *rest]))

@@ -129,7 +129,9 @@ def train(recipe: Recipe, callbacks: Sequence[Callback] = ()) -> Outcome:
     final = run.dir.final if run.dir.final.is_dir() else None
     message = (
         f"done: {state.step} steps, {state.tokens_seen:,} tokens in {state.elapsed():.0f}s | "
-        f"metrics {run.dir.metrics} | samples {run.dir.samples}" + (f" | model {final}" if final else "") + diverged
+        f"metrics {run.dir.show(run.dir.metrics)} | samples {run.dir.show(run.dir.samples)}"
+        + (f" | model {run.dir.show(final)}" if final else "")
+        + diverged
     )
     log.say(message)
     return Outcome(0, message, final, finished=True)
@@ -222,12 +224,11 @@ def checked_start(
     preflight's table shows that decision. Raises what the preflight or the decision refuses."""
     main = PartialState().is_main_process
     activity = functools.partial(set_activity, run_dir.path) if main else None
+    say = (lambda line: print(run_dir.in_words(line))) if main else None  # a URL run: its URL, not the cache
     decide = functools.cache(
-        lambda: decide_resume(
-            recipe, data_identity(recipe.data.data_dir), say=print if main else None, activity=activity
-        )
+        lambda: decide_resume(recipe, data_identity(recipe.data.data_dir), say=say, activity=activity)
     )
-    preflight(recipe, world_size, log=print if main else lambda _: None, resume_decision=decide, profile=profile)
+    preflight(recipe, world_size, log=say or (lambda _: None), resume_decision=decide, profile=profile)
     return decide(), activity
 
 
@@ -238,7 +239,7 @@ def resumed_state(
     weights, optimizer and RNG restored from the checkpoint the continuation names (the newest, or the
     last one before the decay of a run that goes further); the data position is the step. The main
     process takes the folder only now, resumed or started: a refused run leaves it as it was."""
-    say = accelerator.print
+    say = lambda line: accelerator.print(run_dir.in_words(line))  # noqa: E731 (a URL run: its URL, not the cache)
     state = TrainState.for_recipe(recipe, describe_hardware(accelerator.device, accelerator.num_processes))
     for reason in continuation.skipped:
         say(f"resume: skipping {reason}")

@@ -15,7 +15,6 @@ first process may be the one that hung. Every process follows its launcher.
 
 from __future__ import annotations
 
-import json
 import os
 import socket
 from dataclasses import dataclass
@@ -38,7 +37,7 @@ from hf_pretrain.model.initialisation import InitFromError
 from hf_pretrain.object_store.store_calls import StoreError
 from hf_pretrain.preflight.result import PreflightError
 from hf_pretrain.processes import follow_launcher, launcher
-from hf_pretrain.run_folder.run_dir import RunDir, last_train_record, read_status, write_status
+from hf_pretrain.run_folder.run_dir import RunDir, last_train_record, read_status, update_status
 from hf_pretrain.run_folder.run_lock import RunDirUnusable, RunLock, RunLocked, command_line, now
 from hf_pretrain.training.start_up import StartUpSignals, StoppedDuringStartUp, record_exits_with
 
@@ -222,9 +221,7 @@ class Session:
     def _write(self, exit_code: int | None, ending: Ending, reason: str, details: dict | None = None) -> None:
         if not self._holding:
             return
-        kept = {k: v for k, v in read_status(self.dir.path).items() if k in KEPT_SECTIONS}
-        status = {
-            **kept,  # written by a side of the run that is not the session (a URL run's uploads)
+        fields = {
             **_ending_fields(self.dir, exit_code, ending, reason),
             **(details or {}),
             "pid": os.getpid(),
@@ -234,7 +231,8 @@ class Session:
             "updated": now(),
             "command": command_line(),
         }
-        write_status(self.dir, status)
+        # the sections another side of the run writes (a URL run's uploads) kept, under the one lock
+        update_status(self.dir.path, lambda old: {**{k: v for k, v in old.items() if k in KEPT_SECTIONS}, **fields})
 
 
 def record_ending(output_dir: str | Path, exit_code: int, reason: str, **details) -> None:
@@ -242,12 +240,14 @@ def record_ending(output_dir: str | Path, exit_code: int, reason: str, **details
     holds the lock (the watchdog: the first process may be the one that hung). The session's own
     fields (its pid, start, command) are kept; its ending is replaced, with `details` beside it."""
     run = RunDir(output_dir)
-    try:
-        status = json.loads(run.status.read_text())
-    except (OSError, ValueError):  # none yet, or unreadable: the ending alone still says what happened
-        status = {"pid": None, "host": None, "launcher": launcher(), "started": None, "command": command_line()}
     ending = ENDINGS.get(exit_code, CRASHED)
-    write_status(run, {**status, **_ending_fields(run, exit_code, ending, reason), **details, "updated": now()})
+
+    def change(status: dict) -> dict:
+        if not status:  # none yet, or unreadable: the ending alone still says what happened
+            status = {"pid": None, "host": None, "launcher": launcher(), "started": None, "command": command_line()}
+        return {**status, **_ending_fields(run, exit_code, ending, reason), **details, "updated": now()}
+
+    update_status(run.path, change)
 
 
 def _ending_fields(run: RunDir, exit_code: int | None, ending: Ending, reason: str) -> dict:
