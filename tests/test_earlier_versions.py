@@ -41,6 +41,9 @@ def test_the_asset_run_is_in_the_layout_before_the_sections():
     assert {"adam_beta1", "lr_schedule", "mixed_precision", "seed"} <= set(math_keys["train"])
 
 
+RELATIVE_TOLERANCE = 1e-5  # the golden curve's (tests/test_train.py::test_golden_losses)
+
+
 def prepare_again(workdir: Path) -> None:
     """`hf-pretrain prepare` of today's code on the asset recipe, in a folder holding its corpus."""
     shutil.copy(CORPUS, workdir / "golden_corpus.jsonl")
@@ -62,9 +65,7 @@ def losses(run: Path) -> dict[int, float]:
 
 
 @pytest.mark.slow
-def test_a_checkpoint_written_before_the_sections_resumes_bit_for_bit(tmp_path):
-    import torch
-
+def test_a_checkpoint_written_before_the_sections_resumes_as_the_uninterrupted_run(tmp_path):
     from hf_pretrain.data.prepared import data_identity
 
     prepare_again(tmp_path)
@@ -83,10 +84,17 @@ def test_a_checkpoint_written_before_the_sections_resumes_bit_for_bit(tmp_path):
 
     fresh_log = launch_training(run_dir=Path("fresh"), **run)
     assert "starting from step 0" in fresh_log, fresh_log[-3000:]
+    # Bitwise on the CPU that recorded the asset; on another, the fresh run's steps 1-4 take other vector
+    # paths and land one float32 rounding step away from the asset's (5.5e-7 of a tensor's scale on
+    # 2026-11-28's Xeon). So: within the golden curve's 1e-5 (docs/testing.md), far below what a state
+    # restored wrong moves (a lost optimizer moment, a data position or a schedule off by a step: >1e-4).
     for file in ("checkpoints/step_00000006/model.safetensors", "final/model.safetensors"):
         resumed, fresh = weights(tmp_path / "run" / file), weights(tmp_path / "fresh" / file)
         assert resumed.keys() == fresh.keys()
-        different = [k for k in resumed if not torch.equal(resumed[k], fresh[k])]
+        off = {k: ((resumed[k] - fresh[k]).abs().max() / fresh[k].abs().max()).item() for k in resumed}
+        different = {k: v for k, v in off.items() if v > RELATIVE_TOLERANCE}
         assert not different, f"{file}: {different} differ from the uninterrupted run's"
     fresh_losses = losses(tmp_path / "fresh")
-    assert losses(tmp_path / "run") == {step: fresh_losses[step] for step in (5, 6)}
+    for step, loss in losses(tmp_path / "run").items():
+        assert abs(loss - fresh_losses[step]) <= RELATIVE_TOLERANCE * abs(fresh_losses[step]), (step, loss)
+    assert sorted(losses(tmp_path / "run")) == [5, 6]
