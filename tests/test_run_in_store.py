@@ -305,7 +305,7 @@ def test_a_local_run_never_imports_a_store_client():
 def test_export_report_and_status_read_a_run_url(reference_run, s3_bucket, s3_server, tmp_path, monkeypatch, capsys):
     from hf_pretrain import report
     from hf_pretrain.publish import export_command
-    from hf_pretrain.run_folder import run_status
+    from hf_pretrain.run_commands import run_status
 
     monkeypatch.setenv("HF_PRETRAIN_HOME", str(tmp_path / "home"))
     url, fs = f"{s3_bucket}/run", store_fs()
