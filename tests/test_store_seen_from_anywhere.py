@@ -527,6 +527,16 @@ def test_the_command_in_status_json_is_the_one_typed_and_holds_no_secret(monkeyp
     said = command_line(typed)
     assert said == "python hf_pretrain/train.py --hub_token '***' --note ***", said
     assert str(ROOT) not in said
+    numbers = [
+        str(ROOT / "hf_pretrain" / "train.py"),
+        "--global_batch_tokens",
+        "4096",
+        "--eval-tokens=512",
+        "--aws-secret=k",
+    ]
+    assert command_line(numbers) == (
+        "python hf_pretrain/train.py --global_batch_tokens 4096 --eval-tokens=512 '--aws-secret=***'"
+    )  # a flag that merely contains "token" is a figure a reader needs
     assert command_line(["/somewhere/.venv/bin/hf-pretrain", "train", "--output_dir", "s3://b/r"]) == (
         "hf-pretrain train --output_dir s3://b/r"
     )

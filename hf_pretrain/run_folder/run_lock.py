@@ -12,6 +12,7 @@ import errno
 import fcntl
 import json
 import os
+import re
 import shlex
 import socket
 import sys
@@ -131,8 +132,27 @@ def holder_of(run_dir: str | Path) -> dict[str, Any] | None:
         os.close(fd)
 
 
-# flags whose value is a secret: never written into status.json, the lock or a log
-_SECRET_FLAGS = ("token", "secret", "password", "api_key", "access_key")
+# flags whose value is a secret: never written into status.json, the lock or a log. A flag is one when its
+# name ends in one of these words (`--hub_token`, `--aws-secret`), not when it merely contains one
+# (`--global_batch_tokens` is a number a reader needs).
+_SECRET_FLAG = re.compile(r"(?:^|[_-])(?:token|secret|password|api[_-]key|access[_-]key)$")
+
+
+def _is_secret_flag(arg: str) -> bool:
+    return arg.startswith("--") and bool(_SECRET_FLAG.search(arg[2:].split("=")[0].lower()))
+
+
+def _script_as_typed(first: Path) -> str:
+    """How another machine runs the script `first`: a script of a clone of this project as
+    `hf_pretrain/train.py` (run from the clone's root, as the README does), the installed package's as
+    `-m hf_pretrain.train`, any other relative to here when it lies below, else by name."""
+    if first.suffix == ".py" and first.parent.name == "hf_pretrain":
+        clone = first.resolve().parent.parent
+        return f"hf_pretrain/{first.name}" if (clone / "pyproject.toml").is_file() else f"-m hf_pretrain.{first.stem}"
+    try:
+        return str(first.resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return first.name
 
 
 def command_line(argv: list[str] | None = None) -> str:
@@ -144,27 +164,17 @@ def command_line(argv: list[str] | None = None) -> str:
 
     argv = list(sys.argv if argv is None else argv)
     first = Path(argv[0]) if argv else Path("python")
-    project = Path(__file__).resolve().parent.parent
     if first.name == "hf-pretrain":
         head = ["hf-pretrain"]
     else:
-        try:
-            script = str(first.resolve().relative_to(Path.cwd().resolve()))  # as typed from here
-            if not (project / "pyproject.toml").is_file():
-                raise ValueError  # an installed package: no clone to run a path from
-        except ValueError:
-            installed = first.parent.name == "hf_pretrain" and first.suffix == ".py"
-            script = f"-m hf_pretrain.{first.stem}" if installed else first.name
-        if (project / "pyproject.toml").is_file() and first.is_absolute() and first.resolve().is_relative_to(project):
-            script = str(first.resolve().relative_to(project))  # the launcher's absolute path: the project's own
-        head = [*(launcher() or "python").split(), *script.split()]
+        head = [*(launcher() or "python").split(), *_script_as_typed(first).split()]
     rest, masked = [], False
     for arg in argv[1:]:
         if masked:
             rest.append(MASK)
-        elif "=" in arg and arg.startswith("--") and any(w in arg.split("=")[0].lower() for w in _SECRET_FLAGS):
+        elif "=" in arg and _is_secret_flag(arg):
             rest.append(arg.split("=")[0] + "=" + MASK)
         else:
             rest.append(arg)
-        masked = arg.startswith("--") and "=" not in arg and any(w in arg.lower() for w in _SECRET_FLAGS)
+        masked = "=" not in arg and _is_secret_flag(arg)
     return redact(shlex.join([*head, *rest]))
