@@ -28,9 +28,12 @@ smoke: $(VENV)/.installed-base
 		--recipe smoke --output_dir $(RUN_DIR)
 	@echo "results: $(RUN_DIR)/metrics.jsonl, $(RUN_DIR)/samples.jsonl, model in $(RUN_DIR)/final"
 
-## test: install the dev extra and run the whole suite (slow tests included), offline
+## test: install the dev extra and run the whole suite (slow tests included), offline, in TEST_WORKERS
+## processes: a test's time is mostly a trainer starting or waiting on a store, so two share two cores;
+## a file's tests stay in one process (its fixtures built once); `make test TEST_WORKERS=0` runs them in one
+TEST_WORKERS ?= 2
 test: $(VENV)/.installed-dev
-	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q --durations=20  # the 20 slowest, for keeping the suite near 30 minutes
+	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=20  # the 20 slowest, for keeping the suite near 30 minutes
 
 ## liger_test: the [liger] extra (Triton, ~1 GB) and the test of Liger's public API, which needs no GPU
 liger_test: $(VENV)/.installed-dev
