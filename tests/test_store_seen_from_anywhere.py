@@ -396,9 +396,7 @@ def data_in_store(smoke_data: Path, bucket: str) -> str:
     return url
 
 
-def trainer(data: str, url: str, env: dict, **overrides):
-    """The trainer of tests/test_run_in_store.py, its output read line by line with the time of each."""
-    import subprocess
+def trainer_command(data: str, url: str, **overrides) -> list[str]:
     import sys
 
     from tests.helpers import ROOT, SHORT_RUN
@@ -407,7 +405,16 @@ def trainer(data: str, url: str, env: dict, **overrides):
     for key, value in {**SHORT_RUN, "data_dir": data, "output_dir": url, **overrides}.items():
         if value is not None:  # None: the flag left out (the run URL alone)
             cmd += [f"--{key}", str(value)]
-    process = subprocess.Popen(cmd, **env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return cmd
+
+
+def trainer(data: str, url: str, env: dict, **overrides):
+    """The trainer of tests/test_run_in_store.py, its output read line by line with the time of each."""
+    import subprocess
+
+    process = subprocess.Popen(
+        trainer_command(data, url, **overrides), **env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
     lines: list[tuple[float, str]] = []
 
     def read() -> None:
@@ -497,6 +504,41 @@ def test_a_black_holed_store_mid_run_ends_in_time_and_the_next_start_uploads_the
 
 
 # ------------------------------------------------------------------------------------ 5. a run remembers its data
+
+
+@pytest.mark.slow
+def test_a_local_copy_deleted_mid_run_stops_in_one_line_and_the_rerun_goes_on_from_the_store(
+    smoke_data, s3_bucket, s3_server, tmp_path
+):
+    """Held before step 6 once step 4 is in the store, the run's local copy is deleted (a cache cleaned
+    by hand or by a tool): the run stops after the step in one line, exit 74, no traceback; the same
+    command goes on from step 4 in the store, not calling the last session killed."""
+    import shutil
+    import subprocess
+
+    run_url, release = f"{s3_bucket}/run", tmp_path / "release"
+    release.mkdir()
+    a = a_machine(tmp_path / "A", s3_server, HF_PRETRAIN_FAULTS="hold:6", HF_PRETRAIN_RELEASE=str(release))
+    process, lines, reader = trainer(str(smoke_data), run_url, a)
+    deadline = time.monotonic() + 600
+    while 4 not in complete_in_store(run_url):  # the run waits before step 6: it cannot end meanwhile
+        assert process.poll() is None and time.monotonic() < deadline, "\n".join(t for _, t in lines)[-3000:]
+        time.sleep(0.2)
+    local = next(Path(a["env"]["HF_PRETRAIN_HOME"]).glob("runs/s3/*/run"))
+    shutil.rmtree(local)
+    (release / "6").touch()
+    process.wait(timeout=600)
+    reader.join(timeout=10)
+    out = "\n".join(text for _, text in lines)
+    assert process.returncode == 74, out[-3000:]
+    assert "Traceback" not in out, out[-3000:]
+    assert f"stopped after step 6: the local copy of {run_url} ({local}) was deleted while the run trained" in out
+    again = a_machine(tmp_path / "A", s3_server)  # the same machine, the same command, no fault
+    rerun = subprocess.run(trainer_command(str(smoke_data), run_url), **again, capture_output=True, text=True)
+    said = rerun.stdout + rerun.stderr
+    assert rerun.returncode == 0, said[-3000:]
+    assert f"resumed from {run_url}/checkpoints/step_00000004 at step 4" in said
+    assert "SIGKILL" not in said, said[-3000:]
 
 
 def test_a_run_url_alone_brings_its_data_url_from_the_store(s3_bucket, s3_server, tmp_path, capsys):

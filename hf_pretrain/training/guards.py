@@ -28,8 +28,9 @@ from accelerate import Accelerator
 
 from hf_pretrain.config import Recipe
 from hf_pretrain.economics.cost import window_cost_per_loss_point
-from hf_pretrain.exit_codes import EXIT_DIVERGED, EXIT_PREEMPTED
+from hf_pretrain.exit_codes import EXIT_DIVERGED, EXIT_PREEMPTED, EXIT_WRITE_FAILED
 from hf_pretrain.processes import LAUNCHER_GONE, followed_launcher, launcher_gone
+from hf_pretrain.run_folder.run_dir import RunDir
 from hf_pretrain.run_folder.stop_request import (
     StopRequest,
     answer_stop_request,
@@ -50,12 +51,14 @@ CHECKPOINT = "{checkpoint}"  # stands in a stop message for the checkpoint saved
 
 @dataclass
 class Stop:
-    """Why and how the run ends. Every stop saves a checkpoint first; a finished schedule (the last
-    step, or early stopping) also gets its side jobs' `on_train_end` (final/)."""
+    """Why and how the run ends. Every stop saves a checkpoint first, unless there is nowhere to save it
+    (`saves`: the run folder was deleted); a finished schedule (the last step, or early stopping) also
+    gets its side jobs' `on_train_end` (final/)."""
 
     exit_code: int
     reason: str = ""
     finished: bool = False
+    saves: bool = True
 
     def message(self, checkpoint: Path | None) -> str:
         return self.reason.replace(CHECKPOINT, str(checkpoint))
@@ -166,6 +169,7 @@ class Guards:
         self.bad_in_a_row = 0
         self.recent_loss: float | None = None  # running average, for spike detection
         self.last_step_healthy = True
+        self.run_shown_as = RunDir(self.train.output_dir).shown_as()  # read now: the folder may go (a stop's line)
 
     def __enter__(self) -> Guards:
         self.signals.__enter__()
@@ -196,6 +200,21 @@ class Guards:
     def observe_val_loss(self, val_loss: float) -> None:
         self.early_stop.observe_val_loss(val_loss)
 
+    def _folder_gone(self, step: int) -> str:
+        """The stop's line when the run folder vanished: no checkpoint can be written, so say what is left."""
+        folder = Path(self.train.output_dir)
+        if self.run_shown_as != str(folder):  # a run URL's working copy: the store keeps what reached it
+            return (
+                f"stopped after step {step}: the local copy of {self.run_shown_as} ({folder}) was deleted "
+                f"while the run trained, so this step cannot be saved. The store keeps every checkpoint that "
+                f"reached it: rerun the same command to go on from the newest there."
+            )
+        return (
+            f"stopped after step {step}: the run folder {folder} was deleted while the run trained, so "
+            f"this step cannot be saved, and the checkpoints went with the folder. Rerun the same command to "
+            f"train it again from the start."
+        )
+
     def decide(self, state: TrainState, history: list[dict[str, Any]]) -> Stop | None:
         """Whether the run stops after `state.step` (or begins its cooldown), the same answer on every process."""
         step, main = state.step, self.accelerator.is_main_process
@@ -204,13 +223,16 @@ class Guards:
         request = self._stop_request(state) if main else None
         # the step's one exchange: a signal may have reached any process; early stopping and stop requests
         # are the main one's call (a request's cooldown travels as steps + 1, 0 for the default)
-        signalled, stop_early, requested, cooldown_code = agree(
+        signalled, stop_early, requested, cooldown_code, folder_gone = agree(
             self.accelerator,
             self.signals.stopping(),
             self.early_stop.reason is not None and main,
             request is not None,
             request.cooldown_steps + 1 if request and request.cooldown_steps is not None else 0,
+            not Path(self.train.output_dir).is_dir(),  # a stat a step: deleted under the run (a cache cleaned)
         )
+        if folder_gone:
+            return Stop(EXIT_WRITE_FAILED, self._folder_gone(step), saves=False)
         if self.bad_in_a_row >= self.stopping.max_bad_steps:
             return Stop(
                 EXIT_DIVERGED,

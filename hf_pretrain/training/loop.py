@@ -101,7 +101,7 @@ def train(recipe: Recipe, callbacks: Sequence[Callback] = ()) -> Outcome:
             stop = guards.decide(state, log.history)  # the step's one exchange between processes
             if stop is None and run.data.mixture_changes(decay_position(state)):  # a cooldown began
                 run.train_step.batches = iter(run.data.loader(state.step, state.data_origin, decay_position(state)))
-            if stop is not None or run.checkpoints.due(state):
+            if stop.saves if stop is not None else run.checkpoints.due(state):
                 try:
                     with log.paused(), watchdog.paused("a checkpoint save"):
                         # a periodic save seals in the background, the last one before it returns

@@ -227,6 +227,8 @@ class RunLogger:
     def step(self, state: TrainState, result: StepResult) -> None:
         """After each step: the progress bar, the window, a train record every `log_interval` steps
         and at the last one, a phase table when a phase ends. A skipped step has no loss to add."""
+        if self._folder_gone():
+            return
         self.meter.add(self.train.global_batch_tokens)
         self.progress.total = state.end  # a cooldown moves the end
         self.data_wait += result.data_wait
@@ -312,7 +314,15 @@ class RunLogger:
             **({"mfu": f"{mfu:.1%}"} if mfu is not None else {}),
         )
 
+    def _folder_gone(self) -> bool:
+        """The run folder was deleted under the run (a cache cleaned): nothing can be written into it, and
+        the guards stop the run after this step. (Only the main process writes, so a machine whose copy
+        alone went skips the window's exchange; the watchdog ends what waits on it.)"""
+        return not self.run.path.is_dir()
+
     def evaluation(self, state: TrainState, val_loss: float, samples: list[tuple[str, str]]) -> None:
+        if self._folder_gone():
+            return
         self.metrics.write(
             {
                 "kind": "eval",

@@ -231,6 +231,9 @@ class Session:
             "updated": now(),
             "command": command_line(),
         }
+        # a folder deleted under the run (guards.py stopped it) gets its status.json back: the next start, and
+        # a URL run's store (which mirrors it), read how the session ended, not "killed"
+        self.dir.path.mkdir(parents=True, exist_ok=True)
         # the sections another side of the run writes (a URL run's uploads) kept, under the one lock
         update_status(self.dir.path, lambda old: {**{k: v for k, v in old.items() if k in KEPT_SECTIONS}, **fields})
 
