@@ -86,3 +86,24 @@ def test_the_performance_model_prices_the_attention_share_by_kernel():
     }
     assert times["cudnn"].attention == pytest.approx(times["auto"].attention / 1.7)
     assert times["cudnn"].matmul == times["auto"].matmul  # only the attention share moves
+
+
+def test_the_profile_built_at_the_door_names_the_kernel_auto_became(tmp_path, monkeypatch):
+    """Issue 46: `auto` is resolved once, into the run profile the loop and the preflight are handed: the
+    model's kernel, the doctor's row and the measurements' key all name what a check measured fastest."""
+    from hf_pretrain.economics import check_records
+    from hf_pretrain.economics.check_records import run_profile_here
+
+    monkeypatch.setenv("HF_PRETRAIN_HOME", str(tmp_path))
+    recipe = load_recipe("smoke")
+    assert run_profile_here(recipe).step.attention_backend == "auto"  # the CPU: torch's own choice
+    gpu, shape = "NVIDIA H100 80GB HBM3", recipe_attention_shape(recipe)
+    record_checks([new_record("attention", n, ms, "ms", gpu, shape=shape) for n, ms in (("flash", 2.0), ("math", 9.0))])
+    monkeypatch.setattr(check_records, "this_gpu", lambda: gpu)  # a GPU that a check timed
+    profile = run_profile_here(recipe, world_size=2)
+    assert profile.step.attention_backend == "flash" and profile.step.world_size == 2
+    assert "fastest SDPA kernel" in profile.attention_why
+    row = check_attention_backend(recipe, profile)  # the doctor's row: the profile's kernel, tried on this CPU
+    assert row.status == "pass" and row.reason == profile.attention_why
+    named = run_profile_here(load_recipe("smoke", {"attention_backend": "math"}))
+    assert named.step.attention_backend == "math" and named.attention_why is None  # a recipe's choice wins

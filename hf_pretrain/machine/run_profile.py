@@ -231,6 +231,7 @@ class RunProfile:
     machine: Machine
     step: Step
     asked_precision: str = "auto"  # the recipe's own word (`auto` and `no` included), for messages that quote it
+    attention_why: str | None = None  # the line that says why `auto` became the step's kernel, when it did
 
     @property
     def precision(self) -> str:
@@ -252,9 +253,12 @@ def run_profile(
     world_size: int = 1,
     micro_batch_size: int | None = None,
     checkpointed_layers: int | None = None,
+    attention: tuple[str, str | None] | None = None,
 ) -> RunProfile:
     """How `recipe` runs on `machine` (this one unless given) with `world_size` processes; the
-    micro-batch and checkpointed layers are the recipe's unless given (`plan`'s and the doctor's what-ifs)."""
+    micro-batch and checkpointed layers are the recipe's unless given (`plan`'s and the doctor's what-ifs).
+    `attention`: the SDPA kernel as it will run and why, where a door resolved `auto` from a check's
+    records (economics/check_records.run_profile_here); else the recipe's word."""
     machine = this_machine() if machine is None else machine
     t = recipe.train
     precision = resolve_precision(recipe.compute.mixed_precision, machine)
@@ -274,10 +278,10 @@ def run_profile(
         tf32=recipe.compute.tf32,
         fp8_recipe=recipe.compute.fp8_recipe if converts else None,
         fp8_emulate=converts and recipe.compute.fp8_emulate,
-        attention_backend=recipe.compute.attention_backend,
+        attention_backend=attention[0] if attention else recipe.compute.attention_backend,
         world_size=world_size,
     )
-    return RunProfile(machine, step, recipe.compute.mixed_precision)
+    return RunProfile(machine, step, recipe.compute.mixed_precision, attention[1] if attention else None)
 
 
 def with_step(profile: RunProfile, **changes) -> RunProfile:

@@ -13,8 +13,9 @@ from hf_pretrain.checkpoints.resume_decision import decide_resume
 from hf_pretrain.checkpoints.resume_plan import Continuation
 from hf_pretrain.config import Recipe
 from hf_pretrain.data.prepared import data_identity
+from hf_pretrain.economics.check_records import run_profile_here
 from hf_pretrain.economics.measurements import this_gpu
-from hf_pretrain.machine.run_profile import RunProfile, run_profile
+from hf_pretrain.machine.run_profile import RunProfile
 from hf_pretrain.preflight.budget import check_cost
 from hf_pretrain.preflight.data import (
     check_batch_split,
@@ -88,7 +89,7 @@ def run_checks(
     if store is not None:  # a URL output_dir (the doctor's; training checks its working copy): store_access.py
         recipe, url_recipe = store, recipe
     decision = resume_decision or functools.cache(lambda: decide_resume(recipe, data_identity(recipe.data.data_dir)))
-    profile = profile or run_profile(recipe, world_size=world_size)
+    profile = profile or run_profile_here(recipe, world_size)
     checks: list[tuple[str, Callable[[], CheckResult | list[CheckResult]]]] = [
         ("versions", lambda: check_versions(recipe)),
         ("trackers", lambda: check_trackers(recipe)),
@@ -98,7 +99,7 @@ def run_checks(
         ("bf16", lambda: check_bf16(recipe, profile)),
         ("fp8", lambda: check_fp8(recipe, profile)),
         ("tf32", lambda: check_tf32(recipe, profile)),
-        ("attention", lambda: check_attention_backend(recipe)),
+        ("attention", lambda: check_attention_backend(recipe, profile)),
         ("compiler", lambda: check_compiler(recipe, profile)),
         ("liger + compile", lambda: check_liger_under_compile(recipe)),
         ("data", lambda: check_prepared(recipe)),

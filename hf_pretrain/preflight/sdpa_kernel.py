@@ -8,7 +8,8 @@ from __future__ import annotations
 import torch
 
 from hf_pretrain.config import Recipe
-from hf_pretrain.machine.run_profile import run_profile
+from hf_pretrain.economics.check_records import run_profile_here
+from hf_pretrain.machine.run_profile import RunProfile
 from hf_pretrain.model.attention import BACKENDS
 from hf_pretrain.preflight.result import CheckResult
 
@@ -34,18 +35,16 @@ def kernel_refusal(backend: str, heads: int, kv_heads: int, head_dim: int, devic
     return None
 
 
-def check_attention_backend(recipe: Recipe) -> CheckResult:
-    from hf_pretrain.economics.check_records import resolved_attention_backend
-    from hf_pretrain.economics.measurements import this_gpu
-
-    backend, why = resolved_attention_backend(recipe, this_gpu())
+def check_attention_backend(recipe: Recipe, profile: RunProfile | None = None) -> CheckResult:
+    """The kernel the run profile says will run (`auto` resolved at the door), tried once on this device."""
+    profile = profile or run_profile_here(recipe)
+    backend, why = profile.step.attention_backend, profile.attention_why
     if backend == "auto":
         return CheckResult(
             "attention",
             "skip",
             "attention_backend=auto: torch's own choice (no `hf-pretrain check` of this card timed the kernels)",
         )
-    profile = run_profile(recipe)
     cuda = profile.machine.kind == "cuda"
     device = torch.device("cuda" if cuda else "cpu")
     dtype = getattr(torch, profile.step.precision_facts.autocast or "float32")  # fp8's attention runs in bf16

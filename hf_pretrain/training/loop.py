@@ -27,13 +27,12 @@ from hf_pretrain.config import Recipe, save_recipe
 from hf_pretrain.data.loader import TrainData, build_val_loader
 from hf_pretrain.data.prepared import data_identity
 from hf_pretrain.data.tokenizer import load_tokenizer
-from hf_pretrain.economics.check_records import resolved_attention_backend
-from hf_pretrain.economics.measurements import this_gpu
+from hf_pretrain.economics.check_records import run_profile_here
 from hf_pretrain.economics.memory import CHECKPOINT_BYTES_PER_PARAMETER
 from hf_pretrain.exit_codes import EXIT_SAVE_FAILED
 from hf_pretrain.faults import hold_if_asked
 from hf_pretrain.machine.hardware import describe_hardware
-from hf_pretrain.machine.run_profile import RunProfile, device_kind, run_profile, this_machine
+from hf_pretrain.machine.run_profile import RunProfile, device_kind
 from hf_pretrain.model.fp8 import finish_fp8, fp8_handlers
 from hf_pretrain.model.initialisation import init_weights, model_config
 from hf_pretrain.model.llama import (
@@ -176,10 +175,9 @@ def take_the_folder(recipe: Recipe, run_dir: RunDir, continuation: Continuation,
 def model_and_optimizer(recipe: Recipe, profile: RunProfile, config, accelerator: Accelerator, starts: bool):
     """The recipe's model (init_from's weights for a run that `starts`; a resumed one loads its checkpoint)
     and optimizer, prepared; and the model's parameter count."""
-    backend, why = resolved_attention_backend(recipe, this_gpu())  # `auto`: what a check measured here
-    if why:
-        accelerator.print(why)
-    model = build_model(config, attention_backend=backend)
+    if profile.attention_why:  # `auto` became what a check measured fastest here
+        accelerator.print(profile.attention_why)
+    model = build_model(config, attention_backend=profile.step.attention_backend)
     if starts:
         init_weights(model, recipe, log=accelerator.print)
     n_params = count_parameters(model)
@@ -270,7 +268,7 @@ def setup(recipe: Recipe) -> Run:
     hold_if_asked(0, processes.process_index, print)  # tests only: `hold:0` holds the start-up (faults.py)
     world_size = processes.num_processes
     # how this run executes, read and never decided again (after PartialState: a rank's own GPU)
-    profile = run_profile(recipe, this_machine(), world_size)
+    profile = run_profile_here(recipe, world_size)
     continuation, activity = checked_start(recipe, world_size, profile, run_dir)
     grad_accum = recipe.grad_accum_steps(world_size)  # after the preflight, which refuses a batch that does not split
     tokenizer = load_tokenizer(recipe.data.data_dir)
