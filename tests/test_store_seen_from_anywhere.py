@@ -185,6 +185,41 @@ def test_a_throttling_store_still_completes_every_checkpoint(s3_bucket, s3_serve
         assert fs.size(f"{parsed.path}/checkpoints/{name}/model.safetensors") == 200_000
 
 
+def test_a_checkpoint_past_its_upload_deadline_lets_the_newer_one_go_first(s3_bucket, s3_server, tmp_path, monkeypatch):
+    """Once a rate is measured, a checkpoint's upload has a deadline (UPLOAD_SLACK x its bytes at that
+    rate, at least UPLOAD_FLOOR_S, here 1 s): step 8, every request answered 503 SlowDown, passes it and
+    says so once; the newer step 12 goes first when the store takes writes again, and step 8, dropped as
+    retention would drop it, never holds it up."""
+    from hf_pretrain.object_store import uploader as uploading
+    from hf_pretrain.object_store.uploader import Uploader
+
+    monkeypatch.setattr(uploading, "UPLOAD_FLOOR_S", 1.0)
+    run, url = tmp_path / "run", f"{s3_bucket}/run"
+    fs, parsed = store_of(url)
+    said: list[str] = []
+    uploader = Uploader(fs, parsed, run, keep=5, say=said.append)
+    uploader.submit(fake_checkpoint(run, 4, size=200_000), 4)
+    assert uploader.wait(60), uploader.progress.last_error  # the rate measured: 200 kB on this server
+    s3_server.proxy.throttle(1.0)
+    try:
+        uploader.submit(fake_checkpoint(run, 8, size=200_000), 8)
+        deadline = time.monotonic() + 60
+        while uploader.progress.uploading != 8:  # on its way (or a newer one would simply go instead)
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        uploader.submit(fake_checkpoint(run, 12, size=200_000), 12)  # saved while 8 is on its way
+        while not any(line.startswith("step 8: its upload passed its deadline") for line in said):
+            assert time.monotonic() < deadline, said
+            time.sleep(0.1)
+    finally:
+        s3_server.proxy.throttle(0.0)
+    assert uploader.wait(120), uploader.progress.last_error
+    uploader.close()
+    assert complete_in_store(url) == [12, 4]
+    late = [line for line in said if "passed its deadline" in line]
+    assert len(late) == 1 and "MB/s measured, at least 1 s" in late[0], late
+
+
 def test_a_short_object_never_makes_a_checkpoint_complete(s3_bucket, s3_server, tmp_path):
     """The store keeps a cut-short object (a throttled part, an unflushed write): the sizes are checked
     before the manifest goes, the short one is sent again, and at the manifest's write every object is whole."""
