@@ -508,6 +508,10 @@ def test_a_black_holed_store_mid_run_ends_in_time_and_the_next_start_uploads_the
     assert ended - last_step < STORE_WAIT_S + END_MARGIN_S, out[-3000:]
     assert f"step 4: in {run_url}/checkpoints/step_00000004" in out
     assert "not in the store" in lines[-1][1] and "step 8, step 12, final/" in lines[-1][1], lines[-3:]
+    # said by the end of training, then by the last line with why (the store silent even at the close);
+    # not also when the wait for the uploads ends (it was three times)
+    assert sum("step 8, step 12" in text for _, text in lines) == 2, out[-3000:]
+    assert f"store: stopped waiting for the uploads after store_wait_s ({STORE_WAIT_S} s)" in out
     home = str(tmp_path / "A" / "home")
     local = next(Path(home).glob("runs/s3/*/run"))
     status = json.loads((local / "status.json").read_text())

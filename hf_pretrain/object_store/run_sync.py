@@ -229,8 +229,8 @@ class RunInStore:
         if not self.uploader.idle():
             with LiveLine(f"uploading to {self.url}", p.count, self.say, self._activity):
                 done = self.uploader.wait(self.store.store_wait_s)
-            if not done:
-                self.say(f"warning: {self.behind()}")
+            if not done:  # what is missing is said once, by the run's last line (train.py), not here too
+                self.say(f"store: stopped waiting for the uploads after store_wait_s ({self.store.store_wait_s:g} s)")
                 return
         final = RunDir(self.local).final
         if self._final and final.is_dir():
