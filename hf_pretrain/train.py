@@ -87,7 +87,8 @@ def run_training(recipe: Recipe) -> Outcome:
                 outcome.message,
                 outcome.finished,
                 not_pushed=[what for what, _ in side_jobs.not_pushed] if recipe.publish.push_to_hub else None,
-                **(UPLOAD_FIRST if behind else {}),  # complete here, not in the store: a rerun is what mends it
+                # complete here, not in the store: a rerun is what mends it (not on a machine that lost the run)
+                **(UPLOAD_FIRST if behind and not store.lost_the_run() else {}),
             )
             return outcome
     finally:

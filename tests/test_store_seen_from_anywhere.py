@@ -411,6 +411,9 @@ def test_a_machine_that_lost_its_lease_stops_writing_the_store(s3_bucket, s3_ser
     assert not complete_in_store(url)  # step 4 was saved after the takeover: not this machine's to upload
     assert json.loads(fs.cat_file(f"{parsed.path}/lease.json"))["run_id"] == "theirs"
     assert "lost to other" in json.loads((store.local / "status.json").read_text())["store"]["lease"]
+    assert store.lost_the_run()  # status.json's `next` then offers no rerun here (train.py)
+    behind = store.behind()  # the last line's: no advice to rerun here, which would fight the new holder
+    assert "step 4" in behind and "the run is other's now" in behind and "rerun" not in behind, behind
 
 
 # ------------------------------------------------------------------------------------ end to end

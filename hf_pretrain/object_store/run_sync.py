@@ -254,6 +254,10 @@ class RunInStore:
         """The steps of this session not complete in the store, and `final` when final/ is not there."""
         return [*self.uploader.missing(), *([FINAL] if self._final else [])]
 
+    def lost_the_run(self) -> bool:
+        """Another machine took the run's lease over: what this one did not upload is not its to upload."""
+        return self.lease.lost_to is not None
+
     def behind(self) -> str | None:
         """None when the store has every checkpoint of this session (and final/), else what is missing."""
         missing = self.not_in_store()
@@ -262,6 +266,12 @@ class RunInStore:
         s = self.uploader.status()
         error = f" (last error: {s['last_error']})" if s["last_error"] else ""
         named = ", ".join(f"step {m}" if isinstance(m, int) else f"{m}/" for m in missing)
+        if self.lost_the_run():  # the run is the other machine's: a rerun here would fight it
+            return (
+                f"not in the store {self.url}: {named}, which stay on this machine unused: the run is "
+                f"{self.lease.lost_to.host}'s now (it took the lease over); `hf-pretrain status {self.url}` "
+                f"shows where it stands"
+            )
         return (
             f"not in the store {self.url}: {named} ({human_bytes(s['bytes_behind'])}){error}; they stay on this "
             f"machine, and the same command rerun here uploads them first"
