@@ -324,3 +324,41 @@ def test_no_package_hides_its_names_behind_a_lazy_facade():
         )
     ]
     assert not facades, facades
+
+
+# Issue 46, a ratchet: the modules that build a run profile or ask which machine this is themselves,
+# rather than being handed the profile built at their command's door. The list may shrink, never grow.
+PROFILE_BUILDERS = {"run_profile", "this_machine", "device_kind", "this_gpu", "resolved_attention_backend"}
+BUILDS_ITS_OWN_PROFILE = {
+    f"{PACKAGE}.{name}"
+    for name in (
+        "bench.sweep bench.variants check.all_reduce check.command check.health check.matmul check.sdpa "
+        "check.synthetic_step check.worker checkpoints.load economics.check_records economics.measurements "
+        "economics.memory economics.performance economics.planning.gpu_ranking economics.planning.plan "
+        "economics.workload preflight.checks preflight.dependencies preflight.gpu training.loop"
+    ).split()
+}
+
+
+def _builds_a_profile(module: str) -> bool:
+    return any(
+        isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in PROFILE_BUILDERS
+        for node in ast.walk(ast.parse(MODULES[module].read_text()))
+    )
+
+
+def test_no_new_module_builds_its_own_run_profile():
+    builders = {module for module in MODULES if module not in PROFILE_HOME and _builds_a_profile(module)}
+    assert builders <= BUILDS_ITS_OWN_PROFILE, (
+        f"hand these the door's profile instead: {builders - BUILDS_ITS_OWN_PROFILE}"
+    )
+    # `attention_backend: auto` is resolved in one place, into the profile (economics/check_records.run_profile_here)
+    resolving = {
+        module
+        for module in MODULES
+        if any(
+            isinstance(node, ast.Call) and getattr(node.func, "id", None) == "resolved_attention_backend"
+            for node in ast.walk(ast.parse(MODULES[module].read_text()))
+        )
+    }
+    assert resolving == {f"{PACKAGE}.economics.check_records"}, resolving
