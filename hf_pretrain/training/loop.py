@@ -188,7 +188,7 @@ def model_and_optimizer(recipe: Recipe, profile: RunProfile, config, accelerator
     liger_applied = profile.step.liger and apply_liger(model, log=accelerator.print)
     use_loss_head(model, loss_head_for(recipe.compute, liger_applied))  # Liger's, chunked or stock (loss.py)
     train_in_compute_dtype(model)  # residual stream in the autocast dtype, the loss alone out of the graph
-    optimizer = build_optimizer(model, recipe.optim, fused=accelerator.device.type == "cuda")
+    optimizer = build_optimizer(model, recipe.optim, fused=profile.machine.on_gpu)
     model, optimizer = accelerator.prepare(model, optimizer)
     if converted := finish_fp8(model, profile.step):  # fp8: the CPU's emulation takes a GPU's dtypes
         accelerator.print(converted)
@@ -283,7 +283,7 @@ def setup(recipe: Recipe) -> Run:
     )
 
     state, saved = resumed_state(recipe, accelerator, continuation, run_dir)
-    data = TrainData(recipe, accelerator.process_index, world_size, grad_accum, accelerator.device.type == "cuda")
+    data = TrainData(recipe, accelerator.process_index, world_size, grad_accum, profile.machine.on_gpu)
     train_loader = data.loader(state.step, state.data_origin, decay_position(state))
     val_loader = build_val_loader(recipe, accelerator.process_index, world_size)
     say(
