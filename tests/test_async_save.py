@@ -202,7 +202,14 @@ def test_async_save_false_keeps_the_write_on_the_training_thread(accelerator):
     assert recipe.checkpoints.async_save  # the default
 
     def checkpointer_of(recipe):
-        return Checkpointer(accelerator, recipe, LlamaConfig(), StandInTokenizer(), log=lambda line: None)
+        return Checkpointer(
+            recipe.checkpoints,
+            accelerator=accelerator,
+            output_dir=recipe.train.output_dir,
+            model_config=LlamaConfig(),
+            tokenizer=StandInTokenizer(),
+            log=lambda line: None,
+        )
 
     assert checkpointer_of(recipe)._stage is not None
     assert checkpointer_of(recipe.replace(async_save=False))._stage is None

@@ -16,7 +16,7 @@ from hf_pretrain.checkpoints.async_save import HostStage, can_stage
 from hf_pretrain.checkpoints.layout import BRANCH_POINT
 from hf_pretrain.checkpoints.progress import Activity
 from hf_pretrain.checkpoints.saving import CheckpointSaveError, Sealing, save_checkpoint
-from hf_pretrain.config import Recipe
+from hf_pretrain.config.checkpoints_section import CheckpointConfig
 from hf_pretrain.run_folder.run_dir import RunDir
 
 __all__ = ["CheckpointSaveError", "Checkpointer", "save_checkpoint"]
@@ -35,22 +35,25 @@ class Checkpointer:
 
     def __init__(
         self,
+        checkpoints: CheckpointConfig,
+        *,
         accelerator: Accelerator,
-        recipe: Recipe,
+        output_dir: str | Path,
         model_config: PretrainedConfig,
         tokenizer: PreTrainedTokenizerBase,
         log: Callable[[str], None],
         expected_bytes: int = 0,
         activity: Activity = None,
     ):
+        """Built from the recipe's `checkpoints` section, with what the run has made by keyword."""
         self.expected_bytes = expected_bytes  # about one checkpoint of this model: tells a full disk from a crash
         self.accelerator, self.model_config, self.tokenizer, self.log = accelerator, model_config, tokenizer, log
-        self.output_dir, self.checkpoints = recipe.train.output_dir, recipe.checkpoints
+        self.output_dir, self.checkpoints = output_dir, checkpoints
         # the live line of a wait for a save, and status.json's `activity`: the main process's
         self.say, self.activity = (log, activity) if accelerator.is_main_process else (None, None)
         self._sealing: Sealing | None = None  # the last save, perhaps still sealing in the background
         # host memory for one training state, where a periodic save can stage it (not under FSDP)
-        self._stage = HostStage() if recipe.checkpoints.async_save and can_stage(accelerator) else None
+        self._stage = HostStage() if checkpoints.async_save and can_stage(accelerator) else None
 
     def due(self, state: Progress) -> bool:
         """Every `save_interval` steps, and at the last step before a decay (the run's branch point)."""
