@@ -121,3 +121,12 @@ class FakeLog:
 
     def record(self, record):
         self.records.append(record)
+
+
+def guards_of(recipe, accelerator, log):
+    """The loop's guards of `recipe` (training/loop.py builds them the same way)."""
+    from hf_pretrain.training.guards import Guards
+
+    return Guards(
+        recipe.stopping, recipe.reporting, output_dir=recipe.train.output_dir, accelerator=accelerator, log=log
+    )

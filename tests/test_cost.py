@@ -62,7 +62,7 @@ def test_early_stop_on_cost_fires_on_a_plateau_only():
     recipe = build_recipe(
         {}, {"max_steps": 400, "price_per_hour": 1.0, "early_stop_cost_per_loss_point": 5.0, "early_stop_window": 100}
     )
-    stop = EarlyStop(recipe)
+    stop = EarlyStop(recipe.stopping, recipe.reporting)
     losses = [10 - 0.01 * i for i in range(200)] + [8.0 - 0.0001 * i for i in range(200)]
     records = synthetic_records(losses)
     stop.observe_cost(records[:200])
@@ -73,11 +73,12 @@ def test_early_stop_on_cost_fires_on_a_plateau_only():
 
 def test_early_stop_on_validation_patience():
     recipe = build_recipe({}, {"early_stop_patience": 2, "early_stop_min_delta": 0.05})
-    stop = EarlyStop(recipe)
+    stop = EarlyStop(recipe.stopping, recipe.reporting)
     for val in (5.0, 4.5, 4.48, 4.47):  # the last two improve by less than the minimum delta
         stop.observe_val_loss(val)
     assert stop.reason is not None and "for 2 evaluations" in stop.reason
-    off = EarlyStop(build_recipe({}, {}))
+    default = build_recipe({}, {})
+    off = EarlyStop(default.stopping, default.reporting)
     for val in (5.0, 5.0, 5.0, 5.0):
         off.observe_val_loss(val)
     assert off.reason is None

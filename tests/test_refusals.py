@@ -22,10 +22,10 @@ from hf_pretrain.run_commands.stop_command import main as stop_main
 from hf_pretrain.run_folder.run_dir import RunDir
 from hf_pretrain.run_folder.run_lock import RunLock
 from hf_pretrain.run_folder.stop_request import read_stop_request, request_stop
-from hf_pretrain.training.guards import Guards, take_up_at_start
+from hf_pretrain.training.guards import take_up_at_start
 from hf_pretrain.training.session import Session, read_status
 from hf_pretrain.training.state import TrainState
-from tests.helpers import FakeLog, launch_training
+from tests.helpers import FakeLog, guards_of, launch_training
 
 
 # ---------------------------------------------------------------------- a run folder by hand
@@ -119,7 +119,7 @@ def guarded_state(tmp_path, **overrides):
         {}, {"output_dir": str(tmp_path), "max_steps": 100, "warmup_steps": 10, "lr_schedule": "wsd", **overrides}
     )
     log = FakeLog()
-    guards = Guards(recipe, SimpleNamespace(num_processes=1, is_main_process=True), log)
+    guards = guards_of(recipe, SimpleNamespace(num_processes=1, is_main_process=True), log)
     return TrainState.for_recipe(recipe, "cpu"), guards, log
 
 

@@ -35,9 +35,8 @@ from hf_pretrain.publish.model_card import _how_it_ended
 from hf_pretrain.run_commands.stop_command import main as stop_main
 from hf_pretrain.run_folder.run_dir import RunDir, read_jsonl
 from hf_pretrain.run_folder.stop_request import read_stop_request, request_stop
-from hf_pretrain.training.guards import Guards
 from hf_pretrain.training.state import TrainState
-from tests.helpers import OUTSIDE_CHECKOUT, SHORT_RUN, FakeLog, launch_command, launch_training, offline_env
+from tests.helpers import OUTSIDE_CHECKOUT, SHORT_RUN, FakeLog, guards_of, launch_command, launch_training, offline_env
 
 
 def train_config(**overrides):
@@ -131,7 +130,7 @@ def guarded_state(tmp_path, **overrides):
     recipe = build_recipe({}, {"output_dir": str(tmp_path), "max_steps": 100, "warmup_steps": 10, **overrides})
     accelerator = SimpleNamespace(num_processes=1, is_main_process=True)
     log = FakeLog()
-    return TrainState.for_recipe(recipe, "cpu"), Guards(recipe, accelerator, log), log
+    return TrainState.for_recipe(recipe, "cpu"), guards_of(recipe, accelerator, log), log
 
 
 def test_a_stop_request_starts_a_wsd_cooldown_that_ends_the_run_with_final(tmp_path):

@@ -26,7 +26,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 from accelerate import Accelerator
 
-from hf_pretrain.config import Recipe
+from hf_pretrain.config.reporting_section import ReportingConfig
+from hf_pretrain.config.stopping_section import StoppingConfig
 from hf_pretrain.economics.cost import window_cost_per_loss_point
 from hf_pretrain.exit_codes import EXIT_DIVERGED, EXIT_PREEMPTED, EXIT_WRITE_FAILED
 from hf_pretrain.processes import LAUNCHER_GONE, followed_launcher, launcher_gone
@@ -124,8 +125,8 @@ class EarlyStop:
     """When to stop paying: cost per loss point over a window, or validation loss that stopped
     improving. Both rules are off unless the recipe sets them; `reason` says which fired, and why."""
 
-    def __init__(self, recipe: Recipe):
-        self.stopping, self.reporting = recipe.stopping, recipe.reporting
+    def __init__(self, stopping: StoppingConfig, reporting: ReportingConfig):
+        self.stopping, self.reporting = stopping, reporting
         self.reason: str | None = None
         self.best_val_loss = float("inf")
         self.evals_without_improvement = 0
@@ -160,16 +161,26 @@ class Guards:
     """The run's health and its stop decision, step by step. Use as a context manager: inside it,
     SIGTERM/SIGINT ask for a graceful stop instead of killing the process."""
 
-    def __init__(self, recipe: Recipe, accelerator: Accelerator, log: RunLogger):
-        self.train, self.stopping, self.reporting = recipe.train, recipe.stopping, recipe.reporting
+    def __init__(
+        self,
+        stopping: StoppingConfig,
+        reporting: ReportingConfig,
+        *,
+        output_dir: str | Path,
+        accelerator: Accelerator,
+        log: RunLogger,
+    ):
+        """Built from the recipe's `stopping` and `reporting` sections, with the run's folder (stop requests
+        arrive there), the accelerator (the processes agree) and the logger by keyword."""
+        self.output_dir, self.stopping, self.reporting = output_dir, stopping, reporting
         self.accelerator = accelerator
         self.log = log
         self.signals = GracefulStop(log.say)
-        self.early_stop = EarlyStop(recipe)
+        self.early_stop = EarlyStop(stopping, reporting)
         self.bad_in_a_row = 0
         self.recent_loss: float | None = None  # running average, for spike detection
         self.last_step_healthy = True
-        self.run_shown_as = RunDir(self.train.output_dir).shown_as()  # read now: the folder may go (a stop's line)
+        self.run_shown_as = RunDir(self.output_dir).shown_as()  # read now: the folder may go (a stop's line)
 
     def __enter__(self) -> Guards:
         self.signals.__enter__()
@@ -202,7 +213,7 @@ class Guards:
 
     def _folder_gone(self, step: int) -> str:
         """The stop's line when the run folder vanished: no checkpoint can be written, so say what is left."""
-        folder = Path(self.train.output_dir)
+        folder = Path(self.output_dir)
         if self.run_shown_as != str(folder):  # a run URL's working copy: the store keeps what reached it
             return (
                 f"stopped after step {step}: the local copy of {self.run_shown_as} ({folder}) was deleted "
@@ -229,7 +240,7 @@ class Guards:
             self.early_stop.reason is not None and main,
             request is not None,
             request.cooldown_steps + 1 if request and request.cooldown_steps is not None else 0,
-            not Path(self.train.output_dir).is_dir(),  # a stat a step: deleted under the run (a cache cleaned)
+            not Path(self.output_dir).is_dir(),  # a stat a step: deleted under the run (a cache cleaned)
         )
         if folder_gone:
             return Stop(EXIT_WRITE_FAILED, self._folder_gone(step), saves=False)
@@ -258,10 +269,10 @@ class Guards:
             if stop is not None:
                 return stop
             if requested and main:  # answered: a second request is refused (`hf-pretrain stop` reads this)
-                answer_stop_request(self.train.output_dir, step, f"began its cooldown to step {state.cooldown.end}")
+                answer_stop_request(self.output_dir, step, f"began its cooldown to step {state.cooldown.end}")
         if step >= state.end:
             if main:
-                clear_stop_request(self.train.output_dir)  # it was answered; a later run must not read it
+                clear_stop_request(self.output_dir)  # it was answered; a later run must not read it
             cooldown = state.cooldown
             return Stop(
                 0,
@@ -275,7 +286,7 @@ class Guards:
     def _stop_request(self, state: TrainState) -> StopRequest | None:
         """The request to act on at this step (main process): none during a cooldown, where a new one is
         refused in the log and in the file (the decay under way already finishes the run)."""
-        request = read_stop_request(self.train.output_dir)
+        request = read_stop_request(self.output_dir)
         if request is None or state.cooldown is None:
             return request  # an answered one, after a resume from before its cooldown, is applied again
         if not request.answered:
@@ -284,7 +295,7 @@ class Guards:
                 f"{state.cooldown.end}; SIGTERM stops it sooner, with a checkpoint that resumes the cooldown"
             )
             self.log.say(f"step {state.step}: stop request {answer}")
-            answer_stop_request(self.train.output_dir, state.step, answer)
+            answer_stop_request(self.output_dir, state.step, answer)
         return None
 
     def _finish(self, state: TrainState, reason: str, cooldown_steps: int | None) -> Stop | None:
@@ -303,7 +314,7 @@ class Guards:
             )
             return None
         if self.accelerator.is_main_process:
-            clear_stop_request(self.train.output_dir)
+            clear_stop_request(self.output_dir)
         return Stop(0, f"{reason}: stopped at step {step}. {unfinished_decay(state) or ''}".rstrip(), finished=True)
 
 

@@ -81,7 +81,9 @@ def train(recipe: Recipe, callbacks: Sequence[Callback] = ()) -> Outcome:
     stop = Stop(0, finished=True) if state.step >= state.end else None
     checkpoint = None
     with (
-        Guards(recipe, run.accelerator, log) as guards,
+        Guards(
+            recipe.stopping, recipe.reporting, output_dir=recipe.train.output_dir, accelerator=run.accelerator, log=log
+        ) as guards,
         Watchdog(recipe.stopping.hang_timeout_s, run.accelerator, run.dir) as watchdog,
     ):
         state.start_clock()
