@@ -102,7 +102,9 @@ def train(recipe: Recipe, callbacks: Sequence[Callback] = ()) -> Outcome:
             stop = guards.decide(state, log.history)  # the step's one exchange between processes
             if stop is None and run.data.mixture_changes(decay_position(state)):  # a cooldown began
                 run.train_step.batches = iter(run.data.loader(state.step, state.data_origin, decay_position(state)))
-            if stop.saves if stop is not None else run.checkpoints.due(state):
+            # every stop saves (unless its folder is gone: nowhere to save), else the checkpointer's interval
+            saving = stop.saves if stop is not None else run.checkpoints.due(state)
+            if saving:
                 try:
                     with log.paused(), watchdog.paused("a checkpoint save"):
                         # a periodic save seals in the background, the last one before it returns
