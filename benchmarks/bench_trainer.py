@@ -36,7 +36,7 @@ from hf_pretrain.data.loader import PackedDataset
 from hf_pretrain.data.prepare_run import prepare
 from hf_pretrain.data.prepared import read_meta
 from hf_pretrain.data.tokenizer import load_tokenizer
-from hf_pretrain.machine.run_profile import run_profile
+from hf_pretrain.machine.run_profile import run_profile, this_machine
 from hf_pretrain.model.llama import build_model, llama_config
 from hf_pretrain.optim.build import build_optimizer, learning_rate_at
 from hf_pretrain.run_folder.run_dir import read_jsonl
@@ -119,7 +119,7 @@ def trainer_window_rates(recipe: Recipe, warmup: int) -> list[float]:
                     torch.cuda.synchronize()
                 self.times.append(time.perf_counter())
 
-    precision = run_profile(recipe).accelerate_precision  # Accelerate's word: `no` for fp32
+    precision = run_profile(recipe, this_machine()).accelerate_precision  # Accelerate's word: `no` for fp32
     args = TrainingArguments(
         output_dir=train_cfg.output_dir,
         max_steps=train_cfg.max_steps,

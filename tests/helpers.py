@@ -130,3 +130,18 @@ def guards_of(recipe, accelerator, log):
     return Guards(
         recipe.stopping, recipe.reporting, output_dir=recipe.train.output_dir, accelerator=accelerator, log=log
     )
+
+
+def on_cpu(recipe):
+    """(`recipe`, its run profile on a CPU): what a doctor's row is handed at the door (preflight/gpu.py)."""
+    from hf_pretrain.machine.run_profile import THE_CPU, run_profile
+
+    return recipe, run_profile(recipe, THE_CPU)
+
+
+def profile_here(recipe, world_size: int = 1):
+    """`recipe`'s complete run profile on this machine, as a command's door builds it (training, the doctor)."""
+    from hf_pretrain.economics.check_records import complete_profile
+    from hf_pretrain.machine.run_profile import this_machine
+
+    return complete_profile(recipe, this_machine(), world_size)

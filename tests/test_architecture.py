@@ -326,33 +326,59 @@ def test_no_package_hides_its_names_behind_a_lazy_facade():
     assert not facades, facades
 
 
-# Issue 46, a ratchet: the modules that build a run profile or ask which machine this is themselves,
-# rather than being handed the profile built at their command's door. The list may shrink, never grow.
-PROFILE_BUILDERS = {"run_profile", "this_machine", "device_kind", "this_gpu", "resolved_attention_backend"}
-BUILDS_ITS_OWN_PROFILE = {
-    f"{PACKAGE}.{name}"
-    for name in (
-        "bench.sweep bench.variants check.all_reduce check.command check.health check.matmul check.sdpa "
-        "check.synthetic_step check.worker checkpoints.load economics.check_records economics.measurements "
-        "economics.memory economics.performance economics.planning.gpu_ranking economics.planning.plan "
-        "economics.workload preflight.checks preflight.dependencies preflight.gpu training.loop"
-    ).split()
+# Issue 46: which machine this is (`this_machine()`, `device_kind()`) is asked at a command's door, and the
+# answer handed down: a `RunProfile` (economics/check_records.complete_profile), or its `Machine`. Nothing
+# below a door asks again. A what-if for a named card (`run_profile(recipe, machine_with("H100"))`: `plan`,
+# the memory estimate, the performance model) is modelling, not asking; `run_profile` has no default machine.
+ASKS_WHICH_MACHINE = {"this_machine", "device_kind"}
+# module -> the functions a command, or a process of one, enters by: the only places that may ask
+DOORS = {
+    "training.loop": {"setup"},  # `train`: each rank, once PartialState has given it its GPU
+    "preflight.doctor": {"main"},  # `doctor`
+    "bench.sweep": {"run_bench"},  # `bench`: CUDA left untouched while its children run, then the card
+    "bench.variants": {"run_in_this_process"},  # one bench variant, a process of its own
+    "check.command": {"main"},  # `check`: its parts run in processes of their own
+    "check.worker": {"main"},  # one part of the check, a process of its own
+    "evaluation.harness": {"run", "evaluate_checkpoint"},  # `eval`; the benchmark side job's own process
 }
 
 
-def _builds_a_profile(module: str) -> bool:
-    return any(
-        isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in PROFILE_BUILDERS
-        for node in ast.walk(ast.parse(MODULES[module].read_text()))
-    )
+def machine_questions(module: str) -> set[str]:
+    """The functions of `module` (top level, or `Class.method`) that ask which machine this is."""
+    units = []  # (name, node): each top-level function, each method, the rest of the module
+    for node in ast.parse(MODULES[module].read_text()).body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            units.append((node.name, node))
+        elif isinstance(node, ast.ClassDef):
+            units += [(f"{node.name}.{m.name}", m) for m in node.body if isinstance(m, ast.FunctionDef)]
+        else:
+            units.append(("<module>", node))
+    return {
+        name
+        for name, unit in units
+        for call in ast.walk(unit)
+        if isinstance(call, ast.Call)
+        and (getattr(call.func, "id", None) or getattr(call.func, "attr", None)) in ASKS_WHICH_MACHINE
+    }
 
 
-def test_no_new_module_builds_its_own_run_profile():
-    builders = {module for module in MODULES if module not in PROFILE_HOME and _builds_a_profile(module)}
-    assert builders <= BUILDS_ITS_OWN_PROFILE, (
-        f"hand these the door's profile instead: {builders - BUILDS_ITS_OWN_PROFILE}"
-    )
-    # `attention_backend: auto` is resolved in one place, into the profile (economics/check_records.run_profile_here)
+def test_only_a_commands_door_asks_which_machine_this_is():
+    import inspect
+
+    from hf_pretrain.machine.run_profile import run_profile
+
+    asked = {
+        (module, where)
+        for module in MODULES
+        if not module.startswith(f"{PACKAGE}.machine.")
+        for where in machine_questions(module)
+    }
+    doors = {(f"{PACKAGE}.{module}", name) for module, names in DOORS.items() for name in names}
+    assert asked <= doors, f"hand these the door's profile (or its machine) instead: {sorted(asked - doors)}"
+    assert asked == doors, f"no longer asks: leave DOORS: {sorted(doors - asked)}"
+    # a profile always names its machine: no default that would ask on the quiet, below a door
+    assert inspect.signature(run_profile).parameters["machine"].default is inspect.Parameter.empty
+    # `attention_backend: auto` is resolved in one place, into the profile (economics/check_records.complete_profile)
     resolving = {
         module
         for module in MODULES
@@ -362,3 +388,13 @@ def test_no_new_module_builds_its_own_run_profile():
         )
     }
     assert resolving == {f"{PACKAGE}.economics.check_records"}, resolving
+
+
+def test_the_door_check_sees_a_function_below_a_door_that_asks(tmp_path, monkeypatch):
+    source = tmp_path / "below.py"
+    source.write_text(
+        "def door():\n    return this_machine()\n\n"
+        "class Part:\n    def measure(self):\n        return run_profile.device_kind() == 'cuda'\n"
+    )
+    monkeypatch.setitem(MODULES, "below", source)
+    assert machine_questions("below") == {"door", "Part.measure"}

@@ -15,6 +15,7 @@ from hf_pretrain.economics.check_records import (
     resolved_attention_backend,
 )
 from hf_pretrain.preflight.sdpa_kernel import check_attention_backend
+from tests.helpers import on_cpu
 from tests.test_compiled_step import compiled_step_graphs, recipe_with
 
 CPU_FLASH = "aten._scaled_dot_product_flash_attention_for_cpu.default"
@@ -38,11 +39,11 @@ def test_the_compiled_step_calls_the_chosen_kernel(backend, flash_calls, monkeyp
 def test_a_wrong_backend_is_refused_by_the_recipe_and_a_missing_one_by_the_doctor_in_one_line():
     with pytest.raises(RecipeError, match="attention_backend"):
         load_recipe("smoke", {"attention_backend": "flash3"})
-    assert check_attention_backend(load_recipe("smoke", {"attention_backend": "flash"})).status == "pass"
-    refused = check_attention_backend(load_recipe("smoke", {"attention_backend": "cudnn"}))
+    assert check_attention_backend(*on_cpu(load_recipe("smoke", {"attention_backend": "flash"}))).status == "pass"
+    refused = check_attention_backend(*on_cpu(load_recipe("smoke", {"attention_backend": "cudnn"})))
     assert refused.status == "fail" and "no cudnn SDPA kernel" in refused.reason
     assert "\n" not in refused.reason and "--attention_backend auto" in refused.fix
-    assert check_attention_backend(load_recipe("smoke")).status == "skip"
+    assert check_attention_backend(*on_cpu(load_recipe("smoke"))).status == "skip"
 
 
 def test_auto_takes_the_fastest_kernel_a_check_measured_on_this_card(tmp_path):
@@ -91,19 +92,22 @@ def test_the_performance_model_prices_the_attention_share_by_kernel():
 def test_the_profile_built_at_the_door_names_the_kernel_auto_became(tmp_path, monkeypatch):
     """Issue 46: `auto` is resolved once, into the run profile the loop and the preflight are handed: the
     model's kernel, the doctor's row and the measurements' key all name what a check measured fastest."""
-    from hf_pretrain.economics import check_records
-    from hf_pretrain.economics.check_records import run_profile_here
+    from hf_pretrain.economics.check_records import complete_profile
+    from hf_pretrain.machine.gpus import find_gpu
+    from hf_pretrain.machine.run_profile import THE_CPU, Machine, run_profile
 
     monkeypatch.setenv("HF_PRETRAIN_HOME", str(tmp_path))
     recipe = load_recipe("smoke")
-    assert run_profile_here(recipe).step.attention_backend == "auto"  # the CPU: torch's own choice
+    assert complete_profile(recipe, THE_CPU).step.attention_backend == "auto"  # the CPU: torch's own choice
     gpu, shape = "NVIDIA H100 80GB HBM3", recipe_attention_shape(recipe)
     record_checks([new_record("attention", n, ms, "ms", gpu, shape=shape) for n, ms in (("flash", 2.0), ("math", 9.0))])
-    monkeypatch.setattr(check_records, "this_gpu", lambda: gpu)  # a GPU that a check timed
-    profile = run_profile_here(recipe, world_size=2)
+    h100 = Machine("cuda", name=gpu, gpu=find_gpu(gpu), bf16=True, capability=9.0)  # a GPU that a check timed
+    profile = complete_profile(recipe, h100, world_size=2)
     assert profile.step.attention_backend == "flash" and profile.step.world_size == 2
     assert "fastest SDPA kernel" in profile.attention_why
-    row = check_attention_backend(recipe, profile)  # the doctor's row: the profile's kernel, tried on this CPU
+    # the doctor's row: the profile's kernel, tried on this CPU
+    on_the_cpu = run_profile(recipe, THE_CPU, attention=(profile.step.attention_backend, profile.attention_why))
+    row = check_attention_backend(recipe, on_the_cpu)
     assert row.status == "pass" and row.reason == profile.attention_why
-    named = run_profile_here(load_recipe("smoke", {"attention_backend": "math"}))
+    named = complete_profile(load_recipe("smoke", {"attention_backend": "math"}), h100)
     assert named.step.attention_backend == "math" and named.attention_why is None  # a recipe's choice wins

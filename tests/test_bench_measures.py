@@ -34,6 +34,7 @@ from hf_pretrain.economics.memory import with_checkpointed_layers, with_micro_ba
 from hf_pretrain.economics.performance import modelled_tokens_per_s
 from hf_pretrain.economics.planning import gpu_ranking, plan_command
 from hf_pretrain.machine.gpus import gpu_named
+from hf_pretrain.machine.run_profile import THE_CPU, Machine, run_profile
 from hf_pretrain.preflight.budget import check_cost
 from hf_pretrain.preflight.checks import MEMORY_PROBE_ENV, preflight
 from hf_pretrain.preflight.gpu import check_memory
@@ -129,7 +130,7 @@ def test_a_probe_that_runs_out_of_memory_does_not_fit_by_the_error_and_hands_the
 def test_a_micro_batch_the_estimate_calls_too_big_is_still_tried(tmp_path):
     """The shared README's case: the estimate refused micro-batch 16 of the 1b on an 80 GB card, the
     card ran it. The search probes it, and a probe's preflight only warns about memory."""
-    estimate = check_memory(one_b(micro_batch_size=16), device_memory_bytes=int(79.6 * GIB))
+    estimate = check_memory(one_b(micro_batch_size=16), machine=THE_CPU, device_memory_bytes=int(79.6 * GIB))
     tried = []
 
     def probe(recipe, folder):
@@ -146,10 +147,11 @@ def test_a_probes_preflight_warns_about_memory_instead_of_refusing(monkeypatch):
     refusal = CheckResult("gpu memory", "fail", "does not fit without gradient checkpointing: 99.7 GB", "--x")
     monkeypatch.setattr("hf_pretrain.preflight.checks.run_checks", lambda *a, **k: [refusal])
     monkeypatch.delenv(MEMORY_PROBE_ENV, raising=False)
+    profile = run_profile(one_b(), THE_CPU)
     with pytest.raises(PreflightError):
-        preflight(one_b(), 1, log=lambda _: None)
+        preflight(one_b(), 1, log=lambda _: None, profile=profile)
     monkeypatch.setenv(MEMORY_PROBE_ENV, "1")
-    (warned,) = preflight(one_b(), 1, log=lambda _: None)
+    (warned,) = preflight(one_b(), 1, log=lambda _: None, profile=profile)
     assert warned.status == "warn" and "the bench tries it on the device" in warned.reason
 
 
@@ -247,29 +249,27 @@ def test_a_recorded_measurement_is_found_for_the_same_gpu_and_configuration_only
 
 
 def test_a_cpu_records_nothing(store, monkeypatch):
-    assert measurements.this_gpu() is None or torch.cuda.is_available()
+    assert THE_CPU.gpu_name is None  # what a run on the CPU records under
     assert record_measurement(one_b(), None, 5_000.0, None, "bench") is None
     records = [{"kind": "train", "step": s, "tokens": 1000 * s, "tokens_per_s": 500.0} for s in (1, 2, 3)]
-    monkeypatch.setattr(measurements, "this_gpu", lambda: None)
-    assert record_training_run(one_b(), records, 1, None) is None
+    assert record_training_run(one_b(), THE_CPU.gpu_name, records, 1, None) is None
     assert not store.exists()
     monkeypatch.setenv(measurements.RECORD_ENV, "0")  # recording off: a GPU records nothing either
     assert record_measurement(one_b(), H100, 77_900.0, 37.24, "bench") is None and not store.exists()
 
 
-def test_a_training_run_records_its_rate_after_the_first_window_per_gpu(store, monkeypatch):
-    monkeypatch.setattr(measurements, "this_gpu", lambda: H100)
+def test_a_training_run_records_its_rate_after_the_first_window_per_gpu(store):
     records = [  # the first window holds compilation: left out
         {"kind": "train", "step": 10, "tokens": 10 * 131_072, "tokens_per_s": 20_000.0},
         {"kind": "eval", "step": 10},
         {"kind": "train", "step": 20, "tokens": 20 * 131_072, "tokens_per_s": 160_000.0},
         {"kind": "train", "step": 30, "tokens": 30 * 131_072, "tokens_per_s": 150_000.0},
     ]
-    recorded = record_training_run(one_b(), records, 2, 37.2)
+    recorded = record_training_run(one_b(), H100, records, 2, 37.2)
     expected = 2 * 10 * 131_072 / (10 * 131_072 / 160_000 + 10 * 131_072 / 150_000) / 2
     assert recorded.tokens_per_s == pytest.approx(expected) and recorded.source == "train"
     assert recorded.configuration["world_size"] == 2 and recorded.peak_memory_gib == 37.2
-    assert record_training_run(one_b(), records[:1], 1, 37.2) is None  # one window: nothing after the warm-up
+    assert record_training_run(one_b(), H100, records[:1], 1, 37.2) is None  # one window: nothing after the warm-up
 
 
 def test_the_store_skips_a_torn_line_and_keeps_every_writers_line(store):
@@ -352,19 +352,20 @@ def test_plan_takes_no_impossible_figure_as_measured(store, capsys):
     assert " measured |" not in out and "measured rows" not in out and "Traceback" not in out
 
 
-def test_the_doctor_uses_this_gpus_measurement_for_time_cost_and_memory(store, monkeypatch):
+def test_the_doctor_uses_this_gpus_measurement_for_time_cost_and_memory(store):
     recipe = one_b(micro_batch_size=16)  # the estimate refused it; the card ran it at 65.9 GiB
-    monkeypatch.setattr(measurements, "this_gpu", lambda: H100)
-    unknown = check_cost(recipe)
-    assert unknown.status == "warn" and "unknown" in unknown.reason
+    here = Machine("cuda", H100, gpu_named("H100 SXM"), bf16=True, capability=9.0, memory_bytes=int(79.2 * GIB))
+    modelled = check_cost(recipe, here.gpu_name)  # nothing measured yet: the performance model's figure
+    assert "an estimate of the performance model for NVIDIA H100" in modelled.reason
     record_measurement(recipe, H100, 65_153.0, 65.92, "bench")
-    cost = check_cost(recipe)
+    cost = check_cost(recipe, here.gpu_name)
     assert cost.status == "pass" and "65,153 tokens/s (measured by bench on NVIDIA H100" in cost.reason
-    monkeypatch.setattr("hf_pretrain.preflight.gpu.device_memory", lambda: int(79.2 * GIB))
-    memory = check_memory(recipe)
+    memory = check_memory(recipe, here)
     assert memory.status == "pass" and "this configuration ran here: peak 65.9" in memory.reason
     assert "measured by bench" in memory.reason and "the estimate, modelled" in memory.reason
-    assert check_memory(recipe, device_memory_bytes=int(79.2 * GIB)).reason != memory.reason  # another GPU's question
+    assert (
+        check_memory(recipe, machine=THE_CPU, device_memory_bytes=int(79.2 * GIB)).reason != memory.reason
+    )  # another GPU's question
 
 
 def test_a_variant_that_never_trained_says_why_on_screen_and_shows_no_figures(tmp_path, monkeypatch):

@@ -18,6 +18,7 @@ from hf_pretrain.check.verdict import verdict
 from hf_pretrain.check.volume_speed import measure as measure_disk
 from hf_pretrain.config import load_recipe
 from hf_pretrain.exit_codes import EXIT_CONFIG
+from hf_pretrain.machine.run_profile import THE_CPU
 from tests.helpers import OUTSIDE_CHECKOUT, ROOT, offline_env
 
 PART_TITLES = (
@@ -252,13 +253,11 @@ def test_a_measurement_store_that_cannot_be_written_says_why(tmp_path):
         record_checks([new_record("disk", "write", 1.0, "MB/s", None)], tmp_path / "home" / "measurements.jsonl")
 
 
-def test_a_step_without_a_figure_on_a_machine_without_a_gpu_names_what_helps_not_a_larger_budget(monkeypatch):
+def test_a_step_without_a_figure_on_a_machine_without_a_gpu_names_what_helps_not_a_larger_budget():
     """`check --recipe 1b` on a laptop advised a larger --budget_s, which cannot help there (issue 45)."""
     from hf_pretrain.check import command
-    from hf_pretrain.machine import run_profile
 
-    monkeypatch.setattr(run_profile, "device_kind", lambda: "cpu")
-    said = command.what_helps(command.CheckRequest(recipe=load_recipe("1b"), output=Path("x")))
+    said = command.what_helps(command.CheckRequest(recipe=load_recipe("1b"), output=Path("x")), on_gpu=False)
     assert "a larger --budget_s will not help" in said
     assert "`hf-pretrain check --recipe smoke`" in said and "`hf-pretrain check --recipe 1b` on the rented card" in said
 
@@ -358,7 +357,8 @@ def test_the_sdpa_part_times_each_kernel_once_under_its_own_name_and_calls_the_f
     monkeypatch.setattr(sdpa, "seconds_per_call", timed)
     monkeypatch.setattr(sdpa.torch, "_fused_sdp_choice", lambda *a, **k: sdpa.SDPBackend.FLASH_ATTENTION.value)
     said: list[str] = []
-    sdpa.measure(load_recipe("smoke"), Report("attention", tmp_path / "f.jsonl", None, say=said.append), 10)
+    report = Report("attention", tmp_path / "f.jsonl", None, say=said.append)
+    sdpa.measure(load_recipe("smoke"), report, 10, THE_CPU)
     figures = {f.name: f for f in read_figures(tmp_path / "f.jsonl")}
     assert asked == ["flash", "math", "flash", "math"] and "default" not in figures
     assert figures["flash"].value == pytest.approx(80.0) and figures["math"].value == pytest.approx(290.0)

@@ -39,7 +39,7 @@ from hf_pretrain.preflight.dependencies import check_versions
 from hf_pretrain.preflight.disk import check_disk_space, check_output_writable, check_save_speed, disk_write_bytes_per_s
 from hf_pretrain.preflight.gpu import check_bf16, check_cuda, check_memory, check_tf32
 from hf_pretrain.preflight.result import CheckResult, PreflightError, format_table
-from tests.helpers import OUTSIDE_CHECKOUT, offline_env
+from tests.helpers import OUTSIDE_CHECKOUT, offline_env, on_cpu, profile_here
 
 ON_GPU = torch.cuda.is_available()
 cpu_only = pytest.mark.skipif(ON_GPU, reason="checks what happens without CUDA")
@@ -124,22 +124,22 @@ def test_liger_needs_its_packages_and_warns_outside_its_torch_range(monkeypatch)
 @cpu_only
 def test_gpu_recipe_without_cuda_runs_on_the_cpu_except_liger():
     # compile and bf16 run on a CPU at a cost the check states (tests/test_gpu_paths.py); Liger cannot
-    result = check_cuda(one_b(compile=False))
+    result = check_cuda(*on_cpu(one_b(compile=False)))
     assert result.status == "warn" and "no CUDA device: the run goes on the CPU" in result.reason
-    liger = check_cuda(one_b(mixed_precision="no", liger=True))
+    liger = check_cuda(*on_cpu(one_b(mixed_precision="no", liger=True)))
     assert liger.status == "fail" and "liger=true" in liger.reason and "--liger false" in liger.fix
 
 
 @cpu_only
 def test_auto_precision_on_cpu_warns_and_gpu_only_checks_skip():
-    result = check_cuda(load_recipe("smoke"))
+    result = check_cuda(*on_cpu(load_recipe("smoke")))
     assert result.status == "warn" and "fp32 on the CPU" in result.reason
-    assert check_cuda(load_recipe("smoke", {"mixed_precision": "no"})).status == "pass"
+    assert check_cuda(*on_cpu(load_recipe("smoke", {"mixed_precision": "no"}))).status == "pass"
     # issue 38: the fix named the smoke recipe whichever recipe was checked
-    other = check_cuda(load_recipe("1b", {"mixed_precision": "auto", "compile": False}))
+    other = check_cuda(*on_cpu(load_recipe("1b", {"mixed_precision": "auto", "compile": False})))
     assert other.status == "warn" and "smoke" not in other.fix
-    assert check_bf16(one_b()).status == "skip"
-    assert check_tf32(one_b(tf32=False)).status == "skip"
+    assert check_bf16(*on_cpu(one_b())).status == "skip"
+    assert check_tf32(*on_cpu(one_b(tf32=False))).status == "skip"
 
 
 # ---------------------------------------------------------------------- data and loader
@@ -351,39 +351,44 @@ def test_memory_estimate_of_the_1b_recipe():
 
 
 def test_checkpointing_that_is_not_needed_warns():
-    result = check_memory(one_b(gradient_checkpointing=True), device_memory_bytes=141 * 10**9)
+    result = check_memory(one_b(gradient_checkpointing=True), machine=THE_CPU, device_memory_bytes=141 * 10**9)
     assert result.status == "warn" and "fits without gradient checkpointing" in result.reason
     assert (
         "need 40.8 GB at the peak, compiled, bf16 (18.7 GB weights, gradients and AdamW, 19.9 GB activations, "
         "2.2 GB head and loss), 23.3 GB with gradient checkpointing" in result.reason
     )
     assert "--gradient_checkpointing false" in result.fix
-    assert check_memory(one_b(), device_memory_bytes=141 * 10**9).status == "pass"
-    assert check_memory(one_b(), device_memory_bytes=48 * 10**9).status == "pass"  # an L40S: no recompute needed
+    assert check_memory(one_b(), machine=THE_CPU, device_memory_bytes=141 * 10**9).status == "pass"
+    assert (
+        check_memory(one_b(), machine=THE_CPU, device_memory_bytes=48 * 10**9).status == "pass"
+    )  # an L40S: no recompute needed
     # a few layers too many: the fewest that fit
-    result = check_memory(one_b(checkpointed_layers=13), device_memory_bytes=32 * 10**9)
+    result = check_memory(one_b(checkpointed_layers=13), machine=THE_CPU, device_memory_bytes=32 * 10**9)
     assert result.status == "warn" and "fits with fewer checkpointed layers than 13" in result.reason
     assert "--checkpointed_layers 11 " in result.fix
 
 
 def test_run_that_fits_only_with_checkpointing_fails_without_it():
     # 28.8 GB usable: 23.3 fits, 40.8 is over even less the estimate's 15% error (28.8 / 0.85 = 33.9)
-    result = check_memory(one_b(), device_memory_bytes=32 * 10**9)
+    result = check_memory(one_b(), machine=THE_CPU, device_memory_bytes=32 * 10**9)
     assert result.status == "fail" and "does not fit without gradient checkpointing" in result.reason
     # the fewest checkpointed layers that fit, before a smaller micro-batch (each costs a recompute)
     assert result.fix.startswith("--checkpointed_layers 11 (11 of 16 layers checkpointed)"), result.fix
-    assert check_memory(one_b(checkpointed_layers=11), device_memory_bytes=32 * 10**9).status == "pass"
-    assert check_memory(one_b(checkpointed_layers=5), device_memory_bytes=32 * 10**9).status == "fail"
-    assert check_memory(one_b(gradient_checkpointing=True), device_memory_bytes=32 * 10**9).status == "warn"
+    assert check_memory(one_b(checkpointed_layers=11), machine=THE_CPU, device_memory_bytes=32 * 10**9).status == "pass"
+    assert check_memory(one_b(checkpointed_layers=5), machine=THE_CPU, device_memory_bytes=32 * 10**9).status == "fail"
+    assert (
+        check_memory(one_b(gradient_checkpointing=True), machine=THE_CPU, device_memory_bytes=32 * 10**9).status
+        == "warn"
+    )
     # a card too small at this micro-batch even with every layer: a smaller one, and its layers
-    result = check_memory(one_b(), device_memory_bytes=24 * 10**9)
+    result = check_memory(one_b(), machine=THE_CPU, device_memory_bytes=24 * 10**9)
     assert result.status == "fail" and "--micro_batch_size 4 --checkpointed_layers" in result.fix, result.fix
 
 
 def test_an_estimate_over_the_card_by_less_than_its_error_warns_and_names_the_bench():
     """29.1 GB estimated with 10 layers checkpointed against 28.8 GB usable: within the estimate's 15%,
     so the doctor cannot tell; it warns and gives the command that measures it on the device."""
-    result = check_memory(one_b(checkpointed_layers=10), device_memory_bytes=32 * 10**9)
+    result = check_memory(one_b(checkpointed_layers=10), machine=THE_CPU, device_memory_bytes=32 * 10**9)
     assert result.status == "warn" and "may not fit with 10 of 16 layers checkpointed" in result.reason
     assert "within the estimate's 15% of 28.8 GB usable" in result.reason
     assert (
@@ -392,18 +397,18 @@ def test_an_estimate_over_the_card_by_less_than_its_error_warns_and_names_the_be
     )
     assert "--checkpointed_layers 11" in result.fix  # and what the estimate says fits
     # the micro-batch the old estimate refused on an 80 GB card (99.7 GB; the H100 measured 40.0 GB at 8)
-    assert check_memory(one_b(micro_batch_size=16), device_memory_bytes=80 * 10**9).status == "pass"
+    assert check_memory(one_b(micro_batch_size=16), machine=THE_CPU, device_memory_bytes=80 * 10**9).status == "pass"
 
 
 def test_run_that_cannot_fit_either_way_fails():
-    result = check_memory(one_b(gradient_checkpointing=True), device_memory_bytes=16 * 10**9)
+    result = check_memory(one_b(gradient_checkpointing=True), machine=THE_CPU, device_memory_bytes=16 * 10**9)
     assert result.status == "fail" and "does not fit even with gradient checkpointing" in result.reason
     assert "the device has 16.0 GB, 14.4 GB usable" in result.reason
 
 
 @cpu_only
 def test_memory_without_a_gpu_skips_but_shows_the_estimate():
-    result = check_memory(one_b())
+    result = check_memory(one_b(), THE_CPU)
     assert result.status == "skip" and "no GPU to compare against" in result.reason
     assert "1.04B parameters need 40.8 GB" in result.reason
 
@@ -419,7 +424,14 @@ def test_time_and_cost_come_from_the_recipe():
     assert "($11.94 per billion tokens)" in result.reason
 
 
-def test_without_an_expected_rate_a_known_gpu_is_priced_by_the_performance_model_for_the_configuration():
+def test_without_an_expected_rate_a_known_gpu_is_priced_by_the_performance_model_for_the_configuration(
+    tmp_path, monkeypatch
+):
+    from hf_pretrain.economics import measurements
+
+    # nothing measured on this H100 (the package ships the 1b's own: tests/test_shipped_measurements.py)
+    monkeypatch.setenv("HF_PRETRAIN_HOME", str(tmp_path))
+    monkeypatch.setattr(measurements, "SHIPPED_STORE", tmp_path / "no-shipped.jsonl")
     h100 = "NVIDIA H100 80GB HBM3"
     compiled = check_cost(one_b(price_per_hour=2.99), h100)
     eager = check_cost(one_b(price_per_hour=2.99, compile=False), h100)
@@ -453,7 +465,8 @@ def test_unknown_throughput_or_price_warns():
 # ---------------------------------------------------------------------- preflight and the command
 def test_preflight_passes_a_good_run_and_logs_the_table(smoke_data, tmp_path):
     lines: list[str] = []
-    results = preflight(smoke(smoke_data, tmp_path), world_size=1, log=lines.append)
+    recipe = smoke(smoke_data, tmp_path)
+    results = preflight(recipe, world_size=1, log=lines.append, profile=profile_here(recipe))
     assert not [r for r in results if r.status == "fail"]
     assert "ready to train" in lines[0]
 
@@ -461,7 +474,7 @@ def test_preflight_passes_a_good_run_and_logs_the_table(smoke_data, tmp_path):
 def test_preflight_raises_with_the_failed_checks_and_their_fixes(tmp_path):
     recipe = load_recipe("smoke", {"data_dir": str(tmp_path / "nothing"), "num_workers": 0})
     with pytest.raises(PreflightError) as error:
-        preflight(recipe, world_size=3, log=lambda _: None)
+        preflight(recipe, world_size=3, log=lambda _: None, profile=profile_here(recipe, 3))
     message = str(error.value)
     assert (
         "data: " in message
@@ -476,7 +489,8 @@ def test_a_check_that_crashes_is_reported_not_raised(monkeypatch):
         raise RuntimeError("boom")
 
     monkeypatch.setattr("hf_pretrain.preflight.checks.check_cost", broken)
-    result = by_name(run_checks(load_recipe("smoke")))["time and cost"]
+    recipe = load_recipe("smoke")
+    result = by_name(run_checks(recipe, profile=profile_here(recipe)))["time and cost"]
     assert result.status == "warn" and "RuntimeError: boom" in result.reason
 
 
@@ -554,9 +568,9 @@ def test_without_a_gpu_the_doctor_describes_the_configuration_asked_and_quotes_t
     """`doctor --recipe 1b --checkpointed_layers 8` printed the same 40.8 GB as without them, and called the
     1b's time and cost unknown although the package ships the H100's measurement (issue 45)."""
     monkeypatch.setenv("HF_PRETRAIN_HOME", str(tmp_path))  # the shipped store only
-    asked = check_memory(one_b(checkpointed_layers=8))
+    asked = check_memory(one_b(checkpointed_layers=8), THE_CPU)
     assert asked.status == "skip" and "with 8 of 16 layers checkpointed, as asked: 31.4 GB at the peak" in asked.reason
-    plain = check_memory(one_b())
+    plain = check_memory(one_b(), THE_CPU)
     assert "the H100 SXM measured a peak of" in plain.reason and "project's H100 run" in plain.reason
     cost = check_cost(one_b(), None)
     assert cost.status == "pass" and "at 77,935 tokens/s on one H100 SXM" in cost.reason

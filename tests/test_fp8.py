@@ -23,7 +23,7 @@ from hf_pretrain.machine.run_profile import THE_CPU, Machine, run_profile
 from hf_pretrain.model.fp8 import finish_fp8, float8_layers, fp8_handlers
 from hf_pretrain.model.llama import build_model, llama_config, train_in_compute_dtype
 from hf_pretrain.preflight.gpu import check_fp8
-from tests.helpers import launch_training
+from tests.helpers import launch_training, on_cpu
 from tests.test_survival import complete_steps, start_training, train_losses, wait_for_step
 
 torchao = pytest.importorskip("torchao", reason="the [fp8] extra (in dev) has torchao")
@@ -83,7 +83,7 @@ def test_doctor_passes_emulated_fp8_anywhere_and_skips_other_precisions():
     recipe = load_recipe("smoke", {"mixed_precision": "fp8", "fp8_emulate": True})
     emulated = check_fp8(recipe, run_profile(recipe, THE_CPU))
     assert emulated.status == "pass" and "emulated" in emulated.reason
-    assert check_fp8(load_recipe("smoke", {"mixed_precision": "bf16"})).status == "skip"
+    assert check_fp8(*on_cpu(load_recipe("smoke", {"mixed_precision": "bf16"}))).status == "skip"
 
 
 def test_doctor_command_refuses_fp8_on_this_cpu_in_one_line(capsys):

@@ -161,9 +161,10 @@ def test_the_sampler_keeps_every_reason_the_hottest_reading_and_the_narrowest_li
 def test_without_a_gpu_each_line_says_so_in_one_line(tmp_path):
     from hf_pretrain.check.figures import Report, read_figures
     from hf_pretrain.check.health import measure
+    from hf_pretrain.machine.run_profile import THE_CPU
 
     said = []
-    measure(Report("health", tmp_path / "f.jsonl", None, say=said.append), limit_s=10)
+    measure(Report("health", tmp_path / "f.jsonl", None, say=said.append), limit_s=10, machine=THE_CPU)
     assert len(said) == len(LINES) and all("skipped: no GPU" in line for line in said), said
     assert {f.name for f in read_figures(tmp_path / "f.jsonl")} == set(LINES)
 

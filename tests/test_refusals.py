@@ -25,7 +25,7 @@ from hf_pretrain.run_folder.stop_request import read_stop_request, request_stop
 from hf_pretrain.training.guards import take_up_at_start
 from hf_pretrain.training.session import Session, read_status
 from hf_pretrain.training.state import TrainState
-from tests.helpers import FakeLog, guards_of, launch_training
+from tests.helpers import FakeLog, guards_of, launch_training, profile_here
 
 
 # ---------------------------------------------------------------------- a run folder by hand
@@ -156,13 +156,15 @@ def test_a_request_from_before_a_start_is_set_aside_by_an_extension_and_applied_
 
 def test_the_doctor_shows_a_pending_request_and_its_age(tmp_path, smoke_data):
     recipe = load_recipe("smoke", {"data_dir": str(smoke_data), "output_dir": str(tmp_path / "run")})
-    assert not [r for r in run_checks(recipe) if r.name == "stop request"]  # no row without a request
+    assert not [
+        r for r in run_checks(recipe, profile=profile_here(recipe)) if r.name == "stop request"
+    ]  # no row without a request
     (tmp_path / "run").mkdir()
     request_stop(tmp_path / "run", cooldown_steps=9)
     path = RunDir(tmp_path / "run").stop_request
     hour_ago = time.time() - 3600
     path.write_text(json.dumps({**json.loads(path.read_text()), "requested_at_epoch": hour_ago}))
-    (row,) = [r for r in run_checks(recipe) if r.name == "stop request"]
+    (row,) = [r for r in run_checks(recipe, profile=profile_here(recipe)) if r.name == "stop request"]
     assert row.status == "warn" and "of 60.0 min ago (cooldown 9 steps)" in row.reason
     assert "applied at the first step" in row.reason and str(path) in row.fix
 

@@ -22,11 +22,11 @@ from hf_pretrain.bench.variants import VariantResult, VariantRunner, is_recipe_a
 from hf_pretrain.config import Recipe, build_recipe
 from hf_pretrain.data.prepare_run import prepare
 from hf_pretrain.data.prepared import DataMismatchError, check_prepared_data
-from hf_pretrain.economics.measurements import record_measurement, this_gpu
+from hf_pretrain.economics.measurements import record_measurement
 from hf_pretrain.economics.performance import modelled_tokens_per_s, slow_node_warning
 from hf_pretrain.machine.gpus import best_match, find_gpu
 from hf_pretrain.machine.hardware import device_name
-from hf_pretrain.machine.run_profile import device_kind, this_machine
+from hf_pretrain.machine.run_profile import Machine, device_kind, this_machine
 from hf_pretrain.model.llama import recipe_flops_per_token
 
 Say = Callable[[str], None]
@@ -66,14 +66,14 @@ def recipe_with_data(recipe: Recipe, out: Path, steps: int, say: Say) -> Recipe:
 
 
 def largest_micro_batch(
-    recipe: Recipe, runner: VariantRunner, request: BenchRequest, say: Say
+    recipe: Recipe, runner: VariantRunner, request: BenchRequest, say: Say, on_gpu: bool
 ) -> tuple[SearchResult | None, str | None]:
     """(the search, why it stopped early); the largest fitting micro-batch is measured like a variant
     when no variant has run it yet."""
     if not request.search:
         say("micro-batch search skipped (--no_search)")
         return None, None
-    if device_kind() != "cuda" and request.memory_gib is None:
+    if not on_gpu and request.memory_gib is None:
         say("micro-batch search skipped: on the CPU it needs a budget (--memory_gib)")
         return None, None
     say("largest micro-batch without gradient checkpointing:")
@@ -95,13 +95,17 @@ def variant_recipe(recipe: Recipe, variant: VariantResult) -> Recipe:
 
 
 def bench_result(
-    recipe: Recipe, request: BenchRequest, runner: VariantRunner, search: SearchResult | None, search_error: str | None
+    recipe: Recipe,
+    request: BenchRequest,
+    runner: VariantRunner,
+    search: SearchResult | None,
+    search_error: str | None,
+    machine: Machine,
 ) -> dict[str, Any]:
     """Peaks, money and the verdict of the variants run: every field of bench.json. CUDA is touched in
     this process only now, so that the children before had the whole GPU. On a GPU, what each variant
     measured is recorded for `plan` and the doctor (economics/measurements.py)."""
     variants = runner.results
-    machine = this_machine()
     device = torch.device("cuda" if machine.on_gpu else "cpu")
     name = device_name(device)
     matmul = measured_matmul_peak(device)
@@ -110,7 +114,7 @@ def bench_result(
     # only a GPU the table knows has a modelled figure to scale the others' by; a CPU prices no GPU
     gpu = find_gpu(name) if device.type == "cuda" else None
     price_entry = best_match(name, request.prices) if device.type == "cuda" else None
-    recorded_on = this_gpu()  # None on a CPU: nothing is recorded
+    recorded_on = machine.gpu_name  # None on a CPU: nothing is recorded
     for variant in variants:
         add_mfu(variant, datasheet, matmul.flops)
         if variant.tokens_per_s is None:
@@ -163,8 +167,10 @@ def run_bench(request: BenchRequest, say: Say = print) -> dict[str, Any]:
     runner = VariantRunner(recipe, out, request.steps, request.warmup, say)
     for overrides in [{}] + [point for point in request.variants if not is_recipe_as_written(recipe, point)]:
         runner.run(overrides)
-    search, search_error = largest_micro_batch(recipe, runner, request, say)
-    result = bench_result(recipe, request, runner, search, search_error)
+    # The bench's door asks which machine this is, twice and no more: whether it has CUDA (without touching
+    # it: the children below get the whole GPU), then, once they are done, the card itself for the peaks.
+    search, search_error = largest_micro_batch(recipe, runner, request, say, on_gpu=device_kind() == "cuda")
+    result = bench_result(recipe, request, runner, search, search_error, this_machine())
     (out / "bench.json").write_text(json.dumps(result, indent=1))
     table = markdown_report(result)
     (out / "bench.md").write_text(table)

@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 
 from hf_pretrain.check.figures import Report
-from hf_pretrain.machine.run_profile import device_kind
+from hf_pretrain.machine.run_profile import Machine
 
 BUFFER_BYTES = 512 * 2**20
 REPEATS = 10
@@ -43,8 +43,8 @@ def _rank(rank: int, world: int, port: int, result: str) -> None:
     dist.destroy_process_group()
 
 
-def measure(report: Report, folder: Path) -> None:
-    count = torch.cuda.device_count() if device_kind() == "cuda" else 0
+def measure(report: Report, folder: Path, machine: Machine) -> None:
+    count = torch.cuda.device_count() if machine.on_gpu else 0
     if count < 2:
         report.skip(
             "all-reduce", f"skipped: {'no GPU' if not count else 'one GPU visible'}, nothing to all-reduce across"

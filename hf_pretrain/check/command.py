@@ -363,20 +363,22 @@ def main(argv: list[str] | None = None) -> int:
     as_written = [f for f in result["figures"] if f["part"] == "step" and f["name"] == RECIPE_AS_WRITTEN]
     if "step" not in request.parts or (as_written and as_written[0]["value"]):
         return 0
-    # exit 1 (exit_codes.py: what it ran failed) after a screen that ends "written: ...": say why and what helps
+    # exit 1 (exit_codes.py: what it ran failed) after a screen that ends "written: ...": say why and what helps.
+    # The command's door asks which machine this is; `device_kind` leaves CUDA to the parts' own processes.
+    from hf_pretrain.machine.run_profile import device_kind
+
+    helps = what_helps(request, on_gpu=device_kind() == "cuda")
     print(
-        f"{PROG}: the recipe's step gave no figure ({', '.join(result['parts'].get('step', []))}); {what_helps(request)}",
+        f"{PROG}: the recipe's step gave no figure ({', '.join(result['parts'].get('step', []))}); {helps}",
         file=sys.stderr,
     )
     return 1
 
 
-def what_helps(request: CheckRequest) -> str:
+def what_helps(request: CheckRequest, on_gpu: bool) -> str:
     """After a step with no figure: on a machine without a GPU a larger budget cannot help (a GPU's recipe
     is a GPU's work), so name what can; on a GPU, the lines above and the budget."""
-    from hf_pretrain.machine.run_profile import device_kind
-
-    if device_kind() != "cuda":
+    if not on_gpu:
         return (
             f"this machine has no GPU, so a larger --budget_s will not help: `{PROG} --recipe smoke` checks the "
             f"plumbing here, and `{PROG} --recipe {request.recipe.name}` on the rented card measures the pod"

@@ -10,19 +10,19 @@ from collections.abc import Callable
 
 from hf_pretrain.check import gpu_health as health
 from hf_pretrain.check.figures import Report
+from hf_pretrain.machine.run_profile import Machine
 
 LINES = ("ecc", "row remapping", "retired pages", "clocks", "temperature", "pcie", "matmul", "xid")
 MATMUL_SIZE = 8192
 SAMPLE_S = 0.2
 
 
-def measure(report: Report, limit_s: float, nvml=None) -> list[health.Finding]:
-    """Every line said and written; the findings returned. `nvml`: the binding (a stand-in in tests)."""
+def measure(report: Report, limit_s: float, machine: Machine, nvml=None) -> list[health.Finding]:
+    """Every line said and written; the findings returned. `machine`: the worker's (check/worker.py);
+    `nvml`: the binding (a stand-in in tests)."""
     import torch
 
-    from hf_pretrain.machine.run_profile import this_machine
-
-    if this_machine().kind != "cuda":
+    if not machine.on_gpu:
         return skip_all(report, "no GPU (NVML reads a GPU's health)")
     if nvml is None:
         try:
@@ -34,7 +34,7 @@ def measure(report: Report, limit_s: float, nvml=None) -> list[health.Finding]:
     except nvml.NVMLError as exc:
         return skip_all(report, f"NVML did not start ({exc})")
     try:
-        handle = this_gpu(nvml, torch)
+        handle = nvml_handle(nvml, torch)
         findings = static_findings(nvml, handle)
         findings += under_load(nvml, handle, min(20.0, 0.6 * limit_s), report.device or "this GPU")
         findings.append(health.xid_errors(health.read_kernel_log()))
@@ -45,7 +45,7 @@ def measure(report: Report, limit_s: float, nvml=None) -> list[health.Finding]:
     return findings
 
 
-def this_gpu(nvml, torch):
+def nvml_handle(nvml, torch):
     """NVML's handle of the GPU torch computes on: by its UUID (CUDA_VISIBLE_DEVICES renumbers CUDA's
     indices, never NVML's), else by index where torch does not say the UUID."""
     uuid = getattr(torch.cuda.get_device_properties(torch.cuda.current_device()), "uuid", None)

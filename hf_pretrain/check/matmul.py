@@ -12,7 +12,7 @@ import torch
 from hf_pretrain.bench.measure import GPU_MATMUL_SIZES, WARMUP_MATMULS, measured_matmul_peak
 from hf_pretrain.check.figures import Report
 from hf_pretrain.machine.precisions import precision_named
-from hf_pretrain.machine.run_profile import this_machine
+from hf_pretrain.machine.run_profile import Machine
 
 FP8 = precision_named("fp8")  # the card's FP8 peak is what this part measures, beside bf16's
 
@@ -38,9 +38,8 @@ def fp8_matmul_rate(size: int, device: torch.device, min_seconds: float) -> floa
     return 2 * size**3 / run(repetitions)
 
 
-def measure(report: Report, limit_s: float) -> None:
-    machine = this_machine()
-    cuda = machine.kind == "cuda"
+def measure(report: Report, limit_s: float, machine: Machine) -> None:
+    cuda = machine.on_gpu
     device = torch.device("cuda" if cuda else "cpu")
     started = time.monotonic()
     # each size gets a slice of the limit: half for bf16, half for FP8 (where there is FP8)

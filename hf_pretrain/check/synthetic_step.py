@@ -19,7 +19,7 @@ import torch
 from hf_pretrain.bench.variants import DeviceMemory, is_out_of_memory, variant_name
 from hf_pretrain.check.figures import Report
 from hf_pretrain.config import Recipe
-from hf_pretrain.machine.run_profile import device_kind
+from hf_pretrain.machine.run_profile import Machine
 
 
 def synthetic_batches(recipe: Recipe, count: int = 4):
@@ -33,8 +33,8 @@ def synthetic_batches(recipe: Recipe, count: int = 4):
     return itertools.cycle(batches)
 
 
-def built_step(recipe: Recipe):
-    """(the step, the accelerator) as training builds them, on this machine's device."""
+def built_step(recipe: Recipe, machine: Machine):
+    """(the step, the accelerator) as training builds them, on `machine` (the worker's: this one)."""
     from accelerate import Accelerator
 
     from hf_pretrain.machine.run_profile import run_profile
@@ -45,7 +45,7 @@ def built_step(recipe: Recipe):
     from hf_pretrain.training.step import TrainStep
 
     grad_accum = recipe.grad_accum_steps(1)
-    profile = run_profile(recipe)
+    profile = run_profile(recipe, machine)
     accelerator = Accelerator(
         cpu=not profile.machine.on_gpu,
         mixed_precision=profile.accelerate_precision,
@@ -70,17 +70,17 @@ def built_step(recipe: Recipe):
     return step, accelerator
 
 
-def measure(recipe: Recipe, overrides: dict, report: Report, steps: int, warmup: int) -> None:
-    """Time `steps` optimizer steps of `recipe` after `warmup` (the first holds the compile)."""
+def measure(recipe: Recipe, overrides: dict, report: Report, steps: int, warmup: int, machine: Machine) -> None:
+    """Time `steps` optimizer steps of `recipe` after `warmup` (the first holds the compile) on `machine`."""
     name = variant_name(overrides)
-    device = torch.device(device_kind())
+    device = torch.device(machine.kind)
     memory = DeviceMemory(device)
-    refused = kernel_refused(recipe)
+    refused = kernel_refused(recipe, machine)
     if refused:  # the doctor's refusal: a kernel this card lacks would run math behind it, timed as itself
         report.skip(name, f"refused: {refused}")
         return
     try:
-        step, _ = built_step(recipe)
+        step, _ = built_step(recipe, machine)
         started = time.perf_counter()
         for n in range(1, warmup + 1):
             step(n)
@@ -114,20 +114,21 @@ def measure(recipe: Recipe, overrides: dict, report: Report, steps: int, warmup:
             )
 
 
-def kernel_refused(recipe: Recipe) -> str | None:
+def kernel_refused(recipe: Recipe, machine: Machine) -> str | None:
     """The doctor's line when the recipe names an SDPA kernel this device lacks (preflight/sdpa_kernel.py)."""
+    from hf_pretrain.economics.check_records import complete_profile
     from hf_pretrain.preflight.sdpa_kernel import check_attention_backend
 
-    verdict = check_attention_backend(recipe)
+    verdict = check_attention_backend(recipe, complete_profile(recipe, machine))
     return verdict.reason if verdict.status == "fail" else None
 
 
-def probe(recipe: Recipe, steps: int) -> dict:
+def probe(recipe: Recipe, steps: int, machine: Machine) -> dict:
     """A micro-batch probe: `steps` optimizer steps; {"status": ok | oom | failed, "message", "peak_memory_gib"}."""
-    device = torch.device(device_kind())
+    device = torch.device(machine.kind)
     memory = DeviceMemory(device)
     try:
-        step, _ = built_step(recipe)
+        step, _ = built_step(recipe, machine)
         for n in range(1, steps + 1):
             step(n)
         status, message = "ok", ""

@@ -12,12 +12,6 @@ from pathlib import Path
 from hf_pretrain.check.deadline import finished
 
 
-def device_name() -> str | None:
-    from hf_pretrain.machine.run_profile import this_machine
-
-    return this_machine().name if this_machine().kind == "cuda" else None
-
-
 def probe_in_child(recipe, folder: Path):
     """bench/search.py's probe: two optimizer steps of `recipe` in a fresh process (a grandchild of the
     check, killed with its part), "oom" when the device ran out of memory."""
@@ -38,12 +32,10 @@ def probe_in_child(recipe, folder: Path):
     return RunResult("failed", f"exit {code}; see {folder / 'log.txt'}")
 
 
-def search(recipe, report, folder: Path) -> None:
-
+def search(recipe, report, folder: Path, machine) -> None:
     from hf_pretrain.bench.search import ProbeError, search_micro_batch
-    from hf_pretrain.machine.run_profile import device_kind
 
-    if device_kind() != "cuda":
+    if not machine.on_gpu:
         report.skip("largest micro-batch", "skipped: no GPU (on a CPU nothing runs out of memory)")
         return
     try:
@@ -69,34 +61,38 @@ def main(argv: list[str]) -> int:
     from hf_pretrain.config import load_recipe
 
     recipe = load_recipe(context["recipe"], context.get("item") or None)
+    from hf_pretrain.machine.run_profile import this_machine
+
+    # this process is the part's door: the machine is asked here, once, and handed to the part
+    machine = this_machine()
     if part == "probe":
         from hf_pretrain.check.synthetic_step import probe
 
-        Path(context["result"]).write_text(json.dumps(probe(recipe, context["steps"])))
+        Path(context["result"]).write_text(json.dumps(probe(recipe, context["steps"], machine)))
         return 0
     from hf_pretrain.check.figures import Report
 
-    report = Report(part, Path(context["results"]), device_name())
+    report = Report(part, Path(context["results"]), machine.gpu_name)
     limit = float(context["limit_s"])
     folder = Path(context["folder"])
     if part == "health":
         from hf_pretrain.check import health
 
-        health.measure(report, limit)
+        health.measure(report, limit, machine)
     elif part == "matmul":
         from hf_pretrain.check import matmul
 
-        matmul.measure(report, limit)
+        matmul.measure(report, limit, machine)
     elif part == "attention":
         from hf_pretrain.check import sdpa
 
-        sdpa.measure(recipe, report, limit)
+        sdpa.measure(recipe, report, limit, machine)
     elif part == "step":
         from hf_pretrain.check import synthetic_step as step
 
-        step.measure(recipe, context.get("item") or {}, report, context["steps"], context["warmup"])
+        step.measure(recipe, context.get("item") or {}, report, context["steps"], context["warmup"], machine)
     elif part == "micro_batch":
-        search(recipe, report, folder / "micro_batch")
+        search(recipe, report, folder / "micro_batch", machine)
     elif part == "disk":
         from hf_pretrain.check import volume_speed as disk
         from hf_pretrain.economics.memory import CHECKPOINT_BYTES_PER_PARAMETER
@@ -115,7 +111,7 @@ def main(argv: list[str]) -> int:
     elif part == "all_reduce":
         from hf_pretrain.check import all_reduce
 
-        all_reduce.measure(report, folder)
+        all_reduce.measure(report, folder, machine)
     else:
         raise SystemExit(f"unknown part {part!r}")
     sys.stdout.flush()

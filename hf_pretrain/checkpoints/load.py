@@ -18,7 +18,6 @@ from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel
 from hf_pretrain.checkpoints.layout import FSDP_SHARDED_WEIGHTS, WEIGHTS, parameter_name, rng_state_file
 from hf_pretrain.checkpoints.manifest import CheckpointError, CheckpointMismatch, verify_checkpoint
 from hf_pretrain.config.model_section import shape_differences
-from hf_pretrain.machine.run_profile import device_kind
 
 # How to go on when the run folder's checkpoints do not fit the recipe; nothing in the folder is touched.
 START_OVER = (
@@ -104,7 +103,7 @@ def restore_training_state(accelerator: Accelerator, folder: Path, log: Callable
         raise CheckpointMismatch(
             f"{folder} is complete but does not load into this run: {type(exc).__name__}: {exc}; {START_OVER}"
         ) from exc
-    dropped = rng_not_restored(folder, accelerator.process_index)
+    dropped = rng_not_restored(folder, accelerator.process_index, on_gpu=accelerator.device.type == "cuda")
     if dropped:  # Accelerate goes on without it, saying nothing above its info log level
         say = log if accelerator.is_main_process else print
         say(
@@ -113,15 +112,16 @@ def restore_training_state(accelerator: Accelerator, folder: Path, log: Callable
         )
 
 
-def rng_not_restored(folder: Path, process_index: int) -> str | None:
-    """Why this process's random state was not restored from `folder`, or None when it was."""
+def rng_not_restored(folder: Path, process_index: int, on_gpu: bool) -> str | None:
+    """Why this process's random state was not restored from `folder`, or None when it was. `on_gpu`: the
+    run's processes are on CUDA (the accelerator's device), whose random states are compared too."""
     path = rng_state_file(folder, process_index)
     if not path.is_file():
         return f"{path.name} is missing (the checkpoint was saved by fewer processes?)"
     try:
         states = load_torch_file(path)
         restored = torch.equal(torch.get_rng_state(), states["torch_manual_seed"])
-        if device_kind() == "cuda":
+        if on_gpu:
             restored = restored and all(
                 torch.equal(now, saved)
                 for now, saved in zip(torch.cuda.get_rng_state_all(), states["torch_cuda_manual_seed"], strict=True)

@@ -22,9 +22,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hf_pretrain.economics.measurements import RECORD_ENV, SHIPPED_STORE, store_path, this_gpu
+from hf_pretrain.economics.measurements import RECORD_ENV, SHIPPED_STORE, store_path
 from hf_pretrain.machine.gpus import find_gpu
-from hf_pretrain.machine.run_profile import RunProfile, run_profile, this_machine
+from hf_pretrain.machine.run_profile import Machine, RunProfile, run_profile
 from hf_pretrain.versions import installed_version
 
 CHECK_KIND = "check"
@@ -175,8 +175,8 @@ def resolved_attention_backend(recipe, device: str | None, path: Path | None = N
     )
 
 
-def run_profile_here(recipe, world_size: int = 1) -> RunProfile:
-    """`recipe`'s run profile on this machine, complete for a door to hand down (training, the preflight):
-    `attention_backend: auto` resolved here, once, to the kernel a check measured fastest on this GPU, so
-    the model and the doctor's row name the kernel that runs."""
-    return run_profile(recipe, this_machine(), world_size, attention=resolved_attention_backend(recipe, this_gpu()))
+def complete_profile(recipe, machine: Machine, world_size: int = 1) -> RunProfile:
+    """`recipe`'s run profile on `machine`, complete for a door to hand down (training and the doctor hand it
+    `this_machine()`): `attention_backend: auto` resolved here, once, to the kernel a check measured fastest
+    on that GPU, so the model and the doctor's row name the kernel that runs."""
+    return run_profile(recipe, machine, world_size, attention=resolved_attention_backend(recipe, machine.gpu_name))

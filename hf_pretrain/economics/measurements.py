@@ -37,7 +37,7 @@ from typing import Any
 from hf_pretrain.config import Recipe
 from hf_pretrain.machine.gpus import find_gpu, gpu_table
 from hf_pretrain.machine.precisions import NAMES, precision_named
-from hf_pretrain.machine.run_profile import A_GPU, Machine, run_profile, this_machine
+from hf_pretrain.machine.run_profile import A_GPU, Machine, run_profile
 from hf_pretrain.model.llama import recipe_flops_per_token, recipe_tokenizer_size
 from hf_pretrain.versions import installed_version
 
@@ -96,13 +96,6 @@ class Measurement:
             f"measured by {self.source} on {self.device}, {self.date} "
             f"(torch {self.torch}, transformers {self.transformers})"
         )
-
-
-def this_gpu() -> str | None:
-    """The CUDA name of the GPU runs here train on, or None on a CPU (which records nothing), also where
-    Accelerate is told to use the CPU beside a GPU (run_profile.this_machine)."""
-    machine = this_machine()
-    return machine.name if machine.on_gpu else None
 
 
 def _table_name(device: str) -> str:
@@ -302,15 +295,20 @@ def timed_throughput(records: list[dict[str, Any]], warmup: int) -> tuple[float,
 
 
 def record_training_run(
-    recipe: Recipe, session_records: list[dict[str, Any]], world_size: int, peak_memory_gib: float | None
+    recipe: Recipe,
+    gpu: str | None,
+    session_records: list[dict[str, Any]],
+    world_size: int,
+    peak_memory_gib: float | None,
 ) -> Measurement | None:
-    """What a training session on a GPU measured, recorded: the job's rate over its train records after
-    the first (which holds compilation and warm-up), per GPU. None on a CPU or with too few records."""
+    """What a training session on `gpu` (the run's card: `Machine.gpu_name`) measured, recorded: the job's
+    rate over its train records after the first (which holds compilation and warm-up), per GPU. None on a
+    CPU (`gpu` None) or with too few records."""
     train = [r for r in session_records if r.get("kind") == "train"]
     timed = timed_throughput(train, warmup=train[0]["step"]) if train else None
     if timed is None:
         return None
-    return record_measurement(recipe, this_gpu(), timed[0] / world_size, peak_memory_gib, "train", world_size)
+    return record_measurement(recipe, gpu, timed[0] / world_size, peak_memory_gib, "train", world_size)
 
 
 def measured_on_a_gpu(recipe: Recipe, world_size: int = 1) -> Measurement | None:
@@ -320,7 +318,7 @@ def measured_on_a_gpu(recipe: Recipe, world_size: int = 1) -> Measurement | None
     return max(found, key=lambda m: (not m.shipped, m.date), default=None)
 
 
-def measured_here(recipe: Recipe, world_size: int = 1) -> Measurement | None:
-    """What `recipe`'s configuration measured on this machine's GPU (the doctor's question), or None."""
-    gpu = this_gpu()
+def measured_here(recipe: Recipe, gpu: str | None, world_size: int = 1) -> Measurement | None:
+    """What `recipe`'s configuration measured on the run's GPU, `gpu` (the doctor's question), or None (a
+    CPU: `gpu` None)."""
     return recorded_measurement(recipe, gpu, world_size) if gpu else None

@@ -41,7 +41,7 @@ from hf_pretrain.evaluation.scores import (
     without_local_paths,
 )
 from hf_pretrain.exit_codes import EXIT_CONFIG
-from hf_pretrain.machine.run_profile import inference_device_and_dtype
+from hf_pretrain.machine.run_profile import inference_device_and_dtype, this_machine
 from hf_pretrain.publish.model_card import write_eval_section
 from hf_pretrain.run_folder.run_dir import JsonlWriter, RunDir
 
@@ -284,12 +284,12 @@ def run_lm_eval(
             ) from None
 
 
-def text_metrics(model: str, text_file: Path) -> dict[str, float]:
-    """Perplexity and bits per byte of `model` on a text file, with the local `evaluate` metric."""
+def text_metrics(model: str, text_file: Path, device: str, dtype: torch.dtype) -> dict[str, float]:
+    """Perplexity and bits per byte of `model` on a text file, with the local `evaluate` metric, run on
+    `device` in `dtype` (the eval's door chose them)."""
     import evaluate
 
     metric = evaluate.load(str(BITS_PER_BYTE_METRIC))
-    device, dtype = inference_device_and_dtype()
     return metric.compute(
         predictions=[text_file.read_text(encoding="utf-8")],
         model_id=model,
@@ -313,7 +313,8 @@ def evaluate_checkpoint(
     {"step", "tokens", "limit", "num_fewshot", "tasks": {task: {metric: percent, metric_stderr: percent}}}.
     """
     checkpoint = resolve_checkpoint(checkpoint_dir, checksums=False)
-    device, dtype = inference_device_and_dtype()
+    # the side job's door (a process of its own): which machine this is, asked here
+    device, dtype = inference_device_and_dtype(this_machine())
     model, tokenizer = load_model(str(checkpoint.path), dtype, device)
     results = run_lm_eval(model, tokenizer, tasks, limit=limit, num_fewshot=num_fewshot, data_dir=data_dir)
     record: dict[str, Any] = {
@@ -362,8 +363,8 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     try:
         if Path(args.model).is_dir() and not is_training_output(args.model):
             check_model_folder(Path(args.model))
+        device, dtype = inference_device_and_dtype(this_machine())  # the eval's door: the machine, asked once
         if tasks:
-            device, dtype = inference_device_and_dtype()
             model, tokenizer = load_model(args.model, dtype, device)
             batch = int(args.batch_size) if args.batch_size and args.batch_size.isdigit() else args.batch_size
             results = run_lm_eval(
@@ -378,7 +379,7 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
             )
             del model
         if args.text is not None:
-            bpb = text_metrics(args.model, args.text)
+            bpb = text_metrics(args.model, args.text, device, dtype)
     except (EvalError, CheckpointError) as exc:
         print(f"hf-pretrain eval: error: {exc}", file=sys.stderr)
         return EXIT_CONFIG

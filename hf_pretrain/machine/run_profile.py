@@ -48,6 +48,12 @@ class Machine:
     def on_gpu(self) -> bool:
         return self.kind == "cuda"
 
+    @property
+    def gpu_name(self) -> str | None:
+        """CUDA's name of the card, or None off CUDA (a CPU, Apple's mps, `ACCELERATE_USE_CPU`): what a
+        measurement is recorded under and a check's figures are labelled with."""
+        return self.name if self.on_gpu else None
+
     def runs(self, precision: Precision) -> bool:
         """The tensor cores `precision` needs (its compute capability, and, for a card of the table, the
         peak it runs at listed); a precision that needs none runs anywhere."""
@@ -249,17 +255,17 @@ class RunProfile:
 
 def run_profile(
     recipe: Recipe,
-    machine: Machine | None = None,
+    machine: Machine,
     world_size: int = 1,
     micro_batch_size: int | None = None,
     checkpointed_layers: int | None = None,
     attention: tuple[str, str | None] | None = None,
 ) -> RunProfile:
-    """How `recipe` runs on `machine` (this one unless given) with `world_size` processes; the
-    micro-batch and checkpointed layers are the recipe's unless given (`plan`'s and the doctor's what-ifs).
+    """How `recipe` runs on `machine` (`this_machine()`, asked at a command's door, or a card of the table,
+    `machine_with`, for a what-if) with `world_size` processes; the micro-batch and checkpointed layers are
+    the recipe's unless given (`plan`'s and the doctor's what-ifs).
     `attention`: the SDPA kernel as it will run and why, where a door resolved `auto` from a check's
-    records (economics/check_records.run_profile_here); else the recipe's word."""
-    machine = this_machine() if machine is None else machine
+    records (economics/check_records.complete_profile); else the recipe's word."""
     t = recipe.train
     precision = resolve_precision(recipe.compute.mixed_precision, machine)
     converts = precision_named(precision).converts_linears  # fp8's scaling and emulation keys apply
@@ -289,12 +295,11 @@ def with_step(profile: RunProfile, **changes) -> RunProfile:
     return dataclasses.replace(profile, step=dataclasses.replace(profile.step, **changes))
 
 
-def inference_device_and_dtype(machine: Machine | None = None) -> tuple[str, torch.dtype]:
-    """Where and in what dtype to run a model for evaluation: a GPU in bf16 (fp16 where bf16 is
-    missing, fine for inference), else the CPU in fp32."""
+def inference_device_and_dtype(machine: Machine) -> tuple[str, torch.dtype]:
+    """Where and in what dtype to run a model for evaluation on `machine`: a GPU in bf16 (fp16 where bf16
+    is missing, fine for inference), else the CPU in fp32."""
     import torch
 
-    machine = this_machine() if machine is None else machine
     if machine.on_gpu:
         return "cuda", torch.bfloat16 if machine.bf16 else torch.float16
     return "cpu", torch.float32

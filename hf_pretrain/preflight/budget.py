@@ -54,8 +54,9 @@ def modelled_rate(recipe: Recipe, gpu_name: str | None, world_size: int = 1) -> 
 
 def check_cost(recipe: Recipe, gpu_name: str | None = None, world_size: int = 1) -> CheckResult:
     """Time and cost at the recipe's expected_tokens_per_s, else at what this configuration measured on
-    this GPU (economics/measurements.py), else at the model's for `gpu_name`."""
-    measured = None if recipe.reporting.expected_tokens_per_s else measured_here(recipe, world_size)
+    this GPU, `gpu_name` (economics/measurements.py), else at the model's for it. `gpu_name`: the card
+    the run is on, None on a CPU."""
+    measured = None if recipe.reporting.expected_tokens_per_s else measured_here(recipe, gpu_name, world_size)
     if measured:  # what this configuration measured on this GPU stands in for the unknown rate
         recipe = build_recipe(recipe.to_dict(), {"expected_tokens_per_s": measured.tokens_per_s * world_size})
     t = recipe.train

@@ -13,8 +13,6 @@ from hf_pretrain.checkpoints.resume_decision import decide_resume
 from hf_pretrain.checkpoints.resume_plan import Continuation
 from hf_pretrain.config import Recipe
 from hf_pretrain.data.prepared import data_identity
-from hf_pretrain.economics.check_records import run_profile_here
-from hf_pretrain.economics.measurements import this_gpu
 from hf_pretrain.machine.run_profile import RunProfile
 from hf_pretrain.preflight.budget import check_cost
 from hf_pretrain.preflight.data import (
@@ -74,11 +72,13 @@ def run_checks(
     world_size: int = 1,
     device_memory_bytes: int | None = None,
     resume_decision: Callable[[], Continuation] | None = None,
-    profile: RunProfile | None = None,
+    *,
+    profile: RunProfile,
 ) -> list[CheckResult]:
     """Every check, in the order a run meets them: software, GPU, data (and the base model of init_from),
     disk, memory, money. `resume_decision` is training's own (made once, then loaded); the doctor's is
-    made here, once, for the checks that ask it; so is the run profile, training's own where it has one."""
+    made here, once, for the checks that ask it. `profile`: the run's, built at the command's door
+    (training's setup, the doctor's main): no row asks which machine this is."""
     from hf_pretrain.preflight.store_access import check_resume_from_store as resume_row
     from hf_pretrain.preflight.store_access import data_store_refused
 
@@ -89,7 +89,6 @@ def run_checks(
     if store is not None:  # a URL output_dir (the doctor's; training checks its working copy): store_access.py
         recipe, url_recipe = store, recipe
     decision = resume_decision or functools.cache(lambda: decide_resume(recipe, data_identity(recipe.data.data_dir)))
-    profile = profile or run_profile_here(recipe, world_size)
     checks: list[tuple[str, Callable[[], CheckResult | list[CheckResult]]]] = [
         ("versions", lambda: check_versions(recipe)),
         ("trackers", lambda: check_trackers(recipe)),
@@ -119,8 +118,8 @@ def run_checks(
         ("stop request", lambda: check_stop_request(recipe, decision)),
         ("disk space", lambda: check_disk_space(recipe)),
         ("save speed", lambda: check_save_speed(recipe)),
-        ("gpu memory", lambda: check_memory(recipe, device_memory_bytes, world_size)),
-        ("time and cost", lambda: check_cost(recipe, this_gpu(), world_size)),
+        ("gpu memory", lambda: check_memory(recipe, profile.machine, device_memory_bytes, world_size)),
+        ("time and cost", lambda: check_cost(recipe, profile.machine.gpu_name, world_size)),
     ]
     results = [result for name, check in checks for result in _guarded(name, check)]
     return _named_as_given(results, recipe.train.output_dir, url_recipe.train.output_dir if store else None)
@@ -163,7 +162,8 @@ def preflight(
     world_size: int,
     log: Callable[[str], None] = print,
     resume_decision: Callable[[], Continuation] | None = None,
-    profile: RunProfile | None = None,
+    *,
+    profile: RunProfile,
 ) -> list[CheckResult]:
     """Run every check, log the table, and raise `PreflightError` (the failed checks with their
     fixes) when any fails; returns the results otherwise (warnings included)."""

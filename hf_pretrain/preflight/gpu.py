@@ -19,7 +19,7 @@ from hf_pretrain.economics.memory import (
 )
 from hf_pretrain.formatting import human_bytes, human_count
 from hf_pretrain.machine.hardware import cpu_has_bf16_kernels
-from hf_pretrain.machine.run_profile import A_GPU, RunProfile, run_profile, this_machine
+from hf_pretrain.machine.run_profile import A_GPU, Machine, RunProfile
 from hf_pretrain.model.llama import recipe_tokenizer_size
 from hf_pretrain.preflight.result import CheckResult
 
@@ -48,10 +48,9 @@ def cpu_costs(profile: RunProfile) -> list[str]:
     return costs
 
 
-def check_cuda(recipe: Recipe, profile: RunProfile | None = None) -> CheckResult:
+def check_cuda(recipe: Recipe, profile: RunProfile) -> CheckResult:
     """CUDA when there is one; without it, the run goes on the CPU with every option but Liger's
     kernels and fp16 (torch.compile and bf16 autocast work there, at a cost this check states)."""
-    profile = profile or run_profile(recipe)
     if profile.machine.on_gpu:
         return CheckResult(
             "cuda",
@@ -113,11 +112,11 @@ def check_liger_under_compile(recipe: Recipe) -> CheckResult:
     )
 
 
-def check_compiler(recipe: Recipe, profile: RunProfile | None = None) -> CheckResult:
+def check_compiler(recipe: Recipe, profile: RunProfile) -> CheckResult:
     """torch.compile's inductor writes kernels at run time: Triton on a GPU, C++ on the CPU."""
     if not recipe.compute.compile:
         return CheckResult("compiler", "skip", "compile=false")
-    if (profile.machine if profile else this_machine()).on_gpu:
+    if profile.machine.on_gpu:
         found = importlib.util.find_spec("triton") is not None
         what, fix = "Triton", "a CUDA build of torch brings Triton (pip install -c constraints.txt -e .)"
     else:
@@ -130,8 +129,7 @@ def check_compiler(recipe: Recipe, profile: RunProfile | None = None) -> CheckRe
     )
 
 
-def check_bf16(recipe: Recipe, profile: RunProfile | None = None) -> CheckResult:
-    profile = profile or run_profile(recipe)
+def check_bf16(recipe: Recipe, profile: RunProfile) -> CheckResult:
     requested, card = profile.asked_precision, profile.machine.name
     if not profile.machine.on_gpu:
         return CheckResult("bf16", "skip", "no CUDA device")
@@ -154,11 +152,9 @@ def check_bf16(recipe: Recipe, profile: RunProfile | None = None) -> CheckResult
     )
 
 
-def check_fp8(recipe: Recipe, profile: RunProfile | None = None) -> CheckResult:
+def check_fp8(recipe: Recipe, profile: RunProfile) -> CheckResult:
     """A precision that converts the decoder linears (fp8) needs the tensor cores of its row in precisions.py
-    (FP8's: compute capability 8.9 or newer) unless its matmuls are emulated. `profile` defaults to the
-    recipe's on this machine."""
-    profile = profile or run_profile(recipe)
+    (FP8's: compute capability 8.9 or newer) unless its matmuls are emulated."""
     precision = profile.step.precision_facts
     name, label = precision.name, precision.name.upper()
     if not precision.converts_linears:
@@ -181,19 +177,14 @@ def check_fp8(recipe: Recipe, profile: RunProfile | None = None) -> CheckResult:
     )
 
 
-def check_tf32(recipe: Recipe, profile: RunProfile | None = None) -> CheckResult:
-    if not (profile.machine if profile else this_machine()).on_gpu:
+def check_tf32(recipe: Recipe, profile: RunProfile) -> CheckResult:
+    if not profile.machine.on_gpu:
         return CheckResult("tf32", "skip", "only matters on CUDA")
     if recipe.compute.tf32:
         return CheckResult("tf32", "pass", "TF32 matmuls on (tf32=true)")
     return CheckResult(
         "tf32", "warn", "tf32=false: fp32 matmuls run several times slower on Ampere and later", "--tf32 true"
     )
-
-
-def device_memory() -> int | None:
-    """Total memory of the GPU a run here uses, or None without one."""
-    return this_machine().memory_bytes
 
 
 def describe(estimate: MemoryEstimate) -> str:
@@ -251,24 +242,24 @@ def measured_fit(measured: Measurement, total: int, estimate: MemoryEstimate) ->
     )
 
 
-def check_memory(recipe: Recipe, device_memory_bytes: int | None = None, world_size: int = 1) -> CheckResult:
+def check_memory(
+    recipe: Recipe, machine: Machine, device_memory_bytes: int | None = None, world_size: int = 1
+) -> CheckResult:
     """Estimated peak memory (hf_pretrain.economics.memory) against the device's, with and without checkpointing.
 
     It refuses only when the estimate is over the usable memory by more than its own stated error
     (`ESTIMATE_ERROR`: the estimate is held within it of measured H100 peaks); closer than that it
-    warns and names the `hf-pretrain bench` command that measures it on the device.
-
-    `device_memory_bytes` defaults to the first CUDA device's; passing it lets the verdict be
-    computed for any GPU, on any machine.
+    warns and names the `hf-pretrain bench` command that measures it on the device. `machine`: the run's
+    (the door's profile's); `device_memory_bytes`, its GPU's unless given: any GPU's verdict, on any machine.
     """
-    total = device_memory_bytes if device_memory_bytes is not None else device_memory()
+    total = device_memory_bytes if device_memory_bytes is not None else machine.memory_bytes
     # a GPU asked by its memory is one with bf16; this machine's own GPU as it is
-    machine = this_machine() if total is None or this_machine().on_gpu else A_GPU
+    modelled_on = machine if total is None or machine.on_gpu else A_GPU
     tokenizer_size = recipe_tokenizer_size(recipe)
-    estimate = estimate_memory(recipe, tokenizer_size, machine, world_size)
+    estimate = estimate_memory(recipe, tokenizer_size, modelled_on, world_size)
     if total is None:
         return CheckResult("gpu memory", "skip", without_a_gpu(recipe, estimate, world_size))
-    measured = measured_here(recipe, world_size) if device_memory_bytes is None else None
+    measured = measured_here(recipe, machine.gpu_name, world_size) if device_memory_bytes is None else None
     if measured and measured.peak_memory_gib is not None:  # it ran here: the measurement wins over the estimate
         return measured_fit(measured, total, estimate)
     usable = USABLE_MEMORY_FRACTION * total
@@ -278,7 +269,7 @@ def check_memory(recipe: Recipe, device_memory_bytes: int | None = None, world_s
         where = f"{where}; {asked} of {layers} layers checkpointed: {human_bytes(estimate.peak(asked))}"
     # The fewest checkpointed layers that fit at the recipe's micro-batch (economics/memory.py's search):
     # each recomputed layer costs about a third of its forward-and-backward time, so fewer is cheaper.
-    fewest = fit_in_memory(recipe, tokenizer_size, total, recipe.train.micro_batch_size, None, world_size, machine)
+    fewest = fit_in_memory(recipe, tokenizer_size, total, recipe.train.micro_batch_size, None, world_size, modelled_on)
     if estimate.peak(asked) <= usable:
         if fewest.fits and fewest.checkpointed_layers < asked:
             none = fewest.checkpointed_layers == 0
@@ -300,7 +291,7 @@ def check_memory(recipe: Recipe, device_memory_bytes: int | None = None, world_s
     if fewest.fits:
         fix = f"--checkpointed_layers {fewest.checkpointed_layers} ({fewest.reason})"
     else:
-        smaller = fit_in_memory(recipe, tokenizer_size, total, None, None, world_size, machine)
+        smaller = fit_in_memory(recipe, tokenizer_size, total, None, None, world_size, modelled_on)
         fix = (
             f"--micro_batch_size {smaller.micro_batch_size} --checkpointed_layers {smaller.checkpointed_layers} "
             f"(accumulation keeps the global batch)"

@@ -8,7 +8,6 @@ from __future__ import annotations
 import torch
 
 from hf_pretrain.config import Recipe
-from hf_pretrain.economics.check_records import run_profile_here
 from hf_pretrain.machine.run_profile import RunProfile
 from hf_pretrain.model.attention import BACKENDS
 from hf_pretrain.preflight.result import CheckResult
@@ -35,9 +34,8 @@ def kernel_refusal(backend: str, heads: int, kv_heads: int, head_dim: int, devic
     return None
 
 
-def check_attention_backend(recipe: Recipe, profile: RunProfile | None = None) -> CheckResult:
+def check_attention_backend(recipe: Recipe, profile: RunProfile) -> CheckResult:
     """The kernel the run profile says will run (`auto` resolved at the door), tried once on this device."""
-    profile = profile or run_profile_here(recipe)
     backend, why = profile.step.attention_backend, profile.attention_why
     if backend == "auto":
         return CheckResult(

@@ -27,12 +27,12 @@ from hf_pretrain.config import Recipe, save_recipe
 from hf_pretrain.data.loader import TrainData, build_val_loader
 from hf_pretrain.data.prepared import data_identity
 from hf_pretrain.data.tokenizer import load_tokenizer
-from hf_pretrain.economics.check_records import run_profile_here
+from hf_pretrain.economics.check_records import complete_profile
 from hf_pretrain.economics.memory import CHECKPOINT_BYTES_PER_PARAMETER
 from hf_pretrain.exit_codes import EXIT_SAVE_FAILED
 from hf_pretrain.faults import hold_if_asked
 from hf_pretrain.machine.hardware import describe_hardware
-from hf_pretrain.machine.run_profile import RunProfile, device_kind
+from hf_pretrain.machine.run_profile import RunProfile, device_kind, this_machine
 from hf_pretrain.model.fp8 import finish_fp8, fp8_handlers
 from hf_pretrain.model.initialisation import init_weights, model_config
 from hf_pretrain.model.llama import (
@@ -272,7 +272,7 @@ def setup(recipe: Recipe) -> Run:
     hold_if_asked(0, processes.process_index, print)  # tests only: `hold:0` holds the start-up (faults.py)
     world_size = processes.num_processes
     # how this run executes, read and never decided again (after PartialState: a rank's own GPU)
-    profile = run_profile_here(recipe, world_size)
+    profile = complete_profile(recipe, this_machine(), world_size)
     continuation, activity = checked_start(recipe, world_size, profile, run_dir)
     grad_accum = recipe.grad_accum_steps(world_size)  # after the preflight, which refuses a batch that does not split
     tokenizer = load_tokenizer(recipe.data.data_dir)

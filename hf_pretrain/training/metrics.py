@@ -367,6 +367,7 @@ class RunLogger:
         self.progress.close()
         if self.main:  # on a GPU, this session's tokens/s and peak memory for `plan` and the doctor (a CPU: nothing)
             peak = peak_memory_gib(self.accelerator.device)
-            record_training_run(self.recipe, self.history[self.session_start :], self.accelerator.num_processes, peak)
+            gpu, world = self.machine.gpu_name, self.accelerator.num_processes
+            record_training_run(self.recipe, gpu, self.history[self.session_start :], world, peak)
         if self.forecaster:
             self.forecaster.close()
