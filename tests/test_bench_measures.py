@@ -39,6 +39,7 @@ from hf_pretrain.preflight.budget import check_cost
 from hf_pretrain.preflight.checks import MEMORY_PROBE_ENV, preflight
 from hf_pretrain.preflight.gpu import check_memory
 from hf_pretrain.preflight.result import CheckResult, PreflightError
+from tests.helpers import on_cpu
 
 H100 = "NVIDIA H100 80GB HBM3"  # what CUDA calls the card of the shared README's table
 GIB = 2**30
@@ -130,7 +131,7 @@ def test_a_probe_that_runs_out_of_memory_does_not_fit_by_the_error_and_hands_the
 def test_a_micro_batch_the_estimate_calls_too_big_is_still_tried(tmp_path):
     """The shared README's case: the estimate refused micro-batch 16 of the 1b on an 80 GB card, the
     card ran it. The search probes it, and a probe's preflight only warns about memory."""
-    estimate = check_memory(one_b(micro_batch_size=16), machine=THE_CPU, device_memory_bytes=int(79.6 * GIB))
+    estimate = check_memory(*on_cpu(one_b(micro_batch_size=16)), device_memory_bytes=int(79.6 * GIB))
     tried = []
 
     def probe(recipe, folder):
@@ -360,11 +361,11 @@ def test_the_doctor_uses_this_gpus_measurement_for_time_cost_and_memory(store):
     record_measurement(recipe, H100, 65_153.0, 65.92, "bench")
     cost = check_cost(recipe, here.gpu_name)
     assert cost.status == "pass" and "65,153 tokens/s (measured by bench on NVIDIA H100" in cost.reason
-    memory = check_memory(recipe, here)
+    memory = check_memory(recipe, run_profile(recipe, here))
     assert memory.status == "pass" and "this configuration ran here: peak 65.9" in memory.reason
     assert "measured by bench" in memory.reason and "the estimate, modelled" in memory.reason
     assert (
-        check_memory(recipe, machine=THE_CPU, device_memory_bytes=int(79.2 * GIB)).reason != memory.reason
+        check_memory(*on_cpu(recipe), device_memory_bytes=int(79.2 * GIB)).reason != memory.reason
     )  # another GPU's question
 
 

@@ -351,44 +351,41 @@ def test_memory_estimate_of_the_1b_recipe():
 
 
 def test_checkpointing_that_is_not_needed_warns():
-    result = check_memory(one_b(gradient_checkpointing=True), machine=THE_CPU, device_memory_bytes=141 * 10**9)
+    result = check_memory(*on_cpu(one_b(gradient_checkpointing=True)), device_memory_bytes=141 * 10**9)
     assert result.status == "warn" and "fits without gradient checkpointing" in result.reason
     assert (
         "need 40.8 GB at the peak, compiled, bf16 (18.7 GB weights, gradients and AdamW, 19.9 GB activations, "
         "2.2 GB head and loss), 23.3 GB with gradient checkpointing" in result.reason
     )
     assert "--gradient_checkpointing false" in result.fix
-    assert check_memory(one_b(), machine=THE_CPU, device_memory_bytes=141 * 10**9).status == "pass"
+    assert check_memory(*on_cpu(one_b()), device_memory_bytes=141 * 10**9).status == "pass"
     assert (
-        check_memory(one_b(), machine=THE_CPU, device_memory_bytes=48 * 10**9).status == "pass"
+        check_memory(*on_cpu(one_b()), device_memory_bytes=48 * 10**9).status == "pass"
     )  # an L40S: no recompute needed
     # a few layers too many: the fewest that fit
-    result = check_memory(one_b(checkpointed_layers=13), machine=THE_CPU, device_memory_bytes=32 * 10**9)
+    result = check_memory(*on_cpu(one_b(checkpointed_layers=13)), device_memory_bytes=32 * 10**9)
     assert result.status == "warn" and "fits with fewer checkpointed layers than 13" in result.reason
     assert "--checkpointed_layers 11 " in result.fix
 
 
 def test_run_that_fits_only_with_checkpointing_fails_without_it():
     # 28.8 GB usable: 23.3 fits, 40.8 is over even less the estimate's 15% error (28.8 / 0.85 = 33.9)
-    result = check_memory(one_b(), machine=THE_CPU, device_memory_bytes=32 * 10**9)
+    result = check_memory(*on_cpu(one_b()), device_memory_bytes=32 * 10**9)
     assert result.status == "fail" and "does not fit without gradient checkpointing" in result.reason
     # the fewest checkpointed layers that fit, before a smaller micro-batch (each costs a recompute)
     assert result.fix.startswith("--checkpointed_layers 11 (11 of 16 layers checkpointed)"), result.fix
-    assert check_memory(one_b(checkpointed_layers=11), machine=THE_CPU, device_memory_bytes=32 * 10**9).status == "pass"
-    assert check_memory(one_b(checkpointed_layers=5), machine=THE_CPU, device_memory_bytes=32 * 10**9).status == "fail"
-    assert (
-        check_memory(one_b(gradient_checkpointing=True), machine=THE_CPU, device_memory_bytes=32 * 10**9).status
-        == "warn"
-    )
+    assert check_memory(*on_cpu(one_b(checkpointed_layers=11)), device_memory_bytes=32 * 10**9).status == "pass"
+    assert check_memory(*on_cpu(one_b(checkpointed_layers=5)), device_memory_bytes=32 * 10**9).status == "fail"
+    assert check_memory(*on_cpu(one_b(gradient_checkpointing=True)), device_memory_bytes=32 * 10**9).status == "warn"
     # a card too small at this micro-batch even with every layer: a smaller one, and its layers
-    result = check_memory(one_b(), machine=THE_CPU, device_memory_bytes=24 * 10**9)
+    result = check_memory(*on_cpu(one_b()), device_memory_bytes=24 * 10**9)
     assert result.status == "fail" and "--micro_batch_size 4 --checkpointed_layers" in result.fix, result.fix
 
 
 def test_an_estimate_over_the_card_by_less_than_its_error_warns_and_names_the_bench():
     """29.1 GB estimated with 10 layers checkpointed against 28.8 GB usable: within the estimate's 15%,
     so the doctor cannot tell; it warns and gives the command that measures it on the device."""
-    result = check_memory(one_b(checkpointed_layers=10), machine=THE_CPU, device_memory_bytes=32 * 10**9)
+    result = check_memory(*on_cpu(one_b(checkpointed_layers=10)), device_memory_bytes=32 * 10**9)
     assert result.status == "warn" and "may not fit with 10 of 16 layers checkpointed" in result.reason
     assert "within the estimate's 15% of 28.8 GB usable" in result.reason
     assert (
@@ -397,18 +394,18 @@ def test_an_estimate_over_the_card_by_less_than_its_error_warns_and_names_the_be
     )
     assert "--checkpointed_layers 11" in result.fix  # and what the estimate says fits
     # the micro-batch the old estimate refused on an 80 GB card (99.7 GB; the H100 measured 40.0 GB at 8)
-    assert check_memory(one_b(micro_batch_size=16), machine=THE_CPU, device_memory_bytes=80 * 10**9).status == "pass"
+    assert check_memory(*on_cpu(one_b(micro_batch_size=16)), device_memory_bytes=80 * 10**9).status == "pass"
 
 
 def test_run_that_cannot_fit_either_way_fails():
-    result = check_memory(one_b(gradient_checkpointing=True), machine=THE_CPU, device_memory_bytes=16 * 10**9)
+    result = check_memory(*on_cpu(one_b(gradient_checkpointing=True)), device_memory_bytes=16 * 10**9)
     assert result.status == "fail" and "does not fit even with gradient checkpointing" in result.reason
     assert "the device has 16.0 GB, 14.4 GB usable" in result.reason
 
 
 @cpu_only
 def test_memory_without_a_gpu_skips_but_shows_the_estimate():
-    result = check_memory(one_b(), THE_CPU)
+    result = check_memory(*on_cpu(one_b()))
     assert result.status == "skip" and "no GPU to compare against" in result.reason
     assert "1.04B parameters need 40.8 GB" in result.reason
 
@@ -568,9 +565,9 @@ def test_without_a_gpu_the_doctor_describes_the_configuration_asked_and_quotes_t
     """`doctor --recipe 1b --checkpointed_layers 8` printed the same 40.8 GB as without them, and called the
     1b's time and cost unknown although the package ships the H100's measurement (issue 45)."""
     monkeypatch.setenv("HF_PRETRAIN_HOME", str(tmp_path))  # the shipped store only
-    asked = check_memory(one_b(checkpointed_layers=8), THE_CPU)
+    asked = check_memory(*on_cpu(one_b(checkpointed_layers=8)))
     assert asked.status == "skip" and "with 8 of 16 layers checkpointed, as asked: 31.4 GB at the peak" in asked.reason
-    plain = check_memory(one_b(), THE_CPU)
+    plain = check_memory(*on_cpu(one_b()))
     assert "the H100 SXM measured a peak of" in plain.reason and "project's H100 run" in plain.reason
     cost = check_cost(one_b(), None)
     assert cost.status == "pass" and "at 77,935 tokens/s on one H100 SXM" in cost.reason

@@ -35,8 +35,9 @@ from hf_pretrain.economics.memory import (
     layer_activation_bytes_per_token,
     saved_logits_bytes_per_token,
 )
-from hf_pretrain.machine.run_profile import A_GPU, THE_CPU, run_profile
+from hf_pretrain.machine.run_profile import A_GPU, run_profile
 from hf_pretrain.model.llama import llama_config, recipe_tokenizer_size
+from tests.helpers import on_cpu
 from tests.test_compiled_step import SEQ_LEN, TOKENIZER_SIZE, compiled_step_graphs, recipe_with
 
 GIB = 2**30
@@ -281,12 +282,8 @@ def test_micro_batch_16_of_the_1b_fits_an_80_gb_card():
 
     peak, _ = estimated_peak({"micro_batch_size": 16})
     assert 55 * GIB < peak < 62 * GIB
-    assert (
-        check_memory(
-            load_recipe("1b", {"micro_batch_size": 16}), machine=THE_CPU, device_memory_bytes=80 * 10**9
-        ).status
-        == "pass"
-    )
+    sixteen = load_recipe("1b", {"micro_batch_size": 16})
+    assert check_memory(*on_cpu(sixteen), device_memory_bytes=80 * 10**9).status == "pass"
 
 
 @pytest.mark.slow

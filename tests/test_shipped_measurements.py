@@ -17,7 +17,7 @@ from hf_pretrain.economics import measurements
 from hf_pretrain.economics.measurements import configuration, record_measurement, recorded_measurement
 from hf_pretrain.economics.planning import gpu_ranking, plan_command
 from hf_pretrain.machine.gpus import gpu_named
-from hf_pretrain.machine.run_profile import Machine
+from hf_pretrain.machine.run_profile import Machine, run_profile
 from hf_pretrain.preflight.budget import check_cost
 from hf_pretrain.preflight.gpu import check_memory
 
@@ -84,10 +84,11 @@ def test_plan_gpu_all_marks_the_h100_sxm_row_measured_and_the_others_modelled(st
 
 def test_the_doctor_on_an_h100_uses_the_shipped_record_for_time_cost_and_memory(store, monkeypatch):
     here = Machine("cuda", H100, gpu_named("H100 SXM"), bf16=True, capability=9.0, memory_bytes=int(79.2 * 2**30))
-    cost = check_cost(load_recipe("1b"), here.gpu_name)
+    recipe, unmeasured = load_recipe("1b"), load_recipe("1b", {"micro_batch_size": 16})
+    cost = check_cost(recipe, here.gpu_name)
     assert cost.status == "pass" and f"77,935 tokens/s (measured: {SOURCE}" in cost.reason
-    memory = check_memory(load_recipe("1b"), here)
+    memory = check_memory(recipe, run_profile(recipe, here))
     assert memory.status == "pass" and "this configuration ran on an H100 SXM: peak 37.24 GiB" in memory.reason
     assert SOURCE in memory.reason
-    other = check_memory(load_recipe("1b", {"micro_batch_size": 16}), here)  # not measured: the estimate speaks
+    other = check_memory(unmeasured, run_profile(unmeasured, here))  # not measured: the estimate speaks
     assert "ran on" not in other.reason and SOURCE not in other.reason

@@ -232,16 +232,19 @@ def optimizer_state_bytes(recipe: Recipe, n: int) -> int:
 def estimate_memory(
     recipe: Recipe, tokenizer_size: int, machine: Machine = A_GPU, world_size: int = 1
 ) -> MemoryEstimate:
-    """Peak training memory of one process for `recipe` as it will run (see the module docstring).
+    """A what-if: `memory_of` the step `recipe` would run on `machine` (a card of the table, `A_GPU` unless
+    named) with `world_size` processes: bf16 and Liger's kernels on a GPU, as run_profile resolves them."""
+    return memory_of(recipe, tokenizer_size, run_profile(recipe, machine, world_size).step)
 
-    `machine` resolves `mixed_precision: auto` and Liger the way training will (run_profile: bf16 and
-    Liger's kernels on a GPU); `world_size` decides whether a process accumulates micro-batches.
-    """
+
+def memory_of(recipe: Recipe, tokenizer_size: int, kind: Step) -> MemoryEstimate:
+    """Peak training memory of one process for `recipe`'s model and batch run as `kind` says (see the module
+    docstring): a door's profile's step (the doctor's row), or a what-if's (`estimate_memory`). Its
+    precision sets the activations' bytes; its world size, whether a process accumulates micro-batches."""
     config = llama_config(recipe.model, tokenizer_size)
     n = recipe_parameter_count(recipe, tokenizer_size)
-    kind = run_profile(recipe, machine, world_size).step
-    tokens = recipe.train.micro_batch_size * recipe.data.seq_len
-    accumulating = recipe.train.global_batch_tokens > tokens * world_size  # more than one micro-batch a step
+    tokens = kind.micro_batch_size * recipe.data.seq_len
+    accumulating = recipe.train.global_batch_tokens > tokens * kind.world_size  # more than one micro-batch a step
     layers = recipe.model.num_hidden_layers
     per_layer = tokens * layer_activation_bytes_per_token(recipe, kind)
     layer_input = tokens * recipe.model.hidden_size * kind.compute_bytes  # the residual stream's dtype

@@ -118,7 +118,7 @@ def run_checks(
         ("stop request", lambda: check_stop_request(recipe, decision)),
         ("disk space", lambda: check_disk_space(recipe)),
         ("save speed", lambda: check_save_speed(recipe)),
-        ("gpu memory", lambda: check_memory(recipe, profile.machine, device_memory_bytes, world_size)),
+        ("gpu memory", lambda: check_memory(recipe, profile, device_memory_bytes)),
         ("time and cost", lambda: check_cost(recipe, profile.machine.gpu_name, world_size)),
     ]
     results = [result for name, check in checks for result in _guarded(name, check)]

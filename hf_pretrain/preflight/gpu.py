@@ -14,12 +14,12 @@ from hf_pretrain.economics.memory import (
     ESTIMATE_ERROR,
     USABLE_MEMORY_FRACTION,
     MemoryEstimate,
-    estimate_memory,
     fit_in_memory,
+    memory_of,
 )
 from hf_pretrain.formatting import human_bytes, human_count
 from hf_pretrain.machine.hardware import cpu_has_bf16_kernels
-from hf_pretrain.machine.run_profile import A_GPU, Machine, RunProfile
+from hf_pretrain.machine.run_profile import A_GPU, RunProfile, run_profile
 from hf_pretrain.model.llama import recipe_tokenizer_size
 from hf_pretrain.preflight.result import CheckResult
 
@@ -242,21 +242,21 @@ def measured_fit(measured: Measurement, total: int, estimate: MemoryEstimate) ->
     )
 
 
-def check_memory(
-    recipe: Recipe, machine: Machine, device_memory_bytes: int | None = None, world_size: int = 1
-) -> CheckResult:
+def check_memory(recipe: Recipe, profile: RunProfile, device_memory_bytes: int | None = None) -> CheckResult:
     """Estimated peak memory (hf_pretrain.economics.memory) against the device's, with and without checkpointing.
 
     It refuses only when the estimate is over the usable memory by more than its own stated error
     (`ESTIMATE_ERROR`: the estimate is held within it of measured H100 peaks); closer than that it
-    warns and names the `hf-pretrain bench` command that measures it on the device. `machine`: the run's
-    (the door's profile's); `device_memory_bytes`, its GPU's unless given: any GPU's verdict, on any machine.
+    warns and names the `hf-pretrain bench` command that measures it on the device. `profile`: the run's
+    (the door's); `device_memory_bytes`, its GPU's unless given: any GPU's verdict, on any machine.
     """
+    machine, world_size = profile.machine, profile.step.world_size
     total = device_memory_bytes if device_memory_bytes is not None else machine.memory_bytes
-    # a GPU asked by its memory is one with bf16; this machine's own GPU as it is
+    # the run's own step on its own machine; a GPU asked by its memory from a CPU is a what-if, one with bf16
     modelled_on = machine if total is None or machine.on_gpu else A_GPU
+    step = profile.step if modelled_on is machine else run_profile(recipe, A_GPU, world_size).step
     tokenizer_size = recipe_tokenizer_size(recipe)
-    estimate = estimate_memory(recipe, tokenizer_size, modelled_on, world_size)
+    estimate = memory_of(recipe, tokenizer_size, step)
     if total is None:
         return CheckResult("gpu memory", "skip", without_a_gpu(recipe, estimate, world_size))
     measured = measured_here(recipe, machine.gpu_name, world_size) if device_memory_bytes is None else None
