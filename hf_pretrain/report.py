@@ -391,7 +391,7 @@ def main(argv: list[str] | None = None) -> int:
         print("hf-pretrain report: needs matplotlib: pip install matplotlib", file=sys.stderr)
         return EXIT_CONFIG
     from hf_pretrain.object_store.reach import StoreRefused
-    from hf_pretrain.object_store.reading import readable
+    from hf_pretrain.run_store.reading import readable
 
     try:
         run_dir = readable(args.run_dir, checkpoint=False)  # a URL: its records, pulled into the cache

@@ -98,7 +98,7 @@ def run_training(recipe: Recipe) -> Outcome:
 
 def in_store(recipe: Recipe):
     """A recipe whose output_dir is a URL, made one that trains its local copy; and, on the job's first
-    process, the store side of the session (object_store/run_sync.py). A local output_dir: as it is."""
+    process, the store side of the session (run_store/run_sync.py). A local output_dir: as it is."""
     from hf_pretrain.object_store.cache import check_cache_root
     from hf_pretrain.object_store.store_calls import StoreError
     from hf_pretrain.object_store.urls import StoreUnavailable, check_locations, is_url
@@ -113,7 +113,7 @@ def in_store(recipe: Recipe):
         return recipe, None
     import os
 
-    from hf_pretrain.object_store.run_sync import RunInStore, pull_here, wait_for_pull, working_copy
+    from hf_pretrain.run_store.run_sync import RunInStore, pull_here, wait_for_pull, working_copy
 
     # One process pulls a machine's copy (the job's first also takes the lease and uploads); the others
     # of that machine wait for it, so that none reads the copy half pulled.
@@ -145,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _main(argv: list[str] | None) -> int:
     recipe, _ = parse_recipe_args(argv, prog="hf-pretrain train", description=__doc__.split("\n")[0])
-    from hf_pretrain.object_store.run_record import with_remembered_data
+    from hf_pretrain.run_store.run_record import with_remembered_data
 
     say = print if os.environ.get("RANK", "0") == "0" else lambda line: None  # every process reads it, one says it
     recipe = with_remembered_data(recipe, sys.argv[1:] if argv is None else argv, say)

@@ -149,7 +149,7 @@ def _in_store(recipe: Recipe) -> Recipe | None:
     if not is_url(recipe.train.output_dir):
         return None
 
-    from hf_pretrain.object_store.run_sync import working_copy
+    from hf_pretrain.run_store.run_sync import working_copy
 
     return recipe.replace(output_dir=str(working_copy(recipe)))
 

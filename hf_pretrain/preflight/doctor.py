@@ -41,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
     except StoreUnavailable as exc:
         print(f"hf-pretrain doctor: refused: {exc}", file=sys.stderr)
         return EXIT_CONFIG
-    from hf_pretrain.object_store.run_record import with_remembered_data
+    from hf_pretrain.run_store.run_record import with_remembered_data
 
     # the data training would read: a run URL's own record when the command names no --data_dir
     recipe = with_remembered_data(recipe, sys.argv[1:] if argv is None else argv, print)

@@ -55,7 +55,7 @@ def newest_in_store(fs, url) -> tuple[int, dict] | None:
     import json
 
     from hf_pretrain.checkpoints.layout import TRAIN_STATE
-    from hf_pretrain.object_store.pull import complete_steps
+    from hf_pretrain.run_store.pull import complete_steps
 
     steps = complete_steps(fs, url)
     if not steps:
@@ -120,7 +120,7 @@ def check_store(recipe: Recipe) -> list[CheckResult]:
         url, fs = open_checked(recipe.train.output_dir)
     except StoreRefused as exc:
         return [CheckResult("store", "fail", str(exc), "see the message; then run the doctor again")]
-    from hf_pretrain.object_store.pull import complete_steps
+    from hf_pretrain.run_store.pull import complete_steps
 
     steps = complete_steps(fs, url)
     newest = f"its newest complete checkpoint is step {steps[0]:,}" if steps else "no checkpoint in it yet"
@@ -130,7 +130,7 @@ def check_store(recipe: Recipe) -> list[CheckResult]:
 
 
 def _checkpoint_size(recipe: Recipe) -> int:
-    from hf_pretrain.object_store.run_sync import working_copy
+    from hf_pretrain.run_store.run_sync import working_copy
 
     local = working_copy(recipe)
     n = recipe_parameter_count(recipe)
@@ -175,7 +175,7 @@ def upload_time(recipe: Recipe, url, fs) -> CheckResult:
 
 def cache_disk(recipe: Recipe) -> CheckResult:
     """The working copy's disk against one checkpoint (the full need is the disk space row below)."""
-    from hf_pretrain.object_store.run_sync import working_copy
+    from hf_pretrain.run_store.run_sync import working_copy
 
     local = working_copy(recipe)
     disk = nearest_existing(local)

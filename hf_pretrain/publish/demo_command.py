@@ -57,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
 
     if any(is_url(m) for m in args.model):  # runs in a store: read through the one door, before torch
         from hf_pretrain.object_store.reach import StoreRefused
-        from hf_pretrain.object_store.reading import readable
+        from hf_pretrain.run_store.reading import readable
 
         try:
             say = lambda line: print(f"demo: {line}", flush=True)  # noqa: E731

@@ -102,7 +102,7 @@ def _store_lines_of(run: RunDir, status: dict[str, Any]) -> list[str]:
     section = status.get("store")
     if not isinstance(section, dict):
         return []  # a local run: nothing of the store imported
-    from hf_pretrain.object_store.standing import store_lines
+    from hf_pretrain.run_store.standing import store_lines
 
     return store_lines(section, data=_data_url(run))
 
@@ -120,10 +120,10 @@ def _data_url(run: RunDir) -> str | None:
 
 
 def read_store_run(location: str, view: Path, verify: bool) -> RunStanding:
-    """The standing of a run URL, from the store's small records (object_store/standing.py): a fresh
+    """The standing of a run URL, from the store's small records (run_store/standing.py): a fresh
     lease is a run that trains (never "killed"), the checkpoint is the newest complete one in the store."""
     from hf_pretrain.object_store.reach import open_checked
-    from hf_pretrain.object_store.standing import read_store, store_lines
+    from hf_pretrain.run_store.standing import read_store, store_lines
 
     url, fs = open_checked(location, write=False)
     store = read_store(fs, url)
@@ -193,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     from hf_pretrain.object_store.reach import StoreRefused
-    from hf_pretrain.object_store.reading import readable
+    from hf_pretrain.run_store.reading import readable
 
     try:  # a URL: its records and its newest complete checkpoint's listing, pulled into the cache
         run_dir = readable(args.run_dir, checkpoint=args.verify, say=lambda line: print(f"status: {line}"))

@@ -137,7 +137,7 @@ def read_run(run_dir: str) -> RunToStop:
     on_store = is_url(run_dir)
     if on_store:  # the request goes into the store, where the trainer's uploader polls for it
         from hf_pretrain.object_store.reach import StoreRefused
-        from hf_pretrain.object_store.reading import stop_facts
+        from hf_pretrain.run_store.reading import stop_facts
 
         try:
             view, store_holder, store_saved = stop_facts(run_dir)
@@ -186,7 +186,7 @@ def write_request(r: RunToStop, cooldown_steps: int | None) -> Path | str:
     path = request_stop(r.run.path, cooldown_steps)
     if r.url is None:
         return path
-    from hf_pretrain.object_store.reading import send_back
+    from hf_pretrain.run_store.reading import send_back
 
     send_back(r.url, r.run.path, path.name)
     return f"{r.url.rstrip('/')}/{path.name}"

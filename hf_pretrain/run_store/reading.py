@@ -2,7 +2,7 @@
 
 `readable(location)` is the location itself when it is local (nothing imported, nothing copied);
 for a URL it is a read-only copy in the user's cache (`<cache>/views/...`, apart from a trainer's
-working copy on the same machine), pulled with object_store/pull.py: the run's records, and its
+working copy on the same machine), pulled with run_store/pull.py: the run's records, and its
 newest complete checkpoint (verified) when the command reads one. A URL naming one checkpoint
 (`s3://bucket/run/checkpoints/step_00001000`) pulls that one. A store that cannot be used is
 `StoreRefused`: one line, redacted.
@@ -25,9 +25,9 @@ def readable(
     if not is_url(location):
         return Path(location)
     from hf_pretrain.checkpoints.manifest import CheckpointError
-    from hf_pretrain.object_store.pull import download_checkpoint, pull_run, pull_small_files
     from hf_pretrain.object_store.reach import StoreRefused, describe_failure, open_checked
     from hf_pretrain.redaction import redact
+    from hf_pretrain.run_store.pull import download_checkpoint, pull_run, pull_small_files
 
     url, fs = open_checked(str(location), write=False)
     name = url.path.rsplit("/", 1)[-1]
@@ -76,9 +76,9 @@ def stop_facts(location: str, say: Callable[[str], None] = print) -> tuple[Path,
     checkpoint's train state, read from the store without its weights."""
     import json
 
-    from hf_pretrain.object_store.lease import Lease
-    from hf_pretrain.object_store.pull import complete_steps
     from hf_pretrain.object_store.reach import open_checked
+    from hf_pretrain.run_store.lease import Lease
+    from hf_pretrain.run_store.pull import complete_steps
 
     view = readable(location, checkpoint=False, say=say)
     url, fs = open_checked(location, write=False)
