@@ -407,3 +407,61 @@ def test_no_new_module_builds_its_own_run_profile():
         )
     }
     assert resolving == {f"{PACKAGE}.economics.check_records"}, resolving
+
+
+# Issue 46, "is this a URL?" asked once: where the run and the data live (a local folder or a store URL) is
+# decided at a command's door (`Location.of`, `Where.of`, object_store/location.py) and handed down, as the run
+# profile is. The modules allowed to ask: the doors, and a ratchet of those that still ask below one (it may
+# shrink, never grow).
+WHERE_QUESTIONS = {"is_url"}  # and `Location.of(...)` / `Where.of(...)`, the typed way to ask
+WHERE_HOME = {f"{PACKAGE}.object_store.urls", f"{PACKAGE}.object_store.location"}
+DOORS = {
+    f"{PACKAGE}.{name}"
+    for name in (
+        "train preflight.doctor run_commands.run_status run_commands.stop_command publish.export "
+        "publish.demo_command publish.gguf evaluation.eval_command report data.prepare_command check.worker"
+    ).split()
+}
+ASKS_BELOW_A_DOOR = {
+    f"{PACKAGE}.{name}"
+    for name in (
+        # a data_dir read from a run's own record in the store enters there, not at a door
+        "run_store.run_record "
+        # left: the data room still asks of the recipe's data_dir string (its functions take the string)
+        "data.loader data.prepared data.prepare_run data.tokenizer "
+        # left: the check's parts are another session's room (check/)
+        "check.store_rates"
+    ).split()
+}
+
+
+def _asks_where_it_is(module: str) -> int:
+    """How many times `module` asks whether a location is a URL."""
+    return sum(
+        isinstance(node, ast.Call)
+        and (
+            (isinstance(node.func, ast.Name) and node.func.id in WHERE_QUESTIONS)
+            or (
+                isinstance(node.func, ast.Attribute)
+                and node.func.attr == "of"
+                and isinstance(node.func.value, ast.Name)
+                and node.func.value.id in ("Location", "Where")
+            )
+        )
+        for node in ast.walk(ast.parse(MODULES[module].read_text()))
+    )
+
+
+def test_only_the_doors_ask_whether_a_location_is_a_url():
+    askers = {module for module in MODULES if module not in WHERE_HOME and _asks_where_it_is(module)}
+    assert askers <= DOORS | ASKS_BELOW_A_DOOR, (
+        f"hand these the door's Location/Where instead: {askers - DOORS - ASKS_BELOW_A_DOOR}"
+    )
+    assert not ASKS_BELOW_A_DOOR - askers, f"no longer asks: remove from the list {ASKS_BELOW_A_DOOR - askers}"
+
+
+def test_the_where_check_sees_a_module_that_asks(tmp_path, monkeypatch):
+    module = tmp_path / "m.py"
+    module.write_text("def f(x):\n    return is_url(x) or Location.of(x).in_store or Where.of(x)\n")
+    monkeypatch.setitem(MODULES, "hf_pretrain.m", module)
+    assert _asks_where_it_is("hf_pretrain.m") == 3

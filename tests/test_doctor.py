@@ -25,6 +25,7 @@ from hf_pretrain.exit_codes import EXIT_CONFIG
 from hf_pretrain.formatting import human_bytes
 from hf_pretrain.machine.run_profile import A_GPU, THE_CPU, run_profile
 from hf_pretrain.model.llama import recipe_tokenizer_size
+from hf_pretrain.object_store.location import Where
 from hf_pretrain.preflight import disk as disk_module
 from hf_pretrain.preflight.budget import check_cost, run_cost, run_hours
 from hf_pretrain.preflight.checks import preflight, run_checks
@@ -453,7 +454,8 @@ def test_unknown_throughput_or_price_warns():
 # ---------------------------------------------------------------------- preflight and the command
 def test_preflight_passes_a_good_run_and_logs_the_table(smoke_data, tmp_path):
     lines: list[str] = []
-    results = preflight(smoke(smoke_data, tmp_path), world_size=1, log=lines.append)
+    recipe = smoke(smoke_data, tmp_path)
+    results = preflight(recipe, world_size=1, log=lines.append, where=Where.of(recipe))
     assert not [r for r in results if r.status == "fail"]
     assert "ready to train" in lines[0]
 
@@ -461,7 +463,7 @@ def test_preflight_passes_a_good_run_and_logs_the_table(smoke_data, tmp_path):
 def test_preflight_raises_with_the_failed_checks_and_their_fixes(tmp_path):
     recipe = load_recipe("smoke", {"data_dir": str(tmp_path / "nothing"), "num_workers": 0})
     with pytest.raises(PreflightError) as error:
-        preflight(recipe, world_size=3, log=lambda _: None)
+        preflight(recipe, world_size=3, log=lambda _: None, where=Where.of(recipe))
     message = str(error.value)
     assert (
         "data: " in message
@@ -476,7 +478,8 @@ def test_a_check_that_crashes_is_reported_not_raised(monkeypatch):
         raise RuntimeError("boom")
 
     monkeypatch.setattr("hf_pretrain.preflight.checks.check_cost", broken)
-    result = by_name(run_checks(load_recipe("smoke")))["time and cost"]
+    recipe = load_recipe("smoke")
+    result = by_name(run_checks(recipe, where=Where.of(recipe)))["time and cost"]
     assert result.status == "warn" and "RuntimeError: boom" in result.reason
 
 

@@ -292,10 +292,10 @@ def test_a_stale_lease_is_taken_over_and_a_live_one_is_not(s3_bucket):
 
 def test_a_local_run_never_imports_a_store_client():
     code = (
-        "import sys; from hf_pretrain.config import load_recipe; from hf_pretrain.train import in_store;"
-        "import hf_pretrain.training.loop;"
-        "recipe, store = in_store(load_recipe('smoke', {'output_dir': 'runs/x'}));"
-        "assert store is None and recipe.train.output_dir == 'runs/x';"
+        "import sys; from hf_pretrain.config import load_recipe; from hf_pretrain.train import in_store, Where;"
+        "import hf_pretrain.training.loop; local = load_recipe('smoke', {'output_dir': 'runs/x'});"
+        "recipe, where, store = in_store(local, Where.of(local));"
+        "assert store is None and recipe.train.output_dir == 'runs/x' and not where.run.in_store;"
         "bad = [m for m in ('s3fs', 'gcsfs', 'hf_pretrain.run_store.run_sync') if m in sys.modules];"
         "assert not bad, bad"
     )

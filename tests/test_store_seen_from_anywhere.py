@@ -590,6 +590,7 @@ def test_a_run_url_alone_brings_its_data_url_from_the_store(s3_bucket, s3_server
     """The command names only the run's URL: the data URL comes from the run's record in the store, said
     in one line; a --data_dir on the command line wins (checked against the run's data as always)."""
     from hf_pretrain.config import parse_recipe_args
+    from hf_pretrain.object_store.location import Where
     from hf_pretrain.run_store.run_record import with_remembered_data
 
     url = f"{s3_bucket}/run"
@@ -597,11 +598,14 @@ def test_a_run_url_alone_brings_its_data_url_from_the_store(s3_bucket, s3_server
     only_the_run = ["--recipe", "smoke", "--output_dir", url]
     recipe, _ = parse_recipe_args(only_the_run, prog="test", description="")
     said: list[str] = []
-    assert with_remembered_data(recipe, only_the_run, said.append).data.data_dir == "s3://corpus/smoke-prepared"
+    remembered, where = with_remembered_data(recipe, Where.of(recipe), only_the_run, said.append)
+    assert remembered.data.data_dir == "s3://corpus/smoke-prepared" and where.data.in_store
+    assert str(where.data) == "s3://corpus/smoke-prepared" and where.run.in_store
     assert said == [f"data: s3://corpus/smoke-prepared (the run's own record in {url}; --data_dir overrides it)"]
     for named in (["--data_dir", "elsewhere"], ["--data-dir=elsewhere"]):
         recipe, _ = parse_recipe_args(only_the_run + named, prog="test", description="")
-        assert with_remembered_data(recipe, only_the_run + named, said.append).data.data_dir == "elsewhere"
+        kept, where = with_remembered_data(recipe, Where.of(recipe), only_the_run + named, said.append)
+        assert kept.data.data_dir == "elsewhere" and not where.data.in_store
     assert len(said) == 1
 
 
@@ -637,6 +641,7 @@ def test_the_command_in_status_json_is_the_one_typed_and_holds_no_secret(monkeyp
 def test_stop_of_a_url_whose_newest_checkpoint_lacks_train_state_reads_the_one_before(
     s3_bucket, s3_server, tmp_path, monkeypatch, capsys
 ):
+    from hf_pretrain.object_store.location import Location
     from hf_pretrain.run_store.reading import stop_facts
 
     monkeypatch.setenv("HF_PRETRAIN_HOME", str(tmp_path / "home"))
@@ -645,7 +650,7 @@ def test_stop_of_a_url_whose_newest_checkpoint_lacks_train_state_reads_the_one_b
     fs, parsed = store_of(url)
     fs.rm_file(f"{parsed.path}/checkpoints/step_00000008/train_state.json")
     said: list[str] = []
-    _, holder, saved = stop_facts(url, say=said.append)
+    _, holder, saved = stop_facts(Location.of(url), say=said.append)
     assert holder is None and saved["step"] == 4
     assert said == [f"{url}/checkpoints/step_00000008 has no readable train_state.json; the one before is read"]
 
@@ -661,17 +666,18 @@ def test_gguf_of_a_url_says_which_command_reads_it(capsys):
 
 def test_a_view_keeps_only_the_checkpoint_it_read(s3_bucket, s3_server, tmp_path, monkeypatch):
     """`views/` held every checkpoint ever pulled (optimizer state included): each read keeps one."""
+    from hf_pretrain.object_store.location import Location
     from hf_pretrain.run_store.reading import readable
 
     monkeypatch.setenv("HF_PRETRAIN_HOME", str(tmp_path / "home"))
     url = f"{s3_bucket}/run"
     put_run(url, tmp_path, steps=(4,), status={"state": "running"})
-    view = readable(url, say=lambda line: None)
+    view = readable(Location.of(url), say=lambda line: None)
     assert [p.name for p in (view / "checkpoints").iterdir()] == ["step_00000004"]
     fs, parsed = store_of(url)
     folder = fake_checkpoint(tmp_path / "later", 8)
     fs.put(str(folder), f"{parsed.path}/checkpoints/{folder.name}", recursive=True)
-    assert readable(url, say=lambda line: None) == view
+    assert readable(Location.of(url), say=lambda line: None) == view
     assert [p.name for p in (view / "checkpoints").iterdir()] == ["step_00000008"]
 
 

@@ -62,15 +62,16 @@ def main(argv: list[str] | None = None) -> int:
     if missing:
         print(f"hf-pretrain eval: error: {missing}", file=sys.stderr)
         return EXIT_PREFLIGHT
-    from hf_pretrain.object_store.urls import is_url
+    from hf_pretrain.object_store.location import Location
 
-    if is_url(args.model):  # a run in a store: read through the one door, before torch is imported
+    model = Location.of(args.model)  # local or a store: decided here, once, and handed down
+    if model.in_store:  # a run in a store: read through the one door, before torch is imported
         from hf_pretrain.object_store.reach import StoreRefused
         from hf_pretrain.run_store.reading import readable
 
         url = args.model
         try:
-            args.model = str(readable(url, say=lambda line: print(f"eval: {line}", flush=True)))
+            args.model = str(readable(model, say=lambda line: print(f"eval: {line}", flush=True)))
         except StoreRefused as exc:
             print(f"hf-pretrain eval: error: {exc}", file=sys.stderr)
             return EXIT_PREFLIGHT

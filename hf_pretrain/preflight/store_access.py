@@ -25,6 +25,7 @@ from hf_pretrain.config import Recipe
 from hf_pretrain.data.prepared import data_identity
 from hf_pretrain.formatting import human_bytes, human_duration
 from hf_pretrain.model.llama import recipe_parameter_count
+from hf_pretrain.object_store.location import Location
 from hf_pretrain.preflight.disk import checkpoint_bytes, nearest_existing, newest_checkpoint_bytes, tokenizer_bytes
 from hf_pretrain.preflight.result import CheckResult
 from hf_pretrain.preflight.resume import check_resume
@@ -33,12 +34,10 @@ RATE_PROBE_BYTES = 8 * 2**20  # big enough that the request's latency is not the
 RATE_PROBE = ".hf_pretrain_doctor_rate"
 
 
-def data_store_refused(recipe: Recipe) -> CheckResult | None:
+def data_store_refused(recipe: Recipe, data: Location) -> CheckResult | None:
     """A URL data_dir whose store does not answer (or has no such bucket): the one row, from one probe.
     Without it each data check retried its own reads: 2 to 2.5 minutes of silence for an unreachable endpoint."""
-    from hf_pretrain.object_store.urls import is_url
-
-    if not is_url(recipe.data.data_dir):
+    if not data.in_store:
         return None
     from hf_pretrain.object_store.reach import StoreRefused, open_checked
 

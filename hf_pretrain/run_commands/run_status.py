@@ -192,11 +192,13 @@ def main(argv: list[str] | None = None) -> int:
         "--verify", action="store_true", help="read every byte of the last checkpoint against its manifest (slow)"
     )
     args = parser.parse_args(argv)
+    from hf_pretrain.object_store.location import Location
     from hf_pretrain.object_store.reach import StoreRefused
     from hf_pretrain.run_store.reading import readable
 
+    run = Location.of(args.run_dir)  # local or a store: decided here, once, and handed down
     try:  # a URL: its records and its newest complete checkpoint's listing, pulled into the cache
-        run_dir = readable(args.run_dir, checkpoint=args.verify, say=lambda line: print(f"status: {line}"))
+        run_dir = readable(run, checkpoint=args.verify, say=lambda line: print(f"status: {line}"))
     except StoreRefused as exc:
         print(f"hf-pretrain status: error: {exc}", file=sys.stderr)
         return EXIT_PREFLIGHT
@@ -207,12 +209,10 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return EXIT_PREFLIGHT
-    from hf_pretrain.object_store.urls import is_url
-
     try:
         standing = (
             read_store_run(args.run_dir, run_dir, args.verify)
-            if is_url(args.run_dir)
+            if run.in_store
             else read_run(run_dir, verify=args.verify)
         )
     except StoreRefused as exc:
