@@ -105,9 +105,9 @@ def main() -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from hf_pretrain.config import load_recipe
     from hf_pretrain.data.prepare_run import prepare
-    from hf_pretrain.object_store import data_cache
-    from hf_pretrain.object_store.data_cache import StoreData
-    from hf_pretrain.object_store.data_upload import upload_prepared
+    from hf_pretrain.data_store import data_cache
+    from hf_pretrain.data_store.data_cache import StoreData
+    from hf_pretrain.data_store.data_upload import upload_prepared
     from hf_pretrain.object_store.urls import StoreURL, filesystem
     from tests.object_store_server import running_s3_server
 

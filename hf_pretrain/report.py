@@ -390,18 +390,18 @@ def main(argv: list[str] | None = None) -> int:
     except ImportError:
         print("hf-pretrain report: needs matplotlib: pip install matplotlib", file=sys.stderr)
         return EXIT_CONFIG
+    from hf_pretrain.object_store.location import Location
     from hf_pretrain.object_store.reach import StoreRefused
-    from hf_pretrain.object_store.reading import readable
+    from hf_pretrain.run_store.reading import readable
 
+    run = Location.of(args.run_dir)  # local or a store: decided here, once, and handed down
     try:
-        run_dir = readable(args.run_dir, checkpoint=False)  # a URL: its records, pulled into the cache
+        run_dir = readable(run, checkpoint=False)  # a URL: its records, pulled into the cache
     except StoreRefused as exc:
         print(f"hf-pretrain report: error: {exc}", file=sys.stderr)
         return EXIT_CONFIG
-    from hf_pretrain.object_store.urls import is_url
-
     output = args.output or run_dir / "report"
-    if is_url(args.run_dir) and not args.output:  # not inside the cache's read-only view: beside the command
+    if run.in_store and not args.output:  # not inside the cache's read-only view: beside the command
         output = Path("reports") / args.run_dir.split("://", 1)[1].strip("/").replace("/", "__")
     try:
         page = write_report(run_dir, Path(output), price)

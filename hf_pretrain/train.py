@@ -30,6 +30,7 @@ from hf_pretrain.processes import end_with_launcher
 end_with_launcher(EXIT_PREEMPTED)
 
 from hf_pretrain.config import Recipe, parse_recipe_args  # noqa: E402
+from hf_pretrain.object_store.location import Location, Where  # noqa: E402
 from hf_pretrain.run_folder.run_dir import RunDir  # noqa: E402
 
 if TYPE_CHECKING:
@@ -43,9 +44,11 @@ UPLOAD_FIRST = {
 }
 
 
-def run_training(recipe: Recipe) -> Outcome:
+def run_training(recipe: Recipe, where: Where | None = None) -> Outcome:
     """The loop with the recipe's side jobs (final/ at the end, the pushes and benchmarks it asks for),
-    in a session that holds the run folder and leaves its status.json (training/session.py)."""
+    in a session that holds the run folder and leaves its status.json (training/session.py). `where`:
+    the door's answer to where the run and the data live; a caller without one (bench's variants) has it
+    decided here, this being training's door."""
     # Imported here, after the recipe was read: `--help` and a refused flag answer without torch.
     from hf_pretrain.checkpoints.resume_decision import finished_at
     from hf_pretrain.checkpoints.resume_plan import GO_FURTHER
@@ -54,7 +57,8 @@ def run_training(recipe: Recipe) -> Outcome:
     from hf_pretrain.training.loop import train as train_loop
     from hf_pretrain.training.session import Session
 
-    recipe, store = in_store(recipe)  # a URL output_dir: checked, leased, pulled; a local copy trains
+    where = where or Where.of(recipe)
+    recipe, where, store = in_store(recipe, where)  # a URL output_dir: checked, leased, pulled; a local copy trains
     finished = finished_at(recipe)
     if finished is not None:  # the same command after the run completed: nothing to train, nothing written
         shown = RunDir(recipe.train.output_dir).shown_as()  # a URL run: its URL, not the working copy
@@ -73,7 +77,7 @@ def run_training(recipe: Recipe) -> Outcome:
         with Session(recipe.train.output_dir) as session:
             if store is not None:
                 store.session_started()
-            outcome = train_loop(recipe, callbacks=[side_jobs] + ([store] if store is not None else []))
+            outcome = train_loop(recipe, callbacks=[side_jobs] + ([store] if store is not None else []), where=where)
             unpushed = side_jobs.unpushed(session.dir)  # on the first process only: the others push nothing
             behind = store.behind() if store is not None else None
             if store is not None and not behind:
@@ -96,24 +100,25 @@ def run_training(recipe: Recipe) -> Outcome:
             store.close()
 
 
-def in_store(recipe: Recipe):
-    """A recipe whose output_dir is a URL, made one that trains its local copy; and, on the job's first
-    process, the store side of the session (object_store/run_sync.py). A local output_dir: as it is."""
+def in_store(recipe: Recipe, where: Where):
+    """A recipe whose output_dir is a URL, made one that trains its local copy (and `where` saying so);
+    and, on the job's first process, the store side of the session (run_store/run_sync.py). A local
+    output_dir: as it is."""
     from hf_pretrain.object_store.cache import check_cache_root
     from hf_pretrain.object_store.store_calls import StoreError
-    from hf_pretrain.object_store.urls import StoreUnavailable, check_locations, is_url
+    from hf_pretrain.object_store.urls import StoreUnavailable, check_locations
 
     try:  # a malformed URL (output_dir or data_dir): one line, before the preflight's table
         check_locations(recipe.train.output_dir, recipe.data.data_dir)
-        if is_url(recipe.train.output_dir) or is_url(recipe.data.data_dir):
+        if where.any_in_store:
             check_cache_root(recipe.store.cache_dir)
     except StoreUnavailable as exc:
         raise StoreError(str(exc)) from None
-    if not is_url(recipe.train.output_dir):
-        return recipe, None
+    if not where.run.in_store:
+        return recipe, where, None
     import os
 
-    from hf_pretrain.object_store.run_sync import RunInStore, pull_here, wait_for_pull, working_copy
+    from hf_pretrain.run_store.run_sync import RunInStore, pull_here, wait_for_pull, working_copy
 
     # One process pulls a machine's copy (the job's first also takes the lease and uploads); the others
     # of that machine wait for it, so that none reads the copy half pulled.
@@ -124,7 +129,8 @@ def in_store(recipe: Recipe):
         pull_here(recipe)
     else:
         wait_for_pull(recipe)
-    return recipe.replace(output_dir=str(working_copy(recipe))), store
+    copy = str(working_copy(recipe))  # what trains below this door: a local folder, the store's side is `store`
+    return recipe.replace(output_dir=copy), Where(Location(copy, in_store=False), where.data), store
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -145,15 +151,16 @@ def main(argv: list[str] | None = None) -> int:
 
 def _main(argv: list[str] | None) -> int:
     recipe, _ = parse_recipe_args(argv, prog="hf-pretrain train", description=__doc__.split("\n")[0])
-    from hf_pretrain.object_store.run_record import with_remembered_data
+    from hf_pretrain.run_store.run_record import with_remembered_data
 
     say = print if os.environ.get("RANK", "0") == "0" else lambda line: None  # every process reads it, one says it
-    recipe = with_remembered_data(recipe, sys.argv[1:] if argv is None else argv, say)
+    where = Where.of(recipe)  # where the run and the data live: decided here, once, and handed down
+    recipe, where = with_remembered_data(recipe, where, sys.argv[1:] if argv is None else argv, say)
     from hf_pretrain.training.session import REFUSALS, RunLocked, describe, exit_code_of
     from hf_pretrain.training.start_up import StoppedDuringStartUp
 
     try:
-        return run_training(recipe).exit_code
+        return run_training(recipe, where).exit_code
     except (RunLocked, StoppedDuringStartUp, *REFUSALS) as exc:  # nothing was trained: the reason is the whole story
         print(f"train.py: {describe(exc)}", file=sys.stderr)
         return exit_code_of(exc)

@@ -136,6 +136,8 @@ BELOW_THE_MACHINE = [
         "preflight",
         "data",
         "object_store",
+        "data_store",
+        "run_store",
         "publish",
         "evaluation",
         "bench",
@@ -162,8 +164,25 @@ BELOW_THE_MACHINE = [
         ),
         # ... and below the data and the model: a start's resume decision is handed the data's identity, the shape
         # checks ask the model section (config/) (issue 46), so the
-        # store's run half may read checkpoints while the data reads the store, with no loop between rooms
-        ("hf_pretrain.checkpoints", ["hf_pretrain.data", "hf_pretrain.object_store", "hf_pretrain.model.llama"]),
+        # store's run half (run_store/) may read checkpoints while the data reads its half (data_store/), with no
+        # loop between rooms
+        (
+            "hf_pretrain.checkpoints",
+            [
+                "hf_pretrain.data",
+                "hf_pretrain.object_store",
+                "hf_pretrain.data_store",
+                "hf_pretrain.run_store",
+                "hf_pretrain.model.llama",
+            ],
+        ),
+        # the store's two halves (issue 46): the data half knows nothing of runs or checkpoints, and the shared
+        # way to talk to a store (object_store/) knows neither half
+        ("hf_pretrain.data_store", ["hf_pretrain.run_store", "hf_pretrain.checkpoints", "hf_pretrain.data"]),
+        (
+            "hf_pretrain.object_store",
+            ["hf_pretrain.data_store", "hf_pretrain.run_store", "hf_pretrain.checkpoints", "hf_pretrain.data"],
+        ),
         # publishing, evaluation and the preflight read checkpoints through the room, never the loop's
         ("hf_pretrain.publish", ["hf_pretrain.training"]),
         ("hf_pretrain.evaluation", ["hf_pretrain.training"]),
@@ -182,7 +201,16 @@ BELOW_THE_MACHINE = [
             ["hf_pretrain.training", "hf_pretrain.preflight", "hf_pretrain.run_commands.stop_command"],
         ),
         # the run folder's facts are read by the checkpoints, the store and the commands: they read none of them
-        ("hf_pretrain.run_folder", ["hf_pretrain.checkpoints", "hf_pretrain.object_store", "hf_pretrain.run_commands"]),
+        (
+            "hf_pretrain.run_folder",
+            [
+                "hf_pretrain.checkpoints",
+                "hf_pretrain.object_store",
+                "hf_pretrain.data_store",
+                "hf_pretrain.run_store",
+                "hf_pretrain.run_commands",
+            ],
+        ),
         ("hf_pretrain.training", ["hf_pretrain.run_commands.stop_command"]),
         ("hf_pretrain.preflight", ["hf_pretrain.run_commands.stop_command"]),
         # what a precision is: a shared fact every reader asks, below the run profile that resolves one
@@ -204,9 +232,26 @@ def test_the_arrows_between_rooms_point_one_way(room, forbidden):
         for module in _room(room)
         for target in imported_modules(module)  # lazy imports inside functions count too
         for prefix in forbidden
-        if (target == prefix or target.startswith(prefix + ".")) and not target.startswith(room)
+        if (target == prefix or target.startswith(prefix + "."))
+        and not (target == room or target.startswith(room + "."))
     }
     assert not wrong, sorted(wrong)
+
+
+def _folder(module: str) -> str:
+    """The room a module lives in: the folder under the package, or the loose module itself."""
+    return ".".join(module.split(".")[:2])
+
+
+def test_no_circle_between_rooms_at_folder_level():
+    """Files may form no circle while their folders do (`checkpoints -> data -> object_store -> checkpoints`
+    before the store's halves were split, issue 46): a reader sees rooms, so rooms hold the rule too."""
+    graph: dict[str, set[str]] = {}
+    for module in MODULES:
+        graph.setdefault(_folder(module), set()).update(
+            _folder(target) for target in imported_modules(module) if _folder(target) not in (_folder(module), PACKAGE)
+        )
+    assert find_cycle(graph) is None, " -> ".join(find_cycle(graph))
 
 
 def test_config_is_a_leaf_reading_only_the_exit_codes():
@@ -398,3 +443,61 @@ def test_the_door_check_sees_a_function_below_a_door_that_asks(tmp_path, monkeyp
     )
     monkeypatch.setitem(MODULES, "below", source)
     assert machine_questions("below") == {"door", "Part.measure"}
+
+
+# Issue 46, "is this a URL?" asked once: where the run and the data live (a local folder or a store URL) is
+# decided at a command's door (`Location.of`, `Where.of`, object_store/location.py) and handed down, as the run
+# profile is. The modules allowed to ask: the doors, and a ratchet of those that still ask below one (it may
+# shrink, never grow).
+WHERE_QUESTIONS = {"is_url"}  # and `Location.of(...)` / `Where.of(...)`, the typed way to ask
+WHERE_HOME = {f"{PACKAGE}.object_store.urls", f"{PACKAGE}.object_store.location"}
+WHERE_DOORS = {
+    f"{PACKAGE}.{name}"
+    for name in (
+        "train preflight.doctor run_commands.run_status run_commands.stop_command publish.export "
+        "publish.demo_command publish.gguf evaluation.eval_command report data.prepare_command check.worker"
+    ).split()
+}
+ASKS_BELOW_A_DOOR = {
+    f"{PACKAGE}.{name}"
+    for name in (
+        # a data_dir read from a run's own record in the store enters there, not at a door
+        "run_store.run_record "
+        # left: the data room still asks of the recipe's data_dir string (its functions take the string)
+        "data.loader data.prepared data.prepare_run data.tokenizer "
+        # left: the check's parts are another session's room (check/)
+        "check.store_rates"
+    ).split()
+}
+
+
+def _asks_where_it_is(module: str) -> int:
+    """How many times `module` asks whether a location is a URL."""
+    return sum(
+        isinstance(node, ast.Call)
+        and (
+            (isinstance(node.func, ast.Name) and node.func.id in WHERE_QUESTIONS)
+            or (
+                isinstance(node.func, ast.Attribute)
+                and node.func.attr == "of"
+                and isinstance(node.func.value, ast.Name)
+                and node.func.value.id in ("Location", "Where")
+            )
+        )
+        for node in ast.walk(ast.parse(MODULES[module].read_text()))
+    )
+
+
+def test_only_the_doors_ask_whether_a_location_is_a_url():
+    askers = {module for module in MODULES if module not in WHERE_HOME and _asks_where_it_is(module)}
+    assert askers <= WHERE_DOORS | ASKS_BELOW_A_DOOR, (
+        f"hand these the door's Location/Where instead: {askers - WHERE_DOORS - ASKS_BELOW_A_DOOR}"
+    )
+    assert not ASKS_BELOW_A_DOOR - askers, f"no longer asks: remove from the list {ASKS_BELOW_A_DOOR - askers}"
+
+
+def test_the_where_check_sees_a_module_that_asks(tmp_path, monkeypatch):
+    module = tmp_path / "m.py"
+    module.write_text("def f(x):\n    return is_url(x) or Location.of(x).in_store or Where.of(x)\n")
+    monkeypatch.setitem(MODULES, "hf_pretrain.m", module)
+    assert _asks_where_it_is("hf_pretrain.m") == 3

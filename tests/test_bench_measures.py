@@ -35,6 +35,7 @@ from hf_pretrain.economics.performance import modelled_tokens_per_s
 from hf_pretrain.economics.planning import gpu_ranking, plan_command
 from hf_pretrain.machine.gpus import gpu_named
 from hf_pretrain.machine.run_profile import THE_CPU, Machine, run_profile
+from hf_pretrain.object_store.location import Where
 from hf_pretrain.preflight.budget import check_cost
 from hf_pretrain.preflight.checks import MEMORY_PROBE_ENV, preflight
 from hf_pretrain.preflight.gpu import check_memory
@@ -150,9 +151,9 @@ def test_a_probes_preflight_warns_about_memory_instead_of_refusing(monkeypatch):
     monkeypatch.delenv(MEMORY_PROBE_ENV, raising=False)
     profile = run_profile(one_b(), THE_CPU)
     with pytest.raises(PreflightError):
-        preflight(one_b(), 1, log=lambda _: None, profile=profile)
+        preflight(one_b(), 1, log=lambda _: None, profile=profile, where=Where.of(one_b()))
     monkeypatch.setenv(MEMORY_PROBE_ENV, "1")
-    (warned,) = preflight(one_b(), 1, log=lambda _: None, profile=profile)
+    (warned,) = preflight(one_b(), 1, log=lambda _: None, profile=profile, where=Where.of(one_b()))
     assert warned.status == "warn" and "the bench tries it on the device" in warned.reason
 
 

@@ -120,7 +120,7 @@ def test_prepare_into_an_unreachable_store_says_so_in_one_line_within_seconds(tm
 @pytest.fixture
 def machine(tmp_path, monkeypatch):
     """Another machine: an empty cache folder, and nothing this process synced before."""
-    from hf_pretrain.object_store import data_cache
+    from hf_pretrain.data_store import data_cache
 
     def fresh(name: str) -> Path:
         home = tmp_path / name
@@ -166,8 +166,8 @@ def test_batches_from_the_url_equal_the_local_ones_and_a_resume_elsewhere_too(st
 @pytest.fixture(scope="module")
 def small_blocks(s3_server, smoke_data):
     """The smoke data uploaded with 1 KiB blocks (the smoke corpus is ~40 blocks of the real 64 KiB)."""
-    from hf_pretrain.object_store import data_blocks
-    from hf_pretrain.object_store.data_upload import upload_prepared
+    from hf_pretrain.data_store import data_blocks
+    from hf_pretrain.data_store.data_upload import upload_prepared
     from hf_pretrain.object_store.urls import StoreURL, filesystem
 
     url = s3_server.make_bucket("small-blocks") + "/smoke"
@@ -187,7 +187,7 @@ def _copy_prepared(source: Path, target: Path) -> Path:
 
 
 def test_a_small_cache_evicts_and_gives_the_same_batches(small_blocks, smoke_data, machine, monkeypatch):
-    from hf_pretrain.object_store.data_cache import StoreData
+    from hf_pretrain.data_store.data_cache import StoreData
 
     fetched = []
     real_fetch = StoreData.fetch
@@ -219,7 +219,7 @@ def test_a_cache_too_small_for_one_step_is_one_line_naming_the_key(small_blocks,
 def corrupt_store(s3_server, smoke_data):
     """The smoke data uploaded, then the first 4 KB of its largest training shard overwritten in the store
     (same size): (url, that shard's file name)."""
-    from hf_pretrain.object_store.data_upload import upload_prepared
+    from hf_pretrain.data_store.data_upload import upload_prepared
     from hf_pretrain.object_store.urls import StoreURL, filesystem
 
     url = s3_server.make_bucket("corrupt") + "/smoke"
@@ -235,7 +235,7 @@ def corrupt_store(s3_server, smoke_data):
 
 def test_a_corrupted_shard_in_the_store_is_caught_by_its_checksum(corrupt_store, machine):
     from hf_pretrain.data.loader import build_train_loader
-    from hf_pretrain.object_store.data_cache import StoreDataCorrupt
+    from hf_pretrain.data_store.data_cache import StoreDataCorrupt
 
     url, shard = corrupt_store
     machine("c")
@@ -266,7 +266,7 @@ def the_store_returns_at_the_first_retry(monkeypatch, proxy) -> None:
 
 
 def test_a_store_cut_during_a_fetch_is_retried_then_a_clear_line(store_data, machine, s3_server, monkeypatch):
-    from hf_pretrain.object_store.data_cache import StoreData
+    from hf_pretrain.data_store.data_cache import StoreData
     from hf_pretrain.object_store.store_calls import StoreError
 
     url, _, _ = store_data
@@ -337,11 +337,12 @@ import sys
 from hf_pretrain.config import load_recipe
 from hf_pretrain.data.loader import build_train_loader, build_val_loader
 from hf_pretrain.data.prepared import check_prepared_data, data_identity
+from hf_pretrain.object_store.location import Where
 from hf_pretrain.preflight.data import check_data_cache
 recipe = load_recipe("smoke", {{"data_dir": {str(smoke_data)!r}, "num_workers": 0}})
 check_prepared_data(recipe)
 data_identity(recipe.data.data_dir)
-assert check_data_cache(recipe) == []
+assert check_data_cache(recipe, Where.of(recipe).data) == []
 next(iter(build_train_loader(recipe, 0, 1, 2, 0)))
 next(iter(build_val_loader(recipe, 0, 1)))
 print(sorted(m for m in sys.modules if m.split(".")[0] in ("fsspec", "s3fs", "aiobotocore", "gcsfs")))
@@ -417,7 +418,7 @@ def test_the_doctor_on_an_unreachable_data_url_answers_in_one_row_within_seconds
 
 @pytest.mark.slow
 def test_a_store_cut_during_the_upload_is_retried_then_a_clear_line(s3_server, smoke_data, monkeypatch):
-    from hf_pretrain.object_store.data_upload import UploadIncomplete, upload_prepared
+    from hf_pretrain.data_store.data_upload import UploadIncomplete, upload_prepared
     from hf_pretrain.object_store.urls import StoreURL, filesystem
 
     monkeypatch.setenv("HF_PRETRAIN_STORE_RETRY_DELAYS", "1,1")

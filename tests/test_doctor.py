@@ -25,6 +25,7 @@ from hf_pretrain.exit_codes import EXIT_CONFIG
 from hf_pretrain.formatting import human_bytes
 from hf_pretrain.machine.run_profile import A_GPU, THE_CPU, run_profile
 from hf_pretrain.model.llama import recipe_tokenizer_size
+from hf_pretrain.object_store.location import Where
 from hf_pretrain.preflight import disk as disk_module
 from hf_pretrain.preflight.budget import check_cost, run_cost, run_hours
 from hf_pretrain.preflight.checks import preflight, run_checks
@@ -463,7 +464,7 @@ def test_unknown_throughput_or_price_warns():
 def test_preflight_passes_a_good_run_and_logs_the_table(smoke_data, tmp_path):
     lines: list[str] = []
     recipe = smoke(smoke_data, tmp_path)
-    results = preflight(recipe, world_size=1, log=lines.append, profile=profile_here(recipe))
+    results = preflight(recipe, world_size=1, log=lines.append, profile=profile_here(recipe), where=Where.of(recipe))
     assert not [r for r in results if r.status == "fail"]
     assert "ready to train" in lines[0]
 
@@ -471,7 +472,7 @@ def test_preflight_passes_a_good_run_and_logs_the_table(smoke_data, tmp_path):
 def test_preflight_raises_with_the_failed_checks_and_their_fixes(tmp_path):
     recipe = load_recipe("smoke", {"data_dir": str(tmp_path / "nothing"), "num_workers": 0})
     with pytest.raises(PreflightError) as error:
-        preflight(recipe, world_size=3, log=lambda _: None, profile=profile_here(recipe, 3))
+        preflight(recipe, world_size=3, log=lambda _: None, profile=profile_here(recipe, 3), where=Where.of(recipe))
     message = str(error.value)
     assert (
         "data: " in message
@@ -487,7 +488,7 @@ def test_a_check_that_crashes_is_reported_not_raised(monkeypatch):
 
     monkeypatch.setattr("hf_pretrain.preflight.checks.check_cost", broken)
     recipe = load_recipe("smoke")
-    result = by_name(run_checks(recipe, profile=profile_here(recipe)))["time and cost"]
+    result = by_name(run_checks(recipe, profile=profile_here(recipe), where=Where.of(recipe)))["time and cost"]
     assert result.status == "warn" and "RuntimeError: boom" in result.reason
 
 

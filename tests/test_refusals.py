@@ -16,6 +16,7 @@ from hf_pretrain.checkpoints.layout import TRAIN_STATE
 from hf_pretrain.checkpoints.manifest import write_manifest
 from hf_pretrain.config import build_recipe, load_recipe, save_recipe
 from hf_pretrain.exit_codes import EXIT_CONFIG
+from hf_pretrain.object_store.location import Where
 from hf_pretrain.optim.build import Cooldown
 from hf_pretrain.preflight.checks import run_checks
 from hf_pretrain.run_commands.stop_command import main as stop_main
@@ -156,15 +157,16 @@ def test_a_request_from_before_a_start_is_set_aside_by_an_extension_and_applied_
 
 def test_the_doctor_shows_a_pending_request_and_its_age(tmp_path, smoke_data):
     recipe = load_recipe("smoke", {"data_dir": str(smoke_data), "output_dir": str(tmp_path / "run")})
+    where = Where.of(recipe)
     assert not [
-        r for r in run_checks(recipe, profile=profile_here(recipe)) if r.name == "stop request"
+        r for r in run_checks(recipe, profile=profile_here(recipe), where=where) if r.name == "stop request"
     ]  # no row without a request
     (tmp_path / "run").mkdir()
     request_stop(tmp_path / "run", cooldown_steps=9)
     path = RunDir(tmp_path / "run").stop_request
     hour_ago = time.time() - 3600
     path.write_text(json.dumps({**json.loads(path.read_text()), "requested_at_epoch": hour_ago}))
-    (row,) = [r for r in run_checks(recipe, profile=profile_here(recipe)) if r.name == "stop request"]
+    (row,) = [r for r in run_checks(recipe, profile=profile_here(recipe), where=where) if r.name == "stop request"]
     assert row.status == "warn" and "of 60.0 min ago (cooldown 9 steps)" in row.reason
     assert "applied at the first step" in row.reason and str(path) in row.fix
 

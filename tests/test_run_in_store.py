@@ -53,8 +53,8 @@ def store_fs():
 
 
 def complete_in_store(url: str) -> list[int]:
-    from hf_pretrain.object_store.pull import complete_steps
     from hf_pretrain.object_store.urls import StoreURL
+    from hf_pretrain.run_store.pull import complete_steps
 
     return complete_steps(store_fs(), StoreURL.parse(url))
 
@@ -183,8 +183,8 @@ def test_the_store_cut_mid_upload_training_goes_on_and_the_upload_completes(smok
     assert status["store"]["last_step"] == 12 and status["store"]["steps_behind"] == 0, status["store"]
 
     # nothing torn is used: a fresh machine pulls the newest checkpoint, verified against its manifest
-    from hf_pretrain.object_store.pull import pull_run
     from hf_pretrain.object_store.urls import StoreURL
+    from hf_pretrain.run_store.pull import pull_run
 
     said = []
     assert pull_run(store_fs(), StoreURL.parse(url), tmp_path / "fresh", say=said.append) == 12, said
@@ -199,8 +199,8 @@ def _logged_steps(local: Path) -> int:
 
 
 def test_a_checksum_mismatch_on_download_falls_back_and_names_the_file(reference_run, s3_bucket, tmp_path):
-    from hf_pretrain.object_store.pull import pull_run
     from hf_pretrain.object_store.urls import StoreURL
+    from hf_pretrain.run_store.pull import pull_run
 
     url, fs = f"{s3_bucket}/run", store_fs()
     steps = sorted(p.name for p in (reference_run[0] / "checkpoints").iterdir() if p.name[5:].isdigit())
@@ -269,8 +269,8 @@ def test_a_second_machine_on_the_same_url_is_refused_naming_the_first(smoke_data
 
 
 def test_a_stale_lease_is_taken_over_and_a_live_one_is_not(s3_bucket):
-    from hf_pretrain.object_store.lease import STALE_BEATS, Lease, LeaseHeld
     from hf_pretrain.object_store.urls import StoreURL
+    from hf_pretrain.run_store.lease import STALE_BEATS, Lease, LeaseHeld
 
     url, fs = StoreURL.parse(f"{s3_bucket}/run"), store_fs()
     first = Lease(fs, url, heartbeat_s=10)
@@ -292,11 +292,11 @@ def test_a_stale_lease_is_taken_over_and_a_live_one_is_not(s3_bucket):
 
 def test_a_local_run_never_imports_a_store_client():
     code = (
-        "import sys; from hf_pretrain.config import load_recipe; from hf_pretrain.train import in_store;"
-        "import hf_pretrain.training.loop;"
-        "recipe, store = in_store(load_recipe('smoke', {'output_dir': 'runs/x'}));"
-        "assert store is None and recipe.train.output_dir == 'runs/x';"
-        "bad = [m for m in ('s3fs', 'gcsfs', 'hf_pretrain.object_store.run_sync') if m in sys.modules];"
+        "import sys; from hf_pretrain.config import load_recipe; from hf_pretrain.train import in_store, Where;"
+        "import hf_pretrain.training.loop; local = load_recipe('smoke', {'output_dir': 'runs/x'});"
+        "recipe, where, store = in_store(local, Where.of(local));"
+        "assert store is None and recipe.train.output_dir == 'runs/x' and not where.run.in_store;"
+        "bad = [m for m in ('s3fs', 'gcsfs', 'hf_pretrain.run_store.run_sync') if m in sys.modules];"
         "assert not bad, bad"
     )
     subprocess.run([sys.executable, "-c", code], cwd=OUTSIDE_CHECKOUT, env=offline_env(), check=True)
@@ -451,9 +451,9 @@ def test_two_processes_resume_a_url_run_on_another_machine_bit_for_bit(smoke_dat
 
 def test_a_runs_half_uploads_are_removed_at_its_next_start_and_no_one_elses(s3_bucket, tmp_path, monkeypatch):
     from hf_pretrain.config import load_recipe
-    from hf_pretrain.object_store.run_sync import RunInStore
-    from hf_pretrain.object_store.uploader import WRITER, Uploader
     from hf_pretrain.object_store.urls import StoreURL
+    from hf_pretrain.run_store.run_sync import RunInStore
+    from hf_pretrain.run_store.uploader import WRITER, Uploader
 
     monkeypatch.setenv("HF_PRETRAIN_HOME", str(tmp_path / "home"))
     url, fs = f"{s3_bucket}/run", store_fs()
@@ -476,7 +476,7 @@ def test_a_runs_half_uploads_are_removed_at_its_next_start_and_no_one_elses(s3_b
 
     said = []
     recipe = load_recipe("smoke", {"output_dir": url, "keep_checkpoints": 2})
-    from hf_pretrain.object_store import run_sync
+    from hf_pretrain.run_store import run_sync
 
     monkeypatch.setattr(run_sync, "pull_run", lambda *a, **k: None)  # what the store holds is not a real run
     run = RunInStore.begin(recipe, say=said.append)

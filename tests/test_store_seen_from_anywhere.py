@@ -99,7 +99,7 @@ def store_of(url: str):
 
 
 def complete_in_store(url: str) -> list[int]:
-    from hf_pretrain.object_store.pull import complete_steps
+    from hf_pretrain.run_store.pull import complete_steps
 
     fs, parsed = store_of(url)
     return complete_steps(fs, parsed)
@@ -108,8 +108,8 @@ def complete_in_store(url: str) -> list[int]:
 UPLOAD_INTO_A_BLACK_HOLE = """
 import sys, time
 from pathlib import Path
-from hf_pretrain.object_store.transfer import put_files
-from hf_pretrain.object_store.uploader import Uploader
+from hf_pretrain.run_store.transfer import put_files
+from hf_pretrain.run_store.uploader import Uploader
 from hf_pretrain.object_store.urls import StoreURL, filesystem
 url, run, wait_s = StoreURL.parse(sys.argv[1]), Path(sys.argv[2]), float(sys.argv[3])
 uploader = Uploader(filesystem(url), url, run, keep=3, say=lambda line: None)
@@ -164,7 +164,7 @@ def test_a_black_holed_store_bounds_the_wait_and_the_process_exits(s3_bucket, s3
 def test_a_throttling_store_still_completes_every_checkpoint(s3_bucket, s3_server, tmp_path):
     """A third of the requests answered 503 SlowDown (S3 under load): every checkpoint completes, each
     object the size of its file, and the 503s were really sent."""
-    from hf_pretrain.object_store.uploader import Uploader
+    from hf_pretrain.run_store.uploader import Uploader
 
     run, url = tmp_path / "run", f"{s3_bucket}/run"
     fs, parsed = store_of(url)
@@ -190,8 +190,8 @@ def test_a_checkpoint_past_its_upload_deadline_lets_the_newer_one_go_first(s3_bu
     rate, at least UPLOAD_FLOOR_S, here 1 s): step 8, every request answered 503 SlowDown, passes it and
     says so once; the newer step 12 goes first when the store takes writes again, and step 8, dropped as
     retention would drop it, never holds it up."""
-    from hf_pretrain.object_store import uploader as uploading
-    from hf_pretrain.object_store.uploader import Uploader
+    from hf_pretrain.run_store import uploader as uploading
+    from hf_pretrain.run_store.uploader import Uploader
 
     monkeypatch.setattr(uploading, "UPLOAD_FLOOR_S", 1.0)
     run, url = tmp_path / "run", f"{s3_bucket}/run"
@@ -223,7 +223,7 @@ def test_a_checkpoint_past_its_upload_deadline_lets_the_newer_one_go_first(s3_bu
 def test_a_short_object_never_makes_a_checkpoint_complete(s3_bucket, s3_server, tmp_path):
     """The store keeps a cut-short object (a throttled part, an unflushed write): the sizes are checked
     before the manifest goes, the short one is sent again, and at the manifest's write every object is whole."""
-    from hf_pretrain.object_store.uploader import Uploader
+    from hf_pretrain.run_store.uploader import Uploader
 
     run, url = tmp_path / "run", f"{s3_bucket}/run"
     fs, parsed = store_of(url)
@@ -252,7 +252,7 @@ def test_the_next_start_uploads_every_missing_step_and_final_first(s3_bucket, s3
     """status.json of a session whose store was down names steps 8 and 12 and final/ as not in the store:
     the next start uploads all three (the step before the newest too, and final/), then says so."""
     from hf_pretrain.config import parse_recipe_args
-    from hf_pretrain.object_store.run_sync import RunInStore, working_copy
+    from hf_pretrain.run_store.run_sync import RunInStore, working_copy
 
     monkeypatch.setenv("HF_PRETRAIN_HOME", str(tmp_path / "home"))
     url = f"{s3_bucket}/run"
@@ -335,8 +335,8 @@ def test_status_of_a_url_answers_from_the_store_on_a_fresh_machine(s3_bucket, s3
     """A machine that never saw the run: state, step N of M and the newest complete checkpoint in the
     store (no `--verify`, no weights pulled), how far the store is behind, the lease, the data URL; a
     live run with a fresh lease is `running`, never `killed`; the cache's path is on no line."""
-    from hf_pretrain.object_store.lease import Lease
     from hf_pretrain.run_commands import run_status
+    from hf_pretrain.run_store.lease import Lease
 
     home = tmp_path / "home"
     monkeypatch.setenv("HF_PRETRAIN_HOME", str(home))
@@ -380,7 +380,7 @@ def test_a_machine_that_lost_its_lease_stops_writing_the_store(s3_bucket, s3_ser
     """Another machine took the run over: this one's heartbeat sees it, and from then on neither its
     status.json nor its lease release reaches the store, and its end waits for nothing."""
     from hf_pretrain.config import parse_recipe_args
-    from hf_pretrain.object_store.run_sync import RunInStore
+    from hf_pretrain.run_store.run_sync import RunInStore
 
     monkeypatch.setenv("HF_PRETRAIN_HOME", str(tmp_path / "home"))
     url = f"{s3_bucket}/run"
@@ -423,7 +423,7 @@ def data_in_store(smoke_data: Path, bucket: str) -> str:
     """The prepared smoke data uploaded as `prepare --data_dir s3://...` leaves it: its URL."""
     import shutil
 
-    from hf_pretrain.object_store.data_upload import upload_prepared
+    from hf_pretrain.data_store.data_upload import upload_prepared
     from hf_pretrain.object_store.urls import StoreURL, filesystem
 
     url = f"{bucket}/data"
@@ -590,18 +590,22 @@ def test_a_run_url_alone_brings_its_data_url_from_the_store(s3_bucket, s3_server
     """The command names only the run's URL: the data URL comes from the run's record in the store, said
     in one line; a --data_dir on the command line wins (checked against the run's data as always)."""
     from hf_pretrain.config import parse_recipe_args
-    from hf_pretrain.object_store.run_record import with_remembered_data
+    from hf_pretrain.object_store.location import Where
+    from hf_pretrain.run_store.run_record import with_remembered_data
 
     url = f"{s3_bucket}/run"
     put_run(url, tmp_path, steps=(4,))
     only_the_run = ["--recipe", "smoke", "--output_dir", url]
     recipe, _ = parse_recipe_args(only_the_run, prog="test", description="")
     said: list[str] = []
-    assert with_remembered_data(recipe, only_the_run, said.append).data.data_dir == "s3://corpus/smoke-prepared"
+    remembered, where = with_remembered_data(recipe, Where.of(recipe), only_the_run, said.append)
+    assert remembered.data.data_dir == "s3://corpus/smoke-prepared" and where.data.in_store
+    assert str(where.data) == "s3://corpus/smoke-prepared" and where.run.in_store
     assert said == [f"data: s3://corpus/smoke-prepared (the run's own record in {url}; --data_dir overrides it)"]
     for named in (["--data_dir", "elsewhere"], ["--data-dir=elsewhere"]):
         recipe, _ = parse_recipe_args(only_the_run + named, prog="test", description="")
-        assert with_remembered_data(recipe, only_the_run + named, said.append).data.data_dir == "elsewhere"
+        kept, where = with_remembered_data(recipe, Where.of(recipe), only_the_run + named, said.append)
+        assert kept.data.data_dir == "elsewhere" and not where.data.in_store
     assert len(said) == 1
 
 
@@ -637,7 +641,8 @@ def test_the_command_in_status_json_is_the_one_typed_and_holds_no_secret(monkeyp
 def test_stop_of_a_url_whose_newest_checkpoint_lacks_train_state_reads_the_one_before(
     s3_bucket, s3_server, tmp_path, monkeypatch, capsys
 ):
-    from hf_pretrain.object_store.reading import stop_facts
+    from hf_pretrain.object_store.location import Location
+    from hf_pretrain.run_store.reading import stop_facts
 
     monkeypatch.setenv("HF_PRETRAIN_HOME", str(tmp_path / "home"))
     url = f"{s3_bucket}/run"
@@ -645,7 +650,7 @@ def test_stop_of_a_url_whose_newest_checkpoint_lacks_train_state_reads_the_one_b
     fs, parsed = store_of(url)
     fs.rm_file(f"{parsed.path}/checkpoints/step_00000008/train_state.json")
     said: list[str] = []
-    _, holder, saved = stop_facts(url, say=said.append)
+    _, holder, saved = stop_facts(Location.of(url), say=said.append)
     assert holder is None and saved["step"] == 4
     assert said == [f"{url}/checkpoints/step_00000008 has no readable train_state.json; the one before is read"]
 
@@ -661,17 +666,18 @@ def test_gguf_of_a_url_says_which_command_reads_it(capsys):
 
 def test_a_view_keeps_only_the_checkpoint_it_read(s3_bucket, s3_server, tmp_path, monkeypatch):
     """`views/` held every checkpoint ever pulled (optimizer state included): each read keeps one."""
-    from hf_pretrain.object_store.reading import readable
+    from hf_pretrain.object_store.location import Location
+    from hf_pretrain.run_store.reading import readable
 
     monkeypatch.setenv("HF_PRETRAIN_HOME", str(tmp_path / "home"))
     url = f"{s3_bucket}/run"
     put_run(url, tmp_path, steps=(4,), status={"state": "running"})
-    view = readable(url, say=lambda line: None)
+    view = readable(Location.of(url), say=lambda line: None)
     assert [p.name for p in (view / "checkpoints").iterdir()] == ["step_00000004"]
     fs, parsed = store_of(url)
     folder = fake_checkpoint(tmp_path / "later", 8)
     fs.put(str(folder), f"{parsed.path}/checkpoints/{folder.name}", recursive=True)
-    assert readable(url, say=lambda line: None) == view
+    assert readable(Location.of(url), say=lambda line: None) == view
     assert [p.name for p in (view / "checkpoints").iterdir()] == ["step_00000008"]
 
 
@@ -679,7 +685,7 @@ def test_a_run_deleted_from_the_store_starts_fresh_not_from_the_hidden_copy(
     s3_bucket, s3_server, tmp_path, monkeypatch
 ):
     from hf_pretrain.config import parse_recipe_args
-    from hf_pretrain.object_store.run_sync import RunInStore, working_copy
+    from hf_pretrain.run_store.run_sync import RunInStore, working_copy
 
     monkeypatch.setenv("HF_PRETRAIN_HOME", str(tmp_path / "home"))
     url = f"{s3_bucket}/run"
@@ -697,8 +703,8 @@ def test_a_run_deleted_from_the_store_starts_fresh_not_from_the_hidden_copy(
 
 def test_the_doctors_bench_command_names_the_run_url_not_its_copy(tmp_path, monkeypatch):
     from hf_pretrain.config import parse_recipe_args
-    from hf_pretrain.object_store.run_sync import working_copy
     from hf_pretrain.preflight.budget import bench_command
+    from hf_pretrain.run_store.run_sync import working_copy
 
     monkeypatch.setenv("HF_PRETRAIN_HOME", str(tmp_path / "home"))
     argv = ["--recipe", "smoke", "--output_dir", "s3://bkt/runs/x"]

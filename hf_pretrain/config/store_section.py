@@ -10,7 +10,7 @@ from .keys import key
 @dataclass
 class StoreConfig:
     """A run in object storage: where its local copy lives, how long the end waits for uploads, the lease's
-    heartbeat (`object_store/` owns it).
+    heartbeat (`run_store/` owns it).
     """
 
     cache_dir: str | None = key(

@@ -35,7 +35,7 @@ from hf_pretrain.object_store.urls import is_url
 from hf_pretrain.processes import die_with_parent
 
 if TYPE_CHECKING:  # data in a store: imported only when data_dir is a URL
-    from hf_pretrain.object_store.data_cache import StoreData
+    from hf_pretrain.data_store.data_cache import StoreData
 
 # Batches each worker keeps ready: training batches are tiny to produce, so a few cover any hiccup.
 PREFETCH_FACTOR = 4
@@ -266,9 +266,9 @@ def _store_paths(meta: dict[str, Any], split: str) -> list[list[Path]]:
 
 
 def _store(recipe: Recipe) -> StoreData:
-    """The block cache of this training process for data_dir's URL (object_store/data_cache.py)."""
-    from hf_pretrain.object_store.data_cache import StoreData
-    from hf_pretrain.object_store.data_upload import cache_folder
+    """The block cache of this training process for data_dir's URL (data_store/data_cache.py)."""
+    from hf_pretrain.data_store.data_cache import StoreData
+    from hf_pretrain.data_store.data_upload import cache_folder
 
     local_processes = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))  # the bound is the machine's, shared
     capacity = int(recipe.data.data_cache_gb * 1e9 / max(local_processes, 1))
@@ -278,7 +278,7 @@ def _store(recipe: Recipe) -> StoreData:
 
 def _prefetching(sampler: StepBatchSampler, datasets: list[PackedDataset], workers: int) -> Any:
     """`sampler`, with a thread that fetches its batches' blocks ahead of the loader, in their order of use."""
-    from hf_pretrain.object_store.data_cache import PrefetchingSampler, blocks_of, check_capacity
+    from hf_pretrain.data_store.data_cache import PrefetchingSampler, blocks_of, check_capacity
 
     store, offsets = datasets[0].store, sampler.offsets
 

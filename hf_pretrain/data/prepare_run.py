@@ -117,8 +117,8 @@ def prepare(
     goes to `logs/<source>/` only, unless `verbose`.
     """
     d = recipe.data
-    if is_url(d.data_dir):  # prepared in a local copy exactly as below, then uploaded (object_store/data_upload.py)
-        from hf_pretrain.object_store.data_upload import prepare_into_store
+    if is_url(d.data_dir):  # prepared in a local copy exactly as below, then uploaded (data_store/data_upload.py)
+        from hf_pretrain.data_store.data_upload import prepare_into_store
 
         fingerprint = data_fingerprint(recipe)
         return prepare_into_store(recipe, fingerprint, lambda local: prepare(local, log, dry_run, verbose), log)

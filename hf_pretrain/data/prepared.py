@@ -135,11 +135,11 @@ def reprepare_hint(recipe: Recipe) -> str:
 # ---------------------------------------------------------------------- reading
 def data_folder(data_dir: str | Path, recipe: Recipe | None = None) -> Path:
     """The local folder holding `data_dir`'s meta.json and tokenizer: `data_dir` itself, or for an
-    object-store URL its local copy, synced from the store once per process (object_store/data_cache.py)."""
+    object-store URL its local copy, synced from the store once per process (data_store/data_cache.py)."""
     if not is_url(data_dir):
         return Path(data_dir)
-    from hf_pretrain.object_store.data_cache import NotPrepared, synced_copy
-    from hf_pretrain.object_store.data_upload import cache_folder
+    from hf_pretrain.data_store.data_cache import NotPrepared, synced_copy
+    from hf_pretrain.data_store.data_upload import cache_folder
 
     try:
         return synced_copy(str(data_dir), cache_folder(recipe) if recipe else None)

@@ -127,7 +127,7 @@ def load_tokenizer(data_dir: str | Path) -> PreTrainedTokenizerFast:
     """The tokenizer that `prepare` saved in `data_dir` (a URL: its synced local copy); `TokenizerUnreadable`
     names a file cut short."""
     if is_url(data_dir):
-        from hf_pretrain.object_store.data_cache import synced_copy
+        from hf_pretrain.data_store.data_cache import synced_copy
 
         data_dir = synced_copy(str(data_dir))
     folder = Path(data_dir) / TOKENIZER_DIR

@@ -14,6 +14,7 @@ from hf_pretrain.checkpoints.resume_plan import Continuation
 from hf_pretrain.config import Recipe
 from hf_pretrain.data.prepared import data_identity
 from hf_pretrain.machine.run_profile import RunProfile
+from hf_pretrain.object_store.location import Location, Where
 from hf_pretrain.preflight.budget import check_cost
 from hf_pretrain.preflight.data import (
     check_batch_split,
@@ -74,6 +75,7 @@ def run_checks(
     resume_decision: Callable[[], Continuation] | None = None,
     *,
     profile: RunProfile,
+    where: Where,
 ) -> list[CheckResult]:
     """Every check, in the order a run meets them: software, GPU, data (and the base model of init_from),
     disk, memory, money. `resume_decision` is training's own (made once, then loaded); the doctor's is
@@ -82,10 +84,10 @@ def run_checks(
     from hf_pretrain.preflight.store_access import check_resume_from_store as resume_row
     from hf_pretrain.preflight.store_access import data_store_refused
 
-    unreachable = data_store_refused(recipe)
+    unreachable = data_store_refused(recipe, where.data)
     if unreachable is not None:  # every data check would retry the store on its own, minutes in all
         return [unreachable]
-    store = _in_store(recipe)
+    store = _in_store(recipe, where.run)
     if store is not None:  # a URL output_dir (the doctor's; training checks its working copy): store_access.py
         recipe, url_recipe = store, recipe
     decision = resume_decision or functools.cache(lambda: decide_resume(recipe, data_identity(recipe.data.data_dir)))
@@ -102,7 +104,7 @@ def run_checks(
         ("compiler", lambda: check_compiler(recipe, profile)),
         ("liger + compile", lambda: check_liger_under_compile(recipe)),
         ("data", lambda: check_prepared(recipe)),
-        ("data cache", lambda: check_data_cache(recipe)),  # data_dir as a URL only
+        ("data cache", lambda: check_data_cache(recipe, where.data)),  # data_dir as a URL only
         ("init_from", lambda: check_init_from(recipe, decision)),  # nothing without one
         ("data budget", lambda: check_data_budget(recipe)),
         ("seq_len", lambda: check_context(recipe)),
@@ -141,14 +143,12 @@ def _named_as_given(results: list[CheckResult], local: str, url: str | None) -> 
     ]
 
 
-def _in_store(recipe: Recipe) -> Recipe | None:
+def _in_store(recipe: Recipe, run: Location) -> Recipe | None:
     """For a URL output_dir, the recipe whose output_dir is the local working copy training would use."""
-    from hf_pretrain.object_store.urls import is_url
-
-    if not is_url(recipe.train.output_dir):
+    if not run.in_store:
         return None
 
-    from hf_pretrain.object_store.run_sync import working_copy
+    from hf_pretrain.run_store.run_sync import working_copy
 
     return recipe.replace(output_dir=str(working_copy(recipe)))
 
@@ -164,10 +164,11 @@ def preflight(
     resume_decision: Callable[[], Continuation] | None = None,
     *,
     profile: RunProfile,
+    where: Where,
 ) -> list[CheckResult]:
     """Run every check, log the table, and raise `PreflightError` (the failed checks with their
     fixes) when any fails; returns the results otherwise (warnings included)."""
-    results = run_checks(recipe, world_size, resume_decision=resume_decision, profile=profile)
+    results = run_checks(recipe, world_size, resume_decision=resume_decision, profile=profile, where=where)
     if os.environ.get(MEMORY_PROBE_ENV) == "1":
         results = [tried_on_the_device(r) if r.name == "gpu memory" and r.status == "fail" else r for r in results]
     log(format_table(results))

@@ -12,8 +12,8 @@ from hf_pretrain.data.loader import build_mixture, build_train_loader
 from hf_pretrain.data.prepared import DataMismatchError, check_prepared_data, prepare_hint, reprepare_hint
 from hf_pretrain.data.tokenizer import TokenizerUnreadable
 from hf_pretrain.formatting import human_bytes
+from hf_pretrain.object_store.location import Location
 from hf_pretrain.object_store.store_calls import StoreError
-from hf_pretrain.object_store.urls import is_url
 from hf_pretrain.optim.build import Schedule
 from hf_pretrain.preflight.result import CheckResult
 
@@ -218,10 +218,10 @@ def _fix_of(message: str) -> str:
     return "set " + message.rpartition(": set ")[2] if ": set " in message else ""
 
 
-def check_data_cache(recipe: Recipe) -> CheckResult | list[CheckResult]:
+def check_data_cache(recipe: Recipe, data: Location) -> CheckResult | list[CheckResult]:
     """data_dir as a URL: the data's size against the cache bound (data_cache_gb) and the free disk under it.
     No row for a local data_dir (read in place)."""
-    if not is_url(recipe.data.data_dir):
+    if not data.in_store:
         return []
     from hf_pretrain.data.prepared import data_folder
     from hf_pretrain.preflight.disk import nearest_existing

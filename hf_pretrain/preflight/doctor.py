@@ -41,10 +41,12 @@ def main(argv: list[str] | None = None) -> int:
     except StoreUnavailable as exc:
         print(f"hf-pretrain doctor: refused: {exc}", file=sys.stderr)
         return EXIT_CONFIG
-    from hf_pretrain.object_store.run_record import with_remembered_data
+    from hf_pretrain.object_store.location import Where
+    from hf_pretrain.run_store.run_record import with_remembered_data
 
+    where = Where.of(recipe)  # where the run and the data live: decided here, once, and handed down
     # the data training would read: a run URL's own record when the command names no --data_dir
-    recipe = with_remembered_data(recipe, sys.argv[1:] if argv is None else argv, print)
+    recipe, where = with_remembered_data(recipe, where, sys.argv[1:] if argv is None else argv, print)
     print(
         f"hf-pretrain doctor: recipe `{recipe.name}`, {args.num_processes} process(es), "
         f"data {recipe.data.data_dir}, output {recipe.train.output_dir}\n"
@@ -60,14 +62,13 @@ def main(argv: list[str] | None = None) -> int:
 
     # the doctor's door: which machine this is, asked once, and the run's profile handed to every row
     profile = complete_profile(recipe, this_machine(), args.num_processes)
-    results = run_checks(recipe, world_size=args.num_processes, profile=profile)
+    results = run_checks(recipe, world_size=args.num_processes, profile=profile, where=where)
     from hf_pretrain.checkpoints.resume_decision import finished_at
     from hf_pretrain.checkpoints.resume_plan import GO_FURTHER
-    from hf_pretrain.object_store.urls import is_url
     from hf_pretrain.preflight.store_access import finished_in_store
 
     # the same command after the run completed: not "ready to train"
-    step = finished_in_store(recipe) if is_url(recipe.train.output_dir) else finished_at(recipe)
+    step = finished_in_store(recipe) if where.run.in_store else finished_at(recipe)
     finished = None if step is None else f"the run finished at step {step:,}, nothing to train. {GO_FURTHER}"
     print(format_table(results, finished))
     return EXIT_CONFIG if any(r.status == "fail" for r in results) else EXIT_OK  # what training would exit

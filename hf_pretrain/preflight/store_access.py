@@ -25,6 +25,7 @@ from hf_pretrain.config import Recipe
 from hf_pretrain.data.prepared import data_identity
 from hf_pretrain.formatting import human_bytes, human_duration
 from hf_pretrain.model.llama import recipe_parameter_count
+from hf_pretrain.object_store.location import Location
 from hf_pretrain.preflight.disk import checkpoint_bytes, nearest_existing, newest_checkpoint_bytes, tokenizer_bytes
 from hf_pretrain.preflight.result import CheckResult
 from hf_pretrain.preflight.resume import check_resume
@@ -33,12 +34,10 @@ RATE_PROBE_BYTES = 8 * 2**20  # big enough that the request's latency is not the
 RATE_PROBE = ".hf_pretrain_doctor_rate"
 
 
-def data_store_refused(recipe: Recipe) -> CheckResult | None:
+def data_store_refused(recipe: Recipe, data: Location) -> CheckResult | None:
     """A URL data_dir whose store does not answer (or has no such bucket): the one row, from one probe.
     Without it each data check retried its own reads: 2 to 2.5 minutes of silence for an unreachable endpoint."""
-    from hf_pretrain.object_store.urls import is_url
-
-    if not is_url(recipe.data.data_dir):
+    if not data.in_store:
         return None
     from hf_pretrain.object_store.reach import StoreRefused, open_checked
 
@@ -55,7 +54,7 @@ def newest_in_store(fs, url) -> tuple[int, dict] | None:
     import json
 
     from hf_pretrain.checkpoints.layout import TRAIN_STATE
-    from hf_pretrain.object_store.pull import complete_steps
+    from hf_pretrain.run_store.pull import complete_steps
 
     steps = complete_steps(fs, url)
     if not steps:
@@ -120,7 +119,7 @@ def check_store(recipe: Recipe) -> list[CheckResult]:
         url, fs = open_checked(recipe.train.output_dir)
     except StoreRefused as exc:
         return [CheckResult("store", "fail", str(exc), "see the message; then run the doctor again")]
-    from hf_pretrain.object_store.pull import complete_steps
+    from hf_pretrain.run_store.pull import complete_steps
 
     steps = complete_steps(fs, url)
     newest = f"its newest complete checkpoint is step {steps[0]:,}" if steps else "no checkpoint in it yet"
@@ -130,7 +129,7 @@ def check_store(recipe: Recipe) -> list[CheckResult]:
 
 
 def _checkpoint_size(recipe: Recipe) -> int:
-    from hf_pretrain.object_store.run_sync import working_copy
+    from hf_pretrain.run_store.run_sync import working_copy
 
     local = working_copy(recipe)
     n = recipe_parameter_count(recipe)
@@ -175,7 +174,7 @@ def upload_time(recipe: Recipe, url, fs) -> CheckResult:
 
 def cache_disk(recipe: Recipe) -> CheckResult:
     """The working copy's disk against one checkpoint (the full need is the disk space row below)."""
-    from hf_pretrain.object_store.run_sync import working_copy
+    from hf_pretrain.run_store.run_sync import working_copy
 
     local = working_copy(recipe)
     disk = nearest_existing(local)

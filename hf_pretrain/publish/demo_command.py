@@ -53,15 +53,16 @@ def main(argv: list[str] | None = None) -> int:
     if missing:
         print(f"hf-pretrain demo: error: {missing}", file=sys.stderr)
         return EXIT_PREFLIGHT
-    from hf_pretrain.object_store.urls import is_url
+    from hf_pretrain.object_store.location import Location
 
-    if any(is_url(m) for m in args.model):  # runs in a store: read through the one door, before torch
+    models = [Location.of(m) for m in args.model]  # local or a store: decided here, once, and handed down
+    if any(m.in_store for m in models):  # runs in a store: read through the one door, before torch
         from hf_pretrain.object_store.reach import StoreRefused
-        from hf_pretrain.object_store.reading import readable
+        from hf_pretrain.run_store.reading import readable
 
         try:
             say = lambda line: print(f"demo: {line}", flush=True)  # noqa: E731
-            args.model = [str(readable(m, say=say)) if is_url(m) else m for m in args.model]
+            args.model = [str(readable(m, say=say)) if m.in_store else m.given for m in models]
         except StoreRefused as exc:
             print(f"hf-pretrain demo: error: {exc}", file=sys.stderr)
             return EXIT_PREFLIGHT

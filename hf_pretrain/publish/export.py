@@ -29,13 +29,14 @@ from hf_pretrain.checkpoints.store import Checkpoint, resolve_checkpoint
 from hf_pretrain.data.tokenizer import MODEL_INPUT_NAMES
 from hf_pretrain.exit_codes import EXIT_CONFIG, EXIT_FAILED, EXIT_WRITE_FAILED
 from hf_pretrain.formatting import human_bytes
+from hf_pretrain.object_store.location import Location
 from hf_pretrain.object_store.reach import StoreRefused
-from hf_pretrain.object_store.reading import readable
 from hf_pretrain.publish.formats import DTYPE_NAMES
 from hf_pretrain.publish.gguf import GGUFError, GGUFWriteError, write_gguf
 from hf_pretrain.publish.hub import push_folder, push_or_explain
 from hf_pretrain.publish.model_card import LOSS_CURVE, CardOptions, write_model_card
 from hf_pretrain.publish.targets import unwritable_reason
+from hf_pretrain.run_store.reading import readable
 
 DTYPES = dict(zip(DTYPE_NAMES, (torch.bfloat16, torch.float16, torch.float32), strict=True))
 # What an export folder holds: the files `export_checkpoint` writes, sharded weights, a GGUF (`--gguf`), and
@@ -295,7 +296,7 @@ def run(args: argparse.Namespace) -> int:
     )
     try:
         # a URL: its newest complete checkpoint (or the one it names) pulled into the cache first
-        local = readable(args.checkpoint, say=lambda line: print(f"export: {line}"))
+        local = readable(Location.of(args.checkpoint), say=lambda line: print(f"export: {line}"))
         checkpoint = resolve_checkpoint(local, log=lambda reason: print(f"export: {reason}"))
         shown = str(checkpoint.path).replace(str(local), str(args.checkpoint).rstrip("/"), 1)  # a URL: as given
         print(f"export: {shown} (step {checkpoint.train_state.get('step')}) -> {args.out} [{args.dtype}]")

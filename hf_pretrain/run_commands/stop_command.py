@@ -132,15 +132,16 @@ def parse_flags(argv: list[str] | None) -> argparse.Namespace:
 
 def read_run(run_dir: str) -> RunToStop:
     """The run `run_dir` names, a folder or a URL; raises `Refused` when there is none to ask."""
-    from hf_pretrain.object_store.urls import is_url
+    from hf_pretrain.object_store.location import Location
 
-    on_store = is_url(run_dir)
+    location = Location.of(run_dir)  # local or a store: decided here, at the command's door, once
+    on_store = location.in_store
     if on_store:  # the request goes into the store, where the trainer's uploader polls for it
         from hf_pretrain.object_store.reach import StoreRefused
-        from hf_pretrain.object_store.reading import stop_facts
+        from hf_pretrain.run_store.reading import stop_facts
 
         try:
-            view, store_holder, store_saved = stop_facts(run_dir)
+            view, store_holder, store_saved = stop_facts(location)
         except StoreRefused as exc:
             raise Refused(f"hf-pretrain stop: refused, nothing written: {exc}") from exc
     run = RunDir(view if on_store else run_dir)
@@ -186,7 +187,7 @@ def write_request(r: RunToStop, cooldown_steps: int | None) -> Path | str:
     path = request_stop(r.run.path, cooldown_steps)
     if r.url is None:
         return path
-    from hf_pretrain.object_store.reading import send_back
+    from hf_pretrain.run_store.reading import send_back
 
     send_back(r.url, r.run.path, path.name)
     return f"{r.url.rstrip('/')}/{path.name}"

@@ -12,7 +12,7 @@
       stop_request.json      `hf-pretrain stop` asks the running job to finish (read at its next step)
       status.json            how the last session ended: exit code, reason, what to run next (training/session.py)
       status.json.lock       taken (flock) by every writer of status.json (`update_status`)
-      store.json             a run URL's working copy (object_store/): names the URL the run is known by
+      store.json             a run URL's working copy (run_store/): names the URL the run is known by
       run.lock               held (flock) by the session training into the folder; names its host, pid, start
 
 Training writes it; export, the report, the demo and the doctor read it. Nobody spells these

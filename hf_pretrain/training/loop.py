@@ -44,6 +44,7 @@ from hf_pretrain.model.llama import (
     train_in_compute_dtype,
 )
 from hf_pretrain.model.loss import loss_head_for, use_loss_head
+from hf_pretrain.object_store.location import Where
 from hf_pretrain.optim.build import build_optimizer
 from hf_pretrain.preflight.checks import preflight
 from hf_pretrain.run_folder.run_dir import RunDir, set_activity, truncate_jsonl
@@ -68,14 +69,14 @@ class Outcome:
     finished: bool = False
 
 
-def train(recipe: Recipe, callbacks: Sequence[Callback] = ()) -> Outcome:
+def train(recipe: Recipe, callbacks: Sequence[Callback] = (), *, where: Where) -> Outcome:
     """Run the recipe to `max_steps`, resuming when asked; one iteration is one optimizer step.
 
     Stops early, always with a checkpoint, on `stop_at_step`, on SIGTERM/SIGINT, or after
     `max_bad_steps` non-finite steps in a row; a checkpoint that cannot be written stops it too.
     `hf-pretrain stop` and early stopping finish it early: a wsd run decays first (guards.py).
     """
-    run = setup(recipe)
+    run = setup(recipe, where)
     state, log = run.state, run.log
     side_jobs = CallbackList(callbacks if run.accelerator.is_main_process else [])  # nobody waits for them
     stop = Stop(0, finished=True) if state.step >= state.end else None
@@ -219,7 +220,7 @@ def accelerator_for(recipe: Recipe, profile: RunProfile, grad_accum: int, group:
 
 
 def checked_start(
-    recipe: Recipe, world_size: int, profile: RunProfile, run_dir: RunDir
+    recipe: Recipe, world_size: int, profile: RunProfile, run_dir: RunDir, where: Where
 ) -> tuple[Continuation, Activity]:
     """The preflight's verdict, then which checkpoint the run goes on from: decided once, checksums and
     all (a live line while they are read, and status.json's `activity` on the main process); the
@@ -230,7 +231,7 @@ def checked_start(
     decide = functools.cache(
         lambda: decide_resume(recipe, data_identity(recipe.data.data_dir), say=say, activity=activity)
     )
-    preflight(recipe, world_size, log=say or (lambda _: None), resume_decision=decide, profile=profile)
+    preflight(recipe, world_size, log=say or (lambda _: None), resume_decision=decide, profile=profile, where=where)
     return decide(), activity
 
 
@@ -258,9 +259,10 @@ def resumed_state(
     return state, saved
 
 
-def setup(recipe: Recipe) -> Run:
+def setup(recipe: Recipe, where: Where) -> Run:
     """Build a run, the cheap checks first: preflight (versions, device, data, disk, memory) before
-    anything is built, then the Accelerator, model and optimizer, the resumed state, the data."""
+    anything is built, then the Accelerator, model and optimizer, the resumed state, the data. `where`:
+    where the run (a local folder by now) and the data live, as training's door decided."""
     cfg = recipe.train
     run_dir = RunDir(cfg.output_dir)
     # Without CUDA the processes must run on the CPU; saying so up front is what makes Accelerate
@@ -273,7 +275,7 @@ def setup(recipe: Recipe) -> Run:
     world_size = processes.num_processes
     # how this run executes, read and never decided again (after PartialState: a rank's own GPU)
     profile = complete_profile(recipe, this_machine(), world_size)
-    continuation, activity = checked_start(recipe, world_size, profile, run_dir)
+    continuation, activity = checked_start(recipe, world_size, profile, run_dir, where)
     grad_accum = recipe.grad_accum_steps(world_size)  # after the preflight, which refuses a batch that does not split
     tokenizer = load_tokenizer(recipe.data.data_dir)
 

@@ -90,7 +90,7 @@ RUNNING = Ending(
     "wait; if its pid is gone, it was killed (SIGKILL, out of memory): rerun the same command to resume",
 )
 
-KEPT_SECTIONS = ("store",)  # status.json sections others keep up to date (object_store/run_sync.py)
+KEPT_SECTIONS = ("store",)  # status.json sections others keep up to date (run_store/run_sync.py)
 
 # Failures that stop a session before it trained, said in a line (the reason is the whole story) and
 # ended with an exit code of their own; anything else is a crash, with its traceback.

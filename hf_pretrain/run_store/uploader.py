@@ -4,7 +4,7 @@
 the checkpoint's files by hard links (`step_N.upload/`, no bytes copied), so local retention may
 prune the checkpoint while it is still on its way, and returns. A thread of its own sends the files,
 several at a time, then the manifest LAST: a checkpoint is complete in the store only once all its
-bytes are (object_store/pull.py reads it so). Every failure is retried with exponential back-off and
+bytes are (run_store/pull.py reads it so). Every failure is retried with exponential back-off and
 recorded, redacted, as `last_error`; nothing is raised into training. When a newer checkpoint is
 waiting, an older one that retention would drop anyway is skipped.
 
@@ -32,10 +32,10 @@ from typing import TYPE_CHECKING, Any
 
 from hf_pretrain.checkpoints.layout import BRANCH_POINT, MANIFEST, TRAIN_STATE
 from hf_pretrain.checkpoints.progress import ByteCount
-from hf_pretrain.object_store.pull import SMALL_FILES, complete_steps
 from hf_pretrain.object_store.reach import describe_failure
-from hf_pretrain.object_store.transfer import put_files, with_retries
 from hf_pretrain.object_store.urls import StoreURL
+from hf_pretrain.run_store.pull import SMALL_FILES, complete_steps
+from hf_pretrain.run_store.transfer import put_files, with_retries
 
 if TYPE_CHECKING:
     from fsspec import AbstractFileSystem

@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from hf_pretrain.object_store.location import Location, Where
+
 if TYPE_CHECKING:
     from hf_pretrain.config import Recipe
 
@@ -29,7 +31,6 @@ def recorded_data_url(location: str) -> str | None:
     import yaml
 
     from hf_pretrain.object_store.reach import StoreRefused, open_checked
-    from hf_pretrain.object_store.urls import is_url
 
     try:
         url, fs = open_checked(location, write=False)
@@ -37,19 +38,22 @@ def recorded_data_url(location: str) -> str | None:
         data = (record.get("data") or {}).get("data_dir")
     except (StoreRefused, FileNotFoundError, OSError, ValueError, AttributeError, yaml.YAMLError):
         return None
-    return str(data) if data and is_url(str(data)) else None
+    # a string read from the store, not handed down by a door: asked here, where it enters (a local path
+    # recorded by another machine means nothing on this one)
+    return str(data) if data and Location.of(str(data)).in_store else None
 
 
-def with_remembered_data(recipe: Recipe, argv: list[str], say: Callable[[str], None] = print) -> Recipe:
+def with_remembered_data(
+    recipe: Recipe, where: Where, argv: list[str], say: Callable[[str], None] = print
+) -> tuple[Recipe, Where]:
     """`recipe` training the data its run URL recorded, when the command line names no `--data_dir`
-    and the recipe's own is not a URL (a default such as `data/smoke`, which this machine lacks)."""
-    from hf_pretrain.object_store.urls import is_url
-
+    and the recipe's own is not a URL (a default such as `data/smoke`, which this machine lacks); and
+    `where` (the door's) saying so."""
+    if not where.run.in_store or names_flag(argv, "data_dir") or where.data.in_store:
+        return recipe, where
     output, data = recipe.train.output_dir, recipe.data.data_dir
-    if not is_url(output) or names_flag(argv, "data_dir") or is_url(str(data)):
-        return recipe
     remembered = recorded_data_url(output)
     if remembered is None or remembered == str(data):
-        return recipe
+        return recipe, where
     say(f"data: {remembered} (the run's own record in {output}; --data_dir overrides it)")
-    return recipe.replace(data_dir=remembered)
+    return recipe.replace(data_dir=remembered), Where(where.run, Location(remembered, in_store=True))

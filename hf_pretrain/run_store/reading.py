@@ -1,11 +1,12 @@
 """Every command that reads a run reads a URL: one function gives it a local folder to read.
 
-`readable(location)` is the location itself when it is local (nothing imported, nothing copied);
+`readable(location)` is the location's own folder when it is local (nothing imported, nothing copied);
 for a URL it is a read-only copy in the user's cache (`<cache>/views/...`, apart from a trainer's
-working copy on the same machine), pulled with object_store/pull.py: the run's records, and its
+working copy on the same machine), pulled with run_store/pull.py: the run's records, and its
 newest complete checkpoint (verified) when the command reads one. A URL naming one checkpoint
 (`s3://bucket/run/checkpoints/step_00001000`) pulls that one. A store that cannot be used is
-`StoreRefused`: one line, redacted.
+`StoreRefused`: one line, redacted. Each command decides at its door whether what it reads is local
+(`object_store/location.py`) and hands the `Location` down.
 """
 
 from __future__ import annotations
@@ -15,19 +16,20 @@ from pathlib import Path
 
 from hf_pretrain.checkpoints.layout import PREFIX
 from hf_pretrain.object_store.cache import local_copy
-from hf_pretrain.object_store.urls import StoreURL, is_url
+from hf_pretrain.object_store.location import Location
+from hf_pretrain.object_store.urls import StoreURL
 
 
 def readable(
-    location: str | Path, checkpoint: bool = True, say: Callable[[str], None] = print, cache_dir: str | None = None
+    location: Location, checkpoint: bool = True, say: Callable[[str], None] = print, cache_dir: str | None = None
 ) -> Path:
     """A local folder holding what `location` names (see the module's docstring)."""
-    if not is_url(location):
-        return Path(location)
+    if not location.in_store:
+        return location.folder
     from hf_pretrain.checkpoints.manifest import CheckpointError
-    from hf_pretrain.object_store.pull import download_checkpoint, pull_run, pull_small_files
     from hf_pretrain.object_store.reach import StoreRefused, describe_failure, open_checked
     from hf_pretrain.redaction import redact
+    from hf_pretrain.run_store.pull import download_checkpoint, pull_run, pull_small_files
 
     url, fs = open_checked(str(location), write=False)
     name = url.path.rsplit("/", 1)[-1]
@@ -70,18 +72,18 @@ def prune_view(view: Path, keep: int | None) -> None:
             shutil.rmtree(folder, ignore_errors=True)
 
 
-def stop_facts(location: str, say: Callable[[str], None] = print) -> tuple[Path, dict | None, dict | None]:
+def stop_facts(location: Location, say: Callable[[str], None] = print) -> tuple[Path, dict | None, dict | None]:
     """What `hf-pretrain stop URL` reads: the run's records in a local view, who trains it (the lease's
     holder while its heartbeat is fresh, as `holder_of` names a local one) and the newest complete
     checkpoint's train state, read from the store without its weights."""
     import json
 
-    from hf_pretrain.object_store.lease import Lease
-    from hf_pretrain.object_store.pull import complete_steps
     from hf_pretrain.object_store.reach import open_checked
+    from hf_pretrain.run_store.lease import Lease
+    from hf_pretrain.run_store.pull import complete_steps
 
     view = readable(location, checkpoint=False, say=say)
-    url, fs = open_checked(location, write=False)
+    url, fs = open_checked(str(location), write=False)
     current, _ = Lease(fs, url, heartbeat_s=1).read()
     holder = None
     if current is not None and not current.is_stale():

@@ -1,11 +1,11 @@
 """A run whose `output_dir` is a URL: the store is the truth, this machine trains a local copy of it.
 
 `RunInStore.begin` (train.py, before anything else) checks the store (object_store/reach.py: exit 78,
-one line), takes the run's lease (object_store/lease.py: exit 73 when another machine holds it),
-pulls the run into its local copy (object_store/pull.py) and hands back where training writes. From
+one line), takes the run's lease (run_store/lease.py: exit 73 when another machine holds it),
+pulls the run into its local copy (run_store/pull.py) and hands back where training writes. From
 there the run is a local run: resume, checkpoints and retention work as for any folder. As a side job
 of the loop (the `Callback` protocol, training/callbacks.py) it hands each sealed checkpoint to the
-uploader (object_store/uploader.py); its own thread renews the lease, mirrors a `stop` written into
+uploader (run_store/uploader.py); its own thread renews the lease, mirrors a `stop` written into
 the store into the local folder (the guards read it there as always), and keeps status.json's
 `store` section (and status.json in the store) up to date. At the run's end, a stop or a SIGTERM,
 `wait` lets the uploads finish, with a live line, for at most `store_wait_s`.
@@ -26,19 +26,19 @@ from hf_pretrain.checkpoints.progress import ByteCount, LiveLine
 from hf_pretrain.checkpoints.store import list_checkpoints
 from hf_pretrain.formatting import human_bytes
 from hf_pretrain.object_store.cache import local_copy
-from hf_pretrain.object_store.lease import Lease
-from hf_pretrain.object_store.pull import complete_steps, pull_run
 from hf_pretrain.object_store.reach import describe_failure, open_checked
-from hf_pretrain.object_store.transfer import put_files
-from hf_pretrain.object_store.uploader import (
+from hf_pretrain.redaction import redact
+from hf_pretrain.run_folder.run_dir import RunDir, read_status, set_activity, update_status
+from hf_pretrain.run_store.lease import Lease
+from hf_pretrain.run_store.pull import complete_steps, pull_run
+from hf_pretrain.run_store.transfer import put_files
+from hf_pretrain.run_store.uploader import (
     RUN_RECORD,
     UPLOAD_SUFFIX,
     Uploader,
     remove_half_uploads,
     run_identity,
 )
-from hf_pretrain.redaction import redact
-from hf_pretrain.run_folder.run_dir import RunDir, read_status, set_activity, update_status
 
 if TYPE_CHECKING:
     from hf_pretrain.config import Recipe

@@ -35,8 +35,8 @@ from typing import Any
 
 import numpy as np
 
+from hf_pretrain.data_store.data_blocks import BLOCKS_FILE, DIGEST, DIGEST_BYTES, SIDECAR_SUFFIX, block_digest
 from hf_pretrain.object_store.cache import local_copy
-from hf_pretrain.object_store.data_blocks import BLOCKS_FILE, DIGEST, DIGEST_BYTES, SIDECAR_SUFFIX, block_digest
 from hf_pretrain.object_store.store_calls import StoreError, store_call
 from hf_pretrain.object_store.urls import StoreUnavailable, StoreURL, filesystem
 

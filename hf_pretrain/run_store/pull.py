@@ -21,9 +21,9 @@ from hf_pretrain.checkpoints.layout import MANIFEST, PREFIX, checkpoint_path, ch
 from hf_pretrain.checkpoints.manifest import CheckpointError, verify_showing
 from hf_pretrain.checkpoints.progress import ByteCount, LiveLine
 from hf_pretrain.checkpoints.store import list_checkpoints
-from hf_pretrain.object_store.transfer import get_files
 from hf_pretrain.object_store.urls import StoreURL
 from hf_pretrain.redaction import redact
+from hf_pretrain.run_store.transfer import get_files
 
 if TYPE_CHECKING:
     from fsspec import AbstractFileSystem

@@ -1,0 +1,61 @@
+"""Where a run and its data live, decided once at a command's door (issue 46).
+
+"Is this a URL?" is a question about the string the user typed, and it has one answer. A command asks
+it at its door (`Location.of`, `Where.of`) and hands the answer down, as it hands down the run profile:
+code below the door reads `in_store` and never looks at the path's spelling again.
+`tests/test_architecture.py` lists the modules allowed to ask.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from hf_pretrain.object_store.urls import StoreURL, is_url
+
+if TYPE_CHECKING:
+    from hf_pretrain.config import Recipe
+
+
+@dataclass(frozen=True)
+class Location:
+    """A run or a data folder as the user named it: a local folder, or a prefix in an object store."""
+
+    given: str  # as the user wrote it: what every message quotes
+    in_store: bool  # `s3://`, `gs://`, `hf://` ...; else a local folder
+
+    @classmethod
+    def of(cls, location: str | Path) -> Location:
+        return cls(str(location), is_url(location))
+
+    @property
+    def url(self) -> StoreURL:
+        """The store URL (parsed here, so a malformed one is refused where it is first used, as before)."""
+        return StoreURL.parse(self.given)
+
+    @property
+    def folder(self) -> Path:
+        """The local folder; a store URL has none (its working copy is the cache's: run_store/, data_store/)."""
+        if self.in_store:
+            raise ValueError(f"{self.given} is a store URL, not a local folder")
+        return Path(self.given)
+
+    def __str__(self) -> str:
+        return self.given
+
+
+@dataclass(frozen=True)
+class Where:
+    """Where a command's run (`output_dir`) and its data (`data_dir`) live."""
+
+    run: Location
+    data: Location
+
+    @classmethod
+    def of(cls, recipe: Recipe) -> Where:
+        return cls(Location.of(recipe.train.output_dir), Location.of(recipe.data.data_dir))
+
+    @property
+    def any_in_store(self) -> bool:
+        return self.run.in_store or self.data.in_store
