@@ -76,7 +76,7 @@ def data_settings(recipe: Recipe) -> dict[str, Any]:
         "format_version": FORMAT_VERSION,
         "sources": [
             {k: v for k, v in dataclasses.asdict(s).items() if k not in unshaping} | {"tasks": tasks}
-            for s, tasks in zip(d.sources, source_task_counts(recipe), strict=True)
+            for s, tasks in zip(d.sources, source_task_counts(d.sources), strict=True)
         ],
         "tokenizer": d.tokenizer,
         "vocab_size": d.vocab_size,
@@ -102,8 +102,8 @@ def data_fingerprint(recipe: Recipe) -> str:
     return hashlib.sha256(json.dumps(data_settings(recipe), sort_keys=True).encode()).hexdigest()[:16]
 
 
-def source_task_counts(recipe: Recipe) -> list[int]:
-    return [source_tasks(s) for s in recipe.data.sources]
+def source_task_counts(sources: list[SourceConfig]) -> list[int]:
+    return [source_tasks(s) for s in sources]
 
 
 def prepare_hint(recipe: Recipe | None) -> str:

@@ -183,7 +183,7 @@ def model_and_optimizer(recipe: Recipe, profile: RunProfile, config, accelerator
         accelerator.print(profile.attention_why)
     model = build_model(config, attention_backend=profile.step.attention_backend)
     if starts:
-        init_weights(model, recipe, log=accelerator.print)
+        init_weights(model, recipe.model.init_from, log=accelerator.print)
     n_params = count_parameters(model)
     if recipe.checkpointed_layer_count:  # checkpointed_layers, or all of them with gradient_checkpointing
         enable_activation_checkpointing(model, recipe.checkpointed_layer_count)
@@ -299,7 +299,9 @@ def setup(recipe: Recipe) -> Run:
     accelerator = accelerator_for(recipe, profile, grad_accum, group, run_dir)
     say = accelerator.print
     set_seed(cfg.seed)
-    config = model_config(recipe, tokenizer, continuation.folder)  # the recipe's Llama, or init_from's config.json
+    config = model_config(
+        recipe.model, tokenizer, continuation.folder
+    )  # the recipe's Llama, or init_from's config.json
     model, optimizer, n_params = model_and_optimizer(recipe, profile, config, accelerator, continuation.folder is None)
     state, saved = resumed_state(recipe, accelerator, continuation, run_dir)
     data = TrainData(
