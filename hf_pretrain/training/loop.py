@@ -23,7 +23,7 @@ from hf_pretrain.checkpoints.progress import Activity
 from hf_pretrain.checkpoints.resume_decision import decide_resume
 from hf_pretrain.checkpoints.resume_plan import Continuation
 from hf_pretrain.checkpoints.store import remove_pins
-from hf_pretrain.config import Recipe, save_recipe
+from hf_pretrain.config import ComputeConfig, Recipe, save_recipe
 from hf_pretrain.data.loader import TrainData
 from hf_pretrain.data.prepared import data_identity, read_meta
 from hf_pretrain.data.tokenizer import load_tokenizer
@@ -199,16 +199,19 @@ def model_and_optimizer(recipe: Recipe, profile: RunProfile, config, accelerator
     return model, optimizer, n_params
 
 
-def accelerator_for(recipe: Recipe, profile: RunProfile, grad_accum: int, group: dict, run_dir: RunDir) -> Accelerator:
-    """The Accelerator the run profile describes: its device and precision, compiled as asked, FP8's
-    converter where it trains in fp8, the process group's timeout; TF32 matmuls on a GPU that allows them."""
+def accelerator_for(
+    profile: RunProfile, compute: ComputeConfig, report_to: str, grad_accum: int, group: dict, run_dir: RunDir
+) -> Accelerator:
+    """The Accelerator the run profile describes: its device and precision, compiled as the compute section
+    asks, FP8's converter where it trains in fp8, the process group's timeout, the trackers `report_to`
+    names; TF32 matmuls on a GPU that allows them."""
     accelerator = Accelerator(
         cpu=not profile.machine.on_gpu,
         mixed_precision=profile.accelerate_precision,
         gradient_accumulation_steps=grad_accum,
-        log_with=trackers_for(recipe.reporting.report_to) or None,
+        log_with=trackers_for(report_to) or None,
         project_dir=str(run_dir.path),
-        dynamo_plugin=dynamo_plugin(recipe.compute),  # compiled in `prepare`: whole model, regions, or not at all
+        dynamo_plugin=dynamo_plugin(compute),  # compiled in `prepare`: whole model, regions, or not at all
         # fp8: torchao's float8 for the decoder's linear layers, converted in `prepare` (hf_pretrain/model/fp8.py)
         kwargs_handlers=([InitProcessGroupKwargs(**group)] if group else []) + fp8_handlers(profile.step) or None,
     )
@@ -296,7 +299,7 @@ def setup(recipe: Recipe) -> Run:
     grad_accum = recipe.grad_accum_steps(world_size)  # after the preflight, which refuses a batch that does not split
     tokenizer = load_tokenizer(recipe.data.data_dir)
 
-    accelerator = accelerator_for(recipe, profile, grad_accum, group, run_dir)
+    accelerator = accelerator_for(profile, recipe.compute, recipe.reporting.report_to, grad_accum, group, run_dir)
     say = accelerator.print
     set_seed(cfg.seed)
     config = model_config(
