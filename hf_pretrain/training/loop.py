@@ -302,9 +302,7 @@ def setup(recipe: Recipe) -> Run:
     accelerator = accelerator_for(profile, recipe.compute, recipe.reporting.report_to, grad_accum, group, run_dir)
     say = accelerator.print
     set_seed(cfg.seed)
-    config = model_config(
-        recipe.model, tokenizer, continuation.folder
-    )  # the recipe's Llama, or init_from's config.json
+    config = model_config(recipe.model, tokenizer, continuation.folder)  # the model section's Llama, or init_from's
     model, optimizer, n_params = model_and_optimizer(recipe, profile, config, accelerator, continuation.folder is None)
     state, saved = resumed_state(recipe, accelerator, continuation, run_dir)
     data = TrainData(
