@@ -152,7 +152,7 @@ def plan_continuation(
     `auto`. Raises `ResumeRefused`."""
     plan = Continuation(folder=folder, saved=saved)
     changed = changed_math_keys(saved, recipe)
-    data_went_on(plan, saved, data, recipe)
+    data_went_on(plan, saved, data, allow_data_change=recipe.checkpoints.allow_data_change)
     batch_went_on(plan, saved, changed, recipe.checkpoints)
     refuse_another_optimizer(saved, changed)
     note_other_changes(plan, saved, changed, recipe)
@@ -167,9 +167,11 @@ def plan_continuation(
     return plan
 
 
-def data_went_on(plan: Continuation, saved: dict[str, Any], data: dict[str, Any] | None, recipe: Recipe) -> None:
+def data_went_on(
+    plan: Continuation, saved: dict[str, Any], data: dict[str, Any] | None, *, allow_data_change: bool
+) -> None:
     """Other data than the checkpoint's: refused, or recorded (allow_data_change)."""
-    plan.data_change = check_same_data(saved, data, allow_data_change=recipe.checkpoints.allow_data_change)
+    plan.data_change = check_same_data(saved, data, allow_data_change=allow_data_change)
     if plan.data_change is not None:
         plan.notes.append(
             f"the training data changed since the checkpoint of step {saved['step']:,} (allow_data_change): "

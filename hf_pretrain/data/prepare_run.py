@@ -120,7 +120,7 @@ def prepare(
     if is_url(d.data_dir):  # prepared in a local copy exactly as below, then uploaded (object_store/data_upload.py)
         from hf_pretrain.object_store.data_upload import prepare_into_store
 
-        fingerprint = data_fingerprint(recipe)
+        fingerprint = data_fingerprint(recipe.data, recipe.train.seed)
         return prepare_into_store(recipe, fingerprint, lambda local: prepare(local, log, dry_run, verbose), log)
     data_dir = Path(d.data_dir)
     if recipe.model.init_from and d.tokenizer == "train" and not (data_dir / META_FILE).is_file():
@@ -133,8 +133,8 @@ def prepare(
     _check_sources_exist(recipe.data.sources)
     check_inputs_outside_outputs(recipe.data)
     check_no_duplicate_sources(recipe.data.sources)
-    settings = data_settings(recipe)
-    fingerprint = data_fingerprint(recipe)
+    settings = data_settings(recipe.data, recipe.train.seed)
+    fingerprint = data_fingerprint(recipe.data, recipe.train.seed)
     if (data_dir / META_FILE).is_file():
         _require_same_data_settings(data_dir, fingerprint)
         log(f"{data_dir} is already prepared (delete it to prepare again)")
