@@ -74,7 +74,7 @@ def measure(folder: str, what: str) -> dict:
     peaks = Peaks()
     peaks.start()
     started = time.perf_counter()
-    model = build_model(model_config(recipe, tokenizer=None))
+    model = build_model(model_config(recipe.model, tokenizer=None))
     built = time.perf_counter()
     if what == "init_from":
         load_base_weights(model, open_base(folder, weights=True))

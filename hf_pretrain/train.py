@@ -72,7 +72,7 @@ def run_training(recipe: Recipe, where: Where | None = None) -> Outcome:
                 print(f"warning: {behind}", flush=True)
             store.close()
         return Outcome(0, message, RunDir(recipe.train.output_dir).final, finished=True)
-    side_jobs = SideJobs(recipe)
+    side_jobs = SideJobs(recipe.publish, recipe.evaluation)
     try:
         with Session(recipe.train.output_dir) as session:
             if store is not None:

@@ -125,7 +125,7 @@ def test_training_publishes_each_checkpoint_and_survives_a_refusal(reference_run
 
     train_cfg = build_recipe({}, {"push_to_hub": "me/run", "push_checkpoints": True})
     said = []
-    side_jobs = SideJobs(train_cfg, log=said.append)
+    side_jobs = SideJobs(train_cfg.publish, train_cfg.evaluation, log=said.append)
     side_jobs.on_checkpoint_saved(reference_run[0] / "checkpoints" / "step_00000012", 12)
     side_jobs.wait()
     assert "config.json" in online.state.repos["me/run"].branches["step-12"].files

@@ -122,7 +122,14 @@ def base_overrides(init_from: str | Path, tokenizer: str | Path, vocab_size: int
 def base(tmp_path_factory) -> dict:
     """The base model as a local folder and in a Hub cache, and the smoke corpus prepared with its tokenizer."""
     root = tmp_path_factory.mktemp("init_from")
-    texts = [text for _, text in zip(range(400), (t for _, t in mixture(load_recipe("smoke"))), strict=False)]
+    texts = [
+        text
+        for _, text in zip(
+            range(400),
+            (t for _, t in mixture(load_recipe("smoke").data.sources, load_recipe("smoke").train.seed)),
+            strict=False,
+        )
+    ]
     tokenizer = llama_tokenizer(texts)
     folder = root / "tiny-llama"
     tokenizer.save_pretrained(folder)
@@ -231,7 +238,7 @@ def test_a_local_folder_never_goes_through_the_hub(base, monkeypatch):
 
     monkeypatch.setattr("hf_pretrain.hub_cache.snapshot_download", no_hub)
     recipe = recipe_for(base)
-    model = build_model(model_config(recipe, load_tokenizer(base["data"])))
+    model = build_model(model_config(recipe.model, load_tokenizer(base["data"])))
     assert load_base_weights(model, open_base(str(base["folder"]), weights=True)) == len(model.state_dict())
     assert check_init_from(recipe)[0].status == "pass"
 
@@ -276,7 +283,7 @@ def test_a_bf16_base_loads_into_fp32_weights_and_shapes_are_checked(base, tmp_pa
     shutil.copytree(base["folder"], folder)
     LlamaForCausalLM.from_pretrained(folder, dtype=torch.float32).to(torch.bfloat16).save_pretrained(folder)
     recipe = recipe_for(base, init_from=str(folder))
-    config = model_config(recipe, load_tokenizer(base["data"]))
+    config = model_config(recipe.model, load_tokenizer(base["data"]))
     assert config.dtype is None and config.use_cache is False
     model = build_model(config)
     load_base_weights(model, open_base(str(folder), weights=True))

@@ -57,13 +57,15 @@ def test_benchmarks_run_in_their_own_process_and_a_failure_only_warns(reference_
     shutil.copytree(reference_run[0] / "checkpoints" / "step_00000012", checkpoint)
     said: list[str] = []
     scoring = {"lm_eval_tasks": ["arc_easy_local"], "lm_eval_limit": 5, "lm_eval_data_dir": str(ARC)}
-    jobs = SideJobs(build_recipe({}, scoring), log=said.append)
+    recipe = build_recipe({}, scoring)
+    jobs = SideJobs(recipe.publish, recipe.evaluation, log=said.append)
     jobs.on_checkpoint_saved(checkpoint, 12)
     jobs.wait()
     assert said[-1].startswith("step 12: benchmarks {'arc_easy_local': {'acc':"), said
     assert [(r["step"], r["limit"]) for r in read_jsonl(run_dir / "benchmarks.jsonl")] == [(12, 5)]
 
-    broken = SideJobs(build_recipe({}, {**scoring, "lm_eval_tasks": ["no_such_task"]}), log=said.append)
+    broken_recipe = build_recipe({}, {**scoring, "lm_eval_tasks": ["no_such_task"]})
+    broken = SideJobs(broken_recipe.publish, broken_recipe.evaluation, log=said.append)
     broken.on_checkpoint_saved(checkpoint, 12)
     broken.wait()
     assert said[-1].startswith("warning: step 12 benchmarks failed") and "no_such_task" in said[-1], said

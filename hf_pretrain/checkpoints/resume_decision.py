@@ -16,7 +16,7 @@ from hf_pretrain.checkpoints.progress import Activity, Say
 from hf_pretrain.checkpoints.resume_plan import Continuation, ResumeRefused
 from hf_pretrain.checkpoints.resume_rules import plan_continuation
 from hf_pretrain.checkpoints.store import is_weights_only, list_checkpoints, newest_good_checkpoint
-from hf_pretrain.config import Recipe
+from hf_pretrain.config import ModelConfig, Recipe
 from hf_pretrain.config.model_section import padded_vocab_size
 from hf_pretrain.run_folder.run_dir import RunDir
 
@@ -27,12 +27,12 @@ DAMAGED_START_OVER = (
 )
 
 
-def refuse_another_shape(folder: Path, recipe: Recipe, data: dict[str, Any] | None) -> None:
+def refuse_another_shape(folder: Path, model: ModelConfig, data: dict[str, Any] | None) -> None:
     """Raise `ResumeRefused` when the checkpoint's model (its config.json) has another shape than the
-    recipe's (its vocabulary from the prepared data's), naming the keys: its weights could not be loaded."""
-    wanted = asdict(recipe.model)
+    model section's (its vocabulary from the prepared data's), naming the keys: its weights could not be loaded."""
+    wanted = asdict(model)
     if data is not None:
-        wanted["vocab_size"] = padded_vocab_size(data["vocab_size"], recipe.model.vocab_multiple)
+        wanted["vocab_size"] = padded_vocab_size(data["vocab_size"], model.vocab_multiple)
     mismatch = shape_mismatch(folder, wanted)
     if mismatch:
         raise ResumeRefused(mismatch, START_OVER)
@@ -95,7 +95,7 @@ def decide_resume(
             raise CheckpointError(f"--resume {recipe.checkpoints.resume}: no such checkpoint folder")
         saved = verify_showing(folder, say=say, activity=activity)
         resumable(folder, saved)
-        refuse_another_shape(folder, recipe, data)
+        refuse_another_shape(folder, recipe.model, data)
         return plan_continuation(saved, recipe, folder, named=True, data=data)
     skipped: list[str] = []
     broken: list[tuple[Path, str]] = []
@@ -111,7 +111,7 @@ def decide_resume(
         )
     if found is None:
         return Continuation()
-    refuse_another_shape(found.path, recipe, data)
+    refuse_another_shape(found.path, recipe.model, data)
     plan = plan_continuation(found.train_state, recipe, found.path, data=data)
     plan.skipped, plan.broken = skipped, broken
     if plan.branch is not None:

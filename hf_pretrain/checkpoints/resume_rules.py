@@ -104,7 +104,9 @@ def mixture_change(step: int, old: list[dict] | None, new: list[dict] | None) ->
     return ": ".join(said[:2]) + ("; " + said[2] if len(said) > 2 else "")
 
 
-def check_same_data(saved: dict[str, Any], data: dict[str, Any] | None, recipe: Recipe) -> dict[str, Any] | None:
+def check_same_data(
+    saved: dict[str, Any], data: dict[str, Any] | None, *, allow_data_change: bool
+) -> dict[str, Any] | None:
     """Raise `ResumeRefused` when the run's data is not what the checkpoint trained on (another
     tokenizer always; other shards unless `allow_data_change`); returns the data change to record, if
     any. A checkpoint from before data was recorded, or data not prepared yet, is not compared."""
@@ -122,7 +124,7 @@ def check_same_data(saved: dict[str, Any], data: dict[str, Any] | None, recipe: 
         )
     if old["train_tokens_sha256"] == data["train_tokens_sha256"]:
         return None
-    if not recipe.checkpoints.allow_data_change:
+    if not allow_data_change:
         raise ResumeRefused(
             f"the training shards in {data['data_dir']} are not the ones the checkpoint of step {step:,} "
             f"trained on (same tokenizer, other tokens: the folder was prepared again or changed)",
@@ -150,7 +152,7 @@ def plan_continuation(
     `auto`. Raises `ResumeRefused`."""
     plan = Continuation(folder=folder, saved=saved)
     changed = changed_math_keys(saved, recipe)
-    data_went_on(plan, saved, data, recipe)
+    data_went_on(plan, saved, data, allow_data_change=recipe.checkpoints.allow_data_change)
     batch_went_on(plan, saved, changed, recipe.checkpoints)
     refuse_another_optimizer(saved, changed)
     note_other_changes(plan, saved, changed, recipe)
@@ -165,9 +167,11 @@ def plan_continuation(
     return plan
 
 
-def data_went_on(plan: Continuation, saved: dict[str, Any], data: dict[str, Any] | None, recipe: Recipe) -> None:
+def data_went_on(
+    plan: Continuation, saved: dict[str, Any], data: dict[str, Any] | None, *, allow_data_change: bool
+) -> None:
     """Other data than the checkpoint's: refused, or recorded (allow_data_change)."""
-    plan.data_change = check_same_data(saved, data, recipe)
+    plan.data_change = check_same_data(saved, data, allow_data_change=allow_data_change)
     if plan.data_change is not None:
         plan.notes.append(
             f"the training data changed since the checkpoint of step {saved['step']:,} (allow_data_change): "

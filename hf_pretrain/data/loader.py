@@ -28,9 +28,9 @@ import numpy.typing as npt
 import torch
 from torch.utils.data import ConcatDataset, DataLoader, Dataset, Sampler
 
-from hf_pretrain.config import Recipe
+from hf_pretrain.config import DataConfig, Recipe, SourceConfig
 from hf_pretrain.data.mixing import Mixture
-from hf_pretrain.data.prepared import DataMismatchError, read_meta, shard_paths, source_folder_name, source_paths
+from hf_pretrain.data.prepared import DataMismatchError, read_meta, source_folder_name, source_paths
 from hf_pretrain.object_store.urls import is_url
 from hf_pretrain.processes import die_with_parent
 
@@ -234,30 +234,14 @@ class ValidationBatches:
             yield stack_samples([self.dataset[i] for i in indices]), counted
 
 
-def _split_dataset(recipe: Recipe, split: str) -> PackedDataset:
-    """A split's samples, the sources one after the other (validation: the same samples on any world size)."""
-    meta = read_meta(recipe.data.data_dir, recipe)
-    if is_url(recipe.data.data_dir):
-        paths, store = [path for source in _store_paths(meta, split) for path in source], _store(recipe)
-        return PackedDataset(paths, recipe.data.seq_len, meta["dtype"], store=store)
-    data_dir = Path(recipe.data.data_dir)
-    return PackedDataset(shard_paths(data_dir, meta, split), recipe.data.seq_len, meta["dtype"], recipe.data.preload)
-
-
-def source_datasets(recipe: Recipe) -> list[PackedDataset]:
-    """Each source's training samples."""
-    meta = read_meta(recipe.data.data_dir, recipe)
-    if is_url(recipe.data.data_dir):
-        store = _store(recipe)
-        return [
-            PackedDataset(paths, recipe.data.seq_len, meta["dtype"], store=store)
-            for paths in _store_paths(meta, "train")
-        ]
-    data_dir = Path(recipe.data.data_dir)
-    return [
-        PackedDataset(paths, recipe.data.seq_len, meta["dtype"], recipe.data.preload)
-        for paths in source_paths(data_dir, meta, "train")
-    ]
+def _split(
+    data: DataConfig, meta: dict[str, Any], split: str, cache_dir: str | None
+) -> tuple[list[list[Path]], StoreData | None]:
+    """Per source, its token files of `split` (meta.json's), and for a data_dir URL the store's block cache
+    that reads them (`cache_dir`: the recipe's, else the user's cache); local files are checked and mapped."""
+    if is_url(data.data_dir):
+        return _store_paths(meta, split), _store(data, cache_dir)
+    return source_paths(Path(data.data_dir), meta, split), None
 
 
 def _store_paths(meta: dict[str, Any], split: str) -> list[list[Path]]:
@@ -265,15 +249,14 @@ def _store_paths(meta: dict[str, Any], split: str) -> list[list[Path]]:
     return [[Path(entry["file"]) for entry in source["splits"][split]["files"]] for source in meta["sources"]]
 
 
-def _store(recipe: Recipe) -> StoreData:
+def _store(data: DataConfig, cache_dir: str | None) -> StoreData:
     """The block cache of this training process for data_dir's URL (data_store/data_cache.py)."""
     from hf_pretrain.data_store.data_cache import StoreData
-    from hf_pretrain.data_store.data_upload import cache_folder
 
     local_processes = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))  # the bound is the machine's, shared
-    capacity = int(recipe.data.data_cache_gb * 1e9 / max(local_processes, 1))
+    capacity = int(data.data_cache_gb * 1e9 / max(local_processes, 1))
     rank = int(os.environ.get("LOCAL_RANK", "0"))
-    return StoreData(recipe.data.data_dir, cache_folder(recipe), capacity, rank)
+    return StoreData(data.data_dir, cache_dir, capacity, rank)
 
 
 def _prefetching(sampler: StepBatchSampler, datasets: list[PackedDataset], workers: int) -> Any:
@@ -296,11 +279,11 @@ def _prefetching(sampler: StepBatchSampler, datasets: list[PackedDataset], worke
     return PrefetchingSampler(sampler, store, blocks_for, held)
 
 
-def mixture_segments(recipe: Recipe, decay_position: int | None) -> list[tuple[int, list[float]]]:
+def mixture_segments(sources: list[SourceConfig], decay_position: int | None) -> list[tuple[int, list[float]]]:
     """The weights' segments: the main weights from position 0; the decay weights (where any differs)
     from `decay_position`, the first position of the wsd decay or cooldown, when the run has one."""
-    main = [s.weight for s in recipe.data.sources]
-    decay = [s.decay_weight if s.decay_weight is not None else s.weight for s in recipe.data.sources]
+    main = [s.weight for s in sources]
+    decay = [s.decay_weight if s.decay_weight is not None else s.weight for s in sources]
     segments = [(0, main)]
     if decay_position is not None and decay != main:
         segments.append((decay_position, decay))
@@ -308,7 +291,7 @@ def mixture_segments(recipe: Recipe, decay_position: int | None) -> list[tuple[i
 
 
 def build_mixture(recipe: Recipe, samples: list[int], decay_position: int | None) -> Mixture:
-    return Mixture(samples, recipe.train.seed, mixture_segments(recipe, decay_position))
+    return Mixture(samples, recipe.train.seed, mixture_segments(recipe.data.sources, decay_position))
 
 
 def ignore_stop_signals(worker_id: int) -> None:
@@ -346,64 +329,87 @@ def build_train_loader(
     origin: tuple[int, int] = (0, 0),
     decay_position: int | None = None,
 ) -> DataLoader:
-    """Endless [micro_batch_size, seq_len + 1] LongTensor batches for `rank`, from `start_step` on
-    (`origin`: see StepBatchSampler; `decay_position`: the first stream position of the decay, whose
-    mixture the decay weights give)."""
-    datasets = source_datasets(recipe)
-    mixture = build_mixture(recipe, [len(d) for d in datasets], decay_position)
-    sampler = StepBatchSampler(
-        mixture, recipe.train.micro_batch_size, grad_accum, world_size, rank, recipe.train.seed, start_step, origin
-    )
-    workers = recipe.data.num_workers
-    if datasets[0].store is not None:
-        sampler = _prefetching(sampler, datasets, workers)
-    if workers:
-        atexit.unregister(end_workers_at_exit)
-        atexit.register(end_workers_at_exit)
-    worker_options: dict[str, Any] = (
-        {"persistent_workers": True, "prefetch_factor": PREFETCH_FACTOR, "worker_init_fn": ignore_stop_signals}
-        if workers
-        else {}
-    )
-    return DataLoader(
-        datasets[0] if len(datasets) == 1 else ConcatDataset(datasets),
-        batch_sampler=sampler,
-        collate_fn=stack_samples,
-        num_workers=workers,
-        pin_memory=pin_memory,
-        **worker_options,
+    """A whole recipe's training batches for `rank` (the preflight's pickling check, the tests): see
+    `TrainData.loader`."""
+    return recipe_data(recipe, rank=rank, world_size=world_size, grad_accum=grad_accum, pin_memory=pin_memory).loader(
+        start_step, origin, decay_position
     )
 
 
 class TrainData:
-    """One rank's training batches and what they read. `loader` builds them for a decay that starts at
-    `decay_position` (None: none planned); the loop builds them again when that moves (a stop request
-    or early stopping begins a cooldown), so the decay weights apply from its first step."""
+    """One rank's training and validation batches, built from the `data:` section with what the run knows
+    at start-up by keyword (meta.json as read, the batch's shape, the seed). `loader` builds the training
+    batches for a decay that starts at `decay_position` (None: none planned); the loop builds them again
+    when that moves (a stop request or early stopping begins a cooldown), so the decay weights apply from
+    its first step."""
 
-    def __init__(self, recipe: Recipe, rank: int, world_size: int, grad_accum: int, pin_memory: bool = False):
-        self.recipe, self.rank, self.world_size, self.grad_accum = recipe, rank, world_size, grad_accum
-        self.pin_memory = pin_memory
-        self.names = [source_folder_name(i, s) for i, s in enumerate(recipe.data.sources)]
+    def __init__(
+        self,
+        data: DataConfig,
+        *,
+        meta: dict[str, Any],
+        rank: int,
+        world_size: int,
+        grad_accum: int,
+        micro_batch_size: int,
+        seed: int,
+        cache_dir: str | None,
+        pin_memory: bool = False,
+    ):
+        self.data, self.meta, self.cache_dir = data, meta, cache_dir
+        self.rank, self.world_size, self.grad_accum = rank, world_size, grad_accum
+        self.micro_batch_size, self.seed, self.pin_memory = micro_batch_size, seed, pin_memory
+        self.names = [source_folder_name(i, s) for i, s in enumerate(data.sources)]
         self.sampler: StepBatchSampler | None = None
         self.decay_position: int | None = None
 
     def loader(self, start_step: int, origin: tuple[int, int], decay_position: int | None) -> DataLoader:
-        loader = build_train_loader(
-            self.recipe,
-            self.rank,
-            self.world_size,
-            self.grad_accum,
-            start_step,
-            self.pin_memory,
-            origin,
-            decay_position,
+        """Endless [micro_batch_size, seq_len + 1] LongTensor batches for this rank, from `start_step` on
+        (`origin`: see StepBatchSampler; `decay_position`: the first stream position of the decay, whose
+        mixture the decay weights give)."""
+        paths, store = _split(self.data, self.meta, "train", self.cache_dir)
+        datasets = [PackedDataset(p, self.data.seq_len, self.meta["dtype"], self.data.preload, store) for p in paths]
+        mixture = Mixture([len(d) for d in datasets], self.seed, mixture_segments(self.data.sources, decay_position))
+        sampler = StepBatchSampler(
+            mixture, self.micro_batch_size, self.grad_accum, self.world_size, self.rank, self.seed, start_step, origin
         )
-        self.sampler, self.decay_position = loader.batch_sampler, decay_position
-        return loader
+        self.sampler, self.decay_position = sampler, decay_position
+        workers = self.data.num_workers
+        if datasets[0].store is not None:
+            sampler = _prefetching(sampler, datasets, workers)
+        if workers:
+            atexit.unregister(end_workers_at_exit)
+            atexit.register(end_workers_at_exit)
+        worker_options: dict[str, Any] = (
+            {"persistent_workers": True, "prefetch_factor": PREFETCH_FACTOR, "worker_init_fn": ignore_stop_signals}
+            if workers
+            else {}
+        )
+        return DataLoader(
+            datasets[0] if len(datasets) == 1 else ConcatDataset(datasets),
+            batch_sampler=sampler,
+            collate_fn=stack_samples,
+            num_workers=workers,
+            pin_memory=self.pin_memory,
+            **worker_options,
+        )
+
+    def val_loader(self, eval_tokens: int) -> ValidationBatches:
+        """This rank's share of the first `eval_tokens` validation tokens (rounded up to whole sequences),
+        in sequential micro-batches: the sources one after the other, the same samples on any world size."""
+        paths, store = _split(self.data, self.meta, "validation", self.cache_dir)
+        joined = [path for source in paths for path in source]
+        dataset = PackedDataset(joined, self.data.seq_len, self.meta["dtype"], self.data.preload, store)
+        samples = -(-eval_tokens // self.data.seq_len)
+        return ValidationBatches(
+            dataset, validation_batches(len(dataset), self.micro_batch_size, self.world_size, self.rank, samples)
+        )
 
     def mixture_changes(self, decay_position: int | None) -> bool:
         """Whether a decay starting at `decay_position` reads another mixture than the batches built."""
-        return mixture_segments(self.recipe, decay_position) != mixture_segments(self.recipe, self.decay_position)
+        return mixture_segments(self.data.sources, decay_position) != mixture_segments(
+            self.data.sources, self.decay_position
+        )
 
     def epochs_after(self, steps: int) -> int:
         return self.sampler.epochs_after(steps)
@@ -411,17 +417,26 @@ class TrainData:
     def source_tokens(self, steps: int) -> dict[str, int]:
         """Tokens trained on from each source (seq_len targets per sample) once `steps` steps have run."""
         draws = self.sampler.mixture.draws_before(self.sampler.first_position(steps))
-        return {name: n * self.recipe.data.seq_len for name, n in zip(self.names, draws, strict=True)}
+        return {name: n * self.data.seq_len for name, n in zip(self.names, draws, strict=True)}
 
 
-def eval_samples(recipe: Recipe) -> int:
-    """Validation samples per evaluation: `eval_tokens` rounded up to whole sequences."""
-    return -(-recipe.evaluation.eval_tokens // recipe.data.seq_len)
+def recipe_data(recipe: Recipe, *, rank: int, world_size: int, grad_accum: int, pin_memory: bool = False) -> TrainData:
+    """The `TrainData` of a whole recipe: its data section, meta.json read (a missing one names the
+    `prepare` that makes it), the batch and seed of its train section, the store's cache folder."""
+    return TrainData(
+        recipe.data,
+        meta=read_meta(recipe.data.data_dir, recipe),
+        rank=rank,
+        world_size=world_size,
+        grad_accum=grad_accum,
+        micro_batch_size=recipe.train.micro_batch_size,
+        seed=recipe.train.seed,
+        cache_dir=recipe.store.cache_dir,  # object_store/data_upload.py's `cache_folder`
+        pin_memory=pin_memory,
+    )
 
 
 def build_val_loader(recipe: Recipe, rank: int, world_size: int) -> ValidationBatches:
-    """`rank`'s share of the first `eval_tokens` validation tokens, in sequential micro-batches."""
-    dataset = _split_dataset(recipe, "validation")
-    return ValidationBatches(
-        dataset, validation_batches(len(dataset), recipe.train.micro_batch_size, world_size, rank, eval_samples(recipe))
-    )
+    """A whole recipe's validation batches for `rank` (the tests): see `TrainData.val_loader`."""
+    data = recipe_data(recipe, rank=rank, world_size=world_size, grad_accum=1)
+    return data.val_loader(recipe.evaluation.eval_tokens)

@@ -24,7 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from hf_pretrain.config import Recipe
+from hf_pretrain.config import DataConfig, SourceConfig
 from hf_pretrain.data.prepared import LOGS_DIR, META_FILE, SOURCES_DIR, DataMismatchError
 from hf_pretrain.data.sources import SourceError, expand_globs
 from hf_pretrain.data.tokenizer import TOKENIZER_DIR
@@ -229,17 +229,17 @@ def _inside(path: Path, folder: Path) -> bool:
     return path == folder or folder in path.parents
 
 
-def check_inputs_outside_outputs(recipe: Recipe) -> None:
+def check_inputs_outside_outputs(data: DataConfig) -> None:
     """No input (a source's file, the tokenizer) lies where `prepare` writes or removes: it would be
     overwritten or deleted."""
-    data_dir = Path(recipe.data.data_dir).resolve()
+    data_dir = Path(data.data_dir).resolve()
     outputs = [data_dir / name for name in OUTPUT_NAMES]
     inputs: list[tuple[str, Path]] = []
-    for i, source in enumerate(recipe.data.sources):
+    for i, source in enumerate(data.sources):
         if source.kind == "files":
             inputs += [(f"sources[{i}]", p.resolve()) for p in expand_globs(source.paths)]
-    if recipe.data.tokenizer != "train" and Path(recipe.data.tokenizer).exists():
-        inputs.append(("tokenizer", Path(recipe.data.tokenizer).resolve()))
+    if data.tokenizer != "train" and Path(data.tokenizer).exists():
+        inputs.append(("tokenizer", Path(data.tokenizer).resolve()))
     for what, path in inputs:
         for output in outputs:
             if _inside(path, output):
@@ -249,10 +249,10 @@ def check_inputs_outside_outputs(recipe: Recipe) -> None:
                 )
 
 
-def check_no_duplicate_sources(recipe: Recipe) -> None:
+def check_no_duplicate_sources(sources: list[SourceConfig]) -> None:
     """The same corpus twice would be tokenized twice (hours at scale) and drawn twice as often: refused."""
     seen: dict[Any, int] = {}
-    for i, source in enumerate(recipe.data.sources):
+    for i, source in enumerate(sources):
         if source.kind == "files":
             keys = [("file", p.resolve()) for p in expand_globs(source.paths)]
         else:

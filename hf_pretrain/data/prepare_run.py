@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 import numpy as np
 from transformers import PreTrainedTokenizerFast
 
-from hf_pretrain.config import Recipe, SourceConfig
+from hf_pretrain.config import DataConfig, Recipe, SourceConfig
 from hf_pretrain.data.prepare_folder import (
     CREATED_NAMES,
     PROGRESS_FILE,
@@ -120,7 +120,7 @@ def prepare(
     if is_url(d.data_dir):  # prepared in a local copy exactly as below, then uploaded (data_store/data_upload.py)
         from hf_pretrain.data_store.data_upload import prepare_into_store
 
-        fingerprint = data_fingerprint(recipe)
+        fingerprint = data_fingerprint(recipe.data, recipe.train.seed)
         return prepare_into_store(recipe, fingerprint, lambda local: prepare(local, log, dry_run, verbose), log)
     data_dir = Path(d.data_dir)
     if recipe.model.init_from and d.tokenizer == "train" and not (data_dir / META_FILE).is_file():
@@ -130,11 +130,11 @@ def prepare(
             f"prepared into, already carrying its tokenizer)"
         )
     # Inputs first, before anything in data_dir is touched.
-    _check_sources_exist(recipe)
-    check_inputs_outside_outputs(recipe)
-    check_no_duplicate_sources(recipe)
-    settings = data_settings(recipe)
-    fingerprint = data_fingerprint(recipe)
+    _check_sources_exist(recipe.data.sources)
+    check_inputs_outside_outputs(recipe.data)
+    check_no_duplicate_sources(recipe.data.sources)
+    settings = data_settings(recipe.data, recipe.train.seed)
+    fingerprint = data_fingerprint(recipe.data, recipe.train.seed)
     if (data_dir / META_FILE).is_file():
         _require_same_data_settings(data_dir, fingerprint)
         log(f"{data_dir} is already prepared (delete it to prepare again)")
@@ -165,15 +165,17 @@ def _prepare_locked(
         log(f"{data_dir} is already prepared (delete it to prepare again)")
         return data_dir
     refuse_while_jobs_run(data_dir, lambda source: _done_so_far(data_dir / LOGS_DIR / source))
-    tokenizer = _tokenizer(recipe, data_dir, settings, fingerprint, log)
+    tokenizer = _tokenizer(d, recipe.train.seed, data_dir, settings, fingerprint, log)
     options = ExecutorOptions.from_recipe(d)
-    shares = _token_shares(recipe)
+    shares = _token_shares(d)
     results, pending, jobs = [], [], []
     for index, source in enumerate(d.sources):
         name = source_folder_name(index, source)
         folder, logs = (data_dir / SOURCES_DIR / name).resolve(), (data_dir / LOGS_DIR / name).resolve()
         tasks = source_tasks(source)
-        pipeline = _source_pipeline(recipe, data_dir, source, tasks, folder, logs, tokenizer, shares[index], options)
+        pipeline = _source_pipeline(
+            d.val_every, data_dir, source, tasks, folder, logs, tokenizer, shares[index], options
+        )
         executor = build_executor(pipeline, tasks, logs, options, job_name=f"prepare-{name}")
         todo = executor.get_incomplete_ranks()
         if dry_run:
@@ -202,13 +204,13 @@ def _prepare_locked(
     if pending:
         _record_submitted_jobs(data_dir, pending, jobs, log)
         return data_dir
-    meta = _finish(recipe, tokenizer, fingerprint, data_dir, log)
+    meta = _finish(d, recipe.train.seed, tokenizer, fingerprint, data_dir, log)
     _report_prepared(recipe, data_dir, meta, results, log)
     return data_dir
 
 
 def _source_pipeline(
-    recipe: Recipe,
+    val_every: int,
     data_dir: Path,
     source: SourceConfig,
     tasks: int,
@@ -221,14 +223,13 @@ def _source_pipeline(
     """One source's datatrove pipeline: its reader, then the tokenizer writing its train and validation files."""
     from hf_pretrain.data.pipeline import SplitTokenizer, reader_for
 
-    d = recipe.data
     tokenizer_file = str((data_dir / TOKENIZER_DIR / "tokenizer.json").resolve())
     return [
         reader_for(source, tasks),
         SplitTokenizer(
             str(folder),
             tokenizer_file,
-            d.val_every,
+            val_every,
             share,
             eos_token=tokenizer.eos_token,
             counts_dir=str(logs),
@@ -318,10 +319,9 @@ def _print_job_script(executor: Any, log: Callable[[str], None]) -> None:
     log(executor.get_launch_file_contents(executor.get_sbatch_args(executor.world_size), command))
 
 
-def _token_shares(recipe: Recipe) -> list[int]:
+def _token_shares(d: DataConfig) -> list[int]:
     """Each source's train-token cap: its largest share (main or decay mixture) of max_tokens, since the
     loader draws that share from it; 0 = no cap."""
-    d = recipe.data
     if not d.max_tokens:
         return [0] * len(d.sources)
     main = [s.weight for s in d.sources]
@@ -349,7 +349,7 @@ def _count(folder: Path) -> tuple[int, int]:
 
 # ---------------------------------------------------------------------- the tokenizer
 def _tokenizer(
-    recipe: Recipe, data_dir: Path, settings: dict[str, Any], fingerprint: str, log: Callable[[str], None]
+    d: DataConfig, seed: int, data_dir: Path, settings: dict[str, Any], fingerprint: str, log: Callable[[str], None]
 ) -> PreTrainedTokenizerFast:
     """The tokenizer of an interrupted run with the same settings, or a fresh one, after removing what an
     interrupted run with other settings created (and only that: prepare_folder.py)."""
@@ -366,16 +366,16 @@ def _tokenizer(
     # Recorded before anything is created: a kill at any later moment leaves a record of what is ours.
     record = {"data_fingerprint": fingerprint, "settings": settings, "created": list(CREATED_NAMES)}
     write_progress(data_dir, record | {"tokenizer_hash": None})
-    tokenizer = _fresh_tokenizer(recipe, data_dir, log)
+    tokenizer = _fresh_tokenizer(d, seed, data_dir, log)
     write_progress(data_dir, record | {"tokenizer_hash": tokenizer_hash(tokenizer)})
     return tokenizer
 
 
-def _check_sources_exist(recipe: Recipe) -> None:
+def _check_sources_exist(sources: list[SourceConfig]) -> None:
     """Fail before any work on what can be checked here: a glob matching nothing, an unknown builtin."""
     from hf_pretrain.data.sources import BUILTIN_CORPORA
 
-    for source in recipe.data.sources:
+    for source in sources:
         if source.kind == "files":
             expand_globs(source.paths)
         elif source.kind == "builtin" and source.name not in BUILTIN_CORPORA:
@@ -384,12 +384,12 @@ def _check_sources_exist(recipe: Recipe) -> None:
             )
 
 
-def _fresh_tokenizer(recipe: Recipe, data_dir: Path, log: Callable[[str], None]) -> PreTrainedTokenizerFast:
-    d = recipe.data
+def _fresh_tokenizer(d: DataConfig, seed: int, data_dir: Path, log: Callable[[str], None]) -> PreTrainedTokenizerFast:
+    """Trained on the first `tokenizer_train_documents` of the mixture (drawn with the run's `seed`), or loaded."""
     if d.tokenizer == "train":
         limit = d.tokenizer_train_documents
         log(f"training a {d.vocab_size}-token byte-level BPE on {limit or 'all'} documents of the mixture")
-        texts: Iterable[str] = (text for _, text in mixture(recipe))
+        texts: Iterable[str] = (text for _, text in mixture(d.sources, seed))
         if limit:
             texts = islice(texts, limit)
         # long documents in pieces: the pre-tokenizer would otherwise hold ~110 bytes per character
@@ -452,10 +452,15 @@ def _file_entry(data_dir: Path, path: Path, dtype: np.dtype, vocab_size: int) ->
 
 
 def _finish(
-    recipe: Recipe, tokenizer: PreTrainedTokenizerFast, fingerprint: str, data_dir: Path, log: Callable[[str], None]
+    d: DataConfig,
+    seed: int,
+    tokenizer: PreTrainedTokenizerFast,
+    fingerprint: str,
+    data_dir: Path,
+    log: Callable[[str], None],
 ) -> dict[str, Any]:
-    """Every source's files with sizes and checksums (source.json, meta.json); meta.json last."""
-    d = recipe.data
+    """Every source's files with sizes and checksums (source.json, meta.json); meta.json last (`seed`: the
+    train section's, which drew the tokenizer's sample)."""
     dtype = token_dtype(len(tokenizer))
     saved_hash = tokenizer_hash(tokenizer)
     sources, totals = [], {split: {"tokens": 0, "documents": 0, "shards": []} for split in SPLITS}
@@ -507,7 +512,7 @@ def _finish(
         "dtype": dtype.name,
         "eos_id": tokenizer.eos_token_id,
         "eos": EOS_POLICY,
-        "seed": recipe.train.seed,
+        "seed": seed,
         "val_every": d.val_every,
         "max_tokens": d.max_tokens,
         "splits": totals,

@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from hf_pretrain.config import DEFAULT_SOURCE_NAME, Recipe, SourceConfig
+from hf_pretrain.config import DEFAULT_SOURCE_NAME, DataConfig, Recipe, SourceConfig
 from hf_pretrain.config.recipe_command import recipe_command
 from hf_pretrain.data.sources import source_tasks
 from hf_pretrain.data.tokenizer import TOKENIZER_DIR, TokenizerUnreadable, load_tokenizer, tokenizer_hash
@@ -67,16 +67,16 @@ def source_folder_name(index: int, source: SourceConfig) -> str:
     return f"{index:02d}-{slug}"
 
 
-def data_settings(recipe: Recipe) -> dict[str, Any]:
+def data_settings(d: DataConfig, seed: int) -> dict[str, Any]:
     """Every setting that changes the bytes `prepare` writes (not where, not how it is run, not the
-    mixture's weights: those are applied when training)."""
-    d = recipe.data
+    mixture's weights: those are applied when training): the data section's, and the train section's
+    `seed` (it draws the tokenizer's sample)."""
     unshaping = {"weight", "decay_weight"}
     return {
         "format_version": FORMAT_VERSION,
         "sources": [
             {k: v for k, v in dataclasses.asdict(s).items() if k not in unshaping} | {"tasks": tasks}
-            for s, tasks in zip(d.sources, source_task_counts(recipe), strict=True)
+            for s, tasks in zip(d.sources, source_task_counts(d.sources), strict=True)
         ],
         "tokenizer": d.tokenizer,
         "vocab_size": d.vocab_size,
@@ -84,7 +84,7 @@ def data_settings(recipe: Recipe) -> dict[str, Any]:
         "tokenizer_train_documents": d.tokenizer_train_documents,
         "max_tokens": d.max_tokens,
         "val_every": d.val_every,
-        "seed": recipe.train.seed,
+        "seed": seed,
     }
 
 
@@ -97,13 +97,13 @@ PREPARE_KEYS = (
 )
 
 
-def data_fingerprint(recipe: Recipe) -> str:
+def data_fingerprint(d: DataConfig, seed: int) -> str:
     """Hash of `data_settings`: meta.json records it, and a folder made with other settings is refused."""
-    return hashlib.sha256(json.dumps(data_settings(recipe), sort_keys=True).encode()).hexdigest()[:16]
+    return hashlib.sha256(json.dumps(data_settings(d, seed), sort_keys=True).encode()).hexdigest()[:16]
 
 
-def source_task_counts(recipe: Recipe) -> list[int]:
-    return [source_tasks(s) for s in recipe.data.sources]
+def source_task_counts(sources: list[SourceConfig]) -> list[int]:
+    return [source_tasks(s) for s in sources]
 
 
 def prepare_hint(recipe: Recipe | None) -> str:

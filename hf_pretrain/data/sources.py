@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from hf_pretrain.config import Recipe, SourceConfig
+from hf_pretrain.config import SourceConfig
 from hf_pretrain.data.tokenizer import EOS_TOKEN
 
 # How a plain-text file becomes documents:
@@ -355,10 +355,9 @@ class MixedStream:
         raise StopIteration
 
 
-def mixture(recipe: Recipe) -> MixedStream:
-    """The recipe's documents, mixed by weight, the same on every call: the tokenizer's sample."""
-    sources = recipe.data.sources
-    return MixedStream([iter_source(s) for s in sources], normalised_weights(sources), recipe.train.seed)
+def mixture(sources: list[SourceConfig], seed: int) -> MixedStream:
+    """The sources' documents, mixed by weight, the same on every call (for a `seed`): the tokenizer's sample."""
+    return MixedStream([iter_source(s) for s in sources], normalised_weights(sources), seed)
 
 
 def is_validation(document_index: int, val_every: int) -> bool:

@@ -26,7 +26,7 @@ import torch
 from safetensors import safe_open
 from transformers import LlamaConfig, PreTrainedTokenizerFast
 
-from hf_pretrain.config import Recipe
+from hf_pretrain.config import ModelConfig, Recipe
 from hf_pretrain.config.model_section import padded_vocab_size
 from hf_pretrain.data.tokenizer import (
     TokenizerError,
@@ -137,12 +137,11 @@ def _hub_folder(repo_id: str, weights: bool) -> Path:
     return folder
 
 
-def model_config(recipe: Recipe, tokenizer: PreTrainedTokenizerFast, checkpoint: Path | None = None) -> LlamaConfig:
-    """The config of the model to train: the recipe's Llama; with init_from, the base model's own
+def model_config(m: ModelConfig, tokenizer: PreTrainedTokenizerFast, checkpoint: Path | None = None) -> LlamaConfig:
+    """The config of the model to train: the model section's Llama; with init_from, the base model's own
     config.json (the preflight check has held it to the recipe's model keys; what the recipe cannot say,
     such as a RoPE scaling, comes from it too), or, for a run that goes on from `checkpoint`, the copy
     of it the checkpoint holds: a resumed run never reads the base model again."""
-    m = recipe.model
     if not m.init_from:
         return llama_config(m, len(tokenizer), tokenizer.bos_token_id, tokenizer.eos_token_id, tokenizer.pad_token_id)
     if checkpoint is not None:
@@ -153,13 +152,13 @@ def model_config(recipe: Recipe, tokenizer: PreTrainedTokenizerFast, checkpoint:
     return config
 
 
-def init_weights(model: torch.nn.Module, recipe: Recipe, log: Callable[[str], None] = print) -> None:
-    """With `init_from`, the base model's weights into the freshly built `model`; nothing without it.
-    Only for a run that starts: a resumed one loads its checkpoint instead."""
-    if not recipe.model.init_from:
+def init_weights(model: torch.nn.Module, init_from: str, log: Callable[[str], None] = print) -> None:
+    """With `init_from` (the model section's), the base model's weights into the freshly built `model`;
+    nothing without it. Only for a run that starts: a resumed one loads its checkpoint instead."""
+    if not init_from:
         return
     # every process fetches and reads: huggingface_hub's file locks let one download, the others wait
-    base = open_base(recipe.model.init_from, weights=True)
+    base = open_base(init_from, weights=True)
     copied = load_base_weights(model, base)
     log(f"init_from: {copied} tensors of {base.name} loaded from {base.folder}")
 

@@ -1,7 +1,7 @@
 """The side jobs of a training run: publish and score its checkpoints without holding it up.
 
-`hf_pretrain/train.py` hands `SideJobs(recipe)` to the loop, which calls it on the main
-process only (training/callbacks.py):
+`hf_pretrain/train.py` hands `SideJobs(recipe.publish, recipe.evaluation)` to the loop, which calls it on
+the main process only (training/callbacks.py):
 
 - each saved checkpoint, with `push_checkpoints`: exported (bf16) and pushed to branch `step-N`
   of `push_to_hub`, on a background thread (one upload at a time, in order);
@@ -30,7 +30,7 @@ from pathlib import Path
 from hf_pretrain.checkpoints.layout import MANIFEST, TRAIN_STATE, TRAINING_ONLY_PREFIXES
 from hf_pretrain.checkpoints.progress import FolderBytes, LiveLine
 from hf_pretrain.checkpoints.store import pin_checkpoint, resolve_checkpoint
-from hf_pretrain.config import Recipe
+from hf_pretrain.config import EvaluationConfig, PublishConfig
 from hf_pretrain.publish.export import export_checkpoint, push_checkpoint
 from hf_pretrain.publish.hub import HubError, push_folder
 from hf_pretrain.publish.model_card import CardOptions
@@ -49,10 +49,11 @@ def final_bytes(checkpoint: Path) -> int:
 
 
 class SideJobs:  # a training.callbacks.Callback
-    """The recipe's publishing and benchmark jobs; `log` says what they did (from any thread)."""
+    """The recipe's publishing and benchmark jobs, built from the `publish:` and `evaluation:` sections;
+    `log` says what they did (from any thread)."""
 
-    def __init__(self, recipe: Recipe, log: Callable[[str], None] = print):
-        self.publish, self.evaluation, self.log = recipe.publish, recipe.evaluation, log
+    def __init__(self, publish: PublishConfig, evaluation: EvaluationConfig, *, log: Callable[[str], None] = print):
+        self.publish, self.evaluation, self.log = publish, evaluation, log
         self._uploads = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hf-pretrain-upload")
         self._benchmarks = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hf-pretrain-benchmark")
         self._pending: list[tuple[str, Future]] = []

@@ -23,9 +23,9 @@ from hf_pretrain.checkpoints.progress import Activity
 from hf_pretrain.checkpoints.resume_decision import decide_resume
 from hf_pretrain.checkpoints.resume_plan import Continuation
 from hf_pretrain.checkpoints.store import remove_pins
-from hf_pretrain.config import Recipe, save_recipe
-from hf_pretrain.data.loader import TrainData, build_val_loader
-from hf_pretrain.data.prepared import data_identity
+from hf_pretrain.config import ComputeConfig, Recipe, save_recipe
+from hf_pretrain.data.loader import TrainData
+from hf_pretrain.data.prepared import data_identity, read_meta
 from hf_pretrain.data.tokenizer import load_tokenizer
 from hf_pretrain.economics.check_records import complete_profile
 from hf_pretrain.economics.memory import CHECKPOINT_BYTES_PER_PARAMETER
@@ -51,7 +51,7 @@ from hf_pretrain.run_folder.run_dir import RunDir, set_activity, truncate_jsonl
 from hf_pretrain.training.callbacks import Callback, CallbackList
 from hf_pretrain.training.compiling import dynamo_plugin
 from hf_pretrain.training.guards import Guards, Stop, take_up_at_start
-from hf_pretrain.training.metrics import RunLogger, trackers_for
+from hf_pretrain.training.metrics import RunEconomics, RunLogger, flat_config, trackers_for
 from hf_pretrain.training.rendezvous import attempt_store
 from hf_pretrain.training.state import TrainState
 from hf_pretrain.training.step import Evaluation, TrainStep
@@ -184,7 +184,7 @@ def model_and_optimizer(recipe: Recipe, profile: RunProfile, config, accelerator
         accelerator.print(profile.attention_why)
     model = build_model(config, attention_backend=profile.step.attention_backend)
     if starts:
-        init_weights(model, recipe, log=accelerator.print)
+        init_weights(model, recipe.model.init_from, log=accelerator.print)
     n_params = count_parameters(model)
     if recipe.checkpointed_layer_count:  # checkpointed_layers, or all of them with gradient_checkpointing
         enable_activation_checkpointing(model, recipe.checkpointed_layer_count)
@@ -200,16 +200,19 @@ def model_and_optimizer(recipe: Recipe, profile: RunProfile, config, accelerator
     return model, optimizer, n_params
 
 
-def accelerator_for(recipe: Recipe, profile: RunProfile, grad_accum: int, group: dict, run_dir: RunDir) -> Accelerator:
-    """The Accelerator the run profile describes: its device and precision, compiled as asked, FP8's
-    converter where it trains in fp8, the process group's timeout; TF32 matmuls on a GPU that allows them."""
+def accelerator_for(
+    profile: RunProfile, compute: ComputeConfig, report_to: str, grad_accum: int, group: dict, run_dir: RunDir
+) -> Accelerator:
+    """The Accelerator the run profile describes: its device and precision, compiled as the compute section
+    asks, FP8's converter where it trains in fp8, the process group's timeout, the trackers `report_to`
+    names; TF32 matmuls on a GPU that allows them."""
     accelerator = Accelerator(
         cpu=not profile.machine.on_gpu,
         mixed_precision=profile.accelerate_precision,
         gradient_accumulation_steps=grad_accum,
-        log_with=trackers_for(recipe.reporting.report_to) or None,
+        log_with=trackers_for(report_to) or None,
         project_dir=str(run_dir.path),
-        dynamo_plugin=dynamo_plugin(recipe.compute),  # compiled in `prepare`: whole model, regions, or not at all
+        dynamo_plugin=dynamo_plugin(compute),  # compiled in `prepare`: whole model, regions, or not at all
         # fp8: torchao's float8 for the decoder's linear layers, converted in `prepare` (hf_pretrain/model/fp8.py)
         kwargs_handlers=([InitProcessGroupKwargs(**group)] if group else []) + fp8_handlers(profile.step) or None,
     )
@@ -259,52 +262,79 @@ def resumed_state(
     return state, saved
 
 
+def start_processes(hang_timeout_s: float, *, on_cpu: bool) -> tuple[int, dict]:
+    """Join this process to the job's process group: the world size, and the group's timeout (collectives
+    give up just after the watchdog reports) for the Accelerator. Without CUDA the processes must run on the
+    CPU (`on_cpu`); saying so up front is what makes Accelerate join processes started by torchrun
+    (`accelerate launch --multi_gpu`) into a gloo group."""
+    group = process_group_kwargs(hang_timeout_s)
+    # this call creates the process group, its keys apart from those of an attempt before a restart
+    processes = PartialState(cpu=on_cpu, **group, **attempt_store(group.get("timeout")))
+    hold_if_asked(0, processes.process_index, print)  # tests only: `hold:0` holds the start-up (faults.py)
+    return processes.num_processes, group
+
+
+def introduction(
+    recipe: Recipe, n_params: int, world_size: int, grad_accum: int, precision: str, state: TrainState
+) -> list[str]:
+    """The lines a run starts with: the model, the batch, the precision, the schedule; the recipe's notes."""
+    cfg = recipe.train
+    return [
+        f"model: {n_params / 1e6:.2f}M parameters | {world_size} process(es) x {grad_accum} micro-batches of "
+        f"{cfg.micro_batch_size} x {recipe.data.seq_len} tokens = {cfg.global_batch_tokens:,} tokens/step | "
+        f"precision {precision}\nschedule: {state.schedule.describe()}",
+        *recipe.notes(),
+    ]
+
+
 def setup(recipe: Recipe, where: Where) -> Run:
     """Build a run, the cheap checks first: preflight (versions, device, data, disk, memory) before
     anything is built, then the Accelerator, model and optimizer, the resumed state, the data. `where`:
     where the run (a local folder by now) and the data live, as training's door decided."""
     cfg = recipe.train
     run_dir = RunDir(cfg.output_dir)
-    # Without CUDA the processes must run on the CPU; saying so up front is what makes Accelerate
-    # join processes started by torchrun (`accelerate launch --multi_gpu`) into a gloo group.
-    on_cpu = device_kind() != "cuda"
-    group = process_group_kwargs(recipe.stopping.hang_timeout_s)  # collectives give up just after the watchdog reports
-    # this call creates the process group, its keys apart from those of an attempt before a restart
-    processes = PartialState(cpu=on_cpu, **group, **attempt_store(group.get("timeout")))
-    hold_if_asked(0, processes.process_index, print)  # tests only: `hold:0` holds the start-up (faults.py)
-    world_size = processes.num_processes
+    # the door asks which device this is twice: CPU or CUDA before the process group, the card after it
+    world_size, group = start_processes(recipe.stopping.hang_timeout_s, on_cpu=device_kind() != "cuda")
     # how this run executes, read and never decided again (after PartialState: a rank's own GPU)
     profile = complete_profile(recipe, this_machine(), world_size)
     continuation, activity = checked_start(recipe, world_size, profile, run_dir, where)
     grad_accum = recipe.grad_accum_steps(world_size)  # after the preflight, which refuses a batch that does not split
     tokenizer = load_tokenizer(recipe.data.data_dir)
 
-    accelerator = accelerator_for(recipe, profile, grad_accum, group, run_dir)
+    accelerator = accelerator_for(profile, recipe.compute, recipe.reporting.report_to, grad_accum, group, run_dir)
     say = accelerator.print
-
     set_seed(cfg.seed)
-    config = model_config(recipe, tokenizer, continuation.folder)  # the recipe's Llama, or init_from's config.json
-    model, optimizer, n_params = model_and_optimizer(
-        recipe, profile, config, accelerator, starts=continuation.folder is None
-    )
-
+    config = model_config(recipe.model, tokenizer, continuation.folder)  # the model section's Llama, or init_from's
+    model, optimizer, n_params = model_and_optimizer(recipe, profile, config, accelerator, continuation.folder is None)
     state, saved = resumed_state(recipe, accelerator, continuation, run_dir)
-    data = TrainData(recipe, accelerator.process_index, world_size, grad_accum, profile.machine.on_gpu)
-    train_loader = data.loader(state.step, state.data_origin, decay_position(state))
-    val_loader = build_val_loader(recipe, accelerator.process_index, world_size)
-    say(
-        f"model: {n_params / 1e6:.2f}M parameters | {world_size} process(es) x {grad_accum} micro-batches of "
-        f"{cfg.micro_batch_size} x {recipe.data.seq_len} tokens = {cfg.global_batch_tokens:,} tokens/step | "
-        f"precision {profile.precision}\nschedule: {state.schedule.describe()}"
+    data = TrainData(
+        recipe.data,
+        meta=read_meta(recipe.data.data_dir, recipe),  # a missing meta.json names the `prepare` that makes it
+        rank=accelerator.process_index,
+        world_size=world_size,
+        grad_accum=grad_accum,
+        micro_batch_size=cfg.micro_batch_size,
+        seed=cfg.seed,
+        cache_dir=recipe.store.cache_dir,  # a data_dir URL's block cache lives there
+        pin_memory=profile.machine.on_gpu,
     )
-    for note in recipe.notes():
-        say(note)
+    train_loader = data.loader(state.step, state.data_origin, decay_position(state))
+    val_loader = data.val_loader(recipe.evaluation.eval_tokens)
+    for line in introduction(recipe, n_params, world_size, grad_accum, profile.precision, state):
+        say(line)
     log = RunLogger(
-        accelerator,
-        recipe,
-        run_dir,
-        state,
-        flops_per_token(config, n_params, recipe.data.seq_len),
+        recipe.reporting,
+        accelerator=accelerator,
+        run=run_dir,
+        state=state,
+        flops_per_token=flops_per_token(config, n_params, recipe.data.seq_len),
+        global_batch_tokens=cfg.global_batch_tokens,
+        compiled=recipe.compute.compile,  # what compiling cost goes into the records
+        phases=recipe.run_phases,  # a phase table when one ends
+        tracker_config=flat_config(recipe),  # the trackers are shown the whole recipe
+        economics=RunEconomics(
+            recipe, profile.machine.gpu_name
+        ),  # cost, the slow-node check, the measurement for `plan`
         machine=profile.machine,  # the card: its bf16 peak (MFU), its name (the slow-node check)
         epochs_after=data.epochs_after,
         source_tokens=data.source_tokens,

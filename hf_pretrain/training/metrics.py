@@ -16,7 +16,7 @@ from accelerate import Accelerator
 from accelerate.utils import gather_object
 from tqdm.auto import tqdm
 
-from hf_pretrain.config import SECTIONS, Recipe, tracker_names
+from hf_pretrain.config import SECTIONS, Recipe, ReportingConfig, tracker_names
 from hf_pretrain.economics.cost import cost_record, phases_from_recipe, write_phase_table
 from hf_pretrain.economics.forecast import forecast_fields
 from hf_pretrain.economics.measurements import record_training_run
@@ -147,33 +147,58 @@ def flat_config(recipe: Recipe) -> dict[str, Any]:
     return flat
 
 
+class RunEconomics:
+    """What the run's records are priced and judged by: the money spent so far, the performance model's rate
+    for this GPU (the slow-node check) and the measurement `plan` and the doctor read later. The model of a
+    step is the whole configuration (economics/), so this one part of the logger holds the whole recipe."""
+
+    def __init__(self, recipe: Recipe, gpu: str | None):
+        self.recipe, self.gpu = recipe, gpu  # the card's name, as the door read it: a measurement's key
+
+    def cost(self, record: dict[str, Any]) -> dict[str, float]:
+        return cost_record(record, self.recipe)
+
+    def slow_node(self, tokens_per_s_per_gpu: float, device_name: str) -> str | None:
+        return slow_node_warning(tokens_per_s_per_gpu, device_name, self.recipe)
+
+    def record_session(self, records: list[dict[str, Any]], world_size: int, peak_gib: float | None) -> None:
+        record_training_run(self.recipe, self.gpu, records, world_size, peak_gib)
+
+
 class RunLogger:
-    """The run's records and its logging window. Every process calls it alike (the window's mean
-    loss is averaged over all of them); only the main process writes files and prints."""
+    """The run's records and its logging window, built from the `reporting:` section with what the run
+    knows at start-up by keyword. Every process calls it alike (the window's mean loss is averaged over
+    all of them); only the main process writes files and prints."""
 
     def __init__(
         self,
+        reporting: ReportingConfig,
+        *,
         accelerator: Accelerator,
-        recipe: Recipe,
         run: RunDir,
         state: TrainState,
         flops_per_token: float,
+        global_batch_tokens: int,
+        compiled: bool,
+        phases: dict[str, int],
+        tracker_config: dict[str, Any],
+        economics: RunEconomics,
         machine: Machine = THE_CPU,
         epochs_after: Callable[[int], int] | None = None,
         source_tokens: Callable[[int], dict[str, int]] | None = None,
     ):
-        self.accelerator, self.recipe, self.run = accelerator, recipe, run
-        self.train, self.compute, self.reporting = recipe.train, recipe.compute, recipe.reporting
+        self.accelerator, self.reporting, self.run, self.economics = accelerator, reporting, run, economics
+        self.global_batch_tokens = global_batch_tokens
         self.main = accelerator.is_main_process
         self.metrics = JsonlWriter(run.metrics, self.main)
         self.samples = JsonlWriter(run.samples, self.main)
-        accelerator.init_trackers("hf-pretrain", config=flat_config(recipe))
+        accelerator.init_trackers("hf-pretrain", config=tracker_config)
         self.meter = ThroughputMeter(flops_per_token, machine.peak_flops, accelerator.num_processes)
         self.machine = machine
-        self.compile_watch = CompileWatch() if self.compute.compile else None  # what compiling cost, how often
+        self.compile_watch = CompileWatch() if compiled else None  # what compiling cost, how often
         self.history = [r for r in read_jsonl(run.metrics) if r["kind"] == "train"]  # for cost per phase
         self.session_start = len(self.history)  # the records before are earlier sessions' (maybe another GPU)
-        self.phases = phases_from_recipe(recipe.run_phases)
+        self.phases = phases_from_recipe(phases)
         # this process's step losses since the last record; a checkpoint keeps them (state_dict), so the
         # first record after a resume averages the same steps as the uninterrupted run's
         self.window_losses: list[float] = []
@@ -184,7 +209,7 @@ class RunLogger:
         self.forecast: dict[str, Any] = {}  # the newest forecast fields (economics/forecast.py)
         self.forecaster = BackgroundForecast() if self.main else None
         self.divergence = DivergenceWatch(self.history)
-        self.recipe, self.windows, self.slow_node = recipe, 0, None  # the node check after the warm-up window
+        self.windows, self.slow_node = 0, None  # the node check after the warm-up window
         self.progress = tqdm(
             total=state.end, initial=state.step, disable=not self.main, desc="train", dynamic_ncols=True
         )
@@ -229,7 +254,7 @@ class RunLogger:
         and at the last one, a phase table when a phase ends. A skipped step has no loss to add."""
         if self._folder_gone():
             return
-        self.meter.add(self.train.global_batch_tokens)
+        self.meter.add(self.global_batch_tokens)
         self.progress.total = state.end  # a cooldown moves the end
         self.data_wait += result.data_wait
         if self.compile_watch and (line := self.compile_watch.step(result.data_wait)):
@@ -275,7 +300,7 @@ class RunLogger:
             record["mfu"] = mfu
             record["peak_memory_gib"] = peak_memory_gib(device)
         if self.reporting.price_per_hour:
-            record.update(cost_record(record, self.recipe))
+            record.update(self.economics.cost(record))
         if self.forecaster:  # a fit of the curve so far, in a worker thread: only the main process writes it
             # the history's records are final; the new one is copied, as this thread adds to it below
             self.forecast = self.forecaster.submit(
@@ -293,7 +318,7 @@ class RunLogger:
         self.windows += 1
         if self.windows == 2 and self.main and device.type == "cuda":  # the first window holds the warm-up
             per_gpu = tokens_per_s / self.accelerator.num_processes
-            self.slow_node = slow_node_warning(per_gpu, self.machine.name or device.type, self.recipe)
+            self.slow_node = self.economics.slow_node(per_gpu, self.machine.name or device.type)
             if self.slow_node:
                 self.metrics.write({"kind": "slow_node", "step": state.step, "reason": self.slow_node})
                 self.say(f"step {state.step}: warning: {self.slow_node}")
@@ -367,7 +392,6 @@ class RunLogger:
         self.progress.close()
         if self.main:  # on a GPU, this session's tokens/s and peak memory for `plan` and the doctor (a CPU: nothing)
             peak = peak_memory_gib(self.accelerator.device)
-            gpu, world = self.machine.gpu_name, self.accelerator.num_processes
-            record_training_run(self.recipe, gpu, self.history[self.session_start :], world, peak)
+            self.economics.record_session(self.history[self.session_start :], self.accelerator.num_processes, peak)
         if self.forecaster:
             self.forecaster.close()
