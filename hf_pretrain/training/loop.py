@@ -288,14 +288,12 @@ def introduction(
 
 
 def setup(recipe: Recipe, where: Where) -> Run:
-    """Build a run, the cheap checks first: preflight (versions, device, data, disk, memory) before
-    anything is built, then the Accelerator, model and optimizer, the resumed state, the data. `where`:
-    where the run (a local folder by now) and the data live, as training's door decided."""
+    """Build a run, the cheap checks first (the preflight), then the Accelerator, model and optimizer, the
+    resumed state, the data. `where`: where the run (a local folder by now) and the data live."""
     cfg = recipe.train
     run_dir = RunDir(cfg.output_dir)
-    # the door asks which device this is twice: CPU or CUDA before the process group, the card after it
+    # the door asks which device: CPU or CUDA for the process group, then the machine (a rank's own GPU) once
     world_size, group = start_processes(recipe.stopping.hang_timeout_s, on_cpu=device_kind() != "cuda")
-    # how this run executes, read and never decided again (after PartialState: a rank's own GPU)
     profile = complete_profile(recipe, this_machine(), world_size)
     continuation, activity = checked_start(recipe, world_size, profile, run_dir, where)
     grad_accum = recipe.grad_accum_steps(world_size)  # after the preflight, which refuses a batch that does not split
