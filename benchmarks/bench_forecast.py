@@ -27,7 +27,7 @@ def honesty(run_dir: Path, cut: float) -> dict:
     train = [r for r in records if r["kind"] == "train"]
     cooldowns = [r for r in records if r["kind"] == "cooldown"]
     cooldown = Cooldown(cooldowns[-1]["step"], cooldowns[-1]["end"]) if cooldowns else None
-    first, last = Schedule(recipe).stable_steps(cooldown)
+    first, last = Schedule(recipe.optim, max_steps=recipe.train.max_steps).stable_steps(cooldown)
     last = min(last, train[-1]["step"])
     cut_step = first + int(cut * (last - first))
     fit = fit_run(train, first, cut_step)

@@ -27,7 +27,7 @@ from hf_pretrain.data.prepare_run import prepare
 from hf_pretrain.data.prepared import read_meta
 from hf_pretrain.data.tokenizer import load_tokenizer
 from hf_pretrain.model.llama import build_model, llama_config
-from hf_pretrain.optim.build import build_optimizer, learning_rate_at, set_learning_rate
+from hf_pretrain.optim.build import Schedule, build_optimizer, set_learning_rate
 from hf_pretrain.run_folder.run_dir import read_jsonl
 from hf_pretrain.train import train
 
@@ -51,10 +51,11 @@ def bare_pytorch_tokens_per_s(recipe, steps: int, warmup: int) -> float:
     micro = recipe.train.micro_batch_size
     order = torch.randperm(len(dataset), generator=torch.Generator().manual_seed(recipe.train.seed))
     position = 0
+    schedule = Schedule(recipe.optim, max_steps=recipe.train.max_steps)
     for step in range(steps):
         if step == warmup:
             start = time.perf_counter()
-        set_learning_rate(optimizer, learning_rate_at(step, recipe))
+        set_learning_rate(optimizer, schedule.lr(step + 1))  # optimizer steps count from 1
         for _ in range(accum):
             indices = order[position % len(order) : position % len(order) + micro]
             if len(indices) < micro:

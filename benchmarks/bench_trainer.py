@@ -38,7 +38,7 @@ from hf_pretrain.data.prepared import read_meta
 from hf_pretrain.data.tokenizer import load_tokenizer
 from hf_pretrain.machine.run_profile import run_profile, this_machine
 from hf_pretrain.model.llama import build_model, llama_config
-from hf_pretrain.optim.build import build_optimizer, learning_rate_at
+from hf_pretrain.optim.build import Schedule, build_optimizer
 from hf_pretrain.run_folder.run_dir import read_jsonl
 from hf_pretrain.train import run_training
 
@@ -98,8 +98,10 @@ def trainer_window_rates(recipe: Recipe, warmup: int) -> list[float]:
     if cuda:
         model.to("cuda")  # fused AdamW needs its parameters on the GPU before it is built
     optimizer = build_optimizer(model, recipe.optim, fused=cuda)
-    # hf-pretrain sets learning_rate_at(step) before each step; LambdaLR multiplies the peak by the same factor
-    schedule = LambdaLR(optimizer, lambda step: learning_rate_at(step, recipe) / recipe.optim.learning_rate)
+    # hf-pretrain sets its Schedule's rate before each optimizer step (counted from 1); LambdaLR
+    # (0-based) multiplies the peak by the same factor
+    rates = Schedule(recipe.optim, max_steps=recipe.train.max_steps)
+    schedule = LambdaLR(optimizer, lambda step: rates.lr(step + 1) / recipe.optim.learning_rate)
 
     def collate(samples: list[torch.Tensor]) -> dict[str, torch.Tensor]:
         tokens = torch.stack(samples)

@@ -77,7 +77,7 @@ def load_run(run_dir: Path, price_override: float | None = None) -> RunData:
     cooldowns = [r for r in metrics if r.get("kind") == "cooldown"]
     cooldown = Cooldown(cooldowns[-1]["step"], cooldowns[-1]["end"]) if cooldowns else None
     if recipe is not None:
-        schedule = Schedule(recipe)
+        schedule = Schedule(recipe.optim, max_steps=recipe.train.max_steps)
         stable, end = schedule.stable_steps(cooldown), schedule.end(cooldown)
     else:  # no recipe: skip the first tenth of the curve, where a warmup would be
         stable, end = (train[-1]["step"] // 10 + 1, train[-1]["step"]), train[-1]["step"]

@@ -29,7 +29,7 @@ from hf_pretrain.economics.cost import Phase
 from hf_pretrain.economics.forecast import fit_loss_curve, forecast_fields, going_further, next_phase
 from hf_pretrain.economics.planning import plan_command, scaling_laws
 from hf_pretrain.exit_codes import EXIT_CONFIG
-from hf_pretrain.optim.build import Cooldown, Schedule, learning_rate_at
+from hf_pretrain.optim.build import Cooldown, Schedule
 from hf_pretrain.preflight.data import check_data_budget
 from hf_pretrain.publish.model_card import _how_it_ended
 from hf_pretrain.run_commands.stop_command import main as stop_main
@@ -45,15 +45,20 @@ def train_config(**overrides):
     )
 
 
+def schedule_of(recipe):
+    """The run's schedule, as training builds it: the optim section and the run's length."""
+    return Schedule(recipe.optim, max_steps=recipe.train.max_steps)
+
+
 # ---------------------------------------------------------------------- schedules
 def test_wsd_warms_up_holds_the_peak_and_decays_to_the_floor():
-    linear = Schedule(train_config(lr_schedule="wsd", decay_fraction=0.2, decay_shape="linear"))
+    linear = schedule_of(train_config(lr_schedule="wsd", decay_fraction=0.2, decay_shape="linear"))
     assert [linear.lr(s) for s in (1, 10)] == pytest.approx([1e-4, 1e-3])
     assert all(linear.lr(s) == 1e-3 for s in range(10, 81))  # the peak, to step 80 (100 - 20% of it)
     assert linear.lr(90) == pytest.approx(1e-4 + 0.9e-3 * 0.5)  # half way down, linear
     assert linear.lr(100) == pytest.approx(1e-4)
     assert linear.decay_start() == 80 and linear.stable_steps() == (11, 80)
-    sqrt = Schedule(train_config(lr_schedule="wsd", decay_fraction=0.2, decay_shape="1-sqrt"))
+    sqrt = schedule_of(train_config(lr_schedule="wsd", decay_fraction=0.2, decay_shape="1-sqrt"))
     assert sqrt.lr(85) == pytest.approx(1e-4 + 0.9e-3 * (1 - math.sqrt(0.25)))  # falls fast, then flattens
     assert sqrt.lr(100) == pytest.approx(1e-4)
 
@@ -63,30 +68,30 @@ def test_cosine_is_the_schedule_it_always_was():
     for step in (0, 5, 9, 10, 50, 99):  # the old closed form, 0-based index
         progress = min(1.0, (step - 10) / 90)
         old = 1e-3 * (step + 1) / 10 if step < 10 else 1e-4 + 0.5 * 0.9e-3 * (1 + math.cos(math.pi * progress))
-        assert learning_rate_at(step, train) == old  # bitwise: the golden curve must not move
-    assert Schedule(train).decay_start() is None and Schedule(train).stable_steps() == (11, 100)
+        assert schedule_of(train).lr(step + 1) == old  # bitwise: the golden curve must not move
+    assert schedule_of(train).decay_start() is None and schedule_of(train).stable_steps() == (11, 100)
 
 
 def test_a_cooldown_decays_from_the_rate_it_starts_at_and_never_passes_max_steps():
-    schedule = Schedule(train_config(lr_schedule="wsd", decay_fraction=0.2, decay_shape="linear"))
+    schedule = schedule_of(train_config(lr_schedule="wsd", decay_fraction=0.2, decay_shape="linear"))
     cooldown = schedule.cooldown(40, schedule.default_cooldown_steps(40), "asked")
     assert cooldown == Cooldown(40, 48, "asked")  # 20% of the 40 steps done
     assert schedule.lr(40, cooldown) == 1e-3 and schedule.lr(44, cooldown) == pytest.approx(1e-4 + 0.9e-3 * 0.5)
     assert schedule.lr(48, cooldown) == pytest.approx(1e-4) and schedule.end(cooldown) == 48
     assert schedule.cooldown(95, 30, "late").end == 100
-    cosine = Schedule(train_config())
+    cosine = schedule_of(train_config())
     assert cosine.default_cooldown_steps(40) == 0  # a cosine stops at once unless asked for a cooldown
     late = cosine.cooldown(50, 10, "asked")
     assert late.end == 60 and cosine.lr(60, late) == pytest.approx(1e-4)
 
 
 def test_a_run_that_ends_at_its_peak_is_unfinished_and_a_cosines_last_step_is_its_end():
-    wsd = Schedule(train_config(lr_schedule="wsd", decay_fraction=0.2))
+    wsd = schedule_of(train_config(lr_schedule="wsd", decay_fraction=0.2))
     assert not wsd.left_decay_unfinished(100, wsd.lr(100))
     assert wsd.left_decay_unfinished(60, wsd.lr(60))  # stopped in its stable phase
-    no_decay = Schedule(train_config(lr_schedule="wsd", decay_fraction=0.0))
+    no_decay = schedule_of(train_config(lr_schedule="wsd", decay_fraction=0.0))
     assert no_decay.lr(100) == 1e-3 and no_decay.left_decay_unfinished(100, no_decay.lr(100))
-    cosine = Schedule(train_config(min_lr_ratio=0.0))
+    cosine = schedule_of(train_config(min_lr_ratio=0.0))
     assert not cosine.left_decay_unfinished(100, cosine.lr(100))
     assert cosine.left_decay_unfinished(50, cosine.lr(50))
 
@@ -99,7 +104,7 @@ def test_a_shortened_run_drops_the_phases_past_its_end_and_warms_over_a_too_shor
     tiny = load_recipe("smoke", {"max_steps": 6})
     assert tiny.run_phases == {} and tiny.effective_warmup_steps == 6
     assert any("warmup_steps=20 is not below max_steps=6" in note for note in tiny.notes())
-    assert [Schedule(tiny).lr(s) for s in (3, 6)] == pytest.approx([1.5e-3, 3e-3])  # warms over the run
+    assert [schedule_of(tiny).lr(s) for s in (3, 6)] == pytest.approx([1.5e-3, 3e-3])  # warms over the run
     with pytest.raises(RecipeError, match="phases.bad=0 must be a step"):
         load_recipe("smoke", {"phases": {"bad": 0}})
 

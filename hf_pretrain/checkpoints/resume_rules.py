@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from hf_pretrain.checkpoints.resume_plan import Continuation, ResumeRefused
-from hf_pretrain.config import KEY_SECTION, CheckpointConfig, Recipe, math_keys
+from hf_pretrain.config import KEY_SECTION, CheckpointConfig, OptimConfig, Recipe, math_keys
 from hf_pretrain.optim.build import Schedule
 
 # keys whose change moves the data position: the stream is counted in samples of seq_len per step
@@ -60,11 +60,11 @@ def key_default(recipe: Recipe, name: str) -> Any:
     return found[0].default if found and found[0].default is not MISSING else None
 
 
-def smallest_max_steps(recipe: Recipe, stable_until: int) -> int:
+def smallest_max_steps(optim: OptimConfig, stable_until: int) -> int:
     """The smallest max_steps whose wsd decay starts at `stable_until` or later."""
-    fraction = recipe.optim.decay_fraction
+    fraction = optim.decay_fraction
     guess = stable_until if fraction >= 1 else max(stable_until, int(stable_until / (1 - fraction)) - 2)
-    while (Schedule(recipe.replace(max_steps=guess)).decay_start() or guess) < stable_until:
+    while (Schedule(optim, max_steps=guess).decay_start() or guess) < stable_until:
         guess += 1
     return guess
 
@@ -228,7 +228,8 @@ def note_other_changes(plan: Continuation, saved: dict[str, Any], changed: dict[
 def wsd_goes_further(plan: Continuation, saved: dict[str, Any], recipe: Recipe, named: bool) -> None:
     """A wsd run under another max_steps: the peak held to the new decay; past its decay, from the
     branch point (the last checkpoint before it), unless --resume named a later checkpoint."""
-    step, old_max, new = saved["step"], saved.get("max_steps", recipe.train.max_steps), Schedule(recipe)
+    step, old_max = saved["step"], saved.get("max_steps", recipe.train.max_steps)
+    new = Schedule(recipe.optim, max_steps=recipe.train.max_steps)
     stable_until = saved.get("decay_start")
     decaying = stable_until is not None and step > stable_until
     at = stable_until if decaying else step
@@ -236,7 +237,7 @@ def wsd_goes_further(plan: Continuation, saved: dict[str, Any], recipe: Recipe, 
         raise ResumeRefused(
             f"max_steps={recipe.train.max_steps:,} would begin its decay at step {new.decay_start():,}, before "
             f"step {at:,} where this run {'began its decay' if decaying else 'stands'}",
-            f"choose max_steps of at least {smallest_max_steps(recipe, at):,}"
+            f"choose max_steps of at least {smallest_max_steps(recipe.optim, at):,}"
             + (
                 ""
                 if decaying
@@ -273,7 +274,8 @@ def wsd_goes_further(plan: Continuation, saved: dict[str, Any], recipe: Recipe, 
 def schedule_changes(plan: Continuation, saved: dict[str, Any], recipe: Recipe) -> None:
     """A cosine run (or a change of schedule) under another max_steps: every later step's rate changes,
     refused unless allow_schedule_change; nothing changes while still warming up."""
-    step, old_max, new = saved["step"], saved.get("max_steps", recipe.train.max_steps), Schedule(recipe)
+    step, old_max = saved["step"], saved.get("max_steps", recipe.train.max_steps)
+    new = Schedule(recipe.optim, max_steps=recipe.train.max_steps)
     if step < new.warmup:
         return  # still warming up: the same rates either way
     old_lr, new_lr = saved.get("lr"), new.lr(step + 1)

@@ -54,3 +54,8 @@ class OptimConfig:
     adam_beta2: float = key(0.95, "AdamW second-moment decay", ge=0, lt=1)
     adam_eps: float = key(1e-8, "AdamW denominator epsilon", gt=0)
     grad_clip: float = key(1.0, "clip the global gradient norm to this (0 = off)", ge=0)
+
+    def warmup_within(self, max_steps: int) -> int:
+        """The warmup of a run of `max_steps` steps: `warmup_steps`, or the whole run when it is not
+        shorter (the recipe notes it). One rule for the schedule and the recipe's own figures."""
+        return min(self.warmup_steps, max_steps)

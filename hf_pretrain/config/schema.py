@@ -77,7 +77,7 @@ class Recipe:
     @property
     def effective_warmup_steps(self) -> int:
         """`warmup_steps`, or the whole run when it is not shorter (see `notes`)."""
-        return min(self.optim.warmup_steps, self.train.max_steps)
+        return self.optim.warmup_within(self.train.max_steps)
 
     @property
     def run_phases(self) -> dict[str, int]:

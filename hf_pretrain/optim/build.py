@@ -17,7 +17,7 @@ import math
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
-from hf_pretrain.config import OptimConfig, Recipe
+from hf_pretrain.config import OptimConfig
 
 if TYPE_CHECKING:  # the schedule is arithmetic: `plan`, `report` and `stop` read it without importing torch
     import torch
@@ -73,18 +73,20 @@ class Cooldown:
 
 
 class Schedule:
-    """The learning rate of every optimizer step of a recipe; steps are counted from 1.
+    """The learning rate of every optimizer step of a run; steps are counted from 1.
 
-    Counted in optimizer steps, so the schedule is the same on 1 process or 64.
+    Built from the optim section and the run's length (`Schedule(recipe.optim, max_steps=...)`):
+    nothing else shapes the curve, and `resume` asks what another `max_steps` would do without
+    rebuilding a recipe. Counted in optimizer steps, so the schedule is the same on 1 process or 64.
     """
 
-    def __init__(self, recipe: Recipe):
-        self.optim = optim = recipe.optim
+    def __init__(self, optim: OptimConfig, *, max_steps: int):
+        self.optim = optim
         self.kind = optim.lr_schedule
         self.peak = optim.learning_rate
         self.floor = optim.learning_rate * optim.min_lr_ratio
-        self.max_steps = recipe.train.max_steps
-        self.warmup = recipe.effective_warmup_steps
+        self.max_steps = max_steps
+        self.warmup = optim.warmup_within(max_steps)
         # wsd: the final decay takes the last `decay_fraction` of the steps, never the warmup's
         self.decay_steps = min(round(optim.decay_fraction * self.max_steps), self.max_steps - self.warmup)
 
@@ -157,11 +159,6 @@ class Schedule:
             f"wsd: {self.warmup:,} warmup steps, the peak held to step {self.max_steps - self.decay_steps:,}, "
             f"{self.optim.decay_shape} decay to {floor} over the last {self.decay_steps:,} steps"
         )
-
-
-def learning_rate_at(step: int, recipe: Recipe) -> float:
-    """The rate of the step with 0-based index `step` (optimizer step `step + 1`)."""
-    return Schedule(recipe).lr(step + 1)
 
 
 def set_learning_rate(optimizer: torch.optim.Optimizer, lr: float) -> None:

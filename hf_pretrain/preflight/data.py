@@ -68,7 +68,7 @@ def check_data_budget(recipe: Recipe) -> CheckResult:
     t, seq_len = recipe.train, recipe.data.seq_len
     samples = [max(0, (s["splits"]["train"]["tokens"] - 1) // seq_len) for s in meta["sources"]]  # the loader's
     per_step = t.global_batch_tokens // seq_len
-    decay_start = Schedule(recipe).decay_start()
+    decay_start = Schedule(recipe.optim, max_steps=recipe.train.max_steps).decay_start()
     mixture = build_mixture(recipe, samples, None if decay_start is None else decay_start * per_step)
     planned = t.max_steps * t.global_batch_tokens
     epochs = mixture.epochs_before(t.max_steps * per_step)

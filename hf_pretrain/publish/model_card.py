@@ -213,13 +213,14 @@ def _training(
         ("tokens", f"{train_state.get('tokens_seen', 0):,}"),
     ]
     if recipe is not None:
+        schedule = Schedule(recipe.optim, max_steps=recipe.train.max_steps)
         rows += [
             ("batch", f"{recipe.train.global_batch_tokens:,} tokens/step"),
             ("sequence length", recipe.data.seq_len),
             ("peak learning rate", recipe.optim.learning_rate),
-            ("schedule", Schedule(recipe).describe()),
+            ("schedule", schedule.describe()),
         ]
-        rows += _how_it_ended(Schedule(recipe), train_state)
+        rows += _how_it_ended(schedule, train_state)
     rows.append(("hardware", options.hardware or train_state.get("hardware") or "not recorded"))
     seconds = train_state.get("elapsed_seconds")
     if seconds:

@@ -45,7 +45,7 @@ class TrainState:
         return cls(
             recipe.fingerprint(),
             hardware,
-            Schedule(recipe),
+            Schedule(recipe.optim, max_steps=recipe.train.max_steps),
             math_keys(recipe),
             recipe.train.global_batch_tokens // recipe.data.seq_len,
             data=data_identity(recipe.data.data_dir),

@@ -72,7 +72,7 @@ def plan_further(run_dir: str, target_tokens: float | None, price_per_hour: floa
     if recipe is None:
         raise ValueError(f"{run.resolved_recipe} is missing or unreadable: is {run_dir} a run folder?")
     records = read_jsonl(run.metrics)
-    stable = Schedule(recipe).stable_steps(lineage_cooldown(records))
+    stable = Schedule(recipe.optim, max_steps=recipe.train.max_steps).stable_steps(lineage_cooldown(records))
     n_params = recipe_parameter_count(recipe)
     target = target_tokens or chinchilla_tokens(n_params)
     price = recipe.reporting.price_per_hour if price_per_hour is None else price_per_hour
