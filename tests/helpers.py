@@ -145,3 +145,14 @@ def profile_here(recipe, world_size: int = 1):
     from hf_pretrain.machine.run_profile import this_machine
 
     return complete_profile(recipe, this_machine(), world_size)
+
+
+def profile_on_cpu(recipe):
+    """`recipe`'s run profile on a CPU: what a doctor's row about the machine alone is handed."""
+    return on_cpu(recipe)[1]
+
+
+def section_on_cpu(recipe, section: str):
+    """(`recipe`'s `section`, its run profile on a CPU): what a doctor's row that checks one section
+    against the machine is handed (`check_cuda(recipe.compute, profile)`)."""
+    return getattr(recipe, section), profile_on_cpu(recipe)

@@ -15,7 +15,7 @@ from hf_pretrain.economics.check_records import (
     resolved_attention_backend,
 )
 from hf_pretrain.preflight.sdpa_kernel import check_attention_backend
-from tests.helpers import on_cpu
+from tests.helpers import section_on_cpu
 from tests.test_compiled_step import compiled_step_graphs, recipe_with
 
 CPU_FLASH = "aten._scaled_dot_product_flash_attention_for_cpu.default"
@@ -39,11 +39,14 @@ def test_the_compiled_step_calls_the_chosen_kernel(backend, flash_calls, monkeyp
 def test_a_wrong_backend_is_refused_by_the_recipe_and_a_missing_one_by_the_doctor_in_one_line():
     with pytest.raises(RecipeError, match="attention_backend"):
         load_recipe("smoke", {"attention_backend": "flash3"})
-    assert check_attention_backend(*on_cpu(load_recipe("smoke", {"attention_backend": "flash"}))).status == "pass"
-    refused = check_attention_backend(*on_cpu(load_recipe("smoke", {"attention_backend": "cudnn"})))
+    assert (
+        check_attention_backend(*section_on_cpu(load_recipe("smoke", {"attention_backend": "flash"}), "model")).status
+        == "pass"
+    )
+    refused = check_attention_backend(*section_on_cpu(load_recipe("smoke", {"attention_backend": "cudnn"}), "model"))
     assert refused.status == "fail" and "no cudnn SDPA kernel" in refused.reason
     assert "\n" not in refused.reason and "--attention_backend auto" in refused.fix
-    assert check_attention_backend(*on_cpu(load_recipe("smoke"))).status == "skip"
+    assert check_attention_backend(*section_on_cpu(load_recipe("smoke"), "model")).status == "skip"
 
 
 def test_auto_takes_the_fastest_kernel_a_check_measured_on_this_card(tmp_path):
@@ -107,7 +110,7 @@ def test_the_profile_built_at_the_door_names_the_kernel_auto_became(tmp_path, mo
     assert "fastest SDPA kernel" in profile.attention_why
     # the doctor's row: the profile's kernel, tried on this CPU
     on_the_cpu = run_profile(recipe, THE_CPU, attention=(profile.step.attention_backend, profile.attention_why))
-    row = check_attention_backend(recipe, on_the_cpu)
+    row = check_attention_backend(recipe.model, on_the_cpu)
     assert row.status == "pass" and row.reason == profile.attention_why
     named = complete_profile(load_recipe("smoke", {"attention_backend": "math"}), h100)
     assert named.step.attention_backend == "math" and named.attention_why is None  # a recipe's choice wins

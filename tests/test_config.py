@@ -655,12 +655,12 @@ def test_the_doctor_passes_two_installed_trackers_and_names_a_missing_one_with_i
 
     missing = accelerate_tracker_not_installed()
     two = build_recipe({}, {"report_to": f"tensorboard,{missing}"})
-    result = trackers.check_trackers(two)
+    result = trackers.check_trackers(two.reporting)
     assert (result.status, result.fix) == ("fail", f"pip install {missing}") and "tensorboard" not in result.reason
     monkeypatch.setattr(trackers, "get_available_trackers", lambda: [LoggerType.TENSORBOARD, LoggerType(missing)])
-    assert trackers.check_trackers(two) == trackers.CheckResult("trackers", "pass", f"tensorboard, {missing}")
-    assert trackers.check_trackers(build_recipe({}, {"report_to": "all"})).reason == f"tensorboard, {missing}"
-    assert trackers.check_trackers(build_recipe({})).status == "skip"
+    assert trackers.check_trackers(two.reporting) == trackers.CheckResult("trackers", "pass", f"tensorboard, {missing}")
+    assert trackers.check_trackers(build_recipe({}, {"report_to": "all"}).reporting).reason == f"tensorboard, {missing}"
+    assert trackers.check_trackers(build_recipe({}).reporting).status == "skip"
 
 
 def test_a_tracker_that_is_not_installed_stops_the_run_before_any_work_with_its_install(tmp_path):

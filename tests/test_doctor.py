@@ -40,7 +40,7 @@ from hf_pretrain.preflight.dependencies import check_versions
 from hf_pretrain.preflight.disk import check_disk_space, check_output_writable, check_save_speed, disk_write_bytes_per_s
 from hf_pretrain.preflight.gpu import check_bf16, check_cuda, check_memory, check_tf32
 from hf_pretrain.preflight.result import CheckResult, PreflightError, format_table
-from tests.helpers import OUTSIDE_CHECKOUT, offline_env, on_cpu, profile_here
+from tests.helpers import OUTSIDE_CHECKOUT, offline_env, on_cpu, profile_here, profile_on_cpu, section_on_cpu
 
 ON_GPU = torch.cuda.is_available()
 cpu_only = pytest.mark.skipif(ON_GPU, reason="checks what happens without CUDA")
@@ -81,7 +81,7 @@ def fake_versions(
 
 
 def test_installed_stack_is_within_the_declared_ranges(tmp_path):
-    results = by_name(check_versions(one_b()))
+    results = by_name(check_versions(*section_on_cpu(one_b(), "compute")))
     assert [results[p].status for p in ("torch", "transformers", "accelerate", "datasets", "tokenizers")] == [
         "pass"
     ] * 5
@@ -90,7 +90,7 @@ def test_installed_stack_is_within_the_declared_ranges(tmp_path):
 
 def test_version_outside_the_range_fails(monkeypatch):
     fake_versions(monkeypatch, {"transformers": "4.46.0", "datasets": None})
-    results = by_name(check_versions(one_b()))
+    results = by_name(check_versions(*section_on_cpu(one_b(), "compute")))
     assert results["transformers"].status == "fail"
     assert "4.46.0 is outside the supported range" in results["transformers"].reason
     assert "<6,>=5.0" in results["transformers"].reason  # read from the installed hf-pretrain metadata
@@ -101,7 +101,7 @@ def test_version_outside_the_range_fails(monkeypatch):
 
 def test_liger_needs_its_packages_and_warns_outside_its_torch_range(monkeypatch):
     fake_versions(monkeypatch, {"liger-kernel": None, "triton": None})
-    results = by_name(check_versions(one_b(liger=True)))
+    results = by_name(check_versions(*section_on_cpu(one_b(liger=True), "compute")))
     assert (
         results["liger-kernel"].status == "fail" and "not installed (needed: >=0.6)" in results["liger-kernel"].reason
     )
@@ -113,7 +113,7 @@ def test_liger_needs_its_packages_and_warns_outside_its_torch_range(monkeypatch)
         {"liger-kernel": "0.6.2", "triton": "3.1.0", "torch": "2.9.0"},
         requires={"liger-kernel": ["torch<2.8,>=2.1.2", "triton>=2.3.1"]},
     )
-    results = by_name(check_versions(one_b(liger=True)))
+    results = by_name(check_versions(*section_on_cpu(one_b(liger=True), "compute")))
     assert results["liger-kernel"].status == results["triton"].status == "pass"
     assert "(supported: >=2.3.1)" in results["triton"].reason  # Triton's range comes from Liger's metadata
     warning = results["liger + torch"]
@@ -125,22 +125,22 @@ def test_liger_needs_its_packages_and_warns_outside_its_torch_range(monkeypatch)
 @cpu_only
 def test_gpu_recipe_without_cuda_runs_on_the_cpu_except_liger():
     # compile and bf16 run on a CPU at a cost the check states (tests/test_gpu_paths.py); Liger cannot
-    result = check_cuda(*on_cpu(one_b(compile=False)))
+    result = check_cuda(*section_on_cpu(one_b(compile=False), "compute"))
     assert result.status == "warn" and "no CUDA device: the run goes on the CPU" in result.reason
-    liger = check_cuda(*on_cpu(one_b(mixed_precision="no", liger=True)))
+    liger = check_cuda(*section_on_cpu(one_b(mixed_precision="no", liger=True), "compute"))
     assert liger.status == "fail" and "liger=true" in liger.reason and "--liger false" in liger.fix
 
 
 @cpu_only
 def test_auto_precision_on_cpu_warns_and_gpu_only_checks_skip():
-    result = check_cuda(*on_cpu(load_recipe("smoke")))
+    result = check_cuda(*section_on_cpu(load_recipe("smoke"), "compute"))
     assert result.status == "warn" and "fp32 on the CPU" in result.reason
-    assert check_cuda(*on_cpu(load_recipe("smoke", {"mixed_precision": "no"}))).status == "pass"
+    assert check_cuda(*section_on_cpu(load_recipe("smoke", {"mixed_precision": "no"}), "compute")).status == "pass"
     # issue 38: the fix named the smoke recipe whichever recipe was checked
-    other = check_cuda(*on_cpu(load_recipe("1b", {"mixed_precision": "auto", "compile": False})))
+    other = check_cuda(*section_on_cpu(load_recipe("1b", {"mixed_precision": "auto", "compile": False}), "compute"))
     assert other.status == "warn" and "smoke" not in other.fix
-    assert check_bf16(*on_cpu(one_b())).status == "skip"
-    assert check_tf32(*on_cpu(one_b(tf32=False))).status == "skip"
+    assert check_bf16(profile_on_cpu(one_b())).status == "skip"
+    assert check_tf32(*section_on_cpu(one_b(tf32=False), "compute")).status == "skip"
 
 
 # ---------------------------------------------------------------------- data and loader
@@ -167,9 +167,9 @@ def test_metadata_that_does_not_match_the_recipe_fails_naming_the_field(smoke_da
 
 def test_seq_len_beyond_max_position_embeddings_fails():
     recipe = load_recipe("smoke")
-    assert check_context(recipe).status == "pass"
+    assert check_context(recipe.data, recipe.model).status == "pass"
     recipe.data.seq_len = 1024  # the parser rejects this, so build a valid recipe and break it afterwards
-    result = check_context(recipe)
+    result = check_context(recipe.data, recipe.model)
     assert result.status == "fail" and "seq_len=1024 exceeds max_position_embeddings=512" in result.reason
 
 
@@ -181,8 +181,8 @@ def test_batch_that_does_not_split_over_the_processes_fails():
 
 
 def test_zero_workers_warn():
-    assert check_num_workers(load_recipe("smoke")).status == "pass"
-    result = check_num_workers(load_recipe("smoke", {"num_workers": 0}))
+    assert check_num_workers(load_recipe("smoke").data).status == "pass"
+    result = check_num_workers(load_recipe("smoke", {"num_workers": 0}).data)
     assert result.status == "warn" and "training thread waits" in result.reason
     assert "--num_workers" in result.fix
 
@@ -226,9 +226,12 @@ def test_loader_check_skips_without_data(tmp_path):
 def test_output_dir_under_a_file_fails(tmp_path):
     (tmp_path / "file.txt").write_text("not a folder")
     recipe = load_recipe("smoke", {"output_dir": str(tmp_path / "file.txt" / "run")})
-    result = check_output_writable(recipe)
+    result = check_output_writable(recipe.train.output_dir)
     assert result.status == "fail" and "file.txt is a file, not a folder" in result.reason
-    assert check_output_writable(load_recipe("smoke", {"output_dir": str(tmp_path / "a" / "b")})).status == "pass"
+    assert (
+        check_output_writable(load_recipe("smoke", {"output_dir": str(tmp_path / "a" / "b")}).train.output_dir).status
+        == "pass"
+    )
 
 
 def test_unwritable_output_dir_fails(tmp_path, monkeypatch):
@@ -236,7 +239,7 @@ def test_unwritable_output_dir_fails(tmp_path, monkeypatch):
         raise PermissionError(13, "Permission denied")
 
     monkeypatch.setattr("tempfile.NamedTemporaryFile", refuse)  # root ignores chmod, so refuse the write itself
-    result = check_output_writable(load_recipe("smoke", {"output_dir": str(tmp_path / "run")}))
+    result = check_output_writable(load_recipe("smoke", {"output_dir": str(tmp_path / "run")}).train.output_dir)
     assert result.status == "fail" and "Permission denied" in result.reason
 
 
@@ -540,11 +543,14 @@ def test_lm_eval_tasks_lm_eval_does_not_know_fail_the_doctor_before_training():
     from hf_pretrain.preflight.lm_eval_tasks import check_lm_eval_tasks
 
     pytest.importorskip("lm_eval")
-    bogus = check_lm_eval_tasks(load_recipe("smoke", {"lm_eval_tasks": ["arc_easy", "arc_eazy"]}))
+    bogus = check_lm_eval_tasks(load_recipe("smoke", {"lm_eval_tasks": ["arc_easy", "arc_eazy"]}).evaluation)
     assert bogus.status == "fail" and "arc_eazy" in bogus.reason and "arc_easy," not in bogus.reason
     assert "--lm_eval_tasks" in bogus.fix
-    assert check_lm_eval_tasks(load_recipe("smoke", {"lm_eval_tasks": ["arc_easy", "arc_easy_local"]})).status == "pass"
-    assert check_lm_eval_tasks(load_recipe("smoke")).status == "skip"
+    assert (
+        check_lm_eval_tasks(load_recipe("smoke", {"lm_eval_tasks": ["arc_easy", "arc_easy_local"]}).evaluation).status
+        == "pass"
+    )
+    assert check_lm_eval_tasks(load_recipe("smoke").evaluation).status == "skip"
 
 
 def test_the_resume_row_of_a_finished_run_says_nothing_goes_on(tmp_path):

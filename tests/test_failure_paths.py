@@ -258,7 +258,7 @@ def test_the_doctor_says_offline_mode_defeats_push_to_hub(hub_recipe, monkeypatc
     from hf_pretrain.preflight.hub_access import check_hub
 
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
-    result = check_hub(hub_recipe)
+    result = check_hub(hub_recipe.publish, output_dir=hub_recipe.train.output_dir)
     assert (
         result.status == "warn"
         and "HF_HUB_OFFLINE is set" in result.reason
@@ -270,18 +270,18 @@ def test_the_doctor_says_offline_mode_defeats_push_to_hub(hub_recipe, monkeypatc
 def test_the_doctor_checks_the_token_with_the_hub(hub_recipe, online, monkeypatch):
     from hf_pretrain.preflight.hub_access import check_hub
 
-    result = check_hub(hub_recipe)  # no token at all
+    result = check_hub(hub_recipe.publish, output_dir=hub_recipe.train.output_dir)  # no token at all
     assert result.status == "warn" and "no Hub token" in result.reason and "hf auth login" in result.fix
     monkeypatch.setenv("HF_TOKEN", "hf_NotTheRightToken0123456789")
-    result = check_hub(hub_recipe)
+    result = check_hub(hub_recipe.publish, output_dir=hub_recipe.train.output_dir)
     assert result.status == "warn" and "refused the token (HTTP 401)" in result.reason, result.reason
     assert "hf_NotTheRightToken" not in result.reason  # never printed
     monkeypatch.setenv("HF_TOKEN", HUB_TOKEN)
     online.state.refuse_writes = True
-    result = check_hub(hub_recipe)
+    result = check_hub(hub_recipe.publish, output_dir=hub_recipe.train.output_dir)
     assert result.status == "warn" and "can only read" in result.reason
     online.state.refuse_writes = False
-    result = check_hub(hub_recipe)
+    result = check_hub(hub_recipe.publish, output_dir=hub_recipe.train.output_dir)
     assert result.status == "pass" and "pushes to me/run as user" in result.reason
     assert "GET /api/whoami-v2" in online.state.requests
 
@@ -299,13 +299,13 @@ def test_the_doctor_says_when_the_hub_cannot_be_reached(hub_recipe, monkeypatch)
         silent.bind(("127.0.0.1", 0))
         silent.listen()
         monkeypatch.setattr(huggingface_hub.constants, "ENDPOINT", f"http://127.0.0.1:{silent.getsockname()[1]}")
-        result = check_hub(hub_recipe, timeout=0.5)
+        result = check_hub(hub_recipe.publish, output_dir=hub_recipe.train.output_dir, timeout=0.5)
     assert result.status == "warn" and "did not answer within" in result.reason
     with socket.socket() as closed:
         closed.bind(("127.0.0.1", 0))
         port = closed.getsockname()[1]  # bound, not listening: the connection is refused
         monkeypatch.setattr(huggingface_hub.constants, "ENDPOINT", f"http://127.0.0.1:{port}")
-        result = check_hub(hub_recipe)
+        result = check_hub(hub_recipe.publish, output_dir=hub_recipe.train.output_dir)
     assert result.status == "warn" and "cannot reach" in result.reason, result.reason
 
 

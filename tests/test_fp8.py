@@ -23,7 +23,7 @@ from hf_pretrain.machine.run_profile import THE_CPU, Machine, run_profile
 from hf_pretrain.model.fp8 import finish_fp8, float8_layers, fp8_handlers
 from hf_pretrain.model.llama import build_model, llama_config, train_in_compute_dtype
 from hf_pretrain.preflight.gpu import check_fp8
-from tests.helpers import launch_training, on_cpu
+from tests.helpers import launch_training, profile_on_cpu, section_on_cpu
 from tests.test_survival import complete_steps, start_training, train_losses, wait_for_step
 
 torchao = pytest.importorskip("torchao", reason="the [fp8] extra (in dev) has torchao")
@@ -72,7 +72,7 @@ def test_fp8_recipe_changes_the_fingerprint_and_emulation_does_not():
 def test_doctor_refuses_fp8_without_fp8_tensor_cores_naming_the_capability_and_the_fix(capability, card, status, said):
     machine = Machine("cuda", name=card, bf16=True, capability=capability[0] + capability[1] / 10) if card else THE_CPU
     recipe = load_recipe("smoke", {"mixed_precision": "fp8"})
-    result = check_fp8(recipe, run_profile(recipe, machine))
+    result = check_fp8(run_profile(recipe, machine))
     assert result.status == status and said in result.reason
     if status == "fail":
         assert "\n" not in result.reason
@@ -81,9 +81,9 @@ def test_doctor_refuses_fp8_without_fp8_tensor_cores_naming_the_capability_and_t
 
 def test_doctor_passes_emulated_fp8_anywhere_and_skips_other_precisions():
     recipe = load_recipe("smoke", {"mixed_precision": "fp8", "fp8_emulate": True})
-    emulated = check_fp8(recipe, run_profile(recipe, THE_CPU))
+    emulated = check_fp8(run_profile(recipe, THE_CPU))
     assert emulated.status == "pass" and "emulated" in emulated.reason
-    assert check_fp8(*on_cpu(load_recipe("smoke", {"mixed_precision": "bf16"}))).status == "skip"
+    assert check_fp8(profile_on_cpu(load_recipe("smoke", {"mixed_precision": "bf16"}))).status == "skip"
 
 
 def test_doctor_command_refuses_fp8_on_this_cpu_in_one_line(capsys):
@@ -250,8 +250,8 @@ def test_doctor_checks_torchao_for_fp8_runs_only_and_says_when_it_does_not_impor
     from hf_pretrain.preflight import dependencies
 
     fp8_run, bf16_run = load_recipe("smoke", {"mixed_precision": "fp8"}), load_recipe("smoke")
-    assert "torchao" in {r.name for r in dependencies.check_versions(fp8_run)}
-    assert "torchao" not in {r.name for r in dependencies.check_versions(bf16_run)}
+    assert "torchao" in {r.name for r in dependencies.check_versions(*section_on_cpu(fp8_run, "compute"))}
+    assert "torchao" not in {r.name for r in dependencies.check_versions(*section_on_cpu(bf16_run, "compute"))}
     fp8 = precision_named("fp8")
     assert dependencies.check_precision_package(fp8, None).status == "pass"
 

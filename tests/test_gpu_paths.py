@@ -36,7 +36,15 @@ from hf_pretrain.model.llama import (
 )
 from hf_pretrain.preflight.gpu import check_compiler, check_cuda
 from hf_pretrain.run_folder.run_dir import read_jsonl
-from tests.helpers import OUTSIDE_CHECKOUT, ROOT, SHORT_RUN, launch_command, launch_training, offline_env, on_cpu
+from tests.helpers import (
+    OUTSIDE_CHECKOUT,
+    ROOT,
+    SHORT_RUN,
+    launch_command,
+    launch_training,
+    offline_env,
+    section_on_cpu,
+)
 
 ON_GPU = torch.cuda.is_available()
 cpu_only = pytest.mark.skipif(ON_GPU, reason="checks what happens without CUDA")
@@ -71,31 +79,35 @@ def train_losses(run_dir: Path) -> dict[int, float]:
 # ---------------------------------------------------------------------- the doctor
 @cpu_only
 def test_doctor_lets_compile_and_bf16_run_on_a_cpu_and_says_what_they_cost():
-    result = check_cuda(*on_cpu(one_b()))  # bf16 + compile, as the 1b recipe ships
+    result = check_cuda(*section_on_cpu(one_b(), "compute"))  # bf16 + compile, as the 1b recipe ships
     assert result.status == "warn", result
     assert "the run goes on the CPU" in result.reason
     assert "compile=true compiles with inductor's C++ backend" in result.reason and "bf16 autocast" in result.reason
     assert "docs/gpu.md" in result.fix
-    assert check_cuda(*on_cpu(one_b(mixed_precision="no"))).status == "warn"  # compile alone still costs a first step
-    assert check_cuda(*on_cpu(one_b(mixed_precision="no", compile=False))).status == "pass"
+    assert (
+        check_cuda(*section_on_cpu(one_b(mixed_precision="no"), "compute")).status == "warn"
+    )  # compile alone still costs a first step
+    assert check_cuda(*section_on_cpu(one_b(mixed_precision="no", compile=False), "compute")).status == "pass"
 
 
 @cpu_only
 def test_liger_and_fp16_still_need_cuda():
-    liger = check_cuda(*on_cpu(one_b(liger=True)))
+    liger = check_cuda(*section_on_cpu(one_b(liger=True), "compute"))
     assert liger.status == "fail" and "Triton, which runs on GPUs only" in liger.reason
     assert "--liger false" in liger.fix
-    fp16 = check_cuda(*on_cpu(one_b(mixed_precision="fp16")))
+    fp16 = check_cuda(*section_on_cpu(one_b(mixed_precision="fp16"), "compute"))
     assert fp16.status == "fail" and "--mixed_precision bf16 or no" in fp16.fix
 
 
 @cpu_only
 def test_compile_needs_a_cxx_compiler_on_the_cpu(monkeypatch):
-    assert check_compiler(*on_cpu(one_b(compile=False))).status == "skip"
-    assert check_compiler(*on_cpu(one_b())).status == "pass"  # this machine has one: the compiled run below uses it
+    assert check_compiler(*section_on_cpu(one_b(compile=False), "compute")).status == "skip"
+    assert (
+        check_compiler(*section_on_cpu(one_b(), "compute")).status == "pass"
+    )  # this machine has one: the compiled run below uses it
     monkeypatch.delenv("CXX", raising=False)
     monkeypatch.setattr("shutil.which", lambda name: None)
-    missing = check_compiler(*on_cpu(one_b()))
+    missing = check_compiler(*section_on_cpu(one_b(), "compute"))
     assert missing.status == "fail" and "cannot find a C++ compiler" in missing.reason
     assert "--compile false" in missing.fix
 

@@ -30,6 +30,7 @@ from hf_pretrain.machine.run_profile import (
 from hf_pretrain.model.fp8 import fp8_handlers
 from hf_pretrain.preflight.dependencies import check_versions
 from hf_pretrain.preflight.gpu import check_fp8
+from tests.helpers import section_on_cpu
 
 
 def test_the_recipe_choices_and_the_table_name_the_same_precisions():
@@ -88,10 +89,10 @@ def test_a_row_alone_is_checked_and_converted_like_fp8(mxfp8):
         True,
         "fp8",
     )
-    result = check_fp8(stand_in, run_profile(stand_in, THE_CPU))
+    result = check_fp8(run_profile(stand_in, THE_CPU))
     assert result.status == "pass" and result.reason.startswith("mxfp8 emulated"), result
     not_emulated = mxfp8("smoke")
-    result = check_fp8(not_emulated, run_profile(not_emulated, THE_CPU))
+    result = check_fp8(run_profile(not_emulated, THE_CPU))
     assert result.status == "fail" and "mixed_precision=mxfp8 needs FP8 tensor cores" in result.reason
-    assert "torchao" in {r.name for r in check_versions(stand_in)}
+    assert "torchao" in {r.name for r in check_versions(*section_on_cpu(stand_in, "compute"))}
     assert len(fp8_handlers(step)) == 1  # torchao's converter, as for fp8

@@ -119,7 +119,7 @@ def kernel_refused(recipe: Recipe, machine: Machine) -> str | None:
     from hf_pretrain.economics.check_records import complete_profile
     from hf_pretrain.preflight.sdpa_kernel import check_attention_backend
 
-    verdict = check_attention_backend(recipe, complete_profile(recipe, machine))
+    verdict = check_attention_backend(recipe.model, complete_profile(recipe, machine))
     return verdict.reason if verdict.status == "fail" else None
 
 

@@ -80,7 +80,9 @@ def run_checks(
     """Every check, in the order a run meets them: software, GPU, data (and the base model of init_from),
     disk, memory, money. `resume_decision` is training's own (made once, then loaded); the doctor's is
     made here, once, for the checks that ask it. `profile`: the run's, built at the command's door
-    (training's setup, the doctor's main): no row asks which machine this is."""
+    (training's setup, the doctor's main): no row asks which machine this is. Each row is handed what it
+    checks (a section, the run folder, the profile); the memory, the cost, the data and the resume rows
+    read the whole configuration (the model's size, the prepared data's match, the plan), so they take it."""
     from hf_pretrain.preflight.store_access import check_resume_from_store as resume_row
     from hf_pretrain.preflight.store_access import data_store_refused
 
@@ -92,32 +94,38 @@ def run_checks(
         recipe, url_recipe = store, recipe
     decision = resume_decision or functools.cache(lambda: decide_resume(recipe, data_identity(recipe.data.data_dir)))
     checks: list[tuple[str, Callable[[], CheckResult | list[CheckResult]]]] = [
-        ("versions", lambda: check_versions(recipe)),
-        ("trackers", lambda: check_trackers(recipe)),
-        ("lm-eval tasks", lambda: check_lm_eval_tasks(recipe)),  # scored at every checkpoint: known before
-        ("hub", lambda: check_hub(recipe)),  # push_to_hub: a warning, the run trains anyway
-        ("cuda", lambda: check_cuda(recipe, profile)),
-        ("bf16", lambda: check_bf16(recipe, profile)),
-        ("fp8", lambda: check_fp8(recipe, profile)),
-        ("tf32", lambda: check_tf32(recipe, profile)),
-        ("attention", lambda: check_attention_backend(recipe, profile)),
-        ("compiler", lambda: check_compiler(recipe, profile)),
+        ("versions", lambda: check_versions(recipe.compute, profile)),
+        ("trackers", lambda: check_trackers(recipe.reporting)),
+        ("lm-eval tasks", lambda: check_lm_eval_tasks(recipe.evaluation)),  # scored at every checkpoint: known before
+        (
+            "hub",
+            lambda: check_hub(recipe.publish, output_dir=recipe.train.output_dir),
+        ),  # push_to_hub: a warning, the run trains anyway
+        ("cuda", lambda: check_cuda(recipe.compute, profile)),
+        ("bf16", lambda: check_bf16(profile)),
+        ("fp8", lambda: check_fp8(profile)),
+        ("tf32", lambda: check_tf32(recipe.compute, profile)),
+        ("attention", lambda: check_attention_backend(recipe.model, profile)),
+        ("compiler", lambda: check_compiler(recipe.compute, profile)),
         ("liger + compile", lambda: check_liger_under_compile(recipe)),
         ("data", lambda: check_prepared(recipe)),
         ("data cache", lambda: check_data_cache(recipe, where.data)),  # data_dir as a URL only
         ("init_from", lambda: check_init_from(recipe, decision)),  # nothing without one
         ("data budget", lambda: check_data_budget(recipe)),
-        ("seq_len", lambda: check_context(recipe)),
+        ("seq_len", lambda: check_context(recipe.data, recipe.model)),
         ("batch", lambda: check_batch_split(recipe, world_size)),
-        ("num_workers", lambda: check_num_workers(recipe)),
+        ("num_workers", lambda: check_num_workers(recipe.data)),
         ("loader", lambda: check_loader_pickling(recipe)),
-        ("output_dir", lambda: check_output_writable(recipe) if store is None else check_store(url_recipe)),
-        ("in use", lambda: check_not_in_use(recipe)),
+        (
+            "output_dir",
+            lambda: check_output_writable(recipe.train.output_dir) if store is None else check_store(url_recipe),
+        ),
+        ("in use", lambda: check_not_in_use(recipe.train.output_dir)),
         (
             "resume",
             lambda: check_resume(recipe, decision) if store is None else resume_row(url_recipe, recipe, decision),
         ),
-        ("stop request", lambda: check_stop_request(recipe, decision)),
+        ("stop request", lambda: check_stop_request(recipe.train.output_dir, decision)),
         ("disk space", lambda: check_disk_space(recipe)),
         ("save speed", lambda: check_save_speed(recipe)),
         ("gpu memory", lambda: check_memory(recipe, profile, device_memory_bytes)),

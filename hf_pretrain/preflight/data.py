@@ -7,7 +7,7 @@ import shutil
 
 import torch
 
-from hf_pretrain.config import Recipe, RecipeError
+from hf_pretrain.config import DataConfig, ModelConfig, Recipe, RecipeError
 from hf_pretrain.data.loader import build_mixture, build_train_loader
 from hf_pretrain.data.prepared import DataMismatchError, check_prepared_data, prepare_hint, reprepare_hint
 from hf_pretrain.data.tokenizer import TokenizerUnreadable
@@ -102,8 +102,9 @@ def check_data_budget(recipe: Recipe) -> CheckResult:
     )
 
 
-def check_context(recipe: Recipe) -> CheckResult:
-    seq_len, limit = recipe.data.seq_len, recipe.model.max_position_embeddings
+def check_context(data: DataConfig, model: ModelConfig) -> CheckResult:
+    """The data's sequences fit the model's positions."""
+    seq_len, limit = data.seq_len, model.max_position_embeddings
     if seq_len > limit:
         return CheckResult(
             "seq_len",
@@ -158,8 +159,8 @@ def batch_split_fix(recipe: Recipe, world_size: int) -> str:
     return heading + ", or ".join(fixes)
 
 
-def check_num_workers(recipe: Recipe) -> CheckResult:
-    workers = recipe.data.num_workers
+def check_num_workers(data: DataConfig) -> CheckResult:
+    workers = data.num_workers
     if workers == 0:
         return CheckResult(
             "num_workers",

@@ -13,9 +13,9 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.specifiers import SpecifierSet
 from packaging.utils import canonicalize_name
 
-from hf_pretrain.config import Recipe
+from hf_pretrain.config import ComputeConfig
 from hf_pretrain.machine.precisions import Precision
-from hf_pretrain.machine.run_profile import THE_CPU, run_profile
+from hf_pretrain.machine.run_profile import RunProfile
 from hf_pretrain.preflight.result import CheckResult
 from hf_pretrain.versions import installed_version
 
@@ -60,9 +60,10 @@ def check_liger_torch(liger_ranges: dict[str, SpecifierSet]) -> CheckResult | No
     )
 
 
-def check_versions(recipe: Recipe) -> list[CheckResult]:
-    """One row per package the run imports; Liger's and Triton's only when the recipe turns Liger on,
-    a precision's own (torchao for fp8: precisions.py) only when the recipe trains in it."""
+def check_versions(compute: ComputeConfig, profile: RunProfile) -> list[CheckResult]:
+    """One row per package the run imports; Liger's and Triton's only when the compute section turns Liger
+    on (asked, wherever it runs), a precision's own (torchao for fp8: precisions.py) only when the run's
+    profile trains in it (fp8 is only ever asked by name, so any machine's profile says the same)."""
     try:
         ranges = declared_ranges("hf-pretrain")
     except metadata.PackageNotFoundError:
@@ -72,14 +73,14 @@ def check_versions(recipe: Recipe) -> list[CheckResult]:
             )
         ]
     results = [check_package(p, ranges.get(p), INSTALL_FIX) for p in CORE_PACKAGES]
-    if recipe.compute.liger:
+    if compute.liger:
         liger = check_package("liger-kernel", ranges.get("liger-kernel"), LIGER_INSTALL_FIX)
         liger_ranges = declared_ranges("liger-kernel") if liger.status == "pass" else {}
         results += [liger, check_package("triton", liger_ranges.get("triton"), LIGER_INSTALL_FIX)]
         torch_warning = check_liger_torch(liger_ranges)
         if torch_warning:
             results.append(torch_warning)
-    precision = run_profile(recipe, THE_CPU).step.precision_facts
+    precision = profile.step.precision_facts
     if precision.package:  # fp8: torchao's float8 layers, through Accelerate's torchao backend
         results.append(check_precision_package(precision, ranges.get(precision.package)))
     return results

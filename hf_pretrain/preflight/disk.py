@@ -50,8 +50,9 @@ def newest_checkpoint_bytes(output_dir: str | Path) -> int:
     return sum(f.stat().st_size for f in sealed[0].rglob("*") if f.is_file()) if sealed else 0
 
 
-def check_output_writable(recipe: Recipe) -> CheckResult:
-    output_dir = Path(recipe.train.output_dir)
+def check_output_writable(output_dir: str | Path) -> CheckResult:
+    """The run folder can be created and written (the folder alone decides it)."""
+    output_dir = Path(output_dir)
     existing = nearest_existing(output_dir)
     fix = "--output_dir on a writable disk"
     if not existing.is_dir():
@@ -65,18 +66,18 @@ def check_output_writable(recipe: Recipe) -> CheckResult:
     return CheckResult("output_dir", "pass", f"{output_dir} {where}, writable")
 
 
-def check_not_in_use(recipe: Recipe) -> CheckResult:
+def check_not_in_use(output_dir: str) -> CheckResult:
     """Whether another training holds the run folder now (run_lock.py): it would refuse this one."""
     if os.environ.get("RANK", "0") != "0":
         return CheckResult("in use", "skip", "the job's first process takes the run folder's lock")
-    holder = holder_of(recipe.train.output_dir)
+    holder = holder_of(output_dir)
     if holder is None or holder.get("pid") == os.getpid():
-        return CheckResult("in use", "pass", f"no other training writes {recipe.train.output_dir}")
+        return CheckResult("in use", "pass", f"no other training writes {output_dir}")
     who = f"pid {holder.get('pid')} on {holder.get('host')} since {holder.get('since')}" if holder else "a training"
     return CheckResult(
         "in use",
         "fail",
-        f"{recipe.train.output_dir} is in use by {who}",
+        f"{output_dir} is in use by {who}",
         "wait for it to end, stop it, or choose another --output_dir",
     )
 

@@ -8,7 +8,7 @@ import shutil
 
 import torch
 
-from hf_pretrain.config import Recipe
+from hf_pretrain.config import ComputeConfig, Recipe
 from hf_pretrain.economics.measurements import Measurement, measured_here, measured_on_a_gpu, shipped_measurement
 from hf_pretrain.economics.memory import (
     ESTIMATE_ERROR,
@@ -48,9 +48,10 @@ def cpu_costs(profile: RunProfile) -> list[str]:
     return costs
 
 
-def check_cuda(recipe: Recipe, profile: RunProfile) -> CheckResult:
+def check_cuda(compute: ComputeConfig, profile: RunProfile) -> CheckResult:
     """CUDA when there is one; without it, the run goes on the CPU with every option but Liger's
-    kernels and fp16 (torch.compile and bf16 autocast work there, at a cost this check states)."""
+    kernels and fp16 (torch.compile and bf16 autocast work there, at a cost this check states).
+    The machine and the precision are the profile's; the compute section says whether Liger was asked."""
     if profile.machine.on_gpu:
         return CheckResult(
             "cuda",
@@ -58,7 +59,7 @@ def check_cuda(recipe: Recipe, profile: RunProfile) -> CheckResult:
             f"{profile.machine.name}, {human_bytes(profile.machine.memory_bytes or 0)}, torch {torch.__version__} "
             f"(CUDA {torch.version.cuda})",
         )
-    if recipe.compute.liger:
+    if compute.liger:
         return CheckResult(
             "cuda",
             "fail",
@@ -112,9 +113,9 @@ def check_liger_under_compile(recipe: Recipe) -> CheckResult:
     )
 
 
-def check_compiler(recipe: Recipe, profile: RunProfile) -> CheckResult:
+def check_compiler(compute: ComputeConfig, profile: RunProfile) -> CheckResult:
     """torch.compile's inductor writes kernels at run time: Triton on a GPU, C++ on the CPU."""
-    if not recipe.compute.compile:
+    if not compute.compile:
         return CheckResult("compiler", "skip", "compile=false")
     if profile.machine.on_gpu:
         found = importlib.util.find_spec("triton") is not None
@@ -129,7 +130,8 @@ def check_compiler(recipe: Recipe, profile: RunProfile) -> CheckResult:
     )
 
 
-def check_bf16(recipe: Recipe, profile: RunProfile) -> CheckResult:
+def check_bf16(profile: RunProfile) -> CheckResult:
+    """The precision asked (the profile's) against the card's bf16: the recipe itself adds nothing."""
     requested, card = profile.asked_precision, profile.machine.name
     if not profile.machine.on_gpu:
         return CheckResult("bf16", "skip", "no CUDA device")
@@ -152,7 +154,7 @@ def check_bf16(recipe: Recipe, profile: RunProfile) -> CheckResult:
     )
 
 
-def check_fp8(recipe: Recipe, profile: RunProfile) -> CheckResult:
+def check_fp8(profile: RunProfile) -> CheckResult:
     """A precision that converts the decoder linears (fp8) needs the tensor cores of its row in precisions.py
     (FP8's: compute capability 8.9 or newer) unless its matmuls are emulated."""
     precision = profile.step.precision_facts
@@ -177,10 +179,10 @@ def check_fp8(recipe: Recipe, profile: RunProfile) -> CheckResult:
     )
 
 
-def check_tf32(recipe: Recipe, profile: RunProfile) -> CheckResult:
+def check_tf32(compute: ComputeConfig, profile: RunProfile) -> CheckResult:
     if not profile.machine.on_gpu:
         return CheckResult("tf32", "skip", "only matters on CUDA")
-    if recipe.compute.tf32:
+    if compute.tf32:
         return CheckResult("tf32", "pass", "TF32 matmuls on (tf32=true)")
     return CheckResult(
         "tf32", "warn", "tf32=false: fp32 matmuls run several times slower on Ampere and later", "--tf32 true"

@@ -16,20 +16,21 @@ from typing import Any
 
 from huggingface_hub import HfApi, constants, get_token
 
-from hf_pretrain.config import Recipe
+from hf_pretrain.config import PublishConfig
 from hf_pretrain.preflight.result import CheckResult
 from hf_pretrain.publish.hub import scrub
 
 WHOAMI_TIMEOUT_S = 10.0
 
 
-def check_hub(recipe: Recipe, timeout: float = WHOAMI_TIMEOUT_S) -> CheckResult:
-    repo = recipe.publish.push_to_hub
+def check_hub(publish: PublishConfig, *, output_dir: str, timeout: float = WHOAMI_TIMEOUT_S) -> CheckResult:
+    """`output_dir`: the run's, where final/ is, named in the command that pushes it later."""
+    repo = publish.push_to_hub
     if not repo:
         return CheckResult("hub", "skip", "push_to_hub is not set: nothing is pushed")
     if os.environ.get("RANK", "0") != "0":
         return CheckResult("hub", "skip", "the job's first process pushes")
-    later = f"or push after the run with `hf upload {repo} {recipe.train.output_dir}/final`"
+    later = f"or push after the run with `hf upload {repo} {output_dir}/final`"
     nothing = "nothing will be pushed (the run trains, and its end names what was not pushed)"
     if constants.is_offline_mode():
         return CheckResult(

@@ -6,14 +6,14 @@ from __future__ import annotations
 
 from importlib.util import find_spec
 
-from hf_pretrain.config import Recipe
+from hf_pretrain.config import EvaluationConfig
 from hf_pretrain.preflight.result import CheckResult
 
 NAME = "lm-eval tasks"
 
 
-def check_lm_eval_tasks(recipe: Recipe) -> CheckResult:
-    tasks = recipe.evaluation.lm_eval_tasks
+def check_lm_eval_tasks(evaluation: EvaluationConfig) -> CheckResult:
+    tasks = evaluation.lm_eval_tasks
     if not tasks:
         return CheckResult(NAME, "skip", "lm_eval_tasks is empty: no checkpoint is scored")
     if find_spec("lm_eval") is None:

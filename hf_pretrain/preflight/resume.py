@@ -46,10 +46,10 @@ def check_resume(recipe: Recipe, decision: Callable[[], Continuation]) -> CheckR
     )
 
 
-def check_stop_request(recipe: Recipe, decision: Callable[[], Continuation]) -> list[CheckResult]:
+def check_stop_request(output_dir: str, decision: Callable[[], Continuation]) -> list[CheckResult]:
     """A stop request waiting in the run folder, its age and what this start does with it (stop_request.py):
     no row when there is none."""
-    request = read_stop_request(recipe.train.output_dir)
+    request = read_stop_request(output_dir)
     if request is None:
         return []
     try:
@@ -58,5 +58,5 @@ def check_stop_request(recipe: Recipe, decision: Callable[[], Continuation]) -> 
         plan = Continuation()
     cooldown = (plan.saved or {}).get("cooldown") if not plan.max_steps_changed else None
     _, line = at_start(request, plan.max_steps_changed, cooldown["end"] if cooldown else None)
-    path = RunDir(recipe.train.output_dir).stop_request
+    path = RunDir(output_dir).stop_request
     return [CheckResult("stop request", "warn", line, f"delete {path} to take it back")]

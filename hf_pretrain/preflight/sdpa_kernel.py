@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from hf_pretrain.config import Recipe
+from hf_pretrain.config import ModelConfig
 from hf_pretrain.machine.run_profile import RunProfile
 from hf_pretrain.model.attention import BACKENDS
 from hf_pretrain.preflight.result import CheckResult
@@ -34,8 +34,9 @@ def kernel_refusal(backend: str, heads: int, kv_heads: int, head_dim: int, devic
     return None
 
 
-def check_attention_backend(recipe: Recipe, profile: RunProfile) -> CheckResult:
-    """The kernel the run profile says will run (`auto` resolved at the door), tried once on this device."""
+def check_attention_backend(model: ModelConfig, profile: RunProfile) -> CheckResult:
+    """The kernel the run profile says will run (`auto` resolved at the door), tried once on this device
+    for the model section's attention shape (heads, KV heads, head dimension)."""
     backend, why = profile.step.attention_backend, profile.attention_why
     if backend == "auto":
         return CheckResult(
@@ -46,7 +47,7 @@ def check_attention_backend(recipe: Recipe, profile: RunProfile) -> CheckResult:
     cuda = profile.machine.kind == "cuda"
     device = torch.device("cuda" if cuda else "cpu")
     dtype = getattr(torch, profile.step.precision_facts.autocast or "float32")  # fp8's attention runs in bf16
-    m = recipe.model
+    m = model
     where = profile.machine.name if cuda else "the CPU"
     refusal = kernel_refusal(
         backend, m.num_attention_heads, m.num_key_value_heads, m.hidden_size // m.num_attention_heads, device, dtype

@@ -8,14 +8,14 @@ from importlib.util import find_spec
 import accelerate
 from accelerate.tracking import get_available_trackers
 
-from hf_pretrain.config import Recipe, tracker_names
+from hf_pretrain.config import ReportingConfig, tracker_names
 from hf_pretrain.preflight.result import CheckResult
 
 
-def check_trackers(recipe: Recipe) -> CheckResult:
+def check_trackers(reporting: ReportingConfig) -> CheckResult:
     """Fail when a named tracker is missing (with its `pip install`) or installed in a version Accelerate
     cannot use; `all` takes whatever is installed, so it only warns when that is nothing."""
-    names = tracker_names(recipe.reporting.report_to)
+    names = tracker_names(reporting.report_to)
     if not names:
         return CheckResult("trackers", "skip", "report_to is none")
     usable = [tracker.value for tracker in get_available_trackers()]  # Accelerate's own is_*_available
