@@ -47,7 +47,7 @@ def test_the_disk_check_sizes_a_checkpoint_from_its_real_bytes_and_passes_a_disk
     real = disk.newest_checkpoint_bytes(run_dir)
     assert real == sum(f.stat().st_size for f in list_checkpoints(run_dir)[0].path.rglob("*") if f.is_file())
     recipe = load_recipe("smoke", {"data_dir": str(smoke_data), "output_dir": str(tmp_path / "new")})
-    estimate = disk.checkpoint_bytes(recipe_parameter_count(recipe), disk.tokenizer_bytes(recipe))
+    estimate = disk.checkpoint_bytes(recipe_parameter_count(recipe), disk.tokenizer_bytes(recipe.data))
     assert real <= estimate <= 1.15 * real, (estimate, real)  # an upper bound, and a close one
     # a disk with room for the run's 3 checkpoints and its export, and little more, passes
     needs = 3 * estimate + 4 * recipe_parameter_count(recipe)

@@ -330,7 +330,7 @@ def test_memory_estimate_of_the_1b_recipe():
     # compiled, bf16: 2 x (6h + 2 h_kv + 3I) + 4a + 8 bytes per token and layer, h=2048, h_kv=8*64, I=8192, a=32
     kind = run_profile(recipe, A_GPU).step
     assert (kind.compiled, kind.compiled_head, kind.liger, kind.compute_bytes) == (True, True, False, 2)
-    assert layer_activation_bytes_per_token(recipe, kind) == 75_912
+    assert layer_activation_bytes_per_token(recipe.model, kind) == 75_912
     assert estimate.activations == 16 * tokens * 75_912
     assert estimate.checkpointed_activations == 16 * tokens * 2 * 2048 + tokens * 75_912  # bf16 layer inputs
     # final norm (2 x 2h + 4) + the saved bf16 logits and two fp32 row statistics + the logits' bf16 gradient
@@ -343,7 +343,7 @@ def test_memory_estimate_of_the_1b_recipe():
     # eager: autocast's casts and the unfused norms and SwiGLU keep more; the loss keeps 12 bytes per logit
     eager = one_b(compile=False)
     assert (
-        layer_activation_bytes_per_token(eager, run_profile(eager, A_GPU).step)
+        layer_activation_bytes_per_token(eager.model, run_profile(eager, A_GPU).step)
         == 26 * 2048 + 4 * 512 + 8 * 8192 + 4 * 32 + 8
     )
     assert estimate_memory(eager, 32_005).head == tokens * (8 * 2048 + 4 + 12 * 32_064)

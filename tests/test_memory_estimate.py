@@ -183,8 +183,8 @@ def test_the_formula_keeps_what_the_step_saves_per_layer_and_at_the_head(kind, m
     per_layer = (saved[2].activations - saved[1].activations) / SEQ_LEN
     head = saved[1].activations / SEQ_LEN - per_layer
     vocab_rows = llama_config(recipe.model, TOKENIZER_SIZE).vocab_size
-    formula_head = head_norm_bytes_per_token(recipe, step) + saved_logits_bytes_per_token(step, vocab_rows)
-    assert per_layer == pytest.approx(layer_activation_bytes_per_token(recipe, step), rel=GRAPH_RTOL)
+    formula_head = head_norm_bytes_per_token(recipe.model, step) + saved_logits_bytes_per_token(step, vocab_rows)
+    assert per_layer == pytest.approx(layer_activation_bytes_per_token(recipe.model, step), rel=GRAPH_RTOL)
     assert head == pytest.approx(formula_head, rel=GRAPH_RTOL)
     estimate = estimate_memory(recipe, TOKENIZER_SIZE, machine=A_GPU)
     assert saved[1].weight_copies == pytest.approx(estimate.weight_copies, rel=0.01, abs=1)  # 0 in fp32
@@ -235,9 +235,9 @@ def test_at_the_real_micro_batch_the_compiled_graph_saves_exactly_the_formula():
     per_layer = (saved[2] - saved[1]) / tokens
     head = saved[1] / tokens - per_layer
     vocab_rows = llama_config(recipe.model, size).vocab_size
-    assert per_layer == pytest.approx(layer_activation_bytes_per_token(recipe, step), rel=0.001)
+    assert per_layer == pytest.approx(layer_activation_bytes_per_token(recipe.model, step), rel=0.001)
     assert head == pytest.approx(
-        head_norm_bytes_per_token(recipe, step) + saved_logits_bytes_per_token(step, vocab_rows), rel=0.001
+        head_norm_bytes_per_token(recipe.model, step) + saved_logits_bytes_per_token(step, vocab_rows), rel=0.001
     )
 
 
@@ -250,7 +250,7 @@ def test_a_checkpointed_layer_saves_its_activations_less_at_most_its_input(monke
     recipe = recipe_with("1b", layers=2, compile=True, mixed_precision="bf16", checkpointed_layers=1)
     checkpointed = compiled_saved(recipe, monkeypatch)
     step = run_profile(recipe, A_GPU).step
-    per_layer = layer_activation_bytes_per_token(recipe, step)
+    per_layer = layer_activation_bytes_per_token(recipe.model, step)
     kept = step.compute_bytes * recipe.model.hidden_size
     saved_per_token = (full.activations - checkpointed.activations) / SEQ_LEN
     assert saved_per_token == pytest.approx(per_layer, rel=GRAPH_RTOL)
@@ -325,7 +325,7 @@ def test_the_hand_written_baseline_is_within_the_stated_error_of_its_h100_peaks(
         saved[layers] = saved_by_backward(backward, weight_shapes(recipe)).activations
     per_layer = (saved[2] - saved[1]) / SEQ_LEN
     # the stock residual stream is fp32: each layer's input and its mid-layer residual take 4h, not 2h
-    ours = layer_activation_bytes_per_token(recipe, run_profile(recipe, A_GPU).step)
+    ours = layer_activation_bytes_per_token(recipe.model, run_profile(recipe, A_GPU).step)
     assert per_layer == pytest.approx(ours + 2 * 2 * recipe.model.hidden_size, rel=GRAPH_RTOL)
     for (micro, accumulation), measured in BASELINE_PEAKS_GIB.items():
         shape = load_recipe("1b", {"micro_batch_size": micro, "global_batch_tokens": micro * accumulation * 2048})

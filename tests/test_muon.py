@@ -197,7 +197,7 @@ def test_the_memory_estimate_knows_muons_single_moment():
     from hf_pretrain.economics.memory import decoder_matrix_parameters, estimate_memory
 
     adamw, muon = load_recipe("1b"), load_recipe("1b", {"optimizer": "muon"})
-    matrices = decoder_matrix_parameters(muon)
+    matrices = decoder_matrix_parameters(muon.model)
     assert matrices == 16 * (2 * 2048 * 2048 + 2 * 2048 * 512 + 3 * 2048 * 8192)  # 939.5M of the 1.04B
     saved = estimate_memory(adamw, 32000).optimizer - estimate_memory(muon, 32000).optimizer
     assert saved == 4 * matrices  # 3.76 GB less at the 1b shape
@@ -209,4 +209,4 @@ def test_the_memory_estimate_knows_muons_single_moment():
         if g[MUON_GROUP]
         for p in g["params"]
     )
-    assert on_muon == decoder_matrix_parameters(recipe)
+    assert on_muon == decoder_matrix_parameters(recipe.model)

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from hf_pretrain.bench.variants import run_in_child, variant_name
-from hf_pretrain.config import Recipe, build_recipe, load_recipe
+from hf_pretrain.config import ModelConfig, Recipe, build_recipe, load_recipe
 from hf_pretrain.run_folder.run_dir import RunDir, read_jsonl
 
 Say = Callable[[str], None]
@@ -96,13 +96,14 @@ def finished_lengths(steps: int, points: int) -> list[int]:
     return [round(steps * (i + 1) / points) for i in range(points)]
 
 
-def shrink_said(recipe: Recipe, shipped: Recipe | None) -> str:
+def shrink_said(model: ModelConfig, shipped: ModelConfig | None) -> str:
+    """The model shape keys the bench changed from the shipped recipe's model section."""
     if shipped is None:
         return ""
     changed = [
-        f"{k} {getattr(shipped.model, k)} -> {getattr(recipe.model, k)}"
+        f"{k} {getattr(shipped, k)} -> {getattr(model, k)}"
         for k in MODEL_SHAPE_KEYS
-        if getattr(shipped.model, k) != getattr(recipe.model, k)
+        if getattr(shipped, k) != getattr(model, k)
     ]
     return f"model shrunk for the bench: {', '.join(changed)}" if changed else ""
 
@@ -237,7 +238,7 @@ def run_quality(request: QualityRequest, say: Say = print) -> dict[str, Any]:
 
     request.output.mkdir(parents=True, exist_ok=True)
     request = dataclasses.replace(request, recipe=recipe_with_data(request.recipe, request.output, request.steps, say))
-    shrink = shrink_said(request.recipe, request.shipped)
+    shrink = shrink_said(request.recipe.model, request.shipped.model if request.shipped else None)
     if shrink:
         say(shrink)
     variants = request.variants or [{}]

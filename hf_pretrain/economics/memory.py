@@ -84,7 +84,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from hf_pretrain.config import Recipe
+from hf_pretrain.config import ModelConfig, OptimConfig, Recipe
 from hf_pretrain.machine.run_profile import A_GPU, Machine, Step, run_profile
 from hf_pretrain.model.llama import llama_config, recipe_parameter_count
 
@@ -151,9 +151,10 @@ class MemoryEstimate:
         return self.weights + self.optimizer + max(start, end)
 
 
-def layer_activation_bytes_per_token(recipe: Recipe, kind: Step) -> int:
+# The per-token and per-layer figures below read the model section's shape and the step alone: the
+# rest of the recipe (batch, data, schedule) enters only through `memory_of`.
+def layer_activation_bytes_per_token(m: ModelConfig, kind: Step) -> int:
     """Bytes one decoder layer saves for backward per token (formulas in the module docstring)."""
-    m = recipe.model
     h, inner, heads = m.hidden_size, m.intermediate_size, m.num_attention_heads
     kv_width = m.num_key_value_heads * (h // heads)
     e = kind.compute_bytes
@@ -175,12 +176,12 @@ def saved_logits_bytes_per_token(kind: Step, vocab_rows: int) -> int:
     return 4 * vocab_rows + 8
 
 
-def loss_bytes(recipe: Recipe, kind: Step, vocab_rows: int, tokens: int, accumulating: bool) -> int:
+def loss_bytes(model: ModelConfig, kind: Step, vocab_rows: int, tokens: int, accumulating: bool) -> int:
     """The loss's peak buffers for `tokens` tokens (module docstring): the saved logits and the
     gradients the backward writes beside them, or the output projection's gradient when larger; under
     a fused loss (Liger's, or `chunked_loss`), the gradients it computes in the forward pass instead of
     the logits, and, for the chunked one, one chunk's logits, their fp32 copy and their gradient."""
-    h, e = recipe.model.hidden_size, kind.compute_bytes
+    h, e = model.hidden_size, kind.compute_bytes
     projection_gradient = GRADIENT_BYTES * vocab_rows * h
     if kind.fused_loss:
         chunk = 0
@@ -200,32 +201,31 @@ def loss_bytes(recipe: Recipe, kind: Step, vocab_rows: int, tokens: int, accumul
     return max(loss, logits_gradient + (2 if accumulating else 1) * projection_gradient)
 
 
-def head_norm_bytes_per_token(recipe: Recipe, kind: Step) -> int:
+def head_norm_bytes_per_token(model: ModelConfig, kind: Step) -> int:
     """What the final RMSNorm keeps per token (module docstring)."""
-    h, e = recipe.model.hidden_size, kind.compute_bytes
+    h, e = model.hidden_size, kind.compute_bytes
     if kind.compiled_head or kind.liger:
         return 2 * e * h + 4  # the last layer's output, the normalised value, the rsqrt
     return (8 if kind.autocast else 12) * h + 4
 
 
-def head_bytes(recipe: Recipe, kind: Step, vocab_rows: int, tokens: int, accumulating: bool) -> int:
+def head_bytes(model: ModelConfig, kind: Step, vocab_rows: int, tokens: int, accumulating: bool) -> int:
     """Final norm plus the loss for `tokens` tokens (module docstring)."""
-    norm = head_norm_bytes_per_token(recipe, kind) * tokens
-    return norm + loss_bytes(recipe, kind, vocab_rows, tokens, accumulating)
+    norm = head_norm_bytes_per_token(model, kind) * tokens
+    return norm + loss_bytes(model, kind, vocab_rows, tokens, accumulating)
 
 
-def decoder_matrix_parameters(recipe: Recipe) -> int:
+def decoder_matrix_parameters(m: ModelConfig) -> int:
     """Elements of the decoder's 2-D matrices (q, k, v, o; gate, up, down): what Muon trains."""
-    m = recipe.model
     kv = m.num_key_value_heads * (m.hidden_size // m.num_attention_heads)
     per_layer = 2 * m.hidden_size * m.hidden_size + 2 * m.hidden_size * kv + 3 * m.hidden_size * m.intermediate_size
     return m.num_hidden_layers * per_layer
 
 
-def optimizer_state_bytes(recipe: Recipe, n: int) -> int:
+def optimizer_state_bytes(optim: OptimConfig, model: ModelConfig, n: int) -> int:
     """AdamW's two moments for every parameter; with Muon, one momentum for the decoder's matrices."""
-    if recipe.optim.optimizer == "muon":
-        return ADAM_BYTES * n - (ADAM_BYTES - MUON_BYTES) * decoder_matrix_parameters(recipe)
+    if optim.optimizer == "muon":
+        return ADAM_BYTES * n - (ADAM_BYTES - MUON_BYTES) * decoder_matrix_parameters(model)
     return ADAM_BYTES * n
 
 
@@ -246,17 +246,17 @@ def memory_of(recipe: Recipe, tokenizer_size: int, kind: Step) -> MemoryEstimate
     tokens = kind.micro_batch_size * recipe.data.seq_len
     accumulating = recipe.train.global_batch_tokens > tokens * kind.world_size  # more than one micro-batch a step
     layers = recipe.model.num_hidden_layers
-    per_layer = tokens * layer_activation_bytes_per_token(recipe, kind)
+    per_layer = tokens * layer_activation_bytes_per_token(recipe.model, kind)
     layer_input = tokens * recipe.model.hidden_size * kind.compute_bytes  # the residual stream's dtype
     return MemoryEstimate(
         parameters=n,
         weights=WEIGHT_BYTES * n,
         gradients=GRADIENT_BYTES * n,
-        optimizer=optimizer_state_bytes(recipe, n),
+        optimizer=optimizer_state_bytes(recipe.optim, recipe.model, n),
         weight_copies=kind.compute_bytes * n if kind.autocast else 0,
         activations=layers * per_layer,
         checkpointed_activations=layers * layer_input + per_layer,
-        head=head_bytes(recipe, kind, config.vocab_size, tokens, accumulating),
+        head=head_bytes(recipe.model, kind, config.vocab_size, tokens, accumulating),
         embedding_gradient=2 * WEIGHT_BYTES * config.vocab_size * config.hidden_size
         if config.tie_word_embeddings
         else 0,
@@ -323,7 +323,9 @@ def fit_in_memory(
         for count in counts:
             peak = estimate.peak(count)
             if peak <= usable:
-                return Fit(True, size, count, peak, usable, _fit_reason(recipe, size, count, layers))
+                return Fit(
+                    True, size, count, peak, usable, _fit_reason(recipe.train.micro_batch_size, size, count, layers)
+                )
             smallest = peak
     assert smallest is not None
     asked = []
@@ -342,8 +344,8 @@ def fit_in_memory(
     )
 
 
-def _fit_reason(recipe: Recipe, size: int, count: int, layers: int) -> str:
-    smaller = size < recipe.train.micro_batch_size
+def _fit_reason(asked_micro_batch: int, size: int, count: int, layers: int) -> str:
+    smaller = size < asked_micro_batch
     if count == 0:
         return "fits" + (f" at micro-batch {size} (accumulation keeps the batch)" if smaller else "")
     return f"{count} of {layers} layers checkpointed" + (f" at micro-batch {size}" if smaller else "")

@@ -4,7 +4,7 @@ configuration (labelled an estimate)."""
 
 from __future__ import annotations
 
-from hf_pretrain.config import KEY_SECTION, Recipe, build_recipe
+from hf_pretrain.config import KEY_SECTION, Recipe, TrainConfig, build_recipe
 from hf_pretrain.config.recipe_command import recipe_command
 from hf_pretrain.economics.cost import dollars, dollars_per_billion_tokens
 from hf_pretrain.economics.measurements import Measurement, measured_here, measured_on_a_gpu
@@ -14,14 +14,15 @@ from hf_pretrain.machine.gpus import find_gpu
 from hf_pretrain.preflight.result import CheckResult
 
 
-def run_tokens(recipe: Recipe) -> int:
-    return recipe.train.max_steps * recipe.train.global_batch_tokens
+def run_tokens(train: TrainConfig) -> int:
+    """The tokens the whole run reads: a figure of the train section alone."""
+    return train.max_steps * train.global_batch_tokens
 
 
 def run_hours(recipe: Recipe) -> float | None:
     """Wall-clock hours at expected_tokens_per_s, or None when the throughput is unknown (0)."""
     rate = recipe.reporting.expected_tokens_per_s
-    return run_tokens(recipe) / rate / 3600 if rate else None
+    return run_tokens(recipe.train) / rate / 3600 if rate else None
 
 
 def run_cost(recipe: Recipe) -> float | None:
@@ -60,14 +61,14 @@ def check_cost(recipe: Recipe, gpu_name: str | None = None, world_size: int = 1)
     if measured:  # what this configuration measured on this GPU stands in for the unknown rate
         recipe = build_recipe(recipe.to_dict(), {"expected_tokens_per_s": measured.tokens_per_s * world_size})
     t = recipe.train
-    tokens = f"{run_tokens(recipe):,} tokens ({t.max_steps:,} steps x {t.global_batch_tokens:,})"
+    tokens = f"{run_tokens(recipe.train):,} tokens ({t.max_steps:,} steps x {t.global_batch_tokens:,})"
     hours, cost = run_hours(recipe), run_cost(recipe)
     elsewhere = measured_on_a_gpu(recipe, world_size) if hours is None and gpu_name is None else None
     if elsewhere:  # no GPU here: the configuration's measurement on a card of the table, said as that card's
         return measured_elsewhere(recipe, elsewhere, tokens, world_size)
     modelled = modelled_rate(recipe, gpu_name, world_size) if hours is None else None
     if modelled:
-        hours = run_tokens(recipe) / modelled / 3600
+        hours = run_tokens(recipe.train) / modelled / 3600
         gpus = f"{world_size} x {gpu_name}" if world_size > 1 else gpu_name
         duration = (
             f"{hours:,.1f} h at ~{modelled:,.0f} tokens/s (an estimate of the performance model for {gpus}; "
@@ -110,7 +111,7 @@ def measured_elsewhere(recipe: Recipe, measured: Measurement, tokens: str, world
     recipe's price_per_hour may be another card's): a machine without a GPU has none of its own."""
     gpu = find_gpu(measured.gpu)
     rate = measured.tokens_per_s * world_size
-    hours = run_tokens(recipe) / rate / 3600
+    hours = run_tokens(recipe.train) / rate / 3600
     gpus = f"{world_size} x {measured.gpu}" if world_size > 1 else f"one {measured.gpu}"
     price = gpu.usd_per_hour * world_size if gpu is not None else 0.0
     cost = f", {usd(dollars(hours, price))} at {usd(price)}/h (its typical price)" if price else ""

@@ -86,7 +86,7 @@ def run_checks(
     from hf_pretrain.preflight.store_access import check_resume_from_store as resume_row
     from hf_pretrain.preflight.store_access import data_store_refused
 
-    unreachable = data_store_refused(recipe, where.data)
+    unreachable = data_store_refused(where.data)
     if unreachable is not None:  # every data check would retry the store on its own, minutes in all
         return [unreachable]
     store = _in_store(recipe, where.run)

@@ -7,7 +7,7 @@ import shutil
 
 import torch
 
-from hf_pretrain.config import DataConfig, ModelConfig, Recipe, RecipeError
+from hf_pretrain.config import DataConfig, ModelConfig, Recipe, RecipeError, TrainConfig
 from hf_pretrain.data.loader import build_mixture, build_train_loader
 from hf_pretrain.data.prepared import DataMismatchError, check_prepared_data, prepare_hint, reprepare_hint
 from hf_pretrain.data.tokenizer import TokenizerUnreadable
@@ -121,7 +121,7 @@ def check_batch_split(recipe: Recipe, world_size: int) -> CheckResult:
     try:
         accumulation = recipe.grad_accum_steps(world_size)
     except RecipeError as exc:  # its own advice (change either key) may not work: the fix names values that do
-        return CheckResult("batch", "fail", str(exc).partition("; change")[0], batch_split_fix(recipe, world_size))
+        return CheckResult("batch", "fail", str(exc).partition("; change")[0], batch_split_fix(t, seq_len, world_size))
     return CheckResult(
         "batch",
         "pass",
@@ -136,10 +136,9 @@ def _either(values: list) -> str:
     return ", ".join(values[:-1]) + " or " + values[-1] if len(values) > 1 else "".join(values)
 
 
-def batch_split_fix(recipe: Recipe, world_size: int) -> str:
+def batch_split_fix(t: TrainConfig, seq_len: int, world_size: int) -> str:
     """The values that do split the batch: micro-batch sizes on these processes (at most the recipe's,
     for memory), global_batch_tokens near the asked one, and process counts for this batch."""
-    t, seq_len = recipe.train, recipe.data.seq_len
     sequences = t.global_batch_tokens // seq_len  # whole: the recipe checks it splits on one process
     fixes, heading = [], ""
     if sequences % world_size == 0:

@@ -12,7 +12,7 @@ from pathlib import Path
 from hf_pretrain.checkpoints.disk_space import nearest_existing
 from hf_pretrain.checkpoints.layout import MANIFEST
 from hf_pretrain.checkpoints.store import list_checkpoints
-from hf_pretrain.config import Recipe
+from hf_pretrain.config import CheckpointConfig, DataConfig, Recipe
 from hf_pretrain.economics.memory import CHECKPOINT_BYTES_PER_PARAMETER
 from hf_pretrain.formatting import human_bytes
 from hf_pretrain.machine.hardware import DTYPE_BYTES
@@ -37,11 +37,11 @@ def checkpoint_bytes(parameters: int, tokenizer_bytes: int = 0) -> int:
     return CHECKPOINT_BYTES_PER_PARAMETER * parameters + SMALL_FILES_BYTES + tokenizer_bytes
 
 
-def tokenizer_bytes(recipe: Recipe) -> int:
-    """What the recipe's tokenizer takes in a checkpoint: the prepared one's files, else an estimate."""
-    folder = Path(recipe.data.data_dir) / "tokenizer"
+def tokenizer_bytes(data: DataConfig) -> int:
+    """What the data's tokenizer takes in a checkpoint: the prepared one's files, else an estimate."""
+    folder = Path(data.data_dir) / "tokenizer"
     files = [f for f in folder.rglob("*") if f.is_file()] if folder.is_dir() else []
-    return sum(f.stat().st_size for f in files) if files else TOKENIZER_BYTES_PER_ENTRY * recipe.data.vocab_size
+    return sum(f.stat().st_size for f in files) if files else TOKENIZER_BYTES_PER_ENTRY * data.vocab_size
 
 
 def newest_checkpoint_bytes(output_dir: str | Path) -> int:
@@ -82,13 +82,12 @@ def check_not_in_use(output_dir: str) -> CheckResult:
     )
 
 
-def milestone_count(recipe: Recipe) -> int:
+def milestone_count(checkpoints: CheckpointConfig, max_steps: int) -> int:
     """Checkpoints never pruned: saves (every save_interval) at multiples of milestone_interval,
     before the final step's, which is among the kept ones anyway."""
-    t = recipe.train
     return (
-        (t.max_steps - 1) // math.lcm(recipe.checkpoints.save_interval, recipe.checkpoints.milestone_interval)
-        if recipe.checkpoints.milestone_interval
+        (max_steps - 1) // math.lcm(checkpoints.save_interval, checkpoints.milestone_interval)
+        if checkpoints.milestone_interval
         else 0
     )
 
@@ -104,12 +103,12 @@ def check_disk_space(recipe: Recipe) -> CheckResult:
     pruned), the milestones, and the final export, less what the run's checkpoints already take."""
     t = recipe.train
     n = recipe_parameter_count(recipe)
-    tokenizer = tokenizer_bytes(recipe)
+    tokenizer = tokenizer_bytes(recipe.data)
     checkpoint = newest_checkpoint_bytes(t.output_dir) or checkpoint_bytes(n, tokenizer)
     small = SMALL_FILES_BYTES + tokenizer
     milestone = checkpoint if recipe.checkpoints.milestone_full_state else MILESTONE_BYTES_PER_PARAMETER * n + small
     export = DTYPE_BYTES[FINAL_DTYPE] * n  # final/ is exported in FINAL_DTYPE whatever the training precision
-    milestones = milestone_count(recipe)
+    milestones = milestone_count(recipe.checkpoints, t.max_steps)
     already = existing_checkpoint_bytes(t.output_dir)
     needed = max(0, (recipe.checkpoints.keep_checkpoints + 1) * checkpoint + milestones * milestone + export - already)
     disk = nearest_existing(Path(t.output_dir))
@@ -169,7 +168,7 @@ def check_save_speed(recipe: Recipe) -> CheckResult:
     if not disk.is_dir():
         return CheckResult("save speed", "skip", f"{disk} is not a folder (see output_dir)")
     speed = disk_write_bytes_per_s(disk)
-    write_s = checkpoint_bytes(recipe_parameter_count(recipe), tokenizer_bytes(recipe)) / speed
+    write_s = checkpoint_bytes(recipe_parameter_count(recipe), tokenizer_bytes(recipe.data)) / speed
     between_saves_s = recipe.checkpoints.save_interval * t.global_batch_tokens / recipe.reporting.expected_tokens_per_s
     share = write_s / between_saves_s
     # An upper bound: the probe is flushed to the disk, while the page cache can take part of a save

@@ -34,15 +34,16 @@ RATE_PROBE_BYTES = 8 * 2**20  # big enough that the request's latency is not the
 RATE_PROBE = ".hf_pretrain_doctor_rate"
 
 
-def data_store_refused(recipe: Recipe, data: Location) -> CheckResult | None:
-    """A URL data_dir whose store does not answer (or has no such bucket): the one row, from one probe.
-    Without it each data check retried its own reads: 2 to 2.5 minutes of silence for an unreachable endpoint."""
+def data_store_refused(data: Location) -> CheckResult | None:
+    """A URL data_dir (the door's `Where.data`, as the user named it) whose store does not answer (or has no
+    such bucket): the one row, from one probe. Without it each data check retried its own reads: 2 to 2.5
+    minutes of silence for an unreachable endpoint."""
     if not data.in_store:
         return None
     from hf_pretrain.object_store.reach import StoreRefused, open_checked
 
     try:
-        open_checked(recipe.data.data_dir, write=False, what="the data")
+        open_checked(data.given, write=False, what="the data")
     except StoreRefused as exc:
         return CheckResult("data", "fail", str(exc), "see the message; the other checks need the data")
     return None
@@ -63,12 +64,12 @@ def newest_in_store(fs, url) -> tuple[int, dict] | None:
     return steps[0], json.loads(fs.cat_file(folder.join(TRAIN_STATE).path))
 
 
-def _store_of(recipe: Recipe):
+def _store_of(output_dir: str):
     """(url, file system) of a run URL to read, or None when it cannot be read (the store row says why)."""
     from hf_pretrain.object_store.reach import StoreRefused, open_checked
 
     try:
-        return open_checked(recipe.train.output_dir, write=False)
+        return open_checked(output_dir, write=False)
     except StoreRefused:
         return None
 
@@ -77,7 +78,7 @@ def check_resume_from_store(url_recipe: Recipe, recipe: Recipe, decision: Callab
     """The resume row of a run URL on a machine whose working copy is behind the store (a fresh machine:
     empty): what training will do once it has pulled the store's newest checkpoint, judged on that
     checkpoint's train state (its checksums are checked when it is pulled)."""
-    store, newest = _store_of(url_recipe), None
+    store, newest = _store_of(url_recipe.train.output_dir), None
     if store is not None:
         url, fs = store
         try:
@@ -99,7 +100,7 @@ def check_resume_from_store(url_recipe: Recipe, recipe: Recipe, decision: Callab
 def finished_in_store(recipe: Recipe) -> int | None:
     """`resume_decision.finished_at` for a run URL: the step it finished at, read in the store (its
     checkpoints listed only when final/ is there)."""
-    store = _store_of(recipe)
+    store = _store_of(recipe.train.output_dir)
     if store is None:
         return None
     url, fs = store
@@ -133,7 +134,7 @@ def _checkpoint_size(recipe: Recipe) -> int:
 
     local = working_copy(recipe)
     n = recipe_parameter_count(recipe)
-    return newest_checkpoint_bytes(local) or checkpoint_bytes(n, tokenizer_bytes(recipe))
+    return newest_checkpoint_bytes(local) or checkpoint_bytes(n, tokenizer_bytes(recipe.data))
 
 
 def upload_time(recipe: Recipe, url, fs) -> CheckResult:
