@@ -56,10 +56,10 @@ class SearchResult:
     largest_fitting: int | None
 
 
-def usable_micro_batches(recipe: Recipe) -> list[int]:
-    """Micro-batches that split the recipe's global batch on one process (whole accumulation steps)."""
-    sequences = recipe.train.global_batch_tokens // recipe.data.seq_len
-    return [n for n in range(1, sequences + 1) if recipe.train.global_batch_tokens % (n * recipe.data.seq_len) == 0]
+def usable_micro_batches(global_batch_tokens: int, seq_len: int) -> list[int]:
+    """Micro-batches that split the global batch on one process (whole accumulation steps)."""
+    sequences = global_batch_tokens // seq_len
+    return [n for n in range(1, sequences + 1) if global_batch_tokens % (n * seq_len) == 0]
 
 
 def largest_fitting(candidates: list[int], start: int, fits: Callable[[int], bool]) -> int | None:
@@ -99,7 +99,7 @@ def search_micro_batch(
 ) -> SearchResult:
     """The largest usable micro-batch that fits without gradient checkpointing (see the module doc);
     `probe` runs a probe's recipe on the device (a child process) and says how it went."""
-    candidates = usable_micro_batches(recipe)
+    candidates = usable_micro_batches(recipe.train.global_batch_tokens, recipe.data.seq_len)
     probes: list[Probe] = []
 
     def fits(size: int) -> bool:

@@ -56,14 +56,16 @@ def finished_at(recipe: Recipe) -> int | None:
     if not RunDir(output_dir).final.is_dir():
         return None
     newest = newest_good_checkpoint(output_dir, checksums=False, log=lambda _: None)
-    return finished_step(recipe, newest.train_state if newest is not None else {})
+    return finished_step(
+        recipe.checkpoints.resume, recipe.train.max_steps, newest.train_state if newest is not None else {}
+    )
 
 
-def finished_step(recipe: Recipe, saved: dict[str, Any]) -> int | None:
+def finished_step(resume: str, max_steps: int, saved: dict[str, Any]) -> int | None:
     """The step of `saved` (the newest checkpoint's train state of a run with final/ written) when it
-    is the end of its schedule under the recipe's max_steps, with --resume auto; else None."""
+    is the end of its schedule under the recipe's `max_steps`, with `resume` auto; else None."""
     end, step = saved.get("end", saved.get("max_steps")), saved.get("step")
-    if recipe.checkpoints.resume != "auto" or saved.get("max_steps") != recipe.train.max_steps:
+    if resume != "auto" or saved.get("max_steps") != max_steps:
         return None
     return None if end is None or step is None or step < end else int(step)
 

@@ -12,7 +12,6 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from hf_pretrain.config import Recipe
 from hf_pretrain.run_folder.run_dir import RunDir
 
 
@@ -124,13 +123,14 @@ def markdown_table(rows: list[PhaseRow]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def cost_record(record: dict[str, Any], recipe: Recipe) -> dict[str, float]:
-    """The money fields of a metrics record: spent so far, $ per billion tokens now, projected total."""
-    spent = dollars(record["elapsed"] / 3600, recipe.reporting.price_per_hour)
+def cost_record(record: dict[str, Any], *, price_per_hour: float, max_steps: int) -> dict[str, float]:
+    """The money fields of a metrics record: spent so far, $ per billion tokens now, projected total
+    (the price and the run's length are all of the recipe they read)."""
+    spent = dollars(record["elapsed"] / 3600, price_per_hour)
     return {
         "cost": spent,
-        "usd_per_billion_tokens": dollars_per_billion_tokens(record["tokens_per_s"], recipe.reporting.price_per_hour),
-        "projected_cost": spent / record["step"] * recipe.train.max_steps,
+        "usd_per_billion_tokens": dollars_per_billion_tokens(record["tokens_per_s"], price_per_hour),
+        "projected_cost": spent / record["step"] * max_steps,
     }
 
 

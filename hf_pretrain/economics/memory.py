@@ -84,7 +84,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from hf_pretrain.config import ModelConfig, OptimConfig, Recipe
+from hf_pretrain.config import ModelConfig, OptimConfig, Recipe, TrainConfig
 from hf_pretrain.machine.run_profile import A_GPU, Machine, Step, run_profile
 from hf_pretrain.model.llama import llama_config, recipe_parameter_count
 
@@ -289,13 +289,13 @@ class Fit:
     reason: str  # one line: what was chosen and why, or why nothing fits
 
 
-def micro_batch_sizes(recipe: Recipe, world_size: int = 1) -> list[int]:
-    """The recipe's micro-batch and every smaller one that still divides its batch, largest first."""
-    per_process = recipe.train.global_batch_tokens // world_size
+def micro_batch_sizes(train: TrainConfig, seq_len: int, world_size: int = 1) -> list[int]:
+    """The train section's micro-batch and every smaller one that still divides its batch, largest first."""
+    per_process = train.global_batch_tokens // world_size
     return [
         size
-        for size in range(recipe.train.micro_batch_size, 0, -1)
-        if per_process % (size * recipe.data.seq_len) == 0 or size == recipe.train.micro_batch_size
+        for size in range(train.micro_batch_size, 0, -1)
+        if per_process % (size * seq_len) == 0 or size == train.micro_batch_size
     ]
 
 
@@ -315,7 +315,7 @@ def fit_in_memory(
     only moves the other, and says so when that setting cannot fit."""
     usable = int(USABLE_MEMORY_FRACTION * memory_bytes)
     layers = recipe.model.num_hidden_layers
-    sizes = [micro_batch_size] if micro_batch_size else micro_batch_sizes(recipe, world_size)
+    sizes = [micro_batch_size] if micro_batch_size else micro_batch_sizes(recipe.train, recipe.data.seq_len, world_size)
     counts = [checkpointed_layers] if checkpointed_layers is not None else list(range(layers + 1))
     smallest = None
     for size in sizes:

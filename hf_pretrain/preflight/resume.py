@@ -31,7 +31,10 @@ def check_resume(recipe: Recipe, decision: Callable[[], Continuation]) -> CheckR
         )
         return CheckResult("resume", "pass", start + skipped)
     step = plan.saved["step"]
-    if RunDir(recipe.train.output_dir).final.is_dir() and finished_step(recipe, plan.saved) is not None:
+    if (
+        RunDir(recipe.train.output_dir).final.is_dir()
+        and finished_step(recipe.checkpoints.resume, recipe.train.max_steps, plan.saved) is not None
+    ):
         # the same command after the run completed: nothing goes on (the verdict under the table says so)
         return CheckResult("resume", "pass", f"nothing to resume: the run finished at step {step:,}{skipped}")
     reason = f"goes on from step {step:,}" if plan.branch is None else f"goes on from {plan.folder}"

@@ -108,7 +108,7 @@ def finished_in_store(recipe: Recipe) -> int | None:
         newest = newest_in_store(fs, url) if fs.exists(url.join("final").path) else None
     except (OSError, ValueError):
         return None
-    return finished_step(recipe, newest[1]) if newest else None
+    return finished_step(recipe.checkpoints.resume, recipe.train.max_steps, newest[1]) if newest else None
 
 
 def check_store(recipe: Recipe) -> list[CheckResult]:

@@ -156,7 +156,8 @@ class RunEconomics:
         self.recipe, self.gpu = recipe, gpu  # the card's name, as the door read it: a measurement's key
 
     def cost(self, record: dict[str, Any]) -> dict[str, float]:
-        return cost_record(record, self.recipe)
+        r = self.recipe
+        return cost_record(record, price_per_hour=r.reporting.price_per_hour, max_steps=r.train.max_steps)
 
     def slow_node(self, tokens_per_s_per_gpu: float, device_name: str) -> str | None:
         return slow_node_warning(tokens_per_s_per_gpu, device_name, self.recipe)
