@@ -501,3 +501,44 @@ def test_the_where_check_sees_a_module_that_asks(tmp_path, monkeypatch):
     module.write_text("def f(x):\n    return is_url(x) or Location.of(x).in_store or Where.of(x)\n")
     monkeypatch.setitem(MODULES, "hf_pretrain.m", module)
     assert _asks_where_it_is("hf_pretrain.m") == 3
+
+
+# Issue 46, components built from their own section: a function handed the whole `Recipe` reads everything, so
+# a reader cannot tell what it depends on. The count may fall, never rise (195 when the issue was filed; 147 on
+# 2026-11-28): a new function takes the section it reads, with its runtime needs by keyword.
+MOST_FUNCTIONS_HANDED_THE_RECIPE = 147
+
+
+def _annotation_names_recipe(annotation: ast.expr | None) -> bool:
+    if isinstance(annotation, ast.Constant) and isinstance(annotation.value, str):  # "Recipe", a string annotation
+        annotation = ast.parse(annotation.value, mode="eval").body
+    return annotation is not None and any(isinstance(n, ast.Name) and n.id == "Recipe" for n in ast.walk(annotation))
+
+
+def functions_handed_the_recipe(path: Path) -> list[str]:
+    """The functions of `path` with a parameter annotated `Recipe` (`"Recipe"`, `Recipe | None` too)."""
+    handed = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            args = node.args
+            params = [*args.posonlyargs, *args.args, *args.kwonlyargs, *filter(None, (args.vararg, args.kwarg))]
+            if any(_annotation_names_recipe(p.annotation) for p in params):
+                handed.append(node.name)
+    return handed
+
+
+def test_fewer_functions_are_handed_the_whole_recipe_never_more():
+    handed = [f"{module}.{name}" for module, path in MODULES.items() for name in functions_handed_the_recipe(path)]
+    assert len(handed) <= MOST_FUNCTIONS_HANDED_THE_RECIPE, (
+        f"{len(handed)} functions take the whole Recipe (at most {MOST_FUNCTIONS_HANDED_THE_RECIPE}): hand the new "
+        "ones the section they read"
+    )
+
+
+def test_the_recipe_count_sees_every_spelling(tmp_path):
+    source = tmp_path / "m.py"
+    source.write_text(
+        "def a(recipe: Recipe): ...\ndef b(x, *, r: 'Recipe'): ...\n"
+        "def c(r: Recipe | None = None): ...\ndef d(data: DataConfig): ...\n"
+    )
+    assert functions_handed_the_recipe(source) == ["a", "b", "c"]
