@@ -29,7 +29,7 @@ from hf_pretrain.data.tokenizer import load_tokenizer
 from hf_pretrain.model.llama import build_model, llama_config
 from hf_pretrain.optim.build import Schedule, build_optimizer, set_learning_rate
 from hf_pretrain.run_folder.run_dir import read_jsonl
-from hf_pretrain.train import train
+from hf_pretrain.train import run_training
 
 
 def bare_pytorch_tokens_per_s(recipe, steps: int, warmup: int) -> float:
@@ -73,7 +73,7 @@ def bare_pytorch_tokens_per_s(recipe, steps: int, warmup: int) -> float:
 
 def hf_pretrain_tokens_per_s(recipe, warmup: int) -> float:
     """tokens/s that hf-pretrain itself logged after the warm-up window."""
-    train(recipe)
+    run_training(recipe)
     records = [r for r in read_jsonl(Path(recipe.train.output_dir) / "metrics.jsonl") if r["kind"] == "train"]
     timed = [r for r in records if r["step"] > warmup]
     seconds = sum(recipe.train.global_batch_tokens * warmup / r["tokens_per_s"] for r in timed)

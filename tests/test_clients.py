@@ -181,14 +181,16 @@ def transformers4_python() -> Path:
     python = cache / "bin" / "python"
     if not (cache / ".ready").is_file():
         subprocess.run([sys.executable, "-m", "venv", str(cache)], check=True)
-        site = subprocess.run(
-            [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-            check=True,
-            capture_output=True,
-            text=True,
-        ).stdout.strip()
-        # this venv's own packages come first; what it lacks (torch, numpy, safetensors...) comes from ours
-        Path(site, "borrowed.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    site = subprocess.run(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
+    # this venv's own packages come first; what it lacks (torch, numpy, safetensors...) comes from ours: written
+    # each time, as the cache outlives the checkout (and the venv) that made it
+    Path(site, "borrowed.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    if not (cache / ".ready").is_file():
         subprocess.run(
             [
                 str(python),

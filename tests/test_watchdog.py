@@ -126,9 +126,11 @@ GROUP_TIMEOUT = """
 import sys, torch
 from torch.distributed import distributed_c10d
 from hf_pretrain.config import parse_recipe_args
+from hf_pretrain.object_store.location import Where
 from hf_pretrain.training.loop import setup
 
-run = setup(parse_recipe_args(sys.argv[1:], prog="group_timeout", description="")[0])
+recipe = parse_recipe_args(sys.argv[1:], prog="group_timeout", description="")[0]
+run = setup(recipe, Where.of(recipe))
 backend = distributed_c10d._get_default_group()._get_backend(torch.device("cpu"))
 print(f"process {run.accelerator.process_index}: collectives time out after {backend.options._timeout.total_seconds():g}s")
 """
