@@ -116,8 +116,6 @@ def in_store(recipe: Recipe, where: Where):
         raise StoreError(str(exc)) from None
     if not where.run.in_store:
         return recipe, where, None
-    import os
-
     from hf_pretrain.run_store.run_sync import RunInStore, pull_here, wait_for_pull, working_copy
 
     # One process pulls a machine's copy (the job's first also takes the lease and uploads); the others
