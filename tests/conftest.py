@@ -26,11 +26,11 @@ def smoke_data(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def reference_run(smoke_data, tmp_path_factory):
-    """An uninterrupted one-process run of the short smoke schedule: (run_dir, log)."""
+    """An uninterrupted one-process run of the short smoke schedule, through `accelerate launch`: (run_dir, log)."""
     from tests.helpers import launch_training
 
     run_dir = tmp_path_factory.mktemp("reference") / "run"
-    return run_dir, launch_training(smoke_data, run_dir)
+    return run_dir, launch_training(smoke_data, run_dir, through_launcher=True)  # as users type it
 
 
 @pytest.fixture(scope="session")

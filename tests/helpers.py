@@ -47,14 +47,25 @@ def launch_command(
     config: Path | None = None,
     script: Path = TRAIN_SCRIPT,
     recipe: str = "smoke",
+    through_launcher: bool = False,
     **keys,
 ) -> list[str]:
     """`python -m accelerate.commands.launch --config_file CONFIG [launcher flags] SCRIPT --recipe RECIPE
     --key value ...`: the one hand-built launch of the tests (`launch_training` runs it). CONFIG is
-    accelerate_configs/cpu.yaml, or cpu_2proc.yaml for two processes, unless given."""
-    config = config or ROOT / "accelerate_configs" / ("cpu_2proc.yaml" if processes == 2 else "cpu.yaml")
-    command = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(config), *launcher_flags]
-    command += [str(script), "--recipe", recipe]
+    accelerate_configs/cpu.yaml, or cpu_2proc.yaml for two processes, unless given.
+
+    A one-process run with no launcher flag or config of its own is `python SCRIPT ...`, the trainer as the
+    top process (a way users run it too, docs/survival.md), unless `through_launcher`: the launcher would
+    only import torch a second time, about 3 s of a core for each of the suite's hundreds of one-process
+    runs. What the launcher adds is tested where it is the subject: every two-process run, the launcher's
+    own tests (tests/test_launch.py, tests/test_reliability_runs.py) and the smoke recipe as `make smoke`
+    runs it."""
+    if processes == 1 and not launcher_flags and config is None and not through_launcher:
+        command = [sys.executable, str(script), "--recipe", recipe]
+    else:
+        config = config or ROOT / "accelerate_configs" / ("cpu_2proc.yaml" if processes == 2 else "cpu.yaml")
+        command = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(config), *launcher_flags]
+        command += [str(script), "--recipe", recipe]
     for key, value in keys.items():
         command += [f"--{key}", str(value)]
     return command
@@ -70,13 +81,15 @@ def launch_training(
     timeout: float = 600,
     recipe: str = "smoke",
     cwd: Path = OUTSIDE_CHECKOUT,
+    through_launcher: bool = False,
     **overrides,
 ) -> str:
-    """`accelerate launch hf_pretrain/train.py --recipe RECIPE` in `cwd` (with SHORT_RUN unless
-    `short=False`, and `env` on top of the offline environment); returns stdout + stderr. Past `timeout`
-    seconds the launch is killed and `subprocess.TimeoutExpired` fails the test."""
+    """`hf_pretrain/train.py --recipe RECIPE` in `cwd`, through `accelerate launch` for two processes or
+    `through_launcher` (`launch_command`), with SHORT_RUN unless `short=False` and `env` on top of the offline
+    environment; returns stdout + stderr. Past `timeout` seconds the launch is killed and
+    `subprocess.TimeoutExpired` fails the test."""
     args = {**(SHORT_RUN if short else {}), "data_dir": data_dir, "output_dir": run_dir, **overrides}
-    cmd = launch_command(processes=processes, recipe=recipe, **args)
+    cmd = launch_command(processes=processes, recipe=recipe, through_launcher=through_launcher, **args)
     result = subprocess.run(
         cmd, cwd=cwd, env={**offline_env(), **(env or {})}, capture_output=True, text=True, timeout=timeout
     )

@@ -125,7 +125,9 @@ def test_a_crash_with_loader_workers_alive_ends_the_process(smoke_data, tmp_path
 @pytest.mark.slow  # 14 s on an idle 2-core machine, twice that when it is busy
 def test_sigterm_to_the_launcher_stops_the_trainer_with_a_checkpoint(smoke_data, tmp_path):
     run_dir = tmp_path / "orphan"
-    launcher = start([*launch_command(), *arguments(smoke_data, run_dir, max_steps=2000, save_interval=1000)])
+    launcher = start(
+        [*launch_command(through_launcher=True), *arguments(smoke_data, run_dir, max_steps=2000, save_interval=1000)]
+    )
     try:
         wait_until(lambda: logged_step(run_dir) >= 2 or launcher.poll() is not None, 120, "no step 2")
         assert launcher.poll() is None, launcher.communicate()[0][-3000:]
@@ -157,7 +159,7 @@ def test_sigterm_to_the_launcher_while_the_trainer_imports_ends_the_trainer_too(
     trained the whole run on its own and ended `finished`, while the scheduler saw 143."""
     run_dir = tmp_path / "early"
     # 2,000 steps: alone, the trainer would outlive the 20 s wait below by minutes, never finish within it
-    launcher = start([*launch_command(), *arguments(smoke_data, run_dir, max_steps=2000)])
+    launcher = start([*launch_command(through_launcher=True), *arguments(smoke_data, run_dir, max_steps=2000)])
     try:
         wait_until(lambda: trainer_of(launcher) or launcher.poll() is not None, 120, "no trainer started")
         assert launcher.poll() is None, launcher.communicate()[0][-3000:]

@@ -89,7 +89,7 @@ def test_short_run_writes_every_output_and_a_loadable_model(reference_run):
 def test_smoke_recipe_learns(smoke_data, tmp_path):
     """The full `smoke` recipe, as `make smoke` runs it: the loss falls by more than a third."""
     run_dir = tmp_path / "smoke"
-    launch_training(smoke_data, run_dir, short=False, log_interval=5)
+    launch_training(smoke_data, run_dir, short=False, log_interval=5, through_launcher=True)
     losses = train_losses(run_dir)
     assert losses[-1] < losses[0] * 2 / 3, f"loss fell only from {losses[0]:.3f} to {losses[-1]:.3f}"
     assert (run_dir / "final" / "model.safetensors").exists()
