@@ -22,7 +22,7 @@ import re
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import yaml
@@ -44,6 +44,9 @@ from hf_pretrain.exit_codes import EXIT_CONFIG
 from hf_pretrain.machine.run_profile import inference_device_and_dtype, this_machine
 from hf_pretrain.publish.model_card import write_eval_section
 from hf_pretrain.run_folder.run_dir import JsonlWriter, RunDir
+
+if TYPE_CHECKING:
+    from lm_eval.tasks import TaskManager
 
 SUITES_DIR = EVAL_DIR / "suites"
 LOCAL_TASKS_DIR = EVAL_DIR / "tasks"
@@ -89,12 +92,17 @@ def check_task_names(tasks: list[str], include_paths: list[str]) -> None:
 
 
 @functools.cache
-def known_task_names(include_paths: tuple[str, ...] = ()) -> frozenset[str]:
-    """Every task lm-eval knows (with `include_paths`): its index of thousands of YAML files takes seconds,
-    so it is read once per process."""
+def task_index(include_paths: tuple[str, ...] = ()) -> TaskManager:
+    """lm-eval's `TaskManager` of its own tasks and `include_paths`: it reads thousands of YAML files
+    (about 10 s of a core), so once per process, shared by the name check and the run."""
     from lm_eval.tasks import TaskManager
 
-    return frozenset(TaskManager(include_path=list(include_paths) or None).all_tasks)
+    return TaskManager(include_path=list(include_paths) or None)
+
+
+def known_task_names(include_paths: tuple[str, ...] = ()) -> frozenset[str]:
+    """Every task lm-eval knows (with `include_paths`)."""
+    return frozenset(task_index(include_paths).all_tasks)
 
 
 def argument_problem(args: argparse.Namespace) -> str | None:
@@ -255,10 +263,14 @@ def run_lm_eval(
     if batch_size is None:
         batch_size = "auto" if model.device.type == "cuda" else CPU_BATCH_SIZE
     with tempfile.TemporaryDirectory() as scratch:
-        paths = list(include_paths or [])
-        if data_dir is not None:
-            paths.append(str(local_tasks(Path(data_dir), Path(scratch) / "tasks", tasks, num_fewshot)))
-        task_manager = TaskManager(include_path=paths or None)
+        paths = tuple(include_paths or ())
+        if data_dir is None:
+            task_manager = task_index(paths)
+        else:
+            offline = str(local_tasks(Path(data_dir), Path(scratch) / "tasks", tasks, num_fewshot))
+            # the offline tasks alone need no index of lm-eval's thousands (their YAML includes only each other)
+            alone = set(tasks) <= _local_task_names() and not paths
+            task_manager = TaskManager(include_path=[*paths, offline], include_defaults=not alone)
         unknown = [t for t in tasks if t not in task_manager.all_tasks]
         if unknown:
             raise EvalError(
