@@ -9,6 +9,12 @@ import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# `make test` runs two test processes on two cores (pytest-xdist): a worker's own torch work on two threads
+# would fight the other worker's for them (OpenMP threads spin while they wait, several times slower), so
+# each worker computes on one thread, as every process the tests start does (helpers.offline_env). The
+# numbers are the same on one thread or two (docs/testing.md, golden losses).
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
 # the measurements a GPU recorded (economics/measurements.py): never the user's, so `plan` reads the same everywhere
 os.environ["HF_PRETRAIN_HOME"] = tempfile.mkdtemp(prefix="hf_pretrain_home_")
 
