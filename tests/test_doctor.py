@@ -24,7 +24,7 @@ from hf_pretrain.economics.memory import estimate_memory, layer_activation_bytes
 from hf_pretrain.exit_codes import EXIT_CONFIG
 from hf_pretrain.formatting import human_bytes
 from hf_pretrain.machine.run_profile import A_GPU, THE_CPU, run_profile
-from hf_pretrain.model.llama import recipe_tokenizer_size
+from hf_pretrain.model.llama import tokenizer_size_of
 from hf_pretrain.object_store.location import Where
 from hf_pretrain.preflight import disk as disk_module
 from hf_pretrain.preflight.budget import check_cost, run_cost, run_hours
@@ -278,7 +278,7 @@ def test_too_little_disk_fails_with_needed_and_free(tmp_path, monkeypatch):
 def test_existing_checkpoints_count_against_the_need(tmp_path, monkeypatch):
     monkeypatch.setattr(shutil, "disk_usage", lambda path: DiskUsage(10**12, 0, 10**12))
     recipe = load_recipe("smoke", {"output_dir": str(tmp_path / "run"), "mixed_precision": "no"})
-    n = estimate_memory(recipe, recipe_tokenizer_size(recipe)).parameters
+    n = estimate_memory(recipe, tokenizer_size_of(recipe.data)).parameters
     step = tmp_path / "run" / "checkpoints" / "step_00000100"
     step.mkdir(parents=True)
     with (step / "model.safetensors").open("wb") as f:
@@ -318,7 +318,7 @@ def test_memory_estimate_of_the_1b_recipe():
     """The shipped 1b (compiled, bf16) by economics/memory.py's formulas; the H100 measured 37.24 GiB
     (40.0 GB) for it (tests/test_memory_estimate.py holds the estimate to each measured peak)."""
     recipe = one_b()
-    estimate = estimate_memory(recipe, recipe_tokenizer_size(recipe))
+    estimate = estimate_memory(recipe, tokenizer_size_of(recipe.data))
     n, tokens = N_1B, 8 * 2048
     assert estimate.parameters == n
     assert (estimate.weights, estimate.gradients, estimate.optimizer, estimate.weight_copies) == (
@@ -418,8 +418,8 @@ def test_memory_without_a_gpu_skips_but_shows_the_estimate():
 def test_time_and_cost_come_from_the_recipe():
     recipe = one_b(expected_tokens_per_s=30_000, price_per_hour=1.29)
     # 90,000 steps x 131,072 tokens = 11,796,480,000 tokens; / 30,000 tokens/s = 393,216 s
-    assert run_hours(recipe) == pytest.approx(109.2267, abs=1e-4)
-    assert run_cost(recipe) == pytest.approx(140.90, abs=0.01)
+    assert run_hours(recipe.train, recipe.reporting) == pytest.approx(109.2267, abs=1e-4)
+    assert run_cost(recipe.train, recipe.reporting) == pytest.approx(140.90, abs=0.01)
     result = check_cost(recipe)
     assert result.status == "pass" and "109.2 h at 30,000 tokens/s, $140.90 at $1.29/h" in result.reason
     assert "($11.94 per billion tokens)" in result.reason

@@ -16,7 +16,7 @@ from hf_pretrain.config import CheckpointConfig, DataConfig, Recipe
 from hf_pretrain.economics.memory import CHECKPOINT_BYTES_PER_PARAMETER
 from hf_pretrain.formatting import human_bytes
 from hf_pretrain.machine.hardware import DTYPE_BYTES
-from hf_pretrain.model.llama import recipe_parameter_count
+from hf_pretrain.model.llama import model_parameter_count, tokenizer_size_of
 from hf_pretrain.preflight.result import CheckResult
 from hf_pretrain.run_folder.run_dir import FINAL_DTYPE
 from hf_pretrain.run_folder.run_lock import holder_of
@@ -102,7 +102,7 @@ def check_disk_space(recipe: Recipe) -> CheckResult:
     """Free space for keep_checkpoints + 1 checkpoints (a new one is complete before the oldest is
     pruned), the milestones, and the final export, less what the run's checkpoints already take."""
     t = recipe.train
-    n = recipe_parameter_count(recipe)
+    n = model_parameter_count(recipe.model, tokenizer_size_of(recipe.data))
     tokenizer = tokenizer_bytes(recipe.data)
     checkpoint = newest_checkpoint_bytes(t.output_dir) or checkpoint_bytes(n, tokenizer)
     small = SMALL_FILES_BYTES + tokenizer
@@ -168,7 +168,12 @@ def check_save_speed(recipe: Recipe) -> CheckResult:
     if not disk.is_dir():
         return CheckResult("save speed", "skip", f"{disk} is not a folder (see output_dir)")
     speed = disk_write_bytes_per_s(disk)
-    write_s = checkpoint_bytes(recipe_parameter_count(recipe), tokenizer_bytes(recipe.data)) / speed
+    write_s = (
+        checkpoint_bytes(
+            model_parameter_count(recipe.model, tokenizer_size_of(recipe.data)), tokenizer_bytes(recipe.data)
+        )
+        / speed
+    )
     between_saves_s = recipe.checkpoints.save_interval * t.global_batch_tokens / recipe.reporting.expected_tokens_per_s
     share = write_s / between_saves_s
     # An upper bound: the probe is flushed to the disk, while the page cache can take part of a save

@@ -46,7 +46,7 @@ def check_init_from(recipe: Recipe, resume_decision: Callable[[], Continuation] 
             weight_files(base)  # every file's header, and that the file holds all its tensors' bytes
     except InitFromError as exc:
         return [CheckResult(NAME, "fail", exc.reason, exc.fix)]
-    differences = recipe_differences(base.config, recipe)
+    differences = recipe_differences(base.config, recipe.model, recipe.data)
     if differences:
         return [_model_keys_differ(init_from, differences)]
     data_dir = recipe.data.data_dir

@@ -24,7 +24,7 @@ from hf_pretrain.checkpoints.resume_rules import plan_continuation
 from hf_pretrain.config import Recipe
 from hf_pretrain.data.prepared import data_identity
 from hf_pretrain.formatting import human_bytes, human_duration
-from hf_pretrain.model.llama import recipe_parameter_count
+from hf_pretrain.model.llama import model_parameter_count, tokenizer_size_of
 from hf_pretrain.object_store.location import Location
 from hf_pretrain.preflight.disk import checkpoint_bytes, nearest_existing, newest_checkpoint_bytes, tokenizer_bytes
 from hf_pretrain.preflight.result import CheckResult
@@ -133,7 +133,7 @@ def _checkpoint_size(recipe: Recipe) -> int:
     from hf_pretrain.run_store.run_sync import working_copy
 
     local = working_copy(recipe)
-    n = recipe_parameter_count(recipe)
+    n = model_parameter_count(recipe.model, tokenizer_size_of(recipe.data))
     return newest_checkpoint_bytes(local) or checkpoint_bytes(n, tokenizer_bytes(recipe.data))
 
 
