@@ -561,9 +561,14 @@ def test_the_resume_row_of_a_finished_run_says_nothing_goes_on(tmp_path):
     recipe = load_recipe("smoke", {"output_dir": str(tmp_path), "max_steps": 250})
     saved = {"step": 250, "max_steps": 250, "end": 250}
     plan = Continuation(folder=tmp_path / "checkpoints" / "step_00000250", saved=saved)
-    assert check_resume(recipe, lambda: plan).reason == "goes on from step 250"  # no final/: it was killed at the end
+    assert (
+        check_resume(recipe.train, recipe.checkpoints, lambda: plan).reason == "goes on from step 250"
+    )  # no final/: it was killed at the end
     (tmp_path / "final").mkdir()
-    assert check_resume(recipe, lambda: plan).reason == "nothing to resume: the run finished at step 250"
+    assert (
+        check_resume(recipe.train, recipe.checkpoints, lambda: plan).reason
+        == "nothing to resume: the run finished at step 250"
+    )
 
 
 def test_without_a_gpu_the_doctor_describes_the_configuration_asked_and_quotes_the_shipped_measurement(

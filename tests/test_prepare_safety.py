@@ -365,7 +365,7 @@ def test_a_decay_only_source_is_prepared_and_drawn_from_the_decay_on(tmp_path) -
     assert check_prepared(recipe).status in ("pass", "warn")
     meta = read_meta(tmp_path / "dd")
     assert [s["splits"]["train"]["tokens"] > 0 for s in meta["sources"]] == [True, True]
-    mixture = build_mixture(recipe, [100, 100], decay_position=64)
+    mixture = build_mixture(recipe.data.sources, [100, 100], decay_position=64, seed=recipe.train.seed)
     drawn = [mixture(p)[0] for p in range(128)]
     assert set(drawn[:64]) == {0} and drawn[64:].count(1) == 32  # decay: 1 and 1
 

@@ -397,7 +397,7 @@ def validation_loss(model_dir: Path, data_dir: Path, samples: int = 64) -> float
     from hf_pretrain.data.loader import PackedDataset
     from hf_pretrain.data.prepared import read_meta, shard_paths
 
-    meta = read_meta(data_dir, "smoke")
+    meta = read_meta(data_dir)
     dataset = PackedDataset(shard_paths(data_dir, meta, "validation"), 128, meta["dtype"])
     tokens = torch.stack([dataset[i] for i in range(min(samples, len(dataset)))])
     model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
@@ -564,11 +564,11 @@ def test_a_key_added_since_the_checkpoint_counts_as_its_default_not_as_a_change(
     # as checkpoints wrote them before the recipe had sections: every run key under `train`
     saved = {"model": keys.pop("model"), "data": keys.pop("data")}
     saved["train"] = {name: value for section in keys.values() for name, value in section.items()}
-    assert changed_math_keys({"math_keys": saved}, recipe) == {}
+    assert changed_math_keys({"math_keys": saved}, math_keys(recipe)) == {}
     del saved["train"]["chunked_loss"], saved["train"]["fp8_recipe"]
-    assert changed_math_keys({"math_keys": saved}, recipe) == {}
+    assert changed_math_keys({"math_keys": saved}, math_keys(recipe)) == {}
     chunked = build_recipe(recipe.to_dict(), {"chunked_loss": True})
-    assert changed_math_keys({"math_keys": saved}, chunked) == {"chunked_loss": (False, True)}
+    assert changed_math_keys({"math_keys": saved}, math_keys(chunked)) == {"chunked_loss": (False, True)}
 
 
 def _folder_snapshot(folder: Path) -> dict[str, tuple[int, int]]:

@@ -123,7 +123,11 @@ def run_checks(
         ("in use", lambda: check_not_in_use(recipe.train.output_dir)),
         (
             "resume",
-            lambda: check_resume(recipe, decision) if store is None else resume_row(url_recipe, recipe, decision),
+            lambda: (
+                check_resume(recipe.train, recipe.checkpoints, decision)
+                if store is None
+                else resume_row(url_recipe, recipe, decision)
+            ),
         ),
         ("stop request", lambda: check_stop_request(recipe.train.output_dir, decision)),
         ("disk space", lambda: check_disk_space(recipe)),
@@ -158,7 +162,7 @@ def _in_store(recipe: Recipe, run: Location) -> Recipe | None:
 
     from hf_pretrain.run_store.run_sync import working_copy
 
-    return recipe.replace(output_dir=str(working_copy(recipe)))
+    return recipe.replace(output_dir=str(working_copy(recipe.train.output_dir, recipe.store.cache_dir)))
 
 
 def tried_on_the_device(refusal: CheckResult) -> CheckResult:

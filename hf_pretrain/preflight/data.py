@@ -69,7 +69,8 @@ def check_data_budget(recipe: Recipe) -> CheckResult:
     samples = [max(0, (s["splits"]["train"]["tokens"] - 1) // seq_len) for s in meta["sources"]]  # the loader's
     per_step = t.global_batch_tokens // seq_len
     decay_start = Schedule(recipe.optim, max_steps=recipe.train.max_steps).decay_start()
-    mixture = build_mixture(recipe, samples, None if decay_start is None else decay_start * per_step)
+    decay_position = None if decay_start is None else decay_start * per_step
+    mixture = build_mixture(recipe.data.sources, samples, decay_position, seed=t.seed)
     planned = t.max_steps * t.global_batch_tokens
     epochs = mixture.epochs_before(t.max_steps * per_step)
     names = [s["name"] for s in meta["sources"]]
@@ -228,7 +229,7 @@ def check_data_cache(recipe: Recipe, data: Location) -> CheckResult | list[Check
 
     try:
         meta = check_prepared_data(recipe)
-        folder = data_folder(recipe.data.data_dir, recipe)
+        folder = data_folder(recipe.data.data_dir, cache_dir=recipe.store.cache_dir, fix=prepare_hint(recipe))
     except (DataMismatchError, StoreError):
         return CheckResult("data cache", "skip", "needs valid prepared data (see `data`)")
     itemsize = 2 if meta["dtype"] == "uint16" else 4

@@ -21,7 +21,7 @@ from hf_pretrain.checkpoints.manifest import CheckpointError
 from hf_pretrain.checkpoints.resume_decision import finished_step
 from hf_pretrain.checkpoints.resume_plan import Continuation, ResumeRefused
 from hf_pretrain.checkpoints.resume_rules import plan_continuation
-from hf_pretrain.config import Recipe
+from hf_pretrain.config import CheckpointConfig, Recipe, TrainConfig
 from hf_pretrain.data.prepared import data_identity
 from hf_pretrain.formatting import human_bytes, human_duration
 from hf_pretrain.model.llama import recipe_parameter_count
@@ -90,17 +90,21 @@ def check_resume_from_store(url_recipe: Recipe, recipe: Recipe, decision: Callab
     except (ResumeRefused, CheckpointError):
         here = None
     if newest is None or (here is not None and here["step"] >= newest[0]):
-        return check_resume(recipe, decision)  # this machine's copy is as new as the store's
+        return check_resume(recipe.train, recipe.checkpoints, decision)  # this machine's copy is as new as the store's
     step, saved = newest
-    row = check_resume(recipe, lambda: plan_continuation(saved, recipe, data=data_identity(recipe.data.data_dir)))
+    row = check_resume(
+        recipe.train,
+        recipe.checkpoints,
+        lambda: plan_continuation(saved, recipe, data=data_identity(recipe.data.data_dir)),
+    )
     pulled = f"step {step:,} is in the store; training pulls it into this machine's copy first"
     return dataclasses.replace(row, reason=f"{row.reason} ({pulled})")
 
 
-def finished_in_store(recipe: Recipe) -> int | None:
+def finished_in_store(train: TrainConfig, checkpoints: CheckpointConfig) -> int | None:
     """`resume_decision.finished_at` for a run URL: the step it finished at, read in the store (its
     checkpoints listed only when final/ is there)."""
-    store = _store_of(recipe.train.output_dir)
+    store = _store_of(train.output_dir)
     if store is None:
         return None
     url, fs = store
@@ -108,7 +112,7 @@ def finished_in_store(recipe: Recipe) -> int | None:
         newest = newest_in_store(fs, url) if fs.exists(url.join("final").path) else None
     except (OSError, ValueError):
         return None
-    return finished_step(recipe.checkpoints.resume, recipe.train.max_steps, newest[1]) if newest else None
+    return finished_step(checkpoints.resume, train.max_steps, newest[1]) if newest else None
 
 
 def check_store(recipe: Recipe) -> list[CheckResult]:
@@ -132,7 +136,7 @@ def check_store(recipe: Recipe) -> list[CheckResult]:
 def _checkpoint_size(recipe: Recipe) -> int:
     from hf_pretrain.run_store.run_sync import working_copy
 
-    local = working_copy(recipe)
+    local = working_copy(recipe.train.output_dir, recipe.store.cache_dir)
     n = recipe_parameter_count(recipe)
     return newest_checkpoint_bytes(local) or checkpoint_bytes(n, tokenizer_bytes(recipe.data))
 
@@ -177,7 +181,7 @@ def cache_disk(recipe: Recipe) -> CheckResult:
     """The working copy's disk against one checkpoint (the full need is the disk space row below)."""
     from hf_pretrain.run_store.run_sync import working_copy
 
-    local = working_copy(recipe)
+    local = working_copy(recipe.train.output_dir, recipe.store.cache_dir)
     disk = nearest_existing(local)
     free, size = shutil.disk_usage(disk).free, _checkpoint_size(recipe)
     reason = f"the working copy {local}: {human_bytes(free)} free on {disk}, a checkpoint takes {human_bytes(size)}"
