@@ -47,7 +47,12 @@ SPLITS = ("train", "validation")
 
 
 class DataMismatchError(RuntimeError):
-    """Prepared data that is missing, incomplete, or does not belong to the recipe at hand."""
+    """Prepared data that is missing, incomplete, or does not belong to the recipe at hand. `fix`, where
+    the message ends with one (`; FIX`): the `prepare` that mends it, which the doctor's row shows apart."""
+
+    def __init__(self, message: str, fix: str = "") -> None:
+        super().__init__(f"{message}; {fix}" if fix else message)
+        self.fix = fix
 
 
 def token_dtype(vocab_len: int) -> np.dtype:
@@ -148,14 +153,14 @@ def data_folder(data_dir: str | Path, *, cache_dir: str | None = None, fix: str 
     try:
         return synced_copy(str(data_dir), cache_dir)
     except NotPrepared as exc:
-        raise DataMismatchError(f"{exc}; {fix}") from None
+        raise DataMismatchError(str(exc), fix) from None
 
 
 def read_meta(data_dir: str | Path, *, cache_dir: str | None = None, fix: str = PREPARE_ANY) -> dict[str, Any]:
     """meta.json of `data_dir` (see `data_folder`); a missing one names `fix`, the `prepare` that makes it."""
     path = data_folder(data_dir, cache_dir=cache_dir, fix=fix) / META_FILE
     if not path.is_file():
-        raise DataMismatchError(f"{path} not found: the data is not prepared (or preparing did not finish); {fix}")
+        raise DataMismatchError(f"{path} not found: the data is not prepared (or preparing did not finish)", fix)
     return json.loads(path.read_text())
 
 
@@ -256,7 +261,7 @@ def check_prepared_data(recipe: Recipe, verify: str = "recorded", progress: bool
 def _mismatch(data_dir: Path, field: str, expected: Any, found: Any, why: str, *, fix: str) -> DataMismatchError:
     """meta.json's `field` is not what this recipe or this folder needs: what, why, and `fix`, a prepare
     (`reprepare_hint`) that fixes it."""
-    return DataMismatchError(f"{data_dir / META_FILE}: {field} expected {expected}, found {found} ({why}); {fix}")
+    return DataMismatchError(f"{data_dir / META_FILE}: {field} expected {expected}, found {found} ({why})", fix)
 
 
 def _check_tokenizer(data_dir: Path, meta: dict[str, Any], *, fix: str) -> str:
@@ -264,7 +269,7 @@ def _check_tokenizer(data_dir: Path, meta: dict[str, Any], *, fix: str) -> str:
     try:
         tokenizer = load_tokenizer(data_dir)
     except FileNotFoundError as exc:
-        raise DataMismatchError(f"{exc}; {fix}") from exc
+        raise DataMismatchError(str(exc), fix) from exc
     except TokenizerUnreadable as exc:  # its message names the file and the fix
         raise DataMismatchError(str(exc)) from exc
     saved_hash = tokenizer_hash(tokenizer)
@@ -336,7 +341,7 @@ def _check_sources(data: DataConfig, data_dir: Path, meta: dict[str, Any], saved
     wanted = [source_folder_name(i, s) for i, s in enumerate(data.sources)]
     if prepared != wanted:
         raise DataMismatchError(
-            f"{data_dir / META_FILE}: sources expected {wanted} (the recipe's), found {prepared}; {fix}"
+            f"{data_dir / META_FILE}: sources expected {wanted} (the recipe's), found {prepared}", fix
         )
     for source in meta["sources"]:
         folder = data_dir / source["folder"]
