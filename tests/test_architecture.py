@@ -464,7 +464,7 @@ ASKS_BELOW_A_DOOR = {
         # a data_dir read from a run's own record in the store enters there, not at a door
         "run_store.run_record "
         # left: the data room still asks of the recipe's data_dir string (its functions take the string)
-        "data.loader data.prepared data.prepare_run data.tokenizer "
+        "data.loader data.prepared data.prepare_run "
         # left: the check's parts are another session's room (check/)
         "check.store_rates"
     ).split()

@@ -117,7 +117,7 @@ def run_checks(
         ("liger + compile", lambda: check_liger_under_compile(recipe)),
         ("data", lambda: check_prepared(recipe.data, recipe.evaluation, prepared)),
         ("data cache", lambda: check_data_cache(recipe.data, where.data, prepared, cache_dir=recipe.store.cache_dir)),
-        ("init_from", lambda: check_init_from(recipe, decision)),  # nothing without one
+        ("init_from", lambda: check_init_from(recipe, decision, data=where.data)),  # nothing without one
         ("data budget", lambda: check_data_budget(t, recipe.data, recipe.optim, prepared)),
         ("seq_len", lambda: check_context(recipe.data, recipe.model)),
         ("batch", lambda: check_batch_split(t, world_size, seq_len=recipe.data.seq_len)),

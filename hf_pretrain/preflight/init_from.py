@@ -12,7 +12,7 @@ from hf_pretrain.checkpoints.resume_decision import decide_resume
 from hf_pretrain.checkpoints.resume_plan import Continuation, ResumeRefused
 from hf_pretrain.config import Recipe
 from hf_pretrain.data.prepared import data_identity, reprepare_hint
-from hf_pretrain.data.tokenizer import TokenizerError
+from hf_pretrain.data.tokenizer import TokenizerError, local_data_folder
 from hf_pretrain.model.initialisation import (
     InitFromError,
     beyond_the_recipe,
@@ -21,15 +21,18 @@ from hf_pretrain.model.initialisation import (
     recipe_differences,
     weight_files,
 )
+from hf_pretrain.object_store.location import Location
 from hf_pretrain.preflight.result import CheckResult
 
 NAME = "init_from"
 
 
-def check_init_from(recipe: Recipe, resume_decision: Callable[[], Continuation] | None = None) -> list[CheckResult]:
+def check_init_from(
+    recipe: Recipe, resume_decision: Callable[[], Continuation] | None = None, *, data: Location
+) -> list[CheckResult]:
     """Nothing for a run from random weights; a skip for a run that goes on from its own checkpoint (the
     base is not read again: `resume_decision` is the resume check's, made here when not given); otherwise whether the base model
-    can start this run."""
+    can start this run. `data`: where the data lives (the door's `Where`)."""
     init_from = recipe.model.init_from
     if not init_from:
         return []
@@ -51,7 +54,7 @@ def check_init_from(recipe: Recipe, resume_decision: Callable[[], Continuation] 
         return [_model_keys_differ(init_from, differences)]
     data_dir = recipe.data.data_dir
     try:
-        tokenizers = data_tokenizer_differs(base, data_dir)
+        tokenizers = data_tokenizer_differs(base, local_data_folder(data))
     except InitFromError as exc:
         return [CheckResult(NAME, "fail", exc.reason, exc.fix)]
     except (FileNotFoundError, TokenizerError):  # no prepared data: the data check says so
