@@ -55,7 +55,12 @@ def test_the_disk_check_sizes_a_checkpoint_from_its_real_bytes_and_passes_a_disk
     needs = 3 * estimate + 4 * model_parameter_count(recipe.model, tokenizer_size_of(recipe.data))
     usage = namedtuple("usage", "total used free")
     monkeypatch.setattr(shutil, "disk_usage", lambda _: usage(2 * needs, needs, int(1.1 * needs)))
-    result = disk.check_disk_space(recipe)
+    result = disk.check_disk_space(
+        recipe.train,
+        recipe.checkpoints,
+        recipe.data,
+        parameters=model_parameter_count(recipe.model, tokenizer_size_of(recipe.data)),
+    )
     assert result.status == "pass", result.reason
 
 
