@@ -100,9 +100,7 @@ def run_checks(
     if store is not None:  # a URL output_dir (the doctor's; training checks its working copy): store_access.py
         recipe, url_recipe = store, recipe
     t, saves, speed = recipe.train, recipe.checkpoints, recipe.reporting.expected_tokens_per_s
-    parameters = functools.cache(
-        lambda: model_parameter_count(recipe.model, tokenizer_size_of(recipe.data))
-    )  # the model's size: the disk rows'
+    parameters = functools.cache(lambda: model_parameter_count(recipe.model, tokenizer_size_of(recipe.data)))
     prepared = functools.cache(lambda: check_prepared_data(recipe))  # the data rows'
     decision = resume_decision or functools.cache(lambda: decide_resume(recipe, data_identity(recipe.data.data_dir)))
     checks: list[tuple[str, Callable[[], CheckResult | list[CheckResult]]]] = [
