@@ -42,13 +42,13 @@ def run_variant(shape: str, variant: str, steps: int) -> dict:
     from torch._dynamo.utils import counters
 
     from hf_pretrain.config import load_recipe
-    from hf_pretrain.model.llama import build_model, llama_config, recipe_tokenizer_size
+    from hf_pretrain.model.llama import build_model, llama_config, tokenizer_size_of
     from hf_pretrain.training.compiling import compile_counts
 
     name, model_overrides, micro_batch, seq_len = SHAPES[shape]
     recipe = load_recipe(name)
     recipe = dataclasses.replace(recipe, model=dataclasses.replace(recipe.model, **model_overrides))
-    config = llama_config(recipe.model, recipe_tokenizer_size(recipe))
+    config = llama_config(recipe.model, tokenizer_size_of(recipe.data))
     torch.manual_seed(0)
     model = build_model(config)
     model.train()

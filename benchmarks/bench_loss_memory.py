@@ -37,11 +37,11 @@ def saved_bytes(chunked: bool, tokens: int, layers: int = 2) -> dict:
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     from hf_pretrain.config import load_recipe
-    from hf_pretrain.model.llama import build_model, llama_config, recipe_tokenizer_size, train_in_compute_dtype
+    from hf_pretrain.model.llama import build_model, llama_config, tokenizer_size_of, train_in_compute_dtype
     from hf_pretrain.model.loss import use_loss_head
 
     recipe = load_recipe("1b")
-    config = llama_config(dataclasses.replace(recipe.model, num_hidden_layers=layers), recipe_tokenizer_size(recipe))
+    config = llama_config(dataclasses.replace(recipe.model, num_hidden_layers=layers), tokenizer_size_of(recipe.data))
     seq_len = recipe.data.seq_len
     backward_inputs: list[torch.fx.Node] = []
 

@@ -80,7 +80,7 @@ def measure(shape: str) -> dict:
         build_model,
         enable_activation_checkpointing,
         llama_config,
-        recipe_tokenizer_size,
+        tokenizer_size_of,
         train_in_compute_dtype,
     )
     from hf_pretrain.optim.build import build_optimizer
@@ -99,7 +99,7 @@ def measure(shape: str) -> dict:
         seq_len=seq,
     )
     recipe = dataclasses.replace(recipe, model=model_cfg)
-    tokenizer_size = recipe_tokenizer_size(recipe)
+    tokenizer_size = tokenizer_size_of(recipe.data)
     estimate = estimate_memory(recipe, tokenizer_size, THE_CPU)
 
     accelerator = Accelerator(cpu=True, mixed_precision=precision)

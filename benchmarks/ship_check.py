@@ -40,7 +40,7 @@ def main(argv: list[str]) -> int:
     from hf_pretrain.check.command import check_records
     from hf_pretrain.check.figures import Figure
     from hf_pretrain.config import build_recipe, load_recipe
-    from hf_pretrain.economics.measurements import SHIPPED_STORE, record_measurement
+    from hf_pretrain.economics.measurements import SHIPPED_STORE, configuration, record_measurement
 
     folder = Path(argv[0] if argv else "runs/gpu_check")
     result = json.loads((folder / "check.json").read_text())
@@ -57,7 +57,12 @@ def main(argv: list[str]) -> int:
             configured = build_recipe(recipe.to_dict(), f.detail.get("overrides") or {})
             shipped += bool(
                 record_measurement(
-                    configured, device, f.value, f.detail.get("peak_memory_gib"), source, path=SHIPPED_STORE
+                    configuration(configured),
+                    device,
+                    f.value,
+                    f.detail.get("peak_memory_gib"),
+                    source,
+                    path=SHIPPED_STORE,
                 )
             )
     records = check_records(figures)

@@ -59,7 +59,7 @@ def run_training(recipe: Recipe, where: Where | None = None) -> Outcome:
 
     where = where or Where.of(recipe)
     recipe, where, store = in_store(recipe, where)  # a URL output_dir: checked, leased, pulled; a local copy trains
-    finished = finished_at(recipe)
+    finished = finished_at(recipe.train, recipe.checkpoints)
     if finished is not None:  # the same command after the run completed: nothing to train, nothing written
         shown = RunDir(recipe.train.output_dir).shown_as()  # a URL run: its URL, not the working copy
         message = f"the run in {shown} finished at step {finished:,}: nothing to train. {GO_FURTHER}"
@@ -120,14 +120,14 @@ def in_store(recipe: Recipe, where: Where):
 
     # One process pulls a machine's copy (the job's first also takes the lease and uploads); the others
     # of that machine wait for it, so that none reads the copy half pulled.
-    store = None
+    store, url, cache_dir = None, recipe.train.output_dir, recipe.store.cache_dir
     if os.environ.get("RANK", "0") == "0":
-        store = RunInStore.begin(recipe)
+        store = RunInStore.begin(url, recipe.store, recipe.checkpoints)
     elif os.environ.get("LOCAL_RANK", "0") == "0":
-        pull_here(recipe)
+        pull_here(url, cache_dir)
     else:
-        wait_for_pull(recipe)
-    copy = str(working_copy(recipe))  # what trains below this door: a local folder, the store's side is `store`
+        wait_for_pull(url, cache_dir)
+    copy = str(working_copy(url, cache_dir))  # what trains below this door: a local folder, the store's side is `store`
     return recipe.replace(output_dir=copy), Where(Location(copy, in_store=False), where.data), store
 
 

@@ -169,3 +169,19 @@ def section_on_cpu(recipe, section: str):
     """(`recipe`'s `section`, its run profile on a CPU): what a doctor's row that checks one section
     against the machine is handed (`check_cuda(recipe.compute, profile)`)."""
     return getattr(recipe, section), profile_on_cpu(recipe)
+
+
+def prepared_row(recipe):
+    """The doctor's `data` row of `recipe`, handed its sections and the data check as `run_checks` hands them."""
+    from hf_pretrain.data.prepared import check_prepared_data
+    from hf_pretrain.preflight.data import check_prepared
+
+    return check_prepared(recipe.data, recipe.evaluation, lambda: check_prepared_data(recipe))
+
+
+def data_budget_row(recipe):
+    """The doctor's `data budget` row of `recipe`, handed as `run_checks` hands it."""
+    from hf_pretrain.data.prepared import check_prepared_data
+    from hf_pretrain.preflight.data import check_data_budget
+
+    return check_data_budget(recipe.train, recipe.data, recipe.optim, lambda: check_prepared_data(recipe))

@@ -9,8 +9,8 @@ import torch
 from hf_pretrain.config import RecipeError, load_recipe
 from hf_pretrain.economics.check_records import (
     attention_shape,
+    model_attention_shape,
     new_record,
-    recipe_attention_shape,
     record_checks,
     resolved_attention_backend,
 )
@@ -52,7 +52,7 @@ def test_a_wrong_backend_is_refused_by_the_recipe_and_a_missing_one_by_the_docto
 def test_auto_takes_the_fastest_kernel_a_check_measured_on_this_card(tmp_path):
     store = tmp_path / "measurements.jsonl"
     recipe = load_recipe("1b")
-    shape = recipe_attention_shape(recipe)
+    shape = model_attention_shape(recipe.model, recipe.data.seq_len)
     assert shape == attention_shape(32, 8, 64, 2048)
     assert resolved_attention_backend(recipe, "NVIDIA H100 80GB HBM3", store) == ("auto", None)  # none measured
     timed = {"flash": 9.0, "cudnn": 5.0, "efficient": 12.0, "default": 4.0}
@@ -78,7 +78,7 @@ def test_the_performance_model_prices_the_attention_share_by_kernel():
     from hf_pretrain.machine.gpus import find_gpu
 
     def rate(gpu: str, backend: str) -> float:
-        return modelled_tokens_per_s(load_recipe("1b", {"attention_backend": backend}), find_gpu(gpu))
+        return modelled_tokens_per_s(recipe_workload(load_recipe("1b", {"attention_backend": backend})), find_gpu(gpu))
 
     h100, a100 = "H100 SXM", "A100 80GB SXM"
     assert rate(h100, "auto") == rate(h100, "flash")
@@ -102,7 +102,7 @@ def test_the_profile_built_at_the_door_names_the_kernel_auto_became(tmp_path, mo
     monkeypatch.setenv("HF_PRETRAIN_HOME", str(tmp_path))
     recipe = load_recipe("smoke")
     assert complete_profile(recipe, THE_CPU).step.attention_backend == "auto"  # the CPU: torch's own choice
-    gpu, shape = "NVIDIA H100 80GB HBM3", recipe_attention_shape(recipe)
+    gpu, shape = "NVIDIA H100 80GB HBM3", model_attention_shape(recipe.model, recipe.data.seq_len)
     record_checks([new_record("attention", n, ms, "ms", gpu, shape=shape) for n, ms in (("flash", 2.0), ("math", 9.0))])
     h100 = Machine("cuda", name=gpu, gpu=find_gpu(gpu), bf16=True, capability=9.0)  # a GPU that a check timed
     profile = complete_profile(recipe, h100, world_size=2)

@@ -40,20 +40,27 @@ def test_the_disk_check_sizes_a_checkpoint_from_its_real_bytes_and_passes_a_disk
 
     from hf_pretrain.checkpoints.store import list_checkpoints
     from hf_pretrain.config import load_recipe
-    from hf_pretrain.model.llama import recipe_parameter_count
+    from hf_pretrain.model.llama import model_parameter_count, tokenizer_size_of
     from hf_pretrain.preflight import disk
 
     run_dir, _ = reference_run
     real = disk.newest_checkpoint_bytes(run_dir)
     assert real == sum(f.stat().st_size for f in list_checkpoints(run_dir)[0].path.rglob("*") if f.is_file())
     recipe = load_recipe("smoke", {"data_dir": str(smoke_data), "output_dir": str(tmp_path / "new")})
-    estimate = disk.checkpoint_bytes(recipe_parameter_count(recipe), disk.tokenizer_bytes(recipe.data))
+    estimate = disk.checkpoint_bytes(
+        model_parameter_count(recipe.model, tokenizer_size_of(recipe.data)), disk.tokenizer_bytes(recipe.data)
+    )
     assert real <= estimate <= 1.15 * real, (estimate, real)  # an upper bound, and a close one
     # a disk with room for the run's 3 checkpoints and its export, and little more, passes
-    needs = 3 * estimate + 4 * recipe_parameter_count(recipe)
+    needs = 3 * estimate + 4 * model_parameter_count(recipe.model, tokenizer_size_of(recipe.data))
     usage = namedtuple("usage", "total used free")
     monkeypatch.setattr(shutil, "disk_usage", lambda _: usage(2 * needs, needs, int(1.1 * needs)))
-    result = disk.check_disk_space(recipe)
+    result = disk.check_disk_space(
+        recipe.train,
+        recipe.checkpoints,
+        recipe.data,
+        parameters=model_parameter_count(recipe.model, tokenizer_size_of(recipe.data)),
+    )
     assert result.status == "pass", result.reason
 
 

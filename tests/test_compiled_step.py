@@ -444,7 +444,7 @@ def test_each_checkpointed_layer_saves_what_the_memory_estimate_says():
     layer's buffers do not add to the peak: the peak is at the start of the backward, and the
     checkpointed layers are the first ones, recomputed last."""
     from hf_pretrain.economics.memory import estimate_memory
-    from hf_pretrain.model.llama import recipe_tokenizer_size
+    from hf_pretrain.model.llama import tokenizer_size_of
 
     layers, micro, seq = 4, 8, 256
     recipe = load_recipe(
@@ -452,7 +452,7 @@ def test_each_checkpointed_layer_saves_what_the_memory_estimate_says():
         {"micro_batch_size": micro, "global_batch_tokens": micro * seq, "seq_len": seq, "mixed_precision": "no"},
     )
     recipe = dataclasses.replace(recipe, model=dataclasses.replace(recipe.model, num_hidden_layers=layers))
-    size = recipe_tokenizer_size(recipe)
+    size = tokenizer_size_of(recipe.data)
     estimate = estimate_memory(recipe, size, machine=THE_CPU)
     per_layer = estimate.activations / layers
     kept = (estimate.checkpointed_activations - per_layer) / layers  # what a checkpointed layer keeps

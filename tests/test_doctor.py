@@ -24,7 +24,7 @@ from hf_pretrain.economics.memory import estimate_memory, layer_activation_bytes
 from hf_pretrain.exit_codes import EXIT_CONFIG
 from hf_pretrain.formatting import human_bytes
 from hf_pretrain.machine.run_profile import A_GPU, THE_CPU, run_profile
-from hf_pretrain.model.llama import recipe_tokenizer_size
+from hf_pretrain.model.llama import model_parameter_count, tokenizer_size_of
 from hf_pretrain.object_store.location import Where
 from hf_pretrain.preflight import disk as disk_module
 from hf_pretrain.preflight.budget import check_cost, run_cost, run_hours
@@ -34,13 +34,20 @@ from hf_pretrain.preflight.data import (
     check_context,
     check_loader_pickling,
     check_num_workers,
-    check_prepared,
 )
 from hf_pretrain.preflight.dependencies import check_versions
-from hf_pretrain.preflight.disk import check_disk_space, check_output_writable, check_save_speed, disk_write_bytes_per_s
+from hf_pretrain.preflight.disk import check_output_writable, disk_write_bytes_per_s
 from hf_pretrain.preflight.gpu import check_bf16, check_cuda, check_memory, check_tf32
 from hf_pretrain.preflight.result import CheckResult, PreflightError, format_table
-from tests.helpers import OUTSIDE_CHECKOUT, offline_env, on_cpu, profile_here, profile_on_cpu, section_on_cpu
+from tests.helpers import (
+    OUTSIDE_CHECKOUT,
+    offline_env,
+    on_cpu,
+    prepared_row,
+    profile_here,
+    profile_on_cpu,
+    section_on_cpu,
+)
 
 ON_GPU = torch.cuda.is_available()
 cpu_only = pytest.mark.skipif(ON_GPU, reason="checks what happens without CUDA")
@@ -145,12 +152,12 @@ def test_auto_precision_on_cpu_warns_and_gpu_only_checks_skip():
 
 # ---------------------------------------------------------------------- data and loader
 def test_prepared_data_that_matches_passes(smoke_data, tmp_path):
-    result = check_prepared(smoke(smoke_data, tmp_path))
+    result = prepared_row(smoke(smoke_data, tmp_path))
     assert result.status == "pass" and "training tokens" in result.reason
 
 
 def test_missing_prepared_data_fails_with_the_prepare_hint(tmp_path):
-    result = check_prepared(load_recipe("smoke", {"data_dir": str(tmp_path / "nothing")}))
+    result = prepared_row(load_recipe("smoke", {"data_dir": str(tmp_path / "nothing")}))
     assert result.status == "fail"
     assert "meta.json not found" in result.reason
     assert result.fix == f"run `hf-pretrain prepare --recipe smoke --data_dir {tmp_path / 'nothing'}`"
@@ -159,7 +166,7 @@ def test_missing_prepared_data_fails_with_the_prepare_hint(tmp_path):
 
 def test_metadata_that_does_not_match_the_recipe_fails_naming_the_field(smoke_data, tmp_path):
     # prepared with vocab_size 4096, checked with 4000
-    result = check_prepared(smoke(smoke_data, tmp_path, vocab_size=4000))
+    result = prepared_row(smoke(smoke_data, tmp_path, vocab_size=4000))
     assert result.status == "fail"
     assert "vocab_size expected 4000, found 4096" in result.reason
     assert "hf-pretrain prepare --recipe smoke" in result.fix
@@ -175,8 +182,8 @@ def test_seq_len_beyond_max_position_embeddings_fails():
 
 def test_batch_that_does_not_split_over_the_processes_fails():
     recipe = load_recipe("smoke")
-    assert check_batch_split(recipe, 2).status == "pass"
-    result = check_batch_split(recipe, 3)
+    assert check_batch_split(recipe.train, 2, seq_len=recipe.data.seq_len).status == "pass"
+    result = check_batch_split(recipe.train, 3, seq_len=recipe.data.seq_len)
     assert result.status == "fail" and "global_batch_tokens=4096 is not a multiple" in result.reason
 
 
@@ -187,14 +194,18 @@ def test_zero_workers_warn():
     assert "--num_workers" in result.fix
 
 
+def loader_row(recipe: Recipe):
+    return check_loader_pickling(recipe.train, recipe.data, cache_dir=recipe.store.cache_dir)
+
+
 def test_loader_survives_pickling_and_yields_a_batch(smoke_data, tmp_path):
-    result = check_loader_pickling(smoke(smoke_data, tmp_path))
+    result = loader_row(smoke(smoke_data, tmp_path))
     assert result.status == "pass" and "[16, 129]" in result.reason
 
 
 def test_unpicklable_collate_fails(smoke_data, tmp_path, monkeypatch):
     monkeypatch.setattr(loader_module, "stack_samples", lambda samples: torch.stack(samples))
-    result = check_loader_pickling(smoke(smoke_data, tmp_path))
+    result = loader_row(smoke(smoke_data, tmp_path))
     assert result.status == "fail"
     assert "does not survive pickling for worker processes" in result.reason and "lambda" in result.reason
 
@@ -204,7 +215,7 @@ def test_unpicklable_dataset_fails(smoke_data, tmp_path, monkeypatch):
         return {**self.__dict__, "_shards": None, "lock": threading.Lock()}
 
     monkeypatch.setattr(PackedDataset, "__getstate__", state_with_a_lock)
-    result = check_loader_pickling(smoke(smoke_data, tmp_path))
+    result = loader_row(smoke(smoke_data, tmp_path))
     assert result.status == "fail" and "lock" in result.reason
 
 
@@ -213,12 +224,12 @@ def test_loader_that_breaks_after_unpickling_fails(smoke_data, tmp_path, monkeyp
     monkeypatch.setattr(
         PackedDataset, "__getstate__", lambda self: {**self.__dict__, "_shards": None, "shard_paths": []}
     )
-    result = check_loader_pickling(smoke(smoke_data, tmp_path))
+    result = loader_row(smoke(smoke_data, tmp_path))
     assert result.status == "fail" and "cannot produce a batch" in result.reason
 
 
 def test_loader_check_skips_without_data(tmp_path):
-    result = check_loader_pickling(load_recipe("smoke", {"data_dir": str(tmp_path / "nothing")}))
+    result = loader_row(load_recipe("smoke", {"data_dir": str(tmp_path / "nothing")}))
     assert result.status == "skip"
 
 
@@ -244,6 +255,22 @@ def test_unwritable_output_dir_fails(tmp_path, monkeypatch):
 
 
 DiskUsage = namedtuple("DiskUsage", "total used free")
+
+
+def check_disk_space(recipe: Recipe):
+    """The doctor's disk row, handed the sections and the model's size as run_checks hands them."""
+    n = model_parameter_count(recipe.model, tokenizer_size_of(recipe.data))
+    return disk_module.check_disk_space(recipe.train, recipe.checkpoints, recipe.data, parameters=n)
+
+
+def check_save_speed(recipe: Recipe):
+    n, speed = (
+        model_parameter_count(recipe.model, tokenizer_size_of(recipe.data)),
+        recipe.reporting.expected_tokens_per_s,
+    )
+    return disk_module.check_save_speed(
+        recipe.train, recipe.checkpoints, recipe.data, parameters=n, expected_tokens_per_s=speed
+    )
 
 
 def test_too_little_disk_fails_with_needed_and_free(tmp_path, monkeypatch):
@@ -278,7 +305,7 @@ def test_too_little_disk_fails_with_needed_and_free(tmp_path, monkeypatch):
 def test_existing_checkpoints_count_against_the_need(tmp_path, monkeypatch):
     monkeypatch.setattr(shutil, "disk_usage", lambda path: DiskUsage(10**12, 0, 10**12))
     recipe = load_recipe("smoke", {"output_dir": str(tmp_path / "run"), "mixed_precision": "no"})
-    n = estimate_memory(recipe, recipe_tokenizer_size(recipe)).parameters
+    n = estimate_memory(recipe, tokenizer_size_of(recipe.data)).parameters
     step = tmp_path / "run" / "checkpoints" / "step_00000100"
     step.mkdir(parents=True)
     with (step / "model.safetensors").open("wb") as f:
@@ -318,7 +345,7 @@ def test_memory_estimate_of_the_1b_recipe():
     """The shipped 1b (compiled, bf16) by economics/memory.py's formulas; the H100 measured 37.24 GiB
     (40.0 GB) for it (tests/test_memory_estimate.py holds the estimate to each measured peak)."""
     recipe = one_b()
-    estimate = estimate_memory(recipe, recipe_tokenizer_size(recipe))
+    estimate = estimate_memory(recipe, tokenizer_size_of(recipe.data))
     n, tokens = N_1B, 8 * 2048
     assert estimate.parameters == n
     assert (estimate.weights, estimate.gradients, estimate.optimizer, estimate.weight_copies) == (
@@ -418,8 +445,8 @@ def test_memory_without_a_gpu_skips_but_shows_the_estimate():
 def test_time_and_cost_come_from_the_recipe():
     recipe = one_b(expected_tokens_per_s=30_000, price_per_hour=1.29)
     # 90,000 steps x 131,072 tokens = 11,796,480,000 tokens; / 30,000 tokens/s = 393,216 s
-    assert run_hours(recipe) == pytest.approx(109.2267, abs=1e-4)
-    assert run_cost(recipe) == pytest.approx(140.90, abs=0.01)
+    assert run_hours(recipe.train, recipe.reporting) == pytest.approx(109.2267, abs=1e-4)
+    assert run_cost(recipe.train, recipe.reporting) == pytest.approx(140.90, abs=0.01)
     result = check_cost(recipe)
     assert result.status == "pass" and "109.2 h at 30,000 tokens/s, $140.90 at $1.29/h" in result.reason
     assert "($11.94 per billion tokens)" in result.reason
@@ -561,9 +588,14 @@ def test_the_resume_row_of_a_finished_run_says_nothing_goes_on(tmp_path):
     recipe = load_recipe("smoke", {"output_dir": str(tmp_path), "max_steps": 250})
     saved = {"step": 250, "max_steps": 250, "end": 250}
     plan = Continuation(folder=tmp_path / "checkpoints" / "step_00000250", saved=saved)
-    assert check_resume(recipe, lambda: plan).reason == "goes on from step 250"  # no final/: it was killed at the end
+    assert (
+        check_resume(recipe.train, recipe.checkpoints, lambda: plan).reason == "goes on from step 250"
+    )  # no final/: it was killed at the end
     (tmp_path / "final").mkdir()
-    assert check_resume(recipe, lambda: plan).reason == "nothing to resume: the run finished at step 250"
+    assert (
+        check_resume(recipe.train, recipe.checkpoints, lambda: plan).reason
+        == "nothing to resume: the run finished at step 250"
+    )
 
 
 def test_without_a_gpu_the_doctor_describes_the_configuration_asked_and_quotes_the_shipped_measurement(

@@ -160,10 +160,10 @@ def test_every_decoder_projection_goes_fp8_and_the_embedding_and_tied_head_do_no
 )
 def test_the_1b_puts_in_fp8_only_the_projections_where_it_pays(fp8_recipe, in_fp8):
     from hf_pretrain.model.fp8 import decoder_linear_filter
-    from hf_pretrain.model.llama import recipe_tokenizer_size
+    from hf_pretrain.model.llama import tokenizer_size_of
 
     recipe = load_recipe("1b", {"mixed_precision": "fp8", "fp8_recipe": fp8_recipe})
-    model = build_model(llama_config(recipe.model, recipe_tokenizer_size(recipe)), device="meta")
+    model = build_model(llama_config(recipe.model, tokenizer_size_of(recipe.data)), device="meta")
     selected = decoder_linear_filter(recipe.compute.fp8_recipe)
     chosen = {name for name, module in model.named_modules() if selected(module, name)}
     assert {name.rsplit(".", 1)[-1] for name in chosen} == in_fp8

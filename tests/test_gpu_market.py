@@ -9,13 +9,14 @@ import pytest
 
 from hf_pretrain.config import load_recipe
 from hf_pretrain.economics import performance, published
-from hf_pretrain.economics.memory import estimate_memory, fit_in_memory, with_checkpointed_layers, with_micro_batch
+from hf_pretrain.economics.memory import Fit, estimate_memory, fit_in_memory, with_checkpointed_layers, with_micro_batch
 from hf_pretrain.economics.planning import gpu_ranking, plan_command
 from hf_pretrain.economics.workload import recipe_workload
 from hf_pretrain.exit_codes import EXIT_CONFIG
 from hf_pretrain.machine.gpus import gpu_named, gpu_table
 from hf_pretrain.machine.precisions import precision_named
-from hf_pretrain.model.llama import recipe_tokenizer_size
+from hf_pretrain.machine.run_profile import A_GPU, run_profile
+from hf_pretrain.model.llama import tokenizer_size_of
 
 ONE_B = load_recipe("1b")
 TOKENS = ONE_B.train.max_steps * ONE_B.train.global_batch_tokens
@@ -61,13 +62,15 @@ H100_ROWS = [({}, 77_935), ({"compile": False}, 51_150), ({"compile": False, "li
 @pytest.mark.parametrize(("flags", "measured"), H100_ROWS, ids=["compiled", "eager", "eager+liger"])
 def test_plan_prices_each_measured_h100_configuration_by_its_flags_within_10_percent(flags, measured):
     recipe = load_recipe("1b", flags)
-    assert performance.modelled_tokens_per_s(recipe, gpu_named("H100 SXM")) == pytest.approx(measured, rel=0.10)
+    assert performance.modelled_tokens_per_s(recipe_workload(recipe), gpu_named("H100 SXM")) == pytest.approx(
+        measured, rel=0.10
+    )
 
 
 def test_the_configuration_changes_the_price_the_way_the_gpu_does(capsys):
     h100 = gpu_named("H100 SXM")
     rate = {
-        name: performance.modelled_tokens_per_s(load_recipe("1b", flags), h100)
+        name: performance.modelled_tokens_per_s(recipe_workload(load_recipe("1b", flags)), h100)
         for name, flags in [
             ("shipped", {}),
             ("eager", {"compile": False}),
@@ -83,7 +86,7 @@ def test_the_configuration_changes_the_price_the_way_the_gpu_does(capsys):
     # compiled + Liger is not measured yet: modelled as the compiled step with Liger's fused loss
     assert rate["liger"] == pytest.approx(rate["shipped"], rel=0.03)
     # more checkpointed layers, a smaller micro-batch: slower
-    assert performance.modelled_tokens_per_s(ONE_B, h100, 4) < rate["shipped"]
+    assert performance.modelled_tokens_per_s(recipe_workload(ONE_B, micro_batch_size=4), h100) < rate["shipped"]
     # and `plan` says so
     shipped = _json(capsys, ["--recipe", "1b", "--gpu", "H100"])
     eager = _json(capsys, ["--recipe", "1b", "--gpu", "H100", "--compile", "false"])
@@ -95,9 +98,11 @@ def test_the_configuration_changes_the_price_the_way_the_gpu_does(capsys):
 
 def test_a_measurement_on_one_card_scales_the_model_for_the_others():
     h100, a100 = gpu_named("H100 SXM"), gpu_named("A100 80GB SXM")
-    measured = 0.9 * performance.modelled_tokens_per_s(ONE_B, h100)  # this card ran 10% under its model
-    scaled = performance.scaled_to_measurement(ONE_B, measured, h100, a100)
-    assert scaled == pytest.approx(0.9 * performance.modelled_tokens_per_s(ONE_B, a100))
+    measured = 0.9 * performance.modelled_tokens_per_s(
+        recipe_workload(ONE_B), h100
+    )  # this card ran 10% under its model
+    scaled = performance.scaled_to_measurement(recipe_workload(ONE_B), measured, h100, a100)
+    assert scaled == pytest.approx(0.9 * performance.modelled_tokens_per_s(recipe_workload(ONE_B), a100))
 
 
 @pytest.mark.parametrize("recipe_name", ["smoke", "134m", "1b"])
@@ -154,16 +159,23 @@ def test_a_card_that_needs_checkpointing_pays_for_it_in_tokens_per_s():
     a100 = next(row for row in rows() if row.gpu == "A100 40GB")
     assert a100.fits and a100.micro_batch_size == 8 and 0 < a100.checkpointed_layers < 8
     assert next(row for row in rows() if row.gpu == "L40S").checkpointed_layers == 0
-    without = performance.modelled_tokens_per_s(ONE_B, gpu_named("A100 40GB"), a100.micro_batch_size, 0)
+    without = performance.modelled_tokens_per_s(
+        recipe_workload(ONE_B, micro_batch_size=a100.micro_batch_size, checkpointed_layers=0), gpu_named("A100 40GB")
+    )
     assert a100.tokens_per_s < 0.97 * without
     # and the more layers recompute, the slower
-    rates = [performance.modelled_tokens_per_s(ONE_B, gpu_named("L40S"), 8, k) for k in (0, 4, 8, 16)]
+    rates = [
+        performance.modelled_tokens_per_s(
+            recipe_workload(ONE_B, micro_batch_size=8, checkpointed_layers=k), gpu_named("L40S")
+        )
+        for k in (0, 4, 8, 16)
+    ]
     assert rates == sorted(rates, reverse=True)
 
 
 # ---------------------------------------------------------------------- memory fit
 def test_selective_checkpointing_lowers_the_peak_layer_by_layer():
-    estimate = estimate_memory(ONE_B, recipe_tokenizer_size(ONE_B))
+    estimate = estimate_memory(ONE_B, tokenizer_size_of(ONE_B.data))
     peaks = [estimate.peak(k) for k in range(17)]
     assert peaks[:16] == sorted(peaks[:16], reverse=True) and len(set(peaks[:16])) == 16
     # all 16: the last layer is recomputed while every layer input is alive, one input more than with 15
@@ -173,21 +185,29 @@ def test_selective_checkpointing_lowers_the_peak_layer_by_layer():
     assert estimate_memory(with_checkpointed_layers(ONE_B, 5), 32_005).peak(5) == peaks[5]
 
 
+def fit_one_b(size: int, memory: int) -> Fit:
+    """The memory estimate's search for the 1b on a card of `memory` bytes, as a GPU with bf16 runs it."""
+    step = run_profile(ONE_B, A_GPU).step
+    return fit_in_memory(
+        ONE_B.model, ONE_B.train, step, seq_len=ONE_B.data.seq_len, tokenizer_size=size, memory_bytes=memory
+    )
+
+
 def test_the_fit_takes_the_fewest_checkpointed_layers_before_a_smaller_micro_batch():
-    size = recipe_tokenizer_size(ONE_B)
+    size = tokenizer_size_of(ONE_B.data)
     estimate = estimate_memory(ONE_B, size)
     memory = int(estimate.peak(6) / 0.9) + 1  # a card where 6 layers checkpointed just fit at micro-batch 8
-    fit = fit_in_memory(ONE_B, size, memory)
+    fit = fit_one_b(size, memory)
     assert (fit.fits, fit.micro_batch_size, fit.checkpointed_layers) == (True, 8, 6)
     # too small for micro-batch 8 even with every layer checkpointed: a smaller micro-batch, fewest layers again
     memory = int(min(estimate.peak(15), estimate.peak(16)) / 0.9) - 2**20
-    fit = fit_in_memory(ONE_B, size, memory)
+    fit = fit_one_b(size, memory)
     four = estimate_memory(with_micro_batch(ONE_B, 4), size)
     assert fit.fits and fit.micro_batch_size == 4
     k = fit.checkpointed_layers
     assert four.peak(k) <= fit.usable_bytes and (k == 0 or four.peak(k - 1) > fit.usable_bytes)
     # nothing fits: said with the reason
-    tiny = fit_in_memory(ONE_B, size, 4 * 2**30)
+    tiny = fit_one_b(size, 4 * 2**30)
     assert not tiny.fits and "does not fit" in tiny.reason and "GiB usable" in tiny.reason
 
 
@@ -270,14 +290,20 @@ def test_an_unknown_gpu_is_refused_naming_the_known_ones(capsys):
 
 # ---------------------------------------------------------------------- the slow-node check
 def test_a_gpu_well_below_its_model_is_named_a_likely_slow_node():
-    expected = performance.modelled_tokens_per_s(ONE_B, gpu_named("H100 SXM"))
-    warning = performance.slow_node_warning(0.6 * expected, "NVIDIA H100 80GB HBM3 (79 GiB)", ONE_B)
+    expected = performance.modelled_tokens_per_s(recipe_workload(ONE_B), gpu_named("H100 SXM"))
+    warning = performance.slow_node_warning(0.6 * expected, "NVIDIA H100 80GB HBM3 (79 GiB)", recipe_workload(ONE_B))
     assert warning and "H100 SXM" in warning and "40% below" in warning and "slow or faulty" in warning
-    assert performance.slow_node_warning(0.8 * expected, "NVIDIA H100 80GB HBM3", ONE_B) is None  # within 25%
-    assert performance.slow_node_warning(100.0, "CPU (x86_64, 16 cores)", ONE_B) is None  # not in the table
+    assert (
+        performance.slow_node_warning(0.8 * expected, "NVIDIA H100 80GB HBM3", recipe_workload(ONE_B)) is None
+    )  # within 25%
+    assert (
+        performance.slow_node_warning(100.0, "CPU (x86_64, 16 cores)", recipe_workload(ONE_B)) is None
+    )  # not in the table
     # an eager run is judged against the eager step's model, not the compiled one's
     eager = load_recipe("1b", {"compile": False})
-    eager_expected = performance.modelled_tokens_per_s(eager, gpu_named("H100 SXM"))
+    eager_expected = performance.modelled_tokens_per_s(recipe_workload(eager), gpu_named("H100 SXM"))
     assert eager_expected < 0.75 * expected
-    assert performance.slow_node_warning(0.9 * eager_expected, "NVIDIA H100 80GB HBM3", eager) is None
-    assert "below" in performance.slow_node_warning(0.6 * eager_expected, "NVIDIA H100 80GB HBM3", eager)
+    assert performance.slow_node_warning(0.9 * eager_expected, "NVIDIA H100 80GB HBM3", recipe_workload(eager)) is None
+    assert "below" in performance.slow_node_warning(
+        0.6 * eager_expected, "NVIDIA H100 80GB HBM3", recipe_workload(eager)
+    )

@@ -307,11 +307,11 @@ def test_flops_per_token_matches_pytorchs_flop_counter(shape, overrides, seq_len
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from torch.utils.flop_counter import FlopCounterMode
 
-    from hf_pretrain.model.llama import recipe_tokenizer_size
+    from hf_pretrain.model.llama import tokenizer_size_of
 
     recipe = load_recipe(shape)
     recipe = dataclasses.replace(recipe, model=dataclasses.replace(recipe.model, **overrides))
-    config = llama_config(recipe.model, recipe_tokenizer_size(recipe))
+    config = llama_config(recipe.model, tokenizer_size_of(recipe.data))
     with FakeTensorMode():
         model = build_model(config)
         n_params = count_parameters(model)

@@ -39,6 +39,7 @@ from hf_pretrain.exit_codes import EXIT_PREFLIGHT
 from hf_pretrain.hub_cache import hub_id_of_folder
 from hf_pretrain.model.initialisation import InitFromError, base_model_id, load_base_weights, model_config, open_base
 from hf_pretrain.model.llama import build_model
+from hf_pretrain.object_store.location import Location
 from hf_pretrain.preflight.init_from import check_init_from
 from tests.helpers import OUTSIDE_CHECKOUT, SHORT_RUN, launch_training, offline_env
 from tests.test_gpu_paths import assert_resumed_exactly, launch_fsdp, train_losses
@@ -60,6 +61,11 @@ HUB_ID = "hf-pretrain-test/tiny-llama"
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 FIRST_LOSS_TOLERANCE = 1e-5
 PRETRAIN_STEPS = 40
+
+
+def init_from_row(recipe):
+    """The doctor's init_from row, handed where the data lives as `run_checks` hands it (the door's `Where`)."""
+    return check_init_from(recipe, data=Location.of(recipe.data.data_dir))
 
 
 def llama_tokenizer(texts: list[str]) -> PreTrainedTokenizerFast:
@@ -177,14 +183,14 @@ def test_prepare_uses_the_base_models_tokenizer_as_it_is(base):
 
 
 def test_the_doctor_passes_the_base_and_its_data(base):
-    (result,) = check_init_from(recipe_for(base))
+    (result,) = init_from_row(recipe_for(base))
     assert result.status == "pass", result
     assert "agrees with the recipe's model keys" in result.reason and "tokenized with its tokenizer" in result.reason
-    assert check_init_from(load_recipe("smoke")) == []  # a run from random weights has no such row
+    assert init_from_row(load_recipe("smoke")) == []  # a run from random weights has no such row
 
 
 def test_data_of_another_tokenizer_is_refused_by_name(base, smoke_data):
-    (result,) = check_init_from(recipe_for(base, data_dir=str(smoke_data)))
+    (result,) = init_from_row(recipe_for(base, data_dir=str(smoke_data)))
     assert result.status == "fail"
     assert f"data_dir {smoke_data} was tokenized with another tokenizer than {base['folder']}'s" in result.reason
     # the fix works when pasted: a prepare into a new folder with the base's tokenizer, then that folder
@@ -194,7 +200,7 @@ def test_data_of_another_tokenizer_is_refused_by_name(base, smoke_data):
 
 
 def test_a_recipe_of_another_shape_is_refused_naming_each_key(base):
-    (result,) = check_init_from(recipe_for(base, num_hidden_layers=4, rope_theta=10000.0, vocab_multiple=64))
+    (result,) = init_from_row(recipe_for(base, num_hidden_layers=4, rope_theta=10000.0, vocab_multiple=64))
     assert result.status == "fail"
     assert "num_hidden_layers 4 in the recipe, 3 in config.json" in result.reason
     assert "rope_theta 10000.0 in the recipe, 50000.0 in config.json" in result.reason
@@ -206,11 +212,11 @@ def test_a_folder_that_is_not_a_llama_is_refused(base, tmp_path):
     other = tmp_path / "gpt2"
     other.mkdir()
     (other / "config.json").write_text(json.dumps({"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"]}))
-    (result,) = check_init_from(recipe_for(base, init_from=str(other)))
+    (result,) = init_from_row(recipe_for(base, init_from=str(other)))
     assert result.status == "fail" and "is a `gpt2` model (GPT2LMHeadModel), not a LlamaForCausalLM" in result.reason
     empty = tmp_path / "empty"
     empty.mkdir()
-    (result,) = check_init_from(recipe_for(base, init_from=str(empty)))
+    (result,) = init_from_row(recipe_for(base, init_from=str(empty)))
     assert result.status == "fail" and "has no config.json" in result.reason
 
 
@@ -228,7 +234,7 @@ def test_init_from_an_export_on_the_data_its_run_trained_on_is_judged_by_the_tok
     """`tokenizer: train` (the recipe of the run that made the export) with the data that run prepared:
     the data's tokenizer is byte for byte the export's, so nothing is refused and nothing is tokenized again."""
     recipe = recipe_for(base, tokenizer="train")  # Recipe.validate used to refuse this
-    (result,) = check_init_from(recipe)
+    (result,) = init_from_row(recipe)
     assert result.status == "pass", result
 
 
@@ -240,7 +246,7 @@ def test_a_local_folder_never_goes_through_the_hub(base, monkeypatch):
     recipe = recipe_for(base)
     model = build_model(model_config(recipe.model, load_tokenizer(base["data"])))
     assert load_base_weights(model, open_base(str(base["folder"]), weights=True)) == len(model.state_dict())
-    assert check_init_from(recipe)[0].status == "pass"
+    assert init_from_row(recipe)[0].status == "pass"
 
 
 def test_a_hub_id_is_read_from_the_cache(base, monkeypatch):
@@ -436,7 +442,7 @@ def damaged_copy(base: dict, tmp_path: Path, what: str) -> Path:
 @pytest.mark.parametrize("what", ["weights", "config"])
 def test_the_doctor_catches_a_cut_weight_file_or_config_naming_it(base, tmp_path, what):
     folder = damaged_copy(base, tmp_path, what)
-    (result,) = check_init_from(recipe_for(base, init_from=str(folder)))
+    (result,) = init_from_row(recipe_for(base, init_from=str(folder)))
     name = "model.safetensors" if what == "weights" else "config.json"
     assert result.status == "fail" and f"{folder / name}" in result.reason, result
     assert "cut short" in result.reason and "again" in result.fix

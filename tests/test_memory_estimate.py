@@ -36,7 +36,7 @@ from hf_pretrain.economics.memory import (
     saved_logits_bytes_per_token,
 )
 from hf_pretrain.machine.run_profile import A_GPU, run_profile
-from hf_pretrain.model.llama import llama_config, recipe_tokenizer_size
+from hf_pretrain.model.llama import llama_config, tokenizer_size_of
 from tests.helpers import on_cpu
 from tests.test_compiled_step import SEQ_LEN, TOKENIZER_SIZE, compiled_step_graphs, recipe_with
 
@@ -203,7 +203,7 @@ def test_at_the_real_micro_batch_the_compiled_graph_saves_exactly_the_formula():
 
     recipe = load_recipe("1b")
     tokens, seq_len = recipe.train.micro_batch_size * recipe.data.seq_len, recipe.data.seq_len
-    size = recipe_tokenizer_size(recipe)
+    size = tokenizer_size_of(recipe.data)
     saved = {}
     for layers in (1, 2):
         config = llama_config(dataclasses.replace(recipe.model, num_hidden_layers=layers), size)
@@ -262,7 +262,7 @@ def test_a_checkpointed_layer_saves_its_activations_less_at_most_its_input(monke
 # ---------------------------------------------------------------------- against the H100
 def estimated_peak(flags: dict) -> tuple[float, Recipe]:
     recipe = load_recipe("1b", flags)
-    estimate = estimate_memory(recipe, recipe_tokenizer_size(recipe), machine=A_GPU)
+    estimate = estimate_memory(recipe, tokenizer_size_of(recipe.data), machine=A_GPU)
     return estimate.peak(recipe.checkpointed_layer_count), recipe
 
 
@@ -329,7 +329,7 @@ def test_the_hand_written_baseline_is_within_the_stated_error_of_its_h100_peaks(
     assert per_layer == pytest.approx(ours + 2 * 2 * recipe.model.hidden_size, rel=GRAPH_RTOL)
     for (micro, accumulation), measured in BASELINE_PEAKS_GIB.items():
         shape = load_recipe("1b", {"micro_batch_size": micro, "global_batch_tokens": micro * accumulation * 2048})
-        estimate = estimate_memory(shape, recipe_tokenizer_size(shape), machine=A_GPU)
+        estimate = estimate_memory(shape, tokenizer_size_of(shape.data), machine=A_GPU)
         tokens = micro * 2048
         baseline = dataclasses.replace(estimate, activations=int(estimate.layers * tokens * per_layer))
         assert baseline.accumulating == (accumulation > 1)

@@ -18,7 +18,7 @@ from torch.utils._pytree import tree_flatten
 
 from hf_pretrain.config import load_recipe
 from hf_pretrain.economics import published
-from hf_pretrain.economics.workload import BACKWARD_POINTWISE, layer_forward_bytes, recipe_shape
+from hf_pretrain.economics.workload import BACKWARD_POINTWISE, layer_forward_bytes, model_shape
 from hf_pretrain.machine.run_profile import Step
 from hf_pretrain.model.llama import build_model, llama_config, train_in_compute_dtype
 from tests.helpers import ROOT
@@ -65,11 +65,11 @@ def test_the_eager_layer_moves_the_bytes_the_model_counts():
     per_token = (eager_step_bytes(2, overrides, batch, seq_len) - eager_step_bytes(1, overrides, batch, seq_len)) / (
         batch * seq_len
     )
-    eager = Step(compiled=False)
-    counted = layer_forward_bytes(recipe_shape(load_recipe("smoke", overrides), 512), eager) * (1 + BACKWARD_POINTWISE)
+    eager, smoke = Step(compiled=False), load_recipe("smoke", overrides)
+    counted = layer_forward_bytes(model_shape(smoke.model, smoke.data, 512), eager) * (1 + BACKWARD_POINTWISE)
     assert counted == pytest.approx(per_token, rel=0.15)
     # and the compiled layer (one kernel per run of pointwise ops) moves far less: why eager is slower
-    compiled = layer_forward_bytes(recipe_shape(load_recipe("smoke", overrides), 512), Step())
+    compiled = layer_forward_bytes(model_shape(smoke.model, smoke.data, 512), Step())
     assert compiled * (1 + BACKWARD_POINTWISE) < 0.4 * per_token
 
 

@@ -16,6 +16,7 @@ from hf_pretrain.economics import performance
 from hf_pretrain.economics.memory import estimate_memory
 from hf_pretrain.economics.planning.gpu_ranking import gpu_row, quality_per_token
 from hf_pretrain.economics.planning.printing import converting_precision
+from hf_pretrain.economics.workload import recipe_workload
 from hf_pretrain.machine import precisions
 from hf_pretrain.machine.gpus import GPU, gpu_named
 from hf_pretrain.machine.precisions import PRECISIONS, precision_named
@@ -69,12 +70,14 @@ def test_a_row_alone_is_priced_like_fp8_by_the_performance_model_and_plan(mxfp8,
     fp8, stand_in = load_recipe("1b", {"mixed_precision": "fp8"}), mxfp8()
     h100, a100 = gpu_named("H100"), gpu_named("A100 80GB SXM")
     assert run_profile(stand_in, machine_with(h100)).precision == "mxfp8"
-    assert performance.modelled_tokens_per_s(stand_in, h100) == performance.modelled_tokens_per_s(fp8, h100)
+    assert performance.modelled_tokens_per_s(recipe_workload(stand_in), h100) == performance.modelled_tokens_per_s(
+        recipe_workload(fp8), h100
+    )
     memory = [dataclasses.replace(estimate_memory(r, 32768), kind=None) for r in (stand_in, fp8)]
     assert memory[0] == memory[1]
     with pytest.raises(ValueError, match="mixed_precision=mxfp8 needs FP8 tensor cores"):
-        performance.modelled_tokens_per_s(stand_in, a100)
-    assert quality_per_token(stand_in) == quality_per_token(fp8) < 1.0
+        performance.modelled_tokens_per_s(recipe_workload(stand_in), a100)
+    assert quality_per_token(run_profile(stand_in, A_GPU).step) == quality_per_token(run_profile(fp8, A_GPU).step) < 1.0
     row = gpu_row(stand_in, a100, 1e9, 1.0)
     assert not row.fits and row.reason == "no MXFP8: compute capability 8.0 (mxfp8 needs 8.9+)"
     monkeypatch.setattr("hf_pretrain.economics.planning.printing.PRECISIONS", precisions.PRECISIONS)

@@ -342,13 +342,26 @@ def test_the_batches_follow_the_weights_then_the_decay_weights_from_the_decay_on
 
 def test_the_mixture_is_a_pure_function_of_seed_step_and_world_size(prepared) -> None:
     """A resume at any step, inside the decay too, and two ranks, read exactly what one run reads."""
-    mixture = build_mixture(prepared, [900, 100], decay_position=64)
+    mixture = build_mixture(prepared.data.sources, [900, 100], decay_position=64, seed=prepared.train.seed)
     one = StepBatchSampler(mixture, 2, 2, 1, 0, seed=5)
     stream = [i for batch in islice(one, 80) for i in batch]  # 40 steps x 4 samples
     for start in (0, 7, 16, 33):  # the decay starts at position 64 = step 16
-        resumed = StepBatchSampler(build_mixture(prepared, [900, 100], 64), 2, 2, 1, 0, seed=5, start_step=start)
+        resumed = StepBatchSampler(
+            build_mixture(prepared.data.sources, [900, 100], 64, seed=prepared.train.seed),
+            2,
+            2,
+            1,
+            0,
+            seed=5,
+            start_step=start,
+        )
         assert [i for batch in islice(resumed, 10) for i in batch] == stream[start * 4 : start * 4 + 20]
-    ranks = [StepBatchSampler(build_mixture(prepared, [900, 100], 64), 2, 1, 2, r, seed=5) for r in (0, 1)]
+    ranks = [
+        StepBatchSampler(
+            build_mixture(prepared.data.sources, [900, 100], 64, seed=prepared.train.seed), 2, 1, 2, r, seed=5
+        )
+        for r in (0, 1)
+    ]
     two = [i for step in zip(*(islice(s, 40) for s in ranks), strict=True) for batch in step for i in batch]
     assert two == stream
 

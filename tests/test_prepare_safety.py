@@ -144,14 +144,14 @@ def test_a_second_prepare_into_a_held_folder_is_refused_by_name_and_touches_noth
 
 def test_a_token_file_that_disagrees_with_its_index_is_refused_by_the_doctor_and_the_loader(tmp_path) -> None:
     from hf_pretrain.data.loader import build_train_loader
-    from hf_pretrain.preflight.data import check_prepared
+    from tests.helpers import prepared_row
 
     recipe = files_recipe(tmp_path / "dd", str(write_jsonl(tmp_path / "a.jsonl", documents=400)))
     prepare(recipe, log=quiet)
     meta = read_meta(recipe.data.data_dir)
     index = Path(recipe.data.data_dir) / (meta["sources"][0]["splits"]["train"]["files"][0]["file"] + ".index")
     index.write_bytes(index.read_bytes()[:-8])  # another run's index: its documents end elsewhere
-    result = check_prepared(recipe)
+    result = prepared_row(recipe)
     assert result.status == "fail" and "00000.ds.index: its last document ending at token" in result.reason
     with pytest.raises(DataMismatchError, match="token file and its index come from different runs"):
         build_train_loader(recipe, rank=0, world_size=1, grad_accum=1, start_step=0)
@@ -351,7 +351,7 @@ def test_a_full_disk_while_tokenizing_is_one_line_with_the_free_space_and_the_re
 
 def test_a_decay_only_source_is_prepared_and_drawn_from_the_decay_on(tmp_path) -> None:
     from hf_pretrain.data.loader import build_mixture
-    from hf_pretrain.preflight.data import check_prepared
+    from tests.helpers import prepared_row
 
     main_corpus = write_jsonl(tmp_path / "main.jsonl", documents=300, seed=1)
     best = write_jsonl(tmp_path / "best.jsonl", documents=300, seed=2)
@@ -362,10 +362,10 @@ def test_a_decay_only_source_is_prepared_and_drawn_from_the_decay_on(tmp_path) -
     result = prepare_cli(tmp_path / "dd", sources)
     assert result.returncode == 0, result.stderr
     recipe = build_recipe({"data": {"sources": sources}}, {**SETTINGS, "data_dir": str(tmp_path / "dd")})
-    assert check_prepared(recipe).status in ("pass", "warn")
+    assert prepared_row(recipe).status in ("pass", "warn")
     meta = read_meta(tmp_path / "dd")
     assert [s["splits"]["train"]["tokens"] > 0 for s in meta["sources"]] == [True, True]
-    mixture = build_mixture(recipe, [100, 100], decay_position=64)
+    mixture = build_mixture(recipe.data.sources, [100, 100], decay_position=64, seed=recipe.train.seed)
     drawn = [mixture(p)[0] for p in range(128)]
     assert set(drawn[:64]) == {0} and drawn[64:].count(1) == 32  # decay: 1 and 1
 

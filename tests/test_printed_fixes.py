@@ -17,8 +17,7 @@ from hf_pretrain.config import parse_recipe_args
 from hf_pretrain.config.recipe_command import recipe_command
 from hf_pretrain.data.prepare_run import prepare
 from hf_pretrain.data.prepared import PREPARE_KEYS
-from hf_pretrain.preflight.data import check_prepared
-from tests.helpers import OUTSIDE_CHECKOUT, ROOT, offline_env
+from tests.helpers import OUTSIDE_CHECKOUT, ROOT, offline_env, prepared_row
 from tests.test_prepare import SETTINGS, corpus  # noqa: F401  (a fixture)
 
 
@@ -55,13 +54,13 @@ def paste(fix: str) -> subprocess.CompletedProcess:
 @pytest.mark.slow
 def test_the_fix_for_unprepared_data_with_a_decay_source_prepares_it_when_pasted(corpus, tmp_path) -> None:  # noqa: F811
     recipe, _ = parse_recipe_args(command_line(tmp_path / "data", decay_sources(corpus)), prog="test", description="")
-    result = check_prepared(recipe)
+    result = prepared_row(recipe)
     assert result.status == "fail" and "not found" in result.reason
     for flag in ("--recipe smoke", "--data_dir", "--sources", "--vocab_size 300", "--val_every 10"):
         assert flag in result.fix, result.fix
     pasted = paste(result.fix)
     assert pasted.returncode == 0, pasted.stdout + pasted.stderr
-    assert check_prepared(recipe).status in ("pass", "warn"), check_prepared(recipe)
+    assert prepared_row(recipe).status in ("pass", "warn"), prepared_row(recipe)
 
 
 @pytest.mark.slow
@@ -70,13 +69,13 @@ def test_the_fix_for_a_folder_of_other_sources_prepares_a_new_one_when_pasted(co
     first, _ = parse_recipe_args(command_line(tmp_path / "data", one_source), prog="test", description="")
     prepare(first, log=lambda _: None)
     recipe, _ = parse_recipe_args(command_line(tmp_path / "data", decay_sources(corpus)), prog="test", description="")
-    result = check_prepared(recipe)
+    result = prepared_row(recipe)
     assert result.status == "fail" and "sources expected" in result.reason, result
     new = re.search(r"give this command `--data_dir (\S+)`", result.fix).group(1)
     pasted = paste(result.fix)
     assert pasted.returncode == 0, pasted.stdout + pasted.stderr
     moved, _ = parse_recipe_args(command_line(Path(new), decay_sources(corpus)), prog="test", description="")
-    assert check_prepared(moved).status in ("pass", "warn")
+    assert prepared_row(moved).status in ("pass", "warn")
 
 
 def test_the_command_names_the_recipe_file_the_process_was_started_with(corpus, tmp_path, monkeypatch) -> None:  # noqa: F811

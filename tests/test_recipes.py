@@ -7,7 +7,7 @@ import torch
 
 from hf_pretrain.config import RECIPES_DIR, load_recipe
 from hf_pretrain.model.attention import CAUSAL_SDPA
-from hf_pretrain.model.llama import build_model, count_parameters, flops_per_token, llama_config, recipe_tokenizer_size
+from hf_pretrain.model.llama import build_model, count_parameters, flops_per_token, llama_config, tokenizer_size_of
 
 RECIPES = sorted(p.stem for p in RECIPES_DIR.glob("*.yaml"))
 
@@ -19,7 +19,7 @@ def test_the_promised_recipes_ship():
 @pytest.mark.parametrize("name", RECIPES)
 def test_recipe_builds_at_its_claimed_size(name):
     recipe = load_recipe(name)
-    config = llama_config(recipe.model, recipe_tokenizer_size(recipe))
+    config = llama_config(recipe.model, tokenizer_size_of(recipe.data))
     model = build_model(config, device="meta")
     n_params = count_parameters(model)
     assert recipe.model.expected_params > 0, f"{name} claims no parameter count"
@@ -49,20 +49,20 @@ def test_1b_is_the_published_architecture():
     assert (m.num_hidden_layers, m.hidden_size, m.intermediate_size) == (16, 2048, 8192)
     assert (m.num_attention_heads, m.num_key_value_heads, m.rope_theta) == (32, 8, 500000.0)
     assert m.tie_word_embeddings and d.seq_len == 2048
-    assert recipe_tokenizer_size(recipe) == 32002  # 32,000 BPE tokens + ChatML's two markers
+    assert tokenizer_size_of(recipe.data) == 32002  # 32,000 BPE tokens + ChatML's two markers
     assert d.special_tokens == ["<|im_start|>", "<|im_end|>"]  # one chat convention, not two
     assert t.global_batch_tokens == 131072 and recipe.grad_accum_steps(1) == 8
     assert t.max_steps == 90000 and recipe.compute.compile and not recipe.compute.gradient_checkpointing
     assert recipe.compute.mixed_precision == "bf16"
     weights = {s.name: s.weight for s in d.sources}
     assert sorted(weights.values()) == [0.04, 0.11, 0.85]
-    n = count_parameters(build_model(llama_config(m, recipe_tokenizer_size(recipe)), device="meta"))
+    n = count_parameters(build_model(llama_config(m, tokenizer_size_of(recipe.data)), device="meta"))
     assert 1.03e9 <= n <= 1.05e9
 
 
 def test_flops_per_token_is_six_n_plus_attention():
     recipe = load_recipe("1b")
-    config = llama_config(recipe.model, recipe_tokenizer_size(recipe))
+    config = llama_config(recipe.model, tokenizer_size_of(recipe.data))
     n = 1_000_000_000
     assert flops_per_token(config, n, 2048) == 6 * n + 12 * 16 * 2048 * 2048
 

@@ -246,13 +246,13 @@ def test_a_truncated_tokenizer_fails_the_data_check_naming_the_file(tmp_path, sm
     import shutil
 
     from hf_pretrain import train
-    from hf_pretrain.preflight.data import check_prepared
+    from tests.helpers import prepared_row
 
     data = tmp_path / "data"
     shutil.copytree(smoke_data, data)
     tokenizer = data / "tokenizer" / "tokenizer.json"
     tokenizer.write_bytes(tokenizer.read_bytes()[:5000])
-    result = check_prepared(load_recipe("smoke", {"data_dir": str(data)}))
+    result = prepared_row(load_recipe("smoke", {"data_dir": str(data)}))
     assert result.status == "fail" and f"{tokenizer} cannot be read" in result.reason and "truncated" in result.reason
     assert f"delete {data} and prepare it again" in result.fix
     run = tmp_path / "run"
@@ -265,16 +265,19 @@ def test_a_truncated_tokenizer_fails_the_data_check_naming_the_file(tmp_path, sm
 def test_a_batch_that_does_not_split_names_the_values_that_do():
     from hf_pretrain.preflight.data import check_batch_split
 
-    smoke = check_batch_split(load_recipe("smoke"), 3)  # 32 sequences of 128, micro-batches of 16
+    def split(recipe, world_size):
+        return check_batch_split(recipe.train, world_size, seq_len=recipe.data.seq_len)
+
+    smoke = split(load_recipe("smoke"), 3)  # 32 sequences of 128, micro-batches of 16
     assert smoke.status == "fail" and "no micro_batch_size splits 32 sequences over 3 processes" in smoke.fix
     assert "--global_batch_tokens 6144" in smoke.fix and "keep this batch on 1 or 2 process(es)" in smoke.fix
-    big = check_batch_split(load_recipe("1b"), 16)  # 64 sequences of 2048: 4 per process
+    big = split(load_recipe("1b"), 16)  # 64 sequences of 2048: 4 per process
     assert "--micro_batch_size 4, 2 or 1 (4 sequences per process)" in big.fix
     assert "--global_batch_tokens 262144" in big.fix and "1, 2, 4 or 8 process(es)" in big.fix
     for fix, world in ((smoke.fix, 3), (big.fix, 16)):  # every value named does split
         for tokens in [int(t) for t in fix.split("--global_batch_tokens ")[1].split(" (")[0].split(" or ")]:
             recipe = load_recipe("smoke" if world == 3 else "1b", {"global_batch_tokens": tokens})
-            assert check_batch_split(recipe, world).status == "pass"
+            assert split(recipe, world).status == "pass"
 
 
 @pytest.mark.parametrize("missing", ["tokenizer.json", "config.json"])

@@ -164,8 +164,8 @@ def test_eval_batches_is_refused_naming_eval_tokens_which_replaced_it(tmp_path, 
 
 
 def test_the_doctor_says_when_the_validation_split_is_smaller_than_eval_tokens(smoke_data):
-    from hf_pretrain.preflight.data import check_prepared
+    from tests.helpers import prepared_row
 
-    assert check_prepared(load_recipe("smoke", {"data_dir": str(smoke_data)})).status == "pass"
-    result = check_prepared(load_recipe("smoke", {"data_dir": str(smoke_data), "eval_tokens": 10**7}))
+    assert prepared_row(load_recipe("smoke", {"data_dir": str(smoke_data)})).status == "pass"
+    result = prepared_row(load_recipe("smoke", {"data_dir": str(smoke_data), "eval_tokens": 10**7}))
     assert result.status == "warn" and "eval_tokens=10,000,000 asks for more" in result.reason

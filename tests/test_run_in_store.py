@@ -479,7 +479,7 @@ def test_a_runs_half_uploads_are_removed_at_its_next_start_and_no_one_elses(s3_b
     from hf_pretrain.run_store import run_sync
 
     monkeypatch.setattr(run_sync, "pull_run", lambda *a, **k: None)  # what the store holds is not a real run
-    run = RunInStore.begin(recipe, say=said.append)
+    run = RunInStore.begin(recipe.train.output_dir, recipe.store, recipe.checkpoints, say=said.append)
     try:
         left = {int(p.rstrip("/")[-8:]) for p in fs.ls(f"{url}/checkpoints", detail=False)}
         assert left == {4, 12, 16, 20}, said

@@ -30,13 +30,21 @@ from hf_pretrain.economics.forecast import fit_loss_curve, forecast_fields, goin
 from hf_pretrain.economics.planning import plan_command, scaling_laws
 from hf_pretrain.exit_codes import EXIT_CONFIG
 from hf_pretrain.optim.build import Cooldown, Schedule
-from hf_pretrain.preflight.data import check_data_budget
 from hf_pretrain.publish.model_card import _how_it_ended
 from hf_pretrain.run_commands.stop_command import main as stop_main
 from hf_pretrain.run_folder.run_dir import RunDir, read_jsonl
 from hf_pretrain.run_folder.stop_request import read_stop_request, request_stop
 from hf_pretrain.training.state import TrainState
-from tests.helpers import OUTSIDE_CHECKOUT, SHORT_RUN, FakeLog, guards_of, launch_command, launch_training, offline_env
+from tests.helpers import (
+    OUTSIDE_CHECKOUT,
+    SHORT_RUN,
+    FakeLog,
+    data_budget_row,
+    guards_of,
+    launch_command,
+    launch_training,
+    offline_env,
+)
 
 
 def train_config(**overrides):
@@ -379,9 +387,9 @@ def test_plan_run_fits_the_branch_that_went_on_after_a_stop_and_a_refusal_names_
 
 # ---------------------------------------------------------------------- data budget
 def test_the_doctor_counts_epochs_when_the_plan_outgrows_the_data(smoke_data, tmp_path):
-    fits = check_data_budget(load_recipe("smoke", {"data_dir": str(smoke_data)}))
+    fits = data_budget_row(load_recipe("smoke", {"data_dir": str(smoke_data)}))
     assert fits.status == "pass" and "0.83 epochs" in fits.reason
-    repeats = check_data_budget(load_recipe("smoke", {"data_dir": str(smoke_data), "max_steps": 1000}))
+    repeats = data_budget_row(load_recipe("smoke", {"data_dir": str(smoke_data), "max_steps": 1000}))
     assert repeats.status == "warn" and "3.33 epochs" in repeats.reason and "logged" in repeats.reason
 
 
@@ -397,7 +405,7 @@ def validation_loss(model_dir: Path, data_dir: Path, samples: int = 64) -> float
     from hf_pretrain.data.loader import PackedDataset
     from hf_pretrain.data.prepared import read_meta, shard_paths
 
-    meta = read_meta(data_dir, "smoke")
+    meta = read_meta(data_dir)
     dataset = PackedDataset(shard_paths(data_dir, meta, "validation"), 128, meta["dtype"])
     tokens = torch.stack([dataset[i] for i in range(min(samples, len(dataset)))])
     model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
@@ -564,11 +572,11 @@ def test_a_key_added_since_the_checkpoint_counts_as_its_default_not_as_a_change(
     # as checkpoints wrote them before the recipe had sections: every run key under `train`
     saved = {"model": keys.pop("model"), "data": keys.pop("data")}
     saved["train"] = {name: value for section in keys.values() for name, value in section.items()}
-    assert changed_math_keys({"math_keys": saved}, recipe) == {}
+    assert changed_math_keys({"math_keys": saved}, math_keys(recipe)) == {}
     del saved["train"]["chunked_loss"], saved["train"]["fp8_recipe"]
-    assert changed_math_keys({"math_keys": saved}, recipe) == {}
+    assert changed_math_keys({"math_keys": saved}, math_keys(recipe)) == {}
     chunked = build_recipe(recipe.to_dict(), {"chunked_loss": True})
-    assert changed_math_keys({"math_keys": saved}, chunked) == {"chunked_loss": (False, True)}
+    assert changed_math_keys({"math_keys": saved}, math_keys(chunked)) == {"chunked_loss": (False, True)}
 
 
 def _folder_snapshot(folder: Path) -> dict[str, tuple[int, int]]:

@@ -19,7 +19,7 @@ import pytest
 
 from hf_pretrain.config import RECIPES_DIR, load_recipe
 from hf_pretrain.machine.gpus import find_gpu, gpu_table
-from hf_pretrain.model.llama import recipe_flops_per_token
+from hf_pretrain.model.llama import model_flops_per_token
 from tests.helpers import ROOT
 
 # every way the table lets a GPU be named (its names and their match words), the longest first
@@ -102,7 +102,7 @@ def gpu_recipes() -> dict[str, object]:
 def stated_claims() -> list[tuple[Claim, float]]:
     """Every claim with the FLOPs per token it is held to."""
     recipes = gpu_recipes()
-    flops = {name: recipe_flops_per_token(r)[1] for name, r in recipes.items()}
+    flops = {name: model_flops_per_token(r.model, r.data)[1] for name, r in recipes.items()}
     lenient = min(flops.values())
     step_tokens = min(r.train.global_batch_tokens for r in recipes.values())
     out = []

@@ -258,7 +258,7 @@ def test_the_next_start_uploads_every_missing_step_and_final_first(s3_bucket, s3
     url = f"{s3_bucket}/run"
     argv = ["--recipe", "smoke", "--output_dir", url, "--data_dir", str(tmp_path)]
     recipe, _ = parse_recipe_args(argv, prog="test", description="")
-    local = working_copy(recipe)
+    local = working_copy(recipe.train.output_dir, recipe.store.cache_dir)
     for step in (4, 8, 12):
         fake_checkpoint(local, step)
     (local / "final").mkdir()
@@ -268,7 +268,7 @@ def test_the_next_start_uploads_every_missing_step_and_final_first(s3_bucket, s3
     fs, parsed = store_of(url)
     fs.pipe_file(f"{parsed.path}/run.json", b'{"run_id": "earlier"}')  # the session that trained it wrote this
     said: list[str] = []
-    store = RunInStore.begin(recipe, say=said.append)
+    store = RunInStore.begin(recipe.train.output_dir, recipe.store, recipe.checkpoints, say=said.append)
     store.wait()
     assert store.behind() is None
     store.close()
@@ -386,7 +386,7 @@ def test_a_machine_that_lost_its_lease_stops_writing_the_store(s3_bucket, s3_ser
     url = f"{s3_bucket}/run"
     argv = ["--recipe", "smoke", "--output_dir", url, "--data_dir", str(tmp_path), "--store_wait_s", "600"]
     recipe, _ = parse_recipe_args(argv, prog="test", description="")
-    store = RunInStore.begin(recipe, say=lambda line: None)
+    store = RunInStore.begin(recipe.train.output_dir, recipe.store, recipe.checkpoints, say=lambda line: None)
     fs, parsed = store_of(url)
     theirs = {
         "host": "other",
@@ -691,10 +691,10 @@ def test_a_run_deleted_from_the_store_starts_fresh_not_from_the_hidden_copy(
     url = f"{s3_bucket}/run"
     argv = ["--recipe", "smoke", "--output_dir", url, "--data_dir", str(tmp_path)]
     recipe, _ = parse_recipe_args(argv, prog="test", description="")
-    local = working_copy(recipe)
+    local = working_copy(recipe.train.output_dir, recipe.store.cache_dir)
     fake_checkpoint(local, 6)  # this machine trained the run once; then the run was deleted from the store
     said: list[str] = []
-    store = RunInStore.begin(recipe, say=said.append)
+    store = RunInStore.begin(recipe.train.output_dir, recipe.store, recipe.checkpoints, say=said.append)
     store.close()
     assert not (local / "checkpoints").exists()
     assert list(local.parent.glob("run.set-aside-*/checkpoints/step_00000006"))
@@ -709,7 +709,9 @@ def test_the_doctors_bench_command_names_the_run_url_not_its_copy(tmp_path, monk
     monkeypatch.setenv("HF_PRETRAIN_HOME", str(tmp_path / "home"))
     argv = ["--recipe", "smoke", "--output_dir", "s3://bkt/runs/x"]
     recipe, _ = parse_recipe_args(argv, prog="test", description="")
-    checked = recipe.replace(output_dir=str(working_copy(recipe)))  # what the doctor's checks see
+    checked = recipe.replace(
+        output_dir=str(working_copy(recipe.train.output_dir, recipe.store.cache_dir))
+    )  # what the doctor's checks see
     command = bench_command(checked)
     assert "--output_dir s3://bkt/runs/x" in command and str(tmp_path / "home") not in command, command
 

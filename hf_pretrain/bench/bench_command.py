@@ -128,7 +128,7 @@ def quality_request(recipe: Recipe, args: argparse.Namespace) -> QualityRequest:
         ) from None
     return QualityRequest(
         recipe=recipe,
-        shipped=shipped_recipe(recipe),
+        shipped=shipped_recipe(recipe.name),
         output=Path(args.output or f"runs/bench-quality-{recipe.name}"),
         variants=variant_grid(args.variants),
         seeds=seeds,

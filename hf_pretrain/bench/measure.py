@@ -10,9 +10,9 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from hf_pretrain.config import Recipe
 from hf_pretrain.economics.cost import dollars_per_billion_tokens
 from hf_pretrain.economics.performance import modelled_tokens_per_s
+from hf_pretrain.economics.workload import Workload
 from hf_pretrain.machine.gpus import GPU, find_gpu
 
 if TYPE_CHECKING:
@@ -111,26 +111,26 @@ def add_mfu(result: VariantResult, datasheet_peak: float | None, measured_peak: 
 
 
 def estimated_rates(
-    recipe: Recipe, measured_tokens_per_s: float, this_gpu: GPU, names: list[str]
+    work: Workload, measured_tokens_per_s: float, this_gpu: GPU, names: list[str]
 ) -> tuple[float, dict[str, float]]:
     """(measured / modelled on this GPU, {price entry: tokens/s}) for the GPUs of the table among `names`
-    other than this one: the performance model's figure for each, scaled by this card's ratio. Estimates:
-    only this card was measured."""
-    ratio = measured_tokens_per_s / modelled_tokens_per_s(recipe, this_gpu)
+    other than this one: the performance model's figure of `work` for each, scaled by this card's ratio.
+    Estimates: only this card was measured."""
+    ratio = measured_tokens_per_s / modelled_tokens_per_s(work, this_gpu)
     rates = {}
     for name in names:
         gpu = find_gpu(name)
         if gpu is not None and gpu.name != this_gpu.name:
-            rates[name] = modelled_tokens_per_s(recipe, gpu) * ratio
+            rates[name] = modelled_tokens_per_s(work, gpu) * ratio
     return ratio, rates
 
 
 def add_money(
-    result: VariantResult, recipe: Recipe, this_gpu: GPU | None, price_entry: str | None, prices: dict[str, float]
+    result: VariantResult, work: Workload, this_gpu: GPU | None, price_entry: str | None, prices: dict[str, float]
 ) -> None:
     """$ per billion tokens: measured for this GPU's price entry only; for the table's other GPUs, the
-    model's estimate scaled by what this card measured against its own model. A CPU, or a GPU the table
-    does not know, prices nothing it did not run on."""
+    model's estimate for the variant's workload (`work`) scaled by what this card measured against its own
+    model. A CPU, or a GPU the table does not know, prices nothing it did not run on."""
     if result.tokens_per_s is None:
         return
     if price_entry is not None:
@@ -139,7 +139,7 @@ def add_money(
         }
     if this_gpu is not None:
         others = [name for name in prices if name != price_entry]
-        result.measured_to_modelled, rates = estimated_rates(recipe, result.tokens_per_s, this_gpu, others)
+        result.measured_to_modelled, rates = estimated_rates(work, result.tokens_per_s, this_gpu, others)
         result.usd_per_billion_tokens_estimated = {
             name: dollars_per_billion_tokens(rate, prices[name]) for name, rate in rates.items()
         }

@@ -265,8 +265,9 @@ def run_quality(request: QualityRequest, say: Say = print) -> dict[str, Any]:
     return result
 
 
-def shipped_recipe(recipe: Recipe) -> Recipe | None:
+def shipped_recipe(name: str) -> Recipe | None:
+    """The shipped recipe of that name, to compare a user's with."""
     try:
-        return load_recipe(recipe.name)
+        return load_recipe(name)
     except Exception:  # a recipe file of the user's: nothing shipped to compare with
         return None

@@ -6,23 +6,24 @@ from typing import Any
 
 from hf_pretrain.bench.search import SearchResult
 from hf_pretrain.bench.variants import VariantResult, recipe_value
-from hf_pretrain.config import Recipe
 from hf_pretrain.formatting import formatted, human_count
+from hf_pretrain.machine.run_profile import Step
 
 # A variant must beat the recipe by more than this to count as speed left on the table: short
 # runs on a busy machine wobble by a few percent.
 SPEEDUP_THRESHOLD = 0.03
 
 
-def advice(recipe: Recipe, variants: list[VariantResult], search: SearchResult | None) -> tuple[bool, list[str]]:
-    """(does the recipe leave speed on the table, what to change)."""
+def advice(variants: list[VariantResult], search: SearchResult | None, written: Step) -> tuple[bool, list[str]]:
+    """(does the recipe leave speed on the table, what to change); `written`: the recipe's step as written
+    (its micro-batch and checkpointed layers)."""
     base = variants[0]
     notes: list[str] = []
     if base.tokens_per_s is None:
         first_line = base.message.splitlines()[0] if base.message else ""
         return False, [f"the recipe as written did not run ({base.status}): {first_line}"]
     left_on_table = False
-    mb, checkpointing = recipe.train.micro_batch_size, recipe.checkpointed_layer_count > 0
+    mb, checkpointing = written.micro_batch_size, written.checkpointed_layers > 0
     if search and search.largest_fitting:
         if checkpointing and search.largest_fitting >= mb:
             left_on_table = True

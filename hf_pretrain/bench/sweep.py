@@ -22,12 +22,13 @@ from hf_pretrain.bench.variants import VariantResult, VariantRunner, is_recipe_a
 from hf_pretrain.config import Recipe, build_recipe
 from hf_pretrain.data.prepare_run import prepare
 from hf_pretrain.data.prepared import DataMismatchError, check_prepared_data
-from hf_pretrain.economics.measurements import record_measurement
+from hf_pretrain.economics.measurements import configuration, record_measurement
 from hf_pretrain.economics.performance import modelled_tokens_per_s, slow_node_warning
+from hf_pretrain.economics.workload import recipe_workload
 from hf_pretrain.machine.gpus import best_match, find_gpu
 from hf_pretrain.machine.hardware import device_name
-from hf_pretrain.machine.run_profile import Machine, device_kind, this_machine
-from hf_pretrain.model.llama import recipe_flops_per_token
+from hf_pretrain.machine.run_profile import Machine, device_kind, run_profile, this_machine
+from hf_pretrain.model.llama import model_flops_per_token
 
 Say = Callable[[str], None]
 
@@ -110,7 +111,7 @@ def bench_result(
     name = device_name(device)
     matmul = measured_matmul_peak(device)
     datasheet = machine.peak_flops
-    n_params, per_token = recipe_flops_per_token(recipe)
+    n_params, per_token = model_flops_per_token(recipe.model, recipe.data)
     # only a GPU the table knows has a modelled figure to scale the others' by; a CPU prices no GPU
     gpu = find_gpu(name) if device.type == "cuda" else None
     price_entry = best_match(name, request.prices) if device.type == "cuda" else None
@@ -120,14 +121,17 @@ def bench_result(
         if variant.tokens_per_s is None:
             continue
         configured = variant_recipe(recipe, variant)
-        add_money(variant, configured, gpu, price_entry, request.prices)
+        add_money(variant, recipe_workload(configured), gpu, price_entry, request.prices)
         if variants[0].tokens_per_s:
             variant.speedup_vs_recipe = variant.tokens_per_s / variants[0].tokens_per_s - 1
-        record_measurement(configured, recorded_on, variant.tokens_per_s, variant.peak_memory_gib, "bench")
-    left_on_table, notes = advice(recipe, variants, search)
+        record_measurement(
+            configuration(configured), recorded_on, variant.tokens_per_s, variant.peak_memory_gib, "bench"
+        )
+    left_on_table, notes = advice(variants, search, run_profile(recipe, machine).step)
     # the recipe as written against the performance model for this GPU: a slow or faulty node shows here
-    modelled = modelled_tokens_per_s(recipe, gpu) if gpu else None
-    slow_node = slow_node_warning(variants[0].tokens_per_s or 0.0, name, recipe) if gpu else None
+    work = recipe_workload(recipe) if gpu else None
+    modelled = modelled_tokens_per_s(work, gpu) if work else None
+    slow_node = slow_node_warning(variants[0].tokens_per_s or 0.0, name, work) if work else None
     if slow_node:
         notes.append(f"warning: {slow_node}")
     return {

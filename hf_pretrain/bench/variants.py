@@ -28,7 +28,7 @@ from hf_pretrain.economics.measurements import RECORD_ENV, timed_throughput
 from hf_pretrain.formatting import formatted
 from hf_pretrain.machine.hardware import peak_memory_gib
 from hf_pretrain.machine.run_profile import device_kind
-from hf_pretrain.model.llama import recipe_flops_per_token
+from hf_pretrain.model.llama import model_flops_per_token
 from hf_pretrain.preflight.checks import MEMORY_PROBE_ENV
 from hf_pretrain.run_folder.run_dir import RunDir, read_jsonl
 
@@ -269,7 +269,7 @@ class VariantRunner:
         else:
             self.say(f"variant {index}: {variant_name(overrides)}")
             result = measure_variant(variant, overrides, folder, self.warmup)
-            result.flops_per_token = recipe_flops_per_token(variant)[1]
+            result.flops_per_token = model_flops_per_token(variant.model, variant.data)[1]
             if result.status in ("ok", "oom"):
                 self.say(
                     f"  {result.status}: {formatted(result.tokens_per_s, ',.0f')} tokens/s, "

@@ -12,20 +12,20 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from hf_pretrain.check.figures import Report
-from hf_pretrain.config import Recipe
-from hf_pretrain.economics.check_records import recipe_attention_shape
-from hf_pretrain.machine.run_profile import Machine, run_profile
+from hf_pretrain.config import ModelConfig
+from hf_pretrain.economics.check_records import model_attention_shape
+from hf_pretrain.machine.run_profile import Machine, Step
 from hf_pretrain.model.attention import BACKENDS
 
 CPU_LIMITS = (2, 256)  # micro-batch and tokens on a CPU: a shape the CPU times in a second
 
 
-def attention_inputs(recipe: Recipe, machine: Machine, device: torch.device):
-    m = recipe.model
-    batch, tokens = recipe.train.micro_batch_size, recipe.data.seq_len
+def attention_inputs(m: ModelConfig, step: Step, seq_len: int, device: torch.device):
+    """Query, key and value of the model's attention for one of the step's micro-batches, in its dtype."""
+    batch, tokens = step.micro_batch_size, seq_len
     if device.type != "cuda":
         batch, tokens = min(batch, CPU_LIMITS[0]), min(tokens, CPU_LIMITS[1])
-    dtype = getattr(torch, run_profile(recipe, machine).step.precision_facts.autocast or "float32")  # fp8's: bf16
+    dtype = getattr(torch, step.precision_facts.autocast or "float32")  # fp8's: bf16
     head_dim = m.hidden_size // m.num_attention_heads
 
     def tensor(heads: int) -> torch.Tensor:
@@ -75,13 +75,14 @@ def time_kernels(q, k, v, names: list[str], limit_s: float, report: Report) -> d
     return timed
 
 
-def measure(recipe: Recipe, report: Report, limit_s: float, machine: Machine) -> None:
+def measure(m: ModelConfig, step: Step, report: Report, limit_s: float, machine: Machine, *, seq_len: int) -> None:
     """Which kernel torch picks, then each kernel timed once under its own name (torch's pick is one of
-    them, marked: never timed again as "default", which once read 80 ms beside its own 132 ms), the fastest."""
+    them, marked: never timed again as "default", which once read 80 ms beside its own 132 ms), the fastest.
+    `step`: the run's on `machine` (its micro-batch and precision); `seq_len`, the data section's."""
     cuda = machine.on_gpu
     device = torch.device("cuda" if cuda else "cpu")
-    q, k, v = attention_inputs(recipe, machine, device)
-    shape = recipe_attention_shape(recipe)
+    q, k, v = attention_inputs(m, step, seq_len, device)
+    shape = model_attention_shape(m, seq_len)
     batch, tokens = q.shape[0], q.shape[2]
     flops = 4 * batch * q.shape[1] * tokens * tokens * q.shape[3] / 2 * 3.5  # causal: fwd 2 matmuls, bwd 2.5x
     picked = SDPBackend(torch._fused_sdp_choice(q, k, v, is_causal=True, enable_gqa=True)).name

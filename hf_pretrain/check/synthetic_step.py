@@ -18,18 +18,16 @@ import torch
 
 from hf_pretrain.bench.variants import DeviceMemory, is_out_of_memory, variant_name
 from hf_pretrain.check.figures import Report
-from hf_pretrain.config import Recipe
-from hf_pretrain.machine.run_profile import Machine
+from hf_pretrain.config import ModelConfig, Recipe
+from hf_pretrain.machine.run_profile import Machine, RunProfile
 
 
-def synthetic_batches(recipe: Recipe, count: int = 4):
-    """Endless micro-batches of random token ids (`micro_batch_size` x `seq_len + 1`, the loader's shape)."""
-    from hf_pretrain.model.llama import llama_config, recipe_tokenizer_size
-
-    vocab = llama_config(recipe.model, recipe_tokenizer_size(recipe)).vocab_size
-    generator = torch.Generator().manual_seed(recipe.train.seed)
-    shape = (recipe.train.micro_batch_size, recipe.data.seq_len + 1)
-    batches = [torch.randint(0, vocab, shape, generator=generator) for _ in range(count)]
+def synthetic_batches(vocab_rows: int, micro_batch_size: int, seq_len: int, *, seed: int, count: int = 4):
+    """Endless micro-batches of random token ids below `vocab_rows` (`micro_batch_size` x `seq_len + 1`, the
+    loader's shape)."""
+    generator = torch.Generator().manual_seed(seed)
+    shape = (micro_batch_size, seq_len + 1)
+    batches = [torch.randint(0, vocab_rows, shape, generator=generator) for _ in range(count)]
     return itertools.cycle(batches)
 
 
@@ -39,7 +37,7 @@ def built_step(recipe: Recipe, machine: Machine):
 
     from hf_pretrain.machine.run_profile import run_profile
     from hf_pretrain.model.fp8 import fp8_handlers
-    from hf_pretrain.model.llama import llama_config, recipe_tokenizer_size
+    from hf_pretrain.model.llama import llama_config, tokenizer_size_of
     from hf_pretrain.training.compiling import dynamo_plugin
     from hf_pretrain.training.loop import model_and_optimizer
     from hf_pretrain.training.step import TrainStep
@@ -56,13 +54,15 @@ def built_step(recipe: Recipe, machine: Machine):
     if profile.machine.on_gpu and recipe.compute.tf32:
         torch.backends.cuda.matmul.allow_tf32 = True
     torch.manual_seed(recipe.train.seed)
-    config = llama_config(recipe.model, recipe_tokenizer_size(recipe))
+    config = llama_config(recipe.model, tokenizer_size_of(recipe.data))
     model, optimizer, _ = model_and_optimizer(recipe, profile, config, accelerator, starts=False)
     step = TrainStep(
         accelerator,
         model,
         optimizer,
-        synthetic_batches(recipe),
+        synthetic_batches(
+            config.vocab_size, recipe.train.micro_batch_size, recipe.data.seq_len, seed=recipe.train.seed
+        ),
         recipe.optim,
         grad_accum,
         lambda _: recipe.optim.learning_rate,
@@ -72,10 +72,12 @@ def built_step(recipe: Recipe, machine: Machine):
 
 def measure(recipe: Recipe, overrides: dict, report: Report, steps: int, warmup: int, machine: Machine) -> None:
     """Time `steps` optimizer steps of `recipe` after `warmup` (the first holds the compile) on `machine`."""
+    from hf_pretrain.economics.check_records import complete_profile
+
     name = variant_name(overrides)
     device = torch.device(machine.kind)
     memory = DeviceMemory(device)
-    refused = kernel_refused(recipe, machine)
+    refused = kernel_refused(recipe.model, complete_profile(recipe, machine))
     if refused:  # the doctor's refusal: a kernel this card lacks would run math behind it, timed as itself
         report.skip(name, f"refused: {refused}")
         return
@@ -114,12 +116,12 @@ def measure(recipe: Recipe, overrides: dict, report: Report, steps: int, warmup:
             )
 
 
-def kernel_refused(recipe: Recipe, machine: Machine) -> str | None:
-    """The doctor's line when the recipe names an SDPA kernel this device lacks (preflight/sdpa_kernel.py)."""
-    from hf_pretrain.economics.check_records import complete_profile
+def kernel_refused(model: ModelConfig, profile: RunProfile) -> str | None:
+    """The doctor's line when the run (`profile`: its SDPA kernel resolved) names a kernel its device lacks
+    (preflight/sdpa_kernel.py)."""
     from hf_pretrain.preflight.sdpa_kernel import check_attention_backend
 
-    verdict = check_attention_backend(recipe.model, complete_profile(recipe, machine))
+    verdict = check_attention_backend(model, profile)
     return verdict.reason if verdict.status == "fail" else None
 
 

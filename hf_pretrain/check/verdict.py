@@ -12,19 +12,19 @@ from hf_pretrain.check.figures import Figure
 from hf_pretrain.config import Recipe
 from hf_pretrain.economics.check_records import earlier_figure
 from hf_pretrain.economics.cost import dollars_per_billion_tokens
-from hf_pretrain.economics.measurements import recorded_measurement
+from hf_pretrain.economics.measurements import Configuration, configuration, recorded_measurement
 from hf_pretrain.economics.performance import SLOW_NODE_FRACTION, slow_node_warning
 from hf_pretrain.economics.planning.gpu_ranking import gpu_prices, ranked_rows
+from hf_pretrain.economics.workload import Workload, recipe_workload
 from hf_pretrain.machine.gpus import find_gpu
-from hf_pretrain.model.llama import recipe_flops_per_token
+from hf_pretrain.model.llama import model_flops_per_token
 
 RECIPE_AS_WRITTEN = "recipe as written"
 
 
-def add_mfu(recipe: Recipe, figures: list[Figure]) -> None:
-    """MFU of each step figure: of the datasheet's bf16 peak on a GPU the table knows, else (a CPU) of the
-    matmul rate the check measured."""
-    per_token = recipe_flops_per_token(recipe)[1]
+def add_mfu(per_token: float, figures: list[Figure]) -> None:
+    """MFU of each step figure (of a model of `per_token` training FLOPs a token): of the datasheet's bf16
+    peak on a GPU the table knows, else (a CPU) of the matmul rate the check measured."""
     matmul = next((f for f in figures if f.part == "matmul" and f.name in ("bfloat16", "float32") and f.value), None)
     for figure in figures:
         if figure.part != "step" or not figure.value:
@@ -65,15 +65,19 @@ def plan_best(recipe: Recipe) -> tuple[list, str]:
     return rows, f"{best.gpu} at ${best.usd_per_billion_tokens:,.2f} per billion tokens ({how})"
 
 
-def slow_node_lines(recipe: Recipe, device: str, figures: list[Figure], step: Figure | None) -> list[str]:
+def slow_node_lines(
+    device: str, figures: list[Figure], step: Figure | None, *, work: Workload, wanted: Configuration
+) -> list[str]:
+    """Why this pod looks slow or faulty: the recipe's step (`step`) under the performance model's rate for
+    `work` or under what the `wanted` configuration measured before; the bf16 matmul under its kind's."""
     gpu = find_gpu(device)
     name = gpu.name if gpu else device
     lines = []
     if step is not None:
-        modelled = slow_node_warning(step.value, device, recipe)
+        modelled = slow_node_warning(step.value, device, work)
         if modelled:
             lines.append(modelled)
-        recorded = recorded_measurement(recipe, device)
+        recorded = recorded_measurement(wanted, device)
         if recorded and step.value < SLOW_NODE_FRACTION * recorded.tokens_per_s:
             lines.append(
                 f"likely a slow or faulty node: {step.value:,.0f} tokens/s, "
@@ -112,7 +116,7 @@ def faulty_lines(figures: list) -> list[str]:
 
 def verdict(recipe: Recipe, figures: list[Figure]) -> list[str]:
     """The verdict's lines (figures' MFU added)."""
-    add_mfu(recipe, figures)
+    add_mfu(model_flops_per_token(recipe.model, recipe.data)[1], figures)
     rows, best_text = plan_best(recipe)
     device = next((f.device for f in figures if f.device), None)
     steps = [f for f in figures if f.part == "step" and f.value]
@@ -141,5 +145,6 @@ def verdict(recipe: Recipe, figures: list[Figure]) -> list[str]:
         )
         lines.append(f"ranks {rank} of {len(rows)} in plan's table; plan's best: {best_text}")
     faulty = [f"faulty host: {line}" for line in faulty_lines(figures)]
-    lines += faulty + slow_node_lines(recipe, device, figures, as_written) or ["no sign of a slow or faulty node"]
+    slow = slow_node_lines(device, figures, as_written, work=recipe_workload(recipe), wanted=configuration(recipe))
+    lines += faulty + slow or ["no sign of a slow or faulty node"]
     return lines

@@ -85,8 +85,10 @@ def main(argv: list[str]) -> int:
         matmul.measure(report, limit, machine)
     elif part == "attention":
         from hf_pretrain.check import sdpa
+        from hf_pretrain.machine.run_profile import run_profile
 
-        sdpa.measure(recipe, report, limit, machine)
+        step = run_profile(recipe, machine).step  # its micro-batch and precision on this machine
+        sdpa.measure(recipe.model, step, report, limit, machine, seq_len=recipe.data.seq_len)
     elif part == "step":
         from hf_pretrain.check import synthetic_step as step
 
@@ -96,13 +98,15 @@ def main(argv: list[str]) -> int:
     elif part == "disk":
         from hf_pretrain.check import volume_speed as disk
         from hf_pretrain.economics.memory import CHECKPOINT_BYTES_PER_PARAMETER
-        from hf_pretrain.model.llama import recipe_parameter_count
+        from hf_pretrain.model.llama import model_parameter_count, tokenizer_size_of
         from hf_pretrain.object_store.urls import is_url
 
         if is_url(recipe.train.output_dir):
             report.skip("disk", "skipped: output_dir is an object store (part f measures it)")
         else:
-            checkpoint = int(CHECKPOINT_BYTES_PER_PARAMETER * recipe_parameter_count(recipe))
+            checkpoint = int(
+                CHECKPOINT_BYTES_PER_PARAMETER * model_parameter_count(recipe.model, tokenizer_size_of(recipe.data))
+            )
             disk.measure(Path(recipe.train.output_dir), checkpoint, report, limit)
     elif part == "object_store":
         from hf_pretrain.check import store_rates

@@ -16,7 +16,7 @@ from hf_pretrain.checkpoints.progress import Activity, Say
 from hf_pretrain.checkpoints.resume_plan import Continuation, ResumeRefused
 from hf_pretrain.checkpoints.resume_rules import plan_continuation
 from hf_pretrain.checkpoints.store import is_weights_only, list_checkpoints, newest_good_checkpoint
-from hf_pretrain.config import ModelConfig, Recipe
+from hf_pretrain.config import CheckpointConfig, ModelConfig, Recipe, TrainConfig
 from hf_pretrain.config.model_section import padded_vocab_size
 from hf_pretrain.run_folder.run_dir import RunDir
 
@@ -47,18 +47,15 @@ def resumable(folder: Path, _train_state: dict[str, Any] | None = None) -> None:
         )
 
 
-def finished_at(recipe: Recipe) -> int | None:
-    """The step at which the run in `recipe`'s output_dir finished, when this start would train nothing
+def finished_at(train: TrainConfig, checkpoints: CheckpointConfig) -> int | None:
+    """The step at which the run in `train`'s output_dir finished, when this start would train nothing
     (the same command run again after it completed): --resume auto, final/ written, and its newest
     checkpoint at the end of its schedule under the same max_steps. None for anything else, going
     further (another max_steps) included. Reads the newest checkpoint's train state, no checksums."""
-    output_dir = recipe.train.output_dir
-    if not RunDir(output_dir).final.is_dir():
+    if not RunDir(train.output_dir).final.is_dir():
         return None
-    newest = newest_good_checkpoint(output_dir, checksums=False, log=lambda _: None)
-    return finished_step(
-        recipe.checkpoints.resume, recipe.train.max_steps, newest.train_state if newest is not None else {}
-    )
+    newest = newest_good_checkpoint(train.output_dir, checksums=False, log=lambda _: None)
+    return finished_step(checkpoints.resume, train.max_steps, newest.train_state if newest is not None else {})
 
 
 def finished_step(resume: str, max_steps: int, saved: dict[str, Any]) -> int | None:

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from hf_pretrain.checkpoints.resume_plan import Continuation, ResumeRefused
-from hf_pretrain.config import KEY_SECTION, CheckpointConfig, OptimConfig, Recipe, math_keys
+from hf_pretrain.config import KEY_SECTION, SECTIONS, CheckpointConfig, OptimConfig, Recipe, TrainConfig, math_keys
 from hf_pretrain.optim.build import Schedule
 
 # keys whose change moves the data position: the stream is counted in samples of seq_len per step
@@ -42,21 +42,22 @@ def flat_keys(keys: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def changed_math_keys(saved: dict[str, Any], recipe: Recipe) -> dict[str, tuple[Any, Any]]:
+def changed_math_keys(saved: dict[str, Any], keys: dict[str, Any]) -> dict[str, tuple[Any, Any]]:
     """{"max_steps": (250, 400), ...}: the math keys that differ from the checkpoint's recipe
-    (none known for a checkpoint that did not record them). A key the checkpoint's version did not
-    have yet counts as its default: a new key's default keeps the behaviour it was saved with."""
+    (none known for a checkpoint that did not record them); `keys`: the run's (`config.math_keys`). A key
+    the checkpoint's version did not have yet counts as its default: a new key's default keeps the
+    behaviour it was saved with."""
     if not saved.get("math_keys"):
         return {}
-    old, new = flat_keys(saved["math_keys"]), flat_keys(math_keys(recipe))
-    old = {**{k: key_default(recipe, k) for k in set(new) - set(old)}, **old}
+    old, new = flat_keys(saved["math_keys"]), flat_keys(keys)
+    old = {**{k: key_default(k) for k in set(new) - set(old)}, **old}
     return {k: (old.get(k), new.get(k)) for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k)}
 
 
-def key_default(recipe: Recipe, name: str) -> Any:
+def key_default(name: str) -> Any:
     """The default of a recipe key (None where there is no plain default)."""
-    config = getattr(recipe, KEY_SECTION.get(name, ""), None)
-    found = [f for f in fields(config) if f.name == name] if is_dataclass(config) else []
+    section = SECTIONS.get(KEY_SECTION.get(name, ""))
+    found = [f for f in fields(section) if f.name == name] if is_dataclass(section) else []
     return found[0].default if found and found[0].default is not MISSING else None
 
 
@@ -151,19 +152,25 @@ def plan_continuation(
     prepared `data` (`data.data_identity`); `named` when `--resume` named that folder rather than
     `auto`. Raises `ResumeRefused`."""
     plan = Continuation(folder=folder, saved=saved)
-    changed = changed_math_keys(saved, recipe)
+    changed = changed_math_keys(saved, math_keys(recipe))
     data_went_on(plan, saved, data, allow_data_change=recipe.checkpoints.allow_data_change)
     batch_went_on(plan, saved, changed, recipe.checkpoints)
     refuse_another_optimizer(saved, changed)
-    note_other_changes(plan, saved, changed, recipe)
+    note_other_changes(plan, saved, changed, fingerprint=recipe.fingerprint())
     old_max = saved.get("max_steps", recipe.train.max_steps)
     if old_max == recipe.train.max_steps:
         return plan
     plan.max_steps_changed = True
     if recipe.optim.lr_schedule == "wsd" and saved.get("lr_schedule") == "wsd":
-        wsd_goes_further(plan, saved, recipe, named)
+        wsd_goes_further(plan, saved, recipe.optim, recipe.train, named)
     else:
-        schedule_changes(plan, saved, recipe)
+        schedule_changes(
+            plan,
+            saved,
+            recipe.optim,
+            max_steps=recipe.train.max_steps,
+            allowed=recipe.checkpoints.allow_schedule_change,
+        )
     return plan
 
 
@@ -207,10 +214,13 @@ def refuse_another_optimizer(saved: dict[str, Any], changed: dict[str, tuple]) -
         )
 
 
-def note_other_changes(plan: Continuation, saved: dict[str, Any], changed: dict[str, tuple], recipe: Recipe) -> None:
-    """The changes a run goes on with, said: another mixture, other math keys, an older recipe's."""
+def note_other_changes(
+    plan: Continuation, saved: dict[str, Any], changed: dict[str, tuple], *, fingerprint: str
+) -> None:
+    """The changes a run goes on with, said: another mixture, other math keys, an older recipe's (whose
+    checkpoint recorded only the fingerprint of its math keys: `fingerprint` is the run's)."""
     step = saved["step"]
-    if not saved.get("math_keys") and saved.get("recipe_fingerprint") not in (None, recipe.fingerprint()):
+    if not saved.get("math_keys") and saved.get("recipe_fingerprint") not in (None, fingerprint):
         plan.notes.append(
             f"warning: the checkpoint of step {step} was written by a recipe with different math "
             f"settings; continuing with the new ones"
@@ -225,28 +235,30 @@ def note_other_changes(plan: Continuation, saved: dict[str, Any], changed: dict[
         )
 
 
-def wsd_goes_further(plan: Continuation, saved: dict[str, Any], recipe: Recipe, named: bool) -> None:
+def wsd_goes_further(
+    plan: Continuation, saved: dict[str, Any], optim: OptimConfig, train: TrainConfig, named: bool
+) -> None:
     """A wsd run under another max_steps: the peak held to the new decay; past its decay, from the
     branch point (the last checkpoint before it), unless --resume named a later checkpoint."""
-    step, old_max = saved["step"], saved.get("max_steps", recipe.train.max_steps)
-    new = Schedule(recipe.optim, max_steps=recipe.train.max_steps)
+    step, old_max = saved["step"], saved.get("max_steps", train.max_steps)
+    new = Schedule(optim, max_steps=train.max_steps)
     stable_until = saved.get("decay_start")
     decaying = stable_until is not None and step > stable_until
     at = stable_until if decaying else step
-    if (new.decay_start() or recipe.train.max_steps) < at:
+    if (new.decay_start() or train.max_steps) < at:
         raise ResumeRefused(
-            f"max_steps={recipe.train.max_steps:,} would begin its decay at step {new.decay_start():,}, before "
+            f"max_steps={train.max_steps:,} would begin its decay at step {new.decay_start():,}, before "
             f"step {at:,} where this run {'began its decay' if decaying else 'stands'}",
-            f"choose max_steps of at least {smallest_max_steps(recipe.optim, at):,}"
+            f"choose max_steps of at least {smallest_max_steps(optim, at):,}"
             + (
                 ""
                 if decaying
-                else f", or finish the run early with `hf-pretrain stop {recipe.train.output_dir}` while it runs"
+                else f", or finish the run early with `hf-pretrain stop {train.output_dir}` while it runs"
             ),
         )
     plan.notes.append(
-        f"max_steps {old_max:,} -> {recipe.train.max_steps:,}: the peak holds to step {new.decay_start():,}, "
-        f"then the learning rate decays to step {recipe.train.max_steps:,}"
+        f"max_steps {old_max:,} -> {train.max_steps:,}: the peak holds to step {new.decay_start():,}, "
+        f"then the learning rate decays to step {train.max_steps:,}"
     )
     if not decaying:
         return
@@ -261,7 +273,7 @@ def wsd_goes_further(plan: Continuation, saved: dict[str, Any], recipe: Recipe, 
         "from_step": step,
         "from_max_steps": old_max,
         "from_end": saved.get("end", old_max),
-        "max_steps": recipe.train.max_steps,
+        "max_steps": train.max_steps,
     }
     plan.notes.insert(
         0,
@@ -271,11 +283,13 @@ def wsd_goes_further(plan: Continuation, saved: dict[str, Any], recipe: Recipe, 
     )
 
 
-def schedule_changes(plan: Continuation, saved: dict[str, Any], recipe: Recipe) -> None:
+def schedule_changes(
+    plan: Continuation, saved: dict[str, Any], optim: OptimConfig, *, max_steps: int, allowed: bool
+) -> None:
     """A cosine run (or a change of schedule) under another max_steps: every later step's rate changes,
-    refused unless allow_schedule_change; nothing changes while still warming up."""
-    step, old_max = saved["step"], saved.get("max_steps", recipe.train.max_steps)
-    new = Schedule(recipe.optim, max_steps=recipe.train.max_steps)
+    refused unless `allowed` (allow_schedule_change); nothing changes while still warming up."""
+    step, old_max = saved["step"], saved.get("max_steps", max_steps)
+    new = Schedule(optim, max_steps=max_steps)
     if step < new.warmup:
         return  # still warming up: the same rates either way
     old_lr, new_lr = saved.get("lr"), new.lr(step + 1)
@@ -283,10 +297,10 @@ def schedule_changes(plan: Continuation, saved: dict[str, Any], recipe: Recipe) 
     jump = f" ({new_lr / old_lr:.1f}x)" if old_lr else ""
     how = (
         f"this run's {saved.get('lr_schedule', 'cosine')} schedule over max_steps={old_max:,} reached {before}; "
-        f"under {recipe.optim.lr_schedule} over max_steps={recipe.train.max_steps:,} step {step + 1:,} gets {new_lr:.3g}{jump} and every "
+        f"under {optim.lr_schedule} over max_steps={max_steps:,} step {step + 1:,} gets {new_lr:.3g}{jump} and every "
         f"later step's rate changes"
     )
-    if not recipe.checkpoints.allow_schedule_change:
+    if not allowed:
         raise ResumeRefused(
             how,
             "pass --allow_schedule_change true to go on this way, or keep max_steps; a run you "

@@ -90,15 +90,7 @@ class Recipe:
 
     def grad_accum_steps(self, world_size: int) -> int:
         """Micro-batches per optimizer step on each process, for `world_size` processes."""
-        per_pass = self.tokens_per_micro_batch * world_size
-        if self.train.global_batch_tokens % per_pass:
-            raise RecipeError(
-                f"global_batch_tokens={self.train.global_batch_tokens} is not a multiple of "
-                f"micro_batch_size * seq_len * processes = {self.train.micro_batch_size} * "
-                f"{self.data.seq_len} * {world_size} = {per_pass}; change global_batch_tokens "
-                f"or micro_batch_size"
-            )
-        return self.train.global_batch_tokens // per_pass
+        return grad_accum_steps(self.train, world_size, seq_len=self.data.seq_len)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -132,13 +124,26 @@ class Recipe:
     def validate(self) -> None:
         check_ranges(self)  # each key alone first; then how keys relate
         _check_model(self.model)
-        _check_data(self)
-        _check_compute(self)
-        _check_side_work(self)
+        _check_data(self.data, self.model)
+        _check_compute(self.compute, self.model)
+        _check_side_work(self.stopping, self.publish, self.reporting)
         if self.checkpoints.resume not in ("auto", "none") and not self.checkpoints.resume:
             raise RecipeError("resume must be `auto`, `none` or a checkpoint path")
         # Fails early when the batch cannot be split into whole micro-batches on one process.
         self.grad_accum_steps(1)
+
+
+def grad_accum_steps(train: TrainConfig, world_size: int, *, seq_len: int) -> int:
+    """Micro-batches per optimizer step on each of `world_size` processes, for samples of `seq_len` tokens."""
+    per_pass = train.micro_batch_size * seq_len * world_size
+    if train.global_batch_tokens % per_pass:
+        raise RecipeError(
+            f"global_batch_tokens={train.global_batch_tokens} is not a multiple of "
+            f"micro_batch_size * seq_len * processes = {train.micro_batch_size} * "
+            f"{seq_len} * {world_size} = {per_pass}; change global_batch_tokens "
+            f"or micro_batch_size"
+        )
+    return train.global_batch_tokens // per_pass
 
 
 def _check_model(m: ModelConfig) -> None:
@@ -152,8 +157,7 @@ def _check_model(m: ModelConfig) -> None:
         )
 
 
-def _check_data(recipe: Recipe) -> None:
-    m, d = recipe.model, recipe.data
+def _check_data(d: DataConfig, m: ModelConfig) -> None:
     # init_from with `tokenizer: train` is judged on the tokenizers themselves: data an export's own run
     # trained on carries that export's tokenizer (the data check compares their hashes); `prepare`
     # refuses to fit a new BPE for an init_from run.
@@ -182,8 +186,7 @@ def _check_data(recipe: Recipe) -> None:
         raise RecipeError("every source has weight 0: at least one must be drawn from the first step")
 
 
-def _check_compute(recipe: Recipe) -> None:
-    m, c = recipe.model, recipe.compute
+def _check_compute(c: ComputeConfig, m: ModelConfig) -> None:
     if c.checkpointed_layers > m.num_hidden_layers:
         raise RecipeError(
             f"checkpointed_layers={c.checkpointed_layers} exceeds num_hidden_layers={m.num_hidden_layers}: "
@@ -208,16 +211,16 @@ def _check_compute(recipe: Recipe) -> None:
         )
 
 
-def _check_side_work(recipe: Recipe) -> None:
+def _check_side_work(stopping: StoppingConfig, publish: PublishConfig, reporting: ReportingConfig) -> None:
     """What a run does beside training: price-based stopping, publishing, phases, trackers."""
-    if recipe.stopping.early_stop_cost_per_loss_point and not recipe.reporting.price_per_hour:
+    if stopping.early_stop_cost_per_loss_point and not reporting.price_per_hour:
         raise RecipeError("early_stop_cost_per_loss_point needs price_per_hour: without a price there is no cost")
-    if recipe.publish.push_checkpoints and not recipe.publish.push_to_hub:
+    if publish.push_checkpoints and not publish.push_to_hub:
         raise RecipeError("push_checkpoints needs push_to_hub: the repo id to push to")
-    for phase, end in recipe.reporting.phases.items():  # past max_steps is fine: a shortened run drops them
+    for phase, end in reporting.phases.items():  # past max_steps is fine: a shortened run drops them
         if end <= 0:
             raise RecipeError(f"phases.{phase}={end} must be a step, 1 or more")
-    check_trackers(recipe.reporting.report_to)
+    check_trackers(reporting.report_to)
 
 
 def tracker_names(report_to: str) -> list[str]:

@@ -30,7 +30,7 @@ from torch.utils.data import ConcatDataset, DataLoader, Dataset, Sampler
 
 from hf_pretrain.config import DataConfig, Recipe, SourceConfig
 from hf_pretrain.data.mixing import Mixture
-from hf_pretrain.data.prepared import DataMismatchError, read_meta, source_folder_name, source_paths
+from hf_pretrain.data.prepared import DataMismatchError, prepare_hint, read_meta, source_folder_name, source_paths
 from hf_pretrain.object_store.urls import is_url
 from hf_pretrain.processes import die_with_parent
 
@@ -290,8 +290,9 @@ def mixture_segments(sources: list[SourceConfig], decay_position: int | None) ->
     return segments
 
 
-def build_mixture(recipe: Recipe, samples: list[int], decay_position: int | None) -> Mixture:
-    return Mixture(samples, recipe.train.seed, mixture_segments(recipe.data.sources, decay_position))
+def build_mixture(sources: list[SourceConfig], samples: list[int], decay_position: int | None, *, seed: int) -> Mixture:
+    """The mixture of `sources` holding `samples` samples each, drawn with the run's `seed`."""
+    return Mixture(samples, seed, mixture_segments(sources, decay_position))
 
 
 def ignore_stop_signals(worker_id: int) -> None:
@@ -425,13 +426,13 @@ def recipe_data(recipe: Recipe, *, rank: int, world_size: int, grad_accum: int, 
     `prepare` that makes it), the batch and seed of its train section, the store's cache folder."""
     return TrainData(
         recipe.data,
-        meta=read_meta(recipe.data.data_dir, recipe),
+        meta=read_meta(recipe.data.data_dir, cache_dir=recipe.store.cache_dir, fix=prepare_hint(recipe)),
         rank=rank,
         world_size=world_size,
         grad_accum=grad_accum,
         micro_batch_size=recipe.train.micro_batch_size,
         seed=recipe.train.seed,
-        cache_dir=recipe.store.cache_dir,  # object_store/data_upload.py's `cache_folder`
+        cache_dir=recipe.store.cache_dir,  # where the data's local copy lives, as `prepare` put it
         pin_memory=pin_memory,
     )
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import errno
+import functools
 import hashlib
 import math
 import os
@@ -143,29 +144,34 @@ def prepare(
     lock = PrepareLock(data_dir)
     lock.acquire()
     try:
-        return _prepare_locked(recipe, data_dir, settings, fingerprint, log, dry_run, verbose)
+        fits = functools.partial(check_prepared_data, recipe)  # the recipe's batch shape, once the data is written
+        return _prepare_locked(d, recipe.train.seed, data_dir, settings, fingerprint, log, dry_run, verbose, fits=fits)
     finally:
         lock.release()
 
 
 def _prepare_locked(
-    recipe: Recipe,
+    d: DataConfig,
+    seed: int,
     data_dir: Path,
     settings: dict[str, Any],
     fingerprint: str,
     log: Callable[[str], None],
     dry_run: bool,
     verbose: bool,
+    *,
+    fits: Callable[[], Any],
 ) -> Path:
+    """`prepare` of the data section `d` (`seed`: the train section's) into `data_dir`, its lock held; `fits`
+    checks the written data against the whole recipe (`check_prepared_data`)."""
     from hf_pretrain.data.pipeline import ExecutorOptions, build_executor, task_input_bytes
 
-    d = recipe.data
     if (data_dir / META_FILE).is_file():  # another prepare finished it while this one waited to start
         _require_same_data_settings(data_dir, fingerprint)
         log(f"{data_dir} is already prepared (delete it to prepare again)")
         return data_dir
     refuse_while_jobs_run(data_dir, lambda source: _done_so_far(data_dir / LOGS_DIR / source))
-    tokenizer = _tokenizer(d, recipe.train.seed, data_dir, settings, fingerprint, log)
+    tokenizer = _tokenizer(d, seed, data_dir, settings, fingerprint, log)
     options = ExecutorOptions.from_recipe(d)
     shares = _token_shares(d)
     results, pending, jobs = [], [], []
@@ -204,8 +210,8 @@ def _prepare_locked(
     if pending:
         _record_submitted_jobs(data_dir, pending, jobs, log)
         return data_dir
-    meta = _finish(d, recipe.train.seed, tokenizer, fingerprint, data_dir, log)
-    _report_prepared(recipe, data_dir, meta, results, log)
+    meta = _finish(d, seed, tokenizer, fingerprint, data_dir, log)
+    _report_prepared(data_dir, meta, results, log, fits)
     return data_dir
 
 
@@ -253,9 +259,14 @@ def _record_submitted_jobs(
 
 
 def _report_prepared(
-    recipe: Recipe, data_dir: Path, meta: dict[str, Any], results: list[SourceResult], log: Callable[[str], None]
+    data_dir: Path,
+    meta: dict[str, Any],
+    results: list[SourceResult],
+    log: Callable[[str], None],
+    fits: Callable[[], Any],
 ) -> None:
-    """Each source's counts and the totals; a recipe whose batch shape does not fit the data is warned here."""
+    """Each source's counts and the totals; a recipe whose batch shape does not fit the data (`fits` raises)
+    is warned here."""
     for result in results:
         log(result.line())
     log(
@@ -263,7 +274,7 @@ def _report_prepared(
         f"{meta['splits']['validation']['tokens']:,} validation tokens in {len(results)} source(s)"
     )
     try:
-        check_prepared_data(recipe)
+        fits()
     except DataMismatchError as exc:
         # The data is still valid; the recipe's batch shape is what does not fit. Training says so again.
         log(f"warning: {exc}")

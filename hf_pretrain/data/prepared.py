@@ -47,7 +47,12 @@ SPLITS = ("train", "validation")
 
 
 class DataMismatchError(RuntimeError):
-    """Prepared data that is missing, incomplete, or does not belong to the recipe at hand."""
+    """Prepared data that is missing, incomplete, or does not belong to the recipe at hand. `fix`, where
+    the message ends with one (`; FIX`): the `prepare` that mends it, which the doctor's row shows apart."""
+
+    def __init__(self, message: str, fix: str = "") -> None:
+        super().__init__(f"{message}; {fix}" if fix else message)
+        self.fix = fix
 
 
 def token_dtype(vocab_len: int) -> np.dtype:
@@ -106,10 +111,14 @@ def source_task_counts(sources: list[SourceConfig]) -> list[int]:
     return [source_tasks(s) for s in sources]
 
 
+# The fix of a message about data no recipe is known for (a folder named alone).
+PREPARE_ANY = "run `hf-pretrain prepare --recipe NAME`"
+
+
 def prepare_hint(recipe: Recipe | None) -> str:
     """The `prepare` that makes the data `recipe` needs, with every data setting its command line changed."""
     if recipe is None:
-        return "run `hf-pretrain prepare --recipe NAME`"
+        return PREPARE_ANY
     return f"run `{recipe_command(recipe, 'prepare', PREPARE_KEYS)}`"
 
 
@@ -133,26 +142,25 @@ def reprepare_hint(recipe: Recipe) -> str:
 
 
 # ---------------------------------------------------------------------- reading
-def data_folder(data_dir: str | Path, recipe: Recipe | None = None) -> Path:
+def data_folder(data_dir: str | Path, *, cache_dir: str | None = None, fix: str = PREPARE_ANY) -> Path:
     """The local folder holding `data_dir`'s meta.json and tokenizer: `data_dir` itself, or for an
-    object-store URL its local copy, synced from the store once per process (data_store/data_cache.py)."""
+    object-store URL its local copy under `cache_dir` (the recipe's; None: the user's cache), synced from
+    the store once per process (data_store/data_cache.py). `fix`: the `prepare` a missing one names."""
     if not is_url(data_dir):
         return Path(data_dir)
     from hf_pretrain.data_store.data_cache import NotPrepared, synced_copy
-    from hf_pretrain.data_store.data_upload import cache_folder
 
     try:
-        return synced_copy(str(data_dir), cache_folder(recipe) if recipe else None)
+        return synced_copy(str(data_dir), cache_dir)
     except NotPrepared as exc:
-        raise DataMismatchError(f"{exc}; {prepare_hint(recipe)}") from None
+        raise DataMismatchError(str(exc), fix) from None
 
 
-def read_meta(data_dir: str | Path, recipe: Recipe | None = None) -> dict[str, Any]:
-    path = data_folder(data_dir, recipe) / META_FILE
+def read_meta(data_dir: str | Path, *, cache_dir: str | None = None, fix: str = PREPARE_ANY) -> dict[str, Any]:
+    """meta.json of `data_dir` (see `data_folder`); a missing one names `fix`, the `prepare` that makes it."""
+    path = data_folder(data_dir, cache_dir=cache_dir, fix=fix) / META_FILE
     if not path.is_file():
-        raise DataMismatchError(
-            f"{path} not found: the data is not prepared (or preparing did not finish); {prepare_hint(recipe)}"
-        )
+        raise DataMismatchError(f"{path} not found: the data is not prepared (or preparing did not finish)", fix)
     return json.loads(path.read_text())
 
 
@@ -225,18 +233,19 @@ def check_prepared_data(recipe: Recipe, verify: str = "recorded", progress: bool
     trusts a verification recorded beside the data that still matches the files, `full` hashes
     every file again, `none` only checks sizes.
     """
-    data_dir = data_folder(recipe.data.data_dir, recipe)
+    prepare, reprepare = prepare_hint(recipe), reprepare_hint(recipe)  # the fixes, written once
+    data_dir = data_folder(recipe.data.data_dir, cache_dir=recipe.store.cache_dir, fix=prepare)
     meta_file = data_dir / META_FILE
-    meta = read_meta(data_dir, recipe)
+    meta = read_meta(data_dir, fix=prepare)
     if meta.get("format_version") != FORMAT_VERSION:
         raise DataMismatchError(
             f"{meta_file}: format_version expected {FORMAT_VERSION}, found {meta.get('format_version')} (written by "
             f"another version of hf-pretrain: format 1 is one mixed stream of flat shards, format 2 a datatrove "
-            f"folder per source, mixed when training); delete {data_dir} and {prepare_hint(recipe)}"
+            f"folder per source, mixed when training); delete {data_dir} and {prepare}"
         )
-    saved_hash = _check_tokenizer(recipe, data_dir, meta)
-    _check_sizes(recipe, data_dir, meta)
-    _check_sources(recipe, meta, saved_hash)
+    saved_hash = _check_tokenizer(data_dir, meta, fix=reprepare)
+    _check_sizes(recipe.data, data_dir, meta, global_batch_tokens=recipe.train.global_batch_tokens, fix=reprepare)
+    _check_sources(recipe.data, data_dir, meta, saved_hash, fix=reprepare)
     if is_url(recipe.data.data_dir):  # the shards stay in the store: each block is checked as it is fetched
         return meta
     for split in SPLITS:
@@ -249,92 +258,90 @@ def check_prepared_data(recipe: Recipe, verify: str = "recorded", progress: bool
     return meta
 
 
-def _mismatch(recipe: Recipe, data_dir: Path, field: str, expected: Any, found: Any, why: str) -> DataMismatchError:
-    """meta.json's `field` is not what this recipe or this folder needs: what, why, and a prepare that fixes it."""
-    return DataMismatchError(
-        f"{data_dir / META_FILE}: {field} expected {expected}, found {found} ({why}); {reprepare_hint(recipe)}"
-    )
+def _mismatch(data_dir: Path, field: str, expected: Any, found: Any, why: str, *, fix: str) -> DataMismatchError:
+    """meta.json's `field` is not what this recipe or this folder needs: what, why, and `fix`, a prepare
+    (`reprepare_hint`) that fixes it."""
+    return DataMismatchError(f"{data_dir / META_FILE}: {field} expected {expected}, found {found} ({why})", fix)
 
 
-def _check_tokenizer(recipe: Recipe, data_dir: Path, meta: dict[str, Any]) -> str:
+def _check_tokenizer(data_dir: Path, meta: dict[str, Any], *, fix: str) -> str:
     """The folder's tokenizer is the one meta.json records (size and hash); returns its hash."""
     try:
         tokenizer = load_tokenizer(data_dir)
     except FileNotFoundError as exc:
-        raise DataMismatchError(f"{exc}; {reprepare_hint(recipe)}") from exc
+        raise DataMismatchError(str(exc), fix) from exc
     except TokenizerUnreadable as exc:  # its message names the file and the fix
         raise DataMismatchError(str(exc)) from exc
     saved_hash = tokenizer_hash(tokenizer)
     if len(tokenizer) != meta.get("vocab_size"):
         raise _mismatch(
-            recipe,
             data_dir,
             "vocab_size",
             len(tokenizer),
             meta.get("vocab_size"),
             f"the size of the tokenizer in {data_dir / TOKENIZER_DIR}",
+            fix=fix,
         )
     if saved_hash != meta.get("tokenizer_hash"):
         raise _mismatch(
-            recipe,
             data_dir,
             "tokenizer_hash",
             saved_hash,
             meta.get("tokenizer_hash"),
             f"expected is the hash of the tokenizer in {data_dir / TOKENIZER_DIR}; the token files were "
             f"made with another one",
+            fix=fix,
         )
     return saved_hash
 
 
-def _check_sizes(recipe: Recipe, data_dir: Path, meta: dict[str, Any]) -> None:
+def _check_sizes(data: DataConfig, data_dir: Path, meta: dict[str, Any], *, global_batch_tokens: int, fix: str) -> None:
     """The recipe's vocabulary and its token dtype, and enough tokens for one global batch and one
     validation sample."""
-    expected_vocab = recipe.data.vocab_size + len(recipe.data.special_tokens)
+    expected_vocab = data.vocab_size + len(data.special_tokens)
     if meta.get("vocab_size") != expected_vocab:
         raise _mismatch(
-            recipe,
             data_dir,
             "vocab_size",
             expected_vocab,
             meta.get("vocab_size"),
-            f"the recipe's vocab_size {recipe.data.vocab_size} + {len(recipe.data.special_tokens)} special tokens",
+            f"the recipe's vocab_size {data.vocab_size} + {len(data.special_tokens)} special tokens",
+            fix=fix,
         )
     if meta.get("dtype") != token_dtype(expected_vocab).name:
         dtype = token_dtype(expected_vocab).name
-        raise _mismatch(recipe, data_dir, "dtype", dtype, meta.get("dtype"), "token ids must fit the dtype")
-    train_needed = recipe.train.global_batch_tokens + 1
+        raise _mismatch(data_dir, "dtype", dtype, meta.get("dtype"), "token ids must fit the dtype", fix=fix)
+    train_needed = global_batch_tokens + 1
     if meta["splits"]["train"]["tokens"] < train_needed:
         raise _mismatch(
-            recipe,
             data_dir,
             "splits.train.tokens",
             f"at least {train_needed}",
             meta["splits"]["train"]["tokens"],
             "one global batch of global_batch_tokens plus the shifted target; add documents, raise "
             "max_tokens or lower global_batch_tokens",
+            fix=fix,
         )
-    val_needed = recipe.data.seq_len + 1
+    val_needed = data.seq_len + 1
     if meta["splits"]["validation"]["tokens"] < val_needed:
         raise _mismatch(
-            recipe,
             data_dir,
             "splits.validation.tokens",
             f"at least {val_needed}",
             meta["splits"]["validation"]["tokens"],
             "one sample of seq_len + 1 tokens; lower val_every or add documents",
+            fix=fix,
         )
 
 
-def _check_sources(recipe: Recipe, meta: dict[str, Any], saved_hash: str) -> None:
+def _check_sources(data: DataConfig, data_dir: Path, meta: dict[str, Any], saved_hash: str, *, fix: str) -> None:
     """The recipe's sources are the prepared ones, in order; each folder was made with this tokenizer,
     and holds at least one training sample (the mixture draws from every source)."""
-    data_dir, hint = data_folder(recipe.data.data_dir, recipe), reprepare_hint(recipe)
     prepared = [s["name"] for s in meta["sources"]]
-    wanted = [source_folder_name(i, s) for i, s in enumerate(recipe.data.sources)]
+    wanted = [source_folder_name(i, s) for i, s in enumerate(data.sources)]
     if prepared != wanted:
         raise DataMismatchError(
-            f"{data_dir / META_FILE}: sources expected {wanted} (the recipe's), found {prepared}; {hint}"
+            f"{data_dir / META_FILE}: sources expected {wanted} (the recipe's), found {prepared}", fix
         )
     for source in meta["sources"]:
         folder = data_dir / source["folder"]
@@ -343,12 +350,12 @@ def _check_sources(recipe: Recipe, meta: dict[str, Any], saved_hash: str) -> Non
         if found != saved_hash:
             raise DataMismatchError(
                 f"{folder}: tokenized with another tokenizer (hash {str(found)[:12]}..., the data's tokenizer is "
-                f"{saved_hash[:12]}...): its token ids mean other strings; {hint} (or put back the folder that "
+                f"{saved_hash[:12]}...): its token ids mean other strings; {fix} (or put back the folder that "
                 f"belongs to {data_dir / TOKENIZER_DIR})"
             )
-        if source["splits"]["train"]["tokens"] < recipe.data.seq_len + 1:
+        if source["splits"]["train"]["tokens"] < data.seq_len + 1:
             raise DataMismatchError(
                 f"{folder}: {source['splits']['train']['tokens']:,} training tokens, fewer than one sample of "
-                f"seq_len + 1 = {recipe.data.seq_len + 1}: the mixture cannot draw from it; add documents or "
+                f"seq_len + 1 = {data.seq_len + 1}: the mixture cannot draw from it; add documents or "
                 f"leave the source out"
             )

@@ -13,10 +13,11 @@ from typing import TYPE_CHECKING
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from hf_pretrain.hub_cache import TOKENIZER_FILES, HubFilesError, hub_snapshot, is_hub_id
-from hf_pretrain.object_store.urls import is_url
 
 if TYPE_CHECKING:  # transformers' tokenizers import torch: seconds that `prepare --help` must not wait
     from transformers import PreTrainedTokenizerFast
+
+    from hf_pretrain.object_store.location import Location
 
 # GPT-2's document separator; it doubles as bos/unk/pad so the model needs no other special ids.
 EOS_TOKEN = "<|endoftext|>"
@@ -123,13 +124,24 @@ class TokenizerUnreadable(ValueError):
     """A data folder's saved tokenizer file that is not whole (truncated, damaged): the message names it."""
 
 
-def load_tokenizer(data_dir: str | Path) -> PreTrainedTokenizerFast:
-    """The tokenizer that `prepare` saved in `data_dir` (a URL: its synced local copy); `TokenizerUnreadable`
-    names a file cut short."""
-    if is_url(data_dir):
-        from hf_pretrain.data_store.data_cache import synced_copy
+def local_data_folder(data: Location) -> Path:
+    """The data folder `data` (the door's) on this machine: the folder itself, or for a URL its local copy,
+    synced from the store once per process (data_store/data_cache.py)."""
+    if not data.in_store:
+        return data.folder
+    from hf_pretrain.data_store.data_cache import synced_copy
 
-        data_dir = synced_copy(str(data_dir))
+    return synced_copy(data.given)
+
+
+def load_data_tokenizer(data: Location) -> PreTrainedTokenizerFast:
+    """The tokenizer that `prepare` saved with the data at `data` (a URL: in its synced local copy)."""
+    return load_tokenizer(local_data_folder(data))
+
+
+def load_tokenizer(data_dir: str | Path) -> PreTrainedTokenizerFast:
+    """The tokenizer that `prepare` saved in the local folder `data_dir`; `TokenizerUnreadable` names a file
+    cut short."""
     folder = Path(data_dir) / TOKENIZER_DIR
     if not (folder / "tokenizer.json").is_file():
         raise FileNotFoundError(f"no tokenizer in {folder}; run `hf-pretrain prepare` for this recipe first")

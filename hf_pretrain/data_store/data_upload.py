@@ -35,11 +35,6 @@ class UploadIncomplete(StoreError):
     """The data is prepared locally, but the store does not hold all of it yet: run the same command again."""
 
 
-def cache_folder(recipe: Recipe) -> str | None:
-    """The recipe's `cache_dir` (it moves every local copy, the run's and the data's), else None: the user's cache."""
-    return recipe.store.cache_dir
-
-
 def store_meta(url: StoreURL, fs: Any = None) -> dict[str, Any] | None:
     """meta.json of the data at `url`, None while the store has none (not prepared, or still uploading)."""
     fs = fs or filesystem(url)
@@ -57,12 +52,13 @@ def prepare_into_store(
     """Prepare `recipe.data.data_dir` (a URL) in its local copy with `prepare_local`, then upload it; the copy.
     `fingerprint`: the recipe's data settings' (prepared.data_fingerprint), which a prepared store must carry."""
     url = StoreURL.parse(recipe.data.data_dir)
-    check_cache_root(cache_folder(recipe))  # before the probe and the hour of tokenizing
+    cache_dir = recipe.store.cache_dir  # it moves every local copy, the run's and the data's (None: the user's cache)
+    check_cache_root(cache_dir)  # before the probe and the hour of tokenizing
     try:  # one probe first: an unreachable endpoint was three retried reads, ~30 s in silence, before its line
         _, fs = open_checked(str(url), write=False, what="the data")
     except StoreRefused as exc:
         raise StoreError(str(exc)) from None
-    local = local_copy(url, "data", cache_folder(recipe))
+    local = local_copy(url, "data", cache_dir)
     meta = store_meta(url, fs)  # before any work: an unreachable store or a missing bucket says so now
     if meta is not None:
         if meta.get("data_fingerprint") != fingerprint:

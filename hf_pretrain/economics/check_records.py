@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hf_pretrain.config import ModelConfig
 from hf_pretrain.economics.measurements import RECORD_ENV, SHIPPED_STORE, store_path
 from hf_pretrain.machine.gpus import find_gpu
 from hf_pretrain.machine.run_profile import Machine, RunProfile, run_profile
@@ -152,10 +153,10 @@ def earlier_figure(
     return max(same, key=lambda r: r.value, default=None)
 
 
-def recipe_attention_shape(recipe) -> str:
-    m = recipe.model
+def model_attention_shape(m: ModelConfig, seq_len: int) -> str:
+    """The model section's attention at `seq_len` tokens, as a check's record keys it."""
     return attention_shape(
-        m.num_attention_heads, m.num_key_value_heads, m.hidden_size // m.num_attention_heads, recipe.data.seq_len
+        m.num_attention_heads, m.num_key_value_heads, m.hidden_size // m.num_attention_heads, seq_len
     )
 
 
@@ -166,7 +167,7 @@ def resolved_attention_backend(recipe, device: str | None, path: Path | None = N
     backend = recipe.compute.attention_backend
     if backend != "auto" or device is None:
         return backend, None
-    fastest = fastest_attention_backend(device, recipe_attention_shape(recipe), path)
+    fastest = fastest_attention_backend(device, model_attention_shape(recipe.model, recipe.data.seq_len), path)
     if fastest is None:
         return "auto", None
     return fastest.name, (

@@ -38,7 +38,7 @@ from hf_pretrain.config import Recipe
 from hf_pretrain.machine.gpus import find_gpu, gpu_table
 from hf_pretrain.machine.precisions import NAMES, precision_named
 from hf_pretrain.machine.run_profile import A_GPU, Machine, run_profile
-from hf_pretrain.model.llama import recipe_flops_per_token, recipe_tokenizer_size
+from hf_pretrain.model.llama import model_flops_per_token, tokenizer_size_of
 from hf_pretrain.versions import installed_version
 
 STORE_NAME = "measurements.jsonl"
@@ -55,23 +55,39 @@ def store_path() -> Path:
     return Path(cache).expanduser() / "hf_pretrain" / STORE_NAME
 
 
-def configuration(recipe: Recipe, world_size: int = 1, machine: Machine = A_GPU) -> dict[str, Any]:
-    """What a measurement is the measurement of: the model's shape and the batch, and the step as the run
-    profile resolves it (run_profile.Step.key: every setting that changes a step's speed or memory).
-    Only GPUs are recorded: `machine` is a GPU with bf16 unless given."""
+@dataclass(frozen=True)
+class Configuration:
+    """What a measurement is the measurement of, built once from the recipe (`configuration`): its `key`,
+    matched whole, and the model's training FLOPs per token, which rule out a figure no card could produce
+    (`impossible`). Recording and reading measurements needs nothing else of the recipe."""
+
+    key: dict[str, Any]
+    flops_per_token: float
+
+    @property
+    def world_size(self) -> int:
+        """The processes it ran on (a measurement's tokens/s is one GPU's)."""
+        return self.key["world_size"]
+
+
+def configuration(recipe: Recipe, world_size: int = 1, machine: Machine = A_GPU) -> Configuration:
+    """What a measurement of `recipe` on `world_size` processes is the measurement of: the model's shape and
+    the batch, and the step as the run profile resolves it (run_profile.Step.key: every setting that changes
+    a step's speed or memory). Only GPUs are recorded: `machine` is a GPU with bf16 unless given."""
     m = recipe.model
-    return {
+    key = {
         "layers": m.num_hidden_layers,
         "hidden_size": m.hidden_size,
         "intermediate_size": m.intermediate_size,
         "heads": m.num_attention_heads,
         "kv_heads": m.num_key_value_heads,
-        "vocab": recipe_tokenizer_size(recipe),
+        "vocab": tokenizer_size_of(recipe.data),
         "tie_word_embeddings": m.tie_word_embeddings,
         "seq_len": recipe.data.seq_len,
         "global_batch_tokens": recipe.train.global_batch_tokens,
         **run_profile(recipe, machine, world_size).step.key(),
     }
+    return Configuration(key, model_flops_per_token(m, recipe.data)[1])
 
 
 @dataclass(frozen=True)
@@ -104,23 +120,22 @@ def _table_name(device: str) -> str:
 
 
 def record_measurement(
-    recipe: Recipe,
+    measured: Configuration,
     device: str | None,
     tokens_per_s: float,
     peak_memory_gib: float | None,
     source: str,
-    world_size: int = 1,
     path: Path | None = None,
 ) -> Measurement | None:
-    """Append what `device` (a CUDA device name; None for a CPU) measured of `recipe`; None when nothing
-    was written (a CPU, no rate, recording off, or a cache that cannot be written: a run never fails on it)."""
+    """Append what `device` (a CUDA device name; None for a CPU) measured of the configuration; None when
+    nothing was written (a CPU, no rate, recording off, or a cache that cannot be written: a run never fails on it)."""
     if device is None or not _positive_number(tokens_per_s, MIN_TOKENS_PER_S) or os.environ.get(RECORD_ENV) == "0":
         return None
     version = {name: installed_version(name) for name in ("torch", "transformers")}
     measurement = Measurement(
         gpu=_table_name(device),
         device=device,
-        configuration=configuration(recipe, world_size),
+        configuration=measured.key,
         tokens_per_s=float(tokens_per_s),
         peak_memory_gib=peak_memory_gib,
         source=source,
@@ -211,9 +226,9 @@ def _stored(store: Path, shipped: bool) -> list[tuple[Measurement, int]]:
     return found
 
 
-def impossible(measurement: Measurement, recipe: Recipe) -> str | None:
-    """Why `measurement` (of `recipe`'s configuration) is no figure its GPU could produce, or None: more
-    tokens/s than the card's dense peak over the model's FLOPs per token allows (MFU above 1), or a peak
+def impossible(measurement: Measurement, flops_per_token: float) -> str | None:
+    """Why `measurement` (of a model of `flops_per_token` training FLOPs a token) is no figure its GPU could
+    produce, or None: more tokens/s than the card's dense peak over the model's FLOPs per token allows (MFU above 1), or a peak
     memory beyond the card's. A GPU the table lacks is held to the first rule only where it is known."""
     gpu = find_gpu(measurement.gpu)
     if gpu is None:
@@ -223,7 +238,7 @@ def impossible(measurement: Measurement, recipe: Recipe) -> str | None:
     peak_name = precision_named(name).peak if name in NAMES else "bf16"
     peak_name = peak_name if gpu.flops_at(peak_name) else "bf16"
     peak = gpu.flops_at(peak_name)
-    mfu = measurement.tokens_per_s * recipe_flops_per_token(recipe)[1] / peak
+    mfu = measurement.tokens_per_s * flops_per_token / peak
     if mfu > 1:
         return (
             f"{measurement.tokens_per_s:,.0f} tokens/s is {mfu:,.1f}x what the {gpu.name}'s dense "
@@ -237,30 +252,28 @@ def impossible(measurement: Measurement, recipe: Recipe) -> str | None:
     return None
 
 
-def recorded_measurement(recipe: Recipe, gpu: str, world_size: int = 1, path: Path | None = None) -> Measurement | None:
-    """The newest measurement of `recipe`'s configuration on `gpu` (a table name, a `--gpu` argument or a
+def recorded_measurement(wanted: Configuration, gpu: str, path: Path | None = None) -> Measurement | None:
+    """The newest measurement of the `wanted` configuration on `gpu` (a table name, a `--gpu` argument or a
     CUDA device name) in the user's store, else the project's shipped one, or None. A record no machine
     could produce (`impossible`) is passed over, and said once."""
     stores = ((path or store_path(), False), (SHIPPED_STORE, True))
     return _matching(
-        [(store, m, line) for store, shipped in stores for m, line in _stored(store, shipped)], recipe, gpu, world_size
+        [(store, m, line) for store, shipped in stores for m, line in _stored(store, shipped)], wanted, gpu
     )
 
 
-def shipped_measurement(recipe: Recipe, gpu: str, world_size: int = 1) -> Measurement | None:
-    """The project's own measurement of `recipe`'s configuration on `gpu` (`measured.jsonl` alone, never
+def shipped_measurement(wanted: Configuration, gpu: str) -> Measurement | None:
+    """The project's own measurement of the `wanted` configuration on `gpu` (`measured.jsonl` alone, never
     the user's): the one home of those figures; published.py's check and the doctor's lines read them."""
-    return _matching([(SHIPPED_STORE, m, line) for m, line in _stored(SHIPPED_STORE, True)], recipe, gpu, world_size)
+    return _matching([(SHIPPED_STORE, m, line) for m, line in _stored(SHIPPED_STORE, True)], wanted, gpu)
 
 
-def _matching(
-    measurements: list[tuple[Path, Measurement, int]], recipe: Recipe, gpu: str, world_size: int
-) -> Measurement | None:
-    wanted, name = configuration(recipe, world_size), _table_name(gpu)
+def _matching(measurements: list[tuple[Path, Measurement, int]], wanted: Configuration, gpu: str) -> Measurement | None:
+    name = _table_name(gpu)
     for store, measurement, line in measurements:
-        if measurement.gpu != name or measurement.configuration != wanted:
+        if measurement.gpu != name or measurement.configuration != wanted.key:
             continue
-        why = impossible(measurement, recipe)
+        why = impossible(measurement, wanted.flops_per_token)
         if why is None:
             return measurement
         _skip(store, line, why)
@@ -295,30 +308,29 @@ def timed_throughput(records: list[dict[str, Any]], warmup: int) -> tuple[float,
 
 
 def record_training_run(
-    recipe: Recipe,
+    run: Configuration,
     gpu: str | None,
     session_records: list[dict[str, Any]],
-    world_size: int,
     peak_memory_gib: float | None,
 ) -> Measurement | None:
-    """What a training session on `gpu` (the run's card: `Machine.gpu_name`) measured, recorded: the job's
-    rate over its train records after the first (which holds compilation and warm-up), per GPU. None on a
-    CPU (`gpu` None) or with too few records."""
+    """What a training session of the `run` configuration on `gpu` (the run's card: `Machine.gpu_name`)
+    measured, recorded: the job's rate over its train records after the first (which holds compilation and
+    warm-up), per GPU. None on a CPU (`gpu` None) or with too few records."""
     train = [r for r in session_records if r.get("kind") == "train"]
     timed = timed_throughput(train, warmup=train[0]["step"]) if train else None
     if timed is None:
         return None
-    return record_measurement(recipe, gpu, timed[0] / world_size, peak_memory_gib, "train", world_size)
+    return record_measurement(run, gpu, timed[0] / run.world_size, peak_memory_gib, "train")
 
 
-def measured_on_a_gpu(recipe: Recipe, world_size: int = 1) -> Measurement | None:
-    """The newest measurement of `recipe`'s configuration on any GPU of the table, the user's before the
+def measured_on_a_gpu(wanted: Configuration) -> Measurement | None:
+    """The newest measurement of the `wanted` configuration on any GPU of the table, the user's before the
     project's shipped ones: what the doctor quotes on a machine without a GPU (labelled with its card)."""
-    found = [m for name in gpu_table() if (m := recorded_measurement(recipe, name, world_size)) is not None]
+    found = [m for name in gpu_table() if (m := recorded_measurement(wanted, name)) is not None]
     return max(found, key=lambda m: (not m.shipped, m.date), default=None)
 
 
-def measured_here(recipe: Recipe, gpu: str | None, world_size: int = 1) -> Measurement | None:
-    """What `recipe`'s configuration measured on the run's GPU, `gpu` (the doctor's question), or None (a
+def measured_here(wanted: Configuration, gpu: str | None) -> Measurement | None:
+    """What the `wanted` configuration measured on the run's GPU, `gpu` (the doctor's question), or None (a
     CPU: `gpu` None)."""
-    return recorded_measurement(recipe, gpu, world_size) if gpu else None
+    return recorded_measurement(wanted, gpu) if gpu else None

@@ -82,11 +82,12 @@ FSDP sharding (FSDP divides the static state by the number of processes).
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
-from hf_pretrain.config import ModelConfig, OptimConfig, Recipe, TrainConfig
+from hf_pretrain.config import ModelConfig, Recipe, TrainConfig
 from hf_pretrain.machine.run_profile import A_GPU, Machine, Step, run_profile
-from hf_pretrain.model.llama import llama_config, recipe_parameter_count
+from hf_pretrain.model.llama import llama_config, model_parameter_count
 
 # Bytes per parameter: fp32 weights, fp32 gradients, AdamW's two fp32 moments.
 # Accelerate's autocast keeps the weights in fp32, so the gradients (and what DDP all-reduces) are fp32.
@@ -222,9 +223,9 @@ def decoder_matrix_parameters(m: ModelConfig) -> int:
     return m.num_hidden_layers * per_layer
 
 
-def optimizer_state_bytes(optim: OptimConfig, model: ModelConfig, n: int) -> int:
+def optimizer_state_bytes(optimizer: str, model: ModelConfig, n: int) -> int:
     """AdamW's two moments for every parameter; with Muon, one momentum for the decoder's matrices."""
-    if optim.optimizer == "muon":
+    if optimizer == "muon":
         return ADAM_BYTES * n - (ADAM_BYTES - MUON_BYTES) * decoder_matrix_parameters(model)
     return ADAM_BYTES * n
 
@@ -234,29 +235,39 @@ def estimate_memory(
 ) -> MemoryEstimate:
     """A what-if: `memory_of` the step `recipe` would run on `machine` (a card of the table, `A_GPU` unless
     named) with `world_size` processes: bf16 and Liger's kernels on a GPU, as run_profile resolves them."""
-    return memory_of(recipe, tokenizer_size, run_profile(recipe, machine, world_size).step)
+    step = run_profile(recipe, machine, world_size).step
+    return memory_of(
+        recipe.model,
+        step,
+        tokenizer_size,
+        seq_len=recipe.data.seq_len,
+        global_batch_tokens=recipe.train.global_batch_tokens,
+    )
 
 
-def memory_of(recipe: Recipe, tokenizer_size: int, kind: Step) -> MemoryEstimate:
-    """Peak training memory of one process for `recipe`'s model and batch run as `kind` says (see the module
-    docstring): a door's profile's step (the doctor's row), or a what-if's (`estimate_memory`). Its
-    precision sets the activations' bytes; its world size, whether a process accumulates micro-batches."""
-    config = llama_config(recipe.model, tokenizer_size)
-    n = recipe_parameter_count(recipe, tokenizer_size)
-    tokens = kind.micro_batch_size * recipe.data.seq_len
-    accumulating = recipe.train.global_batch_tokens > tokens * kind.world_size  # more than one micro-batch a step
-    layers = recipe.model.num_hidden_layers
-    per_layer = tokens * layer_activation_bytes_per_token(recipe.model, kind)
-    layer_input = tokens * recipe.model.hidden_size * kind.compute_bytes  # the residual stream's dtype
+def memory_of(
+    model: ModelConfig, kind: Step, tokenizer_size: int, *, seq_len: int, global_batch_tokens: int
+) -> MemoryEstimate:
+    """Peak training memory of one process for the model section's Llama, a batch of `global_batch_tokens`
+    in sequences of `seq_len`, run as `kind` says (see the module docstring): a door's profile's step (the
+    doctor's row), or a what-if's (`estimate_memory`). Its precision sets the activations' bytes; its
+    optimizer, the optimizer's state; its world size, whether a process accumulates micro-batches."""
+    config = llama_config(model, tokenizer_size)
+    n = model_parameter_count(model, tokenizer_size)
+    tokens = kind.micro_batch_size * seq_len
+    accumulating = global_batch_tokens > tokens * kind.world_size  # more than one micro-batch a step
+    layers = model.num_hidden_layers
+    per_layer = tokens * layer_activation_bytes_per_token(model, kind)
+    layer_input = tokens * model.hidden_size * kind.compute_bytes  # the residual stream's dtype
     return MemoryEstimate(
         parameters=n,
         weights=WEIGHT_BYTES * n,
         gradients=GRADIENT_BYTES * n,
-        optimizer=optimizer_state_bytes(recipe.optim, recipe.model, n),
+        optimizer=optimizer_state_bytes(kind.optimizer, model, n),
         weight_copies=kind.compute_bytes * n if kind.autocast else 0,
         activations=layers * per_layer,
         checkpointed_activations=layers * layer_input + per_layer,
-        head=head_bytes(recipe.model, kind, config.vocab_size, tokens, accumulating),
+        head=head_bytes(model, kind, config.vocab_size, tokens, accumulating),
         embedding_gradient=2 * WEIGHT_BYTES * config.vocab_size * config.hidden_size
         if config.tie_word_embeddings
         else 0,
@@ -300,32 +311,36 @@ def micro_batch_sizes(train: TrainConfig, seq_len: int, world_size: int = 1) -> 
 
 
 def fit_in_memory(
-    recipe: Recipe,
+    model: ModelConfig,
+    train: TrainConfig,
+    step: Step,
+    *,
+    seq_len: int,
     tokenizer_size: int,
     memory_bytes: int,
     micro_batch_size: int | None = None,
     checkpointed_layers: int | None = None,
-    world_size: int = 1,
-    machine: Machine = A_GPU,
 ) -> Fit:
-    """The setting that fits `memory_bytes` (x USABLE_MEMORY_FRACTION): at the recipe's micro-batch,
+    """The setting that fits `memory_bytes` (x USABLE_MEMORY_FRACTION): at the train section's micro-batch,
     no checkpointing, else the fewest checkpointed layers; only when even every layer checkpointed
     does not fit, the next smaller micro-batch that divides the batch, the same way. A micro-batch or
     a number of checkpointed layers given here is kept as it is (the user asked for it): the search
-    only moves the other, and says so when that setting cannot fit."""
+    only moves the other, and says so when that setting cannot fit. `step`: how the run executes on the
+    machine asked (its precision, kernels, optimizer, world size); the search sets its micro-batch."""
     usable = int(USABLE_MEMORY_FRACTION * memory_bytes)
-    layers = recipe.model.num_hidden_layers
-    sizes = [micro_batch_size] if micro_batch_size else micro_batch_sizes(recipe.train, recipe.data.seq_len, world_size)
+    layers = model.num_hidden_layers
+    sizes = [micro_batch_size] if micro_batch_size else micro_batch_sizes(train, seq_len, step.world_size)
     counts = [checkpointed_layers] if checkpointed_layers is not None else list(range(layers + 1))
     smallest = None
     for size in sizes:
-        estimate = estimate_memory(with_micro_batch(recipe, size), tokenizer_size, machine, world_size)
+        kind = dataclasses.replace(step, micro_batch_size=size)
+        estimate = memory_of(
+            model, kind, tokenizer_size, seq_len=seq_len, global_batch_tokens=train.global_batch_tokens
+        )
         for count in counts:
             peak = estimate.peak(count)
             if peak <= usable:
-                return Fit(
-                    True, size, count, peak, usable, _fit_reason(recipe.train.micro_batch_size, size, count, layers)
-                )
+                return Fit(True, size, count, peak, usable, _fit_reason(train.micro_batch_size, size, count, layers))
             smallest = peak
     assert smallest is not None
     asked = []

@@ -2,7 +2,7 @@
 check that a rented GPU delivers what its kind should (the doctor's slow-node warning, bench), and
 docs/gpu.md's step budget (benchmarks/estimate_step_budget.py prints it).
 
-    modelled_tokens_per_s(recipe, gpu)     tokens/s of one GPU running this recipe as configured
+    modelled_tokens_per_s(work, gpu)       tokens/s of one GPU running a workload (workload.recipe_workload)
 
 What a token costs comes from workload.py (FLOPs by kind, bytes by kernel, for the configuration:
 compiled or eager, Liger, AdamW or Muon, bf16/fp8/fp32, micro-batch, checkpointed layers). Its time
@@ -68,11 +68,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from hf_pretrain.config import Recipe
-from hf_pretrain.economics.workload import Workload, recipe_workload
+from hf_pretrain.economics.workload import Workload
 from hf_pretrain.machine.gpus import GPU, find_gpu
 from hf_pretrain.machine.precisions import Precision
-from hf_pretrain.machine.run_profile import machine_with, refusal_for, run_profile
+from hf_pretrain.machine.run_profile import refusal_for
 
 GEMM_SHARE = 0.82
 DEFAULT_MATMUL_EFFICIENCY = 0.80
@@ -180,46 +179,34 @@ def physical_limit(workload: Workload, gpu: GPU) -> float:
     return gpu.bf16_flops / workload.flops_per_token
 
 
-def modelled_tokens_per_s(
-    recipe: Recipe,
-    gpu: GPU,
-    micro_batch_size: int | None = None,
-    checkpointed_layers: int | None = None,
-    world_size: int = 1,
-) -> float:
-    """The model's tokens/s of one GPU for the recipe as configured (compile, liger, optimizer,
-    mixed_precision, tf32; its own micro-batch and checkpointing unless given). Raises ValueError
-    (one line) for mixed_precision fp8 on a card without FP8."""
-    work = recipe_workload(
-        recipe,
-        micro_batch_size=micro_batch_size,
-        world_size=world_size,
-        checkpointed_layers=checkpointed_layers,
-        machine=machine_with(gpu),
-    )
+def modelled_tokens_per_s(work: Workload, gpu: GPU) -> float:
+    """The model's tokens/s of one GPU running `work` (workload.recipe_workload: the recipe as configured,
+    compile, liger, optimizer, mixed_precision, tf32, micro-batch and checkpointing; the step is the same on
+    every card of the table). Raises ValueError (one line) for mixed_precision fp8 on a card without FP8."""
     return step_time(work, gpu).tokens_per_s
 
 
-def scaled_to_measurement(recipe: Recipe, measured_tokens_per_s: float, measured_gpu: GPU, gpu: GPU) -> float:
-    """An estimate for `gpu` from a measurement on `measured_gpu`: the model's figure for `gpu` times the
-    measured card's measured-to-modelled ratio (bench's other GPUs, labelled estimates)."""
-    return modelled_tokens_per_s(recipe, gpu) * measured_tokens_per_s / modelled_tokens_per_s(recipe, measured_gpu)
+def scaled_to_measurement(work: Workload, measured_tokens_per_s: float, measured_gpu: GPU, gpu: GPU) -> float:
+    """An estimate for `gpu` from a measurement of `work` on `measured_gpu`: the model's figure for `gpu` times
+    the measured card's measured-to-modelled ratio (bench's other GPUs, labelled estimates)."""
+    return modelled_tokens_per_s(work, gpu) * measured_tokens_per_s / modelled_tokens_per_s(work, measured_gpu)
 
 
 # ---------------------------------------------------------------------- is this node slow?
-def slow_node_warning(measured_tokens_per_s: float, device_name: str, recipe: Recipe) -> str | None:
+def slow_node_warning(measured_tokens_per_s: float, device_name: str, work: Workload) -> str | None:
     """A line naming this GPU as likely slow or faulty when it delivers less than SLOW_NODE_FRACTION of
-    the model for its kind and this configuration (compiled or eager, Liger, optimizer, precision),
+    the model for its kind and this configuration (`work`: compiled or eager, Liger, optimizer, precision),
     else None (also for a device the GPU table does not know, e.g. a CPU).
 
     `measured_tokens_per_s` is one GPU's rate after warm-up (compilation) with the recipe's own
-    micro-batch and checkpointing. fp32 runs are modelled only coarsely and are not judged.
+    micro-batch and checkpointing, one process's workload. fp32 runs are modelled only coarsely and are
+    not judged.
     """
     gpu = find_gpu(device_name)
-    if gpu is None or measured_tokens_per_s <= 0 or not run_profile(recipe, machine_with(gpu)).step.autocast:
+    if gpu is None or measured_tokens_per_s <= 0 or not work.config.autocast:
         return None
     try:
-        expected = modelled_tokens_per_s(recipe, gpu)
+        expected = modelled_tokens_per_s(work, gpu)
     except ValueError:  # fp8 on a card without: the doctor refuses that, not this check
         return None
     if measured_tokens_per_s >= SLOW_NODE_FRACTION * expected:

@@ -7,9 +7,9 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from hf_pretrain.config import Recipe
-from hf_pretrain.economics.measurements import shipped_measurement
+from hf_pretrain.economics.measurements import configuration, shipped_measurement
 from hf_pretrain.economics.performance import step_time
-from hf_pretrain.economics.workload import LOSS_BYTES, Shape, Workload, recipe_shape, workload
+from hf_pretrain.economics.workload import LOSS_BYTES, Shape, Workload, model_shape, workload
 from hf_pretrain.machine.gpus import gpu_named
 from hf_pretrain.machine.run_profile import Step
 
@@ -79,7 +79,7 @@ def h100(one_b: Recipe, **train) -> float:
     """What the 1b measured on the project's H100 SXM with `train` changed: the shipped records
     (economics/measured.jsonl), the one home of those figures."""
     recipe = one_b.replace(**train)
-    measured = shipped_measurement(recipe, "H100 SXM")
+    measured = shipped_measurement(configuration(recipe), "H100 SXM")
     if measured is None:
         raise LookupError(f"no shipped H100 SXM measurement of the 1b with {train} in economics/measured.jsonl")
     return measured.tokens_per_s
@@ -87,7 +87,7 @@ def h100(one_b: Recipe, **train) -> float:
 
 def published_runs(one_b: Recipe) -> list[PublishedRun]:
     """Every measurement of the check, with `one_b` the shipped `1b` recipe (compiled, AdamW, bf16)."""
-    shape = recipe_shape(one_b)
+    shape = model_shape(one_b.model, one_b.data)
     step = one_b.train.global_batch_tokens
     compiled = Step(micro_batch_size=one_b.train.micro_batch_size)
     eager = replace(compiled, compiled=False)

@@ -34,10 +34,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from hf_pretrain.config import Recipe
+from hf_pretrain.config import DataConfig, ModelConfig, Recipe
 from hf_pretrain.machine.run_profile import A_GPU, Machine, Step, run_profile
 from hf_pretrain.model.fp8 import pays_in_fp8
-from hf_pretrain.model.llama import llama_config, recipe_parameter_count, recipe_tokenizer_size, shape_flops_per_token
+from hf_pretrain.model.llama import llama_config, model_parameter_count, shape_flops_per_token, tokenizer_size_of
 
 # Chosen: an elementwise op's backward reads its saved input and the incoming gradient and writes the
 # outgoing gradient; norms and products read two saved tensors (docs/gpu.md's step budget, issue 26).
@@ -200,17 +200,18 @@ def workload(shape: Shape, config: Step, tokens_per_step: float) -> Workload:
     )
 
 
-def recipe_shape(recipe: Recipe, tokenizer_size: int | None = None) -> Shape:
-    size = recipe_tokenizer_size(recipe) if tokenizer_size is None else tokenizer_size
-    m = recipe.model
+def model_shape(m: ModelConfig, data: DataConfig, tokenizer_size: int | None = None) -> Shape:
+    """The model section's shape at the data section's context length; its vocabulary the data section's
+    tokenizer's unless `tokenizer_size` (a prepared one's) is given."""
+    size = tokenizer_size_of(data) if tokenizer_size is None else tokenizer_size
     return Shape(
         layers=m.num_hidden_layers,
         hidden=m.hidden_size,
         kv_width=m.num_key_value_heads * (m.hidden_size // m.num_attention_heads),
         intermediate=m.intermediate_size,
         vocab_rows=llama_config(m, size).vocab_size,
-        seq_len=recipe.data.seq_len,
-        parameters=recipe_parameter_count(recipe, size),
+        seq_len=data.seq_len,
+        parameters=model_parameter_count(m, size),
     )
 
 
@@ -225,4 +226,6 @@ def recipe_workload(
     """The workload of the recipe's configuration on one of `world_size` data-parallel GPUs (`machine`:
     the card, which resolves `mixed_precision: auto`; a GPU with bf16 unless given)."""
     config = run_profile(recipe, machine, world_size, micro_batch_size, checkpointed_layers).step
-    return workload(recipe_shape(recipe, tokenizer_size), config, recipe.train.global_batch_tokens / world_size)
+    return workload(
+        model_shape(recipe.model, recipe.data, tokenizer_size), config, recipe.train.global_batch_tokens / world_size
+    )

@@ -26,7 +26,7 @@ import torch
 from safetensors import safe_open
 from transformers import LlamaConfig, PreTrainedTokenizerFast
 
-from hf_pretrain.config import ModelConfig, Recipe
+from hf_pretrain.config import DataConfig, ModelConfig
 from hf_pretrain.config.model_section import padded_vocab_size
 from hf_pretrain.data.tokenizer import (
     TokenizerError,
@@ -256,12 +256,12 @@ def load_base_weights(model: torch.nn.Module, base: BaseModel) -> int:
 
 
 # ---------------------------------------------------------------------- held to the recipe and the data
-def recipe_differences(config: LlamaConfig, recipe: Recipe) -> dict[str, tuple[Any, Any]]:
+def recipe_differences(config: LlamaConfig, m: ModelConfig, d: DataConfig) -> dict[str, tuple[Any, Any]]:
     """{recipe key: (the recipe's value, the base's value)} for each model key where they differ.
 
-    Embedding rows are the recipe's `vocab_size` plus `special_tokens` rounded up to `vocab_multiple`;
-    a difference there is named as `vocab_multiple` when another multiple gives the base's rows."""
-    m, d = recipe.model, recipe.data
+    Embedding rows are the data section's `vocab_size` plus `special_tokens` rounded up to the model
+    section's `vocab_multiple`; a difference there is named as `vocab_multiple` when another multiple
+    gives the base's rows."""
     base = {key: getattr(config, key, None) for key in CHECKED_KEYS}
     base["rope_theta"] = (getattr(config, "rope_parameters", None) or {}).get("rope_theta", base["rope_theta"])
     out = {key: (getattr(m, key), base[key]) for key in CHECKED_KEYS if getattr(m, key) != base[key]}

@@ -5,7 +5,7 @@ from __future__ import annotations
 import types
 from typing import TYPE_CHECKING
 
-from hf_pretrain.config import ModelConfig, Recipe
+from hf_pretrain.config import DataConfig, ModelConfig
 from hf_pretrain.config.model_section import padded_vocab_size
 
 if TYPE_CHECKING:  # imported where a model is built: the counts `plan` and `stop` read need neither
@@ -13,9 +13,9 @@ if TYPE_CHECKING:  # imported where a model is built: the counts `plan` and `sto
     from transformers import LlamaConfig, LlamaForCausalLM
 
 
-def recipe_tokenizer_size(recipe: Recipe) -> int:
-    """Tokens the recipe's tokenizer will have: the BPE vocabulary plus the extra special tokens."""
-    return recipe.data.vocab_size + len(recipe.data.special_tokens)
+def tokenizer_size_of(data: DataConfig) -> int:
+    """Tokens the data section's tokenizer will have: the BPE vocabulary plus the extra special tokens."""
+    return data.vocab_size + len(data.special_tokens)
 
 
 def llama_config(
@@ -130,13 +130,12 @@ def count_parameters(model: torch.nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-def recipe_parameter_count(recipe: Recipe, tokenizer_size: int | None = None) -> int:
-    """Parameters of the recipe's model, counted on the meta device (nothing is allocated).
+def model_parameter_count(model: ModelConfig, tokenizer_size: int) -> int:
+    """Parameters of the model section's Llama, counted on the meta device (nothing is allocated).
 
-    `tokenizer_size` defaults to what the recipe's tokenizer will have; pass a prepared one's.
+    `tokenizer_size`: what the data section's tokenizer will have (`tokenizer_size_of`), or a prepared one's.
     """
-    size = recipe_tokenizer_size(recipe) if tokenizer_size is None else tokenizer_size
-    return count_parameters(build_model(llama_config(recipe.model, size), device="meta"))
+    return count_parameters(build_model(llama_config(model, tokenizer_size), device="meta"))
 
 
 # Training FLOPs of the dense matmuls per parameter and token: 2 in the forward pass (a multiply and
@@ -149,11 +148,12 @@ def dense_flops_per_token(n_params: float) -> float:
     return TRAINING_FLOPS_PER_PARAMETER * n_params
 
 
-def recipe_flops_per_token(recipe: Recipe) -> tuple[int, float]:
-    """(parameters, training FLOPs per token) of the recipe's model at its context length."""
-    n_params = recipe_parameter_count(recipe)
-    config = llama_config(recipe.model, recipe_tokenizer_size(recipe))
-    return n_params, flops_per_token(config, n_params, recipe.data.seq_len)
+def model_flops_per_token(model: ModelConfig, data: DataConfig) -> tuple[int, float]:
+    """(parameters, training FLOPs per token) of the model section's Llama with the data section's
+    tokenizer, at its context length."""
+    config = llama_config(model, tokenizer_size_of(data))
+    n_params = count_parameters(build_model(config, device="meta"))
+    return n_params, flops_per_token(config, n_params, data.seq_len)
 
 
 def flops_per_token(config: LlamaConfig, n_params: int, seq_len: int) -> float:

@@ -4,11 +4,12 @@ configuration (labelled an estimate)."""
 
 from __future__ import annotations
 
-from hf_pretrain.config import KEY_SECTION, Recipe, TrainConfig, build_recipe
+from hf_pretrain.config import KEY_SECTION, Recipe, ReportingConfig, TrainConfig, build_recipe
 from hf_pretrain.config.recipe_command import recipe_command
 from hf_pretrain.economics.cost import dollars, dollars_per_billion_tokens
-from hf_pretrain.economics.measurements import Measurement, measured_here, measured_on_a_gpu
+from hf_pretrain.economics.measurements import Measurement, configuration, measured_here, measured_on_a_gpu
 from hf_pretrain.economics.performance import modelled_tokens_per_s
+from hf_pretrain.economics.workload import Workload, recipe_workload
 from hf_pretrain.formatting import usd
 from hf_pretrain.machine.gpus import find_gpu
 from hf_pretrain.preflight.result import CheckResult
@@ -19,15 +20,15 @@ def run_tokens(train: TrainConfig) -> int:
     return train.max_steps * train.global_batch_tokens
 
 
-def run_hours(recipe: Recipe) -> float | None:
+def run_hours(train: TrainConfig, reporting: ReportingConfig) -> float | None:
     """Wall-clock hours at expected_tokens_per_s, or None when the throughput is unknown (0)."""
-    rate = recipe.reporting.expected_tokens_per_s
-    return run_tokens(recipe.train) / rate / 3600 if rate else None
+    rate = reporting.expected_tokens_per_s
+    return run_tokens(train) / rate / 3600 if rate else None
 
 
-def run_cost(recipe: Recipe) -> float | None:
+def run_cost(train: TrainConfig, reporting: ReportingConfig) -> float | None:
     """Dollars at price_per_hour for the whole job, or None when throughput or price is unknown."""
-    hours, price = run_hours(recipe), recipe.reporting.price_per_hour
+    hours, price = run_hours(train, reporting), reporting.price_per_hour
     return dollars(hours, price) if hours is not None and price else None
 
 
@@ -40,15 +41,15 @@ def bench_command(recipe: Recipe) -> str:
     return recipe_command(recipe.replace(output_dir=url) if url else recipe, "bench", KEY_SECTION)
 
 
-def modelled_rate(recipe: Recipe, gpu_name: str | None, world_size: int = 1) -> float | None:
-    """The performance model's job tokens/s for the recipe as configured on `world_size` GPUs named
-    `gpu_name` (data parallel, communication left out), or None: no GPU, a GPU the table does not
-    know, or a configuration the card cannot run (fp8 without FP8: the cuda check says so)."""
+def modelled_rate(work: Workload, gpu_name: str | None) -> float | None:
+    """The performance model's job tokens/s for `work` (one of its world size's data-parallel processes) on
+    GPUs named `gpu_name` (communication left out), or None: no GPU, a GPU the table does not know, or a
+    configuration the card cannot run (fp8 without FP8: the cuda check says so)."""
     gpu = find_gpu(gpu_name) if gpu_name else None
     if gpu is None:
         return None
     try:
-        return world_size * modelled_tokens_per_s(recipe, gpu, world_size=world_size)
+        return work.config.world_size * modelled_tokens_per_s(work, gpu)
     except ValueError:
         return None
 
@@ -57,16 +58,20 @@ def check_cost(recipe: Recipe, gpu_name: str | None = None, world_size: int = 1)
     """Time and cost at the recipe's expected_tokens_per_s, else at what this configuration measured on
     this GPU, `gpu_name` (economics/measurements.py), else at the model's for it. `gpu_name`: the card
     the run is on, None on a CPU."""
-    measured = None if recipe.reporting.expected_tokens_per_s else measured_here(recipe, gpu_name, world_size)
+    # what a measurement of this configuration is keyed by, where the recipe does not state its rate
+    wanted = None if recipe.reporting.expected_tokens_per_s else configuration(recipe, world_size)
+    measured = measured_here(wanted, gpu_name) if wanted else None
     if measured:  # what this configuration measured on this GPU stands in for the unknown rate
         recipe = build_recipe(recipe.to_dict(), {"expected_tokens_per_s": measured.tokens_per_s * world_size})
     t = recipe.train
     tokens = f"{run_tokens(recipe.train):,} tokens ({t.max_steps:,} steps x {t.global_batch_tokens:,})"
-    hours, cost = run_hours(recipe), run_cost(recipe)
-    elsewhere = measured_on_a_gpu(recipe, world_size) if hours is None and gpu_name is None else None
+    hours, cost = run_hours(recipe.train, recipe.reporting), run_cost(recipe.train, recipe.reporting)
+    elsewhere = measured_on_a_gpu(wanted) if wanted and hours is None and gpu_name is None else None
     if elsewhere:  # no GPU here: the configuration's measurement on a card of the table, said as that card's
-        return measured_elsewhere(recipe, elsewhere, tokens, world_size)
-    modelled = modelled_rate(recipe, gpu_name, world_size) if hours is None else None
+        return measured_elsewhere(recipe.train, recipe.name, elsewhere, tokens, world_size)
+    modelled = None  # the performance model's rate, for a GPU here (the workload is built for one only)
+    if hours is None and gpu_name:
+        modelled = modelled_rate(recipe_workload(recipe, world_size=world_size), gpu_name)
     if modelled:
         hours = run_tokens(recipe.train) / modelled / 3600
         gpus = f"{world_size} x {gpu_name}" if world_size > 1 else gpu_name
@@ -106,12 +111,14 @@ def check_cost(recipe: Recipe, gpu_name: str | None = None, world_size: int = 1)
     )
 
 
-def measured_elsewhere(recipe: Recipe, measured: Measurement, tokens: str, world_size: int) -> CheckResult:
+def measured_elsewhere(
+    train: TrainConfig, recipe_name: str, measured: Measurement, tokens: str, world_size: int
+) -> CheckResult:
     """Time and cost on the card that measured this configuration, at that card's typical price (the
     recipe's price_per_hour may be another card's): a machine without a GPU has none of its own."""
     gpu = find_gpu(measured.gpu)
     rate = measured.tokens_per_s * world_size
-    hours = run_tokens(recipe.train) / rate / 3600
+    hours = run_tokens(train) / rate / 3600
     gpus = f"{world_size} x {measured.gpu}" if world_size > 1 else f"one {measured.gpu}"
     price = gpu.usd_per_hour * world_size if gpu is not None else 0.0
     cost = f", {usd(dollars(hours, price))} at {usd(price)}/h (its typical price)" if price else ""
@@ -119,5 +126,5 @@ def measured_elsewhere(recipe: Recipe, measured: Measurement, tokens: str, world
         "time and cost",
         "pass",
         f"{tokens}: {hours:,.1f} h at {rate:,.0f} tokens/s on {gpus}{cost} ({measured.label()}; no GPU here: "
-        f"`hf-pretrain plan --recipe {recipe.name} --gpu all` ranks the other cards)",
+        f"`hf-pretrain plan --recipe {recipe_name} --gpu all` ranks the other cards)",
     )

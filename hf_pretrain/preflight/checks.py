@@ -12,8 +12,9 @@ from collections.abc import Callable
 from hf_pretrain.checkpoints.resume_decision import decide_resume
 from hf_pretrain.checkpoints.resume_plan import Continuation
 from hf_pretrain.config import Recipe
-from hf_pretrain.data.prepared import data_identity
+from hf_pretrain.data.prepared import check_prepared_data, data_identity
 from hf_pretrain.machine.run_profile import RunProfile
+from hf_pretrain.model.llama import model_parameter_count, tokenizer_size_of
 from hf_pretrain.object_store.location import Location, Where
 from hf_pretrain.preflight.budget import check_cost
 from hf_pretrain.preflight.data import (
@@ -26,7 +27,12 @@ from hf_pretrain.preflight.data import (
     check_prepared,
 )
 from hf_pretrain.preflight.dependencies import check_versions
-from hf_pretrain.preflight.disk import check_disk_space, check_not_in_use, check_output_writable, check_save_speed
+from hf_pretrain.preflight.disk import (
+    check_disk_space,
+    check_not_in_use,
+    check_output_writable,
+    check_save_speed,
+)
 from hf_pretrain.preflight.gpu import (
     check_bf16,
     check_compiler,
@@ -81,8 +87,9 @@ def run_checks(
     disk, memory, money. `resume_decision` is training's own (made once, then loaded); the doctor's is
     made here, once, for the checks that ask it. `profile`: the run's, built at the command's door
     (training's setup, the doctor's main): no row asks which machine this is. Each row is handed what it
-    checks (a section, the run folder, the profile); the memory, the cost, the data and the resume rows
-    read the whole configuration (the model's size, the prepared data's match, the plan), so they take it."""
+    checks (a section, the run folder, the profile), and what is worked out once for several: the prepared
+    data's match with the recipe, the model's size, the resume plan; the memory and the cost rows, and the
+    ones that build the model's or the loader's parts (liger, init_from, loader), still read the whole recipe."""
     from hf_pretrain.preflight.store_access import check_resume_from_store as resume_row
     from hf_pretrain.preflight.store_access import data_store_refused
 
@@ -92,15 +99,15 @@ def run_checks(
     store = _in_store(recipe, where.run)
     if store is not None:  # a URL output_dir (the doctor's; training checks its working copy): store_access.py
         recipe, url_recipe = store, recipe
+    t, saves, speed = recipe.train, recipe.checkpoints, recipe.reporting.expected_tokens_per_s
+    parameters = functools.cache(lambda: model_parameter_count(recipe.model, tokenizer_size_of(recipe.data)))
+    prepared = functools.cache(lambda: check_prepared_data(recipe))  # the data rows'
     decision = resume_decision or functools.cache(lambda: decide_resume(recipe, data_identity(recipe.data.data_dir)))
     checks: list[tuple[str, Callable[[], CheckResult | list[CheckResult]]]] = [
         ("versions", lambda: check_versions(recipe.compute, profile)),
         ("trackers", lambda: check_trackers(recipe.reporting)),
         ("lm-eval tasks", lambda: check_lm_eval_tasks(recipe.evaluation)),  # scored at every checkpoint: known before
-        (
-            "hub",
-            lambda: check_hub(recipe.publish, output_dir=recipe.train.output_dir),
-        ),  # push_to_hub: a warning, the run trains anyway
+        ("hub", lambda: check_hub(recipe.publish, output_dir=t.output_dir)),  # push_to_hub: warns, the run trains
         ("cuda", lambda: check_cuda(recipe.compute, profile)),
         ("bf16", lambda: check_bf16(profile)),
         ("fp8", lambda: check_fp8(profile)),
@@ -108,14 +115,14 @@ def run_checks(
         ("attention", lambda: check_attention_backend(recipe.model, profile)),
         ("compiler", lambda: check_compiler(recipe.compute, profile)),
         ("liger + compile", lambda: check_liger_under_compile(recipe)),
-        ("data", lambda: check_prepared(recipe)),
-        ("data cache", lambda: check_data_cache(recipe, where.data)),  # data_dir as a URL only
-        ("init_from", lambda: check_init_from(recipe, decision)),  # nothing without one
-        ("data budget", lambda: check_data_budget(recipe)),
+        ("data", lambda: check_prepared(recipe.data, recipe.evaluation, prepared)),
+        ("data cache", lambda: check_data_cache(recipe.data, where.data, prepared, cache_dir=recipe.store.cache_dir)),
+        ("init_from", lambda: check_init_from(recipe, decision, data=where.data)),  # nothing without one
+        ("data budget", lambda: check_data_budget(t, recipe.data, recipe.optim, prepared)),
         ("seq_len", lambda: check_context(recipe.data, recipe.model)),
-        ("batch", lambda: check_batch_split(recipe, world_size)),
+        ("batch", lambda: check_batch_split(t, world_size, seq_len=recipe.data.seq_len)),
         ("num_workers", lambda: check_num_workers(recipe.data)),
-        ("loader", lambda: check_loader_pickling(recipe)),
+        ("loader", lambda: check_loader_pickling(t, recipe.data, cache_dir=recipe.store.cache_dir)),
         (
             "output_dir",
             lambda: check_output_writable(recipe.train.output_dir) if store is None else check_store(url_recipe),
@@ -123,11 +130,14 @@ def run_checks(
         ("in use", lambda: check_not_in_use(recipe.train.output_dir)),
         (
             "resume",
-            lambda: check_resume(recipe, decision) if store is None else resume_row(url_recipe, recipe, decision),
+            lambda: check_resume(t, saves, decision) if store is None else resume_row(url_recipe, recipe, decision),
         ),
         ("stop request", lambda: check_stop_request(recipe.train.output_dir, decision)),
-        ("disk space", lambda: check_disk_space(recipe)),
-        ("save speed", lambda: check_save_speed(recipe)),
+        ("disk space", lambda: check_disk_space(t, saves, recipe.data, parameters=parameters())),
+        (
+            "save speed",
+            lambda: check_save_speed(t, saves, recipe.data, parameters=parameters(), expected_tokens_per_s=speed),
+        ),
         ("gpu memory", lambda: check_memory(recipe, profile, device_memory_bytes)),
         ("time and cost", lambda: check_cost(recipe, profile.machine.gpu_name, world_size)),
     ]
@@ -158,7 +168,7 @@ def _in_store(recipe: Recipe, run: Location) -> Recipe | None:
 
     from hf_pretrain.run_store.run_sync import working_copy
 
-    return recipe.replace(output_dir=str(working_copy(recipe)))
+    return recipe.replace(output_dir=str(working_copy(recipe.train.output_dir, recipe.store.cache_dir)))
 
 
 def tried_on_the_device(refusal: CheckResult) -> CheckResult:

@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import pickle
 import shutil
+from collections.abc import Callable
+from typing import Any
 
 import torch
+from torch.utils.data import DataLoader
 
-from hf_pretrain.config import DataConfig, ModelConfig, Recipe, RecipeError, TrainConfig
-from hf_pretrain.data.loader import build_mixture, build_train_loader
-from hf_pretrain.data.prepared import DataMismatchError, check_prepared_data, prepare_hint, reprepare_hint
+from hf_pretrain.config import DataConfig, EvaluationConfig, ModelConfig, OptimConfig, RecipeError, TrainConfig
+from hf_pretrain.config.schema import grad_accum_steps
+from hf_pretrain.data.loader import TrainData, build_mixture
+from hf_pretrain.data.prepared import DataMismatchError, read_meta
 from hf_pretrain.data.tokenizer import TokenizerUnreadable
 from hf_pretrain.formatting import human_bytes
 from hf_pretrain.object_store.location import Location
@@ -17,11 +21,15 @@ from hf_pretrain.object_store.store_calls import StoreError
 from hf_pretrain.optim.build import Schedule
 from hf_pretrain.preflight.result import CheckResult
 
+# The run's prepared data checked against its recipe (`check_prepared_data`), made once by `run_checks`
+# for every data row (a failure is raised again to each, which says it its way).
+Prepared = Callable[[], dict[str, Any]]
 
-def check_prepared(recipe: Recipe) -> CheckResult:
+
+def check_prepared(data: DataConfig, evaluation: EvaluationConfig, prepared: Prepared) -> CheckResult:
     """meta.json, tokenizer and shards in data_dir agree with the recipe (tokenizer, vocabulary, sizes)."""
     try:
-        meta = check_prepared_data(recipe)
+        meta = prepared()
     except StoreError as exc:  # data_dir's store: unreachable, a missing bucket, refused credentials (redacted)
         reason, _, fix = str(exc).rpartition("; ")
         return CheckResult("data", "fail", reason or fix, fix if reason else "")
@@ -31,21 +39,20 @@ def check_prepared(recipe: Recipe) -> CheckResult:
             return CheckResult("data", "fail", reason, fix)
         # The message ends with its fix, a prepare (into this folder, or a new one); the table shows it once.
         message = str(exc)
-        for fix in (prepare_hint(recipe), reprepare_hint(recipe)):
-            if message.endswith(f"; {fix}"):
-                return CheckResult("data", "fail", message.removesuffix(f"; {fix}"), fix)
+        if exc.fix:
+            return CheckResult("data", "fail", message.removesuffix(f"; {exc.fix}"), exc.fix)
         reason, _, fix = message.rpartition("; ")
         return CheckResult("data", "fail", reason or fix, fix if reason else "")
     train_tokens, val_tokens = meta["splits"]["train"]["tokens"], meta["splits"]["validation"]["tokens"]
     reason = (
-        f"{recipe.data.data_dir}: {train_tokens:,} training tokens, {val_tokens:,} validation tokens, "
+        f"{data.data_dir}: {train_tokens:,} training tokens, {val_tokens:,} validation tokens, "
         f"vocabulary {meta['vocab_size']:,}, {meta['dtype']}"
     )
-    if val_tokens < recipe.evaluation.eval_tokens:  # val_loss then covers all of them: still the same on any world size
+    if val_tokens < evaluation.eval_tokens:  # val_loss then covers all of them: still the same on any world size
         return CheckResult(
             "data",
             "warn",
-            f"{reason}; eval_tokens={recipe.evaluation.eval_tokens:,} asks for more, so "
+            f"{reason}; eval_tokens={evaluation.eval_tokens:,} asks for more, so "
             f"every evaluation uses all {val_tokens:,}",
             f"--eval_tokens {val_tokens} to say so, or a lower val_every at the next prepare",
         )
@@ -57,19 +64,20 @@ def check_prepared(recipe: Recipe) -> CheckResult:
 MAX_EPOCHS = 4
 
 
-def check_data_budget(recipe: Recipe) -> CheckResult:
+def check_data_budget(t: TrainConfig, data: DataConfig, optim: OptimConfig, prepared: Prepared) -> CheckResult:
     """How many passes over each source's prepared training data the planned steps make, under the
     recipe's weights (and decay weights from the decay on): past one, a source repeats (each pass
     over the most-read source is logged); past MAX_EPOCHS, the later tokens are worth much less."""
     try:
-        meta = check_prepared_data(recipe)
+        meta = prepared()
     except (DataMismatchError, StoreError):
         return CheckResult("data budget", "skip", "needs valid prepared data (see `data`)")
-    t, seq_len = recipe.train, recipe.data.seq_len
+    seq_len = data.seq_len
     samples = [max(0, (s["splits"]["train"]["tokens"] - 1) // seq_len) for s in meta["sources"]]  # the loader's
     per_step = t.global_batch_tokens // seq_len
-    decay_start = Schedule(recipe.optim, max_steps=recipe.train.max_steps).decay_start()
-    mixture = build_mixture(recipe, samples, None if decay_start is None else decay_start * per_step)
+    decay_start = Schedule(optim, max_steps=t.max_steps).decay_start()
+    decay_position = None if decay_start is None else decay_start * per_step
+    mixture = build_mixture(data.sources, samples, decay_position, seed=t.seed)
     planned = t.max_steps * t.global_batch_tokens
     epochs = mixture.epochs_before(t.max_steps * per_step)
     names = [s["name"] for s in meta["sources"]]
@@ -115,11 +123,10 @@ def check_context(data: DataConfig, model: ModelConfig) -> CheckResult:
     return CheckResult("seq_len", "pass", f"{seq_len} within max_position_embeddings={limit}")
 
 
-def check_batch_split(recipe: Recipe, world_size: int) -> CheckResult:
-    """The global batch splits into whole micro-batches on `world_size` processes."""
-    t, seq_len = recipe.train, recipe.data.seq_len
+def check_batch_split(t: TrainConfig, world_size: int, *, seq_len: int) -> CheckResult:
+    """The global batch of `t` splits into whole micro-batches of `seq_len` samples on `world_size` processes."""
     try:
-        accumulation = recipe.grad_accum_steps(world_size)
+        accumulation = grad_accum_steps(t, world_size, seq_len=seq_len)
     except RecipeError as exc:  # its own advice (change either key) may not work: the fix names values that do
         return CheckResult("batch", "fail", str(exc).partition("; change")[0], batch_split_fix(t, seq_len, world_size))
     return CheckResult(
@@ -170,7 +177,7 @@ def check_num_workers(data: DataConfig) -> CheckResult:
     return CheckResult("num_workers", "pass", f"{workers} loader process(es)")
 
 
-def check_loader_pickling(recipe: Recipe) -> CheckResult:
+def check_loader_pickling(t: TrainConfig, data: DataConfig, *, cache_dir: str | None) -> CheckResult:
     """What a worker process receives (dataset, collate_fn, worker_init_fn) survives pickling and
     yields a batch from the copy, the way a `spawn`/`forkserver` worker would get it. The batch
     sampler stays in the training process, but goes through the same round trip so that the
@@ -181,7 +188,7 @@ def check_loader_pickling(recipe: Recipe) -> CheckResult:
     name = "loader"
     fix = "keep what workers receive picklable: module-level functions, no lambdas, open files or locks"
     try:
-        loader = build_train_loader(recipe, rank=0, world_size=1, grad_accum=recipe.grad_accum_steps(1), start_step=0)
+        loader = _first_rank_loader(t, data, cache_dir)
     except (DataMismatchError, RecipeError):
         return CheckResult(name, "skip", "needs valid prepared data and batch settings (see `data` and `batch`)")
     except StoreError as exc:  # a data cache too small for one step's blocks names its key; the store its fault
@@ -202,7 +209,7 @@ def check_loader_pickling(recipe: Recipe) -> CheckResult:
         return CheckResult(
             name, "fail", f"the unpickled loader cannot produce a batch: {type(exc).__name__}: {exc}", fix
         )
-    expected = (recipe.train.micro_batch_size, recipe.data.seq_len + 1)
+    expected = (t.micro_batch_size, data.seq_len + 1)
     if not isinstance(batch, torch.Tensor) or tuple(batch.shape) != expected or batch.dtype != torch.long:
         found = f"{tuple(batch.shape)} {batch.dtype}" if isinstance(batch, torch.Tensor) else type(batch).__name__
         return CheckResult(name, "fail", f"the loader yields {found}, expected {expected} torch.int64", fix)
@@ -214,30 +221,50 @@ def check_loader_pickling(recipe: Recipe) -> CheckResult:
     )
 
 
+def _first_rank_loader(t: TrainConfig, data: DataConfig, cache_dir: str | None) -> DataLoader:
+    """The training batches of one process alone, from step 0, as training builds them (`TrainData`), the
+    data read from `cache_dir` (the store section's) where data_dir is a URL."""
+    grad_accum = grad_accum_steps(t, 1, seq_len=data.seq_len)
+    meta = read_meta(data.data_dir, cache_dir=cache_dir)  # a missing one: the row skips, `data` names the fix
+    rank_data = TrainData(
+        data,
+        meta=meta,
+        rank=0,
+        world_size=1,
+        grad_accum=grad_accum,
+        micro_batch_size=t.micro_batch_size,
+        seed=t.seed,
+        cache_dir=cache_dir,
+    )
+    return rank_data.loader(0, (0, 0), None)
+
+
 def _fix_of(message: str) -> str:
     return "set " + message.rpartition(": set ")[2] if ": set " in message else ""
 
 
-def check_data_cache(recipe: Recipe, data: Location) -> CheckResult | list[CheckResult]:
-    """data_dir as a URL: the data's size against the cache bound (data_cache_gb) and the free disk under it.
-    No row for a local data_dir (read in place)."""
-    if not data.in_store:
+def check_data_cache(
+    data: DataConfig, location: Location, prepared: Prepared, *, cache_dir: str | None
+) -> CheckResult | list[CheckResult]:
+    """data_dir as a URL (`location`): the data's size against the cache bound (data_cache_gb) and the free
+    disk under its local copy (in `cache_dir`, the store section's). No row for a local data_dir (read in place)."""
+    if not location.in_store:
         return []
     from hf_pretrain.data.prepared import data_folder
     from hf_pretrain.preflight.disk import nearest_existing
 
     try:
-        meta = check_prepared_data(recipe)
-        folder = data_folder(recipe.data.data_dir, recipe)
+        meta = prepared()
+        folder = data_folder(data.data_dir, cache_dir=cache_dir)  # synced by the check: no fix is printed
     except (DataMismatchError, StoreError):
         return CheckResult("data cache", "skip", "needs valid prepared data (see `data`)")
     itemsize = 2 if meta["dtype"] == "uint16" else 4
     data_bytes = sum(meta["splits"][split]["tokens"] for split in ("train", "validation")) * itemsize
-    bound = int(recipe.data.data_cache_gb * 1e9)
+    bound = int(data.data_cache_gb * 1e9)
     free = shutil.disk_usage(nearest_existing(folder)).free
     needed = min(bound, data_bytes)
     # the cache's folder is named only where the user must act on it (a full disk), not on a passing row
-    where = f"{human_bytes(data_bytes)} of data in {recipe.data.data_dir}, cached on this machine (data_cache_gb={recipe.data.data_cache_gb:g})"
+    where = f"{human_bytes(data_bytes)} of data in {data.data_dir}, cached on this machine (data_cache_gb={data.data_cache_gb:g})"
     if free < needed:
         return CheckResult(
             "data cache",

@@ -12,11 +12,10 @@ from pathlib import Path
 from hf_pretrain.checkpoints.disk_space import nearest_existing
 from hf_pretrain.checkpoints.layout import MANIFEST
 from hf_pretrain.checkpoints.store import list_checkpoints
-from hf_pretrain.config import CheckpointConfig, DataConfig, Recipe
+from hf_pretrain.config import CheckpointConfig, DataConfig, TrainConfig
 from hf_pretrain.economics.memory import CHECKPOINT_BYTES_PER_PARAMETER
 from hf_pretrain.formatting import human_bytes
 from hf_pretrain.machine.hardware import DTYPE_BYTES
-from hf_pretrain.model.llama import recipe_parameter_count
 from hf_pretrain.preflight.result import CheckResult
 from hf_pretrain.run_folder.run_dir import FINAL_DTYPE
 from hf_pretrain.run_folder.run_lock import holder_of
@@ -98,30 +97,32 @@ def existing_checkpoint_bytes(output_dir: str | Path) -> int:
     return sum(f.stat().st_size for c in folders for f in c.path.rglob("*") if f.is_file())
 
 
-def check_disk_space(recipe: Recipe) -> CheckResult:
+def check_disk_space(
+    t: TrainConfig, checkpoints: CheckpointConfig, data: DataConfig, *, parameters: int
+) -> CheckResult:
     """Free space for keep_checkpoints + 1 checkpoints (a new one is complete before the oldest is
-    pruned), the milestones, and the final export, less what the run's checkpoints already take."""
-    t = recipe.train
-    n = recipe_parameter_count(recipe)
-    tokenizer = tokenizer_bytes(recipe.data)
+    pruned), the milestones, and the final export, less what the run's checkpoints already take: of a
+    model of `parameters` (`model.llama.model_parameter_count`), with `data`'s tokenizer."""
+    n = parameters
+    tokenizer = tokenizer_bytes(data)
     checkpoint = newest_checkpoint_bytes(t.output_dir) or checkpoint_bytes(n, tokenizer)
     small = SMALL_FILES_BYTES + tokenizer
-    milestone = checkpoint if recipe.checkpoints.milestone_full_state else MILESTONE_BYTES_PER_PARAMETER * n + small
+    milestone = checkpoint if checkpoints.milestone_full_state else MILESTONE_BYTES_PER_PARAMETER * n + small
     export = DTYPE_BYTES[FINAL_DTYPE] * n  # final/ is exported in FINAL_DTYPE whatever the training precision
-    milestones = milestone_count(recipe.checkpoints, t.max_steps)
+    milestones = milestone_count(checkpoints, t.max_steps)
     already = existing_checkpoint_bytes(t.output_dir)
-    needed = max(0, (recipe.checkpoints.keep_checkpoints + 1) * checkpoint + milestones * milestone + export - already)
+    needed = max(0, (checkpoints.keep_checkpoints + 1) * checkpoint + milestones * milestone + export - already)
     disk = nearest_existing(Path(t.output_dir))
     if not disk.is_dir():
         return CheckResult("disk space", "skip", f"{disk} is not a folder (see output_dir)")
     free = shutil.disk_usage(disk).free
-    count = recipe.checkpoints.keep_checkpoints + 1
-    kind = "whole" if recipe.checkpoints.milestone_full_state else "bf16 weights only"
+    count = checkpoints.keep_checkpoints + 1
+    kind = "whole" if checkpoints.milestone_full_state else "bf16 weights only"
     kept = f" + {milestones} milestones of {human_bytes(milestone)} ({kind})" if milestones else ""
     existing = f" - {human_bytes(already)} in existing checkpoints" if already else ""
     reason = (
         f"needs {human_bytes(needed)} = {count} checkpoints of {human_bytes(checkpoint)} "
-        f"({recipe.checkpoints.keep_checkpoints} kept + 1 being written){kept} + a {human_bytes(export)} export{existing}; "
+        f"({checkpoints.keep_checkpoints} kept + 1 being written){kept} + a {human_bytes(export)} export{existing}; "
         f"{human_bytes(free)} free on {disk}"
     )
     if free < needed:
@@ -155,21 +156,23 @@ def disk_write_bytes_per_s(folder: Path) -> float:
         return PROBE_BYTES / max(time.perf_counter() - started, 1e-9)
 
 
-def check_save_speed(recipe: Recipe) -> CheckResult:
-    """Whether writing a checkpoint every save_interval steps costs more than 1% of the run."""
-    t = recipe.train
-    if not recipe.reporting.expected_tokens_per_s:
+def check_save_speed(
+    t: TrainConfig, checkpoints: CheckpointConfig, data: DataConfig, *, parameters: int, expected_tokens_per_s: float
+) -> CheckResult:
+    """Whether writing a checkpoint (of a model of `parameters`, with `data`'s tokenizer) every save_interval
+    steps costs more than 1% of the run, at `expected_tokens_per_s` (the reporting section's)."""
+    if not expected_tokens_per_s:
         return CheckResult("save speed", "skip", "the step time is unknown (expected_tokens_per_s=0)")
     if os.environ.get("RANK", "0") != "0":
         return CheckResult("save speed", "skip", "measured by the job's first process")
-    if recipe.checkpoints.save_interval >= t.max_steps:
+    if checkpoints.save_interval >= t.max_steps:
         return CheckResult("save speed", "pass", "one save, at the end of the run")
     disk = nearest_existing(Path(t.output_dir))
     if not disk.is_dir():
         return CheckResult("save speed", "skip", f"{disk} is not a folder (see output_dir)")
     speed = disk_write_bytes_per_s(disk)
-    write_s = checkpoint_bytes(recipe_parameter_count(recipe), tokenizer_bytes(recipe.data)) / speed
-    between_saves_s = recipe.checkpoints.save_interval * t.global_batch_tokens / recipe.reporting.expected_tokens_per_s
+    write_s = checkpoint_bytes(parameters, tokenizer_bytes(data)) / speed
+    between_saves_s = checkpoints.save_interval * t.global_batch_tokens / expected_tokens_per_s
     share = write_s / between_saves_s
     # An upper bound: the probe is flushed to the disk, while the page cache can take part of a save
     reason = (
@@ -178,7 +181,7 @@ def check_save_speed(recipe: Recipe) -> CheckResult:
     )
     if share <= SAVE_SHARE_LIMIT:
         return CheckResult("save speed", "pass", reason)
-    under = math.ceil(write_s / SAVE_SHARE_LIMIT / (between_saves_s / recipe.checkpoints.save_interval))
+    under = math.ceil(write_s / SAVE_SHARE_LIMIT / (between_saves_s / checkpoints.save_interval))
     return CheckResult(
         "save speed",
         "warn",

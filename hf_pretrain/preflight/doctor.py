@@ -68,7 +68,11 @@ def main(argv: list[str] | None = None) -> int:
     from hf_pretrain.preflight.store_access import finished_in_store
 
     # the same command after the run completed: not "ready to train"
-    step = finished_in_store(recipe) if where.run.in_store else finished_at(recipe)
+    step = (
+        finished_in_store(recipe.train, recipe.checkpoints)
+        if where.run.in_store
+        else finished_at(recipe.train, recipe.checkpoints)
+    )
     finished = None if step is None else f"the run finished at step {step:,}, nothing to train. {GO_FURTHER}"
     print(format_table(results, finished))
     return EXIT_CONFIG if any(r.status == "fail" for r in results) else EXIT_OK  # what training would exit

@@ -9,10 +9,17 @@ import shutil
 import torch
 
 from hf_pretrain.config import ComputeConfig, Recipe
-from hf_pretrain.economics.measurements import Measurement, measured_here, measured_on_a_gpu, shipped_measurement
+from hf_pretrain.economics.measurements import (
+    Measurement,
+    configuration,
+    measured_here,
+    measured_on_a_gpu,
+    shipped_measurement,
+)
 from hf_pretrain.economics.memory import (
     ESTIMATE_ERROR,
     USABLE_MEMORY_FRACTION,
+    Fit,
     MemoryEstimate,
     fit_in_memory,
     memory_of,
@@ -20,7 +27,7 @@ from hf_pretrain.economics.memory import (
 from hf_pretrain.formatting import human_bytes, human_count
 from hf_pretrain.machine.hardware import cpu_has_bf16_kernels
 from hf_pretrain.machine.run_profile import A_GPU, RunProfile, run_profile
-from hf_pretrain.model.llama import recipe_tokenizer_size
+from hf_pretrain.model.llama import tokenizer_size_of
 from hf_pretrain.preflight.result import CheckResult
 
 LIGER_FIX = "--liger false (the rest of the recipe runs on the CPU too), or a CUDA machine"
@@ -98,8 +105,8 @@ def check_liger_under_compile(recipe: Recipe) -> CheckResult:
     project's H100 where the shipped records hold the recipe (economics/measured.jsonl)."""
     if not (recipe.compute.liger and recipe.compute.compile):
         return CheckResult("liger + compile", "skip", "not asked for")
-    compiled = shipped_measurement(recipe.replace(liger=False), "H100 SXM")
-    liger = shipped_measurement(recipe.replace(compile=False), "H100 SXM")
+    compiled = shipped_measurement(configuration(recipe.replace(liger=False)), "H100 SXM")
+    liger = shipped_measurement(configuration(recipe.replace(compile=False)), "H100 SXM")
     figures = (
         f" (H100: compiled {compiled.tokens_per_s / 1e3:.1f}k tokens/s, eager+Liger {liger.tokens_per_s / 1e3:.1f}k)"
         if compiled and liger
@@ -215,17 +222,16 @@ def bench_command(recipe: Recipe) -> str:
     return f"hf-pretrain bench --recipe {recipe.name} {' '.join(keys)} --no_search --steps 10 --warmup 4"
 
 
-def without_a_gpu(recipe: Recipe, estimate: MemoryEstimate, world_size: int) -> str:
-    """The memory row on a machine without a GPU: the configuration asked first (its checkpointed layers),
-    then what a card of the table measured for it, where one did (economics/measurements.py)."""
-    layers, asked = recipe.model.num_hidden_layers, recipe.checkpointed_layer_count
+def without_a_gpu(estimate: MemoryEstimate, asked: int, measured: Measurement | None) -> str:
+    """The memory row on a machine without a GPU: the configuration asked first (its `asked` checkpointed
+    layers), then what a card of the table `measured` for it, where one did (economics/measurements.py)."""
+    layers = estimate.layers
     said = "no GPU to compare against; "
     if 0 < asked < layers:
         said += (
             f"with {asked} of {layers} layers checkpointed, as asked: {human_bytes(estimate.peak(asked))} at the peak; "
         )
     said += describe(estimate)
-    measured = measured_on_a_gpu(recipe, world_size)
     if measured is not None and measured.peak_memory_gib is not None:
         said += (
             f"; the {measured.gpu} measured a peak of {measured.peak_memory_gib:.1f} GiB for it ({measured.label()})"
@@ -244,6 +250,20 @@ def measured_fit(measured: Measurement, total: int, estimate: MemoryEstimate) ->
     )
 
 
+def memory_fix(fewest: Fit, smaller: Fit | None) -> str:
+    """What to change for a run that would run out of memory: the fewest checkpointed layers at its
+    micro-batch (`fewest`), else a smaller micro-batch with as few checkpointed layers as it then needs
+    (`smaller`: the search at any micro-batch); accumulation keeps the batch."""
+    if fewest.fits:
+        return f"--checkpointed_layers {fewest.checkpointed_layers} ({fewest.reason})"
+    if smaller is not None and smaller.fits:
+        return (
+            f"--micro_batch_size {smaller.micro_batch_size} --checkpointed_layers {smaller.checkpointed_layers} "
+            f"(accumulation keeps the global batch)"
+        )
+    return "a GPU with more memory, FSDP over several GPUs, or a smaller model"
+
+
 def check_memory(recipe: Recipe, profile: RunProfile, device_memory_bytes: int | None = None) -> CheckResult:
     """Estimated peak memory (hf_pretrain.economics.memory) against the device's, with and without checkpointing.
 
@@ -257,21 +277,26 @@ def check_memory(recipe: Recipe, profile: RunProfile, device_memory_bytes: int |
     # the run's own step on its own machine; a GPU asked by its memory from a CPU is a what-if, one with bf16
     modelled_on = machine if total is None or machine.on_gpu else A_GPU
     step = profile.step if modelled_on is machine else run_profile(recipe, A_GPU, world_size).step
-    tokenizer_size = recipe_tokenizer_size(recipe)
-    estimate = memory_of(recipe, tokenizer_size, step)
+    tokenizer_size = tokenizer_size_of(recipe.data)
+    seq_len, batch = recipe.data.seq_len, recipe.train.global_batch_tokens
+    estimate = memory_of(recipe.model, step, tokenizer_size, seq_len=seq_len, global_batch_tokens=batch)
+    asked = recipe.checkpointed_layer_count
     if total is None:
-        return CheckResult("gpu memory", "skip", without_a_gpu(recipe, estimate, world_size))
-    measured = measured_here(recipe, machine.gpu_name, world_size) if device_memory_bytes is None else None
+        measured = measured_on_a_gpu(configuration(recipe, world_size))
+        return CheckResult("gpu memory", "skip", without_a_gpu(estimate, asked, measured))
+    here = machine.gpu_name if device_memory_bytes is None else None  # this card, asked of its own memory
+    measured = measured_here(configuration(recipe, world_size), here) if here else None
     if measured and measured.peak_memory_gib is not None:  # it ran here: the measurement wins over the estimate
         return measured_fit(measured, total, estimate)
     usable = USABLE_MEMORY_FRACTION * total
-    layers, asked = recipe.model.num_hidden_layers, recipe.checkpointed_layer_count
+    layers = recipe.model.num_hidden_layers
     where = f"{describe(estimate)}; the device has {human_bytes(total)}, {human_bytes(usable)} usable"
     if asked:
         where = f"{where}; {asked} of {layers} layers checkpointed: {human_bytes(estimate.peak(asked))}"
     # The fewest checkpointed layers that fit at the recipe's micro-batch (economics/memory.py's search):
     # each recomputed layer costs about a third of its forward-and-backward time, so fewer is cheaper.
-    fewest = fit_in_memory(recipe, tokenizer_size, total, recipe.train.micro_batch_size, None, world_size, modelled_on)
+    sizes = {"seq_len": seq_len, "tokenizer_size": tokenizer_size, "memory_bytes": total}
+    fewest = fit_in_memory(recipe.model, recipe.train, step, micro_batch_size=recipe.train.micro_batch_size, **sizes)
     if estimate.peak(asked) <= usable:
         if fewest.fits and fewest.checkpointed_layers < asked:
             none = fewest.checkpointed_layers == 0
@@ -288,18 +313,8 @@ def check_memory(recipe: Recipe, profile: RunProfile, device_memory_bytes: int |
                 + " (each recomputed layer costs throughput: the whole model's recompute is 15-20%)",
             )
         return CheckResult("gpu memory", "pass", where)
-    # It would run out of memory: the fewest checkpointed layers at this micro-batch, else a smaller
-    # micro-batch (with as few checkpointed layers as it then needs); accumulation keeps the batch.
-    if fewest.fits:
-        fix = f"--checkpointed_layers {fewest.checkpointed_layers} ({fewest.reason})"
-    else:
-        smaller = fit_in_memory(recipe, tokenizer_size, total, None, None, world_size, modelled_on)
-        fix = (
-            f"--micro_batch_size {smaller.micro_batch_size} --checkpointed_layers {smaller.checkpointed_layers} "
-            f"(accumulation keeps the global batch)"
-            if smaller.fits
-            else "a GPU with more memory, FSDP over several GPUs, or a smaller model"
-        )
+    # It would run out of memory: the search again at any micro-batch, where none fits at this one
+    fix = memory_fix(fewest, None if fewest.fits else fit_in_memory(recipe.model, recipe.train, step, **sizes))
     if asked == layers or (not asked and estimate.total(True) > usable):
         how = "even with gradient checkpointing"
     else:

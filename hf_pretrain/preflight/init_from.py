@@ -12,7 +12,7 @@ from hf_pretrain.checkpoints.resume_decision import decide_resume
 from hf_pretrain.checkpoints.resume_plan import Continuation, ResumeRefused
 from hf_pretrain.config import Recipe
 from hf_pretrain.data.prepared import data_identity, reprepare_hint
-from hf_pretrain.data.tokenizer import TokenizerError
+from hf_pretrain.data.tokenizer import TokenizerError, local_data_folder
 from hf_pretrain.model.initialisation import (
     InitFromError,
     beyond_the_recipe,
@@ -21,19 +21,22 @@ from hf_pretrain.model.initialisation import (
     recipe_differences,
     weight_files,
 )
+from hf_pretrain.object_store.location import Location
 from hf_pretrain.preflight.result import CheckResult
 
 NAME = "init_from"
 
 
-def check_init_from(recipe: Recipe, resume_decision: Callable[[], Continuation] | None = None) -> list[CheckResult]:
+def check_init_from(
+    recipe: Recipe, resume_decision: Callable[[], Continuation] | None = None, *, data: Location
+) -> list[CheckResult]:
     """Nothing for a run from random weights; a skip for a run that goes on from its own checkpoint (the
     base is not read again: `resume_decision` is the resume check's, made here when not given); otherwise whether the base model
-    can start this run."""
+    can start this run. `data`: where the data lives (the door's `Where`)."""
     init_from = recipe.model.init_from
     if not init_from:
         return []
-    saved = _saved_checkpoint(recipe, resume_decision)
+    saved = _saved_checkpoint(resume_decision or (lambda: decide_resume(recipe, data_identity(recipe.data.data_dir))))
     if saved is not None:
         return [
             CheckResult(
@@ -46,12 +49,12 @@ def check_init_from(recipe: Recipe, resume_decision: Callable[[], Continuation] 
             weight_files(base)  # every file's header, and that the file holds all its tensors' bytes
     except InitFromError as exc:
         return [CheckResult(NAME, "fail", exc.reason, exc.fix)]
-    differences = recipe_differences(base.config, recipe)
+    differences = recipe_differences(base.config, recipe.model, recipe.data)
     if differences:
         return [_model_keys_differ(init_from, differences)]
     data_dir = recipe.data.data_dir
     try:
-        tokenizers = data_tokenizer_differs(base, data_dir)
+        tokenizers = data_tokenizer_differs(base, local_data_folder(data))
     except InitFromError as exc:
         return [CheckResult(NAME, "fail", exc.reason, exc.fix)]
     except (FileNotFoundError, TokenizerError):  # no prepared data: the data check says so
@@ -59,7 +62,8 @@ def check_init_from(recipe: Recipe, resume_decision: Callable[[], Continuation] 
     else:
         data_note = f"{data_dir} is tokenized with its tokenizer"
     if tokenizers is not None:
-        return [_data_tokenized_otherwise(recipe, tokenizers)]
+        with_its_tokenizer = dataclasses.replace(recipe, data=dataclasses.replace(recipe.data, tokenizer=init_from))
+        return [_data_tokenized_otherwise(init_from, data_dir, tokenizers, fix=reprepare_hint(with_its_tokenizer))]
     kept = beyond_the_recipe(base.config)
     return [
         CheckResult(
@@ -71,10 +75,10 @@ def check_init_from(recipe: Recipe, resume_decision: Callable[[], Continuation] 
     ]
 
 
-def _saved_checkpoint(recipe: Recipe, resume_decision: Callable[[], Continuation] | None) -> dict[str, Any] | None:
+def _saved_checkpoint(resume_decision: Callable[[], Continuation]) -> dict[str, Any] | None:
     """The run's own checkpoint it goes on from, if any (then the base model is not read again)."""
     try:
-        return (resume_decision or (lambda: decide_resume(recipe, data_identity(recipe.data.data_dir))))().saved
+        return resume_decision().saved
     except (ResumeRefused, CheckpointError):
         return None  # the resume check says why; the base is checked as for a start
 
@@ -93,15 +97,13 @@ def _model_keys_differ(init_from: str, differences: dict[str, tuple[Any, Any]]) 
     )
 
 
-def _data_tokenized_otherwise(recipe: Recipe, tokenizers: tuple[str, str]) -> CheckResult:
-    """data_dir holds tokens of another tokenizer than the base model's: a prepare with its own fixes it."""
-    init_from, data_dir = recipe.model.init_from, recipe.data.data_dir
+def _data_tokenized_otherwise(init_from: str, data_dir: str, tokenizers: tuple[str, str], *, fix: str) -> CheckResult:
+    """data_dir holds tokens of another tokenizer than the base model's: `fix`, a prepare with its own, fixes it."""
     return CheckResult(
         NAME,
         "fail",
         f"data_dir {data_dir} was tokenized with another tokenizer than {init_from}'s (tokenizer hash "
         f"{tokenizers[0][:12]} there, {tokenizers[1][:12]} for the base model): the model would read "
         f"other tokens than it learned",
-        "with its tokenizer, "
-        + reprepare_hint(dataclasses.replace(recipe, data=dataclasses.replace(recipe.data, tokenizer=init_from))),
+        f"with its tokenizer, {fix}",
     )

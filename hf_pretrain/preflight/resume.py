@@ -8,13 +8,15 @@ from collections.abc import Callable
 from hf_pretrain.checkpoints.manifest import CheckpointError
 from hf_pretrain.checkpoints.resume_decision import finished_step
 from hf_pretrain.checkpoints.resume_plan import Continuation, ResumeRefused
-from hf_pretrain.config import Recipe
+from hf_pretrain.config import CheckpointConfig, TrainConfig
 from hf_pretrain.preflight.result import CheckResult
 from hf_pretrain.run_folder.run_dir import RunDir
 from hf_pretrain.run_folder.stop_request import at_start, read_stop_request
 
 
-def check_resume(recipe: Recipe, decision: Callable[[], Continuation]) -> CheckResult:
+def check_resume(
+    train: TrainConfig, checkpoints: CheckpointConfig, decision: Callable[[], Continuation]
+) -> CheckResult:
     """What resuming will do (the plan, checkpoints/resume_plan.py): a fresh start, the same plan, going
     further from the last checkpoint before the decay; or a change that needs an explicit flag, which
     fails here. `decision` is made once per start (training's `setup` loads what it names)."""
@@ -26,14 +28,12 @@ def check_resume(recipe: Recipe, decision: Callable[[], Continuation]) -> CheckR
         return CheckResult("resume", "fail", str(exc), "pass --resume auto, none, or a complete checkpoint folder")
     skipped = "".join(f"; skipping {reason}" for reason in plan.skipped)
     if plan.saved is None:
-        start = "starts from step 0" + (
-            " (resume none)" if recipe.checkpoints.resume == "none" else ": no checkpoint yet"
-        )
+        start = "starts from step 0" + (" (resume none)" if checkpoints.resume == "none" else ": no checkpoint yet")
         return CheckResult("resume", "pass", start + skipped)
     step = plan.saved["step"]
     if (
-        RunDir(recipe.train.output_dir).final.is_dir()
-        and finished_step(recipe.checkpoints.resume, recipe.train.max_steps, plan.saved) is not None
+        RunDir(train.output_dir).final.is_dir()
+        and finished_step(checkpoints.resume, train.max_steps, plan.saved) is not None
     ):
         # the same command after the run completed: nothing goes on (the verdict under the table says so)
         return CheckResult("resume", "pass", f"nothing to resume: the run finished at step {step:,}{skipped}")

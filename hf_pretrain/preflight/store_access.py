@@ -15,16 +15,17 @@ import os
 import shutil
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 from hf_pretrain.checkpoints.layout import PREFIX
 from hf_pretrain.checkpoints.manifest import CheckpointError
 from hf_pretrain.checkpoints.resume_decision import finished_step
 from hf_pretrain.checkpoints.resume_plan import Continuation, ResumeRefused
 from hf_pretrain.checkpoints.resume_rules import plan_continuation
-from hf_pretrain.config import Recipe
+from hf_pretrain.config import CheckpointConfig, DataConfig, Recipe, TrainConfig
 from hf_pretrain.data.prepared import data_identity
 from hf_pretrain.formatting import human_bytes, human_duration
-from hf_pretrain.model.llama import recipe_parameter_count
+from hf_pretrain.model.llama import model_parameter_count, tokenizer_size_of
 from hf_pretrain.object_store.location import Location
 from hf_pretrain.preflight.disk import checkpoint_bytes, nearest_existing, newest_checkpoint_bytes, tokenizer_bytes
 from hf_pretrain.preflight.result import CheckResult
@@ -90,17 +91,21 @@ def check_resume_from_store(url_recipe: Recipe, recipe: Recipe, decision: Callab
     except (ResumeRefused, CheckpointError):
         here = None
     if newest is None or (here is not None and here["step"] >= newest[0]):
-        return check_resume(recipe, decision)  # this machine's copy is as new as the store's
+        return check_resume(recipe.train, recipe.checkpoints, decision)  # this machine's copy is as new as the store's
     step, saved = newest
-    row = check_resume(recipe, lambda: plan_continuation(saved, recipe, data=data_identity(recipe.data.data_dir)))
+    row = check_resume(
+        recipe.train,
+        recipe.checkpoints,
+        lambda: plan_continuation(saved, recipe, data=data_identity(recipe.data.data_dir)),
+    )
     pulled = f"step {step:,} is in the store; training pulls it into this machine's copy first"
     return dataclasses.replace(row, reason=f"{row.reason} ({pulled})")
 
 
-def finished_in_store(recipe: Recipe) -> int | None:
+def finished_in_store(train: TrainConfig, checkpoints: CheckpointConfig) -> int | None:
     """`resume_decision.finished_at` for a run URL: the step it finished at, read in the store (its
     checkpoints listed only when final/ is there)."""
-    store = _store_of(recipe.train.output_dir)
+    store = _store_of(train.output_dir)
     if store is None:
         return None
     url, fs = store
@@ -108,7 +113,7 @@ def finished_in_store(recipe: Recipe) -> int | None:
         newest = newest_in_store(fs, url) if fs.exists(url.join("final").path) else None
     except (OSError, ValueError):
         return None
-    return finished_step(recipe.checkpoints.resume, recipe.train.max_steps, newest[1]) if newest else None
+    return finished_step(checkpoints.resume, train.max_steps, newest[1]) if newest else None
 
 
 def check_store(recipe: Recipe) -> list[CheckResult]:
@@ -126,22 +131,29 @@ def check_store(recipe: Recipe) -> list[CheckResult]:
     newest = f"its newest complete checkpoint is step {steps[0]:,}" if steps else "no checkpoint in it yet"
     said = f"{where(StoreURL.parse(str(url)))} answers, the credentials may write; {newest}"
     rows = [CheckResult("store", "pass", said)]
-    return rows + [upload_time(recipe, url, fs), cache_disk(recipe)]
-
-
-def _checkpoint_size(recipe: Recipe) -> int:
     from hf_pretrain.run_store.run_sync import working_copy
 
-    local = working_copy(recipe)
-    n = recipe_parameter_count(recipe)
-    return newest_checkpoint_bytes(local) or checkpoint_bytes(n, tokenizer_bytes(recipe.data))
+    local = working_copy(recipe.train.output_dir, recipe.store.cache_dir)
+    size = checkpoint_size(
+        local, recipe.data, parameters=model_parameter_count(recipe.model, tokenizer_size_of(recipe.data))
+    )
+    speed = recipe.reporting.expected_tokens_per_s
+    upload = upload_time(url, fs, recipe.train, recipe.checkpoints, size=size, expected_tokens_per_s=speed)
+    return rows + [upload, cache_disk(local, size)]
 
 
-def upload_time(recipe: Recipe, url, fs) -> CheckResult:
-    """One checkpoint's upload time at the measured rate, against the time between saves."""
+def checkpoint_size(local: Path, data: DataConfig, *, parameters: int) -> int:
+    """A checkpoint of the run whose working copy is `local`: its newest one's size, else the estimate for a
+    model of `parameters` with `data`'s tokenizer."""
+    return newest_checkpoint_bytes(local) or checkpoint_bytes(parameters, tokenizer_bytes(data))
+
+
+def upload_time(
+    url, fs, t: TrainConfig, checkpoints: CheckpointConfig, *, size: int, expected_tokens_per_s: float
+) -> CheckResult:
+    """One checkpoint's upload time (`size` bytes) at the measured rate, against the time between saves."""
     from hf_pretrain.object_store.reach import describe_failure
 
-    t = recipe.train
     if os.environ.get("RANK", "0") != "0":
         return CheckResult("store upload", "skip", "measured by the job's first process")
     probe = url.join(RATE_PROBE).path
@@ -153,15 +165,14 @@ def upload_time(recipe: Recipe, url, fs) -> CheckResult:
         fs.rm_file(probe)
     except Exception as exc:
         return CheckResult("store upload", "warn", describe_failure(url, exc, "measuring the upload rate"))
-    size = _checkpoint_size(recipe)
     upload_s = size / rate
     reason = (
         f"{human_bytes(rate)}/s measured with {human_bytes(RATE_PROBE_BYTES)}: a {human_bytes(size)} checkpoint "
         f"uploads in ~{human_duration(upload_s)} in the background"
     )
-    if not recipe.reporting.expected_tokens_per_s or recipe.checkpoints.save_interval >= t.max_steps:
+    if not expected_tokens_per_s or checkpoints.save_interval >= t.max_steps:
         return CheckResult("store upload", "pass", reason)
-    between_s = recipe.checkpoints.save_interval * t.global_batch_tokens / recipe.reporting.expected_tokens_per_s
+    between_s = checkpoints.save_interval * t.global_batch_tokens / expected_tokens_per_s
     reason += f", every {human_duration(between_s)} of training"
     if upload_s <= between_s:
         return CheckResult("store upload", "pass", reason)
@@ -173,13 +184,11 @@ def upload_time(recipe: Recipe, url, fs) -> CheckResult:
     )
 
 
-def cache_disk(recipe: Recipe) -> CheckResult:
-    """The working copy's disk against one checkpoint (the full need is the disk space row below)."""
-    from hf_pretrain.run_store.run_sync import working_copy
-
-    local = working_copy(recipe)
+def cache_disk(local: Path, size: int) -> CheckResult:
+    """The working copy `local`'s disk against one checkpoint of `size` bytes (the full need is the disk
+    space row below)."""
     disk = nearest_existing(local)
-    free, size = shutil.disk_usage(disk).free, _checkpoint_size(recipe)
+    free = shutil.disk_usage(disk).free
     reason = f"the working copy {local}: {human_bytes(free)} free on {disk}, a checkpoint takes {human_bytes(size)}"
     if free < size:
         return CheckResult(

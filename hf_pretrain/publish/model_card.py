@@ -245,13 +245,13 @@ def _training(
     return rows
 
 
-def card_progress(recipe: Recipe | None, train_state: dict) -> dict[str, Any]:
-    """How far the model was trained, for the card's metadata: the recipe, the step (and the steps
-    planned), the tokens seen; the names train_state.json uses."""
+def card_progress(train_state: dict, *, recipe_name: str | None, max_steps: int | None) -> dict[str, Any]:
+    """How far the model was trained, for the card's metadata: the recipe's name, the step (and the
+    `max_steps` planned), the tokens seen; the names train_state.json uses. None: not known (no recipe)."""
     progress = {
-        "recipe": recipe.name if recipe is not None else None,
+        "recipe": recipe_name,
         "step": train_state.get("step", 0),
-        "max_steps": recipe.train.max_steps if recipe is not None else None,
+        "max_steps": max_steps,
         "tokens_seen": train_state.get("tokens_seen", 0),
     }
     return {key: value for key, value in progress.items() if value is not None}
@@ -280,6 +280,11 @@ def write_model_card(folder: Path, train_state: dict, run_dir: Path | None, mode
         records = [r for r in read_jsonl(run.metrics) if r.get("step", 0) <= step]
         samples = [s for s in read_jsonl(run.samples) if s.get("step", 0) <= step]
     sources = recipe.data.sources if recipe is not None else []
+    progress = card_progress(
+        train_state,
+        recipe_name=recipe.name if recipe is not None else None,
+        max_steps=recipe.train.max_steps if recipe is not None else None,
+    )
     hub_datasets = [s.name for s in sources if s.kind == "hub"]
     init_from = recipe.model.init_from if recipe is not None else ""
     base_id = base_model_id(init_from)  # the Hub links a continuation to its base by `base_model`
@@ -292,7 +297,7 @@ def write_model_card(folder: Path, train_state: dict, run_dir: Path | None, mode
         datasets=hub_datasets or None,
         model_name=options.model_name,
         language=recipe.data.language if recipe is not None else None,
-        **{CARD_METADATA_KEY: card_progress(recipe, train_state)},
+        **{CARD_METADATA_KEY: progress},
         base_model=base_id,
     )
     markers = [t for t in (recipe.data.special_tokens if recipe is not None else []) if t.startswith("<|im_")]

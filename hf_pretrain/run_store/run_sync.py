@@ -41,7 +41,7 @@ from hf_pretrain.run_store.uploader import (
 )
 
 if TYPE_CHECKING:
-    from hf_pretrain.config import Recipe
+    from hf_pretrain.config import CheckpointConfig, StoreConfig
 
 STOP_POLL_S = 3.0  # how often the store is asked for a stop request
 STORE_SECTION = "store"  # status.json's key
@@ -62,13 +62,13 @@ def mark_pulled(local: Path, url) -> None:
     os.replace(tmp, link)
 
 
-def pull_here(recipe: Recipe, say: Callable[[str], None] = print) -> None:
-    """The first process of another machine of the job: its own copy pulled (read only: the job's first
-    process holds the lease and uploads), then marked."""
+def pull_here(output_dir: str, cache_dir: str | None, say: Callable[[str], None] = print) -> None:
+    """The first process of another machine of the job: its own copy of the run URL `output_dir` pulled
+    (read only: the job's first process holds the lease and uploads), then marked."""
     from hf_pretrain.object_store.reach import StoreRefused
 
-    url, fs = open_checked(recipe.train.output_dir, write=False)
-    local = working_copy(recipe)
+    url, fs = open_checked(output_dir, write=False)
+    local = working_copy(output_dir, cache_dir)
     try:
         pull_run(fs, url, local, say=lambda line: say(redact(line)))
     except Exception as exc:
@@ -76,7 +76,7 @@ def pull_here(recipe: Recipe, say: Callable[[str], None] = print) -> None:
     mark_pulled(local, url)
 
 
-def wait_for_pull(recipe: Recipe, say: Callable[[str], None] = print) -> None:
+def wait_for_pull(output_dir: str, cache_dir: str | None) -> None:
     """Block until this machine's first process has pulled the run into the working copy in this job.
 
     Every process of the machine reads the same local copy, and only one pulls it: the others must not
@@ -88,7 +88,7 @@ def wait_for_pull(recipe: Recipe, say: Callable[[str], None] = print) -> None:
     import psutil  # accelerate's dependency
 
     born = psutil.Process().create_time() - MARK_SLACK_S  # psutil derives it from the boot time, to ~1 s
-    link = RunDir(working_copy(recipe)).store_link
+    link = RunDir(working_copy(output_dir, cache_dir)).store_link
     deadline = time.monotonic() + PULL_WAIT_S
     while time.monotonic() < deadline:
         try:
@@ -99,24 +99,25 @@ def wait_for_pull(recipe: Recipe, say: Callable[[str], None] = print) -> None:
         time.sleep(0.2)
     from hf_pretrain.object_store.reach import StoreRefused
 
-    raise StoreRefused(f"this machine's first process did not pull {recipe.train.output_dir} in {PULL_WAIT_S:.0f} s")
+    raise StoreRefused(f"this machine's first process did not pull {output_dir} in {PULL_WAIT_S:.0f} s")
 
 
-def working_copy(recipe: Recipe) -> Path:
-    """The local folder a URL run trains in (the same on every process of this machine)."""
+def working_copy(output_dir: str, cache_dir: str | None) -> Path:
+    """The local folder the run URL `output_dir` trains in (the same on every process of this machine),
+    under `cache_dir` (the recipe's, else None: the user's cache)."""
     from hf_pretrain.object_store.urls import StoreURL
 
-    return local_copy(StoreURL.parse(recipe.train.output_dir), "runs", recipe.store.cache_dir)
+    return local_copy(StoreURL.parse(output_dir), "runs", cache_dir)
 
 
 class RunInStore:
     """The store side of one training session (first process only); see the module's docstring."""
 
-    def __init__(self, recipe: Recipe, say: Callable[[str], None] = print):
-        self.store, self.say = recipe.store, lambda line: say(redact(line))
-        self.url, self.fs = open_checked(recipe.train.output_dir)  # StoreRefused: one line, exit 78
-        self.local = working_copy(recipe)
-        self.lease = Lease(self.fs, self.url, recipe.store.store_heartbeat_s)
+    def __init__(self, output_dir: str, store: StoreConfig, say: Callable[[str], None] = print):
+        self.store, self.say = store, lambda line: say(redact(line))
+        self.url, self.fs = open_checked(output_dir)  # StoreRefused: one line, exit 78
+        self.local = working_copy(output_dir, store.cache_dir)
+        self.lease = Lease(self.fs, self.url, store.store_heartbeat_s)
         self.uploader: Uploader | None = None
         self._stop = threading.Event()
         self._ticker: threading.Thread | None = None
@@ -124,9 +125,12 @@ class RunInStore:
         self._final = False  # the schedule completed: final/ goes to the store too
 
     @classmethod
-    def begin(cls, recipe: Recipe, say: Callable[[str], None] = print) -> RunInStore:
-        """Checked, leased and pulled, the uploader running; raises `StoreRefused` or `LeaseHeld`."""
-        run = cls(recipe, say)
+    def begin(
+        cls, output_dir: str, store: StoreConfig, checkpoints: CheckpointConfig, say: Callable[[str], None] = print
+    ) -> RunInStore:
+        """The run URL `output_dir` checked, leased and pulled, the uploader running (it prunes as
+        `checkpoints` keeps); raises `StoreRefused` or `LeaseHeld`."""
+        run = cls(output_dir, store, say)
         note = run.lease.acquire()
         if note:
             run.say(f"store: {note}")
@@ -142,8 +146,8 @@ class RunInStore:
             run.fs,
             run.url,
             run.local,
-            recipe.checkpoints.keep_checkpoints,
-            recipe.checkpoints.milestone_interval,
+            checkpoints.keep_checkpoints,
+            checkpoints.milestone_interval,
             run._changed,
             run.say,
             run_id=run_id,

@@ -25,8 +25,8 @@ from hf_pretrain.checkpoints.resume_plan import Continuation
 from hf_pretrain.checkpoints.store import remove_pins
 from hf_pretrain.config import ComputeConfig, Recipe, save_recipe
 from hf_pretrain.data.loader import TrainData
-from hf_pretrain.data.prepared import data_identity, read_meta
-from hf_pretrain.data.tokenizer import load_tokenizer
+from hf_pretrain.data.prepared import data_identity, prepare_hint, read_meta
+from hf_pretrain.data.tokenizer import load_data_tokenizer
 from hf_pretrain.economics.check_records import complete_profile
 from hf_pretrain.economics.memory import CHECKPOINT_BYTES_PER_PARAMETER
 from hf_pretrain.exit_codes import EXIT_SAVE_FAILED
@@ -297,7 +297,7 @@ def setup(recipe: Recipe, where: Where) -> Run:
     profile = complete_profile(recipe, this_machine(), world_size)
     continuation, activity = checked_start(recipe, world_size, profile, run_dir, where)
     grad_accum = recipe.grad_accum_steps(world_size)  # after the preflight, which refuses a batch that does not split
-    tokenizer = load_tokenizer(recipe.data.data_dir)
+    tokenizer = load_data_tokenizer(where.data)
 
     accelerator = accelerator_for(profile, recipe.compute, recipe.reporting.report_to, grad_accum, group, run_dir)
     say = accelerator.print
@@ -307,7 +307,7 @@ def setup(recipe: Recipe, where: Where) -> Run:
     state, saved = resumed_state(recipe, accelerator, continuation, run_dir)
     data = TrainData(
         recipe.data,
-        meta=read_meta(recipe.data.data_dir, recipe),  # a missing meta.json names the `prepare` that makes it
+        meta=read_meta(recipe.data.data_dir, cache_dir=recipe.store.cache_dir, fix=prepare_hint(recipe)),
         rank=accelerator.process_index,
         world_size=world_size,
         grad_accum=grad_accum,

@@ -19,8 +19,9 @@ from tqdm.auto import tqdm
 from hf_pretrain.config import SECTIONS, Recipe, ReportingConfig, tracker_names
 from hf_pretrain.economics.cost import cost_record, phases_from_recipe, write_phase_table
 from hf_pretrain.economics.forecast import forecast_fields
-from hf_pretrain.economics.measurements import record_training_run
+from hf_pretrain.economics.measurements import configuration, record_training_run
 from hf_pretrain.economics.performance import slow_node_warning
+from hf_pretrain.economics.workload import recipe_workload
 from hf_pretrain.machine.hardware import peak_memory_gib
 from hf_pretrain.machine.run_profile import THE_CPU, Machine
 from hf_pretrain.run_folder.run_dir import JsonlWriter, RunDir, read_jsonl
@@ -160,10 +161,10 @@ class RunEconomics:
         return cost_record(record, price_per_hour=r.reporting.price_per_hour, max_steps=r.train.max_steps)
 
     def slow_node(self, tokens_per_s_per_gpu: float, device_name: str) -> str | None:
-        return slow_node_warning(tokens_per_s_per_gpu, device_name, self.recipe)
+        return slow_node_warning(tokens_per_s_per_gpu, device_name, recipe_workload(self.recipe))
 
     def record_session(self, records: list[dict[str, Any]], world_size: int, peak_gib: float | None) -> None:
-        record_training_run(self.recipe, self.gpu, records, world_size, peak_gib)
+        record_training_run(configuration(self.recipe, world_size), self.gpu, records, peak_gib)
 
 
 class RunLogger:

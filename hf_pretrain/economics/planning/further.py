@@ -9,7 +9,7 @@ from typing import Any
 
 from hf_pretrain.economics.forecast import MIN_POINTS, MIN_TOKEN_RATIO, GoingFurther, going_further
 from hf_pretrain.economics.planning.scaling_laws import chinchilla_tokens
-from hf_pretrain.model.llama import recipe_parameter_count
+from hf_pretrain.model.llama import model_parameter_count, tokenizer_size_of
 from hf_pretrain.optim.build import Cooldown, Schedule
 from hf_pretrain.run_folder.run_dir import RunDir, read_jsonl
 
@@ -73,7 +73,7 @@ def plan_further(run_dir: str, target_tokens: float | None, price_per_hour: floa
         raise ValueError(f"{run.resolved_recipe} is missing or unreadable: is {run_dir} a run folder?")
     records = read_jsonl(run.metrics)
     stable = Schedule(recipe.optim, max_steps=recipe.train.max_steps).stable_steps(lineage_cooldown(records))
-    n_params = recipe_parameter_count(recipe)
+    n_params = model_parameter_count(recipe.model, tokenizer_size_of(recipe.data))
     target = target_tokens or chinchilla_tokens(n_params)
     price = recipe.reporting.price_per_hour if price_per_hour is None else price_per_hour
     further = going_further([r for r in records if r.get("kind") == "train"], stable, target, price)

@@ -8,13 +8,14 @@ from dataclasses import dataclass
 
 from hf_pretrain.config import Recipe
 from hf_pretrain.economics.cost import dollars_per_billion_tokens
-from hf_pretrain.economics.measurements import recorded_measurement
+from hf_pretrain.economics.measurements import configuration, recorded_measurement
 from hf_pretrain.economics.memory import Fit, fit_in_memory, with_checkpointed_layers, with_micro_batch
 from hf_pretrain.economics.performance import modelled_tokens_per_s
 from hf_pretrain.economics.prices import table_gpu_prices
+from hf_pretrain.economics.workload import recipe_workload
 from hf_pretrain.machine.gpus import GPU, gpu_table
-from hf_pretrain.machine.run_profile import A_GPU, machine_with, run_profile
-from hf_pretrain.model.llama import recipe_tokenizer_size
+from hf_pretrain.machine.run_profile import Step, machine_with, run_profile
+from hf_pretrain.model.llama import tokenizer_size_of
 
 
 @dataclass(frozen=True)
@@ -34,10 +35,10 @@ class GpuRow:
     measured: str | None = None  # where tokens/s is a recorded measurement: which (economics/measurements.py)
 
 
-def quality_per_token(recipe: Recipe) -> float:
-    """How much of a bf16 token one token of this recipe's precision is worth (FP8: measured on a proxy,
+def quality_per_token(step: Step) -> float:
+    """How much of a bf16 token one token of the step's precision is worth (FP8: measured on a proxy,
     precisions.py)."""
-    return run_profile(recipe, A_GPU).step.precision_facts.quality_per_token
+    return step.precision_facts.quality_per_token
 
 
 def gpu_row(recipe: Recipe, gpu: GPU, tokens: float, price: float, pinned: tuple[str, ...] = ()) -> GpuRow:
@@ -45,7 +46,8 @@ def gpu_row(recipe: Recipe, gpu: GPU, tokens: float, price: float, pinned: tuple
     recipe's configuration (compile, Liger, optimizer, precision), price the run. FP8 runs are charged
     for the tokens that match the bf16 run's (`quality_per_token`)."""
     on = machine_with(gpu)
-    precision = run_profile(recipe, on).step.precision_facts
+    step = run_profile(recipe, on).step
+    precision = step.precision_facts
     if on.refusal(precision):
         needs = f"{precision.name} needs {precision.compute_capability}+"
         reason = f"no {precision.name.upper()}: compute capability {gpu.compute_capability:.1f} ({needs})"
@@ -54,13 +56,23 @@ def gpu_row(recipe: Recipe, gpu: GPU, tokens: float, price: float, pinned: tuple
         recipe.checkpointed_layer_count if {"gradient_checkpointing", "checkpointed_layers"} & set(pinned) else None
     )
     size = recipe.train.micro_batch_size if "micro_batch_size" in pinned else None
-    fit: Fit = fit_in_memory(recipe, recipe_tokenizer_size(recipe), gpu.memory_bytes, size, layers, machine=on)
+    fit: Fit = fit_in_memory(
+        recipe.model,
+        recipe.train,
+        step,
+        seq_len=recipe.data.seq_len,
+        tokenizer_size=tokenizer_size_of(recipe.data),
+        memory_bytes=gpu.memory_bytes,
+        micro_batch_size=size,
+        checkpointed_layers=layers,
+    )
     if not fit.fits:
         return GpuRow(gpu.name, False, None, None, None, price, None, None, None, fit.reason)
     fitted = with_checkpointed_layers(with_micro_batch(recipe, fit.micro_batch_size), fit.checkpointed_layers)
-    measured = recorded_measurement(fitted, gpu.name)  # what this configuration measured on this GPU wins
-    rate = measured.tokens_per_s if measured else modelled_tokens_per_s(fitted, gpu)
-    hours = tokens / quality_per_token(recipe) / rate / 3600
+    # what this configuration measured on this GPU wins
+    measured = recorded_measurement(configuration(fitted), gpu.name)
+    rate = measured.tokens_per_s if measured else modelled_tokens_per_s(recipe_workload(fitted, machine=on), gpu)
+    hours = tokens / quality_per_token(step) / rate / 3600
     return GpuRow(
         gpu.name,
         True,

@@ -20,7 +20,7 @@ from hf_pretrain.economics.planning.scaling_laws import (
 )
 from hf_pretrain.machine.gpus import GPU, gpu_named
 from hf_pretrain.machine.run_profile import A_GPU, Machine, machine_with, run_profile
-from hf_pretrain.model.llama import dense_flops_per_token, recipe_flops_per_token
+from hf_pretrain.model.llama import dense_flops_per_token, model_flops_per_token
 
 
 def tokens_per_s_at_mfu(peak_flops: float, mfu: float, flops_per_token_: float) -> float:
@@ -80,7 +80,7 @@ def planned_model(request: PlanRequest) -> PlannedModel:
     """The model of `request`, its default token budget, batch, and the rate and price its recipe says."""
     if request.recipe is not None:
         recipe = request.recipe
-        n_params, per_token = recipe_flops_per_token(recipe)
+        n_params, per_token = model_flops_per_token(recipe.model, recipe.data)
         source = f"recipe {recipe.name}"
         default_tokens = recipe.train.max_steps * recipe.train.global_batch_tokens
         batch_tokens = recipe.train.global_batch_tokens
@@ -170,7 +170,8 @@ def make_plan(request: PlanRequest) -> Plan:
 
     gbps = request.interconnect_gbps or INTERCONNECT_GBPS[request.interconnect]
     # FP8 is charged for the tokens that reach the bf16 run's loss, as the GPU rows are
-    priced_tokens = tokens / quality_per_token(request.recipe) if request.recipe is not None else tokens
+    quality = quality_per_token(run_profile(request.recipe, A_GPU).step) if request.recipe is not None else 1.0
+    priced_tokens = tokens / quality if request.recipe is not None else tokens
     gradient_bytes = request.gradient_bytes * n_params
     steps = math.ceil(tokens / batch_tokens)
     c_6nd = training_flops(n_params, tokens)
@@ -208,5 +209,5 @@ def make_plan(request: PlanRequest) -> Plan:
         gpus=rows,
         configuration=run_profile(request.recipe, on).step.describe() if request.recipe is not None else "",
         move=move_cost(n_params, tokens, request.recipe.data.vocab_size if request.recipe is not None else None),
-        quality_per_token=quality_per_token(request.recipe) if request.recipe is not None else 1.0,
+        quality_per_token=quality,
     )
