@@ -112,6 +112,28 @@ def test_eval_of_a_model_that_is_neither_a_folder_nor_a_repo_id_says_so(capsys):
     ]
 
 
+def test_a_missing_extra_is_one_line_with_its_pip_command(monkeypatch):
+    from types import SimpleNamespace
+
+    from hf_pretrain import extras
+
+    imported = []
+
+    def import_module(name):
+        imported.append(name)
+        if name == "lm_eval":
+            raise ModuleNotFoundError(f"No module named '{name}'", name=name)
+
+    monkeypatch.setattr(extras, "importlib", SimpleNamespace(import_module=import_module))
+    assert extras.missing_extra("eval") == (
+        "needs the `eval` extra (lm_eval is not installed): pip install 'hf-pretrain[eval]' "
+        "(in a clone: pip install -c constraints.txt -e '.[eval]')"
+    )
+    assert imported == ["lm_eval"]  # the first missing module is named; the rest are not tried
+    monkeypatch.setattr(extras, "importlib", SimpleNamespace(import_module=lambda name: imported.append(name)))
+    assert extras.missing_extra("demo") is None and imported[-1] == "gradio"
+
+
 @pytest.mark.slow
 def test_eval_offline_of_a_task_whose_dataset_is_not_cached_is_one_line(exported, tmp_path):
     import subprocess
