@@ -28,9 +28,16 @@ import numpy.typing as npt
 import torch
 from torch.utils.data import ConcatDataset, DataLoader, Dataset, Sampler
 
-from hf_pretrain.config import DataConfig, Recipe, SourceConfig
+from hf_pretrain.config import DataConfig, Recipe, SourceConfig, TrainConfig
 from hf_pretrain.data.mixing import Mixture
-from hf_pretrain.data.prepared import DataMismatchError, prepare_hint, read_meta, source_folder_name, source_paths
+from hf_pretrain.data.prepared import (
+    PREPARE_ANY,
+    DataMismatchError,
+    prepare_hint,
+    read_meta,
+    source_folder_name,
+    source_paths,
+)
 from hf_pretrain.object_store.urls import is_url
 from hf_pretrain.processes import die_with_parent
 
@@ -330,8 +337,7 @@ def build_train_loader(
     origin: tuple[int, int] = (0, 0),
     decay_position: int | None = None,
 ) -> DataLoader:
-    """A whole recipe's training batches for `rank` (the preflight's pickling check, the tests): see
-    `TrainData.loader`."""
+    """A whole recipe's training batches for `rank` (the tests): see `TrainData.loader`."""
     return recipe_data(recipe, rank=rank, world_size=world_size, grad_accum=grad_accum, pin_memory=pin_memory).loader(
         start_step, origin, decay_position
     )
@@ -422,17 +428,41 @@ class TrainData:
 
 
 def recipe_data(recipe: Recipe, *, rank: int, world_size: int, grad_accum: int, pin_memory: bool = False) -> TrainData:
-    """The `TrainData` of a whole recipe: its data section, meta.json read (a missing one names the
-    `prepare` that makes it), the batch and seed of its train section, the store's cache folder."""
-    return TrainData(
+    """The `TrainData` of a whole recipe (`sections_data`); a missing meta.json names the `prepare` that makes it."""
+    return sections_data(
         recipe.data,
-        meta=read_meta(recipe.data.data_dir, cache_dir=recipe.store.cache_dir, fix=prepare_hint(recipe)),
+        recipe.train,
+        cache_dir=recipe.store.cache_dir,  # where the data's local copy lives, as `prepare` put it
         rank=rank,
         world_size=world_size,
         grad_accum=grad_accum,
-        micro_batch_size=recipe.train.micro_batch_size,
-        seed=recipe.train.seed,
-        cache_dir=recipe.store.cache_dir,  # where the data's local copy lives, as `prepare` put it
+        fix=prepare_hint(recipe),
+        pin_memory=pin_memory,
+    )
+
+
+def sections_data(
+    data: DataConfig,
+    train: TrainConfig,
+    *,
+    cache_dir: str | None,
+    rank: int,
+    world_size: int,
+    grad_accum: int,
+    fix: str = PREPARE_ANY,
+    pin_memory: bool = False,
+) -> TrainData:
+    """The `TrainData` of the data section, meta.json read from it (through `cache_dir`, the store section's,
+    where data_dir is a URL; a missing one names `fix`), with the batch and seed of the train section."""
+    return TrainData(
+        data,
+        meta=read_meta(data.data_dir, cache_dir=cache_dir, fix=fix),
+        rank=rank,
+        world_size=world_size,
+        grad_accum=grad_accum,
+        micro_batch_size=train.micro_batch_size,
+        seed=train.seed,
+        cache_dir=cache_dir,
         pin_memory=pin_memory,
     )
 

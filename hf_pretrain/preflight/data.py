@@ -12,8 +12,8 @@ from torch.utils.data import DataLoader
 
 from hf_pretrain.config import DataConfig, EvaluationConfig, ModelConfig, OptimConfig, RecipeError, TrainConfig
 from hf_pretrain.config.schema import grad_accum_steps
-from hf_pretrain.data.loader import TrainData, build_mixture
-from hf_pretrain.data.prepared import DataMismatchError, read_meta
+from hf_pretrain.data.loader import build_mixture, sections_data
+from hf_pretrain.data.prepared import DataMismatchError
 from hf_pretrain.data.tokenizer import TokenizerUnreadable
 from hf_pretrain.formatting import human_bytes
 from hf_pretrain.object_store.location import Location
@@ -223,20 +223,12 @@ def check_loader_pickling(t: TrainConfig, data: DataConfig, *, cache_dir: str | 
 
 def _first_rank_loader(t: TrainConfig, data: DataConfig, cache_dir: str | None) -> DataLoader:
     """The training batches of one process alone, from step 0, as training builds them (`TrainData`), the
-    data read from `cache_dir` (the store section's) where data_dir is a URL."""
+    data read from `cache_dir` (the store section's) where data_dir is a URL; a missing meta.json: the row
+    skips, and `data` names the fix."""
     grad_accum = grad_accum_steps(t, 1, seq_len=data.seq_len)
-    meta = read_meta(data.data_dir, cache_dir=cache_dir)  # a missing one: the row skips, `data` names the fix
-    rank_data = TrainData(
-        data,
-        meta=meta,
-        rank=0,
-        world_size=1,
-        grad_accum=grad_accum,
-        micro_batch_size=t.micro_batch_size,
-        seed=t.seed,
-        cache_dir=cache_dir,
+    return sections_data(data, t, cache_dir=cache_dir, rank=0, world_size=1, grad_accum=grad_accum).loader(
+        0, (0, 0), None
     )
-    return rank_data.loader(0, (0, 0), None)
 
 
 def _fix_of(message: str) -> str:

@@ -171,7 +171,7 @@ def make_plan(request: PlanRequest) -> Plan:
     gbps = request.interconnect_gbps or INTERCONNECT_GBPS[request.interconnect]
     # FP8 is charged for the tokens that reach the bf16 run's loss, as the GPU rows are
     quality = quality_per_token(run_profile(request.recipe, A_GPU).step) if request.recipe is not None else 1.0
-    priced_tokens = tokens / quality if request.recipe is not None else tokens
+    priced_tokens = tokens / quality
     gradient_bytes = request.gradient_bytes * n_params
     steps = math.ceil(tokens / batch_tokens)
     c_6nd = training_flops(n_params, tokens)
