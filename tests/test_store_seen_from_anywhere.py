@@ -197,7 +197,15 @@ def test_a_checkpoint_past_its_upload_deadline_lets_the_newer_one_go_first(s3_bu
     run, url = tmp_path / "run", f"{s3_bucket}/run"
     fs, parsed = store_of(url)
     said: list[str] = []
-    uploader = Uploader(fs, parsed, run, keep=5, say=said.append)
+
+    def say(line: str) -> None:
+        said.append(line)
+        if line.startswith("step 8: its upload passed its deadline"):
+            # the store takes writes again before step 12 starts (said from the uploader's own thread): step 12
+            # never meets the throttle, whatever the test's thread was doing when step 8 gave up
+            s3_server.proxy.throttle(0.0)
+
+    uploader = Uploader(fs, parsed, run, keep=5, say=say)
     uploader.submit(fake_checkpoint(run, 4, size=200_000), 4)
     assert uploader.wait(60), uploader.progress.last_error  # the rate measured: 200 kB on this server
     s3_server.proxy.throttle(1.0)
@@ -216,8 +224,9 @@ def test_a_checkpoint_past_its_upload_deadline_lets_the_newer_one_go_first(s3_bu
     assert uploader.wait(120), uploader.progress.last_error
     uploader.close()
     assert complete_in_store(url) == [12, 4]
-    late = [line for line in said if "passed its deadline" in line]
-    assert len(late) == 1 and "MB/s measured, at least 1 s" in late[0], late
+    # said once for step 8 (step 12 on a loaded machine may pass its own 1 s floor too: not this test's subject)
+    late = [line for line in said if line.startswith("step 8: its upload passed its deadline")]
+    assert len(late) == 1 and "MB/s measured, at least 1 s" in late[0], said
 
 
 def test_a_short_object_never_makes_a_checkpoint_complete(s3_bucket, s3_server, tmp_path):
