@@ -1,11 +1,15 @@
-"""Session fixtures: the smoke corpus prepared once, and one reference run the other tests compare to."""
+"""Session fixtures: the smoke corpus prepared once, and one reference run the other tests compare to, each
+built once for the whole session and shared by the xdist workers (`built_once`)."""
 
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
+from pathlib import Path
 
 import pytest
+from filelock import FileLock
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -19,34 +23,64 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 os.environ["HF_PRETRAIN_HOME"] = tempfile.mkdtemp(prefix="hf_pretrain_home_")
 
 
+def built_once(name: str, tmp_path_factory, worker_id: str, build) -> Path:
+    """The folder `build(folder)` fills, built once for the whole test session: the first of the xdist workers
+    to ask builds it under a lock, the others wait and share it (each used to build its own: a prepared corpus
+    and a trained run more per worker). What is built here is read, never changed, by the tests."""
+    if worker_id == "master":  # no xdist: one process, pytest's own session scope is enough
+        folder = tmp_path_factory.mktemp(name)
+        build(folder)
+        return folder
+    shared = tmp_path_factory.getbasetemp().parent / "built_once"  # the session's folder, above every worker's
+    shared.mkdir(exist_ok=True)
+    folder, done = shared / name, shared / f"{name}.done"
+    with FileLock(str(shared / f"{name}.lock")):
+        if not done.exists():  # a worker whose build failed left no mark: the next one builds it again
+            shutil.rmtree(folder, ignore_errors=True)
+            folder.mkdir()
+            build(folder)
+            done.touch()
+    return folder
+
+
 @pytest.fixture(scope="session")
-def smoke_data(tmp_path_factory):
+def smoke_data(tmp_path_factory, worker_id):
     """The `smoke` recipe's built-in corpus, tokenized once per test session."""
-    from hf_pretrain.config import load_recipe
-    from hf_pretrain.data.prepare_run import prepare
 
-    data_dir = tmp_path_factory.mktemp("smoke_data")
-    prepare(load_recipe("smoke", {"data_dir": str(data_dir)}), log=lambda _: None)
-    return data_dir
+    def build(folder: Path) -> None:
+        from hf_pretrain.config import load_recipe
+        from hf_pretrain.data.prepare_run import prepare
+
+        prepare(load_recipe("smoke", {"data_dir": str(folder)}), log=lambda _: None)
+
+    return built_once("smoke_data", tmp_path_factory, worker_id, build)
 
 
 @pytest.fixture(scope="session")
-def reference_run(smoke_data, tmp_path_factory):
+def reference_run(smoke_data, tmp_path_factory, worker_id):
     """An uninterrupted one-process run of the short smoke schedule, through `accelerate launch`: (run_dir, log)."""
-    from tests.helpers import launch_training
 
-    run_dir = tmp_path_factory.mktemp("reference") / "run"
-    return run_dir, launch_training(smoke_data, run_dir, through_launcher=True)  # as users type it
+    def build(folder: Path) -> None:
+        from tests.helpers import launch_training
+
+        log = launch_training(smoke_data, folder / "run", through_launcher=True)  # as users type it
+        (folder / "launch.log").write_text(log)
+
+    folder = built_once("reference", tmp_path_factory, worker_id, build)
+    return folder / "run", (folder / "launch.log").read_text()
 
 
 @pytest.fixture(scope="session")
-def exported(reference_run, tmp_path_factory):
+def exported(reference_run, tmp_path_factory, worker_id):
     """`hf-pretrain export` of the reference run (bf16), shared read-only by the export, hub and eval tests."""
-    from hf_pretrain.publish import export_command
 
-    out = tmp_path_factory.mktemp("export") / "tiny"
-    assert export_command.main(["--checkpoint", str(reference_run[0]), "--out", str(out)]) == 0
-    return out
+    def build(folder: Path) -> None:
+        from hf_pretrain.publish import export_command
+
+        out = folder / "tiny"
+        assert export_command.main(["--checkpoint", str(reference_run[0]), "--out", str(out)]) == 0
+
+    return built_once("export", tmp_path_factory, worker_id, build) / "tiny"
 
 
 @pytest.fixture(scope="session")
