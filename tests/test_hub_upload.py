@@ -118,23 +118,29 @@ def test_push_checkpoint_goes_to_a_step_branch(reference_run, exported, online, 
     assert online.state.requests.count("POST /api/models/me/tiny-llama/branch/step-8") == 2
 
 
-def test_training_publishes_each_checkpoint_and_survives_a_refusal(reference_run, online):
+def test_training_publishes_each_checkpoint_and_survives_a_refusal(reference_run, online, tmp_path):
     """The training loop's hook: a checkpoint goes to its `step-N` branch; a refused push only warns."""
+    import shutil
+
     from hf_pretrain.config import build_recipe
     from hf_pretrain.publish.side_jobs import SideJobs
 
+    # the jobs pin their checkpoints beside them: a copy, as the shared reference run is only read
+    checkpoints = tmp_path / "checkpoints"
+    for name in ("step_00000008", "step_00000012"):
+        shutil.copytree(reference_run[0] / "checkpoints" / name, checkpoints / name)
     train_cfg = build_recipe({}, {"push_to_hub": "me/run", "push_checkpoints": True})
     said = []
     side_jobs = SideJobs(train_cfg.publish, train_cfg.evaluation, log=said.append)
-    side_jobs.on_checkpoint_saved(reference_run[0] / "checkpoints" / "step_00000012", 12)
+    side_jobs.on_checkpoint_saved(checkpoints / "step_00000012", 12)
     side_jobs.wait()
     assert "config.json" in online.state.repos["me/run"].branches["step-12"].files
     assert "pushed to" in said[-1]
     online.state.refuse_writes = True
-    side_jobs.on_checkpoint_saved(reference_run[0] / "checkpoints" / "step_00000008", 8)
+    side_jobs.on_checkpoint_saved(checkpoints / "step_00000008", 8)
     side_jobs.wait()
     assert said[-1].startswith("warning: step 8 was not pushed") and TOKEN not in said[-1]
-    assert not list((reference_run[0] / "checkpoints").glob("*.pin"))  # the jobs' pinned copies are gone
+    assert not list(checkpoints.glob("*.pin"))  # the jobs' pinned copies are gone
 
 
 def test_a_refused_upload_fails_clearly_without_the_token_and_keeps_the_export(
