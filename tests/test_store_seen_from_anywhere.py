@@ -215,7 +215,7 @@ def test_a_checkpoint_past_its_upload_deadline_lets_the_newer_one_go_first(s3_bu
         if line.startswith("step 8: its upload passed its deadline"):
             monkeypatch.setattr(uploading, "UPLOAD_FLOOR_S", 600.0)  # step 12's deadline: past the test
 
-    uploader = Uploader(fs, parsed, run, keep=5, say=say, on_change=lambda: on_change())
+    uploader = Uploader(fs, parsed, run, keep=5, say=say, on_change=on_change)
     uploader.submit(fake_checkpoint(run, 4, size=200_000), 4)
     assert uploader.wait(60), uploader.progress.last_error  # the rate measured: 200 kB on this server
     s3_server.proxy.throttle(1.0)
