@@ -20,7 +20,7 @@ import torch
 from safetensors.torch import load_file
 
 from hf_pretrain.exit_codes import EXIT_LOCKED, EXIT_PREFLIGHT
-from tests.helpers import OUTSIDE_CHECKOUT, ROOT, SHORT_RUN, offline_env
+from tests.helpers import OUTSIDE_CHECKOUT, ROOT, SHORT_RUN, offline_env, run_captured, start_merged
 from tests.object_store_server import FAKE_KEY_ID, FAKE_SECRET
 
 
@@ -104,15 +104,13 @@ def test_a_run_killed_on_one_machine_finishes_on_another_bit_for_bit(reference_r
         timeout=600,
     )
     assert prepared.returncode == 0, prepared.stderr[-3000:]
-    first = subprocess.Popen(
-        train_command(data_url, url), **a, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-    )
+    first = start_merged(train_command(data_url, url), **a)
     lose_the_machine_after_a_checkpoint(first, url, s3_server, kill=lambda: first.send_signal(signal.SIGKILL))
     log_a = first.communicate(timeout=60)[0]
     assert first.returncode == -signal.SIGKILL, log_a[-2000:]
     assert not store_fs().exists(f"{url}/final"), "the run finished before the kill"
 
-    second = subprocess.run(train_command(data_url, url), **b, capture_output=True, text=True, timeout=600)
+    second = run_captured(train_command(data_url, url), **b, timeout=600)
     log_b = second.stdout + second.stderr
     assert second.returncode == 0, log_b[-3000:]
     assert "took over the lease" in log_b  # the killed holder's lease, its pid gone
@@ -159,13 +157,7 @@ def test_the_store_cut_mid_upload_training_goes_on_and_the_upload_completes(smok
     local = working_copy(tmp_path / "A", url)
     # store_wait_s above the default: on a loaded machine a request caught by the cut may wait out the
     # store client's own timeouts and retries (minutes) before ours take over, and the end waits for it
-    trainer = subprocess.Popen(
-        train_command(smoke_data, url, store_wait_s=900),
-        **a,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+    trainer = start_merged(train_command(smoke_data, url, store_wait_s=900), **a)
     wait_until(lambda: _logged_steps(local) == 3, trainer)  # held before step 4
     s3_server.proxy.cut()  # the store's server is gone before step 4 is saved and goes up
     try:
@@ -220,14 +212,7 @@ def test_a_checksum_mismatch_on_download_falls_back_and_names_the_file(reference
 
 
 def _start(smoke_data, url, env, tmp_path) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        train_command(smoke_data, url),
-        cwd=tmp_path,
-        env={**offline_env(), **env},
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    return run_captured(train_command(smoke_data, url), tmp_path, {**offline_env(), **env}, timeout=300)
 
 
 def test_a_store_that_cannot_be_used_is_refused_at_the_start_in_one_line(smoke_data, s3_server, tmp_path):
@@ -338,13 +323,7 @@ def test_a_stop_written_into_the_store_reaches_the_trainer(smoke_data, s3_bucket
     # held before step 3 until the request is on this machine: it cannot finish first (issue 49)
     a = machine(tmp_path / "A", s3_server, HF_PRETRAIN_FAULTS="hold:3", HF_PRETRAIN_RELEASE=str(release))
     local = working_copy(tmp_path / "A", url)
-    trainer = subprocess.Popen(
-        train_command(smoke_data, url, max_steps=60, eval_interval=30),
-        **a,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+    trainer = start_merged(train_command(smoke_data, url, max_steps=60, eval_interval=30), **a)
     wait_until(lambda: _logged_steps(local) == 2, trainer)
     laptop = machine(tmp_path / "laptop", s3_server)
     stop = subprocess.run(

@@ -463,11 +463,9 @@ def trainer_command(data: str, url: str, **overrides) -> list[str]:
 
 def trainer(data: str, url: str, env: dict, **overrides):
     """The trainer of tests/test_run_in_store.py, its output read line by line with the time of each."""
-    import subprocess
+    from tests.helpers import start_merged
 
-    process = subprocess.Popen(
-        trainer_command(data, url, **overrides), **env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-    )
+    process = start_merged(trainer_command(data, url, **overrides), **env)
     lines: list[tuple[float, str]] = []
 
     def read() -> None:

@@ -25,7 +25,7 @@ from safetensors.torch import load_file
 from hf_pretrain.checkpoints.manifest import CheckpointError, verify_checkpoint
 from hf_pretrain.exit_codes import EXIT_DIVERGED, EXIT_PREEMPTED, EXIT_SAVE_FAILED
 from hf_pretrain.run_folder.run_dir import read_jsonl
-from tests.helpers import OUTSIDE_CHECKOUT, ROOT, SHORT_RUN, launch_training, offline_env
+from tests.helpers import OUTSIDE_CHECKOUT, ROOT, SHORT_RUN, launch_training, offline_env, start_merged
 
 MIN_KILLS = 10
 
@@ -63,9 +63,7 @@ def start_training(
     if release is not None:
         release.mkdir(parents=True, exist_ok=True)
         env["HF_PRETRAIN_RELEASE"] = str(release)
-    return subprocess.Popen(
-        cmd, cwd=OUTSIDE_CHECKOUT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-    )
+    return start_merged(cmd, OUTSIDE_CHECKOUT, env)
 
 
 def wait_for_step(process: subprocess.Popen, run_dir: Path, step: int, timeout: float = 120) -> bool:

@@ -1,0 +1,77 @@
+"""The warm start of the tests' one-process runs (tests/warm_start.py) gives a script what a cold `python SCRIPT`
+gives it: its argv, folder and environment, its own process, its exit code or the signal that ended it, its
+stdout and stderr apart, its threads joined and its exit hooks run; and it stands aside when it cannot."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from tests.helpers import WARM, offline_env
+
+SCRIPT = textwrap.dedent(
+    """
+    import atexit, os, sys, threading, time
+    import torch  # imported before the fork: the module is there already
+    if sys.argv[1] == "sleep":
+        print(os.getpid(), flush=True)
+        time.sleep(600)
+    atexit.register(lambda: print("exit hook ran"))
+    threading.Thread(target=lambda: (time.sleep(0.5), print("thread joined"))).start()
+    print("argv", sys.argv[1:], "cwd", os.path.basename(os.getcwd()), "flag", os.environ.get("HF_PRETRAIN_WARM_FLAG"))
+    print("torch already imported", "torch" in sys.modules, file=sys.stderr)
+    print("__main__", __name__, "imported hf_pretrain", any(m.startswith("hf_pretrain") for m in sys.modules))
+    sys.exit(int(sys.argv[2]))
+    """
+)
+
+
+@pytest.fixture
+def script(tmp_path):
+    path = tmp_path / "script.py"
+    path.write_text(SCRIPT)
+    return path
+
+
+def test_a_warm_script_gets_its_argv_folder_and_environment_and_ends_as_an_interpreter_does(script, tmp_path):
+    folder = tmp_path / "here"
+    folder.mkdir()
+    env = offline_env() | {"HF_PRETRAIN_WARM_FLAG": "set"}
+    ran = WARM.run([sys.executable, str(script), "go", "3"], folder, env, timeout=120)
+    assert ran is not None, "the warm process refused an environment that differs only in a key of ours"
+    code, out, err = ran
+    assert code == 3
+    assert "argv ['go', '3'] cwd here flag set" in out
+    assert "__main__ __main__ imported hf_pretrain False" in out  # none of ours before the fork
+    assert out.index("thread joined") < out.index("exit hook ran")  # threads joined, then the exit hooks
+    assert "torch already imported True" in err and "argv" not in err
+
+
+def test_a_warm_run_past_its_timeout_is_killed_and_says_so(script, tmp_path):
+    with pytest.raises(subprocess.TimeoutExpired) as expired:
+        WARM.run([sys.executable, str(script), "sleep", "0"], tmp_path, offline_env(), timeout=15)
+    pid = int(expired.value.output.split()[0])
+    with pytest.raises(ProcessLookupError):  # gone, and reaped
+        os.kill(pid, 0)
+
+
+def test_an_environment_the_imports_could_have_read_starts_cold(script, tmp_path):
+    env = offline_env() | {"HF_HUB_CACHE": str(tmp_path / "cache")}  # read by huggingface_hub at import
+    assert WARM.run([sys.executable, str(script), "go", "0"], tmp_path, env, timeout=120) is None
+
+
+def test_a_warm_process_is_its_own_process_signals_reach_and_end(script, tmp_path):
+    process = WARM.popen([sys.executable, str(script), "sleep", "0"], tmp_path, offline_env(), merge_stderr=True)
+    assert process is not None
+    assert int(process.stdout.readline()) == process.pid != os.getpid()  # it printed its own pid, live
+    assert process.poll() is None
+    with pytest.raises(subprocess.TimeoutExpired):
+        process.wait(0.2)
+    process.send_signal(signal.SIGTERM)
+    assert process.wait(60) == -signal.SIGTERM  # as Popen says a signal ended a process
+    assert process.communicate(timeout=60) == ("", None)  # nothing more said; stderr went to stdout

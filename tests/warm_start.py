@@ -1,0 +1,288 @@
+"""One-process trainer runs started warm: the tests' `python hf_pretrain/train.py ...`, forked from a process that
+has already imported torch, Accelerate and transformers, instead of a fresh interpreter importing them again.
+
+Why: on CI's two cores a trainer spends about 8 s of a core importing what it needs before its first step (torch
+~3 s; transformers' modelling code pulls torch._dynamo, DTensor, scipy and torchao in for ~5 s, docs/testing.md),
+and the suite starts over a hundred one-process runs. Forked from a warm process, a run starts at its own code.
+
+What stays the same as a cold start: the trainer is its own process (its own pid, signals, exit code or the
+signal that ended it, its stdout and stderr), runs its script as `__main__` with the caller's argv, working
+folder and environment, imports every hf_pretrain module itself (none is imported before the fork, so whatever
+reads the environment at import reads the caller's), and ends as an interpreter does (threads joined, then the
+exit hooks, then the streams flushed). What differs, and when it is not used:
+- the third-party modules were imported under the warm process's environment: a launch whose environment
+  differs from it in a key the tests do not own (`OWN_KEYS`: this project's switches and faults, the test store's
+  credentials) starts cold, as does every launch through a launcher or of several processes;
+- the warnings those imports print (torchao's CUDA kernels on a CPU) are printed once, by the warm process.
+`HF_PRETRAIN_TESTS_COLD=1` starts every run cold, as the suite did before (`make smoke`, the reference run and
+the multi-process and launcher tests start cold anyway).
+
+How: the test worker holds a socket to its warm process and sends one request per launch (argv, folder,
+environment), with the write ends of the pipes the launch's stdout, stderr and exit status go to. The warm
+process forks a waiter, which forks the run and writes the run's pid, then its exit code, on the status pipe.
+The worker ending closes the socket, which ends the warm process; a run follows its own parent, the waiter.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import socket
+import subprocess
+import sys
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+# Keys a test may set for one launch without a cold start: nothing imported before the fork reads them.
+OWN_KEYS = ("HF_PRETRAIN_", "AWS_", "PYTEST_")
+# What the warm process imports before it forks: what every trainer imports first, the slow part of its start.
+WARM_IMPORTS = (
+    "torch",
+    "accelerate",
+    "transformers",
+    "transformers.models.llama.modeling_llama",
+    "safetensors.torch",
+    "matplotlib.figure",  # the model card's loss plot, at the end of every finished run
+)
+MOST_BYTES = 1 << 20  # a request: argv and environment, a few kB
+
+
+def differs_only_in_own_keys(env: dict[str, str], warm_env: dict[str, str]) -> bool:
+    """Whether `env` and the warm process's `warm_env` differ only in keys the tests own (`OWN_KEYS`)."""
+    changed = {key for key in env.keys() | warm_env.keys() if env.get(key) != warm_env.get(key)}
+    return all(key.startswith(OWN_KEYS) for key in changed)
+
+
+class WarmProcess:
+    """A warm-started run, as much of `subprocess.Popen` as the tests use: pid, stdout (and stderr, unless it
+    goes to stdout), poll, wait, communicate, send_signal, kill, terminate, returncode."""
+
+    def __init__(self, command: list[str], status: int, stdout: int, stderr: int | None):
+        self.args = command
+        self._status = status  # read unbuffered: a buffered reader could hold the exit code where select cannot see it
+        self._said = b""
+        self.stdout = os.fdopen(stdout, "r", errors="replace")
+        self.stderr = os.fdopen(stderr, "r", errors="replace") if stderr is not None else None
+        self.pid = int(self._status_line(None))
+        self.returncode: int | None = None
+        self._readers: list[tuple[threading.Thread, list[str]]] = []
+
+    def poll(self) -> int | None:
+        try:
+            return self.wait(0)
+        except subprocess.TimeoutExpired:
+            return None
+
+    def wait(self, timeout: float | None = None) -> int:
+        if self.returncode is None:
+            line = self._status_line(timeout)
+            if line is None:
+                raise subprocess.TimeoutExpired(self.args, timeout)
+            self.returncode = int(line)
+            os.close(self._status)
+        return self.returncode
+
+    def _status_line(self, timeout: float | None) -> str | None:
+        """The waiter's next line (the pid, then the exit code), or None if none came within `timeout` s."""
+        deadline = None if timeout is None else _now() + timeout
+        while b"\n" not in self._said:
+            left = None if deadline is None else max(0.0, deadline - _now())
+            if not select.select([self._status], [], [], left)[0]:
+                return None
+            chunk = os.read(self._status, 64)
+            if not chunk:
+                raise RuntimeError(f"the warm start of {self.args[1]} ended without its exit code")
+            self._said += chunk
+        line, self._said = self._said.split(b"\n", 1)
+        return line.decode()
+
+    def communicate(self, timeout: float | None = None) -> tuple[str, str | None]:
+        """Everything the run printed, once it has ended; `subprocess.TimeoutExpired` past `timeout`."""
+        if not self._readers:
+            for stream in (self.stdout, self.stderr):
+                if stream is not None:
+                    chunks: list[str] = []
+                    reader = threading.Thread(target=lambda s=stream, c=chunks: c.append(s.read()), daemon=True)
+                    reader.start()
+                    self._readers.append((reader, chunks))
+        deadline = None if timeout is None else _now() + timeout
+        for reader, _ in self._readers:
+            reader.join(None if deadline is None else max(0.0, deadline - _now()))
+            if reader.is_alive():
+                raise subprocess.TimeoutExpired(self.args, timeout)
+        self.wait(None if deadline is None else max(0.0, deadline - _now()))
+        said = ["".join(chunks) for _, chunks in self._readers]
+        return said[0], said[1] if len(said) > 1 else None
+
+    def send_signal(self, sig: int) -> None:
+        if self.returncode is None:
+            try:
+                os.kill(self.pid, sig)
+            except ProcessLookupError:
+                pass
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+
+def _now() -> float:
+    import time
+
+    return time.monotonic()
+
+
+class WarmStarter:
+    """The test worker's side: its warm process, started on first use."""
+
+    def __init__(self, base_env: Callable[[], dict[str, str]]):
+        self._base_env = base_env  # the environment the warm process imports under, taken at its start
+        self._env: dict[str, str] | None = None
+        self._server: subprocess.Popen | None = None
+        self._socket: socket.socket | None = None
+        self._lock = threading.Lock()
+
+    def popen(self, command: list[str], cwd: Path, env: dict[str, str], merge_stderr: bool) -> WarmProcess | None:
+        """`command` (`python SCRIPT ARGS...`) started warm in `cwd` with `env`, its stdout (with its stderr when
+        `merge_stderr`) piped: None, having started nothing, when it cannot start warm (start it cold)."""
+        if os.environ.get("HF_PRETRAIN_TESTS_COLD") == "1" or not command[1].endswith(".py"):
+            return None
+        with self._lock:
+            if self._env is None:
+                self._env = self._base_env()
+            if not differs_only_in_own_keys(env, self._env):
+                return None
+            request = {"argv": command[1:], "cwd": str(cwd), "env": env, "merge_stderr": merge_stderr}
+            pipes = [os.pipe() for _ in range(2 if merge_stderr else 3)]  # status, stdout[, stderr]
+            try:
+                socket.send_fds(self._started(), [json.dumps(request).encode()], [w for _, w in pipes])
+            finally:
+                for _, write_end in pipes:
+                    os.close(write_end)
+        reads = [r for r, _ in pipes]
+        return WarmProcess(command, reads[0], reads[1], None if merge_stderr else reads[2])
+
+    def run(self, command: list[str], cwd: Path, env: dict[str, str], timeout: float) -> tuple[int, str, str] | None:
+        """As `subprocess.run(command, capture_output=True, timeout=timeout)`: (exit code, stdout, stderr), the run
+        killed past `timeout` (`subprocess.TimeoutExpired`); None when it cannot start warm."""
+        process = self.popen(command, cwd, env, merge_stderr=False)
+        if process is None:
+            return None
+        try:
+            out, err = process.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            out, err = process.communicate()
+            raise subprocess.TimeoutExpired(command, timeout, output=out, stderr=err) from None
+        return process.returncode, out, err or ""
+
+    def _started(self) -> socket.socket:
+        if self._server is None or self._server.poll() is not None:
+            ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+            command = [sys.executable, "-m", "tests.warm_start"]
+            self._server = subprocess.Popen(command, env=self._env, stdin=theirs, stdout=subprocess.DEVNULL)
+            theirs.close()
+            self._socket = ours
+        return self._socket
+
+
+# ---- the warm process ----
+
+
+def _serve() -> None:
+    import importlib
+
+    for name in WARM_IMPORTS:
+        importlib.import_module(name)
+    requests = socket.socket(fileno=0)
+    while True:
+        message, fds, _, _ = socket.recv_fds(requests, MOST_BYTES, 3)
+        if not message:
+            return  # the test worker ended
+        sys.stdout.flush()
+        sys.stderr.flush()  # nothing buffered here is printed again by a child
+        if os.fork() == 0:
+            requests.close()
+            _wait_for_run(json.loads(message), fds)  # never returns
+        for fd in fds:
+            os.close(fd)
+        while _reaped():
+            pass
+
+
+def _reaped() -> bool:
+    try:
+        return os.waitpid(-1, os.WNOHANG)[0] > 0
+    except ChildProcessError:
+        return False
+
+
+def _wait_for_run(request: dict, fds: list[int]) -> None:
+    """The waiter: fork the run, say its pid, wait for it, say its exit code."""
+    status, *outputs = fds
+    pid = os.fork()
+    if pid == 0:
+        os.close(status)
+        _become(request, outputs)  # never returns
+    for fd in outputs:
+        os.close(fd)
+    os.write(status, f"{pid}\n".encode())
+    _, how = os.waitpid(pid, 0)
+    os.write(status, f"{os.waitstatus_to_exitcode(how)}\n".encode())
+    os._exit(0)
+
+
+def _become(request: dict, outputs: list[int]) -> None:
+    """Become `python ARGV...` in the request's folder and environment; exit as that interpreter would."""
+    import atexit
+    import runpy
+    import traceback
+
+    code = 1
+    try:
+        os.chdir(request["cwd"])
+        os.environ.clear()
+        os.environ.update(request["env"])
+        os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
+        os.dup2(outputs[0], 1)
+        os.dup2(outputs[-1], 2)
+        for fd in outputs:
+            os.close(fd)
+        script, *args = request["argv"]
+        sys.argv = [script, *args]
+        sys.path[0] = str(Path(script).resolve().parent)
+        try:
+            runpy.run_path(script, run_name="__main__")
+            code = 0
+        except SystemExit as stop:
+            code = _exit_code(stop.code)
+        except BaseException:
+            traceback.print_exc()
+            code = 1
+        threading._shutdown()  # what an interpreter does at its end: wait for the threads it must,
+        atexit._run_exitfuncs()  # then run its exit hooks
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except Exception:
+                pass
+        os._exit(code)
+
+
+def _exit_code(code) -> int:
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code
+    print(code, file=sys.stderr)
+    return 1
+
+
+if __name__ == "__main__":
+    _serve()
