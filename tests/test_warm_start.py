@@ -21,6 +21,10 @@ SCRIPT = textwrap.dedent(
     if sys.argv[1] == "sleep":
         print(os.getpid(), flush=True)
         time.sleep(600)
+    if sys.argv[1] == "raise":
+        raise {"value": ValueError, "interrupt": KeyboardInterrupt}[sys.argv[2]]("boom")
+    import subprocess  # what the run starts gets a stdin, as a cold run's children do
+    print(subprocess.run([sys.executable, "-c", "import sys; print(sys.stdin is not None)"], capture_output=True, text=True).stdout.strip())
     atexit.register(lambda: print("exit hook ran"))
     threading.Thread(target=lambda: (time.sleep(0.5), print("thread joined"))).start()
     print("argv", sys.argv[1:], "cwd", os.path.basename(os.getcwd()), "flag", os.environ.get("HF_PRETRAIN_WARM_FLAG"))
@@ -50,6 +54,16 @@ def test_a_warm_script_gets_its_argv_folder_and_environment_and_ends_as_an_inter
     assert "__main__ __main__ imported hf_pretrain False" in out  # none of ours before the fork
     assert out.index("thread joined") < out.index("exit hook ran")  # threads joined, then the exit hooks
     assert "torch already imported True" in err and "argv" not in err
+    assert out.splitlines()[0] == "True"
+
+
+@pytest.mark.parametrize("error, code", [("value", 1), ("interrupt", -signal.SIGINT)])
+def test_an_uncaught_exception_ends_a_warm_script_as_it_ends_a_cold_one(script, tmp_path, error, code):
+    command = [sys.executable, str(script), "raise", error]
+    cold = subprocess.run(command, cwd=tmp_path, env=offline_env(), capture_output=True, text=True, timeout=120)
+    warm = WARM.run(command, tmp_path, offline_env(), timeout=120)
+    assert warm is not None and warm[0] == cold.returncode == code
+    assert cold.stderr.splitlines()[-1] == warm[2].splitlines()[-1] != "boom"  # the same last line: the error itself
 
 
 def test_a_warm_run_past_its_timeout_is_killed_and_says_so(script, tmp_path):

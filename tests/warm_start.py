@@ -20,14 +20,16 @@ the multi-process and launcher tests start cold anyway).
 How: the test worker holds a socket to its warm process and sends one request per launch (argv, folder,
 environment), with the write ends of the pipes the launch's stdout, stderr and exit status go to. The warm
 process forks a waiter, which forks the run and writes the run's pid, then its exit code, on the status pipe.
-The worker ending closes the socket, which ends the warm process; a run follows its own parent, the waiter.
+The worker ending closes the socket, which ends the warm process; a run still going goes on, as a cold one would.
+The warm imports' exit hooks run at the end of each run, as a cold run's own would (matplotlib's, should its
+config folder be unwritable, would delete a temporary folder the warm process shares: CI's is writable).
 """
 
 from __future__ import annotations
 
 import json
 import os
-import select
+import selectors
 import signal
 import socket
 import subprocess
@@ -48,6 +50,7 @@ WARM_IMPORTS = (
     "matplotlib.figure",  # the model card's loss plot, at the end of every finished run
 )
 MOST_BYTES = 1 << 20  # a request: argv and environment, a few kB
+START_WITHIN_S = 300  # the first request waits for the warm process's imports (~10 s on CI's cores)
 
 
 def differs_only_in_own_keys(env: dict[str, str], warm_env: dict[str, str]) -> bool:
@@ -66,7 +69,10 @@ class WarmProcess:
         self._said = b""
         self.stdout = os.fdopen(stdout, "r", errors="replace")
         self.stderr = os.fdopen(stderr, "r", errors="replace") if stderr is not None else None
-        self.pid = int(self._status_line(None))
+        pid = self._status_line(START_WITHIN_S)
+        if pid is None:
+            raise RuntimeError(f"the warm process did not start {command[1]} within {START_WITHIN_S} s")
+        self.pid = int(pid)
         self.returncode: int | None = None
         self._readers: list[tuple[threading.Thread, list[str]]] = []
 
@@ -90,8 +96,10 @@ class WarmProcess:
         deadline = None if timeout is None else _now() + timeout
         while b"\n" not in self._said:
             left = None if deadline is None else max(0.0, deadline - _now())
-            if not select.select([self._status], [], [], left)[0]:
-                return None
+            with selectors.DefaultSelector() as selector:
+                selector.register(self._status, selectors.EVENT_READ)
+                if not selector.select(left):
+                    return None
             chunk = os.read(self._status, 64)
             if not chunk:
                 raise RuntimeError(f"the warm start of {self.args[1]} ended without its exit code")
@@ -105,7 +113,7 @@ class WarmProcess:
             for stream in (self.stdout, self.stderr):
                 if stream is not None:
                     chunks: list[str] = []
-                    reader = threading.Thread(target=lambda s=stream, c=chunks: c.append(s.read()), daemon=True)
+                    reader = threading.Thread(target=lambda s=stream, c=chunks: c.extend(s), daemon=True)
                     reader.start()
                     self._readers.append((reader, chunks))
         deadline = None if timeout is None else _now() + timeout
@@ -114,11 +122,17 @@ class WarmProcess:
             if reader.is_alive():
                 raise subprocess.TimeoutExpired(self.args, timeout)
         self.wait(None if deadline is None else max(0.0, deadline - _now()))
+        return self.said_so_far()
+
+    def said_so_far(self) -> tuple[str, str | None]:
+        """What `communicate` has read of stdout (and stderr) so far."""
+        for reader, _ in self._readers:
+            reader.join(1.0)  # a process the run started may still hold the pipe: what came is enough
         said = ["".join(chunks) for _, chunks in self._readers]
         return said[0], said[1] if len(said) > 1 else None
 
     def send_signal(self, sig: int) -> None:
-        if self.returncode is None:
+        if self.poll() is None:  # as Popen: never signal a pid that may be another process's by now
             try:
                 os.kill(self.pid, sig)
             except ProcessLookupError:
@@ -150,8 +164,10 @@ class WarmStarter:
     def popen(self, command: list[str], cwd: Path, env: dict[str, str], merge_stderr: bool) -> WarmProcess | None:
         """`command` (`python SCRIPT ARGS...`) started warm in `cwd` with `env`, its stdout (with its stderr when
         `merge_stderr`) piped: None, having started nothing, when it cannot start warm (start it cold)."""
-        if os.environ.get("HF_PRETRAIN_TESTS_COLD") == "1" or not command[1].endswith(".py"):
+        if os.environ.get("HF_PRETRAIN_TESTS_COLD") == "1" or command[0] != sys.executable:
             return None
+        if not command[1].endswith(".py") or not Path(command[1]).is_file() or not Path(cwd).is_dir():
+            return None  # a flag, a module or a path that is not there: a cold start says so as Python does
         with self._lock:
             if self._env is None:
                 self._env = self._base_env()
@@ -161,6 +177,11 @@ class WarmStarter:
             pipes = [os.pipe() for _ in range(2 if merge_stderr else 3)]  # status, stdout[, stderr]
             try:
                 socket.send_fds(self._started(), [json.dumps(request).encode()], [w for _, w in pipes])
+            except OSError:  # the warm process is gone: this launch starts cold, the next one warms a new one
+                self._server = None
+                for read_end, _ in pipes:
+                    os.close(read_end)
+                return None
             finally:
                 for _, write_end in pipes:
                     os.close(write_end)
@@ -176,9 +197,13 @@ class WarmStarter:
         try:
             out, err = process.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
-            process.kill()
-            out, err = process.communicate()
+            process.kill()  # as subprocess.run: kill, wait, and say what was printed so far
+            process.wait()
+            out, err = process.said_so_far()
             raise subprocess.TimeoutExpired(command, timeout, output=out, stderr=err) from None
+        except BaseException:
+            process.kill()
+            raise
         return process.returncode, out, err or ""
 
     def _started(self) -> socket.socket:
@@ -207,8 +232,11 @@ def _serve() -> None:
         sys.stdout.flush()
         sys.stderr.flush()  # nothing buffered here is printed again by a child
         if os.fork() == 0:
-            requests.close()
-            _wait_for_run(json.loads(message), fds)  # never returns
+            try:  # the waiter never returns into this loop, whatever happens in it
+                requests.close()
+                _wait_for_run(json.loads(message), fds)
+            finally:
+                os._exit(70)
         for fd in fds:
             os.close(fd)
         while _reaped():
@@ -228,27 +256,26 @@ def _wait_for_run(request: dict, fds: list[int]) -> None:
     pid = os.fork()
     if pid == 0:
         os.close(status)
-        _become(request, outputs)  # never returns
+        _become(request, outputs)  # ends in os._exit
     for fd in outputs:
         os.close(fd)
     os.write(status, f"{pid}\n".encode())
     _, how = os.waitpid(pid, 0)
     os.write(status, f"{os.waitstatus_to_exitcode(how)}\n".encode())
-    os._exit(0)
 
 
 def _become(request: dict, outputs: list[int]) -> None:
     """Become `python ARGV...` in the request's folder and environment; exit as that interpreter would."""
     import atexit
+    import ctypes
     import runpy
-    import traceback
 
-    code = 1
+    code, interrupted = 1, False
     try:
         os.chdir(request["cwd"])
         os.environ.clear()
         os.environ.update(request["env"])
-        os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
+        _stdin_from_devnull()
         os.dup2(outputs[0], 1)
         os.dup2(outputs[-1], 2)
         for fd in outputs:
@@ -261,10 +288,16 @@ def _become(request: dict, outputs: list[int]) -> None:
             code = 0
         except SystemExit as stop:
             code = _exit_code(stop.code)
+        except KeyboardInterrupt:
+            interrupted = True  # Python ends such a process by the SIGINT itself, below
+            sys.excepthook(*sys.exc_info())
         except BaseException:
-            traceback.print_exc()
+            sys.excepthook(*sys.exc_info())
             code = 1
-        threading._shutdown()  # what an interpreter does at its end: wait for the threads it must,
+        try:
+            threading._shutdown()  # what an interpreter does at its end: wait for the threads it must,
+        except BaseException:
+            sys.excepthook(*sys.exc_info())
         atexit._run_exitfuncs()  # then run its exit hooks
     finally:
         for stream in (sys.stdout, sys.stderr):
@@ -272,7 +305,21 @@ def _become(request: dict, outputs: list[int]) -> None:
                 stream.flush()
             except Exception:
                 pass
+        ctypes.CDLL(None).fflush(None)  # and what C code printed
+        if interrupted:
+            signal.signal(signal.SIGINT, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGINT)
         os._exit(code)
+
+
+def _stdin_from_devnull() -> None:
+    """fd 0 on /dev/null, inherited by what the run starts (os.open's descriptors are not inherited by default)."""
+    fd = os.open(os.devnull, os.O_RDONLY)
+    if fd != 0:
+        os.dup2(fd, 0)
+        os.close(fd)
+    else:
+        os.set_inheritable(0, True)
 
 
 def _exit_code(code) -> int:
