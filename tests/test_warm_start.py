@@ -28,7 +28,7 @@ SCRIPT = textwrap.dedent(
     atexit.register(lambda: print("exit hook ran"))
     threading.Thread(target=lambda: (time.sleep(0.5), print("thread joined"))).start()
     print("argv", sys.argv[1:], "cwd", os.path.basename(os.getcwd()), "flag", os.environ.get("HF_PRETRAIN_WARM_FLAG"))
-    print("torch already imported", "torch" in sys.modules, file=sys.stderr)
+    print("torch already imported", "torch" in sys.modules, "left", os.environ.get("DATATROVE_EXECUTOR"), file=sys.stderr)
     print("__main__", __name__, "imported hf_pretrain", any(m.startswith("hf_pretrain") for m in sys.modules))
     sys.exit(int(sys.argv[2]))
     """
@@ -89,3 +89,12 @@ def test_a_warm_process_is_its_own_process_signals_reach_and_end(script, tmp_pat
     process.send_signal(signal.SIGTERM)
     assert process.wait(60) == -signal.SIGTERM  # as Popen says a signal ended a process
     assert process.communicate(timeout=60) == ("", None)  # nothing more said; stderr went to stdout
+
+
+def test_a_key_left_in_the_workers_environment_warms_a_process_that_has_it(script, tmp_path, monkeypatch):
+    """Code run in a test worker leaves keys in its environment (datatrove's, inductor's), which a cold launch
+    inherits: the warm process is started again under it, where every later launch would have started cold."""
+    monkeypatch.setenv("DATATROVE_EXECUTOR", "LOCAL")
+    ran = WARM.run([sys.executable, str(script), "go", "0"], tmp_path, offline_env(), timeout=120)
+    assert ran is not None and ran[0] == 0
+    assert "torch already imported True left LOCAL" in ran[2]

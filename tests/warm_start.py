@@ -155,8 +155,8 @@ class WarmStarter:
     """The test worker's side: its warm process, started on first use."""
 
     def __init__(self, base_env: Callable[[], dict[str, str]]):
-        self._base_env = base_env  # the environment the warm process imports under, taken at its start
-        self._env: dict[str, str] | None = None
+        self._base_env = base_env  # what a launch's environment is made from: the warm process imports under it
+        self._env: dict[str, str] = {}
         self._server: subprocess.Popen | None = None
         self._socket: socket.socket | None = None
         self._lock = threading.Lock()
@@ -169,8 +169,13 @@ class WarmStarter:
         if not command[1].endswith(".py") or not Path(command[1]).is_file() or not Path(cwd).is_dir():
             return None  # a flag, a module or a path that is not there: a cold start says so as Python does
         with self._lock:
-            if self._env is None:
-                self._env = self._base_env()
+            base = self._base_env()
+            if not differs_only_in_own_keys(base, self._env):
+                # The worker's own environment changed since the warm process started: code run in the tests'
+                # process leaves keys behind (datatrove's DATATROVE_*, inductor's, lm-eval's KMP_...), which a
+                # cold launch inherits too. A new warm process imports under the new one (~10 s, a few times
+                # a session); the old one ends when its socket closes, its runs going on.
+                self._env, self._server = base, None
             if not differs_only_in_own_keys(env, self._env):
                 return None
             request = {"argv": command[1:], "cwd": str(cwd), "env": env, "merge_stderr": merge_stderr}
@@ -208,6 +213,8 @@ class WarmStarter:
 
     def _started(self) -> socket.socket:
         if self._server is None or self._server.poll() is not None:
+            if self._socket is not None:
+                self._socket.close()
             ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
             command = [sys.executable, "-m", "tests.warm_start"]
             self._server = subprocess.Popen(command, env=self._env, stdin=theirs, stdout=subprocess.DEVNULL)
