@@ -29,7 +29,8 @@ smoke: $(VENV)/.installed-base
 	@echo "results: $(RUN_DIR)/metrics.jsonl, $(RUN_DIR)/samples.jsonl, model in $(RUN_DIR)/final"
 
 ## test: install the dev extra and run the whole suite (slow tests included), offline, in TEST_WORKERS
-## processes: a test's time is mostly a trainer starting or waiting on a store, so two share two cores;
+## processes: a test's time is mostly a trainer running (its start forked warm: tests/warm_start.py) or waiting
+## on a store, so two share two cores;
 ## a file's tests stay in one process (its fixtures built once); `make test TEST_WORKERS=0` runs them in one
 TEST_WORKERS ?= 2
 test: $(VENV)/.installed-dev
