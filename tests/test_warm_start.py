@@ -17,7 +17,7 @@ from tests.helpers import WARM, offline_env
 SCRIPT = textwrap.dedent(
     """
     import atexit, os, sys, threading, time
-    import torch  # imported before the fork: the module is there already
+    warm = "torch" in sys.modules  # never imported here: only a fork of the warm process has it
     if sys.argv[1] == "sleep":
         print(os.getpid(), flush=True)
         time.sleep(600)
@@ -28,7 +28,7 @@ SCRIPT = textwrap.dedent(
     atexit.register(lambda: print("exit hook ran"))
     threading.Thread(target=lambda: (time.sleep(0.5), print("thread joined"))).start()
     print("argv", sys.argv[1:], "cwd", os.path.basename(os.getcwd()), "flag", os.environ.get("HF_PRETRAIN_WARM_FLAG"))
-    print("torch already imported", "torch" in sys.modules, "left", os.environ.get("DATATROVE_EXECUTOR"), file=sys.stderr)
+    print("torch already imported", warm, "left", os.environ.get("DATATROVE_EXECUTOR"), file=sys.stderr)
     print("__main__", __name__, "imported hf_pretrain", any(m.startswith("hf_pretrain") for m in sys.modules))
     sys.exit(int(sys.argv[2]))
     """
