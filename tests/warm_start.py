@@ -35,6 +35,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -93,12 +94,11 @@ class WarmProcess:
 
     def _status_line(self, timeout: float | None) -> str | None:
         """The waiter's next line (the pid, then the exit code), or None if none came within `timeout` s."""
-        deadline = None if timeout is None else _now() + timeout
+        deadline = _deadline(timeout)
         while b"\n" not in self._said:
-            left = None if deadline is None else max(0.0, deadline - _now())
             with selectors.DefaultSelector() as selector:
                 selector.register(self._status, selectors.EVENT_READ)
-                if not selector.select(left):
+                if not selector.select(_left(deadline)):
                     return None
             chunk = os.read(self._status, 64)
             if not chunk:
@@ -116,12 +116,12 @@ class WarmProcess:
                     reader = threading.Thread(target=lambda s=stream, c=chunks: c.extend(s), daemon=True)
                     reader.start()
                     self._readers.append((reader, chunks))
-        deadline = None if timeout is None else _now() + timeout
+        deadline = _deadline(timeout)
         for reader, _ in self._readers:
-            reader.join(None if deadline is None else max(0.0, deadline - _now()))
+            reader.join(_left(deadline))
             if reader.is_alive():
                 raise subprocess.TimeoutExpired(self.args, timeout)
-        self.wait(None if deadline is None else max(0.0, deadline - _now()))
+        self.wait(_left(deadline))
         return self.said_so_far()
 
     def said_so_far(self) -> tuple[str, str | None]:
@@ -145,10 +145,13 @@ class WarmProcess:
         self.send_signal(signal.SIGTERM)
 
 
-def _now() -> float:
-    import time
+def _deadline(timeout: float | None) -> float | None:
+    return None if timeout is None else time.monotonic() + timeout
 
-    return time.monotonic()
+
+def _left(deadline: float | None) -> float | None:
+    """Seconds left until `deadline` (never below 0), or None: no deadline."""
+    return None if deadline is None else max(0.0, deadline - time.monotonic())
 
 
 class WarmStarter:
