@@ -46,6 +46,7 @@ from hf_pretrain.data.tokenizer import (
 )
 from hf_pretrain.data.verify import VERIFIED_FILE, verify_shards
 from hf_pretrain.exit_codes import EXIT_CONFIG
+from tests.helpers import offline_env, run_captured
 
 VOCAB = 320
 WORDS = (
@@ -534,13 +535,8 @@ def _prepare_cli(tmp_path: Path, files: dict[str, bytes], **overrides: Any) -> s
     args = ["--sources", json.dumps([{"kind": "files", "paths": [str(corpus_dir / "*")]}])]
     for key, value in settings.items():
         args += [f"--{key}", str(value)]
-    return subprocess.run(
-        [sys.executable, "-m", "hf_pretrain.cli", "prepare", "--recipe", "smoke", *args],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=dict(os.environ, HF_HUB_OFFLINE="1"),
-    )
+    command = [sys.executable, "-m", "hf_pretrain.cli", "prepare", "--recipe", "smoke", *args]
+    return run_captured(command, Path.cwd(), offline_env(), timeout=300)
 
 
 def _text(rng: random.Random, paragraphs: int) -> bytes:

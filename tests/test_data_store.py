@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from hf_pretrain.config import load_recipe
+from tests.helpers import offline_env, run_captured
 from tests.object_store_server import FAKE_SECRET
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
@@ -19,18 +20,12 @@ pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 @pytest.fixture(scope="module")
 def store_data(s3_server, tmp_path_factory, smoke_data):
     """The smoke data prepared into s3://<bucket>/smoke by `hf-pretrain prepare`: (url, its log, the local copy's home)."""
-    import os
 
     url = s3_server.make_bucket("store-data") + "/smoke"
     home = tmp_path_factory.mktemp("prepare_home")
-    env = os.environ | s3_server.env | {"HF_PRETRAIN_HOME": str(home), "HF_HUB_OFFLINE": "1"}
-    result = subprocess.run(
-        [sys.executable, "-m", "hf_pretrain.cli", "prepare", "--recipe", "smoke", "--data_dir", url],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=600,
-    )
+    env = offline_env() | s3_server.env | {"HF_PRETRAIN_HOME": str(home)}
+    command = [sys.executable, "-m", "hf_pretrain.cli", "prepare", "--recipe", "smoke", "--data_dir", url]
+    result = run_captured(command, Path.cwd(), env, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     return url, result.stdout + result.stderr, home
 
@@ -70,18 +65,12 @@ def _cat(url: str, name: str) -> bytes:
 
 
 def test_a_second_prepare_into_the_url_says_complete_and_rewrites_nothing(store_data, s3_server, tmp_path):
-    import os
 
     url, _, _ = store_data
     before = _store_listing(url)
-    env = os.environ | s3_server.env | {"HF_PRETRAIN_HOME": str(tmp_path / "empty"), "HF_HUB_OFFLINE": "1"}
-    result = subprocess.run(
-        [sys.executable, "-m", "hf_pretrain.cli", "prepare", "--recipe", "smoke", "--data-dir", url],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=300,
-    )
+    env = offline_env() | s3_server.env | {"HF_PRETRAIN_HOME": str(tmp_path / "empty")}
+    command = [sys.executable, "-m", "hf_pretrain.cli", "prepare", "--recipe", "smoke", "--data-dir", url]
+    result = run_captured(command, Path.cwd(), env, timeout=300)
     assert result.returncode == 0, result.stderr
     assert "already prepared" in result.stdout
     assert _store_listing(url) == before
@@ -90,24 +79,17 @@ def test_a_second_prepare_into_the_url_says_complete_and_rewrites_nothing(store_
 
 def test_prepare_into_an_unreachable_store_says_so_in_one_line_within_seconds(tmp_path):
     """Was three retried reads of meta.json: 27 s of silence before the line (measured, endpoint port 9)."""
-    import os
     import time
 
-    env = os.environ | {
+    env = offline_env() | {
         "AWS_ENDPOINT_URL": "http://127.0.0.1:9",  # nothing listens: connection refused
         "AWS_ACCESS_KEY_ID": "AKIAFAKE",
         "AWS_SECRET_ACCESS_KEY": FAKE_SECRET,
         "HF_PRETRAIN_HOME": str(tmp_path / "home"),
-        "HF_HUB_OFFLINE": "1",
     }
     started = time.monotonic()
-    result = subprocess.run(
-        [sys.executable, "-m", "hf_pretrain.cli", "prepare", "--recipe", "smoke", "--data_dir", "s3://any/data"],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=120,
-    )
+    command = [sys.executable, "-m", "hf_pretrain.cli", "prepare", "--recipe", "smoke", "--data_dir", "s3://any/data"]
+    result = run_captured(command, Path.cwd(), env, timeout=120)
     assert result.returncode == 78, result.stderr[-2000:]
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and "does not answer while listing the data" in lines[0], result.stderr
@@ -359,7 +341,6 @@ print(sorted(m for m in sys.modules if m.split(".")[0] in ("fsspec", "s3fs", "ai
 def test_the_doctor_reads_a_data_url(store_data, s3_server, tmp_path):
     """Complete data: the data rows pass with the cache's size against the data; a missing bucket: one row,
     one line, no traceback, no credential."""
-    import os
 
     from tests.helpers import offline_env
 
@@ -370,7 +351,7 @@ def test_the_doctor_reads_a_data_url(store_data, s3_server, tmp_path):
     for name, data_dir in (("good", url), ("missing", "s3://no-such-bucket-hf/data")):
         command = [sys.executable, "-m", "hf_pretrain.cli", "doctor", "--recipe", "smoke", "--data_dir", data_dir]
         command += ["--output_dir", str(tmp_path / name)]
-        result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300, cwd=os.getcwd())
+        result = run_captured(command, Path.cwd(), env, timeout=300)
         out[name] = result.stdout + result.stderr
     assert "all of it fits; no block is fetched twice" in out["good"], out["good"][-3000:]
     data_rows = [
@@ -381,13 +362,12 @@ def test_the_doctor_reads_a_data_url(store_data, s3_server, tmp_path):
 
 
 def test_prepare_with_a_cache_dir_it_cannot_make_is_one_line_not_a_traceback(tmp_path):
-    import os
 
     (tmp_path / "a_file").write_text("x")
-    env = os.environ | {"HF_HUB_OFFLINE": "1", "AWS_ENDPOINT_URL": "http://127.0.0.1:9"}  # never reached
+    env = offline_env() | {"AWS_ENDPOINT_URL": "http://127.0.0.1:9"}  # never reached
     command = [sys.executable, "-m", "hf_pretrain.cli", "prepare", "--recipe", "smoke", "--data_dir", "s3://b/d"]
     command += ["--cache-dir", str(tmp_path / "a_file" / "cache")]
-    result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=120)
+    result = run_captured(command, Path.cwd(), env, timeout=120)
     assert result.returncode == 78, result.stderr[-2000:]
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and "set --cache_dir to a folder this machine can write" in lines[0], result.stderr
@@ -408,7 +388,7 @@ def test_the_doctor_on_an_unreachable_data_url_answers_in_one_row_within_seconds
     command = [sys.executable, "-m", "hf_pretrain.cli", "doctor", "--recipe", "smoke", "--data_dir", "s3://any/data"]
     command += ["--output_dir", str(tmp_path / "run")]
     started = time.monotonic()
-    result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
+    result = run_captured(command, Path.cwd(), env, timeout=300)
     assert result.returncode == 78, result.stdout[-3000:] + result.stderr[-3000:]
     assert time.monotonic() - started < 45  # one probe (botocore's own retries), then the table
     rows = [line for line in result.stdout.splitlines() if "FAIL" in line]

@@ -46,6 +46,7 @@ from tests.helpers import (
     prepared_row,
     profile_here,
     profile_on_cpu,
+    run_captured,
     section_on_cpu,
 )
 
@@ -529,14 +530,8 @@ def test_table_shows_fixes_under_problems_only():
 
 
 def doctor(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "hf_pretrain.cli", "doctor", "--recipe", "smoke", *args],
-        cwd=OUTSIDE_CHECKOUT,
-        env=offline_env(),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    command = [sys.executable, "-m", "hf_pretrain.cli", "doctor", "--recipe", "smoke", *args]
+    return run_captured(command, OUTSIDE_CHECKOUT, offline_env(), timeout=120)
 
 
 def test_doctor_command_passes_a_prepared_smoke_run(smoke_data, tmp_path):

@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
-from tests.helpers import ROOT, launch_training, offline_env
+from tests.helpers import ROOT, launch_training, offline_env, run_captured
 
 ASSET = ROOT / "tests" / "assets" / "run_before_sections"
 CHECKPOINT = ASSET / "checkpoints" / "step_00000004"
@@ -49,7 +48,7 @@ def prepare_again(workdir: Path) -> None:
     shutil.copy(CORPUS, workdir / "golden_corpus.jsonl")
     shutil.copy(ASSET / "recipe.yaml", workdir / "recipe.yaml")
     command = [sys.executable, "-m", "hf_pretrain.cli", "prepare", "--recipe", "recipe.yaml"]
-    done = subprocess.run(command, cwd=workdir, env=offline_env(), capture_output=True, text=True, timeout=300)
+    done = run_captured(command, workdir, offline_env(), timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
 
 

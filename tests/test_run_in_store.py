@@ -96,11 +96,9 @@ def test_a_run_killed_on_one_machine_finishes_on_another_bit_for_bit(reference_r
     """The issue's acceptance run: the data prepared into the store too, so machine B shares no disk with A."""
     url, data_url = f"{s3_bucket}/run", f"{s3_bucket}/data"
     a, b = machine(tmp_path / "A", s3_server, **HELD), machine(tmp_path / "B", s3_server)
-    prepared = subprocess.run(
+    prepared = run_captured(
         [sys.executable, "-m", "hf_pretrain.cli", "prepare", "--recipe", "smoke", "--data_dir", data_url],
         **a,
-        capture_output=True,
-        text=True,
         timeout=600,
     )
     assert prepared.returncode == 0, prepared.stderr[-3000:]

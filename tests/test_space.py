@@ -15,7 +15,7 @@ from hf_pretrain.config import DEFAULT_PROMPTS
 from hf_pretrain.exit_codes import EXIT_CONFIG
 from hf_pretrain.publish.space import SpaceRefused, write_space
 from hf_pretrain.publish.targets import WRITTEN_RECORD
-from tests.helpers import OUTSIDE_CHECKOUT, ROOT, offline_env
+from tests.helpers import OUTSIDE_CHECKOUT, ROOT, offline_env, run_captured
 from tests.hub_standin import HubStandIn
 from tests.test_demo import free_port, greedy_completion
 
@@ -29,14 +29,7 @@ TOKEN = "hf_standinToken0123456789"
 
 
 def hf_pretrain_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "hf_pretrain.cli", *args],
-        cwd=OUTSIDE_CHECKOUT,
-        env=env or offline_env(),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    return run_captured([sys.executable, "-m", "hf_pretrain.cli", *args], OUTSIDE_CHECKOUT, env or offline_env(), 120)
 
 
 def test_the_space_has_an_app_its_requirements_and_a_readme_the_hub_reads(tmp_path):

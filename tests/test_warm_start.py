@@ -98,3 +98,15 @@ def test_a_key_left_in_the_workers_environment_warms_a_process_that_has_it(scrip
     ran = WARM.run([sys.executable, str(script), "go", "0"], tmp_path, offline_env(), timeout=120)
     assert ran is not None and ran[0] == 0
     assert "torch already imported True left LOCAL" in ran[2]
+
+
+def test_a_warm_module_run_says_and_exits_what_a_cold_python_m_does(tmp_path):
+    """`python -m hf_pretrain.cli ...`: the module as `__main__` with its arguments, in the caller's folder;
+    the same output and exit code as a cold start, for a command that works and one that is refused."""
+    for argv, code in ((["doctor", "--help"], 0), (["train", "--no_such_key", "1"], 2)):
+        command = [sys.executable, "-m", "hf_pretrain.cli", *argv]
+        cold = subprocess.run(command, cwd=tmp_path, env=offline_env(), capture_output=True, text=True, timeout=120)
+        warm = WARM.run(command, tmp_path, offline_env(), timeout=120)
+        assert warm is not None, "a module of this project started cold"
+        assert warm == (cold.returncode, cold.stdout, cold.stderr) and cold.returncode == code, (warm, cold)
+    assert WARM.run([sys.executable, "-m", "json.tool", "--help"], tmp_path, offline_env(), timeout=120) is None

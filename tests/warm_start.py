@@ -145,6 +145,15 @@ class WarmProcess:
         self.send_signal(signal.SIGTERM)
 
 
+def _a_script(path: str) -> bool:
+    return path.endswith(".py") and Path(path).is_file()
+
+
+def _a_module(argv: list[str]) -> bool:
+    """`-m hf_pretrain.X ...`: this project's own modules only (nothing of theirs is imported before the fork)."""
+    return len(argv) > 1 and argv[0] == "-m" and argv[1].split(".")[0] == "hf_pretrain"
+
+
 def _deadline(timeout: float | None) -> float | None:
     return None if timeout is None else time.monotonic() + timeout
 
@@ -165,12 +174,12 @@ class WarmStarter:
         self._lock = threading.Lock()
 
     def popen(self, command: list[str], cwd: Path, env: dict[str, str], merge_stderr: bool) -> WarmProcess | None:
-        """`command` (`python SCRIPT ARGS...`) started warm in `cwd` with `env`, its stdout (with its stderr when
+        """`command` (`python SCRIPT ARGS...` or `python -m hf_pretrain.MODULE ARGS...`) started warm in `cwd` with `env`, its stdout (with its stderr when
         `merge_stderr`) piped: None, having started nothing, when it cannot start warm (start it cold)."""
         if os.environ.get("HF_PRETRAIN_TESTS_COLD") == "1" or command[0] != sys.executable:
             return None
-        if not command[1].endswith(".py") or not Path(command[1]).is_file() or not Path(cwd).is_dir():
-            return None  # a flag, a module or a path that is not there: a cold start says so as Python does
+        if not Path(cwd).is_dir() or not (_a_script(command[1]) or _a_module(command[1:])):
+            return None  # another flag, or a path or module that is not there: a cold start says so as Python does
         with self._lock:
             base = self._base_env()
             if not differs_only_in_own_keys(base, self._env):
@@ -290,11 +299,15 @@ def _become(request: dict, outputs: list[int]) -> None:
         os.dup2(outputs[-1], 2)
         for fd in outputs:
             os.close(fd)
-        script, *args = request["argv"]
-        sys.argv = [script, *args]
-        sys.path[0] = str(Path(script).resolve().parent)
         try:
-            runpy.run_path(script, run_name="__main__")
+            if request["argv"][0] == "-m":  # as `python -m MODULE`: the folder on the path, argv[0] the module's file
+                module, *args = request["argv"][1:]
+                sys.argv, sys.path[0] = ["-m", *args], os.getcwd()
+                runpy.run_module(module, run_name="__main__", alter_sys=True)
+            else:
+                script, *args = request["argv"]
+                sys.argv, sys.path[0] = [script, *args], str(Path(script).resolve().parent)
+                runpy.run_path(script, run_name="__main__")
             code = 0
         except SystemExit as stop:
             code = _exit_code(stop.code)
