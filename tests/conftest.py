@@ -14,8 +14,8 @@ from filelock import FileLock
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-# `make test` runs two test processes on two cores (pytest-xdist): a worker's own torch work on two threads
-# would fight the other worker's for them (OpenMP threads spin while they wait, several times slower), so
+# `make test` runs three test processes on two cores (pytest-xdist): a worker's own torch work on two threads
+# would fight the others' for them (OpenMP threads spin while they wait, several times slower), so
 # each worker computes on one thread, as every process the tests start does (helpers.offline_env). The
 # numbers are the same on one thread or two (docs/testing.md, golden losses).
 if os.environ.get("PYTEST_XDIST_WORKER"):

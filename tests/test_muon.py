@@ -116,7 +116,7 @@ def test_muon_learns_faster_than_adamw_at_equal_tokens(smoke_data, tmp_path):
 
 
 @pytest.mark.slow
-def test_muon_resumes_bitwise_and_ddp_and_fsdp2_match_one_process(smoke_data, tmp_path):
+def test_muon_resumes_bitwise_and_fsdp2_matches_one_process(smoke_data, tmp_path):
     reference = tmp_path / "reference"
     launch_training(smoke_data, reference, optimizer="muon")
     resumed = tmp_path / "resumed"
@@ -126,13 +126,12 @@ def test_muon_resumes_bitwise_and_ddp_and_fsdp2_match_one_process(smoke_data, tm
     assert train_losses(resumed) == train_losses(reference)
     ref, got = checkpoint_weights(reference, 12), checkpoint_weights(resumed, 12)
     assert all(torch.equal(ref[k], got[k]) for k in ref)
-    # Several processes: DDP all-reduces whole gradients; FSDP2 shards each matrix, and Muon's
-    # Newton-Schulz runs on the DTensor (global semantics: the same math, with gathers).
-    ddp, fsdp = tmp_path / "ddp", tmp_path / "fsdp"
-    launch_training(smoke_data, ddp, processes=2, optimizer="muon")
+    # Several processes: FSDP2 shards each matrix, and Muon's Newton-Schulz runs on the DTensor (global
+    # semantics: the same math, with gathers). Under DDP Muon steps on the whole all-reduced gradient, as
+    # AdamW does; the optimizer has no code of its own for it (tests/test_train.py holds DDP to one process).
+    fsdp = tmp_path / "fsdp"
     launch_fsdp(smoke_data, fsdp, optimizer="muon")
-    for run in (ddp, fsdp):
-        assert train_losses(run) == pytest.approx(train_losses(reference), rel=2e-4), run.name
+    assert train_losses(fsdp) == pytest.approx(train_losses(reference), rel=2e-4)
 
 
 @pytest.mark.slow
