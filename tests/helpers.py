@@ -103,7 +103,8 @@ def launch_training(
 
 def run_captured(command: list[str], cwd: Path, env: dict[str, str], timeout: float) -> subprocess.CompletedProcess:
     """`subprocess.run(command, capture_output=True, text=True, timeout=timeout)` in `cwd` with `env`: started warm
-    when `command` is `python SCRIPT ...` and its environment allows (tests/warm_start.py), cold otherwise."""
+    when `command` is `python SCRIPT ...` or `python -m hf_pretrain.X ...` and its environment allows
+    (tests/warm_start.py), cold otherwise."""
     ran = WARM.run(command, cwd, env, timeout)
     if ran is None:
         return subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
@@ -112,7 +113,8 @@ def run_captured(command: list[str], cwd: Path, env: dict[str, str], timeout: fl
 
 def start_merged(command: list[str], cwd: Path, env: dict[str, str]):
     """`subprocess.Popen(command, stdout=PIPE, stderr=STDOUT, text=True)` in `cwd` with `env`: started warm when
-    `command` is `python SCRIPT ...` and its environment allows (tests/warm_start.py), cold otherwise."""
+    `command` is `python SCRIPT ...` or `python -m hf_pretrain.X ...` and its environment allows
+    (tests/warm_start.py), cold otherwise."""
     started = WARM.popen(command, cwd, env, merge_stderr=True)
     if started is None:
         started = subprocess.Popen(

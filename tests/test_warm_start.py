@@ -102,9 +102,11 @@ def test_a_key_left_in_the_workers_environment_warms_a_process_that_has_it(scrip
 
 def test_a_warm_module_run_says_and_exits_what_a_cold_python_m_does(tmp_path):
     """`python -m hf_pretrain.cli ...`: the module as `__main__` with its arguments, in the caller's folder;
-    the same output and exit code as a cold start, for a command that works and one that is refused."""
-    for argv, code in ((["doctor", "--help"], 0), (["train", "--no_such_key", "1"], 2)):
-        command = [sys.executable, "-m", "hf_pretrain.cli", *argv]
+    the same output and exit code as a cold start, for a command that works, one that is refused and a module
+    that is not there."""
+    runs = (("hf_pretrain.cli", ["doctor", "--help"], 0), ("hf_pretrain.cli", ["train", "--no_such_key", "1"], 2))
+    for module, argv, code in (*runs, ("hf_pretrain.no_such_module", [], 1)):  # the last: Python's one line
+        command = [sys.executable, "-m", module, *argv]
         cold = subprocess.run(command, cwd=tmp_path, env=offline_env(), capture_output=True, text=True, timeout=120)
         warm = WARM.run(command, tmp_path, offline_env(), timeout=120)
         assert warm is not None, "a module of this project started cold"

@@ -1,5 +1,6 @@
-"""One-process trainer runs started warm: the tests' `python hf_pretrain/train.py ...`, forked from a process that
-has already imported torch, Accelerate and transformers, instead of a fresh interpreter importing them again.
+"""One-process runs started warm: the tests' `python hf_pretrain/train.py ...` and `python -m hf_pretrain.cli ...`,
+forked from a process that has already imported torch, Accelerate and transformers, instead of a fresh interpreter
+importing them again.
 
 Why: on CI's two cores a trainer spends about 8 s of a core importing what it needs before its first step (torch
 ~3 s; transformers' modelling code pulls torch._dynamo, DTensor, scipy and torchao in for ~5 s, docs/testing.md),
@@ -174,12 +175,13 @@ class WarmStarter:
         self._lock = threading.Lock()
 
     def popen(self, command: list[str], cwd: Path, env: dict[str, str], merge_stderr: bool) -> WarmProcess | None:
-        """`command` (`python SCRIPT ARGS...` or `python -m hf_pretrain.MODULE ARGS...`) started warm in `cwd` with `env`, its stdout (with its stderr when
-        `merge_stderr`) piped: None, having started nothing, when it cannot start warm (start it cold)."""
+        """`command` (`python SCRIPT ARGS...` or `python -m hf_pretrain.MODULE ARGS...`) started warm in `cwd` with
+        `env`, its stdout (with its stderr when `merge_stderr`) piped: None, having started nothing, when it cannot
+        start warm (start it cold)."""
         if os.environ.get("HF_PRETRAIN_TESTS_COLD") == "1" or command[0] != sys.executable:
             return None
         if not Path(cwd).is_dir() or not (_a_script(command[1]) or _a_module(command[1:])):
-            return None  # another flag, or a path or module that is not there: a cold start says so as Python does
+            return None  # another flag, or a script that is not there: a cold start says so as Python does
         with self._lock:
             base = self._base_env()
             if not differs_only_in_own_keys(base, self._env):
@@ -288,6 +290,7 @@ def _become(request: dict, outputs: list[int]) -> None:
     import atexit
     import ctypes
     import runpy
+    import types
 
     code, interrupted = 1, False
     try:
@@ -300,10 +303,13 @@ def _become(request: dict, outputs: list[int]) -> None:
         for fd in outputs:
             os.close(fd)
         try:
-            if request["argv"][0] == "-m":  # as `python -m MODULE`: the folder on the path, argv[0] the module's file
+            if request["argv"][0] == "-m":
+                # as `python -m MODULE` runs it (runpy's own entry for -m): in a `__main__` of its own, the folder on
+                # the path, argv[0] the module's file until the end (exit hooks see it), one line for a missing module
                 module, *args = request["argv"][1:]
                 sys.argv, sys.path[0] = ["-m", *args], os.getcwd()
-                runpy.run_module(module, run_name="__main__", alter_sys=True)
+                sys.modules["__main__"] = types.ModuleType("__main__")
+                runpy._run_module_as_main(module)
             else:
                 script, *args = request["argv"]
                 sys.argv, sys.path[0] = [script, *args], str(Path(script).resolve().parent)
