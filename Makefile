@@ -32,7 +32,7 @@ smoke: $(VENV)/.installed-base
 ## test: install the dev extra and run the whole suite (slow tests included), offline, in TEST_WORKERS
 ## processes: a test's time is mostly a trainer running (its start forked warm: tests/warm_start.py) or waiting
 ## on a store, a timeout or a socket, so three share two cores (with two, 16% of the cores sat idle; with
-## three, under 1%: docs/testing.md); a file's tests stay in one process (its fixtures built once), the files
+## three, 2%: docs/testing.md); a file's tests stay in one process (its fixtures built once), the files
 ## with the most end-to-end tests handed out first (tests/conftest.py); `make test TEST_WORKERS=0` runs them in one
 TEST_WORKERS ?= 3
 test: $(VENV)/.installed-dev

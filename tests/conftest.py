@@ -127,7 +127,7 @@ def pytest_configure(config):
 
 def pytest_collection_modifyitems(config, items):
     """The files with the most end-to-end (`slow`) tests first: they are the long ones, and one of them
-    started last keeps one worker busy while the other has nothing left (1.3 minutes of the suite on 2 cores,
+    started last keeps one worker busy while the other has nothing left (a minute of the suite on 2 cores,
     docs/testing.md). The order of the tests inside a file is kept."""
     slow_in = Counter(item.nodeid.split("::")[0] for item in items if item.get_closest_marker("slow"))
     files = list(dict.fromkeys(item.nodeid.split("::")[0] for item in items))
