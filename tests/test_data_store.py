@@ -20,7 +20,6 @@ pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 @pytest.fixture(scope="module")
 def store_data(s3_server, tmp_path_factory, smoke_data):
     """The smoke data prepared into s3://<bucket>/smoke by `hf-pretrain prepare`: (url, its log, the local copy's home)."""
-
     url = s3_server.make_bucket("store-data") + "/smoke"
     home = tmp_path_factory.mktemp("prepare_home")
     env = offline_env() | s3_server.env | {"HF_PRETRAIN_HOME": str(home)}
@@ -65,7 +64,6 @@ def _cat(url: str, name: str) -> bytes:
 
 
 def test_a_second_prepare_into_the_url_says_complete_and_rewrites_nothing(store_data, s3_server, tmp_path):
-
     url, _, _ = store_data
     before = _store_listing(url)
     env = offline_env() | s3_server.env | {"HF_PRETRAIN_HOME": str(tmp_path / "empty")}

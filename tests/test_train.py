@@ -96,7 +96,8 @@ def test_make_smoke_checks_that_its_run_learned(tmp_path):
     losses = {10: 8.05, 100: 5.67, 250: 4.55}
     lines = [{"kind": "train", "step": step, "loss": loss} for step, loss in losses.items()]
     (run_dir / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in [*lines, {"kind": "eval", "step": 250}]))
-    assert verdict(run_dir)[0] is False and "no final/model.safetensors" in verdict(run_dir)[1]
+    learned, said = verdict(run_dir)
+    assert learned is False and "no final/model.safetensors" in said
     (run_dir / "final").mkdir()
     (run_dir / "final" / "model.safetensors").write_bytes(b"")
     assert verdict(run_dir) == (
