@@ -72,6 +72,21 @@ def reference_run(smoke_data, tmp_path_factory, worker_id):
 
 
 @pytest.fixture(scope="session")
+def two_process_run(smoke_data, tmp_path_factory, worker_id):
+    """The short run on two processes (DDP over gloo) under one `accelerate launch`, never interrupted: what the
+    DDP, multi-node and store tests compare their two-process runs to (each used to train its own): (run_dir, log)."""
+
+    def build(folder: Path) -> None:
+        from tests.helpers import launch_training
+
+        log = launch_training(smoke_data, folder / "run", processes=2, timeout=300)
+        (folder / "launch.log").write_text(log)
+
+    folder = built_once("two_processes", tmp_path_factory, worker_id, build)
+    return folder / "run", (folder / "launch.log").read_text()
+
+
+@pytest.fixture(scope="session")
 def exported(reference_run, tmp_path_factory, worker_id):
     """`hf-pretrain export` of the reference run (bf16), shared read-only by the export, hub and eval tests."""
 

@@ -34,6 +34,11 @@ SHORT_RUN = {
 }
 
 
+def short_run(data_dir, output_dir, **overrides) -> dict:
+    """The keys of a SHORT_RUN of the data in `data_dir` into `output_dir`, `overrides` on top."""
+    return {**SHORT_RUN, "data_dir": data_dir, "output_dir": output_dir, **overrides}
+
+
 def offline_env() -> dict[str, str]:
     env = dict(os.environ, HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false", OMP_NUM_THREADS="1")
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
@@ -92,7 +97,11 @@ def launch_training(
     `through_launcher` (`launch_command`), with SHORT_RUN unless `short=False` and `env` on top of the offline
     environment; returns stdout + stderr. Past `timeout` seconds the launch is killed and
     `subprocess.TimeoutExpired` fails the test."""
-    args = {**(SHORT_RUN if short else {}), "data_dir": data_dir, "output_dir": run_dir, **overrides}
+    args = (
+        short_run(data_dir, run_dir, **overrides)
+        if short
+        else {"data_dir": data_dir, "output_dir": run_dir, **overrides}
+    )
     cmd = launch_command(processes=processes, recipe=recipe, through_launcher=through_launcher, **args)
     result = run_captured(cmd, cwd, {**offline_env(), **(env or {})}, timeout)
     log = result.stdout + result.stderr
@@ -111,6 +120,14 @@ def run_captured(command: list[str], cwd: Path, env: dict[str, str], timeout: fl
     return subprocess.CompletedProcess(command, *ran)
 
 
+def cli(
+    *args: str, cwd: Path = OUTSIDE_CHECKOUT, env: dict[str, str] | None = None, timeout: float = 300
+) -> subprocess.CompletedProcess:
+    """`hf-pretrain ARGS` as the tests run it, `python -m hf_pretrain.cli ARGS` in `cwd` with `env` (the offline
+    environment unless given), its output captured (`run_captured`: started warm where it can)."""
+    return run_captured([sys.executable, "-m", "hf_pretrain.cli", *args], cwd, env or offline_env(), timeout)
+
+
 def start_merged(command: list[str], cwd: Path, env: dict[str, str]):
     """`subprocess.Popen(command, stdout=PIPE, stderr=STDOUT, text=True)` in `cwd` with `env`: started warm when
     `command` is `python SCRIPT ...` or `python -m hf_pretrain.X ...` and its environment allows
@@ -121,6 +138,25 @@ def start_merged(command: list[str], cwd: Path, env: dict[str, str]):
             command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
         )
     return started
+
+
+def bench_children_started_warm(monkeypatch) -> None:
+    """For one test, the bench's children (`python -m hf_pretrain.bench --worker_result ...`, started by
+    `bench/variants.run_in_child`) forked warm as the trainer runs are: ~8 s of a core saved each. Not where a
+    test measures a child's memory: a forked child's RSS counts the warm process's imports."""
+    from types import SimpleNamespace
+
+    from hf_pretrain.bench import variants
+
+    def run(command: list[str], stdout, stderr, env: dict[str, str]) -> subprocess.CompletedProcess:
+        # run_in_child puts the folder holding hf_pretrain/ first on PYTHONPATH; the warm process has it there too,
+        # spelled as offline_env spells it (a different spelling of the same path would start the child cold)
+        assert env["PYTHONPATH"].split(os.pathsep)[0] == str(ROOT)
+        done = run_captured(command, Path.cwd(), {**env, "PYTHONPATH": offline_env()["PYTHONPATH"]}, timeout=600)
+        stdout.write(done.stdout + done.stderr)  # the child's log, as the cold child writes it (stderr to stdout)
+        return done
+
+    monkeypatch.setattr(variants, "subprocess", SimpleNamespace(run=run, STDOUT=subprocess.STDOUT))
 
 
 class StandInTokenizer:

@@ -19,7 +19,7 @@ from hf_pretrain.check.volume_speed import measure as measure_disk
 from hf_pretrain.config import load_recipe
 from hf_pretrain.exit_codes import EXIT_CONFIG
 from hf_pretrain.machine.run_profile import THE_CPU, run_profile
-from tests.helpers import OUTSIDE_CHECKOUT, ROOT, offline_env, run_captured
+from tests.helpers import OUTSIDE_CHECKOUT, ROOT, cli, offline_env
 
 PART_TITLES = (
     "(a) matmul",
@@ -36,12 +36,12 @@ PART_TITLES = (
 def test_the_whole_check_runs_on_the_cpu_and_leaves_cpu_records_plan_never_prices_a_gpu_by(tmp_path):
     home = tmp_path / "home"
     env = offline_env() | {"HF_PRETRAIN_HOME": str(home)}
-    command = [sys.executable, "-m", "hf_pretrain.cli", "check", "--recipe", "smoke", "--budget_s", "240"]
-    command += ["--output", str(tmp_path / "check"), "--output_dir", str(tmp_path / "run")]
+    args = ["check", "--recipe", "smoke", "--budget_s", "240"]
+    args += ["--output", str(tmp_path / "check"), "--output_dir", str(tmp_path / "run")]
     # a step of one micro-batch, two timed after one: the parts end as soon as they are done, the budget
     # only bounds them (a loaded CI machine stretches them, not the test)
-    command += ["--steps", "2", "--warmup", "1", "--global_batch_tokens", "2048", "--micro_batch_size", "16"]
-    done = run_captured(command, OUTSIDE_CHECKOUT, env, timeout=600)
+    args += ["--steps", "2", "--warmup", "1", "--global_batch_tokens", "2048", "--micro_batch_size", "16"]
+    done = cli(*args, env=env, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     lines = done.stdout.splitlines()
     for title in PART_TITLES:  # each part's title, then at least one line of its own: a figure or why not

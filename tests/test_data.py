@@ -46,7 +46,7 @@ from hf_pretrain.data.tokenizer import (
 )
 from hf_pretrain.data.verify import VERIFIED_FILE, verify_shards
 from hf_pretrain.exit_codes import EXIT_CONFIG
-from tests.helpers import offline_env, run_captured
+from tests.helpers import cli
 
 VOCAB = 320
 WORDS = (
@@ -535,8 +535,7 @@ def _prepare_cli(tmp_path: Path, files: dict[str, bytes], **overrides: Any) -> s
     args = ["--sources", json.dumps([{"kind": "files", "paths": [str(corpus_dir / "*")]}])]
     for key, value in settings.items():
         args += [f"--{key}", str(value)]
-    command = [sys.executable, "-m", "hf_pretrain.cli", "prepare", "--recipe", "smoke", *args]
-    return run_captured(command, Path.cwd(), offline_env(), timeout=300)
+    return cli("prepare", "--recipe", "smoke", *args, cwd=Path.cwd())
 
 
 def _text(rng: random.Random, paragraphs: int) -> bytes:

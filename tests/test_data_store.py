@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from hf_pretrain.config import load_recipe
-from tests.helpers import offline_env, run_captured
+from tests.helpers import cli, offline_env
 from tests.object_store_server import FAKE_SECRET
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
@@ -23,8 +23,7 @@ def store_data(s3_server, tmp_path_factory, smoke_data):
     url = s3_server.make_bucket("store-data") + "/smoke"
     home = tmp_path_factory.mktemp("prepare_home")
     env = offline_env() | s3_server.env | {"HF_PRETRAIN_HOME": str(home)}
-    command = [sys.executable, "-m", "hf_pretrain.cli", "prepare", "--recipe", "smoke", "--data_dir", url]
-    result = run_captured(command, Path.cwd(), env, timeout=600)
+    result = cli("prepare", "--recipe", "smoke", "--data_dir", url, cwd=Path.cwd(), env=env, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     return url, result.stdout + result.stderr, home
 
@@ -67,8 +66,7 @@ def test_a_second_prepare_into_the_url_says_complete_and_rewrites_nothing(store_
     url, _, _ = store_data
     before = _store_listing(url)
     env = offline_env() | s3_server.env | {"HF_PRETRAIN_HOME": str(tmp_path / "empty")}
-    command = [sys.executable, "-m", "hf_pretrain.cli", "prepare", "--recipe", "smoke", "--data-dir", url]
-    result = run_captured(command, Path.cwd(), env, timeout=300)
+    result = cli("prepare", "--recipe", "smoke", "--data-dir", url, cwd=Path.cwd(), env=env)
     assert result.returncode == 0, result.stderr
     assert "already prepared" in result.stdout
     assert _store_listing(url) == before
@@ -347,9 +345,8 @@ def test_the_doctor_reads_a_data_url(store_data, s3_server, tmp_path):
     url, _, _ = store_data
     out = {}
     for name, data_dir in (("good", url), ("missing", "s3://no-such-bucket-hf/data")):
-        command = [sys.executable, "-m", "hf_pretrain.cli", "doctor", "--recipe", "smoke", "--data_dir", data_dir]
-        command += ["--output_dir", str(tmp_path / name)]
-        result = run_captured(command, Path.cwd(), env, timeout=300)
+        args = ["doctor", "--recipe", "smoke", "--data_dir", data_dir, "--output_dir", str(tmp_path / name)]
+        result = cli(*args, cwd=Path.cwd(), env=env)
         out[name] = result.stdout + result.stderr
     assert "all of it fits; no block is fetched twice" in out["good"], out["good"][-3000:]
     data_rows = [
@@ -363,9 +360,8 @@ def test_prepare_with_a_cache_dir_it_cannot_make_is_one_line_not_a_traceback(tmp
 
     (tmp_path / "a_file").write_text("x")
     env = offline_env() | {"AWS_ENDPOINT_URL": "http://127.0.0.1:9"}  # never reached
-    command = [sys.executable, "-m", "hf_pretrain.cli", "prepare", "--recipe", "smoke", "--data_dir", "s3://b/d"]
-    command += ["--cache-dir", str(tmp_path / "a_file" / "cache")]
-    result = run_captured(command, Path.cwd(), env, timeout=120)
+    args = ["prepare", "--recipe", "smoke", "--data_dir", "s3://b/d", "--cache-dir", str(tmp_path / "a_file" / "cache")]
+    result = cli(*args, cwd=Path.cwd(), env=env, timeout=120)
     assert result.returncode == 78, result.stderr[-2000:]
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and "set --cache_dir to a folder this machine can write" in lines[0], result.stderr

@@ -285,15 +285,14 @@ def my_corpus(folder: Path) -> None:
 
 @pytest.mark.slow
 def test_the_guide_commands_that_run_offline_on_a_cpu_run_as_shown(tmp_path):
-    import sys
 
-    from tests.helpers import offline_env, run_captured
+    from tests.helpers import cli
 
     shown = guide_commands()
     assert [c for c in RUNS_OFFLINE if c not in shown] == []
     my_corpus(tmp_path)
     for command in RUNS_OFFLINE:  # offline_env has this checkout on PYTHONPATH
-        run = run_captured([sys.executable, "-m", "hf_pretrain.cli", *words(command)[1:]], tmp_path, offline_env(), 600)
+        run = cli(*words(command)[1:], cwd=tmp_path, timeout=600)
         assert run.returncode == 0 and "Traceback" not in run.stderr, f"`{command}`: {run.stderr[-2000:]}"
     assert (tmp_path / "data" / "my-corpus" / "sources" / "00-notes").is_dir()  # the source's `name`
     assert (tmp_path / "data" / "smoke" / "meta.json").is_file()

@@ -9,7 +9,6 @@ os.environ["HF_HUB_OFFLINE"] = "1"  # before transformers is imported: no test m
 import importlib.metadata
 import shutil
 import subprocess
-import sys
 import threading
 from collections import namedtuple
 from pathlib import Path
@@ -40,13 +39,11 @@ from hf_pretrain.preflight.disk import check_output_writable, disk_write_bytes_p
 from hf_pretrain.preflight.gpu import check_bf16, check_cuda, check_memory, check_tf32
 from hf_pretrain.preflight.result import CheckResult, PreflightError, format_table
 from tests.helpers import (
-    OUTSIDE_CHECKOUT,
-    offline_env,
+    cli,
     on_cpu,
     prepared_row,
     profile_here,
     profile_on_cpu,
-    run_captured,
     section_on_cpu,
 )
 
@@ -530,8 +527,7 @@ def test_table_shows_fixes_under_problems_only():
 
 
 def doctor(*args: str) -> subprocess.CompletedProcess:
-    command = [sys.executable, "-m", "hf_pretrain.cli", "doctor", "--recipe", "smoke", *args]
-    return run_captured(command, OUTSIDE_CHECKOUT, offline_env(), timeout=120)
+    return cli("doctor", "--recipe", "smoke", *args, timeout=120)
 
 
 def test_doctor_command_passes_a_prepared_smoke_run(smoke_data, tmp_path):

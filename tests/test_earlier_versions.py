@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import json
 import shutil
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
-from tests.helpers import ROOT, launch_training, offline_env, run_captured
+from tests.helpers import ROOT, cli, launch_training
 
 ASSET = ROOT / "tests" / "assets" / "run_before_sections"
 CHECKPOINT = ASSET / "checkpoints" / "step_00000004"
@@ -47,8 +46,7 @@ def prepare_again(workdir: Path) -> None:
     """`hf-pretrain prepare` of today's code on the asset recipe, in a folder holding its corpus."""
     shutil.copy(CORPUS, workdir / "golden_corpus.jsonl")
     shutil.copy(ASSET / "recipe.yaml", workdir / "recipe.yaml")
-    command = [sys.executable, "-m", "hf_pretrain.cli", "prepare", "--recipe", "recipe.yaml"]
-    done = run_captured(command, workdir, offline_env(), timeout=300)
+    done = cli("prepare", "--recipe", "recipe.yaml", cwd=workdir)
     assert done.returncode == 0, done.stdout + done.stderr
 
 

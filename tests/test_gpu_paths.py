@@ -39,11 +39,11 @@ from hf_pretrain.run_folder.run_dir import read_jsonl
 from tests.helpers import (
     OUTSIDE_CHECKOUT,
     ROOT,
-    SHORT_RUN,
     launch_command,
     launch_training,
     offline_env,
     section_on_cpu,
+    short_run,
 )
 
 ON_GPU = torch.cuda.is_available()
@@ -258,7 +258,7 @@ def launch_fsdp(
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    args = {**SHORT_RUN, "data_dir": data_dir, "output_dir": run_dir, **overrides}
+    args = short_run(data_dir, run_dir, **overrides)
     fsdp = ROOT / "tests" / "assets" / "fsdp_cpu_2proc.yaml"
     cmd = launch_command(
         "--main_process_port", str(port), config=fsdp, script=ROOT / "tests" / "fsdp_cpu_train.py", **args

@@ -17,7 +17,7 @@ import pytest
 from hf_pretrain.engines.accelerate_quietly import code_of_launcher_error
 from hf_pretrain.engines.launch_command import job_exit_code, missing_config
 from hf_pretrain.exit_codes import EXIT_CONFIG, EXIT_FAILED, EXIT_LOCKED, EXIT_OK, EXIT_PREEMPTED
-from tests.helpers import ROOT, SHORT_RUN, TRAIN_SCRIPT, offline_env
+from tests.helpers import ROOT, TRAIN_SCRIPT, offline_env, short_run
 
 
 def leave(folder: Path, rank: int, pid: int, code: int | None, when_ns: int = 0) -> None:
@@ -142,8 +142,7 @@ def test_a_sigterm_to_the_launcher_ends_the_job_75_with_a_checkpoint(config, smo
     release.mkdir()
     env = {**offline_env(), "HF_PRETRAIN_FAULTS": "hold:3", "HF_PRETRAIN_RELEASE": str(release)}
     env["PYTHONUNBUFFERED"] = "1"
-    keys = {**SHORT_RUN, "data_dir": smoke_data, "output_dir": run}
-    command = launch(config=config, **keys)
+    command = launch(config=config, **short_run(smoke_data, run))
     launcher = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     seen: list[str] = []
     try:

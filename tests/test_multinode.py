@@ -19,14 +19,13 @@ import torch
 from safetensors.torch import load_file
 
 from hf_pretrain.run_folder.run_dir import read_jsonl
-from tests.helpers import OUTSIDE_CHECKOUT, ROOT, SHORT_RUN, launch_command, launch_training, offline_env
+from tests.helpers import OUTSIDE_CHECKOUT, ROOT, launch_command, offline_env, short_run
 from tests.test_reliability_runs import kill_all, logged_step, start, status, wait_until
 from tests.test_survival import free_port
 
 
 def command(data_dir: Path, run_dir: Path, launch: list[str], **overrides) -> list[str]:
-    args = {**SHORT_RUN, "data_dir": data_dir, "output_dir": run_dir, **overrides}
-    return launch_command(*launch, processes=2, **args)
+    return launch_command(*launch, processes=2, **short_run(data_dir, run_dir, **overrides))
 
 
 def train_losses(run_dir: Path) -> list[float]:
@@ -38,14 +37,6 @@ def assert_same_run(run_dir: Path, reference: Path) -> None:
     assert train_losses(run_dir) == train_losses(reference)
     got, want = load_file(run_dir / "final" / "model.safetensors"), load_file(reference / "final" / "model.safetensors")
     assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want)
-
-
-@pytest.fixture(scope="module")
-def two_process_run(smoke_data, tmp_path_factory) -> Path:
-    """The short run on two processes under one launcher, never interrupted."""
-    run_dir = tmp_path_factory.mktemp("two_processes") / "run"
-    launch_training(smoke_data, run_dir, processes=2, timeout=300)
-    return run_dir
 
 
 def rank_of(pid: int) -> int | None:
@@ -95,7 +86,7 @@ def test_max_restarts_restarts_the_group_after_a_process_dies_and_it_resumes(smo
     assert resumed and int(resumed[0][1]) in (4, 8), output[-3000:]  # the newest checkpoint when it died
     ended = status(run_dir)
     assert (ended["state"], ended["exit_code"]) == ("finished", 0)
-    assert_same_run(run_dir, two_process_run)
+    assert_same_run(run_dir, two_process_run[0])
 
 
 # ---------------------------------------------------------------------- two machines, on this one
@@ -138,7 +129,7 @@ def test_two_launchers_as_two_machines_train_and_resume_like_one_launcher(smoke_
     main, other = two_machines(smoke_data, run_dir)
     assert "resumed from" in main and "at step 6" in main and "2 process(es)" in main
     assert status(run_dir)["state"] == "finished"
-    assert_same_run(run_dir, two_process_run)
+    assert_same_run(run_dir, two_process_run[0])
 
 
 # ---------------------------------------------------------------------- the Slurm example

@@ -15,7 +15,7 @@ from hf_pretrain.config import load_recipe
 from hf_pretrain.model.llama import build_model, llama_config
 from hf_pretrain.optim.build import build_optimizer, set_learning_rate
 from hf_pretrain.optim.muon import MUON_GROUP, MuonAdamW
-from tests.helpers import launch_training
+from tests.helpers import bench_children_started_warm, launch_training
 from tests.test_gpu_paths import launch_fsdp
 from tests.test_train import checkpoint_weights, train_losses
 
@@ -166,8 +166,10 @@ def test_a_saving_reached_by_the_first_finished_model_is_said_as_a_lower_bound(t
 
 
 @pytest.mark.slow
-def test_quality_mode_on_a_tiny_grid(smoke_data, tmp_path, capsys):
-    """Two variants, two seeds, two finished models each: the table, the saving with its spread, the shrink."""
+def test_quality_mode_on_a_tiny_grid(smoke_data, tmp_path, capsys, monkeypatch):
+    """Two variants, two seeds, two finished models each: the table, the saving with its spread, the shrink.
+    Its eight bench children start warm (tests/helpers.py)."""
+    bench_children_started_warm(monkeypatch)
     out = tmp_path / "quality"
     argv = ["--recipe", "smoke", "--data_dir", str(smoke_data), "--num_hidden_layers", "1"]
     argv += ["--quality", "--variants", "optimizer=adamw,muon", "--seeds", "1,2", "--steps", "8"]

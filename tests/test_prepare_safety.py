@@ -19,7 +19,7 @@ from hf_pretrain.data.prepared import DataMismatchError, read_meta
 from hf_pretrain.data.sources import SourceError
 from hf_pretrain.data.tokenizer import save_tokenizer, train_tokenizer
 from hf_pretrain.exit_codes import EXIT_CONFIG
-from tests.helpers import OUTSIDE_CHECKOUT, offline_env, run_captured
+from tests.helpers import OUTSIDE_CHECKOUT, cli
 from tests.test_prepare import SETTINGS, VOCAB, _document, big_corpus  # noqa: F401, F811 (a fixture)
 
 
@@ -127,9 +127,7 @@ def test_a_second_prepare_into_a_held_folder_is_refused_by_name_and_touches_noth
         before = tree(data_dir)
         args = ["--sources", json.dumps([{"kind": "files", "paths": [str(corpus)]}]), "--data_dir", str(data_dir)]
         args += [item for key, value in SETTINGS.items() for item in (f"--{key}", str(value))]
-        second = run_captured(
-            [sys.executable, "-m", "hf_pretrain.cli", "prepare", *args], OUTSIDE_CHECKOUT, offline_env(), timeout=300
-        )
+        second = cli("prepare", *args)
         assert second.returncode == 73, second.stderr
         lines = second.stderr.strip().splitlines()
         assert len(lines) == 1 and f"pid {holder.pid} on " in lines[0] and "another `hf-pretrain prepare`" in lines[0]
@@ -255,8 +253,7 @@ def test_a_process_ends_with_one_that_is_not_its_parent() -> None:
 def prepare_cli(data_dir: Path, sources: list[dict], *extra: str) -> subprocess.CompletedProcess:
     args = ["--sources", json.dumps(sources), "--data_dir", str(data_dir)]
     args += [item for key, value in SETTINGS.items() for item in (f"--{key}", str(value))]
-    command = [sys.executable, "-m", "hf_pretrain.cli", "prepare", *args, *extra]
-    return run_captured(command, OUTSIDE_CHECKOUT, offline_env(), timeout=300)
+    return cli("prepare", *args, *extra)
 
 
 NOT_TEXT = [

@@ -17,7 +17,7 @@ from hf_pretrain.config import parse_recipe_args
 from hf_pretrain.config.recipe_command import recipe_command
 from hf_pretrain.data.prepare_run import prepare
 from hf_pretrain.data.prepared import PREPARE_KEYS
-from tests.helpers import OUTSIDE_CHECKOUT, ROOT, offline_env, prepared_row, run_captured
+from tests.helpers import ROOT, cli, prepared_row
 from tests.test_prepare import SETTINGS, corpus  # noqa: F401  (a fixture)
 
 
@@ -41,7 +41,7 @@ def paste(fix: str) -> subprocess.CompletedProcess:
     commands = re.findall(r"`(hf-pretrain prepare [^`]*)`", fix)
     assert len(commands) == 1, fix
     words = shlex.split(commands[0])
-    return run_captured([sys.executable, "-m", "hf_pretrain.cli", *words[1:]], OUTSIDE_CHECKOUT, offline_env(), 300)
+    return cli(*words[1:])
 
 
 @pytest.mark.slow

@@ -358,27 +358,14 @@ def test_three_processes_on_a_batch_that_does_not_split_are_refused_not_crashed(
     assert "RecipeError" not in log and "training/loop.py" not in log  # no traceback of ours (torchrun prints its own)
 
 
-EXPORT_SCRIPT = """
-import os, resource, signal, sys
-signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails (EFBIG), as on a full disk
-limit = int(sys.argv[1])
-if limit:
-    resource.setrlimit(resource.RLIMIT_FSIZE, (limit, resource.RLIM_INFINITY))
-os.umask(int(sys.argv[2], 8))
-from hf_pretrain.publish import export
-from hf_pretrain.publish import export_command
-sys.exit(export_command.main(sys.argv[3:]))
-"""
-
-
 def run_export(args: list[str], file_limit: int = 0, umask: str = "022"):
-    import subprocess
+    """`hf-pretrain export ARGS` under a file-size limit (0: none) and `umask` (tests/export_within_limits.py)."""
     import sys
 
-    from tests.helpers import OUTSIDE_CHECKOUT, offline_env
+    from tests.helpers import OUTSIDE_CHECKOUT, ROOT, offline_env, run_captured
 
-    command = [sys.executable, "-c", EXPORT_SCRIPT, str(file_limit), umask, *map(str, args)]
-    return subprocess.run(command, cwd=OUTSIDE_CHECKOUT, env=offline_env(), capture_output=True, text=True, timeout=300)
+    command = [sys.executable, str(ROOT / "tests" / "export_within_limits.py"), str(file_limit), umask, *map(str, args)]
+    return run_captured(command, OUTSIDE_CHECKOUT, offline_env(), timeout=300)
 
 
 @pytest.mark.slow

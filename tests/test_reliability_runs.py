@@ -32,7 +32,7 @@ from hf_pretrain.optim.build import build_optimizer
 from hf_pretrain.publish import export_command
 from hf_pretrain.run_folder.run_dir import RunDir, read_jsonl
 from hf_pretrain.run_folder.run_lock import RunLock, RunLocked, holder_of
-from tests.helpers import OUTSIDE_CHECKOUT, ROOT, SHORT_RUN, launch_command, offline_env
+from tests.helpers import OUTSIDE_CHECKOUT, ROOT, SHORT_RUN, launch_command, offline_env, short_run
 
 TRAIN = [str(ROOT / "hf_pretrain" / "train.py"), "--recipe", "smoke"]
 
@@ -43,7 +43,7 @@ def decided(recipe):
 
 
 def arguments(data_dir: Path, run_dir: Path, **overrides) -> list[str]:
-    args = {**SHORT_RUN, "data_dir": data_dir, "output_dir": run_dir, **overrides}
+    args = short_run(data_dir, run_dir, **overrides)
     return [part for key, value in args.items() for part in (f"--{key}", str(value))]
 
 

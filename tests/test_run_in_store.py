@@ -20,15 +20,21 @@ import torch
 from safetensors.torch import load_file
 
 from hf_pretrain.exit_codes import EXIT_LOCKED, EXIT_PREFLIGHT
-from tests.helpers import OUTSIDE_CHECKOUT, ROOT, SHORT_RUN, offline_env, run_captured, start_merged
+from tests.helpers import (
+    OUTSIDE_CHECKOUT,
+    cli,
+    launch_command,
+    offline_env,
+    run_captured,
+    short_run,
+    start_merged,
+)
 from tests.object_store_server import FAKE_KEY_ID, FAKE_SECRET
 
 
 def train_command(data_dir: Path, url: str, **overrides) -> list[str]:
-    cmd = [sys.executable, str(ROOT / "hf_pretrain" / "train.py"), "--recipe", "smoke"]
-    for key, value in {**SHORT_RUN, "data_dir": data_dir, "output_dir": url, **overrides}.items():
-        cmd += [f"--{key}", str(value)]
-    return cmd
+    """`python hf_pretrain/train.py` on the short smoke run, into `url`."""
+    return launch_command(**short_run(data_dir, url, **overrides))
 
 
 def machine(folder: Path, s3_server, **env: str) -> dict:
@@ -96,11 +102,7 @@ def test_a_run_killed_on_one_machine_finishes_on_another_bit_for_bit(reference_r
     """The issue's acceptance run: the data prepared into the store too, so machine B shares no disk with A."""
     url, data_url = f"{s3_bucket}/run", f"{s3_bucket}/data"
     a, b = machine(tmp_path / "A", s3_server, **HELD), machine(tmp_path / "B", s3_server)
-    prepared = run_captured(
-        [sys.executable, "-m", "hf_pretrain.cli", "prepare", "--recipe", "smoke", "--data_dir", data_url],
-        **a,
-        timeout=600,
-    )
+    prepared = cli("prepare", "--recipe", "smoke", "--data_dir", data_url, **a, timeout=600)
     assert prepared.returncode == 0, prepared.stderr[-3000:]
     first = start_merged(train_command(data_url, url), **a)
     lose_the_machine_after_a_checkpoint(first, url, s3_server, kill=lambda: first.send_signal(signal.SIGKILL))
@@ -378,28 +380,24 @@ def test_wrong_credentials_and_a_read_only_key_are_refused_at_the_start_in_one_l
     assert fs.ls(guarded_store.bucket.removeprefix("s3://")) == []  # nothing written: no probe, no lease
 
 
-def launch_command(data_dir: Path, url: str, **overrides) -> list[str]:
-    """`accelerate launch` of two CPU processes (DDP over gloo) on the short smoke run."""
-    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file"]
-    cmd += [str(ROOT / "accelerate_configs" / "cpu_2proc.yaml"), *train_command(data_dir, url, **overrides)[1:]]
-    return cmd
+def two_process_command(data_dir: Path, url: str, **overrides) -> list[str]:
+    """`accelerate launch` of two CPU processes (DDP over gloo) on the short smoke run, into `url`."""
+    return launch_command(processes=2, **short_run(data_dir, url, **overrides))
 
 
 @pytest.mark.slow
-def test_two_processes_resume_a_url_run_on_another_machine_bit_for_bit(smoke_data, s3_bucket, s3_server, tmp_path):
+def test_two_processes_resume_a_url_run_on_another_machine_bit_for_bit(
+    smoke_data, two_process_run, s3_bucket, s3_server, tmp_path
+):
     """Each machine's first process pulls; the other waits for the pull before it reads the copy (had it
     read the empty copy, it would start from step 0 beside a first process that resumed)."""
     import os
 
-    from tests.helpers import launch_training
-
-    reference = tmp_path / "reference"
-    launch_training(smoke_data, reference, processes=2)  # uninterrupted, two processes, a local folder
-
+    reference = two_process_run[0]  # uninterrupted, two processes, a local folder
     url = f"{s3_bucket}/run"
     a, b = machine(tmp_path / "A", s3_server, **HELD), machine(tmp_path / "B", s3_server)
     first = subprocess.Popen(
-        launch_command(smoke_data, url),
+        two_process_command(smoke_data, url),
         **a,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -415,7 +413,7 @@ def test_two_processes_resume_a_url_run_on_another_machine_bit_for_bit(smoke_dat
     assert not store_fs().exists(f"{url}/final"), "the run finished before the kill"
     resumed_at = complete_in_store(url)[0]
 
-    second = subprocess.run(launch_command(smoke_data, url), **b, capture_output=True, text=True, timeout=600)
+    second = subprocess.run(two_process_command(smoke_data, url), **b, capture_output=True, text=True, timeout=600)
     log = second.stdout + second.stderr
     assert second.returncode == 0, log[-4000:]
     assert "resumed from" in log and f"step {resumed_at}" in log and "starting from step 0" not in log, log[-4000:]

@@ -15,7 +15,7 @@ from hf_pretrain.config import DEFAULT_PROMPTS
 from hf_pretrain.exit_codes import EXIT_CONFIG
 from hf_pretrain.publish.space import SpaceRefused, write_space
 from hf_pretrain.publish.targets import WRITTEN_RECORD
-from tests.helpers import OUTSIDE_CHECKOUT, ROOT, offline_env, run_captured
+from tests.helpers import ROOT, cli, offline_env
 from tests.hub_standin import HubStandIn
 from tests.test_demo import free_port, greedy_completion
 
@@ -26,10 +26,6 @@ TEMPLATE = ROOT / "hf_pretrain" / "publish" / "space_template" / "app.py"
 # requirements.txt.
 SPACE_MODULES = set(sys.stdlib_module_names) | {"gradio", "huggingface_hub", "torch", "transformers"}
 TOKEN = "hf_standinToken0123456789"
-
-
-def hf_pretrain_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    return run_captured([sys.executable, "-m", "hf_pretrain.cli", *args], OUTSIDE_CHECKOUT, env or offline_env(), 120)
 
 
 def test_the_space_has_an_app_its_requirements_and_a_readme_the_hub_reads(tmp_path):
@@ -112,7 +108,7 @@ def push_env(hub: HubStandIn, tmp_path, offline: bool = False) -> dict[str, str]
 
 def test_push_creates_a_gradio_space_and_uploads_the_folder(tmp_path):
     with HubStandIn(TOKEN) as hub:
-        result = hf_pretrain_cli(
+        result = cli(
             "space",
             "--model",
             "me/llama",
@@ -137,7 +133,7 @@ def test_push_creates_a_gradio_space_and_uploads_the_folder(tmp_path):
 def test_a_space_push_goes_through_the_one_upload_path(tmp_path):
     """push_folder's offline check and token scrubbing hold for Spaces too; the folder stays for a later push."""
     with HubStandIn(TOKEN) as hub:
-        offline = hf_pretrain_cli(
+        offline = cli(
             "space",
             "--model",
             "me/llama",
@@ -150,7 +146,7 @@ def test_a_space_push_goes_through_the_one_upload_path(tmp_path):
         assert offline.returncode == 1 and "HF_HUB_OFFLINE" in offline.stderr
         assert hub.state.requests == []  # refused before any request
         hub.state.refuse_writes = True
-        refused = hf_pretrain_cli(
+        refused = cli(
             "space",
             "--model",
             "me/llama",
@@ -168,7 +164,7 @@ def test_a_space_push_goes_through_the_one_upload_path(tmp_path):
 
 
 def test_a_model_that_is_not_a_repo_id_is_refused(tmp_path):
-    result = hf_pretrain_cli("space", "--model", "runs/smoke/final/", "--out", str(tmp_path / "space"))
+    result = cli("space", "--model", "runs/smoke/final/", "--out", str(tmp_path / "space"))
     assert result.returncode == EXIT_CONFIG
     assert "is not a Hub repo id" in result.stderr
     assert not (tmp_path / "space").exists()
@@ -180,7 +176,7 @@ def test_space_never_writes_over_a_users_files(tmp_path):
     project.mkdir()
     (project / "app.py").write_text("my own app")
     (project / "notes.txt").write_text("mine")
-    refused = hf_pretrain_cli("space", "--model", "me/llama", "--out", str(project))
+    refused = cli("space", "--model", "me/llama", "--out", str(project))
     assert refused.returncode == EXIT_CONFIG, refused.stderr
     assert "app.py" in refused.stderr and "notes.txt" in refused.stderr and "--overwrite" in refused.stderr
     assert len(refused.stderr.strip().splitlines()) == 1  # one line, no traceback
@@ -195,7 +191,7 @@ def test_space_never_writes_over_a_users_files(tmp_path):
         write_space(["me/c"], own)
     assert (own / "app.py").read_text() == "edited by hand"
 
-    replaced = hf_pretrain_cli("space", "--model", "me/llama", "--out", str(project), "--overwrite")
+    replaced = cli("space", "--model", "me/llama", "--out", str(project), "--overwrite")
     assert replaced.returncode == 0, replaced.stderr
     assert (project / "app.py").read_text() == TEMPLATE.read_text()
     assert (project / "notes.txt").read_text() == "mine"  # what the Space does not write is kept

@@ -450,15 +450,10 @@ def data_in_store(smoke_data: Path, bucket: str) -> str:
 
 
 def trainer_command(data: str, url: str, **overrides) -> list[str]:
-    import sys
+    from tests.helpers import launch_command, short_run
 
-    from tests.helpers import ROOT, SHORT_RUN
-
-    cmd = [sys.executable, str(ROOT / "hf_pretrain" / "train.py"), "--recipe", "smoke"]
-    for key, value in {**SHORT_RUN, "data_dir": data, "output_dir": url, **overrides}.items():
-        if value is not None:  # None: the flag left out (the run URL alone)
-            cmd += [f"--{key}", str(value)]
-    return cmd
+    keys = short_run(data, url, **overrides)
+    return launch_command(**{key: value for key, value in keys.items() if value is not None})  # None: left out
 
 
 def trainer(data: str, url: str, env: dict, **overrides):

@@ -14,7 +14,6 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -25,7 +24,14 @@ from safetensors.torch import load_file
 from hf_pretrain.checkpoints.manifest import CheckpointError, verify_checkpoint
 from hf_pretrain.exit_codes import EXIT_DIVERGED, EXIT_PREEMPTED, EXIT_SAVE_FAILED
 from hf_pretrain.run_folder.run_dir import read_jsonl
-from tests.helpers import OUTSIDE_CHECKOUT, ROOT, SHORT_RUN, launch_training, offline_env, start_merged
+from tests.helpers import (
+    OUTSIDE_CHECKOUT,
+    launch_command,
+    launch_training,
+    offline_env,
+    short_run,
+    start_merged,
+)
 
 MIN_KILLS = 10
 
@@ -53,10 +59,7 @@ def start_training(
 ) -> subprocess.Popen:
     """The training process itself (no launcher in between), so signals reach it directly. A `hold`
     fault waits for its file in `release` (faults.py)."""
-    args = {**SHORT_RUN, "data_dir": data_dir, "output_dir": run_dir, **overrides}
-    cmd = [sys.executable, str(ROOT / "hf_pretrain" / "train.py"), "--recipe", "smoke"]
-    for key, value in args.items():
-        cmd += [f"--{key}", str(value)]
+    cmd = launch_command(**short_run(data_dir, run_dir, **overrides))
     env = offline_env()
     if faults:
         env["HF_PRETRAIN_FAULTS"] = faults
@@ -261,10 +264,7 @@ def test_full_disk_during_save_keeps_the_previous_checkpoint(smoke_data, tmp_pat
 def start_process(data_dir: Path, run_dir: Path, process: int, port: int, faults: str, **overrides) -> subprocess.Popen:
     """Process `process` of a two-process CPU job, with the environment torchrun would give it, so
     that each process's exit code and output can be read on their own."""
-    args = {**SHORT_RUN, "data_dir": data_dir, "output_dir": run_dir, **overrides}
-    cmd = [sys.executable, str(ROOT / "hf_pretrain" / "train.py"), "--recipe", "smoke"]
-    for key, value in args.items():
-        cmd += [f"--{key}", str(value)]
+    cmd = launch_command(**short_run(data_dir, run_dir, **overrides))
     env = {
         **offline_env(),
         "HF_PRETRAIN_FAULTS": faults,

@@ -125,10 +125,9 @@ def test_stop_and_resume_gives_the_uninterrupted_curve_bitwise(reference_run, sm
 
 
 @pytest.mark.slow
-def test_two_process_ddp_matches_one_process(reference_run, smoke_data, tmp_path):
+def test_two_process_ddp_matches_one_process(reference_run, two_process_run):
     reference_dir, _ = reference_run
-    run_dir = tmp_path / "ddp"
-    log = launch_training(smoke_data, run_dir, processes=2)
+    run_dir, log = two_process_run
     assert "2 process(es) x 1 micro-batches" in log  # really distributed: world size 2
     ref, got = train_losses(reference_dir), train_losses(run_dir)
     assert len(got) == len(ref)
