@@ -246,7 +246,7 @@ def test_two_benches_into_one_output_are_locked_like_training_folders(smoke_data
     import time
 
     from hf_pretrain.exit_codes import EXIT_LOCKED
-    from tests.helpers import OUTSIDE_CHECKOUT, offline_env
+    from tests.helpers import OUTSIDE_CHECKOUT, offline_env, run_captured
 
     out = tmp_path / "bench"
     command = [sys.executable, "-m", "hf_pretrain.cli", "bench", "--recipe", "smoke", "--data_dir", str(smoke_data)]
@@ -265,7 +265,7 @@ def test_two_benches_into_one_output_are_locked_like_training_folders(smoke_data
         while f'"pid": {first.pid}' not in ((out / "run.lock").read_text() if (out / "run.lock").exists() else ""):
             assert first.poll() is None and time.monotonic() < deadline, "the first bench never held its --output"
             time.sleep(0.1)
-        second = subprocess.run(command, cwd=OUTSIDE_CHECKOUT, env=env, capture_output=True, text=True, timeout=120)
+        second = run_captured(command, OUTSIDE_CHECKOUT, env, timeout=120)
         assert second.returncode == EXIT_LOCKED, second.stderr
         assert f"in use by another bench: pid {first.pid}" in second.stderr and "--output" in second.stderr
         assert "Traceback" not in second.stderr

@@ -11,7 +11,7 @@ import pytest
 
 from hf_pretrain.config import RecipeError, build_recipe, load_recipe, parse_recipe_args
 from hf_pretrain.exit_codes import EXIT_CONFIG
-from tests.helpers import OUTSIDE_CHECKOUT, ROOT, offline_env
+from tests.helpers import OUTSIDE_CHECKOUT, ROOT, offline_env, run_captured
 
 
 def write(tmp_path, text):
@@ -279,20 +279,8 @@ def test_train_help_lists_every_key_with_default():
 
 
 def test_bad_cli_key_exits_nonzero_before_any_work(tmp_path):
-    result = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "hf_pretrain" / "train.py"),
-            "--recipe",
-            "smoke",
-            "--max_stepz",
-            "3",
-            "--output_dir",
-            str(tmp_path / "run"),
-        ],
-        capture_output=True,
-        text=True,
-    )
+    command = [sys.executable, str(ROOT / "hf_pretrain" / "train.py"), "--recipe", "smoke", "--max_stepz", "3"]
+    result = run_captured([*command, "--output_dir", str(tmp_path / "run")], tmp_path, offline_env(), timeout=300)
     assert result.returncode == 2
     assert "unknown key `max_stepz`" in result.stderr and "max_steps" in result.stderr
     assert not (tmp_path / "run").exists()
@@ -536,23 +524,8 @@ def test_an_unknown_kebab_case_flag_is_refused_by_name_with_the_nearest_key(comm
 def test_python_m_train_reads_kebab_case_flags(tmp_path):
     # The launcher's path (`accelerate launch -m hf_pretrain.train ...`, here without the launcher): a range
     # refusal of the dashed key's value proves it was read, and nothing trains.
-    run = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "hf_pretrain.train",
-            "--recipe",
-            "smoke",
-            "--max-steps",
-            "0",
-            "--output-dir",
-            str(tmp_path),
-        ],
-        capture_output=True,
-        text=True,
-        env=offline_env(),
-        timeout=300,
-    )
+    command = [sys.executable, "-m", "hf_pretrain.train", "--recipe", "smoke", "--max-steps", "0"]
+    run = run_captured([*command, "--output-dir", str(tmp_path)], OUTSIDE_CHECKOUT, offline_env(), timeout=300)
     assert run.returncode == EXIT_CONFIG and "max_steps=0 must be >= 1" in run.stderr, run.stderr
     assert not any(tmp_path.iterdir())
 
@@ -666,22 +639,9 @@ def test_the_doctor_passes_two_installed_trackers_and_names_a_missing_one_with_i
 def test_a_tracker_that_is_not_installed_stops_the_run_before_any_work_with_its_install(tmp_path):
     missing = accelerate_tracker_not_installed()
     run = tmp_path / "run"
-    result = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "hf_pretrain" / "train.py"),
-            "--recipe",
-            "smoke",
-            "--report_to",
-            f"tensorboard,{missing}",
-        ]
-        + ["--output_dir", str(run), "--data_dir", str(tmp_path / "data")],
-        capture_output=True,
-        text=True,
-        env=offline_env(),
-        cwd=OUTSIDE_CHECKOUT,
-        timeout=300,
-    )
+    command = [sys.executable, str(ROOT / "hf_pretrain" / "train.py"), "--recipe", "smoke"]
+    command += ["--report_to", f"tensorboard,{missing}", "--output_dir", str(run), "--data_dir", str(tmp_path / "data")]
+    result = run_captured(command, OUTSIDE_CHECKOUT, offline_env(), timeout=300)
     assert result.returncode == 78, result.stderr[-2000:]  # EX_CONFIG: refused, nothing was started
     assert f"trackers: report_to names {missing}, not installed" in result.stderr
     assert f"fix: pip install {missing}" in result.stderr

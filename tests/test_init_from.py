@@ -19,7 +19,6 @@ from __future__ import annotations
 import json
 import math
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
@@ -41,7 +40,7 @@ from hf_pretrain.model.initialisation import InitFromError, base_model_id, load_
 from hf_pretrain.model.llama import build_model
 from hf_pretrain.object_store.location import Location
 from hf_pretrain.preflight.init_from import check_init_from
-from tests.helpers import OUTSIDE_CHECKOUT, SHORT_RUN, launch_training, offline_env
+from tests.helpers import OUTSIDE_CHECKOUT, SHORT_RUN, launch_training, offline_env, run_captured
 from tests.test_gpu_paths import assert_resumed_exactly, launch_fsdp, train_losses
 
 # Another shape than smoke's (128 wide, 4 layers, 4/2 heads, tied, theta 1e4, eps 1e-5).
@@ -277,7 +276,7 @@ def test_training_refuses_an_id_missing_from_the_cache_with_exit_78_and_no_trace
     for key, value in args.items():
         cmd += [f"--{key}", str(value)]
     env = {**offline_env(), "HF_HUB_CACHE": str(base["hub_cache"])}
-    result = subprocess.run(cmd, cwd=OUTSIDE_CHECKOUT, env=env, capture_output=True, text=True, timeout=300)
+    result = run_captured(cmd, OUTSIDE_CHECKOUT, env, timeout=300)  # cold: HF_HUB_CACHE is read at import
     assert result.returncode == EXIT_PREFLIGHT, result.stderr[-3000:]
     assert "init_from model hf-pretrain-test/not-cached is not in the Hugging Face cache" in result.stderr
     assert "HF_HUB_OFFLINE=1 forbids downloading it" in result.stderr and "Traceback" not in result.stderr
@@ -455,6 +454,6 @@ def test_training_from_a_cut_weight_file_exits_78_naming_it(base, tmp_path):
     cmd = [sys.executable, "-m", "hf_pretrain.train", "--recipe", "smoke"]
     for key, value in args.items():
         cmd += [f"--{key}", str(value)]
-    result = subprocess.run(cmd, cwd=OUTSIDE_CHECKOUT, env=offline_env(), capture_output=True, text=True, timeout=300)
+    result = run_captured(cmd, OUTSIDE_CHECKOUT, offline_env(), timeout=300)
     assert result.returncode == EXIT_PREFLIGHT, result.stderr[-3000:]
     assert f"{folder / 'model.safetensors'} is cut short" in result.stderr and "Traceback" not in result.stderr

@@ -32,7 +32,7 @@ from hf_pretrain.optim.build import build_optimizer
 from hf_pretrain.publish import export_command
 from hf_pretrain.run_folder.run_dir import RunDir, read_jsonl
 from hf_pretrain.run_folder.run_lock import RunLock, RunLocked, holder_of
-from tests.helpers import OUTSIDE_CHECKOUT, ROOT, SHORT_RUN, launch_command, offline_env, short_run
+from tests.helpers import OUTSIDE_CHECKOUT, ROOT, SHORT_RUN, launch_command, offline_env, run_captured, short_run
 
 TRAIN = [str(ROOT / "hf_pretrain" / "train.py"), "--recipe", "smoke"]
 
@@ -275,14 +275,8 @@ def copied_run(reference_run, tmp_path) -> Path:
 )
 def test_a_checkpoint_of_another_shape_stops_the_run_and_touches_nothing(smoke_data, copied_run, change, named):
     before = tree_digest(copied_run)
-    result = subprocess.run(
-        [sys.executable, *TRAIN, *arguments(smoke_data, copied_run, **change)],
-        cwd=OUTSIDE_CHECKOUT,
-        env=offline_env(),
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
+    command = [sys.executable, *TRAIN, *arguments(smoke_data, copied_run, **change)]
+    result = run_captured(command, OUTSIDE_CHECKOUT, offline_env(), timeout=180)
     assert result.returncode == EXIT_PREFLIGHT, (result.stdout + result.stderr)[-3000:]
     assert named in result.stderr and "--resume none --output_dir" in result.stderr
     assert tree_digest(copied_run) == before  # no metrics truncated, no checkpoint pruned, the recipe kept
@@ -410,14 +404,7 @@ def test_other_shards_of_the_same_tokenizer_need_allow_data_change_and_are_recor
 def test_training_on_re_prepared_data_is_refused_before_any_work(smoke_data, copied_run, tmp_path):
     data = other_data(smoke_data, tmp_path, tokenizer_hash="f" * 64)
     before = tree_digest(copied_run)
-    result = subprocess.run(
-        [sys.executable, *TRAIN, *arguments(data, copied_run)],
-        cwd=OUTSIDE_CHECKOUT,
-        env=offline_env(),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    result = run_captured([sys.executable, *TRAIN, *arguments(data, copied_run)], OUTSIDE_CHECKOUT, offline_env(), 300)
     assert result.returncode == EXIT_PREFLIGHT, (result.stdout + result.stderr)[-3000:]
     assert "another tokenizer" in result.stdout + result.stderr
     assert tree_digest(copied_run) == before and status(copied_run)["state"] == "refused"

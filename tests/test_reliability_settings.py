@@ -4,7 +4,6 @@ keys, and validation over the same tokens whatever the number of processes."""
 from __future__ import annotations
 
 import dataclasses
-import subprocess
 import sys
 import textwrap
 
@@ -13,7 +12,7 @@ import pytest
 from hf_pretrain.config import SECTIONS, RecipeError, SourceConfig, build_recipe, load_recipe, parse_recipe_args
 from hf_pretrain.data.loader import validation_batches
 from hf_pretrain.exit_codes import EXIT_CONFIG
-from tests.helpers import OUTSIDE_CHECKOUT, ROOT, offline_env
+from tests.helpers import OUTSIDE_CHECKOUT, ROOT, offline_env, run_captured
 
 
 # ---------------------------------------------------------------------- ranges
@@ -57,23 +56,8 @@ def test_every_numeric_key_declares_its_range(f):
 
 def test_a_bad_setting_stops_training_before_any_work(tmp_path):
     run_dir = tmp_path / "run"
-    result = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "hf_pretrain" / "train.py"),
-            "--recipe",
-            "smoke",
-            "--grad_clip",
-            "-1",
-            "--output_dir",
-            str(run_dir),
-        ],
-        cwd=OUTSIDE_CHECKOUT,
-        env=offline_env(),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    command = [sys.executable, str(ROOT / "hf_pretrain" / "train.py"), "--recipe", "smoke", "--grad_clip", "-1"]
+    result = run_captured([*command, "--output_dir", str(run_dir)], OUTSIDE_CHECKOUT, offline_env(), timeout=120)
     assert result.returncode == EXIT_CONFIG
     # refused as the flag is parsed, naming the value as typed (issue 45: every numeric flag, one rule)
     assert "grad_clip=-1 must be >= 0" in result.stderr and "Traceback" not in result.stderr

@@ -232,7 +232,7 @@ def test_a_malformed_data_dir_url_is_refused_in_one_line_before_the_preflight(sm
     """Was the preflight's table with two failed rows (after 30 s of retries for a bad bucket name)."""
     command = train_command(smoke_data, str(tmp_path / "run"))
     command[command.index("--data_dir") + 1] = url
-    result = subprocess.run(command, cwd=tmp_path, env=offline_env(), capture_output=True, text=True, timeout=300)
+    result = run_captured(command, tmp_path, offline_env(), timeout=300)
     assert result.returncode == EXIT_PREFLIGHT, result.stderr[-2000:]
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and "Traceback" not in result.stderr, result.stderr
@@ -326,9 +326,7 @@ def test_a_stop_written_into_the_store_reaches_the_trainer(smoke_data, s3_bucket
     trainer = start_merged(train_command(smoke_data, url, max_steps=60, eval_interval=30), **a)
     wait_until(lambda: _logged_steps(local) == 2, trainer)
     laptop = machine(tmp_path / "laptop", s3_server)
-    stop = subprocess.run(
-        [sys.executable, "-m", "hf_pretrain.cli", "stop", url], **laptop, capture_output=True, text=True, timeout=120
-    )
+    stop = cli("stop", url, **laptop, timeout=120)
     assert stop.returncode == 0, stop.stderr
     assert f"asked the run in {url} " in stop.stdout and f"{url}/stop_request.json" in stop.stdout
     assert str(tmp_path / "laptop" / "home") not in stop.stdout  # the URL, not the view's cache path

@@ -564,7 +564,8 @@ def test_a_local_copy_deleted_mid_run_stops_in_one_line_and_the_rerun_goes_on_fr
     by hand or by a tool): the run stops after the step in one line, exit 74, no traceback; the same
     command goes on from step 4 in the store, not calling the last session killed."""
     import shutil
-    import subprocess
+
+    from tests.helpers import run_captured
 
     run_url, release = f"{s3_bucket}/run", tmp_path / "release"
     release.mkdir()
@@ -590,7 +591,7 @@ def test_a_local_copy_deleted_mid_run_stops_in_one_line_and_the_rerun_goes_on_fr
     assert "Traceback" not in out, out[-3000:]
     assert f"stopped after step 6: the local copy of {run_url} ({local}) was deleted while the run trained" in out
     again = a_machine(tmp_path / "A", s3_server)  # the same machine, the same command, no fault
-    rerun = subprocess.run(trainer_command(str(smoke_data), run_url), **again, capture_output=True, text=True)
+    rerun = run_captured(trainer_command(str(smoke_data), run_url), **again, timeout=600)
     said = rerun.stdout + rerun.stderr
     assert rerun.returncode == 0, said[-3000:]
     assert f"resumed from {run_url}/checkpoints/step_00000004 at step 4" in said
