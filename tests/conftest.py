@@ -57,33 +57,31 @@ def smoke_data(tmp_path_factory, worker_id):
     return built_once("smoke_data", tmp_path_factory, worker_id, build)
 
 
-@pytest.fixture(scope="session")
-def reference_run(smoke_data, tmp_path_factory, worker_id):
-    """An uninterrupted one-process run of the short smoke schedule, through `accelerate launch`: (run_dir, log)."""
+def trained_once(name: str, data_dir: Path, tmp_path_factory, worker_id: str, **launch) -> tuple[Path, str]:
+    """An uninterrupted short run of `data_dir` (`launch_training(..., **launch)`), trained once for the whole
+    session (`built_once`): (run_dir, its launch's output)."""
 
     def build(folder: Path) -> None:
         from tests.helpers import launch_training
 
-        log = launch_training(smoke_data, folder / "run", through_launcher=True)  # as users type it
-        (folder / "launch.log").write_text(log)
+        (folder / "launch.log").write_text(launch_training(data_dir, folder / "run", **launch))
 
-    folder = built_once("reference", tmp_path_factory, worker_id, build)
+    folder = built_once(name, tmp_path_factory, worker_id, build)
     return folder / "run", (folder / "launch.log").read_text()
+
+
+@pytest.fixture(scope="session")
+def reference_run(smoke_data, tmp_path_factory, worker_id):
+    """An uninterrupted one-process run of the short smoke schedule, through `accelerate launch` as users type
+    it: (run_dir, log)."""
+    return trained_once("reference", smoke_data, tmp_path_factory, worker_id, through_launcher=True)
 
 
 @pytest.fixture(scope="session")
 def two_process_run(smoke_data, tmp_path_factory, worker_id):
     """The short run on two processes (DDP over gloo) under one `accelerate launch`, never interrupted: what the
     DDP, multi-node and store tests compare their two-process runs to (each used to train its own): (run_dir, log)."""
-
-    def build(folder: Path) -> None:
-        from tests.helpers import launch_training
-
-        log = launch_training(smoke_data, folder / "run", processes=2, timeout=300)
-        (folder / "launch.log").write_text(log)
-
-    folder = built_once("two_processes", tmp_path_factory, worker_id, build)
-    return folder / "run", (folder / "launch.log").read_text()
+    return trained_once("two_processes", smoke_data, tmp_path_factory, worker_id, processes=2, timeout=300)
 
 
 @pytest.fixture(scope="session")
