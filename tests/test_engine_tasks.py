@@ -75,7 +75,8 @@ def test_skypilot_relaunches_on_go_on_elsewhere_and_never_on_held_or_refused(pat
     assert codes == {EXIT_PREEMPTED, EXIT_FAULTY_HOST} and codes <= set(CONTRACT)
     assert not codes & {EXIT_OK, EXIT_LOCKED, EXIT_CONFIG}
     assert max_restarts_on_errors(task) == 0  # every other failure needs a person
-    spots = {option.get("use_spot") for option in task["resources"]["any_of"]}
+    options = task["resources"].get("any_of") or task["resources"]["ordered"]  # ordered: the plan's cheapest first
+    spots = {option.get("use_spot") for option in options}
     assert spots == {True, False}  # spot, and on-demand as the fallback
     assert "|| exit $?" in task["run"]  # a check that fails ends the run block with the check's own code
 

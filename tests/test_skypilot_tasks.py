@@ -23,7 +23,16 @@ def test_skypilot_reads_the_task_as_launch_would(path):
     for resources in options:
         assert resources.job_recovery["recover_on_exit_codes"] == [EXIT_PREEMPTED, EXIT_FAULTY_HOST]
         assert resources.job_recovery["max_restarts_on_errors"] == 0
-        assert list(resources.accelerators) == ["H100"]
+    if "multinode" in path.name:
+        assert all(list(r.accelerators) == ["H100"] for r in options)
+    else:  # the plan's cheapest offers, in its order (a list: SkyPilot tries them in turn), each on its cloud
+        assert isinstance(task.resources, list) and 1 < len(options) <= 8, task.resources
+        planned = [c for c in read_task(path)["resources"]["ordered"]]
+        assert [str(r.cloud).lower() for r in options] == [c["cloud"] for c in planned]
+        assert [r.accelerators for r in options] == [
+            {c["accelerators"].split(":")[0]: int(c["accelerators"].split(":")[1])} for c in planned
+        ]
+        assert all(r.disk_size == 256 for r in options)
     assert task.envs["RUN_URL"] == "s3://bucket/runs/1b" and "hf-pretrain launch" in task.run
     multinode = "multinode" in path.name
     assert task.num_nodes == (2 if multinode else 1)

@@ -21,12 +21,42 @@ class StoreRate:
     provider: str
     usd_per_gb: float
     source: str
+    cloud: str | None = None  # the GPU cloud it belongs to (SkyPilot's name), None for a store of no GPU cloud
 
 
 @cache
 def egress_rates() -> tuple[StoreRate, ...]:
     raw = yaml.safe_load(EGRESS_TABLE_FILE.read_text())
-    return tuple(StoreRate(name, float(entry["usd_per_gb"]), entry["source"]) for name, entry in raw.items())
+    return tuple(
+        StoreRate(name, float(entry["usd_per_gb"]), entry["source"], entry.get("cloud")) for name, entry in raw.items()
+    )
+
+
+@dataclass(frozen=True)
+class StorePlace:
+    """Where a run's store is: its provider's egress rate, and the region where it sits (None: unknown)."""
+
+    rate: StoreRate
+    region: str | None = None
+
+    def egress_usd(self, gigabytes: float, cloud: str, region: str) -> float:
+        """What reading `gigabytes` out of the store costs a machine in `cloud`'s `region`: nothing in the
+        store's own cloud and region (or from a store without egress fees), its provider's rate otherwise."""
+        if self.rate.cloud == cloud and self.region is not None and self.region == region:
+            return 0.0
+        return gigabytes * self.rate.usd_per_gb
+
+    def describe(self) -> str:
+        return f"{self.rate.provider}" + (f" in {self.region}" if self.region else " (region not given)")
+
+
+def store_place(spec: str) -> StorePlace:
+    """`--store PROVIDER[:REGION]` (a provider of egress.yaml, e.g. `aws_s3:us-east-1`, `cloudflare_r2`)."""
+    provider, _, region = spec.partition(":")
+    rates = {rate.provider: rate for rate in egress_rates()}
+    if provider not in rates:
+        raise ValueError(f"--store {spec!r}: no store {provider!r}; one of {', '.join(rates)} (e.g. aws_s3:us-east-1)")
+    return StorePlace(rates[provider], region or None)
 
 
 @dataclass(frozen=True)

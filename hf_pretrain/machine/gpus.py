@@ -17,6 +17,7 @@ import yaml
 
 GPU_TABLE_FILE = Path(__file__).resolve().parent / "gpus.yaml"
 ARCHITECTURES = ("ampere", "ada", "hopper", "blackwell")
+LINKS = ("nvlink", "pcie")
 
 
 @dataclass(frozen=True)
@@ -32,6 +33,8 @@ class GPU:
     bandwidth_bytes_per_s: float
     usd_per_hour: float
     source: str
+    skypilot: tuple[str, ...] = ()  # its AcceleratorName spellings in SkyPilot's price catalog
+    link: str = "pcie"  # how the cards of one machine exchange gradients (nvlink, pcie)
 
     def flops_at(self, peak: str) -> float | None:
         """The card's dense peak named `peak` (`bf16`, `fp8`: gpus.yaml's `<peak>_tflops`; a precision's row
@@ -60,6 +63,9 @@ def _gpu(name: str, raw: dict) -> GPU:
         if architecture not in ARCHITECTURES:
             raise ValueError(f"architecture {architecture!r} is not one of {', '.join(ARCHITECTURES)}")
         efficiency = raw.get("matmul_efficiency")
+        link = str(raw.get("link", "pcie"))
+        if link not in LINKS:
+            raise ValueError(f"link {link!r} is not one of {', '.join(LINKS)}")
         return GPU(
             name=name,
             match=tuple(str(m) for m in raw.get("match") or [name]),
@@ -72,6 +78,8 @@ def _gpu(name: str, raw: dict) -> GPU:
             bandwidth_bytes_per_s=float(raw["bandwidth_gb_s"]) * 1e9,
             usd_per_hour=float(raw["usd_per_hour"]),
             source=str(raw["source"]),
+            skypilot=tuple(str(n) for n in raw.get("skypilot") or ()),
+            link=link,
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise ValueError(f"{GPU_TABLE_FILE}: the entry {name!r} is malformed ({exc})") from None
@@ -97,6 +105,18 @@ def find_gpu(name: str) -> GPU | None:
     alternatives = {alt: gpu for gpu in table.values() for alt in gpu.match}
     key = best_match(name, alternatives)
     return alternatives[key] if key else None
+
+
+def skypilot_gpu(accelerator: str, instance_type: str = "") -> GPU | None:
+    """The entry a SkyPilot catalog row names (its `AcceleratorName`, any case), or None for a card the
+    table does not hold. An instance type that says `pcie` is the PCIe card whatever the name says
+    (Lambda's `gpu_1x_h100_pcie` is listed as `H100`)."""
+    spelled = accelerator.lower()
+    matches = [gpu for gpu in gpu_table().values() if spelled in (n.lower() for n in gpu.skypilot)]
+    if "pcie" in _words(instance_type):
+        pcie = [gpu for gpu in gpu_table().values() if gpu.architecture == matches[0].architecture] if matches else []
+        matches = [gpu for gpu in pcie if "pcie" in _words(gpu.name)] or matches
+    return matches[0] if matches else None
 
 
 def known_names() -> str:

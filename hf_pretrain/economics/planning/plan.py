@@ -8,9 +8,10 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from hf_pretrain.economics.cost import dollars_per_billion_tokens
-from hf_pretrain.economics.egress import MoveCost, move_cost
+from hf_pretrain.economics.egress import MoveCost, StorePlace, move_cost, store_place
 from hf_pretrain.economics.planning.data_parallel import INTERCONNECT_GBPS, ScalingRow, scaling_row
 from hf_pretrain.economics.planning.gpu_ranking import GpuRow, gpu_prices, gpu_row, quality_per_token, ranked_rows
+from hf_pretrain.economics.planning.offers import RankedOffers, SpotAssumptions, rank_offers
 from hf_pretrain.economics.planning.request import ALL_GPUS, DEFAULT_GLOBAL_BATCH_TOKENS, DEFAULT_MFU, PlanRequest
 from hf_pretrain.economics.planning.scaling_laws import (
     chinchilla_loss,
@@ -18,6 +19,8 @@ from hf_pretrain.economics.planning.scaling_laws import (
     compute_optimal,
     training_flops,
 )
+from hf_pretrain.economics.skypilot_catalog import CatalogError, catalog_folder, read_catalog
+from hf_pretrain.economics.spot import PULL_GB_PER_S, RELAUNCH_ESTIMATE_S, relaunch_estimate_s
 from hf_pretrain.machine.gpus import GPU, gpu_named
 from hf_pretrain.machine.run_profile import A_GPU, Machine, machine_with, run_profile
 from hf_pretrain.model.llama import dense_flops_per_token, model_flops_per_token
@@ -58,6 +61,9 @@ class Plan:
     configuration: str = ""  # with a recipe: how the step runs (what the performance model prices)
     quality_per_token: float = 1.0  # FP8: the bf16 tokens one token is worth (precisions.py, a proxy's)
     move: MoveCost | None = None  # what moving the run to another machine costs in egress (economics/egress.py)
+    offers: RankedOffers | None = None  # with --gpu all and SkyPilot's catalog: every offer, priced by the token
+    prices_source: str = ""  # with --gpu all: where the prices come from (the catalog, or the typical table)
+    spot: SpotAssumptions | None = None  # what the spot offers' preemptions are priced at
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -153,6 +159,72 @@ def plan_price(
     return None, ""
 
 
+# The store a run's output_dir names, by its scheme, where --store says nothing (an assumption, said in the plan)
+STORE_OF_SCHEME = {"s3": "aws_s3", "gs": "gcs", "hf": "huggingface"}
+NO_CATALOG = "none"  # --catalog none: the shipped table, even where SkyPilot's catalog exists
+
+
+def default_store(request: PlanRequest) -> StorePlace:
+    """`--store`, else the provider of the recipe's output_dir scheme, else AWS S3 (the docs' store)."""
+    if request.store:
+        return store_place(request.store)
+    scheme = request.recipe.train.output_dir.partition("://")[0] if request.recipe is not None else ""
+    return store_place(STORE_OF_SCHEME.get(scheme, "aws_s3"))
+
+
+def spot_assumptions(request: PlanRequest, move: MoveCost) -> SpotAssumptions:
+    """What a preemption costs this run: the relaunch (--relaunch_s, else the estimate), half a save interval
+    of the recipe, the newest checkpoint pulled from the store."""
+    if request.relaunch_s is not None:
+        relaunch, source = request.relaunch_s, "--relaunch_s"
+    else:
+        relaunch = relaunch_estimate_s(move.checkpoint_gb)
+        source = (
+            f"an estimate: {RELAUNCH_ESTIMATE_S / 60:.0f} min to provision, install and compile, and the "
+            f"{move.checkpoint_gb:,.1f} GB checkpoint pulled at {PULL_GB_PER_S:g} GB/s; --relaunch_s"
+        )
+    return SpotAssumptions(
+        relaunch_s=relaunch,
+        relaunch_source=source,
+        save_interval_steps=request.recipe.checkpoints.save_interval,
+        checkpoint_gb=move.checkpoint_gb,
+        store=default_store(request),
+        preemptions_per_hour=request.preemptions_per_hour,
+    )
+
+
+def catalog_offers(
+    request: PlanRequest, cards: list[GpuRow], tokens: float, move: MoveCost, gradient_bytes: float
+) -> tuple[RankedOffers | None, str, SpotAssumptions | None]:
+    """With --gpu all: every offer of SkyPilot's catalog priced for the run, and where the prices come from;
+    without a catalog (or with one that cannot be read: said in one line), None and the typical table's source."""
+    typical = "typical on-demand prices of the GPU table (machine/gpus.yaml"
+    typical += f", {request.prices}'s where it names the GPU)" if request.prices else ")"
+    typical += "; `sky check` fetches SkyPilot's catalog of today's, which plan reads"
+    if request.catalog == NO_CATALOG:
+        return None, typical, None
+    try:
+        folder = catalog_folder(request.catalog)
+        if folder is None:
+            return None, typical, None
+        catalog = read_catalog(folder)
+    except CatalogError as exc:
+        return None, f"{typical} ({exc})", None
+    spot = spot_assumptions(request, move)
+    recipe = request.recipe
+    ranked = rank_offers(
+        catalog.offers,
+        {row.gpu: row for row in cards},
+        tokens,
+        quality_per_token(run_profile(recipe, A_GPU).step),
+        math.ceil(tokens / recipe.train.global_batch_tokens),
+        gradient_bytes,
+        recipe.train.global_batch_tokens,
+        spot,
+    )
+    return ranked, catalog.describe(), spot
+
+
 def make_plan(request: PlanRequest) -> Plan:
     """The plan of `request`; raises ValueError (or PriceError) saying what to give instead."""
     model = planned_model(request)
@@ -176,6 +248,10 @@ def make_plan(request: PlanRequest) -> Plan:
     steps = math.ceil(tokens / batch_tokens)
     c_6nd = training_flops(n_params, tokens)
     n_opt, d_opt = compute_optimal(c_6nd)
+    move = move_cost(n_params, tokens, request.recipe.data.vocab_size if request.recipe is not None else None)
+    offers, prices_source, spot = (
+        catalog_offers(request, rows, tokens, move, gradient_bytes) if request.gpu == ALL_GPUS else (None, "", None)
+    )
     return Plan(
         source=model.source,
         parameters=n_params,
@@ -208,6 +284,9 @@ def make_plan(request: PlanRequest) -> Plan:
         else [],
         gpus=rows,
         configuration=run_profile(request.recipe, on).step.describe() if request.recipe is not None else "",
-        move=move_cost(n_params, tokens, request.recipe.data.vocab_size if request.recipe is not None else None),
+        move=move,
         quality_per_token=quality,
+        offers=offers,
+        prices_source=prices_source,
+        spot=spot,
     )

@@ -2,7 +2,9 @@
 going further would buy a run that is under way.
 
     hf-pretrain plan --recipe 1b                      # tokens, FLOPs, Chinchilla; time and cost when the recipe knows
-    hf-pretrain plan --recipe 1b --gpu all            # every GPU of the table: fitted, modelled, ranked by the run's $
+    hf-pretrain plan --recipe 1b --gpu all            # every offer of SkyPilot's catalog (else every GPU of the
+                                                      # table), fitted, modelled, ranked by the run's expected $
+    hf-pretrain plan --recipe 1b --gpu all --skypilot_task my-1b.yaml   # ... and the SkyPilot task renting them
     hf-pretrain plan --recipe 1b --gpu H100 --max_steps 120000   # any recipe key overrides, as in training
     hf-pretrain plan --params 1.04e9 --tokens 20e9 --tokens_per_s 40000 --price_per_gpu_hour 2.99 --max_gpus 8 --json
     hf-pretrain plan --run runs/1b --tokens 20.8e9    # from the run's own loss curve, pace and price
@@ -21,15 +23,20 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
+from pathlib import Path
 
 from hf_pretrain.config import CommandParser, Recipe, RecipeError, parse_recipe_args
 from hf_pretrain.economics.memory import GRADIENT_BYTES
 from hf_pretrain.economics.planning.data_parallel import INTERCONNECT_GBPS
 from hf_pretrain.economics.planning.further import plan_further
-from hf_pretrain.economics.planning.plan import make_plan
-from hf_pretrain.economics.planning.printing import format_further, format_plan
+from hf_pretrain.economics.planning.offers import OfferRow, task_candidates
+from hf_pretrain.economics.planning.plan import NO_CATALOG, Plan, make_plan
+from hf_pretrain.economics.planning.printing import DEFAULT_OFFERS_SHOWN, format_further, format_plan
 from hf_pretrain.economics.planning.request import DEFAULT_GLOBAL_BATCH_TOKENS, DEFAULT_MFU, FIT_KEYS, PlanRequest
 from hf_pretrain.economics.prices import PriceError
+from hf_pretrain.economics.skypilot_catalog import DEFAULT_CATALOG
+from hf_pretrain.engines.skypilot_task import MAX_CANDIDATES, Candidate, TaskExists, planned_task, write_task
 from hf_pretrain.exit_codes import EXIT_CONFIG
 
 PROG = "hf-pretrain plan"
@@ -47,6 +54,10 @@ PLAN_OPTIONS = (
     "interconnect",
     "interconnect_gbps",
     "gradient_bytes",
+    "catalog",
+    "preemptions_per_hour",
+    "relaunch_s",
+    "store",
 )
 
 
@@ -128,7 +139,42 @@ def add_plan_options(parser: argparse.ArgumentParser, with_recipe: bool) -> None
             ge=0,
             help="with --run: $ per hour of the whole job (unset: the run's price_per_hour)",
         )
+    add_catalog_options(group)
     group.add_argument("--json", action="store_true", help="print the plan as JSON")
+
+
+def add_catalog_options(group: argparse._ArgumentGroup) -> None:
+    """The flags of `--gpu all` that price SkyPilot's offers and write the task that rents them."""
+    group.add_argument(
+        "--catalog",
+        help=f"with --gpu all: SkyPilot's price catalog folder (<cloud>/vms.csv; unset: {DEFAULT_CATALOG} where "
+        f"`sky check` wrote it; `{NO_CATALOG}`: the GPU table's typical prices)",
+    )
+    group.add_argument(
+        "--preemptions_per_hour",
+        type=float,
+        ge=0,
+        help="with --gpu all: spot preemptions an hour, every cloud (unset: each cloud's estimate, economics/spot.yaml)",
+    )
+    group.add_argument(
+        "--relaunch_s",
+        type=float,
+        gt=0,
+        help="with --gpu all: seconds from a preemption to the next machine's first step (unset: an estimate)",
+    )
+    group.add_argument(
+        "--store",
+        help="with --gpu all: the run's store as PROVIDER[:REGION] of economics/egress.yaml, e.g. aws_s3:us-east-1 "
+        "(unset: the output_dir's scheme's provider, region unknown): a GPU elsewhere pays its egress",
+    )
+    group.add_argument(
+        "--offers", type=int, default=DEFAULT_OFFERS_SHOWN, ge=1, help="with a catalog: how many offers to print"
+    )
+    group.add_argument(
+        "--skypilot_task",
+        help="with --recipe and --gpu all: write a SkyPilot task renting the cheapest offers by expected $ per token "
+        "(resources.ordered; never over an existing file)",
+    )
 
 
 # `--help`: the docstring's first sentence (two lines) above the options, its examples and notes below
@@ -200,5 +246,46 @@ def main(argv: list[str] | None = None) -> int:
     except (RecipeError, PriceError, ValueError) as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return EXIT_CONFIG
-    print(json.dumps(plan.to_dict(), indent=1) if args.json else format_plan(plan))
+    print(json.dumps(plan.to_dict(), indent=1) if args.json else format_plan(plan, args.offers))
+    if getattr(args, "skypilot_task", None):
+        return write_skypilot_task(plan, request, Path(args.skypilot_task))
+    return 0
+
+
+def skypilot_candidates(rows: list[OfferRow]) -> list[Candidate]:
+    """The plan's cheapest offers as a task's candidates, each with its figures beside it."""
+    return [
+        Candidate(
+            row.cloud,
+            row.accelerator,
+            row.gpus,
+            row.spot,
+            f"{row.card}: ${row.usd_per_billion_tokens:,.2f} per 1B tokens expected (${row.price_per_hour:,.2f}/h "
+            f"in {row.region})",
+        )
+        for row in task_candidates(rows, MAX_CANDIDATES)
+    ]
+
+
+def write_skypilot_task(plan: Plan, request: PlanRequest, path: Path) -> int:
+    """`--skypilot_task PATH`: the task renting the plan's cheapest offers, never over an existing file."""
+    if request.recipe is None or plan.offers is None:
+        print(
+            f"{PROG}: error: --skypilot_task needs --recipe NAME --gpu all and SkyPilot's catalog "
+            f"(`sky check` writes it to {DEFAULT_CATALOG}; or --catalog FOLDER); {plan.prices_source or 'none read'}",
+            file=sys.stderr,
+        )
+        return EXIT_CONFIG
+    candidates = skypilot_candidates(plan.offers.rows)
+    try:
+        text = planned_task(request.recipe.name, candidates, plan.prices_source, time.strftime("%Y-%m-%d"))
+        write_task(path, text)
+    except (TaskExists, ValueError, OSError) as exc:
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+    print(
+        f"wrote {path}: {len(candidates)} candidates, cheapest expected $ per token first; launch it with "
+        f"`sky jobs launch {path} --env RUN_URL=s3://BUCKET/runs/NAME --env DATA_URL=s3://BUCKET/data/NAME "
+        f"--secret AWS_ACCESS_KEY_ID --secret AWS_SECRET_ACCESS_KEY` (docs/engines.md)"
+    )
     return 0

@@ -6,13 +6,16 @@ from __future__ import annotations
 from hf_pretrain.economics.forecast import BAND_SIGMAS
 from hf_pretrain.economics.planning.further import FurtherPlan
 from hf_pretrain.economics.planning.gpu_ranking import GpuRow
+from hf_pretrain.economics.planning.offers import RankedOffers, SpotAssumptions
 from hf_pretrain.economics.planning.plan import Plan
 from hf_pretrain.economics.planning.request import ALL_GPUS
 from hf_pretrain.formatting import human_count, usd
 from hf_pretrain.machine.precisions import PRECISIONS, Precision
 
+DEFAULT_OFFERS_SHOWN = 20
 
-def format_plan(plan: Plan) -> str:
+
+def format_plan(plan: Plan, offers_shown: int = DEFAULT_OFFERS_SHOWN) -> str:
     price = (
         f"{usd(plan.price_per_gpu_hour)}/h per GPU ({plan.price_source})"
         if plan.price_per_gpu_hour
@@ -43,7 +46,11 @@ def format_plan(plan: Plan) -> str:
             "with Liger's fused loss"
         )
     if plan.gpu == ALL_GPUS:
-        return "\n".join(lines + ["", *format_gpu_rows(plan.gpus, plan.tokens, plan.configuration)]) + "\n"
+        if plan.offers is not None and plan.spot is not None:
+            ranked = format_offers(plan.offers, plan.spot, plan.tokens, plan.prices_source, offers_shown)
+        else:
+            ranked = [f"prices: {plan.prices_source}", *format_gpu_rows(plan.gpus, plan.tokens, plan.configuration)]
+        return "\n".join(lines + ["", *ranked, "", *format_move(plan)]) + "\n"
     if plan.gpus:
         lines += ["", *format_gpu_rows(plan.gpus, plan.tokens, plan.configuration), ""]
     if plan.tokens_per_s_per_gpu is None:
@@ -87,6 +94,58 @@ def format_move(plan: Plan) -> list[str]:
         f"data, {move.data_gb:,.1f} GB ({move.data_gb_per_billion_tokens:g} GB per billion tokens{gpu}), is read once "
         f"over the run wherever it trains. Egress per move: {rates}"
     ]
+
+
+def format_offers(
+    ranked: RankedOffers, spot: SpotAssumptions, tokens: float, source: str, shown: int = DEFAULT_OFFERS_SHOWN
+) -> list[str]:
+    """Every offer of SkyPilot's catalog the recipe fits, ranked by the run's expected dollars (the first
+    `shown`), with what the spot rows assume, and what was left out and why."""
+    rows = ranked.rows
+    if not rows:
+        return [f"prices: {source}", "no offer of the catalog fits the recipe"]
+    best = rows[0]
+    rate = (
+        f"{spot.preemptions_per_hour:g} an hour (--preemptions_per_hour)"
+        if spot.preemptions_per_hour is not None
+        else "each cloud's estimated rate an hour (economics/spot.yaml; --preemptions_per_hour)"
+    )
+    lines = [
+        f"prices: {source}",
+        f"cheapest: {best.card} {best.market} on {best.cloud} in {best.region}, "
+        f"{usd(best.usd)} expected for the {human_count(tokens)} tokens ({usd(best.usd_per_billion_tokens)} per "
+        f"billion), {best.hours:,.1f} h",
+        "",
+        f"{len(rows)} offers of one GPU (cloud, region, card, spot or on-demand) priced by the run's tokens, cheapest "
+        f"expected run first, the {min(shown, len(rows))} cheapest below (--offers N). Tokens/s are the performance "
+        f"model's (~) unless measured. Spot rows are expected values: "
+        f"preemptions at {rate}, each costing a relaunch of {spot.relaunch_s / 60:,.1f} min ({spot.relaunch_source}), "
+        f"half a save interval ({spot.save_interval_steps:,} steps) trained again and, on a GPU outside the store's "
+        f"cloud and region ({spot.store.describe()}; --store), the {spot.checkpoint_gb:,.1f} GB checkpoint's egress "
+        f"at ${spot.store.rate.usd_per_gb:g}/GB",
+        "",
+        "| cloud | region | GPU | market | $/h | tokens/s | preemptions | hours | $ per 1B tokens | run $ |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for row in rows[:shown]:
+        speed = f"{row.tokens_per_s:,.0f} measured" if row.measured else f"~{row.tokens_per_s:,.0f}"
+        preempted = f"{row.preemptions:,.1f}" if row.spot else "-"
+        lines.append(
+            f"| {row.cloud} | {row.region} | {row.card} | {row.market} | {row.price_per_hour:,.2f} | "
+            f"{speed} | {preempted} | {row.hours:,.1f} | {row.usd_per_billion_tokens:,.2f} | {row.usd:,.0f} |"
+        )
+    if ranked.unfit:
+        lines += ["", "not priced, the recipe does not fit: " + "; ".join(f"{c}: {r}" for c, r in ranked.unfit.items())]
+    if ranked.machines_of_more_gpus:
+        lines += [
+            "",
+            f"not priced, {ranked.machines_of_more_gpus} offers of several GPUs a machine: the shipped task trains on "
+            f"one GPU (several: engines/skypilot/1b_multinode.yaml; `plan --recipe NAME --gpu NAME` models 1..N GPUs)",
+        ]
+    if ranked.unknown:
+        unknown = ", ".join(f"{name} ({count} offers)" for name, count in ranked.unknown.items())
+        lines += ["", f"not priced, cards the GPU table does not know (machine/gpus.yaml `skypilot`): {unknown}"]
+    return lines
 
 
 def converting_precision(configuration: str) -> Precision | None:

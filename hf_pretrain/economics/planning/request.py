@@ -41,6 +41,10 @@ class PlanRequest:
     interconnect: str = "nvlink"
     interconnect_gbps: float | None = None  # overrides `interconnect`
     gradient_bytes: float = GRADIENT_BYTES  # bytes per parameter all-reduced each step
+    catalog: str | None = None  # with --gpu all: SkyPilot's catalog folder (unset: ~/.sky's where it is; `none`)
+    preemptions_per_hour: float | None = None  # one spot rate for every cloud (unset: economics/spot.yaml's)
+    relaunch_s: float | None = None  # a relaunch's time to the first step (unset: the estimate, spot.py)
+    store: str | None = None  # PROVIDER[:REGION] of egress.yaml (unset: the recipe's output_dir scheme's)
 
     def __post_init__(self) -> None:
         if (self.recipe is None) == (self.params is None):
@@ -56,10 +60,18 @@ class PlanRequest:
             "mfu",
             "interconnect_gbps",
             "gradient_bytes",
+            "relaunch_s",
         ):
             value = getattr(self, name)
             if value is not None and value <= 0:
                 raise ValueError(f"--{name} must be positive")
+        if self.preemptions_per_hour is not None and self.preemptions_per_hour < 0:
+            raise ValueError("--preemptions_per_hour must be 0 or more")
+        catalog_flags = [
+            f"--{n}" for n in ("catalog", "preemptions_per_hour", "relaunch_s", "store") if getattr(self, n) is not None
+        ]
+        if catalog_flags and self.gpu != ALL_GPUS:
+            raise ValueError(f"{' and '.join(catalog_flags)} price the catalog's offers: add --gpu all")
         if self.max_gpus < 1:
             raise ValueError("--max_gpus must be at least 1")
         if self.interconnect not in INTERCONNECT_GBPS:
