@@ -180,8 +180,9 @@ def spot_assumptions(request: PlanRequest, move: MoveCost) -> SpotAssumptions:
     else:
         relaunch = relaunch_estimate_s(move.checkpoint_gb)
         source = (
-            f"an estimate: {RELAUNCH_ESTIMATE_S / 60:.0f} min to provision, install and compile, and the "
-            f"{move.checkpoint_gb:,.1f} GB checkpoint pulled at {PULL_GB_PER_S:g} GB/s; --relaunch_s"
+            f"an estimate: {RELAUNCH_ESTIMATE_S / 60:.1f} min to notice, provision, install, check and compile "
+            f"(docs/engines.md), and the {move.checkpoint_gb:,.1f} GB checkpoint pulled at {PULL_GB_PER_S:g} GB/s; "
+            f"--relaunch_s"
         )
     return SpotAssumptions(
         relaunch_s=relaunch,
