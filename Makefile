@@ -28,6 +28,9 @@ smoke: $(VENV)/.installed-base
 		--recipe smoke --output_dir $(RUN_DIR)
 	$(BIN)/python -m tests.smoke_learned $(RUN_DIR)  # the recipe's claim: its loss falls by more than a third
 	@echo "results: $(RUN_DIR)/metrics.jsonl, $(RUN_DIR)/samples.jsonl, model in $(RUN_DIR)/final"
+# the CLI lives in $(BIN), which no shell has on its PATH: the advice names it there, so it works pasted
+# as it is (tests/test_docs.py runs it with nothing activated; README.md's Quickstart shows the same line)
+	@echo 'next: $(BIN)/hf-pretrain report $(RUN_DIR) --price_per_hour 1   # where the money went; `source $(BIN)/activate` lets you type hf-pretrain alone'
 
 ## test: install the dev extra and run the whole suite (slow tests included), offline, in TEST_WORKERS
 ## processes: a test's time is mostly a trainer running (its start forked warm: tests/warm_start.py) or waiting

@@ -15,6 +15,15 @@ and against them one `s3fs.get` of the checkpoint folder, and of the data's meta
 followed by the same loader's first batch from that copy (its start-up is paid either way).
 Prints a markdown table for docs/benchmarks.md; the goal is ours within 1.3x of the plain copy.
 The model's build and the load of the pulled state into it come after and are not the store's.
+
+    python benchmarks/bench_first_step.py --compile_cache [--data_dir data/smoke]   # issue 59
+
+The compiler's part instead: the smoke recipe with `--compile true`, two sessions of one run, each in an
+empty inductor cache of its own (a fresh machine): the first compiles from scratch and saves torch's compile
+artifacts in the run folder (training/compile_cache.py), the second resumes and loads them. Their time to the
+first step, as sessions.jsonl records it (from the process's start), and the first step's own part
+(compiling included); the ratio without / with. The data: a prepared smoke folder (`hf-pretrain prepare
+--recipe smoke`).
 """
 
 from __future__ import annotations
@@ -99,11 +108,68 @@ def measure(server, work: Path, gigabytes: float, data_mb: float) -> dict[str, f
     return {"bytes": size, "pull": pull_s, "data": data_s, "plain_pull": plain_pull_s, "plain_data": plain_data_s}
 
 
+def compiled_session(data_dir: Path, work: Path, n: int, stop_at: int) -> dict:
+    """One session of the compiled smoke run in `work/run`, in an empty inductor cache of its own: its
+    sessions.jsonl `first_step` record, and its log's compile cache line."""
+    import subprocess
+
+    from hf_pretrain.run_folder.sessions import sessions
+
+    root = Path(__file__).resolve().parents[1]
+    env = dict(os.environ, HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false", OMP_NUM_THREADS="1")
+    env.update(TORCHINDUCTOR_CACHE_DIR=str(work / f"inductor{n}"), TRITON_CACHE_DIR=str(work / f"triton{n}"))
+    command = [sys.executable, str(root / "hf_pretrain" / "train.py"), "--recipe", "smoke", "--compile", "true"]
+    command += ["--data_dir", str(data_dir), "--output_dir", str(work / "run"), "--stop_at_step", str(stop_at)]
+    command += ["--report_to", "none", "--log_interval", "1"]
+    done = subprocess.run(command, cwd=work, env=env, capture_output=True, text=True)
+    log = done.stdout + done.stderr
+    if done.returncode != 0:
+        raise SystemExit(f"session {n} failed ({done.returncode}):\n{log[-3000:]}")
+    said = next(
+        (line.split("compile cache: ", 1)[1][:60] for line in log.splitlines() if "compile cache: " in line), ""
+    )
+    return {**sessions(work / "run")[-1].first_step, "said": said}
+
+
+def compile_cache_rows(data_dir: Path) -> None:
+    """The compiler's part of a relaunch, without and with the saved artifacts (issue 59)."""
+    import platform
+
+    import torch
+
+    work = Path(tempfile.mkdtemp(prefix="bench_compile_cache_"))
+    try:
+        without = compiled_session(data_dir, work, 1, stop_at=1)
+        size = sum(p.stat().st_size for p in (work / "run" / "compile_cache").glob("*.bin"))
+        with_ = compiled_session(data_dir, work, 2, stop_at=2)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    print(f"smoke, --compile true, empty inductor cache; {os.cpu_count()} cores, {platform.processor() or 'cpu'}, ")
+    print(f"torch {torch.__version__}; {time.strftime('%Y-%m-%d')}; artifacts {size / 1e6:.1f} MB\n")
+    print("| smoke --compile true, empty inductor cache | without artifacts (s) | with (s) | without / with |")
+    print("|---|---:|---:|---:|")
+    a, b = without["to_first_step_s"], with_["to_first_step_s"]
+    print(f"| to the first step, from the process's start | {a:.1f} | {b:.1f} | **{a / b:.2f}** |")
+    a, b = without["went_to"]["first_step"], with_["went_to"]["first_step"]
+    print(f"| the first step itself (compiling included) | {a:.1f} | {b:.1f} | {a / b:.2f} |")
+    print(f"| loading the artifacts | - | {with_['went_to'].get('compile_cache', 0):.2f} | |")
+    print(f"\nsession 1: {without['said']}...\nsession 2: {with_['said']}...")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--gb", type=float, default=12.5, help="the checkpoint's size in GB (the 1b's: 12.5)")
     parser.add_argument("--data_mb", type=float, default=64, help="the prepared data's size in MB (random tokens)")
+    parser.add_argument(
+        "--compile_cache", action="store_true", help="time the first compiled step without and with saved artifacts"
+    )
+    parser.add_argument("--data_dir", default="data/smoke", help="--compile_cache: a prepared smoke data folder")
     args = parser.parse_args()
+    if args.compile_cache:
+        if not (Path(args.data_dir) / "meta.json").is_file():
+            raise SystemExit(f"{args.data_dir} holds no prepared data: `hf-pretrain prepare --recipe smoke` first")
+        compile_cache_rows(Path(args.data_dir).resolve())
+        return
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import logging
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import re
+from typing import Any
 
 # Environment variables whose values are secrets for the stores fsspec reaches.
 SECRET_VARIABLES = (
@@ -37,12 +38,32 @@ _SHAPES = (
 )
 
 
-def redact(text: str) -> str:
-    """`text` with every credential this process holds, and every secret-shaped value, masked."""
+# The shortest held credential masked in a file the product writes and reads back (status.json, the resolved
+# recipe): a stand-in key such as localstack's `test` would turn the path `runs/test-1` into `runs/***-1` there.
+# Real ones are longer (an AWS key id is 20 characters, its secret 40, a Hub token 37).
+SHORTEST_SECRET_IN_FILES = 12
+
+
+def redact(text: str, shortest: int = 4) -> str:
+    """`text` with every credential this process holds (of `shortest` characters or more), and every
+    secret-shaped value, masked."""
     for name in SECRET_VARIABLES:
         value = os.environ.get(name)
-        if value and len(value) >= 4:  # a one-letter "secret" would mask half the text
+        if value and len(value) >= shortest:  # a one-letter "secret" would mask half the text
             text = text.replace(value, MASK)
     for shape, replacement in _SHAPES:
         text = shape.sub(replacement, text)
     return text
+
+
+def redact_values(value: Any) -> Any:
+    """`value` (a record: dicts, lists, scalars) with every string in it through `redact`, keys too. Each
+    string on its own, before it is serialised: a YAML or JSON writer may fold or escape a secret so
+    that the text it writes no longer holds it whole."""
+    if isinstance(value, str):
+        return redact(value, SHORTEST_SECRET_IN_FILES)
+    if isinstance(value, dict):
+        return {redact_values(k): redact_values(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [redact_values(v) for v in value]
+    return value

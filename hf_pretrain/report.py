@@ -321,6 +321,14 @@ def summary(run: RunData) -> str:
     return " | ".join(parts)
 
 
+def sessions_section(run_dir: Path, price_per_hour: float) -> list[str]:
+    """Every session of the run (sessions.jsonl): where, its start-up and what it went to, how it ended,
+    the steps it lost and what they cost (run_folder/sessions.py)."""
+    from hf_pretrain.run_folder.sessions import report_section, sessions
+
+    return report_section(sessions(run_dir), price_per_hour or None)
+
+
 # ---------------------------------------------------------------------- the page
 def write_report(run_dir: Path, output: Path, price: float | None = None) -> Path:
     """report.md and its PNGs in `output`; returns the page's path."""
@@ -353,6 +361,7 @@ def write_report(run_dir: Path, output: Path, price: float | None = None) -> Pat
             page.append("\nCosts are zero: the run has no price (set reporting.price_per_hour or pass `--price`).")
     else:
         page.append("No phase has ended yet, or the recipe names none (reporting.phases).")
+    page += ["", "## Sessions", ""] + sessions_section(run_dir, run.price_per_hour)
     page += ["", "## Samples", ""]
     page.append(
         samples_table(run.samples, run.milestone_interval)

@@ -23,7 +23,7 @@ import sys
 from typing import TYPE_CHECKING
 
 from hf_pretrain.engines.exit_file import leave_exit_code, leave_pid
-from hf_pretrain.exit_codes import EXIT_FAILED, EXIT_PREEMPTED
+from hf_pretrain.exit_codes import EXIT_FAILED, EXIT_LOCKED, EXIT_PREEMPTED
 from hf_pretrain.processes import end_with_launcher
 
 # First, before seconds of imports: a launcher stopped while this process starts must end it too.
@@ -74,13 +74,22 @@ def run_training(recipe: Recipe, where: Where | None = None) -> Outcome:
         return Outcome(0, message, RunDir(recipe.train.output_dir).final, finished=True)
     side_jobs = SideJobs(recipe.publish, recipe.evaluation)
     try:
-        with Session(recipe.train.output_dir) as session:
+        with Session(
+            recipe.train.output_dir,
+            price_per_hour=recipe.reporting.price_per_hour,  # what each session cost, in its ledger
+            max_fruitless_sessions=recipe.stopping.max_fruitless_sessions,  # a relaunch storm ends itself
+        ) as session:
             if store is not None:
                 store.session_started()
             outcome = train_loop(recipe, callbacks=[side_jobs] + ([store] if store is not None else []), where=where)
             unpushed = side_jobs.unpushed(session.dir)  # on the first process only: the others push nothing
             behind = store.behind() if store is not None else None
-            if store is not None and not behind:
+            if store is not None and store.lost_the_run():  # taken over: its line is the whole story, and 73
+                behind = None
+                if outcome.exit_code != EXIT_LOCKED:  # lost after the loop ended (while final/ went up)
+                    outcome = Outcome(EXIT_LOCKED, f"stopped: {store.halt()} (exit {EXIT_LOCKED})")
+                    print(outcome.message, flush=True)
+            if store is not None and not behind and not store.lost_the_run():
                 print(store.standing(), flush=True)
             for warning in (unpushed, behind):
                 if warning:  # the last line of the log and status.json say it, not only a warning hours ago
@@ -121,10 +130,12 @@ def in_store(recipe: Recipe, where: Where):
     # One process pulls a machine's copy (the job's first also takes the lease and uploads); the others
     # of that machine wait for it, so that none reads the copy half pulled.
     store, url, cache_dir = None, recipe.train.output_dir, recipe.store.cache_dir
+    # a run going further under --resume auto starts from a checkpoint older than the newest: pulled too
+    max_steps = recipe.train.max_steps if recipe.checkpoints.resume == "auto" else None
     if os.environ.get("RANK", "0") == "0":
-        store = RunInStore.begin(url, recipe.store, recipe.checkpoints)
+        store = RunInStore.begin(url, recipe.store, recipe.checkpoints, max_steps=max_steps)
     elif os.environ.get("LOCAL_RANK", "0") == "0":
-        pull_here(url, cache_dir)
+        pull_here(url, cache_dir, max_steps=max_steps)
     else:
         wait_for_pull(url, cache_dir)
     copy = str(working_copy(url, cache_dir))  # what trains below this door: a local folder, the store's side is `store`

@@ -245,3 +245,30 @@ def data_budget_row(recipe):
     from hf_pretrain.preflight.data import check_data_budget
 
     return check_data_budget(recipe.train, recipe.data, recipe.optim, lambda: check_prepared_data(recipe))
+
+
+def pip_fix_works_here(command: str, cwd: Path, env: dict[str, str]) -> None:
+    """A printed `pip install ...` fix as a user pastes it in `cwd` with `env` (issue 57: the index's
+    `pip install 'hf-pretrain[s3]'` fails in a clone): its pip runs there and is the pip of the Python that runs
+    the suite (not another one on the PATH); in a clone its constraints file exists and its `-e` target is a
+    project that declares the extra. Nothing is installed: the tests have no network."""
+    import re
+    import shlex
+    import shutil
+    import tomllib
+
+    argv = shlex.split(command)
+    install = argv.index("install")
+    pip = argv[:install]
+    found = (cwd / pip[0]) if "/" in pip[0] else shutil.which(pip[0], path=env.get("PATH"))
+    assert found and os.access(found, os.X_OK), f"`{pip[0]}` is no command in {cwd}"
+    ran = subprocess.run([*pip, "--version"], cwd=cwd, env=env, capture_output=True, text=True, timeout=120)
+    assert ran.returncode == 0 and str(Path(sys.prefix)) in ran.stdout, f"`{' '.join(pip)}`: {ran.stdout}{ran.stderr}"
+    rest = argv[install + 1 :]
+    if "-e" not in rest:
+        assert len(rest) == 1 and re.fullmatch(r"hf-pretrain\[\w+\]", rest[0]), command
+        return
+    assert (cwd / rest[rest.index("-c") + 1]).is_file(), f"{command}: no constraints file there"
+    folder, extra = re.fullmatch(r"(.*)\[(\w+)\]", rest[rest.index("-e") + 1]).groups()
+    project = tomllib.loads((cwd / folder / "pyproject.toml").read_text())["project"]
+    assert project["name"] == "hf-pretrain" and extra in project["optional-dependencies"], command

@@ -126,12 +126,61 @@ def test_a_missing_extra_is_one_line_with_its_pip_command(monkeypatch):
 
     monkeypatch.setattr(extras, "importlib", SimpleNamespace(import_module=import_module))
     assert extras.missing_extra("eval") == (
-        "needs the `eval` extra (lm_eval is not installed): pip install 'hf-pretrain[eval]' "
-        "(in a clone: pip install -c constraints.txt -e '.[eval]')"
+        f"needs the `eval` extra (lm_eval is not installed): {extras.install_line('eval')}"
     )
     assert imported == ["lm_eval"]  # the first missing module is named; the rest are not tried
     monkeypatch.setattr(extras, "importlib", SimpleNamespace(import_module=lambda name: imported.append(name)))
     assert extras.missing_extra("demo") is None and imported[-1] == "gradio"
+
+
+def a_shell_without_the_venv() -> dict[str, str]:
+    """A terminal in which nobody activated the venv that runs the suite: its bin is off the PATH."""
+    import os
+    import sys
+
+    ours = str(Path(sys.prefix) / "bin")
+    path = [p for p in os.environ.get("PATH", "").split(os.pathsep) if p and p.rstrip("/") != ours]
+    env = {k: v for k, v in os.environ.items() if k != "VIRTUAL_ENV"}
+    return {**env, "PATH": os.pathsep.join(path or ["/usr/bin", "/bin"])}
+
+
+@pytest.mark.parametrize("where", ["the clone", "elsewhere"])
+def test_the_install_line_of_an_extra_works_pasted_in_a_clone(where, tmp_path, monkeypatch):
+    """Issue 57: `pip install 'hf-pretrain[s3]'` fails in a clone (no index has it), and a bare `pip` with the
+    venv not activated installs into another Python. In a clone the line is the clone's own install, with
+    the venv's pip, naming the clone's files as they are found from where the user stands."""
+    from hf_pretrain import extras
+    from tests.helpers import ROOT, pip_fix_works_here
+
+    if extras.source_tree() != ROOT:
+        pytest.skip("the suite runs from an installed wheel, not from this clone")
+    env = a_shell_without_the_venv()
+    monkeypatch.setenv("PATH", env["PATH"])
+    cwd = ROOT if where == "the clone" else tmp_path
+    line = extras.install_line("s3", cwd=cwd)
+    if where == "the clone":
+        assert line.endswith(" install -c constraints.txt -e '.[s3]'"), line
+    else:
+        assert f"-c {ROOT}/constraints.txt -e '{ROOT}[s3]'" in line, line
+    pip_fix_works_here(line, cwd, env)
+
+
+def test_the_install_line_of_an_extra_outside_a_clone_names_the_index(tmp_path, monkeypatch):
+    """An installed wheel has no constraints.txt nor source to install from: the extra comes from the index,
+    with the pip of the Python that runs hf-pretrain."""
+    import sys
+
+    from hf_pretrain import extras
+    from tests.helpers import pip_fix_works_here
+
+    monkeypatch.setattr(extras, "source_tree", lambda: None)
+    env = a_shell_without_the_venv()
+    monkeypatch.setenv("PATH", env["PATH"])
+    line = extras.install_line("gcs", cwd=tmp_path)
+    assert line == f"{Path(sys.executable).parent}/pip install 'hf-pretrain[gcs]'", line
+    pip_fix_works_here(line, tmp_path, env)
+    monkeypatch.setenv("PATH", str(Path(sys.executable).parent) + ":" + env["PATH"])  # the venv activated
+    assert extras.install_line("gcs", cwd=tmp_path) == "pip install 'hf-pretrain[gcs]'"
 
 
 @pytest.mark.slow
@@ -375,3 +424,59 @@ def test_space_of_a_local_export_says_a_space_reads_the_hub_and_an_unwritable_ou
         "a writable disk"
     ]
     assert not (tmp_path / "space").exists()
+
+
+# ---------------------------------------------------------------------- check and launch: one line, not a traceback
+@pytest.mark.parametrize(
+    ("flags", "said"),
+    [
+        (["--parts", ""], "--parts '' names no part; choose from health,"),
+        (["--output", "/proc/hf-pretrain-check"], "--output /proc/hf-pretrain-check: /proc cannot be written ("),
+    ],
+    ids=["no part", "a read-only output"],
+)
+def test_a_check_given_nothing_to_run_or_nowhere_to_write_is_one_line(flags, said):
+    """Issue 57: `check --parts ""` was an IndexError, `--output` on a read-only filesystem an OSError."""
+    from tests.helpers import cli
+
+    if flags[0] == "--output" and not Path("/proc/self").is_dir():
+        pytest.skip("needs /proc, which nobody can write into")
+    run = cli("check", "--recipe", "smoke", *flags, timeout=120)
+    assert run.returncode == EXIT_CONFIG and "Traceback" not in run.stderr, run.stderr[-2000:]
+    err = run.stderr.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"hf-pretrain check: error: {said}"), err
+    assert err[0].endswith(("choose another --output", "all_reduce")), err[0]
+
+
+MULTI_NODE = "--num_machines 2 --machine_rank 0 --main_process_ip 127.0.0.1 --main_process_port 29555"
+
+
+@pytest.mark.parametrize(
+    ("config", "flags", "said"),
+    [
+        ("num_machines: 1\n  num_processes: [1\n", "", "the launch config {config} is not YAML (line 2: "),
+        ("- a list\n- of things\n", "", "the launch config {config} is no `key: value` mapping"),
+        ("distributed_type: BOGUS\nnum_machines: 1\nnum_processes: 1\nuse_cpu: true\n", "", "'BOGUS' is not a valid"),
+        ("distributed_type: 'NO'\nuse_cpu: true\nmixed_precision: fp7\n", "", "Unknown mixed_precision mode: fp7"),
+        # a multi-node task's `$((SKYPILOT_NUM_NODES*SKYPILOT_NUM_GPUS_PER_NODE))` with the second empty: 0
+        (None, f"{MULTI_NODE} --num_processes 0", "--num_processes '0': a process count of at least 1"),
+        (None, f"{MULTI_NODE} --num_processes 3", "--num_processes 3 does not split over --num_machines 2"),
+    ],
+    ids=["not yaml", "not a mapping", "a wrong distributed_type", "a wrong mixed_precision", "0 processes", "3 on 2"],
+)
+def test_a_launch_whose_config_or_flags_accelerate_refuses_is_one_line_and_78(config, flags, said, tmp_path):
+    """Issue 57: accelerate's ValueError (a config that is not YAML, a wrong value) and torch's AssertionError
+    (no process per machine) were tracebacks with exit 1, which an engine's task reads as a crash: bad input
+    is one line and 78, never rerun."""
+    from tests.helpers import ROOT, TRAIN_SCRIPT, cli
+
+    path = ROOT / "accelerate_configs" / "ddp.yaml"
+    if config is not None:
+        path = tmp_path / "launch.yaml"
+        path.write_text(config)
+    argv = ["launch", "--config_file", str(path), *flags.split(), str(TRAIN_SCRIPT), "--recipe", "smoke"]
+    run = cli(*argv, cwd=tmp_path, timeout=300)
+    assert run.returncode == EXIT_CONFIG and "Traceback" not in run.stderr, run.stderr[-3000:]
+    ours = [line for line in run.stderr.splitlines() if line.startswith("hf-pretrain launch")]
+    assert len(ours) == 1 and said.format(config=path) in ours[0], run.stderr[-3000:]
+    assert "pid." not in run.stdout and "step 1" not in run.stdout  # refused before any trainer began

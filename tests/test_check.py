@@ -17,7 +17,7 @@ from hf_pretrain.check.store_rates import measure as measure_object_store
 from hf_pretrain.check.verdict import verdict
 from hf_pretrain.check.volume_speed import measure as measure_disk
 from hf_pretrain.config import load_recipe
-from hf_pretrain.exit_codes import EXIT_CONFIG
+from hf_pretrain.exit_codes import EXIT_CONFIG, EXIT_PREEMPTED
 from hf_pretrain.machine.run_profile import THE_CPU, run_profile
 from tests.helpers import OUTSIDE_CHECKOUT, ROOT, cli, offline_env
 
@@ -244,6 +244,30 @@ def test_ctrl_c_writes_check_json_with_what_was_measured_and_exits_130(tmp_path,
     assert [f["name"] for f in result["figures"]] == ["float32"]
 
 
+def test_sigterm_during_a_part_ends_the_check_as_ctrl_c_does_with_75(tmp_path, monkeypatch, capsys):
+    """Issue 57: a SIGTERM (Slurm's `--signal`, a preemption) killed the check's own process and left its part's
+    process, in a session of its own, running alone. Now it ends as Ctrl-C does (the part's session killed,
+    check.json written) and exits 75: a requeue checks again. The signal is sent by the part itself."""
+    import os
+    import signal
+
+    from hf_pretrain.check import command
+
+    def terminated(request, recipe_file, results, statuses, say):
+        statuses["matmul"] = ["done"]
+        os.kill(os.getpid(), signal.SIGTERM)
+        raise AssertionError("the signal did not stop the part")
+
+    monkeypatch.setattr(command, "run_parts", terminated)
+    assert command.main(["--recipe", "smoke", "--output", str(tmp_path / "check")]) == EXIT_PREEMPTED
+    out, err = capsys.readouterr()
+    assert "interrupted (SIGTERM)" in out and "Traceback" not in out + err and len(err.strip().splitlines()) == 1
+    assert "exit 75" in err
+    result = json.loads((tmp_path / "check" / "check.json").read_text())
+    assert result["interrupted"] and result["stopped_by"] == "SIGTERM"
+    assert signal.getsignal(signal.SIGTERM) is not command._terminated  # handed back
+
+
 def test_a_measurement_store_that_cannot_be_written_says_why(tmp_path):
     """Was "recorded nothing" without why (issue 45)."""
     from hf_pretrain.economics.check_records import StoreNotWritten, new_record, record_checks
@@ -365,3 +389,33 @@ def test_the_sdpa_part_times_each_kernel_once_under_its_own_name_and_calls_the_f
     assert figures["flash"].value == pytest.approx(80.0) and figures["math"].value == pytest.approx(290.0)
     assert figures["fastest"].detail["backend"] == "flash" and figures["fastest"].value == pytest.approx(80.0)
     assert any(line.startswith("  flash (torch picks it): 80.00 ms") for line in said), said
+
+
+def test_a_store_that_does_not_answer_is_the_checks_last_line_and_exit_71(s3_bucket, s3_server, tmp_path):
+    """Issue 57: with the run's store cut off, part (f) said "failed: EndpointConnectionError", the verdict said
+    nothing of it and the exit code followed the step alone. A run that cannot reach its store is refused first:
+    71 (this machine's network, as far as the check can tell: an engine tries another); a store that answers no
+    (no such bucket) is 78 (the same everywhere: fix the input)."""
+    from hf_pretrain.exit_codes import EXIT_FAULTY_HOST
+
+    env = offline_env() | s3_server.env | {"HF_PRETRAIN_HOME": str(tmp_path / "home"), "HF_PRETRAIN_RECORD": "0"}
+    args = ["check", "--recipe", "smoke", "--parts", "object_store", "--budget_s", "120"]
+    s3_server.proxy.cut()
+    try:
+        cut = cli(*args, "--output", str(tmp_path / "cut"), "--output_dir", f"{s3_bucket}/run",
+                  "--data_dir", f"{s3_bucket}/data", env=env, timeout=300)  # fmt: skip
+    finally:
+        s3_server.proxy.restore()
+    lines = [line for line in cut.stderr.splitlines() if line.startswith("hf-pretrain check:")]
+    assert cut.returncode == EXIT_FAULTY_HOST, cut.stdout[-2000:] + cut.stderr[-2000:]
+    assert cut.stderr.strip().splitlines()[-1] == lines[0], cut.stderr  # the last line
+    assert len(lines) == 1 and "cannot use its store" in lines[0] and "does not answer" in lines[0], cut.stderr
+    assert f"{s3_bucket}/run" in lines[0] and "rent another machine" in lines[0] and "Traceback" not in cut.stderr
+    assert "the run's store fails from here" in cut.stdout  # the verdict says it too
+
+    missing = cli(*args, "--output", str(tmp_path / "missing"), "--output_dir", "s3://no-such-bucket-57/run",
+                  env=env, timeout=300)  # fmt: skip
+    lines = [line for line in missing.stderr.splitlines() if line.startswith("hf-pretrain check:")]
+    assert missing.returncode == EXIT_CONFIG, missing.stdout[-2000:] + missing.stderr[-2000:]
+    assert len(lines) == 1 and "does not exist" in lines[0] and "(exit 78)" in lines[0], missing.stderr
+    assert missing.stderr.strip().splitlines()[-1] == lines[0] and "Traceback" not in missing.stderr

@@ -11,7 +11,8 @@ import sys
 import pytest
 
 from hf_pretrain.cli import COMMANDS
-from tests.helpers import OUTSIDE_CHECKOUT, offline_env
+from hf_pretrain.exit_codes import EXIT_CONFIG
+from tests.helpers import OUTSIDE_CHECKOUT, offline_env, pip_fix_works_here
 
 HEAVY = ("torch", "transformers", "accelerate", "datasets", "datatrove", "safetensors")
 
@@ -97,8 +98,18 @@ def test_a_command_without_its_extra_names_the_pip_command_in_one_line(extra, mo
     assert "Traceback" not in run.stderr, run.stderr[-2000:]
     errors = [line for line in run.stderr.splitlines() if line.strip()]
     assert len(errors) == 1, run.stderr
-    assert f"pip install 'hf-pretrain[{extra}]'" in errors[0] and module in errors[0], errors[0]
+    assert f"[{extra}]'" in errors[0] and module in errors[0], errors[0]
+    pip_fix_works_here(errors[0].rsplit("): ", 1)[1], OUTSIDE_CHECKOUT, offline_env())  # as pasted where it ran
     assert "loading" in run.stdout  # what it was doing before the slow part
+
+
+def test_a_store_url_without_its_extra_names_the_install_that_works_here():
+    """Issue 57: a run URL without s3fs printed `pip install 'hf-pretrain[s3]'`, which fails in a clone."""
+    run = run_without({"s3fs"}, ["status", "s3://bucket/runs/x"])
+    assert run.returncode == EXIT_CONFIG and "Traceback" not in run.stderr, run.stderr[-2000:]
+    errors = [line for line in run.stderr.splitlines() if line.strip()]
+    assert len(errors) == 1 and "s3fs" in errors[0] and "[s3]'" in errors[0], run.stderr
+    pip_fix_works_here(errors[0].split("package: ", 1)[1], OUTSIDE_CHECKOUT, offline_env())
 
 
 @pytest.mark.parametrize(("command", "module"), [("demo", "gradio"), ("eval", "lm_eval")])

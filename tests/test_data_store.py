@@ -434,3 +434,173 @@ def test_refused_credentials_are_one_line_without_the_secret_and_not_retried(mon
     message = str(refusal.value)
     assert len(calls) == 1 and "\n" not in message and FAKE_SECRET not in message
     assert "refused the credentials" in message and "AWS_SECRET_ACCESS_KEY" in message
+
+
+def test_a_shard_deleted_from_the_store_fails_the_preflight_and_prepare_uploads_it_again(
+    s3_server, smoke_data, tmp_path
+):
+    """Issue 57: a shard gone from the store (an interrupted sync): the doctor said "data pass", training
+    stopped at step 2 saying "prepare it again", and `prepare` said "already prepared ... nothing was
+    uploaded". Now the preflight names the shard and the fix; `prepare` on a machine without the data says
+    where it can come from, and on the machine that prepared it sends it again."""
+    import hashlib
+    import shutil
+
+    from hf_pretrain.data_store.data_upload import upload_prepared
+    from hf_pretrain.exit_codes import EXIT_CONFIG
+    from hf_pretrain.object_store.cache import local_copy
+    from hf_pretrain.object_store.urls import StoreURL, filesystem
+
+    url = s3_server.make_bucket("shard-deleted") + "/smoke"
+    store = StoreURL.parse(url)
+    fs = filesystem(store)
+    homes = {name: tmp_path / name / "home" for name in ("A", "B")}
+    prepared_on_a = local_copy(store, "data", homes["A"])  # machine A prepared it: its copy in its cache
+    shutil.copytree(smoke_data, prepared_on_a, ignore=shutil.ignore_patterns("logs", "*.blocks", "blocks.json"))
+    upload_prepared(prepared_on_a, store, fs, log=lambda _: None)
+    meta = json.loads((smoke_data / "meta.json").read_text())
+    shard = meta["sources"][0]["splits"]["train"]["files"][0]
+    fs.rm_file(store.join(shard["file"]).path)
+
+    def on(machine: str, *args: str):
+        env = offline_env() | s3_server.env | {"HF_PRETRAIN_HOME": str(homes[machine])}
+        return cli(*args, cwd=Path.cwd(), env=env, timeout=600)
+
+    doctor = on("B", "doctor", "--recipe", "smoke", "--data_dir", url, "--output_dir", str(tmp_path / "run"))
+    said = doctor.stdout + doctor.stderr
+    lines = said.splitlines()
+    rows = [i for i, line in enumerate(lines) if f"{url} lacks {shard['file']}" in line]
+    assert doctor.returncode != 0 and len(rows) == 1 and "FAIL" in lines[rows[0]], said[-3000:]
+    fix = lines[rows[0] + 1]  # the table's fix, on its own line under the row
+    assert "fix: run `hf-pretrain prepare --recipe smoke" in fix and "on the machine that prepared the data" in fix
+
+    elsewhere = on("B", "prepare", "--recipe", "smoke", "--data_dir", url)
+    lines = [line for line in elsewhere.stderr.splitlines() if line.strip()]
+    assert elsewhere.returncode == EXIT_CONFIG and len(lines) == 1, elsewhere.stdout + elsewhere.stderr
+    assert (
+        f"{url} lacks {shard['file']}" in lines[0] and "run this same command on the machine that prepared" in lines[0]
+    )
+    assert f"--data_dir {url}-prepared" in lines[0]  # or a new prefix, with the exact command
+    assert not fs.exists(store.join(shard["file"]).path)
+
+    mended = on("A", "prepare", "--recipe", "smoke", "--data_dir", url)
+    assert mended.returncode == 0, mended.stdout + mended.stderr
+    assert "uploading them again" in mended.stdout and "already prepared" not in mended.stdout
+    assert hashlib.sha256(fs.cat_file(store.join(shard["file"]).path)).hexdigest() == shard["sha256"]
+
+
+# ---------------------------------------------------------------------- a store gone silent (issue 59)
+def test_a_read_from_a_store_gone_silent_fails_within_its_bound_naming_the_url(
+    store_data, machine, s3_server, monkeypatch
+):
+    """The store accepts connections and answers nothing: one block's read fails within `read_bound_s`
+    (the client's read timeout x botocore's attempts x s3fs's tries), where s3fs's nested retries alone
+    waited four times that and the product's tries three times more; the line names the URL, not the cache."""
+    import time
+
+    from hf_pretrain.data_store.data_cache import StoreData
+    from hf_pretrain.object_store.store_calls import StoreError, read_bound_s
+
+    url, _, _ = store_data
+    monkeypatch.setenv("HF_PRETRAIN_STORE_TIMEOUTS", "1,1")  # a bound of 1 x 3 x 2 = 6 s
+    monkeypatch.setenv("HF_PRETRAIN_STORE_RETRY_DELAYS", "0.1")
+    home = machine("silent")
+    data = StoreData(url, None, 10**9)
+    file = next(iter(data.sizes))
+    s3_server.proxy.stall()
+    try:
+        began = time.monotonic()
+        with pytest.raises(StoreError) as failed:
+            data.block(file, 0)
+        took = time.monotonic() - began
+    finally:
+        s3_server.proxy.restore()
+    assert read_bound_s() == 6 and took < read_bound_s() + 3, took
+    message = str(failed.value)
+    assert f"{url}/{file}" in message and "did not answer within 6 s" in message, message
+    assert str(home) not in message and "\n" not in message and FAKE_SECRET not in message
+
+
+def _blocks_of_step(url: str, step: int, home: Path, monkeypatch) -> list[tuple[str, int]]:
+    """The blocks the short run's step `step` reads, as the loader plans them (data/loader.py)."""
+    from hf_pretrain.data.loader import build_train_loader
+    from hf_pretrain.data_store import data_cache
+    from tests.helpers import short_run
+
+    monkeypatch.setenv("HF_PRETRAIN_HOME", str(home))
+    monkeypatch.setattr(data_cache, "_SYNCED", {})
+    keys = {k: v for k, v in short_run(url, str(home / "unused")).items() if k not in ("phases", "report_to")}
+    recipe = load_recipe("smoke", {**keys, "num_workers": 0})
+    grad_accum = recipe.grad_accum_steps(1)
+    sampler = build_train_loader(recipe, 0, 1, grad_accum, step - 1).batch_sampler
+    batches = iter(sampler.inner)
+    return sorted({block for _ in range(grad_accum) for block in sampler.blocks_for(next(batches))})
+
+
+@pytest.mark.slow
+def test_the_final_evaluation_never_waits_on_a_store_gone_silent(store_data, s3_server, tmp_path, monkeypatch):
+    """Issue 59: the final evaluation read its validation blocks from the store, and one read never returned
+    (the watchdog ended the run 601 s later, exit 69). Held before its last step once every block that step
+    reads is in the cache, the store goes silent: the run ends 0 with its final evaluation, which reads
+    nothing from the store (the validation data was fetched at the start)."""
+    import threading
+    import time
+
+    from tests.helpers import launch_command, short_run, start_merged
+
+    url, _, _ = store_data
+    needed = _blocks_of_step(url, 12, tmp_path / "planner", monkeypatch)
+    home, release, run = tmp_path / "home", tmp_path / "release", tmp_path / "run"
+    release.mkdir()
+    env = (
+        offline_env()
+        | s3_server.env
+        | {
+            "HF_PRETRAIN_HOME": str(home),
+            "HF_PRETRAIN_FAULTS": "hold:12",
+            "HF_PRETRAIN_RELEASE": str(release),
+            "HF_PRETRAIN_STORE_TIMEOUTS": "1,2",
+            "HF_PRETRAIN_STORE_RETRY_DELAYS": "0.2",
+        }
+    )
+    process = start_merged(launch_command(**short_run(url, run)), tmp_path, env)
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(process.stdout), daemon=True)
+    reader.start()
+
+    def cached(file: str, block: int) -> bool:
+        return any(home.rglob(f"blocks/rank0/{file}/{block:07d}"))
+
+    deadline = time.monotonic() + 600
+    while not (any("holding before step 12" in line for line in lines) and all(cached(*b) for b in needed)):
+        assert process.poll() is None and time.monotonic() < deadline, "".join(lines)[-3000:]
+        time.sleep(0.2)
+    s3_server.proxy.stall()
+    try:
+        (release / "12").touch()
+        process.wait(timeout=300)
+        reader.join(timeout=10)
+    finally:
+        s3_server.proxy.restore()
+    out = "".join(lines)
+    assert process.returncode == 0, out[-3000:]
+    evaluations = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if '"val_loss"' in x]
+    assert [r["step"] for r in evaluations][-1] == 12, evaluations
+    assert "Traceback" not in out and FAKE_SECRET not in out
+
+
+def test_a_data_read_that_fails_mid_run_stops_with_a_checkpoint_and_75_not_78():
+    """Inside the loop a failed read is a store that stopped answering, not bad input: the step is dropped,
+    the last finished one checkpointed, exit 75 (an engine relaunches), the line naming the data's URL."""
+    from hf_pretrain.exit_codes import EXIT_PREEMPTED
+    from hf_pretrain.object_store.store_calls import StoreError
+    from hf_pretrain.training.step_attempt import StepAttempt
+
+    def silent(step: int):
+        raise StoreError("reading s3://bucket/data/train/00000.bin: the store did not answer within 6 s (1 tries)")
+
+    result, stop = StepAttempt(silent, "cpu")(9)
+    assert result is None and stop.exit_code == EXIT_PREEMPTED and stop.saves
+    said = stop.message("runs/x/checkpoints/step_00000008")
+    assert said.startswith("stopped after step 8: the data could not be read: reading s3://bucket/data/train/00000.bin")
+    assert "checkpoint runs/x/checkpoints/step_00000008" in said and "\n" not in said

@@ -103,6 +103,8 @@ def front_page_commands() -> list[str]:
         body = "\n".join(block.splitlines()[1:-1]).replace("\\\n", " ")
         lines += [re.sub(r"\s+#\s.*$", "", line).strip() for line in body.splitlines()]
     lines += re.findall(r"`(hf-pretrain [^`]+)`", prose(text))
+    # the Quickstart's `.venv/bin/hf-pretrain ...` (the line that works with nothing activated) is the same CLI
+    lines = [line.removeprefix(".venv/bin/") for line in lines]
     commands = [line for line in lines if line.split(" ", 1)[0] in ("hf-pretrain", "accelerate", "make")]
     return list(dict.fromkeys(commands))
 
@@ -304,6 +306,86 @@ def test_the_make_targets_exist():
     assert not missing
 
 
+# ---------------------------------------------------------------------- the first hour after `make smoke`
+def makefile_variables() -> dict[str, str]:
+    """The Makefile's `NAME := value` / `NAME ?= value` assignments, `$(OTHER)` in them expanded."""
+    assigned = dict(re.findall(r"^([A-Z_]+)\s*[:?]?=\s*(.*?)\s*$", (ROOT / "Makefile").read_text(), re.M))
+    expand = lambda value: re.sub(r"\$\((\w+)\)", lambda m: expand(assigned.get(m[1], "")), value)  # noqa: E731
+    return {name: expand(value) for name, value in assigned.items()}
+
+
+def smoke_advice() -> str:
+    """The command of `make smoke`'s last line, `next: COMMAND   # why`, as it prints it (variables expanded)."""
+    makefile = (ROOT / "Makefile").read_text()
+    recipe = re.search(r"^smoke:.*?\n((?:\t.*\n|#.*\n)+)", makefile, re.M)[1]
+    last = [line for line in recipe.splitlines() if line.startswith("\t")][-1]
+    said = re.fullmatch(r"\t@echo '(.*)'", last)
+    assert said and said[1].startswith("next: "), f"make smoke's last line is no `next:` advice: {last!r}"
+    variables = makefile_variables()
+    return re.sub(r"\$\((\w+)\)", lambda m: variables[m[1]], said[1]).removeprefix("next: ")
+
+
+def a_fresh_shell() -> dict[str, str]:
+    """The environment of a new terminal in which nothing was activated: no venv's bin on the PATH, no
+    VIRTUAL_ENV, no PYTHONPATH (the suite itself runs from .venv/bin, often activated)."""
+    import os
+    import sys
+
+    venv_bins = {str(Path(sys.prefix) / "bin"), str(ROOT / ".venv" / "bin")}
+    path = [p for p in os.environ.get("PATH", "").split(os.pathsep) if p and p.rstrip("/") not in venv_bins]
+    env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH", "PYTHONHOME")}
+    return {**env, "PATH": os.pathsep.join(path or ["/usr/bin", "/bin"]), "HF_HUB_OFFLINE": "1"}
+
+
+def test_the_advice_of_make_smoke_is_the_readmes_next_command():
+    """`make smoke` ends with what to run next, and the Quickstart shows the same line (issue 57: the README's
+    `hf-pretrain report ...` was `command not found` after `make smoke`: the CLI is in .venv/bin)."""
+    advice = smoke_advice()
+    command = advice.split("#")[0].strip()
+    assert command.startswith(".venv/bin/hf-pretrain "), advice  # names where the CLI is: no activation needed
+    quickstart = FENCE.search(FRONT_PAGE.read_text())[0]
+    assert command in quickstart, f"README's Quickstart does not show make smoke's next: {command}"
+
+
+@pytest.mark.slow
+def test_the_advice_of_make_smoke_works_pasted_in_a_shell_with_nothing_activated(reference_run, tmp_path):
+    """The `next:` line run as a new user pastes it, in a shell with no venv activated, beside a `runs/smoke`
+    (the reference run's records: `make smoke` is not run inside the suite) and the checkout's .venv."""
+    import shutil
+    import subprocess
+
+    venv = ROOT / ".venv"
+    if not (venv / "bin" / "hf-pretrain").is_file():
+        pytest.skip("no .venv/bin/hf-pretrain: the suite runs outside `make test`'s venv")
+    (tmp_path / ".venv").symlink_to(venv)
+    shutil.copytree(
+        reference_run[0], tmp_path / "runs" / "smoke", ignore=shutil.ignore_patterns("checkpoints", "final")
+    )
+    env = a_fresh_shell()
+    bare = subprocess.run(["bash", "-c", "command -v hf-pretrain"], env=env, capture_output=True, text=True)
+    assert str(venv) not in bare.stdout  # the test's shell is a fresh one: the venv's CLI is not on its PATH
+    ran = subprocess.run(
+        ["bash", "-c", smoke_advice()], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert ran.returncode == 0, f"`{smoke_advice()}` failed ({ran.returncode}): {ran.stderr[-2000:]}"
+    assert (tmp_path / "runs" / "smoke" / "report" / "report.md").is_file()
+
+
+def test_the_readmes_launch_line_passes_every_secret_of_the_task_file():
+    """SkyPilot takes a task whose `secrets:` were not given at launch, and the job then cannot reach its
+    store: the README's `sky jobs launch` line must pass each one (issue 57: it dropped both)."""
+    import yaml
+
+    task = yaml.safe_load((ROOT / "hf_pretrain" / "engines" / "skypilot" / "1b.yaml").read_text())
+    body = "\n".join(FENCE.findall(FRONT_PAGE.read_text())).replace("\\\n", " ")
+    launch = [line for line in body.splitlines() if line.startswith("sky jobs launch")]
+    assert len(launch) == 1, launch
+    argv = shlex.split(launch[0])
+    given = {argv[i + 1] for i, word in enumerate(argv[:-1]) if word == "--secret"}
+    assert task["secrets"] and set(task["secrets"]) <= given, f"not passed: {set(task['secrets']) - given}"
+    assert argv[3] == "hf_pretrain/engines/skypilot/1b.yaml"  # the file whose secrets were read
+
+
 def test_a_flag_the_product_does_not_take_is_caught(monkeypatch):
     """The checks above are not vacuous: a misspelt flag fails both."""
     module, argv = hf_pretrain_argv("hf-pretrain plan --recipe 1b --gpu_count 8")
@@ -324,6 +406,69 @@ def test_the_front_page_is_a_front_page():
     assert len(text.split()) <= FRONT_PAGE_WORDS, f"README.md is {len(text.split()):,} words"
     before = text[: text.index("make test")].split()
     assert "make" in before and len(before) <= WORDS_BEFORE_THE_COMMANDS, f"`make test` comes after {len(before)} words"
+
+
+def test_the_testing_page_states_the_front_pages_limits_the_test_holds():
+    """docs/testing.md gave the README's word count of an older version (issue 57): it states the limits, which
+    are this file's."""
+    page = " ".join((ROOT / "docs" / "testing.md").read_text().split())
+    assert f"README.md to {FRONT_PAGE_WORDS:,} words at most" in page
+    assert f"`make test` within its first {WORDS_BEFORE_THE_COMMANDS}" in page
+
+
+# ---------------------------------------------------------------------- figures stated in more than one place
+def between_1b_saves_min(tokens_per_s: float) -> float:
+    """Minutes of training between two saves of the shipped `1b` at `tokens_per_s`."""
+    from hf_pretrain.config import load_recipe
+
+    recipe = load_recipe("1b")
+    return recipe.checkpoints.save_interval * recipe.train.global_batch_tokens / tokens_per_s / 60
+
+
+# Each place that states the time between 1b saves, as (minutes, card, tokens/s) it says them.
+SAVE_TIME_SENTENCES = {
+    "recipes/1b.yaml": [
+        r"~(\d+) minutes of one (H100) \(([\d,]+) tokens/s measured\) between checkpoints",
+        r"~(\d+) minutes of an (A100) \(([\d,]+) tokens/s\)",
+    ],
+    "docs/engines.md": [r"~(\d+) min of one (H100) at the measured ([\d,]+) tokens/s"],
+    "docs/moving-runs.md": [r"on an (H100) \(~(\d+) min at the measured ([\d,]+) tokens/s\)"],
+}
+
+
+def test_the_time_between_1b_saves_is_the_same_arithmetic_wherever_it_is_stated():
+    """~40 min (the recipe), ~28 (docs/engines.md) and ~25 (docs/moving-runs.md) for the same interval (issue 57):
+    each is save_interval x global_batch_tokens / the card's measured tokens/s, the H100's being the shipped
+    measurement of the 1b (economics/measured.jsonl) and the A100's docs/benchmarks.md's."""
+    import json
+
+    shipped = [json.loads(line) for line in (ROOT / "hf_pretrain/economics/measured.jsonl").read_text().splitlines()]
+    h100 = next(r["tokens_per_s"] for r in shipped if r["gpu"] == "H100 SXM" and r["configuration"]["compile"])
+    a100 = re.search(r"^\| 1b \| A100 80GB SXM \| ([\d,]+) \|", (ROOT / "docs/benchmarks.md").read_text(), re.M)[1]
+    measured = {"H100": h100, "A100": float(a100.replace(",", ""))}
+    stated = []
+    for where, patterns in SAVE_TIME_SENTENCES.items():
+        text = " ".join((ROOT / where).read_text().split())
+        for pattern in patterns:
+            found = re.search(pattern, text)
+            assert found, f"{where} no longer says `{pattern}`: the time between saves, and this test, need a look"
+            words = found.groups()
+            card = next(w for w in words if w in measured)
+            minutes, rate = (float(w.replace(",", "")) for w in words if w != card)
+            assert rate == measured[card], (
+                f"{where}: {rate:,.0f} tokens/s on the {card}, measured {measured[card]:,.0f}"
+            )
+            assert minutes == round(between_1b_saves_min(rate)), f"{where}: ~{minutes:g} min on the {card}"
+            stated.append((card, minutes))
+    assert len({m for card, m in stated if card == "H100"}) == 1, stated
+
+
+def test_the_smoke_recipe_states_the_validation_loss_the_front_page_does():
+    """recipes/smoke.yaml said 5.546 at step 250, the README 4.876, today's (issue 57)."""
+    front = re.search(r"final train / validation loss\s+([\d.]+) / ([\d.]+)", FRONT_PAGE.read_text())
+    recipe = " ".join((ROOT / "recipes" / "smoke.yaml").read_text().replace("#", " ").split())
+    today = re.search(r"Today's `make smoke` ends at validation loss ([\d.]+)", recipe)
+    assert front and today and today[1] == front[2], (today and today[1], front and front[2])
 
 
 def test_the_front_page_links_every_page_of_the_guide():

@@ -61,9 +61,12 @@ def test_eval_scores_local_arc_beside_the_references_and_fills_the_card(fresh_ex
     for task in ("arc_easy_local", "arc_challenge_local"):
         assert results["n-samples"][task]["effective"] == 20
         assert {"acc,none", "acc_stderr,none", "acc_norm,none", "acc_norm_stderr,none"} <= set(results["results"][task])
+    page = (output / "results.md").read_text()
+    # pushed with an export: named by the folder's name, no path of this machine (issue 57: `# /abs/path`)
+    assert page.splitlines()[0] == "# tiny" and str(tmp_path) not in page, page.splitlines()[0]
     rows = {
         tuple(cell.strip() for cell in line.split("|")[1:3]): line
-        for line in (output / "results.md").read_text().splitlines()
+        for line in page.splitlines()
         if line.startswith("| arc_")
     }
     # TinyLlama's ARC-Easy number is acc_norm: it stands in that row and only there

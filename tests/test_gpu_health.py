@@ -3,6 +3,8 @@ stand-in NVML; what a machine without a GPU says (one line each); a faulty verdi
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 
 from hf_pretrain.check import gpu_health as health
@@ -146,16 +148,53 @@ def test_a_reading_the_card_does_not_report_is_one_unknown_line():
     assert found["retired pages"].verdict == health.UNKNOWN and "not reported here" in found["retired pages"].text
 
 
-def test_the_sampler_keeps_every_reason_the_hottest_reading_and_the_narrowest_link():
-    nvml = StandInNVML(reasons=health.POWER_CAP, temperature=70, link=(5, 16))
+def test_the_sampler_keeps_every_reason_the_hottest_reading_and_the_widest_link_under_load():
+    nvml = StandInNVML(reasons=health.POWER_CAP, temperature=70, link=(1, 16))
     sampler = Sampler(nvml, handle=0)
-    sampler.sample()
+    sampler.sample(loaded=False)  # before the load: an idle card's link says nothing
     nvml.answers |= {"reasons": 0x40, "temperature": 80, "link": (4, 8)}
     sampler.sample()
     nvml.answers |= {"reasons": 0, "temperature": 65, "link": (5, 16)}
     sampler.sample()
-    assert sampler.reasons == health.POWER_CAP | 0x40 and sampler.hottest == 80 and sampler.link == (4, 8)
+    assert sampler.reasons == health.POWER_CAP | 0x40 and sampler.hottest == 80 and sampler.link == (5, 16)
     assert health.clock_reasons(sampler.reasons).verdict == health.FAULTY
+
+
+class LinkUnderLoad(StandInNVML):
+    """The PCIe link generation read `idle_gen` before the load and `loaded_gen` from then on; `loaded` is set
+    once it was read under load a few times, which the stand-in load waits for (no sleep that races)."""
+
+    def __init__(self, idle_gen: int, loaded_gen: int):
+        super().__init__(link=(idle_gen, 16))
+        self.loaded_gen, self.reads = loaded_gen, 0
+        self.loaded = threading.Event()
+
+    def nvmlDeviceGetCurrPcieLinkGeneration(self, handle):
+        generation = self.answers["link"][0]
+        self.answers["link"] = (self.loaded_gen, 16)
+        self.reads += 1
+        if self.reads > 3:
+            self.loaded.set()
+        return generation
+
+
+@pytest.mark.parametrize("loaded_gen, verdict", [(5, health.OK), (4, health.FAULTY)])
+def test_a_link_lowered_while_idle_is_judged_by_its_readings_under_load(monkeypatch, loaded_gen, verdict):
+    """Issue 57: a first reading of gen1, taken before the load (many cards drop their link when idle), then
+    gen5 under load was "FAULTY: PCIe link under load: gen1" and exit 71 on every machine. A link that stays
+    under its maximum through the load is still faulty."""
+    from hf_pretrain.check import health as part
+
+    nvml = LinkUnderLoad(idle_gen=1, loaded_gen=loaded_gen)
+
+    def load(seconds: float) -> float:
+        assert nvml.loaded.wait(30), "the sampler never read the link under load"
+        return 1.0
+
+    monkeypatch.setattr(part, "sustained_tflops", load)
+    found = {f.name: f for f in part.under_load(nvml, handle=0, seconds=1, card="a card")}
+    assert found["pcie"].verdict == verdict, found["pcie"]
+    assert f"gen{loaded_gen} x16 of gen5 x16" in found["pcie"].text and "gen1" not in found["pcie"].text
 
 
 def test_without_a_gpu_each_line_says_so_in_one_line(tmp_path):

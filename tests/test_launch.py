@@ -186,3 +186,32 @@ def test_the_wrapper_waits_for_an_orphaned_trainer_and_reads_its_status(tmp_path
     result = json.loads(done.stdout)
     orphan = int((tmp_path / "pid.0").read_text())
     assert result == {"reaped": {str(orphan): EXIT_PREEMPTED}, "code": EXIT_PREEMPTED}
+
+
+def test_a_sigterm_during_the_launchs_own_start_ends_it_75_in_one_line(monkeypatch, capsys):
+    """Issue 57: a SIGTERM before the launcher set its handlers killed it (143, which no engine reruns on). Sent
+    by the test's stand-ins at two certain points: before the launcher starts, and while it starts (it dies of
+    the forwarded signal before any trainer began)."""
+    from hf_pretrain.engines import launch_command
+
+    argv = ["--config_file", str(ROOT / "accelerate_configs" / "cpu.yaml"), "hf_pretrain/train.py", "--recipe", "smoke"]
+    monkeypatch.setattr(launch_command, "become_subreaper", lambda: os.kill(os.getpid(), signal.SIGTERM) or False)
+    assert launch_command.main(argv) == EXIT_PREEMPTED
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "stopped by SIGTERM before training began" in err[0] and "exit 75" in err[0], err
+
+    started = []
+
+    class StartingLauncher(subprocess.Popen):
+        def __init__(self, command, **kwargs):  # a launcher that has not set its handlers yet: SIGTERM kills it
+            super().__init__([sys.executable, "-c", "import time; time.sleep(600)"], **kwargs)
+            started.append(self)
+            os.kill(os.getpid(), signal.SIGTERM)  # while it starts
+
+    monkeypatch.setattr(launch_command, "become_subreaper", lambda: False)
+    monkeypatch.setattr(launch_command.subprocess, "Popen", StartingLauncher)
+    assert launch_command.main(argv) == EXIT_PREEMPTED
+    assert started[0].returncode == -signal.SIGTERM  # the signal reached it
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "stopped by SIGTERM before training began" in err[0], err
+    assert signal.getsignal(signal.SIGTERM) is not None  # handed back

@@ -183,6 +183,52 @@ def test_the_store_cut_mid_upload_training_goes_on_and_the_upload_completes(smok
     assert not any("fails" in line for line in said)
 
 
+@pytest.mark.slow
+def test_a_finished_run_goes_further_on_another_machine(smoke_data, s3_bucket, s3_server, tmp_path):
+    """Issue 57: machine A finishes a wsd run in the store; machine B, its cache empty, asks for more steps.
+    B had only pulled the newest checkpoint (step 4) and refused: "step_00000003 has no manifest.json", the
+    checkpoint before the decay it goes on from being in the store all along."""
+    url = f"{s3_bucket}/run"
+    wsd = {"lr_schedule": "wsd", "decay_fraction": 0.2, "save_interval": 2, "eval_interval": 0}
+    a, b = machine(tmp_path / "A", s3_server), machine(tmp_path / "B", s3_server)
+    first = run_captured(train_command(smoke_data, url, max_steps=4, **wsd), **a, timeout=600)
+    assert first.returncode == 0, (first.stdout + first.stderr)[-3000:]
+    assert {3, 4} <= set(complete_in_store(url)), complete_in_store(url)  # step 3: the last before the decay
+
+    further = run_captured(train_command(smoke_data, url, max_steps=8, **wsd), **b, timeout=600)
+    log = further.stdout + further.stderr
+    assert further.returncode == 0, log[-3000:]
+    assert "store: step 3 too: going further to max_steps 8 starts from it" in log, log[-3000:]
+    assert "going further" in log and f"resumed from {url}/checkpoints/step_00000003 at step 3" in log, log[-3000:]
+    assert complete_in_store(url)[0] == 8
+    status = json.loads(store_fs().cat_file(f"{url}/status.json"))
+    assert status["state"] == "finished" and status["store"]["last_step"] == 8, status
+    state = json.loads(store_fs().cat_file(f"{url}/checkpoints/step_00000008/train_state.json"))
+    assert [entry["branch_step"] for entry in state["lineage"]] == [3], state["lineage"]
+
+
+HUB_TOKEN = "hf_" + "FakeHubTokenForTheRedactionTest"  # a Hub token's shape, held by the trainer's HF_TOKEN
+
+
+def test_a_credential_in_a_recipe_value_is_written_nowhere(smoke_data, s3_bucket, s3_server, tmp_path):
+    """Issue 57: `--description "key $AWS_SECRET_ACCESS_KEY"` was written verbatim into resolved_recipe.yaml,
+    here and in the store. Every file of the run goes through the redaction of its printed lines."""
+    url = f"{s3_bucket}/run"
+    a = machine(tmp_path / "A", s3_server, HF_TOKEN=HUB_TOKEN)
+    said = f"key {FAKE_SECRET} id {FAKE_KEY_ID} hub {HUB_TOKEN}"
+    ran = run_captured(train_command(smoke_data, url, max_steps=2, description=said), **a, timeout=600)
+    log = ran.stdout + ran.stderr
+    assert ran.returncode == 0, log[-3000:]
+    local = working_copy(tmp_path / "A", url)
+    recipe = (local / "resolved_recipe.yaml").read_text()
+    assert "description: key *** id *** hub ***" in recipe, recipe
+    assert store_fs().cat_file(f"{url}/resolved_recipe.yaml").decode() == recipe
+    store_copy = tmp_path / "store_copy"
+    store_fs().get(f"{url}/", str(store_copy), recursive=True)
+    text = log + every_file_text(tmp_path / "A", store_copy)  # tensorboard's event files, status.json too
+    assert not [secret for secret in (FAKE_SECRET, FAKE_KEY_ID, HUB_TOKEN) if secret in text]
+
+
 def _logged_steps(local: Path) -> int:
     try:
         return sum(1 for line in (local / "metrics.jsonl").read_text().splitlines() if '"kind": "train"' in line)
@@ -476,3 +522,125 @@ def test_a_runs_half_uploads_are_removed_at_its_next_start_and_no_one_elses(s3_b
         assert left == {12, 16, 20, 24}, left  # 2 complete kept (20, 24); the halves neither counted nor touched
     finally:
         run.close()
+
+
+def test_a_holder_whose_lease_ran_out_writes_nothing_until_the_store_proves_it_still_holds_it(s3_bucket, tmp_path):
+    """The holder's side of the lease's clock (issue 57): past `STALE_BEATS - MARGIN_BEATS` heartbeats without a
+    renewal it may be taken over, so the uploader's writes are refused; a renewal conditional on the lease as it
+    last wrote it gives them back, and a lease gone from the store meanwhile (taken, trained, released) is lost."""
+    from hf_pretrain.object_store.urls import StoreURL
+    from hf_pretrain.run_store.lease import MARGIN_BEATS, STALE_BEATS, Lease
+    from hf_pretrain.run_store.uploader import NotHolding, Uploader
+
+    url, fs = StoreURL.parse(f"{s3_bucket}/run"), store_fs()
+    lease = Lease(fs, url, heartbeat_s=10)
+    assert lease.acquire() is None and lease.may_write()
+    uploader = Uploader(fs, url, tmp_path, keep=2, may_write=lease.may_write)
+    try:
+        lease.renewed -= (STALE_BEATS - MARGIN_BEATS) * 10 + 1  # its heartbeats went unanswered that long
+        assert lease.expired() and not lease.may_write()
+        with pytest.raises(NotHolding):
+            uploader.fs.pipe_file(url.join("status.json").path, b"{}")
+        assert not fs.exists(url.join("status.json").path)
+        lease.beat()  # the store answers again, and the lease is still this run's: renewed
+        assert lease.lost_to is None and lease.may_write()
+        uploader.fs.pipe_file(url.join("status.json").path, b"{}")
+
+        lease.renewed -= (STALE_BEATS - MARGIN_BEATS) * 10 + 1
+        fs.rm_file(url.join("lease.json").path)  # another machine took it over, finished and released it
+        lease.beat()
+        assert lease.lost_to is not None and "no one now" in lease.lost_to.describe() and not lease.may_write()
+        assert not fs.exists(url.join("lease.json").path)  # not recreated: the run is not this one's any more
+        lease.release()  # nothing to release, nothing touched
+    finally:
+        uploader.close()
+
+
+def test_the_takeover_says_the_holders_heartbeat_is_older_than_the_lease_not_that_it_is_gone(s3_bucket):
+    from hf_pretrain.object_store.urls import StoreURL
+    from hf_pretrain.run_store.lease import STALE_BEATS, Lease
+
+    url, fs = StoreURL.parse(f"{s3_bucket}/run"), store_fs()
+    record = {"host": "cut-off-box", "pid": 4242, "run_id": "abc", "since": "2026-11-26T10:00:00+0000"}
+    record |= {"heartbeat": time.time() - STALE_BEATS * 2 - 5, "heartbeat_s": 2}
+    fs.pipe_file(url.join("lease.json").path, json.dumps(record).encode())
+    note = Lease(fs, url, heartbeat_s=2).acquire()
+    assert "cut-off-box" in note and "its last heartbeat is older than the lease" in note and "gone" not in note
+
+
+def _direct(s3_server) -> dict[str, str]:
+    """The store's own address, around the proxy: a machine the proxy's cut does not reach."""
+    host, port = s3_server.proxy.target
+    return {"AWS_ENDPOINT_URL": f"http://{host}:{port}"}
+
+
+def _store_section(local: Path) -> dict:
+    try:
+        return json.loads((local / "status.json").read_text()).get("store") or {}
+    except (OSError, ValueError):
+        return {}
+
+
+@pytest.mark.slow
+def test_the_machine_cut_off_from_the_store_stops_writing_it_and_ends_73_once_another_took_over(
+    smoke_data, s3_bucket, s3_server, tmp_path
+):
+    """Issue 57 (round 8's A38): machine A, held before step 9 with step 8 in the store, is cut off from the
+    store (the proxy); machine B, which still reaches the store (its own address), takes the run over once
+    A's lease is stale and finishes it. A, back on the network, must find the run lost: nothing of it in the
+    store after its lease ran out (not status.json, not a checkpoint, not final/), exit 73 in one line.
+    Every wait is on a state the runs write themselves (the store's checkpoint, A's status.json, the lease)."""
+    from hf_pretrain.run_store.lease import Holder
+
+    url, release = f"{s3_bucket}/run", tmp_path / "release"
+    release.mkdir()
+    a = machine(tmp_path / "A", s3_server, HF_PRETRAIN_FAULTS="hold:9", HF_PRETRAIN_RELEASE=str(release))
+    b = machine(tmp_path / "B", s3_server, **_direct(s3_server))
+    local_a = working_copy(tmp_path / "A", url)
+    loser = start_merged(train_command(smoke_data, url, store_heartbeat_s=2), **a)
+    try:
+        wait_until(lambda: 8 in complete_in_store(url), loser)
+        s3_server.proxy.cut()
+        wait_until(lambda: _store_section(local_a).get("lease", "").startswith("run out"), loser)
+
+        import s3fs
+
+        direct = s3fs.S3FileSystem(
+            skip_instance_cache=True, use_listings_cache=False, endpoint_url=_direct(s3_server)["AWS_ENDPOINT_URL"]
+        )
+
+        def stale() -> bool:
+            record = json.loads(direct.cat_file(f"{url}/lease.json"))
+            return Holder(**{k: record[k] for k in Holder.__dataclass_fields__}).is_stale()
+
+        wait_until(stale, loser)  # B would be refused (73) before: it starts once it may take over
+        winner = run_captured(train_command(smoke_data, url, store_heartbeat_s=2), **b, timeout=600)
+        log_b = winner.stdout + winner.stderr
+        assert winner.returncode == 0, log_b[-3000:]
+        assert "took over the lease" in log_b and "its last heartbeat is older than the lease" in log_b, log_b[-3000:]
+        assert "resumed from" in log_b and "holder is gone" not in log_b
+        store_after_b = {path: info.get("ETag") for path, info in direct.find(url, detail=True).items()}
+        assert f"{url}/final/model.safetensors".removeprefix("s3://") in store_after_b
+
+        s3_server.proxy.restore()
+        wait_until(lambda: _store_section(local_a).get("lease", "").startswith("lost to"), loser)
+        (release / "9").touch()
+        out = loser.communicate(timeout=300)[0]
+    finally:
+        s3_server.proxy.restore()
+        (release / "9").touch()
+        if loser.poll() is None:
+            loser.kill()
+    assert loser.returncode == EXIT_LOCKED, out[-3000:]
+    ending = [line for line in out.splitlines() if line.startswith("stopped after step 9:")]
+    assert len(ending) == 1 and url in ending[0] and "exit 73" in ending[0], out[-3000:]
+    assert "Traceback" not in out and "was not renewed for" in out, out[-3000:]
+    assert "this machine lost the run" in ending[0] and "nothing of this session is missing" not in out
+    # the store is exactly as B left it: A wrote nothing once its lease ran out
+    store_now = {path: info.get("ETag") for path, info in direct.find(url, detail=True).items()}
+    assert store_now == store_after_b
+    status = json.loads(direct.cat_file(f"{url}/status.json"))
+    assert status["state"] == "finished", status
+    local_status = json.loads((local_a / "status.json").read_text())
+    assert local_status["state"] == "lost" and local_status["exit_code"] == EXIT_LOCKED, local_status
+    assert not (local_a / "checkpoints" / "step_00000009").exists()  # no checkpoint of a run that is another's

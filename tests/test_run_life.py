@@ -613,7 +613,10 @@ def test_a_finished_run_started_again_says_so_writes_nothing_and_status_reads_it
     out = capsys.readouterr().out
     assert out.startswith(f"{run_dir}: finished (exit 0), step 12 of 12, ")
     assert f"last checkpoint: {run_dir / 'checkpoints' / 'step_00000012'} (step 12;" in out
-    assert "stop request: none" in out and "next: To go further" in out and "last logged: step 12, loss " in out
+    assert "stop request: none" in out and "last logged: step 12, loss " in out
+    # docs/survival.md's table: a finished run is exported; going further, with its recorded command, second
+    assert f"  next: export it: hf-pretrain export --checkpoint {run_dir} --out exports/run\n  or to go further" in out
+    assert "\n  the command: " in out and "hf_pretrain/train.py --recipe smoke" in out, out
     assert status_main([str(run_dir), "--verify"]) == 0 and "every byte checked" in capsys.readouterr().out
     assert _folder_snapshot(run_dir) == before
     assert status_main([str(tmp_path / "nothing")]) == EXIT_CONFIG

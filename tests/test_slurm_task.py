@@ -20,7 +20,17 @@ STAND_IN = """#!/bin/bash
 # hf-pretrain, as the Slurm script calls it: `check` and `launch` end with the codes the test sets
 echo "$*" >> "$CALLS"
 case "$1" in
-  check) exit "${CHECK_CODE:-0}" ;;
+  check)
+    # the real check's refusal of a folder an earlier check wrote (check/command.py: check_output), else its results
+    out=$(echo "$*" | sed -n 's/.*--output \\([^ ]*\\).*/\\1/p')
+    if [ -e "$out" ]; then echo "--output $out holds an earlier check's results" >> "$CALLS"; exit 78; fi
+    mkdir -p "$out"
+    if [ -n "${CHECK_WAITS_FOR_TERM:-}" ]; then
+      trap 'echo "check got SIGTERM" >> "$CALLS"; exit 75' TERM
+      touch "$WAITING"
+      while true; do sleep 0.05; done
+    fi
+    exit "${CHECK_CODE:-0}" ;;
   launch)
     if [ -n "${WAIT_FOR_TERM:-}" ]; then
       trap 'echo "launch got SIGTERM" >> "$CALLS"; exit 75' TERM
@@ -32,7 +42,9 @@ esac
 """
 
 
-def run_script(tmp_path: Path, wait_for_term: bool = False, **codes: int) -> tuple[subprocess.Popen, Path]:
+def run_script(
+    tmp_path: Path, wait_for_term: bool = False, check_waits: bool = False, restarts: int | None = None, **codes: int
+) -> tuple[subprocess.Popen, Path]:
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir(exist_ok=True)
     for name, text in (("hf-pretrain", STAND_IN), ("scontrol", '#!/bin/bash\necho "scontrol $*" >> "$CALLS"\n')):
@@ -44,6 +56,10 @@ def run_script(tmp_path: Path, wait_for_term: bool = False, **codes: int) -> tup
     env |= {name.upper(): str(code) for name, code in codes.items()}
     if wait_for_term:
         env["WAIT_FOR_TERM"] = "1"
+    if check_waits:
+        env["CHECK_WAITS_FOR_TERM"] = "1"
+    if restarts is not None:  # Slurm sets it on a requeued job's start
+        env["SLURM_RESTART_COUNT"] = str(restarts)
     process = subprocess.Popen(["bash", str(SLURM[0])], cwd=tmp_path, env=env, stdout=subprocess.PIPE, text=True)
     return process, calls
 
@@ -80,3 +96,36 @@ def test_the_batch_scripts_sigterm_reaches_the_launcher_and_the_job_requeues(tmp
     said = calls.read_text()
     assert process.returncode == EXIT_PREEMPTED and "launch got SIGTERM" in said, (said, out)
     assert "scontrol requeue 4242" in said and "exit 75" in out
+
+
+def wait_for(path: Path, process: subprocess.Popen) -> None:
+    deadline = time.monotonic() + 60
+    while not path.exists():  # the stand-in waits, its trap set: a certain point
+        assert process.poll() is None and time.monotonic() < deadline
+        time.sleep(0.05)
+
+
+def test_a_requeued_job_checks_again_and_trains(tmp_path):
+    """Issue 57: the requeue (same id, same folder) ran the check into the first start's results: 78, never
+    resumed. Each start's check has a folder of its own."""
+    first, calls = run_script(tmp_path, launch_code=EXIT_PREEMPTED)
+    first.communicate(timeout=60)
+    assert first.returncode == EXIT_PREEMPTED and "scontrol requeue 4242" in calls.read_text()
+    again, calls = run_script(tmp_path, restarts=1, launch_code=EXIT_OK)  # the requeued job, in the same folder
+    again.communicate(timeout=60)
+    said = calls.read_text()
+    assert again.returncode == EXIT_OK and "earlier check" not in said, said
+    assert said.count("launch --config_file") == 2, said
+    assert (tmp_path / "pod_check_4242_0").is_dir() and (tmp_path / "pod_check_4242_1").is_dir()
+
+
+def test_a_sigterm_during_the_check_ends_the_check_and_the_job_requeues_with_75(tmp_path):
+    """Issue 57: the trap was set after the check, so the SIGTERM killed the batch shell (143) and left the
+    check running alone. The signal is sent once the stand-in check has said it waits for it: no race."""
+    process, calls = run_script(tmp_path, check_waits=True)
+    wait_for(tmp_path / "waiting", process)
+    process.send_signal(signal.SIGTERM)
+    out = process.communicate(timeout=60)[0]
+    said = calls.read_text()
+    assert process.returncode == EXIT_PREEMPTED and "check got SIGTERM" in said, (said, out)
+    assert "launch --config_file" not in said and "scontrol requeue 4242" in said and "exit 75" in out

@@ -19,6 +19,8 @@ from hf_pretrain.exit_codes import EXIT_CONFIG
 # ------------------------------------------------------------------------------------ 1. URL typos
 
 TYPOS = ["s3:/bkt/runs/x", "s3:bkt", "s4://bkt/x", "gs:/x", "S3://bkt/x", "s3://bkt/a/../b"]
+# issue 57: each trained into a local folder (` s3:`, `s3`, `file:`) and exited 0, or was a traceback
+TYPOS += [" s3://bkt/x", "s3//bkt/x", "file:///tmp/x"]
 # each command that takes a run, a checkpoint, a data folder or a model, with where it takes it
 COMMAND_LINES = {
     "train": ["--recipe", "smoke", "--output_dir", "{}"],
@@ -52,7 +54,14 @@ def test_a_typo_names_the_spelling_that_works():
         check_location("s3:/bkt/runs/x")
     with pytest.raises(StoreUnavailable, match=r"write it as s3://bkt/x"):
         check_location("S3://bkt/x")
-    for fine in ("runs/x", "./s3:/x", "C:/x", "hold:12", "s3://bkt/x", "/abs/path"):
+    # the intent named (issue 57): a URL with a space around it, without its colon, a file URL's path
+    with pytest.raises(StoreUnavailable, match=r"^' s3://bkt/x' has blank space around a URL; write it as s3://bkt/x$"):
+        check_location(" s3://bkt/x")
+    with pytest.raises(StoreUnavailable, match=r"without its colon; write it as s3://bkt/x, or \./s3//bkt/x for a"):
+        check_location("s3//bkt/x")
+    with pytest.raises(StoreUnavailable, match=r"is a file URL; write the local folder's path itself: /tmp/my run$"):
+        check_location("file:///tmp/my%20run")
+    for fine in ("runs/x", "./s3:/x", "C:/x", "hold:12", "s3://bkt/x", "/abs/path", " runs/x", "./s3//x"):
         check_location(fine, any_arg=True)  # local paths, a fault's spelling, a real URL: no refusal
 
 
@@ -63,6 +72,53 @@ def test_train_launched_without_the_cli_refuses_a_typo_too(capsys):
     assert train.main(["--recipe", "smoke", "--output_dir", "s3:/bkt/runs/x"]) == EXIT_CONFIG
     assert "write it as s3://bkt/runs/x" in capsys.readouterr().err
     assert not Path("s3:").exists()
+
+
+EMPTY = {  # issue 57: an engine's task with `RUN_URL=` empty trained into the working directory, exit 0
+    "train": ["--recipe", "smoke", "--output_dir", ""],
+    "doctor": ["--recipe", "smoke", "--data_dir", " "],
+    "check": ["--recipe", "smoke", "--output_dir", "", "--data_dir", "s3://bkt/data"],
+    "prepare": ["--recipe", "smoke", "--data_dir="],
+}
+
+
+def exit_code(main, argv: list[str]) -> int:
+    """What `main(argv)` exits with, returned or raised (argparse's refusal raises SystemExit)."""
+    try:
+        return main(argv)
+    except SystemExit as exc:
+        return exc.code
+
+
+@pytest.mark.parametrize("command", sorted(EMPTY))
+def test_an_empty_run_or_data_location_is_refused_in_one_line_naming_the_key(command, capsys):
+    assert exit_code(cli.main, [command, *EMPTY[command]]) == EXIT_CONFIG
+    err = capsys.readouterr().err.strip().splitlines()
+    key, folder = ("data_dir", "data/smoke") if command in ("doctor", "prepare") else ("output_dir", "runs/smoke")
+    assert err == [
+        f"hf-pretrain {command}: error: {key} is empty (an unset variable in the command line?): give a folder "
+        f"or a store URL, e.g. --{key} {folder} or --{key} s3://BUCKET/{folder}"
+    ], err
+    assert not list(Path.cwd().iterdir()), "nothing may be written before the refusal"
+
+
+def test_train_launched_without_the_cli_refuses_an_empty_output_dir(capsys):
+    from hf_pretrain import train
+
+    assert exit_code(train.main, ["--recipe", "smoke", "--output_dir", ""]) == EXIT_CONFIG
+    assert "output_dir is empty" in capsys.readouterr().err
+    assert not list(Path.cwd().iterdir())
+
+
+def test_the_check_table_names_a_run_as_given_and_leaves_an_empty_path_alone():
+    """`"".replace("", shown)` put the shown name between every character of every row."""
+    from hf_pretrain.preflight.checks import _named_as_given
+    from hf_pretrain.preflight.result import CheckResult
+
+    rows = [CheckResult("output_dir", "fail", "cannot write here", "give another --output_dir")]
+    assert _named_as_given(rows, "", None) == rows
+    named = _named_as_given(rows + [CheckResult("resume", "pass", "no checkpoint in /c/run")], "/c/run", "s3://b/r")
+    assert [r.reason for r in named] == ["cannot write here", "no checkpoint in s3://b/r"]
 
 
 def test_a_dot_dot_url_never_leaves_the_cache():
@@ -373,10 +429,19 @@ def test_status_of_a_url_answers_from_the_store_on_a_fresh_machine(s3_bucket, s3
     assert str(home) not in said, said
     assert not list(home.rglob("model.safetensors")), "status pulled weights"
 
-    lease.release()  # the machine is gone, its status.json still says running: killed
+    record = json.loads(fs.cat_file(lease.path))  # the machine dies: its lease stays behind and goes stale
+    fs.pipe_file(lease.path, json.dumps({**record, "heartbeat": record["heartbeat"] - 3600}).encode())
     assert run_status.main([url]) == 0
     said = capsys.readouterr().out
     assert said.splitlines()[0].startswith(f"{url}: killed, step 8 of 12"), said
+
+    # issue 57: a process that ended by itself released its lease; its status.json saying running is a last
+    # write that did not reach the store, not a kill
+    lease.release()
+    assert run_status.main([url]) == 0
+    said = capsys.readouterr().out
+    assert said.splitlines()[0].startswith(f"{url}: ended, its last status not in the store, step 8"), said
+    assert "killed" not in said
 
 
 def test_status_skips_a_checkpoint_whose_objects_do_not_match_its_manifest(s3_bucket, s3_server, tmp_path, capsys):

@@ -30,8 +30,8 @@ from pathlib import Path
 from hf_pretrain.check.deadline import run_part
 from hf_pretrain.check.figures import Figure, read_figures
 from hf_pretrain.config import Recipe, RecipeError, build_recipe, parse_recipe_args, save_recipe
-from hf_pretrain.exit_codes import EXIT_CONFIG, EXIT_FAULTY_HOST, EXIT_INTERRUPTED
-from hf_pretrain.publish.targets import WRITTEN_RECORD, not_ours, record_written
+from hf_pretrain.exit_codes import EXIT_CONFIG, EXIT_FAULTY_HOST, EXIT_INTERRUPTED, EXIT_PREEMPTED
+from hf_pretrain.publish.targets import WRITTEN_RECORD, not_ours, record_written, unwritable_reason
 
 PROG = "hf-pretrain check"
 # (part, share of what is left of the budget relative to the parts after it, what it measures); the
@@ -56,6 +56,15 @@ STEP_SHARE_PER_VARIANT = 0.1
 # A run of a part with several (the step's variants) may take this many times its even share of what is
 # left: a compile takes what it takes, and what a run leaves goes to the runs after it.
 RUN_STRETCH = 1.5
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (a scheduler's preemption, Slurm's `--signal`): the check ends as on Ctrl-C, the part running
+    killed with its own session (check/deadline.py), which the signal to this process alone never reaches."""
+
+
+def _terminated(signum, frame) -> None:
+    raise Terminated
 
 
 @dataclass(frozen=True)
@@ -115,6 +124,8 @@ def check_request(recipe: Recipe, args: argparse.Namespace) -> CheckRequest:
     from hf_pretrain.bench.variants import variant_grid
 
     parts = tuple(p.strip() for p in args.parts.split(",") if p.strip())
+    if not parts:  # nothing to measure: said here, not an IndexError in the budget's split (issue 57)
+        raise ValueError(f"--parts {args.parts!r} names no part; choose from {','.join(PART_NAMES)}")
     unknown = [p for p in parts if p not in PART_NAMES]
     if unknown:
         raise ValueError(f"--parts {','.join(unknown)}: not a part; choose from {','.join(PART_NAMES)}")
@@ -178,6 +189,9 @@ def check_output(out: Path, overwrite: bool) -> None:
     record there, the files unchanged since): as `space` does, never over a user's files. Raises ValueError."""
     if out.exists() and not out.is_dir():
         raise ValueError(f"--output {out} is a file, not a folder; choose another --output")
+    unwritable = unwritable_reason(out)  # a read-only place: one line now, not an OSError from its mkdir (issue 57)
+    if unwritable:
+        raise ValueError(f"--output {out}: {unwritable}; choose another --output")
     clashes = not_ours(out, files_under(out), CHECK_COMMAND)
     if clashes:
         listed = ", ".join(clashes[:8]) + (f" and {len(clashes) - 8} more" if len(clashes) > 8 else "")
@@ -274,10 +288,10 @@ def run_check(request: CheckRequest, say=print) -> dict:
     statuses: dict[str, list[str]] = {}
     try:
         run_parts(request, recipe_file, results, statuses, say)
-        interrupted = False
-    except KeyboardInterrupt:
-        interrupted = True
-        say("interrupted (Ctrl-C): the part running was stopped; what the parts measured before is kept")
+        interrupted = None
+    except KeyboardInterrupt as exc:
+        interrupted = "SIGTERM" if isinstance(exc, Terminated) else "Ctrl-C"
+        say(f"interrupted ({interrupted}): the part running was stopped; what the parts measured before is kept")
     figures = read_figures(results)
     lines = [] if interrupted else conclude(request.recipe, figures, say)
     result = {
@@ -288,7 +302,7 @@ def run_check(request: CheckRequest, say=print) -> dict:
         "parts": statuses,
         "figures": [asdict(f) for f in figures],
         "verdict": lines,
-    } | ({"interrupted": True} if interrupted else {})
+    } | ({"interrupted": True, "stopped_by": interrupted} if interrupted else {})
     (out / "check.json").write_text(json.dumps(result, indent=1))
     record_written(out, files_under(out), CHECK_COMMAND)  # a later check may replace only these
     say(f"written: {out / 'check.json'} ({result['seconds']:.0f} s)")
@@ -350,12 +364,40 @@ def main(argv: list[str] | None = None) -> int:
     except (RecipeError, ValueError) as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return EXIT_CONFIG
-    result = run_check(request)
-    if result.get("interrupted"):
-        print(f"{PROG}: interrupted; {request.output / 'check.json'} holds what was measured", file=sys.stderr)
-        return EXIT_INTERRUPTED
-    from hf_pretrain.check.verdict import RECIPE_AS_WRITTEN, faulty_lines
+    import signal
 
+    previous = signal.signal(signal.SIGTERM, _terminated)
+    try:
+        result = run_check(request)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    if result.get("interrupted"):
+        # SIGTERM is a preemption: nothing is lost and the same command is worth rerunning (an engine's task
+        # requeues on 75); Ctrl-C is a person's: 130, as a shell reports it
+        code = EXIT_PREEMPTED if result.get("stopped_by") == "SIGTERM" else EXIT_INTERRUPTED
+        print(
+            f"{PROG}: interrupted by {result['stopped_by']}; {request.output / 'check.json'} holds what was "
+            f"measured (exit {code})",
+            file=sys.stderr,
+        )
+        return code
+    from hf_pretrain.check.verdict import RECIPE_AS_WRITTEN, faulty_lines, store_failures
+
+    # First: a run that cannot reach its store loses every step it trains (nothing reaches the store, and a
+    # preemption loses it all). A store that does not answer this machine is this machine's network (a
+    # route, a firewall, a region's endpoint) as far as the check can tell: 71, the code on which an engine
+    # relaunches elsewhere, where it may answer. A store that answered no (no such bucket, a key refused)
+    # answers the same everywhere: 78, fix the input, since relaunching would only pay for more machines.
+    failed = store_failures(result["figures"])
+    if failed:
+        unreachable = any(how == "unreachable" for how, _ in failed)
+        code = EXIT_FAULTY_HOST if unreachable else EXIT_CONFIG
+        where = "rent another machine" if unreachable else "fix it, then check again"
+        lines = "; ".join(text.split(": failed: ", 1)[-1] for _, text in failed)
+        print(
+            f"{PROG}: the run cannot use its store from this machine: {lines}; {where} (exit {code})", file=sys.stderr
+        )
+        return code
     faulty = faulty_lines(result["figures"])
     if faulty:  # a scheduler relaunches elsewhere on this code (hf_pretrain/engines/)
         print(

@@ -39,8 +39,8 @@ class Report:
         says it only if the part is cut before the last)."""
         self._write(Figure(self.part, name, float(value), unit, text, self.device, detail), quiet)
 
-    def skip(self, name: str, reason: str) -> None:
-        self._write(Figure(self.part, name, None, "", f"{name}: {reason}", self.device))
+    def skip(self, name: str, reason: str, **detail: Any) -> None:
+        self._write(Figure(self.part, name, None, "", f"{name}: {reason}", self.device, detail))
 
 
 def read_figures(results: Path) -> list[Figure]:

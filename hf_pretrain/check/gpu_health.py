@@ -12,7 +12,8 @@ The thresholds, each a constant below, both sides tested (tests/test_gpu_health.
   slowdown, power brake: faulty; the software power cap: noted (a card at its power limit is working).
 - Temperature during the matmul: at or over the card's slowdown threshold: faulty; within
   TEMPERATURE_MARGIN_C of it: noted.
-- PCIe link under load: a generation or a width under the maximum (a bad riser or slot): faulty.
+- PCIe link under load: the best generation and width read during the load under the maximum (a bad
+  riser or slot): faulty. A reading taken idle is not judged: an idle card lowers its link to save power.
 - The sustained matmul against its kind (gpus.yaml's MAMF x SUSTAINED_SHARE_OF_MAMF: ~730 TFLOP/s bf16
   on an H100 SXM): under MATMUL_FLOOR of it is faulty (healthy peers measure within 10% of each other).
 - Xid errors in the kernel log, where it is readable: one of CRITICAL_XIDS is faulty, another noted.

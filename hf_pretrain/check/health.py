@@ -98,7 +98,12 @@ def static_findings(nvml, handle) -> list[health.Finding]:
 
 
 class Sampler(threading.Thread):
-    """Clock reasons (OR-ed), the hottest temperature and the narrowest PCIe link seen under load."""
+    """Clock reasons (OR-ed), the hottest temperature and the widest PCIe link seen under load.
+
+    The link is the best reading, generation and width each, and only of readings taken under load: a card
+    lowers its link when idle (power saving), so a reading before the load (gen1 on a healthy gen5 card)
+    said nothing, and one such reading sent every machine away (issue 57). A link that stays under its
+    maximum through the whole load is a bad riser or slot."""
 
     def __init__(self, nvml, handle):
         super().__init__(daemon=True)
@@ -110,7 +115,8 @@ class Sampler(threading.Thread):
         while not self.stop.wait(SAMPLE_S):
             self.sample()
 
-    def sample(self) -> None:
+    def sample(self, loaded: bool = True) -> None:
+        """One reading of each; `loaded=False`: taken before the load (its link is not judged)."""
         nvml, handle = self.nvml, self.handle
         for name, take in (
             ("clocks", lambda: nvml.nvmlDeviceGetCurrentClocksEventReasons(handle)),
@@ -129,8 +135,8 @@ class Sampler(threading.Thread):
                 self.reasons |= int(value)
             elif name == "temperature":
                 self.hottest = max(self.hottest, float(value))
-            else:
-                self.link = value if self.link is None else min(self.link, value)
+            elif loaded:
+                self.link = value if self.link is None else (max(self.link[0], value[0]), max(self.link[1], value[1]))
 
 
 def sustained_tflops(seconds: float) -> float:
@@ -153,10 +159,12 @@ def under_load(nvml, handle, seconds: float, card: str) -> list[health.Finding]:
     from hf_pretrain.machine.gpus import find_gpu
 
     sampler = Sampler(nvml, handle)
-    sampler.sample()
+    sampler.sample(loaded=False)  # what the card reports at all (a reading it does not support: said once)
     sampler.start()
     try:
         tflops = sustained_tflops(seconds)
+        if sampler.link is None:  # a load shorter than a sample: one reading as it ends, its link still up
+            sampler.sample()
     finally:
         sampler.stop.set()
         sampler.join()

@@ -3,7 +3,11 @@
 to output_dir (a scratch object of the check's own, read back and removed). Reached through the one
 door to stores (hf_pretrain/object_store/urls.py: fsspec, no listing cache); where this install lacks
 the scheme's package, one line says so with the pip line. Local folders have nothing to measure here
-(part (e) measures their disk)."""
+(part (e) measures their disk).
+
+A store that fails here is the run's store failing from this machine: the figure says which way
+(`detail["store"]`: "unreachable" when it did not answer, "refused" when it answered no: a missing bucket,
+a key refused), and the check's last line refuses the machine on it (check/verdict.py: `store_failures`)."""
 
 from __future__ import annotations
 
@@ -11,18 +15,25 @@ import os
 import time
 
 from hf_pretrain.check.figures import Report
+from hf_pretrain.object_store.reach import describe_failure, does_not_answer, quiet_orphaned_requests
 from hf_pretrain.object_store.urls import StoreUnavailable, StoreURL, is_url
 from hf_pretrain.object_store.urls import filesystem as store_filesystem
 
 SAMPLE_BYTES = 64 * 2**20
 
 
+class NothingThere(RuntimeError):
+    """data_dir's prefix holds no file yet (not prepared): the store answered, nothing to measure."""
+
+
 def filesystem(url: str):
     """(the store's fsspec filesystem, None) or (None, the one-line reason this install cannot reach it)."""
     try:
-        return store_filesystem(StoreURL.parse(url)), None
+        fs = store_filesystem(StoreURL.parse(url))
     except StoreUnavailable as exc:
         return None, f"skipped: object store support not installed ({exc})"
+    quiet_orphaned_requests(fs)
+    return fs, None
 
 
 def upload_and_download(url: str, nbytes: int) -> tuple[float, float]:
@@ -54,7 +65,7 @@ def download(url: str, nbytes: int) -> tuple[float, int]:
         raise RuntimeError(why)
     files = fs.find(url, maxdepth=4)
     if not files:
-        raise RuntimeError(f"nothing under {url} to download")
+        raise NothingThere(f"nothing under {url} to download")
     started = time.perf_counter()
     data = fs.cat_file(files[0], start=0, end=nbytes)
     return len(data) / (time.perf_counter() - started), len(data)
@@ -84,8 +95,12 @@ def measure(data_dir: str, output_dir: str, report: Report) -> None:
                     "MB/s",
                     f"upload to {url}: {up / 1e6:,.1f} MB/s (read back {down / 1e6:,.1f} MB/s)",
                 )
+        except NothingThere as exc:
+            report.skip(name, f"skipped: {exc}")
         except Exception as exc:  # an unreachable bucket, no credentials: one line, the check goes on
+            doing = "reading data_dir" if name == "data_dir" else "writing a scratch object under output_dir"
             report.skip(
                 name,
-                f"failed: {type(exc).__name__}: {str(exc).strip().splitlines()[0][:120] if str(exc).strip() else ''}",
+                f"failed: {describe_failure(StoreURL.parse(url), exc, doing)}",
+                store="unreachable" if does_not_answer(exc) else "refused",
             )

@@ -114,22 +114,38 @@ def faulty_lines(figures: list) -> list[str]:
     return lines
 
 
+def store_failures(figures: list) -> list[tuple[str, str]]:
+    """(how, the line) of each store the run uses that failed from this machine (part f, check/store_rates.py):
+    how is "unreachable" (it did not answer) or "refused" (it answered no); figures as objects or dicts."""
+    failed = []
+    for f in figures:
+        part, detail, text = (f["part"], f["detail"], f["text"]) if isinstance(f, dict) else (f.part, f.detail, f.text)
+        if part == "object_store" and detail.get("store"):
+            failed.append((detail["store"], text))
+    return failed
+
+
 def verdict(recipe: Recipe, figures: list[Figure]) -> list[str]:
-    """The verdict's lines (figures' MFU added)."""
+    """The verdict's lines (figures' MFU added); a store the run cannot use from here, first."""
     add_mfu(model_flops_per_token(recipe.model, recipe.data)[1], figures)
+    stores = [f"the run's store fails from here: {text}" for _, text in store_failures(figures)]
     rows, best_text = plan_best(recipe)
     device = next((f.device for f in figures if f.device), None)
     steps = [f for f in figures if f.part == "step" and f.value]
     as_written = next((f for f in steps if f.name == RECIPE_AS_WRITTEN), None)
     measured = step_lines(figures)
     if device is None:
-        return measured + [
-            "measured on a CPU: it prices no GPU, and the records it left are labelled cpu (plan never reads them)",
-            f"plan's best for {recipe.name}: {best_text}; rent that card and run this check on it",
-        ]
+        return (
+            stores
+            + measured
+            + [
+                "measured on a CPU: it prices no GPU, and the records it left are labelled cpu (plan never reads them)",
+                f"plan's best for {recipe.name}: {best_text}; rent that card and run this check on it",
+            ]
+        )
     gpu = find_gpu(device)
     price = recipe.reporting.price_per_hour or (gpu.usd_per_hour if gpu else 0.0)
-    lines = list(measured)
+    lines = stores + measured
     if not steps:
         lines.append("no step was measured: no $ per token (see the step part's lines)")
     elif not price:

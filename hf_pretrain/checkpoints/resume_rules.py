@@ -235,6 +235,17 @@ def note_other_changes(
         )
 
 
+def branch_step(saved: dict[str, Any], max_steps: int) -> int | None:
+    """The step of the checkpoint a start under `max_steps` (with --resume auto) goes on from when it is
+    not `saved`'s own: a wsd run asked for another max_steps once its decay began goes further from its
+    last checkpoint before the decay (`wsd_goes_further`). None when it goes on from `saved` itself. A
+    run in a store asks it before the resume decision: a fresh machine pulled the newest checkpoint only."""
+    stable_until = saved.get("decay_start")
+    if saved.get("lr_schedule") != "wsd" or saved.get("max_steps", max_steps) == max_steps or stable_until is None:
+        return None
+    return int(stable_until) if saved.get("step", 0) > stable_until else None
+
+
 def wsd_goes_further(
     plan: Continuation, saved: dict[str, Any], optim: OptimConfig, train: TrainConfig, named: bool
 ) -> None:

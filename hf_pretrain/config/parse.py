@@ -27,6 +27,7 @@ from typing import Any
 import yaml
 
 from hf_pretrain.exit_codes import EXIT_CONFIG, EXIT_USAGE
+from hf_pretrain.redaction import redact_values
 
 from .keys import BOUND_CHECKS, RecipeError, did_you_mean, range_text
 from .schema import KEY_SECTION, RENAMED_KEYS, SECTIONS, TOP_LEVEL_KEYS, Recipe, legacy_layout, renamed
@@ -201,7 +202,10 @@ def load_recipe(name_or_path: str, overrides: dict[str, Any] | None = None) -> R
 
 
 def save_recipe(recipe: Recipe, path: str | os.PathLike) -> None:
-    Path(path).write_text(yaml.safe_dump(recipe.to_dict(), sort_keys=False))
+    """The recipe as YAML in `path` (the run's resolved_recipe.yaml, mirrored to its store), every value
+    through the redaction of the lines the product prints: a `--description` holding a credential the
+    process holds is written `***`."""
+    Path(path).write_text(yaml.safe_dump(redact_values(recipe.to_dict()), sort_keys=False))
 
 
 # ---------------------------------------------------------------------- the command line

@@ -123,6 +123,7 @@ class Recipe:
 
     def validate(self) -> None:
         check_ranges(self)  # each key alone first; then how keys relate
+        _check_places(self.train, self.data, name=self.name)
         _check_model(self.model)
         _check_data(self.data, self.model)
         _check_compute(self.compute, self.model)
@@ -144,6 +145,21 @@ def grad_accum_steps(train: TrainConfig, world_size: int, *, seq_len: int) -> in
             f"or micro_batch_size"
         )
     return train.global_batch_tokens // per_pass
+
+
+def _check_places(t: TrainConfig, d: DataConfig, *, name: str) -> None:
+    """An empty output_dir or data_dir is the working directory: an engine's task whose `RUN_URL=` was left
+    empty trained there, exited 0 and reached no store (a preemption lost it all). Refused by name, the
+    examples named after the recipe (`name`)."""
+    for flag, value, example in (
+        ("output_dir", t.output_dir, f"runs/{name}"),
+        ("data_dir", d.data_dir, f"data/{name}"),
+    ):
+        if not str(value).strip():
+            raise RecipeError(
+                f"{flag} is empty (an unset variable in the command line?): give a folder or a store URL, "
+                f"e.g. --{flag} {example} or --{flag} s3://BUCKET/{example}"
+            )
 
 
 def _check_model(m: ModelConfig) -> None:

@@ -38,6 +38,14 @@ class StoppingConfig:
         math=False,
         ge=0,
     )
+    max_fruitless_sessions: int = key(
+        3,
+        "a start after this many sessions in a row that saved no new checkpoint (killed, preempted or failed "
+        "before their first save: a relaunch storm) is refused with exit 78, naming what they cost; a "
+        "finished, stopped or refused session never counts (0 = never refuse; run_folder/sessions.py)",
+        math=False,
+        ge=0,
+    )
     early_stop_cost_per_loss_point: float = key(
         0.0,
         "stop (with a checkpoint and final/) when the last "

@@ -57,6 +57,7 @@ from hf_pretrain.data.prepared import (
     data_fingerprint,
     data_settings,
     read_meta,
+    reprepare_hint,
     source_folder_name,
     token_dtype,
 )
@@ -122,7 +123,10 @@ def prepare(
         from hf_pretrain.data_store.data_upload import prepare_into_store
 
         fingerprint = data_fingerprint(recipe.data, recipe.train.seed)
-        return prepare_into_store(recipe, fingerprint, lambda local: prepare(local, log, dry_run, verbose), log)
+        elsewhere = reprepare_hint(recipe, then="the training command")  # when the store lacks what no copy here holds
+        return prepare_into_store(
+            recipe, fingerprint, lambda local: prepare(local, log, dry_run, verbose), log, elsewhere=elsewhere
+        )
     data_dir = Path(d.data_dir)
     if recipe.model.init_from and d.tokenizer == "train" and not (data_dir / META_FILE).is_file():
         raise DataMismatchError(

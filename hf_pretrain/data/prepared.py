@@ -131,14 +131,14 @@ def new_folder_next_to(data_dir: Path) -> Path:
     return candidate
 
 
-def reprepare_hint(recipe: Recipe) -> str:
+def reprepare_hint(recipe: Recipe, then: str = "this command") -> str:
     """For a folder that holds other data than `recipe` needs: a `prepare` into a new folder (a prepare into
-    this one would find it prepared), and the flag that points the run at it."""
+    this one would find it prepared), and the flag that points the run (`then`: the command given it) at it."""
     url = recipe.data.data_dir.rstrip("/")
     new = f"{url}-prepared" if is_url(url) else new_folder_next_to(Path(url))  # a store's prefix: any new one
     moved = dataclasses.replace(recipe, data=dataclasses.replace(recipe.data, data_dir=str(new)))
     command = recipe_command(moved, "prepare", PREPARE_KEYS)
-    return f"prepare into a new folder, `{command}`, and give this command `--data_dir {new}`"
+    return f"prepare into a new folder, `{command}`, and give {then} `--data_dir {new}`"
 
 
 # ---------------------------------------------------------------------- reading
@@ -247,6 +247,7 @@ def check_prepared_data(recipe: Recipe, verify: str = "recorded", progress: bool
     _check_sizes(recipe.data, data_dir, meta, global_batch_tokens=recipe.train.global_batch_tokens, fix=reprepare)
     _check_sources(recipe.data, data_dir, meta, saved_hash, fix=reprepare)
     if is_url(recipe.data.data_dir):  # the shards stay in the store: each block is checked as it is fetched
+        _check_complete_in_store(recipe.data.data_dir, data_dir, prepare=prepare, reprepare=reprepare)
         return meta
     for split in SPLITS:
         source_paths(data_dir, meta, split)
@@ -256,6 +257,24 @@ def check_prepared_data(recipe: Recipe, verify: str = "recorded", progress: bool
         except ShardCorruptError as exc:
             raise DataMismatchError(str(exc)) from None
     return meta
+
+
+def _check_complete_in_store(url: str, copy: Path, *, prepare: str, reprepare: str) -> None:
+    """Every shard and sidecar the data's blocks.json lists is in the store at its size (one listing;
+    `copy`: the synced local copy holding blocks.json). A shard deleted there, or a sync cut short, passed
+    the preflight and stopped training at the first step that read it."""
+    from hf_pretrain.data_store.data_blocks import BLOCKS_FILE
+    from hf_pretrain.data_store.data_upload import in_words, store_lacks
+    from hf_pretrain.object_store.urls import StoreURL, filesystem
+
+    store = StoreURL.parse(url)
+    lacking = store_lacks(store, filesystem(store), json.loads((copy / BLOCKS_FILE).read_text()))
+    if lacking:
+        raise DataMismatchError(
+            f"{url} lacks {in_words(lacking)} (a sync cut short, or deleted there): training would stop at the "
+            f"first step that reads it",
+            f"{prepare} on the machine that prepared the data: it uploads what the store lacks; elsewhere, {reprepare}",
+        )
 
 
 def _mismatch(data_dir: Path, field: str, expected: Any, found: Any, why: str, *, fix: str) -> DataMismatchError:

@@ -37,8 +37,9 @@ import numpy as np
 
 from hf_pretrain.data_store.data_blocks import BLOCKS_FILE, DIGEST, DIGEST_BYTES, SIDECAR_SUFFIX, block_digest
 from hf_pretrain.object_store.cache import local_copy
-from hf_pretrain.object_store.store_calls import StoreError, store_call
+from hf_pretrain.object_store.store_calls import StoreError, read_bound_s, store_call
 from hf_pretrain.object_store.urls import StoreUnavailable, StoreURL, filesystem
+from hf_pretrain.run_folder.sessions import start_up
 
 META_FILE = "meta.json"
 BLOCKS_DIR = "blocks"  # in the local copy: the block cache (a folder per training process)
@@ -63,6 +64,11 @@ def synced_copy(url: str, cache_dir: str | Path | None = None) -> Path:
     source.json and the sidecars as the store has them (fetched once per process)."""
     if url in _SYNCED:
         return _SYNCED[url]
+    with start_up.timed("data"):  # sessions.jsonl: what a session's start-up went to
+        return _synced_copy(url, cache_dir)
+
+
+def _synced_copy(url: str, cache_dir: str | Path | None) -> Path:
     try:
         store = StoreURL.parse(url)
         fs = filesystem(store)
@@ -92,7 +98,12 @@ def _sync_small_files(fs: Any, store: StoreURL, local: Path, meta: dict[str, Any
             f"{store.join(BLOCKS_FILE)}: block checksums of kind {manifest.get('digest')}, this version checks "
             f"{DIGEST}: upload the data again with this version"
         )
-    found = store_call("listing", str(store.join("tokenizer")), lambda: fs.find(store.join("tokenizer").path))
+    found = store_call(
+        "listing",
+        str(store.join("tokenizer")),
+        lambda: fs.find(store.join("tokenizer").path),
+        deadline_s=read_bound_s(),
+    )
     names = [p.removeprefix(store.path + "/") for p in found]
     names += [f"{s['folder']}/source.json" for s in meta["sources"]]
     names += [f"{name}{SIDECAR_SUFFIX}" for name in manifest["files"]]
@@ -114,7 +125,9 @@ def _fetch(
 ) -> bytes | None:
     where = store.join(name)
     try:
-        return store_call("reading", str(where), lambda: fs.cat_file(where.path, start=start, end=end))
+        return store_call(
+            "reading", str(where), lambda: fs.cat_file(where.path, start=start, end=end), deadline_s=read_bound_s()
+        )
     except FileNotFoundError:
         if missing_ok:
             return None

@@ -5,12 +5,15 @@ Order of the upload: the shards (each with its `.ds.index` and block sidecar), e
 source.json, the tokenizer, blocks.json, and meta.json LAST: as in a local folder, its presence in the
 store means "complete", so a reader never takes a half-uploaded dataset for data. An upload cut short is
 finished by running the same command again: what the store already holds at its full size is skipped
-(a store shows an object only once its upload completed). A store whose meta.json exists is left alone.
+(a store shows an object only once its upload completed). A store whose meta.json exists is complete
+unless an object went missing after (a sync cut short, a deletion): `store_lacks` finds it in one listing,
+and the same command sends it again from this machine's copy when that copy is the same preparation.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import time
 from collections.abc import Callable
@@ -47,10 +50,15 @@ def store_meta(url: StoreURL, fs: Any = None) -> dict[str, Any] | None:
 
 
 def prepare_into_store(
-    recipe: Recipe, fingerprint: str, prepare_local: Callable[[Recipe], Path], log: Callable[[str], None]
+    recipe: Recipe,
+    fingerprint: str,
+    prepare_local: Callable[[Recipe], Path],
+    log: Callable[[str], None],
+    elsewhere: str = "prepare the data again under a new prefix",
 ) -> Path:
     """Prepare `recipe.data.data_dir` (a URL) in its local copy with `prepare_local`, then upload it; the copy.
-    `fingerprint`: the recipe's data settings' (prepared.data_fingerprint), which a prepared store must carry."""
+    `fingerprint`: the recipe's data settings' (prepared.data_fingerprint), which a prepared store must carry.
+    `elsewhere`: the fix when the store lacks objects this machine cannot give back (the exact `prepare`)."""
     url = StoreURL.parse(recipe.data.data_dir)
     cache_dir = recipe.store.cache_dir  # it moves every local copy, the run's and the data's (None: the user's cache)
     check_cache_root(cache_dir)  # before the probe and the hour of tokenizing
@@ -67,7 +75,7 @@ def prepare_into_store(
                 f"settings), found {meta.get('data_fingerprint')}: the store holds data prepared with other settings; "
                 f"give --data_dir another prefix"
             )
-        log(f"{url} is already prepared (meta.json is in the store); nothing was prepared or uploaded")
+        _mend_prepared(local, url, fs, meta, log, elsewhere)
         return local
     log(f"preparing {url} in its local copy {local}, then uploading it")
     local.mkdir(parents=True, exist_ok=True)
@@ -104,6 +112,107 @@ def upload_prepared(local: Path, url: StoreURL, fs: Any, log: Callable[[str], No
         f"uploaded {sent / 1e6:,.1f} MB to {url} in {time.perf_counter() - started:.1f} s "
         f"({len(present)} object(s) were there already); meta.json last: the data is complete in the store"
     )
+
+
+def _mend_prepared(
+    local: Path, url: StoreURL, fs: Any, meta: dict[str, Any], log: Callable[[str], None], elsewhere: str
+) -> None:
+    """The data at `url` is prepared (its meta.json there): nothing to do, unless an object went missing
+    since (`store_lacks`): then what this machine holds goes up again (`upload_lacking`). It used to say
+    "already prepared ... nothing was uploaded" and leave the hole, which training then fell into."""
+    manifest = _blocks_manifest_of(url, fs, local)
+    lacking = store_lacks(url, fs, manifest)
+    if lacking:
+        upload_lacking(local, url, fs, (meta, manifest or {}), lacking, log, elsewhere)
+        return
+    log(f"{url} is already prepared (meta.json is in the store); nothing was prepared or uploaded")
+
+
+def in_words(lacking: list[str]) -> str:
+    """`a, b, c and 4 more`: the objects `store_lacks` found, said in a line."""
+    return ", ".join(lacking[:3]) + (f" and {len(lacking) - 3} more" if len(lacking) > 3 else "")
+
+
+def store_lacks(url: StoreURL, fs: Any, manifest: dict[str, Any] | None) -> list[str]:
+    """What a reader of the data at `url` needs and the store does not hold whole, in one listing: a shard
+    blocks.json lists (`manifest`: the store's, else this machine's), missing or of another size (a sync
+    cut short, a deletion), its block sidecar, and blocks.json itself. Names under the prefix."""
+    present = _store_sizes(url, fs)
+    lacking = [] if BLOCKS_FILE in present else [BLOCKS_FILE]
+    for shard, entry in (manifest or {}).get("files", {}).items():
+        if present.get(shard) != entry["bytes"]:
+            lacking.append(shard)
+        if f"{shard}{SIDECAR_SUFFIX}" not in present:
+            lacking.append(f"{shard}{SIDECAR_SUFFIX}")
+    return lacking
+
+
+def _blocks_manifest_of(url: StoreURL, fs: Any, local: Path) -> dict[str, Any] | None:
+    """blocks.json of the data at `url`: the store's, else this machine's copy's (None: neither has one)."""
+    where = url.join(BLOCKS_FILE)
+    try:
+        return json.loads(store_call("reading", str(where), lambda: fs.cat_file(where.path)))
+    except FileNotFoundError:
+        mine = local / BLOCKS_FILE
+        return json.loads(mine.read_text()) if mine.is_file() else None
+
+
+def upload_lacking(
+    local: Path,
+    url: StoreURL,
+    fs: Any,
+    records: tuple[dict[str, Any], dict[str, Any]],
+    lacking: list[str],
+    log: Callable[[str], None],
+    elsewhere: str,
+) -> None:
+    """Send `lacking` (`store_lacks`) again from this machine's copy, when that copy is the preparation the
+    store holds (`records`: the store's meta.json and blocks.json; the copy's meta.json the same) and
+    holds each object as it was prepared; else `StoreError` naming what is missing and where it can come
+    from. A shard of another preparation beside the store's others would be wrong data no size could tell."""
+    meta, manifest = records
+    names = in_words(lacking)
+    recorded = _recorded_digests(meta, manifest)
+    usable = _same_preparation(local, meta) and all(_as_prepared(local / name, recorded.get(name)) for name in lacking)
+    if not usable:
+        raise StoreError(
+            f"{url} lacks {names} (a sync cut short, or deleted there), and this machine holds no copy of "
+            f"them as prepared; run this same command on the machine that prepared the data (its copy holds "
+            f"them), or {elsewhere}"
+        )
+    log(f"{url} is prepared but lacks {names} (a sync cut short, or deleted there): uploading them again")
+    with ThreadPoolExecutor(UPLOAD_THREADS) as pool:
+        list(pool.map(lambda name: _put(local, url, fs, name), lacking))
+    sent = sum((local / name).stat().st_size for name in lacking)
+    log(f"uploaded {sent / 1e6:,.1f} MB to {url}: the data is complete in the store again")
+
+
+def _recorded_digests(meta: dict[str, Any], manifest: dict[str, Any]) -> dict[str, str]:
+    """{name: SHA-256} of what the preparation wrote: each shard's (meta.json), each sidecar's (blocks.json)."""
+    shards = {e["file"]: e["sha256"] for s in meta["sources"] for split in s["splits"].values() for e in split["files"]}
+    sidecars = {f"{k}{SIDECAR_SUFFIX}": v["sidecar_sha256"] for k, v in manifest.get("files", {}).items()}
+    return {**shards, **sidecars}
+
+
+def _same_preparation(local: Path, meta: dict[str, Any]) -> bool:
+    try:
+        return json.loads((local / META_FILE).read_text()) == meta
+    except (OSError, ValueError):
+        return False
+
+
+def _as_prepared(path: Path, sha256: str | None) -> bool:
+    """Whether this copy's file is what was prepared: its SHA-256 the recorded one (only the missing files
+    are read), or present where none is recorded (blocks.json)."""
+    if not path.is_file():
+        return False
+    if sha256 is None:
+        return True
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        while chunk := f.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest() == sha256
 
 
 def _store_sizes(url: StoreURL, fs: Any) -> dict[str, int]:

@@ -11,9 +11,12 @@ Run as `python -m hf_pretrain.engines.accelerate_quietly [accelerate launch argu
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import subprocess
 import sys
+
+from hf_pretrain.exit_codes import EXIT_CONFIG
 
 
 def exit_status(returncode: int) -> int:
@@ -50,10 +53,34 @@ def main(argv: list[str]) -> int:
         launch_command(args)
     except BaseException as exc:  # noqa: B036 (KeyboardInterrupt and torchrun's SignalException included)
         code = code_of_launcher_error(exc)
+        if code is None and not a_trainer_started():
+            # accelerate checking the launch config's values and the flags (a wrong distributed_type or
+            # mixed_precision: ValueError; torch's own asserts): bad input, refused before any work, in one
+            # line and 78, not a traceback and 1 (issue 57)
+            print(
+                f"hf-pretrain launch: error: the launch config or flags were refused: {refusal(exc)}", file=sys.stderr
+            )
+            return EXIT_CONFIG
         if code is None:
             raise
         return code
     return 0
+
+
+def a_trainer_started() -> bool:
+    """Whether a trainer of this launch began (it leaves its pid where `hf-pretrain launch` reads it)."""
+    from pathlib import Path
+
+    from hf_pretrain.engines.exit_file import ENV_VAR, pids_left
+
+    folder = os.environ.get(ENV_VAR)
+    return bool(folder) and bool(pids_left(Path(folder)))
+
+
+def refusal(exc: BaseException) -> str:
+    """The error in words, with where to find launch configs that work."""
+    said = " ".join(str(exc).split()).rstrip(".") or type(exc).__name__
+    return f"{said}; fix it (accelerate_configs/ holds working ones; `accelerate launch --help` lists the flags)"
 
 
 if __name__ == "__main__":

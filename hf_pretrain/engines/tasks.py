@@ -30,7 +30,8 @@ def script_lines(script: str) -> list[str]:
 def command_words(script: str, command: str, env: dict[str, str] | None = None) -> list[str]:
     """The words of the script's first line that runs `command` (e.g. "hf-pretrain launch", or `exec` it),
     `$NAME` and `"$NAME"` replaced from `env` where it has a value for NAME (None: given at launch)."""
-    lines = [line.removeprefix("exec ") for line in script_lines(script)]  # `exec`: the same command, in place
+    # `exec`: the same command, in place; `run_child` (the Slurm script's): the same command, in the background
+    lines = [line.removeprefix("exec ").removeprefix("run_child ") for line in script_lines(script)]
     line = next(line for line in lines if line.startswith(command))
     for name, value in (env or {}).items():
         if value is None:

@@ -399,11 +399,20 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     output.mkdir(parents=True, exist_ok=True)
     model_folder = Path(args.model) if Path(args.model).is_dir() else None
     if tasks:
-        report_benchmarks(results, getattr(args, "model_shown", None) or args.model, output, model_folder, limit)
+        report_benchmarks(
+            results, getattr(args, "model_shown", None) or title_of(args.model), output, model_folder, limit
+        )
     if args.text is not None:
         report_text_metrics(bpb, args.text, output, model_folder)
     print(f"eval: results in {output}")
     return 0
+
+
+def title_of(model: str) -> str:
+    """How results.md names the model: a local folder by its name alone (an export's eval/ is pushed with it,
+    and a path of this machine is no one else's business: issue 57), a Hub repo id or a URL as given."""
+    folder = Path(model)
+    return folder.resolve().name if folder.is_dir() else model
 
 
 def report_benchmarks(

@@ -193,7 +193,9 @@ def apply_liger(model: LlamaForCausalLM, log=print) -> bool:
     try:
         patch_with_liger(model)
     except ImportError as exc:
-        raise RuntimeError("liger=true needs liger-kernel: pip install 'hf-pretrain[liger]'") from exc
+        from hf_pretrain.extras import install_line
+
+        raise RuntimeError(f"liger=true needs liger-kernel: {install_line('liger')}") from exc
     log("liger: RMSNorm, SwiGLU, RoPE and fused linear cross entropy kernels applied")
     return True
 

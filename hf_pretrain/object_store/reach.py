@@ -48,13 +48,38 @@ def where(url: StoreURL) -> str:
     return f"{url} at {endpoint}" if url.scheme == "s3" and endpoint else str(url)
 
 
+def does_not_answer(exc: BaseException) -> bool:
+    """The store did not answer (refused, reset, timed out): a matter of the network between here and it,
+    not of the URL or the credentials, which it would have answered about."""
+    return type(exc).__name__ in _UNREACHABLE or isinstance(exc, (ConnectionError, TimeoutError))
+
+
+def quiet_orphaned_requests(fs) -> None:
+    """A request cut by a store that resets connections leaves aiohttp a task whose error nobody reads;
+    asyncio printed it as "Task exception was never retrieved" with a traceback (a trainer's log, the
+    check's part), after the product's own line had said the same. Those are dropped; any other loop error is printed as before."""
+    loop = getattr(fs, "loop", None)  # fsspec's async file systems (s3fs, gcsfs) run on one loop per process
+    if loop is None or loop.get_exception_handler() is not None:
+        return
+    try:
+        from aiohttp import ClientError
+    except ImportError:
+        ClientError = OSError  # noqa: N806
+
+    def handler(loop, context) -> None:
+        if not isinstance(context.get("exception"), (OSError, ClientError)):
+            loop.default_exception_handler(context)
+
+    loop.set_exception_handler(handler)
+
+
 def describe_failure(url: StoreURL, exc: BaseException, doing: str) -> str:
     """What went wrong with the store, in one line with the fix (redacted): for the start checks,
     the uploader's `last_error` and the readers alike."""
     said = " ".join(str(exc).split()) or type(exc).__name__
     name = type(exc).__name__
     cause = f"{said} {exc.__cause__ or ''}"  # botocore's error code, where s3fs kept it
-    if name in _UNREACHABLE or isinstance(exc, (ConnectionError, TimeoutError)):
+    if does_not_answer(exc):
         fix = {  # AWS_ENDPOINT_URL means nothing to an hf:// or gs:// client: name what each one reads
             "s3": "check AWS_ENDPOINT_URL and the network (is the store's server up?)",
             "hf": "check the network, HF_ENDPOINT and HF_HUB_OFFLINE (offline mode never reaches the Hub)",

@@ -9,6 +9,7 @@ message goes through `redact`.
 from __future__ import annotations
 
 import os
+import threading
 import time
 from collections.abc import Callable
 from typing import TypeVar
@@ -38,16 +39,59 @@ def reason(exc: BaseException) -> str:
     return redact(text)
 
 
-def store_call(what: str, url: str, fn: Callable[[], T]) -> T:
-    """`fn()` (a store request about `url`), tried again after each of `retry_delays()` on a network error.
+def read_bound_s() -> float:
+    """The most one read of a store's data waits in all (`store_call`'s `deadline_s` for the data's reads):
+    what the S3 client's own bounds allow one request (object_store/urls.py: the read timeout, botocore's
+    attempts, s3fs's tries: 20 x 3 x 2 = 120 s), enforced here over every try. s3fs wraps a ranged read in
+    its retries twice over, so without it one read of a store gone silent waited 4 x 3 x 20 s and more, and
+    three of them outlasted the watchdog (issue 59). `HF_PRETRAIN_STORE_TIMEOUTS` (the tests') shortens it."""
+    from hf_pretrain.object_store import urls
+
+    read = urls.READ_TIMEOUT_S
+    if text := os.environ.get(urls.TIMEOUTS_VARIABLE):
+        read = float(text.split(",")[1])
+    return read * urls.BOTOCORE_ATTEMPTS * urls.S3FS_TRIES
+
+
+def within(seconds: float, fn: Callable[[], T]) -> T:
+    """`fn()`, or `TimeoutError` once `seconds` passed without its answer: the call goes on in a daemon
+    thread that nobody waits for (a request blocked in a silent store never holds the process)."""
+    outcome: list = []
+
+    def call() -> None:
+        try:
+            outcome.append((True, fn()))
+        except BaseException as exc:  # handed to the caller's thread
+            outcome.append((False, exc))
+
+    worker = threading.Thread(target=call, name="hf-pretrain-store-call", daemon=True)
+    worker.start()
+    worker.join(max(0.0, seconds))
+    if not outcome:
+        raise TimeoutError(f"no answer in {seconds:.0f} s")
+    ok, value = outcome[0]
+    if ok:
+        return value
+    raise value
+
+
+def store_call(what: str, url: str, fn: Callable[[], T], deadline_s: float | None = None) -> T:
+    """`fn()` (a store request about `url`), tried again after each of `retry_delays()` on a network error;
+    with `deadline_s`, every try together within that many seconds (then `StoreError`, naming the bound).
 
     FileNotFoundError passes through untouched (the caller knows what a missing object means), except
     a missing bucket, which is a `StoreError` like refused credentials: retrying cannot help either.
     """
     delays = retry_delays()
+    ends = time.monotonic() + deadline_s if deadline_s is not None else None
     for attempt in range(len(delays) + 1):
         try:
-            return fn()
+            if ends is None:
+                return fn()
+            left = ends - time.monotonic()
+            if left <= 0:
+                raise TimeoutError("its deadline passed")
+            return within(left, fn)
         except FileNotFoundError as exc:
             if "bucket does not exist" in str(exc).lower():
                 bucket = url.split("://", 1)[-1].split("/", 1)[0]
@@ -62,6 +106,11 @@ def store_call(what: str, url: str, fn: Callable[[], T]) -> T:
                 f"AWS_SECRET_ACCESS_KEY (or the profile) and the bucket's permissions"
             ) from None
         except Exception as exc:  # the clients raise many types for one outage (botocore, aiohttp, OSError)
+            if ends is not None and time.monotonic() + (delays[attempt] if attempt < len(delays) else 0) >= ends:
+                raise StoreError(
+                    f"{what} {url}: the store did not answer within {deadline_s:.0f} s ({attempt + 1} tries; "
+                    f"{reason(exc)}); check the network and AWS_ENDPOINT_URL, then run the same command again"
+                ) from None
             if attempt == len(delays):
                 raise StoreError(
                     f"{what} {url}: the store did not answer after {attempt + 1} tries ({reason(exc)}); check the "

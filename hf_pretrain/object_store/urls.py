@@ -33,8 +33,14 @@ _S3_BUCKET = re.compile(r"^[A-Za-z0-9._-]{1,255}$")
 # scheme of two letters or more (a Windows drive `C:` is one) followed by one slash, or a store's scheme
 # not followed by `://`, is a URL the user meant and got wrong.
 _ONE_SLASH = re.compile(r"^(?P<scheme>[A-Za-z][A-Za-z0-9+.-]+):/(?!/)")
-_STORE_SCHEME_TYPO = re.compile(r"^(?P<scheme>s3|gs|hf|gcs|file):(?!//)", re.IGNORECASE)
+_STORE_SCHEME_TYPO = re.compile(r"^(?P<scheme>s3|gs|hf|gcs):(?!//)", re.IGNORECASE)
 _UPPERCASE_SCHEME = re.compile(r"^(?P<scheme>[A-Za-z][A-Za-z0-9+.-]+)://")
+# `s3//bkt/x`: a legal local path, but a store's scheme with `//` and no colon is a URL missing its `:`
+_NO_COLON = re.compile(rf"^(?P<scheme>{'|'.join(SCHEMES)})//", re.IGNORECASE)
+# how a store's URL begins, rightly spelled or not (`s3://`, `s3:/`, `s3//`), or a `file:` URL
+_STORE_BEGINNING = re.compile(rf"^(?:(?:{'|'.join(SCHEMES)})(?::|//)|file:)", re.IGNORECASE)
+# `file:///abs/x`: a local path spelled as a URL; taken as a path it named a folder `file:` here
+_FILE_URL = re.compile(r"^file:", re.IGNORECASE)
 # schemes a command line may carry that are not a store (an endpoint, a Hub page): never refused here
 _NOT_STORES = ("http", "https", "file")
 
@@ -93,10 +99,21 @@ class StoreURL:
 
 
 def mistyped(location: str) -> str | None:
-    """One line saying how `location` is a URL gone wrong, with the spelling that works; None when it
-    is a URL hf-pretrain can open or plainly a local path (or not a location at all)."""
+    """One line saying how `location` is a URL gone wrong, with the spelling that works (blank space around
+    it, a missing colon or slash, an uppercase scheme, a `file:` URL for a local path); None when it is a
+    URL hf-pretrain can open or plainly a local path (or not a location at all)."""
     if not isinstance(location, str):
         return None
+    stripped = location.strip()
+    # `--output_dir " $RUN_URL"` trained into a local folder named ` s3:`
+    if stripped != location and _STORE_BEGINNING.match(stripped):
+        return mistyped(stripped) or f"{location!r} has blank space around a URL; write it as {stripped}"
+    if _FILE_URL.match(location):
+        return _file_url(location)
+    no_colon = _NO_COLON.match(location)
+    if no_colon:
+        fixed = f"{no_colon['scheme'].lower()}://{location[len(no_colon[0]) :]}"
+        return f"{location!r} is a URL without its colon; write it as {fixed}, or ./{location} for a local folder"
     upper = _UPPERCASE_SCHEME.match(location)
     if upper and upper["scheme"] != upper["scheme"].lower() and upper["scheme"].lower() in SCHEMES:
         fixed = upper["scheme"].lower() + location[len(upper["scheme"]) :]
@@ -110,6 +127,16 @@ def mistyped(location: str) -> str | None:
             f"{fixed}, or ./{location} for a local folder"
         )
     return None
+
+
+def _file_url(location: str) -> str:
+    """The line for a `file:` URL: hf-pretrain reads local folders by their path, which is the fix."""
+    from urllib.parse import unquote, urlsplit
+
+    parts = urlsplit(location)
+    if parts.netloc not in ("", "localhost"):
+        return f"{location!r} is a file URL naming the host {parts.netloc!r}; write the local folder's path itself"
+    return f"{location!r} is a file URL; write the local folder's path itself: {unquote(parts.path) or '.'}"
 
 
 def check_location(location: str, any_arg: bool = False) -> None:
@@ -154,7 +181,9 @@ def filesystem(url: StoreURL) -> AbstractFileSystem:
         __import__(module)
         import fsspec
     except ImportError:
-        install = f"pip install 'hf-pretrain[{extra}]'" if extra else f"pip install {module}"
+        from hf_pretrain.extras import install_line, pip_command  # the fix that works where the user stands
+
+        install = install_line(extra) if extra else f"{pip_command()} install {module}"
         raise StoreUnavailable(f"{url.scheme}:// needs the {module} package: {install}") from None
     fs = fsspec.filesystem(url.scheme, skip_instance_cache=True, use_listings_cache=False, **client_options(url))
     if url.scheme == "s3":

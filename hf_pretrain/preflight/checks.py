@@ -151,7 +151,7 @@ def _named_as_given(results: list[CheckResult], local: str, url: str | None) -> 
     from hf_pretrain.run_folder.run_dir import RunDir
 
     shown = url or RunDir(local).shown_as()
-    if str(shown) == str(local):
+    if not str(local) or str(shown) == str(local):  # "".replace puts `shown` between every character
         return results
     mend = lambda text: text.replace(str(local), str(shown)) if text else text  # noqa: E731
     # the `store cache` row is about the copy's disk itself: there the folder is what the user asked for

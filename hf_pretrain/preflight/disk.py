@@ -97,6 +97,18 @@ def existing_checkpoint_bytes(output_dir: str | Path) -> int:
     return sum(f.stat().st_size for c in folders for f in c.path.rglob("*") if f.is_file())
 
 
+def is_working_copy(folder: Path) -> bool:
+    """Whether `folder` is a URL run's working copy in the cache (`<cache>/runs/<scheme>/<bucket>/...`). Its
+    checkpoints take room on the cache's disk, not in the store: the rows say so without the copy's path (issue
+    57: "72.8 GB free on s3://bucket/...", the path read as the URL it stands for; and no line of a URL run
+    names the cache's folders)."""
+    from hf_pretrain.object_store.cache import url_of_copy
+    from hf_pretrain.run_folder.run_dir import RunDir
+
+    # one that trained says its URL in store.json; one that has not yet is where the user's cache puts copies
+    return RunDir(folder).shown_as() != str(folder) or url_of_copy(folder) is not None
+
+
 def check_disk_space(
     t: TrainConfig, checkpoints: CheckpointConfig, data: DataConfig, *, parameters: int
 ) -> CheckResult:
@@ -116,6 +128,7 @@ def check_disk_space(
     if not disk.is_dir():
         return CheckResult("disk space", "skip", f"{disk} is not a folder (see output_dir)")
     free = shutil.disk_usage(disk).free
+    cache = is_working_copy(Path(t.output_dir))
     count = checkpoints.keep_checkpoints + 1
     kind = "whole" if checkpoints.milestone_full_state else "bf16 weights only"
     kept = f" + {milestones} milestones of {human_bytes(milestone)} ({kind})" if milestones else ""
@@ -123,15 +136,21 @@ def check_disk_space(
     reason = (
         f"needs {human_bytes(needed)} = {count} checkpoints of {human_bytes(checkpoint)} "
         f"({checkpoints.keep_checkpoints} kept + 1 being written){kept} + a {human_bytes(export)} export{existing}; "
-        f"{human_bytes(free)} free on {disk}"
+        + (
+            f"{human_bytes(free)} free on the disk of the cache that holds the run's working copy"
+            if cache
+            else f"{human_bytes(free)} free on {disk}"
+        )
     )
     if free < needed:
+        where = (
+            "move the cache with --cache_dir (or HF_PRETRAIN_HOME)" if cache else "put --output_dir on a bigger disk"
+        )
         return CheckResult(
             "disk space",
             "fail",
             reason,
-            "free space, put --output_dir on a bigger disk, or lower --keep_checkpoints"
-            + (" / --milestone_interval" if milestones else ""),
+            f"free space, {where}, or lower --keep_checkpoints" + (" / --milestone_interval" if milestones else ""),
         )
     return CheckResult("disk space", "pass", reason)
 
@@ -171,12 +190,14 @@ def check_save_speed(
     if not disk.is_dir():
         return CheckResult("save speed", "skip", f"{disk} is not a folder (see output_dir)")
     speed = disk_write_bytes_per_s(disk)
+    cache = is_working_copy(Path(t.output_dir))  # a URL run saves into the cache, then uploads
+    where = "the disk of the cache that holds the run's working copy" if cache else str(disk)
     write_s = checkpoint_bytes(parameters, tokenizer_bytes(data)) / speed
     between_saves_s = checkpoints.save_interval * t.global_batch_tokens / expected_tokens_per_s
     share = write_s / between_saves_s
     # An upper bound: the probe is flushed to the disk, while the page cache can take part of a save
     reason = (
-        f"{disk} writes {human_bytes(speed)}/s flushed: a checkpoint blocks training up to ~{write_s:,.0f} s "
+        f"{where} writes {human_bytes(speed)}/s flushed: a checkpoint blocks training up to ~{write_s:,.0f} s "
         f"every {between_saves_s / 60:,.0f} min ({share:.1%} of the run)"
     )
     if share <= SAVE_SHARE_LIMIT:
@@ -187,5 +208,5 @@ def check_save_speed(
         "warn",
         reason,
         f"--save_interval {under:,} keeps it under {SAVE_SHARE_LIMIT:.0%} (a crash then loses more "
-        f"steps), or put --output_dir on a faster disk (a local NVMe writes 2-3 GB/s)",
+        f"steps), or put {'--cache_dir' if cache else '--output_dir'} on a faster disk (a local NVMe writes 2-3 GB/s)",
     )

@@ -7,6 +7,7 @@ from __future__ import annotations
 from importlib.util import find_spec
 
 from hf_pretrain.config import EvaluationConfig
+from hf_pretrain.extras import install_line
 from hf_pretrain.preflight.result import CheckResult
 
 NAME = "lm-eval tasks"
@@ -21,7 +22,7 @@ def check_lm_eval_tasks(evaluation: EvaluationConfig) -> CheckResult:
             NAME,
             "fail",
             f"lm_eval_tasks names {', '.join(tasks)}, and lm-eval is not installed",
-            "pip install 'hf-pretrain[eval]'",
+            install_line("eval"),
         )
     from hf_pretrain.evaluation.harness import EvalError, check_task_names
 

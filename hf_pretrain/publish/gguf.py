@@ -44,7 +44,9 @@ def _gguf():
     try:
         import gguf
     except ImportError as exc:  # the `gguf` extra
-        raise GGUFError("GGUF export needs the `gguf` package: pip install 'hf-pretrain[gguf]'") from exc
+        from hf_pretrain.extras import install_line
+
+        raise GGUFError(f"GGUF export needs the `gguf` package: {install_line('gguf')}") from exc
     return gguf
 
 

@@ -20,6 +20,7 @@ from huggingface_hub.utils import HFValidationError, validate_repo_id
 
 from hf_pretrain.config import DEFAULT_PROMPTS, CommandParser
 from hf_pretrain.exit_codes import EXIT_CONFIG, EXIT_FAILED
+from hf_pretrain.extras import install_line
 from hf_pretrain.publish.hub import push_or_explain
 from hf_pretrain.publish.targets import WRITTEN_RECORD, not_ours, record_written, unwritable_reason
 from hf_pretrain.versions import installed_version
@@ -38,8 +39,7 @@ def pinned_version(package: str) -> str:
     version = installed_version(package)
     if version is None:
         raise RuntimeError(
-            f"{package} is not installed, so the Space cannot pin the version tested here: "
-            f"pip install 'hf-pretrain[demo]'"
+            f"{package} is not installed, so the Space cannot pin the version tested here: {install_line('demo')}"
         )
     return version.public
 

@@ -49,6 +49,8 @@ class RunStanding:
     skipped: list[str]  # newer checkpoints that did not verify, with the reason
     stop_request: str | None  # a pending or answered stop request, said for a person
     store: list[str] = field(default_factory=list)  # a run that uploads: where the store stands, lease, data
+    command: str | None = None  # status.json's `command`: the last session's, as typed (what a rerun pastes)
+    sessions: list[str] = field(default_factory=list)  # the ledger's lines (`session_lines`)
 
 
 def _age_s(stamp: Any) -> float | None:
@@ -94,6 +96,8 @@ def read_run(location: str | Path, verify: bool = False) -> RunStanding:
         skipped=skipped,
         stop_request=stop,
         store=_store_lines_of(run, status),
+        command=status.get("command"),
+        sessions=session_lines(run.path),
     )
 
 
@@ -133,9 +137,13 @@ def read_store_run(location: str, view: Path, verify: bool) -> RunStanding:
     if store.live:
         state = "running"
     elif state == "running":
-        state = "killed"  # its status says running and no machine renews the lease: SIGKILL, a lost machine
+        # A killed machine (SIGKILL, a lost spot instance) leaves its lease behind, gone stale; a process that
+        # ended by itself released it at its end, so a `running` beside no lease is a last status.json that
+        # did not reach the store, not a kill (issue 57: a run that ended 0 was called killed).
+        state = "killed" if store.holder is not None else ENDED
     saved = store.train_state
     s.location, s.state, s.holder = location, state, None
+    s.command = status.get("command") or s.command
     if not verify:
         s.checkpoint = store.checkpoint  # the URL: the cache's copy is no place the user gave
         s.checkpoint_step, s.max_steps, s.tokens = saved.get("step"), saved.get("max_steps"), saved.get("tokens_seen")
@@ -150,6 +158,19 @@ def read_store_run(location: str, view: Path, verify: bool) -> RunStanding:
     return s
 
 
+def session_lines(run_dir: Path) -> list[str]:
+    """The run's sessions (sessions.jsonl, run_folder/sessions.py): how many, the preemptions, the time and
+    dollars lost, and the newest few one a line; none for a run that keeps no ledger (an older version's)."""
+    from hf_pretrain.run_folder.sessions import sessions, summary_lines
+
+    return summary_lines(sessions(run_dir))
+
+
+ENDED = "ended, its last status not in the store"
+# `next:` lines that rerun the last session's command: `status` prints the command beside them
+RERUNS = ("killed", ENDED)
+
+
 def describe(s: RunStanding) -> str:
     """The standing in a few lines, for a person."""
     exit_code = f" (exit {s.exit_code})" if s.exit_code is not None else ""
@@ -162,10 +183,13 @@ def describe(s: RunStanding) -> str:
         lines.append(f"  held by pid {s.holder.get('pid')} on {s.holder.get('host')} since {s.holder.get('since')}")
     if s.checkpoint is not None:
         lines.append(f"  last checkpoint: {s.checkpoint} (step {s.checkpoint_step:,}; {s.checked})")
+    elif s.state == "running":
+        lines.append("  last checkpoint: none yet (it trains toward its first)")
     else:
         lines.append("  last checkpoint: none that verifies")
     lines += [f"  skipped: {reason}" for reason in s.skipped]
     lines += s.store
+    lines += s.sessions
     if s.logged_step is not None:
         loss = f"loss {s.loss:.4f}" if isinstance(s.loss, (int, float)) else "no loss"
         lines.append(f"  last logged: step {s.logged_step:,}, {loss}")
@@ -176,12 +200,20 @@ def describe(s: RunStanding) -> str:
         )
     else:
         lines.append("  status.json: none (no session has started here, or it cannot be read)")
-    if s.state == "finished":
-        lines.append(f"  next: {GO_FURTHER}")
-    elif s.state == "killed":
-        lines.append("  next: rerun the same command: it resumes from the last checkpoint")
+    rerun = False
+    if s.state == "finished":  # docs/survival.md's table: a finished run is exported; going further comes second
+        out = f"exports/{Path(s.location.rstrip('/')).name or 'model'}"
+        lines.append(f"  next: export it: hf-pretrain export --checkpoint {s.location} --out {out}")
+        lines.append(f"  or {GO_FURTHER[0].lower()}{GO_FURTHER[1:]}")
+        rerun = True  # its training command is the one to rerun with a larger --max_steps
+    elif s.state in RERUNS:
+        lines.append("  next: rerun the same command: it resumes from the newest checkpoint")
+        rerun = True
     elif s.next:
         lines.append(f"  next: {s.next}")
+        rerun = "the same command" in s.next or s.next.startswith("rerun")
+    if rerun and s.command:  # status.json records it: "rerun the same command" without it is a riddle
+        lines.append(f"  the command: {s.command}")
     return "\n".join(lines)
 
 
@@ -202,6 +234,15 @@ def main(argv: list[str] | None = None) -> int:
     except StoreRefused as exc:
         print(f"hf-pretrain status: error: {exc}", file=sys.stderr)
         return EXIT_PREFLIGHT
+    if not RunDir(run_dir).is_run() and run.in_store:  # no records yet: a run may still be training there
+        try:
+            standing = read_store_run(args.run_dir, run_dir, args.verify)
+        except StoreRefused as exc:
+            print(f"hf-pretrain status: error: {exc}", file=sys.stderr)
+            return EXIT_PREFLIGHT
+        if standing.state != "no status":  # a lease or a status.json: a run started there, before its first save
+            print(describe(standing))
+            return 0
     if not RunDir(run_dir).is_run():
         print(
             f"hf-pretrain status: error: {args.run_dir} is not a run folder (no checkpoints/, no "

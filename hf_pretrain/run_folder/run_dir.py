@@ -11,6 +11,7 @@
       final_step_N/          final/ of the run as it ended at step N, before it went further
       stop_request.json      `hf-pretrain stop` asks the running job to finish (read at its next step)
       status.json            how the last session ended: exit code, reason, what to run next (training/session.py)
+      sessions.jsonl         the ledger of every session: where, its start-up, how it ended, what it lost (sessions.py)
       status.json.lock       taken (flock) by every writer of status.json (`update_status`)
       store.json             a run URL's working copy (run_store/): names the URL the run is known by
       run.lock               held (flock) by the session training into the folder; names its host, pid, start
@@ -29,6 +30,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
 
+from hf_pretrain.redaction import redact_values
 from hf_pretrain.run_folder.json_files import write_json_atomically
 
 if TYPE_CHECKING:
@@ -214,7 +216,9 @@ def update_status(run_dir: str | os.PathLike, change: Callable[[dict[str, Any]],
 
 def write_status(run: RunDir, status: dict) -> None:
     """status.json, the one writer of it: whole or not at all; on a full disk rewritten in place; else a
-    warning (the exit code still says how the session ended)."""
+    warning (the exit code still says how the session ended). Its text redacted as the printed lines are:
+    a reason or a command quoting a credential keeps it out of the file, and of the store's copy."""
+    status = redact_values(status)
     text = json.dumps(status, indent=1) + "\n"
     try:
         write_json_atomically(run.status, status)  # whole or not at all: a reader never sees half of it

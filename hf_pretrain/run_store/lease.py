@@ -4,7 +4,15 @@
 last heartbeat, renewed every `store_heartbeat_s` by the uploader's thread. A second machine started
 on the same URL is refused in one line naming the holder (`LeaseHeld`, exit 73, as a locked local
 folder). A lease whose heartbeat is older than `STALE_BEATS` heartbeats is a holder that died (a lost
-spot instance) and is taken over; so is one held by a process of this host that is gone (a SIGKILL).
+spot instance, or one cut off from the store) and is taken over; so is one held by a process of this host
+that is gone (a SIGKILL).
+
+The holder's side of the same clock: a holder whose last renewal is older than `STALE_BEATS - MARGIN_BEATS`
+heartbeats (`expired`) may be taken over any moment, so it writes nothing more to the store (`may_write`,
+which the uploader and the records consult before each write) until a renewal proves the lease is still
+its own: a conditional write on the lease as it last wrote it, which fails once another machine wrote
+it. A lease another machine took over, or one gone from the store after this holder's ran out (taken,
+trained and released meanwhile), is lost (`lost_to`) for good: the run is the other machine's.
 
 On S3 every write of the lease is conditional, so two machines can never both win: the first one
 with `If-None-Match: *`, a takeover and each heartbeat with `If-Match: <etag>` of the lease read
@@ -32,6 +40,10 @@ if TYPE_CHECKING:
 
 LEASE = "lease.json"
 STALE_BEATS = 3  # heartbeats missed before a lease counts as its holder's death
+# The holder stops writing this many heartbeats before another machine may take over: what it had in
+# flight then (a part of a checkpoint, status.json) lands before the lease can change hands, and the
+# two machines' clocks may differ by that much.
+MARGIN_BEATS = 1
 
 
 class LeaseHeld(RunLocked):
@@ -60,8 +72,27 @@ class Holder:
             return True
         return self.host == socket.gethostname() and not _alive(self.pid)
 
+    def stale_reason(self) -> str:
+        """Why `is_stale`, in words: its heartbeat is old (a holder lost, or only cut off from the store:
+        this side cannot tell), or its process on this host is gone."""
+        if self.age_s() > STALE_BEATS * self.heartbeat_s:
+            return (
+                f"its last heartbeat is older than the lease ({human_duration(self.age_s())} ago, the lease "
+                f"{human_duration(STALE_BEATS * self.heartbeat_s)}: {STALE_BEATS} heartbeats of "
+                f"{human_duration(self.heartbeat_s)})"
+            )
+        return f"its process (pid {self.pid}) on this host is gone"
+
     def describe(self) -> str:
+        if not self.run_id:  # `GONE`: no holder to name
+            return "no one now (the lease was released or removed after this machine's ran out)"
         return f"{self.host} (pid {self.pid}, since {self.since}, last heartbeat {human_duration(self.age_s())} ago)"
+
+
+def gone(heartbeat_s: float) -> Holder:
+    """What `lost_to` holds when the lease left the store while this holder's had run out: another machine
+    may have taken it, trained and released it meanwhile, so it is not this one's to recreate."""
+    return Holder("", 0, "", "", time.time(), heartbeat_s)
 
 
 def _alive(pid: int) -> bool:
@@ -90,6 +121,7 @@ class Lease:
         self.since = time.strftime("%Y-%m-%dT%H:%M:%S%z")
         self.etag: str | None = None
         self.lost_to: Holder | None = None  # set when another machine took the lease over
+        self.renewed: float | None = None  # time.monotonic() when the last write of the lease that landed was made
 
     def acquire(self) -> str | None:
         """Hold the lease; a note when it was taken over from a holder that died, else None."""
@@ -102,21 +134,55 @@ class Lease:
             winner, _ = self.read()
             raise LeaseHeld(self._refusal(winner)) from None
         if current is not None:
-            return f"took over the lease of {self.url} from {current.describe()}: its holder is gone"
+            return f"took over the lease of {self.url} from {current.describe()}: {current.stale_reason()}"
         return None
 
+    def expired(self) -> bool:
+        """This holder's last renewal is older than the lease less `MARGIN_BEATS` heartbeats: another machine
+        may take the run over soon, so nothing more is written to the store until a renewal lands."""
+        if self.renewed is None:
+            return False
+        return time.monotonic() - self.renewed > (STALE_BEATS - MARGIN_BEATS) * self.heartbeat_s
+
+    def unrenewed_s(self) -> float:
+        """Seconds since the last renewal that landed."""
+        return 0.0 if self.renewed is None else time.monotonic() - self.renewed
+
+    def may_write(self) -> bool:
+        """Whether this machine may write the run's objects now: the lease is its own and not run out."""
+        return self.lost_to is None and not self.expired()
+
     def beat(self) -> None:
-        """Renew the lease (a network failure raises, to be retried at the next beat); a lease that
-        another machine took over meanwhile is not overwritten: `lost_to` names it."""
+        """Renew the lease (a network failure raises, to be retried at the next beat). A lease another
+        machine wrote meanwhile is not overwritten, nor one gone from the store after this one's ran out:
+        `lost_to` says so, for good."""
         if self.lost_to is not None:
             return
+        if self.expired():  # another machine may have taken it over: renewed only if the store proves it did not
+            holder, etag = self.read()
+            if holder is None or holder.run_id != self.run_id:
+                self.lost_to = holder or gone(self.heartbeat_s)
+                return
+            self.etag = etag  # still this run's (a taker writes its own id); the write below is conditional on it
         try:
             self._write(self.etag)
+        except FileNotFoundError:  # S3's answer to If-Match on a key that is gone: removed by hand while held
+            try:
+                self._write(None)  # only where no one created it since (If-None-Match)
+            except LeaseConflict:
+                self.lost_to = self.read()[0] or gone(self.heartbeat_s)
         except LeaseConflict:
-            self.lost_to, _ = self.read()
+            holder, etag = self.read()
+            if holder is not None and holder.run_id == self.run_id:
+                self.etag = etag  # this run's renewal landed, its answer was lost (a cut): renewed next beat
+                return
+            self.lost_to = holder or gone(self.heartbeat_s)
 
     def release(self) -> None:
-        """Remove the lease, if it is still this run's: nothing else is touched."""
+        """Remove the lease, if it is still this run's: nothing else is touched. One run out or lost is left
+        to go stale: another machine may be taking it over right now, and its lease would go."""
+        if not self.may_write():
+            return
         current, etag = self.read()
         if current is not None and current.run_id == self.run_id:
             self.fs.rm_file(self.path)
@@ -144,6 +210,7 @@ class Lease:
         }
 
     def _write(self, if_match: str | None) -> None:
+        made = time.monotonic()  # the record's heartbeat: another machine counts the lease's age from it
         body = (json.dumps(self._record(), indent=1) + "\n").encode()
         if self.url.scheme == "s3":
             condition = {"IfMatch": if_match} if if_match else {"IfNoneMatch": "*"}
@@ -154,12 +221,13 @@ class Lease:
                 if _precondition_failed(exc):
                     raise LeaseConflict(str(exc)) from None
                 raise
-            self.etag = answer.get("ETag")
+            self.etag, self.renewed = answer.get("ETag"), made
             return
         self.fs.pipe_file(self.path, body)  # no conditional write: write, then read back
         holder, self.etag = self.read()
         if holder is None or holder.run_id != self.run_id:
             raise LeaseConflict("the lease read back names another run")
+        self.renewed = made
 
     def _refusal(self, holder: Holder | None) -> str:
         who = holder.describe() if holder else "another machine"

@@ -4,8 +4,10 @@ A checkpoint is complete in the store once its manifest is there: the uploader s
 last. The newest complete one is downloaded beside where it goes (`step_N.download/`), checked
 against its manifest's checksums, and only then renamed into place; a file that fails is named and
 the previous complete checkpoint is tried. The run's small files (status.json, metrics, samples,
-the resolved recipe, a stop request) come with it when the store is at least as far as the local copy.
-Then the local resume logic runs as for any folder.
+the resolved recipe, a stop request) come with it when the store is at least as far as the local copy;
+the compile artifacts (training/compile_cache.py) whenever the local copy lacks them.
+A wsd run asked to go further (another max_steps, past the start of its decay) goes on from its last
+checkpoint before the decay: that one comes too. Then the local resume logic runs as for any folder.
 """
 
 from __future__ import annotations
@@ -17,9 +19,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from hf_pretrain.checkpoints.layout import MANIFEST, PREFIX, checkpoint_path, checkpoints_root
+from hf_pretrain.checkpoints.layout import MANIFEST, PREFIX, TRAIN_STATE, checkpoint_path, checkpoints_root
 from hf_pretrain.checkpoints.manifest import CheckpointError, verify_showing
 from hf_pretrain.checkpoints.progress import ByteCount, LiveLine
+from hf_pretrain.checkpoints.resume_rules import branch_step
 from hf_pretrain.checkpoints.store import list_checkpoints
 from hf_pretrain.object_store.urls import StoreURL
 from hf_pretrain.redaction import redact
@@ -39,7 +42,42 @@ SMALL_FILES = (
     "phases.json",
     "phases.md",
     "stop_request.json",
+    "sessions.jsonl",  # the run's ledger of sessions (run_folder/sessions.py); merged, not replaced, at a start
 )
+# torch's compile artifacts (training/compile_cache.py: FOLDER), one .bin and its .json per key. Megabytes
+# each (tens on a GPU), written once per key: each goes up once (uploader.py), not at every heartbeat, and
+# comes down whenever this copy lacks it, however far the store is (a key's bytes never change meaning).
+COMPILE_CACHE = "compile_cache"
+
+
+def compile_cache_files(local: Path) -> list[Path]:
+    """The local copy's compile artifacts, each .bin before its .json."""
+    folder = local / COMPILE_CACHE
+    try:
+        return sorted((p for p in folder.iterdir() if p.suffix in (".bin", ".json")), key=lambda p: (p.stem, p.suffix))
+    except OSError:
+        return []
+
+
+def pull_compile_cache(fs: AbstractFileSystem, url: StoreURL, local: Path) -> None:
+    """The store's compile artifacts this copy lacks (or holds other bytes of: another size), the .json of
+    each key only with its .bin. One try each: the run compiles without them."""
+    remote = url.join(COMPILE_CACHE).path
+    try:
+        listed = {
+            p.rstrip("/").rsplit("/", 1)[-1]: info.get("size") for p, info in fs.find(remote, detail=True).items()
+        }
+    except (FileNotFoundError, OSError):
+        return
+    pairs = []
+    for name in listed:
+        if not name.endswith(".json") or name[: -len(".json")] + ".bin" not in listed:
+            continue
+        for each in (name[: -len(".json")] + ".bin", name):
+            here = local / COMPILE_CACHE / each
+            if not here.is_file() or here.stat().st_size != listed[each]:
+                pairs.append((url.join(COMPILE_CACHE, each).path, here))
+    get_files(fs, pairs)
 
 
 def complete_steps(fs: AbstractFileSystem, url: StoreURL) -> list[int]:
@@ -63,9 +101,12 @@ def pull_run(
     local: Path,
     say: Callable[[str], None] = print,
     activity: Callable[[str | None], None] | None = None,
+    max_steps: int | None = None,
 ) -> int | None:
     """Bring `url` into `local`: its newest complete checkpoint that verifies (unless the local copy
-    has it or a newer one), and its small files when the store is as far. The step pulled or found."""
+    has it or a newer one), and its small files when the store is as far. `max_steps`: the recipe's, when
+    it resumes `auto`; a run going further under it gets its branch point too (`pull_branch_point`).
+    The step pulled or found."""
     local.mkdir(parents=True, exist_ok=True)
     here = max((c.step for c in list_checkpoints(local)), default=None)
     found = None
@@ -84,7 +125,38 @@ def pull_run(
         found = here
     if here is None or found is None or found > here:  # the store is as far as this copy, or further
         pull_small_files(fs, url, local)
+    pull_compile_cache(fs, url, local)
+    if found is not None and max_steps is not None:
+        pull_branch_point(fs, url, local, found, max_steps, say, activity)
     return found
+
+
+def pull_branch_point(
+    fs: AbstractFileSystem,
+    url: StoreURL,
+    local: Path,
+    newest: int,
+    max_steps: int,
+    say: Callable[[str], None] = print,
+    activity: Callable[[str | None], None] | None = None,
+) -> None:
+    """The checkpoint a run going further under `max_steps` starts from (checkpoints/resume_rules.py
+    `branch_step`), downloaded when this copy lacks it. Only then: a plain resume needs the newest alone
+    (a 1b checkpoint is 12.5 GB). One that cannot be pulled is said here; the resume decision refuses
+    after it, naming it."""
+    try:
+        saved = json.loads((checkpoint_path(local, newest) / TRAIN_STATE).read_text())
+    except (OSError, ValueError):
+        return  # the resume decision says what is wrong with the newest one
+    step = branch_step(saved, max_steps)
+    if step is None or checkpoint_path(local, step).is_dir() or step not in complete_steps(fs, url):
+        return
+    try:
+        download_checkpoint(fs, url, step, local, say, activity)
+    except CheckpointError as exc:
+        say(redact(f"store: {exc}"))
+        return
+    say(f"store: step {step} too: going further to max_steps {max_steps:,} starts from it, the last before the decay")
 
 
 def pull_small_files(fs: AbstractFileSystem, url: StoreURL, local: Path) -> None:

@@ -26,10 +26,12 @@ from hf_pretrain.checkpoints.progress import ByteCount, LiveLine
 from hf_pretrain.checkpoints.store import list_checkpoints
 from hf_pretrain.formatting import human_bytes
 from hf_pretrain.object_store.cache import local_copy
-from hf_pretrain.object_store.reach import describe_failure, open_checked
+from hf_pretrain.object_store.reach import describe_failure, open_checked, quiet_orphaned_requests
 from hf_pretrain.redaction import redact
 from hf_pretrain.run_folder.run_dir import RunDir, read_status, set_activity, update_status
+from hf_pretrain.run_folder.sessions import start_up
 from hf_pretrain.run_store.lease import Lease
+from hf_pretrain.run_store.ledger_sync import merge_sessions, sessions_here
 from hf_pretrain.run_store.pull import complete_steps, pull_run
 from hf_pretrain.run_store.transfer import put_files
 from hf_pretrain.run_store.uploader import (
@@ -62,15 +64,18 @@ def mark_pulled(local: Path, url) -> None:
     os.replace(tmp, link)
 
 
-def pull_here(output_dir: str, cache_dir: str | None, say: Callable[[str], None] = print) -> None:
+def pull_here(
+    output_dir: str, cache_dir: str | None, say: Callable[[str], None] = print, max_steps: int | None = None
+) -> None:
     """The first process of another machine of the job: its own copy of the run URL `output_dir` pulled
-    (read only: the job's first process holds the lease and uploads), then marked."""
+    (read only: the job's first process holds the lease and uploads), then marked. `max_steps` as
+    `pull_run` takes it (a run going further needs its branch point on every machine)."""
     from hf_pretrain.object_store.reach import StoreRefused
 
     url, fs = open_checked(output_dir, write=False)
     local = working_copy(output_dir, cache_dir)
     try:
-        pull_run(fs, url, local, say=lambda line: say(redact(line)))
+        pull_run(fs, url, local, say=lambda line: say(redact(line)), max_steps=max_steps)
     except Exception as exc:
         raise StoreRefused(describe_failure(url, exc, "pulling the run")) from None
     mark_pulled(local, url)
@@ -113,24 +118,36 @@ def working_copy(output_dir: str, cache_dir: str | None) -> Path:
 class RunInStore:
     """The store side of one training session (first process only); see the module's docstring."""
 
-    def __init__(self, output_dir: str, store: StoreConfig, say: Callable[[str], None] = print):
+    def __init__(
+        self, output_dir: str, store: StoreConfig, say: Callable[[str], None] = print, max_steps: int | None = None
+    ):
         self.store, self.say = store, lambda line: say(redact(line))
+        self.max_steps = max_steps  # as `pull_run` takes it: a run going further pulls its branch point too
         self.url, self.fs = open_checked(output_dir)  # StoreRefused: one line, exit 78
+        quiet_orphaned_requests(self.fs)  # a cut store's reset requests: said by our lines, not asyncio's tracebacks
         self.local = working_copy(output_dir, store.cache_dir)
         self.lease = Lease(self.fs, self.url, store.store_heartbeat_s)
         self.uploader: Uploader | None = None
         self._stop = threading.Event()
         self._ticker: threading.Thread | None = None
         self._status_lock = threading.Lock()
+        self._expired_said = False  # the lease's running out was said (`_say_expiry`)
         self._final = False  # the schedule completed: final/ goes to the store too
 
     @classmethod
     def begin(
-        cls, output_dir: str, store: StoreConfig, checkpoints: CheckpointConfig, say: Callable[[str], None] = print
+        cls,
+        output_dir: str,
+        store: StoreConfig,
+        checkpoints: CheckpointConfig,
+        say: Callable[[str], None] = print,
+        max_steps: int | None = None,
     ) -> RunInStore:
         """The run URL `output_dir` checked, leased and pulled, the uploader running (it prunes as
-        `checkpoints` keeps); raises `StoreRefused` or `LeaseHeld`."""
-        run = cls(output_dir, store, say)
+        `checkpoints` keeps); `max_steps`: the recipe's, so that a run going further under it pulls the
+        checkpoint it goes on from (None: the newest alone, as for --resume none or a named folder). Raises
+        `StoreRefused` or `LeaseHeld`."""
+        run = cls(output_dir, store, say, max_steps)
         note = run.lease.acquire()
         if note:
             run.say(f"store: {note}")
@@ -151,10 +168,14 @@ class RunInStore:
             run._changed,
             run.say,
             run_id=run_id,
+            may_write=run.lease.may_write,
         )
         run._catch_up()
         run._ticker = threading.Thread(target=run._tick, name="hf-pretrain-store", daemon=True)
         run._ticker.start()
+        # the lease's clock, said apart from the ticker: a ticker caught in a request to a store gone silent
+        # must not keep "this machine writes nothing now" unsaid (local files only: it never blocks)
+        threading.Thread(target=run._watch_lease, name="hf-pretrain-lease", daemon=True).start()
         return run
 
     def _pull(self) -> None:
@@ -168,8 +189,11 @@ class RunInStore:
             import shutil
 
             shutil.rmtree(leftover, ignore_errors=True)
+        mine = sessions_here(self.local)  # the pull may replace it with the store's: merged back below
         try:
-            step = pull_run(self.fs, self.url, self.local, say=self.say)
+            with start_up.timed("pull"):  # sessions.jsonl: what a session's start-up went to
+                step = pull_run(self.fs, self.url, self.local, say=self.say, max_steps=self.max_steps)
+                merge_sessions(self.fs, self.url, self.local, mine)
         except Exception as exc:  # the store failed between the checks and the pull
             from hf_pretrain.object_store.reach import StoreRefused
 
@@ -233,6 +257,8 @@ class RunInStore:
         if not self.uploader.idle():
             with LiveLine(f"uploading to {self.url}", p.count, self.say, self._activity):
                 done = self.uploader.wait(self.store.store_wait_s)
+            if self.lease.lost_to is not None:  # taken over while this machine waited: the run is another's
+                return
             if not done:  # what is missing is said once, by the run's last line (train.py), not here too
                 self.say(f"store: stopped waiting for the uploads after store_wait_s ({self.store.store_wait_s:g} s)")
                 return
@@ -243,7 +269,9 @@ class RunInStore:
             pairs = [(f, self.url.join("final", str(f.relative_to(final))).path) for f in files]
             count = ByteCount(sum(f.stat().st_size for f in files))
             with LiveLine(f"uploading final/ to {self.url}", count, self.say, self._activity):
-                sent = put_files(self.fs, pairs, count, lambda: time.monotonic() < deadline, self._final_error)
+                # through the uploader's file system: each file only while this machine holds the lease
+                keep_trying = lambda: time.monotonic() < deadline and self.lease.lost_to is None  # noqa: E731
+                sent = put_files(self.uploader.fs, pairs, count, keep_trying, self._final_error)
             if sent:
                 self._final = False
                 self.say(f"final/: in {self.url}/final")
@@ -261,6 +289,24 @@ class RunInStore:
     def lost_the_run(self) -> bool:
         """Another machine took the run's lease over: what this one did not upload is not its to upload."""
         return self.lease.lost_to is not None
+
+    def halt(self) -> str | None:
+        """Why training must stop now (the loop asks each step, `Callback.halt`): another machine holds the
+        run, so every step more here is work no one keeps; None while the lease is this machine's."""
+        lost = self.lease.lost_to
+        if lost is None:
+            return None
+        who = (
+            f"another machine holds it now: {lost.describe()}"
+            if lost.run_id
+            else "its lease left the store meanwhile (another machine took the run over and ended it)"
+        )
+        return (
+            f"this machine lost the run {self.url}: {who}. Its last renewal of the lease was "
+            f"{self.lease.unrenewed_s():.0f} s ago (the store did not answer in time); it wrote nothing to the "
+            f"store since, and its newer steps stay here unused. `hf-pretrain status {self.url}` shows where the "
+            f"run stands"
+        )
 
     def behind(self) -> str | None:
         """None when the store has every checkpoint of this session (and final/), else what is missing."""
@@ -323,16 +369,43 @@ class RunInStore:
 
     # ------------------------------------------------------------------ the thread beside training
     def _tick(self) -> None:
-        next_beat = time.monotonic() + self.store.store_heartbeat_s
-        while not self._stop.wait(STOP_POLL_S):
+        heartbeat_s = self.store.store_heartbeat_s
+        next_beat = time.monotonic() + heartbeat_s
+        # a heartbeat shorter than the stop poll is kept: beats further apart than it run the lease out
+        while not self._stop.wait(min(STOP_POLL_S, heartbeat_s)):
             try:
-                self._mirror_stop_request()
                 if time.monotonic() >= next_beat:
-                    next_beat = time.monotonic() + self.store.store_heartbeat_s
+                    next_beat = time.monotonic() + heartbeat_s
                     if not self._heartbeat():
                         return  # nothing more of this machine goes to the store: not status.json either
+                self._mirror_stop_request()
             except Exception as exc:  # the store unreachable: said in status.json, tried again
                 self.uploader._error(exc, "renewing the lease")
+            self._say_expiry()
+
+    def _watch_lease(self) -> None:
+        while not self._stop.wait(min(1.0, self.store.store_heartbeat_s / 2)):
+            if self.lease.lost_to is not None:
+                return
+            self._say_expiry()
+
+    def _say_expiry(self) -> None:
+        """The lease ran out (said once, in the log and status.json: nothing goes to the store now), or was
+        renewed after it did (said: the writes go on)."""
+        with self._status_lock:  # two threads ask: said once
+            expired = self.lease.expired() and self.lease.lost_to is None
+            if expired == self._expired_said:
+                return
+            self._expired_said = expired
+        if expired:
+            self.say(
+                f"warning: the lease of {self.url} was not renewed for {self.lease.unrenewed_s():.0f} s (the store "
+                f"does not answer): this machine writes nothing to the store until it is, and another machine may "
+                f"take the run over"
+            )
+        else:
+            self.say(f"store: the lease of {self.url} is renewed: the writes to the store go on")
+        self._write_section()
 
     def _heartbeat(self) -> bool:
         """Renew the lease and mirror the records; False once another machine took the lease over (then
@@ -340,8 +413,8 @@ class RunInStore:
         self.lease.beat()
         if self.lease.lost_to is not None:
             self.say(
-                f"warning: another machine took over the lease of {self.url}: "
-                f"{self.lease.lost_to.describe()}; this one stops writing the store"
+                f"warning: the lease of {self.url} is not this machine's any more: it is held by "
+                f"{self.lease.lost_to.describe()}; this one stops writing the store and training"
             )
             self.uploader.lease_lost()
             self._write_section()
@@ -376,18 +449,18 @@ class RunInStore:
         remote = self.url.join(run.stop_request.name).path
         if not run.stop_request.exists() and read_status(self.local).get("state") == "finished":
             if self.fs.exists(remote):
-                self.fs.rm_file(remote)
+                self.uploader.fs.rm_file(remote)  # only while this machine holds the lease
 
     def _activity(self, what: str | None) -> None:
         set_activity(self.local, what)
 
     def _changed(self, mirror: bool = False) -> None:
         self._write_section()
-        if mirror and self.lease.lost_to is None and RunDir(self.local).status.is_file():
+        if mirror and self.lease.may_write() and RunDir(self.local).status.is_file():
             status = RunDir(self.local).status
             sent = self.uploader.in_store_terms(status)
             try:
-                self.fs.put_file(str(sent), self.url.join("status.json").path)
+                self.uploader.fs.put_file(str(sent), self.url.join("status.json").path)
             finally:
                 if sent != status:
                     sent.unlink(missing_ok=True)
@@ -405,8 +478,10 @@ class RunInStore:
     def section(self) -> dict:
         """The `store` section: the uploader's progress, what is not in the store, the lease's holder."""
         lost = self.lease.lost_to
-        return {
-            **self.uploader.status(),
-            NOT_IN_STORE: self.not_in_store(),
-            "lease": "lost to " + lost.describe() if lost is not None else "held",
-        }
+        if lost is not None:
+            lease = "lost to " + lost.describe()
+        elif self.lease.expired():  # the test of a lost lease waits for this word (tests/test_run_in_store.py)
+            lease = f"run out: not renewed for {self.lease.unrenewed_s():.0f} s; nothing is written to the store"
+        else:
+            lease = "held"
+        return {**self.uploader.status(), NOT_IN_STORE: self.not_in_store(), "lease": lease}

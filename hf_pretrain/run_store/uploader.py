@@ -16,6 +16,11 @@ object proves this run wrote it; anything else (no such object, another run's id
 After each upload the store's retention runs (`keep_checkpoints`, milestones and branch points kept,
 as locally), removing only step folders with a manifest: what this run, or one before it on the same
 URL, uploaded completely. The manifest goes first, so a removal cut short leaves no "complete" half.
+
+Every write goes through `may_write` (the run's lease, run_store/lease.py): while this machine's lease has
+run out (the store did not answer its heartbeats) a write fails as `NotHolding` and is tried again, and
+once another machine holds the run nothing more is tried: its checkpoints, records and status.json there
+are the other machine's.
 """
 
 from __future__ import annotations
@@ -34,7 +39,7 @@ from hf_pretrain.checkpoints.layout import BRANCH_POINT, MANIFEST, TRAIN_STATE
 from hf_pretrain.checkpoints.progress import ByteCount
 from hf_pretrain.object_store.reach import describe_failure
 from hf_pretrain.object_store.urls import StoreURL
-from hf_pretrain.run_store.pull import SMALL_FILES, complete_steps
+from hf_pretrain.run_store.pull import COMPILE_CACHE, SMALL_FILES, compile_cache_files, complete_steps
 from hf_pretrain.run_store.transfer import put_files, with_retries
 
 if TYPE_CHECKING:
@@ -52,6 +57,35 @@ UPLOAD_SUFFIX = ".upload"  # hard links of a checkpoint on its way to the store;
 # about 8 min allowed.
 UPLOAD_SLACK = 4.0
 UPLOAD_FLOOR_S = 300.0
+
+
+class NotHolding(OSError):
+    """This machine does not hold the run's lease now (it ran out, or another machine took it): nothing is
+    written to the store."""
+
+
+class _Gated:
+    """The store's file system, every write asking `may_write` first (reads go through as they are)."""
+
+    WRITES = ("put_file", "pipe_file", "rm_file", "rm")
+
+    def __init__(self, fs: AbstractFileSystem, may_write: Callable[[], bool], url: StoreURL):
+        self._fs, self._may_write, self._url = fs, may_write, url
+
+    def __getattr__(self, name: str) -> Any:
+        attribute = getattr(self._fs, name)
+        if name not in self.WRITES:
+            return attribute
+
+        def gated(*args: Any, **kwargs: Any) -> Any:
+            if not self._may_write():
+                raise NotHolding(
+                    f"this machine does not hold the lease of {self._url} now (not renewed in time, or taken "
+                    f"over): nothing is written there until it does"
+                )
+            return attribute(*args, **kwargs)
+
+        return gated
 
 
 class ShortUpload(OSError):
@@ -91,8 +125,11 @@ class Uploader:
         on_change: Callable[[], None] = lambda: None,
         say: Callable[[str], None] = print,
         run_id: str | None = None,
+        may_write: Callable[[], bool] = lambda: True,
     ):
-        self.fs, self.url, self.local, self.keep, self.milestones = fs, url, local, keep, milestone_interval
+        """`may_write`: whether this machine holds the run's lease now (asked before every write)."""
+        self.fs = _Gated(fs, may_write, url)
+        self.url, self.local, self.keep, self.milestones = url, local, keep, milestone_interval
         self.run_id = run_id
         self.on_change, self.say = on_change, say
         self.progress = Progress()
@@ -105,6 +142,8 @@ class Uploader:
         self._rate: float | None = None  # bytes/s of the last complete upload: the next one's deadline
         self._late: set[int] = set()  # the steps whose deadline passing was said (once each)
         self._overdue = False  # the upload under way passed its deadline
+        self._compile_sent: dict[str, tuple[int, int]] = {}  # compile_cache/ files up: (size, mtime_ns) each
+        self._compile_listed: dict[str, int] | None = None  # the store's compile_cache/ at the first look
         self._thread = threading.Thread(target=self._run, name="hf-pretrain-upload", daemon=True)
         self._thread.start()
 
@@ -156,6 +195,8 @@ class Uploader:
 
     # ------------------------------------------------------------------ the thread
     def _keep_trying(self) -> bool:
+        if self._lost:  # the run is another machine's: nothing of this one is tried again
+            return False
         return self._give_up_at is None or time.monotonic() < self._give_up_at
 
     def _run(self) -> None:
@@ -278,14 +319,42 @@ class Uploader:
         if self._lost:
             return False  # the lease is another machine's: its records in the store are not ours to write
         pairs = [(self.local / n, self.url.join(n).path) for n in SMALL_FILES if (self.local / n).is_file()]
+        compiled = self._compile_cache_news()
+        pairs += [(path, self.url.join(COMPILE_CACHE, path.name).path) for path, _ in compiled]
         keep_trying = self._keep_trying if retry else lambda: False
         sent = [(self.in_store_terms(path), remote) for path, remote in pairs]
         try:
-            return put_files(self.fs, sent, None, keep_trying, lambda e: self._error(e, "uploading the records"))
+            done = put_files(self.fs, sent, None, keep_trying, lambda e: self._error(e, "uploading the records"))
+            if done:
+                self._compile_sent.update((path.name, stamp) for path, stamp in compiled)
+            return done
         finally:
             for (path, _), (copy, _) in zip(pairs, sent, strict=True):
                 if copy != path:
                     copy.unlink(missing_ok=True)
+
+    def _compile_cache_news(self) -> list[tuple[Path, tuple[int, int]]]:
+        """compile_cache/'s files not in the store yet, or rewritten since (training/compile_cache.py): each
+        goes up once, with the records that follow its writing, not again at every heartbeat."""
+        files = compile_cache_files(self.local)
+        if files and self._compile_listed is None:  # once: what a pull brought down is not sent back up
+            try:
+                found = self.fs.find(self.url.join(COMPILE_CACHE).path, detail=True)
+                self._compile_listed = {p.rstrip("/").rsplit("/", 1)[-1]: i.get("size") for p, i in found.items()}
+            except Exception:  # not listed: whatever is here goes up, once
+                self._compile_listed = {}
+        news = []
+        for path in files:
+            try:
+                stat = path.stat()
+            except OSError:
+                continue
+            stamp = (stat.st_size, stat.st_mtime_ns)
+            if path.name not in self._compile_sent and (self._compile_listed or {}).get(path.name) == stat.st_size:
+                self._compile_sent[path.name] = stamp  # in the store already, the same size
+            if self._compile_sent.get(path.name) != stamp:
+                news.append((path, stamp))
+        return news
 
     def in_store_terms(self, path: Path) -> Path:
         """`path` itself, or for a record that quotes this machine's working copy (status.json: the

@@ -29,6 +29,13 @@ class Callback(Protocol):
         """Return when the work started in the background has finished; called once, at every exit."""
 
 
+def halt_of(callback: Callback) -> str | None:
+    """A callback's reason the run must stop now, if it has one (optional: `halt()`, a run in a store whose
+    lease another machine took over); None goes on."""
+    halt = getattr(callback, "halt", None)
+    return halt() if halt is not None else None
+
+
 class CallbackList:
     """Several callbacks called in order, as one."""
 
@@ -46,3 +53,7 @@ class CallbackList:
     def wait(self) -> None:
         for callback in self.callbacks:
             callback.wait()
+
+    def halt(self) -> str | None:
+        """The first callback's reason to stop training now (asked each step), else None."""
+        return next((reason for c in self.callbacks if (reason := halt_of(c))), None)

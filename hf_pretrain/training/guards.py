@@ -29,7 +29,7 @@ from accelerate import Accelerator
 from hf_pretrain.config.reporting_section import ReportingConfig
 from hf_pretrain.config.stopping_section import StoppingConfig
 from hf_pretrain.economics.cost import window_cost_per_loss_point
-from hf_pretrain.exit_codes import EXIT_DIVERGED, EXIT_PREEMPTED, EXIT_WRITE_FAILED
+from hf_pretrain.exit_codes import EXIT_DIVERGED, EXIT_LOCKED, EXIT_PREEMPTED, EXIT_WRITE_FAILED
 from hf_pretrain.processes import LAUNCHER_GONE, followed_launcher, launcher_gone
 from hf_pretrain.run_folder.run_dir import RunDir
 from hf_pretrain.run_folder.stop_request import (
@@ -61,7 +61,7 @@ class Stop:
     finished: bool = False
     saves: bool = True
 
-    def message(self, checkpoint: Path | None) -> str:
+    def message(self, checkpoint: Path | str | None) -> str:
         return self.reason.replace(CHECKPOINT, str(checkpoint))
 
 
@@ -226,22 +226,31 @@ class Guards:
             f"train it again from the start."
         )
 
-    def decide(self, state: TrainState, history: list[dict[str, Any]]) -> Stop | None:
-        """Whether the run stops after `state.step` (or begins its cooldown), the same answer on every process."""
+    def decide(self, state: TrainState, history: list[dict[str, Any]], halt: str | None = None) -> Stop | None:
+        """Whether the run stops after `state.step` (or begins its cooldown), the same answer on every process.
+        `halt`: the main process's side jobs' reason to stop at once (another machine holds the run's lease)."""
         step, main = state.step, self.accelerator.is_main_process
         if self.last_step_healthy and step % self.reporting.log_interval == 0:
             self.early_stop.observe_cost(history)
         request = self._stop_request(state) if main else None
         # the step's one exchange: a signal may have reached any process; early stopping and stop requests
         # are the main one's call (a request's cooldown travels as steps + 1, 0 for the default)
-        signalled, stop_early, requested, cooldown_code, folder_gone = agree(
+        signalled, stop_early, requested, cooldown_code, folder_gone, halted = agree(
             self.accelerator,
             self.signals.stopping(),
             self.early_stop.reason is not None and main,
             request is not None,
             request.cooldown_steps + 1 if request and request.cooldown_steps is not None else 0,
             not Path(self.output_dir).is_dir(),  # a stat a step: deleted under the run (a cache cleaned)
+            halt is not None,
         )
+        if halted:  # no checkpoint: the run is another machine's, and what this one saves no one resumes
+            return Stop(
+                EXIT_LOCKED,
+                f"stopped after step {step}: {halt or 'the first process lost the run to another machine'} "
+                f"(exit {EXIT_LOCKED})",
+                saves=False,
+            )
         if folder_gone:
             return Stop(EXIT_WRITE_FAILED, self._folder_gone(step), saves=False)
         if self.bad_in_a_row >= self.stopping.max_bad_steps:

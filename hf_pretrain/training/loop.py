@@ -48,13 +48,16 @@ from hf_pretrain.object_store.location import Where
 from hf_pretrain.optim.build import build_optimizer
 from hf_pretrain.preflight.checks import preflight
 from hf_pretrain.run_folder.run_dir import RunDir, set_activity, truncate_jsonl
+from hf_pretrain.run_folder.sessions import start_up
 from hf_pretrain.training.callbacks import Callback, CallbackList
+from hf_pretrain.training.compile_cache import CompileCache, key_fields
 from hf_pretrain.training.compiling import dynamo_plugin
 from hf_pretrain.training.guards import Guards, Stop, take_up_at_start
 from hf_pretrain.training.metrics import RunEconomics, RunLogger, flat_config, trackers_for
 from hf_pretrain.training.rendezvous import attempt_store
 from hf_pretrain.training.state import TrainState
 from hf_pretrain.training.step import Evaluation, TrainStep
+from hf_pretrain.training.step_attempt import StepAttempt
 from hf_pretrain.training.watchdog import Watchdog, process_group_kwargs
 
 
@@ -88,21 +91,27 @@ def train(recipe: Recipe, callbacks: Sequence[Callback] = (), *, where: Where) -
         Watchdog(recipe.stopping.hang_timeout_s, run.accelerator, run.dir) as watchdog,
     ):
         state.start_clock()
+        attempt = StepAttempt(run.train_step, state.hardware)  # a failed data read stops it; sessions.jsonl
         while stop is None:
             hold_if_asked(state.step + 1, run.accelerator.process_index, log.say)  # tests only (faults.py)
-            result = run.train_step(state.step + 1)
-            state.advance(recipe.train.global_batch_tokens, skipped=not result.finite)
-            watchdog.beat(state.step)  # no progress for hang_timeout_s: the run is hung (watchdog.py)
-            healthy = guards.check(state.step, result)  # a non-finite step was skipped, weights untouched
-            log.step(state, result)
-            if healthy and run.evaluation.due(state):
-                with log.paused(), watchdog.paused("an evaluation"):
-                    val_loss, samples = run.evaluation()
-                log.evaluation(state, val_loss, samples)
-                guards.observe_val_loss(val_loss)
-            stop = guards.decide(state, log.history)  # the step's one exchange between processes
-            if stop is None and run.data.mixture_changes(decay_position(state)):  # a cooldown began
-                run.train_step.batches = iter(run.data.loader(state.step, state.data_origin, decay_position(state)))
+            result, stop = attempt(state.step + 1)
+            if result is not None:
+                state.advance(recipe.train.global_batch_tokens, skipped=not result.finite)
+                watchdog.beat(state.step)  # no progress for hang_timeout_s: the run is hung (watchdog.py)
+                healthy = guards.check(state.step, result)  # a non-finite step was skipped, weights untouched
+                log.step(state, result)
+                if run.compile_cache.due():  # the compiled code, for the next session (compile_cache.py)
+                    with log.paused():
+                        run.compile_cache.save(state.step)
+                if healthy and run.evaluation.due(state):
+                    with log.paused(), watchdog.paused("an evaluation"):
+                        val_loss, samples = run.evaluation()
+                    log.evaluation(state, val_loss, samples)
+                    guards.observe_val_loss(val_loss)
+                # the step's one exchange between processes; a side job may halt the run (a store lease lost)
+                stop = guards.decide(state, log.history, halt=side_jobs.halt())
+                if stop is None and run.data.mixture_changes(decay_position(state)):  # a cooldown began
+                    run.train_step.batches = iter(run.data.loader(state.step, state.data_origin, decay_position(state)))
             # every stop saves (unless its folder is gone: nowhere to save), else the checkpointer's interval
             saving = stop.saves if stop is not None else run.checkpoints.due(state)
             if saving:
@@ -119,6 +128,8 @@ def train(recipe: Recipe, callbacks: Sequence[Callback] = (), *, where: Where) -
                     break
         watchdog.stop()
         log.close()
+        # a URL run's checkpoint named under its URL (uploaded on the way out), not the cache's copy
+        checkpoint = run.dir.show(checkpoint) if checkpoint is not None else None
         if stop.reason:
             log.say(stop.message(checkpoint), every_process=stop.exit_code != 0)
         if stop.finished:
@@ -130,14 +141,19 @@ def train(recipe: Recipe, callbacks: Sequence[Callback] = (), *, where: Where) -
     diverged += f" | warning: {log.slow_node}" if log.slow_node else ""  # a likely slow or faulty GPU, too
     if not stop.finished:
         return Outcome(stop.exit_code, stop.message(checkpoint) + diverged)
+    return done(run, state, diverged)
+
+
+def done(run: Run, state: TrainState, warnings: str) -> Outcome:
+    """The outcome of a run that finished its schedule, said in its last line (with `warnings`)."""
     final = run.dir.final if run.dir.final.is_dir() else None
     message = (
         f"done: {state.step} steps, {state.tokens_seen:,} tokens in {state.elapsed():.0f}s | "
         f"metrics {run.dir.show(run.dir.metrics)} | samples {run.dir.show(run.dir.samples)}"
         + (f" | model {run.dir.show(final)}" if final else "")
-        + diverged
+        + warnings
     )
-    log.say(message)
+    run.log.say(message)
     return Outcome(0, message, final, finished=True)
 
 
@@ -158,6 +174,7 @@ class Run:
     checkpoints: Checkpointer
     log: RunLogger
     data: TrainData
+    compile_cache: CompileCache
 
 
 def take_the_folder(recipe: Recipe, run_dir: RunDir, continuation: Continuation, state: TrainState, say) -> None:
@@ -249,7 +266,8 @@ def resumed_state(
     state = TrainState.for_recipe(recipe, describe_hardware(accelerator.device, accelerator.num_processes))
     for reason in continuation.skipped:
         say(f"resume: skipping {reason}")
-    saved = restore_continuation(accelerator, continuation.folder, log=say)
+    with start_up.timed("checkpoint"):  # sessions.jsonl: what the start-up went to
+        saved = restore_continuation(accelerator, continuation.folder, log=say)
     if saved:
         state.load_state_dict(saved)
         for note in state.go_on_as(continuation, saved):
@@ -287,6 +305,13 @@ def introduction(
     ]
 
 
+def loaders(data: TrainData, state: TrainState, eval_tokens: int):
+    """The training batches from `state`'s step, and the validation batches: a data_dir URL's validation
+    blocks fetched now (data/loader.py), so that no evaluation waits on the store; timed for sessions.jsonl."""
+    with start_up.timed("data"):
+        return data.loader(state.step, state.data_origin, decay_position(state)), data.val_loader(eval_tokens)
+
+
 def setup(recipe: Recipe, where: Where) -> Run:
     """Build a run, the cheap checks first (the preflight), then the Accelerator, model and optimizer, the
     resumed state, the data. `where`: where the run (a local folder by now) and the data live."""
@@ -305,6 +330,15 @@ def setup(recipe: Recipe, where: Where) -> Run:
     config = model_config(recipe.model, tokenizer, continuation.folder)  # the model section's Llama, or init_from's
     model, optimizer, n_params = model_and_optimizer(recipe, profile, config, accelerator, continuation.folder is None)
     state, saved = resumed_state(recipe, accelerator, continuation, run_dir)
+    compile_cache = CompileCache(
+        run_dir.path,
+        key_fields(profile, config, recipe.data.seq_len),
+        compiled=recipe.compute.compile,
+        main=accelerator.is_main_process,
+        say=say,
+        shown=run_dir.in_words,
+    )
+    compile_cache.load()  # an earlier session's compiled code, before the first step compiles it again
     data = TrainData(
         recipe.data,
         meta=read_meta(recipe.data.data_dir, cache_dir=recipe.store.cache_dir, fix=prepare_hint(recipe)),
@@ -316,8 +350,7 @@ def setup(recipe: Recipe, where: Where) -> Run:
         cache_dir=recipe.store.cache_dir,  # a data_dir URL's block cache lives there
         pin_memory=profile.machine.on_gpu,
     )
-    train_loader = data.loader(state.step, state.data_origin, decay_position(state))
-    val_loader = data.val_loader(recipe.evaluation.eval_tokens)
+    train_loader, val_loader = loaders(data, state, recipe.evaluation.eval_tokens)
     for line in introduction(recipe, n_params, world_size, grad_accum, profile.precision, state):
         say(line)
     log = RunLogger(
@@ -356,4 +389,5 @@ def setup(recipe: Recipe, where: Where) -> Run:
         ),
         log,
         data,
+        compile_cache,
     )

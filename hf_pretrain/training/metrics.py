@@ -24,6 +24,7 @@ from hf_pretrain.economics.performance import slow_node_warning
 from hf_pretrain.economics.workload import recipe_workload
 from hf_pretrain.machine.hardware import peak_memory_gib
 from hf_pretrain.machine.run_profile import THE_CPU, Machine
+from hf_pretrain.redaction import redact
 from hf_pretrain.run_folder.run_dir import JsonlWriter, RunDir, read_jsonl
 from hf_pretrain.training.compiling import CompileWatch
 from hf_pretrain.training.state import TrainState
@@ -140,11 +141,12 @@ def trackers_for(report_to: str) -> list[str]:
 
 
 def flat_config(recipe: Recipe) -> dict[str, Any]:
-    """The recipe as one flat dict of scalars, the shape trackers accept."""
+    """The recipe as one flat dict of scalars, the shape trackers accept; its text redacted, as the
+    resolved recipe is (the trackers write it into files of the run, or send it away)."""
     flat = {}
     for section in SECTIONS:
         for key, value in recipe.to_dict()[section].items():
-            flat[key] = value if isinstance(value, (int, float, str, bool)) else str(value)
+            flat[key] = value if isinstance(value, (int, float, bool)) else redact(str(value))
     return flat
 
 

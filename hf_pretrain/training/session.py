@@ -39,6 +39,7 @@ from hf_pretrain.preflight.result import PreflightError
 from hf_pretrain.processes import follow_launcher, launcher
 from hf_pretrain.run_folder.run_dir import RunDir, last_train_record, read_status, update_status
 from hf_pretrain.run_folder.run_lock import RunDirUnusable, RunLock, RunLocked, command_line, now
+from hf_pretrain.run_folder.sessions import Ledger, RelaunchStorm, sessions, set_current, storm_refusal
 from hf_pretrain.training.start_up import StartUpSignals, StoppedDuringStartUp, record_exits_with
 
 
@@ -69,6 +70,12 @@ ENDINGS = {
         "fix what the reason names (`hf-pretrain doctor` runs the same checks), then rerun; nothing was started",
     ),
     EXIT_INTERRUPTED: Ending("interrupted", False, "rerun the same command when you want to go on"),
+    # a URL run whose lease another machine took over mid-run (run_store/lease.py): the run goes on there
+    EXIT_LOCKED: Ending(
+        "lost",
+        False,
+        "nothing here: another machine trains the run now (`hf-pretrain status URL` says where it stands)",
+    ),
     EXIT_HUNG: Ending(
         "hung",
         True,
@@ -155,10 +162,14 @@ def _last_logged_step(metrics: Path) -> int | None:
 
 class Session:
     """`with Session(output_dir) as session: ...; session.ended(code, message, finished)`: the lock is held
-    inside the block; an exception leaving it is recorded in status.json, then raised on."""
+    inside the block; an exception leaving it is recorded in status.json, then raised on. The session is
+    also a line of the run's ledger (run_folder/sessions.py), priced at `price_per_hour`; a start after
+    `max_fruitless_sessions` sessions in a row that saved no new checkpoint is refused (0: never)."""
 
-    def __init__(self, output_dir: str | Path):
+    def __init__(self, output_dir: str | Path, *, price_per_hour: float = 0.0, max_fruitless_sessions: int = 0):
         self.dir = RunDir(output_dir)
+        self.ledger = Ledger(self.dir.path, price_per_hour)
+        self.max_fruitless = max_fruitless_sessions
         self.first = os.environ.get("RANK", "0") == "0"  # the job's first process; alone when unlaunched
         self.lock = RunLock(self.dir)
         self.started = now()
@@ -178,12 +189,31 @@ class Session:
                     print(f"note: {killed}", flush=True)
                 if self.lock.held:  # nobody else writes here now: a `.tmp` left is a killed save's
                     self._clean_unfinished_saves()
+                self._begin_in_the_ledger()
                 self._write(None, RUNNING, "training" + (f"; {killed}" if killed else ""))
                 record_exits_with(self._exited_at_once)
         except BaseException as exc:  # refused or stopped here: recorded if the lock was held, signals as they were
             self.__exit__(type(exc), exc, exc.__traceback__)
             raise
         return self
+
+    def _begin_in_the_ledger(self) -> None:
+        """The sessions killed before this one closed in the ledger, a relaunch storm refused (RelaunchStorm),
+        then this session's start recorded."""
+        newest = newest_sound_checkpoint(self.dir.path)
+        step = newest.step if newest else None
+        self.dir.path.mkdir(parents=True, exist_ok=True)
+        self.ledger.close_the_killed(step)
+        refusal = storm_refusal(sessions(self.dir.path), step, self.max_fruitless, self.dir.shown_as())
+        if refusal:
+            raise RelaunchStorm(refusal)
+        self.ledger.begin(step)
+        set_current(self.ledger)
+
+    def _end_in_the_ledger(self, exit_code: int, ending: Ending) -> None:
+        newest = newest_sound_checkpoint(self.dir.path)
+        self.ledger.ended(exit_code, ending.state, newest.step if newest else None)
+        set_current(None)
 
     def _clean_unfinished_saves(self) -> None:
         removed, left = remove_unfinished_writes(self.dir.path)
@@ -197,6 +227,8 @@ class Session:
         if exc is not None:
             code = exit_code_of(exc)
             self._write(code, ENDINGS.get(code, CRASHED), describe(exc))
+            if self._holding:
+                self._end_in_the_ledger(code, ENDINGS.get(code, CRASHED))
             self._ended_with = code
         if self._holding:
             record_exits_with(None)
@@ -208,6 +240,8 @@ class Session:
         """Record how the session ended; `details` (those not None) are fields of their own beside it."""
         ending = (FINISHED if finished else STOPPED) if exit_code == 0 else ENDINGS.get(exit_code, CRASHED)
         self._write(exit_code, ending, message, {k: v for k, v in details.items() if v is not None})
+        if self._holding:
+            self._end_in_the_ledger(exit_code, ending)
         self._ended_with = exit_code
 
     def _exited_at_once(self, exit_code: int, reason: str) -> int:
@@ -216,6 +250,7 @@ class Session:
         if self._ended_with is not None:
             return self._ended_with
         self._write(exit_code, ENDINGS[exit_code], reason)
+        self._end_in_the_ledger(exit_code, ENDINGS[exit_code])
         return exit_code
 
     def _write(self, exit_code: int | None, ending: Ending, reason: str, details: dict | None = None) -> None:

@@ -225,7 +225,7 @@ class Watchdog:
             "signal": self._signal[0] if self._signal else None,
         }
         write_json_atomically(self.folder / f"process_{self.rank}.json", report)  # never half a report
-        _say(f"\n[process {self.rank}] no progress for {silent:.0f}s in {doing}: stacks in {self.folder}")
+        _say(f"\n[process {self.rank}] no progress for {silent:.0f}s in {doing}: stacks in {self._stacks_at()}")
         reports = self._gather_reports()
         silent_ones = [p for p in self.roster if p["process"] not in reports]
         code, reason = self._ending(reports, silent_ones)
@@ -255,13 +255,21 @@ class Watchdog:
                 return reports
             time.sleep(0.2)
 
+    def _stacks_at(self) -> str:
+        """The stacks' folder, and for a URL run that it is this machine's working copy in the cache: hangs/ is
+        not uploaded (the process ends at once), so the URL alone would name a place without them."""
+        shown = self.run_dir.shown_as()
+        if shown == str(self.run_dir.path):
+            return str(self.folder)
+        return f"{self.folder} (on this machine only: the cache's working copy of {shown})"
+
     def _ending(self, reports: dict[int, dict[str, Any]], silent_ones: list[dict[str, Any]]) -> tuple[int, str]:
         """The exit code and status.json's reason: the step, who did not answer, where the others waited."""
         step = max(r["step"] for r in reports.values())
         waits = ", ".join(f"process {p} in {r['doing']}" for p, r in sorted(reports.items()))
         silent = ", ".join(f"process {p['process']} (pid {p['pid']} on {p['host']})" for p in silent_ones)
         silent += " did not answer (stopped, frozen, or on a machine that failed)"
-        stacks = f"Stacks: {self.folder}"
+        stacks = f"Stacks: {self._stacks_at()}"
         if self._signal is None:
             if silent_ones:
                 return (
