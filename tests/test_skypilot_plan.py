@@ -248,3 +248,24 @@ def test_plan_without_a_catalog_prices_the_typical_table_and_one_that_cannot_be_
     no_task = cli("plan", "--recipe", "smoke", "--gpu", "all", "--skypilot_task", str(tmp_path / "t.yaml"), env=env)
     assert no_task.returncode == EXIT_CONFIG and "SkyPilot's catalog" in no_task.stderr
     assert not (tmp_path / "t.yaml").exists()
+
+
+def test_a_runs_own_relaunches_price_its_spot_offers(tmp_path):
+    from hf_pretrain.config import parse_recipe_args
+    from hf_pretrain.economics.egress import move_cost
+    from hf_pretrain.economics.planning.plan import spot_assumptions
+    from hf_pretrain.economics.planning.request import PlanRequest
+    from hf_pretrain.economics.spot import BEFORE_THE_PROCESS_S
+    from hf_pretrain.run_folder.sessions import append
+
+    run = tmp_path / "run"
+    run.mkdir()
+    for n, seconds in enumerate((500.0, 40.0, 60.0, 80.0)):  # the first session's start is no relaunch
+        append(run, {"kind": "start", "session": f"s{n}"})
+        append(run, {"kind": "first_step", "session": f"s{n}", "step": 1, "to_first_step_s": seconds})
+    recipe, _ = parse_recipe_args(["--recipe", "smoke", "--output_dir", str(run)], prog="plan", description="")
+    move = move_cost(10**9, 1e9, 32000)
+    terms = spot_assumptions(PlanRequest(recipe=recipe, gpu="all"), move)
+    assert terms.relaunch_s == pytest.approx(BEFORE_THE_PROCESS_S + 60.0) and "run's own" in terms.relaunch_source
+    empty, _ = parse_recipe_args(["--recipe", "smoke", "--output_dir", str(tmp_path / "new")], prog="p", description="")
+    assert "an estimate" in spot_assumptions(PlanRequest(recipe=empty, gpu="all"), move).relaunch_source

@@ -80,6 +80,22 @@ def expected_run(work_hours: float, price_per_hour: float, per_hour: float, cost
     return ExpectedRun(hours, hours * price_per_hour + preemptions * cost.egress_usd, preemptions)
 
 
+# What the trainer cannot time of a relaunch, so a run's own time to its first step leaves it out: the engine
+# noticing the preemption, provisioning and installing (RELAUNCH_STAGES_S's first three)
+BEFORE_THE_PROCESS_S = sum(RELAUNCH_STAGES_S[stage] for stage in ("notice", "provision", "install"))
+
+
+def measured_relaunch_s(starts_s: list[float]) -> float | None:
+    """A relaunch from a run's own records (the time to the first step of each session after the first, from
+    its ledger): their median, and the engine's part the process never sees; None without one."""
+    if not starts_s:
+        return None
+    ordered = sorted(starts_s)
+    middle = len(ordered) // 2
+    median = ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
+    return BEFORE_THE_PROCESS_S + median
+
+
 def relaunch_estimate_s(checkpoint_gb: float) -> float:
     """A relaunch's time to the first step where the run has measured none: provisioning, install and
     compile (RELAUNCH_ESTIMATE_S) and the checkpoint's pull."""

@@ -143,6 +143,21 @@ class CompileCache:
         self.have: set[tuple[str, str]] = set()  # the artifacts the file holds (loaded or saved): not written again
         self.saves = 0
 
+    @classmethod
+    def loaded(cls, run_dir, key: dict, compute, accelerator) -> CompileCache:
+        """The run folder's cache for `key`, its artifacts loaded where an earlier session saved them (`compute`:
+        the recipe's compute section, whether the step compiles; the main process saves, every one loads)."""
+        cache = cls(
+            run_dir.path,
+            key,
+            compiled=compute.compile,
+            main=accelerator.is_main_process,
+            say=accelerator.print,
+            shown=run_dir.in_words,
+        )
+        cache.load()
+        return cache
+
     @property
     def bin(self) -> Path:
         return self.folder / f"{self.key}.bin"

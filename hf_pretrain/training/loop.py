@@ -323,22 +323,14 @@ def setup(recipe: Recipe, where: Where) -> Run:
     continuation, activity = checked_start(recipe, world_size, profile, run_dir, where)
     grad_accum = recipe.grad_accum_steps(world_size)  # after the preflight, which refuses a batch that does not split
     tokenizer = load_data_tokenizer(where.data)
-
     accelerator = accelerator_for(profile, recipe.compute, recipe.reporting.report_to, grad_accum, group, run_dir)
     say = accelerator.print
     set_seed(cfg.seed)
     config = model_config(recipe.model, tokenizer, continuation.folder)  # the model section's Llama, or init_from's
     model, optimizer, n_params = model_and_optimizer(recipe, profile, config, accelerator, continuation.folder is None)
     state, saved = resumed_state(recipe, accelerator, continuation, run_dir)
-    compile_cache = CompileCache(
-        run_dir.path,
-        key_fields(profile, config, recipe.data.seq_len),
-        compiled=recipe.compute.compile,
-        main=accelerator.is_main_process,
-        say=say,
-        shown=run_dir.in_words,
-    )
-    compile_cache.load()  # an earlier session's compiled code, before the first step compiles it again
+    key = key_fields(profile, config, recipe.data.seq_len)  # what compiled code of an earlier session must match
+    compile_cache = CompileCache.loaded(run_dir, key, recipe.compute, accelerator)  # before the first step compiles
     data = TrainData(
         recipe.data,
         meta=read_meta(recipe.data.data_dir, cache_dir=recipe.store.cache_dir, fix=prepare_hint(recipe)),
@@ -363,9 +355,7 @@ def setup(recipe: Recipe, where: Where) -> Run:
         compiled=recipe.compute.compile,  # what compiling cost goes into the records
         phases=recipe.run_phases,  # a phase table when one ends
         tracker_config=flat_config(recipe),  # the trackers are shown the whole recipe
-        economics=RunEconomics(
-            recipe, profile.machine.gpu_name
-        ),  # cost, the slow-node check, the measurement for `plan`
+        economics=RunEconomics(recipe, profile.machine.gpu_name),  # cost, the slow-node check, `plan`'s measurement
         machine=profile.machine,  # the card: its bf16 peak (MFU), its name (the slow-node check)
         epochs_after=data.epochs_after,
         source_tokens=data.source_tokens,

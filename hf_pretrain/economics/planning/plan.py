@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 from hf_pretrain.economics.cost import dollars_per_billion_tokens
@@ -20,10 +21,17 @@ from hf_pretrain.economics.planning.scaling_laws import (
     training_flops,
 )
 from hf_pretrain.economics.skypilot_catalog import CatalogError, catalog_folder, read_catalog
-from hf_pretrain.economics.spot import PULL_GB_PER_S, RELAUNCH_ESTIMATE_S, relaunch_estimate_s
+from hf_pretrain.economics.spot import (
+    BEFORE_THE_PROCESS_S,
+    PULL_GB_PER_S,
+    RELAUNCH_ESTIMATE_S,
+    measured_relaunch_s,
+    relaunch_estimate_s,
+)
 from hf_pretrain.machine.gpus import GPU, gpu_named
 from hf_pretrain.machine.run_profile import A_GPU, Machine, machine_with, run_profile
 from hf_pretrain.model.llama import dense_flops_per_token, model_flops_per_token
+from hf_pretrain.run_folder.sessions import sessions
 
 
 def tokens_per_s_at_mfu(peak_flops: float, mfu: float, flops_per_token_: float) -> float:
@@ -172,11 +180,27 @@ def default_store(request: PlanRequest) -> StorePlace:
     return store_place(STORE_OF_SCHEME.get(scheme, "aws_s3"))
 
 
+def relaunch_times(output_dir: str) -> list[float]:
+    """The seconds to the first step of each session after the first of the run in `output_dir` (a local run
+    folder; none for a URL or a run not started)."""
+    if "://" in output_dir or not Path(output_dir).is_dir():
+        return []
+    past = sessions(output_dir)[1:]
+    return [float(s.first_step["to_first_step_s"]) for s in past if s.first_step.get("to_first_step_s")]
+
+
 def spot_assumptions(request: PlanRequest, move: MoveCost) -> SpotAssumptions:
     """What a preemption costs this run: the relaunch (--relaunch_s, else the estimate), half a save interval
     of the recipe, the newest checkpoint pulled from the store."""
+    relaunches = relaunch_times(request.recipe.train.output_dir)
     if request.relaunch_s is not None:
         relaunch, source = request.relaunch_s, "--relaunch_s"
+    elif (measured := measured_relaunch_s(relaunches)) is not None:
+        relaunch = measured
+        source = (
+            f"the run's own: the median time to the first step of its {len(relaunches)} relaunches (sessions.jsonl), "
+            f"and {BEFORE_THE_PROCESS_S / 60:.1f} min to notice, provision and install (an estimate)"
+        )
     else:
         relaunch = relaunch_estimate_s(move.checkpoint_gb)
         source = (
