@@ -227,7 +227,7 @@ def test_plan_ranks_the_snapshots_offers_and_writes_a_task_once(tmp_path):
     assert len(table) == 20 and {row[0].strip("| ") for row in table} >= {"verda", "vast", "nebius", "primeintellect"}
     assert {row[3] for row in table} == {"spot", "on-demand"}
     assert "V100 (" in out and "B200 (" in out  # unknown cards said, not dropped
-    assert "Egress per move: aws_s3" in out  # the move priced under the ranked table
+    assert "yours may be less): aws_s3 $1.12" in out  # the move priced under the ranked table, list prices said
     written = yaml.safe_load(task.read_text())
     assert written["resources"]["ordered"] == yaml.safe_load(SHIPPED_TASK.read_text())["resources"]["ordered"]
     again = cli(*args, env=env)
@@ -269,3 +269,19 @@ def test_a_runs_own_relaunches_price_its_spot_offers(tmp_path):
     assert terms.relaunch_s == pytest.approx(BEFORE_THE_PROCESS_S + 60.0) and "run's own" in terms.relaunch_source
     empty, _ = parse_recipe_args(["--recipe", "smoke", "--output_dir", str(tmp_path / "new")], prog="p", description="")
     assert "an estimate" in spot_assumptions(PlanRequest(recipe=empty, gpu="all"), move).relaunch_source
+
+
+def test_a_prices_file_with_nan_is_refused_not_priced_nan(tmp_path):
+    prices = tmp_path / "prices.yaml"
+    prices.write_text("H100: .nan\n")
+    done = cli(
+        "plan",
+        "--recipe",
+        "smoke",
+        "--gpu",
+        "all",
+        "--prices",
+        str(prices),
+        env=offline_env() | {"HOME": str(tmp_path)},
+    )
+    assert done.returncode == EXIT_CONFIG and "got nan" in done.stderr and len(done.stderr.splitlines()) == 1

@@ -8,6 +8,7 @@ overrides single entries, so the table is data, never code.
 from __future__ import annotations
 
 import difflib
+import math
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -78,6 +79,7 @@ def price_table(prices_file: str | Path | None = None, extra: Iterable[str] = ()
 
 
 def _positive_price(name: str, value: object, where: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+    # NaN and infinity are numbers that price nothing: a row priced `nan` ranked as if it were free
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
         raise PriceError(f"{where}: the price of {name} must be a positive number of dollars per hour, got {value!r}")
     return float(value)

@@ -92,7 +92,8 @@ def format_move(plan: Plan) -> list[str]:
     return [
         f"a move to another machine: the newest checkpoint, {move.checkpoint_gb:,.1f} GB, pulled from the store; the "
         f"data, {move.data_gb:,.1f} GB ({move.data_gb_per_billion_tokens:g} GB per billion tokens{gpu}), is read once "
-        f"over the run wherever it trains. Egress per move: {rates}"
+        f"over the run wherever it trains. Egress per move, at each provider's list price for internet egress "
+        f"(economics/egress.yaml; yours may be less): {rates}"
     ]
 
 
