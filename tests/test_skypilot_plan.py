@@ -184,11 +184,13 @@ def test_offers_rank_by_the_runs_expected_dollars_not_the_hour(tmp_path):
 
 def test_the_written_task_keeps_the_shipped_blocks_and_orders_the_candidates():
     base = SHIPPED_TASK.read_text()
-    candidates = [Candidate("nebius", "H100", 1, True, "first"), Candidate("lambda", "A100-80GB", 1, False)]
+    candidates = [Candidate("nebius", "H100", 1, True, 1.25, "first"), Candidate("lambda", "A100-80GB", 1, False, 1.79)]
     task = yaml.safe_load(task_text(base, candidates))
     shipped = yaml.safe_load(base)
-    for key in ("setup", "run", "envs", "secrets", "workdir"):
+    for key in ("setup", "run", "secrets", "workdir"):
         assert task[key] == shipped[key], key  # one source: the shipped task's
+    assert task["envs"] | {"PLANNED_PRICES": None} == shipped["envs"] | {"PLANNED_PRICES": None}
+    assert task["envs"]["PLANNED_PRICES"] == "nebius:H100:spot=1.25 lambda:A100-80GB:on-demand=1.79"
     assert task["resources"]["ordered"] == [
         {"cloud": "nebius", "accelerators": "H100:1", "use_spot": True},
         {"cloud": "lambda", "accelerators": "A100-80GB:1", "use_spot": False},

@@ -78,6 +78,7 @@ class CheckRequest:
     overwrite: bool = False  # replace an earlier check's results in `output`
     steps: int = 5  # timed optimizer steps per step variant
     warmup: int = 2  # the first holds the compile
+    slower_than_plan: float | None = None  # a step this share under the plan's tokens/s for the card: faulty (71)
 
 
 def add_check_arguments(parser: argparse.ArgumentParser) -> None:
@@ -109,6 +110,14 @@ def add_check_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--part_limit_s", type=float, default=None, gt=0, help="cap every part at this many seconds")
     group.add_argument("--steps", type=int, default=5, ge=1, help="timed optimizer steps per step variant")
     group.add_argument("--warmup", type=int, default=2, ge=1, help="untimed steps first (the first compiles)")
+    group.add_argument(
+        "--slower_than_plan",
+        type=float,
+        gt=0,
+        lt=1,
+        help="a recipe step this share (0.25: a quarter) under the tokens/s `plan` counts on for this card makes the "
+        "machine a faulty host (exit 71: an engine rents another); unset: the verdict only says it",
+    )
     group.add_argument(
         "--output",
         default=None,
@@ -146,6 +155,7 @@ def check_request(recipe: Recipe, args: argparse.Namespace) -> CheckRequest:
         overwrite=args.overwrite,
         steps=args.steps,
         warmup=args.warmup,
+        slower_than_plan=args.slower_than_plan,
     )
     check_budget(request)
     check_output(request.output, request.overwrite)
@@ -381,30 +391,10 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return code
-    from hf_pretrain.check.verdict import RECIPE_AS_WRITTEN, faulty_lines, store_failures
-
-    # First: a run that cannot reach its store loses every step it trains (nothing reaches the store, and a
-    # preemption loses it all). A store that does not answer this machine is this machine's network (a
-    # route, a firewall, a region's endpoint) as far as the check can tell: 71, the code on which an engine
-    # relaunches elsewhere, where it may answer. A store that answered no (no such bucket, a key refused)
-    # answers the same everywhere: 78, fix the input, since relaunching would only pay for more machines.
-    failed = store_failures(result["figures"])
-    if failed:
-        unreachable = any(how == "unreachable" for how, _ in failed)
-        code = EXIT_FAULTY_HOST if unreachable else EXIT_CONFIG
-        where = "rent another machine" if unreachable else "fix it, then check again"
-        lines = "; ".join(text.split(": failed: ", 1)[-1] for _, text in failed)
-        print(
-            f"{PROG}: the run cannot use its store from this machine: {lines}; {where} (exit {code})", file=sys.stderr
-        )
-        return code
-    faulty = faulty_lines(result["figures"])
-    if faulty:  # a scheduler relaunches elsewhere on this code (hf_pretrain/engines/)
-        print(
-            f"{PROG}: this machine is faulty: {'; '.join(faulty)}; rent another (exit {EXIT_FAULTY_HOST})",
-            file=sys.stderr,
-        )
-        return EXIT_FAULTY_HOST
+    sent_away = machine_sent_away(request, result["figures"])
+    if sent_away is not None:
+        return sent_away
+    from hf_pretrain.check.verdict import RECIPE_AS_WRITTEN
 
     as_written = [f for f in result["figures"] if f["part"] == "step" and f["name"] == RECIPE_AS_WRITTEN]
     if "step" not in request.parts or (as_written and as_written[0]["value"]):
@@ -419,6 +409,43 @@ def main(argv: list[str] | None = None) -> int:
         file=sys.stderr,
     )
     return 1
+
+
+def machine_sent_away(request: CheckRequest, figures: list[dict]) -> int | None:
+    """The exit code of a machine the run should not train on, its one line said; None for a machine to keep."""
+    from hf_pretrain.check.verdict import faulty_lines, plan_best, plan_shortfall, store_failures
+
+    # First: a run that cannot reach its store loses every step it trains (nothing reaches the store, and a
+    # preemption loses it all). A store that does not answer this machine is this machine's network (a
+    # route, a firewall, a region's endpoint) as far as the check can tell: 71, the code on which an engine
+    # relaunches elsewhere, where it may answer. A store that answered no (no such bucket, a key refused)
+    # answers the same everywhere: 78, fix the input, since relaunching would only pay for more machines.
+    failed = store_failures(figures)
+    if failed:
+        unreachable = any(how == "unreachable" for how, _ in failed)
+        code = EXIT_FAULTY_HOST if unreachable else EXIT_CONFIG
+        where = "rent another machine" if unreachable else "fix it, then check again"
+        lines = "; ".join(text.split(": failed: ", 1)[-1] for _, text in failed)
+        print(
+            f"{PROG}: the run cannot use its store from this machine: {lines}; {where} (exit {code})", file=sys.stderr
+        )
+        return code
+    faulty = faulty_lines(figures)
+    if faulty:  # a scheduler relaunches elsewhere on this code (hf_pretrain/engines/)
+        print(
+            f"{PROG}: this machine is faulty: {'; '.join(faulty)}; rent another (exit {EXIT_FAULTY_HOST})",
+            file=sys.stderr,
+        )
+        return EXIT_FAULTY_HOST
+    # a card well under what the plan rented it for is a bad offer: the task pays the plan's price for fewer tokens
+    short = request.slower_than_plan and plan_shortfall(plan_best(request.recipe)[0], figures, request.slower_than_plan)
+    if short:
+        print(
+            f"{PROG}: this machine is slower than the plan: {short}; rent another (exit {EXIT_FAULTY_HOST})",
+            file=sys.stderr,
+        )
+        return EXIT_FAULTY_HOST
+    return None
 
 
 def what_helps(request: CheckRequest, on_gpu: bool) -> str:

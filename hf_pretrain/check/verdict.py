@@ -9,6 +9,7 @@ no GPU: its verdict says so and names plan's best."""
 from __future__ import annotations
 
 from hf_pretrain.check.figures import Figure
+from hf_pretrain.check.pod_price import engine_price
 from hf_pretrain.config import Recipe
 from hf_pretrain.economics.check_records import earlier_figure
 from hf_pretrain.economics.cost import dollars_per_billion_tokens
@@ -16,7 +17,7 @@ from hf_pretrain.economics.measurements import Configuration, configuration, rec
 from hf_pretrain.economics.performance import SLOW_NODE_FRACTION, slow_node_warning
 from hf_pretrain.economics.planning.gpu_ranking import gpu_prices, ranked_rows
 from hf_pretrain.economics.workload import Workload, recipe_workload
-from hf_pretrain.machine.gpus import find_gpu
+from hf_pretrain.machine.gpus import GPU, find_gpu
 from hf_pretrain.model.llama import model_flops_per_token
 
 RECIPE_AS_WRITTEN = "recipe as written"
@@ -125,6 +126,51 @@ def store_failures(figures: list) -> list[tuple[str, str]]:
     return failed
 
 
+def pod_price(given: float, gpu: GPU | None) -> tuple[float, str]:
+    """This pod's $/h and where it comes from: --price_per_hour, the plan's price of the offer the engine rented
+    (check/pod_price.py), the GPU table's typical price; 0 where none is known."""
+    if given:
+        return given, "--price_per_hour"
+    planned = engine_price(gpu.skypilot) if gpu else None
+    if planned:
+        return planned
+    return (gpu.usd_per_hour, "gpus.yaml's typical price") if gpu else (0.0, "")
+
+
+def plan_row(rows: list, gpu: GPU | None):
+    """plan's row of this card (`rows`: plan_best's), or None for a card the table does not know."""
+    return next((row for row in rows if gpu and row.gpu == gpu.name), None)
+
+
+def against_the_plan(rows: list, gpu: GPU | None, step: Figure | None, price: float) -> list[str]:
+    """The recipe's step here against what the plan counts on for this card, tokens/s and $ per token at this
+    pod's price: the figure the plan ranked the card by, and so the figure its task rented it for."""
+    row = plan_row(rows, gpu)
+    if row is None or step is None or not row.tokens_per_s:
+        return []
+    how = "measured" if row.measured else "modelled"
+    return [
+        f"against the plan: {step.value:,.0f} tokens/s here, {step.value / row.tokens_per_s - 1:+.0%} of the plan's "
+        f"{row.tokens_per_s:,.0f} for the {row.gpu} ({how}); "
+        f"${dollars_per_billion_tokens(step.value, price):,.2f} per billion tokens against the plan's "
+        f"${dollars_per_billion_tokens(row.tokens_per_s, price):,.2f} at ${price:.2f}/h"
+    ]
+
+
+def plan_shortfall(rows: list, figures: list, fraction: float) -> str | None:
+    """Why this pod is a faulty host for a task that rented it by the plan: the recipe's step more than
+    `fraction` under the plan's tokens/s for its card (figures as objects or check.json's dicts); None when not."""
+    steps = [f if isinstance(f, dict) else f.__dict__ for f in figures]
+    step = next((f for f in steps if f["part"] == "step" and f["name"] == RECIPE_AS_WRITTEN and f["value"]), None)
+    row = plan_row(rows, find_gpu(step["device"]) if step and step.get("device") else None)
+    if step is None or row is None or not row.tokens_per_s or step["value"] >= (1 - fraction) * row.tokens_per_s:
+        return None
+    return (
+        f"the recipe's step ran {step['value']:,.0f} tokens/s, {1 - step['value'] / row.tokens_per_s:.0%} under the "
+        f"{row.tokens_per_s:,.0f} the plan counts on for the {row.gpu} (more than --slower_than_plan {fraction:g})"
+    )
+
+
 def verdict(recipe: Recipe, figures: list[Figure]) -> list[str]:
     """The verdict's lines (figures' MFU added); a store the run cannot use from here, first."""
     add_mfu(model_flops_per_token(recipe.model, recipe.data)[1], figures)
@@ -144,7 +190,7 @@ def verdict(recipe: Recipe, figures: list[Figure]) -> list[str]:
             ]
         )
     gpu = find_gpu(device)
-    price = recipe.reporting.price_per_hour or (gpu.usd_per_hour if gpu else 0.0)
+    price, where = pod_price(recipe.reporting.price_per_hour, gpu)
     lines = stores + measured
     if not steps:
         lines.append("no step was measured: no $ per token (see the step part's lines)")
@@ -153,13 +199,13 @@ def verdict(recipe: Recipe, figures: list[Figure]) -> list[str]:
     else:
         fastest = max(steps, key=lambda f: f.value)
         usd = dollars_per_billion_tokens(fastest.value, price)
-        where = "--price_per_hour" if recipe.reporting.price_per_hour else "gpus.yaml's typical price"
         rank = 1 + sum(1 for row in rows if row.usd_per_billion_tokens < usd and row.gpu != (gpu.name if gpu else ""))
         lines.append(
             f"${usd:,.2f} per billion tokens on this {device} at ${price:.2f}/h ({where}), "
             f"{fastest.name} at {fastest.value:,.0f} tokens/s"
         )
         lines.append(f"ranks {rank} of {len(rows)} in plan's table; plan's best: {best_text}")
+        lines += against_the_plan(rows, gpu, as_written, price)
     faulty = [f"faulty host: {line}" for line in faulty_lines(figures)]
     slow = slow_node_lines(device, figures, as_written, work=recipe_workload(recipe), wanted=configuration(recipe))
     lines += faulty + slow or ["no sign of a slow or faulty node"]

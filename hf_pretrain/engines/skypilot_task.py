@@ -28,6 +28,38 @@ _ORDERED_NOTE = (
 )
 
 
+PLANNED_PRICES = "PLANNED_PRICES"  # `cloud:ACCELERATOR:market=USD` entries, space-separated (engines/skypilot_task.py)
+
+
+@dataclass(frozen=True)
+class PlannedPrice:
+    cloud: str
+    accelerator: str
+    spot: bool
+    usd_per_hour: float
+
+
+def planned_prices(text: str) -> list[PlannedPrice]:
+    """`PLANNED_PRICES`'s entries; one that does not read is left out (a hand edit), never a crash."""
+    prices = []
+    for entry in text.split():
+        place, _, price = entry.rpartition("=")
+        cloud, _, rest = place.partition(":")
+        accelerator, _, market = rest.rpartition(":")
+        try:
+            usd = float(price)
+        except ValueError:
+            continue
+        if cloud and accelerator and market in ("spot", "on-demand") and usd > 0:
+            prices.append(PlannedPrice(cloud.lower(), accelerator, market == "spot", usd))
+    return prices
+
+
+def planned_entry(cloud: str, accelerator: str, spot: bool, usd_per_hour: float) -> str:
+    """One `PLANNED_PRICES` entry, as `planned_prices` reads it."""
+    return f"{cloud}:{accelerator}:{'spot' if spot else 'on-demand'}={usd_per_hour:g}"
+
+
 class TaskExists(FileExistsError):
     """`--skypilot_task` names a file that exists: never written over."""
 
@@ -41,6 +73,7 @@ class Candidate:
     accelerator: str
     gpus: int
     spot: bool
+    price_per_hour: float
     note: str = ""
 
 
@@ -77,8 +110,20 @@ def resources_with(block: str, candidates: list[Candidate]) -> str:
     return "".join(kept)
 
 
+def with_planned_prices(base: str, candidates: list[Candidate]) -> str:
+    """`base` with its `envs` holding the candidates' prices (PLANNED_PRICES): the pod check prices the machine
+    SkyPilot rented at the plan's price of that offer (check/pod_price.py)."""
+    entries = " ".join(planned_entry(c.cloud, c.accelerator, c.spot, c.price_per_hour) for c in candidates)
+    line = f'  {PLANNED_PRICES}: "{entries}"  # written by plan: what the pod check prices this machine at\n'
+    base = re.sub(rf"^  {PLANNED_PRICES}: .*\n", "", base, flags=re.M)
+    if not re.search(r"^envs:\n", base, flags=re.M):
+        raise ValueError("the task has no top-level `envs:` block")
+    return re.sub(r"^envs:\n", lambda m: m[0] + line, base, count=1, flags=re.M)
+
+
 def task_text(base: str, candidates: list[Candidate], header: str = "") -> str:
-    """`base` (a task's text) renting `candidates`, `header` (comment lines) on top."""
+    """`base` (a task's text) renting `candidates`, their prices in its envs, `header` (comment lines) on top."""
+    base = with_planned_prices(base, candidates)
     match = re.search(r"^resources:\n(?:(?:[ #].*)?\n)*", base, flags=re.M)
     if match is None:
         raise ValueError("the task has no top-level `resources:` block")

@@ -260,6 +260,7 @@ def skypilot_candidates(rows: list[OfferRow]) -> list[Candidate]:
             row.accelerator,
             row.gpus,
             row.spot,
+            row.price_per_hour,
             f"{row.card}: ${row.usd_per_billion_tokens:,.2f} per 1B tokens expected (${row.price_per_hour:,.2f}/h "
             f"in {row.region})",
         )
