@@ -59,6 +59,7 @@ def run_training(recipe: Recipe, where: Where | None = None) -> Outcome:
 
     where = where or Where.of(recipe)
     recipe, where, store = in_store(recipe, where)  # a URL output_dir: checked, leased, pulled; a local copy trains
+    # final/ here, or whole in the store for a working copy just pulled (a fresh node: no final/ pulled)
     finished = finished_at(recipe.train, recipe.checkpoints)
     if finished is not None:  # the same command after the run completed: nothing to train, nothing written
         shown = RunDir(recipe.train.output_dir).shown_as()  # a URL run: its URL, not the working copy
@@ -70,6 +71,8 @@ def run_training(recipe: Recipe, where: Where | None = None) -> Outcome:
             if behind := store.behind():
                 message += f" | warning: {behind}"
                 print(f"warning: {behind}", flush=True)
+            else:  # before the close, which sends status.json to the store: `status` reads it there too
+                store_caught_up(recipe.train.output_dir)
             store.close()
         return Outcome(0, message, RunDir(recipe.train.output_dir).final, finished=True)
     side_jobs = SideJobs(recipe.publish, recipe.evaluation)
@@ -107,6 +110,28 @@ def run_training(recipe: Recipe, where: Where | None = None) -> Outcome:
     finally:
         if store is not None:
             store.close()
+
+
+def store_caught_up(output_dir: str) -> None:
+    """status.json of a finished run whose store now holds all of it: the warning an earlier session ended
+    with ("not in the store ...", added to its reason below) and its advice to rerun here (`UPLOAD_FIRST`)
+    dropped. Nothing else rewrites them (a finished run's rerun opens no session), so `status` went on
+    quoting them after a later session had uploaded everything."""
+    from hf_pretrain.run_folder.run_dir import update_status
+    from hf_pretrain.run_store.run_sync import BEHIND
+    from hf_pretrain.training.session import FINISHED
+
+    def change(status: dict) -> dict | None:
+        if not status:
+            return None
+        parts = str(status.get("reason") or "").split(" | ")
+        kept = [part for part in parts if not part.startswith(f"warning: {BEHIND}")]
+        mended = {"reason": " | ".join(kept)} if len(kept) < len(parts) else {}
+        if status.get("next") == UPLOAD_FIRST["next"]:  # the finished ending's own advice again
+            mended |= {"rerun": FINISHED.rerun, "next": FINISHED.next}
+        return {**status, **mended} if mended else None
+
+    update_status(output_dir, change)
 
 
 def in_store(recipe: Recipe, where: Where):

@@ -65,6 +65,13 @@ def complete_in_store(url: str) -> list[int]:
     return complete_steps(store_fs(), StoreURL.parse(url))
 
 
+def final_objects(url: str) -> dict[str, tuple[str, str]]:
+    """The store's final/ objects of the run at `url`: name -> (ETag, LastModified), read afresh."""
+    prefix = f"{url.removeprefix('s3://')}/final/"
+    found = store_fs().find(prefix, detail=True)
+    return {path.removeprefix(prefix): (info["ETag"], str(info["LastModified"])) for path, info in found.items()}
+
+
 def wait_until(condition, process: subprocess.Popen, timeout: float = 180, poll: float = 0.05) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -194,10 +201,26 @@ def test_a_finished_run_goes_further_on_another_machine(smoke_data, s3_bucket, s
     first = run_captured(train_command(smoke_data, url, max_steps=4, **wsd), **a, timeout=600)
     assert first.returncode == 0, (first.stdout + first.stderr)[-3000:]
     assert {3, 4} <= set(complete_in_store(url)), complete_in_store(url)  # step 3: the last before the decay
+    finished_final = final_objects(url)
+    assert any(name.endswith("model.safetensors") for name in finished_final), finished_final
+
+    # The same command relaunched on a fresh node (a restart loop): it ran the loop with nothing to train,
+    # said "done: 4 steps" and rebuilt and re-sent final/ (2 GB for the 1b) every time.
+    again = run_captured(
+        train_command(smoke_data, url, max_steps=4, **wsd), **machine(tmp_path / "C", s3_server), timeout=600
+    )
+    log = again.stdout + again.stderr
+    assert again.returncode == 0, log[-3000:]
+    assert f"the run in {url} finished at step 4: nothing to train. To go further" in log, log[-3000:]
+    assert "done:" not in log and "final/" not in log, log[-3000:]
+    assert final_objects(url) == finished_final  # every object's ETag and LastModified as machine A left them
 
     further = run_captured(train_command(smoke_data, url, max_steps=8, **wsd), **b, timeout=600)
     log = further.stdout + further.stderr
     assert further.returncode == 0, log[-3000:]
+    assert f"final/: in {url}/final" in log, log[-3000:]
+    went_further = final_objects(url)  # step 8's weights replaced step 4's in the store
+    assert went_further["model.safetensors"] != finished_final["model.safetensors"], (went_further, finished_final)
     assert "store: step 3 too: going further to max_steps 8 starts from it" in log, log[-3000:]
     assert "going further" in log and f"resumed from {url}/checkpoints/step_00000003 at step 3" in log, log[-3000:]
     assert complete_in_store(url)[0] == 8
@@ -334,9 +357,8 @@ def test_a_local_run_never_imports_a_store_client():
 
 
 def test_export_report_and_status_read_a_run_url(reference_run, s3_bucket, s3_server, tmp_path, monkeypatch, capsys):
-    from hf_pretrain import report
     from hf_pretrain.publish import export_command
-    from hf_pretrain.run_commands import run_status
+    from hf_pretrain.run_commands import report, run_status
 
     monkeypatch.setenv("HF_PRETRAIN_HOME", str(tmp_path / "home"))
     url, fs = f"{s3_bucket}/run", store_fs()

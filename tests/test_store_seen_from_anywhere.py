@@ -544,6 +544,57 @@ def a_machine(folder: Path, s3_server, **env: str) -> dict:
     return {"cwd": folder, "env": {**offline_env(), **s3_server.env, "HF_PRETRAIN_HOME": str(folder / "home"), **env}}
 
 
+def test_a_store_that_never_answers_at_the_start_is_said_at_once_then_refused_within_its_bound(
+    smoke_data, s3_bucket, s3_server, tmp_path, monkeypatch
+):
+    """Issue 57: a store that accepts connections and answers nothing kept the start silent for minutes (185 s)
+    before its line. A line naming the URL and the client's bound comes while the store is waited for, long
+    before the refusal that ends the wait (exit 78, one line, no traceback)."""
+    from hf_pretrain.exit_codes import EXIT_PREFLIGHT
+    from hf_pretrain.object_store.reach import SILENT_S
+    from hf_pretrain.object_store.urls import TIMEOUTS_VARIABLE, request_bound_s
+
+    read_s = 5  # short client timeouts: the refusal in 36 s, not 126 s; still far past the waiting line's SILENT_S
+    monkeypatch.setenv(TIMEOUTS_VARIABLE, f"1,{read_s}")  # the trainer's client (its env copies this one's), and here
+    bound_s = request_bound_s()
+    a = a_machine(tmp_path / "A", s3_server)
+    url = f"{s3_bucket}/run"
+    s3_server.proxy.stall()
+    try:
+        started = time.monotonic()
+        process, lines, reader = trainer(str(smoke_data), url, a)
+        process.wait(timeout=bound_s * 4)  # the refusal ends it: nothing here waits on a clock of its own
+        reader.join(timeout=10)
+    finally:
+        s3_server.proxy.restore()
+    out = "\n".join(text for _, text in lines)
+    assert process.returncode == EXIT_PREFLIGHT, out[-3000:]
+    waiting = [(t, text) for t, text in lines if text.startswith("store: no answer yet from")]
+    refused = [(t, text) for t, text in lines if "does not answer" in text]
+    assert len(waiting) == 1 and len(refused) == 1 and "Traceback" not in out, out[-3000:]
+    (said_at, said), (refused_at, refusal) = waiting[0], refused[0]
+    assert url in said and f"waiting for it at most {bound_s:.0f} s (read timeout {read_s:g} s x" in said, said
+    assert url in refusal and refusal.startswith("train.py: "), refusal
+    # read as the lines arrived: the waiting line within the bound from the start, and well before the refusal,
+    # which only the client's timeouts end; that within the bound said (botocore's 4 attempts for "3" overran it)
+    assert said_at - started < bound_s, (said_at - started, bound_s)
+    assert (bound_s - SILENT_S) / 2 < refused_at - said_at < bound_s, (refused_at - said_at, bound_s)
+
+
+def test_the_bound_docs_moving_runs_states_is_the_clients(monkeypatch):
+    """The 126 s docs/moving-runs.md states twice is what the client's bounds add up to (it said 120 s
+    while botocore made 4 attempts of the 3 set: 185 s)."""
+    from hf_pretrain.object_store.urls import TIMEOUTS_VARIABLE, StoreURL, client_options, request_bound_s
+    from tests.helpers import ROOT
+
+    monkeypatch.delenv(TIMEOUTS_VARIABLE, raising=False)
+    text = " ".join((ROOT / "docs" / "moving-runs.md").read_text().split())
+    bound = f"{request_bound_s():.0f} s"
+    assert f"waiting for it at most {bound}" in text and f"{bound} at most" in text, bound
+    retries = client_options(StoreURL.parse("s3://bkt/x"))["config_kwargs"]["retries"]
+    assert retries == {"mode": "standard", "total_max_attempts": 3}, retries  # every attempt counted, the first too
+
+
 STORE_WAIT_S = 8
 # past store_wait_s, the end of a run spends at most run_sync.CLOSE_S (20 s) on the store's last writes;
 # the rest of the margin is local work after the last step on a loaded 2-core machine (final/ written,
@@ -553,7 +604,7 @@ END_MARGIN_S = 20 + 60
 
 @pytest.mark.slow
 def test_a_black_holed_store_mid_run_ends_in_time_and_the_next_start_uploads_the_rest(
-    smoke_data, s3_bucket, s3_server, tmp_path
+    smoke_data, s3_bucket, s3_server, tmp_path, monkeypatch, capsys
 ):
     """Held before step 5 once step 4 is in the store, the store becomes a black hole; the run trains
     on to 12, ends within store_wait_s plus the margin, its last line and status.json name steps 8 and
@@ -613,6 +664,18 @@ def test_a_black_holed_store_mid_run_ends_in_time_and_the_next_start_uploads_the
     assert complete_in_store(run_url)[:2] == [12, 8]
     fs, parsed = store_of(run_url)
     assert fs.exists(f"{parsed.path}/final/config.json")
+    # Issue 57: `status` after the recovery still quoted the first session's "not in the store" warning (its
+    # reason in status.json, here and in the store) and its advice to rerun here. The store holds it all now.
+    assert "warning: not in the store" in status["reason"]  # the first session's, read above
+    mended = json.loads((local / "status.json").read_text())
+    assert json.loads(fs.cat_file(f"{parsed.path}/status.json"))["reason"] == mended["reason"]
+    assert "not in the store" not in mended["reason"] and mended["reason"].startswith("done: 12 steps"), mended
+    assert mended["rerun"] is False and mended["next"].startswith("nothing: the run is complete"), mended
+    assert mended["store"]["not_in_store"] == [], mended["store"]
+    monkeypatch.setenv("HF_PRETRAIN_HOME", str(tmp_path / "viewer"))  # `status URL` from another machine
+    assert cli.main(["status", run_url]) == 0
+    for standing in (capsys.readouterr().out, run_status.describe(run_status.read_run(local))):
+        assert ": finished (exit 0), step 12 of 12" in standing and "not in the store" not in standing, standing
     for said in (out, out2):
         assert home not in said, [line for line in said.splitlines() if home in line]
         assert FAKE_SECRET not in said

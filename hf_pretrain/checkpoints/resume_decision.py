@@ -49,10 +49,11 @@ def resumable(folder: Path, _train_state: dict[str, Any] | None = None) -> None:
 
 def finished_at(train: TrainConfig, checkpoints: CheckpointConfig) -> int | None:
     """The step at which the run in `train`'s output_dir finished, when this start would train nothing
-    (the same command run again after it completed): --resume auto, final/ written, and its newest
-    checkpoint at the end of its schedule under the same max_steps. None for anything else, going
-    further (another max_steps) included. Reads the newest checkpoint's train state, no checksums."""
-    if not RunDir(train.output_dir).final.is_dir():
+    (the same command run again after it completed): --resume auto, final/ written (here, or whole in the
+    store of a working copy: `RunDir.has_final`), and its newest checkpoint at the end of its schedule under
+    the same max_steps. None for anything else, going further (another max_steps) included. Reads the
+    newest checkpoint's train state, no checksums."""
+    if not RunDir(train.output_dir).has_final():
         return None
     newest = newest_good_checkpoint(train.output_dir, checksums=False, log=lambda _: None)
     return finished_step(checkpoints.resume, train.max_steps, newest.train_state if newest is not None else {})

@@ -11,10 +11,13 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
+import threading
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from hf_pretrain.object_store.urls import StoreUnavailable, StoreURL, filesystem
+from hf_pretrain.object_store.urls import StoreUnavailable, StoreURL, filesystem, request_bound
 from hf_pretrain.redaction import redact
 from hf_pretrain.run_folder.run_lock import RunDirUnusable
 
@@ -36,6 +39,11 @@ _CREDENTIALS = (
 _DENIED = ("AccessDenied", "Forbidden", "not authorized")
 # botocore's names for a store that does not answer (s3fs raises them as they are)
 _UNREACHABLE = ("EndpointConnectionError", "ConnectTimeoutError", "ReadTimeoutError", "ConnectionClosedError")
+# A store answers its first request in milliseconds; one silent as long as the client's connect timeout
+# (urls.py) is said while it is waited for, since the start into a store that accepts connections and
+# answers nothing was silent for minutes before its refusal. Sooner would print it beside a store merely
+# slow under load (the test suite's).
+SILENT_S = 5.0
 
 
 class StoreRefused(RunDirUnusable):
@@ -109,15 +117,34 @@ def _no_bucket(url: StoreURL) -> str:
     )
 
 
-def open_checked(location: str, write: bool = True, what: str = "the run") -> tuple[StoreURL, AbstractFileSystem]:
+def _first_process_says(line: str) -> None:
+    if os.environ.get("RANK", "0") == "0":  # every process of a launched job opens the store: one says it
+        print(line, file=sys.stdout, flush=True)
+
+
+def waiting_line(url: StoreURL, doing: str) -> str:
+    """The line said while a store gives no answer: which URL, doing what, and how long at most."""
+    bound = request_bound(url)
+    most = f"at most {bound}" if bound else "as long as its client's own timeouts allow"
+    return redact(f"store: no answer yet from {where(url)} ({doing}); waiting for it {most}, then a line saying why")
+
+
+def open_checked(
+    location: str, write: bool = True, what: str = "the run", say: Callable[[str], None] = _first_process_says
+) -> tuple[StoreURL, AbstractFileSystem]:
     """The URL and its file system, once the store answered, its bucket exists and (with `write`) a
-    probe object could be put and deleted; else `StoreRefused`. `what` the location holds, for the line."""
+    probe object could be put and deleted; else `StoreRefused`. `what` the location holds, for the line.
+    A first answer that takes over `SILENT_S` is said (`say`) while it is waited for: the refusal comes
+    only once the client's bounds ran out, minutes for a store that accepts connections and says nothing."""
     try:
         url = StoreURL.parse(location)
         fs = filesystem(url)
     except StoreUnavailable as exc:
         raise StoreRefused(redact(str(exc))) from None
     doing = f"listing {what}"
+    silent = threading.Timer(SILENT_S, lambda: say(waiting_line(url, doing)))
+    silent.daemon = True  # a process that ends meanwhile does not wait for it
+    silent.start()
     try:
         try:
             fs.ls(url.path, detail=False)
@@ -127,6 +154,8 @@ def open_checked(location: str, write: bool = True, what: str = "the run") -> tu
         raise StoreRefused(_no_bucket(url)) from None
     except Exception as exc:  # the client's errors have no common base: each said in a line
         raise StoreRefused(describe_failure(url, exc, doing)) from None
+    finally:
+        silent.cancel()
     if write:
         probe = url.join(PROBE).path
         doing = "writing a probe object"

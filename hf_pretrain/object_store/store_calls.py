@@ -47,9 +47,7 @@ def read_bound_s() -> float:
     three of them outlasted the watchdog (issue 59). `HF_PRETRAIN_STORE_TIMEOUTS` (the tests') shortens it."""
     from hf_pretrain.object_store import urls
 
-    read = urls.READ_TIMEOUT_S
-    if text := os.environ.get(urls.TIMEOUTS_VARIABLE):
-        read = float(text.split(",")[1])
+    _, read = urls.timeouts()
     return read * urls.BOTOCORE_ATTEMPTS * urls.S3FS_TRIES
 
 

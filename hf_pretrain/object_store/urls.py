@@ -203,18 +203,47 @@ S3FS_TRIES = 2  # s3fs's own wrapper (timeouts, SlowDown) on top; the product's 
 TIMEOUTS_VARIABLE = "HF_PRETRAIN_STORE_TIMEOUTS"  # "CONNECT,READ" in seconds: the tests' black hole is short
 
 
+def timeouts() -> tuple[float, float]:
+    """The S3 client's (connect, read) timeouts in seconds: the stated ones, or the tests' shorter ones."""
+    if text := os.environ.get(TIMEOUTS_VARIABLE):
+        connect, read = (float(x) for x in text.split(","))
+        return connect, read
+    return CONNECT_TIMEOUT_S, READ_TIMEOUT_S
+
+
+def request_bound_s() -> float:
+    """The most one S3 request to a store that accepts connections and answers nothing waits before it fails:
+    each attempt's read timeout, and the back-off between them (botocore's standard mode waits at most
+    2**k s after its attempt k+1, s3fs 0.1 x 1.7**i s after its try i)."""
+    _, read = timeouts()
+    backoff = sum(min(2**k, 20) for k in range(BOTOCORE_ATTEMPTS - 1))
+    return S3FS_TRIES * (BOTOCORE_ATTEMPTS * read + backoff) + sum(0.1 * 1.7**i for i in range(S3FS_TRIES))
+
+
+def request_bound(url: StoreURL) -> str | None:
+    """`request_bound_s` in words, from the client's bounds above (S3's; None for a scheme whose client
+    keeps its own)."""
+    if url.scheme != "s3":
+        return None
+    _, read = timeouts()
+    return (
+        f"{request_bound_s():.0f} s (read timeout {read:g} s x {BOTOCORE_ATTEMPTS} attempts x {S3FS_TRIES} tries, "
+        f"and the back-off between them)"
+    )
+
+
 def client_options(url: StoreURL) -> dict:
     """The keyword arguments of `url`'s fsspec file system that bound each request (S3 only: the other
     schemes keep their client's own)."""
     if url.scheme != "s3":
         return {}
-    connect, read = CONNECT_TIMEOUT_S, READ_TIMEOUT_S
-    if text := os.environ.get(TIMEOUTS_VARIABLE):
-        connect, read = (float(x) for x in text.split(","))
+    connect, read = timeouts()
     return {
         "config_kwargs": {
             "connect_timeout": connect,
             "read_timeout": read,
-            "retries": {"mode": "standard", "max_attempts": BOTOCORE_ATTEMPTS},
+            # total_max_attempts counts every attempt; botocore's max_attempts counts retries, so 3 was 4
+            # attempts and one silent request waited 20 x 4 x 2 s and its back-off (185 s), not the 120 s stated
+            "retries": {"mode": "standard", "total_max_attempts": BOTOCORE_ATTEMPTS},
         },
     }

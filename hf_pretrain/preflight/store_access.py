@@ -104,13 +104,15 @@ def check_resume_from_store(url_recipe: Recipe, recipe: Recipe, decision: Callab
 
 def finished_in_store(train: TrainConfig, checkpoints: CheckpointConfig) -> int | None:
     """`resume_decision.finished_at` for a run URL: the step it finished at, read in the store (its
-    checkpoints listed only when final/ is there)."""
+    checkpoints listed only when final/ is whole there, as training's start judges it: `final_in_store`)."""
+    from hf_pretrain.run_store.pull import final_in_store
+
     store = _store_of(train.output_dir)
     if store is None:
         return None
     url, fs = store
     try:
-        newest = newest_in_store(fs, url) if fs.exists(url.join("final").path) else None
+        newest = newest_in_store(fs, url) if final_in_store(fs, url) else None
     except (OSError, ValueError):
         return None
     return finished_step(checkpoints.resume, train.max_steps, newest[1]) if newest else None

@@ -39,6 +39,8 @@ if TYPE_CHECKING:
 STATUS_LOCK = "status.json.lock"  # taken by every writer of status.json (`update_status`)
 # final/ is exported in full precision: the disk check and the export must agree on its size.
 FINAL_DTYPE = "fp32"
+# store.json's key: final/ was whole in the store when this working copy was pulled (run_store/run_sync.py)
+FINAL_IN_STORE = "final_in_store"
 
 
 class RunDir:
@@ -104,6 +106,16 @@ class RunDir:
     @property
     def final(self) -> Path:
         return self.path / "final"
+
+    def has_final(self) -> bool:
+        """final/ is written: here, or, for a store's working copy, whole in the store at this session's pull
+        (store.json says so; a fresh machine never pulls final/, and must not take the run as unfinished)."""
+        if self.final.is_dir():
+            return True
+        try:
+            return json.loads(self.store_link.read_text()).get(FINAL_IN_STORE) is True
+        except (OSError, ValueError, AttributeError):
+            return False
 
     def final_before_branch(self, step: int) -> Path:
         """Where final/ goes when the run goes further from an earlier checkpoint: the model of the

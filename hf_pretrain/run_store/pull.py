@@ -48,6 +48,10 @@ SMALL_FILES = (
 # each (tens on a GPU), written once per key: each goes up once (uploader.py), not at every heartbeat, and
 # comes down whenever this copy lacks it, however far the store is (a key's bytes never change meaning).
 COMPILE_CACHE = "compile_cache"
+# status.json's words for what the store lacks (run_sync.py writes them, a start reads them back here)
+STORE_SECTION = "store"  # status.json's key
+NOT_IN_STORE = "not_in_store"  # the section's list of steps (and `final`) a rerun uploads first
+FINAL = "final"
 
 
 def compile_cache_files(local: Path) -> list[Path]:
@@ -157,6 +161,23 @@ def pull_branch_point(
         say(redact(f"store: {exc}"))
         return
     say(f"store: step {step} too: going further to max_steps {max_steps:,} starts from it, the last before the decay")
+
+
+def final_in_store(fs: AbstractFileSystem, url: StoreURL) -> bool:
+    """Whether final/ is whole in the store: there, and the run's status.json there says the run finished
+    without naming final/ as missing. A session records `finished` only after final/'s upload ended, and
+    names `final` in its store section when that upload failed; a machine killed while final/ went up left
+    another state. A start that finds it whole has nothing to write again (a fresh machine has no local
+    final/: it rebuilt and re-sent the 1b's 2 GB each time). Unreadable: not whole, final/ is made again."""
+    try:
+        status = json.loads(fs.cat_file(url.join("status.json").path))
+        if not isinstance(status, dict) or status.get("state") != "finished":
+            return False
+        section = status.get(STORE_SECTION)
+        missing = (section.get(NOT_IN_STORE) or []) if isinstance(section, dict) else []
+        return FINAL not in missing and fs.exists(url.join(FINAL).path)
+    except (OSError, ValueError):
+        return False
 
 
 def pull_small_files(fs: AbstractFileSystem, url: StoreURL, local: Path) -> None:

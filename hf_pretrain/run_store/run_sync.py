@@ -28,11 +28,18 @@ from hf_pretrain.formatting import human_bytes
 from hf_pretrain.object_store.cache import local_copy
 from hf_pretrain.object_store.reach import describe_failure, open_checked, quiet_orphaned_requests
 from hf_pretrain.redaction import redact
-from hf_pretrain.run_folder.run_dir import RunDir, read_status, set_activity, update_status
+from hf_pretrain.run_folder.run_dir import FINAL_IN_STORE, RunDir, read_status, set_activity, update_status
 from hf_pretrain.run_folder.sessions import start_up
 from hf_pretrain.run_store.lease import Lease
 from hf_pretrain.run_store.ledger_sync import merge_sessions, sessions_here
-from hf_pretrain.run_store.pull import complete_steps, pull_run
+from hf_pretrain.run_store.pull import (
+    FINAL,
+    NOT_IN_STORE,
+    STORE_SECTION,
+    complete_steps,
+    final_in_store,
+    pull_run,
+)
 from hf_pretrain.run_store.transfer import put_files
 from hf_pretrain.run_store.uploader import (
     RUN_RECORD,
@@ -46,9 +53,7 @@ if TYPE_CHECKING:
     from hf_pretrain.config import CheckpointConfig, StoreConfig
 
 STOP_POLL_S = 3.0  # how often the store is asked for a stop request
-STORE_SECTION = "store"  # status.json's key
-NOT_IN_STORE = "not_in_store"  # the section's list of steps (and `final`) a rerun uploads first
-FINAL = "final"
+BEHIND = "not in the store "  # how `behind`'s line begins (a session's reason ends with it: train.py reads it there)
 CLOSE_S = 20.0  # the most the last store writes (records, the lease) wait at a run's end, past `store_wait_s`
 
 
@@ -56,11 +61,14 @@ MARK_SLACK_S = 2.0
 PULL_WAIT_S = 3600.0  # how long a process waits for its machine's pull (a launcher ends it sooner if that failed)
 
 
-def mark_pulled(local: Path, url) -> None:
-    """The working copy is pulled for this session: store.json says when (atomically: others poll it)."""
+def mark_pulled(local: Path, url, final_there: bool) -> None:
+    """The working copy is pulled for this session: store.json says when (atomically: others poll it), and
+    whether final/ is whole in the store (`final_in_store`): every process of the job then judges a finished
+    run alike (checkpoints/resume_decision.finished_at), none pulling final/ for it."""
     link = RunDir(local).store_link
     tmp = link.with_name(f"{link.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps({"url": str(url), "pulled": time.time()}) + "\n")
+    record = {"url": str(url), "pulled": time.time(), FINAL_IN_STORE: final_there}
+    tmp.write_text(json.dumps(record) + "\n")
     os.replace(tmp, link)
 
 
@@ -76,9 +84,10 @@ def pull_here(
     local = working_copy(output_dir, cache_dir)
     try:
         pull_run(fs, url, local, say=lambda line: say(redact(line)), max_steps=max_steps)
+        final_there = final_in_store(fs, url)
     except Exception as exc:
         raise StoreRefused(describe_failure(url, exc, "pulling the run")) from None
-    mark_pulled(local, url)
+    mark_pulled(local, url, final_there)
 
 
 def wait_for_pull(output_dir: str, cache_dir: str | None) -> None:
@@ -133,6 +142,7 @@ class RunInStore:
         self._status_lock = threading.Lock()
         self._expired_said = False  # the lease's running out was said (`_say_expiry`)
         self._final = False  # the schedule completed: final/ goes to the store too
+        self.final_there = False  # final/ was whole in the store at the pull (`final_in_store`)
 
     @classmethod
     def begin(
@@ -156,7 +166,7 @@ class RunInStore:
         except BaseException:
             run.lease.release()
             raise
-        mark_pulled(run.local, run.url)  # this machine's other processes may read the copy now
+        mark_pulled(run.local, run.url, run.final_there)  # this machine's other processes may read the copy now
         run_id = run_identity(run.fs, run.url, run.lease.run_id)
         remove_half_uploads(run.fs, run.url, run_id, run.say)  # the lease is ours: none of this run uploads
         run.uploader = Uploader(
@@ -194,6 +204,7 @@ class RunInStore:
             with start_up.timed("pull"):  # sessions.jsonl: what a session's start-up went to
                 step = pull_run(self.fs, self.url, self.local, say=self.say, max_steps=self.max_steps)
                 merge_sessions(self.fs, self.url, self.local, mine)
+                self.final_there = final_in_store(self.fs, self.url)
         except Exception as exc:  # the store failed between the checks and the pull
             from hf_pretrain.object_store.reach import StoreRefused
 
@@ -318,12 +329,12 @@ class RunInStore:
         named = ", ".join(f"step {m}" if isinstance(m, int) else f"{m}/" for m in missing)
         if self.lost_the_run():  # the run is the other machine's: a rerun here would fight it
             return (
-                f"not in the store {self.url}: {named}, which stay on this machine unused: the run is "
+                f"{BEHIND}{self.url}: {named}, which stay on this machine unused: the run is "
                 f"{self.lease.lost_to.host}'s now (it took the lease over); `hf-pretrain status {self.url}` "
                 f"shows where it stands"
             )
         return (
-            f"not in the store {self.url}: {named} ({human_bytes(s['bytes_behind'])}){error}; they stay on this "
+            f"{BEHIND}{self.url}: {named} ({human_bytes(s['bytes_behind'])}){error}; they stay on this "
             f"machine, and the same command rerun here uploads them first"
         )
 
