@@ -233,6 +233,8 @@ class Ledger:
         self.from_step: int | None = None
         self.first: dict[str, Any] = {}
         self._ended = False
+        self._before: int | None = None  # the ledger's size before this session's start (None: it had none)
+        self._after: int | None = None  # ... and after it
 
     def close_the_killed(self, newest_step: int | None) -> list[SessionRecord]:
         """An `end` for every earlier session that has none (it was killed: its status.json still said
@@ -265,6 +267,8 @@ class Ledger:
 
     def begin(self, from_step: int | None) -> None:
         self.began, self.from_step = time.time(), from_step
+        path = ledger_path(self.run.path)
+        self._before = path.stat().st_size if path.exists() else None
         append(
             self.run.path,
             {
@@ -277,6 +281,7 @@ class Ledger:
                 "from_step": from_step,
             },
         )
+        self._after = path.stat().st_size if path.exists() else None
 
     def first_step_done(self, step: int, device: str, first_step_s: float) -> None:
         """After the session's first step (`step`), on `device`, which itself took `first_step_s`."""
@@ -285,15 +290,34 @@ class Ledger:
         append(self.run.path, {"kind": "first_step", "session": self.id, **self.first})
 
     def ended(self, exit_code: int | None, ending: str, newest_step: int | None) -> None:
-        """How the session ended (once): its last step is the last one it logged."""
+        """How the session ended (once): its last step is the last one it logged. A refused start leaves the
+        ledger as it found it: a refusal touches nothing of the run (it neither counts toward a storm nor
+        ends one), so its own start record goes, where nothing was written after it."""
         if self._ended or self.began is None:
             return
         self._ended = True
+        if ending == "refused" and not self.first and self._take_back_the_start():
+            return
         me = SessionRecord(self.id, {"from_step": self.from_step, "started_epoch": self.began}, self.first)
         record = last_train_record(self.run.metrics) or {}
         last_step = record.get("step") if self.first and isinstance(record.get("step"), int) else None
         fields = self._ending_fields(me, last_step, newest_step, duration_s=time.time() - self.began)
         append(self.run.path, {"kind": "end", "session": self.id, **fields, "exit_code": exit_code, "ending": ending})
+
+    def _take_back_the_start(self) -> bool:
+        """Remove this session's start record, which it can prove it wrote: the ledger is as long as this
+        session left it (the folder's lock keeps every other process of another session out). True if done."""
+        path = ledger_path(self.run.path)
+        try:
+            if self._after is None or path.stat().st_size != self._after:
+                return False
+            if self._before is None:
+                path.unlink()
+            else:
+                os.truncate(path, self._before)
+        except OSError:
+            return False
+        return True
 
     def _ending_fields(
         self, s: SessionRecord, last_step: int | None, newest_step: int | None, duration_s: float
