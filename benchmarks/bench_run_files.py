@@ -80,7 +80,7 @@ def main() -> None:
     parser.add_argument("--eval_interval", type=int, default=100)
     parser.add_argument("--keep", type=Path, default=None, help="write the run folder here and keep it")
     args = parser.parse_args()
-    from hf_pretrain import report
+    from hf_pretrain.run_commands import report
 
     scratch = Path(tempfile.mkdtemp()) if args.keep is None else args.keep
     try:

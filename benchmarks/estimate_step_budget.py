@@ -10,8 +10,9 @@ from __future__ import annotations
 
 from hf_pretrain.config import load_recipe
 from hf_pretrain.economics.performance import physical_limit, step_time
-from hf_pretrain.economics.workload import recipe_workload
+from hf_pretrain.economics.workload import run_workload
 from hf_pretrain.machine.gpus import gpu_named
+from hf_pretrain.machine.what_if import profile_on
 
 GPU = "H100 SXM"
 # (column, recipe flags, what the shared table's H100 measured, 2026-11-25; None: not measured)
@@ -30,7 +31,8 @@ def table() -> str:
     columns = []
     for name, flags, measured in CONFIGURATIONS:
         recipe = load_recipe("1b", flags)
-        work = recipe_workload(recipe)
+        step = profile_on(recipe, gpu).step  # the recipe's step on that card
+        work = run_workload(recipe.model, recipe.data, step, recipe.train.global_batch_tokens)
         columns.append((name, step_time(work, gpu), work, measured, recipe.train.global_batch_tokens))
     lines = [
         "| part (ms per 131,072-token step) | " + " | ".join(c[0] for c in columns) + " |",

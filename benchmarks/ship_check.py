@@ -41,6 +41,7 @@ def main(argv: list[str]) -> int:
     from hf_pretrain.check.figures import Figure
     from hf_pretrain.config import build_recipe, load_recipe
     from hf_pretrain.economics.measurements import SHIPPED_STORE, configuration, record_measurement
+    from hf_pretrain.machine.what_if import measured_card, profile_on
 
     folder = Path(argv[0] if argv else "runs/gpu_check")
     result = json.loads((folder / "check.json").read_text())
@@ -55,9 +56,11 @@ def main(argv: list[str]) -> int:
     for f in figures:
         if f.part == "step" and f.value:
             configured = build_recipe(recipe.to_dict(), f.detail.get("overrides") or {})
+            step = profile_on(configured, measured_card(device)).step  # on the card the check measured
+            batch = configured.train.global_batch_tokens
             shipped += bool(
                 record_measurement(
-                    configuration(configured),
+                    configuration(configured.model, configured.data, step, global_batch_tokens=batch),
                     device,
                     f.value,
                     f.detail.get("peak_memory_gib"),

@@ -41,7 +41,7 @@ COMMANDS = {
         "is this pod worth renting for the recipe? five minutes, no data (rent, check, then move in)",
     ),
     "plan": ("hf_pretrain.economics.planning", "tokens, time and cost of a run before it starts"),
-    "report": ("hf_pretrain.report", "plots and a page for a run folder"),
+    "report": ("hf_pretrain.run_commands.report", "plots and a page for a run folder"),
     "demo": ("hf_pretrain.publish.demo_command", "a Gradio app that compares checkpoints"),
     "space": ("hf_pretrain.publish.space", "write (and push) a Hugging Face Space for the demo"),
     "gguf": ("hf_pretrain.publish.gguf", "write an exported model as a GGUF file for llama.cpp"),

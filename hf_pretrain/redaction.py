@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Iterable
 from typing import Any
 
 # Environment variables whose values are secrets for the stores fsspec reaches.
@@ -34,7 +35,8 @@ _SHAPES = (
         rf"\g<1>{MASK}",
     ),
     (re.compile(r"(://[^/\s:@]+:)[^@\s/]+@"), rf"\g<1>{MASK}@"),  # scheme://user:secret@host
-    (re.compile(r"\bhf_[A-Za-z0-9]{20,}\b"), MASK),  # Hub tokens
+    # Hub tokens (`hf_` and 34 letters or digits today): at least 20, so `hf_pretrain` or `hf_transfer` stay
+    (re.compile(r"\bhf_[A-Za-z0-9]{20,}\b"), MASK),
 )
 
 
@@ -44,11 +46,11 @@ _SHAPES = (
 SHORTEST_SECRET_IN_FILES = 12
 
 
-def redact(text: str, shortest: int = 4) -> str:
+def redact(text: str, shortest: int = 4, held: Iterable[str | None] = ()) -> str:
     """`text` with every credential this process holds (of `shortest` characters or more), and every
-    secret-shaped value, masked."""
-    for name in SECRET_VARIABLES:
-        value = os.environ.get(name)
+    secret-shaped value, masked. `held`: credentials it holds outside the environment, such as the Hub token
+    huggingface_hub read from its login file (publish/hub.py, the doctor's Hub row)."""
+    for value in (*(os.environ.get(name) for name in SECRET_VARIABLES), *held):
         if value and len(value) >= shortest:  # a one-letter "secret" would mask half the text
             text = text.replace(value, MASK)
     for shape, replacement in _SHAPES:

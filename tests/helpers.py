@@ -272,3 +272,26 @@ def pip_fix_works_here(command: str, cwd: Path, env: dict[str, str]) -> None:
     folder, extra = re.fullmatch(r"(.*)\[(\w+)\]", rest[rest.index("-e") + 1]).groups()
     project = tomllib.loads((cwd / folder / "pyproject.toml").read_text())["project"]
     assert project["name"] == "hf-pretrain" and extra in project["optional-dependencies"], command
+
+
+# What-ifs on a named card of the table (machine/what_if.py), as `plan` asks them: the project's H100 SXM. The
+# package assumes no card; a test that models one names it.
+CARD = "H100 SXM"
+
+
+def h100_workload(recipe, *, tokenizer_size=None, micro_batch_size=None, world_size: int = 1, checkpointed_layers=None):
+    """The performance model's workload of `recipe` on one of `world_size` H100s (economics/workload.py)."""
+    from hf_pretrain.economics.workload import run_workload
+    from hf_pretrain.machine.what_if import profile_on
+
+    step = profile_on(recipe, CARD, world_size, micro_batch_size, checkpointed_layers).step
+    return run_workload(recipe.model, recipe.data, step, recipe.train.global_batch_tokens, tokenizer_size)
+
+
+def h100_configuration(recipe, world_size: int = 1):
+    """What a measurement of `recipe` on `world_size` H100s is keyed by (economics/measurements.py)."""
+    from hf_pretrain.economics.measurements import configuration
+    from hf_pretrain.machine.what_if import profile_on
+
+    step = profile_on(recipe, CARD, world_size).step
+    return configuration(recipe.model, recipe.data, step, global_batch_tokens=recipe.train.global_batch_tokens)

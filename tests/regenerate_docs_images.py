@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 from hf_pretrain.economics.cost import markdown_table
-from hf_pretrain.report import load_run, plot_cost_per_loss_point, plot_run_loss
+from hf_pretrain.run_commands.report import load_run, plot_cost_per_loss_point, plot_run_loss
 
 ROOT = Path(__file__).resolve().parents[1]
 RUN_RECORDS = Path(__file__).parent / "assets" / "smoke_run"

@@ -4,6 +4,7 @@ package's modules, and the arrows between rooms point one way."""
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -144,7 +145,7 @@ BELOW_THE_MACHINE = [
         "check",
         "run_folder",
         "optim",
-        "report",
+        "run_commands",
         "train",
     )
 ]
@@ -374,7 +375,7 @@ def test_no_package_hides_its_names_behind_a_lazy_facade():
 
 # Issue 46: which machine this is (`this_machine()`, `device_kind()`) is asked at a command's door, and the
 # answer handed down: a `RunProfile` (economics/check_records.complete_profile), or its `Machine`. Nothing
-# below a door asks again. A what-if for a named card (`run_profile(recipe, machine_with("H100"))`: `plan`,
+# below a door asks again. A what-if for a named card (machine/what_if.py's `profile_on(recipe, "H100")`: `plan`,
 # the memory estimate, the performance model) is modelling, not asking; `run_profile` has no default machine.
 ASKS_WHICH_MACHINE = {"this_machine", "device_kind"}
 # module -> the functions a command, or a process of one, enters by: the only places that may ask
@@ -446,6 +447,100 @@ def test_the_door_check_sees_a_function_below_a_door_that_asks(tmp_path, monkeyp
     assert machine_questions("below") == {"door", "Part.measure"}
 
 
+# Issue 58, no card nobody chose: a run's records, the bench and the check's verdict are priced and keyed on the
+# door's profile (the machine it is on, the card its parts measured), and a what-if on another card names it
+# through machine/what_if.py (`profile_on`, `profile_on_any_card`): before, `A_GPU`, the default `machine` of the
+# memory estimate, the workload and the measurement key, stood in at 16 call sites in 9 files.
+MACHINE_TYPES = {"Machine", "RunProfile", "Step", "GPU"}
+# The modules outside machine/ that build a profile with `run_profile(` themselves: the door's builder
+# (economics/check_records.complete_profile) alone. A ratchet: 10 modules before issue 58, never more than this.
+PROFILE_BUILDERS = {f"{PACKAGE}.economics.check_records"}
+
+
+def default_cards(path: Path) -> list[str]:
+    """A card nobody chose in `path`: a name `A_GPU`, or a parameter annotated as a machine, a profile, a step
+    or a GPU with a default other than None (`machine: Machine = THE_CPU`)."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Name) and node.id == "A_GPU":
+            found.append(f"{node.lineno}: A_GPU")
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            args = node.args
+            positional = [*args.posonlyargs, *args.args]
+            pairs = list(zip(positional[len(positional) - len(args.defaults) :], args.defaults, strict=True))
+            pairs += [(a, d) for a, d in zip(args.kwonlyargs, args.kw_defaults, strict=True) if d is not None]
+            found += [
+                f"{node.lineno}: {node.name}({a.arg}={ast.unparse(d)})"
+                for a, d in pairs
+                if MACHINE_TYPES & _annotation_names(a.annotation)
+                and not (isinstance(d, ast.Constant) and d.value is None)
+            ]
+    return sorted(found, key=lambda line: int(line.split(":")[0]))
+
+
+def _annotation_names(annotation: ast.expr | None) -> set[str]:
+    if isinstance(annotation, ast.Constant) and isinstance(annotation.value, str):  # "GPU | None", a string annotation
+        annotation = ast.parse(annotation.value, mode="eval").body
+    return {n.id for n in ast.walk(annotation) if isinstance(n, ast.Name)} if annotation is not None else set()
+
+
+def test_no_default_card_anywhere():
+    wrong = {module: found for module, path in MODULES.items() if (found := default_cards(path))}
+    assert not wrong, f"name the card (machine/what_if.py) or hand down the door's: {wrong}"
+
+
+def test_the_default_card_check_sees_one(tmp_path):
+    source = tmp_path / "m.py"
+    source.write_text(
+        "A = A_GPU\ndef f(recipe, machine: Machine = THE_CPU): ...\ndef g(*, on: 'GPU | None' = card()): ...\n"
+        "def h(machine: Machine | None = None, n: int = 1): ...\n"
+    )
+    assert [line.split(":")[0] for line in default_cards(source)] == ["1", "2", "3"]
+
+
+def builds_a_profile(path: Path) -> bool:
+    return any(
+        isinstance(node, ast.Call)
+        and (getattr(node.func, "id", None) or getattr(node.func, "attr", None)) == "run_profile"
+        for node in ast.walk(ast.parse(path.read_text()))
+    )
+
+
+def test_only_the_door_and_the_what_if_builder_build_a_profile():
+    builders = {m for m, path in MODULES.items() if not m.startswith(f"{PACKAGE}.machine.") and builds_a_profile(path)}
+    assert builders <= PROFILE_BUILDERS, (
+        f"ask the door's profile (economics/check_records.complete_profile) or a what-if (machine/what_if.py): "
+        f"{sorted(builders - PROFILE_BUILDERS)}"
+    )
+    assert len(PROFILE_BUILDERS) <= 1
+
+
+def test_the_economics_take_a_step_not_a_recipe():
+    """The measurement key and the workload are of a model, a step and a batch: no recipe (and so no card
+    assumed to resolve one) is handed to them; `recipe_workload`, which took one, is gone."""
+    import inspect
+
+    from hf_pretrain.economics import measurements, workload
+
+    for function in (measurements.configuration, workload.run_workload, workload.workload):
+        annotations = {p.annotation for p in inspect.signature(function).parameters.values()}
+        assert not any("Recipe" in str(a) for a in annotations), function.__name__
+        assert "Step" in {str(a) for a in annotations}, function.__name__
+    assert not hasattr(workload, "recipe_workload")
+
+
+def test_the_any_card_what_if_is_the_step_of_every_card_of_the_table():
+    """`profile_on_any_card` leaves the card out because the step resolves alike on each card of the table."""
+    from hf_pretrain.config import load_recipe
+    from hf_pretrain.machine.gpus import gpu_table
+    from hf_pretrain.machine.what_if import profile_on, profile_on_any_card
+
+    for flags in ({}, {"liger": True}, {"mixed_precision": "fp8"}, {"mixed_precision": "no"}):
+        recipe = load_recipe("1b", flags)
+        steps = {profile_on(recipe, gpu).step for gpu in gpu_table().values()}
+        assert steps == {profile_on_any_card(recipe).step}, flags
+
+
 # Issue 46, "is this a URL?" asked once: where the run and the data live (a local folder or a store URL) is
 # decided at a command's door (`Location.of`, `Where.of`, object_store/location.py) and handed down, as the run
 # profile is. The modules allowed to ask: the doors, and a ratchet of those that still ask below one (it may
@@ -456,7 +551,7 @@ WHERE_DOORS = {
     f"{PACKAGE}.{name}"
     for name in (
         "train preflight.doctor run_commands.run_status run_commands.stop_command publish.export "
-        "publish.demo_command publish.gguf evaluation.eval_command report data.prepare_command check.worker"
+        "publish.demo_command publish.gguf evaluation.eval_command run_commands.report data.prepare_command check.worker"
     ).split()
 }
 ASKS_BELOW_A_DOOR = {
@@ -506,8 +601,8 @@ def test_the_where_check_sees_a_module_that_asks(tmp_path, monkeypatch):
 
 # Issue 46, components built from their own section: a function handed the whole `Recipe` reads everything, so
 # a reader cannot tell what it depends on. The count may fall, never rise (195 when the issue was filed; 147 on
-# 2026-11-28, then 74): a new function takes the section it reads, with its runtime needs by keyword.
-MOST_FUNCTIONS_HANDED_THE_RECIPE = 74
+# 2026-11-28, then 74; 73 with issue 58): a new function takes the section it reads, with its runtime needs by keyword.
+MOST_FUNCTIONS_HANDED_THE_RECIPE = 73
 
 
 def _annotation_names_recipe(annotation: ast.expr | None) -> bool:
@@ -543,3 +638,80 @@ def test_the_recipe_count_sees_every_spelling(tmp_path):
         "def c(r: Recipe | None = None): ...\ndef d(data: DataConfig): ...\n"
     )
     assert functions_handed_the_recipe(source) == ["a", "b", "c"]
+
+
+# Issue 58: one Accelerator builder (training/accelerator.py), used by training and by the pod check's
+# synthetic step, so the check times the step training runs: its kernel, precision, compile and FP8 settings.
+ACCELERATOR_BUILDER = f"{PACKAGE}.training.accelerator"
+
+
+def accelerator_constructions(module: str) -> list[int]:
+    """The lines of `module` that call something named `Accelerator` (`Accelerator(...)`, `accelerate.Accelerator(...)`)."""
+    return [
+        node.lineno
+        for node in ast.walk(ast.parse(MODULES[module].read_text()))
+        if isinstance(node, ast.Call)
+        and (getattr(node.func, "id", None) or getattr(node.func, "attr", None)) == "Accelerator"
+    ]
+
+
+def test_one_accelerator_construction_in_the_package():
+    built = {module: lines for module in MODULES if (lines := accelerator_constructions(module))}
+    assert list(built) == [ACCELERATOR_BUILDER] and len(built[ACCELERATOR_BUILDER]) == 1, (
+        f"build the Accelerator through training/accelerator.py's accelerator_for: {built}"
+    )
+
+
+def test_the_accelerator_count_sees_every_spelling(tmp_path, monkeypatch):
+    source = tmp_path / "m.py"
+    source.write_text(
+        "import accelerate\na = Accelerator(cpu=True)\nb = accelerate.Accelerator()\nc = PartialState()\n"
+    )
+    monkeypatch.setitem(MODULES, "hf_pretrain.m", source)
+    assert accelerator_constructions("hf_pretrain.m") == [2, 3]
+
+
+# The layer diagram of docs/architecture.md ("The arrows") is the code's: each line's rooms (folders and loose
+# modules, written `data/` or `cli.py`, before any note in parentheses) import only rooms on lines below.
+DIAGRAM_ROOM = re.compile(r"(?<![\w/.-])([a-z_]+)(?:/|\.py)(?![\w/])")
+
+
+def diagram_lines(text: str) -> list[list[str]]:
+    """The rooms of each line of the page's first drawing under "## The arrows", top line first."""
+    block = text.split("## The arrows", 1)[1].split("```", 2)[1]
+    return [
+        [f"{PACKAGE}.{name}" for name in DIAGRAM_ROOM.findall(line.split("(", 1)[0])]
+        for line in block.splitlines()[1:]
+        if line.strip()
+    ]
+
+
+def room_imports() -> dict[str, set[str]]:
+    """Room -> the rooms it imports (every import, lazy and type-only ones too)."""
+    graph: dict[str, set[str]] = {}
+    for module in MODULES:
+        room = _folder(module)
+        graph.setdefault(room, set()).update(_folder(t) for t in imported_modules(module) if _folder(t) != room)
+    graph.pop(PACKAGE, None)
+    return graph
+
+
+def test_the_layer_diagram_is_the_codes():
+    lines = diagram_lines((ROOT / "docs" / "architecture.md").read_text())
+    height = {room: len(lines) - i for i, rooms in enumerate(lines) for room in rooms}
+    graph = room_imports()
+    assert set(height) == set(graph), (
+        f"drawn, not rooms: {set(height) - set(graph)}; undrawn: {set(graph) - set(height)}"
+    )
+    upward = sorted(
+        f"{room} imports {target}"
+        for room, targets in graph.items()
+        for target in targets - {PACKAGE}
+        if height[target] >= height[room]
+    )
+    assert not upward, f"draw the importer above what it imports: {upward}"
+
+
+def test_the_diagram_reader_reads_rooms_not_notes():
+    text = "## The arrows\n\n```\nthe run   train.py   (-> training/loop)\n          data/  model/\n```\n"
+    assert diagram_lines(text) == [["hf_pretrain.train"], ["hf_pretrain.data", "hf_pretrain.model"]]

@@ -15,7 +15,7 @@ from hf_pretrain.economics.check_records import (
     resolved_attention_backend,
 )
 from hf_pretrain.preflight.sdpa_kernel import check_attention_backend
-from tests.helpers import section_on_cpu
+from tests.helpers import h100_workload, section_on_cpu
 from tests.test_compiled_step import compiled_step_graphs, recipe_with
 
 CPU_FLASH = "aten._scaled_dot_product_flash_attention_for_cpu.default"
@@ -74,18 +74,17 @@ def test_the_performance_model_prices_the_attention_share_by_kernel():
     """Published ratios (estimates, performance.py): cuDNN faster than FlashAttention-2 on Hopper only,
     math far slower everywhere; `auto` and `flash` are the kernel the model was fitted with."""
     from hf_pretrain.economics.performance import modelled_tokens_per_s, step_time
-    from hf_pretrain.economics.workload import recipe_workload
     from hf_pretrain.machine.gpus import find_gpu
 
     def rate(gpu: str, backend: str) -> float:
-        return modelled_tokens_per_s(recipe_workload(load_recipe("1b", {"attention_backend": backend})), find_gpu(gpu))
+        return modelled_tokens_per_s(h100_workload(load_recipe("1b", {"attention_backend": backend})), find_gpu(gpu))
 
     h100, a100 = "H100 SXM", "A100 80GB SXM"
     assert rate(h100, "auto") == rate(h100, "flash")
     assert rate(h100, "cudnn") > rate(h100, "auto") > rate(h100, "efficient") > rate(h100, "math")
     assert rate(a100, "cudnn") == rate(a100, "auto")  # no published advantage off Hopper
     times = {
-        b: step_time(recipe_workload(load_recipe("1b", {"attention_backend": b})), find_gpu(h100))
+        b: step_time(h100_workload(load_recipe("1b", {"attention_backend": b})), find_gpu(h100))
         for b in ("auto", "cudnn")
     }
     assert times["cudnn"].attention == pytest.approx(times["auto"].attention / 1.7)

@@ -389,7 +389,7 @@ def test_bench_slices_the_corpus_of_a_recipe_not_yet_prepared_into_data_it_can_u
 @pytest.mark.parametrize("where", ["missing", "a data folder"])
 def test_report_on_what_is_not_a_run_folder_says_so(tmp_path, capsys, where):
     pytest.importorskip("matplotlib")
-    from hf_pretrain import report
+    from hf_pretrain.run_commands import report
 
     folder = tmp_path / "runs" / "typo"
     if where == "a data folder":

@@ -25,15 +25,12 @@ from hf_pretrain.bench.variants import DeviceMemory, RunResult, VariantResult, t
 from hf_pretrain.config import load_recipe
 from hf_pretrain.economics import measurements
 from hf_pretrain.economics.measurements import (
-    configuration,
     record_measurement,
     record_training_run,
     recorded_measurement,
 )
-from hf_pretrain.economics.memory import with_checkpointed_layers, with_micro_batch
 from hf_pretrain.economics.performance import modelled_tokens_per_s
 from hf_pretrain.economics.planning import gpu_ranking, plan_command
-from hf_pretrain.economics.workload import recipe_workload
 from hf_pretrain.machine.gpus import gpu_named
 from hf_pretrain.machine.run_profile import THE_CPU, Machine, run_profile
 from hf_pretrain.object_store.location import Where
@@ -41,7 +38,7 @@ from hf_pretrain.preflight.budget import check_cost
 from hf_pretrain.preflight.checks import MEMORY_PROBE_ENV, preflight
 from hf_pretrain.preflight.gpu import check_memory
 from hf_pretrain.preflight.result import CheckResult, PreflightError
-from tests.helpers import on_cpu
+from tests.helpers import h100_configuration, h100_workload, on_cpu
 
 H100 = "NVIDIA H100 80GB HBM3"  # what CUDA calls the card of the shared README's table
 GIB = 2**30
@@ -192,22 +189,20 @@ def test_dollars_are_measured_for_the_measured_gpu_only_and_estimated_for_the_ot
     recipe = one_b()
     prices = {"H100 SXM": 2.99, "A40": 0.44, "my-cluster": 1.0}
     variant = VariantResult("recipe as written", {}, "ok", tokens_per_s=77_900.0)
-    add_money(variant, recipe_workload(recipe), gpu_named("H100 SXM"), "H100 SXM", prices)
+    add_money(variant, h100_workload(recipe), gpu_named("H100 SXM"), "H100 SXM", prices)
     assert variant.usd_per_billion_tokens == {"H100 SXM": pytest.approx(2.99 * 1e9 / 77_900 / 3600)}
-    ratio = 77_900 / modelled_tokens_per_s(recipe_workload(recipe), gpu_named("H100 SXM"))
+    ratio = 77_900 / modelled_tokens_per_s(h100_workload(recipe), gpu_named("H100 SXM"))
     assert variant.measured_to_modelled == pytest.approx(ratio)
-    a40 = modelled_tokens_per_s(recipe_workload(recipe), gpu_named("A40")) * ratio
+    a40 = modelled_tokens_per_s(h100_workload(recipe), gpu_named("A40")) * ratio
     # the A40 at the A40's modelled speed (scaled), not the H100's: the old bench said "$1.61/B"
     assert variant.usd_per_billion_tokens_estimated == {"A40": pytest.approx(0.44 * 1e9 / a40 / 3600)}
     assert variant.usd_per_billion_tokens_estimated["A40"] > 0.44 * 1e9 / 77_900 / 3600 * 2
-    assert (
-        estimated_rates(recipe_workload(recipe), 77_900, gpu_named("H100 SXM"), ["H100 SXM"])[1] == {}
-    )  # never itself
+    assert estimated_rates(h100_workload(recipe), 77_900, gpu_named("H100 SXM"), ["H100 SXM"])[1] == {}  # never itself
 
 
 def test_the_cpu_prices_no_gpu():
     variant = VariantResult("recipe as written", {}, "ok", tokens_per_s=5_000.0)
-    add_money(variant, recipe_workload(load_recipe("smoke")), None, None, {"H100 SXM": 2.99, "A40": 0.44})
+    add_money(variant, h100_workload(load_recipe("smoke")), None, None, {"H100 SXM": 2.99, "A40": 0.44})
     assert variant.usd_per_billion_tokens == {} and variant.usd_per_billion_tokens_estimated == {}
     result = {
         "variants": [variant.__dict__],
@@ -222,7 +217,7 @@ def test_the_dollar_table_labels_the_measured_row_and_the_estimates():
     recipe = one_b()
     prices = {"H100 SXM": 2.99, "A40": 0.44}
     variant = VariantResult("recipe as written", {}, "ok", tokens_per_s=77_900.0)
-    add_money(variant, recipe_workload(recipe), gpu_named("H100 SXM"), "H100 SXM", prices)
+    add_money(variant, h100_workload(recipe), gpu_named("H100 SXM"), "H100 SXM", prices)
     result = {
         "variants": [variant.__dict__],
         "peak_flops": {"on_cpu": False},
@@ -236,31 +231,35 @@ def test_the_dollar_table_labels_the_measured_row_and_the_estimates():
 # ---------------------------------------------------------------------- measurements: the store
 def test_a_recorded_measurement_is_found_for_the_same_gpu_and_configuration_only(store):
     recipe = one_b()
-    recorded = record_measurement(configuration(recipe), H100, 77_900.0, 37.24, "bench")
+    recorded = record_measurement(h100_configuration(recipe), H100, 77_900.0, 37.24, "bench")
     assert recorded is not None and recorded.gpu == "H100 SXM" and store.exists()
-    found = recorded_measurement(configuration(recipe), "H100 SXM")  # a --gpu name finds what the CUDA name recorded
+    found = recorded_measurement(
+        h100_configuration(recipe), "H100 SXM"
+    )  # a --gpu name finds what the CUDA name recorded
     assert found == recorded and found.label().startswith(f"measured by bench on {H100}, ")
-    assert recorded_measurement(configuration(recipe), "H100 PCIe") is None  # another GPU
+    assert recorded_measurement(h100_configuration(recipe), "H100 PCIe") is None  # another GPU
     for other in (
         one_b(micro_batch_size=16),
         one_b(compile=False),
         one_b(optimizer="muon"),
         one_b(checkpointed_layers=4),
     ):
-        assert recorded_measurement(configuration(other), "H100 SXM") is None, configuration(other)
-    assert recorded_measurement(configuration(recipe, 8), "H100 SXM") is None
-    newer = record_measurement(configuration(recipe), H100, 78_100.0, 37.3, "train")
-    assert recorded_measurement(configuration(recipe), H100) == newer  # the newest wins
+        assert recorded_measurement(h100_configuration(other), "H100 SXM") is None, h100_configuration(other)
+    assert recorded_measurement(h100_configuration(recipe, 8), "H100 SXM") is None
+    newer = record_measurement(h100_configuration(recipe), H100, 78_100.0, 37.3, "train")
+    assert recorded_measurement(h100_configuration(recipe), H100) == newer  # the newest wins
 
 
 def test_a_cpu_records_nothing(store, monkeypatch):
     assert THE_CPU.gpu_name is None  # what a run on the CPU records under
-    assert record_measurement(configuration(one_b()), None, 5_000.0, None, "bench") is None
+    assert record_measurement(h100_configuration(one_b()), None, 5_000.0, None, "bench") is None
     records = [{"kind": "train", "step": s, "tokens": 1000 * s, "tokens_per_s": 500.0} for s in (1, 2, 3)]
-    assert record_training_run(configuration(one_b()), THE_CPU.gpu_name, records, None) is None
+    assert record_training_run(h100_configuration(one_b()), THE_CPU.gpu_name, records, None) is None
     assert not store.exists()
     monkeypatch.setenv(measurements.RECORD_ENV, "0")  # recording off: a GPU records nothing either
-    assert record_measurement(configuration(one_b()), H100, 77_900.0, 37.24, "bench") is None and not store.exists()
+    assert (
+        record_measurement(h100_configuration(one_b()), H100, 77_900.0, 37.24, "bench") is None and not store.exists()
+    )
 
 
 def test_a_training_run_records_its_rate_after_the_first_window_per_gpu(store):
@@ -270,12 +269,12 @@ def test_a_training_run_records_its_rate_after_the_first_window_per_gpu(store):
         {"kind": "train", "step": 20, "tokens": 20 * 131_072, "tokens_per_s": 160_000.0},
         {"kind": "train", "step": 30, "tokens": 30 * 131_072, "tokens_per_s": 150_000.0},
     ]
-    recorded = record_training_run(configuration(one_b(), 2), H100, records, 37.2)
+    recorded = record_training_run(h100_configuration(one_b(), 2), H100, records, 37.2)
     expected = 2 * 10 * 131_072 / (10 * 131_072 / 160_000 + 10 * 131_072 / 150_000) / 2
     assert recorded.tokens_per_s == pytest.approx(expected) and recorded.source == "train"
     assert recorded.configuration["world_size"] == 2 and recorded.peak_memory_gib == 37.2
     assert (
-        record_training_run(configuration(one_b()), H100, records[:1], 37.2) is None
+        record_training_run(h100_configuration(one_b()), H100, records[:1], 37.2) is None
     )  # one window: nothing after the warm-up
 
 
@@ -283,7 +282,9 @@ def test_the_store_skips_a_torn_line_and_keeps_every_writers_line(store):
     recipe = one_b()
     threads = [
         threading.Thread(
-            target=lambda: [record_measurement(configuration(recipe), H100, 1.0 + i, None, "bench") for i in range(20)]
+            target=lambda: [
+                record_measurement(h100_configuration(recipe), H100, 1.0 + i, None, "bench") for i in range(20)
+            ]
         )
         for _ in range(4)
     ]
@@ -295,19 +296,21 @@ def test_the_store_skips_a_torn_line_and_keeps_every_writers_line(store):
         file.write('{"gpu": "H100 SXM", "torn')
     lines = store.read_text().splitlines()
     assert len(lines) == 81 and all(json.loads(line)["gpu"] == "H100 SXM" for line in lines[:80])
-    assert recorded_measurement(configuration(recipe), H100) is not None
+    assert recorded_measurement(h100_configuration(recipe), H100) is not None
 
 
 # ---------------------------------------------------------------------- plan and the doctor read them
 def _fitted_on(recipe, gpu_name):
     row = gpu_ranking.gpu_row(recipe, gpu_named(gpu_name), 1e9, 2.99)
-    return row, with_checkpointed_layers(with_micro_batch(recipe, row.micro_batch_size), row.checkpointed_layers)
+    return row, recipe.replace(micro_batch_size=row.micro_batch_size).replace(
+        checkpointed_layers=row.checkpointed_layers
+    )
 
 
 def test_plan_uses_a_recorded_measurement_before_the_model_and_says_so(store, capsys):
     modelled_row, fitted = _fitted_on(one_b(), "H100 SXM")
     assert modelled_row.measured is None
-    record_measurement(configuration(fitted), H100, 77_900.0, 37.24, "train")
+    record_measurement(h100_configuration(fitted), H100, 77_900.0, 37.24, "train")
     row, _ = _fitted_on(one_b(), "H100 SXM")
     assert row.tokens_per_s == 77_900.0 and row.measured.startswith("measured by train on NVIDIA H100")
     assert gpu_ranking.gpu_row(one_b(), gpu_named("H100 PCIe"), 1e9, 2.0).measured is None  # the model elsewhere
@@ -325,7 +328,7 @@ def test_plan_takes_no_impossible_figure_as_measured(store, capsys):
     """Issue 38: records of 1e12 tokens/s, NaN, a negative peak memory were shown as measured ("$0.00 per
     billion tokens"), and a string value crashed `plan`. Each is skipped, said once with its line."""
     _, fitted = _fitted_on(one_b(), "H100 SXM")
-    good = record_measurement(configuration(fitted), H100, 77_900.0, 37.24, "train")
+    good = record_measurement(h100_configuration(fitted), H100, 77_900.0, 37.24, "train")
     assert good is not None
     line = json.loads(store.read_text())
     bad = [
@@ -340,7 +343,7 @@ def test_plan_takes_no_impossible_figure_as_measured(store, capsys):
         file.writelines(json.dumps(record) + "\n" for record in bad)
         file.write("not json, edited by hand\n")  # line 8: skipped without the note the docs promise
     capsys.readouterr()
-    assert recorded_measurement(configuration(fitted), "H100 SXM") == good  # the good one, beneath them all
+    assert recorded_measurement(h100_configuration(fitted), "H100 SXM") == good  # the good one, beneath them all
     assert plan_command.main(["--recipe", "1b", "--gpu", "all"]) == 0
     assert plan_command.main(["--recipe", "1b", "--gpu", "all"]) == 0
     captured = capsys.readouterr()
@@ -366,7 +369,7 @@ def test_the_doctor_uses_this_gpus_measurement_for_time_cost_and_memory(store):
     here = Machine("cuda", H100, gpu_named("H100 SXM"), bf16=True, capability=9.0, memory_bytes=int(79.2 * GIB))
     modelled = check_cost(recipe, here.gpu_name)  # nothing measured yet: the performance model's figure
     assert "an estimate of the performance model for NVIDIA H100" in modelled.reason
-    record_measurement(configuration(recipe), H100, 65_153.0, 65.92, "bench")
+    record_measurement(h100_configuration(recipe), H100, 65_153.0, 65.92, "bench")
     cost = check_cost(recipe, here.gpu_name)
     assert cost.status == "pass" and "65,153 tokens/s (measured by bench on NVIDIA H100" in cost.reason
     memory = check_memory(recipe, run_profile(recipe, here))

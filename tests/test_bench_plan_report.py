@@ -10,7 +10,7 @@ import math
 import pytest
 import yaml
 
-from hf_pretrain import bench, report
+from hf_pretrain import bench
 from hf_pretrain.bench.search import largest_fitting
 from hf_pretrain.bench.variants import variant_grid
 from hf_pretrain.config import load_recipe
@@ -21,6 +21,7 @@ from hf_pretrain.economics.planning.request import DEFAULT_GLOBAL_BATCH_TOKENS, 
 from hf_pretrain.economics.prices import PriceError, parse_price, price_table
 from hf_pretrain.exit_codes import EXIT_CONFIG
 from hf_pretrain.machine.gpus import best_match, find_gpu
+from hf_pretrain.run_commands import report
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

@@ -19,7 +19,7 @@ from hf_pretrain.check.volume_speed import measure as measure_disk
 from hf_pretrain.config import load_recipe
 from hf_pretrain.exit_codes import EXIT_CONFIG, EXIT_PREEMPTED
 from hf_pretrain.machine.run_profile import THE_CPU, run_profile
-from tests.helpers import OUTSIDE_CHECKOUT, ROOT, cli, offline_env
+from tests.helpers import OUTSIDE_CHECKOUT, ROOT, cli, h100_configuration, offline_env
 
 PART_TITLES = (
     "(a) matmul",
@@ -309,7 +309,7 @@ def test_a_cpu_check_record_never_prices_a_gpu_in_plan(tmp_path, monkeypatch):
     """Even a CPU record claiming a GPU-sized rate for the very configuration plan prices: plan's rows stay
     modelled, no measurement reads it, and only check records of a GPU choose a kernel."""
     from hf_pretrain.economics.check_records import new_record, record_checks, stored_checks
-    from hf_pretrain.economics.measurements import _stored, configuration, recorded_measurement, store_path
+    from hf_pretrain.economics.measurements import _stored, recorded_measurement, store_path
     from hf_pretrain.economics.planning.gpu_ranking import gpu_prices, ranked_rows
 
     monkeypatch.setenv("HF_PRETRAIN_HOME", str(tmp_path))
@@ -317,7 +317,7 @@ def test_a_cpu_check_record_never_prices_a_gpu_in_plan(tmp_path, monkeypatch):
     record_checks([new_record("step", "recipe as written", 1e9, "tokens/s", None, overrides={})])
     assert [(r.gpu, r.device) for r in stored_checks(shipped=False)] == [("cpu", "cpu")]
     assert _stored(store_path(), False) == []
-    assert all(recorded_measurement(configuration(recipe), gpu) is None for gpu in ("H100 SXM", "cpu"))
+    assert all(recorded_measurement(h100_configuration(recipe), gpu) is None for gpu in ("H100 SXM", "cpu"))
     assert not [row for row in ranked_rows(recipe, 1e9, gpu_prices(None)) if row.measured]
 
 
@@ -351,7 +351,7 @@ def test_one_command_ships_a_gpu_check_to_the_records_and_the_docs_and_refuses_a
     result = {"date": "2026-11-27", "seconds": 501.0, "figures": [dataclasses.asdict(f) for f in figures]}
     (folder / "check.json").write_text(json.dumps(result | {"verdict": ["no sign of a slow or faulty node"]}))
     assert ship.main([str(folder)]) == 0
-    found = measurements.recorded_measurement(measurements.configuration(load_recipe("1b", fp8)), "H100 SXM")
+    found = measurements.recorded_measurement(h100_configuration(load_recipe("1b", fp8)), "H100 SXM")
     assert found.tokens_per_s == 90_000 and found.shipped and "project's check, 2026-11-27" in found.label()
     page = (tmp_path / "docs" / "gpu.md").read_text()
     assert (

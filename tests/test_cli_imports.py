@@ -38,7 +38,7 @@ def heavy_imports(code: str) -> list[str]:
         "hf_pretrain.cli",
         "hf_pretrain.run_commands.stop_command",
         "hf_pretrain.economics.planning",
-        "hf_pretrain.report",
+        "hf_pretrain.run_commands.report",
     ],
 )
 def test_the_light_commands_import_no_heavy_library(module):

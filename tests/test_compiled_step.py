@@ -453,7 +453,7 @@ def test_each_checkpointed_layer_saves_what_the_memory_estimate_says():
     )
     recipe = dataclasses.replace(recipe, model=dataclasses.replace(recipe.model, num_hidden_layers=layers))
     size = tokenizer_size_of(recipe.data)
-    estimate = estimate_memory(recipe, size, machine=THE_CPU)
+    estimate = estimate_memory(recipe, size, THE_CPU)
     per_layer = estimate.activations / layers
     kept = (estimate.checkpointed_activations - per_layer) / layers  # what a checkpointed layer keeps
     peaks = {}

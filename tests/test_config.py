@@ -545,7 +545,7 @@ def test_plan_price_is_price_per_gpu_hour_and_the_old_flags_are_refused_naming_i
 
 
 def test_report_price_is_price_per_hour(tmp_path, capsys):
-    from hf_pretrain import report
+    from hf_pretrain.run_commands import report
 
     with pytest.raises(SystemExit) as exit_info:
         report.main([str(tmp_path), "--price_per_hour", "-1"])

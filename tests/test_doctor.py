@@ -22,7 +22,7 @@ from hf_pretrain.data.loader import PackedDataset
 from hf_pretrain.economics.memory import estimate_memory, layer_activation_bytes_per_token
 from hf_pretrain.exit_codes import EXIT_CONFIG
 from hf_pretrain.formatting import human_bytes
-from hf_pretrain.machine.run_profile import A_GPU, THE_CPU, run_profile
+from hf_pretrain.machine.run_profile import THE_CPU, machine_with, run_profile
 from hf_pretrain.model.llama import model_parameter_count, tokenizer_size_of
 from hf_pretrain.object_store.location import Where
 from hf_pretrain.preflight import disk as disk_module
@@ -39,6 +39,7 @@ from hf_pretrain.preflight.disk import check_output_writable, disk_write_bytes_p
 from hf_pretrain.preflight.gpu import check_bf16, check_cuda, check_memory, check_tf32
 from hf_pretrain.preflight.result import CheckResult, PreflightError, format_table
 from tests.helpers import (
+    CARD,
     cli,
     on_cpu,
     prepared_row,
@@ -303,7 +304,7 @@ def test_too_little_disk_fails_with_needed_and_free(tmp_path, monkeypatch):
 def test_existing_checkpoints_count_against_the_need(tmp_path, monkeypatch):
     monkeypatch.setattr(shutil, "disk_usage", lambda path: DiskUsage(10**12, 0, 10**12))
     recipe = load_recipe("smoke", {"output_dir": str(tmp_path / "run"), "mixed_precision": "no"})
-    n = estimate_memory(recipe, tokenizer_size_of(recipe.data)).parameters
+    n = estimate_memory(recipe, tokenizer_size_of(recipe.data), CARD).parameters
     step = tmp_path / "run" / "checkpoints" / "step_00000100"
     step.mkdir(parents=True)
     with (step / "model.safetensors").open("wb") as f:
@@ -343,7 +344,7 @@ def test_memory_estimate_of_the_1b_recipe():
     """The shipped 1b (compiled, bf16) by economics/memory.py's formulas; the H100 measured 37.24 GiB
     (40.0 GB) for it (tests/test_memory_estimate.py holds the estimate to each measured peak)."""
     recipe = one_b()
-    estimate = estimate_memory(recipe, tokenizer_size_of(recipe.data))
+    estimate = estimate_memory(recipe, tokenizer_size_of(recipe.data), CARD)
     n, tokens = N_1B, 8 * 2048
     assert estimate.parameters == n
     assert (estimate.weights, estimate.gradients, estimate.optimizer, estimate.weight_copies) == (
@@ -353,7 +354,7 @@ def test_memory_estimate_of_the_1b_recipe():
         2 * n,
     )
     # compiled, bf16: 2 x (6h + 2 h_kv + 3I) + 4a + 8 bytes per token and layer, h=2048, h_kv=8*64, I=8192, a=32
-    kind = run_profile(recipe, A_GPU).step
+    kind = run_profile(recipe, machine_with(CARD)).step
     assert (kind.compiled, kind.compiled_head, kind.liger, kind.compute_bytes) == (True, True, False, 2)
     assert layer_activation_bytes_per_token(recipe.model, kind) == 75_912
     assert estimate.activations == 16 * tokens * 75_912
@@ -368,15 +369,15 @@ def test_memory_estimate_of_the_1b_recipe():
     # eager: autocast's casts and the unfused norms and SwiGLU keep more; the loss keeps 12 bytes per logit
     eager = one_b(compile=False)
     assert (
-        layer_activation_bytes_per_token(eager.model, run_profile(eager, A_GPU).step)
+        layer_activation_bytes_per_token(eager.model, run_profile(eager, machine_with(CARD)).step)
         == 26 * 2048 + 4 * 512 + 8 * 8192 + 4 * 32 + 8
     )
-    assert estimate_memory(eager, 32_005).head == tokens * (8 * 2048 + 4 + 12 * 32_064)
+    assert estimate_memory(eager, 32_005, CARD).head == tokens * (8 * 2048 + 4 + 12 * 32_064)
     # fused loss: no logits, but the projection's and the input's gradients, computed in the forward
-    liger = estimate_memory(one_b(liger=True), 32_005)
+    liger = estimate_memory(one_b(liger=True), 32_005, CARD)
     assert liger.head == tokens * (4 * 2048 + 4) + 4 * 32_064 * 2048 + 2 * tokens * 2048
     # without CUDA, Liger falls back to the standard kernels, and the estimate with it
-    assert estimate_memory(one_b(liger=True), 32_005, machine=THE_CPU).head == estimate.head
+    assert estimate_memory(one_b(liger=True), 32_005, THE_CPU).head == estimate.head
 
 
 def test_checkpointing_that_is_not_needed_warns():

@@ -9,14 +9,14 @@ import pytest
 
 from hf_pretrain.config import load_recipe
 from hf_pretrain.economics import performance, published
-from hf_pretrain.economics.memory import Fit, estimate_memory, fit_in_memory, with_checkpointed_layers, with_micro_batch
+from hf_pretrain.economics.memory import Fit, estimate_memory, fit_in_memory
 from hf_pretrain.economics.planning import gpu_ranking, plan_command
-from hf_pretrain.economics.workload import recipe_workload
 from hf_pretrain.exit_codes import EXIT_CONFIG
 from hf_pretrain.machine.gpus import gpu_named, gpu_table
 from hf_pretrain.machine.precisions import precision_named
-from hf_pretrain.machine.run_profile import A_GPU, run_profile
+from hf_pretrain.machine.run_profile import machine_with, run_profile
 from hf_pretrain.model.llama import tokenizer_size_of
+from tests.helpers import CARD, h100_workload
 
 ONE_B = load_recipe("1b")
 TOKENS = ONE_B.train.max_steps * ONE_B.train.global_batch_tokens
@@ -62,7 +62,7 @@ H100_ROWS = [({}, 77_935), ({"compile": False}, 51_150), ({"compile": False, "li
 @pytest.mark.parametrize(("flags", "measured"), H100_ROWS, ids=["compiled", "eager", "eager+liger"])
 def test_plan_prices_each_measured_h100_configuration_by_its_flags_within_10_percent(flags, measured):
     recipe = load_recipe("1b", flags)
-    assert performance.modelled_tokens_per_s(recipe_workload(recipe), gpu_named("H100 SXM")) == pytest.approx(
+    assert performance.modelled_tokens_per_s(h100_workload(recipe), gpu_named("H100 SXM")) == pytest.approx(
         measured, rel=0.10
     )
 
@@ -70,7 +70,7 @@ def test_plan_prices_each_measured_h100_configuration_by_its_flags_within_10_per
 def test_the_configuration_changes_the_price_the_way_the_gpu_does(capsys):
     h100 = gpu_named("H100 SXM")
     rate = {
-        name: performance.modelled_tokens_per_s(recipe_workload(load_recipe("1b", flags)), h100)
+        name: performance.modelled_tokens_per_s(h100_workload(load_recipe("1b", flags)), h100)
         for name, flags in [
             ("shipped", {}),
             ("eager", {"compile": False}),
@@ -86,7 +86,7 @@ def test_the_configuration_changes_the_price_the_way_the_gpu_does(capsys):
     # compiled + Liger is not measured yet: modelled as the compiled step with Liger's fused loss
     assert rate["liger"] == pytest.approx(rate["shipped"], rel=0.03)
     # more checkpointed layers, a smaller micro-batch: slower
-    assert performance.modelled_tokens_per_s(recipe_workload(ONE_B, micro_batch_size=4), h100) < rate["shipped"]
+    assert performance.modelled_tokens_per_s(h100_workload(ONE_B, micro_batch_size=4), h100) < rate["shipped"]
     # and `plan` says so
     shipped = _json(capsys, ["--recipe", "1b", "--gpu", "H100"])
     eager = _json(capsys, ["--recipe", "1b", "--gpu", "H100", "--compile", "false"])
@@ -98,18 +98,16 @@ def test_the_configuration_changes_the_price_the_way_the_gpu_does(capsys):
 
 def test_a_measurement_on_one_card_scales_the_model_for_the_others():
     h100, a100 = gpu_named("H100 SXM"), gpu_named("A100 80GB SXM")
-    measured = 0.9 * performance.modelled_tokens_per_s(
-        recipe_workload(ONE_B), h100
-    )  # this card ran 10% under its model
-    scaled = performance.scaled_to_measurement(recipe_workload(ONE_B), measured, h100, a100)
-    assert scaled == pytest.approx(0.9 * performance.modelled_tokens_per_s(recipe_workload(ONE_B), a100))
+    measured = 0.9 * performance.modelled_tokens_per_s(h100_workload(ONE_B), h100)  # this card ran 10% under its model
+    scaled = performance.scaled_to_measurement(h100_workload(ONE_B), measured, h100, a100)
+    assert scaled == pytest.approx(0.9 * performance.modelled_tokens_per_s(h100_workload(ONE_B), a100))
 
 
 @pytest.mark.parametrize("recipe_name", ["smoke", "134m", "1b"])
 def test_no_modelled_rate_exceeds_the_physical_limit(recipe_name):
     recipe = load_recipe(recipe_name)
-    workloads = [recipe_workload(recipe, checkpointed_layers=k) for k in (0, recipe.model.num_hidden_layers)]
-    workloads += [recipe_workload(load_recipe(recipe_name, {"mixed_precision": "fp8"}))]
+    workloads = [h100_workload(recipe, checkpointed_layers=k) for k in (0, recipe.model.num_hidden_layers)]
+    workloads += [h100_workload(load_recipe(recipe_name, {"mixed_precision": "fp8"}))]
     workloads += [r.workload for r in published.published_runs(ONE_B)]
     workloads += [w for speedup in published.fp8_speedups() for w in (speedup.bf16, speedup.fp8)]
     for gpu in gpu_table().values():
@@ -119,7 +117,7 @@ def test_no_modelled_rate_exceeds_the_physical_limit(recipe_name):
             rate = performance.step_time(workload, gpu).tokens_per_s
             assert 0 < rate < performance.physical_limit(workload, gpu), gpu.name
     h100 = gpu_named("H100 SXM")  # FP8's limit counts the decoder linears at the FP8 peak, the rest at bf16's
-    fp8 = recipe_workload(load_recipe(recipe_name, {"mixed_precision": "fp8"}))
+    fp8 = h100_workload(load_recipe(recipe_name, {"mixed_precision": "fp8"}))
     assert performance.physical_limit(fp8, h100) < 2 * h100.bf16_flops / fp8.flops_per_token
 
 
@@ -160,13 +158,13 @@ def test_a_card_that_needs_checkpointing_pays_for_it_in_tokens_per_s():
     assert a100.fits and a100.micro_batch_size == 8 and 0 < a100.checkpointed_layers < 8
     assert next(row for row in rows() if row.gpu == "L40S").checkpointed_layers == 0
     without = performance.modelled_tokens_per_s(
-        recipe_workload(ONE_B, micro_batch_size=a100.micro_batch_size, checkpointed_layers=0), gpu_named("A100 40GB")
+        h100_workload(ONE_B, micro_batch_size=a100.micro_batch_size, checkpointed_layers=0), gpu_named("A100 40GB")
     )
     assert a100.tokens_per_s < 0.97 * without
     # and the more layers recompute, the slower
     rates = [
         performance.modelled_tokens_per_s(
-            recipe_workload(ONE_B, micro_batch_size=8, checkpointed_layers=k), gpu_named("L40S")
+            h100_workload(ONE_B, micro_batch_size=8, checkpointed_layers=k), gpu_named("L40S")
         )
         for k in (0, 4, 8, 16)
     ]
@@ -175,19 +173,19 @@ def test_a_card_that_needs_checkpointing_pays_for_it_in_tokens_per_s():
 
 # ---------------------------------------------------------------------- memory fit
 def test_selective_checkpointing_lowers_the_peak_layer_by_layer():
-    estimate = estimate_memory(ONE_B, tokenizer_size_of(ONE_B.data))
+    estimate = estimate_memory(ONE_B, tokenizer_size_of(ONE_B.data), CARD)
     peaks = [estimate.peak(k) for k in range(17)]
     assert peaks[:16] == sorted(peaks[:16], reverse=True) and len(set(peaks[:16])) == 16
     # all 16: the last layer is recomputed while every layer input is alive, one input more than with 15
     assert peaks[16] - peaks[15] == estimate.layer_input
     assert peaks[0] == estimate.total(False) and peaks[16] == estimate.total(True)
     # the recipe key gives the same estimate through Recipe.checkpointed_layer_count
-    assert estimate_memory(with_checkpointed_layers(ONE_B, 5), 32_005).peak(5) == peaks[5]
+    assert estimate_memory(ONE_B.replace(checkpointed_layers=5), 32_005, CARD).peak(5) == peaks[5]
 
 
 def fit_one_b(size: int, memory: int) -> Fit:
     """The memory estimate's search for the 1b on a card of `memory` bytes, as a GPU with bf16 runs it."""
-    step = run_profile(ONE_B, A_GPU).step
+    step = run_profile(ONE_B, machine_with(CARD)).step
     return fit_in_memory(
         ONE_B.model, ONE_B.train, step, seq_len=ONE_B.data.seq_len, tokenizer_size=size, memory_bytes=memory
     )
@@ -195,14 +193,14 @@ def fit_one_b(size: int, memory: int) -> Fit:
 
 def test_the_fit_takes_the_fewest_checkpointed_layers_before_a_smaller_micro_batch():
     size = tokenizer_size_of(ONE_B.data)
-    estimate = estimate_memory(ONE_B, size)
+    estimate = estimate_memory(ONE_B, size, CARD)
     memory = int(estimate.peak(6) / 0.9) + 1  # a card where 6 layers checkpointed just fit at micro-batch 8
     fit = fit_one_b(size, memory)
     assert (fit.fits, fit.micro_batch_size, fit.checkpointed_layers) == (True, 8, 6)
     # too small for micro-batch 8 even with every layer checkpointed: a smaller micro-batch, fewest layers again
     memory = int(min(estimate.peak(15), estimate.peak(16)) / 0.9) - 2**20
     fit = fit_one_b(size, memory)
-    four = estimate_memory(with_micro_batch(ONE_B, 4), size)
+    four = estimate_memory(ONE_B.replace(micro_batch_size=4), size, CARD)
     assert fit.fits and fit.micro_batch_size == 4
     k = fit.checkpointed_layers
     assert four.peak(k) <= fit.usable_bytes and (k == 0 or four.peak(k - 1) > fit.usable_bytes)
@@ -290,20 +288,18 @@ def test_an_unknown_gpu_is_refused_naming_the_known_ones(capsys):
 
 # ---------------------------------------------------------------------- the slow-node check
 def test_a_gpu_well_below_its_model_is_named_a_likely_slow_node():
-    expected = performance.modelled_tokens_per_s(recipe_workload(ONE_B), gpu_named("H100 SXM"))
-    warning = performance.slow_node_warning(0.6 * expected, "NVIDIA H100 80GB HBM3 (79 GiB)", recipe_workload(ONE_B))
+    expected = performance.modelled_tokens_per_s(h100_workload(ONE_B), gpu_named("H100 SXM"))
+    warning = performance.slow_node_warning(0.6 * expected, "NVIDIA H100 80GB HBM3 (79 GiB)", h100_workload(ONE_B))
     assert warning and "H100 SXM" in warning and "40% below" in warning and "slow or faulty" in warning
     assert (
-        performance.slow_node_warning(0.8 * expected, "NVIDIA H100 80GB HBM3", recipe_workload(ONE_B)) is None
+        performance.slow_node_warning(0.8 * expected, "NVIDIA H100 80GB HBM3", h100_workload(ONE_B)) is None
     )  # within 25%
     assert (
-        performance.slow_node_warning(100.0, "CPU (x86_64, 16 cores)", recipe_workload(ONE_B)) is None
+        performance.slow_node_warning(100.0, "CPU (x86_64, 16 cores)", h100_workload(ONE_B)) is None
     )  # not in the table
     # an eager run is judged against the eager step's model, not the compiled one's
     eager = load_recipe("1b", {"compile": False})
-    eager_expected = performance.modelled_tokens_per_s(recipe_workload(eager), gpu_named("H100 SXM"))
+    eager_expected = performance.modelled_tokens_per_s(h100_workload(eager), gpu_named("H100 SXM"))
     assert eager_expected < 0.75 * expected
-    assert performance.slow_node_warning(0.9 * eager_expected, "NVIDIA H100 80GB HBM3", recipe_workload(eager)) is None
-    assert "below" in performance.slow_node_warning(
-        0.6 * eager_expected, "NVIDIA H100 80GB HBM3", recipe_workload(eager)
-    )
+    assert performance.slow_node_warning(0.9 * eager_expected, "NVIDIA H100 80GB HBM3", h100_workload(eager)) is None
+    assert "below" in performance.slow_node_warning(0.6 * eager_expected, "NVIDIA H100 80GB HBM3", h100_workload(eager))

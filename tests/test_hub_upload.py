@@ -12,7 +12,7 @@ from huggingface_hub import snapshot_download
 from transformers import AutoModelForCausalLM
 
 from hf_pretrain.publish import export, export_command
-from hf_pretrain.publish.hub import scrub
+from hf_pretrain.redaction import redact
 from tests.helpers import OUTSIDE_CHECKOUT, offline_env
 from tests.hub_standin import HubStandIn
 
@@ -174,8 +174,12 @@ def test_offline_mode_fails_before_any_request(reference_run, hub, tmp_path, cap
     assert (out / "model.safetensors").is_file()
 
 
-def test_scrub_removes_the_token_and_anything_shaped_like_one():
-    message = f"403 for token {TOKEN} (also hf_otherTokenABCDEFGH12345 in a URL)"
-    cleaned = scrub(message, TOKEN)
+def test_redact_removes_the_held_token_and_anything_shaped_like_one(monkeypatch):
+    """The uploads' errors go through redaction.py's one rule: the token huggingface_hub holds (here not in the
+    environment: read from the login file) and any Hub-token shape; a package name that starts `hf_` stays."""
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    message = f"403 for token {TOKEN} (also hf_otherTokenABCDEFGH12345 in a URL) from hf_pretrain.publish"
+    cleaned = redact(message, held=[TOKEN])
     assert TOKEN not in cleaned and "hf_otherTokenABCDEFGH12345" not in cleaned
-    assert cleaned.startswith("403 for token ***")
+    assert cleaned.startswith("403 for token ***") and cleaned.endswith("from hf_pretrain.publish")
+    assert redact("hf_short", held=[None]) == "hf_short"

@@ -35,9 +35,9 @@ from hf_pretrain.economics.memory import (
     layer_activation_bytes_per_token,
     saved_logits_bytes_per_token,
 )
-from hf_pretrain.machine.run_profile import A_GPU, run_profile
+from hf_pretrain.machine.run_profile import machine_with, run_profile
 from hf_pretrain.model.llama import llama_config, tokenizer_size_of
-from tests.helpers import on_cpu
+from tests.helpers import CARD, on_cpu
 from tests.test_compiled_step import SEQ_LEN, TOKENIZER_SIZE, compiled_step_graphs, recipe_with
 
 GIB = 2**30
@@ -178,7 +178,7 @@ def test_the_formula_keeps_what_the_step_saves_per_layer_and_at_the_head(kind, m
     else:
         saved = {layers: eager_saved(recipe) for layers, recipe in recipes.items()}
     recipe = recipes[1]
-    step = run_profile(recipe, A_GPU).step
+    step = run_profile(recipe, machine_with(CARD)).step
     assert step.compiled == kind.startswith("compiled")
     per_layer = (saved[2].activations - saved[1].activations) / SEQ_LEN
     head = saved[1].activations / SEQ_LEN - per_layer
@@ -186,7 +186,7 @@ def test_the_formula_keeps_what_the_step_saves_per_layer_and_at_the_head(kind, m
     formula_head = head_norm_bytes_per_token(recipe.model, step) + saved_logits_bytes_per_token(step, vocab_rows)
     assert per_layer == pytest.approx(layer_activation_bytes_per_token(recipe.model, step), rel=GRAPH_RTOL)
     assert head == pytest.approx(formula_head, rel=GRAPH_RTOL)
-    estimate = estimate_memory(recipe, TOKENIZER_SIZE, machine=A_GPU)
+    estimate = estimate_memory(recipe, TOKENIZER_SIZE, CARD)
     assert saved[1].weight_copies == pytest.approx(estimate.weight_copies, rel=0.01, abs=1)  # 0 in fp32
 
 
@@ -231,7 +231,7 @@ def test_at_the_real_micro_batch_the_compiled_graph_saves_exactly_the_formula():
                 ).loss
             loss.backward()
         saved[layers] = saved_by_backward(backward, weight_shapes(recipe, size)).activations
-    step = run_profile(recipe, A_GPU).step
+    step = run_profile(recipe, machine_with(CARD)).step
     per_layer = (saved[2] - saved[1]) / tokens
     head = saved[1] / tokens - per_layer
     vocab_rows = llama_config(recipe.model, size).vocab_size
@@ -249,20 +249,23 @@ def test_a_checkpointed_layer_saves_its_activations_less_at_most_its_input(monke
     full = compiled_saved(recipe_with("1b", layers=2, compile=True, mixed_precision="bf16"), monkeypatch)
     recipe = recipe_with("1b", layers=2, compile=True, mixed_precision="bf16", checkpointed_layers=1)
     checkpointed = compiled_saved(recipe, monkeypatch)
-    step = run_profile(recipe, A_GPU).step
+    step = run_profile(recipe, machine_with(CARD)).step
     per_layer = layer_activation_bytes_per_token(recipe.model, step)
     kept = step.compute_bytes * recipe.model.hidden_size
     saved_per_token = (full.activations - checkpointed.activations) / SEQ_LEN
     assert saved_per_token == pytest.approx(per_layer, rel=GRAPH_RTOL)
     assert per_layer - kept < saved_per_token
-    estimate, tokens = estimate_memory(recipe, TOKENIZER_SIZE), recipe.train.micro_batch_size * recipe.data.seq_len
+    estimate, tokens = (
+        estimate_memory(recipe, TOKENIZER_SIZE, CARD),
+        recipe.train.micro_batch_size * recipe.data.seq_len,
+    )
     assert estimate.saved_activations(0) - estimate.saved_activations(1) == (per_layer - kept) * tokens
 
 
 # ---------------------------------------------------------------------- against the H100
 def estimated_peak(flags: dict) -> tuple[float, Recipe]:
     recipe = load_recipe("1b", flags)
-    estimate = estimate_memory(recipe, tokenizer_size_of(recipe.data), machine=A_GPU)
+    estimate = estimate_memory(recipe, tokenizer_size_of(recipe.data), CARD)
     return estimate.peak(recipe.checkpointed_layer_count), recipe
 
 
@@ -325,11 +328,11 @@ def test_the_hand_written_baseline_is_within_the_stated_error_of_its_h100_peaks(
         saved[layers] = saved_by_backward(backward, weight_shapes(recipe)).activations
     per_layer = (saved[2] - saved[1]) / SEQ_LEN
     # the stock residual stream is fp32: each layer's input and its mid-layer residual take 4h, not 2h
-    ours = layer_activation_bytes_per_token(recipe.model, run_profile(recipe, A_GPU).step)
+    ours = layer_activation_bytes_per_token(recipe.model, run_profile(recipe, machine_with(CARD)).step)
     assert per_layer == pytest.approx(ours + 2 * 2 * recipe.model.hidden_size, rel=GRAPH_RTOL)
     for (micro, accumulation), measured in BASELINE_PEAKS_GIB.items():
         shape = load_recipe("1b", {"micro_batch_size": micro, "global_batch_tokens": micro * accumulation * 2048})
-        estimate = estimate_memory(shape, tokenizer_size_of(shape.data), machine=A_GPU)
+        estimate = estimate_memory(shape, tokenizer_size_of(shape.data), CARD)
         tokens = micro * 2048
         baseline = dataclasses.replace(estimate, activations=int(estimate.layers * tokens * per_layer))
         assert baseline.accumulating == (accumulation > 1)

@@ -15,7 +15,7 @@ from hf_pretrain.config import load_recipe
 from hf_pretrain.model.llama import build_model, llama_config
 from hf_pretrain.optim.build import build_optimizer, set_learning_rate
 from hf_pretrain.optim.muon import MUON_GROUP, MuonAdamW
-from tests.helpers import bench_children_started_warm, launch_training
+from tests.helpers import CARD, bench_children_started_warm, launch_training
 from tests.test_gpu_paths import launch_fsdp
 from tests.test_train import checkpoint_weights, train_losses
 
@@ -200,7 +200,7 @@ def test_the_memory_estimate_knows_muons_single_moment():
     adamw, muon = load_recipe("1b"), load_recipe("1b", {"optimizer": "muon"})
     matrices = decoder_matrix_parameters(muon.model)
     assert matrices == 16 * (2 * 2048 * 2048 + 2 * 2048 * 512 + 3 * 2048 * 8192)  # 939.5M of the 1.04B
-    saved = estimate_memory(adamw, 32000).optimizer - estimate_memory(muon, 32000).optimizer
+    saved = estimate_memory(adamw, 32000, CARD).optimizer - estimate_memory(muon, 32000, CARD).optimizer
     assert saved == 4 * matrices  # 3.76 GB less at the 1b shape
     # the split the estimate assumes is the optimizer's own
     recipe, model = smoke_model()

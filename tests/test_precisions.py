@@ -16,12 +16,10 @@ from hf_pretrain.economics import performance
 from hf_pretrain.economics.memory import estimate_memory
 from hf_pretrain.economics.planning.gpu_ranking import gpu_row, quality_per_token
 from hf_pretrain.economics.planning.printing import converting_precision
-from hf_pretrain.economics.workload import recipe_workload
 from hf_pretrain.machine import precisions
 from hf_pretrain.machine.gpus import GPU, gpu_named
 from hf_pretrain.machine.precisions import PRECISIONS, precision_named
 from hf_pretrain.machine.run_profile import (
-    A_GPU,
     THE_CPU,
     accelerate_word,
     machine_with,
@@ -31,14 +29,14 @@ from hf_pretrain.machine.run_profile import (
 from hf_pretrain.model.fp8 import fp8_handlers
 from hf_pretrain.preflight.dependencies import check_versions
 from hf_pretrain.preflight.gpu import check_fp8
-from tests.helpers import section_on_cpu
+from tests.helpers import CARD, h100_workload, section_on_cpu
 
 
 def test_the_recipe_choices_and_the_table_name_the_same_precisions():
     """config/ is a leaf and cannot import the table: its Literal and its list of scaled-matmul choices are
     held to the table's rows here."""
     choices = set(typing.get_args(typing.get_type_hints(ComputeConfig)["mixed_precision"]))
-    named = {resolve_precision(choice, A_GPU) for choice in choices - {"auto"}}
+    named = {resolve_precision(choice, machine_with(CARD)) for choice in choices - {"auto"}}
     assert named == set(precisions.NAMES) and len(choices) == len(PRECISIONS) + 1  # + auto; `no` is fp32
     assert set(SCALED_MATMUL_CHOICES) == {p.name for p in PRECISIONS if p.converts_linears} == {"fp8"}
 
@@ -70,18 +68,22 @@ def test_a_row_alone_is_priced_like_fp8_by_the_performance_model_and_plan(mxfp8,
     fp8, stand_in = load_recipe("1b", {"mixed_precision": "fp8"}), mxfp8()
     h100, a100 = gpu_named("H100"), gpu_named("A100 80GB SXM")
     assert run_profile(stand_in, machine_with(h100)).precision == "mxfp8"
-    assert performance.modelled_tokens_per_s(recipe_workload(stand_in), h100) == performance.modelled_tokens_per_s(
-        recipe_workload(fp8), h100
+    assert performance.modelled_tokens_per_s(h100_workload(stand_in), h100) == performance.modelled_tokens_per_s(
+        h100_workload(fp8), h100
     )
-    memory = [dataclasses.replace(estimate_memory(r, 32768), kind=None) for r in (stand_in, fp8)]
+    memory = [dataclasses.replace(estimate_memory(r, 32768, CARD), kind=None) for r in (stand_in, fp8)]
     assert memory[0] == memory[1]
     with pytest.raises(ValueError, match="mixed_precision=mxfp8 needs FP8 tensor cores"):
-        performance.modelled_tokens_per_s(recipe_workload(stand_in), a100)
-    assert quality_per_token(run_profile(stand_in, A_GPU).step) == quality_per_token(run_profile(fp8, A_GPU).step) < 1.0
+        performance.modelled_tokens_per_s(h100_workload(stand_in), a100)
+    assert (
+        quality_per_token(run_profile(stand_in, machine_with(CARD)).step)
+        == quality_per_token(run_profile(fp8, machine_with(CARD)).step)
+        < 1.0
+    )
     row = gpu_row(stand_in, a100, 1e9, 1.0)
     assert not row.fits and row.reason == "no MXFP8: compute capability 8.0 (mxfp8 needs 8.9+)"
     monkeypatch.setattr("hf_pretrain.economics.planning.printing.PRECISIONS", precisions.PRECISIONS)
-    assert converting_precision(run_profile(stand_in, A_GPU).step.describe()).name == "mxfp8"
+    assert converting_precision(run_profile(stand_in, machine_with(CARD)).step.describe()).name == "mxfp8"
 
 
 def test_a_row_alone_is_checked_and_converted_like_fp8(mxfp8):

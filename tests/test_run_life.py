@@ -311,8 +311,8 @@ def test_plan_for_the_1b_recipe_with_nothing_else(capsys):
 
 
 def test_plan_run_prices_going_further_and_the_report_draws_the_forecast(tmp_path, capsys):
-    from hf_pretrain import report
     from hf_pretrain.config import save_recipe
+    from hf_pretrain.run_commands import report
 
     run = RunDir(tmp_path / "run")
     run.path.mkdir()

@@ -14,12 +14,13 @@ import pytest
 
 from hf_pretrain.config import load_recipe
 from hf_pretrain.economics import measurements
-from hf_pretrain.economics.measurements import configuration, record_measurement, recorded_measurement
+from hf_pretrain.economics.measurements import record_measurement, recorded_measurement
 from hf_pretrain.economics.planning import gpu_ranking, plan_command
 from hf_pretrain.machine.gpus import gpu_named
 from hf_pretrain.machine.run_profile import Machine, run_profile
 from hf_pretrain.preflight.budget import check_cost
 from hf_pretrain.preflight.gpu import check_memory
+from tests.helpers import h100_configuration
 
 H100 = "NVIDIA H100 80GB HBM3"
 SOURCE = "project's H100 run, 2026-11-25, docs/gpu.md"
@@ -42,7 +43,7 @@ def test_the_package_ships_the_h100_runs_keyed_as_the_1b_recipe_is_today():
     lines = [json.loads(line) for line in measurements.SHIPPED_STORE.read_text().splitlines()]
     for line, (flags, rate, peak) in zip(lines, SHIPPED, strict=True):
         # the recipe's configuration must still be the one measured, or the record would silently stop matching
-        assert line["configuration"] == configuration(load_recipe("1b", flags)).key, flags
+        assert line["configuration"] == h100_configuration(load_recipe("1b", flags)).key, flags
         assert (line["gpu"], line["tokens_per_s"], line["peak_memory_gib"]) == ("H100 SXM", rate, peak)
         assert line["source"] == SOURCE and line["date"] == "2026-11-25"
 
@@ -50,7 +51,7 @@ def test_the_package_ships_the_h100_runs_keyed_as_the_1b_recipe_is_today():
 @pytest.mark.parametrize(("flags", "rate", "peak"), SHIPPED, ids=["compiled", "eager", "eager+liger"])
 def test_the_shipped_record_is_used_for_the_1b_on_an_h100_sxm_labelled_with_its_source(store, flags, rate, peak):
     recipe = load_recipe("1b", flags)
-    found = recorded_measurement(configuration(recipe), "H100")
+    found = recorded_measurement(h100_configuration(recipe), "H100")
     assert found.shipped and (found.tokens_per_s, found.peak_memory_gib) == (rate, peak)
     assert found.label().startswith(f"measured: {SOURCE} ({H100}, torch 2.11.0")
     row = gpu_ranking.gpu_row(recipe, gpu_named("H100 SXM"), 1e9, 2.99)
@@ -60,13 +61,13 @@ def test_the_shipped_record_is_used_for_the_1b_on_an_h100_sxm_labelled_with_its_
 
 def test_a_users_record_of_the_same_configuration_wins(store):
     recipe = load_recipe("1b")
-    mine = record_measurement(configuration(recipe), H100, 80_000.0, 37.0, "train")
-    assert recorded_measurement(configuration(recipe), "H100 SXM") == mine and not mine.shipped
+    mine = record_measurement(h100_configuration(recipe), H100, 80_000.0, 37.0, "train")
+    assert recorded_measurement(h100_configuration(recipe), "H100 SXM") == mine and not mine.shipped
     assert gpu_ranking.gpu_row(recipe, gpu_named("H100 SXM"), 1e9, 2.99).tokens_per_s == 80_000.0
 
 
 def test_another_micro_batch_is_not_matched_and_stays_modelled(store, capsys):
-    assert recorded_measurement(configuration(load_recipe("1b", {"micro_batch_size": 16})), "H100 SXM") is None
+    assert recorded_measurement(h100_configuration(load_recipe("1b", {"micro_batch_size": 16})), "H100 SXM") is None
     assert plan_command.main(["--recipe", "1b", "--gpu", "H100", "--micro_batch_size", "16", "--max_gpus", "1"]) == 0
     out = capsys.readouterr().out
     assert "| H100 SXM | 16, 0 | ~" in out and "an estimate of the performance model" in out and SOURCE not in out

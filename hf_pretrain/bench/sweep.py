@@ -22,12 +22,13 @@ from hf_pretrain.bench.variants import VariantResult, VariantRunner, is_recipe_a
 from hf_pretrain.config import Recipe, build_recipe
 from hf_pretrain.data.prepare_run import prepare
 from hf_pretrain.data.prepared import DataMismatchError, check_prepared_data
-from hf_pretrain.economics.measurements import configuration, record_measurement
+from hf_pretrain.economics.check_records import complete_profile
+from hf_pretrain.economics.measurements import Configuration, configuration, record_measurement
 from hf_pretrain.economics.performance import modelled_tokens_per_s, slow_node_warning
-from hf_pretrain.economics.workload import recipe_workload
+from hf_pretrain.economics.workload import Workload, run_workload
 from hf_pretrain.machine.gpus import best_match, find_gpu
 from hf_pretrain.machine.hardware import device_name
-from hf_pretrain.machine.run_profile import Machine, device_kind, run_profile, this_machine
+from hf_pretrain.machine.run_profile import Machine, device_kind, this_machine
 from hf_pretrain.model.llama import model_flops_per_token
 
 Say = Callable[[str], None]
@@ -95,6 +96,15 @@ def variant_recipe(recipe: Recipe, variant: VariantResult) -> Recipe:
     return build_recipe(recipe.to_dict(), variant.overrides)
 
 
+def variant_economics(configured: Recipe, machine: Machine) -> tuple[Workload, Configuration]:
+    """(what the performance model prices, what the measurement is keyed by) of a variant's configuration: the
+    step it ran on this machine, as the door builds it (economics/check_records.complete_profile)."""
+    step = complete_profile(configured, machine).step
+    batch = configured.train.global_batch_tokens
+    work = run_workload(configured.model, configured.data, step, batch)
+    return work, configuration(configured.model, configured.data, step, global_batch_tokens=batch)
+
+
 def bench_result(
     recipe: Recipe,
     request: BenchRequest,
@@ -120,16 +130,15 @@ def bench_result(
         add_mfu(variant, datasheet, matmul.flops)
         if variant.tokens_per_s is None:
             continue
-        configured = variant_recipe(recipe, variant)
-        add_money(variant, recipe_workload(configured), gpu, price_entry, request.prices)
+        work, measured = variant_economics(variant_recipe(recipe, variant), machine)
+        add_money(variant, work, gpu, price_entry, request.prices)
         if variants[0].tokens_per_s:
             variant.speedup_vs_recipe = variant.tokens_per_s / variants[0].tokens_per_s - 1
-        record_measurement(
-            configuration(configured), recorded_on, variant.tokens_per_s, variant.peak_memory_gib, "bench"
-        )
-    left_on_table, notes = advice(variants, search, run_profile(recipe, machine).step)
+        record_measurement(measured, recorded_on, variant.tokens_per_s, variant.peak_memory_gib, "bench")
+    written = complete_profile(recipe, machine).step  # the recipe as written, on this machine
+    left_on_table, notes = advice(variants, search, written)
     # the recipe as written against the performance model for this GPU: a slow or faulty node shows here
-    work = recipe_workload(recipe) if gpu else None
+    work = run_workload(recipe.model, recipe.data, written, recipe.train.global_batch_tokens) if gpu else None
     modelled = modelled_tokens_per_s(work, gpu) if work else None
     slow_node = slow_node_warning(variants[0].tokens_per_s or 0.0, name, work) if work else None
     if slow_node:

@@ -354,16 +354,16 @@ def check_records(figures: list[Figure]) -> list:
 def record_step_measurements(recipe: Recipe, figures: list[Figure]) -> int:
     """On a GPU, each step figure as the measurement of its configuration (`plan`, the doctor); none on a CPU."""
     from hf_pretrain.economics.measurements import configuration, record_measurement
+    from hf_pretrain.machine.what_if import measured_card, profile_on
 
     count = 0
     for f in figures:
         if f.part == "step" and f.value and f.device:
             configured = build_recipe(recipe.to_dict(), f.detail.get("overrides") or {})
-            count += bool(
-                record_measurement(
-                    configuration(configured), f.device, f.value, f.detail.get("peak_memory_gib"), "check"
-                )
-            )
+            step = profile_on(configured, measured_card(f.device)).step  # on the card that measured it
+            batch = configured.train.global_batch_tokens
+            measured = configuration(configured.model, configured.data, step, global_batch_tokens=batch)
+            count += bool(record_measurement(measured, f.device, f.value, f.detail.get("peak_memory_gib"), "check"))
     return count
 
 

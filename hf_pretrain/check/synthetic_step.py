@@ -31,28 +31,16 @@ def synthetic_batches(vocab_rows: int, micro_batch_size: int, seq_len: int, *, s
     return itertools.cycle(batches)
 
 
-def built_step(recipe: Recipe, machine: Machine):
-    """(the step, the accelerator) as training builds them, on `machine` (the worker's: this one)."""
-    from accelerate import Accelerator
-
-    from hf_pretrain.machine.run_profile import run_profile
-    from hf_pretrain.model.fp8 import fp8_handlers
+def built_step(recipe: Recipe, profile: RunProfile):
+    """(the step, the accelerator) as training builds them, from `profile` (the worker's machine, complete:
+    its attention kernel the one training resolves), through training's own Accelerator builder."""
     from hf_pretrain.model.llama import llama_config, tokenizer_size_of
-    from hf_pretrain.training.compiling import dynamo_plugin
+    from hf_pretrain.training.accelerator import accelerator_for
     from hf_pretrain.training.loop import model_and_optimizer
     from hf_pretrain.training.step import TrainStep
 
     grad_accum = recipe.grad_accum_steps(1)
-    profile = run_profile(recipe, machine)
-    accelerator = Accelerator(
-        cpu=not profile.machine.on_gpu,
-        mixed_precision=profile.accelerate_precision,
-        gradient_accumulation_steps=grad_accum,
-        dynamo_plugin=dynamo_plugin(recipe.compute),
-        kwargs_handlers=fp8_handlers(profile.step) or None,
-    )
-    if profile.machine.on_gpu and recipe.compute.tf32:
-        torch.backends.cuda.matmul.allow_tf32 = True
+    accelerator = accelerator_for(profile, recipe.compute, grad_accum)  # one process: no group, trackers, folder
     torch.manual_seed(recipe.train.seed)
     config = llama_config(recipe.model, tokenizer_size_of(recipe.data))
     model, optimizer, _ = model_and_optimizer(recipe, profile, config, accelerator, starts=False)
@@ -77,12 +65,13 @@ def measure(recipe: Recipe, overrides: dict, report: Report, steps: int, warmup:
     name = variant_name(overrides)
     device = torch.device(machine.kind)
     memory = DeviceMemory(device)
-    refused = kernel_refused(recipe.model, complete_profile(recipe, machine))
+    profile = complete_profile(recipe, machine)  # as training's door builds it: `auto` is the kernel that runs
+    refused = kernel_refused(recipe.model, profile)
     if refused:  # the doctor's refusal: a kernel this card lacks would run math behind it, timed as itself
         report.skip(name, f"refused: {refused}")
         return
     try:
-        step, _ = built_step(recipe, machine)
+        step, _ = built_step(recipe, profile)
         started = time.perf_counter()
         for n in range(1, warmup + 1):
             step(n)
@@ -127,10 +116,13 @@ def kernel_refused(model: ModelConfig, profile: RunProfile) -> str | None:
 
 def probe(recipe: Recipe, steps: int, machine: Machine) -> dict:
     """A micro-batch probe: `steps` optimizer steps; {"status": ok | oom | failed, "message", "peak_memory_gib"}."""
+    from hf_pretrain.economics.check_records import complete_profile
+
     device = torch.device(machine.kind)
     memory = DeviceMemory(device)
     try:
-        step, _ = built_step(recipe, machine)
+        # the kernel training resolves: a micro-batch that fits with one kernel may not with another
+        step, _ = built_step(recipe, complete_profile(recipe, machine))
         for n in range(1, steps + 1):
             step(n)
         status, message = "ok", ""

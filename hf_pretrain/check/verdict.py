@@ -16,8 +16,9 @@ from hf_pretrain.economics.cost import dollars_per_billion_tokens
 from hf_pretrain.economics.measurements import Configuration, configuration, recorded_measurement
 from hf_pretrain.economics.performance import SLOW_NODE_FRACTION, slow_node_warning
 from hf_pretrain.economics.planning.gpu_ranking import gpu_prices, ranked_rows
-from hf_pretrain.economics.workload import Workload, recipe_workload
+from hf_pretrain.economics.workload import Workload, run_workload
 from hf_pretrain.machine.gpus import GPU, find_gpu
+from hf_pretrain.machine.what_if import measured_card, profile_on
 from hf_pretrain.model.llama import model_flops_per_token
 
 RECIPE_AS_WRITTEN = "recipe as written"
@@ -207,6 +208,13 @@ def verdict(recipe: Recipe, figures: list[Figure]) -> list[str]:
         lines.append(f"ranks {rank} of {len(rows)} in plan's table; plan's best: {best_text}")
         lines += against_the_plan(rows, gpu, as_written, price)
     faulty = [f"faulty host: {line}" for line in faulty_lines(figures)]
-    slow = slow_node_lines(device, figures, as_written, work=recipe_workload(recipe), wanted=configuration(recipe))
+    # the recipe's step on the card the parts measured (they ran in processes of their own): what it is priced
+    # and keyed by
+    step, batch = profile_on(recipe, measured_card(device)).step, recipe.train.global_batch_tokens
+    work, wanted = (
+        run_workload(recipe.model, recipe.data, step, batch),
+        configuration(recipe.model, recipe.data, step, global_batch_tokens=batch),
+    )
+    slow = slow_node_lines(device, figures, as_written, work=work, wanted=wanted)
     lines += faulty + slow or ["no sign of a slow or faulty node"]
     return lines

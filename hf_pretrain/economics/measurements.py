@@ -34,10 +34,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from hf_pretrain.config import Recipe
+from hf_pretrain.config import DataConfig, ModelConfig
 from hf_pretrain.machine.gpus import find_gpu, gpu_table
 from hf_pretrain.machine.precisions import NAMES, precision_named
-from hf_pretrain.machine.run_profile import A_GPU, Machine, run_profile
+from hf_pretrain.machine.run_profile import Step
 from hf_pretrain.model.llama import model_flops_per_token, tokenizer_size_of
 from hf_pretrain.versions import installed_version
 
@@ -57,7 +57,7 @@ def store_path() -> Path:
 
 @dataclass(frozen=True)
 class Configuration:
-    """What a measurement is the measurement of, built once from the recipe (`configuration`): its `key`,
+    """What a measurement is the measurement of, built once from the model, data and step (`configuration`): its `key`,
     matched whole, and the model's training FLOPs per token, which rule out a figure no card could produce
     (`impossible`). Recording and reading measurements needs nothing else of the recipe."""
 
@@ -70,24 +70,25 @@ class Configuration:
         return self.key["world_size"]
 
 
-def configuration(recipe: Recipe, world_size: int = 1, machine: Machine = A_GPU) -> Configuration:
-    """What a measurement of `recipe` on `world_size` processes is the measurement of: the model's shape and
-    the batch, and the step as the run profile resolves it (run_profile.Step.key: every setting that changes
-    a step's speed or memory). Only GPUs are recorded: `machine` is a GPU with bf16 unless given."""
-    m = recipe.model
+def configuration(model: ModelConfig, data: DataConfig, step: Step, *, global_batch_tokens: int) -> Configuration:
+    """What a measurement of the model section's Llama, at the data section's context and tokenizer, in
+    batches of `global_batch_tokens`, run as `step` says is the measurement of: the model's shape and the
+    batch, and the step (run_profile.Step.key: every setting that changes a step's speed or memory, its world
+    size included). `step` is a door's profile's (the card that measured), or a what-if's for the card asked
+    of (machine/what_if.py): no card is assumed here."""
     key = {
-        "layers": m.num_hidden_layers,
-        "hidden_size": m.hidden_size,
-        "intermediate_size": m.intermediate_size,
-        "heads": m.num_attention_heads,
-        "kv_heads": m.num_key_value_heads,
-        "vocab": tokenizer_size_of(recipe.data),
-        "tie_word_embeddings": m.tie_word_embeddings,
-        "seq_len": recipe.data.seq_len,
-        "global_batch_tokens": recipe.train.global_batch_tokens,
-        **run_profile(recipe, machine, world_size).step.key(),
+        "layers": model.num_hidden_layers,
+        "hidden_size": model.hidden_size,
+        "intermediate_size": model.intermediate_size,
+        "heads": model.num_attention_heads,
+        "kv_heads": model.num_key_value_heads,
+        "vocab": tokenizer_size_of(data),
+        "tie_word_embeddings": model.tie_word_embeddings,
+        "seq_len": data.seq_len,
+        "global_batch_tokens": global_batch_tokens,
+        **step.key(),
     }
-    return Configuration(key, model_flops_per_token(m, recipe.data)[1])
+    return Configuration(key, model_flops_per_token(model, data)[1])
 
 
 @dataclass(frozen=True)

@@ -86,7 +86,9 @@ import dataclasses
 from dataclasses import dataclass
 
 from hf_pretrain.config import ModelConfig, Recipe, TrainConfig
-from hf_pretrain.machine.run_profile import A_GPU, Machine, Step, run_profile
+from hf_pretrain.machine.gpus import GPU
+from hf_pretrain.machine.run_profile import Machine, Step
+from hf_pretrain.machine.what_if import profile_on
 from hf_pretrain.model.llama import llama_config, model_parameter_count
 
 # Bytes per parameter: fp32 weights, fp32 gradients, AdamW's two fp32 moments.
@@ -231,11 +233,12 @@ def optimizer_state_bytes(optimizer: str, model: ModelConfig, n: int) -> int:
 
 
 def estimate_memory(
-    recipe: Recipe, tokenizer_size: int, machine: Machine = A_GPU, world_size: int = 1
+    recipe: Recipe, tokenizer_size: int, on: GPU | str | Machine, world_size: int = 1
 ) -> MemoryEstimate:
-    """A what-if: `memory_of` the step `recipe` would run on `machine` (a card of the table, `A_GPU` unless
-    named) with `world_size` processes: bf16 and Liger's kernels on a GPU, as run_profile resolves them."""
-    step = run_profile(recipe, machine, world_size).step
+    """A what-if: `memory_of` the step `recipe` would run on `on` (a card of the table, or a `Machine`:
+    machine/what_if.py) with `world_size` processes: bf16 and Liger's kernels on a GPU, as run_profile
+    resolves them. A run's own estimate is its door's profile's step, handed to `memory_of`."""
+    step = profile_on(recipe, on, world_size).step
     return memory_of(
         recipe.model,
         step,
@@ -276,16 +279,6 @@ def memory_of(
         layer_input=layer_input,
         kind=kind,
     )
-
-
-def with_micro_batch(recipe: Recipe, micro_batch_size: int) -> Recipe:
-    """The same recipe at another micro-batch size (for 'what would fit' questions)."""
-    return recipe.replace(micro_batch_size=micro_batch_size)
-
-
-def with_checkpointed_layers(recipe: Recipe, checkpointed_layers: int) -> Recipe:
-    """The same recipe with `checkpointed_layers` of its layers recomputed (0: none)."""
-    return recipe.replace(checkpointed_layers=checkpointed_layers)
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,7 @@
 check that a rented GPU delivers what its kind should (the doctor's slow-node warning, bench), and
 docs/gpu.md's step budget (benchmarks/estimate_step_budget.py prints it).
 
-    modelled_tokens_per_s(work, gpu)       tokens/s of one GPU running a workload (workload.recipe_workload)
+    modelled_tokens_per_s(work, gpu)       tokens/s of one GPU running a workload (workload.run_workload)
 
 What a token costs comes from workload.py (FLOPs by kind, bytes by kernel, for the configuration:
 compiled or eager, Liger, AdamW or Muon, bf16/fp8/fp32, micro-batch, checkpointed layers). Its time
@@ -180,7 +180,7 @@ def physical_limit(workload: Workload, gpu: GPU) -> float:
 
 
 def modelled_tokens_per_s(work: Workload, gpu: GPU) -> float:
-    """The model's tokens/s of one GPU running `work` (workload.recipe_workload: the recipe as configured,
+    """The model's tokens/s of one GPU running `work` (workload.run_workload: the run's step as configured,
     compile, liger, optimizer, mixed_precision, tf32, micro-batch and checkpointing; the step is the same on
     every card of the table). Raises ValueError (one line) for mixed_precision fp8 on a card without FP8."""
     return step_time(work, gpu).tokens_per_s

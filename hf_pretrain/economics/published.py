@@ -12,6 +12,7 @@ from hf_pretrain.economics.performance import step_time
 from hf_pretrain.economics.workload import LOSS_BYTES, Shape, Workload, model_shape, workload
 from hf_pretrain.machine.gpus import gpu_named
 from hf_pretrain.machine.run_profile import Step
+from hf_pretrain.machine.what_if import profile_on
 
 H100_TABLE = (
     "the shared GPU table (2026-11-25): NVIDIA H100 80GB HBM3 (SXM), torch 2.11.0+cu130, transformers 5.23.0, "
@@ -79,7 +80,11 @@ def h100(one_b: Recipe, **train) -> float:
     """What the 1b measured on the project's H100 SXM with `train` changed: the shipped records
     (economics/measured.jsonl), the one home of those figures."""
     recipe = one_b.replace(**train)
-    measured = shipped_measurement(configuration(recipe), "H100 SXM")
+    on_h100 = profile_on(recipe, "H100 SXM").step  # a what-if: the step it ran there
+    batch = recipe.train.global_batch_tokens
+    measured = shipped_measurement(
+        configuration(recipe.model, recipe.data, on_h100, global_batch_tokens=batch), "H100 SXM"
+    )
     if measured is None:
         raise LookupError(f"no shipped H100 SXM measurement of the 1b with {train} in economics/measured.jsonl")
     return measured.tokens_per_s

@@ -34,8 +34,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from hf_pretrain.config import DataConfig, ModelConfig, Recipe
-from hf_pretrain.machine.run_profile import A_GPU, Machine, Step, run_profile
+from hf_pretrain.config import DataConfig, ModelConfig
+from hf_pretrain.machine.run_profile import Step
 from hf_pretrain.model.fp8 import pays_in_fp8
 from hf_pretrain.model.llama import llama_config, model_parameter_count, shape_flops_per_token, tokenizer_size_of
 
@@ -215,17 +215,11 @@ def model_shape(m: ModelConfig, data: DataConfig, tokenizer_size: int | None = N
     )
 
 
-def recipe_workload(
-    recipe: Recipe,
-    tokenizer_size: int | None = None,
-    micro_batch_size: int | None = None,
-    world_size: int = 1,
-    checkpointed_layers: int | None = None,
-    machine: Machine = A_GPU,
+def run_workload(
+    model: ModelConfig, data: DataConfig, step: Step, global_batch_tokens: int, tokenizer_size: int | None = None
 ) -> Workload:
-    """The workload of the recipe's configuration on one of `world_size` data-parallel GPUs (`machine`:
-    the card, which resolves `mixed_precision: auto`; a GPU with bf16 unless given)."""
-    config = run_profile(recipe, machine, world_size, micro_batch_size, checkpointed_layers).step
-    return workload(
-        model_shape(recipe.model, recipe.data, tokenizer_size), config, recipe.train.global_batch_tokens / world_size
-    )
+    """The workload of `step` (a door's profile's, or a what-if's for a card, machine/what_if.py) on one of its
+    `world_size` data-parallel GPUs: the model section's shape at the data section's context, a share of
+    `global_batch_tokens` per optimizer step; its vocabulary the data section's tokenizer's unless
+    `tokenizer_size` (a prepared one's) is given."""
+    return workload(model_shape(model, data, tokenizer_size), step, global_batch_tokens / step.world_size)

@@ -83,8 +83,8 @@ class Machine:
         return self.gpu.bf16_flops if self.gpu else None
 
 
-# A GPU with bf16 where no card is named (the memory estimate's default question), and the CPU.
-A_GPU = Machine("cuda", bf16=True)
+# The CPU, as `this_machine` finds it. No card stands in where none is named: a what-if names its card
+# (machine/what_if.py), and a door hands down the machine it is on.
 THE_CPU = Machine("cpu")
 
 

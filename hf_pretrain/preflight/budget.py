@@ -9,9 +9,10 @@ from hf_pretrain.config.recipe_command import recipe_command
 from hf_pretrain.economics.cost import dollars, dollars_per_billion_tokens
 from hf_pretrain.economics.measurements import Measurement, configuration, measured_here, measured_on_a_gpu
 from hf_pretrain.economics.performance import modelled_tokens_per_s
-from hf_pretrain.economics.workload import Workload, recipe_workload
+from hf_pretrain.economics.workload import Workload, run_workload
 from hf_pretrain.formatting import usd
 from hf_pretrain.machine.gpus import find_gpu
+from hf_pretrain.machine.what_if import measured_card, profile_on, profile_on_any_card
 from hf_pretrain.preflight.result import CheckResult
 
 
@@ -58,8 +59,17 @@ def check_cost(recipe: Recipe, gpu_name: str | None = None, world_size: int = 1)
     """Time and cost at the recipe's expected_tokens_per_s, else at what this configuration measured on
     this GPU, `gpu_name` (economics/measurements.py), else at the model's for it. `gpu_name`: the card
     the run is on, None on a CPU."""
-    # what a measurement of this configuration is keyed by, where the recipe does not state its rate
-    wanted = None if recipe.reporting.expected_tokens_per_s else configuration(recipe, world_size)
+    # a what-if on the card named (the doctor's own), else on any card of the table (a CPU asks what the
+    # configuration measured on one): what a measurement is keyed by, and what the performance model prices
+    step = (
+        profile_on(recipe, measured_card(gpu_name), world_size) if gpu_name else profile_on_any_card(recipe, world_size)
+    ).step
+    batch = recipe.train.global_batch_tokens
+    wanted = (
+        None
+        if recipe.reporting.expected_tokens_per_s
+        else configuration(recipe.model, recipe.data, step, global_batch_tokens=batch)
+    )
     measured = measured_here(wanted, gpu_name) if wanted else None
     if measured:  # what this configuration measured on this GPU stands in for the unknown rate
         recipe = build_recipe(recipe.to_dict(), {"expected_tokens_per_s": measured.tokens_per_s * world_size})
@@ -71,7 +81,7 @@ def check_cost(recipe: Recipe, gpu_name: str | None = None, world_size: int = 1)
         return measured_elsewhere(recipe.train, recipe.name, elsewhere, tokens, world_size)
     modelled = None  # the performance model's rate, for a GPU here (the workload is built for one only)
     if hours is None and gpu_name:
-        modelled = modelled_rate(recipe_workload(recipe, world_size=world_size), gpu_name)
+        modelled = modelled_rate(run_workload(recipe.model, recipe.data, step, batch), gpu_name)
     if modelled:
         hours = run_tokens(recipe.train) / modelled / 3600
         gpus = f"{world_size} x {gpu_name}" if world_size > 1 else gpu_name

@@ -10,6 +10,7 @@ import torch
 
 from hf_pretrain.config import ComputeConfig, Recipe
 from hf_pretrain.economics.measurements import (
+    Configuration,
     Measurement,
     configuration,
     measured_here,
@@ -26,7 +27,8 @@ from hf_pretrain.economics.memory import (
 )
 from hf_pretrain.formatting import human_bytes, human_count
 from hf_pretrain.machine.hardware import cpu_has_bf16_kernels
-from hf_pretrain.machine.run_profile import A_GPU, RunProfile, run_profile
+from hf_pretrain.machine.run_profile import RunProfile
+from hf_pretrain.machine.what_if import profile_on, profile_on_any_card
 from hf_pretrain.model.llama import tokenizer_size_of
 from hf_pretrain.preflight.result import CheckResult
 
@@ -99,14 +101,20 @@ def check_cuda(compute: ComputeConfig, profile: RunProfile) -> CheckResult:
     return CheckResult("cuda", "pass", "no CUDA device; the recipe runs on the CPU (mixed_precision=no)")
 
 
+def h100_configuration(recipe: Recipe) -> Configuration:
+    """What `recipe` measured on the project's H100 is keyed by: a what-if on that card (machine/what_if.py)."""
+    step = profile_on(recipe, "H100 SXM").step
+    return configuration(recipe.model, recipe.data, step, global_batch_tokens=recipe.train.global_batch_tokens)
+
+
 def check_liger_under_compile(recipe: Recipe) -> CheckResult:
     """`liger` with `compile` runs (Liger's loss outside the compiled graph, hf_pretrain/model/loss.py), but no GPU
     has timed the pair: say so rather than promise a speed-up, with what each alone measured on the
     project's H100 where the shipped records hold the recipe (economics/measured.jsonl)."""
     if not (recipe.compute.liger and recipe.compute.compile):
         return CheckResult("liger + compile", "skip", "not asked for")
-    compiled = shipped_measurement(configuration(recipe.replace(liger=False)), "H100 SXM")
-    liger = shipped_measurement(configuration(recipe.replace(compile=False)), "H100 SXM")
+    compiled = shipped_measurement(h100_configuration(recipe.replace(liger=False)), "H100 SXM")
+    liger = shipped_measurement(h100_configuration(recipe.replace(compile=False)), "H100 SXM")
     figures = (
         f" (H100: compiled {compiled.tokens_per_s / 1e3:.1f}k tokens/s, eager+Liger {liger.tokens_per_s / 1e3:.1f}k)"
         if compiled and liger
@@ -274,18 +282,19 @@ def check_memory(recipe: Recipe, profile: RunProfile, device_memory_bytes: int |
     """
     machine, world_size = profile.machine, profile.step.world_size
     total = device_memory_bytes if device_memory_bytes is not None else machine.memory_bytes
-    # the run's own step on its own machine; a GPU asked by its memory from a CPU is a what-if, one with bf16
-    modelled_on = machine if total is None or machine.on_gpu else A_GPU
-    step = profile.step if modelled_on is machine else run_profile(recipe, A_GPU, world_size).step
+    # the run's own step on its own machine; a GPU asked of from a CPU (its memory, or what the configuration
+    # measured on one) is a what-if on a card of the table
+    on_a_card = profile.step if machine.on_gpu else profile_on_any_card(recipe, world_size).step
+    step = profile.step if total is None or machine.on_gpu else on_a_card
     tokenizer_size = tokenizer_size_of(recipe.data)
     seq_len, batch = recipe.data.seq_len, recipe.train.global_batch_tokens
     estimate = memory_of(recipe.model, step, tokenizer_size, seq_len=seq_len, global_batch_tokens=batch)
     asked = recipe.checkpointed_layer_count
+    wanted = configuration(recipe.model, recipe.data, on_a_card, global_batch_tokens=batch)
     if total is None:
-        measured = measured_on_a_gpu(configuration(recipe, world_size))
-        return CheckResult("gpu memory", "skip", without_a_gpu(estimate, asked, measured))
+        return CheckResult("gpu memory", "skip", without_a_gpu(estimate, asked, measured_on_a_gpu(wanted)))
     here = machine.gpu_name if device_memory_bytes is None else None  # this card, asked of its own memory
-    measured = measured_here(configuration(recipe, world_size), here) if here else None
+    measured = measured_here(wanted, here) if here else None
     if measured and measured.peak_memory_gib is not None:  # it ran here: the measurement wins over the estimate
         return measured_fit(measured, total, estimate)
     usable = USABLE_MEMORY_FRACTION * total

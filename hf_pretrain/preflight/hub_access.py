@@ -18,7 +18,7 @@ from huggingface_hub import HfApi, constants, get_token
 
 from hf_pretrain.config import PublishConfig
 from hf_pretrain.preflight.result import CheckResult
-from hf_pretrain.publish.hub import scrub
+from hf_pretrain.redaction import redact
 
 WHOAMI_TIMEOUT_S = 10.0
 
@@ -46,7 +46,7 @@ def check_hub(publish: PublishConfig, *, output_dir: str, timeout: float = WHOAM
         )
     answer, failure = _whoami(token, timeout)
     if failure is not None:
-        return CheckResult("hub", "warn", f"push_to_hub={repo}: {scrub(failure, token)}: {nothing}", later)
+        return CheckResult("hub", "warn", f"push_to_hub={repo}: {redact(failure, held=[token])}: {nothing}", later)
     role = (answer.get("auth") or {}).get("accessToken", {}).get("role")
     if role == "read":
         return CheckResult(

@@ -4,31 +4,22 @@ The one upload path: exports, checkpoints, final models and Spaces all go throug
 
 huggingface_hub finds the token itself (the `HF_TOKEN` variable, else the `hf auth login` file)
 and sends it to `HF_ENDPOINT` (the Hub unless set otherwise). We never print it: every error
-leaves this module as a `HubError` whose message has the token scrubbed out, so neither a log nor
-a traceback can carry it.
+leaves this module as a `HubError` whose message is redacted (hf_pretrain/redaction.py: the token, and
+anything shaped like one), so neither a log nor a traceback can carry it.
 """
 
 from __future__ import annotations
 
-import re
 import sys
 from pathlib import Path
 
 from huggingface_hub import HfApi, constants, get_token
 
-# The shape of a Hub user access token; scrubbed too, in case a message quotes one we were not given.
-_TOKEN_LIKE = re.compile(r"hf_[A-Za-z0-9]{8,}")
+from hf_pretrain.redaction import redact
 
 
 class HubError(RuntimeError):
     """An upload that did not happen, with a message that is safe to print."""
-
-
-def scrub(text: str, token: str | None) -> str:
-    """`text` with `token`, and anything shaped like a Hub token, replaced by `***`."""
-    if token:
-        text = text.replace(token, "***")
-    return _TOKEN_LIKE.sub("hf_***", text)
 
 
 def push_folder(
@@ -65,8 +56,9 @@ def push_folder(
             commit_message=commit_message,
             ignore_patterns=ignore,
         )
-    except Exception as exc:  # noqa: BLE001 - every failure becomes one scrubbed message
-        reason = scrub(f"{type(exc).__name__}: {exc}", token)
+    except Exception as exc:  # noqa: BLE001 - every failure becomes one redacted message
+        # the token itself (from HF_TOKEN or the login file), and anything shaped like one: redaction.py's rules
+        reason = redact(f"{type(exc).__name__}: {exc}", held=[token])
         hint = "" if token else " (no token found: set HF_TOKEN or run `hf auth login`)"
         where = f"{constants.ENDPOINT}/{'spaces/' if repo_type == 'space' else ''}{repo_id}"
         # `from None`: the original exception (and any token in its text) must not reach a traceback

@@ -13,9 +13,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
 from accelerate import Accelerator, PartialState
-from accelerate.utils import InitProcessGroupKwargs, set_seed
+from accelerate.utils import set_seed
 
 from hf_pretrain.checkpoints.checkpointer import Checkpointer, CheckpointSaveError
 from hf_pretrain.checkpoints.load import restore_continuation
@@ -23,7 +22,7 @@ from hf_pretrain.checkpoints.progress import Activity
 from hf_pretrain.checkpoints.resume_decision import decide_resume
 from hf_pretrain.checkpoints.resume_plan import Continuation
 from hf_pretrain.checkpoints.store import remove_pins
-from hf_pretrain.config import ComputeConfig, Recipe, save_recipe
+from hf_pretrain.config import Recipe, save_recipe
 from hf_pretrain.data.loader import TrainData
 from hf_pretrain.data.prepared import data_identity, prepare_hint, read_meta
 from hf_pretrain.data.tokenizer import load_data_tokenizer
@@ -33,7 +32,7 @@ from hf_pretrain.exit_codes import EXIT_SAVE_FAILED
 from hf_pretrain.faults import hold_if_asked
 from hf_pretrain.machine.hardware import describe_hardware
 from hf_pretrain.machine.run_profile import RunProfile, device_kind, this_machine
-from hf_pretrain.model.fp8 import finish_fp8, fp8_handlers
+from hf_pretrain.model.fp8 import finish_fp8
 from hf_pretrain.model.initialisation import init_weights, model_config
 from hf_pretrain.model.llama import (
     apply_liger,
@@ -49,11 +48,11 @@ from hf_pretrain.optim.build import build_optimizer
 from hf_pretrain.preflight.checks import preflight
 from hf_pretrain.run_folder.run_dir import RunDir, set_activity, truncate_jsonl
 from hf_pretrain.run_folder.sessions import start_up
+from hf_pretrain.training.accelerator import accelerator_for
 from hf_pretrain.training.callbacks import Callback, CallbackList
 from hf_pretrain.training.compile_cache import CompileCache, key_fields
-from hf_pretrain.training.compiling import dynamo_plugin
 from hf_pretrain.training.guards import Guards, Stop, take_up_at_start
-from hf_pretrain.training.metrics import RunEconomics, RunLogger, flat_config, trackers_for
+from hf_pretrain.training.metrics import RunEconomics, RunLogger, flat_config
 from hf_pretrain.training.rendezvous import attempt_store
 from hf_pretrain.training.state import TrainState
 from hf_pretrain.training.step import Evaluation, TrainStep
@@ -217,28 +216,6 @@ def model_and_optimizer(recipe: Recipe, profile: RunProfile, config, accelerator
     return model, optimizer, n_params
 
 
-def accelerator_for(
-    profile: RunProfile, compute: ComputeConfig, report_to: str, grad_accum: int, group: dict, run_dir: RunDir
-) -> Accelerator:
-    """The Accelerator the run profile describes: its device and precision, compiled as the compute section
-    asks, FP8's converter where it trains in fp8, the process group's timeout, the trackers `report_to`
-    names; TF32 matmuls on a GPU that allows them."""
-    accelerator = Accelerator(
-        cpu=not profile.machine.on_gpu,
-        mixed_precision=profile.accelerate_precision,
-        gradient_accumulation_steps=grad_accum,
-        log_with=trackers_for(report_to) or None,
-        project_dir=str(run_dir.path),
-        dynamo_plugin=dynamo_plugin(compute),  # compiled in `prepare`: whole model, regions, or not at all
-        # fp8: torchao's float8 for the decoder's linear layers, converted in `prepare` (hf_pretrain/model/fp8.py)
-        kwargs_handlers=([InitProcessGroupKwargs(**group)] if group else []) + fp8_handlers(profile.step) or None,
-    )
-    if profile.machine.on_gpu and profile.step.tf32:
-        torch.backends.cuda.matmul.allow_tf32 = True
-        torch.backends.cudnn.allow_tf32 = True
-    return accelerator
-
-
 def checked_start(
     recipe: Recipe, world_size: int, profile: RunProfile, run_dir: RunDir, where: Where
 ) -> tuple[Continuation, Activity]:
@@ -323,7 +300,7 @@ def setup(recipe: Recipe, where: Where) -> Run:
     continuation, activity = checked_start(recipe, world_size, profile, run_dir, where)
     grad_accum = recipe.grad_accum_steps(world_size)  # after the preflight, which refuses a batch that does not split
     tokenizer = load_data_tokenizer(where.data)
-    accelerator = accelerator_for(profile, recipe.compute, recipe.reporting.report_to, grad_accum, group, run_dir)
+    accelerator = accelerator_for(profile, recipe.compute, grad_accum, recipe.reporting.report_to, group, run_dir.path)
     say = accelerator.print
     set_seed(cfg.seed)
     config = model_config(recipe.model, tokenizer, continuation.folder)  # the model section's Llama, or init_from's
@@ -355,8 +332,8 @@ def setup(recipe: Recipe, where: Where) -> Run:
         compiled=recipe.compute.compile,  # what compiling cost goes into the records
         phases=recipe.run_phases,  # a phase table when one ends
         tracker_config=flat_config(recipe),  # the trackers are shown the whole recipe
-        economics=RunEconomics(recipe, profile.machine.gpu_name),  # cost, the slow-node check, `plan`'s measurement
-        machine=profile.machine,  # the card: its bf16 peak (MFU), its name (the slow-node check)
+        # cost, the slow-node check, `plan`'s measurement: the run's own step on its card (the door's profile)
+        economics=RunEconomics(profile, recipe.model, recipe.data, cfg, recipe.reporting),
         epochs_after=data.epochs_after,
         source_tokens=data.source_tokens,
     )

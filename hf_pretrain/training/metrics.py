@@ -16,14 +16,14 @@ from accelerate import Accelerator
 from accelerate.utils import gather_object
 from tqdm.auto import tqdm
 
-from hf_pretrain.config import SECTIONS, Recipe, ReportingConfig, tracker_names
+from hf_pretrain.config import SECTIONS, DataConfig, ModelConfig, Recipe, ReportingConfig, TrainConfig, tracker_names
 from hf_pretrain.economics.cost import cost_record, phases_from_recipe, write_phase_table
 from hf_pretrain.economics.forecast import forecast_fields
 from hf_pretrain.economics.measurements import configuration, record_training_run
 from hf_pretrain.economics.performance import slow_node_warning
-from hf_pretrain.economics.workload import recipe_workload
+from hf_pretrain.economics.workload import run_workload
 from hf_pretrain.machine.hardware import peak_memory_gib
-from hf_pretrain.machine.run_profile import THE_CPU, Machine
+from hf_pretrain.machine.run_profile import Machine, RunProfile
 from hf_pretrain.redaction import redact
 from hf_pretrain.run_folder.run_dir import JsonlWriter, RunDir, read_jsonl
 from hf_pretrain.training.compiling import CompileWatch
@@ -152,21 +152,31 @@ def flat_config(recipe: Recipe) -> dict[str, Any]:
 
 class RunEconomics:
     """What the run's records are priced and judged by: the money spent so far, the performance model's rate
-    for this GPU (the slow-node check) and the measurement `plan` and the doctor read later. The model of a
-    step is the whole configuration (economics/), so this one part of the logger holds the whole recipe."""
+    for this GPU (the slow-node check) and the measurement `plan` and the doctor read later. All of them of
+    the run's own step on its own card: the door's profile (training/loop.py's setup), never a card assumed."""
 
-    def __init__(self, recipe: Recipe, gpu: str | None):
-        self.recipe, self.gpu = recipe, gpu  # the card's name, as the door read it: a measurement's key
+    def __init__(
+        self, profile: RunProfile, model: ModelConfig, data: DataConfig, train: TrainConfig, reporting: ReportingConfig
+    ):
+        self.profile, self.model, self.data, self.train, self.reporting = profile, model, data, train, reporting
+
+    @property
+    def machine(self) -> Machine:
+        """The card the run is on (its bf16 peak: MFU; its name: the slow-node check and a measurement's key)."""
+        return self.profile.machine
 
     def cost(self, record: dict[str, Any]) -> dict[str, float]:
-        r = self.recipe
-        return cost_record(record, price_per_hour=r.reporting.price_per_hour, max_steps=r.train.max_steps)
+        return cost_record(record, price_per_hour=self.reporting.price_per_hour, max_steps=self.train.max_steps)
 
     def slow_node(self, tokens_per_s_per_gpu: float, device_name: str) -> str | None:
-        return slow_node_warning(tokens_per_s_per_gpu, device_name, recipe_workload(self.recipe))
+        work = run_workload(self.model, self.data, self.profile.step, self.train.global_batch_tokens)
+        return slow_node_warning(tokens_per_s_per_gpu, device_name, work)
 
-    def record_session(self, records: list[dict[str, Any]], world_size: int, peak_gib: float | None) -> None:
-        record_training_run(configuration(self.recipe, world_size), self.gpu, records, peak_gib)
+    def record_session(self, records: list[dict[str, Any]], peak_gib: float | None) -> None:
+        """This session's records as the measurement of the run's configuration on its card (none on a CPU)."""
+        batch = self.train.global_batch_tokens
+        measured = configuration(self.model, self.data, self.profile.step, global_batch_tokens=batch)
+        record_training_run(measured, self.machine.gpu_name, records, peak_gib)
 
 
 class RunLogger:
@@ -187,7 +197,6 @@ class RunLogger:
         phases: dict[str, int],
         tracker_config: dict[str, Any],
         economics: RunEconomics,
-        machine: Machine = THE_CPU,
         epochs_after: Callable[[int], int] | None = None,
         source_tokens: Callable[[int], dict[str, int]] | None = None,
     ):
@@ -197,6 +206,7 @@ class RunLogger:
         self.metrics = JsonlWriter(run.metrics, self.main)
         self.samples = JsonlWriter(run.samples, self.main)
         accelerator.init_trackers("hf-pretrain", config=tracker_config)
+        machine = economics.machine  # the door's: its bf16 peak (MFU), its name (the slow-node check)
         self.meter = ThroughputMeter(flops_per_token, machine.peak_flops, accelerator.num_processes)
         self.machine = machine
         self.compile_watch = CompileWatch() if compiled else None  # what compiling cost, how often
@@ -396,6 +406,6 @@ class RunLogger:
         self.progress.close()
         if self.main:  # on a GPU, this session's tokens/s and peak memory for `plan` and the doctor (a CPU: nothing)
             peak = peak_memory_gib(self.accelerator.device)
-            self.economics.record_session(self.history[self.session_start :], self.accelerator.num_processes, peak)
+            self.economics.record_session(self.history[self.session_start :], peak)
         if self.forecaster:
             self.forecaster.close()

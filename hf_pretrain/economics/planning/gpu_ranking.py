@@ -9,12 +9,13 @@ from dataclasses import dataclass
 from hf_pretrain.config import Recipe
 from hf_pretrain.economics.cost import dollars_per_billion_tokens
 from hf_pretrain.economics.measurements import configuration, recorded_measurement
-from hf_pretrain.economics.memory import Fit, fit_in_memory, with_checkpointed_layers, with_micro_batch
+from hf_pretrain.economics.memory import Fit, fit_in_memory
 from hf_pretrain.economics.performance import modelled_tokens_per_s
 from hf_pretrain.economics.prices import table_gpu_prices
-from hf_pretrain.economics.workload import recipe_workload
+from hf_pretrain.economics.workload import run_workload
 from hf_pretrain.machine.gpus import GPU, gpu_table
-from hf_pretrain.machine.run_profile import Step, machine_with, run_profile
+from hf_pretrain.machine.run_profile import Step
+from hf_pretrain.machine.what_if import profile_on
 from hf_pretrain.model.llama import tokenizer_size_of
 
 
@@ -45,10 +46,10 @@ def gpu_row(recipe: Recipe, gpu: GPU, tokens: float, price: float, pinned: tuple
     """Fit `recipe` on `gpu` (keeping the `pinned` recipe keys as they are), model its rate for the
     recipe's configuration (compile, Liger, optimizer, precision), price the run. FP8 runs are charged
     for the tokens that match the bf16 run's (`quality_per_token`)."""
-    on = machine_with(gpu)
-    step = run_profile(recipe, on).step
+    profile = profile_on(recipe, gpu)  # a what-if: the recipe on this card of the table
+    step = profile.step
     precision = step.precision_facts
-    if on.refusal(precision):
+    if profile.machine.refusal(precision):
         needs = f"{precision.name} needs {precision.compute_capability}+"
         reason = f"no {precision.name.upper()}: compute capability {gpu.compute_capability:.1f} ({needs})"
         return GpuRow(gpu.name, False, None, None, None, price, None, None, None, reason)
@@ -68,10 +69,17 @@ def gpu_row(recipe: Recipe, gpu: GPU, tokens: float, price: float, pinned: tuple
     )
     if not fit.fits:
         return GpuRow(gpu.name, False, None, None, None, price, None, None, None, fit.reason)
-    fitted = with_checkpointed_layers(with_micro_batch(recipe, fit.micro_batch_size), fit.checkpointed_layers)
+    fitted = profile_on(recipe, gpu, 1, fit.micro_batch_size, fit.checkpointed_layers).step
+    batch = recipe.train.global_batch_tokens
     # what this configuration measured on this GPU wins
-    measured = recorded_measurement(configuration(fitted), gpu.name)
-    rate = measured.tokens_per_s if measured else modelled_tokens_per_s(recipe_workload(fitted, machine=on), gpu)
+    measured = recorded_measurement(
+        configuration(recipe.model, recipe.data, fitted, global_batch_tokens=batch), gpu.name
+    )
+    rate = (
+        measured.tokens_per_s
+        if measured
+        else modelled_tokens_per_s(run_workload(recipe.model, recipe.data, fitted, batch), gpu)
+    )
     hours = tokens / quality_per_token(step) / rate / 3600
     return GpuRow(
         gpu.name,

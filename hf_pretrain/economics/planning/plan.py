@@ -29,7 +29,7 @@ from hf_pretrain.economics.spot import (
     relaunch_estimate_s,
 )
 from hf_pretrain.machine.gpus import GPU, gpu_named
-from hf_pretrain.machine.run_profile import A_GPU, Machine, machine_with, run_profile
+from hf_pretrain.machine.what_if import profile_on, profile_on_any_card
 from hf_pretrain.model.llama import dense_flops_per_token, model_flops_per_token
 from hf_pretrain.run_folder.sessions import sessions
 
@@ -108,15 +108,16 @@ def planned_model(request: PlanRequest) -> PlannedModel:
     return PlannedModel(source, n_params, per_token, default_tokens, batch_tokens, recipe_rate, recipe_price)
 
 
-def named_gpu_row(request: PlanRequest, gpu: GPU, on: Machine, tokens: float, price: float | None) -> GpuRow:
-    """The recipe's row on the one `--gpu` (`on`: that card); an FP8 recipe on a card without FP8 is refused."""
-    if refusal := on.refusal(run_profile(request.recipe, on).step.precision_facts):
+def named_gpu_row(request: PlanRequest, gpu: GPU, tokens: float, price: float | None) -> GpuRow:
+    """The recipe's row on the one `--gpu`; an FP8 recipe on a card without FP8 is refused."""
+    on = profile_on(request.recipe, gpu)  # a what-if: the recipe on the card named
+    if refusal := on.machine.refusal(on.step.precision_facts):
         raise ValueError(refusal)
     return gpu_row(request.recipe, gpu, tokens, price, request.pinned)
 
 
 def one_gpu_rate(
-    request: PlanRequest, gpu: GPU | None, on: Machine, rows: list[GpuRow], model: PlannedModel
+    request: PlanRequest, gpu: GPU | None, rows: list[GpuRow], model: PlannedModel
 ) -> tuple[float | None, str]:
     """Tokens/s of one GPU and where they come from, the first that applies: --tokens_per_s; the named GPU's
     row (measured, else the performance model); the recipe's expected_tokens_per_s; the GPU's datasheet peak
@@ -126,7 +127,7 @@ def one_gpu_rate(
         rate, rate_source = request.tokens_per_s, "--tokens_per_s"
     elif gpu and rows:
         rate = rows[0].tokens_per_s
-        fitted = run_profile(request.recipe, on, 1, rows[0].micro_batch_size, rows[0].checkpointed_layers).step
+        fitted = profile_on(request.recipe, gpu, 1, rows[0].micro_batch_size, rows[0].checkpointed_layers).step
         rate_source = (
             f"{rows[0].measured}, for {fitted.describe()}"
             if rows[0].measured
@@ -241,7 +242,7 @@ def catalog_offers(
         catalog.offers,
         {row.gpu: row for row in cards},
         tokens,
-        quality_per_token(run_profile(recipe, A_GPU).step),
+        quality_per_token(profile_on_any_card(recipe).step),  # each offer's card: the table's, all alike
         math.ceil(tokens / recipe.train.global_batch_tokens),
         gradient_bytes,
         recipe.train.global_batch_tokens,
@@ -259,15 +260,17 @@ def make_plan(request: PlanRequest) -> Plan:
     prices = gpu_prices(request.prices)  # read (and checked) even where no GPU is named: never silently unused
     rows = ranked_rows(request.recipe, tokens, prices, request.pinned) if request.gpu == ALL_GPUS else []
     gpu = gpu_named(request.gpu) if request.gpu and request.gpu != ALL_GPUS else None
-    on = machine_with(gpu) if gpu else A_GPU
     price, price_source = plan_price(request, gpu, prices, model)
     if gpu and request.recipe is not None:
-        rows = [named_gpu_row(request, gpu, on, tokens, price)]
-    rate, rate_source = one_gpu_rate(request, gpu, on, rows, model)
+        rows = [named_gpu_row(request, gpu, tokens, price)]
+    rate, rate_source = one_gpu_rate(request, gpu, rows, model)
+    # a what-if: the recipe on the card named, else on any card of the table (the step is alike on each)
+    recipe = request.recipe
+    planned = None if recipe is None else profile_on(recipe, gpu) if gpu else profile_on_any_card(recipe)
 
     gbps = request.interconnect_gbps or INTERCONNECT_GBPS[request.interconnect]
     # FP8 is charged for the tokens that reach the bf16 run's loss, as the GPU rows are
-    quality = quality_per_token(run_profile(request.recipe, A_GPU).step) if request.recipe is not None else 1.0
+    quality = quality_per_token(planned.step) if planned else 1.0
     priced_tokens = tokens / quality
     gradient_bytes = request.gradient_bytes * n_params
     steps = math.ceil(tokens / batch_tokens)
@@ -308,7 +311,7 @@ def make_plan(request: PlanRequest) -> Plan:
         if rate and request.gpu != ALL_GPUS
         else [],
         gpus=rows,
-        configuration=run_profile(request.recipe, on).step.describe() if request.recipe is not None else "",
+        configuration=planned.step.describe() if planned else "",
         move=move,
         quality_per_token=quality,
         offers=offers,
