@@ -105,10 +105,10 @@ def main() -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from hf_pretrain.config import load_recipe
     from hf_pretrain.data.prepare_run import prepare
-    from hf_pretrain.data_store import data_cache
-    from hf_pretrain.data_store.data_cache import StoreData
-    from hf_pretrain.data_store.data_upload import upload_prepared
-    from hf_pretrain.object_store.urls import StoreURL, filesystem
+    from hf_pretrain.store.data import data_cache
+    from hf_pretrain.store.data.data_cache import StoreData
+    from hf_pretrain.store.data.data_upload import upload_prepared
+    from hf_pretrain.store.urls import StoreURL, filesystem
     from tests.object_store_server import running_s3_server
 
     with tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as scratch, running_s3_server() as server:

@@ -7,10 +7,10 @@ Starts the tests' S3 server (moto, on localhost: `pip install -e '.[dev]'`), put
 checkpoint is --gb GB (model.safetensors a third, optimizer.bin two thirds, the small files, a manifest;
 the bytes generated) and a prepared data folder of random tokens (--data_mb), then times, with an empty
 cache, what `train.py --output_dir s3://... --data_dir s3://...` does before its first step:
-  - the pull (run_store/pull.py): the newest complete checkpoint, every file verified against its
+  - the pull (store/run/pull.py): the newest complete checkpoint, every file verified against its
     XXH3 in the manifest, then the run's small records;
   - the data's first micro-batch of the 1b's shape (seq_len 2048, 8 samples), its metadata and blocks
-    fetched on demand (data_store/data_cache.py);
+    fetched on demand (store/data/data_cache.py);
 and against them one `s3fs.get` of the checkpoint folder, and of the data's metadata and first shards
 followed by the same loader's first batch from that copy (its start-up is paid either way).
 Prints a markdown table for docs/benchmarks.md; the goal is ours within 1.3x of the plain copy.
@@ -72,9 +72,9 @@ def first_batch_seconds(data_url: str) -> float:
 
 def measure(server, work: Path, gigabytes: float, data_mb: float) -> dict[str, float]:
     from benchmarks.bench_data_store import synthetic_data
-    from hf_pretrain.data_store.data_upload import upload_prepared
-    from hf_pretrain.object_store.urls import StoreURL, filesystem
-    from hf_pretrain.run_store.pull import pull_run
+    from hf_pretrain.store.data.data_upload import upload_prepared
+    from hf_pretrain.store.run.pull import pull_run
+    from hf_pretrain.store.urls import StoreURL, filesystem
 
     bucket = server.make_bucket("first-step")
     run_url, data_url = StoreURL.parse(f"{bucket}/run"), StoreURL.parse(f"{bucket}/data")

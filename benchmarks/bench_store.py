@@ -4,8 +4,8 @@
 
 Starts the tests' S3 server (moto, on localhost: `pip install -e '.[dev]'`), writes a fake checkpoint
 (model.safetensors + optimizer.bin of --mb MB in all, the small files, a manifest), then times:
-the uploader (run_store/uploader.py: parallel files, manifest last) against one `s3fs.put` of
-the same folder, and the pull (run_store/pull.py: download + checksum verification) against one
+the uploader (store/run/uploader.py: parallel files, manifest last) against one `s3fs.put` of
+the same folder, and the pull (store/run/pull.py: download + checksum verification) against one
 `s3fs.get`. Prints a markdown table for docs/benchmarks.md. The ratio is plain time / ours (>= 0.9 wanted).
 
 Then the step time of a tiny Llama (forward, backward, AdamW) with no upload, and with the same
@@ -81,9 +81,9 @@ def main() -> None:
 
 
 def measure(server, work: Path, megabytes: int) -> list[tuple[str, float, float]]:
-    from hf_pretrain.object_store.urls import StoreURL, filesystem
-    from hf_pretrain.run_store.pull import pull_run
-    from hf_pretrain.run_store.uploader import Uploader
+    from hf_pretrain.store.run.pull import pull_run
+    from hf_pretrain.store.run.uploader import Uploader
+    from hf_pretrain.store.urls import StoreURL, filesystem
 
     run = work / "run"
     step = run / "checkpoints" / "step_00000001"
@@ -145,8 +145,8 @@ def tiny_training_step():
 def measure_steps(work: Path, megabytes: int, steps: int) -> dict[str, float]:
     import statistics
 
-    from hf_pretrain.object_store.urls import StoreURL, filesystem
-    from hf_pretrain.run_store.uploader import Uploader
+    from hf_pretrain.store.run.uploader import Uploader
+    from hf_pretrain.store.urls import StoreURL, filesystem
     from tests.object_store_server import running_authenticating_s3_server
 
     run = work / "run"

@@ -76,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     if command not in COMMANDS or not installed(COMMANDS[command][0]):
         print(f"hf-pretrain: unknown command `{command}`\n\n{usage()}", file=sys.stderr)
         return 2
-    from hf_pretrain.object_store.urls import StoreUnavailable, check_command_line
+    from hf_pretrain.store.urls import StoreUnavailable, check_command_line
 
     try:  # a URL typo (`s3:/bkt/x`) would be a local folder named `s3:`: refused for every command
         check_command_line(rest)

@@ -30,8 +30,8 @@ from hf_pretrain.processes import end_with_launcher
 end_with_launcher(EXIT_PREEMPTED)
 
 from hf_pretrain.config import Recipe, parse_recipe_args  # noqa: E402
-from hf_pretrain.object_store.location import Location, Where  # noqa: E402
 from hf_pretrain.run_folder.run_dir import RunDir  # noqa: E402
+from hf_pretrain.store.location import Location, Where  # noqa: E402
 
 if TYPE_CHECKING:
     from hf_pretrain.training.loop import Outcome
@@ -118,7 +118,7 @@ def store_caught_up(output_dir: str) -> None:
     dropped. Nothing else rewrites them (a finished run's rerun opens no session), so `status` went on
     quoting them after a later session had uploaded everything."""
     from hf_pretrain.run_folder.run_dir import update_status
-    from hf_pretrain.run_store.run_sync import BEHIND
+    from hf_pretrain.store.run.run_sync import BEHIND
     from hf_pretrain.training.session import FINISHED
 
     def change(status: dict) -> dict | None:
@@ -136,11 +136,11 @@ def store_caught_up(output_dir: str) -> None:
 
 def in_store(recipe: Recipe, where: Where):
     """A recipe whose output_dir is a URL, made one that trains its local copy (and `where` saying so);
-    and, on the job's first process, the store side of the session (run_store/run_sync.py). A local
+    and, on the job's first process, the store side of the session (store/run/run_sync.py). A local
     output_dir: as it is."""
-    from hf_pretrain.object_store.cache import check_cache_root
-    from hf_pretrain.object_store.store_calls import StoreError
-    from hf_pretrain.object_store.urls import StoreUnavailable, check_locations
+    from hf_pretrain.store.cache import check_cache_root
+    from hf_pretrain.store.store_calls import StoreError
+    from hf_pretrain.store.urls import StoreUnavailable, check_locations
 
     try:  # a malformed URL (output_dir or data_dir): one line, before the preflight's table
         check_locations(recipe.train.output_dir, recipe.data.data_dir)
@@ -150,7 +150,7 @@ def in_store(recipe: Recipe, where: Where):
         raise StoreError(str(exc)) from None
     if not where.run.in_store:
         return recipe, where, None
-    from hf_pretrain.run_store.run_sync import RunInStore, pull_here, wait_for_pull, working_copy
+    from hf_pretrain.store.run.run_sync import RunInStore, pull_here, wait_for_pull, working_copy
 
     # One process pulls a machine's copy (the job's first also takes the lease and uploads); the others
     # of that machine wait for it, so that none reads the copy half pulled.
@@ -185,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _main(argv: list[str] | None) -> int:
     recipe, _ = parse_recipe_args(argv, prog="hf-pretrain train", description=__doc__.split("\n")[0])
-    from hf_pretrain.run_store.run_record import with_remembered_data
+    from hf_pretrain.store.run.run_record import with_remembered_data
 
     say = print if os.environ.get("RANK", "0") == "0" else lambda line: None  # every process reads it, one says it
     where = Where.of(recipe)  # where the run and the data live: decided here, once, and handed down

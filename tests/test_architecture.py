@@ -136,9 +136,7 @@ BELOW_THE_MACHINE = [
         "checkpoints",
         "preflight",
         "data",
-        "object_store",
-        "data_store",
-        "run_store",
+        "store",
         "publish",
         "evaluation",
         "bench",
@@ -165,25 +163,21 @@ BELOW_THE_MACHINE = [
         ),
         # ... and below the data and the model: a start's resume decision is handed the data's identity, the shape
         # checks ask the model section (config/) (issue 46), so the
-        # store's run half (run_store/) may read checkpoints while the data reads its half (data_store/), with no
+        # store's run half (store/run/) may read checkpoints while the data reads its half (store/data/), with no
         # loop between rooms
         (
             "hf_pretrain.checkpoints",
             [
                 "hf_pretrain.data",
-                "hf_pretrain.object_store",
-                "hf_pretrain.data_store",
-                "hf_pretrain.run_store",
+                "hf_pretrain.store",
+                "hf_pretrain.store.data",
+                "hf_pretrain.store.run",
                 "hf_pretrain.model.llama",
             ],
         ),
-        # the store's two halves (issue 46): the data half knows nothing of runs or checkpoints, and the shared
-        # way to talk to a store (object_store/) knows neither half
-        ("hf_pretrain.data_store", ["hf_pretrain.run_store", "hf_pretrain.checkpoints", "hf_pretrain.data"]),
-        (
-            "hf_pretrain.object_store",
-            ["hf_pretrain.data_store", "hf_pretrain.run_store", "hf_pretrain.checkpoints", "hf_pretrain.data"],
-        ),
+        # the store's two halves (issue 46): the data half knows nothing of runs or checkpoints (the shared base
+        # at the wing's root knows neither half: test_the_stores_shared_base_knows_neither_half)
+        ("hf_pretrain.store.data", ["hf_pretrain.store.run", "hf_pretrain.checkpoints", "hf_pretrain.data"]),
         # publishing, evaluation and the preflight read checkpoints through the room, never the loop's
         ("hf_pretrain.publish", ["hf_pretrain.training"]),
         ("hf_pretrain.evaluation", ["hf_pretrain.training"]),
@@ -206,9 +200,9 @@ BELOW_THE_MACHINE = [
             "hf_pretrain.run_folder",
             [
                 "hf_pretrain.checkpoints",
-                "hf_pretrain.object_store",
-                "hf_pretrain.data_store",
-                "hf_pretrain.run_store",
+                "hf_pretrain.store",
+                "hf_pretrain.store.data",
+                "hf_pretrain.store.run",
                 "hf_pretrain.run_commands",
             ],
         ),
@@ -237,6 +231,34 @@ def test_the_arrows_between_rooms_point_one_way(room, forbidden):
         and not (target == room or target.startswith(room + "."))
     }
     assert not wrong, sorted(wrong)
+
+
+STORE = f"{PACKAGE}.store"
+STORE_HALVES = (f"{STORE}.run", f"{STORE}.data")
+
+
+def test_the_store_is_one_wing_at_the_root():
+    """Issue 58: the store is one folder at the package root, its shared base at the wing's root and the run
+    and data halves inside, where three rooms stood beside each other (object_store/, run_store/, data_store/)."""
+    rooms = {m.split(".")[1] for m in MODULES if m.count(".") >= 1}
+    assert {"object_store", "run_store", "data_store"}.isdisjoint(rooms), rooms
+    assert all(any(m == half or m.startswith(half + ".") for m in MODULES) for half in STORE_HALVES)
+    assert sorted(room for room in rooms if "store" in room) == ["store"]
+
+
+def test_the_stores_shared_base_knows_neither_half():
+    """The way to talk to any store (the wing's own modules) knows neither half, nor the checkpoints or the data
+    that sit above it."""
+    base = [m for m in _room(STORE) if not any(m == h or m.startswith(h + ".") for h in STORE_HALVES)]
+    forbidden = (*STORE_HALVES, f"{PACKAGE}.checkpoints", f"{PACKAGE}.data")
+    wrong = {
+        f"{module} imports {target}"
+        for module in base
+        for target in imported_modules(module)
+        for prefix in forbidden
+        if target == prefix or target.startswith(prefix + ".")
+    }
+    assert base and not wrong, sorted(wrong)
 
 
 def _folder(module: str) -> str:
@@ -542,11 +564,11 @@ def test_the_any_card_what_if_is_the_step_of_every_card_of_the_table():
 
 
 # Issue 46, "is this a URL?" asked once: where the run and the data live (a local folder or a store URL) is
-# decided at a command's door (`Location.of`, `Where.of`, object_store/location.py) and handed down, as the run
+# decided at a command's door (`Location.of`, `Where.of`, store/location.py) and handed down, as the run
 # profile is. The modules allowed to ask: the doors, and a ratchet of those that still ask below one (it may
 # shrink, never grow).
 WHERE_QUESTIONS = {"is_url"}  # and `Location.of(...)` / `Where.of(...)`, the typed way to ask
-WHERE_HOME = {f"{PACKAGE}.object_store.urls", f"{PACKAGE}.object_store.location"}
+WHERE_HOME = {f"{PACKAGE}.store.urls", f"{PACKAGE}.store.location"}
 WHERE_DOORS = {
     f"{PACKAGE}.{name}"
     for name in (
@@ -558,7 +580,7 @@ ASKS_BELOW_A_DOOR = {
     f"{PACKAGE}.{name}"
     for name in (
         # a data_dir read from a run's own record in the store enters there, not at a door
-        "run_store.run_record "
+        "store.run.run_record "
         # left: the data room still asks of the recipe's data_dir string (its functions take the string)
         "data.loader data.prepared data.prepare_run "
         # left: the check's parts are another session's room (check/)

@@ -33,11 +33,11 @@ from hf_pretrain.economics.performance import modelled_tokens_per_s
 from hf_pretrain.economics.planning import gpu_ranking, plan_command
 from hf_pretrain.machine.gpus import gpu_named
 from hf_pretrain.machine.run_profile import THE_CPU, Machine, run_profile
-from hf_pretrain.object_store.location import Where
 from hf_pretrain.preflight.budget import check_cost
 from hf_pretrain.preflight.checks import MEMORY_PROBE_ENV, preflight
 from hf_pretrain.preflight.gpu import check_memory
 from hf_pretrain.preflight.result import CheckResult, PreflightError
+from hf_pretrain.store.location import Where
 from tests.helpers import h100_configuration, h100_workload, on_cpu
 
 H100 = "NVIDIA H100 80GB HBM3"  # what CUDA calls the card of the shared README's table

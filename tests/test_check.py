@@ -97,9 +97,9 @@ def test_the_disk_part_writes_reads_and_removes_its_own_file(tmp_path):
 def test_object_store_urls_are_measured_where_fsspec_has_them_and_said_not_installed_where_not(tmp_path, monkeypatch):
     import fsspec
 
-    from hf_pretrain.object_store import urls
+    from hf_pretrain.store import urls
 
-    # fsspec's in-memory store stands in for a bucket (object_store/urls.py knows s3, gs and hf)
+    # fsspec's in-memory store stands in for a bucket (store/urls.py knows s3, gs and hf)
     monkeypatch.setitem(urls.SCHEMES, "memory", (None, "fsspec"))
     fsspec.filesystem("memory").pipe_file("memory://bucket/data/shard.ds", b"x" * 4096)
     said: list[str] = []

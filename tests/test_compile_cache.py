@@ -13,7 +13,7 @@ import pytest
 
 from hf_pretrain.machine.run_profile import Machine, Step
 from hf_pretrain.run_folder.sessions import sessions
-from hf_pretrain.run_store.pull import COMPILE_CACHE, compile_cache_files
+from hf_pretrain.store.run.pull import COMPILE_CACHE, compile_cache_files
 from hf_pretrain.training.compile_cache import FOLDER, CompileCache, cache_key, differences, key_fields
 from tests.helpers import launch_training
 

@@ -29,7 +29,7 @@ def store_data(s3_server, tmp_path_factory, smoke_data):
 
 
 def _store_listing(url: str) -> dict[str, tuple]:
-    from hf_pretrain.object_store.urls import StoreURL, filesystem
+    from hf_pretrain.store.urls import StoreURL, filesystem
 
     store = StoreURL.parse(url)
     found = filesystem(store).find(store.path, detail=True)
@@ -56,7 +56,7 @@ def test_prepare_into_a_url_uploads_everything_meta_last(store_data, smoke_data,
 
 
 def _cat(url: str, name: str) -> bytes:
-    from hf_pretrain.object_store.urls import StoreURL, filesystem
+    from hf_pretrain.store.urls import StoreURL, filesystem
 
     store = StoreURL.parse(url).join(name)
     return filesystem(store).cat_file(store.path)
@@ -98,7 +98,7 @@ def test_prepare_into_an_unreachable_store_says_so_in_one_line_within_seconds(tm
 @pytest.fixture
 def machine(tmp_path, monkeypatch):
     """Another machine: an empty cache folder, and nothing this process synced before."""
-    from hf_pretrain.data_store import data_cache
+    from hf_pretrain.store.data import data_cache
 
     def fresh(name: str) -> Path:
         home = tmp_path / name
@@ -144,9 +144,9 @@ def test_batches_from_the_url_equal_the_local_ones_and_a_resume_elsewhere_too(st
 @pytest.fixture(scope="module")
 def small_blocks(s3_server, smoke_data):
     """The smoke data uploaded with 1 KiB blocks (the smoke corpus is ~40 blocks of the real 64 KiB)."""
-    from hf_pretrain.data_store import data_blocks
-    from hf_pretrain.data_store.data_upload import upload_prepared
-    from hf_pretrain.object_store.urls import StoreURL, filesystem
+    from hf_pretrain.store.data import data_blocks
+    from hf_pretrain.store.data.data_upload import upload_prepared
+    from hf_pretrain.store.urls import StoreURL, filesystem
 
     url = s3_server.make_bucket("small-blocks") + "/smoke"
     with pytest.MonkeyPatch.context() as patch:
@@ -165,7 +165,7 @@ def _copy_prepared(source: Path, target: Path) -> Path:
 
 
 def test_a_small_cache_evicts_and_gives_the_same_batches(small_blocks, smoke_data, machine, monkeypatch):
-    from hf_pretrain.data_store.data_cache import StoreData
+    from hf_pretrain.store.data.data_cache import StoreData
 
     fetched = []
     real_fetch = StoreData.fetch
@@ -183,7 +183,7 @@ def test_a_small_cache_evicts_and_gives_the_same_batches(small_blocks, smoke_dat
 
 
 def test_a_cache_too_small_for_one_step_is_one_line_naming_the_key(small_blocks, machine):
-    from hf_pretrain.object_store.store_calls import StoreError
+    from hf_pretrain.store.store_calls import StoreError
 
     machine("tiny")
     remote = load_recipe("smoke", {"data_dir": small_blocks, "data_cache_gb": 0.00001})
@@ -197,8 +197,8 @@ def test_a_cache_too_small_for_one_step_is_one_line_naming_the_key(small_blocks,
 def corrupt_store(s3_server, smoke_data):
     """The smoke data uploaded, then the first 4 KB of its largest training shard overwritten in the store
     (same size): (url, that shard's file name)."""
-    from hf_pretrain.data_store.data_upload import upload_prepared
-    from hf_pretrain.object_store.urls import StoreURL, filesystem
+    from hf_pretrain.store.data.data_upload import upload_prepared
+    from hf_pretrain.store.urls import StoreURL, filesystem
 
     url = s3_server.make_bucket("corrupt") + "/smoke"
     store = StoreURL.parse(url)
@@ -213,7 +213,7 @@ def corrupt_store(s3_server, smoke_data):
 
 def test_a_corrupted_shard_in_the_store_is_caught_by_its_checksum(corrupt_store, machine):
     from hf_pretrain.data.loader import build_train_loader
-    from hf_pretrain.data_store.data_cache import StoreDataCorrupt
+    from hf_pretrain.store.data.data_cache import StoreDataCorrupt
 
     url, shard = corrupt_store
     machine("c")
@@ -229,7 +229,7 @@ def the_store_returns_at_the_first_retry(monkeypatch, proxy) -> None:
     restored it after a second raced that loop's own one-second delay on a loaded machine (issue 49)."""
     import time
 
-    from hf_pretrain.object_store import store_calls
+    from hf_pretrain.store import store_calls
 
     class Clock:
         def __getattr__(self, name):
@@ -244,8 +244,8 @@ def the_store_returns_at_the_first_retry(monkeypatch, proxy) -> None:
 
 
 def test_a_store_cut_during_a_fetch_is_retried_then_a_clear_line(store_data, machine, s3_server, monkeypatch):
-    from hf_pretrain.data_store.data_cache import StoreData
-    from hf_pretrain.object_store.store_calls import StoreError
+    from hf_pretrain.store.data.data_cache import StoreData
+    from hf_pretrain.store.store_calls import StoreError
 
     url, _, _ = store_data
     monkeypatch.setenv("HF_PRETRAIN_STORE_RETRY_DELAYS", "1,1")
@@ -315,7 +315,7 @@ import sys
 from hf_pretrain.config import load_recipe
 from hf_pretrain.data.loader import build_train_loader, build_val_loader
 from hf_pretrain.data.prepared import check_prepared_data, data_identity
-from hf_pretrain.object_store.location import Where
+from hf_pretrain.store.location import Where
 from hf_pretrain.preflight.data import check_data_cache
 recipe = load_recipe("smoke", {{"data_dir": {str(smoke_data)!r}, "num_workers": 0}})
 check_prepared_data(recipe)
@@ -392,8 +392,8 @@ def test_the_doctor_on_an_unreachable_data_url_answers_in_one_row_within_seconds
 
 @pytest.mark.slow
 def test_a_store_cut_during_the_upload_is_retried_then_a_clear_line(s3_server, smoke_data, monkeypatch):
-    from hf_pretrain.data_store.data_upload import UploadIncomplete, upload_prepared
-    from hf_pretrain.object_store.urls import StoreURL, filesystem
+    from hf_pretrain.store.data.data_upload import UploadIncomplete, upload_prepared
+    from hf_pretrain.store.urls import StoreURL, filesystem
 
     monkeypatch.setenv("HF_PRETRAIN_STORE_RETRY_DELAYS", "1,1")
     copy = _copy_prepared(smoke_data, smoke_data.parent / "smoke_upload_cut")
@@ -420,7 +420,7 @@ def test_a_store_cut_during_the_upload_is_retried_then_a_clear_line(s3_server, s
 
 def test_refused_credentials_are_one_line_without_the_secret_and_not_retried(monkeypatch):
     """moto accepts any key, so the store's answer is stood in for: s3fs raises PermissionError on a 403."""
-    from hf_pretrain.object_store.store_calls import StoreError, store_call
+    from hf_pretrain.store.store_calls import StoreError, store_call
 
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", FAKE_SECRET)
     calls = []
@@ -446,10 +446,10 @@ def test_a_shard_deleted_from_the_store_fails_the_preflight_and_prepare_uploads_
     import hashlib
     import shutil
 
-    from hf_pretrain.data_store.data_upload import upload_prepared
     from hf_pretrain.exit_codes import EXIT_CONFIG
-    from hf_pretrain.object_store.cache import local_copy
-    from hf_pretrain.object_store.urls import StoreURL, filesystem
+    from hf_pretrain.store.cache import local_copy
+    from hf_pretrain.store.data.data_upload import upload_prepared
+    from hf_pretrain.store.urls import StoreURL, filesystem
 
     url = s3_server.make_bucket("shard-deleted") + "/smoke"
     store = StoreURL.parse(url)
@@ -498,8 +498,8 @@ def test_a_read_from_a_store_gone_silent_fails_within_its_bound_naming_the_url(
     waited four times that and the product's tries three times more; the line names the URL, not the cache."""
     import time
 
-    from hf_pretrain.data_store.data_cache import StoreData
-    from hf_pretrain.object_store.store_calls import StoreError, read_bound_s
+    from hf_pretrain.store.data.data_cache import StoreData
+    from hf_pretrain.store.store_calls import StoreError, read_bound_s
 
     url, _, _ = store_data
     monkeypatch.setenv("HF_PRETRAIN_STORE_TIMEOUTS", "1,1")  # a bound of 1 x 3 x 2 = 6 s
@@ -524,7 +524,7 @@ def test_a_read_from_a_store_gone_silent_fails_within_its_bound_naming_the_url(
 def _blocks_of_step(url: str, step: int, home: Path, monkeypatch) -> list[tuple[str, int]]:
     """The blocks the short run's step `step` reads, as the loader plans them (data/loader.py)."""
     from hf_pretrain.data.loader import build_train_loader
-    from hf_pretrain.data_store import data_cache
+    from hf_pretrain.store.data import data_cache
     from tests.helpers import short_run
 
     monkeypatch.setenv("HF_PRETRAIN_HOME", str(home))
@@ -593,7 +593,7 @@ def test_a_data_read_that_fails_mid_run_stops_with_a_checkpoint_and_75_not_78():
     """Inside the loop a failed read is a store that stopped answering, not bad input: the step is dropped,
     the last finished one checkpointed, exit 75 (an engine relaunches), the line naming the data's URL."""
     from hf_pretrain.exit_codes import EXIT_PREEMPTED
-    from hf_pretrain.object_store.store_calls import StoreError
+    from hf_pretrain.store.store_calls import StoreError
     from hf_pretrain.training.step_attempt import StepAttempt
 
     def silent(step: int):

@@ -24,7 +24,6 @@ from hf_pretrain.exit_codes import EXIT_CONFIG
 from hf_pretrain.formatting import human_bytes
 from hf_pretrain.machine.run_profile import THE_CPU, machine_with, run_profile
 from hf_pretrain.model.llama import model_parameter_count, tokenizer_size_of
-from hf_pretrain.object_store.location import Where
 from hf_pretrain.preflight import disk as disk_module
 from hf_pretrain.preflight.budget import check_cost, run_cost, run_hours
 from hf_pretrain.preflight.checks import preflight, run_checks
@@ -38,6 +37,7 @@ from hf_pretrain.preflight.dependencies import check_versions
 from hf_pretrain.preflight.disk import check_output_writable, disk_write_bytes_per_s
 from hf_pretrain.preflight.gpu import check_bf16, check_cuda, check_memory, check_tf32
 from hf_pretrain.preflight.result import CheckResult, PreflightError, format_table
+from hf_pretrain.store.location import Where
 from tests.helpers import (
     CARD,
     cli,

@@ -135,8 +135,8 @@ def test_the_recovery_rules_are_the_tasks_own():
 
 def data_in_store(smoke_data: Path, url: str) -> str:
     """The prepared smoke data uploaded as `prepare --data_dir URL` leaves it (block checksums, meta.json last)."""
-    from hf_pretrain.data_store.data_upload import upload_prepared
-    from hf_pretrain.object_store.urls import StoreURL, filesystem
+    from hf_pretrain.store.data.data_upload import upload_prepared
+    from hf_pretrain.store.urls import StoreURL, filesystem
 
     copy = smoke_data.parent / "smoke_for_engine"
     if not copy.exists():
@@ -148,8 +148,8 @@ def data_in_store(smoke_data: Path, url: str) -> str:
 def complete_in_store(url: str) -> list[int]:
     import s3fs
 
-    from hf_pretrain.object_store.urls import StoreURL
-    from hf_pretrain.run_store.pull import complete_steps
+    from hf_pretrain.store.run.pull import complete_steps
+    from hf_pretrain.store.urls import StoreURL
 
     return complete_steps(s3fs.S3FileSystem(skip_instance_cache=True, use_listings_cache=False), StoreURL.parse(url))
 

@@ -81,12 +81,76 @@ def test_skypilot_relaunches_on_go_on_elsewhere_and_never_on_held_or_refused(pat
     assert "|| exit $?" in task["run"]  # a check that fails ends the run block with the check's own code
 
 
+def install_line(script: str) -> str:
+    """The one command line of `script` that installs the project."""
+    (line,) = [line for line in script_lines(script) if "install" in line and "constraints.txt" in line]
+    return " ".join(line.split())
+
+
+def assert_the_readme_install_through_uv(line: str, python: str) -> None:
+    """The README's install (`pip install -c constraints.txt -e .`: the tested pins) with the store's extra, through
+    a pinned uv into `python`'s environment (a relaunch's setup, issue 59: docs/benchmarks.md), else pip's own."""
+    assert "pip install -c constraints.txt -e ." in README
+    readme_args = "-c constraints.txt -e '.[s3]'"
+    get_uv, use_uv, fallback = re.fullmatch(r"(.+?) && (.+?) \|\| (.+)", line).groups()
+    assert re.fullmatch(r"(\S*|python -m )pip install -q uv==\d+\.\d+\.\d+", get_uv), (
+        get_uv
+    )  # pinned: the same uv every relaunch
+    assert use_uv.endswith(f" pip install --python {python} {readme_args}"), use_uv
+    assert re.fullmatch(rf"(\S*|python -m )pip install {re.escape(readme_args)}", fallback), fallback
+
+
 @pytest.mark.parametrize("path", SKYPILOT, ids=lambda p: p.name)
 def test_skypilot_installs_the_readme_way_and_keeps_credentials_out(path):
     task = read_task(path)
-    assert "pip install -c constraints.txt -e" in task["setup"] and "pip install -c constraints.txt -e ." in README
+    assert_the_readme_install_through_uv(install_line(task["setup"]), "~/hf-pretrain-venv/bin/python")
+    assert task["setup"].index("python3 -m venv ~/hf-pretrain-venv") < task["setup"].index("uv==")
     assert task["secrets"] == {"AWS_ACCESS_KEY_ID": None, "AWS_SECRET_ACCESS_KEY": None}  # given at launch only
     assert task["envs"]["RUN_URL"] is None and task["envs"]["DATA_URL"] is None  # required at launch
+
+
+@pytest.mark.parametrize("path", DSTACK, ids=lambda p: p.name)
+def test_dstack_installs_the_readme_way_into_the_python_on_the_path(path):
+    assert_the_readme_install_through_uv(install_line("\n".join(read_task(path)["commands"])), '"$(command -v python)"')
+
+
+def stand_in(path, text: str) -> None:
+    path.write_text(text)
+    path.chmod(0o755)
+
+
+@pytest.mark.parametrize(
+    "pip_fails_on, uv_fails_on, installs",
+    [("nothing", "nothing", ["uv"]), ("uv==", "nothing", ["pip"]), ("nothing", "constraints", ["uv", "pip"])],
+    ids=["uv", "no-uv-to-install", "uv-fails"],
+)
+def test_skypilot_setup_installs_through_uv_and_falls_back_to_pip(tmp_path, pip_fails_on, uv_fails_on, installs):
+    """The setup block as a fresh machine runs it (bash, in the clone, an empty HOME), with stand-ins for its
+    venv's pip and uv that record what they are asked: the project installed by uv when uv can be had and works,
+    else by pip's own README install (a node that cannot reach uv's wheel, or a uv that fails); the block ends 0."""
+    import subprocess
+
+    bin_dir, tools = tmp_path / "bin", tmp_path / "tools"
+    bin_dir.mkdir()
+    tools.mkdir()
+    for tool in ("pip", "uv"):  # each fails when its arguments hold $PIP_FAILS_ON / $UV_FAILS_ON
+        stand_in(tools / tool, f'#!/bin/bash\necho "{tool} $*" >> "$LOG"\n[[ "$*" != *"${tool.upper()}_FAILS_ON"* ]]\n')
+    stand_in(
+        bin_dir / "python3", f'#!/bin/bash\n[ "$1 $2" = "-m venv" ] && mkdir -p "$3/bin" && cp {tools}/* "$3/bin/"\n'
+    )
+    log = tmp_path / "log"
+    env = {"HOME": str(tmp_path / "home"), "PATH": f"{bin_dir}:/usr/bin:/bin", "LOG": str(log)}
+    env |= {"PIP_FAILS_ON": pip_fails_on, "UV_FAILS_ON": uv_fails_on}
+    for path in SKYPILOT:
+        log.unlink(missing_ok=True)
+        ran = subprocess.run(
+            ["bash", "-c", read_task(path)["setup"]], cwd=ROOT, env=env, capture_output=True, text=True
+        )
+        assert ran.returncode == 0, (path.name, ran.stderr)
+        calls = log.read_text().splitlines()
+        assert calls[0].startswith("pip install -q uv=="), (path.name, calls)
+        project = [call.split()[0] for call in calls if call.endswith(" -c constraints.txt -e .[s3]")]
+        assert project == installs, (path.name, calls)
 
 
 def test_the_multinode_task_builds_each_machines_launcher_from_skypilots_variables():

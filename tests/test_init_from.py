@@ -38,8 +38,8 @@ from hf_pretrain.exit_codes import EXIT_PREFLIGHT
 from hf_pretrain.hub_cache import hub_id_of_folder
 from hf_pretrain.model.initialisation import InitFromError, base_model_id, load_base_weights, model_config, open_base
 from hf_pretrain.model.llama import build_model
-from hf_pretrain.object_store.location import Location
 from hf_pretrain.preflight.init_from import check_init_from
+from hf_pretrain.store.location import Location
 from tests.helpers import OUTSIDE_CHECKOUT, SHORT_RUN, launch_training, offline_env, run_captured
 from tests.test_gpu_paths import assert_resumed_exactly, launch_fsdp, train_losses
 

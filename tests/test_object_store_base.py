@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from hf_pretrain.object_store.cache import local_copy
-from hf_pretrain.object_store.urls import StoreUnavailable, StoreURL, filesystem, is_url
 from hf_pretrain.redaction import redact
+from hf_pretrain.store.cache import local_copy
+from hf_pretrain.store.urls import StoreUnavailable, StoreURL, filesystem, is_url
 from tests.object_store_server import FAKE_SECRET
 
 
@@ -38,7 +38,7 @@ def test_a_url_this_machine_cannot_use_is_one_line(url, says):
 
 
 def test_a_cache_dir_that_cannot_be_made_is_one_line_naming_the_flag(tmp_path):
-    from hf_pretrain.object_store.cache import check_cache_root
+    from hf_pretrain.store.cache import check_cache_root
 
     (tmp_path / "a_file").write_text("x")
     with pytest.raises(StoreUnavailable, match="set --cache_dir to a folder this machine can write") as refused:
@@ -49,7 +49,7 @@ def test_a_cache_dir_that_cannot_be_made_is_one_line_naming_the_flag(tmp_path):
 
 
 def test_an_unreachable_hub_url_names_the_hubs_settings_not_aws():
-    from hf_pretrain.object_store.reach import describe_failure
+    from hf_pretrain.store.reach import describe_failure
 
     hub = describe_failure(StoreURL.parse("hf://datasets/a/b"), ConnectionError("offline"), "listing the data")
     s3 = describe_failure(StoreURL.parse("s3://a/b"), ConnectionError("refused"), "listing the data")

@@ -16,13 +16,13 @@ from hf_pretrain.checkpoints.layout import TRAIN_STATE
 from hf_pretrain.checkpoints.manifest import write_manifest
 from hf_pretrain.config import build_recipe, load_recipe, save_recipe
 from hf_pretrain.exit_codes import EXIT_CONFIG
-from hf_pretrain.object_store.location import Where
 from hf_pretrain.optim.build import Cooldown
 from hf_pretrain.preflight.checks import run_checks
 from hf_pretrain.run_commands.stop_command import main as stop_main
 from hf_pretrain.run_folder.run_dir import RunDir
 from hf_pretrain.run_folder.run_lock import RunLock
 from hf_pretrain.run_folder.stop_request import read_stop_request, request_stop
+from hf_pretrain.store.location import Where
 from hf_pretrain.training.guards import take_up_at_start
 from hf_pretrain.training.session import Session, read_status
 from hf_pretrain.training.state import TrainState

@@ -46,8 +46,8 @@ def machine(folder: Path, s3_server, **env: str) -> dict:
 
 def working_copy(machine_folder: Path, url: str) -> Path:
     """Where a machine made by `machine` keeps its local copy of the run at `url` (the product's own rule)."""
-    from hf_pretrain.object_store.cache import local_copy
-    from hf_pretrain.object_store.urls import StoreURL
+    from hf_pretrain.store.cache import local_copy
+    from hf_pretrain.store.urls import StoreURL
 
     return local_copy(StoreURL.parse(url), "runs", machine_folder / "home")
 
@@ -59,8 +59,8 @@ def store_fs():
 
 
 def complete_in_store(url: str) -> list[int]:
-    from hf_pretrain.object_store.urls import StoreURL
-    from hf_pretrain.run_store.pull import complete_steps
+    from hf_pretrain.store.run.pull import complete_steps
+    from hf_pretrain.store.urls import StoreURL
 
     return complete_steps(store_fs(), StoreURL.parse(url))
 
@@ -182,8 +182,8 @@ def test_the_store_cut_mid_upload_training_goes_on_and_the_upload_completes(smok
     assert status["store"]["last_step"] == 12 and status["store"]["steps_behind"] == 0, status["store"]
 
     # nothing torn is used: a fresh machine pulls the newest checkpoint, verified against its manifest
-    from hf_pretrain.object_store.urls import StoreURL
-    from hf_pretrain.run_store.pull import pull_run
+    from hf_pretrain.store.run.pull import pull_run
+    from hf_pretrain.store.urls import StoreURL
 
     said = []
     assert pull_run(store_fs(), StoreURL.parse(url), tmp_path / "fresh", say=said.append) == 12, said
@@ -260,8 +260,8 @@ def _logged_steps(local: Path) -> int:
 
 
 def test_a_checksum_mismatch_on_download_falls_back_and_names_the_file(reference_run, s3_bucket, tmp_path):
-    from hf_pretrain.object_store.urls import StoreURL
-    from hf_pretrain.run_store.pull import pull_run
+    from hf_pretrain.store.run.pull import pull_run
+    from hf_pretrain.store.urls import StoreURL
 
     url, fs = f"{s3_bucket}/run", store_fs()
     steps = sorted(p.name for p in (reference_run[0] / "checkpoints").iterdir() if p.name[5:].isdigit())
@@ -323,8 +323,8 @@ def test_a_second_machine_on_the_same_url_is_refused_naming_the_first(smoke_data
 
 
 def test_a_stale_lease_is_taken_over_and_a_live_one_is_not(s3_bucket):
-    from hf_pretrain.object_store.urls import StoreURL
-    from hf_pretrain.run_store.lease import STALE_BEATS, Lease, LeaseHeld
+    from hf_pretrain.store.run.lease import STALE_BEATS, Lease, LeaseHeld
+    from hf_pretrain.store.urls import StoreURL
 
     url, fs = StoreURL.parse(f"{s3_bucket}/run"), store_fs()
     first = Lease(fs, url, heartbeat_s=10)
@@ -350,7 +350,7 @@ def test_a_local_run_never_imports_a_store_client():
         "import hf_pretrain.training.loop; local = load_recipe('smoke', {'output_dir': 'runs/x'});"
         "recipe, where, store = in_store(local, Where.of(local));"
         "assert store is None and recipe.train.output_dir == 'runs/x' and not where.run.in_store;"
-        "bad = [m for m in ('s3fs', 'gcsfs', 'hf_pretrain.run_store.run_sync') if m in sys.modules];"
+        "bad = [m for m in ('s3fs', 'gcsfs', 'hf_pretrain.store.run.run_sync') if m in sys.modules];"
         "assert not bad, bad"
     )
     subprocess.run([sys.executable, "-c", code], cwd=OUTSIDE_CHECKOUT, env=offline_env(), check=True)
@@ -492,9 +492,9 @@ def test_two_processes_resume_a_url_run_on_another_machine_bit_for_bit(
 
 def test_a_runs_half_uploads_are_removed_at_its_next_start_and_no_one_elses(s3_bucket, tmp_path, monkeypatch):
     from hf_pretrain.config import load_recipe
-    from hf_pretrain.object_store.urls import StoreURL
-    from hf_pretrain.run_store.run_sync import RunInStore
-    from hf_pretrain.run_store.uploader import WRITER, Uploader
+    from hf_pretrain.store.run.run_sync import RunInStore
+    from hf_pretrain.store.run.uploader import WRITER, Uploader
+    from hf_pretrain.store.urls import StoreURL
 
     monkeypatch.setenv("HF_PRETRAIN_HOME", str(tmp_path / "home"))
     url, fs = f"{s3_bucket}/run", store_fs()
@@ -517,7 +517,7 @@ def test_a_runs_half_uploads_are_removed_at_its_next_start_and_no_one_elses(s3_b
 
     said = []
     recipe = load_recipe("smoke", {"output_dir": url, "keep_checkpoints": 2})
-    from hf_pretrain.run_store import run_sync
+    from hf_pretrain.store.run import run_sync
 
     monkeypatch.setattr(run_sync, "pull_run", lambda *a, **k: None)  # what the store holds is not a real run
     run = RunInStore.begin(recipe.train.output_dir, recipe.store, recipe.checkpoints, say=said.append)
@@ -550,9 +550,9 @@ def test_a_holder_whose_lease_ran_out_writes_nothing_until_the_store_proves_it_s
     """The holder's side of the lease's clock (issue 57): past `STALE_BEATS - MARGIN_BEATS` heartbeats without a
     renewal it may be taken over, so the uploader's writes are refused; a renewal conditional on the lease as it
     last wrote it gives them back, and a lease gone from the store meanwhile (taken, trained, released) is lost."""
-    from hf_pretrain.object_store.urls import StoreURL
-    from hf_pretrain.run_store.lease import MARGIN_BEATS, STALE_BEATS, Lease
-    from hf_pretrain.run_store.uploader import NotHolding, Uploader
+    from hf_pretrain.store.run.lease import MARGIN_BEATS, STALE_BEATS, Lease
+    from hf_pretrain.store.run.uploader import NotHolding, Uploader
+    from hf_pretrain.store.urls import StoreURL
 
     url, fs = StoreURL.parse(f"{s3_bucket}/run"), store_fs()
     lease = Lease(fs, url, heartbeat_s=10)
@@ -579,8 +579,8 @@ def test_a_holder_whose_lease_ran_out_writes_nothing_until_the_store_proves_it_s
 
 
 def test_the_takeover_says_the_holders_heartbeat_is_older_than_the_lease_not_that_it_is_gone(s3_bucket):
-    from hf_pretrain.object_store.urls import StoreURL
-    from hf_pretrain.run_store.lease import STALE_BEATS, Lease
+    from hf_pretrain.store.run.lease import STALE_BEATS, Lease
+    from hf_pretrain.store.urls import StoreURL
 
     url, fs = StoreURL.parse(f"{s3_bucket}/run"), store_fs()
     record = {"host": "cut-off-box", "pid": 4242, "run_id": "abc", "since": "2026-11-26T10:00:00+0000"}
@@ -612,7 +612,7 @@ def test_the_machine_cut_off_from_the_store_stops_writing_it_and_ends_73_once_an
     A's lease is stale and finishes it. A, back on the network, must find the run lost: nothing of it in the
     store after its lease ran out (not status.json, not a checkpoint, not final/), exit 73 in one line.
     Every wait is on a state the runs write themselves (the store's checkpoint, A's status.json, the lease)."""
-    from hf_pretrain.run_store.lease import Holder
+    from hf_pretrain.store.run.lease import Holder
 
     url, release = f"{s3_bucket}/run", tmp_path / "release"
     release.mkdir()

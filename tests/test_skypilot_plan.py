@@ -287,3 +287,19 @@ def test_a_prices_file_with_nan_is_refused_not_priced_nan(tmp_path):
         env=offline_env() | {"HOME": str(tmp_path)},
     )
     assert done.returncode == EXIT_CONFIG and "got nan" in done.stderr and len(done.stderr.splitlines()) == 1
+
+
+def test_the_relaunch_estimate_is_the_middle_of_the_engines_pages_stages():
+    """One figure stated twice: the stages of docs/engines.md's relaunch table, each at the middle of its range,
+    are what plan prices a spot relaunch at (economics/spot.py), and the page's total holds the 1b's estimate."""
+    import re
+
+    from hf_pretrain.economics.spot import RELAUNCH_STAGES_S, relaunch_estimate_s
+
+    page = (Path(__file__).resolve().parents[1] / "docs" / "engines.md").read_text()
+    rows = re.findall(r"^\| (.+?) \| \**~?(\d+)(?:-(\d+))? min", page, flags=re.M)
+    middles = {stage: (int(low) + int(high or low)) / 2 * 60 for stage, low, high in rows}
+    stages = list(middles.values())
+    assert stages[:4] == [RELAUNCH_STAGES_S[s] for s in ("notice", "provision", "install", "pod check")], middles
+    low, high = (int(n) for n in re.search(r"\*\*~(\d+)-(\d+) min\*\*", page).groups())
+    assert low * 60 <= relaunch_estimate_s(12.5) <= high * 60

@@ -48,7 +48,7 @@ def test_a_url_typo_is_refused_in_one_line_before_any_work(command, typo, capsys
 
 
 def test_a_typo_names_the_spelling_that_works():
-    from hf_pretrain.object_store.urls import StoreUnavailable, check_location
+    from hf_pretrain.store.urls import StoreUnavailable, check_location
 
     with pytest.raises(StoreUnavailable, match=r"write it as s3://bkt/runs/x"):
         check_location("s3:/bkt/runs/x")
@@ -122,7 +122,7 @@ def test_the_check_table_names_a_run_as_given_and_leaves_an_empty_path_alone():
 
 
 def test_a_dot_dot_url_never_leaves_the_cache():
-    from hf_pretrain.object_store.urls import StoreUnavailable, StoreURL
+    from hf_pretrain.store.urls import StoreUnavailable, StoreURL
 
     with pytest.raises(StoreUnavailable, match=r"`\.` or `\.\.`"):
         StoreURL.parse("s3://bkt/runs/../../../etc")
@@ -148,14 +148,14 @@ def fake_checkpoint(run: Path, step: int, size: int = 4096, max_steps: int = 12)
 
 def store_of(url: str):
     """The product's own client of `url` (its timeouts and retries), and the parsed URL."""
-    from hf_pretrain.object_store.urls import StoreURL, filesystem
+    from hf_pretrain.store.urls import StoreURL, filesystem
 
     parsed = StoreURL.parse(url)
     return filesystem(parsed), parsed
 
 
 def complete_in_store(url: str) -> list[int]:
-    from hf_pretrain.run_store.pull import complete_steps
+    from hf_pretrain.store.run.pull import complete_steps
 
     fs, parsed = store_of(url)
     return complete_steps(fs, parsed)
@@ -164,9 +164,9 @@ def complete_in_store(url: str) -> list[int]:
 UPLOAD_INTO_A_BLACK_HOLE = """
 import sys, time
 from pathlib import Path
-from hf_pretrain.run_store.transfer import put_files
-from hf_pretrain.run_store.uploader import Uploader
-from hf_pretrain.object_store.urls import StoreURL, filesystem
+from hf_pretrain.store.run.transfer import put_files
+from hf_pretrain.store.run.uploader import Uploader
+from hf_pretrain.store.urls import StoreURL, filesystem
 url, run, wait_s = StoreURL.parse(sys.argv[1]), Path(sys.argv[2]), float(sys.argv[3])
 uploader = Uploader(filesystem(url), url, run, keep=3, say=lambda line: None)
 uploader.submit(run / "checkpoints" / "step_00000004", 4)
@@ -220,7 +220,7 @@ def test_a_black_holed_store_bounds_the_wait_and_the_process_exits(s3_bucket, s3
 def test_a_throttling_store_still_completes_every_checkpoint(s3_bucket, s3_server, tmp_path):
     """A third of the requests answered 503 SlowDown (S3 under load): every checkpoint completes, each
     object the size of its file, and the 503s were really sent."""
-    from hf_pretrain.run_store.uploader import Uploader
+    from hf_pretrain.store.run.uploader import Uploader
 
     run, url = tmp_path / "run", f"{s3_bucket}/run"
     fs, parsed = store_of(url)
@@ -251,8 +251,8 @@ def test_a_checkpoint_past_its_upload_deadline_lets_the_newer_one_go_first(s3_bu
     step 8's clock does), and step 8's deadline line raises the floor from that thread before step 12
     starts, so that step 12, throttled until the test lifts the throttle, waits out a loaded machine
     instead of passing a 1 s deadline of its own (CI once saw it do so)."""
-    from hf_pretrain.run_store import uploader as uploading
-    from hf_pretrain.run_store.uploader import Uploader
+    from hf_pretrain.store.run import uploader as uploading
+    from hf_pretrain.store.run.uploader import Uploader
 
     monkeypatch.setattr(uploading, "UPLOAD_FLOOR_S", 1.0)
     run, url = tmp_path / "run", f"{s3_bucket}/run"
@@ -294,7 +294,7 @@ def test_a_checkpoint_past_its_upload_deadline_lets_the_newer_one_go_first(s3_bu
 def test_a_short_object_never_makes_a_checkpoint_complete(s3_bucket, s3_server, tmp_path):
     """The store keeps a cut-short object (a throttled part, an unflushed write): the sizes are checked
     before the manifest goes, the short one is sent again, and at the manifest's write every object is whole."""
-    from hf_pretrain.run_store.uploader import Uploader
+    from hf_pretrain.store.run.uploader import Uploader
 
     run, url = tmp_path / "run", f"{s3_bucket}/run"
     fs, parsed = store_of(url)
@@ -323,7 +323,7 @@ def test_the_next_start_uploads_every_missing_step_and_final_first(s3_bucket, s3
     """status.json of a session whose store was down names steps 8 and 12 and final/ as not in the store:
     the next start uploads all three (the step before the newest too, and final/), then says so."""
     from hf_pretrain.config import parse_recipe_args
-    from hf_pretrain.run_store.run_sync import RunInStore, working_copy
+    from hf_pretrain.store.run.run_sync import RunInStore, working_copy
 
     monkeypatch.setenv("HF_PRETRAIN_HOME", str(tmp_path / "home"))
     url = f"{s3_bucket}/run"
@@ -407,7 +407,7 @@ def test_status_of_a_url_answers_from_the_store_on_a_fresh_machine(s3_bucket, s3
     store (no `--verify`, no weights pulled), how far the store is behind, the lease, the data URL; a
     live run with a fresh lease is `running`, never `killed`; the cache's path is on no line."""
     from hf_pretrain.run_commands import run_status
-    from hf_pretrain.run_store.lease import Lease
+    from hf_pretrain.store.run.lease import Lease
 
     home = tmp_path / "home"
     monkeypatch.setenv("HF_PRETRAIN_HOME", str(home))
@@ -460,7 +460,7 @@ def test_a_machine_that_lost_its_lease_stops_writing_the_store(s3_bucket, s3_ser
     """Another machine took the run over: this one's heartbeat sees it, and from then on neither its
     status.json nor its lease release reaches the store, and its end waits for nothing."""
     from hf_pretrain.config import parse_recipe_args
-    from hf_pretrain.run_store.run_sync import RunInStore
+    from hf_pretrain.store.run.run_sync import RunInStore
 
     monkeypatch.setenv("HF_PRETRAIN_HOME", str(tmp_path / "home"))
     url = f"{s3_bucket}/run"
@@ -503,8 +503,8 @@ def data_in_store(smoke_data: Path, bucket: str) -> str:
     """The prepared smoke data uploaded as `prepare --data_dir s3://...` leaves it: its URL."""
     import shutil
 
-    from hf_pretrain.data_store.data_upload import upload_prepared
-    from hf_pretrain.object_store.urls import StoreURL, filesystem
+    from hf_pretrain.store.data.data_upload import upload_prepared
+    from hf_pretrain.store.urls import StoreURL, filesystem
 
     url = f"{bucket}/data"
     copy = smoke_data.parent / f"smoke_for_{bucket.split('//')[1]}"
@@ -551,8 +551,8 @@ def test_a_store_that_never_answers_at_the_start_is_said_at_once_then_refused_wi
     before its line. A line naming the URL and the client's bound comes while the store is waited for, long
     before the refusal that ends the wait (exit 78, one line, no traceback)."""
     from hf_pretrain.exit_codes import EXIT_PREFLIGHT
-    from hf_pretrain.object_store.reach import SILENT_S
-    from hf_pretrain.object_store.urls import TIMEOUTS_VARIABLE, request_bound_s
+    from hf_pretrain.store.reach import SILENT_S
+    from hf_pretrain.store.urls import TIMEOUTS_VARIABLE, request_bound_s
 
     read_s = 5  # short client timeouts: the refusal in 36 s, not 126 s; still far past the waiting line's SILENT_S
     monkeypatch.setenv(TIMEOUTS_VARIABLE, f"1,{read_s}")  # the trainer's client (its env copies this one's), and here
@@ -584,7 +584,7 @@ def test_a_store_that_never_answers_at_the_start_is_said_at_once_then_refused_wi
 def test_the_bound_docs_moving_runs_states_is_the_clients(monkeypatch):
     """The 126 s docs/moving-runs.md states twice is what the client's bounds add up to (it said 120 s
     while botocore made 4 attempts of the 3 set: 185 s)."""
-    from hf_pretrain.object_store.urls import TIMEOUTS_VARIABLE, StoreURL, client_options, request_bound_s
+    from hf_pretrain.store.urls import TIMEOUTS_VARIABLE, StoreURL, client_options, request_bound_s
     from tests.helpers import ROOT
 
     monkeypatch.delenv(TIMEOUTS_VARIABLE, raising=False)
@@ -730,8 +730,8 @@ def test_a_run_url_alone_brings_its_data_url_from_the_store(s3_bucket, s3_server
     """The command names only the run's URL: the data URL comes from the run's record in the store, said
     in one line; a --data_dir on the command line wins (checked against the run's data as always)."""
     from hf_pretrain.config import parse_recipe_args
-    from hf_pretrain.object_store.location import Where
-    from hf_pretrain.run_store.run_record import with_remembered_data
+    from hf_pretrain.store.location import Where
+    from hf_pretrain.store.run.run_record import with_remembered_data
 
     url = f"{s3_bucket}/run"
     put_run(url, tmp_path, steps=(4,))
@@ -781,8 +781,8 @@ def test_the_command_in_status_json_is_the_one_typed_and_holds_no_secret(monkeyp
 def test_stop_of_a_url_whose_newest_checkpoint_lacks_train_state_reads_the_one_before(
     s3_bucket, s3_server, tmp_path, monkeypatch, capsys
 ):
-    from hf_pretrain.object_store.location import Location
-    from hf_pretrain.run_store.reading import stop_facts
+    from hf_pretrain.store.location import Location
+    from hf_pretrain.store.run.reading import stop_facts
 
     monkeypatch.setenv("HF_PRETRAIN_HOME", str(tmp_path / "home"))
     url = f"{s3_bucket}/run"
@@ -806,8 +806,8 @@ def test_gguf_of_a_url_says_which_command_reads_it(capsys):
 
 def test_a_view_keeps_only_the_checkpoint_it_read(s3_bucket, s3_server, tmp_path, monkeypatch):
     """`views/` held every checkpoint ever pulled (optimizer state included): each read keeps one."""
-    from hf_pretrain.object_store.location import Location
-    from hf_pretrain.run_store.reading import readable
+    from hf_pretrain.store.location import Location
+    from hf_pretrain.store.run.reading import readable
 
     monkeypatch.setenv("HF_PRETRAIN_HOME", str(tmp_path / "home"))
     url = f"{s3_bucket}/run"
@@ -825,7 +825,7 @@ def test_a_run_deleted_from_the_store_starts_fresh_not_from_the_hidden_copy(
     s3_bucket, s3_server, tmp_path, monkeypatch
 ):
     from hf_pretrain.config import parse_recipe_args
-    from hf_pretrain.run_store.run_sync import RunInStore, working_copy
+    from hf_pretrain.store.run.run_sync import RunInStore, working_copy
 
     monkeypatch.setenv("HF_PRETRAIN_HOME", str(tmp_path / "home"))
     url = f"{s3_bucket}/run"
@@ -844,7 +844,7 @@ def test_a_run_deleted_from_the_store_starts_fresh_not_from_the_hidden_copy(
 def test_the_doctors_bench_command_names_the_run_url_not_its_copy(tmp_path, monkeypatch):
     from hf_pretrain.config import parse_recipe_args
     from hf_pretrain.preflight.budget import bench_command
-    from hf_pretrain.run_store.run_sync import working_copy
+    from hf_pretrain.store.run.run_sync import working_copy
 
     monkeypatch.setenv("HF_PRETRAIN_HOME", str(tmp_path / "home"))
     argv = ["--recipe", "smoke", "--output_dir", "s3://bkt/runs/x"]

@@ -126,7 +126,7 @@ GROUP_TIMEOUT = """
 import sys, torch
 from torch.distributed import distributed_c10d
 from hf_pretrain.config import parse_recipe_args
-from hf_pretrain.object_store.location import Where
+from hf_pretrain.store.location import Where
 from hf_pretrain.training.loop import setup
 
 recipe = parse_recipe_args(sys.argv[1:], prog="group_timeout", description="")[0]

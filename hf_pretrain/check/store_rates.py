@@ -1,7 +1,7 @@
 """Part (f): an object store's rates, where data_dir or output_dir is a URL (`s3://bucket/prefix`,
 `gs://...`): the download rate from data_dir (the first bytes of its first file) and the upload rate
 to output_dir (a scratch object of the check's own, read back and removed). Reached through the one
-door to stores (hf_pretrain/object_store/urls.py: fsspec, no listing cache); where this install lacks
+door to stores (hf_pretrain/store/urls.py: fsspec, no listing cache); where this install lacks
 the scheme's package, one line says so with the pip line. Local folders have nothing to measure here
 (part (e) measures their disk).
 
@@ -15,9 +15,9 @@ import os
 import time
 
 from hf_pretrain.check.figures import Report
-from hf_pretrain.object_store.reach import describe_failure, does_not_answer, quiet_orphaned_requests
-from hf_pretrain.object_store.urls import StoreUnavailable, StoreURL, is_url
-from hf_pretrain.object_store.urls import filesystem as store_filesystem
+from hf_pretrain.store.reach import describe_failure, does_not_answer, quiet_orphaned_requests
+from hf_pretrain.store.urls import StoreUnavailable, StoreURL, is_url
+from hf_pretrain.store.urls import filesystem as store_filesystem
 
 SAMPLE_BYTES = 64 * 2**20
 

@@ -99,7 +99,7 @@ def main(argv: list[str]) -> int:
         from hf_pretrain.check import volume_speed as disk
         from hf_pretrain.economics.memory import CHECKPOINT_BYTES_PER_PARAMETER
         from hf_pretrain.model.llama import model_parameter_count, tokenizer_size_of
-        from hf_pretrain.object_store.urls import is_url
+        from hf_pretrain.store.urls import is_url
 
         if is_url(recipe.train.output_dir):
             report.skip("disk", "skipped: output_dir is an object store (part f measures it)")

@@ -100,7 +100,7 @@ class DataConfig:
         1, "DataLoader worker processes (>0 keeps data loading off the training thread)", math=False, ge=0
     )
     preload: bool = key(False, "copy shards into RAM instead of memory-mapping them", math=False)
-    # data_dir as an object-store URL (data_store/data_cache.py): the local cache of its blocks
+    # data_dir as an object-store URL (store/data/data_cache.py): the local cache of its blocks
     data_cache_gb: float = key(
         20.0,
         "with data_dir an object-store URL: GB of data blocks this machine keeps per training process (fetched "

@@ -10,7 +10,7 @@ from .keys import key
 @dataclass
 class StoreConfig:
     """A run in object storage: where its local copy lives, how long the end waits for uploads, the lease's
-    heartbeat (`run_store/` owns it).
+    heartbeat (`store/run/` owns it).
     """
 
     cache_dir: str | None = key(

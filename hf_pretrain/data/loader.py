@@ -38,11 +38,11 @@ from hf_pretrain.data.prepared import (
     source_folder_name,
     source_paths,
 )
-from hf_pretrain.object_store.urls import is_url
 from hf_pretrain.processes import die_with_parent
+from hf_pretrain.store.urls import is_url
 
 if TYPE_CHECKING:  # data in a store: imported only when data_dir is a URL
-    from hf_pretrain.data_store.data_cache import StoreData
+    from hf_pretrain.store.data.data_cache import StoreData
 
 # Batches each worker keeps ready: training batches are tiny to produce, so a few cover any hiccup.
 PREFETCH_FACTOR = 4
@@ -267,8 +267,8 @@ def _store_paths(meta: dict[str, Any], split: str) -> list[list[Path]]:
 
 
 def _store(data: DataConfig, cache_dir: str | None) -> StoreData:
-    """The block cache of this training process for data_dir's URL (data_store/data_cache.py)."""
-    from hf_pretrain.data_store.data_cache import StoreData
+    """The block cache of this training process for data_dir's URL (store/data/data_cache.py)."""
+    from hf_pretrain.store.data.data_cache import StoreData
 
     local_processes = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))  # the bound is the machine's, shared
     capacity = int(data.data_cache_gb * 1e9 / max(local_processes, 1))
@@ -278,7 +278,7 @@ def _store(data: DataConfig, cache_dir: str | None) -> StoreData:
 
 def _prefetching(sampler: StepBatchSampler, datasets: list[PackedDataset], workers: int) -> Any:
     """`sampler`, with a thread that fetches its batches' blocks ahead of the loader, in their order of use."""
-    from hf_pretrain.data_store.data_cache import PrefetchingSampler, blocks_of, check_capacity
+    from hf_pretrain.store.data.data_cache import PrefetchingSampler, blocks_of, check_capacity
 
     store, offsets = datasets[0].store, sampler.offsets
 

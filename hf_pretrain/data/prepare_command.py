@@ -14,11 +14,11 @@ from hf_pretrain.data.prepare_run import prepare
 from hf_pretrain.data.prepared import DataMismatchError
 from hf_pretrain.data.sources import SourceError
 from hf_pretrain.data.tokenizer import TokenizerError
-from hf_pretrain.data_store.data_upload import UploadIncomplete
 from hf_pretrain.exit_codes import EXIT_CONFIG, EXIT_LOCKED, EXIT_WRITE_FAILED
 from hf_pretrain.formatting import human_bytes
-from hf_pretrain.object_store.store_calls import StoreError
-from hf_pretrain.object_store.urls import StoreUnavailable, is_url
+from hf_pretrain.store.data.data_upload import UploadIncomplete
+from hf_pretrain.store.store_calls import StoreError
+from hf_pretrain.store.urls import StoreUnavailable, is_url
 
 
 def _flags(parser: argparse.ArgumentParser) -> None:

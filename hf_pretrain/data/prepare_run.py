@@ -75,8 +75,8 @@ from hf_pretrain.data.tokenizer import (
     tokenizer_hash,
     train_tokenizer,
 )
-from hf_pretrain.object_store.urls import is_url
 from hf_pretrain.run_folder.json_files import write_json_atomically
+from hf_pretrain.store.urls import is_url
 
 if TYPE_CHECKING:  # pipeline.py imports datatrove: only a prepare that runs pays for it (`_prepare_locked`)
     from hf_pretrain.data.pipeline import ExecutorOptions
@@ -119,8 +119,8 @@ def prepare(
     goes to `logs/<source>/` only, unless `verbose`.
     """
     d = recipe.data
-    if is_url(d.data_dir):  # prepared in a local copy exactly as below, then uploaded (data_store/data_upload.py)
-        from hf_pretrain.data_store.data_upload import prepare_into_store
+    if is_url(d.data_dir):  # prepared in a local copy exactly as below, then uploaded (store/data/data_upload.py)
+        from hf_pretrain.store.data.data_upload import prepare_into_store
 
         fingerprint = data_fingerprint(recipe.data, recipe.train.seed)
         elsewhere = reprepare_hint(recipe, then="the training command")  # when the store lacks what no copy here holds

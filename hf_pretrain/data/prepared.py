@@ -35,7 +35,7 @@ from hf_pretrain.config.recipe_command import recipe_command
 from hf_pretrain.data.sources import source_tasks
 from hf_pretrain.data.tokenizer import TOKENIZER_DIR, TokenizerUnreadable, load_tokenizer, tokenizer_hash
 from hf_pretrain.data.verify import ShardCorruptError, verify_shards
-from hf_pretrain.object_store.urls import is_url
+from hf_pretrain.store.urls import is_url
 
 FORMAT_VERSION = 2
 META_FILE = "meta.json"
@@ -145,10 +145,10 @@ def reprepare_hint(recipe: Recipe, then: str = "this command") -> str:
 def data_folder(data_dir: str | Path, *, cache_dir: str | None = None, fix: str = PREPARE_ANY) -> Path:
     """The local folder holding `data_dir`'s meta.json and tokenizer: `data_dir` itself, or for an
     object-store URL its local copy under `cache_dir` (the recipe's; None: the user's cache), synced from
-    the store once per process (data_store/data_cache.py). `fix`: the `prepare` a missing one names."""
+    the store once per process (store/data/data_cache.py). `fix`: the `prepare` a missing one names."""
     if not is_url(data_dir):
         return Path(data_dir)
-    from hf_pretrain.data_store.data_cache import NotPrepared, synced_copy
+    from hf_pretrain.store.data.data_cache import NotPrepared, synced_copy
 
     try:
         return synced_copy(str(data_dir), cache_dir)
@@ -263,9 +263,9 @@ def _check_complete_in_store(url: str, copy: Path, *, prepare: str, reprepare: s
     """Every shard and sidecar the data's blocks.json lists is in the store at its size (one listing;
     `copy`: the synced local copy holding blocks.json). A shard deleted there, or a sync cut short, passed
     the preflight and stopped training at the first step that read it."""
-    from hf_pretrain.data_store.data_blocks import BLOCKS_FILE
-    from hf_pretrain.data_store.data_upload import in_words, store_lacks
-    from hf_pretrain.object_store.urls import StoreURL, filesystem
+    from hf_pretrain.store.data.data_blocks import BLOCKS_FILE
+    from hf_pretrain.store.data.data_upload import in_words, store_lacks
+    from hf_pretrain.store.urls import StoreURL, filesystem
 
     store = StoreURL.parse(url)
     lacking = store_lacks(store, filesystem(store), json.loads((copy / BLOCKS_FILE).read_text()))

@@ -17,7 +17,7 @@ from hf_pretrain.hub_cache import TOKENIZER_FILES, HubFilesError, hub_snapshot, 
 if TYPE_CHECKING:  # transformers' tokenizers import torch: seconds that `prepare --help` must not wait
     from transformers import PreTrainedTokenizerFast
 
-    from hf_pretrain.object_store.location import Location
+    from hf_pretrain.store.location import Location
 
 # GPT-2's document separator; it doubles as bos/unk/pad so the model needs no other special ids.
 EOS_TOKEN = "<|endoftext|>"
@@ -126,10 +126,10 @@ class TokenizerUnreadable(ValueError):
 
 def local_data_folder(data: Location) -> Path:
     """The data folder `data` (the door's) on this machine: the folder itself, or for a URL its local copy,
-    synced from the store once per process (data_store/data_cache.py)."""
+    synced from the store once per process (store/data/data_cache.py)."""
     if not data.in_store:
         return data.folder
-    from hf_pretrain.data_store.data_cache import synced_copy
+    from hf_pretrain.store.data.data_cache import synced_copy
 
     return synced_copy(data.given)
 

@@ -19,10 +19,10 @@ import yaml
 
 SPOT_TABLE_FILE = Path(__file__).with_name("spot.yaml")
 # A relaunch when the run has measured none of its own, the middle of each stage of docs/engines.md's table
-# (an estimate, said as such): the engine notices (1 min), provisions a machine (2-5 min), the task installs
-# the project (2-4 min) and runs the pod check (5 min), the step compiles (1 min); the checkpoint's pull comes
-# on top at PULL_GB_PER_S.
-RELAUNCH_STAGES_S = {"notice": 60, "provision": 210, "install": 180, "pod check": 300, "compile": 60}
+# (an estimate, said as such; tests/test_skypilot_plan.py holds the two equal): the engine notices (1 min),
+# provisions a machine (2-5 min), the task installs the project (1-3 min, through uv) and runs the pod check
+# (5 min), the step compiles (1 min); the checkpoint's pull comes on top at PULL_GB_PER_S.
+RELAUNCH_STAGES_S = {"notice": 60, "provision": 210, "install": 120, "pod check": 300, "compile": 60}
 RELAUNCH_ESTIMATE_S = sum(RELAUNCH_STAGES_S.values())
 PULL_GB_PER_S = 0.25  # a cloud machine reading a bucket in another region (docs/engines.md: 0.2-1 GB/s)
 

@@ -7,7 +7,7 @@
 
 `--model` is an exported folder, a Hub repo id, a run folder or a checkpoint, or a run's URL
 (`s3://bucket/run`, or one checkpoint of it: its newest complete checkpoint is pulled into the cache
-first, run_store/reading.py). Results go to `--output` (default: `<model folder>/eval`, for a URL
+first, store/run/reading.py). Results go to `--output` (default: `<model folder>/eval`, for a URL
 `eval_results/<bucket>__<prefix>`): lm-eval's own `results.json` and `results.md`, a
 table of this model beside the references in eval/reference_scores.yaml. Pointed at an export,
 the scores also go into its model card (`model-index` and the Evaluation section).
@@ -62,12 +62,12 @@ def main(argv: list[str] | None = None) -> int:
     if missing:
         print(f"hf-pretrain eval: error: {missing}", file=sys.stderr)
         return EXIT_PREFLIGHT
-    from hf_pretrain.object_store.location import Location
+    from hf_pretrain.store.location import Location
 
     model = Location.of(args.model)  # local or a store: decided here, once, and handed down
     if model.in_store:  # a run in a store: read through the one door, before torch is imported
-        from hf_pretrain.object_store.reach import StoreRefused
-        from hf_pretrain.run_store.reading import readable
+        from hf_pretrain.store.reach import StoreRefused
+        from hf_pretrain.store.run.reading import readable
 
         url = args.model
         try:

@@ -15,7 +15,6 @@ from hf_pretrain.config import Recipe
 from hf_pretrain.data.prepared import check_prepared_data, data_identity
 from hf_pretrain.machine.run_profile import RunProfile
 from hf_pretrain.model.llama import model_parameter_count, tokenizer_size_of
-from hf_pretrain.object_store.location import Location, Where
 from hf_pretrain.preflight.budget import check_cost
 from hf_pretrain.preflight.data import (
     check_batch_split,
@@ -50,6 +49,7 @@ from hf_pretrain.preflight.resume import check_resume, check_stop_request
 from hf_pretrain.preflight.sdpa_kernel import check_attention_backend
 from hf_pretrain.preflight.store_access import check_store
 from hf_pretrain.preflight.trackers import check_trackers
+from hf_pretrain.store.location import Location, Where
 
 __all__ = ["MEMORY_PROBE_ENV", "CheckResult", "PreflightError", "format_table", "preflight", "run_checks"]
 
@@ -166,7 +166,7 @@ def _in_store(recipe: Recipe, run: Location) -> Recipe | None:
     if not run.in_store:
         return None
 
-    from hf_pretrain.run_store.run_sync import working_copy
+    from hf_pretrain.store.run.run_sync import working_copy
 
     return recipe.replace(output_dir=str(working_copy(recipe.train.output_dir, recipe.store.cache_dir)))
 

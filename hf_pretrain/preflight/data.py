@@ -16,10 +16,10 @@ from hf_pretrain.data.loader import build_mixture, sections_data
 from hf_pretrain.data.prepared import DataMismatchError
 from hf_pretrain.data.tokenizer import TokenizerUnreadable
 from hf_pretrain.formatting import human_bytes
-from hf_pretrain.object_store.location import Location
-from hf_pretrain.object_store.store_calls import StoreError
 from hf_pretrain.optim.build import Schedule
 from hf_pretrain.preflight.result import CheckResult
+from hf_pretrain.store.location import Location
+from hf_pretrain.store.store_calls import StoreError
 
 # The run's prepared data checked against its recipe (`check_prepared_data`), made once by `run_checks`
 # for every data row (a failure is raised again to each, which says it its way).

@@ -102,8 +102,8 @@ def is_working_copy(folder: Path) -> bool:
     checkpoints take room on the cache's disk, not in the store: the rows say so without the copy's path (issue
     57: "72.8 GB free on s3://bucket/...", the path read as the URL it stands for; and no line of a URL run
     names the cache's folders)."""
-    from hf_pretrain.object_store.cache import url_of_copy
     from hf_pretrain.run_folder.run_dir import RunDir
+    from hf_pretrain.store.cache import url_of_copy
 
     # one that trained says its URL in store.json; one that has not yet is where the user's cache puts copies
     return RunDir(folder).shown_as() != str(folder) or url_of_copy(folder) is not None

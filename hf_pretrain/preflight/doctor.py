@@ -34,15 +34,15 @@ def main(argv: list[str] | None = None) -> int:
     recipe, args = parse_recipe_args(
         argv, prog="hf-pretrain doctor", description=__doc__.split("\n")[0], extra=_doctor_arguments
     )
-    from hf_pretrain.object_store.urls import StoreUnavailable, check_locations
+    from hf_pretrain.store.urls import StoreUnavailable, check_locations
 
     try:  # a malformed URL is one line, not a table (nor a traceback from a check that needs its copy)
         check_locations(recipe.train.output_dir, recipe.data.data_dir)
     except StoreUnavailable as exc:
         print(f"hf-pretrain doctor: refused: {exc}", file=sys.stderr)
         return EXIT_CONFIG
-    from hf_pretrain.object_store.location import Where
-    from hf_pretrain.run_store.run_record import with_remembered_data
+    from hf_pretrain.store.location import Where
+    from hf_pretrain.store.run.run_record import with_remembered_data
 
     where = Where.of(recipe)  # where the run and the data live: decided here, once, and handed down
     # the data training would read: a run URL's own record when the command names no --data_dir

@@ -21,8 +21,8 @@ from hf_pretrain.model.initialisation import (
     recipe_differences,
     weight_files,
 )
-from hf_pretrain.object_store.location import Location
 from hf_pretrain.preflight.result import CheckResult
+from hf_pretrain.store.location import Location
 
 NAME = "init_from"
 

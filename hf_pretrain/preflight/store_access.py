@@ -1,6 +1,6 @@
 """A run whose output_dir is a URL: the store's rows of the doctor, one line each, redacted.
 
-The store (object_store/reach.py): it answers, its bucket exists, the credentials are accepted and
+The store (store/reach.py): it answers, its bucket exists, the credentials are accepted and
 may write under the run's prefix. The upload: one checkpoint's time at the rate a small test object
 (`RATE_PROBE_BYTES`, put then deleted: an object the doctor wrote) measured, against the time between
 saves (training never waits for it, but a store slower than the saves falls behind). The cache: the
@@ -26,10 +26,10 @@ from hf_pretrain.config import CheckpointConfig, DataConfig, Recipe, TrainConfig
 from hf_pretrain.data.prepared import data_identity
 from hf_pretrain.formatting import human_bytes, human_duration
 from hf_pretrain.model.llama import model_parameter_count, tokenizer_size_of
-from hf_pretrain.object_store.location import Location
 from hf_pretrain.preflight.disk import checkpoint_bytes, nearest_existing, newest_checkpoint_bytes, tokenizer_bytes
 from hf_pretrain.preflight.result import CheckResult
 from hf_pretrain.preflight.resume import check_resume
+from hf_pretrain.store.location import Location
 
 RATE_PROBE_BYTES = 8 * 2**20  # big enough that the request's latency is not the whole measure
 RATE_PROBE = ".hf_pretrain_doctor_rate"
@@ -41,7 +41,7 @@ def data_store_refused(data: Location) -> CheckResult | None:
     minutes of silence for an unreachable endpoint."""
     if not data.in_store:
         return None
-    from hf_pretrain.object_store.reach import StoreRefused, open_checked
+    from hf_pretrain.store.reach import StoreRefused, open_checked
 
     try:
         open_checked(data.given, write=False, what="the data")
@@ -56,7 +56,7 @@ def newest_in_store(fs, url) -> tuple[int, dict] | None:
     import json
 
     from hf_pretrain.checkpoints.layout import TRAIN_STATE
-    from hf_pretrain.run_store.pull import complete_steps
+    from hf_pretrain.store.run.pull import complete_steps
 
     steps = complete_steps(fs, url)
     if not steps:
@@ -67,7 +67,7 @@ def newest_in_store(fs, url) -> tuple[int, dict] | None:
 
 def _store_of(output_dir: str):
     """(url, file system) of a run URL to read, or None when it cannot be read (the store row says why)."""
-    from hf_pretrain.object_store.reach import StoreRefused, open_checked
+    from hf_pretrain.store.reach import StoreRefused, open_checked
 
     try:
         return open_checked(output_dir, write=False)
@@ -105,7 +105,7 @@ def check_resume_from_store(url_recipe: Recipe, recipe: Recipe, decision: Callab
 def finished_in_store(train: TrainConfig, checkpoints: CheckpointConfig) -> int | None:
     """`resume_decision.finished_at` for a run URL: the step it finished at, read in the store (its
     checkpoints listed only when final/ is whole there, as training's start judges it: `final_in_store`)."""
-    from hf_pretrain.run_store.pull import final_in_store
+    from hf_pretrain.store.run.pull import final_in_store
 
     store = _store_of(train.output_dir)
     if store is None:
@@ -120,20 +120,20 @@ def finished_in_store(train: TrainConfig, checkpoints: CheckpointConfig) -> int 
 
 def check_store(recipe: Recipe) -> list[CheckResult]:
     """The store's rows: reachable and writable (else the only row: the others need it)."""
-    from hf_pretrain.object_store.reach import StoreRefused, open_checked, where
-    from hf_pretrain.object_store.urls import StoreURL
+    from hf_pretrain.store.reach import StoreRefused, open_checked, where
+    from hf_pretrain.store.urls import StoreURL
 
     try:
         url, fs = open_checked(recipe.train.output_dir)
     except StoreRefused as exc:
         return [CheckResult("store", "fail", str(exc), "see the message; then run the doctor again")]
-    from hf_pretrain.run_store.pull import complete_steps
+    from hf_pretrain.store.run.pull import complete_steps
 
     steps = complete_steps(fs, url)
     newest = f"its newest complete checkpoint is step {steps[0]:,}" if steps else "no checkpoint in it yet"
     said = f"{where(StoreURL.parse(str(url)))} answers, the credentials may write; {newest}"
     rows = [CheckResult("store", "pass", said)]
-    from hf_pretrain.run_store.run_sync import working_copy
+    from hf_pretrain.store.run.run_sync import working_copy
 
     local = working_copy(recipe.train.output_dir, recipe.store.cache_dir)
     size = checkpoint_size(
@@ -154,7 +154,7 @@ def upload_time(
     url, fs, t: TrainConfig, checkpoints: CheckpointConfig, *, size: int, expected_tokens_per_s: float
 ) -> CheckResult:
     """One checkpoint's upload time (`size` bytes) at the measured rate, against the time between saves."""
-    from hf_pretrain.object_store.reach import describe_failure
+    from hf_pretrain.store.reach import describe_failure
 
     if os.environ.get("RANK", "0") != "0":
         return CheckResult("store upload", "skip", "measured by the job's first process")

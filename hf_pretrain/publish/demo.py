@@ -26,7 +26,6 @@ from hf_pretrain.checkpoints.manifest import CheckpointError, verify_checkpoint
 from hf_pretrain.checkpoints.store import Checkpoint, list_checkpoints, resolve_checkpoint
 from hf_pretrain.config import DEFAULT_PROMPTS
 from hf_pretrain.exit_codes import EXIT_CONFIG
-from hf_pretrain.object_store.cache import home
 from hf_pretrain.publish.export import ExportError, export_checkpoint
 from hf_pretrain.publish.space_template.app import (
     DEFAULT_TITLE,
@@ -37,6 +36,7 @@ from hf_pretrain.publish.space_template.app import (
     read_progress,
 )
 from hf_pretrain.run_folder.run_dir import RunDir
+from hf_pretrain.store.cache import home
 
 
 class DemoError(ValueError):

@@ -17,7 +17,7 @@ from pathlib import Path
 from hf_pretrain.config import CommandParser
 from hf_pretrain.exit_codes import EXIT_PREFLIGHT
 from hf_pretrain.extras import missing_extra
-from hf_pretrain.object_store.cache import home
+from hf_pretrain.store.cache import home
 
 DEFAULT_CACHE_DIR = home() / "demo"  # checkpoints exported for the page, in the user's cache
 DEFAULT_TITLE = "Compare checkpoints"  # space_template/app.py's, which imports gradio and torch
@@ -53,12 +53,12 @@ def main(argv: list[str] | None = None) -> int:
     if missing:
         print(f"hf-pretrain demo: error: {missing}", file=sys.stderr)
         return EXIT_PREFLIGHT
-    from hf_pretrain.object_store.location import Location
+    from hf_pretrain.store.location import Location
 
     models = [Location.of(m) for m in args.model]  # local or a store: decided here, once, and handed down
     if any(m.in_store for m in models):  # runs in a store: read through the one door, before torch
-        from hf_pretrain.object_store.reach import StoreRefused
-        from hf_pretrain.run_store.reading import readable
+        from hf_pretrain.store.reach import StoreRefused
+        from hf_pretrain.store.run.reading import readable
 
         try:
             say = lambda line: print(f"demo: {line}", flush=True)  # noqa: E731

@@ -29,14 +29,14 @@ from hf_pretrain.checkpoints.store import Checkpoint, resolve_checkpoint
 from hf_pretrain.data.tokenizer import MODEL_INPUT_NAMES
 from hf_pretrain.exit_codes import EXIT_CONFIG, EXIT_FAILED, EXIT_WRITE_FAILED
 from hf_pretrain.formatting import human_bytes
-from hf_pretrain.object_store.location import Location
-from hf_pretrain.object_store.reach import StoreRefused
 from hf_pretrain.publish.formats import DTYPE_NAMES
 from hf_pretrain.publish.gguf import GGUFError, GGUFWriteError, write_gguf
 from hf_pretrain.publish.hub import push_folder, push_or_explain
 from hf_pretrain.publish.model_card import LOSS_CURVE, CardOptions, write_model_card
 from hf_pretrain.publish.targets import unwritable_reason
-from hf_pretrain.run_store.reading import readable
+from hf_pretrain.store.location import Location
+from hf_pretrain.store.reach import StoreRefused
+from hf_pretrain.store.run.reading import readable
 
 DTYPES = dict(zip(DTYPE_NAMES, (torch.bfloat16, torch.float16, torch.float32), strict=True))
 # What an export folder holds: the files `export_checkpoint` writes, sharded weights, a GGUF (`--gguf`), and

@@ -287,7 +287,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", help="the .gguf file to write (unset: FOLDER/NAME-TYPE.gguf)")
     parser.add_argument("--overwrite", action="store_true", help="replace a GGUF file at --out (never another file)")
     args = parser.parse_args(argv)
-    from hf_pretrain.object_store.urls import is_url
+    from hf_pretrain.store.urls import is_url
 
     if is_url(args.folder):  # a Path of it would read `s3:/bucket/...`: said, with the command that reads it
         print(

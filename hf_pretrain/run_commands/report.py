@@ -399,9 +399,9 @@ def main(argv: list[str] | None = None) -> int:
     except ImportError:
         print("hf-pretrain report: needs matplotlib: pip install matplotlib", file=sys.stderr)
         return EXIT_CONFIG
-    from hf_pretrain.object_store.location import Location
-    from hf_pretrain.object_store.reach import StoreRefused
-    from hf_pretrain.run_store.reading import readable
+    from hf_pretrain.store.location import Location
+    from hf_pretrain.store.reach import StoreRefused
+    from hf_pretrain.store.run.reading import readable
 
     run = Location.of(args.run_dir)  # local or a store: decided here, once, and handed down
     try:

@@ -106,14 +106,14 @@ def _store_lines_of(run: RunDir, status: dict[str, Any]) -> list[str]:
     section = status.get("store")
     if not isinstance(section, dict):
         return []  # a local run: nothing of the store imported
-    from hf_pretrain.run_store.standing import store_lines
+    from hf_pretrain.store.run.standing import store_lines
 
     return store_lines(section, data=_data_url(run))
 
 
 def _data_url(run: RunDir) -> str | None:
     """The run's data_dir when it is a URL (a person moving the run needs it), from its resolved recipe."""
-    from hf_pretrain.object_store.urls import is_url
+    from hf_pretrain.store.urls import is_url
 
     try:
         recipe = run.load_recipe()
@@ -124,10 +124,10 @@ def _data_url(run: RunDir) -> str | None:
 
 
 def read_store_run(location: str, view: Path, verify: bool) -> RunStanding:
-    """The standing of a run URL, from the store's small records (run_store/standing.py): a fresh
+    """The standing of a run URL, from the store's small records (store/run/standing.py): a fresh
     lease is a run that trains (never "killed"), the checkpoint is the newest complete one in the store."""
-    from hf_pretrain.object_store.reach import open_checked
-    from hf_pretrain.run_store.standing import read_store, store_lines
+    from hf_pretrain.store.reach import open_checked
+    from hf_pretrain.store.run.standing import read_store, store_lines
 
     url, fs = open_checked(location, write=False)
     store = read_store(fs, url)
@@ -224,9 +224,9 @@ def main(argv: list[str] | None = None) -> int:
         "--verify", action="store_true", help="read every byte of the last checkpoint against its manifest (slow)"
     )
     args = parser.parse_args(argv)
-    from hf_pretrain.object_store.location import Location
-    from hf_pretrain.object_store.reach import StoreRefused
-    from hf_pretrain.run_store.reading import readable
+    from hf_pretrain.store.location import Location
+    from hf_pretrain.store.reach import StoreRefused
+    from hf_pretrain.store.run.reading import readable
 
     run = Location.of(args.run_dir)  # local or a store: decided here, once, and handed down
     try:  # a URL: its records and its newest complete checkpoint's listing, pulled into the cache

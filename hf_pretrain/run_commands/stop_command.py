@@ -132,13 +132,13 @@ def parse_flags(argv: list[str] | None) -> argparse.Namespace:
 
 def read_run(run_dir: str) -> RunToStop:
     """The run `run_dir` names, a folder or a URL; raises `Refused` when there is none to ask."""
-    from hf_pretrain.object_store.location import Location
+    from hf_pretrain.store.location import Location
 
     location = Location.of(run_dir)  # local or a store: decided here, at the command's door, once
     on_store = location.in_store
     if on_store:  # the request goes into the store, where the trainer's uploader polls for it
-        from hf_pretrain.object_store.reach import StoreRefused
-        from hf_pretrain.run_store.reading import stop_facts
+        from hf_pretrain.store.reach import StoreRefused
+        from hf_pretrain.store.run.reading import stop_facts
 
         try:
             view, store_holder, store_saved = stop_facts(location)
@@ -187,7 +187,7 @@ def write_request(r: RunToStop, cooldown_steps: int | None) -> Path | str:
     path = request_stop(r.run.path, cooldown_steps)
     if r.url is None:
         return path
-    from hf_pretrain.run_store.reading import send_back
+    from hf_pretrain.store.run.reading import send_back
 
     send_back(r.url, r.run.path, path.name)
     return f"{r.url.rstrip('/')}/{path.name}"

@@ -13,7 +13,7 @@
       status.json            how the last session ended: exit code, reason, what to run next (training/session.py)
       sessions.jsonl         the ledger of every session: where, its start-up, how it ended, what it lost (sessions.py)
       status.json.lock       taken (flock) by every writer of status.json (`update_status`)
-      store.json             a run URL's working copy (run_store/): names the URL the run is known by
+      store.json             a run URL's working copy (store/run/): names the URL the run is known by
       run.lock               held (flock) by the session training into the folder; names its host, pid, start
 
 Training writes it; export, the report, the demo and the doctor read it. Nobody spells these
@@ -39,7 +39,7 @@ if TYPE_CHECKING:
 STATUS_LOCK = "status.json.lock"  # taken by every writer of status.json (`update_status`)
 # final/ is exported in full precision: the disk check and the export must agree on its size.
 FINAL_DTYPE = "fp32"
-# store.json's key: final/ was whole in the store when this working copy was pulled (run_store/run_sync.py)
+# store.json's key: final/ was whole in the store when this working copy was pulled (store/run/run_sync.py)
 FINAL_IN_STORE = "final_in_store"
 
 

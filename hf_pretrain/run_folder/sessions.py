@@ -21,7 +21,7 @@ the newest checkpoint, when it was last heard of. Nothing is ever rewritten: a l
 kill is skipped by the reader, and the next append starts on a line of its own.
 
 One writer, as status.json has one (run_dir.update_status): the session that holds the folder
-(training/session.py) through `Ledger`; `merge` brings a store's copy in (run_store/run_sync.py), so a
+(training/session.py) through `Ledger`; `merge` brings a store's copy in (store/run/run_sync.py), so a
 machine whose copy is behind keeps every other machine's sessions. `fruitless_streak` is what ends a
 relaunch storm: the sessions in a row, newest last, that saved no new checkpoint.
 """

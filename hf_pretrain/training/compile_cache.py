@@ -9,8 +9,8 @@ for the same torch and the same kind of device. So:
 - After the session's first compiled step (and again whenever later steps compiled something new: the
   evaluation's no-grad graph), the main process writes `compile_cache/<key>.bin` with `<key>.json`
   beside it (what the key is made of, the bytes' size and sha256), each through a temporary file and a
-  rename. A run URL's copy goes to the store with the run's records (run_store/uploader.py), each file
-  once (they are megabytes, and unchanged between heartbeats), and comes back at a pull (run_store/pull.py).
+  rename. A run URL's copy goes to the store with the run's records (store/run/uploader.py), each file
+  once (they are megabytes, and unchanged between heartbeats), and comes back at a pull (store/run/pull.py).
 - At the start, before the first step, every process loads the file of its key, said in one line. Files
   of another key (another torch, another card, another model shape or compile setting) and a file that
   does not load are ignored with a line, never a crash: the run compiles as it would have anyway.

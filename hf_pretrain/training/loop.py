@@ -43,11 +43,11 @@ from hf_pretrain.model.llama import (
     train_in_compute_dtype,
 )
 from hf_pretrain.model.loss import loss_head_for, use_loss_head
-from hf_pretrain.object_store.location import Where
 from hf_pretrain.optim.build import build_optimizer
 from hf_pretrain.preflight.checks import preflight
 from hf_pretrain.run_folder.run_dir import RunDir, set_activity, truncate_jsonl
 from hf_pretrain.run_folder.sessions import start_up
+from hf_pretrain.store.location import Where
 from hf_pretrain.training.accelerator import accelerator_for
 from hf_pretrain.training.callbacks import Callback, CallbackList
 from hf_pretrain.training.compile_cache import CompileCache, key_fields

@@ -34,12 +34,12 @@ from hf_pretrain.exit_codes import (
     EXIT_SAVE_FAILED,
 )
 from hf_pretrain.model.initialisation import InitFromError
-from hf_pretrain.object_store.store_calls import StoreError
 from hf_pretrain.preflight.result import PreflightError
 from hf_pretrain.processes import follow_launcher, launcher
 from hf_pretrain.run_folder.run_dir import RunDir, last_train_record, read_status, update_status
 from hf_pretrain.run_folder.run_lock import RunDirUnusable, RunLock, RunLocked, command_line, now
 from hf_pretrain.run_folder.sessions import Ledger, RelaunchStorm, sessions, set_current, storm_refusal
+from hf_pretrain.store.store_calls import StoreError
 from hf_pretrain.training.start_up import StartUpSignals, StoppedDuringStartUp, record_exits_with
 
 
@@ -70,7 +70,7 @@ ENDINGS = {
         "fix what the reason names (`hf-pretrain doctor` runs the same checks), then rerun; nothing was started",
     ),
     EXIT_INTERRUPTED: Ending("interrupted", False, "rerun the same command when you want to go on"),
-    # a URL run whose lease another machine took over mid-run (run_store/lease.py): the run goes on there
+    # a URL run whose lease another machine took over mid-run (store/run/lease.py): the run goes on there
     EXIT_LOCKED: Ending(
         "lost",
         False,
@@ -97,7 +97,7 @@ RUNNING = Ending(
     "wait; if its pid is gone, it was killed (SIGKILL, out of memory): rerun the same command to resume",
 )
 
-KEPT_SECTIONS = ("store",)  # status.json sections others keep up to date (run_store/run_sync.py)
+KEPT_SECTIONS = ("store",)  # status.json sections others keep up to date (store/run/run_sync.py)
 
 # Failures that stop a session before it trained, said in a line (the reason is the whole story) and
 # ended with an exit code of their own; anything else is a crash, with its traceback.

@@ -1,7 +1,7 @@
 """One optimizer step as the loop attempts it: a data read that failed ends the run as a preemption
 does, and the session's first step is put on record.
 
-- The data's store (a `data_dir` URL, data_store/) bounds every read it makes (object_store/store_calls.py:
+- The data's store (a `data_dir` URL, store/data/) bounds every read it makes (store/store_calls.py:
   the client's timeouts and tries, then a deadline on the whole read); what still fails is a `StoreError`
   naming the URL the user gave. Before the loop it refuses the start (exit 78: nothing was started, the
   line names the fix). Inside the loop it is not the user's input that is wrong but a store that stopped
@@ -20,8 +20,8 @@ import time
 from collections.abc import Callable
 
 from hf_pretrain.exit_codes import EXIT_PREEMPTED
-from hf_pretrain.object_store.store_calls import StoreError
 from hf_pretrain.run_folder.sessions import note_first_step
+from hf_pretrain.store.store_calls import StoreError
 from hf_pretrain.training.guards import CHECKPOINT, Stop
 from hf_pretrain.training.step import StepResult
 

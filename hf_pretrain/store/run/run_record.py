@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from hf_pretrain.object_store.location import Location, Where
+from hf_pretrain.store.location import Location, Where
 
 if TYPE_CHECKING:
     from hf_pretrain.config import Recipe
@@ -30,7 +30,7 @@ def recorded_data_url(location: str) -> str | None:
     a store that cannot be read now: training's own checks say that in their turn)."""
     import yaml
 
-    from hf_pretrain.object_store.reach import StoreRefused, open_checked
+    from hf_pretrain.store.reach import StoreRefused, open_checked
 
     try:
         url, fs = open_checked(location, write=False)

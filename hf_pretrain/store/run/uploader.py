@@ -4,7 +4,7 @@
 the checkpoint's files by hard links (`step_N.upload/`, no bytes copied), so local retention may
 prune the checkpoint while it is still on its way, and returns. A thread of its own sends the files,
 several at a time, then the manifest LAST: a checkpoint is complete in the store only once all its
-bytes are (run_store/pull.py reads it so). Every failure is retried with exponential back-off and
+bytes are (store/run/pull.py reads it so). Every failure is retried with exponential back-off and
 recorded, redacted, as `last_error`; nothing is raised into training. When a newer checkpoint is
 waiting, an older one that retention would drop anyway is skipped.
 
@@ -17,7 +17,7 @@ After each upload the store's retention runs (`keep_checkpoints`, milestones and
 as locally), removing only step folders with a manifest: what this run, or one before it on the same
 URL, uploaded completely. The manifest goes first, so a removal cut short leaves no "complete" half.
 
-Every write goes through `may_write` (the run's lease, run_store/lease.py): while this machine's lease has
+Every write goes through `may_write` (the run's lease, store/run/lease.py): while this machine's lease has
 run out (the store did not answer its heartbeats) a write fails as `NotHolding` and is tried again, and
 once another machine holds the run nothing more is tried: its checkpoints, records and status.json there
 are the other machine's.
@@ -37,10 +37,10 @@ from typing import TYPE_CHECKING, Any
 
 from hf_pretrain.checkpoints.layout import BRANCH_POINT, MANIFEST, TRAIN_STATE
 from hf_pretrain.checkpoints.progress import ByteCount
-from hf_pretrain.object_store.reach import describe_failure
-from hf_pretrain.object_store.urls import StoreURL
-from hf_pretrain.run_store.pull import COMPILE_CACHE, SMALL_FILES, compile_cache_files, complete_steps
-from hf_pretrain.run_store.transfer import put_files, with_retries
+from hf_pretrain.store.reach import describe_failure
+from hf_pretrain.store.run.pull import COMPILE_CACHE, SMALL_FILES, compile_cache_files, complete_steps
+from hf_pretrain.store.run.transfer import put_files, with_retries
+from hf_pretrain.store.urls import StoreURL
 
 if TYPE_CHECKING:
     from fsspec import AbstractFileSystem

@@ -3,5 +3,5 @@
 The run's working copy kept in step with its URL (`run_sync.py`, `uploader.py`, `pull.py`,
 `transfer.py`), the one-writer lease (`lease.py`), what a run URL says to the commands that read it
 (`reading.py`, `standing.py`, `run_record.py`). It reads checkpoints (`checkpoints/`) and talks to
-stores through `object_store/`; neither of those imports it.
+stores through `store/`; neither of those imports it.
 """

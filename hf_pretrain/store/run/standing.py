@@ -13,13 +13,13 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from hf_pretrain.checkpoints.layout import MANIFEST, PREFIX, TRAIN_STATE
-from hf_pretrain.run_store.lease import Holder, Lease
-from hf_pretrain.run_store.pull import complete_steps
+from hf_pretrain.store.run.lease import Holder, Lease
+from hf_pretrain.store.run.pull import complete_steps
 
 if TYPE_CHECKING:
     from fsspec import AbstractFileSystem
 
-    from hf_pretrain.object_store.urls import StoreURL
+    from hf_pretrain.store.urls import StoreURL
 
 
 @dataclass

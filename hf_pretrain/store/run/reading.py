@@ -2,11 +2,11 @@
 
 `readable(location)` is the location's own folder when it is local (nothing imported, nothing copied);
 for a URL it is a read-only copy in the user's cache (`<cache>/views/...`, apart from a trainer's
-working copy on the same machine), pulled with run_store/pull.py: the run's records, and its
+working copy on the same machine), pulled with store/run/pull.py: the run's records, and its
 newest complete checkpoint (verified) when the command reads one. A URL naming one checkpoint
 (`s3://bucket/run/checkpoints/step_00001000`) pulls that one. A store that cannot be used is
 `StoreRefused`: one line, redacted. Each command decides at its door whether what it reads is local
-(`object_store/location.py`) and hands the `Location` down.
+(`store/location.py`) and hands the `Location` down.
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 from hf_pretrain.checkpoints.layout import PREFIX
-from hf_pretrain.object_store.cache import local_copy
-from hf_pretrain.object_store.location import Location
-from hf_pretrain.object_store.urls import StoreURL
+from hf_pretrain.store.cache import local_copy
+from hf_pretrain.store.location import Location
+from hf_pretrain.store.urls import StoreURL
 
 
 def readable(
@@ -27,9 +27,9 @@ def readable(
     if not location.in_store:
         return location.folder
     from hf_pretrain.checkpoints.manifest import CheckpointError
-    from hf_pretrain.object_store.reach import StoreRefused, describe_failure, open_checked
     from hf_pretrain.redaction import redact
-    from hf_pretrain.run_store.pull import download_checkpoint, pull_run, pull_small_files
+    from hf_pretrain.store.reach import StoreRefused, describe_failure, open_checked
+    from hf_pretrain.store.run.pull import download_checkpoint, pull_run, pull_small_files
 
     url, fs = open_checked(str(location), write=False)
     name = url.path.rsplit("/", 1)[-1]
@@ -78,9 +78,9 @@ def stop_facts(location: Location, say: Callable[[str], None] = print) -> tuple[
     checkpoint's train state, read from the store without its weights."""
     import json
 
-    from hf_pretrain.object_store.reach import open_checked
-    from hf_pretrain.run_store.lease import Lease
-    from hf_pretrain.run_store.pull import complete_steps
+    from hf_pretrain.store.reach import open_checked
+    from hf_pretrain.store.run.lease import Lease
+    from hf_pretrain.store.run.pull import complete_steps
 
     view = readable(location, checkpoint=False, say=say)
     url, fs = open_checked(str(location), write=False)
@@ -101,7 +101,7 @@ def stop_facts(location: Location, say: Callable[[str], None] = print) -> tuple[
 
 def send_back(location: str, view: Path, name: str) -> None:
     """The view's file `name` written into the store (a stop request, which the trainer polls for)."""
-    from hf_pretrain.object_store.reach import open_checked
+    from hf_pretrain.store.reach import open_checked
 
     url, fs = open_checked(location)
     fs.put_file(str(view / name), url.join(name).path)

@@ -21,11 +21,11 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from hf_pretrain.data_store.data_blocks import BLOCKS_FILE, SIDECAR_SUFFIX, blocks_manifest, shard_files
-from hf_pretrain.object_store.cache import check_cache_root, local_copy
-from hf_pretrain.object_store.reach import StoreRefused, open_checked
-from hf_pretrain.object_store.store_calls import StoreError, store_call
-from hf_pretrain.object_store.urls import StoreURL, filesystem
+from hf_pretrain.store.cache import check_cache_root, local_copy
+from hf_pretrain.store.data.data_blocks import BLOCKS_FILE, SIDECAR_SUFFIX, blocks_manifest, shard_files
+from hf_pretrain.store.reach import StoreRefused, open_checked
+from hf_pretrain.store.store_calls import StoreError, store_call
+from hf_pretrain.store.urls import StoreURL, filesystem
 
 if TYPE_CHECKING:
     from hf_pretrain.config import Recipe

@@ -1,4 +1,4 @@
-"""How to talk to an object store, shared by both halves that use one (`data_store/`, `run_store/`).
+"""How to talk to an object store, shared by both halves that use one (`store/data/`, `store/run/`).
 
 `urls.py` says what a location is (a local path, or `s3://`, `gs://`, `hf://` through fsspec) and opens
 its file system; `cache.py` is where a URL's local working copy lives; `store_calls.py` retries a request;

@@ -17,9 +17,9 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from hf_pretrain.object_store.urls import StoreUnavailable, StoreURL, filesystem, request_bound
 from hf_pretrain.redaction import redact
 from hf_pretrain.run_folder.run_lock import RunDirUnusable
+from hf_pretrain.store.urls import StoreUnavailable, StoreURL, filesystem, request_bound
 
 if TYPE_CHECKING:
     from fsspec import AbstractFileSystem

@@ -2,6 +2,6 @@
 
 `data_upload.py` puts a prepared folder into a store (meta.json last), `data_blocks.py` records each
 shard's block checksums at prepare time, `data_cache.py` trains from the URL through a verified block
-cache. Read by `data/`; it talks to stores through `object_store/` and knows nothing of runs or
-checkpoints (tested: it never imports `run_store/` or `checkpoints/`).
+cache. Read by `data/`; it talks to stores through `store/` and knows nothing of runs or
+checkpoints (tested: it never imports `store/run/` or `checkpoints/`).
 """

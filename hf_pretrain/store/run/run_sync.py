@@ -1,11 +1,11 @@
 """A run whose `output_dir` is a URL: the store is the truth, this machine trains a local copy of it.
 
-`RunInStore.begin` (train.py, before anything else) checks the store (object_store/reach.py: exit 78,
-one line), takes the run's lease (run_store/lease.py: exit 73 when another machine holds it),
-pulls the run into its local copy (run_store/pull.py) and hands back where training writes. From
+`RunInStore.begin` (train.py, before anything else) checks the store (store/reach.py: exit 78,
+one line), takes the run's lease (store/run/lease.py: exit 73 when another machine holds it),
+pulls the run into its local copy (store/run/pull.py) and hands back where training writes. From
 there the run is a local run: resume, checkpoints and retention work as for any folder. As a side job
 of the loop (the `Callback` protocol, training/callbacks.py) it hands each sealed checkpoint to the
-uploader (run_store/uploader.py); its own thread renews the lease, mirrors a `stop` written into
+uploader (store/run/uploader.py); its own thread renews the lease, mirrors a `stop` written into
 the store into the local folder (the guards read it there as always), and keeps status.json's
 `store` section (and status.json in the store) up to date. At the run's end, a stop or a SIGTERM,
 `wait` lets the uploads finish, with a live line, for at most `store_wait_s`.
@@ -25,14 +25,14 @@ from hf_pretrain.checkpoints.layout import checkpoints_root
 from hf_pretrain.checkpoints.progress import ByteCount, LiveLine
 from hf_pretrain.checkpoints.store import list_checkpoints
 from hf_pretrain.formatting import human_bytes
-from hf_pretrain.object_store.cache import local_copy
-from hf_pretrain.object_store.reach import describe_failure, open_checked, quiet_orphaned_requests
 from hf_pretrain.redaction import redact
 from hf_pretrain.run_folder.run_dir import FINAL_IN_STORE, RunDir, read_status, set_activity, update_status
 from hf_pretrain.run_folder.sessions import start_up
-from hf_pretrain.run_store.lease import Lease
-from hf_pretrain.run_store.ledger_sync import merge_sessions, sessions_here
-from hf_pretrain.run_store.pull import (
+from hf_pretrain.store.cache import local_copy
+from hf_pretrain.store.reach import describe_failure, open_checked, quiet_orphaned_requests
+from hf_pretrain.store.run.lease import Lease
+from hf_pretrain.store.run.ledger_sync import merge_sessions, sessions_here
+from hf_pretrain.store.run.pull import (
     FINAL,
     NOT_IN_STORE,
     STORE_SECTION,
@@ -40,8 +40,8 @@ from hf_pretrain.run_store.pull import (
     final_in_store,
     pull_run,
 )
-from hf_pretrain.run_store.transfer import put_files
-from hf_pretrain.run_store.uploader import (
+from hf_pretrain.store.run.transfer import put_files
+from hf_pretrain.store.run.uploader import (
     RUN_RECORD,
     UPLOAD_SUFFIX,
     Uploader,
@@ -78,7 +78,7 @@ def pull_here(
     """The first process of another machine of the job: its own copy of the run URL `output_dir` pulled
     (read only: the job's first process holds the lease and uploads), then marked. `max_steps` as
     `pull_run` takes it (a run going further needs its branch point on every machine)."""
-    from hf_pretrain.object_store.reach import StoreRefused
+    from hf_pretrain.store.reach import StoreRefused
 
     url, fs = open_checked(output_dir, write=False)
     local = working_copy(output_dir, cache_dir)
@@ -111,7 +111,7 @@ def wait_for_pull(output_dir: str, cache_dir: str | None) -> None:
         except (OSError, ValueError, AttributeError):
             pass
         time.sleep(0.2)
-    from hf_pretrain.object_store.reach import StoreRefused
+    from hf_pretrain.store.reach import StoreRefused
 
     raise StoreRefused(f"this machine's first process did not pull {output_dir} in {PULL_WAIT_S:.0f} s")
 
@@ -119,7 +119,7 @@ def wait_for_pull(output_dir: str, cache_dir: str | None) -> None:
 def working_copy(output_dir: str, cache_dir: str | None) -> Path:
     """The local folder the run URL `output_dir` trains in (the same on every process of this machine),
     under `cache_dir` (the recipe's, else None: the user's cache)."""
-    from hf_pretrain.object_store.urls import StoreURL
+    from hf_pretrain.store.urls import StoreURL
 
     return local_copy(StoreURL.parse(output_dir), "runs", cache_dir)
 
@@ -206,7 +206,7 @@ class RunInStore:
                 merge_sessions(self.fs, self.url, self.local, mine)
                 self.final_there = final_in_store(self.fs, self.url)
         except Exception as exc:  # the store failed between the checks and the pull
-            from hf_pretrain.object_store.reach import StoreRefused
+            from hf_pretrain.store.reach import StoreRefused
 
             raise StoreRefused(describe_failure(self.url, exc, "pulling the run")) from None
         self.say(f"store: newest complete checkpoint: step {step}" if step is not None else "store: no checkpoint yet")

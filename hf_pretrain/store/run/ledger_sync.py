@@ -1,6 +1,6 @@
 """The run's ledger of sessions (run_folder/sessions.py) between a machine's copy and the store.
 
-`sessions.jsonl` travels as the other records do (run_store/pull.py's SMALL_FILES: up at every heartbeat
+`sessions.jsonl` travels as the other records do (store/run/pull.py's SMALL_FILES: up at every heartbeat
 and at the end, down with the records), but it is never simply replaced: at a start, the store's copy
 and this machine's are merged, record by record. A machine whose copy is behind (the sessions other
 machines ran since, each killed before a new checkpoint) keeps them, so a relaunch storm is counted
@@ -18,7 +18,7 @@ from hf_pretrain.run_folder.sessions import ledger_path, merge
 if TYPE_CHECKING:
     from fsspec import AbstractFileSystem
 
-    from hf_pretrain.object_store.urls import StoreURL
+    from hf_pretrain.store.urls import StoreURL
 
 
 def sessions_here(local: Path) -> bytes:

@@ -24,9 +24,9 @@ from hf_pretrain.checkpoints.manifest import CheckpointError, verify_showing
 from hf_pretrain.checkpoints.progress import ByteCount, LiveLine
 from hf_pretrain.checkpoints.resume_rules import branch_step
 from hf_pretrain.checkpoints.store import list_checkpoints
-from hf_pretrain.object_store.urls import StoreURL
 from hf_pretrain.redaction import redact
-from hf_pretrain.run_store.transfer import get_files
+from hf_pretrain.store.run.transfer import get_files
+from hf_pretrain.store.urls import StoreURL
 
 if TYPE_CHECKING:
     from fsspec import AbstractFileSystem

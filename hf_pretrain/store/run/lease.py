@@ -32,8 +32,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from hf_pretrain.formatting import human_duration
-from hf_pretrain.object_store.urls import StoreURL
 from hf_pretrain.run_folder.run_lock import RunLocked
+from hf_pretrain.store.urls import StoreURL
 
 if TYPE_CHECKING:
     from fsspec import AbstractFileSystem

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from hf_pretrain.object_store.urls import StoreURL, is_url
+from hf_pretrain.store.urls import StoreURL, is_url
 
 if TYPE_CHECKING:
     from hf_pretrain.config import Recipe
@@ -36,7 +36,7 @@ class Location:
 
     @property
     def folder(self) -> Path:
-        """The local folder; a store URL has none (its working copy is the cache's: run_store/, data_store/)."""
+        """The local folder; a store URL has none (its working copy is the cache's: store/run/, store/data/)."""
         if self.in_store:
             raise ValueError(f"{self.given} is a store URL, not a local folder")
         return Path(self.given)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from hf_pretrain.object_store.urls import StoreUnavailable, StoreURL
+from hf_pretrain.store.urls import StoreUnavailable, StoreURL
 
 
 def home() -> Path:

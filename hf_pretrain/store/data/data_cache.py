@@ -35,11 +35,11 @@ from typing import Any
 
 import numpy as np
 
-from hf_pretrain.data_store.data_blocks import BLOCKS_FILE, DIGEST, DIGEST_BYTES, SIDECAR_SUFFIX, block_digest
-from hf_pretrain.object_store.cache import local_copy
-from hf_pretrain.object_store.store_calls import StoreError, read_bound_s, store_call
-from hf_pretrain.object_store.urls import StoreUnavailable, StoreURL, filesystem
 from hf_pretrain.run_folder.sessions import start_up
+from hf_pretrain.store.cache import local_copy
+from hf_pretrain.store.data.data_blocks import BLOCKS_FILE, DIGEST, DIGEST_BYTES, SIDECAR_SUFFIX, block_digest
+from hf_pretrain.store.store_calls import StoreError, read_bound_s, store_call
+from hf_pretrain.store.urls import StoreUnavailable, StoreURL, filesystem
 
 META_FILE = "meta.json"
 BLOCKS_DIR = "blocks"  # in the local copy: the block cache (a folder per training process)
