@@ -12,7 +12,7 @@ import yaml
 
 from hf_pretrain.economics.egress import store_place
 from hf_pretrain.economics.planning.gpu_ranking import GpuRow
-from hf_pretrain.economics.planning.offers import SpotAssumptions, rank_offers, task_candidates
+from hf_pretrain.economics.planning.offers import PricedRun, SpotAssumptions, rank_offers, task_candidates
 from hf_pretrain.economics.skypilot_catalog import CatalogError, catalog_folder, read_catalog, read_cloud
 from hf_pretrain.economics.spot import PreemptionCost, expected_run, preemption_rate
 from hf_pretrain.engines.skypilot_task import SHIPPED_TASK, Candidate, TaskExists, task_text, write_task
@@ -167,7 +167,9 @@ def test_offers_rank_by_the_runs_expected_dollars_not_the_hour(tmp_path):
         "L40S": card_row("L40S", 10_000),
         "A10G": card_row("A10G", 0, False),
     }
-    ranked = rank_offers(catalog.offers, cards, 1e9, 1.0, 1000, 4e9, 1_000_000, spot_terms(preemptions_per_hour=0))
+    ranked = rank_offers(
+        catalog.offers, cards, PricedRun(1e9, 1.0, 1000, 4e9, 1_000_000, spot_terms(preemptions_per_hour=0))
+    )
     assert [(r.card, r.market) for r in ranked.rows] == [
         ("H100 SXM", "spot"),
         ("L40S", "on-demand"),
@@ -175,7 +177,9 @@ def test_offers_rank_by_the_runs_expected_dollars_not_the_hour(tmp_path):
     ]
     assert ranked.unfit == {"A10G": "too small"} and ranked.unknown == {"V100": 1} and ranked.machines_of_more_gpus == 1
     # spot's preemptions priced in turn the order: at 2 an hour, relaunches of 20 min and an interval lost each
-    stormy = rank_offers(catalog.offers, cards, 1e9, 1.0, 1000, 4e9, 1_000_000, spot_terms(preemptions_per_hour=2.0))
+    stormy = rank_offers(
+        catalog.offers, cards, PricedRun(1e9, 1.0, 1000, 4e9, 1_000_000, spot_terms(preemptions_per_hour=2.0))
+    )
     assert [(r.card, r.market) for r in stormy.rows][0] == ("L40S", "on-demand")
     spot = next(r for r in stormy.rows if r.spot)
     assert not math.isfinite(spot.usd)  # 20 min relaunches and half an interval, twice an hour: it never finishes

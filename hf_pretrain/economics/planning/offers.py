@@ -31,6 +31,19 @@ class SpotAssumptions:
 
 
 @dataclass(frozen=True)
+class PricedRun:
+    """The run every offer is priced for: its tokens (`quality_per_token`: FP8's worth of a bf16 token), its
+    optimizer steps and the gradient bytes each all-reduces, its batch, and what a spot preemption costs it."""
+
+    tokens: float
+    quality_per_token: float
+    optimizer_steps: int
+    gradient_bytes: float
+    global_batch_tokens: int
+    spot: SpotAssumptions
+
+
+@dataclass(frozen=True)
 class OfferRow:
     """One offer of the catalog, priced for the run (expected: spot's preemptions included)."""
 
@@ -62,28 +75,21 @@ class RankedOffers:
     machines_of_more_gpus: int = 0  # offers of more GPUs a machine than the task trains on (left out, said so)
 
 
-def price_offer(
-    offer: Offer,
-    card: GpuRow,
-    tokens: float,
-    quality_per_token: float,
-    optimizer_steps: int,
-    gradient_bytes: float,
-    global_batch_tokens: int,
-    spot: SpotAssumptions,
-) -> OfferRow:
-    """`offer` for a run of `tokens` whose one-GPU row on the offer's card is `card` (it fits)."""
+def price_offer(offer: Offer, card: GpuRow, run: PricedRun) -> OfferRow:
+    """`offer` for `run`, whose one-GPU row on the offer's card is `card` (it fits)."""
     assert card.tokens_per_s is not None and offer.gpu is not None
+    tokens, spot = run.tokens, run.spot
     gbps = INTERCONNECT_GBPS[offer.gpu.link]
-    rate = scaling_row(offer.gpus, tokens, card.tokens_per_s, None, optimizer_steps, gradient_bytes, gbps).tokens_per_s
-    work_hours = tokens / quality_per_token / rate / 3600
+    scaled = scaling_row(offer.gpus, tokens, card.tokens_per_s, None, run.optimizer_steps, run.gradient_bytes, gbps)
+    rate = scaled.tokens_per_s
+    work_hours = tokens / run.quality_per_token / rate / 3600
     per_hour = preemption_rate(offer.cloud, spot.preemptions_per_hour).per_hour if offer.spot else 0.0
     cost = PreemptionCost(
         relaunch_s=spot.relaunch_s,
-        lost_work_s=spot.save_interval_steps * global_batch_tokens / rate / 2,
+        lost_work_s=spot.save_interval_steps * run.global_batch_tokens / rate / 2,
         egress_usd=spot.store.egress_usd(spot.checkpoint_gb, offer.cloud, offer.region),
     )
-    run = expected_run(work_hours, offer.price_per_hour, per_hour, cost)
+    expected = expected_run(work_hours, offer.price_per_hour, per_hour, cost)
     return OfferRow(
         offer.cloud,
         offer.region,
@@ -95,23 +101,15 @@ def price_offer(
         rate,
         card.measured,
         per_hour,
-        run.preemptions,
-        run.hours,
-        run.usd,
-        run.usd / (tokens / 1e9) if run.finishes else math.inf,
+        expected.preemptions,
+        expected.hours,
+        expected.usd,
+        expected.usd / (tokens / 1e9) if expected.finishes else math.inf,
     )
 
 
 def rank_offers(
-    offers: tuple[Offer, ...],
-    cards: dict[str, GpuRow],
-    tokens: float,
-    quality_per_token: float,
-    optimizer_steps: int,
-    gradient_bytes: float,
-    global_batch_tokens: int,
-    spot: SpotAssumptions,
-    gpus_per_machine: int = 1,
+    offers: tuple[Offer, ...], cards: dict[str, GpuRow], run: PricedRun, gpus_per_machine: int = 1
 ) -> RankedOffers:
     """Every offer of up to `gpus_per_machine` GPUs on a card the recipe fits (`cards`: the one-GPU row of each
     table card), cheapest expected run first, on-demand before spot at the same dollars; the rest said: cards
@@ -129,11 +127,7 @@ def rank_offers(
         if not card.fits:
             unfit[card.gpu] = card.reason
             continue
-        rows.append(
-            price_offer(
-                offer, card, tokens, quality_per_token, optimizer_steps, gradient_bytes, global_batch_tokens, spot
-            )
-        )
+        rows.append(price_offer(offer, card, run))
     rows.sort(key=lambda row: (row.usd, row.spot, row.cloud, row.region))
     return RankedOffers(rows, unfit, dict(unknown.most_common()), bigger)
 

@@ -12,7 +12,7 @@ from hf_pretrain.economics.cost import dollars_per_billion_tokens
 from hf_pretrain.economics.egress import MoveCost, StorePlace, move_cost, store_place
 from hf_pretrain.economics.planning.data_parallel import INTERCONNECT_GBPS, ScalingRow, scaling_row
 from hf_pretrain.economics.planning.gpu_ranking import GpuRow, gpu_prices, gpu_row, quality_per_token, ranked_rows
-from hf_pretrain.economics.planning.offers import RankedOffers, SpotAssumptions, rank_offers
+from hf_pretrain.economics.planning.offers import PricedRun, RankedOffers, SpotAssumptions, rank_offers
 from hf_pretrain.economics.planning.request import ALL_GPUS, DEFAULT_GLOBAL_BATCH_TOKENS, DEFAULT_MFU, PlanRequest
 from hf_pretrain.economics.planning.scaling_laws import (
     chinchilla_loss,
@@ -238,9 +238,7 @@ def catalog_offers(
         return None, f"{typical} ({exc})", None
     spot = spot_assumptions(request, move)
     recipe = request.recipe
-    ranked = rank_offers(
-        catalog.offers,
-        {row.gpu: row for row in cards},
+    run = PricedRun(
         tokens,
         quality_per_token(profile_on_any_card(recipe).step),  # each offer's card: the table's, all alike
         math.ceil(tokens / recipe.train.global_batch_tokens),
@@ -248,6 +246,7 @@ def catalog_offers(
         recipe.train.global_batch_tokens,
         spot,
     )
+    ranked = rank_offers(catalog.offers, {row.gpu: row for row in cards}, run)
     return ranked, catalog.describe(), spot
 
 
