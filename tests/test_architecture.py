@@ -621,6 +621,53 @@ def test_the_where_check_sees_a_module_that_asks(tmp_path, monkeypatch):
     assert _asks_where_it_is("hf_pretrain.m") == 3
 
 
+# Issue 58, what a scheme is has one home: its row of store/schemes.py (client options, fix lines, the lease's
+# conditional write, the credentials redaction.py masks), as a precision's is its row of machine/precisions.py.
+# Nowhere else does a module compare a scheme with its word (`url.scheme == "s3"`, `in ("s3", "gs")`): it asks
+# the row. SCHEME_WORDS_COMPARED is the ratchet of those that still do; it may shrink, never grow.
+SCHEME_WORDS = {"s3", "gs", "hf", "gcs"}
+SCHEME_HOME = f"{PACKAGE}.store.schemes"
+SCHEME_WORDS_COMPARED: set[str] = set()
+
+
+def _literal_words(node: ast.expr) -> set[str]:
+    """The strings `node` spells out: a literal, or the literals of a tuple, list or set of them."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return {node.value}
+    if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+        return {word for element in node.elts for word in _literal_words(element)}
+    return set()
+
+
+def compares_a_scheme(path: Path) -> list[int]:
+    """The lines of `path` where a value is compared (==, !=, in, not in) with a scheme's word."""
+    return [
+        node.lineno
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Compare)
+        and any(isinstance(op, (ast.Eq, ast.NotEq, ast.In, ast.NotIn)) for op in node.ops)
+        and any(_literal_words(side) & SCHEME_WORDS for side in (node.left, *node.comparators))
+    ]
+
+
+def test_only_the_scheme_table_compares_a_scheme_with_its_word():
+    comparing = {module for module, path in MODULES.items() if module != SCHEME_HOME and compares_a_scheme(path)}
+    assert comparing <= SCHEME_WORDS_COMPARED, (
+        f"ask the scheme's row (store/schemes.py) instead: "
+        f"{ {m: compares_a_scheme(MODULES[m]) for m in comparing - SCHEME_WORDS_COMPARED} }"
+    )
+    assert not SCHEME_WORDS_COMPARED - comparing, f"no longer compares: remove {SCHEME_WORDS_COMPARED - comparing}"
+
+
+def test_the_scheme_check_sees_every_spelling(tmp_path):
+    module = tmp_path / "m.py"
+    module.write_text(
+        "def f(url, s):\n    a = url.scheme == 's3'\n    b = 'hf' != s\n    c = s in ('gs', 'x')\n"
+        "    d = s not in {'gcs'}\n    e = s == 'http'\n"
+    )
+    assert compares_a_scheme(module) == [2, 3, 4, 5]
+
+
 # Issue 46, components built from their own section: a function handed the whole `Recipe` reads everything, so
 # a reader cannot tell what it depends on. The count may fall, never rise (195 when the issue was filed; 147 on
 # 2026-11-28, then 74; 73 with issue 58): a new function takes the section it reads, with its runtime needs by keyword.

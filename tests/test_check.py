@@ -97,10 +97,10 @@ def test_the_disk_part_writes_reads_and_removes_its_own_file(tmp_path):
 def test_object_store_urls_are_measured_where_fsspec_has_them_and_said_not_installed_where_not(tmp_path, monkeypatch):
     import fsspec
 
-    from hf_pretrain.store import urls
+    from hf_pretrain.store.schemes import SCHEMES, Scheme
 
-    # fsspec's in-memory store stands in for a bucket (store/urls.py knows s3, gs and hf)
-    monkeypatch.setitem(urls.SCHEMES, "memory", (None, "fsspec"))
+    # fsspec's in-memory store stands in for a bucket (store/schemes.py has a row for s3, gs and hf)
+    monkeypatch.setitem(SCHEMES, "memory", Scheme("memory", module="fsspec", extra=None))
     fsspec.filesystem("memory").pipe_file("memory://bucket/data/shard.ds", b"x" * 4096)
     said: list[str] = []
     report = Report("object_store", tmp_path / "figures.jsonl", None, say=said.append)

@@ -56,6 +56,42 @@ def test_an_unreachable_hub_url_names_the_hubs_settings_not_aws():
     assert "AWS_ENDPOINT_URL" not in hub and "HF_HUB_OFFLINE" in hub and "AWS_ENDPOINT_URL" in s3
 
 
+def test_a_refused_key_names_the_variables_its_own_client_reads():
+    """Each scheme's row says which credentials to set: an hf:// or gs:// refusal named AWS's keys."""
+    from hf_pretrain.store.reach import describe_failure
+
+    said = {
+        scheme: describe_failure(StoreURL.parse(f"{scheme}://a/b"), PermissionError("InvalidToken"), "listing")
+        for scheme in ("s3", "gs", "hf")
+    }
+    assert "AWS_SECRET_ACCESS_KEY" in said["s3"] and "HF_TOKEN" in said["hf"], said
+    assert "GOOGLE_APPLICATION_CREDENTIALS" in said["gs"] and "AWS_" not in said["gs"] + said["hf"], said
+
+
+def test_redaction_masks_every_schemes_credentials_and_only_those():
+    """redaction.py is a leaf that imports nothing of the package, so it keeps its own list of secret variables;
+    it is the schemes' credential variables, no fewer (a scheme's key would be printed) and no more (a variable
+    masked that no store reads is one that no row explains)."""
+    from hf_pretrain.redaction import SECRET_VARIABLES
+    from hf_pretrain.store.schemes import SCHEMES
+
+    held = [name for scheme in SCHEMES.values() for name in scheme.credential_variables]
+    assert sorted(held) == sorted(SECRET_VARIABLES), (held, SECRET_VARIABLES)
+    assert all(scheme.credential_variables for scheme in SCHEMES.values())
+
+
+def test_every_scheme_row_answers_what_the_code_asks_of_it():
+    """A row's facts hold together: a conditional write and bounded requests belong to S3's client alone, and
+    every scheme's word is also what the typo check and the unknown-scheme line recognise."""
+    from hf_pretrain.store.schemes import SCHEMES, scheme_named
+    from hf_pretrain.store.urls import client_options, mistyped
+
+    assert scheme_named("s3").conditional_put is not None and scheme_named("s3").bounds_requests
+    assert client_options(StoreURL.parse("hf://datasets/a/b")) == {}
+    for word in (*SCHEMES, "gcs"):
+        assert mistyped(f"{word}:/bkt/x") and mistyped(f"{word}:bkt"), word
+
+
 def test_redact_masks_held_credentials_and_secret_shapes(monkeypatch):
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", FAKE_SECRET)
     text = redact(

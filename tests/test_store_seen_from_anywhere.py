@@ -552,7 +552,8 @@ def test_a_store_that_never_answers_at_the_start_is_said_at_once_then_refused_wi
     before the refusal that ends the wait (exit 78, one line, no traceback)."""
     from hf_pretrain.exit_codes import EXIT_PREFLIGHT
     from hf_pretrain.store.reach import SILENT_S
-    from hf_pretrain.store.urls import TIMEOUTS_VARIABLE, request_bound_s
+    from hf_pretrain.store.schemes import TIMEOUTS_VARIABLE
+    from hf_pretrain.store.urls import request_bound_s
 
     read_s = 5  # short client timeouts: the refusal in 36 s, not 126 s; still far past the waiting line's SILENT_S
     monkeypatch.setenv(TIMEOUTS_VARIABLE, f"1,{read_s}")  # the trainer's client (its env copies this one's), and here
@@ -584,7 +585,8 @@ def test_a_store_that_never_answers_at_the_start_is_said_at_once_then_refused_wi
 def test_the_bound_docs_moving_runs_states_is_the_clients(monkeypatch):
     """The 126 s docs/moving-runs.md states twice is what the client's bounds add up to (it said 120 s
     while botocore made 4 attempts of the 3 set: 185 s)."""
-    from hf_pretrain.store.urls import TIMEOUTS_VARIABLE, StoreURL, client_options, request_bound_s
+    from hf_pretrain.store.schemes import TIMEOUTS_VARIABLE
+    from hf_pretrain.store.urls import StoreURL, client_options, request_bound_s
     from tests.helpers import ROOT
 
     monkeypatch.delenv(TIMEOUTS_VARIABLE, raising=False)

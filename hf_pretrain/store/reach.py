@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 
 from hf_pretrain.redaction import redact
 from hf_pretrain.run_folder.run_lock import RunDirUnusable
+from hf_pretrain.store.schemes import scheme_named
 from hf_pretrain.store.urls import StoreUnavailable, StoreURL, filesystem, request_bound
 
 if TYPE_CHECKING:
@@ -52,8 +53,9 @@ class StoreRefused(RunDirUnusable):
 
 def where(url: StoreURL) -> str:
     """`s3://bucket/prefix at http://127.0.0.1:9000`: the endpoint is what a user checks first."""
-    endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
-    return f"{url} at {endpoint}" if url.scheme == "s3" and endpoint else str(url)
+    variables = scheme_named(url.scheme).endpoint_variables  # AWS_ENDPOINT_URL means nothing to an hf:// client
+    endpoint = next((os.environ[name] for name in variables if os.environ.get(name)), None)
+    return f"{url} at {endpoint}" if endpoint else str(url)
 
 
 def does_not_answer(exc: BaseException) -> bool:
@@ -87,19 +89,13 @@ def describe_failure(url: StoreURL, exc: BaseException, doing: str) -> str:
     said = " ".join(str(exc).split()) or type(exc).__name__
     name = type(exc).__name__
     cause = f"{said} {exc.__cause__ or ''}"  # botocore's error code, where s3fs kept it
+    scheme = scheme_named(url.scheme)  # AWS_ENDPOINT_URL means nothing to an hf:// or gs:// client: its row's fix
     if does_not_answer(exc):
-        fix = {  # AWS_ENDPOINT_URL means nothing to an hf:// or gs:// client: name what each one reads
-            "s3": "check AWS_ENDPOINT_URL and the network (is the store's server up?)",
-            "hf": "check the network, HF_ENDPOINT and HF_HUB_OFFLINE (offline mode never reaches the Hub)",
-        }.get(url.scheme, "check the network (is the store up?)")
-        line = f"the store {where(url)} does not answer while {doing}: {said}; {fix}"
+        line = f"the store {where(url)} does not answer while {doing}: {said}; {scheme.unreachable_fix}"
     elif isinstance(exc, FileNotFoundError) and "specified bucket" in said.lower():
         line = _no_bucket(url)
     elif any(word.lower() in cause.lower() or word in name for word in _CREDENTIALS):
-        line = (
-            f"the store {where(url)} refused the credentials while {doing}: {said}; set AWS_ACCESS_KEY_ID and "
-            f"AWS_SECRET_ACCESS_KEY (or AWS_PROFILE) to a key of this store"
-        )
+        line = f"the store {where(url)} refused the credentials while {doing}: {said}; {scheme.credentials_fix}"
     elif isinstance(exc, PermissionError) or any(word.lower() in said.lower() for word in _DENIED):
         line = (
             f"the credentials may not write to {where(url)} ({doing}: {said}); grant them read and write on "

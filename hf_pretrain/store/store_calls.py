@@ -41,14 +41,14 @@ def reason(exc: BaseException) -> str:
 
 def read_bound_s() -> float:
     """The most one read of a store's data waits in all (`store_call`'s `deadline_s` for the data's reads):
-    what the S3 client's own bounds allow one request (store/urls.py: the read timeout, botocore's
+    what the S3 client's own bounds allow one request (store/schemes.py: the read timeout, botocore's
     attempts, s3fs's tries: 20 x 3 x 2 = 120 s), enforced here over every try. s3fs wraps a ranged read in
     its retries twice over, so without it one read of a store gone silent waited 4 x 3 x 20 s and more, and
     three of them outlasted the watchdog (issue 59). `HF_PRETRAIN_STORE_TIMEOUTS` (the tests') shortens it."""
-    from hf_pretrain.store import urls
+    from hf_pretrain.store import schemes
 
-    _, read = urls.timeouts()
-    return read * urls.BOTOCORE_ATTEMPTS * urls.S3FS_TRIES
+    _, read = schemes.timeouts()
+    return read * schemes.BOTOCORE_ATTEMPTS * schemes.S3FS_TRIES
 
 
 def within(seconds: float, fn: Callable[[], T]) -> T:

@@ -4,36 +4,30 @@ fsspec is the ecosystem's file-system layer (datasets, datatrove and huggingface
 door serves every store: `s3://` for AWS and every S3-compatible store (R2, MinIO, B2, a GPU cloud's
 volume API), `gs://` and `hf://`. Endpoint and credentials come from where the store's own client looks
 (for S3: `AWS_ENDPOINT_URL`, `AWS_ACCESS_KEY_ID`, `~/.aws/config`, ...); this module never reads or
-holds a secret itself.
+holds a secret itself. What each scheme is (its package, client options, bucket rule) is its row of
+store/schemes.py.
 """
 
 from __future__ import annotations
 
-import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from hf_pretrain.store.schemes import BOTOCORE_ATTEMPTS, S3FS_TRIES, SCHEMES, scheme_named, timeouts
+
 if TYPE_CHECKING:
     from fsspec import AbstractFileSystem
 
-# scheme -> (the pip extra that installs its fsspec implementation, the module it needs)
-SCHEMES = {
-    "s3": ("s3", "s3fs"),
-    "gs": ("gcs", "gcsfs"),
-    "hf": (None, "huggingface_hub"),  # HfFileSystem ships with huggingface_hub, a dependency already
-}
 _URL = re.compile(r"^(?P<scheme>[a-z][a-z0-9+.-]*)://(?P<rest>.*)$")
-# botocore's own rule for a bucket name: one it would refuse is refused here, before any network call
-# (its ParamValidationError was retried three times and came back as a wall of regex)
-_S3_BUCKET = re.compile(r"^[A-Za-z0-9._-]{1,255}$")
 # What a mistyped URL looks like: `s3:/bkt/x`, `s3:bkt`, `S3://bkt`, `gs:/x`. Taken as a local path, each
 # trained into a folder named `s3:` in the working directory and exited 0 with nothing in the store. A
 # scheme of two letters or more (a Windows drive `C:` is one) followed by one slash, or a store's scheme
 # not followed by `://`, is a URL the user meant and got wrong.
 _ONE_SLASH = re.compile(r"^(?P<scheme>[A-Za-z][A-Za-z0-9+.-]+):/(?!/)")
-_STORE_SCHEME_TYPO = re.compile(r"^(?P<scheme>s3|gs|hf|gcs):(?!//)", re.IGNORECASE)
+_SPELLINGS = (*SCHEMES, *(word for scheme in SCHEMES.values() for word in scheme.typo_spellings))
+_STORE_SCHEME_TYPO = re.compile(rf"^(?P<scheme>{'|'.join(_SPELLINGS)}):(?!//)", re.IGNORECASE)
 _UPPERCASE_SCHEME = re.compile(r"^(?P<scheme>[A-Za-z][A-Za-z0-9+.-]+)://")
 # `s3//bkt/x`: a legal local path, but a store's scheme with `//` and no colon is a URL missing its `:`
 _NO_COLON = re.compile(rf"^(?P<scheme>{'|'.join(SCHEMES)})//", re.IGNORECASE)
@@ -78,11 +72,11 @@ class StoreURL:
         if any(part in (".", "..") for part in path.split("/")):
             # the local copy's folder is named by the path: `..` would put it outside the cache
             raise StoreUnavailable(f"{url!r} holds a `.` or `..` part; write the prefix without them")
-        bucket = path.split("/", 1)[0]
-        if scheme == "s3" and not _S3_BUCKET.match(bucket):
+        bucket, rule = path.split("/", 1)[0], scheme_named(scheme).bucket_name
+        if rule is not None and not rule.match(bucket):
             raise StoreUnavailable(
                 f"{url!r}: {bucket!r} is not a bucket name (letters, digits, '.', '-' and '_' only); "
-                f"write it as s3://BUCKET/PREFIX"
+                f"write it as {scheme}://BUCKET/PREFIX"
             )
         return cls(scheme, path)
 
@@ -176,7 +170,8 @@ def filesystem(url: StoreURL) -> AbstractFileSystem:
     listing would be a stale answer; and instance caching would share one connection pool between
     threads that upload and the loop. Both are off.
     """
-    extra, module = SCHEMES[url.scheme]
+    scheme = scheme_named(url.scheme)
+    extra, module = scheme.extra, scheme.module
     try:
         __import__(module)
         import fsspec
@@ -186,29 +181,13 @@ def filesystem(url: StoreURL) -> AbstractFileSystem:
         install = install_line(extra) if extra else f"{pip_command()} install {module}"
         raise StoreUnavailable(f"{url.scheme}:// needs the {module} package: {install}") from None
     fs = fsspec.filesystem(url.scheme, skip_instance_cache=True, use_listings_cache=False, **client_options(url))
-    if url.scheme == "s3":
-        fs.retries = S3FS_TRIES  # a class attribute of s3fs, not an argument of its constructor
+    if scheme.client_tries is not None:
+        fs.retries = scheme.client_tries  # a class attribute of s3fs, not an argument of its constructor
     return fs
 
 
-# The S3 client's bounds, stated rather than inherited. s3fs's defaults (connect 5 s, read 15 s, its own
-# 5 tries around botocore's legacy 5 attempts) let one request caught in an outage wait 6 minutes and more
-# before the product's own bounds apply. Here one request to a store that accepts connections and then
-# says nothing gives up after READ_TIMEOUT_S x BOTOCORE_ATTEMPTS x S3FS_TRIES = 20 x 3 x 2 = 120 s, and
-# every caller above bounds its own wait (the uploader's deadline, `store_wait_s` at the end).
-CONNECT_TIMEOUT_S = 5.0  # a TCP handshake takes milliseconds; 5 s is a congested link, more is no store
-READ_TIMEOUT_S = 20.0  # silence between bytes of an answer: S3 answers even a 50 MiB part within seconds
-BOTOCORE_ATTEMPTS = 3  # "standard" retries: throttling (503 SlowDown) and 5xx, with jittered back-off
-S3FS_TRIES = 2  # s3fs's own wrapper (timeouts, SlowDown) on top; the product's retry loops sit above both
-TIMEOUTS_VARIABLE = "HF_PRETRAIN_STORE_TIMEOUTS"  # "CONNECT,READ" in seconds: the tests' black hole is short
-
-
-def timeouts() -> tuple[float, float]:
-    """The S3 client's (connect, read) timeouts in seconds: the stated ones, or the tests' shorter ones."""
-    if text := os.environ.get(TIMEOUTS_VARIABLE):
-        connect, read = (float(x) for x in text.split(","))
-        return connect, read
-    return CONNECT_TIMEOUT_S, READ_TIMEOUT_S
+# The S3 client's bounds (CONNECT_TIMEOUT_S, READ_TIMEOUT_S, BOTOCORE_ATTEMPTS, S3FS_TRIES and the tests'
+# TIMEOUTS_VARIABLE) are its row's facts: store/schemes.py.
 
 
 def request_bound_s() -> float:
@@ -221,9 +200,9 @@ def request_bound_s() -> float:
 
 
 def request_bound(url: StoreURL) -> str | None:
-    """`request_bound_s` in words, from the client's bounds above (S3's; None for a scheme whose client
-    keeps its own)."""
-    if url.scheme != "s3":
+    """`request_bound_s` in words, from the client's bounds (S3's; None for a scheme whose client keeps its
+    own)."""
+    if not scheme_named(url.scheme).bounds_requests:
         return None
     _, read = timeouts()
     return (
@@ -233,17 +212,6 @@ def request_bound(url: StoreURL) -> str | None:
 
 
 def client_options(url: StoreURL) -> dict:
-    """The keyword arguments of `url`'s fsspec file system that bound each request (S3 only: the other
-    schemes keep their client's own)."""
-    if url.scheme != "s3":
-        return {}
-    connect, read = timeouts()
-    return {
-        "config_kwargs": {
-            "connect_timeout": connect,
-            "read_timeout": read,
-            # total_max_attempts counts every attempt; botocore's max_attempts counts retries, so 3 was 4
-            # attempts and one silent request waited 20 x 4 x 2 s and its back-off (185 s), not the 120 s stated
-            "retries": {"mode": "standard", "total_max_attempts": BOTOCORE_ATTEMPTS},
-        },
-    }
+    """The keyword arguments of `url`'s fsspec file system that bound each request (its row's: S3's bounds,
+    nothing for the schemes that keep their client's own)."""
+    return scheme_named(url.scheme).client_options()

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 from hf_pretrain.formatting import human_duration
 from hf_pretrain.run_folder.run_lock import RunLocked
+from hf_pretrain.store.schemes import scheme_named
 from hf_pretrain.store.urls import StoreURL
 
 if TYPE_CHECKING:
@@ -212,16 +213,15 @@ class Lease:
     def _write(self, if_match: str | None) -> None:
         made = time.monotonic()  # the record's heartbeat: another machine counts the lease's age from it
         body = (json.dumps(self._record(), indent=1) + "\n").encode()
-        if self.url.scheme == "s3":
-            condition = {"IfMatch": if_match} if if_match else {"IfNoneMatch": "*"}
-            bucket, _, key = self.path.partition("/")
+        put_if = scheme_named(self.url.scheme).conditional_put  # S3's If-Match / If-None-Match, where it has one
+        if put_if is not None:
             try:
-                answer = self.fs.call_s3("put_object", Bucket=bucket, Key=key, Body=body, **condition)
+                etag = put_if(self.fs, self.path, body, if_match)
             except OSError as exc:
                 if _precondition_failed(exc):
                     raise LeaseConflict(str(exc)) from None
                 raise
-            self.etag, self.renewed = answer.get("ETag"), made
+            self.etag, self.renewed = etag, made
             return
         self.fs.pipe_file(self.path, body)  # no conditional write: write, then read back
         holder, self.etag = self.read()
