@@ -145,25 +145,25 @@ def in_store(recipe: Recipe, where: Where):
     try:  # a malformed URL (output_dir or data_dir): one line, before the preflight's table
         check_locations(recipe.train.output_dir, recipe.data.data_dir)
         if where.any_in_store:
-            check_cache_root(recipe.store.cache_dir)
+            check_cache_root(where.run.cache)  # the cache folder the door read (`Where.of`), the data's too
     except StoreUnavailable as exc:
         raise StoreError(str(exc)) from None
     if not where.run.in_store:
         return recipe, where, None
-    from hf_pretrain.store.run.run_sync import RunInStore, pull_here, wait_for_pull, working_copy
+    from hf_pretrain.store.run.run_sync import RunInStore, pull_here, wait_for_pull
 
     # One process pulls a machine's copy (the job's first also takes the lease and uploads); the others
     # of that machine wait for it, so that none reads the copy half pulled.
-    store, url, cache_dir = None, recipe.train.output_dir, recipe.store.cache_dir
+    store, url = None, recipe.train.output_dir
     # a run going further under --resume auto starts from a checkpoint older than the newest: pulled too
     max_steps = recipe.train.max_steps if recipe.checkpoints.resume == "auto" else None
     if os.environ.get("RANK", "0") == "0":
         store = RunInStore.begin(url, recipe.store, recipe.checkpoints, max_steps=max_steps)
     elif os.environ.get("LOCAL_RANK", "0") == "0":
-        pull_here(url, cache_dir, max_steps=max_steps)
+        pull_here(where.run, max_steps=max_steps)
     else:
-        wait_for_pull(url, cache_dir)
-    copy = str(working_copy(url, cache_dir))  # what trains below this door: a local folder, the store's side is `store`
+        wait_for_pull(where.run)
+    copy = str(where.run.local)  # what trains below this door: a local folder, the store's side is `store`
     return recipe.replace(output_dir=copy), Where(Location(copy, in_store=False), where.data), store
 
 

@@ -621,6 +621,62 @@ def test_the_where_check_sees_a_module_that_asks(tmp_path, monkeypatch):
     assert _asks_where_it_is("hf_pretrain.m") == 3
 
 
+# Issue 58, the local copy is the store room's business alone: a URL's working copy in the cache is derived in
+# the store wing (`Location.local`, store/location.py, by store/cache.py's rule), from the cache folder the door
+# read once (`Where.of`); the loop, the checkpointer and the preflight read it off the door's `Where`. No module
+# outside the wing works a copy out (`working_copy(`, `local_copy(`): 3 modules at 16beb72 (train, preflight.checks,
+# preflight.store_access; disk.py only had `is_working_copy(`, which this count does not match), 0 now.
+COPY_DERIVERS = {"working_copy", "local_copy"}
+# ...and the cache folder (`store.cache_dir`) is read in ever fewer modules: a ratchet, it may shrink, never grow
+# (10 modules read the attribute on 2026-12-04 before the door's `Where` carried it, 7 after).
+READS_CACHE_DIR = {
+    f"{PACKAGE}.{name}"
+    for name in (
+        # the home: `Where.of` reads it once for the run's and the data's copies
+        "store.location "
+        # the store wing, where the run's and the data's copies are made
+        "store.run.run_sync store.data.data_upload "
+        # left: the data room's functions handed the whole recipe, and the bench line's URL read back from a copy
+        "data.loader data.prepared preflight.budget "
+        # another key: the demo's own --cache_dir (its export folder, not the store's)
+        "publish.demo"
+    ).split()
+}
+
+
+def _calls_named(module: str, names: set[str]) -> int:
+    """How many calls in `module` are to a function (or method) named one of `names`."""
+    return sum(
+        isinstance(node, ast.Call)
+        and ((node.func.id if isinstance(node.func, ast.Name) else getattr(node.func, "attr", None)) in names)
+        for node in ast.walk(ast.parse(MODULES[module].read_text()))
+    )
+
+
+def _reads_cache_dir(module: str) -> bool:
+    tree = ast.parse(MODULES[module].read_text())
+    return any(isinstance(node, ast.Attribute) and node.attr == "cache_dir" for node in ast.walk(tree))
+
+
+def test_only_the_store_wing_works_out_a_local_copy():
+    outside = {m for m in MODULES if not m.startswith(f"{STORE}.") and _calls_named(m, COPY_DERIVERS)}
+    assert not outside, f"read the copy off the door's Where/Location (`.local`) instead: {sorted(outside)}"
+
+
+def test_the_cache_folder_is_read_in_fewer_modules_never_more():
+    readers = {module for module in MODULES if _reads_cache_dir(module)}
+    assert readers <= READS_CACHE_DIR, f"hand these the door's Where/Location instead: {readers - READS_CACHE_DIR}"
+    assert not READS_CACHE_DIR - readers, f"no longer reads it: remove from the list {READS_CACHE_DIR - readers}"
+
+
+def test_the_copy_and_cache_checks_see_every_spelling(tmp_path, monkeypatch):
+    module = tmp_path / "m.py"
+    module.write_text("def f(r, s):\n    return working_copy(r, s.cache_dir), cache.local_copy(r, 'runs')\n")
+    monkeypatch.setitem(MODULES, "hf_pretrain.m", module)
+    assert _calls_named("hf_pretrain.m", COPY_DERIVERS) == 2
+    assert _reads_cache_dir("hf_pretrain.m")
+
+
 # Issue 58, what a scheme is has one home: its row of store/schemes.py (client options, fix lines, the lease's
 # conditional write, the credentials redaction.py masks), as a precision's is its row of machine/precisions.py.
 # Nowhere else does a module compare a scheme with its word (`url.scheme == "s3"`, `in ("s3", "gs")`): it asks

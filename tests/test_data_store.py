@@ -320,7 +320,7 @@ from hf_pretrain.preflight.data import check_data_cache
 recipe = load_recipe("smoke", {{"data_dir": {str(smoke_data)!r}, "num_workers": 0}})
 check_prepared_data(recipe)
 data_identity(recipe.data.data_dir)
-assert check_data_cache(recipe.data, Where.of(recipe).data, lambda: check_prepared_data(recipe), cache_dir=None) == []
+assert check_data_cache(recipe.data, Where.of(recipe).data, lambda: check_prepared_data(recipe)) == []
 next(iter(build_train_loader(recipe, 0, 1, 2, 0)))
 next(iter(build_val_loader(recipe, 0, 1)))
 print(sorted(m for m in sys.modules if m.split(".")[0] in ("fsspec", "s3fs", "aiobotocore", "gcsfs")))

@@ -116,16 +116,16 @@ def run_checks(
         ("compiler", lambda: check_compiler(recipe.compute, profile)),
         ("liger + compile", lambda: check_liger_under_compile(recipe)),
         ("data", lambda: check_prepared(recipe.data, recipe.evaluation, prepared)),
-        ("data cache", lambda: check_data_cache(recipe.data, where.data, prepared, cache_dir=recipe.store.cache_dir)),
+        ("data cache", lambda: check_data_cache(recipe.data, where.data, prepared)),
         ("init_from", lambda: check_init_from(recipe, decision, data=where.data)),  # nothing without one
         ("data budget", lambda: check_data_budget(t, recipe.data, recipe.optim, prepared)),
         ("seq_len", lambda: check_context(recipe.data, recipe.model)),
         ("batch", lambda: check_batch_split(t, world_size, seq_len=recipe.data.seq_len)),
         ("num_workers", lambda: check_num_workers(recipe.data)),
-        ("loader", lambda: check_loader_pickling(t, recipe.data, cache_dir=recipe.store.cache_dir)),
+        ("loader", lambda: check_loader_pickling(t, recipe.data, cache_dir=where.data.cache)),
         (
             "output_dir",
-            lambda: check_output_writable(recipe.train.output_dir) if store is None else check_store(url_recipe),
+            lambda: check_output_writable(t.output_dir) if store is None else check_store(url_recipe, where.run.local),
         ),
         ("in use", lambda: check_not_in_use(recipe.train.output_dir)),
         (
@@ -163,12 +163,7 @@ def _named_as_given(results: list[CheckResult], local: str, url: str | None) -> 
 
 def _in_store(recipe: Recipe, run: Location) -> Recipe | None:
     """For a URL output_dir, the recipe whose output_dir is the local working copy training would use."""
-    if not run.in_store:
-        return None
-
-    from hf_pretrain.store.run.run_sync import working_copy
-
-    return recipe.replace(output_dir=str(working_copy(recipe.train.output_dir, recipe.store.cache_dir)))
+    return recipe.replace(output_dir=str(run.local)) if run.in_store else None
 
 
 def tried_on_the_device(refusal: CheckResult) -> CheckResult:

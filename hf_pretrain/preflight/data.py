@@ -235,11 +235,9 @@ def _fix_of(message: str) -> str:
     return "set " + message.rpartition(": set ")[2] if ": set " in message else ""
 
 
-def check_data_cache(
-    data: DataConfig, location: Location, prepared: Prepared, *, cache_dir: str | None
-) -> CheckResult | list[CheckResult]:
+def check_data_cache(data: DataConfig, location: Location, prepared: Prepared) -> CheckResult | list[CheckResult]:
     """data_dir as a URL (`location`): the data's size against the cache bound (data_cache_gb) and the free
-    disk under its local copy (in `cache_dir`, the store section's). No row for a local data_dir (read in place)."""
+    disk under its local copy (in the cache folder the door named). No row for a local data_dir (read in place)."""
     if not location.in_store:
         return []
     from hf_pretrain.data.prepared import data_folder
@@ -247,7 +245,7 @@ def check_data_cache(
 
     try:
         meta = prepared()
-        folder = data_folder(data.data_dir, cache_dir=cache_dir)  # synced by the check: no fix is printed
+        folder = data_folder(data.data_dir, cache_dir=location.cache)  # synced by the check: no fix is printed
     except (DataMismatchError, StoreError):
         return CheckResult("data cache", "skip", "needs valid prepared data (see `data`)")
     itemsize = 2 if meta["dtype"] == "uint16" else 4

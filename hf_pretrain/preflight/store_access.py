@@ -118,8 +118,9 @@ def finished_in_store(train: TrainConfig, checkpoints: CheckpointConfig) -> int 
     return finished_step(checkpoints.resume, train.max_steps, newest[1]) if newest else None
 
 
-def check_store(recipe: Recipe) -> list[CheckResult]:
-    """The store's rows: reachable and writable (else the only row: the others need it)."""
+def check_store(recipe: Recipe, local: Path) -> list[CheckResult]:
+    """The store's rows: reachable and writable (else the only row: the others need it); `local`: the run's
+    working copy on this machine (the door's `Where.run.local`)."""
     from hf_pretrain.store.reach import StoreRefused, open_checked, where
     from hf_pretrain.store.urls import StoreURL
 
@@ -133,9 +134,6 @@ def check_store(recipe: Recipe) -> list[CheckResult]:
     newest = f"its newest complete checkpoint is step {steps[0]:,}" if steps else "no checkpoint in it yet"
     said = f"{where(StoreURL.parse(str(url)))} answers, the credentials may write; {newest}"
     rows = [CheckResult("store", "pass", said)]
-    from hf_pretrain.store.run.run_sync import working_copy
-
-    local = working_copy(recipe.train.output_dir, recipe.store.cache_dir)
     size = checkpoint_size(
         local, recipe.data, parameters=model_parameter_count(recipe.model, tokenizer_size_of(recipe.data))
     )

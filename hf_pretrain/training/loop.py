@@ -310,13 +310,13 @@ def setup(recipe: Recipe, where: Where) -> Run:
     compile_cache = CompileCache.loaded(run_dir, key, recipe.compute, accelerator)  # before the first step compiles
     data = TrainData(
         recipe.data,
-        meta=read_meta(recipe.data.data_dir, cache_dir=recipe.store.cache_dir, fix=prepare_hint(recipe)),
+        meta=read_meta(recipe.data.data_dir, cache_dir=where.data.cache, fix=prepare_hint(recipe)),
         rank=accelerator.process_index,
         world_size=world_size,
         grad_accum=grad_accum,
         micro_batch_size=cfg.micro_batch_size,
         seed=cfg.seed,
-        cache_dir=recipe.store.cache_dir,  # a data_dir URL's block cache lives there
+        cache_dir=where.data.cache,  # a data_dir URL's block cache lives there (the folder the door read)
         pin_memory=profile.machine.on_gpu,
     )
     train_loader, val_loader = loaders(data, state, recipe.evaluation.eval_tokens)

@@ -9,6 +9,7 @@ wins, checked against the run's data identity as always (checkpoints/resume_plan
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from hf_pretrain.store.location import Location, Where
@@ -56,4 +57,6 @@ def with_remembered_data(
     if remembered is None or remembered == str(data):
         return recipe, where
     say(f"data: {remembered} (the run's own record in {output}; --data_dir overrides it)")
-    return recipe.replace(data_dir=remembered), Where(where.run, Location(remembered, in_store=True))
+    return recipe.replace(data_dir=remembered), Where(
+        where.run, replace(where.data, given=remembered, in_store=True, kind="data")
+    )

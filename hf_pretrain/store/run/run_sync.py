@@ -51,6 +51,7 @@ from hf_pretrain.store.run.uploader import (
 
 if TYPE_CHECKING:
     from hf_pretrain.config import CheckpointConfig, StoreConfig
+    from hf_pretrain.store.location import Location
 
 STOP_POLL_S = 3.0  # how often the store is asked for a stop request
 BEHIND = "not in the store "  # how `behind`'s line begins (a session's reason ends with it: train.py reads it there)
@@ -72,16 +73,14 @@ def mark_pulled(local: Path, url, final_there: bool) -> None:
     os.replace(tmp, link)
 
 
-def pull_here(
-    output_dir: str, cache_dir: str | None, say: Callable[[str], None] = print, max_steps: int | None = None
-) -> None:
-    """The first process of another machine of the job: its own copy of the run URL `output_dir` pulled
+def pull_here(run: Location, say: Callable[[str], None] = print, max_steps: int | None = None) -> None:
+    """The first process of another machine of the job: its own copy of the run URL `run` pulled
     (read only: the job's first process holds the lease and uploads), then marked. `max_steps` as
     `pull_run` takes it (a run going further needs its branch point on every machine)."""
     from hf_pretrain.store.reach import StoreRefused
 
-    url, fs = open_checked(output_dir, write=False)
-    local = working_copy(output_dir, cache_dir)
+    url, fs = open_checked(run.given, write=False)
+    local = run.local
     try:
         pull_run(fs, url, local, say=lambda line: say(redact(line)), max_steps=max_steps)
         final_there = final_in_store(fs, url)
@@ -90,7 +89,7 @@ def pull_here(
     mark_pulled(local, url, final_there)
 
 
-def wait_for_pull(output_dir: str, cache_dir: str | None) -> None:
+def wait_for_pull(run: Location) -> None:
     """Block until this machine's first process has pulled the run into the working copy in this job.
 
     Every process of the machine reads the same local copy, and only one pulls it: the others must not
@@ -102,7 +101,7 @@ def wait_for_pull(output_dir: str, cache_dir: str | None) -> None:
     import psutil  # accelerate's dependency
 
     born = psutil.Process().create_time() - MARK_SLACK_S  # psutil derives it from the boot time, to ~1 s
-    link = RunDir(working_copy(output_dir, cache_dir)).store_link
+    link = RunDir(run.local).store_link
     deadline = time.monotonic() + PULL_WAIT_S
     while time.monotonic() < deadline:
         try:
@@ -113,7 +112,7 @@ def wait_for_pull(output_dir: str, cache_dir: str | None) -> None:
         time.sleep(0.2)
     from hf_pretrain.store.reach import StoreRefused
 
-    raise StoreRefused(f"this machine's first process did not pull {output_dir} in {PULL_WAIT_S:.0f} s")
+    raise StoreRefused(f"this machine's first process did not pull {run} in {PULL_WAIT_S:.0f} s")
 
 
 def working_copy(output_dir: str, cache_dir: str | None) -> Path:
