@@ -43,3 +43,28 @@ def test_skypilot_reads_the_task_as_launch_would(path):
 def test_skypilot_itself_requires_the_run_and_data_urls(path):
     with pytest.raises(ValueError, match="RUN_URL"):
         sky.Task.from_yaml(str(path))
+
+
+def test_skypilot_reads_a_task_plan_writes_for_another_recipe(tmp_path):
+    """`plan --skypilot_task` writes the shipped task renting the plan's offers (engines/skypilot_task.py): what it
+    writes for another recipe, on clouds and cards of the catalog's spellings, is a task SkyPilot launches."""
+    from hf_pretrain.engines.skypilot_task import Candidate, planned_task, write_task
+
+    candidates = [
+        Candidate("nebius", "H200", 1, True, 1.45, "H200: spot"),
+        Candidate("lambda", "A100-80GB", 1, False, 1.79),
+        Candidate("primeintellect", "RTX6000Ada", 1, True, 0.23),
+    ]
+    path = tmp_path / "my run.yaml"
+    write_task(path, planned_task("recipes/my run.yaml", candidates, "a test catalog", "2026-12-04"))
+    task = sky.Task.from_yaml_config(read_task(path), env_overrides=ENVS, secrets_overrides=SECRETS)
+    assert task.name == "hf-pretrain-my-run" and task.envs["RECIPE"] == "recipes/my run.yaml"
+    assert [(str(r.cloud).lower(), r.accelerators, r.use_spot) for r in task.resources] == [
+        ("nebius", {"H200": 1}, True),
+        ("lambda", {"A100-80GB": 1}, False),
+        ("primeintellect", {"RTX6000Ada": 1}, True),
+    ]
+    assert (
+        task.envs["PLANNED_PRICES"]
+        == "nebius:H200:spot=1.45 lambda:A100-80GB:on-demand=1.79 primeintellect:RTX6000Ada:spot=0.23"
+    )
