@@ -89,28 +89,36 @@ def test_the_store_copy_sends_each_bin_before_its_json(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_second_session_on_a_fresh_machine_loads_the_compiled_code(smoke_data, tmp_path):
-    """Two sessions of one compiled run, each in an inductor cache of its own (as two machines are): the
-    first saves its artifacts after its first step, the second loads them and says so. How much sooner its
-    first step comes is the benchmark's to say (benchmarks/bench_first_step.py --compile_cache: 1.40x here),
-    not a timed test's: on a loaded machine a compile's time varies more than the saving. ~2 min on 2 cores."""
-    run = tmp_path / "run"
+def test_a_second_session_on_a_fresh_machine_loads_the_compiled_code(smoke_data, s3_server, s3_bucket, tmp_path):
+    """Two sessions of one compiled run in the store, on two machines (each its own cache of the run and its own
+    inductor cache): the first saves its artifacts after its first step and they reach the store; the second
+    pulls them with the run, loads them and says so. How much sooner its first step comes is the benchmark's to
+    say (benchmarks/bench_first_step.py --compile_cache: 1.40x here), not a timed test's: on a loaded machine a
+    compile's time varies more than the saving. ~2 min on 2 cores."""
+    url = f"{s3_bucket}/run"
 
     def session(n: int, stop_at: int) -> str:
-        caches = {
+        machine = {
+            **s3_server.env,
+            "HF_PRETRAIN_HOME": str(tmp_path / f"machine{n}"),
             "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / f"inductor{n}"),
             "TRITON_CACHE_DIR": str(tmp_path / f"triton{n}"),
         }
-        return launch_training(smoke_data, run, env=caches, compile="true", stop_at_step=stop_at, timeout=300)
+        return launch_training(smoke_data, url, env=machine, compile="true", stop_at_step=stop_at, timeout=300)
 
     first = session(1, 2)
     assert "compile cache: none saved for this setup yet" in first
     assert "compile cache: saved " in first
-    (saved,) = (run / FOLDER).glob("*.bin")
-    print(f"compile artifacts of the smoke recipe: {saved.stat().st_size / 1e6:.1f} MB")
+    import s3fs
+
+    store = s3fs.S3FileSystem(skip_instance_cache=True, use_listings_cache=False)
+    in_store = store.glob(f"{url.removeprefix('s3://')}/{FOLDER}/*.bin")
+    assert len(in_store) == 1, store.find(url.removeprefix("s3://"))  # what a next machine pulls
+    print(f"compile artifacts of the smoke recipe: {store.size(in_store[0]) / 1e6:.1f} MB")
 
     second = session(2, 3)
     assert "compile cache: loaded " in second and "saved by an earlier session" in second
     assert "compile cache: saved " not in second  # what it loaded is no news: not written again
-    two = sessions(run)[-1].first_step["went_to"]
+    copy = next((tmp_path / "machine2").rglob("sessions.jsonl")).parent  # the second machine's copy of the run
+    two = sessions(copy)[-1].first_step["went_to"]
     assert "compile_cache" in two  # the load is a part of the start-up on record
