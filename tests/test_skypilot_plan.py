@@ -238,6 +238,10 @@ def test_plan_ranks_the_snapshots_offers_and_writes_a_task_once(tmp_path):
     assert written["resources"]["ordered"] == yaml.safe_load(SHIPPED_TASK.read_text())["resources"]["ordered"]
     again = cli(*args, env=env)
     assert again.returncode == EXIT_CONFIG and f"rm {task}" in again.stderr and len(again.stderr.splitlines()) == 1
+    nowhere = tmp_path / "no" / "such" / "folder.yaml"
+    missing = cli(*args[:-1], str(nowhere), env=env)
+    assert missing.returncode == EXIT_CONFIG and f"fix: mkdir -p {nowhere.parent}" in missing.stderr
+    assert len(missing.stderr.splitlines()) == 1
 
 
 def test_plan_without_a_catalog_prices_the_typical_table_and_one_that_cannot_be_read_says_so(tmp_path):

@@ -281,8 +281,12 @@ def write_skypilot_task(plan: Plan, request: PlanRequest, path: Path) -> int:
     try:
         text = planned_task(request.recipe.name, candidates, plan.prices_source, time.strftime("%Y-%m-%d"))
         write_task(path, text)
-    except (TaskExists, ValueError, OSError) as exc:
+    except (TaskExists, ValueError) as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+    except OSError as exc:  # a folder that is not there, or not writable: where to write it instead
+        fix = f"mkdir -p {path.parent}" if isinstance(exc, FileNotFoundError) else "give a path you can write"
+        print(f"{PROG}: error: cannot write {path}: {exc.strerror or exc}; fix: {fix}", file=sys.stderr)
         return EXIT_CONFIG
     print(
         f"wrote {path}: {len(candidates)} candidates, cheapest expected $ per token first; launch it with "
