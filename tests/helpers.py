@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 import tempfile
@@ -74,10 +75,21 @@ def launch_command(
     else:
         config = config or ROOT / "accelerate_configs" / ("cpu_2proc.yaml" if processes == 2 else "cpu.yaml")
         command = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(config), *launcher_flags]
+        if processes > 1 and "--main_process_port" not in launcher_flags:
+            # a port of its own: the config's fixed one (29555) was shared by two-process runs of other test
+            # workers at the same time, whose processes then met in one rendezvous and hung at the end
+            command += ["--main_process_port", str(free_port())]
         command += [str(script), "--recipe", recipe]
     for key, value in keys.items():
         command += [f"--{key}", str(value)]
     return command
+
+
+def free_port() -> int:
+    """A TCP port nothing listens on now, for a launch's rendezvous."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def launch_training(

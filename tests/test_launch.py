@@ -17,7 +17,7 @@ import pytest
 from hf_pretrain.engines.accelerate_quietly import code_of_launcher_error
 from hf_pretrain.engines.launch_command import job_exit_code, missing_config
 from hf_pretrain.exit_codes import EXIT_CONFIG, EXIT_FAILED, EXIT_LOCKED, EXIT_OK, EXIT_PREEMPTED
-from tests.helpers import ROOT, TRAIN_SCRIPT, offline_env, short_run
+from tests.helpers import ROOT, TRAIN_SCRIPT, free_port, offline_env, short_run
 
 
 def leave(folder: Path, rank: int, pid: int, code: int | None, when_ns: int = 0) -> None:
@@ -95,6 +95,8 @@ def launch(*accelerate_flags: str, config: str = "cpu.yaml", **keys) -> list[str
         "--config_file",
         str(ROOT / "accelerate_configs" / config),
     ]
+    if config == "cpu_2proc.yaml" and "--main_process_port" not in accelerate_flags:
+        accelerate_flags += ("--main_process_port", str(free_port()))  # not the config's, shared by other workers
     command += [*accelerate_flags, str(TRAIN_SCRIPT), "--recipe", "smoke"]
     for key, value in keys.items():
         command += [f"--{key}", str(value)]
