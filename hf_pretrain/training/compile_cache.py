@@ -35,24 +35,13 @@ from typing import Any
 
 import torch
 
+from hf_pretrain.config.model_section import SHAPE_KEYS
 from hf_pretrain.run_folder.sessions import start_up
 
 FOLDER = "compile_cache"  # in the run folder, beside checkpoints/
-# The model config's fields that shape the compiled graphs (the tokenizer's vocabulary included).
-MODEL_FIELDS = (
-    "vocab_size",
-    "hidden_size",
-    "intermediate_size",
-    "num_hidden_layers",
-    "num_attention_heads",
-    "num_key_value_heads",
-    "head_dim",
-    "max_position_embeddings",
-    "tie_word_embeddings",
-    "rms_norm_eps",
-    "rope_theta",
-    "torch_dtype",
-)
+# The model config's fields that shape the compiled graphs: the weights' shapes (the model section's own list),
+# and what the graphs compute with beyond them
+MODEL_FIELDS = (*SHAPE_KEYS, "max_position_embeddings", "rms_norm_eps", "rope_theta", "torch_dtype")
 
 
 def key_fields(profile, model_config, seq_len: int) -> dict[str, Any]:
