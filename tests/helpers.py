@@ -152,6 +152,28 @@ def start_merged(command: list[str], cwd: Path, env: dict[str, str]):
     return started
 
 
+def lose_processes(process: subprocess.Popen) -> None:
+    """End `process` and every process under it at once, as a lost machine ends them. A process group is
+    not enough: torch's elastic agent (under `accelerate launch` of several processes) starts each worker in
+    a session of its own, and a worker whose launcher died stops gracefully, with a checkpoint. All are
+    frozen first, so none acts on another's death before its own."""
+    import signal
+
+    import psutil
+
+    try:
+        root = psutil.Process(process.pid)
+        everyone = [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return
+    for sig in (signal.SIGSTOP, signal.SIGKILL):
+        for member in everyone:
+            try:
+                member.send_signal(sig)
+            except psutil.NoSuchProcess:
+                pass
+
+
 def bench_children_started_warm(monkeypatch) -> None:
     """For one test, the bench's children (`python -m hf_pretrain.bench --worker_result ...`, started by
     `bench/variants.run_in_child`) forked warm as the trainer runs are: ~8 s of a core saved each. Not where a
