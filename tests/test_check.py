@@ -14,11 +14,12 @@ import pytest
 from hf_pretrain.check.deadline import run_part
 from hf_pretrain.check.figures import Figure, Report, read_figures
 from hf_pretrain.check.store_rates import measure as measure_object_store
-from hf_pretrain.check.verdict import verdict
+from hf_pretrain.check.verdict import measured_device, plan_best, verdict
 from hf_pretrain.check.volume_speed import measure as measure_disk
 from hf_pretrain.config import load_recipe
 from hf_pretrain.exit_codes import EXIT_CONFIG, EXIT_PREEMPTED
 from hf_pretrain.machine.run_profile import THE_CPU, run_profile
+from hf_pretrain.machine.what_if import measured_card, profile_on
 from tests.helpers import OUTSIDE_CHECKOUT, ROOT, cli, h100_configuration, offline_env
 
 PART_TITLES = (
@@ -117,21 +118,36 @@ def step(device: str, tokens_per_s: float, name: str = "recipe as written") -> F
     return Figure("step", name, tokens_per_s, "tokens/s", f"{name}: {tokens_per_s}", device, {"overrides": {}})
 
 
+def verdict_of(recipe, figures: list[Figure]) -> list[str]:
+    """The verdict `check` says of `figures` for `recipe`: what command.conclude hands it, without the records."""
+    device = measured_device(figures)
+    return verdict(
+        figures,
+        recipe.model,
+        recipe.data,
+        step=profile_on(recipe, measured_card(device)).step if device else None,
+        global_batch_tokens=recipe.train.global_batch_tokens,
+        plan=plan_best(recipe),
+        price_per_hour=recipe.reporting.price_per_hour,
+        recipe_name=recipe.name,
+    )
+
+
 def test_the_verdict_prices_the_pod_ranks_it_in_plan_and_names_a_slow_node(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_PRETRAIN_HOME", str(tmp_path))
     recipe = load_recipe("1b")
     h100 = "NVIDIA H100 80GB HBM3"
-    healthy = verdict(recipe, [step(h100, 78_000)])
+    healthy = verdict_of(recipe, [step(h100, 78_000)])
     assert healthy[0].startswith("recipe as written: 78,000 tokens/s, MFU 55.")  # 7.04 GFLOP a token, 989 TFLOP/s
     assert healthy[1].startswith("$") and "per billion tokens on this NVIDIA H100 80GB HBM3" in healthy[1]
     assert healthy[2].startswith("ranks ") and "plan's best" in healthy[2]
     assert healthy[-1] == "no sign of a slow or faulty node"
     # 40% under the project's own H100 record of this configuration (measured.jsonl) and the model
-    slow = verdict(recipe, [step(h100, 46_000), Figure("matmul", "bfloat16", 500.0, "TFLOP/s", "", h100)])
+    slow = verdict_of(recipe, [step(h100, 46_000), Figure("matmul", "bfloat16", 500.0, "TFLOP/s", "", h100)])
     said = " ".join(slow)
     assert "likely a slow or faulty node" in said and "project's H100 run" in said
     assert "bf16 matmul 500 TFLOP/s" in said  # under the published matmul rate of an H100 SXM
-    cpu = verdict(load_recipe("smoke"), [step(None, 5_000)])
+    cpu = verdict_of(load_recipe("smoke"), [step(None, 5_000)])
     assert cpu[0] == "recipe as written: 5,000 tokens/s" and cpu[1].startswith("measured on a CPU: it prices no GPU")
 
 

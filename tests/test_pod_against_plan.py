@@ -17,6 +17,7 @@ from hf_pretrain.config import parse_recipe_args
 from hf_pretrain.engines.skypilot_task import planned_entry, planned_prices
 from hf_pretrain.engines.tasks import SKYPILOT, read_task
 from hf_pretrain.machine.gpus import gpu_table
+from hf_pretrain.machine.what_if import measured_card, profile_on
 
 H100 = "NVIDIA H100 80GB HBM3"
 
@@ -56,7 +57,16 @@ def test_the_pods_price_is_the_plans_price_of_the_offer_skypilot_rented():
 
 def test_the_verdict_sets_the_step_against_the_plan_for_its_card(recipe_1b, monkeypatch):
     monkeypatch.delenv("SKYPILOT_CLUSTER_INFO", raising=False)
-    lines = verdict(recipe_1b, [step(70_000.0)])
+    lines = verdict(
+        [step(70_000.0)],
+        recipe_1b.model,
+        recipe_1b.data,
+        step=profile_on(recipe_1b, measured_card(H100)).step,  # the recipe's step on the card that measured it
+        global_batch_tokens=recipe_1b.train.global_batch_tokens,
+        plan=plan_best(recipe_1b),
+        price_per_hour=recipe_1b.reporting.price_per_hour,
+        recipe_name=recipe_1b.name,
+    )
     against = [line for line in lines if line.startswith("against the plan:")]
     assert (
         len(against) == 1

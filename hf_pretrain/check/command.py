@@ -321,11 +321,26 @@ def run_check(request: CheckRequest, say=print) -> dict:
 
 def conclude(recipe: Recipe, figures: list[Figure], say=print) -> list[str]:
     """Say the verdict and keep every figure in the measurement store; the verdict's lines."""
-    from hf_pretrain.check.verdict import verdict  # torch and the economics: after the parse, not for --help
+    # torch and the economics: after the parse, not for --help
+    from hf_pretrain.check.verdict import measured_device, plan_best, verdict
     from hf_pretrain.economics.check_records import StoreNotWritten, record_checks
+    from hf_pretrain.machine.what_if import measured_card, profile_on
 
     say("verdict:")
-    lines = verdict(recipe, figures)
+    device = measured_device(figures)
+    # the recipe's step on the card the parts measured (they ran in processes of their own): what it is priced
+    # and keyed by; a CPU prices no card
+    step = profile_on(recipe, measured_card(device)).step if device else None
+    lines = verdict(
+        figures,
+        recipe.model,
+        recipe.data,
+        step=step,
+        global_batch_tokens=recipe.train.global_batch_tokens,
+        plan=plan_best(recipe),
+        price_per_hour=recipe.reporting.price_per_hour,
+        recipe_name=recipe.name,
+    )
     for line in lines:
         say(f"  {line}")
     try:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from hf_pretrain.check.figures import Figure
 from hf_pretrain.check.pod_price import engine_price
-from hf_pretrain.config import Recipe
+from hf_pretrain.config import DataConfig, ModelConfig, Recipe
 from hf_pretrain.economics.check_records import earlier_figure
 from hf_pretrain.economics.cost import dollars_per_billion_tokens
 from hf_pretrain.economics.measurements import Configuration, configuration, recorded_measurement
@@ -18,7 +18,7 @@ from hf_pretrain.economics.performance import SLOW_NODE_FRACTION, slow_node_warn
 from hf_pretrain.economics.planning.gpu_ranking import gpu_prices, ranked_rows
 from hf_pretrain.economics.workload import Workload, run_workload
 from hf_pretrain.machine.gpus import GPU, find_gpu
-from hf_pretrain.machine.what_if import measured_card, profile_on
+from hf_pretrain.machine.run_profile import Step
 from hf_pretrain.model.llama import model_flops_per_token
 
 RECIPE_AS_WRITTEN = "recipe as written"
@@ -56,6 +56,11 @@ def step_lines(figures: list[Figure]) -> list[str]:
             + (f", peak {peak:.2f} GiB" if peak else "")
         )
     return lines
+
+
+def measured_device(figures: list[Figure]) -> str | None:
+    """The card the parts measured on, by the name CUDA gave it; None where they ran on a CPU."""
+    return next((f.device for f in figures if f.device), None)
 
 
 def plan_best(recipe: Recipe) -> tuple[list, str]:
@@ -172,12 +177,24 @@ def plan_shortfall(rows: list, figures: list, fraction: float) -> str | None:
     )
 
 
-def verdict(recipe: Recipe, figures: list[Figure]) -> list[str]:
-    """The verdict's lines (figures' MFU added); a store the run cannot use from here, first."""
-    add_mfu(model_flops_per_token(recipe.model, recipe.data)[1], figures)
+def verdict(
+    figures: list[Figure],
+    model: ModelConfig,
+    data: DataConfig,
+    *,
+    step: Step | None,
+    global_batch_tokens: int,
+    plan: tuple[list, str],
+    price_per_hour: float,
+    recipe_name: str,
+) -> list[str]:
+    """The verdict's lines (figures' MFU added); a store the run cannot use from here, first. `step` is the
+    recipe's step on the card the figures were measured on (None where they ran on a CPU), `plan` plan_best's
+    rows and best, `price_per_hour` the recipe's (0: the pod's price is found elsewhere, pod_price)."""
+    add_mfu(model_flops_per_token(model, data)[1], figures)
     stores = [f"the run's store fails from here: {text}" for _, text in store_failures(figures)]
-    rows, best_text = plan_best(recipe)
-    device = next((f.device for f in figures if f.device), None)
+    rows, best_text = plan
+    device = measured_device(figures)
     steps = [f for f in figures if f.part == "step" and f.value]
     as_written = next((f for f in steps if f.name == RECIPE_AS_WRITTEN), None)
     measured = step_lines(figures)
@@ -187,11 +204,11 @@ def verdict(recipe: Recipe, figures: list[Figure]) -> list[str]:
             + measured
             + [
                 "measured on a CPU: it prices no GPU, and the records it left are labelled cpu (plan never reads them)",
-                f"plan's best for {recipe.name}: {best_text}; rent that card and run this check on it",
+                f"plan's best for {recipe_name}: {best_text}; rent that card and run this check on it",
             ]
         )
     gpu = find_gpu(device)
-    price, where = pod_price(recipe.reporting.price_per_hour, gpu)
+    price, where = pod_price(price_per_hour, gpu)
     lines = stores + measured
     if not steps:
         lines.append("no step was measured: no $ per token (see the step part's lines)")
@@ -208,12 +225,9 @@ def verdict(recipe: Recipe, figures: list[Figure]) -> list[str]:
         lines.append(f"ranks {rank} of {len(rows)} in plan's table; plan's best: {best_text}")
         lines += against_the_plan(rows, gpu, as_written, price)
     faulty = [f"faulty host: {line}" for line in faulty_lines(figures)]
-    # the recipe's step on the card the parts measured (they ran in processes of their own): what it is priced
-    # and keyed by
-    step, batch = profile_on(recipe, measured_card(device)).step, recipe.train.global_batch_tokens
     work, wanted = (
-        run_workload(recipe.model, recipe.data, step, batch),
-        configuration(recipe.model, recipe.data, step, global_batch_tokens=batch),
+        run_workload(model, data, step, global_batch_tokens),
+        configuration(model, data, step, global_batch_tokens=global_batch_tokens),
     )
     slow = slow_node_lines(device, figures, as_written, work=work, wanted=wanted)
     lines += faulty + slow or ["no sign of a slow or faulty node"]
