@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/object_sto
 
 def tokens_per_second(recipe, batches: int) -> tuple[float, float, float]:
     """(tokens/s over `batches` micro-batches, seconds to the first batch, tokens/s after it) of a fresh loader."""
-    from hf_pretrain.data.loader import build_train_loader
+    from tests.helpers import build_train_loader
 
     started = time.perf_counter()
     loader = iter(build_train_loader(recipe, 0, 1, recipe.grad_accum_steps(1), 0))

@@ -174,6 +174,57 @@ def lose_processes(process: subprocess.Popen) -> None:
                 pass
 
 
+def recipe_data(recipe, *, rank: int, world_size: int, grad_accum: int, pin_memory: bool = False):
+    """The `TrainData` of a whole recipe, its data placed as training's door places it (`Where.of`)."""
+    from hf_pretrain.data.loader import sections_data
+    from hf_pretrain.data.prepared import prepare_hint
+    from hf_pretrain.store.location import Where
+
+    data = Where.of(recipe).data
+    return sections_data(
+        recipe.data,
+        data,
+        recipe.train,
+        rank=rank,
+        world_size=world_size,
+        grad_accum=grad_accum,
+        fix=prepare_hint(recipe),
+        pin_memory=pin_memory,
+    )
+
+
+def build_train_loader(
+    recipe,
+    rank: int,
+    world_size: int,
+    grad_accum: int,
+    start_step: int,
+    pin_memory: bool = False,
+    origin: tuple[int, int] = (0, 0),
+    decay_position: int | None = None,
+):
+    """A whole recipe's training batches for `rank`: see `TrainData.loader`."""
+    data = recipe_data(recipe, rank=rank, world_size=world_size, grad_accum=grad_accum, pin_memory=pin_memory)
+    return data.loader(start_step, origin, decay_position)
+
+
+def build_val_loader(recipe, rank: int, world_size: int):
+    """A whole recipe's validation batches for `rank`: see `TrainData.val_loader`."""
+    return recipe_data(recipe, rank=rank, world_size=world_size, grad_accum=1).val_loader(recipe.evaluation.eval_tokens)
+
+
+def data_of(recipe):
+    """Where `recipe`'s data lives, as a command's door decides it."""
+    from hf_pretrain.store.location import Where
+
+    return Where.of(recipe).data
+
+
+def placed(recipe) -> tuple:
+    """`(recipe, where its data lives)`: the arguments of `check_prepared_data`."""
+    return recipe, data_of(recipe)
+
+
 def bench_children_started_warm(monkeypatch) -> None:
     """For one test, the bench's children (`python -m hf_pretrain.bench --worker_result ...`, started by
     `bench/variants.run_in_child`) forked warm as the trainer runs are: ~8 s of a core saved each. Not where a
@@ -270,7 +321,7 @@ def prepared_row(recipe):
     from hf_pretrain.data.prepared import check_prepared_data
     from hf_pretrain.preflight.data import check_prepared
 
-    return check_prepared(recipe.data, recipe.evaluation, lambda: check_prepared_data(recipe))
+    return check_prepared(recipe.data, recipe.evaluation, lambda: check_prepared_data(recipe, data_of(recipe)))
 
 
 def data_budget_row(recipe):
@@ -278,7 +329,9 @@ def data_budget_row(recipe):
     from hf_pretrain.data.prepared import check_prepared_data
     from hf_pretrain.preflight.data import check_data_budget
 
-    return check_data_budget(recipe.train, recipe.data, recipe.optim, lambda: check_prepared_data(recipe))
+    return check_data_budget(
+        recipe.train, recipe.data, recipe.optim, lambda: check_prepared_data(recipe, data_of(recipe))
+    )
 
 
 def pip_fix_works_here(command: str, cwd: Path, env: dict[str, str]) -> None:

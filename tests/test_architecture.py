@@ -573,7 +573,9 @@ WHERE_DOORS = {
     f"{PACKAGE}.{name}"
     for name in (
         "train preflight.doctor run_commands.run_status run_commands.stop_command publish.export "
-        "publish.demo_command publish.gguf evaluation.eval_command run_commands.report data.prepare_command check.worker"
+        "publish.demo_command publish.gguf evaluation.eval_command run_commands.report data.prepare_command check.worker "
+        # bench decides its own data: the recipe's where prepared, else a local slice of its corpus it prepares
+        "bench.sweep"
     ).split()
 }
 ASKS_BELOW_A_DOOR = {
@@ -581,8 +583,6 @@ ASKS_BELOW_A_DOOR = {
     for name in (
         # a data_dir read from a run's own record in the store enters there, not at a door
         "store.run.run_record "
-        # left: the data room still asks of the recipe's data_dir string (its functions take the string)
-        "data.loader data.prepared data.prepare_run "
         # left: the check's parts are another session's room (check/)
         "check.store_rates"
     ).split()
@@ -634,10 +634,10 @@ READS_CACHE_DIR = {
     for name in (
         # the home: `Where.of` reads it once for the run's and the data's copies
         "store.location "
-        # the store wing, where the run's and the data's copies are made
-        "store.run.run_sync store.data.data_upload "
-        # left: the data room's functions handed the whole recipe, and the bench line's URL read back from a copy
-        "data.loader data.prepared preflight.budget "
+        # the store wing, where the run's copy is made
+        "store.run.run_sync "
+        # left: the bench line's URL read back from a copy
+        "preflight.budget "
         # another key: the demo's own --cache_dir (its export folder, not the store's)
         "publish.demo"
     ).split()
@@ -727,8 +727,9 @@ def test_the_scheme_check_sees_every_spelling(tmp_path):
 # Issue 46, components built from their own section: a function handed the whole `Recipe` reads everything, so
 # a reader cannot tell what it depends on. The count may fall, never rise (195 when the issue was filed; 147 on
 # 2026-11-28, then 74; 73 with issue 58): a new function takes the section it reads, with its runtime needs by keyword.
-# A parameter named `recipe` without an annotation counts too (issue 58's rule: 77 on 2026-12-05 with them).
-MOST_FUNCTIONS_HANDED_THE_RECIPE = 77
+# A parameter named `recipe` without an annotation counts too (issue 58's rule: 77 on 2026-12-05 with them; 69 after
+# the data room took the door's Location and the bench's and the check's verdict their sections).
+MOST_FUNCTIONS_HANDED_THE_RECIPE = 69
 
 
 def _annotation_names_recipe(annotation: ast.expr | None) -> bool:

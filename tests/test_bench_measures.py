@@ -110,7 +110,7 @@ def test_a_probe_that_runs_out_of_memory_does_not_fit_by_the_error_and_hands_the
 
     def probe(recipe, folder):
         peaks_at_start.append(allocator.peak)  # each probe starts on an emptied device
-        result = try_on_device(allocator.train, recipe, memory)
+        result = try_on_device(lambda: allocator.train(recipe), memory)
         if result.status == "ok":
             allocator.peak = 0.0  # a probe that ends is a process that exits
         return result
@@ -156,19 +156,19 @@ def test_a_probes_preflight_warns_about_memory_instead_of_refusing(monkeypatch):
 
 
 def test_an_error_that_is_not_out_of_memory_is_raised(tmp_path):
-    def broken(recipe):
+    def broken():
         raise ValueError("a bug")
 
     with pytest.raises(ValueError, match="a bug"):
-        try_on_device(broken, one_b(), FakeMemory(FakeAllocator(1, 1)))
+        try_on_device(broken, FakeMemory(FakeAllocator(1, 1)))
 
-    def wrapped(recipe):  # compiled graphs wrap the allocator's error
+    def wrapped():  # compiled graphs wrap the allocator's error
         try:
             raise torch.OutOfMemoryError("CUDA out of memory")
         except torch.OutOfMemoryError as exc:
             raise RuntimeError("backend compiler failed") from exc
 
-    assert try_on_device(wrapped, one_b(), FakeMemory(FakeAllocator(1, 1))).status == "oom"
+    assert try_on_device(wrapped, FakeMemory(FakeAllocator(1, 1))).status == "oom"
 
 
 # ---------------------------------------------------------------------- the matmul peak

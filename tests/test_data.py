@@ -26,13 +26,7 @@ from transformers import AutoTokenizer
 
 from hf_pretrain.config import Recipe, SourceConfig, build_recipe
 from hf_pretrain.data import sources
-from hf_pretrain.data.loader import (
-    PackedDataset,
-    StepBatchSampler,
-    build_train_loader,
-    build_val_loader,
-    validation_batches,
-)
+from hf_pretrain.data.loader import PackedDataset, StepBatchSampler, validation_batches
 from hf_pretrain.data.prepare_run import prepare
 from hf_pretrain.data.prepared import DataMismatchError, check_prepared_data, read_meta, shard_paths
 from hf_pretrain.data.sources import MixedStream, SourceError, is_validation, iter_source
@@ -46,7 +40,7 @@ from hf_pretrain.data.tokenizer import (
 )
 from hf_pretrain.data.verify import VERIFIED_FILE, verify_shards
 from hf_pretrain.exit_codes import EXIT_CONFIG
-from tests.helpers import cli
+from tests.helpers import build_train_loader, build_val_loader, cli, data_of, placed
 
 VOCAB = 320
 WORDS = (
@@ -322,11 +316,11 @@ def test_check_refuses_a_foreign_tokenizer(prepared: Recipe, corpus: dict[str, A
     data_dir = tmp_path / "data"
     shutil.copytree(prepared.data.data_dir, data_dir)
     recipe = make_recipe(corpus, data_dir)
-    assert check_prepared_data(recipe)["tokenizer_hash"] == tokenizer_hash(load_tokenizer(data_dir))
+    assert check_prepared_data(recipe, data_of(recipe))["tokenizer_hash"] == tokenizer_hash(load_tokenizer(data_dir))
     shutil.rmtree(data_dir / "tokenizer")
     save_tokenizer(train_tokenizer(corpus["txt"], VOCAB, []), data_dir)
     with pytest.raises(DataMismatchError, match=r"tokenizer_hash expected [0-9a-f]{64}, found [0-9a-f]{64}") as info:
-        check_prepared_data(recipe)
+        check_prepared_data(recipe, data_of(recipe))
     assert str(data_dir / "meta.json") in str(info.value)
 
 
@@ -335,15 +329,17 @@ def test_check_refuses_other_vocab_small_splits_and_missing_data(
 ) -> None:
     data_dir = Path(prepared.data.data_dir)
     with pytest.raises(DataMismatchError, match=f"vocab_size expected {VOCAB + 64}, found {VOCAB}"):
-        check_prepared_data(make_recipe(corpus, data_dir, vocab_size=VOCAB + 64))
+        check_prepared_data(*placed(make_recipe(corpus, data_dir, vocab_size=VOCAB + 64)))
     with pytest.raises(DataMismatchError, match="splits.train.tokens expected at least 1048577"):
-        check_prepared_data(make_recipe(corpus, data_dir, global_batch_tokens=1 << 20))
+        check_prepared_data(*placed(make_recipe(corpus, data_dir, global_batch_tokens=1 << 20)))
     with pytest.raises(DataMismatchError, match="splits.validation.tokens expected at least 1025"):
-        check_prepared_data(make_recipe(corpus, data_dir, seq_len=1024, micro_batch_size=1, global_batch_tokens=1024))
+        check_prepared_data(
+            *placed(make_recipe(corpus, data_dir, seq_len=1024, micro_batch_size=1, global_batch_tokens=1024))
+        )
     with pytest.raises(
         DataMismatchError, match=r"not found.*hf-pretrain prepare --recipe smoke .*--data_dir \S*never-prepared"
     ):
-        check_prepared_data(make_recipe(corpus, tmp_path / "never-prepared"))
+        check_prepared_data(*placed(make_recipe(corpus, tmp_path / "never-prepared")))
 
 
 # ---------------------------------------------------------------------- loaders
@@ -444,7 +440,7 @@ def test_a_flipped_bit_in_a_shard_is_refused_by_its_checksum(prepared: Recipe, t
     recipe = _copy_of(prepared, tmp_path)
     _flip(next(Path(recipe.data.data_dir).glob("sources/01-*/train/00001.ds")), byte=10, mask=0x01)  # a valid id
     with pytest.raises(DataMismatchError, match=r"train/00001.ds: SHA-256 .* differs .* meta.json"):
-        check_prepared_data(recipe)
+        check_prepared_data(recipe, data_of(recipe))
 
 
 def test_a_token_past_the_vocabulary_is_refused_with_shard_and_offset(prepared: Recipe, tmp_path: Path) -> None:
@@ -456,7 +452,7 @@ def test_a_token_past_the_vocabulary_is_refused_with_shard_and_offset(prepared: 
         match=r"validation/00000.ds: token id \d+ at token 7 \(byte offset 14\) is past "
         r"the vocabulary of 320 tokens",
     ):
-        check_prepared_data(recipe)
+        check_prepared_data(recipe, data_of(recipe))
 
 
 def test_a_recorded_verification_is_trusted_until_the_file_changes(prepared: Recipe, tmp_path: Path) -> None:

@@ -110,7 +110,7 @@ def machine(tmp_path, monkeypatch):
 
 
 def _batches(recipe, start_step: int, n: int) -> list:
-    from hf_pretrain.data.loader import build_train_loader
+    from tests.helpers import build_train_loader
 
     loader = build_train_loader(recipe, 0, 1, recipe.grad_accum_steps(1), start_step)
     it = iter(loader)
@@ -128,7 +128,7 @@ def _assert_same(a: list, b: list) -> None:
 
 
 def test_batches_from_the_url_equal_the_local_ones_and_a_resume_elsewhere_too(store_data, smoke_data, machine):
-    from hf_pretrain.data.loader import build_val_loader
+    from tests.helpers import build_val_loader
 
     url, _, _ = store_data
     local = load_recipe("smoke", {"data_dir": str(smoke_data)})
@@ -212,8 +212,8 @@ def corrupt_store(s3_server, smoke_data):
 
 
 def test_a_corrupted_shard_in_the_store_is_caught_by_its_checksum(corrupt_store, machine):
-    from hf_pretrain.data.loader import build_train_loader
     from hf_pretrain.store.data.data_cache import StoreDataCorrupt
+    from tests.helpers import build_train_loader
 
     url, shard = corrupt_store
     machine("c")
@@ -313,16 +313,18 @@ def test_a_local_data_dir_imports_no_store_package(smoke_data):
     code = f"""
 import sys
 from hf_pretrain.config import load_recipe
-from hf_pretrain.data.loader import build_train_loader, build_val_loader
+from hf_pretrain.data.loader import sections_data
 from hf_pretrain.data.prepared import check_prepared_data, data_identity
 from hf_pretrain.store.location import Where
 from hf_pretrain.preflight.data import check_data_cache
 recipe = load_recipe("smoke", {{"data_dir": {str(smoke_data)!r}, "num_workers": 0}})
-check_prepared_data(recipe)
-data_identity(recipe.data.data_dir)
-assert check_data_cache(recipe.data, Where.of(recipe).data, lambda: check_prepared_data(recipe)) == []
-next(iter(build_train_loader(recipe, 0, 1, 2, 0)))
-next(iter(build_val_loader(recipe, 0, 1)))
+data = Where.of(recipe).data
+check_prepared_data(recipe, data)
+data_identity(data)
+assert check_data_cache(recipe.data, data, lambda: check_prepared_data(recipe, data)) == []
+batches = sections_data(recipe.data, data, recipe.train, rank=0, world_size=1, grad_accum=2)
+next(iter(batches.loader(0, (0, 0), None)))
+next(iter(batches.val_loader(recipe.evaluation.eval_tokens)))
 print(sorted(m for m in sys.modules if m.split(".")[0] in ("fsspec", "s3fs", "aiobotocore", "gcsfs")))
 """
     from tests.helpers import offline_env
@@ -523,9 +525,8 @@ def test_a_read_from_a_store_gone_silent_fails_within_its_bound_naming_the_url(
 
 def _blocks_of_step(url: str, step: int, home: Path, monkeypatch) -> list[tuple[str, int]]:
     """The blocks the short run's step `step` reads, as the loader plans them (data/loader.py)."""
-    from hf_pretrain.data.loader import build_train_loader
     from hf_pretrain.store.data import data_cache
-    from tests.helpers import short_run
+    from tests.helpers import build_train_loader, short_run
 
     monkeypatch.setenv("HF_PRETRAIN_HOME", str(home))
     monkeypatch.setattr(data_cache, "_SYNCED", {})

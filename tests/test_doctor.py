@@ -41,6 +41,7 @@ from hf_pretrain.store.location import Where
 from tests.helpers import (
     CARD,
     cli,
+    data_of,
     on_cpu,
     prepared_row,
     profile_here,
@@ -194,7 +195,7 @@ def test_zero_workers_warn():
 
 
 def loader_row(recipe: Recipe):
-    return check_loader_pickling(recipe.train, recipe.data, cache_dir=recipe.store.cache_dir)
+    return check_loader_pickling(recipe.train, recipe.data, data_of(recipe))
 
 
 def test_loader_survives_pickling_and_yields_a_batch(smoke_data, tmp_path):

@@ -376,7 +376,7 @@ def test_the_job_says_a_cooldown_was_cut_at_max_steps(tmp_path):
     said = []
     log = SimpleNamespace(say=lambda text, every_process=False: said.append(text), record=lambda r: None)
     guards = guards_of(recipe, SimpleNamespace(num_processes=1, is_main_process=True), log)
-    state = TrainState.for_recipe(recipe, "cpu")
+    state = TrainState.for_recipe(recipe, "cpu", data=recipe.data.data_dir)
     state.step = 95
     request_stop(tmp_path, cooldown_steps=500)
     assert guards.decide(state, []) is None and state.cooldown.end == 100

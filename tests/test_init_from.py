@@ -29,7 +29,6 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, 
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 from hf_pretrain.config import RecipeError, load_recipe
-from hf_pretrain.data.loader import build_train_loader
 from hf_pretrain.data.prepare_run import prepare
 from hf_pretrain.data.prepared import read_meta
 from hf_pretrain.data.sources import mixture
@@ -40,7 +39,7 @@ from hf_pretrain.model.initialisation import InitFromError, base_model_id, load_
 from hf_pretrain.model.llama import build_model
 from hf_pretrain.preflight.init_from import check_init_from
 from hf_pretrain.store.location import Location
-from tests.helpers import OUTSIDE_CHECKOUT, SHORT_RUN, launch_training, offline_env, run_captured
+from tests.helpers import OUTSIDE_CHECKOUT, SHORT_RUN, build_train_loader, launch_training, offline_env, run_captured
 from tests.test_gpu_paths import assert_resumed_exactly, launch_fsdp, train_losses
 
 # Another shape than smoke's (128 wide, 4 layers, 4/2 heads, tied, theta 1e4, eps 1e-5).

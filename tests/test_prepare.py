@@ -25,7 +25,7 @@ from hf_pretrain.data.prepare_run import prepare
 from hf_pretrain.data.prepared import DataMismatchError, check_prepared_data, read_meta
 from hf_pretrain.data.tokenizer import load_tokenizer, save_tokenizer, train_tokenizer
 from hf_pretrain.data.verify import VERIFIED_FILE
-from tests.helpers import OUTSIDE_CHECKOUT, offline_env
+from tests.helpers import OUTSIDE_CHECKOUT, data_of, offline_env, placed
 
 VOCAB = 300
 WORDS = "the of and to in is was for on that with as by at from data model token python loss batch".split()
@@ -261,7 +261,7 @@ def test_a_folder_of_the_old_format_is_refused_with_the_command_that_prepares_it
     with pytest.raises(
         DataMismatchError, match=r"format_version expected 2, found 1.*hf-pretrain prepare --recipe smoke .*--data_dir"
     ):
-        check_prepared_data(recipe)
+        check_prepared_data(recipe, data_of(recipe))
 
 
 def test_a_source_folder_from_another_tokenizer_is_refused_by_name(corpus, prepared, tmp_path) -> None:
@@ -272,7 +272,7 @@ def test_a_source_folder_from_another_tokenizer_is_refused_by_name(corpus, prepa
     record = data_dir / "sources" / "01-notes" / "source.json"
     record.write_text(json.dumps(json.loads(record.read_text()) | {"tokenizer_hash": "f" * 64}))
     with pytest.raises(DataMismatchError, match=r"sources/01-notes: tokenized with another tokenizer"):
-        check_prepared_data(recipe_for(corpus, data_dir))
+        check_prepared_data(*placed(recipe_for(corpus, data_dir)))
 
 
 def test_a_token_past_the_vocabulary_is_refused_with_file_and_offset(corpus, prepared, tmp_path) -> None:
@@ -286,7 +286,7 @@ def test_a_token_past_the_vocabulary_is_refused_with_file_and_offset(corpus, pre
     tokens[7] = VOCAB + 5
     tokens.tofile(path)
     with pytest.raises(DataMismatchError, match=rf"{path}: token id {VOCAB + 5} at token 7 \(byte offset 14\)"):
-        check_prepared_data(recipe_for(corpus, data_dir), verify="full")
+        check_prepared_data(*placed(recipe_for(corpus, data_dir)), verify="full")
 
 
 def test_the_recipe_must_name_the_prepared_sources(corpus, prepared) -> None:
@@ -295,7 +295,7 @@ def test_the_recipe_must_name_the_prepared_sources(corpus, prepared) -> None:
     with pytest.raises(
         DataMismatchError, match=r"sources expected \['00-corpus\d*'\].*found \['00-corpus\d*', '01-notes'\]"
     ):
-        check_prepared_data(recipe)
+        check_prepared_data(recipe, data_of(recipe))
 
 
 # ---------------------------------------------------------------------- the mixture

@@ -138,8 +138,7 @@ def test_a_second_prepare_into_a_held_folder_is_refused_by_name_and_touches_noth
 
 
 def test_a_token_file_that_disagrees_with_its_index_is_refused_by_the_doctor_and_the_loader(tmp_path) -> None:
-    from hf_pretrain.data.loader import build_train_loader
-    from tests.helpers import prepared_row
+    from tests.helpers import build_train_loader, prepared_row
 
     recipe = files_recipe(tmp_path / "dd", str(write_jsonl(tmp_path / "a.jsonl", documents=400)))
     prepare(recipe, log=quiet)

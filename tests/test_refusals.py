@@ -121,7 +121,7 @@ def guarded_state(tmp_path, **overrides):
     )
     log = FakeLog()
     guards = guards_of(recipe, SimpleNamespace(num_processes=1, is_main_process=True), log)
-    return TrainState.for_recipe(recipe, "cpu"), guards, log
+    return TrainState.for_recipe(recipe, "cpu", data=recipe.data.data_dir), guards, log
 
 
 def test_the_job_answers_a_request_and_refuses_a_second_one_during_its_cooldown(tmp_path):
@@ -318,7 +318,7 @@ def test_divergence_is_a_verdict_on_the_last_window_and_the_card_says_it():
     for record in records([8.3] + [9.0] * 12 + [3.0] * 10)[13:]:
         watch.observe(record)
     assert watch.verdict is None
-    schedule = TrainState.for_recipe(load_recipe("smoke"), "cpu").schedule
+    schedule = TrainState.for_recipe(load_recipe("smoke"), "cpu", data="data/smoke").schedule
     rows = dict(_how_it_ended(schedule, {"step": 10, "divergence": above_start.verdict}))
     assert rows["diverged"].startswith("**yes**: the loss diverged")
 

@@ -392,7 +392,7 @@ def test_other_shards_of_the_same_tokenizer_need_allow_data_change_and_are_recor
     from hf_pretrain.training.state import TrainState
 
     recipe = recipe_of(copied_run, data, allow_data_change=True)
-    state = TrainState.for_recipe(recipe, "cpu")
+    state = TrainState.for_recipe(recipe, "cpu", data=recipe.data.data_dir)
     state.load_state_dict(plan.saved)
     state.go_on_as(plan, plan.saved)
     assert state.data_changes == [plan.data_change] and state.state_dict()["data"]["data_dir"] == str(data)

@@ -19,7 +19,7 @@ from hf_pretrain.bench.measure import add_mfu, add_money, measured_matmul_peak
 from hf_pretrain.bench.results import advice, markdown_report
 from hf_pretrain.bench.search import ProbeError, SearchResult, search_micro_batch
 from hf_pretrain.bench.variants import VariantResult, VariantRunner, is_recipe_as_written
-from hf_pretrain.config import Recipe, build_recipe
+from hf_pretrain.config import DataConfig, ModelConfig, Recipe, build_recipe
 from hf_pretrain.data.prepare_run import prepare
 from hf_pretrain.data.prepared import DataMismatchError, check_prepared_data
 from hf_pretrain.economics.check_records import complete_profile
@@ -28,8 +28,9 @@ from hf_pretrain.economics.performance import modelled_tokens_per_s, slow_node_w
 from hf_pretrain.economics.workload import Workload, run_workload
 from hf_pretrain.machine.gpus import best_match, find_gpu
 from hf_pretrain.machine.hardware import device_name
-from hf_pretrain.machine.run_profile import Machine, device_kind, this_machine
+from hf_pretrain.machine.run_profile import Machine, Step, device_kind, this_machine
 from hf_pretrain.model.llama import model_flops_per_token
+from hf_pretrain.store.location import Where
 
 Say = Callable[[str], None]
 
@@ -55,7 +56,7 @@ class BenchRequest:
 def recipe_with_data(recipe: Recipe, out: Path, steps: int, say: Say) -> Recipe:
     """The recipe itself when its data is prepared, else the recipe on a slice of its corpus in `out`."""
     try:
-        check_prepared_data(recipe)
+        check_prepared_data(recipe, Where.of(recipe).data)  # bench decides its data here: the recipe's, or a slice
         return recipe
     except (DataMismatchError, FileNotFoundError) as exc:
         say(f"the recipe's data cannot be used ({exc})")
@@ -96,13 +97,13 @@ def variant_recipe(recipe: Recipe, variant: VariantResult) -> Recipe:
     return build_recipe(recipe.to_dict(), variant.overrides)
 
 
-def variant_economics(configured: Recipe, machine: Machine) -> tuple[Workload, Configuration]:
-    """(what the performance model prices, what the measurement is keyed by) of a variant's configuration: the
-    step it ran on this machine, as the door builds it (economics/check_records.complete_profile)."""
-    step = complete_profile(configured, machine).step
-    batch = configured.train.global_batch_tokens
-    work = run_workload(configured.model, configured.data, step, batch)
-    return work, configuration(configured.model, configured.data, step, global_batch_tokens=batch)
+def variant_economics(
+    model: ModelConfig, data: DataConfig, step: Step, *, global_batch_tokens: int
+) -> tuple[Workload, Configuration]:
+    """(what the performance model prices, what the measurement is keyed by) of a variant's configuration:
+    its model and data sections, batch, and the step it ran on this machine."""
+    work = run_workload(model, data, step, global_batch_tokens)
+    return work, configuration(model, data, step, global_batch_tokens=global_batch_tokens)
 
 
 def bench_result(
@@ -130,7 +131,10 @@ def bench_result(
         add_mfu(variant, datasheet, matmul.flops)
         if variant.tokens_per_s is None:
             continue
-        work, measured = variant_economics(variant_recipe(recipe, variant), machine)
+        configured = variant_recipe(recipe, variant)
+        step = complete_profile(configured, machine).step  # the step it ran here, as the door builds it
+        batch = configured.train.global_batch_tokens
+        work, measured = variant_economics(configured.model, configured.data, step, global_batch_tokens=batch)
         add_money(variant, work, gpu, price_entry, request.prices)
         if variants[0].tokens_per_s:
             variant.speedup_vs_recipe = variant.tokens_per_s / variants[0].tokens_per_s - 1

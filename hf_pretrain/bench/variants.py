@@ -159,13 +159,13 @@ def is_out_of_memory(error: BaseException) -> bool:
     return False
 
 
-def try_on_device(train: Callable[[Recipe], Any], recipe: Recipe, memory: DeviceMemory) -> RunResult:
-    """Run `train(recipe)` (a `run_training`); running out of memory is an answer, "oom" with the memory
-    in use when it happened, and the memory is handed back after it."""
+def try_on_device(train: Callable[[], Any], memory: DeviceMemory) -> RunResult:
+    """Run `train()` (a `run_training` of one recipe); running out of memory is an answer, "oom" with the
+    memory in use when it happened, and the memory is handed back after it."""
     from hf_pretrain.preflight.result import PreflightError
 
     try:
-        outcome = train(recipe)
+        outcome = train()
         result = RunResult("ok" if outcome.exit_code == 0 else "failed", outcome.message)
     except PreflightError as exc:
         result = RunResult("preflight", str(exc))
@@ -184,7 +184,7 @@ def run_in_this_process(recipe: Recipe, result_path: Path) -> int:
     from hf_pretrain.train import run_training
 
     device = torch.device("cuda" if device_kind() == "cuda" else "cpu")
-    result = try_on_device(run_training, recipe, DeviceMemory(device))
+    result = try_on_device(lambda: run_training(recipe), DeviceMemory(device))
     result_path.write_text(json.dumps(asdict(result)))
     return 0
 
@@ -227,8 +227,9 @@ def run_in_child(recipe: Recipe, folder: Path, keep_weights: bool = False) -> Ru
     return RunResult("failed", f"exit {code}; see {log_file}:\n{tail}")
 
 
-def measure_variant(recipe: Recipe, overrides: dict[str, Any], folder: Path, warmup: int) -> VariantResult:
-    run = run_in_child(recipe, folder)
+def variant_result(overrides: dict[str, Any], run: RunResult, metrics: Path, warmup: int) -> VariantResult:
+    """What the short run of the variant `overrides` measured: how it ended (`run_in_child`), and its
+    throughput from its `metrics` (metrics.jsonl), the first `warmup` steps left out."""
     # the memory of a variant that never trained (refused by preflight, failed) is the child's setup, no
     # figure of the variant; an out-of-memory one's is what it held when it ran out
     trained = run.status in ("ok", "oom")
@@ -239,7 +240,7 @@ def measure_variant(recipe: Recipe, overrides: dict[str, Any], folder: Path, war
         run.message,
         peak_memory_gib=run.peak_memory_gib if trained else None,
     )
-    timed = timed_throughput(read_jsonl(RunDir(recipe.train.output_dir).metrics), warmup)
+    timed = timed_throughput(read_jsonl(metrics), warmup)
     if run.status == "ok" and timed:
         result.tokens_per_s, result.step_seconds, result.data_wait_share = timed
         result.message = ""
@@ -268,7 +269,8 @@ class VariantRunner:
             result = VariantResult(variant_name(overrides), overrides, "invalid", str(exc))
         else:
             self.say(f"variant {index}: {variant_name(overrides)}")
-            result = measure_variant(variant, overrides, folder, self.warmup)
+            run = run_in_child(variant, folder)
+            result = variant_result(overrides, run, RunDir(variant.train.output_dir).metrics, self.warmup)
             result.flops_per_token = model_flops_per_token(variant.model, variant.data)[1]
             if result.status in ("ok", "oom"):
                 self.say(

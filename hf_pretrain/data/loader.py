@@ -28,18 +28,17 @@ import numpy.typing as npt
 import torch
 from torch.utils.data import ConcatDataset, DataLoader, Dataset, Sampler
 
-from hf_pretrain.config import DataConfig, Recipe, SourceConfig, TrainConfig
+from hf_pretrain.config import DataConfig, SourceConfig, TrainConfig
 from hf_pretrain.data.mixing import Mixture
 from hf_pretrain.data.prepared import (
     PREPARE_ANY,
     DataMismatchError,
-    prepare_hint,
     read_meta,
     source_folder_name,
     source_paths,
 )
 from hf_pretrain.processes import die_with_parent
-from hf_pretrain.store.urls import is_url
+from hf_pretrain.store.location import Location
 
 if TYPE_CHECKING:  # data in a store: imported only when data_dir is a URL
     from hf_pretrain.store.data.data_cache import StoreData
@@ -252,13 +251,13 @@ class ValidationBatches:
 
 
 def _split(
-    data: DataConfig, meta: dict[str, Any], split: str, cache_dir: str | None
+    data: DataConfig, location: Location, meta: dict[str, Any], split: str
 ) -> tuple[list[list[Path]], StoreData | None]:
-    """Per source, its token files of `split` (meta.json's), and for a data_dir URL the store's block cache
-    that reads them (`cache_dir`: the recipe's, else the user's cache); local files are checked and mapped."""
-    if is_url(data.data_dir):
-        return _store_paths(meta, split), _store(data, cache_dir)
-    return source_paths(Path(data.data_dir), meta, split), None
+    """Per source, its token files of `split` (meta.json's), and for data in a store the block cache that
+    reads them (in the cache folder the door named); local files are checked and mapped."""
+    if location.in_store:
+        return _store_paths(meta, split), _store(data, location)
+    return source_paths(location.folder, meta, split), None
 
 
 def _store_paths(meta: dict[str, Any], split: str) -> list[list[Path]]:
@@ -266,14 +265,14 @@ def _store_paths(meta: dict[str, Any], split: str) -> list[list[Path]]:
     return [[Path(entry["file"]) for entry in source["splits"][split]["files"]] for source in meta["sources"]]
 
 
-def _store(data: DataConfig, cache_dir: str | None) -> StoreData:
-    """The block cache of this training process for data_dir's URL (store/data/data_cache.py)."""
+def _store(data: DataConfig, location: Location) -> StoreData:
+    """The block cache of this training process for the data's URL (store/data/data_cache.py)."""
     from hf_pretrain.store.data.data_cache import StoreData
 
     local_processes = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))  # the bound is the machine's, shared
     capacity = int(data.data_cache_gb * 1e9 / max(local_processes, 1))
     rank = int(os.environ.get("LOCAL_RANK", "0"))
-    return StoreData(data.data_dir, cache_dir, capacity, rank)
+    return StoreData(location.given, location.cache, capacity, rank)
 
 
 def _prefetching(sampler: StepBatchSampler, datasets: list[PackedDataset], workers: int) -> Any:
@@ -337,22 +336,6 @@ def end_workers_at_exit() -> None:
             process.join(timeout=5)
 
 
-def build_train_loader(
-    recipe: Recipe,
-    rank: int,
-    world_size: int,
-    grad_accum: int,
-    start_step: int,
-    pin_memory: bool = False,
-    origin: tuple[int, int] = (0, 0),
-    decay_position: int | None = None,
-) -> DataLoader:
-    """A whole recipe's training batches for `rank` (the tests): see `TrainData.loader`."""
-    return recipe_data(recipe, rank=rank, world_size=world_size, grad_accum=grad_accum, pin_memory=pin_memory).loader(
-        start_step, origin, decay_position
-    )
-
-
 class TrainData:
     """One rank's training and validation batches, built from the `data:` section with what the run knows
     at start-up by keyword (meta.json as read, the batch's shape, the seed). `loader` builds the training
@@ -363,6 +346,7 @@ class TrainData:
     def __init__(
         self,
         data: DataConfig,
+        location: Location,
         *,
         meta: dict[str, Any],
         rank: int,
@@ -370,10 +354,9 @@ class TrainData:
         grad_accum: int,
         micro_batch_size: int,
         seed: int,
-        cache_dir: str | None,
         pin_memory: bool = False,
     ):
-        self.data, self.meta, self.cache_dir = data, meta, cache_dir
+        self.data, self.location, self.meta = data, location, meta
         self.rank, self.world_size, self.grad_accum = rank, world_size, grad_accum
         self.micro_batch_size, self.seed, self.pin_memory = micro_batch_size, seed, pin_memory
         self.names = [source_folder_name(i, s) for i, s in enumerate(data.sources)]
@@ -384,7 +367,7 @@ class TrainData:
         """Endless [micro_batch_size, seq_len + 1] LongTensor batches for this rank, from `start_step` on
         (`origin`: see StepBatchSampler; `decay_position`: the first stream position of the decay, whose
         mixture the decay weights give)."""
-        paths, store = _split(self.data, self.meta, "train", self.cache_dir)
+        paths, store = _split(self.data, self.location, self.meta, "train")
         datasets = [PackedDataset(p, self.data.seq_len, self.meta["dtype"], self.data.preload, store) for p in paths]
         mixture = Mixture([len(d) for d in datasets], self.seed, mixture_segments(self.data.sources, decay_position))
         sampler = StepBatchSampler(
@@ -414,7 +397,7 @@ class TrainData:
     def val_loader(self, eval_tokens: int) -> ValidationBatches:
         """This rank's share of the first `eval_tokens` validation tokens (rounded up to whole sequences),
         in sequential micro-batches: the sources one after the other, the same samples on any world size."""
-        paths, store = _split(self.data, self.meta, "validation", self.cache_dir)
+        paths, store = _split(self.data, self.location, self.meta, "validation")
         joined = [path for source in paths for path in source]
         dataset = PackedDataset(joined, self.data.seq_len, self.meta["dtype"], self.data.preload, store)
         samples = -(-eval_tokens // self.data.seq_len)
@@ -438,47 +421,28 @@ class TrainData:
         return {name: n * self.data.seq_len for name, n in zip(self.names, draws, strict=True)}
 
 
-def recipe_data(recipe: Recipe, *, rank: int, world_size: int, grad_accum: int, pin_memory: bool = False) -> TrainData:
-    """The `TrainData` of a whole recipe (`sections_data`); a missing meta.json names the `prepare` that makes it."""
-    return sections_data(
-        recipe.data,
-        recipe.train,
-        cache_dir=recipe.store.cache_dir,  # where the data's local copy lives, as `prepare` put it
-        rank=rank,
-        world_size=world_size,
-        grad_accum=grad_accum,
-        fix=prepare_hint(recipe),
-        pin_memory=pin_memory,
-    )
-
-
 def sections_data(
     data: DataConfig,
+    location: Location,
     train: TrainConfig,
     *,
-    cache_dir: str | None,
     rank: int,
     world_size: int,
     grad_accum: int,
     fix: str = PREPARE_ANY,
     pin_memory: bool = False,
 ) -> TrainData:
-    """The `TrainData` of the data section, meta.json read from it (through `cache_dir`, the store section's,
-    where data_dir is a URL; a missing one names `fix`), with the batch and seed of the train section."""
+    """The `TrainData` of the data section at `location` (the door's: a local folder, or a URL and the cache
+    folder of its copy), meta.json read from it (a missing one names `fix`), with the batch and seed of the
+    train section."""
     return TrainData(
         data,
-        meta=read_meta(data.data_dir, cache_dir=cache_dir, fix=fix),
+        location,
+        meta=read_meta(location, fix=fix),
         rank=rank,
         world_size=world_size,
         grad_accum=grad_accum,
         micro_batch_size=train.micro_batch_size,
         seed=train.seed,
-        cache_dir=cache_dir,
         pin_memory=pin_memory,
     )
-
-
-def build_val_loader(recipe: Recipe, rank: int, world_size: int) -> ValidationBatches:
-    """A whole recipe's validation batches for `rank` (the tests): see `TrainData.val_loader`."""
-    data = recipe_data(recipe, rank=rank, world_size=world_size, grad_accum=1)
-    return data.val_loader(recipe.evaluation.eval_tokens)

@@ -17,8 +17,9 @@ from hf_pretrain.data.tokenizer import TokenizerError
 from hf_pretrain.exit_codes import EXIT_CONFIG, EXIT_LOCKED, EXIT_WRITE_FAILED
 from hf_pretrain.formatting import human_bytes
 from hf_pretrain.store.data.data_upload import UploadIncomplete
+from hf_pretrain.store.location import Where
 from hf_pretrain.store.store_calls import StoreError
-from hf_pretrain.store.urls import StoreUnavailable, is_url
+from hf_pretrain.store.urls import StoreUnavailable
 
 
 def _flags(parser: argparse.ArgumentParser) -> None:
@@ -49,8 +50,9 @@ def main(argv: list[str] | None = None) -> int:
         "(--executor local|slurm|ray, --workers N).",
         extra=_flags,
     )
+    data = Where.of(recipe).data  # where the data lives: decided here, once, and handed down
     try:
-        data_dir = prepare(recipe, dry_run=args.dry_run, verbose=args.verbose)
+        data_dir = prepare(recipe, dry_run=args.dry_run, verbose=args.verbose, data=data)
     except PrepareLocked as exc:  # nothing was touched: the other prepare goes on
         print(f"hf-pretrain prepare: {exc}", file=sys.stderr)
         return EXIT_LOCKED
@@ -74,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         return EXIT_WRITE_FAILED
     if not args.dry_run:
-        print(f"data in {recipe.data.data_dir if is_url(recipe.data.data_dir) else data_dir}")
+        print(f"data in {data if data.in_store else data_dir}")
     return 0
 
 

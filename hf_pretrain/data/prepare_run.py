@@ -76,7 +76,7 @@ from hf_pretrain.data.tokenizer import (
     train_tokenizer,
 )
 from hf_pretrain.run_folder.json_files import write_json_atomically
-from hf_pretrain.store.urls import is_url
+from hf_pretrain.store.location import Location
 
 if TYPE_CHECKING:  # pipeline.py imports datatrove: only a prepare that runs pays for it (`_prepare_locked`)
     from hf_pretrain.data.pipeline import ExecutorOptions
@@ -109,8 +109,12 @@ def prepare(
     log: Callable[[str], None] = print,
     dry_run: bool = False,
     verbose: bool = False,
+    *,
+    data: Location | None = None,
 ) -> Path:
-    """Tokenizer, one token folder per source and meta.json in `recipe.data.data_dir`; returns it.
+    """Tokenizer, one token folder per source and meta.json in `recipe.data.data_dir`; returns it. `data`:
+    where that is, as the command's door decided (a store URL is prepared in its local copy, then uploaded);
+    None: a local folder (bench's slice of a corpus, the tests).
 
     A finished folder for the same data settings is left alone; an interrupted one goes on with
     the tasks not yet done, and ends with the same bytes as an uninterrupted run. With a Slurm
@@ -119,13 +123,18 @@ def prepare(
     goes to `logs/<source>/` only, unless `verbose`.
     """
     d = recipe.data
-    if is_url(d.data_dir):  # prepared in a local copy exactly as below, then uploaded (store/data/data_upload.py)
+    if data is not None and data.in_store:  # prepared in a local copy as below, then uploaded (store/data/)
         from hf_pretrain.store.data.data_upload import prepare_into_store
 
         fingerprint = data_fingerprint(recipe.data, recipe.train.seed)
-        elsewhere = reprepare_hint(recipe, then="the training command")  # when the store lacks what no copy here holds
+        # when the store lacks what no copy here holds
+        elsewhere = reprepare_hint(recipe, data, then="the training command")
         return prepare_into_store(
-            recipe, fingerprint, lambda local: prepare(local, log, dry_run, verbose), log, elsewhere=elsewhere
+            data,
+            fingerprint,
+            lambda local: prepare(recipe.replace(data_dir=str(local)), log, dry_run, verbose),
+            log,
+            elsewhere=elsewhere,
         )
     data_dir = Path(d.data_dir)
     if recipe.model.init_from and d.tokenizer == "train" and not (data_dir / META_FILE).is_file():
@@ -148,7 +157,8 @@ def prepare(
     lock = PrepareLock(data_dir)
     lock.acquire()
     try:
-        fits = functools.partial(check_prepared_data, recipe)  # the recipe's batch shape, once the data is written
+        # the recipe's batch shape, once the data is written
+        fits = functools.partial(check_prepared_data, recipe, Location(str(data_dir), in_store=False, kind="data"))
         return _prepare_locked(d, recipe.train.seed, data_dir, settings, fingerprint, log, dry_run, verbose, fits=fits)
     finally:
         lock.release()

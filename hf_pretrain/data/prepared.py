@@ -35,7 +35,7 @@ from hf_pretrain.config.recipe_command import recipe_command
 from hf_pretrain.data.sources import source_tasks
 from hf_pretrain.data.tokenizer import TOKENIZER_DIR, TokenizerUnreadable, load_tokenizer, tokenizer_hash
 from hf_pretrain.data.verify import ShardCorruptError, verify_shards
-from hf_pretrain.store.urls import is_url
+from hf_pretrain.store.location import Location
 
 FORMAT_VERSION = 2
 META_FILE = "meta.json"
@@ -131,40 +131,41 @@ def new_folder_next_to(data_dir: Path) -> Path:
     return candidate
 
 
-def reprepare_hint(recipe: Recipe, then: str = "this command") -> str:
+def reprepare_hint(recipe: Recipe, data: Location, then: str = "this command") -> str:
     """For a folder that holds other data than `recipe` needs: a `prepare` into a new folder (a prepare into
-    this one would find it prepared), and the flag that points the run (`then`: the command given it) at it."""
-    url = recipe.data.data_dir.rstrip("/")
-    new = f"{url}-prepared" if is_url(url) else new_folder_next_to(Path(url))  # a store's prefix: any new one
+    this one would find it prepared), and the flag that points the run (`then`: the command given it) at it.
+    `data`: where the data lives (the door's)."""
+    url = data.given.rstrip("/")
+    new = f"{url}-prepared" if data.in_store else new_folder_next_to(Path(url))  # a store's prefix: any new one
     moved = dataclasses.replace(recipe, data=dataclasses.replace(recipe.data, data_dir=str(new)))
     command = recipe_command(moved, "prepare", PREPARE_KEYS)
     return f"prepare into a new folder, `{command}`, and give {then} `--data_dir {new}`"
 
 
 # ---------------------------------------------------------------------- reading
-def data_folder(data_dir: str | Path, *, cache_dir: str | None = None, fix: str = PREPARE_ANY) -> Path:
-    """The local folder holding `data_dir`'s meta.json and tokenizer: `data_dir` itself, or for an
-    object-store URL its local copy under `cache_dir` (the recipe's; None: the user's cache), synced from
-    the store once per process (store/data/data_cache.py). `fix`: the `prepare` a missing one names."""
-    if not is_url(data_dir):
-        return Path(data_dir)
+def data_folder(data: Location | str | Path, *, fix: str = PREPARE_ANY) -> Path:
+    """The local folder holding the data's meta.json and tokenizer. `data`: the door's `Location` (a local
+    folder, or a store URL whose local copy, in the cache folder the door named, is synced from the store
+    once per process: store/data/data_cache.py), or a local folder. `fix`: the `prepare` a missing one names."""
+    if not isinstance(data, Location) or not data.in_store:
+        return Path(str(data))
     from hf_pretrain.store.data.data_cache import NotPrepared, synced_copy
 
     try:
-        return synced_copy(str(data_dir), cache_dir)
+        return synced_copy(data.given, data.cache)
     except NotPrepared as exc:
         raise DataMismatchError(str(exc), fix) from None
 
 
-def read_meta(data_dir: str | Path, *, cache_dir: str | None = None, fix: str = PREPARE_ANY) -> dict[str, Any]:
-    """meta.json of `data_dir` (see `data_folder`); a missing one names `fix`, the `prepare` that makes it."""
-    path = data_folder(data_dir, cache_dir=cache_dir, fix=fix) / META_FILE
+def read_meta(data: Location | str | Path, *, fix: str = PREPARE_ANY) -> dict[str, Any]:
+    """meta.json of `data` (see `data_folder`); a missing one names `fix`, the `prepare` that makes it."""
+    path = data_folder(data, fix=fix) / META_FILE
     if not path.is_file():
         raise DataMismatchError(f"{path} not found: the data is not prepared (or preparing did not finish)", fix)
     return json.loads(path.read_text())
 
 
-def data_identity(data_dir: str | Path) -> dict[str, Any] | None:
+def data_identity(data_dir: Location | str | Path) -> dict[str, Any] | None:
     """What a checkpoint records of the data it trained on, to know it again: the tokenizer's hash, the
     vocabulary size, and a hash of the training files' own SHA-256s, every source's (the tokens
     themselves, whatever settings made them). None when the folder is not prepared (the preflight says so)."""
@@ -226,15 +227,18 @@ def shard_paths(data_dir: str | Path, meta: dict[str, Any], split: str) -> list[
 
 
 # ---------------------------------------------------------------------- checking
-def check_prepared_data(recipe: Recipe, verify: str = "recorded", progress: bool = False) -> dict[str, Any]:
-    """meta.json of the recipe's data_dir, after checking it fits the recipe and the saved tokenizer.
+def check_prepared_data(
+    recipe: Recipe, data: Location, verify: str = "recorded", progress: bool = False
+) -> dict[str, Any]:
+    """meta.json of the recipe's data (at `data`, the door's location of it), after checking it fits the
+    recipe and the saved tokenizer.
 
     `verify` checks the token files' bytes (SHA-256, token ids below the vocabulary): `recorded`
     trusts a verification recorded beside the data that still matches the files, `full` hashes
     every file again, `none` only checks sizes.
     """
-    prepare, reprepare = prepare_hint(recipe), reprepare_hint(recipe)  # the fixes, written once
-    data_dir = data_folder(recipe.data.data_dir, cache_dir=recipe.store.cache_dir, fix=prepare)
+    prepare, reprepare = prepare_hint(recipe), reprepare_hint(recipe, data)  # the fixes, written once
+    data_dir = data_folder(data, fix=prepare)
     meta_file = data_dir / META_FILE
     meta = read_meta(data_dir, fix=prepare)
     if meta.get("format_version") != FORMAT_VERSION:
@@ -246,8 +250,8 @@ def check_prepared_data(recipe: Recipe, verify: str = "recorded", progress: bool
     saved_hash = _check_tokenizer(data_dir, meta, fix=reprepare)
     _check_sizes(recipe.data, data_dir, meta, global_batch_tokens=recipe.train.global_batch_tokens, fix=reprepare)
     _check_sources(recipe.data, data_dir, meta, saved_hash, fix=reprepare)
-    if is_url(recipe.data.data_dir):  # the shards stay in the store: each block is checked as it is fetched
-        _check_complete_in_store(recipe.data.data_dir, data_dir, prepare=prepare, reprepare=reprepare)
+    if data.in_store:  # the shards stay in the store: each block is checked as it is fetched
+        _check_complete_in_store(data, data_dir, prepare=prepare, reprepare=reprepare)
         return meta
     for split in SPLITS:
         source_paths(data_dir, meta, split)
@@ -259,19 +263,18 @@ def check_prepared_data(recipe: Recipe, verify: str = "recorded", progress: bool
     return meta
 
 
-def _check_complete_in_store(url: str, copy: Path, *, prepare: str, reprepare: str) -> None:
+def _check_complete_in_store(data: Location, copy: Path, *, prepare: str, reprepare: str) -> None:
     """Every shard and sidecar the data's blocks.json lists is in the store at its size (one listing;
     `copy`: the synced local copy holding blocks.json). A shard deleted there, or a sync cut short, passed
     the preflight and stopped training at the first step that read it."""
     from hf_pretrain.store.data.data_blocks import BLOCKS_FILE
     from hf_pretrain.store.data.data_upload import in_words, store_lacks
-    from hf_pretrain.store.urls import StoreURL, filesystem
+    from hf_pretrain.store.urls import filesystem
 
-    store = StoreURL.parse(url)
-    lacking = store_lacks(store, filesystem(store), json.loads((copy / BLOCKS_FILE).read_text()))
+    lacking = store_lacks(data.url, filesystem(data.url), json.loads((copy / BLOCKS_FILE).read_text()))
     if lacking:
         raise DataMismatchError(
-            f"{url} lacks {in_words(lacking)} (a sync cut short, or deleted there): training would stop at the "
+            f"{data} lacks {in_words(lacking)} (a sync cut short, or deleted there): training would stop at the "
             f"first step that reads it",
             f"{prepare} on the machine that prepared the data: it uploads what the store lacks; elsewhere, {reprepare}",
         )

@@ -101,8 +101,8 @@ def run_checks(
         recipe, url_recipe = store, recipe
     t, saves, speed = recipe.train, recipe.checkpoints, recipe.reporting.expected_tokens_per_s
     parameters = functools.cache(lambda: model_parameter_count(recipe.model, tokenizer_size_of(recipe.data)))
-    prepared = functools.cache(lambda: check_prepared_data(recipe))  # the data rows'
-    decision = resume_decision or functools.cache(lambda: decide_resume(recipe, data_identity(recipe.data.data_dir)))
+    prepared = functools.cache(lambda: check_prepared_data(recipe, where.data))  # the data rows'
+    decision = resume_decision or functools.cache(lambda: decide_resume(recipe, data_identity(where.data)))
     checks: list[tuple[str, Callable[[], CheckResult | list[CheckResult]]]] = [
         ("versions", lambda: check_versions(recipe.compute, profile)),
         ("trackers", lambda: check_trackers(recipe.reporting)),
@@ -122,7 +122,7 @@ def run_checks(
         ("seq_len", lambda: check_context(recipe.data, recipe.model)),
         ("batch", lambda: check_batch_split(t, world_size, seq_len=recipe.data.seq_len)),
         ("num_workers", lambda: check_num_workers(recipe.data)),
-        ("loader", lambda: check_loader_pickling(t, recipe.data, cache_dir=where.data.cache)),
+        ("loader", lambda: check_loader_pickling(t, recipe.data, where.data)),
         (
             "output_dir",
             lambda: check_output_writable(t.output_dir) if store is None else check_store(url_recipe, where.run.local),

@@ -177,7 +177,7 @@ def check_num_workers(data: DataConfig) -> CheckResult:
     return CheckResult("num_workers", "pass", f"{workers} loader process(es)")
 
 
-def check_loader_pickling(t: TrainConfig, data: DataConfig, *, cache_dir: str | None) -> CheckResult:
+def check_loader_pickling(t: TrainConfig, data: DataConfig, location: Location) -> CheckResult:
     """What a worker process receives (dataset, collate_fn, worker_init_fn) survives pickling and
     yields a batch from the copy, the way a `spawn`/`forkserver` worker would get it. The batch
     sampler stays in the training process, but goes through the same round trip so that the
@@ -188,7 +188,7 @@ def check_loader_pickling(t: TrainConfig, data: DataConfig, *, cache_dir: str | 
     name = "loader"
     fix = "keep what workers receive picklable: module-level functions, no lambdas, open files or locks"
     try:
-        loader = _first_rank_loader(t, data, cache_dir)
+        loader = _first_rank_loader(t, data, location)
     except (DataMismatchError, RecipeError):
         return CheckResult(name, "skip", "needs valid prepared data and batch settings (see `data` and `batch`)")
     except StoreError as exc:  # a data cache too small for one step's blocks names its key; the store its fault
@@ -221,14 +221,11 @@ def check_loader_pickling(t: TrainConfig, data: DataConfig, *, cache_dir: str | 
     )
 
 
-def _first_rank_loader(t: TrainConfig, data: DataConfig, cache_dir: str | None) -> DataLoader:
+def _first_rank_loader(t: TrainConfig, data: DataConfig, location: Location) -> DataLoader:
     """The training batches of one process alone, from step 0, as training builds them (`TrainData`), the
-    data read from `cache_dir` (the store section's) where data_dir is a URL; a missing meta.json: the row
-    skips, and `data` names the fix."""
+    data at `location` (the door's); a missing meta.json: the row skips, and `data` names the fix."""
     grad_accum = grad_accum_steps(t, 1, seq_len=data.seq_len)
-    return sections_data(data, t, cache_dir=cache_dir, rank=0, world_size=1, grad_accum=grad_accum).loader(
-        0, (0, 0), None
-    )
+    return sections_data(data, location, t, rank=0, world_size=1, grad_accum=grad_accum).loader(0, (0, 0), None)
 
 
 def _fix_of(message: str) -> str:
@@ -245,7 +242,7 @@ def check_data_cache(data: DataConfig, location: Location, prepared: Prepared) -
 
     try:
         meta = prepared()
-        folder = data_folder(data.data_dir, cache_dir=location.cache)  # synced by the check: no fix is printed
+        folder = data_folder(location)  # synced by the check: no fix is printed
     except (DataMismatchError, StoreError):
         return CheckResult("data cache", "skip", "needs valid prepared data (see `data`)")
     itemsize = 2 if meta["dtype"] == "uint16" else 4

@@ -36,7 +36,7 @@ def check_init_from(
     init_from = recipe.model.init_from
     if not init_from:
         return []
-    saved = _saved_checkpoint(resume_decision or (lambda: decide_resume(recipe, data_identity(recipe.data.data_dir))))
+    saved = _saved_checkpoint(resume_decision or (lambda: decide_resume(recipe, data_identity(data))))
     if saved is not None:
         return [
             CheckResult(
@@ -63,7 +63,9 @@ def check_init_from(
         data_note = f"{data_dir} is tokenized with its tokenizer"
     if tokenizers is not None:
         with_its_tokenizer = dataclasses.replace(recipe, data=dataclasses.replace(recipe.data, tokenizer=init_from))
-        return [_data_tokenized_otherwise(init_from, data_dir, tokenizers, fix=reprepare_hint(with_its_tokenizer))]
+        return [
+            _data_tokenized_otherwise(init_from, data_dir, tokenizers, fix=reprepare_hint(with_its_tokenizer, data))
+        ]
     kept = beyond_the_recipe(base.config)
     return [
         CheckResult(

@@ -47,7 +47,7 @@ from hf_pretrain.optim.build import build_optimizer
 from hf_pretrain.preflight.checks import preflight
 from hf_pretrain.run_folder.run_dir import RunDir, set_activity, truncate_jsonl
 from hf_pretrain.run_folder.sessions import start_up
-from hf_pretrain.store.location import Where
+from hf_pretrain.store.location import Location, Where
 from hf_pretrain.training.accelerator import accelerator_for
 from hf_pretrain.training.callbacks import Callback, CallbackList
 from hf_pretrain.training.compile_cache import CompileCache, key_fields
@@ -225,22 +225,21 @@ def checked_start(
     main = PartialState().is_main_process
     activity = functools.partial(set_activity, run_dir.path) if main else None
     say = (lambda line: print(run_dir.in_words(line))) if main else None  # a URL run: its URL, not the cache
-    decide = functools.cache(
-        lambda: decide_resume(recipe, data_identity(recipe.data.data_dir), say=say, activity=activity)
-    )
+    decide = functools.cache(lambda: decide_resume(recipe, data_identity(where.data), say=say, activity=activity))
     preflight(recipe, world_size, log=say or (lambda _: None), resume_decision=decide, profile=profile, where=where)
     return decide(), activity
 
 
 def resumed_state(
-    recipe: Recipe, accelerator: Accelerator, continuation: Continuation, run_dir: RunDir
+    recipe: Recipe, accelerator: Accelerator, continuation: Continuation, run_dir: RunDir, data: Location
 ) -> tuple[TrainState, dict | None]:
     """The run's progress, and the checkpoint's train state it came from (None for a start at step 0):
     weights, optimizer and RNG restored from the checkpoint the continuation names (the newest, or the
     last one before the decay of a run that goes further); the data position is the step. The main
     process takes the folder only now, resumed or started: a refused run leaves it as it was."""
     say = lambda line: accelerator.print(run_dir.in_words(line))  # noqa: E731 (a URL run: its URL, not the cache)
-    state = TrainState.for_recipe(recipe, describe_hardware(accelerator.device, accelerator.num_processes))
+    hardware = describe_hardware(accelerator.device, accelerator.num_processes)
+    state = TrainState.for_recipe(recipe, hardware, data=data)  # `data`: where the data lives (the door's)
     for reason in continuation.skipped:
         say(f"resume: skipping {reason}")
     with start_up.timed("checkpoint"):  # sessions.jsonl: what the start-up went to
@@ -305,18 +304,18 @@ def setup(recipe: Recipe, where: Where) -> Run:
     set_seed(cfg.seed)
     config = model_config(recipe.model, tokenizer, continuation.folder)  # the model section's Llama, or init_from's
     model, optimizer, n_params = model_and_optimizer(recipe, profile, config, accelerator, continuation.folder is None)
-    state, saved = resumed_state(recipe, accelerator, continuation, run_dir)
+    state, saved = resumed_state(recipe, accelerator, continuation, run_dir, where.data)
     key = key_fields(profile, config, recipe.data.seq_len)  # what compiled code of an earlier session must match
     compile_cache = CompileCache.loaded(run_dir, key, recipe.compute, accelerator)  # before the first step compiles
     data = TrainData(
         recipe.data,
-        meta=read_meta(recipe.data.data_dir, cache_dir=where.data.cache, fix=prepare_hint(recipe)),
+        where.data,
+        meta=read_meta(where.data, fix=prepare_hint(recipe)),
         rank=accelerator.process_index,
         world_size=world_size,
         grad_accum=grad_accum,
         micro_batch_size=cfg.micro_batch_size,
         seed=cfg.seed,
-        cache_dir=where.data.cache,  # a data_dir URL's block cache lives there (the folder the door read)
         pin_memory=profile.machine.on_gpu,
     )
     train_loader, val_loader = loaders(data, state, recipe.evaluation.eval_tokens)

@@ -5,12 +5,16 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from hf_pretrain.checkpoints.resume_plan import Continuation
 from hf_pretrain.config import Recipe, math_keys
 from hf_pretrain.data.prepared import data_identity
 from hf_pretrain.optim.build import Cooldown, Schedule
+
+if TYPE_CHECKING:
+    from hf_pretrain.store.location import Location
 
 
 @dataclass
@@ -41,14 +45,15 @@ class TrainState:
     _session_start: float | None = field(default=None, repr=False)
 
     @classmethod
-    def for_recipe(cls, recipe: Recipe, hardware: str) -> TrainState:
+    def for_recipe(cls, recipe: Recipe, hardware: str, *, data: Location | str | Path) -> TrainState:
+        """A run's state at step 0. `data`: where its data lives (the door's `Location`, or a local folder)."""
         return cls(
             recipe.fingerprint(),
             hardware,
             Schedule(recipe.optim, max_steps=recipe.train.max_steps),
             math_keys(recipe),
             recipe.train.global_batch_tokens // recipe.data.seq_len,
-            data=data_identity(recipe.data.data_dir),
+            data=data_identity(data),
         )
 
     # ------------------------------------------------------------------ the schedule, where the run stands

@@ -12,7 +12,6 @@ and the same command sends it again from this machine's copy when that copy is t
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import time
@@ -21,14 +20,14 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from hf_pretrain.store.cache import check_cache_root, local_copy
+from hf_pretrain.store.cache import check_cache_root
 from hf_pretrain.store.data.data_blocks import BLOCKS_FILE, SIDECAR_SUFFIX, blocks_manifest, shard_files
 from hf_pretrain.store.reach import StoreRefused, open_checked
 from hf_pretrain.store.store_calls import StoreError, store_call
 from hf_pretrain.store.urls import StoreURL, filesystem
 
 if TYPE_CHECKING:
-    from hf_pretrain.config import Recipe
+    from hf_pretrain.store.location import Location
 
 META_FILE = "meta.json"  # prepared.py's name; not imported from there, which imports this room lazily
 UPLOAD_THREADS = 8
@@ -50,23 +49,23 @@ def store_meta(url: StoreURL, fs: Any = None) -> dict[str, Any] | None:
 
 
 def prepare_into_store(
-    recipe: Recipe,
+    data: Location,
     fingerprint: str,
-    prepare_local: Callable[[Recipe], Path],
+    prepare_local: Callable[[Path], Path],
     log: Callable[[str], None],
     elsewhere: str = "prepare the data again under a new prefix",
 ) -> Path:
-    """Prepare `recipe.data.data_dir` (a URL) in its local copy with `prepare_local`, then upload it; the copy.
-    `fingerprint`: the recipe's data settings' (prepared.data_fingerprint), which a prepared store must carry.
+    """Prepare the data at `data` (a URL, the door's location) in its local copy with `prepare_local` (handed
+    that folder), then upload it; the copy. `fingerprint`: the recipe's data settings' (prepared.data_fingerprint),
+    which a prepared store must carry.
     `elsewhere`: the fix when the store lacks objects this machine cannot give back (the exact `prepare`)."""
-    url = StoreURL.parse(recipe.data.data_dir)
-    cache_dir = recipe.store.cache_dir  # it moves every local copy, the run's and the data's (None: the user's cache)
-    check_cache_root(cache_dir)  # before the probe and the hour of tokenizing
+    url = data.url
+    check_cache_root(data.cache)  # before the probe and the hour of tokenizing
     try:  # one probe first: an unreachable endpoint was three retried reads, ~30 s in silence, before its line
         _, fs = open_checked(str(url), write=False, what="the data")
     except StoreRefused as exc:
         raise StoreError(str(exc)) from None
-    local = local_copy(url, "data", cache_dir)
+    local = data.local  # in the cache folder the door named
     meta = store_meta(url, fs)  # before any work: an unreachable store or a missing bucket says so now
     if meta is not None:
         if meta.get("data_fingerprint") != fingerprint:
@@ -79,7 +78,7 @@ def prepare_into_store(
         return local
     log(f"preparing {url} in its local copy {local}, then uploading it")
     local.mkdir(parents=True, exist_ok=True)
-    prepare_local(dataclasses.replace(recipe, data=dataclasses.replace(recipe.data, data_dir=str(local))))
+    prepare_local(local)
     if not (local / META_FILE).is_file():  # a dry run, or a cluster's job still running: nothing to upload yet
         return local
     upload_prepared(local, url, fs, log)
