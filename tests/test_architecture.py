@@ -582,9 +582,7 @@ ASKS_BELOW_A_DOOR = {
     f"{PACKAGE}.{name}"
     for name in (
         # a data_dir read from a run's own record in the store enters there, not at a door
-        "store.run.run_record "
-        # left: the check's parts are another session's room (check/)
-        "check.store_rates"
+        "store.run.run_record"
     ).split()
 }
 

@@ -105,8 +105,13 @@ def test_object_store_urls_are_measured_where_fsspec_has_them_and_said_not_insta
     fsspec.filesystem("memory").pipe_file("memory://bucket/data/shard.ds", b"x" * 4096)
     said: list[str] = []
     report = Report("object_store", tmp_path / "figures.jsonl", None, say=said.append)
-    measure_object_store("memory://bucket/data", "memory://bucket/run", report)
-    measure_object_store("data/smoke", "gs://bucket/run", report)  # gcsfs is not installed here
+    from hf_pretrain.store.location import Location, Where
+
+    def placed(data: str, run: str) -> Where:  # as the check's door places them
+        return Where(Location.of(run), Location.of(data, kind="data"))
+
+    measure_object_store(placed("memory://bucket/data", "memory://bucket/run"), report)
+    measure_object_store(placed("data/smoke", "gs://bucket/run"), report)  # gcsfs is not installed here
     figures = {f.name: f for f in read_figures(tmp_path / "figures.jsonl")}
     assert figures["download"].value > 0 and figures["upload"].value > 0
     assert not fsspec.filesystem("memory").find("memory://bucket/run")  # the scratch object is gone

@@ -15,8 +15,9 @@ import os
 import time
 
 from hf_pretrain.check.figures import Report
+from hf_pretrain.store.location import Where
 from hf_pretrain.store.reach import describe_failure, does_not_answer, quiet_orphaned_requests
-from hf_pretrain.store.urls import StoreUnavailable, StoreURL, is_url
+from hf_pretrain.store.urls import StoreUnavailable, StoreURL
 from hf_pretrain.store.urls import filesystem as store_filesystem
 
 SAMPLE_BYTES = 64 * 2**20
@@ -71,8 +72,11 @@ def download(url: str, nbytes: int) -> tuple[float, int]:
     return len(data) / (time.perf_counter() - started), len(data)
 
 
-def measure(data_dir: str, output_dir: str, report: Report) -> None:
-    urls = {name: path for name, path in (("data_dir", data_dir), ("output_dir", output_dir)) if is_url(path)}
+def measure(where: Where, report: Report) -> None:
+    """The download rate of the data's store and the upload rate of the run's, where they are in one (`where`:
+    the door's)."""
+    places = (("data_dir", where.data), ("output_dir", where.run))
+    urls = {name: location.given for name, location in places if location.in_store}
     if not urls:
         report.skip("object store", "skipped: data_dir and output_dir are local folders (part e measures the disk)")
         return

@@ -99,9 +99,9 @@ def main(argv: list[str]) -> int:
         from hf_pretrain.check import volume_speed as disk
         from hf_pretrain.economics.memory import CHECKPOINT_BYTES_PER_PARAMETER
         from hf_pretrain.model.llama import model_parameter_count, tokenizer_size_of
-        from hf_pretrain.store.urls import is_url
+        from hf_pretrain.store.location import Where
 
-        if is_url(recipe.train.output_dir):
+        if Where.of(recipe).run.in_store:
             report.skip("disk", "skipped: output_dir is an object store (part f measures it)")
         else:
             checkpoint = int(
@@ -110,8 +110,9 @@ def main(argv: list[str]) -> int:
             disk.measure(Path(recipe.train.output_dir), checkpoint, report, limit)
     elif part == "object_store":
         from hf_pretrain.check import store_rates
+        from hf_pretrain.store.location import Where
 
-        store_rates.measure(str(recipe.data.data_dir), str(recipe.train.output_dir), report)
+        store_rates.measure(Where.of(recipe), report)  # where the run and its data live: decided here, at the door
     elif part == "all_reduce":
         from hf_pretrain.check import all_reduce
 
