@@ -154,11 +154,11 @@ def in_store(recipe: Recipe, where: Where):
 
     # One process pulls a machine's copy (the job's first also takes the lease and uploads); the others
     # of that machine wait for it, so that none reads the copy half pulled.
-    store, url = None, recipe.train.output_dir
+    store = None
     # a run going further under --resume auto starts from a checkpoint older than the newest: pulled too
     max_steps = recipe.train.max_steps if recipe.checkpoints.resume == "auto" else None
     if os.environ.get("RANK", "0") == "0":
-        store = RunInStore.begin(url, recipe.store, recipe.checkpoints, max_steps=max_steps)
+        store = RunInStore.begin(where.run, recipe.store, recipe.checkpoints, max_steps=max_steps)
     elif os.environ.get("LOCAL_RANK", "0") == "0":
         pull_here(where.run, max_steps=max_steps)
     else:

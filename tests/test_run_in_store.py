@@ -489,6 +489,7 @@ def test_two_processes_resume_a_url_run_on_another_machine_bit_for_bit(
 
 def test_a_runs_half_uploads_are_removed_at_its_next_start_and_no_one_elses(s3_bucket, tmp_path, monkeypatch):
     from hf_pretrain.config import load_recipe
+    from hf_pretrain.store.location import Where
     from hf_pretrain.store.run.run_sync import RunInStore
     from hf_pretrain.store.run.uploader import WRITER, Uploader
     from hf_pretrain.store.urls import StoreURL
@@ -517,7 +518,7 @@ def test_a_runs_half_uploads_are_removed_at_its_next_start_and_no_one_elses(s3_b
     from hf_pretrain.store.run import run_sync
 
     monkeypatch.setattr(run_sync, "pull_run", lambda *a, **k: None)  # what the store holds is not a real run
-    run = RunInStore.begin(recipe.train.output_dir, recipe.store, recipe.checkpoints, say=said.append)
+    run = RunInStore.begin(Where.of(recipe).run, recipe.store, recipe.checkpoints, say=said.append)
     try:
         left = {int(p.rstrip("/")[-8:]) for p in fs.ls(f"{url}/checkpoints", detail=False)}
         assert left == {4, 12, 16, 20}, said

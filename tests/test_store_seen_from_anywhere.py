@@ -323,13 +323,14 @@ def test_the_next_start_uploads_every_missing_step_and_final_first(s3_bucket, s3
     """status.json of a session whose store was down names steps 8 and 12 and final/ as not in the store:
     the next start uploads all three (the step before the newest too, and final/), then says so."""
     from hf_pretrain.config import parse_recipe_args
-    from hf_pretrain.store.run.run_sync import RunInStore, working_copy
+    from hf_pretrain.store.location import Where
+    from hf_pretrain.store.run.run_sync import RunInStore
 
     monkeypatch.setenv("HF_PRETRAIN_HOME", str(tmp_path / "home"))
     url = f"{s3_bucket}/run"
     argv = ["--recipe", "smoke", "--output_dir", url, "--data_dir", str(tmp_path)]
     recipe, _ = parse_recipe_args(argv, prog="test", description="")
-    local = working_copy(recipe.train.output_dir, recipe.store.cache_dir)
+    local = Where.of(recipe).run.local
     for step in (4, 8, 12):
         fake_checkpoint(local, step)
     (local / "final").mkdir()
@@ -339,7 +340,7 @@ def test_the_next_start_uploads_every_missing_step_and_final_first(s3_bucket, s3
     fs, parsed = store_of(url)
     fs.pipe_file(f"{parsed.path}/run.json", b'{"run_id": "earlier"}')  # the session that trained it wrote this
     said: list[str] = []
-    store = RunInStore.begin(recipe.train.output_dir, recipe.store, recipe.checkpoints, say=said.append)
+    store = RunInStore.begin(Where.of(recipe).run, recipe.store, recipe.checkpoints, say=said.append)
     store.wait()
     assert store.behind() is None
     store.close()
@@ -460,13 +461,14 @@ def test_a_machine_that_lost_its_lease_stops_writing_the_store(s3_bucket, s3_ser
     """Another machine took the run over: this one's heartbeat sees it, and from then on neither its
     status.json nor its lease release reaches the store, and its end waits for nothing."""
     from hf_pretrain.config import parse_recipe_args
+    from hf_pretrain.store.location import Where
     from hf_pretrain.store.run.run_sync import RunInStore
 
     monkeypatch.setenv("HF_PRETRAIN_HOME", str(tmp_path / "home"))
     url = f"{s3_bucket}/run"
     argv = ["--recipe", "smoke", "--output_dir", url, "--data_dir", str(tmp_path), "--store_wait_s", "600"]
     recipe, _ = parse_recipe_args(argv, prog="test", description="")
-    store = RunInStore.begin(recipe.train.output_dir, recipe.store, recipe.checkpoints, say=lambda line: None)
+    store = RunInStore.begin(Where.of(recipe).run, recipe.store, recipe.checkpoints, say=lambda line: None)
     fs, parsed = store_of(url)
     theirs = {
         "host": "other",
@@ -827,16 +829,17 @@ def test_a_run_deleted_from_the_store_starts_fresh_not_from_the_hidden_copy(
     s3_bucket, s3_server, tmp_path, monkeypatch
 ):
     from hf_pretrain.config import parse_recipe_args
-    from hf_pretrain.store.run.run_sync import RunInStore, working_copy
+    from hf_pretrain.store.location import Where
+    from hf_pretrain.store.run.run_sync import RunInStore
 
     monkeypatch.setenv("HF_PRETRAIN_HOME", str(tmp_path / "home"))
     url = f"{s3_bucket}/run"
     argv = ["--recipe", "smoke", "--output_dir", url, "--data_dir", str(tmp_path)]
     recipe, _ = parse_recipe_args(argv, prog="test", description="")
-    local = working_copy(recipe.train.output_dir, recipe.store.cache_dir)
+    local = Where.of(recipe).run.local
     fake_checkpoint(local, 6)  # this machine trained the run once; then the run was deleted from the store
     said: list[str] = []
-    store = RunInStore.begin(recipe.train.output_dir, recipe.store, recipe.checkpoints, say=said.append)
+    store = RunInStore.begin(Where.of(recipe).run, recipe.store, recipe.checkpoints, say=said.append)
     store.close()
     assert not (local / "checkpoints").exists()
     assert list(local.parent.glob("run.set-aside-*/checkpoints/step_00000006"))
@@ -846,14 +849,12 @@ def test_a_run_deleted_from_the_store_starts_fresh_not_from_the_hidden_copy(
 def test_the_doctors_bench_command_names_the_run_url_not_its_copy(tmp_path, monkeypatch):
     from hf_pretrain.config import parse_recipe_args
     from hf_pretrain.preflight.budget import bench_command
-    from hf_pretrain.store.run.run_sync import working_copy
+    from hf_pretrain.store.location import Where
 
     monkeypatch.setenv("HF_PRETRAIN_HOME", str(tmp_path / "home"))
     argv = ["--recipe", "smoke", "--output_dir", "s3://bkt/runs/x"]
     recipe, _ = parse_recipe_args(argv, prog="test", description="")
-    checked = recipe.replace(
-        output_dir=str(working_copy(recipe.train.output_dir, recipe.store.cache_dir))
-    )  # what the doctor's checks see
+    checked = recipe.replace(output_dir=str(Where.of(recipe).run.local))  # what the doctor's checks see
     command = bench_command(checked)
     assert "--output_dir s3://bkt/runs/x" in command and str(tmp_path / "home") not in command, command
 

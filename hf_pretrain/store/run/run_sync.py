@@ -28,7 +28,6 @@ from hf_pretrain.formatting import human_bytes
 from hf_pretrain.redaction import redact
 from hf_pretrain.run_folder.run_dir import FINAL_IN_STORE, RunDir, read_status, set_activity, update_status
 from hf_pretrain.run_folder.sessions import start_up
-from hf_pretrain.store.cache import local_copy
 from hf_pretrain.store.reach import describe_failure, open_checked, quiet_orphaned_requests
 from hf_pretrain.store.run.lease import Lease
 from hf_pretrain.store.run.ledger_sync import merge_sessions, sessions_here
@@ -115,25 +114,17 @@ def wait_for_pull(run: Location) -> None:
     raise StoreRefused(f"this machine's first process did not pull {run} in {PULL_WAIT_S:.0f} s")
 
 
-def working_copy(output_dir: str, cache_dir: str | None) -> Path:
-    """The local folder the run URL `output_dir` trains in (the same on every process of this machine),
-    under `cache_dir` (the recipe's, else None: the user's cache)."""
-    from hf_pretrain.store.urls import StoreURL
-
-    return local_copy(StoreURL.parse(output_dir), "runs", cache_dir)
-
-
 class RunInStore:
     """The store side of one training session (first process only); see the module's docstring."""
 
     def __init__(
-        self, output_dir: str, store: StoreConfig, say: Callable[[str], None] = print, max_steps: int | None = None
+        self, run: Location, store: StoreConfig, say: Callable[[str], None] = print, max_steps: int | None = None
     ):
         self.store, self.say = store, lambda line: say(redact(line))
         self.max_steps = max_steps  # as `pull_run` takes it: a run going further pulls its branch point too
-        self.url, self.fs = open_checked(output_dir)  # StoreRefused: one line, exit 78
+        self.url, self.fs = open_checked(run.given)  # StoreRefused: one line, exit 78
         quiet_orphaned_requests(self.fs)  # a cut store's reset requests: said by our lines, not asyncio's tracebacks
-        self.local = working_copy(output_dir, store.cache_dir)
+        self.local = run.local  # the copy it trains in, in the cache folder the door named (`Where.of`)
         self.lease = Lease(self.fs, self.url, store.store_heartbeat_s)
         self.uploader: Uploader | None = None
         self._stop = threading.Event()
@@ -146,17 +137,17 @@ class RunInStore:
     @classmethod
     def begin(
         cls,
-        output_dir: str,
+        run: Location,
         store: StoreConfig,
         checkpoints: CheckpointConfig,
         say: Callable[[str], None] = print,
         max_steps: int | None = None,
     ) -> RunInStore:
-        """The run URL `output_dir` checked, leased and pulled, the uploader running (it prunes as
+        """The run URL `run` (the door's) checked, leased and pulled, the uploader running (it prunes as
         `checkpoints` keeps); `max_steps`: the recipe's, so that a run going further under it pulls the
         checkpoint it goes on from (None: the newest alone, as for --resume none or a named folder). Raises
         `StoreRefused` or `LeaseHeld`."""
-        run = cls(output_dir, store, say, max_steps)
+        run = cls(run, store, say, max_steps)
         note = run.lease.acquire()
         if note:
             run.say(f"store: {note}")
