@@ -130,7 +130,11 @@ def run_checks(
         ("in use", lambda: check_not_in_use(recipe.train.output_dir)),
         (
             "resume",
-            lambda: check_resume(t, saves, decision) if store is None else resume_row(url_recipe, recipe, decision),
+            lambda: (
+                check_resume(t, saves, decision)
+                if store is None
+                else resume_row(url_recipe, recipe, decision, data=where.data)
+            ),
         ),
         ("stop request", lambda: check_stop_request(recipe.train.output_dir, decision)),
         ("disk space", lambda: check_disk_space(t, saves, recipe.data, parameters=parameters())),

@@ -75,10 +75,13 @@ def _store_of(output_dir: str):
         return None
 
 
-def check_resume_from_store(url_recipe: Recipe, recipe: Recipe, decision: Callable[[], Continuation]) -> CheckResult:
+def check_resume_from_store(
+    url_recipe: Recipe, recipe: Recipe, decision: Callable[[], Continuation], *, data: Location
+) -> CheckResult:
     """The resume row of a run URL on a machine whose working copy is behind the store (a fresh machine:
     empty): what training will do once it has pulled the store's newest checkpoint, judged on that
-    checkpoint's train state (its checksums are checked when it is pulled)."""
+    checkpoint's train state (its checksums are checked when it is pulled). `data`: where the data lives
+    (the door's), whose identity the checkpoint's is compared with."""
     store, newest = _store_of(url_recipe.train.output_dir), None
     if store is not None:
         url, fs = store
@@ -96,7 +99,7 @@ def check_resume_from_store(url_recipe: Recipe, recipe: Recipe, decision: Callab
     row = check_resume(
         recipe.train,
         recipe.checkpoints,
-        lambda: plan_continuation(saved, recipe, data=data_identity(recipe.data.data_dir)),
+        lambda: plan_continuation(saved, recipe, data=data_identity(data)),
     )
     pulled = f"step {step:,} is in the store; training pulls it into this machine's copy first"
     return dataclasses.replace(row, reason=f"{row.reason} ({pulled})")
