@@ -128,14 +128,7 @@ def run_checks(
             lambda: check_output_writable(t.output_dir) if store is None else check_store(url_recipe, where.run.local),
         ),
         ("in use", lambda: check_not_in_use(recipe.train.output_dir)),
-        (
-            "resume",
-            lambda: (
-                check_resume(t, saves, decision)
-                if store is None
-                else resume_row(url_recipe, recipe, decision, data=where.data)
-            ),
-        ),
+        ("resume", lambda: check_resume(t, saves, decision) if store is None else resume_row(where, recipe, decision)),
         ("stop request", lambda: check_stop_request(recipe.train.output_dir, decision)),
         ("disk space", lambda: check_disk_space(t, saves, recipe.data, parameters=parameters())),
         (

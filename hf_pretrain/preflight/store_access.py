@@ -29,7 +29,7 @@ from hf_pretrain.model.llama import model_parameter_count, tokenizer_size_of
 from hf_pretrain.preflight.disk import checkpoint_bytes, nearest_existing, newest_checkpoint_bytes, tokenizer_bytes
 from hf_pretrain.preflight.result import CheckResult
 from hf_pretrain.preflight.resume import check_resume
-from hf_pretrain.store.location import Location
+from hf_pretrain.store.location import Location, Where
 
 RATE_PROBE_BYTES = 8 * 2**20  # big enough that the request's latency is not the whole measure
 RATE_PROBE = ".hf_pretrain_doctor_rate"
@@ -75,14 +75,12 @@ def _store_of(output_dir: str):
         return None
 
 
-def check_resume_from_store(
-    url_recipe: Recipe, recipe: Recipe, decision: Callable[[], Continuation], *, data: Location
-) -> CheckResult:
+def check_resume_from_store(where: Where, recipe: Recipe, decision: Callable[[], Continuation]) -> CheckResult:
     """The resume row of a run URL on a machine whose working copy is behind the store (a fresh machine:
     empty): what training will do once it has pulled the store's newest checkpoint, judged on that
-    checkpoint's train state (its checksums are checked when it is pulled). `data`: where the data lives
-    (the door's), whose identity the checkpoint's is compared with."""
-    store, newest = _store_of(url_recipe.train.output_dir), None
+    checkpoint's train state (its checksums are checked when it is pulled). `where`: the door's, the run's
+    URL and the data whose identity the checkpoint's is compared with."""
+    store, newest = _store_of(where.run.given), None
     if store is not None:
         url, fs = store
         try:
@@ -99,7 +97,7 @@ def check_resume_from_store(
     row = check_resume(
         recipe.train,
         recipe.checkpoints,
-        lambda: plan_continuation(saved, recipe, data=data_identity(data)),
+        lambda: plan_continuation(saved, recipe, data=data_identity(where.data)),
     )
     pulled = f"step {step:,} is in the store; training pulls it into this machine's copy first"
     return dataclasses.replace(row, reason=f"{row.reason} ({pulled})")
