@@ -299,10 +299,20 @@ def on_cpu(recipe):
 
 def profile_here(recipe, world_size: int = 1):
     """`recipe`'s complete run profile on this machine, as a command's door builds it (training, the doctor)."""
-    from hf_pretrain.economics.check_records import complete_profile
+    from hf_pretrain.economics.resolved_run import complete_profile
     from hf_pretrain.machine.run_profile import this_machine
 
     return complete_profile(recipe, this_machine(), world_size)
+
+
+def resolved_here(recipe, world_size: int = 1, where=None):
+    """The door's answer for `recipe` on this machine (`where`: the run and its data, else as the door places
+    them), as training's setup and the doctor build it."""
+    from hf_pretrain.economics.resolved_run import ResolvedRun
+    from hf_pretrain.machine.run_profile import this_machine
+    from hf_pretrain.store.location import Where
+
+    return ResolvedRun.at_door(recipe, this_machine(), where or Where.of(recipe), world_size)
 
 
 def profile_on_cpu(recipe):

@@ -396,7 +396,7 @@ def test_no_package_hides_its_names_behind_a_lazy_facade():
 
 
 # Issue 46: which machine this is (`this_machine()`, `device_kind()`) is asked at a command's door, and the
-# answer handed down: a `RunProfile` (economics/check_records.complete_profile), or its `Machine`. Nothing
+# answer handed down: a `RunProfile` (economics/resolved_run.complete_profile), or its `Machine`. Nothing
 # below a door asks again. A what-if for a named card (machine/what_if.py's `profile_on(recipe, "H100")`: `plan`,
 # the memory estimate, the performance model) is modelling, not asking; `run_profile` has no default machine.
 ASKS_WHICH_MACHINE = {"this_machine", "device_kind"}
@@ -447,7 +447,7 @@ def test_only_a_commands_door_asks_which_machine_this_is():
     assert asked == doors, f"no longer asks: leave DOORS: {sorted(doors - asked)}"
     # a profile always names its machine: no default that would ask on the quiet, below a door
     assert inspect.signature(run_profile).parameters["machine"].default is inspect.Parameter.empty
-    # `attention_backend: auto` is resolved in one place, into the profile (economics/check_records.complete_profile)
+    # `attention_backend: auto` is resolved in one place, into the profile (economics/resolved_run.complete_profile)
     resolving = {
         module
         for module in MODULES
@@ -456,7 +456,7 @@ def test_only_a_commands_door_asks_which_machine_this_is():
             for node in ast.walk(ast.parse(MODULES[module].read_text()))
         )
     }
-    assert resolving == {f"{PACKAGE}.economics.check_records"}, resolving
+    assert resolving == {f"{PACKAGE}.economics.resolved_run"}, resolving
 
 
 def test_the_door_check_sees_a_function_below_a_door_that_asks(tmp_path, monkeypatch):
@@ -475,8 +475,8 @@ def test_the_door_check_sees_a_function_below_a_door_that_asks(tmp_path, monkeyp
 # memory estimate, the workload and the measurement key, stood in at 16 call sites in 9 files.
 MACHINE_TYPES = {"Machine", "RunProfile", "Step", "GPU"}
 # The modules outside machine/ that build a profile with `run_profile(` themselves: the door's builder
-# (economics/check_records.complete_profile) alone. A ratchet: 10 modules before issue 58, never more than this.
-PROFILE_BUILDERS = {f"{PACKAGE}.economics.check_records"}
+# (economics/resolved_run.complete_profile) alone. A ratchet: 10 modules before issue 58, never more than this.
+PROFILE_BUILDERS = {f"{PACKAGE}.economics.resolved_run"}
 
 
 def default_cards(path: Path) -> list[str]:
@@ -531,7 +531,7 @@ def builds_a_profile(path: Path) -> bool:
 def test_only_the_door_and_the_what_if_builder_build_a_profile():
     builders = {m for m, path in MODULES.items() if not m.startswith(f"{PACKAGE}.machine.") and builds_a_profile(path)}
     assert builders <= PROFILE_BUILDERS, (
-        f"ask the door's profile (economics/check_records.complete_profile) or a what-if (machine/what_if.py): "
+        f"ask the door's profile (economics/resolved_run.complete_profile) or a what-if (machine/what_if.py): "
         f"{sorted(builders - PROFILE_BUILDERS)}"
     )
     assert len(PROFILE_BUILDERS) <= 1

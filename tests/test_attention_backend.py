@@ -94,7 +94,7 @@ def test_the_performance_model_prices_the_attention_share_by_kernel():
 def test_the_profile_built_at_the_door_names_the_kernel_auto_became(tmp_path, monkeypatch):
     """Issue 46: `auto` is resolved once, into the run profile the loop and the preflight are handed: the
     model's kernel, the doctor's row and the measurements' key all name what a check measured fastest."""
-    from hf_pretrain.economics.check_records import complete_profile
+    from hf_pretrain.economics.resolved_run import complete_profile
     from hf_pretrain.machine.gpus import find_gpu
     from hf_pretrain.machine.run_profile import THE_CPU, Machine, run_profile
 

@@ -31,6 +31,7 @@ from hf_pretrain.economics.measurements import (
 )
 from hf_pretrain.economics.performance import modelled_tokens_per_s
 from hf_pretrain.economics.planning import gpu_ranking, plan_command
+from hf_pretrain.economics.resolved_run import ResolvedRun
 from hf_pretrain.machine.gpus import gpu_named
 from hf_pretrain.machine.run_profile import THE_CPU, Machine, run_profile
 from hf_pretrain.preflight.budget import check_cost
@@ -147,11 +148,11 @@ def test_a_probes_preflight_warns_about_memory_instead_of_refusing(monkeypatch):
     refusal = CheckResult("gpu memory", "fail", "does not fit without gradient checkpointing: 99.7 GB", "--x")
     monkeypatch.setattr("hf_pretrain.preflight.checks.run_checks", lambda *a, **k: [refusal])
     monkeypatch.delenv(MEMORY_PROBE_ENV, raising=False)
-    profile = run_profile(one_b(), THE_CPU)
+    resolved = ResolvedRun.at_door(one_b(), THE_CPU, Where.of(one_b()))
     with pytest.raises(PreflightError):
-        preflight(one_b(), 1, log=lambda _: None, profile=profile, where=Where.of(one_b()))
+        preflight(one_b(), resolved, log=lambda _: None)
     monkeypatch.setenv(MEMORY_PROBE_ENV, "1")
-    (warned,) = preflight(one_b(), 1, log=lambda _: None, profile=profile, where=Where.of(one_b()))
+    (warned,) = preflight(one_b(), resolved, log=lambda _: None)
     assert warned.status == "warn" and "the bench tries it on the device" in warned.reason
 
 

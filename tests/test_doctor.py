@@ -37,15 +37,14 @@ from hf_pretrain.preflight.dependencies import check_versions
 from hf_pretrain.preflight.disk import check_output_writable, disk_write_bytes_per_s
 from hf_pretrain.preflight.gpu import check_bf16, check_cuda, check_memory, check_tf32
 from hf_pretrain.preflight.result import CheckResult, PreflightError, format_table
-from hf_pretrain.store.location import Where
 from tests.helpers import (
     CARD,
     cli,
     data_of,
     on_cpu,
     prepared_row,
-    profile_here,
     profile_on_cpu,
+    resolved_here,
     section_on_cpu,
 )
 
@@ -494,7 +493,7 @@ def test_unknown_throughput_or_price_warns():
 def test_preflight_passes_a_good_run_and_logs_the_table(smoke_data, tmp_path):
     lines: list[str] = []
     recipe = smoke(smoke_data, tmp_path)
-    results = preflight(recipe, world_size=1, log=lines.append, profile=profile_here(recipe), where=Where.of(recipe))
+    results = preflight(recipe, resolved_here(recipe), log=lines.append)
     assert not [r for r in results if r.status == "fail"]
     assert "ready to train" in lines[0]
 
@@ -502,7 +501,7 @@ def test_preflight_passes_a_good_run_and_logs_the_table(smoke_data, tmp_path):
 def test_preflight_raises_with_the_failed_checks_and_their_fixes(tmp_path):
     recipe = load_recipe("smoke", {"data_dir": str(tmp_path / "nothing"), "num_workers": 0})
     with pytest.raises(PreflightError) as error:
-        preflight(recipe, world_size=3, log=lambda _: None, profile=profile_here(recipe, 3), where=Where.of(recipe))
+        preflight(recipe, resolved_here(recipe, 3), log=lambda _: None)
     message = str(error.value)
     assert (
         "data: " in message
@@ -518,7 +517,7 @@ def test_a_check_that_crashes_is_reported_not_raised(monkeypatch):
 
     monkeypatch.setattr("hf_pretrain.preflight.checks.check_cost", broken)
     recipe = load_recipe("smoke")
-    result = by_name(run_checks(recipe, profile=profile_here(recipe), where=Where.of(recipe)))["time and cost"]
+    result = by_name(run_checks(recipe, resolved_here(recipe)))["time and cost"]
     assert result.status == "warn" and "RuntimeError: boom" in result.reason
 
 

@@ -26,7 +26,7 @@ from hf_pretrain.store.location import Where
 from hf_pretrain.training.guards import take_up_at_start
 from hf_pretrain.training.session import Session, read_status
 from hf_pretrain.training.state import TrainState
-from tests.helpers import FakeLog, guards_of, launch_training, profile_here
+from tests.helpers import FakeLog, guards_of, launch_training, resolved_here
 
 
 # ---------------------------------------------------------------------- a run folder by hand
@@ -159,14 +159,14 @@ def test_the_doctor_shows_a_pending_request_and_its_age(tmp_path, smoke_data):
     recipe = load_recipe("smoke", {"data_dir": str(smoke_data), "output_dir": str(tmp_path / "run")})
     where = Where.of(recipe)
     assert not [
-        r for r in run_checks(recipe, profile=profile_here(recipe), where=where) if r.name == "stop request"
+        r for r in run_checks(recipe, resolved_here(recipe, where=where)) if r.name == "stop request"
     ]  # no row without a request
     (tmp_path / "run").mkdir()
     request_stop(tmp_path / "run", cooldown_steps=9)
     path = RunDir(tmp_path / "run").stop_request
     hour_ago = time.time() - 3600
     path.write_text(json.dumps({**json.loads(path.read_text()), "requested_at_epoch": hour_ago}))
-    (row,) = [r for r in run_checks(recipe, profile=profile_here(recipe), where=where) if r.name == "stop request"]
+    (row,) = [r for r in run_checks(recipe, resolved_here(recipe, where=where)) if r.name == "stop request"]
     assert row.status == "warn" and "of 60.0 min ago (cooldown 9 steps)" in row.reason
     assert "applied at the first step" in row.reason and str(path) in row.fix
 

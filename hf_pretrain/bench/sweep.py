@@ -22,9 +22,9 @@ from hf_pretrain.bench.variants import VariantResult, VariantRunner, is_recipe_a
 from hf_pretrain.config import DataConfig, ModelConfig, Recipe, build_recipe
 from hf_pretrain.data.prepare_run import prepare
 from hf_pretrain.data.prepared import DataMismatchError, check_prepared_data
-from hf_pretrain.economics.check_records import complete_profile
 from hf_pretrain.economics.measurements import Configuration, configuration, record_measurement
 from hf_pretrain.economics.performance import modelled_tokens_per_s, slow_node_warning
+from hf_pretrain.economics.resolved_run import complete_profile
 from hf_pretrain.economics.workload import Workload, run_workload
 from hf_pretrain.machine.gpus import best_match, find_gpu
 from hf_pretrain.machine.hardware import device_name

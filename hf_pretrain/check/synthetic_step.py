@@ -43,7 +43,9 @@ def built_step(recipe: Recipe, profile: RunProfile):
     accelerator = accelerator_for(profile, recipe.compute, grad_accum)  # one process: no group, trackers, folder
     torch.manual_seed(recipe.train.seed)
     config = llama_config(recipe.model, tokenizer_size_of(recipe.data))
-    model, optimizer, _ = model_and_optimizer(recipe, profile, config, accelerator, starts=False)
+    model, optimizer, _ = model_and_optimizer(
+        recipe.model, recipe.compute, recipe.optim, profile, config, accelerator, starts=False
+    )
     step = TrainStep(
         accelerator,
         model,
@@ -60,7 +62,7 @@ def built_step(recipe: Recipe, profile: RunProfile):
 
 def measure(recipe: Recipe, overrides: dict, report: Report, steps: int, warmup: int, machine: Machine) -> None:
     """Time `steps` optimizer steps of `recipe` after `warmup` (the first holds the compile) on `machine`."""
-    from hf_pretrain.economics.check_records import complete_profile
+    from hf_pretrain.economics.resolved_run import complete_profile
 
     name = variant_name(overrides)
     device = torch.device(machine.kind)
@@ -116,7 +118,7 @@ def kernel_refused(model: ModelConfig, profile: RunProfile) -> str | None:
 
 def probe(recipe: Recipe, steps: int, machine: Machine) -> dict:
     """A micro-batch probe: `steps` optimizer steps; {"status": ok | oom | failed, "message", "peak_memory_gib"}."""
-    from hf_pretrain.economics.check_records import complete_profile
+    from hf_pretrain.economics.resolved_run import complete_profile
 
     device = torch.device(machine.kind)
     memory = DeviceMemory(device)

@@ -85,7 +85,7 @@ def main(argv: list[str]) -> int:
         matmul.measure(report, limit, machine)
     elif part == "attention":
         from hf_pretrain.check import sdpa
-        from hf_pretrain.economics.check_records import complete_profile
+        from hf_pretrain.economics.resolved_run import complete_profile
 
         step = complete_profile(recipe, machine).step  # its micro-batch and precision on this machine
         sdpa.measure(recipe.model, step, report, limit, machine, seq_len=recipe.data.seq_len)

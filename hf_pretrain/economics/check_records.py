@@ -25,7 +25,6 @@ from typing import Any
 from hf_pretrain.config import ModelConfig
 from hf_pretrain.economics.measurements import RECORD_ENV, SHIPPED_STORE, store_path
 from hf_pretrain.machine.gpus import find_gpu
-from hf_pretrain.machine.run_profile import Machine, RunProfile, run_profile
 from hf_pretrain.versions import installed_version
 
 CHECK_KIND = "check"
@@ -174,10 +173,3 @@ def resolved_attention_backend(recipe, device: str | None, path: Path | None = N
         f"attention: {fastest.name} (attention_backend auto: the fastest SDPA kernel `hf-pretrain check` "
         f"measured on this {fastest.gpu}, {fastest.value:.2f} ms forward + backward, {fastest.date})"
     )
-
-
-def complete_profile(recipe, machine: Machine, world_size: int = 1) -> RunProfile:
-    """`recipe`'s run profile on `machine`, complete for a door to hand down (training and the doctor hand it
-    `this_machine()`): `attention_backend: auto` resolved here, once, to the kernel a check measured fastest
-    on that GPU, so the model and the doctor's row name the kernel that runs."""
-    return run_profile(recipe, machine, world_size, attention=resolved_attention_backend(recipe, machine.gpu_name))

@@ -265,7 +265,7 @@ def run_profile(
     `machine_with`, for a what-if) with `world_size` processes; the micro-batch and checkpointed layers are
     the recipe's unless given (`plan`'s and the doctor's what-ifs).
     `attention`: the SDPA kernel as it will run and why, where a door resolved `auto` from a check's
-    records (economics/check_records.complete_profile); else the recipe's word."""
+    records (economics/resolved_run.complete_profile); else the recipe's word."""
     t = recipe.train
     precision = resolve_precision(recipe.compute.mixed_precision, machine)
     converts = precision_named(precision).converts_linears  # fp8's scaling and emulation keys apply

@@ -1,6 +1,6 @@
 """What-ifs: how a recipe would run on a card nobody here is running it on, the one builder of such profiles.
 
-A command's door builds the profile of the machine it is on (economics/check_records.complete_profile, from
+A command's door builds the profile of the machine it is on (economics/resolved_run.complete_profile, from
 `this_machine()`), and everything below it reads that one. A question about another card is modelling, not
 asking: `plan` and the GPU ranking price the recipe on a named card of the table, the check's verdict on the
 card its parts measured, the doctor on a CPU the memory and measurements of a GPU. Each says so by calling

@@ -13,7 +13,7 @@ from hf_pretrain.checkpoints.resume_decision import decide_resume
 from hf_pretrain.checkpoints.resume_plan import Continuation
 from hf_pretrain.config import Recipe
 from hf_pretrain.data.prepared import check_prepared_data, data_identity
-from hf_pretrain.machine.run_profile import RunProfile
+from hf_pretrain.economics.resolved_run import ResolvedRun
 from hf_pretrain.model.llama import model_parameter_count, tokenizer_size_of
 from hf_pretrain.preflight.budget import check_cost
 from hf_pretrain.preflight.data import (
@@ -49,7 +49,7 @@ from hf_pretrain.preflight.resume import check_resume, check_stop_request
 from hf_pretrain.preflight.sdpa_kernel import check_attention_backend
 from hf_pretrain.preflight.store_access import check_store
 from hf_pretrain.preflight.trackers import check_trackers
-from hf_pretrain.store.location import Location, Where
+from hf_pretrain.store.location import Location
 
 __all__ = ["MEMORY_PROBE_ENV", "CheckResult", "PreflightError", "format_table", "preflight", "run_checks"]
 
@@ -76,23 +76,22 @@ def _guarded(name: str, check: Callable[[], CheckResult | list[CheckResult]]) ->
 
 def run_checks(
     recipe: Recipe,
-    world_size: int = 1,
+    resolved: ResolvedRun,
     device_memory_bytes: int | None = None,
     resume_decision: Callable[[], Continuation] | None = None,
-    *,
-    profile: RunProfile,
-    where: Where,
 ) -> list[CheckResult]:
     """Every check, in the order a run meets them: software, GPU, data (and the base model of init_from),
     disk, memory, money. `resume_decision` is training's own (made once, then loaded); the doctor's is
-    made here, once, for the checks that ask it. `profile`: the run's, built at the command's door
-    (training's setup, the doctor's main): no row asks which machine this is. Each row is handed what it
+    made here, once, for the checks that ask it. `resolved`: the command door's answer (training's setup,
+    the doctor's main): its profile, world size and places; no row asks which machine this is, or where the
+    run and its data live. Each row is handed what it
     checks (a section, the run folder, the profile), and what is worked out once for several: the prepared
     data's match with the recipe, the model's size, the resume plan; the memory and the cost rows, and the
     ones that build the model's or the loader's parts (liger, init_from, loader), still read the whole recipe."""
     from hf_pretrain.preflight.store_access import check_resume_from_store as resume_row
     from hf_pretrain.preflight.store_access import data_store_refused
 
+    profile, where, world_size = resolved.profile, resolved.where, resolved.world_size
     unreachable = data_store_refused(where.data)
     if unreachable is not None:  # every data check would retry the store on its own, minutes in all
         return [unreachable]
@@ -169,16 +168,13 @@ def tried_on_the_device(refusal: CheckResult) -> CheckResult:
 
 def preflight(
     recipe: Recipe,
-    world_size: int,
+    resolved: ResolvedRun,
     log: Callable[[str], None] = print,
     resume_decision: Callable[[], Continuation] | None = None,
-    *,
-    profile: RunProfile,
-    where: Where,
 ) -> list[CheckResult]:
     """Run every check, log the table, and raise `PreflightError` (the failed checks with their
     fixes) when any fails; returns the results otherwise (warnings included)."""
-    results = run_checks(recipe, world_size, resume_decision=resume_decision, profile=profile, where=where)
+    results = run_checks(recipe, resolved, resume_decision=resume_decision)
     if os.environ.get(MEMORY_PROBE_ENV) == "1":
         results = [tried_on_the_device(r) if r.name == "gpu memory" and r.status == "fail" else r for r in results]
     log(format_table(results))

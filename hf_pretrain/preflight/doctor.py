@@ -55,14 +55,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{note}\n")
     # the checks import torch and try the loader in worker processes: seconds, a minute on a loaded machine
     print("loading torch and running the checks...", flush=True)
-    from hf_pretrain.economics.check_records import complete_profile
+    from hf_pretrain.economics.resolved_run import ResolvedRun
     from hf_pretrain.machine.run_profile import this_machine
     from hf_pretrain.preflight.checks import run_checks
     from hf_pretrain.preflight.result import format_table
 
     # the doctor's door: which machine this is, asked once, and the run's profile handed to every row
-    profile = complete_profile(recipe, this_machine(), args.num_processes)
-    results = run_checks(recipe, world_size=args.num_processes, profile=profile, where=where)
+    results = run_checks(recipe, ResolvedRun.at_door(recipe, this_machine(), where, args.num_processes))
     from hf_pretrain.checkpoints.resume_decision import finished_at
     from hf_pretrain.checkpoints.resume_plan import GO_FURTHER
     from hf_pretrain.preflight.store_access import finished_in_store

@@ -22,12 +22,12 @@ from hf_pretrain.checkpoints.progress import Activity
 from hf_pretrain.checkpoints.resume_decision import decide_resume
 from hf_pretrain.checkpoints.resume_plan import Continuation
 from hf_pretrain.checkpoints.store import remove_pins
-from hf_pretrain.config import Recipe, save_recipe
+from hf_pretrain.config import ComputeConfig, ModelConfig, OptimConfig, Recipe, save_recipe
 from hf_pretrain.data.loader import TrainData
 from hf_pretrain.data.prepared import data_identity, prepare_hint, read_meta
 from hf_pretrain.data.tokenizer import load_data_tokenizer
-from hf_pretrain.economics.check_records import complete_profile
 from hf_pretrain.economics.memory import CHECKPOINT_BYTES_PER_PARAMETER
+from hf_pretrain.economics.resolved_run import ResolvedRun
 from hf_pretrain.exit_codes import EXIT_SAVE_FAILED
 from hf_pretrain.faults import hold_if_asked
 from hf_pretrain.machine.hardware import describe_hardware
@@ -193,40 +193,48 @@ def take_the_folder(recipe: Recipe, run_dir: RunDir, continuation: Continuation,
     remove_pins(run_dir.path)  # held by side jobs of a session that was killed
 
 
-def model_and_optimizer(recipe: Recipe, profile: RunProfile, config, accelerator: Accelerator, starts: bool):
-    """The recipe's model (init_from's weights for a run that `starts`; a resumed one loads its checkpoint)
-    and optimizer, prepared; and the model's parameter count."""
+def model_and_optimizer(
+    model_section: ModelConfig,
+    compute: ComputeConfig,
+    optim: OptimConfig,
+    profile: RunProfile,
+    config,
+    accelerator: Accelerator,
+    starts: bool,
+):
+    """The model `config` describes (init_from's weights for a run that `starts`; a resumed one loads its
+    checkpoint) as `profile`'s step runs it (kernels, checkpointed layers, Liger, FP8), and the optimizer,
+    prepared; and the model's parameter count."""
     if profile.attention_why:  # `auto` became what a check measured fastest here
         accelerator.print(profile.attention_why)
     model = build_model(config, attention_backend=profile.step.attention_backend)
     if starts:
-        init_weights(model, recipe.model.init_from, log=accelerator.print)
+        init_weights(model, model_section.init_from, log=accelerator.print)
     n_params = count_parameters(model)
-    if recipe.checkpointed_layer_count:  # checkpointed_layers, or all of them with gradient_checkpointing
-        enable_activation_checkpointing(model, recipe.checkpointed_layer_count)
-    if recipe.compute.liger and not profile.step.liger:
+    if profile.step.checkpointed_layers:  # checkpointed_layers, or all of them with gradient_checkpointing
+        enable_activation_checkpointing(model, profile.step.checkpointed_layers)
+    if compute.liger and not profile.step.liger:
         accelerator.print("liger: CUDA is not available, training with the standard kernels")
     liger_applied = profile.step.liger and apply_liger(model, log=accelerator.print)
-    use_loss_head(model, loss_head_for(recipe.compute, liger_applied))  # Liger's, chunked or stock (loss.py)
+    use_loss_head(model, loss_head_for(compute, liger_applied))  # Liger's, chunked or stock (loss.py)
     train_in_compute_dtype(model)  # residual stream in the autocast dtype, the loss alone out of the graph
-    optimizer = build_optimizer(model, recipe.optim, fused=profile.machine.on_gpu)
+    optimizer = build_optimizer(model, optim, fused=profile.machine.on_gpu)
     model, optimizer = accelerator.prepare(model, optimizer)
     if converted := finish_fp8(model, profile.step):  # fp8: the CPU's emulation takes a GPU's dtypes
         accelerator.print(converted)
     return model, optimizer, n_params
 
 
-def checked_start(
-    recipe: Recipe, world_size: int, profile: RunProfile, run_dir: RunDir, where: Where
-) -> tuple[Continuation, Activity]:
+def checked_start(recipe: Recipe, resolved: ResolvedRun, run_dir: RunDir) -> tuple[Continuation, Activity]:
     """The preflight's verdict, then which checkpoint the run goes on from: decided once, checksums and
     all (a live line while they are read, and status.json's `activity` on the main process); the
     preflight's table shows that decision. Raises what the preflight or the decision refuses."""
     main = PartialState().is_main_process
     activity = functools.partial(set_activity, run_dir.path) if main else None
     say = (lambda line: print(run_dir.in_words(line))) if main else None  # a URL run: its URL, not the cache
-    decide = functools.cache(lambda: decide_resume(recipe, data_identity(where.data), say=say, activity=activity))
-    preflight(recipe, world_size, log=say or (lambda _: None), resume_decision=decide, profile=profile, where=where)
+    identity = functools.cache(lambda: data_identity(resolved.where.data))
+    decide = functools.cache(lambda: decide_resume(recipe, identity(), say=say, activity=activity))
+    preflight(recipe, resolved, log=say or (lambda _: None), resume_decision=decide)
     return decide(), activity
 
 
@@ -295,15 +303,17 @@ def setup(recipe: Recipe, where: Where) -> Run:
     run_dir = RunDir(cfg.output_dir)
     # the door asks which device: CPU or CUDA for the process group, then the machine (a rank's own GPU) once
     world_size, group = start_processes(recipe.stopping.hang_timeout_s, on_cpu=device_kind() != "cuda")
-    profile = complete_profile(recipe, this_machine(), world_size)
-    continuation, activity = checked_start(recipe, world_size, profile, run_dir, where)
+    resolved = ResolvedRun.at_door(recipe, this_machine(), where, world_size)  # handed down, never worked out again
+    profile = resolved.profile
+    continuation, activity = checked_start(recipe, resolved, run_dir)
     grad_accum = recipe.grad_accum_steps(world_size)  # after the preflight, which refuses a batch that does not split
     tokenizer = load_data_tokenizer(where.data)
     accelerator = accelerator_for(profile, recipe.compute, grad_accum, recipe.reporting.report_to, group, run_dir.path)
-    say = accelerator.print
     set_seed(cfg.seed)
     config = model_config(recipe.model, tokenizer, continuation.folder)  # the model section's Llama, or init_from's
-    model, optimizer, n_params = model_and_optimizer(recipe, profile, config, accelerator, continuation.folder is None)
+    model, optimizer, n_params = model_and_optimizer(
+        recipe.model, recipe.compute, recipe.optim, profile, config, accelerator, continuation.folder is None
+    )
     state, saved = resumed_state(recipe, accelerator, continuation, run_dir, where.data)
     key = key_fields(profile, config, recipe.data.seq_len)  # what compiled code of an earlier session must match
     compile_cache = CompileCache.loaded(run_dir, key, recipe.compute, accelerator)  # before the first step compiles
@@ -319,8 +329,7 @@ def setup(recipe: Recipe, where: Where) -> Run:
         pin_memory=profile.machine.on_gpu,
     )
     train_loader, val_loader = loaders(data, state, recipe.evaluation.eval_tokens)
-    for line in introduction(recipe, n_params, world_size, grad_accum, profile.precision, state):
-        say(line)
+    accelerator.print("\n".join(introduction(recipe, n_params, world_size, grad_accum, profile.precision, state)))
     log = RunLogger(
         recipe.reporting,
         accelerator=accelerator,
@@ -332,7 +341,7 @@ def setup(recipe: Recipe, where: Where) -> Run:
         phases=recipe.run_phases,  # a phase table when one ends
         tracker_config=flat_config(recipe),  # the trackers are shown the whole recipe
         # cost, the slow-node check, `plan`'s measurement: the run's own step on its card (the door's profile)
-        economics=RunEconomics(profile, recipe.model, recipe.data, cfg, recipe.reporting),
+        economics=RunEconomics(resolved, cfg, recipe.reporting),
         epochs_after=data.epochs_after,
         source_tokens=data.source_tokens,
     )
@@ -349,7 +358,7 @@ def setup(recipe: Recipe, where: Where) -> Run:
             output_dir=recipe.train.output_dir,
             model_config=config,
             tokenizer=tokenizer,
-            log=say,
+            log=accelerator.print,
             expected_bytes=CHECKPOINT_BYTES_PER_PARAMETER * n_params,
             activity=activity,
         ),

@@ -16,14 +16,14 @@ from accelerate import Accelerator
 from accelerate.utils import gather_object
 from tqdm.auto import tqdm
 
-from hf_pretrain.config import SECTIONS, DataConfig, ModelConfig, Recipe, ReportingConfig, TrainConfig, tracker_names
+from hf_pretrain.config import SECTIONS, Recipe, ReportingConfig, TrainConfig, tracker_names
 from hf_pretrain.economics.cost import cost_record, phases_from_recipe, write_phase_table
 from hf_pretrain.economics.forecast import forecast_fields
-from hf_pretrain.economics.measurements import configuration, record_training_run
+from hf_pretrain.economics.measurements import record_training_run
 from hf_pretrain.economics.performance import slow_node_warning
-from hf_pretrain.economics.workload import run_workload
+from hf_pretrain.economics.resolved_run import ResolvedRun
 from hf_pretrain.machine.hardware import peak_memory_gib
-from hf_pretrain.machine.run_profile import Machine, RunProfile
+from hf_pretrain.machine.run_profile import Machine
 from hf_pretrain.redaction import redact
 from hf_pretrain.run_folder.run_dir import JsonlWriter, RunDir, read_jsonl
 from hf_pretrain.training.compiling import CompileWatch
@@ -153,30 +153,25 @@ def flat_config(recipe: Recipe) -> dict[str, Any]:
 class RunEconomics:
     """What the run's records are priced and judged by: the money spent so far, the performance model's rate
     for this GPU (the slow-node check) and the measurement `plan` and the doctor read later. All of them of
-    the run's own step on its own card: the door's profile (training/loop.py's setup), never a card assumed."""
+    the run's own step on its own card: the door's answer (training/loop.py's setup), never a card assumed."""
 
-    def __init__(
-        self, profile: RunProfile, model: ModelConfig, data: DataConfig, train: TrainConfig, reporting: ReportingConfig
-    ):
-        self.profile, self.model, self.data, self.train, self.reporting = profile, model, data, train, reporting
+    def __init__(self, resolved: ResolvedRun, train: TrainConfig, reporting: ReportingConfig):
+        self.resolved, self.train, self.reporting = resolved, train, reporting
 
     @property
     def machine(self) -> Machine:
         """The card the run is on (its bf16 peak: MFU; its name: the slow-node check and a measurement's key)."""
-        return self.profile.machine
+        return self.resolved.profile.machine
 
     def cost(self, record: dict[str, Any]) -> dict[str, float]:
         return cost_record(record, price_per_hour=self.reporting.price_per_hour, max_steps=self.train.max_steps)
 
     def slow_node(self, tokens_per_s_per_gpu: float, device_name: str) -> str | None:
-        work = run_workload(self.model, self.data, self.profile.step, self.train.global_batch_tokens)
-        return slow_node_warning(tokens_per_s_per_gpu, device_name, work)
+        return slow_node_warning(tokens_per_s_per_gpu, device_name, self.resolved.workload)
 
     def record_session(self, records: list[dict[str, Any]], peak_gib: float | None) -> None:
         """This session's records as the measurement of the run's configuration on its card (none on a CPU)."""
-        batch = self.train.global_batch_tokens
-        measured = configuration(self.model, self.data, self.profile.step, global_batch_tokens=batch)
-        record_training_run(measured, self.machine.gpu_name, records, peak_gib)
+        record_training_run(self.resolved.key, self.machine.gpu_name, records, peak_gib)
 
 
 class RunLogger:
