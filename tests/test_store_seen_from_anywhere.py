@@ -907,3 +907,25 @@ def test_a_run_moves_with_its_url_alone_and_status_reads_it_from_anywhere(
     assert not list((tmp_path / "B").rglob("data/smoke")), "the data came from the store"
     for cache in (str(tmp_path / "B" / "home"), str(tmp_path / "A" / "home")):
         assert cache not in out, [line for line in out.splitlines() if cache in line]
+
+
+@pytest.mark.slow
+def test_the_doctor_on_a_fresh_machine_judges_the_resume_on_the_stores_newest_checkpoint(
+    reference_run, smoke_data, s3_bucket, s3_server, tmp_path
+):
+    """A run URL whose newest checkpoint is in the store alone (a fresh machine's copy is empty): the doctor's
+    resume row is judged on that checkpoint's train state, and says the pull (a row no test had read)."""
+    import s3fs
+
+    from tests.helpers import SHORT_RUN, cli
+
+    url = f"{s3_bucket}/run"
+    fs = s3fs.S3FileSystem(skip_instance_cache=True, use_listings_cache=False)
+    checkpoint = reference_run[0] / "checkpoints" / "step_00000008"
+    fs.put(str(checkpoint), f"{url}/checkpoints/step_00000008".removeprefix("s3://"), recursive=True)
+    flags = [part for key, value in SHORT_RUN.items() for part in (f"--{key}", str(value))]
+    machine = a_machine(tmp_path / "B", s3_server)
+    said = cli("doctor", "--recipe", "smoke", *flags, "--data_dir", str(smoke_data), "--output_dir", url, **machine)
+    resume = next(line for line in said.stdout.splitlines() if line.lstrip().startswith("resume"))
+    assert resume.split()[1] == "pass", said.stdout[-3000:]
+    assert "goes on from step 8 (step 8 is in the store; training pulls it into this machine's copy first)" in resume
