@@ -627,14 +627,13 @@ def test_the_where_check_sees_a_module_that_asks(tmp_path, monkeypatch):
 COPY_DERIVERS = {"working_copy", "local_copy"}
 # ...and the cache folder (`store.cache_dir`) is read in ever fewer modules: a ratchet, it may shrink, never grow
 # (10 modules read the attribute on 2026-12-04 before the door's `Where` carried it, 7 after; 3 on 2026-12-05, after
-# the data room, the data's upload and the run's sync took the door's `Location`).
+# the data room, the data's upload and the run's sync took the door's `Location`; 2 once the bench line's copy was
+# named by its URL where every preflight row's is, `checks._named_as_given`).
 READS_CACHE_DIR = {
     f"{PACKAGE}.{name}"
     for name in (
         # the home: `Where.of` reads it once for the run's and the data's copies
         "store.location "
-        # left: the bench line's URL read back from a copy
-        "preflight.budget "
         # another key: the demo's own --cache_dir (its export folder, not the store's)
         "publish.demo"
     ).split()

@@ -35,11 +35,9 @@ def run_cost(train: TrainConfig, reporting: ReportingConfig) -> float | None:
 
 def bench_command(recipe: Recipe) -> str:
     """The `hf-pretrain bench` of this very recipe: its file (a path stays a path, not its `name`) and
-    every key the command line changed, so that it works when pasted."""
-    from hf_pretrain.store.cache import url_of_copy
-
-    url = url_of_copy(recipe.train.output_dir, recipe.store.cache_dir)  # the doctor checks a URL run's copy
-    return recipe_command(recipe.replace(output_dir=url) if url else recipe, "bench", KEY_SECTION)
+    every key the command line changed, so that it works when pasted. (A URL run's copy in it is named by
+    its URL where the preflight's rows are: checks._named_as_given.)"""
+    return recipe_command(recipe, "bench", KEY_SECTION)
 
 
 def modelled_rate(work: Workload, gpu_name: str | None) -> float | None:
