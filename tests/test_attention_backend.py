@@ -49,24 +49,39 @@ def test_a_wrong_backend_is_refused_by_the_recipe_and_a_missing_one_by_the_docto
     assert check_attention_backend(*section_on_cpu(load_recipe("smoke"), "model")).status == "skip"
 
 
+def attention_of(recipe) -> tuple:
+    """What the door hands `resolved_attention_backend` of a recipe: the compute section's kernel, the model,
+    the context length."""
+    return recipe.compute.attention_backend, recipe.model, recipe.data.seq_len
+
+
 def test_auto_takes_the_fastest_kernel_a_check_measured_on_this_card(tmp_path):
     store = tmp_path / "measurements.jsonl"
     recipe = load_recipe("1b")
     shape = model_attention_shape(recipe.model, recipe.data.seq_len)
     assert shape == attention_shape(32, 8, 64, 2048)
-    assert resolved_attention_backend(recipe, "NVIDIA H100 80GB HBM3", store) == ("auto", None)  # none measured
+    assert resolved_attention_backend(*attention_of(recipe), "NVIDIA H100 80GB HBM3", store) == (
+        "auto",
+        None,
+    )  # none measured
     timed = {"flash": 9.0, "cudnn": 5.0, "efficient": 12.0, "default": 4.0}
     records = [
         new_record("attention", name, ms, "ms", "NVIDIA H100 80GB HBM3", shape=shape) for name, ms in timed.items()
     ]
     records.append(new_record("attention", "math", 1.0, "ms", None, shape=shape))  # a CPU's: never a GPU's choice
     record_checks(records, store)
-    backend, why = resolved_attention_backend(recipe, "NVIDIA H100 80GB HBM3", store)
+    backend, why = resolved_attention_backend(*attention_of(recipe), "NVIDIA H100 80GB HBM3", store)
     assert backend == "cudnn" and "fastest" in why  # torch's default is timed but is not a kernel to name
-    assert resolved_attention_backend(recipe, "NVIDIA A100-SXM4-80GB", store) == ("auto", None)  # another card
-    assert resolved_attention_backend(recipe, None, store) == ("auto", None)  # the CPU
+    assert resolved_attention_backend(*attention_of(recipe), "NVIDIA A100-SXM4-80GB", store) == (
+        "auto",
+        None,
+    )  # another card
+    assert resolved_attention_backend(*attention_of(recipe), None, store) == ("auto", None)  # the CPU
     named = load_recipe("1b", {"attention_backend": "flash"})
-    assert resolved_attention_backend(named, "NVIDIA H100 80GB HBM3", store) == ("flash", None)  # a choice wins
+    assert resolved_attention_backend(*attention_of(named), "NVIDIA H100 80GB HBM3", store) == (
+        "flash",
+        None,
+    )  # a choice wins
     assert torch.nn.attention.SDPBackend.CUDNN_ATTENTION  # the kernel names are torch's
 
 

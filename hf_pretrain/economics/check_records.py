@@ -159,14 +159,15 @@ def model_attention_shape(m: ModelConfig, seq_len: int) -> str:
     )
 
 
-def resolved_attention_backend(recipe, device: str | None, path: Path | None = None) -> tuple[str, str | None]:
-    """(the SDPA kernel a run uses, the line that says why when `auto` chose one): the recipe's choice, or
-    for `auto` the fastest a check measured on this GPU (`device`, a CUDA name) for the recipe's shape,
-    else `auto` (torch's own choice)."""
-    backend = recipe.compute.attention_backend
+def resolved_attention_backend(
+    backend: str, model: ModelConfig, seq_len: int, device: str | None, path: Path | None = None
+) -> tuple[str, str | None]:
+    """(the SDPA kernel a run uses, the line that says why when `auto` chose one): `backend` (the compute
+    section's choice), or for `auto` the fastest a check measured on this GPU (`device`, a CUDA name) for
+    the model's attention at `seq_len`, else `auto` (torch's own choice)."""
     if backend != "auto" or device is None:
         return backend, None
-    fastest = fastest_attention_backend(device, model_attention_shape(recipe.model, recipe.data.seq_len), path)
+    fastest = fastest_attention_backend(device, model_attention_shape(model, seq_len), path)
     if fastest is None:
         return "auto", None
     return fastest.name, (

@@ -32,7 +32,10 @@ from hf_pretrain.store.location import Where
 def complete_profile(recipe: Recipe, machine: Machine, world_size: int = 1) -> RunProfile:
     """`recipe`'s run profile on `machine`, complete for a door to hand down: `attention_backend: auto`
     resolved here, once, to the kernel a check measured fastest on that GPU."""
-    return run_profile(recipe, machine, world_size, attention=resolved_attention_backend(recipe, machine.gpu_name))
+    attention = resolved_attention_backend(
+        recipe.compute.attention_backend, recipe.model, recipe.data.seq_len, machine.gpu_name
+    )
+    return run_profile(recipe, machine, world_size, attention=attention)
 
 
 @dataclass(frozen=True)
