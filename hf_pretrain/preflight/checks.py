@@ -84,10 +84,10 @@ def run_checks(
     disk, memory, money. `resume_decision` is training's own (made once, then loaded); the doctor's is
     made here, once, for the checks that ask it. `resolved`: the command door's answer (training's setup,
     the doctor's main): its profile, world size and places; no row asks which machine this is, or where the
-    run and its data live. Each row is handed what it
-    checks (a section, the run folder, the profile), and what is worked out once for several: the prepared
-    data's match with the recipe, the model's size, the resume plan; the memory and the cost rows, and the
-    ones that build the model's or the loader's parts (liger, init_from, loader), still read the whole recipe."""
+    run and its data live. Each row is handed what it checks (a section, the run folder, the profile), and
+    what is worked out once for several: the prepared data's match with the recipe, the model's size, the
+    resume plan; the memory and the cost rows, and the ones that build the model's or the loader's parts
+    (liger, init_from, loader), still read the whole recipe."""
     from hf_pretrain.preflight.store_access import check_resume_from_store as resume_row
     from hf_pretrain.preflight.store_access import data_store_refused
 
