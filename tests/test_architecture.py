@@ -574,8 +574,7 @@ WHERE_DOORS = {
     for name in (
         "train preflight.doctor run_commands.run_status run_commands.stop_command publish.export "
         "publish.demo_command publish.gguf evaluation.eval_command run_commands.report data.prepare_command check.worker "
-        # bench decides its own data: the recipe's where prepared, else a local slice of its corpus it prepares
-        "bench.sweep"
+        "bench.bench_command"
     ).split()
 }
 ASKS_BELOW_A_DOOR = {

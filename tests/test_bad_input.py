@@ -381,7 +381,7 @@ def test_bench_slices_the_corpus_of_a_recipe_not_yet_prepared_into_data_it_can_u
 
     said: list[str] = []
     recipe = load_recipe("smoke", {"data_dir": str(tmp_path / "not-prepared")})
-    sliced = recipe_with_data(recipe, tmp_path / "bench", steps=20, say=said.append)
+    sliced = recipe_with_data(recipe, data_of(recipe), tmp_path / "bench", steps=20, say=said.append)
     check_prepared_data(sliced, data_of(sliced))  # raises if it cannot be used
     assert sliced.data.data_dir == str(tmp_path / "bench" / "data") and "cannot be used" in said[0]
 

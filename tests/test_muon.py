@@ -15,7 +15,7 @@ from hf_pretrain.config import load_recipe
 from hf_pretrain.model.llama import build_model, llama_config
 from hf_pretrain.optim.build import build_optimizer, set_learning_rate
 from hf_pretrain.optim.muon import MUON_GROUP, MuonAdamW
-from tests.helpers import CARD, bench_children_started_warm, launch_training
+from tests.helpers import CARD, bench_children_started_warm, data_of, launch_training
 from tests.test_gpu_paths import launch_fsdp
 from tests.test_train import checkpoint_weights, train_losses
 
@@ -155,7 +155,9 @@ def test_tokens_to_reach_interpolates_between_finished_models():
 
 
 def test_a_saving_reached_by_the_first_finished_model_is_said_as_a_lower_bound(tmp_path):
-    request = QualityRequest(load_recipe("smoke"), None, tmp_path, [], [1, 2], steps=16, points=2)
+    request = QualityRequest(
+        load_recipe("smoke"), None, data_of(load_recipe("smoke")), tmp_path, [], [1, 2], steps=16, points=2
+    )
     base = [Curve("base", seed, tokens=[100, 200], val_loss=[5.0, 4.0]) for seed in (1, 2)]
     early = [Curve("early", seed, tokens=[100, 200], val_loss=[3.9, 3.5]) for seed in (1, 2)]
     late = [Curve("late", seed, tokens=[100, 200], val_loss=[4.5, 3.5]) for seed in (1, 2)]

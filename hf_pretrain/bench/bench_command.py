@@ -103,9 +103,11 @@ def bench_request(recipe: Recipe, args: argparse.Namespace) -> BenchRequest:
     """The typed request of parsed flags; raises PriceError, RecipeError or ValueError naming the flag."""
     from hf_pretrain.bench.sweep import BenchRequest
     from hf_pretrain.bench.variants import variant_grid
+    from hf_pretrain.store.location import Where
 
     return BenchRequest(
         recipe=recipe,
+        data=Where.of(recipe).data,  # where its data lives: decided here, once, and handed down
         output=Path(args.output or f"runs/bench-{recipe.name}"),
         variants=variant_grid(args.variants),
         prices=price_table(args.prices, args.gpu_price),
@@ -119,6 +121,7 @@ def bench_request(recipe: Recipe, args: argparse.Namespace) -> BenchRequest:
 def quality_request(recipe: Recipe, args: argparse.Namespace) -> QualityRequest:
     from hf_pretrain.bench.quality import QualityRequest, shipped_recipe
     from hf_pretrain.bench.variants import variant_grid
+    from hf_pretrain.store.location import Where
 
     try:
         seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
@@ -129,6 +132,7 @@ def quality_request(recipe: Recipe, args: argparse.Namespace) -> QualityRequest:
     return QualityRequest(
         recipe=recipe,
         shipped=shipped_recipe(recipe.name),
+        data=Where.of(recipe).data,  # where its data lives: decided here, once, and handed down
         output=Path(args.output or f"runs/bench-quality-{recipe.name}"),
         variants=variant_grid(args.variants),
         seeds=seeds,

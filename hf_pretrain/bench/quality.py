@@ -36,6 +36,7 @@ from typing import Any
 from hf_pretrain.bench.variants import run_in_child, variant_name
 from hf_pretrain.config import ModelConfig, Recipe, build_recipe, load_recipe
 from hf_pretrain.run_folder.run_dir import RunDir, read_jsonl
+from hf_pretrain.store.location import Location
 
 Say = Callable[[str], None]
 MODEL_SHAPE_KEYS = (
@@ -51,6 +52,7 @@ MODEL_SHAPE_KEYS = (
 class QualityRequest:
     recipe: Recipe  # with the shrink and every other override applied
     shipped: Recipe | None  # the recipe as shipped (for the shrink and the plan), if it loads
+    data: Location  # where the recipe's data lives, as the command's door placed it
     output: Path
     variants: list[dict[str, str]]  # the first is the baseline; empty: the recipe as written alone
     seeds: list[int]
@@ -237,7 +239,9 @@ def run_quality(request: QualityRequest, say: Say = print) -> dict[str, Any]:
     from hf_pretrain.bench.sweep import recipe_with_data
 
     request.output.mkdir(parents=True, exist_ok=True)
-    request = dataclasses.replace(request, recipe=recipe_with_data(request.recipe, request.output, request.steps, say))
+    request = dataclasses.replace(
+        request, recipe=recipe_with_data(request.recipe, request.data, request.output, request.steps, say)
+    )
     shrink = shrink_said(request.recipe.model, request.shipped.model if request.shipped else None)
     if shrink:
         say(shrink)

@@ -30,7 +30,7 @@ from hf_pretrain.machine.gpus import best_match, find_gpu
 from hf_pretrain.machine.hardware import device_name
 from hf_pretrain.machine.run_profile import Machine, Step, device_kind, this_machine
 from hf_pretrain.model.llama import model_flops_per_token
-from hf_pretrain.store.location import Where
+from hf_pretrain.store.location import Location
 
 Say = Callable[[str], None]
 
@@ -40,6 +40,7 @@ class BenchRequest:
     """What to measure, and where to write it. Raises ValueError for a contradiction."""
 
     recipe: Recipe
+    data: Location  # where the recipe's data lives, as the command's door placed it
     output: Path  # bench.json, bench.md, and each variant's short run
     variants: list[dict[str, str]]  # recipe overrides, one dict per variant (`variants.variant_grid`)
     prices: dict[str, float]  # GPU name -> $ per GPU-hour (`economics.prices.price_table`)
@@ -53,10 +54,11 @@ class BenchRequest:
             raise ValueError("--warmup must be at least 0 and below --steps")
 
 
-def recipe_with_data(recipe: Recipe, out: Path, steps: int, say: Say) -> Recipe:
-    """The recipe itself when its data is prepared, else the recipe on a slice of its corpus in `out`."""
+def recipe_with_data(recipe: Recipe, data: Location, out: Path, steps: int, say: Say) -> Recipe:
+    """The recipe itself when its data (at `data`, the door's) is prepared, else the recipe on a slice of its
+    corpus in `out`."""
     try:
-        check_prepared_data(recipe, Where.of(recipe).data)  # bench decides its data here: the recipe's, or a slice
+        check_prepared_data(recipe, data)
         return recipe
     except (DataMismatchError, FileNotFoundError) as exc:
         say(f"the recipe's data cannot be used ({exc})")
@@ -180,7 +182,7 @@ def run_bench(request: BenchRequest, say: Say = print) -> dict[str, Any]:
     """Run the bench `request` asks for; write bench.json and bench.md and return what bench.json holds."""
     out = request.output
     out.mkdir(parents=True, exist_ok=True)
-    recipe = recipe_with_data(request.recipe, out, request.steps, say)
+    recipe = recipe_with_data(request.recipe, request.data, out, request.steps, say)
     runner = VariantRunner(recipe, out, request.steps, request.warmup, say)
     for overrides in [{}] + [point for point in request.variants if not is_recipe_as_written(recipe, point)]:
         runner.run(overrides)
