@@ -271,7 +271,8 @@ def _check_complete_in_store(data: Location, copy: Path, *, prepare: str, reprep
     from hf_pretrain.store.data.data_upload import in_words, store_lacks
     from hf_pretrain.store.urls import filesystem
 
-    lacking = store_lacks(data.url, filesystem(data.url), json.loads((copy / BLOCKS_FILE).read_text()))
+    store = data.url
+    lacking = store_lacks(store, filesystem(store), json.loads((copy / BLOCKS_FILE).read_text()))
     if lacking:
         raise DataMismatchError(
             f"{data} lacks {in_words(lacking)} (a sync cut short, or deleted there): training would stop at the "

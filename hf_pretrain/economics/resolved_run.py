@@ -1,8 +1,8 @@
 """A command's one answer to what runs, where and on which machine, built at its door (issue 58).
 
-A command's door (training's setup, the doctor, the pod check's worker, the bench's pricing of a variant)
-builds a `ResolvedRun` once from the recipe, the machine it is on, where the run and its data live, and the
-world size, and hands it down. Below the door nothing works these out again:
+A command's door (training's setup, the doctor) builds a `ResolvedRun` once from the recipe, the machine it
+is on, where the run and its data live, and the world size, and hands it down. Below the door nothing works
+these out again:
 
 - `profile`: the run profile (machine/run_profile.py), complete: `attention_backend: auto` resolved to the
   SDPA kernel a check measured fastest on that card (check_records.py), so the model, the doctor's row and
@@ -14,7 +14,8 @@ world size, and hands it down. Below the door nothing works these out again:
   shape with it), each of the profile's step and the recipe's batch, worked out once.
 
 A card nobody here runs on is a what-if (machine/what_if.py), never a door's answer; outside `machine/`
-only this module builds a profile (tests/test_architecture.py).
+only this module builds a profile (tests/test_architecture.py): the pod check's parts and the bench's
+variants, which run no places of their own, take `complete_profile` alone.
 """
 
 from __future__ import annotations

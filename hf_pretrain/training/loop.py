@@ -232,8 +232,9 @@ def checked_start(recipe: Recipe, resolved: ResolvedRun, run_dir: RunDir) -> tup
     main = PartialState().is_main_process
     activity = functools.partial(set_activity, run_dir.path) if main else None
     say = (lambda line: print(run_dir.in_words(line))) if main else None  # a URL run: its URL, not the cache
-    identity = functools.cache(lambda: data_identity(resolved.where.data))
-    decide = functools.cache(lambda: decide_resume(recipe, identity(), say=say, activity=activity))
+    decide = functools.cache(
+        lambda: decide_resume(recipe, data_identity(resolved.where.data), say=say, activity=activity)
+    )
     preflight(recipe, resolved, log=say or (lambda _: None), resume_decision=decide)
     return decide(), activity
 
