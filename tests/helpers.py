@@ -9,6 +9,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from tests.stacks import communicate_or_diagnose
 from tests.warm_start import WarmStarter
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -128,7 +129,9 @@ def run_captured(command: list[str], cwd: Path, env: dict[str, str], timeout: fl
     (tests/warm_start.py), cold otherwise."""
     ran = WARM.run(command, cwd, env, timeout)
     if ran is None:
-        return subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+        process = subprocess.Popen(command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        out, err = communicate_or_diagnose(process, timeout)
+        return subprocess.CompletedProcess(command, process.returncode, out, err)
     return subprocess.CompletedProcess(command, *ran)
 
 
@@ -150,28 +153,6 @@ def start_merged(command: list[str], cwd: Path, env: dict[str, str]):
             command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
         )
     return started
-
-
-def lose_processes(process: subprocess.Popen) -> None:
-    """End `process` and every process under it at once, as a lost machine ends them. A process group is
-    not enough: torch's elastic agent (under `accelerate launch` of several processes) starts each worker in
-    a session of its own, and a worker whose launcher died stops gracefully, with a checkpoint. All are
-    frozen first, so none acts on another's death before its own."""
-    import signal
-
-    import psutil
-
-    try:
-        root = psutil.Process(process.pid)
-        everyone = [root, *root.children(recursive=True)]
-    except psutil.NoSuchProcess:
-        return
-    for sig in (signal.SIGSTOP, signal.SIGKILL):
-        for member in everyone:
-            try:
-                member.send_signal(sig)
-            except psutil.NoSuchProcess:
-                pass
 
 
 def recipe_data(recipe, *, rank: int, world_size: int, grad_accum: int, pin_memory: bool = False):

@@ -24,13 +24,13 @@ from tests.helpers import (
     OUTSIDE_CHECKOUT,
     cli,
     launch_command,
-    lose_processes,
     offline_env,
     run_captured,
     short_run,
     start_merged,
 )
 from tests.object_store_server import FAKE_KEY_ID, FAKE_SECRET
+from tests.stacks import lose_processes
 
 
 def train_command(data_dir: Path, url: str, **overrides) -> list[str]:

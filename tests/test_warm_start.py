@@ -10,9 +10,10 @@ import subprocess
 import sys
 import textwrap
 
+import psutil
 import pytest
 
-from tests.helpers import WARM, offline_env
+from tests.helpers import WARM, offline_env, run_captured
 
 SCRIPT = textwrap.dedent(
     """
@@ -66,12 +67,36 @@ def test_an_uncaught_exception_ends_a_warm_script_as_it_ends_a_cold_one(script, 
     assert cold.stderr.splitlines()[-1] == warm[2].splitlines()[-1] != "boom"  # the same last line: the error itself
 
 
-def test_a_warm_run_past_its_timeout_is_killed_and_says_so(script, tmp_path):
+def test_a_warm_run_past_its_timeout_is_killed_and_says_where_it_waited(script, tmp_path):
     with pytest.raises(subprocess.TimeoutExpired) as expired:
         WARM.run([sys.executable, str(script), "sleep", "0"], tmp_path, offline_env(), timeout=15)
     pid = int(expired.value.output.split()[0])
     with pytest.raises(ProcessLookupError):  # gone, and reaped
         os.kill(pid, 0)
+    assert f"Thread {pid}" in str(expired.value) and "script.py:6" in str(expired.value)  # py-spy: the sleep's line
+
+
+def test_a_cold_run_past_its_timeout_says_where_each_process_waited_and_leaves_none(tmp_path):
+    """A worker of torch's launcher lives in a session of its own: the dump and the kill reach it too."""
+    code = textwrap.dedent(
+        r"""
+        import subprocess, sys, time
+        def the_launcher_waits():
+            time.sleep(600)
+        worker = "import os, time\ndef the_worker_waits():\n    time.sleep(600)\nos.setsid()\nthe_worker_waits()"
+        print(subprocess.Popen([sys.executable, "-c", worker]).pid, flush=True)
+        the_launcher_waits()
+        """
+    )
+    with pytest.raises(subprocess.TimeoutExpired) as expired:
+        run_captured([sys.executable, "-c", code], tmp_path, offline_env(), timeout=10)
+    said = str(expired.value)
+    assert "the_launcher_waits" in said and "the_worker_waits" in said
+    worker = int(expired.value.output.split()[0])
+    try:  # killed: gone, or a zombie until whoever adopted it reaps it
+        assert psutil.Process(worker).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        pass
 
 
 def test_an_environment_the_imports_could_have_read_starts_cold(script, tmp_path):

@@ -40,6 +40,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from tests.stacks import Hung, process_stacks
+
 # Keys a test may set for one launch without a cold start: nothing imported before the fork reads them.
 OWN_KEYS = ("HF_PRETRAIN_", "AWS_", "PYTEST_")
 # What the warm process imports before it forks: what every trainer imports first, the slow part of its start.
@@ -216,10 +218,11 @@ class WarmStarter:
         try:
             out, err = process.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
+            stacks = process_stacks(process.pid)  # where it waited, for the failure's message
             process.kill()  # as subprocess.run: kill, wait, and say what was printed so far
             process.wait()
             out, err = process.said_so_far()
-            raise subprocess.TimeoutExpired(command, timeout, output=out, stderr=err) from None
+            raise Hung(command, timeout, stacks, output=out, stderr=err) from None
         except BaseException:
             process.kill()
             raise
