@@ -55,6 +55,7 @@ def run_training(recipe: Recipe, where: Where | None = None) -> Outcome:
     from hf_pretrain.publish.side_jobs import SideJobs
     from hf_pretrain.training.loop import Outcome
     from hf_pretrain.training.loop import train as train_loop
+    from hf_pretrain.training.rendezvous import group_ends_last
     from hf_pretrain.training.session import Session
 
     where = where or Where.of(recipe)
@@ -84,7 +85,10 @@ def run_training(recipe: Recipe, where: Where | None = None) -> Outcome:
         ) as session:
             if store is not None:
                 store.session_started()
-            outcome = train_loop(recipe, callbacks=[side_jobs] + ([store] if store is not None else []), where=where)
+            with group_ends_last():  # the loop's model is gone before its process group ends (rendezvous.py)
+                outcome = train_loop(
+                    recipe, callbacks=[side_jobs] + ([store] if store is not None else []), where=where
+                )
             unpushed = side_jobs.unpushed(session.dir)  # on the first process only: the others push nothing
             behind = store.behind() if store is not None else None
             if store is not None and store.lost_the_run():  # taken over: its line is the whole story, and 73

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from datetime import timedelta
 
 import pytest
 import torch.distributed as dist
 
-from hf_pretrain.training.rendezvous import attempt_store
+from hf_pretrain.training import rendezvous
+from hf_pretrain.training.rendezvous import attempt_store, group_ends_last, hold_the_group
 from tests.test_survival import free_port
 
 
@@ -38,3 +41,43 @@ def test_a_restarted_attempt_does_not_read_the_keys_the_dead_attempt_left(agent_
 def test_outside_an_agents_store_the_process_group_is_left_to_torch(monkeypatch):
     monkeypatch.delenv("TORCHELASTIC_USE_AGENT_STORE", raising=False)
     assert attempt_store() == {}
+
+
+STUCK_TEARDOWN = """
+import gc, sys, time
+import torch.distributed as dist
+from hf_pretrain.training import rendezvous
+
+rendezvous.TEARDOWN_BACKSTOP_S = 2.0
+dist.init_process_group("gloo", init_method="tcp://127.0.0.1:{port}", rank=0, world_size=1)
+rendezvous.hold_the_group()
+
+
+class StuckInTeardown:  # stands in for a destructor that never returns (a join that waits forever)
+    def __del__(self):
+        time.sleep(600)
+
+
+with rendezvous.group_ends_last():
+    cycle = StuckInTeardown()
+    cycle.itself = cycle  # freed only by the collection on the way out
+    del cycle
+print("never", flush=True)
+"""
+
+
+def test_a_teardown_that_never_ends_still_ends_the_process_with_its_stacks(tmp_path):
+    """The watchdog stood down with the steps; the group's teardown has a backstop of its own."""
+    script = tmp_path / "stuck.py"
+    script.write_text(STUCK_TEARDOWN.format(port=free_port()))
+    ended = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert ended.returncode == 1 and "never" not in ended.stdout
+    assert "__del__" in ended.stderr and "group_ends_last" in ended.stderr  # where it was stuck
+
+
+def test_one_process_holds_no_group_and_its_teardown_orders_nothing():
+    assert not dist.is_initialized()
+    hold_the_group()
+    with group_ends_last():
+        pass
+    assert rendezvous._HELD == []

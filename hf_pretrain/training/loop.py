@@ -53,7 +53,7 @@ from hf_pretrain.training.callbacks import Callback, CallbackList
 from hf_pretrain.training.compile_cache import CompileCache, key_fields
 from hf_pretrain.training.guards import Guards, Stop, take_up_at_start
 from hf_pretrain.training.metrics import RunEconomics, RunLogger, flat_config
-from hf_pretrain.training.rendezvous import attempt_store
+from hf_pretrain.training.rendezvous import attempt_store, hold_the_group
 from hf_pretrain.training.state import TrainState
 from hf_pretrain.training.step import Evaluation, TrainStep
 from hf_pretrain.training.step_attempt import StepAttempt
@@ -273,6 +273,7 @@ def start_processes(hang_timeout_s: float, *, on_cpu: bool) -> tuple[int, dict]:
     group = process_group_kwargs(hang_timeout_s)
     # this call creates the process group, its keys apart from those of an attempt before a restart
     processes = PartialState(cpu=on_cpu, **group, **attempt_store(group.get("timeout")))
+    hold_the_group()  # ended after the model, from Python: train.py's `group_ends_last` (rendezvous.py)
     hold_if_asked(0, processes.process_index, print)  # tests only: `hold:0` holds the start-up (faults.py)
     return processes.num_processes, group
 
