@@ -627,16 +627,11 @@ COPY_DERIVERS = {"working_copy", "local_copy"}
 # ...and the cache folder (`store.cache_dir`) is read in ever fewer modules: a ratchet, it may shrink, never grow
 # (10 modules read the attribute on 2026-12-04 before the door's `Where` carried it, 7 after; 3 on 2026-12-05, after
 # the data room, the data's upload and the run's sync took the door's `Location`; 2 once the bench line's copy was
-# named by its URL where every preflight row's is, `checks._named_as_given`).
+# named by its URL where every preflight row's is, `checks._named_as_given`); 1 once the demo's own --cache_dir (its
+# folder of exports, not the store's cache) was parsed into `export_folder`.
 READS_CACHE_DIR = {
-    f"{PACKAGE}.{name}"
-    for name in (
-        # the home: `Where.of` reads it once for the run's and the data's copies
-        "store.location "
-        # another key: the demo's own --cache_dir (its export folder, not the store's)
-        "publish.demo"
-    ).split()
-}
+    f"{PACKAGE}.store.location"
+}  # the home: `Where.of` reads it once for the run's and the data's copies
 
 
 def _calls_named(module: str, names: set[str]) -> int:

@@ -172,7 +172,7 @@ def build(
 def run(args: argparse.Namespace) -> int:
     """The page asked by demo_command's flags (parsed there, without gradio or torch), launched."""
     try:
-        demo = build(args.model, args.cache_dir, args.title)
+        demo = build(args.model, args.export_folder, args.title)
     except DemoError as exc:
         print(f"hf-pretrain demo: {exc}", file=sys.stderr)
         return EXIT_CONFIG

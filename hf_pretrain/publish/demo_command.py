@@ -39,7 +39,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on")
     parser.add_argument("--share", action="store_true", help="also serve through a public gradio.live link")
     parser.add_argument(
-        "--cache_dir", type=Path, default=DEFAULT_CACHE_DIR, help="where checkpoints are exported to model folders"
+        "--cache_dir",
+        dest="export_folder",  # the demo's own folder of exported checkpoints, not the store's cache (`store.cache_dir`)
+        metavar="FOLDER",
+        type=Path,
+        default=DEFAULT_CACHE_DIR,
+        help="where checkpoints are exported to model folders",
     )
     parser.add_argument("--title", default=DEFAULT_TITLE, help="the page's title")
     return parser
