@@ -33,7 +33,8 @@ class Hung(subprocess.TimeoutExpired):
 
 
 def communicate_or_diagnose(process: subprocess.Popen, timeout: float) -> tuple[str, str]:
-    """`process.communicate(timeout=timeout)`; past `timeout`, `Hung`, every process under it dumped and ended."""
+    """`process.communicate(timeout=timeout)`; past `timeout`, `Hung`, every process under it dumped and ended (and
+    ended, undumped, on any other way out)."""
     try:
         return process.communicate(timeout=timeout)
     except subprocess.TimeoutExpired as expired:
@@ -41,6 +42,9 @@ def communicate_or_diagnose(process: subprocess.Popen, timeout: float) -> tuple[
         lose_processes(process)
         out, err = process.communicate()
         raise Hung(expired.cmd, timeout, stacks, output=out, stderr=err) from None
+    except BaseException:  # an interrupt, say: as `subprocess.run`, nothing left running
+        lose_processes(process)
+        raise
 
 
 def process_stacks(pid: int) -> str:
