@@ -48,7 +48,7 @@ def communicate_or_diagnose(process: subprocess.Popen, timeout: float) -> tuple[
 
 
 def process_stacks(pid: int) -> str:
-    """`py-spy dump` of `pid` and every process under it, else (no py-spy) their command lines alone."""
+    """`py-spy dump --native` of `pid` and every process under it, else (no py-spy) their command lines alone."""
     try:
         root = psutil.Process(pid)
         members = [root, *root.children(recursive=True)]
@@ -62,7 +62,10 @@ def process_stacks(pid: int) -> str:
         except psutil.Error:
             continue
         if spy:
-            dumped = subprocess.run([spy, "dump", "--pid", str(member.pid)], capture_output=True, text=True, timeout=60)
+            # --native: the frames below Python too (a C++ destructor's join waiting on the interpreter lock, say)
+            dumped = subprocess.run(
+                [spy, "dump", "--native", "--pid", str(member.pid)], capture_output=True, text=True, timeout=60
+            )
             said.append(dumped.stdout + dumped.stderr)
     return "\n".join(said)
 
