@@ -49,10 +49,8 @@ def communicate_or_diagnose(process: subprocess.Popen, timeout: float) -> tuple[
 
 def process_stacks(pid: int) -> str:
     """`py-spy dump --native` of `pid` and every process under it, else (no py-spy) their command lines alone."""
-    try:
-        root = psutil.Process(pid)
-        members = [root, *root.children(recursive=True)]
-    except psutil.NoSuchProcess:
+    members = process_tree(pid)
+    if not members:
         return f"(process {pid} is gone)"
     spy = shutil.which("py-spy", path=str(Path(sys.executable).parent)) or shutil.which("py-spy")
     said = []
@@ -75,14 +73,19 @@ def lose_processes(process) -> None:
     not enough: torch's elastic agent (under `accelerate launch` of several processes) starts each worker in
     a session of its own, and a worker whose launcher died stops gracefully, with a checkpoint. All are
     frozen first, so none acts on another's death before its own."""
-    try:
-        root = psutil.Process(process.pid)
-        everyone = [root, *root.children(recursive=True)]
-    except psutil.NoSuchProcess:
-        return
+    everyone = process_tree(process.pid)
     for sig in (signal.SIGSTOP, signal.SIGKILL):
         for member in everyone:
             try:
                 member.send_signal(sig)
             except psutil.NoSuchProcess:
                 pass
+
+
+def process_tree(pid: int) -> list[psutil.Process]:
+    """`pid` and every process under it, whatever session each is in; none when `pid` is gone."""
+    try:
+        root = psutil.Process(pid)
+        return [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return []

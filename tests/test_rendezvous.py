@@ -44,7 +44,7 @@ def test_outside_an_agents_store_the_process_group_is_left_to_torch(monkeypatch)
 
 
 STUCK_TEARDOWN = """
-import gc, sys, time
+import time
 import torch.distributed as dist
 from hf_pretrain.training import rendezvous
 
