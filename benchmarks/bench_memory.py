@@ -74,8 +74,8 @@ def measure(shape: str) -> dict:
     from accelerate import Accelerator
 
     from hf_pretrain.config import load_recipe
-    from hf_pretrain.economics.memory import estimate_memory
-    from hf_pretrain.machine.run_profile import THE_CPU
+    from hf_pretrain.economics.memory import memory_of
+    from hf_pretrain.machine.run_profile import THE_CPU, run_profile
     from hf_pretrain.model.llama import (
         build_model,
         enable_activation_checkpointing,
@@ -100,7 +100,10 @@ def measure(shape: str) -> dict:
     )
     recipe = dataclasses.replace(recipe, model=model_cfg)
     tokenizer_size = tokenizer_size_of(recipe.data)
-    estimate = estimate_memory(recipe, tokenizer_size, THE_CPU)
+    step = run_profile(recipe.step_as_written, THE_CPU).step  # the step it runs here, on this CPU
+    estimate = memory_of(
+        recipe.model, step, tokenizer_size, seq_len=seq, global_batch_tokens=recipe.train.global_batch_tokens
+    )
 
     accelerator = Accelerator(cpu=True, mixed_precision=precision)
     torch.manual_seed(0)

@@ -121,7 +121,9 @@ def trainer_window_rates(recipe: Recipe, warmup: int) -> list[float]:
                     torch.cuda.synchronize()
                 self.times.append(time.perf_counter())
 
-    precision = run_profile(recipe, this_machine()).accelerate_precision  # Accelerate's word: `no` for fp32
+    precision = run_profile(
+        recipe.step_as_written, this_machine()
+    ).accelerate_precision  # Accelerate's word: `no` for fp32
     args = TrainingArguments(
         output_dir=train_cfg.output_dir,
         max_steps=train_cfg.max_steps,

@@ -31,7 +31,7 @@ def table() -> str:
     columns = []
     for name, flags, measured in CONFIGURATIONS:
         recipe = load_recipe("1b", flags)
-        step = profile_on(recipe, gpu).step  # the recipe's step on that card
+        step = profile_on(recipe.step_as_written, gpu).step  # the recipe's step on that card
         work = run_workload(recipe.model, recipe.data, step, recipe.train.global_batch_tokens)
         columns.append((name, step_time(work, gpu), work, measured, recipe.train.global_batch_tokens))
     lines = [

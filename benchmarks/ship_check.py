@@ -56,7 +56,7 @@ def main(argv: list[str]) -> int:
     for f in figures:
         if f.part == "step" and f.value:
             configured = build_recipe(recipe.to_dict(), f.detail.get("overrides") or {})
-            step = profile_on(configured, measured_card(device)).step  # on the card the check measured
+            step = profile_on(configured.step_as_written, measured_card(device)).step  # on the card the check measured
             batch = configured.train.global_batch_tokens
             shipped += bool(
                 record_measurement(

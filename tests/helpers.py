@@ -275,7 +275,46 @@ def on_cpu(recipe):
     """(`recipe`, its run profile on a CPU): what a doctor's row is handed at the door (preflight/gpu.py)."""
     from hf_pretrain.machine.run_profile import THE_CPU, run_profile
 
-    return recipe, run_profile(recipe, THE_CPU)
+    return recipe, run_profile(recipe.step_as_written, THE_CPU)
+
+
+def state_at_start(recipe, data=None):
+    """`recipe`'s run at step 0, as training's `resumed_state` starts it (`data`: its data folder unless given)."""
+    from hf_pretrain.config import math_keys
+    from hf_pretrain.optim.build import Schedule
+    from hf_pretrain.training.state import TrainState
+
+    return TrainState.at_start(
+        "cpu",
+        fingerprint=recipe.fingerprint(),
+        math=math_keys(recipe),
+        schedule=Schedule(recipe.optim, max_steps=recipe.train.max_steps),
+        samples_per_step=recipe.train.global_batch_tokens // recipe.data.seq_len,
+        data=data or recipe.data.data_dir,
+    )
+
+
+def card_sections(recipe) -> dict:
+    """What a GPU's row of `plan` reads of `recipe` (economics/planning/gpu_ranking.gpu_row), by keyword."""
+    return {"model": recipe.model, "data": recipe.data, "train": recipe.train, "written": recipe.step_as_written}
+
+
+def memory_row(recipe, profile, device_memory_bytes=None):
+    """The doctor's memory row for `recipe` run as `profile` says (preflight/gpu.check_memory)."""
+    from hf_pretrain.preflight.gpu import check_memory
+
+    return check_memory(profile, device_memory_bytes, **card_sections(recipe), recipe_name=recipe.name)
+
+
+def estimate_memory(recipe, tokenizer_size: int, on, world_size: int = 1):
+    """A what-if: the peak memory of the step `recipe` would run on `on` (a card of the table, or a `Machine`)
+    with `world_size` processes, as the doctor's memory row models a card it is asked of."""
+    from hf_pretrain.economics.memory import memory_of
+    from hf_pretrain.machine.what_if import profile_on
+
+    step = profile_on(recipe.step_as_written, on, world_size).step
+    batch = recipe.train.global_batch_tokens
+    return memory_of(recipe.model, step, tokenizer_size, seq_len=recipe.data.seq_len, global_batch_tokens=batch)
 
 
 def profile_here(recipe, world_size: int = 1):
@@ -283,7 +322,9 @@ def profile_here(recipe, world_size: int = 1):
     from hf_pretrain.economics.resolved_run import complete_profile
     from hf_pretrain.machine.run_profile import this_machine
 
-    return complete_profile(recipe, this_machine(), world_size)
+    return complete_profile(
+        recipe.step_as_written, this_machine(), world_size, model=recipe.model, seq_len=recipe.data.seq_len
+    )
 
 
 def resolved_here(recipe, world_size: int = 1, where=None):
@@ -362,7 +403,7 @@ def h100_workload(recipe, *, tokenizer_size=None, micro_batch_size=None, world_s
     from hf_pretrain.economics.workload import run_workload
     from hf_pretrain.machine.what_if import profile_on
 
-    step = profile_on(recipe, CARD, world_size, micro_batch_size, checkpointed_layers).step
+    step = profile_on(recipe.step_as_written, CARD, world_size, micro_batch_size, checkpointed_layers).step
     return run_workload(recipe.model, recipe.data, step, recipe.train.global_batch_tokens, tokenizer_size)
 
 
@@ -371,5 +412,5 @@ def h100_configuration(recipe, world_size: int = 1):
     from hf_pretrain.economics.measurements import configuration
     from hf_pretrain.machine.what_if import profile_on
 
-    step = profile_on(recipe, CARD, world_size).step
+    step = profile_on(recipe.step_as_written, CARD, world_size).step
     return configuration(recipe.model, recipe.data, step, global_batch_tokens=recipe.train.global_batch_tokens)

@@ -397,8 +397,9 @@ def test_no_package_hides_its_names_behind_a_lazy_facade():
 
 # Issue 46: which machine this is (`this_machine()`, `device_kind()`) is asked at a command's door, and the
 # answer handed down: a `RunProfile` (economics/resolved_run.complete_profile), or its `Machine`. Nothing
-# below a door asks again. A what-if for a named card (machine/what_if.py's `profile_on(recipe, "H100")`: `plan`,
-# the memory estimate, the performance model) is modelling, not asking; `run_profile` has no default machine.
+# below a door asks again. A what-if for a named card (machine/what_if.py's `profile_on(written, "H100")`:
+# `plan`, the memory estimate, the performance model) is modelling, not asking; `run_profile` has no default
+# machine.
 ASKS_WHICH_MACHINE = {"this_machine", "device_kind"}
 # module -> the functions a command, or a process of one, enters by: the only places that may ask
 DOORS = {
@@ -559,8 +560,8 @@ def test_the_any_card_what_if_is_the_step_of_every_card_of_the_table():
 
     for flags in ({}, {"liger": True}, {"mixed_precision": "fp8"}, {"mixed_precision": "no"}):
         recipe = load_recipe("1b", flags)
-        steps = {profile_on(recipe, gpu).step for gpu in gpu_table().values()}
-        assert steps == {profile_on_any_card(recipe).step}, flags
+        steps = {profile_on(recipe.step_as_written, gpu).step for gpu in gpu_table().values()}
+        assert steps == {profile_on_any_card(recipe.step_as_written).step}, flags
 
 
 # Issue 46, "is this a URL?" asked once: where the run and the data live (a local folder or a store URL) is
@@ -719,8 +720,9 @@ def test_the_scheme_check_sees_every_spelling(tmp_path):
 # 2026-11-28, then 74; 73 with issue 58): a new function takes the section it reads, with its runtime needs by keyword.
 # A parameter named `recipe` without an annotation counts too (issue 58's rule: 77 on 2026-12-05 with them; 69 after
 # the data room took the door's Location and the bench's and the check's verdict their sections; 68 once the model, the
-# optimizer and the attention kernel's resolution took theirs).
-MOST_FUNCTIONS_HANDED_THE_RECIPE = 68
+# optimizer and the attention kernel's resolution took theirs; 45 once a run profile took the step as the recipe writes
+# it, `StepAsWritten`, and the GPU rows, the memory, liger, store and resume rows, the card and the state theirs).
+MOST_FUNCTIONS_HANDED_THE_RECIPE = 45
 
 
 def _annotation_names_recipe(annotation: ast.expr | None) -> bool:

@@ -115,16 +115,26 @@ def test_the_profile_built_at_the_door_names_the_kernel_auto_became(tmp_path, mo
 
     monkeypatch.setenv("HF_PRETRAIN_HOME", str(tmp_path))
     recipe = load_recipe("smoke")
-    assert complete_profile(recipe, THE_CPU).step.attention_backend == "auto"  # the CPU: torch's own choice
+    assert (
+        complete_profile(
+            recipe.step_as_written, THE_CPU, model=recipe.model, seq_len=recipe.data.seq_len
+        ).step.attention_backend
+        == "auto"
+    )  # the CPU: torch's own choice
     gpu, shape = "NVIDIA H100 80GB HBM3", model_attention_shape(recipe.model, recipe.data.seq_len)
     record_checks([new_record("attention", n, ms, "ms", gpu, shape=shape) for n, ms in (("flash", 2.0), ("math", 9.0))])
     h100 = Machine("cuda", name=gpu, gpu=find_gpu(gpu), bf16=True, capability=9.0)  # a GPU that a check timed
-    profile = complete_profile(recipe, h100, world_size=2)
+    profile = complete_profile(
+        recipe.step_as_written, h100, world_size=2, model=recipe.model, seq_len=recipe.data.seq_len
+    )
     assert profile.step.attention_backend == "flash" and profile.step.world_size == 2
     assert "fastest SDPA kernel" in profile.attention_why
     # the doctor's row: the profile's kernel, tried on this CPU
-    on_the_cpu = run_profile(recipe, THE_CPU, attention=(profile.step.attention_backend, profile.attention_why))
+    on_the_cpu = run_profile(
+        recipe.step_as_written, THE_CPU, attention=(profile.step.attention_backend, profile.attention_why)
+    )
     row = check_attention_backend(recipe.model, on_the_cpu)
     assert row.status == "pass" and row.reason == profile.attention_why
-    named = complete_profile(load_recipe("smoke", {"attention_backend": "math"}), h100)
+    math = load_recipe("smoke", {"attention_backend": "math"})
+    named = complete_profile(math.step_as_written, h100, model=math.model, seq_len=math.data.seq_len)
     assert named.step.attention_backend == "math" and named.attention_why is None  # a recipe's choice wins

@@ -36,10 +36,9 @@ from hf_pretrain.machine.gpus import gpu_named
 from hf_pretrain.machine.run_profile import THE_CPU, Machine, run_profile
 from hf_pretrain.preflight.budget import check_cost
 from hf_pretrain.preflight.checks import MEMORY_PROBE_ENV, preflight
-from hf_pretrain.preflight.gpu import check_memory
 from hf_pretrain.preflight.result import CheckResult, PreflightError
 from hf_pretrain.store.location import Where
-from tests.helpers import h100_configuration, h100_workload, on_cpu
+from tests.helpers import card_sections, h100_configuration, h100_workload, memory_row, on_cpu
 
 H100 = "NVIDIA H100 80GB HBM3"  # what CUDA calls the card of the shared README's table
 GIB = 2**30
@@ -131,7 +130,7 @@ def test_a_probe_that_runs_out_of_memory_does_not_fit_by_the_error_and_hands_the
 def test_a_micro_batch_the_estimate_calls_too_big_is_still_tried(tmp_path):
     """The shared README's case: the estimate refused micro-batch 16 of the 1b on an 80 GB card, the
     card ran it. The search probes it, and a probe's preflight only warns about memory."""
-    estimate = check_memory(*on_cpu(one_b(micro_batch_size=16)), device_memory_bytes=int(79.6 * GIB))
+    estimate = memory_row(*on_cpu(one_b(micro_batch_size=16)), device_memory_bytes=int(79.6 * GIB))
     tried = []
 
     def probe(recipe, folder):
@@ -302,7 +301,7 @@ def test_the_store_skips_a_torn_line_and_keeps_every_writers_line(store):
 
 # ---------------------------------------------------------------------- plan and the doctor read them
 def _fitted_on(recipe, gpu_name):
-    row = gpu_ranking.gpu_row(recipe, gpu_named(gpu_name), 1e9, 2.99)
+    row = gpu_ranking.gpu_row(gpu_named(gpu_name), 1e9, 2.99, **card_sections(recipe))
     return row, recipe.replace(micro_batch_size=row.micro_batch_size).replace(
         checkpointed_layers=row.checkpointed_layers
     )
@@ -314,7 +313,9 @@ def test_plan_uses_a_recorded_measurement_before_the_model_and_says_so(store, ca
     record_measurement(h100_configuration(fitted), H100, 77_900.0, 37.24, "train")
     row, _ = _fitted_on(one_b(), "H100 SXM")
     assert row.tokens_per_s == 77_900.0 and row.measured.startswith("measured by train on NVIDIA H100")
-    assert gpu_ranking.gpu_row(one_b(), gpu_named("H100 PCIe"), 1e9, 2.0).measured is None  # the model elsewhere
+    assert (
+        gpu_ranking.gpu_row(gpu_named("H100 PCIe"), 1e9, 2.0, **card_sections(one_b())).measured is None
+    )  # the model elsewhere
 
     assert plan_command.main(["--recipe", "1b", "--gpu", "all"]) == 0
     out = capsys.readouterr().out
@@ -373,11 +374,11 @@ def test_the_doctor_uses_this_gpus_measurement_for_time_cost_and_memory(store):
     record_measurement(h100_configuration(recipe), H100, 65_153.0, 65.92, "bench")
     cost = check_cost(recipe, here.gpu_name)
     assert cost.status == "pass" and "65,153 tokens/s (measured by bench on NVIDIA H100" in cost.reason
-    memory = check_memory(recipe, run_profile(recipe, here))
+    memory = memory_row(recipe, run_profile(recipe.step_as_written, here))
     assert memory.status == "pass" and "this configuration ran here: peak 65.9" in memory.reason
     assert "measured by bench" in memory.reason and "the estimate, modelled" in memory.reason
     assert (
-        check_memory(*on_cpu(recipe), device_memory_bytes=int(79.2 * GIB)).reason != memory.reason
+        memory_row(*on_cpu(recipe), device_memory_bytes=int(79.2 * GIB)).reason != memory.reason
     )  # another GPU's question
 
 

@@ -20,7 +20,7 @@ from hf_pretrain.config import load_recipe
 from hf_pretrain.exit_codes import EXIT_CONFIG, EXIT_PREEMPTED
 from hf_pretrain.machine.run_profile import THE_CPU, run_profile
 from hf_pretrain.machine.what_if import measured_card, profile_on
-from tests.helpers import OUTSIDE_CHECKOUT, ROOT, cli, h100_configuration, offline_env
+from tests.helpers import OUTSIDE_CHECKOUT, ROOT, card_sections, cli, h100_configuration, offline_env
 
 PART_TITLES = (
     "(a) matmul",
@@ -68,7 +68,8 @@ def test_the_whole_check_runs_on_the_cpu_and_leaves_cpu_records_plan_never_price
         "from hf_pretrain.config import load_recipe\n"
         "from hf_pretrain.economics.planning.gpu_ranking import gpu_prices, ranked_rows\n"
         "from hf_pretrain.economics.measurements import _stored, store_path\n"
-        "rows = ranked_rows(load_recipe('smoke'), 1e9, gpu_prices(None))\n"
+        "r = load_recipe('smoke')\n"
+        "rows = ranked_rows(1e9, gpu_prices(None), model=r.model, data=r.data, train=r.train, written=r.step_as_written)\n"
         "print(sum(1 for r in rows if r.measured), len(_stored(store_path(), False)))\n"
     )
     asked = subprocess.run([sys.executable, "-c", probe], env=env, cwd=OUTSIDE_CHECKOUT, capture_output=True, text=True)
@@ -130,9 +131,9 @@ def verdict_of(recipe, figures: list[Figure]) -> list[str]:
         figures,
         recipe.model,
         recipe.data,
-        step=profile_on(recipe, measured_card(device)).step if device else None,
+        step=profile_on(recipe.step_as_written, measured_card(device)).step if device else None,
         global_batch_tokens=recipe.train.global_batch_tokens,
-        plan=plan_best(recipe),
+        plan=plan_best(**card_sections(recipe)),
         price_per_hour=recipe.reporting.price_per_hour,
         recipe_name=recipe.name,
     )
@@ -339,7 +340,7 @@ def test_a_cpu_check_record_never_prices_a_gpu_in_plan(tmp_path, monkeypatch):
     assert [(r.gpu, r.device) for r in stored_checks(shipped=False)] == [("cpu", "cpu")]
     assert _stored(store_path(), False) == []
     assert all(recorded_measurement(h100_configuration(recipe), gpu) is None for gpu in ("H100 SXM", "cpu"))
-    assert not [row for row in ranked_rows(recipe, 1e9, gpu_prices(None)) if row.measured]
+    assert not [row for row in ranked_rows(1e9, gpu_prices(None), **card_sections(recipe)) if row.measured]
 
 
 def test_one_command_ships_a_gpu_check_to_the_records_and_the_docs_and_refuses_a_cpu_one(tmp_path, monkeypatch):
@@ -404,7 +405,9 @@ def test_the_sdpa_part_times_each_kernel_once_under_its_own_name_and_calls_the_f
     said: list[str] = []
     report = Report("attention", tmp_path / "f.jsonl", None, say=said.append)
     smoke = load_recipe("smoke")
-    sdpa.measure(smoke.model, run_profile(smoke, THE_CPU).step, report, 10, THE_CPU, seq_len=smoke.data.seq_len)
+    sdpa.measure(
+        smoke.model, run_profile(smoke.step_as_written, THE_CPU).step, report, 10, THE_CPU, seq_len=smoke.data.seq_len
+    )
     figures = {f.name: f for f in read_figures(tmp_path / "f.jsonl")}
     assert asked == ["flash", "math", "flash", "math"] and "default" not in figures
     assert figures["flash"].value == pytest.approx(80.0) and figures["math"].value == pytest.approx(290.0)

@@ -85,7 +85,7 @@ def compiled_step_graphs(
     monkeypatch.setattr(torch, "compile", lambda model=None, **kw: TORCH_COMPILE(model, **{**kw, "backend": recorder}))
     torch._dynamo.reset()
     AcceleratorState._reset_state(reset_partial_state=True)
-    profile = run_profile(recipe, THE_CPU)
+    profile = run_profile(recipe.step_as_written, THE_CPU)
     torch.manual_seed(0)
     # the kernel the loop's model prefers (training/loop.py: no check record on a CPU, so the recipe's own)
     model = build_model(llama_config(recipe.model, tokenizer_size), attention_backend=recipe.compute.attention_backend)
@@ -443,8 +443,8 @@ def test_each_checkpointed_layer_saves_what_the_memory_estimate_says():
     183.3 / 143.2 / 103.1 MiB, 20.04 MiB per layer against an estimated 20.05. The recomputed
     layer's buffers do not add to the peak: the peak is at the start of the backward, and the
     checkpointed layers are the first ones, recomputed last."""
-    from hf_pretrain.economics.memory import estimate_memory
     from hf_pretrain.model.llama import tokenizer_size_of
+    from tests.helpers import estimate_memory
 
     layers, micro, seq = 4, 8, 256
     recipe = load_recipe(

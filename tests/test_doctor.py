@@ -19,7 +19,7 @@ import torch
 from hf_pretrain.config import Recipe, load_recipe
 from hf_pretrain.data import loader as loader_module
 from hf_pretrain.data.loader import PackedDataset
-from hf_pretrain.economics.memory import estimate_memory, layer_activation_bytes_per_token
+from hf_pretrain.economics.memory import layer_activation_bytes_per_token
 from hf_pretrain.exit_codes import EXIT_CONFIG
 from hf_pretrain.formatting import human_bytes
 from hf_pretrain.machine.run_profile import THE_CPU, machine_with, run_profile
@@ -35,12 +35,14 @@ from hf_pretrain.preflight.data import (
 )
 from hf_pretrain.preflight.dependencies import check_versions
 from hf_pretrain.preflight.disk import check_output_writable, disk_write_bytes_per_s
-from hf_pretrain.preflight.gpu import check_bf16, check_cuda, check_memory, check_tf32
+from hf_pretrain.preflight.gpu import check_bf16, check_cuda, check_tf32
 from hf_pretrain.preflight.result import CheckResult, PreflightError, format_table
 from tests.helpers import (
     CARD,
     cli,
     data_of,
+    estimate_memory,
+    memory_row,
     on_cpu,
     prepared_row,
     profile_on_cpu,
@@ -354,7 +356,7 @@ def test_memory_estimate_of_the_1b_recipe():
         2 * n,
     )
     # compiled, bf16: 2 x (6h + 2 h_kv + 3I) + 4a + 8 bytes per token and layer, h=2048, h_kv=8*64, I=8192, a=32
-    kind = run_profile(recipe, machine_with(CARD)).step
+    kind = run_profile(recipe.step_as_written, machine_with(CARD)).step
     assert (kind.compiled, kind.compiled_head, kind.liger, kind.compute_bytes) == (True, True, False, 2)
     assert layer_activation_bytes_per_token(recipe.model, kind) == 75_912
     assert estimate.activations == 16 * tokens * 75_912
@@ -369,7 +371,7 @@ def test_memory_estimate_of_the_1b_recipe():
     # eager: autocast's casts and the unfused norms and SwiGLU keep more; the loss keeps 12 bytes per logit
     eager = one_b(compile=False)
     assert (
-        layer_activation_bytes_per_token(eager.model, run_profile(eager, machine_with(CARD)).step)
+        layer_activation_bytes_per_token(eager.model, run_profile(eager.step_as_written, machine_with(CARD)).step)
         == 26 * 2048 + 4 * 512 + 8 * 8192 + 4 * 32 + 8
     )
     assert estimate_memory(eager, 32_005, CARD).head == tokens * (8 * 2048 + 4 + 12 * 32_064)
@@ -381,41 +383,39 @@ def test_memory_estimate_of_the_1b_recipe():
 
 
 def test_checkpointing_that_is_not_needed_warns():
-    result = check_memory(*on_cpu(one_b(gradient_checkpointing=True)), device_memory_bytes=141 * 10**9)
+    result = memory_row(*on_cpu(one_b(gradient_checkpointing=True)), device_memory_bytes=141 * 10**9)
     assert result.status == "warn" and "fits without gradient checkpointing" in result.reason
     assert (
         "need 40.8 GB at the peak, compiled, bf16 (18.7 GB weights, gradients and AdamW, 19.9 GB activations, "
         "2.2 GB head and loss), 23.3 GB with gradient checkpointing" in result.reason
     )
     assert "--gradient_checkpointing false" in result.fix
-    assert check_memory(*on_cpu(one_b()), device_memory_bytes=141 * 10**9).status == "pass"
-    assert (
-        check_memory(*on_cpu(one_b()), device_memory_bytes=48 * 10**9).status == "pass"
-    )  # an L40S: no recompute needed
+    assert memory_row(*on_cpu(one_b()), device_memory_bytes=141 * 10**9).status == "pass"
+    assert memory_row(*on_cpu(one_b()), device_memory_bytes=48 * 10**9).status == "pass"  # an L40S: no recompute needed
     # a few layers too many: the fewest that fit
-    result = check_memory(*on_cpu(one_b(checkpointed_layers=13)), device_memory_bytes=32 * 10**9)
+    result = memory_row(*on_cpu(one_b(checkpointed_layers=13)), device_memory_bytes=32 * 10**9)
     assert result.status == "warn" and "fits with fewer checkpointed layers than 13" in result.reason
     assert "--checkpointed_layers 11 " in result.fix
 
 
 def test_run_that_fits_only_with_checkpointing_fails_without_it():
     # 28.8 GB usable: 23.3 fits, 40.8 is over even less the estimate's 15% error (28.8 / 0.85 = 33.9)
-    result = check_memory(*on_cpu(one_b()), device_memory_bytes=32 * 10**9)
+    result = memory_row(*on_cpu(one_b()), device_memory_bytes=32 * 10**9)
     assert result.status == "fail" and "does not fit without gradient checkpointing" in result.reason
     # the fewest checkpointed layers that fit, before a smaller micro-batch (each costs a recompute)
     assert result.fix.startswith("--checkpointed_layers 11 (11 of 16 layers checkpointed)"), result.fix
-    assert check_memory(*on_cpu(one_b(checkpointed_layers=11)), device_memory_bytes=32 * 10**9).status == "pass"
-    assert check_memory(*on_cpu(one_b(checkpointed_layers=5)), device_memory_bytes=32 * 10**9).status == "fail"
-    assert check_memory(*on_cpu(one_b(gradient_checkpointing=True)), device_memory_bytes=32 * 10**9).status == "warn"
+    assert memory_row(*on_cpu(one_b(checkpointed_layers=11)), device_memory_bytes=32 * 10**9).status == "pass"
+    assert memory_row(*on_cpu(one_b(checkpointed_layers=5)), device_memory_bytes=32 * 10**9).status == "fail"
+    assert memory_row(*on_cpu(one_b(gradient_checkpointing=True)), device_memory_bytes=32 * 10**9).status == "warn"
     # a card too small at this micro-batch even with every layer: a smaller one, and its layers
-    result = check_memory(*on_cpu(one_b()), device_memory_bytes=24 * 10**9)
+    result = memory_row(*on_cpu(one_b()), device_memory_bytes=24 * 10**9)
     assert result.status == "fail" and "--micro_batch_size 4 --checkpointed_layers" in result.fix, result.fix
 
 
 def test_an_estimate_over_the_card_by_less_than_its_error_warns_and_names_the_bench():
     """29.1 GB estimated with 10 layers checkpointed against 28.8 GB usable: within the estimate's 15%,
     so the doctor cannot tell; it warns and gives the command that measures it on the device."""
-    result = check_memory(*on_cpu(one_b(checkpointed_layers=10)), device_memory_bytes=32 * 10**9)
+    result = memory_row(*on_cpu(one_b(checkpointed_layers=10)), device_memory_bytes=32 * 10**9)
     assert result.status == "warn" and "may not fit with 10 of 16 layers checkpointed" in result.reason
     assert "within the estimate's 15% of 28.8 GB usable" in result.reason
     assert (
@@ -424,18 +424,18 @@ def test_an_estimate_over_the_card_by_less_than_its_error_warns_and_names_the_be
     )
     assert "--checkpointed_layers 11" in result.fix  # and what the estimate says fits
     # the micro-batch the old estimate refused on an 80 GB card (99.7 GB; the H100 measured 40.0 GB at 8)
-    assert check_memory(*on_cpu(one_b(micro_batch_size=16)), device_memory_bytes=80 * 10**9).status == "pass"
+    assert memory_row(*on_cpu(one_b(micro_batch_size=16)), device_memory_bytes=80 * 10**9).status == "pass"
 
 
 def test_run_that_cannot_fit_either_way_fails():
-    result = check_memory(*on_cpu(one_b(gradient_checkpointing=True)), device_memory_bytes=16 * 10**9)
+    result = memory_row(*on_cpu(one_b(gradient_checkpointing=True)), device_memory_bytes=16 * 10**9)
     assert result.status == "fail" and "does not fit even with gradient checkpointing" in result.reason
     assert "the device has 16.0 GB, 14.4 GB usable" in result.reason
 
 
 @cpu_only
 def test_memory_without_a_gpu_skips_but_shows_the_estimate():
-    result = check_memory(*on_cpu(one_b()))
+    result = memory_row(*on_cpu(one_b()))
     assert result.status == "skip" and "no GPU to compare against" in result.reason
     assert "1.04B parameters need 40.8 GB" in result.reason
 
@@ -596,9 +596,9 @@ def test_without_a_gpu_the_doctor_describes_the_configuration_asked_and_quotes_t
     """`doctor --recipe 1b --checkpointed_layers 8` printed the same 40.8 GB as without them, and called the
     1b's time and cost unknown although the package ships the H100's measurement (issue 45)."""
     monkeypatch.setenv("HF_PRETRAIN_HOME", str(tmp_path))  # the shipped store only
-    asked = check_memory(*on_cpu(one_b(checkpointed_layers=8)))
+    asked = memory_row(*on_cpu(one_b(checkpointed_layers=8)))
     assert asked.status == "skip" and "with 8 of 16 layers checkpointed, as asked: 31.4 GB at the peak" in asked.reason
-    plain = check_memory(*on_cpu(one_b()))
+    plain = memory_row(*on_cpu(one_b()))
     assert "the H100 SXM measured a peak of" in plain.reason and "project's H100 run" in plain.reason
     cost = check_cost(one_b(), None)
     assert cost.status == "pass" and "at 77,935 tokens/s on one H100 SXM" in cost.reason

@@ -369,14 +369,13 @@ def test_the_job_says_a_cooldown_was_cut_at_max_steps(tmp_path):
 
     from hf_pretrain.config import build_recipe
     from hf_pretrain.run_folder.stop_request import request_stop
-    from hf_pretrain.training.state import TrainState
-    from tests.helpers import guards_of
+    from tests.helpers import guards_of, state_at_start
 
     recipe = build_recipe({}, {"output_dir": str(tmp_path), "max_steps": 100, "lr_schedule": "wsd"})
     said = []
     log = SimpleNamespace(say=lambda text, every_process=False: said.append(text), record=lambda r: None)
     guards = guards_of(recipe, SimpleNamespace(num_processes=1, is_main_process=True), log)
-    state = TrainState.for_recipe(recipe, "cpu", data=recipe.data.data_dir)
+    state = state_at_start(recipe)
     state.step = 95
     request_stop(tmp_path, cooldown_steps=500)
     assert guards.decide(state, []) is None and state.cooldown.end == 100

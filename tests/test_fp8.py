@@ -72,7 +72,7 @@ def test_fp8_recipe_changes_the_fingerprint_and_emulation_does_not():
 def test_doctor_refuses_fp8_without_fp8_tensor_cores_naming_the_capability_and_the_fix(capability, card, status, said):
     machine = Machine("cuda", name=card, bf16=True, capability=capability[0] + capability[1] / 10) if card else THE_CPU
     recipe = load_recipe("smoke", {"mixed_precision": "fp8"})
-    result = check_fp8(run_profile(recipe, machine))
+    result = check_fp8(run_profile(recipe.step_as_written, machine))
     assert result.status == status and said in result.reason
     if status == "fail":
         assert "\n" not in result.reason
@@ -81,7 +81,7 @@ def test_doctor_refuses_fp8_without_fp8_tensor_cores_naming_the_capability_and_t
 
 def test_doctor_passes_emulated_fp8_anywhere_and_skips_other_precisions():
     recipe = load_recipe("smoke", {"mixed_precision": "fp8", "fp8_emulate": True})
-    emulated = check_fp8(run_profile(recipe, THE_CPU))
+    emulated = check_fp8(run_profile(recipe.step_as_written, THE_CPU))
     assert emulated.status == "pass" and "emulated" in emulated.reason
     assert check_fp8(profile_on_cpu(load_recipe("smoke", {"mixed_precision": "bf16"}))).status == "skip"
 
@@ -101,7 +101,7 @@ def test_doctor_command_refuses_fp8_on_this_cpu_in_one_line(capsys):
 # ---------------------------------------------------------------------- the conversion
 def prepared_fp8_model(fp8_recipe: str):
     recipe = load_recipe("smoke", FP8_EMULATED | {"fp8_emulate": True, "fp8_recipe": fp8_recipe})
-    step = run_profile(recipe, THE_CPU).step
+    step = run_profile(recipe.step_as_written, THE_CPU).step
     AcceleratorState._reset_state(reset_partial_state=True)
     torch.manual_seed(0)
     model = build_model(llama_config(recipe.model, 4096))
@@ -183,7 +183,9 @@ def test_emulated_fp8_tracks_bf16_closely_but_not_exactly():
         torch.manual_seed(0)
         model = build_model(llama_config(recipe.model, 4096))
         train_in_compute_dtype(model)
-        step = run_profile(load_recipe("smoke", {"mixed_precision": precision, "fp8_emulate": True}), THE_CPU).step
+        step = run_profile(
+            load_recipe("smoke", {"mixed_precision": precision, "fp8_emulate": True}).step_as_written, THE_CPU
+        ).step
         accelerator = Accelerator(cpu=True, mixed_precision=precision, kwargs_handlers=fp8_handlers(step) or None)
         model = accelerator.prepare(model)
         if precision == "fp8":

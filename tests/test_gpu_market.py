@@ -9,21 +9,21 @@ import pytest
 
 from hf_pretrain.config import load_recipe
 from hf_pretrain.economics import performance, published
-from hf_pretrain.economics.memory import Fit, estimate_memory, fit_in_memory
+from hf_pretrain.economics.memory import Fit, fit_in_memory
 from hf_pretrain.economics.planning import gpu_ranking, plan_command
 from hf_pretrain.exit_codes import EXIT_CONFIG
 from hf_pretrain.machine.gpus import gpu_named, gpu_table
 from hf_pretrain.machine.precisions import precision_named
 from hf_pretrain.machine.run_profile import machine_with, run_profile
 from hf_pretrain.model.llama import tokenizer_size_of
-from tests.helpers import CARD, h100_workload
+from tests.helpers import CARD, card_sections, estimate_memory, h100_workload
 
 ONE_B = load_recipe("1b")
 TOKENS = ONE_B.train.max_steps * ONE_B.train.global_batch_tokens
 
 
 def rows(recipe=ONE_B, prices=None, pinned=()):
-    return gpu_ranking.ranked_rows(recipe, TOKENS, prices or gpu_ranking.gpu_prices(None), pinned)
+    return gpu_ranking.ranked_rows(TOKENS, prices or gpu_ranking.gpu_prices(None), pinned, **card_sections(recipe))
 
 
 # ---------------------------------------------------------------------- the table
@@ -50,7 +50,7 @@ def test_fp8_peaks_are_listed_for_ada_hopper_and_blackwell_only():
 
 
 # ---------------------------------------------------------------------- the performance model
-@pytest.mark.parametrize("run", published.published_runs(ONE_B), ids=lambda r: f"{r.name} on {r.gpu}")
+@pytest.mark.parametrize("run", published.published_runs(), ids=lambda r: f"{r.name} on {r.gpu}")
 def test_the_model_reproduces_each_measured_and_published_run(run):
     # the H100 rows of the shared GPU table within 10%, the published runs within 15%
     assert published.modelled(run) == pytest.approx(run.tokens_per_s, rel=run.tolerance)
@@ -108,7 +108,7 @@ def test_no_modelled_rate_exceeds_the_physical_limit(recipe_name):
     recipe = load_recipe(recipe_name)
     workloads = [h100_workload(recipe, checkpointed_layers=k) for k in (0, recipe.model.num_hidden_layers)]
     workloads += [h100_workload(load_recipe(recipe_name, {"mixed_precision": "fp8"}))]
-    workloads += [r.workload for r in published.published_runs(ONE_B)]
+    workloads += [r.workload for r in published.published_runs()]
     workloads += [w for speedup in published.fp8_speedups() for w in (speedup.bf16, speedup.fp8)]
     for gpu in gpu_table().values():
         for workload in workloads:
@@ -185,7 +185,7 @@ def test_selective_checkpointing_lowers_the_peak_layer_by_layer():
 
 def fit_one_b(size: int, memory: int) -> Fit:
     """The memory estimate's search for the 1b on a card of `memory` bytes, as a GPU with bf16 runs it."""
-    step = run_profile(ONE_B, machine_with(CARD)).step
+    step = run_profile(ONE_B.step_as_written, machine_with(CARD)).step
     return fit_in_memory(
         ONE_B.model, ONE_B.train, step, seq_len=ONE_B.data.seq_len, tokenizer_size=size, memory_bytes=memory
     )

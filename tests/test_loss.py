@@ -280,10 +280,14 @@ def test_the_loop_picks_the_loss_and_refuses_chunked_with_liger():
 
 def test_the_doctor_says_liger_under_compile_is_unmeasured_in_one_line():
     from hf_pretrain.preflight.gpu import check_liger_under_compile
+    from tests.helpers import card_sections
 
-    assert check_liger_under_compile(load_recipe("1b")).status == "skip"
-    assert check_liger_under_compile(load_recipe("1b", {"liger": True, "compile": False})).status == "skip"
-    result = check_liger_under_compile(load_recipe("1b", {"liger": True}))
+    def check(recipe):
+        return check_liger_under_compile(**card_sections(recipe), recipe_name="1b")
+
+    assert check(load_recipe("1b")).status == "skip"
+    assert check(load_recipe("1b", {"liger": True, "compile": False})).status == "skip"
+    result = check(load_recipe("1b", {"liger": True}))
     assert result.status == "warn" and "unmeasured on any GPU" in result.reason and "\n" not in result.reason
     assert "77.9k" in result.reason and "72.9k" in result.reason  # the H100's figures, not a promise
     assert result.fix == "hf-pretrain bench --recipe 1b --variants liger=true,false measures it on this GPU"

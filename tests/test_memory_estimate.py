@@ -30,14 +30,13 @@ from torch._inductor.decomposition import select_decomp_table
 from hf_pretrain.config import Recipe, load_recipe
 from hf_pretrain.economics.memory import (
     ESTIMATE_ERROR,
-    estimate_memory,
     head_norm_bytes_per_token,
     layer_activation_bytes_per_token,
     saved_logits_bytes_per_token,
 )
 from hf_pretrain.machine.run_profile import machine_with, run_profile
 from hf_pretrain.model.llama import llama_config, tokenizer_size_of
-from tests.helpers import CARD, on_cpu
+from tests.helpers import CARD, card_sections, estimate_memory, memory_row, on_cpu
 from tests.test_compiled_step import SEQ_LEN, TOKENIZER_SIZE, compiled_step_graphs, recipe_with
 
 GIB = 2**30
@@ -178,7 +177,7 @@ def test_the_formula_keeps_what_the_step_saves_per_layer_and_at_the_head(kind, m
     else:
         saved = {layers: eager_saved(recipe) for layers, recipe in recipes.items()}
     recipe = recipes[1]
-    step = run_profile(recipe, machine_with(CARD)).step
+    step = run_profile(recipe.step_as_written, machine_with(CARD)).step
     assert step.compiled == kind.startswith("compiled")
     per_layer = (saved[2].activations - saved[1].activations) / SEQ_LEN
     head = saved[1].activations / SEQ_LEN - per_layer
@@ -231,7 +230,7 @@ def test_at_the_real_micro_batch_the_compiled_graph_saves_exactly_the_formula():
                 ).loss
             loss.backward()
         saved[layers] = saved_by_backward(backward, weight_shapes(recipe, size)).activations
-    step = run_profile(recipe, machine_with(CARD)).step
+    step = run_profile(recipe.step_as_written, machine_with(CARD)).step
     per_layer = (saved[2] - saved[1]) / tokens
     head = saved[1] / tokens - per_layer
     vocab_rows = llama_config(recipe.model, size).vocab_size
@@ -249,7 +248,7 @@ def test_a_checkpointed_layer_saves_its_activations_less_at_most_its_input(monke
     full = compiled_saved(recipe_with("1b", layers=2, compile=True, mixed_precision="bf16"), monkeypatch)
     recipe = recipe_with("1b", layers=2, compile=True, mixed_precision="bf16", checkpointed_layers=1)
     checkpointed = compiled_saved(recipe, monkeypatch)
-    step = run_profile(recipe, machine_with(CARD)).step
+    step = run_profile(recipe.step_as_written, machine_with(CARD)).step
     per_layer = layer_activation_bytes_per_token(recipe.model, step)
     kept = step.compute_bytes * recipe.model.hidden_size
     saved_per_token = (full.activations - checkpointed.activations) / SEQ_LEN
@@ -281,12 +280,11 @@ def test_the_estimate_is_within_its_stated_error_of_each_h100_peak(row):
 def test_micro_batch_16_of_the_1b_fits_an_80_gb_card():
     """The doctor refused it on the old estimate (99.7 GB, 48% high at micro-batch 8); compiled, it
     is twice micro-batch 8's activations on the same weights and optimizer, ~58.7 GiB."""
-    from hf_pretrain.preflight.gpu import check_memory
 
     peak, _ = estimated_peak({"micro_batch_size": 16})
     assert 55 * GIB < peak < 62 * GIB
     sixteen = load_recipe("1b", {"micro_batch_size": 16})
-    assert check_memory(*on_cpu(sixteen), device_memory_bytes=80 * 10**9).status == "pass"
+    assert memory_row(*on_cpu(sixteen), device_memory_bytes=80 * 10**9).status == "pass"
 
 
 @pytest.mark.slow
@@ -328,7 +326,7 @@ def test_the_hand_written_baseline_is_within_the_stated_error_of_its_h100_peaks(
         saved[layers] = saved_by_backward(backward, weight_shapes(recipe)).activations
     per_layer = (saved[2] - saved[1]) / SEQ_LEN
     # the stock residual stream is fp32: each layer's input and its mid-layer residual take 4h, not 2h
-    ours = layer_activation_bytes_per_token(recipe.model, run_profile(recipe, machine_with(CARD)).step)
+    ours = layer_activation_bytes_per_token(recipe.model, run_profile(recipe.step_as_written, machine_with(CARD)).step)
     assert per_layer == pytest.approx(ours + 2 * 2 * recipe.model.hidden_size, rel=GRAPH_RTOL)
     for (micro, accumulation), measured in BASELINE_PEAKS_GIB.items():
         shape = load_recipe("1b", {"micro_batch_size": micro, "global_batch_tokens": micro * accumulation * 2048})
@@ -349,7 +347,9 @@ def test_plan_refits_every_gpu_for_the_configuration_given():
         recipe = load_recipe("1b", flags)
         tokens = recipe.train.max_steps * recipe.train.global_batch_tokens
         return next(
-            row for row in gpu_ranking.ranked_rows(recipe, tokens, gpu_ranking.gpu_prices(None)) if row.gpu == "L40S"
+            row
+            for row in gpu_ranking.ranked_rows(tokens, gpu_ranking.gpu_prices(None), **card_sections(recipe))
+            if row.gpu == "L40S"
         )
 
     assert l40s({}).checkpointed_layers == 0

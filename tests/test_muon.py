@@ -197,7 +197,8 @@ def test_quality_mode_on_a_tiny_grid(smoke_data, tmp_path, capsys, monkeypatch):
 
 
 def test_the_memory_estimate_knows_muons_single_moment():
-    from hf_pretrain.economics.memory import decoder_matrix_parameters, estimate_memory
+    from hf_pretrain.economics.memory import decoder_matrix_parameters
+    from tests.helpers import estimate_memory
 
     adamw, muon = load_recipe("1b"), load_recipe("1b", {"optimizer": "muon"})
     matrices = decoder_matrix_parameters(muon.model)

@@ -18,6 +18,7 @@ from hf_pretrain.engines.skypilot_task import planned_entry, planned_prices
 from hf_pretrain.engines.tasks import SKYPILOT, read_task
 from hf_pretrain.machine.gpus import gpu_table
 from hf_pretrain.machine.what_if import measured_card, profile_on
+from tests.helpers import card_sections
 
 H100 = "NVIDIA H100 80GB HBM3"
 
@@ -61,9 +62,11 @@ def test_the_verdict_sets_the_step_against_the_plan_for_its_card(recipe_1b, monk
         [step(70_000.0)],
         recipe_1b.model,
         recipe_1b.data,
-        step=profile_on(recipe_1b, measured_card(H100)).step,  # the recipe's step on the card that measured it
+        step=profile_on(
+            recipe_1b.step_as_written, measured_card(H100)
+        ).step,  # the recipe's step on the card that measured it
         global_batch_tokens=recipe_1b.train.global_batch_tokens,
-        plan=plan_best(recipe_1b),
+        plan=plan_best(**card_sections(recipe_1b)),
         price_per_hour=recipe_1b.reporting.price_per_hour,
         recipe_name=recipe_1b.name,
     )
@@ -76,7 +79,7 @@ def test_the_verdict_sets_the_step_against_the_plan_for_its_card(recipe_1b, monk
 
 
 def test_a_card_well_under_the_plan_is_a_faulty_host_only_past_the_tasks_threshold(recipe_1b):
-    rows = plan_best(recipe_1b)[0]
+    rows = plan_best(**card_sections(recipe_1b))[0]
     slow = [step(50_000.0).__dict__]  # check.json's dicts
     line = plan_shortfall(rows, slow, 0.25)
     assert line and "36% under the 77,935 the plan counts on for the H100 SXM" in line

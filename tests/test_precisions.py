@@ -13,7 +13,6 @@ from accelerate.utils import PrecisionType
 from hf_pretrain.config import load_recipe
 from hf_pretrain.config.compute_section import SCALED_MATMUL_CHOICES, ComputeConfig
 from hf_pretrain.economics import performance
-from hf_pretrain.economics.memory import estimate_memory
 from hf_pretrain.economics.planning.gpu_ranking import gpu_row, quality_per_token
 from hf_pretrain.economics.planning.printing import converting_precision
 from hf_pretrain.machine import precisions
@@ -29,7 +28,7 @@ from hf_pretrain.machine.run_profile import (
 from hf_pretrain.model.fp8 import fp8_handlers
 from hf_pretrain.preflight.dependencies import check_versions
 from hf_pretrain.preflight.gpu import check_fp8
-from tests.helpers import CARD, h100_workload, section_on_cpu
+from tests.helpers import CARD, card_sections, estimate_memory, h100_workload, section_on_cpu
 
 
 def test_the_recipe_choices_and_the_table_name_the_same_precisions():
@@ -67,7 +66,7 @@ def mxfp8(monkeypatch):
 def test_a_row_alone_is_priced_like_fp8_by_the_performance_model_and_plan(mxfp8, monkeypatch):
     fp8, stand_in = load_recipe("1b", {"mixed_precision": "fp8"}), mxfp8()
     h100, a100 = gpu_named("H100"), gpu_named("A100 80GB SXM")
-    assert run_profile(stand_in, machine_with(h100)).precision == "mxfp8"
+    assert run_profile(stand_in.step_as_written, machine_with(h100)).precision == "mxfp8"
     assert performance.modelled_tokens_per_s(h100_workload(stand_in), h100) == performance.modelled_tokens_per_s(
         h100_workload(fp8), h100
     )
@@ -76,28 +75,30 @@ def test_a_row_alone_is_priced_like_fp8_by_the_performance_model_and_plan(mxfp8,
     with pytest.raises(ValueError, match="mixed_precision=mxfp8 needs FP8 tensor cores"):
         performance.modelled_tokens_per_s(h100_workload(stand_in), a100)
     assert (
-        quality_per_token(run_profile(stand_in, machine_with(CARD)).step)
-        == quality_per_token(run_profile(fp8, machine_with(CARD)).step)
+        quality_per_token(run_profile(stand_in.step_as_written, machine_with(CARD)).step)
+        == quality_per_token(run_profile(fp8.step_as_written, machine_with(CARD)).step)
         < 1.0
     )
-    row = gpu_row(stand_in, a100, 1e9, 1.0)
+    row = gpu_row(a100, 1e9, 1.0, **card_sections(stand_in))
     assert not row.fits and row.reason == "no MXFP8: compute capability 8.0 (mxfp8 needs 8.9+)"
     monkeypatch.setattr("hf_pretrain.economics.planning.printing.PRECISIONS", precisions.PRECISIONS)
-    assert converting_precision(run_profile(stand_in, machine_with(CARD)).step.describe()).name == "mxfp8"
+    assert (
+        converting_precision(run_profile(stand_in.step_as_written, machine_with(CARD)).step.describe()).name == "mxfp8"
+    )
 
 
 def test_a_row_alone_is_checked_and_converted_like_fp8(mxfp8):
     stand_in = mxfp8("smoke", fp8_emulate=True)
-    step = run_profile(stand_in, THE_CPU).step
-    assert (step.fp8_recipe, step.fp8_emulate, run_profile(stand_in, THE_CPU).accelerate_precision) == (
+    step = run_profile(stand_in.step_as_written, THE_CPU).step
+    assert (step.fp8_recipe, step.fp8_emulate, run_profile(stand_in.step_as_written, THE_CPU).accelerate_precision) == (
         "tensorwise",
         True,
         "fp8",
     )
-    result = check_fp8(run_profile(stand_in, THE_CPU))
+    result = check_fp8(run_profile(stand_in.step_as_written, THE_CPU))
     assert result.status == "pass" and result.reason.startswith("mxfp8 emulated"), result
     not_emulated = mxfp8("smoke")
-    result = check_fp8(run_profile(not_emulated, THE_CPU))
+    result = check_fp8(run_profile(not_emulated.step_as_written, THE_CPU))
     assert result.status == "fail" and "mixed_precision=mxfp8 needs FP8 tensor cores" in result.reason
     assert "torchao" in {r.name for r in check_versions(*section_on_cpu(stand_in, "compute"))}
     assert len(fp8_handlers(step)) == 1  # torchao's converter, as for fp8

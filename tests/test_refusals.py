@@ -25,8 +25,7 @@ from hf_pretrain.run_folder.stop_request import read_stop_request, request_stop
 from hf_pretrain.store.location import Where
 from hf_pretrain.training.guards import take_up_at_start
 from hf_pretrain.training.session import Session, read_status
-from hf_pretrain.training.state import TrainState
-from tests.helpers import FakeLog, guards_of, launch_training, resolved_here
+from tests.helpers import FakeLog, guards_of, launch_training, resolved_here, state_at_start
 
 
 # ---------------------------------------------------------------------- a run folder by hand
@@ -121,7 +120,7 @@ def guarded_state(tmp_path, **overrides):
     )
     log = FakeLog()
     guards = guards_of(recipe, SimpleNamespace(num_processes=1, is_main_process=True), log)
-    return TrainState.for_recipe(recipe, "cpu", data=recipe.data.data_dir), guards, log
+    return state_at_start(recipe), guards, log
 
 
 def test_the_job_answers_a_request_and_refuses_a_second_one_during_its_cooldown(tmp_path):
@@ -318,7 +317,7 @@ def test_divergence_is_a_verdict_on_the_last_window_and_the_card_says_it():
     for record in records([8.3] + [9.0] * 12 + [3.0] * 10)[13:]:
         watch.observe(record)
     assert watch.verdict is None
-    schedule = TrainState.for_recipe(load_recipe("smoke"), "cpu", data="data/smoke").schedule
+    schedule = state_at_start(load_recipe("smoke"), "data/smoke").schedule
     rows = dict(_how_it_ended(schedule, {"step": 10, "divergence": above_start.verdict}))
     assert rows["diverged"].startswith("**yes**: the loss diverged")
 

@@ -389,10 +389,10 @@ def test_other_shards_of_the_same_tokenizer_need_allow_data_change_and_are_recor
     assert any("training data changed" in note for note in plan.notes)
 
     from hf_pretrain.publish.model_card import _how_it_ended
-    from hf_pretrain.training.state import TrainState
+    from tests.helpers import state_at_start
 
     recipe = recipe_of(copied_run, data, allow_data_change=True)
-    state = TrainState.for_recipe(recipe, "cpu", data=recipe.data.data_dir)
+    state = state_at_start(recipe)
     state.load_state_dict(plan.saved)
     state.go_on_as(plan, plan.saved)
     assert state.data_changes == [plan.data_change] and state.state_dict()["data"]["data_dir"] == str(data)

@@ -34,7 +34,6 @@ from hf_pretrain.publish.model_card import _how_it_ended
 from hf_pretrain.run_commands.stop_command import main as stop_main
 from hf_pretrain.run_folder.run_dir import RunDir, read_jsonl
 from hf_pretrain.run_folder.stop_request import read_stop_request, request_stop
-from hf_pretrain.training.state import TrainState
 from tests.helpers import (
     OUTSIDE_CHECKOUT,
     SHORT_RUN,
@@ -44,6 +43,7 @@ from tests.helpers import (
     launch_command,
     launch_training,
     offline_env,
+    state_at_start,
 )
 
 
@@ -143,7 +143,7 @@ def guarded_state(tmp_path, **overrides):
     recipe = build_recipe({}, {"output_dir": str(tmp_path), "max_steps": 100, "warmup_steps": 10, **overrides})
     accelerator = SimpleNamespace(num_processes=1, is_main_process=True)
     log = FakeLog()
-    return TrainState.for_recipe(recipe, "cpu", data=recipe.data.data_dir), guards_of(recipe, accelerator, log), log
+    return state_at_start(recipe), guards_of(recipe, accelerator, log), log
 
 
 def test_a_stop_request_starts_a_wsd_cooldown_that_ends_the_run_with_final(tmp_path):
@@ -190,7 +190,7 @@ def test_pruning_keeps_the_last_checkpoint_before_the_decay(tmp_path):
 
 # ---------------------------------------------------------------------- going further, resuming after a change
 def saved_state(recipe, step, cooldown=None):
-    state = TrainState.for_recipe(recipe, "cpu", data=recipe.data.data_dir)
+    state = state_at_start(recipe)
     state.step, state.cooldown = step, cooldown
     return state.state_dict()
 
@@ -246,7 +246,7 @@ def test_a_new_batch_or_context_stops_by_name_unless_allowed_which_moves_the_dat
     saved = saved_state(old, 30)
     continuation = plan_continuation(saved, new)
     assert continuation.batch_changed == ["global_batch_tokens", "seq_len"]
-    state = TrainState.for_recipe(new, "cpu", data=new.data.data_dir)
+    state = state_at_start(new)
     state.load_state_dict(saved)
     state.go_on_as(continuation, saved)
     # 30 steps of 32 samples of 128 tokens = 122,880 tokens = sample 480 of 256 tokens, from step 30 on

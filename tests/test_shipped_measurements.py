@@ -19,8 +19,7 @@ from hf_pretrain.economics.planning import gpu_ranking, plan_command
 from hf_pretrain.machine.gpus import gpu_named
 from hf_pretrain.machine.run_profile import Machine, run_profile
 from hf_pretrain.preflight.budget import check_cost
-from hf_pretrain.preflight.gpu import check_memory
-from tests.helpers import h100_configuration
+from tests.helpers import card_sections, h100_configuration, memory_row
 
 H100 = "NVIDIA H100 80GB HBM3"
 SOURCE = "project's H100 run, 2026-11-25, docs/gpu.md"
@@ -54,16 +53,18 @@ def test_the_shipped_record_is_used_for_the_1b_on_an_h100_sxm_labelled_with_its_
     found = recorded_measurement(h100_configuration(recipe), "H100")
     assert found.shipped and (found.tokens_per_s, found.peak_memory_gib) == (rate, peak)
     assert found.label().startswith(f"measured: {SOURCE} ({H100}, torch 2.11.0")
-    row = gpu_ranking.gpu_row(recipe, gpu_named("H100 SXM"), 1e9, 2.99)
+    row = gpu_ranking.gpu_row(gpu_named("H100 SXM"), 1e9, 2.99, **card_sections(recipe))
     assert row.tokens_per_s == rate and row.measured == found.label()
-    assert gpu_ranking.gpu_row(recipe, gpu_named("H100 PCIe"), 1e9, 2.0).measured is None  # another card: modelled
+    assert (
+        gpu_ranking.gpu_row(gpu_named("H100 PCIe"), 1e9, 2.0, **card_sections(recipe)).measured is None
+    )  # another card: modelled
 
 
 def test_a_users_record_of_the_same_configuration_wins(store):
     recipe = load_recipe("1b")
     mine = record_measurement(h100_configuration(recipe), H100, 80_000.0, 37.0, "train")
     assert recorded_measurement(h100_configuration(recipe), "H100 SXM") == mine and not mine.shipped
-    assert gpu_ranking.gpu_row(recipe, gpu_named("H100 SXM"), 1e9, 2.99).tokens_per_s == 80_000.0
+    assert gpu_ranking.gpu_row(gpu_named("H100 SXM"), 1e9, 2.99, **card_sections(recipe)).tokens_per_s == 80_000.0
 
 
 def test_another_micro_batch_is_not_matched_and_stays_modelled(store, capsys):
@@ -88,8 +89,8 @@ def test_the_doctor_on_an_h100_uses_the_shipped_record_for_time_cost_and_memory(
     recipe, unmeasured = load_recipe("1b"), load_recipe("1b", {"micro_batch_size": 16})
     cost = check_cost(recipe, here.gpu_name)
     assert cost.status == "pass" and f"77,935 tokens/s (measured: {SOURCE}" in cost.reason
-    memory = check_memory(recipe, run_profile(recipe, here))
+    memory = memory_row(recipe, run_profile(recipe.step_as_written, here))
     assert memory.status == "pass" and "this configuration ran on an H100 SXM: peak 37.24 GiB" in memory.reason
     assert SOURCE in memory.reason
-    other = check_memory(unmeasured, run_profile(unmeasured, here))  # not measured: the estimate speaks
+    other = memory_row(unmeasured, run_profile(unmeasured.step_as_written, here))  # not measured: the estimate speaks
     assert "ran on" not in other.reason and SOURCE not in other.reason

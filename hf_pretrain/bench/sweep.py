@@ -134,14 +134,15 @@ def bench_result(
         if variant.tokens_per_s is None:
             continue
         configured = variant_recipe(recipe, variant)
-        step = complete_profile(configured, machine).step  # the step it ran here, as the door builds it
-        batch = configured.train.global_batch_tokens
-        work, measured = variant_economics(configured.model, configured.data, step, global_batch_tokens=batch)
+        model, data, batch = configured.model, configured.data, configured.train.global_batch_tokens
+        step = complete_profile(configured.step_as_written, machine, model=model, seq_len=data.seq_len).step  # as run
+        work, measured = variant_economics(model, data, step, global_batch_tokens=batch)
         add_money(variant, work, gpu, price_entry, request.prices)
         if variants[0].tokens_per_s:
             variant.speedup_vs_recipe = variant.tokens_per_s / variants[0].tokens_per_s - 1
         record_measurement(measured, recorded_on, variant.tokens_per_s, variant.peak_memory_gib, "bench")
-    written = complete_profile(recipe, machine).step  # the recipe as written, on this machine
+    # the recipe as written, on this machine
+    written = complete_profile(recipe.step_as_written, machine, model=recipe.model, seq_len=recipe.data.seq_len).step
     left_on_table, notes = advice(variants, search, written)
     # the recipe as written against the performance model for this GPU: a slow or faulty node shows here
     work = run_workload(recipe.model, recipe.data, written, recipe.train.global_batch_tokens) if gpu else None

@@ -330,14 +330,14 @@ def conclude(recipe: Recipe, figures: list[Figure], say=print) -> list[str]:
     device = measured_device(figures)
     # the recipe's step on the card the parts measured (they ran in processes of their own): what it is priced
     # and keyed by; a CPU prices no card
-    step = profile_on(recipe, measured_card(device)).step if device else None
+    step = profile_on(recipe.step_as_written, measured_card(device)).step if device else None
     lines = verdict(
         figures,
         recipe.model,
         recipe.data,
         step=step,
         global_batch_tokens=recipe.train.global_batch_tokens,
-        plan=plan_best(recipe),
+        plan=plan_best(model=recipe.model, data=recipe.data, train=recipe.train, written=recipe.step_as_written),
         price_per_hour=recipe.reporting.price_per_hour,
         recipe_name=recipe.name,
     )
@@ -375,7 +375,7 @@ def record_step_measurements(recipe: Recipe, figures: list[Figure]) -> int:
     for f in figures:
         if f.part == "step" and f.value and f.device:
             configured = build_recipe(recipe.to_dict(), f.detail.get("overrides") or {})
-            step = profile_on(configured, measured_card(f.device)).step  # on the card that measured it
+            step = profile_on(configured.step_as_written, measured_card(f.device)).step  # on the card that measured it
             batch = configured.train.global_batch_tokens
             measured = configuration(configured.model, configured.data, step, global_batch_tokens=batch)
             count += bool(record_measurement(measured, f.device, f.value, f.detail.get("peak_memory_gib"), "check"))
@@ -453,7 +453,9 @@ def machine_sent_away(request: CheckRequest, figures: list[dict]) -> int | None:
         )
         return EXIT_FAULTY_HOST
     # a card well under what the plan rented it for is a bad offer: the task pays the plan's price for fewer tokens
-    short = request.slower_than_plan and plan_shortfall(plan_best(request.recipe)[0], figures, request.slower_than_plan)
+    r, slower = request.recipe, request.slower_than_plan
+    plan = slower and plan_best(model=r.model, data=r.data, train=r.train, written=r.step_as_written)[0]
+    short = slower and plan_shortfall(plan, figures, slower)
     if short:
         print(
             f"{PROG}: this machine is slower than the plan: {short}; rent another (exit {EXIT_FAULTY_HOST})",

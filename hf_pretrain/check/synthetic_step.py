@@ -67,7 +67,8 @@ def measure(recipe: Recipe, overrides: dict, report: Report, steps: int, warmup:
     name = variant_name(overrides)
     device = torch.device(machine.kind)
     memory = DeviceMemory(device)
-    profile = complete_profile(recipe, machine)  # as training's door builds it: `auto` is the kernel that runs
+    # as training's door builds it: `auto` is the kernel that runs
+    profile = complete_profile(recipe.step_as_written, machine, model=recipe.model, seq_len=recipe.data.seq_len)
     refused = kernel_refused(recipe.model, profile)
     if refused:  # the doctor's refusal: a kernel this card lacks would run math behind it, timed as itself
         report.skip(name, f"refused: {refused}")
@@ -124,7 +125,9 @@ def probe(recipe: Recipe, steps: int, machine: Machine) -> dict:
     memory = DeviceMemory(device)
     try:
         # the kernel training resolves: a micro-batch that fits with one kernel may not with another
-        step, _ = built_step(recipe, complete_profile(recipe, machine))
+        step, _ = built_step(
+            recipe, complete_profile(recipe.step_as_written, machine, model=recipe.model, seq_len=recipe.data.seq_len)
+        )
         for n in range(1, steps + 1):
             step(n)
         status, message = "ok", ""

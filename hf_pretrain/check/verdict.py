@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from hf_pretrain.check.figures import Figure
 from hf_pretrain.check.pod_price import engine_price
-from hf_pretrain.config import DataConfig, ModelConfig, Recipe
+from hf_pretrain.config import DataConfig, ModelConfig, StepAsWritten, TrainConfig
 from hf_pretrain.economics.check_records import earlier_figure
 from hf_pretrain.economics.cost import dollars_per_billion_tokens
 from hf_pretrain.economics.measurements import Configuration, configuration, recorded_measurement
@@ -63,9 +63,12 @@ def measured_device(figures: list[Figure]) -> str | None:
     return next((f.device for f in figures if f.device), None)
 
 
-def plan_best(recipe: Recipe) -> tuple[list, str]:
-    tokens = recipe.train.max_steps * recipe.train.global_batch_tokens
-    rows = [row for row in ranked_rows(recipe, tokens, gpu_prices(None)) if row.fits]
+def plan_best(*, model: ModelConfig, data: DataConfig, train: TrainConfig, written: StepAsWritten) -> tuple[list, str]:
+    """`plan`'s rows for the recipe's sections (gpu_ranking.gpu_row's), the cards it fits cheapest first, and
+    the line that names the best."""
+    tokens = train.max_steps * train.global_batch_tokens
+    sections = {"model": model, "data": data, "train": train, "written": written}
+    rows = [row for row in ranked_rows(tokens, gpu_prices(None), **sections) if row.fits]
     rows.sort(key=lambda row: row.usd_per_billion_tokens)
     best = rows[0]
     how = "measured" if best.measured else "modelled"

@@ -87,7 +87,9 @@ def main(argv: list[str]) -> int:
         from hf_pretrain.check import sdpa
         from hf_pretrain.economics.resolved_run import complete_profile
 
-        step = complete_profile(recipe, machine).step  # its micro-batch and precision on this machine
+        step = complete_profile(
+            recipe.step_as_written, machine, model=recipe.model, seq_len=recipe.data.seq_len
+        ).step  # its micro-batch and precision on this machine
         sdpa.measure(recipe.model, step, report, limit, machine, seq_len=recipe.data.seq_len)
     elif part == "step":
         from hf_pretrain.check import synthetic_step as step

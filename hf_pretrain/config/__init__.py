@@ -26,7 +26,7 @@ from .parse import (
 )
 from .publish_section import PublishConfig
 from .reporting_section import ReportingConfig
-from .schema import KEY_SECTION, SECTIONS, TOP_LEVEL_KEYS, Recipe, tracker_names
+from .schema import KEY_SECTION, SECTIONS, TOP_LEVEL_KEYS, Recipe, StepAsWritten, tracker_names
 from .stopping_section import StoppingConfig
 from .store_section import StoreConfig
 from .train_section import TrainConfig
@@ -52,6 +52,7 @@ __all__ = [
     "Recipe",
     "RecipeError",
     "SourceConfig",
+    "StepAsWritten",
     "TrainConfig",
     "build_recipe",
     "load_recipe",

@@ -56,18 +56,18 @@ def _started_with() -> str | None:
     return None
 
 
-def recipe_source(recipe: Recipe) -> tuple[str, dict[str, Any]]:
-    """(what `--recipe` names, the file's mapping) of the recipe file `recipe` was most likely built from:
-    this process's `--recipe` if its file has the recipe's name, else the shipped recipe of that name,
+def recipe_source(name: str) -> tuple[str, dict[str, Any]]:
+    """(what `--recipe` names, the file's mapping) of the recipe file a recipe called `name` was most likely
+    built from: this process's `--recipe` if its file has that name, else the shipped recipe of that name,
     else the default recipe (every key that differs is set anyway, so the command is right with any)."""
-    for candidate in (_started_with(), recipe.name, DEFAULT_RECIPE):
+    for candidate in (_started_with(), name, DEFAULT_RECIPE):
         if not candidate:
             continue
         try:
             raw = recipe_dict_from_yaml(resolve_recipe_path(candidate))
         except RecipeError:
             continue
-        if raw.get("name", "custom") == recipe.name or candidate == DEFAULT_RECIPE:
+        if raw.get("name", "custom") == name or candidate == DEFAULT_RECIPE:
             return candidate, raw
     return DEFAULT_RECIPE, {}
 
@@ -75,7 +75,7 @@ def recipe_source(recipe: Recipe) -> tuple[str, dict[str, Any]]:
 def recipe_command(recipe: Recipe, command: str, keys: Iterable[str]) -> str:
     """`hf-pretrain COMMAND --recipe R --key value ...`, which builds a recipe equal to `recipe` in
     `keys` (and in every other key too, where leaving one out would make the recipe invalid)."""
-    name, raw = recipe_source(recipe)
+    name, raw = recipe_source(recipe.name)
     base = build_recipe(raw, where=name) if raw else Recipe()
     differing = [k for k in (*TOP_LEVEL_KEYS, *KEY_SECTION) if recipe.value(k) != base.value(k)]
     wanted = [k for k in differing if k in set(keys)]

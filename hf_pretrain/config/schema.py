@@ -34,6 +34,18 @@ from .store_section import StoreConfig
 from .train_section import TrainConfig
 
 
+@dataclass(frozen=True)
+class StepAsWritten:
+    """What a recipe says of one optimizer step before a machine resolves its words (`auto` precision,
+    Liger without CUDA): the `compute` section, the optimizer, the micro-batch and how many layers
+    recompute. All that `machine/run_profile.run_profile` reads of a recipe."""
+
+    compute: ComputeConfig
+    optimizer: str
+    micro_batch_size: int
+    checkpointed_layers: int
+
+
 @dataclass
 class Recipe:
     name: str = key("custom", "the recipe's name", math=False)
@@ -73,6 +85,13 @@ class Recipe:
         if self.compute.checkpointed_layers >= 0:
             return self.compute.checkpointed_layers
         return self.model.num_hidden_layers if self.compute.gradient_checkpointing else 0
+
+    @property
+    def step_as_written(self) -> StepAsWritten:
+        """The step as this recipe writes it, for a run profile (a door's or a what-if's) to resolve."""
+        return StepAsWritten(
+            self.compute, self.optim.optimizer, self.train.micro_batch_size, self.checkpointed_layer_count
+        )
 
     @property
     def effective_warmup_steps(self) -> int:

@@ -85,10 +85,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from hf_pretrain.config import ModelConfig, Recipe, TrainConfig
-from hf_pretrain.machine.gpus import GPU
-from hf_pretrain.machine.run_profile import Machine, Step
-from hf_pretrain.machine.what_if import profile_on
+from hf_pretrain.config import ModelConfig, TrainConfig
+from hf_pretrain.machine.run_profile import Step
 from hf_pretrain.model.llama import llama_config, model_parameter_count
 
 # Bytes per parameter: fp32 weights, fp32 gradients, AdamW's two fp32 moments.
@@ -232,28 +230,12 @@ def optimizer_state_bytes(optimizer: str, model: ModelConfig, n: int) -> int:
     return ADAM_BYTES * n
 
 
-def estimate_memory(
-    recipe: Recipe, tokenizer_size: int, on: GPU | str | Machine, world_size: int = 1
-) -> MemoryEstimate:
-    """A what-if: `memory_of` the step `recipe` would run on `on` (a card of the table, or a `Machine`:
-    machine/what_if.py) with `world_size` processes: bf16 and Liger's kernels on a GPU, as run_profile
-    resolves them. A run's own estimate is its door's profile's step, handed to `memory_of`."""
-    step = profile_on(recipe, on, world_size).step
-    return memory_of(
-        recipe.model,
-        step,
-        tokenizer_size,
-        seq_len=recipe.data.seq_len,
-        global_batch_tokens=recipe.train.global_batch_tokens,
-    )
-
-
 def memory_of(
     model: ModelConfig, kind: Step, tokenizer_size: int, *, seq_len: int, global_batch_tokens: int
 ) -> MemoryEstimate:
     """Peak training memory of one process for the model section's Llama, a batch of `global_batch_tokens`
     in sequences of `seq_len`, run as `kind` says (see the module docstring): a door's profile's step (the
-    doctor's row), or a what-if's (`estimate_memory`). Its precision sets the activations' bytes; its
+    doctor's row), or a what-if's (machine/what_if.profile_on). Its precision sets the activations' bytes; its
     optimizer, the optimizer's state; its world size, whether a process accumulates micro-batches."""
     config = llama_config(model, tokenizer_size)
     n = model_parameter_count(model, tokenizer_size)

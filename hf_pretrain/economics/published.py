@@ -4,9 +4,10 @@ runs of the `1b` shape and of MPT-1b, and the published FP8 speed-ups (issue 34)
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, replace
 
-from hf_pretrain.config import Recipe
+from hf_pretrain.config import Recipe, load_recipe
 from hf_pretrain.economics.measurements import configuration, shipped_measurement
 from hf_pretrain.economics.performance import step_time
 from hf_pretrain.economics.workload import LOSS_BYTES, Shape, Workload, model_shape, workload
@@ -76,11 +77,17 @@ def _mpt_1b(shape: Shape, micro_batch_size: int, tokens_per_step_per_gpu: float,
     return replace(work, pointwise_bytes=work.pointwise_bytes + eager_loss)
 
 
-def h100(one_b: Recipe, **train) -> float:
-    """What the 1b measured on the project's H100 SXM with `train` changed: the shipped records
+@functools.cache
+def shipped_1b() -> Recipe:
+    """The shipped `1b` recipe (compiled, AdamW, bf16): the recipe every published run here is a run of."""
+    return load_recipe("1b")
+
+
+def h100(**train) -> float:
+    """What the shipped 1b measured on the project's H100 SXM with `train` changed: the shipped records
     (economics/measured.jsonl), the one home of those figures."""
-    recipe = one_b.replace(**train)
-    on_h100 = profile_on(recipe, "H100 SXM").step  # a what-if: the step it ran there
+    recipe = shipped_1b().replace(**train)
+    on_h100 = profile_on(recipe.step_as_written, "H100 SXM").step  # a what-if: the step it ran there
     batch = recipe.train.global_batch_tokens
     measured = shipped_measurement(
         configuration(recipe.model, recipe.data, on_h100, global_batch_tokens=batch), "H100 SXM"
@@ -90,20 +97,19 @@ def h100(one_b: Recipe, **train) -> float:
     return measured.tokens_per_s
 
 
-def published_runs(one_b: Recipe) -> list[PublishedRun]:
-    """Every measurement of the check, with `one_b` the shipped `1b` recipe (compiled, AdamW, bf16)."""
+def published_runs() -> list[PublishedRun]:
+    """Every measurement of the check: the shipped 1b's, the published runs of its shape and MPT-1b's."""
+    one_b = shipped_1b()
     shape = model_shape(one_b.model, one_b.data)
     step = one_b.train.global_batch_tokens
     compiled = Step(micro_batch_size=one_b.train.micro_batch_size)
     eager = replace(compiled, compiled=False)
     return [
-        PublishedRun(
-            "1b as shipped (compile)", "H100 SXM", h100(one_b), workload(shape, compiled, step), H100_TABLE, 0.10
-        ),
+        PublishedRun("1b as shipped (compile)", "H100 SXM", h100(), workload(shape, compiled, step), H100_TABLE, 0.10),
         PublishedRun(
             "1b, --compile false",
             "H100 SXM",
-            h100(one_b, compile=False),
+            h100(compile=False),
             workload(shape, eager, step),
             H100_TABLE,
             0.10,
@@ -111,7 +117,7 @@ def published_runs(one_b: Recipe) -> list[PublishedRun]:
         PublishedRun(
             "1b, --compile false --liger true",
             "H100 SXM",
-            h100(one_b, compile=False, liger=True),
+            h100(compile=False, liger=True),
             workload(shape, replace(eager, liger=True), step),
             H100_TABLE,
             0.10,
@@ -204,10 +210,10 @@ def fp8_speedups() -> list[Fp8Speedup]:
 
 
 # ---------------------------------------------------------------------- the tables docs/benchmarks.md prints
-def runs_table(one_b: Recipe) -> str:
+def runs_table() -> str:
     """Each measurement beside the model's figure (docs/benchmarks.md; a test holds the page to it)."""
     lines = ["| run | GPU | measured tokens/s per GPU | model | error | bound |", "|---|---|---|---|---|---|"]
-    for run in published_runs(one_b):
+    for run in published_runs():
         rate = modelled(run)
         lines.append(
             f"| {run.name} | {run.gpu} | {run.tokens_per_s:,.0f} | {rate:,.0f} | {rate / run.tokens_per_s - 1:+.1%} "

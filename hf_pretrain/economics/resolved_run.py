@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from hf_pretrain.config import Recipe
+from hf_pretrain.config import ModelConfig, Recipe, StepAsWritten
 from hf_pretrain.economics.check_records import resolved_attention_backend
 from hf_pretrain.economics.measurements import Configuration, configuration
 from hf_pretrain.economics.workload import Workload, run_workload
@@ -30,13 +30,14 @@ from hf_pretrain.machine.run_profile import Machine, RunProfile, run_profile
 from hf_pretrain.store.location import Where
 
 
-def complete_profile(recipe: Recipe, machine: Machine, world_size: int = 1) -> RunProfile:
-    """`recipe`'s run profile on `machine`, complete for a door to hand down: `attention_backend: auto`
-    resolved here, once, to the kernel a check measured fastest on that GPU."""
-    attention = resolved_attention_backend(
-        recipe.compute.attention_backend, recipe.model, recipe.data.seq_len, machine.gpu_name
-    )
-    return run_profile(recipe, machine, world_size, attention=attention)
+def complete_profile(
+    written: StepAsWritten, machine: Machine, world_size: int = 1, *, model: ModelConfig, seq_len: int
+) -> RunProfile:
+    """The run profile of the step a recipe writes on `machine`, complete for a door to hand down:
+    `attention_backend: auto` resolved here, once, to the kernel a check measured fastest on that GPU for
+    this `model` at `seq_len`."""
+    attention = resolved_attention_backend(written.compute.attention_backend, model, seq_len, machine.gpu_name)
+    return run_profile(written, machine, world_size, attention=attention)
 
 
 @dataclass(frozen=True)
@@ -53,8 +54,8 @@ class ResolvedRun:
     def at_door(cls, recipe: Recipe, machine: Machine, where: Where, world_size: int = 1) -> ResolvedRun:
         """The answer for `recipe` on `machine` (the door's `this_machine()`, asked once) with `world_size`
         processes, its run and data at `where` (the door's `Where.of`)."""
-        profile = complete_profile(recipe, machine, world_size)
         model, data, batch = recipe.model, recipe.data, recipe.train.global_batch_tokens
+        profile = complete_profile(recipe.step_as_written, machine, world_size, model=model, seq_len=data.seq_len)
         return cls(
             profile,
             where,

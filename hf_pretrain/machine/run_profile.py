@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from functools import cache
 from typing import TYPE_CHECKING
 
-from hf_pretrain.config import Recipe
+from hf_pretrain.config import StepAsWritten
 from hf_pretrain.machine.gpus import GPU, find_gpu, gpu_named
 from hf_pretrain.machine.precisions import Precision, precision_named
 
@@ -254,40 +254,38 @@ class RunProfile:
 
 
 def run_profile(
-    recipe: Recipe,
+    written: StepAsWritten,
     machine: Machine,
     world_size: int = 1,
     micro_batch_size: int | None = None,
     checkpointed_layers: int | None = None,
     attention: tuple[str, str | None] | None = None,
 ) -> RunProfile:
-    """How `recipe` runs on `machine` (`this_machine()`, asked at a command's door, or a card of the table,
-    `machine_with`, for a what-if) with `world_size` processes; the micro-batch and checkpointed layers are
-    the recipe's unless given (`plan`'s and the doctor's what-ifs).
+    """How the step a recipe writes (`recipe.step_as_written`) runs on `machine` (`this_machine()`, asked at
+    a command's door, or a card of the table, `machine_with`, for a what-if) with `world_size` processes;
+    the micro-batch and checkpointed layers are the recipe's unless given (`plan`'s and the doctor's what-ifs).
     `attention`: the SDPA kernel as it will run and why, where a door resolved `auto` from a check's
     records (economics/resolved_run.complete_profile); else the recipe's word."""
-    t = recipe.train
-    precision = resolve_precision(recipe.compute.mixed_precision, machine)
+    compute = written.compute
+    precision = resolve_precision(compute.mixed_precision, machine)
     converts = precision_named(precision).converts_linears  # fp8's scaling and emulation keys apply
-    liger = (
-        recipe.compute.liger and machine.on_gpu
-    )  # without CUDA, training uses the standard kernels (model.apply_liger)
+    liger = compute.liger and machine.on_gpu  # without CUDA, training uses the standard kernels (model.apply_liger)
     step = Step(
         precision=precision,
-        compiled=recipe.compute.compile,
-        compile_regions=recipe.compute.compile and recipe.compute.compile_regions,
+        compiled=compute.compile,
+        compile_regions=compute.compile and compute.compile_regions,
         liger=liger,
-        chunked_loss=recipe.compute.chunked_loss and not liger,
-        optimizer=recipe.optim.optimizer,
-        micro_batch_size=micro_batch_size or t.micro_batch_size,
-        checkpointed_layers=recipe.checkpointed_layer_count if checkpointed_layers is None else checkpointed_layers,
-        tf32=recipe.compute.tf32,
-        fp8_recipe=recipe.compute.fp8_recipe if converts else None,
-        fp8_emulate=converts and recipe.compute.fp8_emulate,
-        attention_backend=attention[0] if attention else recipe.compute.attention_backend,
+        chunked_loss=compute.chunked_loss and not liger,
+        optimizer=written.optimizer,
+        micro_batch_size=micro_batch_size or written.micro_batch_size,
+        checkpointed_layers=written.checkpointed_layers if checkpointed_layers is None else checkpointed_layers,
+        tf32=compute.tf32,
+        fp8_recipe=compute.fp8_recipe if converts else None,
+        fp8_emulate=converts and compute.fp8_emulate,
+        attention_backend=attention[0] if attention else compute.attention_backend,
         world_size=world_size,
     )
-    return RunProfile(machine, step, recipe.compute.mixed_precision, attention[1] if attention else None)
+    return RunProfile(machine, step, compute.mixed_precision, attention[1] if attention else None)
 
 
 def with_step(profile: RunProfile, **changes) -> RunProfile:

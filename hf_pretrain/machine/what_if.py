@@ -10,32 +10,32 @@ behind a default.
 
 from __future__ import annotations
 
-from hf_pretrain.config import Recipe
+from hf_pretrain.config import StepAsWritten
 from hf_pretrain.machine.gpus import GPU, find_gpu
 from hf_pretrain.machine.run_profile import Machine, RunProfile, machine_with, run_profile
 
 
 def profile_on(
-    recipe: Recipe,
+    written: StepAsWritten,
     on: GPU | str | Machine,
     world_size: int = 1,
     micro_batch_size: int | None = None,
     checkpointed_layers: int | None = None,
 ) -> RunProfile:
-    """How `recipe` would run on `on`: a card of the GPU table (its row, or a name `--gpu` takes), or a
+    """How the step a recipe writes (`recipe.step_as_written`) would run on `on`: a card of the GPU table (its row, or a name `--gpu` takes), or a
     `Machine` already built, with `world_size` processes; the micro-batch and checkpointed layers are the
     recipe's unless given (a fit's). The recipe's `attention_backend` as written: a what-if has no check's
     records of its own card to resolve `auto` from."""
     machine = on if isinstance(on, Machine) else machine_with(on)
-    return run_profile(recipe, machine, world_size, micro_batch_size, checkpointed_layers)
+    return run_profile(written, machine, world_size, micro_batch_size, checkpointed_layers)
 
 
-def profile_on_any_card(recipe: Recipe, world_size: int = 1) -> RunProfile:
-    """How `recipe` would run on a card of the GPU table where the question names none: `plan` without
+def profile_on_any_card(written: StepAsWritten, world_size: int = 1) -> RunProfile:
+    """How the step a recipe writes would run on a card of the GPU table where the question names none: `plan` without
     `--gpu` (its configuration and FP8's quality), the doctor on a CPU asked of a GPU's memory or of what
     the configuration measured on any card. Every card of the table is CUDA with bf16 (Ampere or newer), so
     the step resolves alike on each (precision, Liger; tested): the card's name and peaks are left out."""
-    return run_profile(recipe, Machine("cuda", bf16=True), world_size)
+    return run_profile(written, Machine("cuda", bf16=True), world_size)
 
 
 def measured_card(device: str) -> Machine:

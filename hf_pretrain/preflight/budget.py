@@ -33,13 +33,6 @@ def run_cost(train: TrainConfig, reporting: ReportingConfig) -> float | None:
     return dollars(hours, price) if hours is not None and price else None
 
 
-def bench_command(recipe: Recipe) -> str:
-    """The `hf-pretrain bench` of this very recipe: its file (a path stays a path, not its `name`) and
-    every key the command line changed, so that it works when pasted. (A URL run's copy in it is named by
-    its URL where the preflight's rows are: checks._named_as_given.)"""
-    return recipe_command(recipe, "bench", KEY_SECTION)
-
-
 def modelled_rate(work: Workload, gpu_name: str | None) -> float | None:
     """The performance model's job tokens/s for `work` (one of its world size's data-parallel processes) on
     GPUs named `gpu_name` (communication left out), or None: no GPU, a GPU the table does not know, or a
@@ -60,7 +53,9 @@ def check_cost(recipe: Recipe, gpu_name: str | None = None, world_size: int = 1)
     # a what-if on the card named (the doctor's own), else on any card of the table (a CPU asks what the
     # configuration measured on one): what a measurement is keyed by, and what the performance model prices
     step = (
-        profile_on(recipe, measured_card(gpu_name), world_size) if gpu_name else profile_on_any_card(recipe, world_size)
+        profile_on(recipe.step_as_written, measured_card(gpu_name), world_size)
+        if gpu_name
+        else profile_on_any_card(recipe.step_as_written, world_size)
     ).step
     batch = recipe.train.global_batch_tokens
     wanted = (
@@ -97,8 +92,8 @@ def check_cost(recipe: Recipe, gpu_name: str | None = None, world_size: int = 1)
         return CheckResult(
             "time and cost",
             "warn",
-            f"{tokens}: time and cost unknown (expected_tokens_per_s=0)",
-            f"measure with `{bench_command(recipe)}`, then set --expected_tokens_per_s"
+            f"{tokens}: time and cost unknown (expected_tokens_per_s=0)",  # the bench below: this recipe's file and keys
+            f"measure with `{recipe_command(recipe, 'bench', KEY_SECTION)}`, then set --expected_tokens_per_s"
             + ("" if recipe.reporting.price_per_hour else " and --price_per_hour"),
         )
     duration = f"{hours:,.1f} h at {recipe.reporting.expected_tokens_per_s:,.0f} tokens/s" + (

@@ -11,7 +11,8 @@ from collections.abc import Callable
 
 from hf_pretrain.checkpoints.resume_decision import decide_resume
 from hf_pretrain.checkpoints.resume_plan import Continuation
-from hf_pretrain.config import Recipe
+from hf_pretrain.checkpoints.resume_rules import plan_continuation
+from hf_pretrain.config import CheckpointConfig, DataConfig, Recipe, TrainConfig
 from hf_pretrain.data.prepared import check_prepared_data, data_identity
 from hf_pretrain.economics.resolved_run import ResolvedRun
 from hf_pretrain.model.llama import model_parameter_count, tokenizer_size_of
@@ -47,7 +48,7 @@ from hf_pretrain.preflight.lm_eval_tasks import check_lm_eval_tasks
 from hf_pretrain.preflight.result import CheckResult, PreflightError, format_table
 from hf_pretrain.preflight.resume import check_resume, check_stop_request
 from hf_pretrain.preflight.sdpa_kernel import check_attention_backend
-from hf_pretrain.preflight.store_access import check_store
+from hf_pretrain.preflight.store_access import check_resume_from_store, check_store
 from hf_pretrain.preflight.trackers import check_trackers
 from hf_pretrain.store.location import Location
 
@@ -80,28 +81,36 @@ def run_checks(
     device_memory_bytes: int | None = None,
     resume_decision: Callable[[], Continuation] | None = None,
 ) -> list[CheckResult]:
-    """Every check, in the order a run meets them: software, GPU, data (and the base model of init_from),
-    disk, memory, money. `resume_decision` is training's own (made once, then loaded); the doctor's is
-    made here, once, for the checks that ask it. `resolved`: the command door's answer (training's setup,
-    the doctor's main): its profile, world size and places; no row asks which machine this is, or where the
-    run and its data live. Each row is handed what it checks (a section, the run folder, the profile), and
-    what is worked out once for several: the prepared data's match with the recipe, the model's size, the
-    resume plan; the memory and the cost rows, and the ones that build the model's or the loader's parts
-    (liger, init_from, loader), still read the whole recipe."""
-    from hf_pretrain.preflight.store_access import check_resume_from_store as resume_row
+    """Every check, in the order a run meets them: software, GPU, data (and init_from's base model), disk, memory,
+    money. `resolved`: the door's answer (training's setup, the doctor's main: profile, world size, places), so no
+    row asks which machine this is or where the run lives; `resume_decision`: training's own, else made here once.
+    Each row is handed what it checks, and what is worked out once for several (the prepared data's match, the
+    model's size, the resume plan); only the cost and init_from rows read the whole recipe."""
     from hf_pretrain.preflight.store_access import data_store_refused
 
     profile, where, world_size = resolved.profile, resolved.where, resolved.world_size
     unreachable = data_store_refused(where.data)
     if unreachable is not None:  # every data check would retry the store on its own, minutes in all
         return [unreachable]
-    store = _in_store(recipe, where.run)
-    if store is not None:  # a URL output_dir (the doctor's; training checks its working copy): store_access.py
-        recipe, url_recipe = store, recipe
+    # a URL output_dir (the doctor's): the store's rows, the others on the working copy training would use
+    url = recipe.train.output_dir if where.run.in_store else None
+    if url is not None:
+        recipe = recipe.replace(output_dir=str(where.run.local))
     t, saves, speed = recipe.train, recipe.checkpoints, recipe.reporting.expected_tokens_per_s
+    # what the memory row and the liger row read of the recipe (each asks of a card: plan's row, gpu_ranking.py)
+    sections = {"model": recipe.model, "data": recipe.data, "train": t, "written": recipe.step_as_written}
     parameters = functools.cache(lambda: model_parameter_count(recipe.model, tokenizer_size_of(recipe.data)))
     prepared = functools.cache(lambda: check_prepared_data(recipe, where.data))  # the data rows'
     decision = resume_decision or functools.cache(lambda: decide_resume(recipe, data_identity(where.data)))
+    folder_rows = {
+        "output_dir": lambda: check_output_writable(t.output_dir),
+        "resume": lambda: check_resume(t, saves, decision),
+    }
+    if url is not None:  # the resume judged on the store's newest train state as this recipe goes on from it
+        goes_on = functools.partial(plan_continuation, recipe=recipe, data=data_identity(where.data))
+        folder_rows = rows_in_the_store(
+            where.run, t, saves, decision, goes_on, recipe.data, parameters=parameters, tokens_per_s=speed
+        )
     checks: list[tuple[str, Callable[[], CheckResult | list[CheckResult]]]] = [
         ("versions", lambda: check_versions(recipe.compute, profile)),
         ("trackers", lambda: check_trackers(recipe.reporting)),
@@ -113,7 +122,7 @@ def run_checks(
         ("tf32", lambda: check_tf32(recipe.compute, profile)),
         ("attention", lambda: check_attention_backend(recipe.model, profile)),
         ("compiler", lambda: check_compiler(recipe.compute, profile)),
-        ("liger + compile", lambda: check_liger_under_compile(recipe)),
+        ("liger + compile", lambda: check_liger_under_compile(**sections, recipe_name=recipe.name)),
         ("data", lambda: check_prepared(recipe.data, recipe.evaluation, prepared)),
         ("data cache", lambda: check_data_cache(recipe.data, where.data, prepared)),
         ("init_from", lambda: check_init_from(recipe, decision, data=where.data)),  # nothing without one
@@ -122,23 +131,20 @@ def run_checks(
         ("batch", lambda: check_batch_split(t, world_size, seq_len=recipe.data.seq_len)),
         ("num_workers", lambda: check_num_workers(recipe.data)),
         ("loader", lambda: check_loader_pickling(t, recipe.data, where.data)),
-        (
-            "output_dir",
-            lambda: check_output_writable(t.output_dir) if store is None else check_store(url_recipe, where.run.local),
-        ),
+        ("output_dir", folder_rows["output_dir"]),
         ("in use", lambda: check_not_in_use(recipe.train.output_dir)),
-        ("resume", lambda: check_resume(t, saves, decision) if store is None else resume_row(where, recipe, decision)),
+        ("resume", folder_rows["resume"]),
         ("stop request", lambda: check_stop_request(recipe.train.output_dir, decision)),
         ("disk space", lambda: check_disk_space(t, saves, recipe.data, parameters=parameters())),
         (
             "save speed",
             lambda: check_save_speed(t, saves, recipe.data, parameters=parameters(), expected_tokens_per_s=speed),
         ),
-        ("gpu memory", lambda: check_memory(recipe, profile, device_memory_bytes)),
+        ("gpu memory", lambda: check_memory(profile, device_memory_bytes, **sections, recipe_name=recipe.name)),
         ("time and cost", lambda: check_cost(recipe, profile.machine.gpu_name, world_size)),
     ]
     results = [result for name, check in checks for result in _guarded(name, check)]
-    return _named_as_given(results, recipe.train.output_dir, url_recipe.train.output_dir if store else None)
+    return _named_as_given(results, recipe.train.output_dir, url)
 
 
 def _named_as_given(results: list[CheckResult], local: str, url: str | None) -> list[CheckResult]:
@@ -157,9 +163,28 @@ def _named_as_given(results: list[CheckResult], local: str, url: str | None) -> 
     ]
 
 
-def _in_store(recipe: Recipe, run: Location) -> Recipe | None:
-    """For a URL output_dir, the recipe whose output_dir is the local working copy training would use."""
-    return recipe.replace(output_dir=str(run.local)) if run.in_store else None
+def rows_in_the_store(
+    run: Location,
+    train: TrainConfig,
+    checkpoints: CheckpointConfig,
+    decision: Callable[[], Continuation],
+    goes_on_from: Callable[[dict], Continuation],
+    data: DataConfig,
+    *,
+    parameters: Callable[[], int],
+    tokens_per_s: float,
+) -> dict[str, Callable[[], CheckResult | list[CheckResult]]]:
+    """The run folder's rows for a run in a store (`run`, the door's; `train`, its working copy's section;
+    store_access.py): the store reachable and writable, a checkpoint's upload time and the cache's disk in
+    place of the folder's; the resume judged on the store's newest checkpoint where this machine's copy is
+    behind it (`goes_on_from`: the recipe's plan from a train state). A checkpoint's size: a model of
+    `parameters` with `data`'s tokenizer, saved at `tokens_per_s` (the recipe's expected rate)."""
+    return {
+        "output_dir": lambda: check_store(
+            run, train, checkpoints, data=data, parameters=parameters(), expected_tokens_per_s=tokens_per_s
+        ),
+        "resume": lambda: check_resume_from_store(run, train, checkpoints, decision, goes_on_from=goes_on_from),
+    }
 
 
 def tried_on_the_device(refusal: CheckResult) -> CheckResult:

@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import os
 import shutil
 
 import torch
 
-from hf_pretrain.config import ComputeConfig, Recipe
+from hf_pretrain.config import ComputeConfig, DataConfig, ModelConfig, StepAsWritten, TrainConfig
 from hf_pretrain.economics.measurements import (
-    Configuration,
     Measurement,
     configuration,
     measured_here,
@@ -101,20 +101,22 @@ def check_cuda(compute: ComputeConfig, profile: RunProfile) -> CheckResult:
     return CheckResult("cuda", "pass", "no CUDA device; the recipe runs on the CPU (mixed_precision=no)")
 
 
-def h100_configuration(recipe: Recipe) -> Configuration:
-    """What `recipe` measured on the project's H100 is keyed by: a what-if on that card (machine/what_if.py)."""
-    step = profile_on(recipe, "H100 SXM").step
-    return configuration(recipe.model, recipe.data, step, global_batch_tokens=recipe.train.global_batch_tokens)
-
-
-def check_liger_under_compile(recipe: Recipe) -> CheckResult:
+def check_liger_under_compile(
+    *, model: ModelConfig, data: DataConfig, train: TrainConfig, written: StepAsWritten, recipe_name: str
+) -> CheckResult:
     """`liger` with `compile` runs (Liger's loss outside the compiled graph, hf_pretrain/model/loss.py), but no GPU
     has timed the pair: say so rather than promise a speed-up, with what each alone measured on the
     project's H100 where the shipped records hold the recipe (economics/measured.jsonl)."""
-    if not (recipe.compute.liger and recipe.compute.compile):
+    if not (written.compute.liger and written.compute.compile):
         return CheckResult("liger + compile", "skip", "not asked for")
-    compiled = shipped_measurement(h100_configuration(recipe.replace(liger=False)), "H100 SXM")
-    liger = shipped_measurement(h100_configuration(recipe.replace(compile=False)), "H100 SXM")
+
+    def on_the_h100(**compute: bool) -> Measurement | None:  # the step with `compute` changed: a what-if there
+        changed = dataclasses.replace(written, compute=dataclasses.replace(written.compute, **compute))
+        step = profile_on(changed, "H100 SXM").step
+        key = configuration(model, data, step, global_batch_tokens=train.global_batch_tokens)
+        return shipped_measurement(key, "H100 SXM")
+
+    compiled, liger = on_the_h100(liger=False), on_the_h100(compile=False)
     figures = (
         f" (H100: compiled {compiled.tokens_per_s / 1e3:.1f}k tokens/s, eager+Liger {liger.tokens_per_s / 1e3:.1f}k)"
         if compiled and liger
@@ -124,7 +126,7 @@ def check_liger_under_compile(recipe: Recipe) -> CheckResult:
         "liger + compile",
         "warn",
         f"liger=true with compile=true is unmeasured on any GPU{figures}",
-        f"hf-pretrain bench --recipe {recipe.name} --variants liger=true,false measures it on this GPU",
+        f"hf-pretrain bench --recipe {recipe_name} --variants liger=true,false measures it on this GPU",
     )
 
 
@@ -214,20 +216,20 @@ def describe(estimate: MemoryEstimate) -> str:
     )
 
 
-def bench_command(recipe: Recipe) -> str:
-    """`hf-pretrain bench` measuring this recipe's memory as it will run (the keys that decide it)."""
-    t = recipe.train
-    keys = [f"--micro_batch_size {t.micro_batch_size}"]
-    if recipe.checkpointed_layer_count:
-        keys.append(f"--checkpointed_layers {recipe.checkpointed_layer_count}")
-    keys.append(f"--compile {str(recipe.compute.compile).lower()}")
-    if recipe.compute.compile and recipe.compute.compile_regions:
+def bench_command(written: StepAsWritten, recipe_name: str) -> str:
+    """`hf-pretrain bench` measuring the memory of the step `written` as it will run (the keys that decide it)."""
+    compute = written.compute
+    keys = [f"--micro_batch_size {written.micro_batch_size}"]
+    if written.checkpointed_layers:
+        keys.append(f"--checkpointed_layers {written.checkpointed_layers}")
+    keys.append(f"--compile {str(compute.compile).lower()}")
+    if compute.compile and compute.compile_regions:
         keys.append("--compile_regions true")
-    if recipe.compute.liger:
+    if compute.liger:
         keys.append("--liger true")
-    if recipe.optim.optimizer != "adamw":
-        keys.append(f"--optimizer {recipe.optim.optimizer}")
-    return f"hf-pretrain bench --recipe {recipe.name} {' '.join(keys)} --no_search --steps 10 --warmup 4"
+    if written.optimizer != "adamw":
+        keys.append(f"--optimizer {written.optimizer}")
+    return f"hf-pretrain bench --recipe {recipe_name} {' '.join(keys)} --no_search --steps 10 --warmup 4"
 
 
 def without_a_gpu(estimate: MemoryEstimate, asked: int, measured: Measurement | None) -> str:
@@ -272,25 +274,29 @@ def memory_fix(fewest: Fit, smaller: Fit | None) -> str:
     return "a GPU with more memory, FSDP over several GPUs, or a smaller model"
 
 
-def check_memory(recipe: Recipe, profile: RunProfile, device_memory_bytes: int | None = None) -> CheckResult:
-    """Estimated peak memory (hf_pretrain.economics.memory) against the device's, with and without checkpointing.
-
-    It refuses only when the estimate is over the usable memory by more than its own stated error
-    (`ESTIMATE_ERROR`: the estimate is held within it of measured H100 peaks); closer than that it
-    warns and names the `hf-pretrain bench` command that measures it on the device. `profile`: the run's
-    (the door's); `device_memory_bytes`, its GPU's unless given: any GPU's verdict, on any machine.
-    """
+def check_memory(
+    profile: RunProfile,
+    device_memory_bytes: int | None = None,
+    *,
+    model: ModelConfig,
+    data: DataConfig,
+    train: TrainConfig,
+    written: StepAsWritten,
+    recipe_name: str,
+) -> CheckResult:
+    """Estimated peak memory (economics/memory.py) of the recipe's sections run as `profile` (the door's) against
+    `device_memory_bytes` (any GPU's verdict, on any machine), else its GPU's: refused only when over the usable
+    memory by more than the estimate's own error (`ESTIMATE_ERROR`, held against measured H100 peaks); closer,
+    a warning naming the `hf-pretrain bench` that measures it on the device."""
     machine, world_size = profile.machine, profile.step.world_size
     total = device_memory_bytes if device_memory_bytes is not None else machine.memory_bytes
-    # the run's own step on its own machine; a GPU asked of from a CPU (its memory, or what the configuration
-    # measured on one) is a what-if on a card of the table
-    on_a_card = profile.step if machine.on_gpu else profile_on_any_card(recipe, world_size).step
+    # the run's own step on its own machine; a GPU asked of from a CPU is a what-if on a card of the table
+    on_a_card = profile.step if machine.on_gpu else profile_on_any_card(written, world_size).step
     step = profile.step if total is None or machine.on_gpu else on_a_card
-    tokenizer_size = tokenizer_size_of(recipe.data)
-    seq_len, batch = recipe.data.seq_len, recipe.train.global_batch_tokens
-    estimate = memory_of(recipe.model, step, tokenizer_size, seq_len=seq_len, global_batch_tokens=batch)
-    asked = recipe.checkpointed_layer_count
-    wanted = configuration(recipe.model, recipe.data, on_a_card, global_batch_tokens=batch)
+    tokenizer_size, seq_len, batch = tokenizer_size_of(data), data.seq_len, train.global_batch_tokens
+    estimate = memory_of(model, step, tokenizer_size, seq_len=seq_len, global_batch_tokens=batch)
+    asked = written.checkpointed_layers
+    wanted = configuration(model, data, on_a_card, global_batch_tokens=batch)
     if total is None:
         return CheckResult("gpu memory", "skip", without_a_gpu(estimate, asked, measured_on_a_gpu(wanted)))
     here = machine.gpu_name if device_memory_bytes is None else None  # this card, asked of its own memory
@@ -298,14 +304,14 @@ def check_memory(recipe: Recipe, profile: RunProfile, device_memory_bytes: int |
     if measured and measured.peak_memory_gib is not None:  # it ran here: the measurement wins over the estimate
         return measured_fit(measured, total, estimate)
     usable = USABLE_MEMORY_FRACTION * total
-    layers = recipe.model.num_hidden_layers
+    layers = model.num_hidden_layers
     where = f"{describe(estimate)}; the device has {human_bytes(total)}, {human_bytes(usable)} usable"
     if asked:
         where = f"{where}; {asked} of {layers} layers checkpointed: {human_bytes(estimate.peak(asked))}"
     # The fewest checkpointed layers that fit at the recipe's micro-batch (economics/memory.py's search):
     # each recomputed layer costs about a third of its forward-and-backward time, so fewer is cheaper.
     sizes = {"seq_len": seq_len, "tokenizer_size": tokenizer_size, "memory_bytes": total}
-    fewest = fit_in_memory(recipe.model, recipe.train, step, micro_batch_size=recipe.train.micro_batch_size, **sizes)
+    fewest = fit_in_memory(model, train, step, micro_batch_size=written.micro_batch_size, **sizes)
     if estimate.peak(asked) <= usable:
         if fewest.fits and fewest.checkpointed_layers < asked:
             none = fewest.checkpointed_layers == 0
@@ -323,7 +329,7 @@ def check_memory(recipe: Recipe, profile: RunProfile, device_memory_bytes: int |
             )
         return CheckResult("gpu memory", "pass", where)
     # It would run out of memory: the search again at any micro-batch, where none fits at this one
-    fix = memory_fix(fewest, None if fewest.fits else fit_in_memory(recipe.model, recipe.train, step, **sizes))
+    fix = memory_fix(fewest, None if fewest.fits else fit_in_memory(model, train, step, **sizes))
     if asked == layers or (not asked and estimate.total(True) > usable):
         how = "even with gradient checkpointing"
     else:
@@ -335,6 +341,6 @@ def check_memory(recipe: Recipe, profile: RunProfile, device_memory_bytes: int |
             "warn",
             f"may not fit {how}: {human_bytes(peak)} estimated, within the estimate's "
             f"{ESTIMATE_ERROR:.0%} of {human_bytes(usable)} usable; {where}",
-            f"measure it on this GPU: {bench_command(recipe)} (or {fix})",
+            f"measure it on this GPU: {bench_command(written, recipe_name)} (or {fix})",
         )
     return CheckResult("gpu memory", "fail", f"does not fit {how}: {where}", fix)

@@ -21,15 +21,12 @@ from hf_pretrain.checkpoints.layout import PREFIX
 from hf_pretrain.checkpoints.manifest import CheckpointError
 from hf_pretrain.checkpoints.resume_decision import finished_step
 from hf_pretrain.checkpoints.resume_plan import Continuation, ResumeRefused
-from hf_pretrain.checkpoints.resume_rules import plan_continuation
-from hf_pretrain.config import CheckpointConfig, DataConfig, Recipe, TrainConfig
-from hf_pretrain.data.prepared import data_identity
+from hf_pretrain.config import CheckpointConfig, DataConfig, TrainConfig
 from hf_pretrain.formatting import human_bytes, human_duration
-from hf_pretrain.model.llama import model_parameter_count, tokenizer_size_of
 from hf_pretrain.preflight.disk import checkpoint_bytes, nearest_existing, newest_checkpoint_bytes, tokenizer_bytes
 from hf_pretrain.preflight.result import CheckResult
 from hf_pretrain.preflight.resume import check_resume
-from hf_pretrain.store.location import Location, Where
+from hf_pretrain.store.location import Location
 
 RATE_PROBE_BYTES = 8 * 2**20  # big enough that the request's latency is not the whole measure
 RATE_PROBE = ".hf_pretrain_doctor_rate"
@@ -75,12 +72,19 @@ def _store_of(output_dir: str):
         return None
 
 
-def check_resume_from_store(where: Where, recipe: Recipe, decision: Callable[[], Continuation]) -> CheckResult:
+def check_resume_from_store(
+    run: Location,
+    train: TrainConfig,
+    checkpoints: CheckpointConfig,
+    decision: Callable[[], Continuation],
+    *,
+    goes_on_from: Callable[[dict], Continuation],
+) -> CheckResult:
     """The resume row of a run URL on a machine whose working copy is behind the store (a fresh machine:
     empty): what training will do once it has pulled the store's newest checkpoint, judged on that
-    checkpoint's train state (its checksums are checked when it is pulled). `where`: the door's, the run's
-    URL and the data whose identity the checkpoint's is compared with."""
-    store, newest = _store_of(where.run.given), None
+    checkpoint's train state (its checksums are checked when it is pulled) by `goes_on_from` (the recipe's
+    `plan_continuation` from a train state). `run`: the door's, its URL. `decision`: this machine's copy's."""
+    store, newest = _store_of(run.given), None
     if store is not None:
         url, fs = store
         try:
@@ -92,13 +96,9 @@ def check_resume_from_store(where: Where, recipe: Recipe, decision: Callable[[],
     except (ResumeRefused, CheckpointError):
         here = None
     if newest is None or (here is not None and here["step"] >= newest[0]):
-        return check_resume(recipe.train, recipe.checkpoints, decision)  # this machine's copy is as new as the store's
+        return check_resume(train, checkpoints, decision)  # this machine's copy is as new as the store's
     step, saved = newest
-    row = check_resume(
-        recipe.train,
-        recipe.checkpoints,
-        lambda: plan_continuation(saved, recipe, data=data_identity(where.data)),
-    )
+    row = check_resume(train, checkpoints, lambda: goes_on_from(saved))
     pulled = f"step {step:,} is in the store; training pulls it into this machine's copy first"
     return dataclasses.replace(row, reason=f"{row.reason} ({pulled})")
 
@@ -119,14 +119,23 @@ def finished_in_store(train: TrainConfig, checkpoints: CheckpointConfig) -> int 
     return finished_step(checkpoints.resume, train.max_steps, newest[1]) if newest else None
 
 
-def check_store(recipe: Recipe, local: Path) -> list[CheckResult]:
-    """The store's rows: reachable and writable (else the only row: the others need it); `local`: the run's
-    working copy on this machine (the door's `Where.run.local`)."""
+def check_store(
+    run: Location,
+    train: TrainConfig,
+    checkpoints: CheckpointConfig,
+    *,
+    data: DataConfig,
+    parameters: int,
+    expected_tokens_per_s: float,
+) -> list[CheckResult]:
+    """The store's rows: reachable and writable (else the only row: the others need it); `run`: the door's, its
+    URL and its working copy on this machine. A checkpoint is estimated for a model of `parameters` with
+    `data`'s tokenizer, saved at `train`'s interval and `expected_tokens_per_s`."""
     from hf_pretrain.store.reach import StoreRefused, open_checked, where
     from hf_pretrain.store.urls import StoreURL
 
     try:
-        url, fs = open_checked(recipe.train.output_dir)
+        url, fs = open_checked(run.given)
     except StoreRefused as exc:
         return [CheckResult("store", "fail", str(exc), "see the message; then run the doctor again")]
     from hf_pretrain.store.run.pull import complete_steps
@@ -135,12 +144,9 @@ def check_store(recipe: Recipe, local: Path) -> list[CheckResult]:
     newest = f"its newest complete checkpoint is step {steps[0]:,}" if steps else "no checkpoint in it yet"
     said = f"{where(StoreURL.parse(str(url)))} answers, the credentials may write; {newest}"
     rows = [CheckResult("store", "pass", said)]
-    size = checkpoint_size(
-        local, recipe.data, parameters=model_parameter_count(recipe.model, tokenizer_size_of(recipe.data))
-    )
-    speed = recipe.reporting.expected_tokens_per_s
-    upload = upload_time(url, fs, recipe.train, recipe.checkpoints, size=size, expected_tokens_per_s=speed)
-    return rows + [upload, cache_disk(local, size)]
+    size = checkpoint_size(run.local, data, parameters=parameters)
+    upload = upload_time(url, fs, train, checkpoints, size=size, expected_tokens_per_s=expected_tokens_per_s)
+    return rows + [upload, cache_disk(run.local, size)]
 
 
 def checkpoint_size(local: Path, data: DataConfig, *, parameters: int) -> int:

@@ -18,7 +18,7 @@ from typing import Any
 
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
-from hf_pretrain.config import DEFAULT_SOURCE_NAME, Recipe, SourceConfig
+from hf_pretrain.config import DEFAULT_SOURCE_NAME, OptimConfig, Recipe, SourceConfig, TrainConfig
 from hf_pretrain.economics.cost import dollars
 from hf_pretrain.formatting import human_count, human_duration, table_cell, usd
 from hf_pretrain.model.initialisation import base_model_id
@@ -203,32 +203,38 @@ def _how_it_ended(schedule: Schedule, train_state: dict) -> list[tuple[str, Any]
     return rows
 
 
+def _planned(train: TrainConfig, optim: OptimConfig, seq_len: int, train_state: dict) -> list[tuple[str, Any]]:
+    """The rows of what the recipe planned: its batch, context, peak learning rate and schedule, and how the
+    run ended against that schedule."""
+    schedule = Schedule(optim, max_steps=train.max_steps)
+    return [
+        ("batch", f"{train.global_batch_tokens:,} tokens/step"),
+        ("sequence length", seq_len),
+        ("peak learning rate", optim.learning_rate),
+        ("schedule", schedule.describe()),
+        *_how_it_ended(schedule, train_state),
+    ]
+
+
 def _training(
-    recipe: Recipe | None, train_state: dict, records: list[dict], options: CardOptions
+    train_state: dict, records: list[dict], planned: list[tuple[str, Any]], hardware: str | None, price_per_hour: float
 ) -> list[tuple[str, Any]]:
+    """The card's training table: steps and tokens, the recipe's `planned` rows (none without a recipe), the
+    `hardware` (else the train state's), the time and its cost at `price_per_hour` (0: unknown, no row), the
+    figures of the records."""
     train = [r for r in records if r.get("kind") == "train"]
     val = [r for r in records if r.get("kind") == "eval"]
     rows: list[tuple[str, Any]] = [
         ("steps", f"{train_state.get('step', 0):,}"),
         ("tokens", f"{train_state.get('tokens_seen', 0):,}"),
+        *planned,
     ]
-    if recipe is not None:
-        schedule = Schedule(recipe.optim, max_steps=recipe.train.max_steps)
-        rows += [
-            ("batch", f"{recipe.train.global_batch_tokens:,} tokens/step"),
-            ("sequence length", recipe.data.seq_len),
-            ("peak learning rate", recipe.optim.learning_rate),
-            ("schedule", schedule.describe()),
-        ]
-        rows += _how_it_ended(schedule, train_state)
-    rows.append(("hardware", options.hardware or train_state.get("hardware") or "not recorded"))
+    rows.append(("hardware", hardware or train_state.get("hardware") or "not recorded"))
     seconds = train_state.get("elapsed_seconds")
     if seconds:
         rows.append(("training time", human_duration(seconds)))
-        # 0 or absent: unknown, no row
-        price = options.price_per_hour or (recipe.reporting.price_per_hour if recipe is not None else 0.0)
-        if price:
-            rows.append(("cost", f"{usd(dollars(seconds / 3600, price))} (at ${price:g}/h)"))
+        if price_per_hour:
+            rows.append(("cost", f"{usd(dollars(seconds / 3600, price_per_hour))} (at ${price_per_hour:g}/h)"))
     for label, value, fmt in [
         ("throughput (median)", _median(train, "tokens_per_s"), "{:,.0f} tokens/s"),
         ("MFU (median)", _median(train, "mfu"), "{:.1%}"),
@@ -280,6 +286,8 @@ def write_model_card(folder: Path, train_state: dict, run_dir: Path | None, mode
         records = [r for r in read_jsonl(run.metrics) if r.get("step", 0) <= step]
         samples = [s for s in read_jsonl(run.samples) if s.get("step", 0) <= step]
     sources = recipe.data.sources if recipe is not None else []
+    planned = [] if recipe is None else _planned(recipe.train, recipe.optim, recipe.data.seq_len, train_state)
+    price = options.price_per_hour or (recipe.reporting.price_per_hour if recipe is not None else 0.0)  # 0: unknown
     progress = card_progress(
         train_state,
         recipe_name=recipe.name if recipe is not None else None,
@@ -317,7 +325,7 @@ def write_model_card(folder: Path, train_state: dict, run_dir: Path | None, mode
         max_steps=f"{recipe.train.max_steps:,}" if recipe is not None else None,
         tokens=f"{train_state.get('tokens_seen', 0):,}",
         architecture=_architecture(model),
-        training=_training(recipe, train_state, records, options),
+        training=_training(train_state, records, planned, options.hardware, price),
         sources=[f"{source_label(s)}, weight {s.weight}" for s in sources],
         loss_curve=LOSS_CURVE if records and plot_loss_curve(records, folder / LOSS_CURVE) else None,
         samples=_milestones(samples),

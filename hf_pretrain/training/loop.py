@@ -22,7 +22,7 @@ from hf_pretrain.checkpoints.progress import Activity
 from hf_pretrain.checkpoints.resume_decision import decide_resume
 from hf_pretrain.checkpoints.resume_plan import Continuation
 from hf_pretrain.checkpoints.store import remove_pins
-from hf_pretrain.config import ComputeConfig, ModelConfig, OptimConfig, Recipe, save_recipe
+from hf_pretrain.config import ComputeConfig, ModelConfig, OptimConfig, Recipe, TrainConfig, math_keys, save_recipe
 from hf_pretrain.data.loader import TrainData
 from hf_pretrain.data.prepared import data_identity, prepare_hint, read_meta
 from hf_pretrain.data.tokenizer import load_data_tokenizer
@@ -43,7 +43,7 @@ from hf_pretrain.model.llama import (
     train_in_compute_dtype,
 )
 from hf_pretrain.model.loss import loss_head_for, use_loss_head
-from hf_pretrain.optim.build import build_optimizer
+from hf_pretrain.optim.build import Schedule, build_optimizer
 from hf_pretrain.preflight.checks import preflight
 from hf_pretrain.run_folder.run_dir import RunDir, set_activity, truncate_jsonl
 from hf_pretrain.run_folder.sessions import start_up
@@ -248,7 +248,14 @@ def resumed_state(
     process takes the folder only now, resumed or started: a refused run leaves it as it was."""
     say = lambda line: accelerator.print(run_dir.in_words(line))  # noqa: E731 (a URL run: its URL, not the cache)
     hardware = describe_hardware(accelerator.device, accelerator.num_processes)
-    state = TrainState.for_recipe(recipe, hardware, data=data)  # `data`: where the data lives (the door's)
+    state = TrainState.at_start(
+        hardware,
+        fingerprint=recipe.fingerprint(),
+        math=math_keys(recipe),
+        schedule=Schedule(recipe.optim, max_steps=recipe.train.max_steps),
+        samples_per_step=recipe.train.global_batch_tokens // recipe.data.seq_len,
+        data=data,  # where the data lives (the door's)
+    )
     for reason in continuation.skipped:
         say(f"resume: skipping {reason}")
     with start_up.timed("checkpoint"):  # sessions.jsonl: what the start-up went to
@@ -279,16 +286,22 @@ def start_processes(hang_timeout_s: float, *, on_cpu: bool) -> tuple[int, dict]:
 
 
 def introduction(
-    recipe: Recipe, n_params: int, world_size: int, grad_accum: int, precision: str, state: TrainState
-) -> list[str]:
-    """The lines a run starts with: the model, the batch, the precision, the schedule; the recipe's notes."""
-    cfg = recipe.train
-    return [
-        f"model: {n_params / 1e6:.2f}M parameters | {world_size} process(es) x {grad_accum} micro-batches of "
-        f"{cfg.micro_batch_size} x {recipe.data.seq_len} tokens = {cfg.global_batch_tokens:,} tokens/step | "
-        f"precision {precision}\nschedule: {state.schedule.describe()}",
-        *recipe.notes(),
+    train: TrainConfig,
+    seq_len: int,
+    notes: list[str],
+    n_params: int,
+    grad_accum: int,
+    profile: RunProfile,
+    state: TrainState,
+) -> str:
+    """The lines a run starts with: the model, the batch, the precision, the schedule; the recipe's `notes`."""
+    lines = [
+        f"model: {n_params / 1e6:.2f}M parameters | {profile.step.world_size} process(es) x {grad_accum} micro-batches of "
+        f"{train.micro_batch_size} x {seq_len} tokens = {train.global_batch_tokens:,} tokens/step | "
+        f"precision {profile.precision}\nschedule: {state.schedule.describe()}",
+        *notes,
     ]
+    return "\n".join(lines)
 
 
 def loaders(data: TrainData, state: TrainState, eval_tokens: int):
@@ -331,7 +344,7 @@ def setup(recipe: Recipe, where: Where) -> Run:
         pin_memory=profile.machine.on_gpu,
     )
     train_loader, val_loader = loaders(data, state, recipe.evaluation.eval_tokens)
-    accelerator.print("\n".join(introduction(recipe, n_params, world_size, grad_accum, profile.precision, state)))
+    accelerator.print(introduction(cfg, recipe.data.seq_len, recipe.notes(), n_params, grad_accum, profile, state))
     log = RunLogger(
         recipe.reporting,
         accelerator=accelerator,

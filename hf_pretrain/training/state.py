@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hf_pretrain.checkpoints.resume_plan import Continuation
-from hf_pretrain.config import Recipe, math_keys
 from hf_pretrain.data.prepared import data_identity
 from hf_pretrain.optim.build import Cooldown, Schedule
 
@@ -45,16 +44,20 @@ class TrainState:
     _session_start: float | None = field(default=None, repr=False)
 
     @classmethod
-    def for_recipe(cls, recipe: Recipe, hardware: str, *, data: Location | str | Path) -> TrainState:
-        """A run's state at step 0. `data`: where its data lives (the door's `Location`, or a local folder)."""
-        return cls(
-            recipe.fingerprint(),
-            hardware,
-            Schedule(recipe.optim, max_steps=recipe.train.max_steps),
-            math_keys(recipe),
-            recipe.train.global_batch_tokens // recipe.data.seq_len,
-            data=data_identity(data),
-        )
+    def at_start(
+        cls,
+        hardware: str,
+        *,
+        fingerprint: str,
+        math: dict[str, Any],
+        schedule: Schedule,
+        samples_per_step: int,
+        data: Location | str | Path,
+    ) -> TrainState:
+        """A run's state at step 0: the recipe's `fingerprint` and `math` keys (what a resume compares), its
+        `schedule` and sequences per step. `data`: where its data lives (the door's `Location`, or a local
+        folder)."""
+        return cls(fingerprint, hardware, schedule, math, samples_per_step, data=data_identity(data))
 
     # ------------------------------------------------------------------ the schedule, where the run stands
     @property

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from hf_pretrain.config import Recipe
+from hf_pretrain.config import DataConfig, ModelConfig, StepAsWritten, TrainConfig
 from hf_pretrain.economics.cost import dollars_per_billion_tokens
 from hf_pretrain.economics.measurements import configuration, recorded_measurement
 from hf_pretrain.economics.memory import Fit, fit_in_memory
@@ -42,44 +42,46 @@ def quality_per_token(step: Step) -> float:
     return step.precision_facts.quality_per_token
 
 
-def gpu_row(recipe: Recipe, gpu: GPU, tokens: float, price: float, pinned: tuple[str, ...] = ()) -> GpuRow:
-    """Fit `recipe` on `gpu` (keeping the `pinned` recipe keys as they are), model its rate for the
-    recipe's configuration (compile, Liger, optimizer, precision), price the run. FP8 runs are charged
-    for the tokens that match the bf16 run's (`quality_per_token`)."""
-    profile = profile_on(recipe, gpu)  # a what-if: the recipe on this card of the table
+def gpu_row(
+    gpu: GPU,
+    tokens: float,
+    price: float,
+    pinned: tuple[str, ...] = (),
+    *,
+    model: ModelConfig,
+    data: DataConfig,
+    train: TrainConfig,
+    written: StepAsWritten,
+) -> GpuRow:
+    """Fit the recipe's `model`, `data`, `train` and step as `written` on `gpu` (keeping the `pinned` recipe
+    keys as they are), model its rate for the step (compile, Liger, optimizer, precision), price the run.
+    FP8 runs are charged for the tokens that match the bf16 run's (`quality_per_token`)."""
+    profile = profile_on(written, gpu)  # a what-if: the recipe on this card of the table
     step = profile.step
     precision = step.precision_facts
     if profile.machine.refusal(precision):
         needs = f"{precision.name} needs {precision.compute_capability}+"
         reason = f"no {precision.name.upper()}: compute capability {gpu.compute_capability:.1f} ({needs})"
         return GpuRow(gpu.name, False, None, None, None, price, None, None, None, reason)
-    layers = (
-        recipe.checkpointed_layer_count if {"gradient_checkpointing", "checkpointed_layers"} & set(pinned) else None
-    )
-    size = recipe.train.micro_batch_size if "micro_batch_size" in pinned else None
+    layers = written.checkpointed_layers if {"gradient_checkpointing", "checkpointed_layers"} & set(pinned) else None
+    size = written.micro_batch_size if "micro_batch_size" in pinned else None
     fit: Fit = fit_in_memory(
-        recipe.model,
-        recipe.train,
+        model,
+        train,
         step,
-        seq_len=recipe.data.seq_len,
-        tokenizer_size=tokenizer_size_of(recipe.data),
+        seq_len=data.seq_len,
+        tokenizer_size=tokenizer_size_of(data),
         memory_bytes=gpu.memory_bytes,
         micro_batch_size=size,
         checkpointed_layers=layers,
     )
     if not fit.fits:
         return GpuRow(gpu.name, False, None, None, None, price, None, None, None, fit.reason)
-    fitted = profile_on(recipe, gpu, 1, fit.micro_batch_size, fit.checkpointed_layers).step
-    batch = recipe.train.global_batch_tokens
+    fitted = profile_on(written, gpu, 1, fit.micro_batch_size, fit.checkpointed_layers).step
+    batch = train.global_batch_tokens
     # what this configuration measured on this GPU wins
-    measured = recorded_measurement(
-        configuration(recipe.model, recipe.data, fitted, global_batch_tokens=batch), gpu.name
-    )
-    rate = (
-        measured.tokens_per_s
-        if measured
-        else modelled_tokens_per_s(run_workload(recipe.model, recipe.data, fitted, batch), gpu)
-    )
+    measured = recorded_measurement(configuration(model, data, fitted, global_batch_tokens=batch), gpu.name)
+    rate = measured.tokens_per_s if measured else modelled_tokens_per_s(run_workload(model, data, fitted, batch), gpu)
     hours = tokens / quality_per_token(step) / rate / 3600
     return GpuRow(
         gpu.name,
@@ -104,8 +106,18 @@ def gpu_prices(prices_file: str | None) -> dict[str, float]:
     return prices
 
 
-def ranked_rows(recipe: Recipe, tokens: float, prices: dict[str, float], pinned: tuple[str, ...] = ()) -> list[GpuRow]:
+def ranked_rows(
+    tokens: float,
+    prices: dict[str, float],
+    pinned: tuple[str, ...] = (),
+    *,
+    model: ModelConfig,
+    data: DataConfig,
+    train: TrainConfig,
+    written: StepAsWritten,
+) -> list[GpuRow]:
     """Every GPU of the table, cheapest run first (the run's dollars, not the hourly price); those the
-    recipe does not fit last."""
-    rows = [gpu_row(recipe, gpu, tokens, prices[gpu.name], pinned) for gpu in gpu_table().values()]
+    recipe does not fit last. The recipe's sections as `gpu_row` reads them."""
+    sections = {"model": model, "data": data, "train": train, "written": written}
+    rows = [gpu_row(gpu, tokens, prices[gpu.name], pinned, **sections) for gpu in gpu_table().values()]
     return sorted(rows, key=lambda row: (not row.fits, row.usd if row.usd is not None else math.inf))

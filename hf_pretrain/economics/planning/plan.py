@@ -110,10 +110,10 @@ def planned_model(request: PlanRequest) -> PlannedModel:
 
 def named_gpu_row(request: PlanRequest, gpu: GPU, tokens: float, price: float | None) -> GpuRow:
     """The recipe's row on the one `--gpu`; an FP8 recipe on a card without FP8 is refused."""
-    on = profile_on(request.recipe, gpu)  # a what-if: the recipe on the card named
+    on = profile_on(request.recipe.step_as_written, gpu)  # a what-if: the recipe on the card named
     if refusal := on.machine.refusal(on.step.precision_facts):
         raise ValueError(refusal)
-    return gpu_row(request.recipe, gpu, tokens, price, request.pinned)
+    return gpu_row(gpu, tokens, price, request.pinned, **request.sections)
 
 
 def one_gpu_rate(
@@ -126,15 +126,18 @@ def one_gpu_rate(
     if request.tokens_per_s:
         rate, rate_source = request.tokens_per_s, "--tokens_per_s"
     elif gpu and rows:
-        rate = rows[0].tokens_per_s
-        fitted = profile_on(request.recipe, gpu, 1, rows[0].micro_batch_size, rows[0].checkpointed_layers).step
+        best = rows[0]
+        rate = best.tokens_per_s
+        fitted = profile_on(
+            request.recipe.step_as_written, gpu, 1, best.micro_batch_size, best.checkpointed_layers
+        ).step
         rate_source = (
-            f"{rows[0].measured}, for {fitted.describe()}"
-            if rows[0].measured
+            f"{best.measured}, for {fitted.describe()}"
+            if best.measured
             else f"an estimate of the performance model (economics/performance.py) for {fitted.describe()}; "
             f"measure it with `hf-pretrain bench`"
-            if rows[0].fits
-            else f"none: {rows[0].reason}"
+            if best.fits
+            else f"none: {best.reason}"
         )
     elif model.recipe_rate and request.gpu != ALL_GPUS:
         rate, rate_source = model.recipe_rate, "the recipe's expected_tokens_per_s"
@@ -240,7 +243,7 @@ def catalog_offers(
     recipe = request.recipe
     run = PricedRun(
         tokens,
-        quality_per_token(profile_on_any_card(recipe).step),  # each offer's card: the table's, all alike
+        quality_per_token(profile_on_any_card(recipe.step_as_written).step),  # each offer's card: the table's, alike
         math.ceil(tokens / recipe.train.global_batch_tokens),
         gradient_bytes,
         recipe.train.global_batch_tokens,
@@ -257,7 +260,7 @@ def make_plan(request: PlanRequest) -> Plan:
     tokens = float(request.tokens) if request.tokens else float(model.default_tokens)
 
     prices = gpu_prices(request.prices)  # read (and checked) even where no GPU is named: never silently unused
-    rows = ranked_rows(request.recipe, tokens, prices, request.pinned) if request.gpu == ALL_GPUS else []
+    rows = ranked_rows(tokens, prices, request.pinned, **request.sections) if request.gpu == ALL_GPUS else []
     gpu = gpu_named(request.gpu) if request.gpu and request.gpu != ALL_GPUS else None
     price, price_source = plan_price(request, gpu, prices, model)
     if gpu and request.recipe is not None:
@@ -265,7 +268,8 @@ def make_plan(request: PlanRequest) -> Plan:
     rate, rate_source = one_gpu_rate(request, gpu, rows, model)
     # a what-if: the recipe on the card named, else on any card of the table (the step is alike on each)
     recipe = request.recipe
-    planned = None if recipe is None else profile_on(recipe, gpu) if gpu else profile_on_any_card(recipe)
+    written = None if recipe is None else recipe.step_as_written
+    planned = None if written is None else profile_on(written, gpu) if gpu else profile_on_any_card(written)
 
     gbps = request.interconnect_gbps or INTERCONNECT_GBPS[request.interconnect]
     # FP8 is charged for the tokens that reach the bf16 run's loss, as the GPU rows are

@@ -4,6 +4,7 @@ the link between GPUs; checked as a whole when built (`PlanRequest`), with the d
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from hf_pretrain.config import Recipe
 from hf_pretrain.economics.memory import GRADIENT_BYTES
@@ -45,6 +46,13 @@ class PlanRequest:
     preemptions_per_hour: float | None = None  # one spot rate for every cloud (unset: economics/spot.yaml's)
     relaunch_s: float | None = None  # a relaunch's time to the first step (unset: the estimate, spot.py)
     store: str | None = None  # PROVIDER[:REGION] of egress.yaml (unset: the recipe's output_dir scheme's)
+
+    @property
+    def sections(self) -> dict[str, Any]:
+        """What a GPU's row reads of the recipe (gpu_ranking.gpu_row): its model, data, run and step as written."""
+        r = self.recipe
+        assert r is not None, "a parameter count has no sections: its rows are the datasheet's"
+        return {"model": r.model, "data": r.data, "train": r.train, "written": r.step_as_written}
 
     def __post_init__(self) -> None:
         if (self.recipe is None) == (self.params is None):
