@@ -646,3 +646,13 @@ def test_a_tracker_that_is_not_installed_stops_the_run_before_any_work_with_its_
     assert f"trackers: report_to names {missing}, not installed" in result.stderr
     assert f"fix: pip install {missing}" in result.stderr
     assert not (run / "checkpoints").exists() and not (run / "resolved_recipe.yaml").exists()
+
+
+def test_a_recipe_hands_the_sections_named_and_its_step_as_written():
+    recipe = load_recipe("smoke", {"gradient_checkpointing": True, "micro_batch_size": 2})
+    assert recipe.sections("model", "train") == {"model": recipe.model, "train": recipe.train}
+    with pytest.raises(ValueError, match="no section named trian"):
+        recipe.sections("model", "trian")
+    written = recipe.step_as_written  # what a run profile reads of it: the layers that recompute are counted
+    assert (written.micro_batch_size, written.checkpointed_layers) == (2, recipe.model.num_hidden_layers)
+    assert written.compute is recipe.compute and written.optimizer == recipe.optim.optimizer

@@ -18,7 +18,7 @@ import torch
 from hf_pretrain.bench.measure import add_mfu, add_money, measured_matmul_peak
 from hf_pretrain.bench.results import advice, markdown_report
 from hf_pretrain.bench.search import ProbeError, SearchResult, search_micro_batch
-from hf_pretrain.bench.variants import VariantResult, VariantRunner, is_recipe_as_written
+from hf_pretrain.bench.variants import VariantResult, VariantRunner
 from hf_pretrain.config import DataConfig, ModelConfig, Recipe, build_recipe
 from hf_pretrain.data.prepare_run import prepare
 from hf_pretrain.data.prepared import DataMismatchError, check_prepared_data
@@ -71,10 +71,10 @@ def recipe_with_data(recipe: Recipe, data: Location, out: Path, steps: int, say:
 
 
 def largest_micro_batch(
-    recipe: Recipe, runner: VariantRunner, request: BenchRequest, say: Say, on_gpu: bool
+    runner: VariantRunner, request: BenchRequest, say: Say, on_gpu: bool
 ) -> tuple[SearchResult | None, str | None]:
-    """(the search, why it stopped early); the largest fitting micro-batch is measured like a variant
-    when no variant has run it yet."""
+    """(the search, why it stopped early) of the largest micro-batch of the runner's recipe that fits; it is
+    measured like a variant when no variant has run it yet."""
     if not request.search:
         say("micro-batch search skipped (--no_search)")
         return None, None
@@ -84,7 +84,7 @@ def largest_micro_batch(
     say("largest micro-batch without gradient checkpointing:")
     search, error = None, None
     try:
-        search = search_micro_batch(recipe, runner.short_run, request.output / "search", request.memory_gib, say)
+        search = search_micro_batch(runner.recipe, runner.short_run, request.output / "search", request.memory_gib, say)
     except ProbeError as exc:
         error = str(exc)
         say(f"micro-batch search stopped: {exc}")
@@ -185,11 +185,11 @@ def run_bench(request: BenchRequest, say: Say = print) -> dict[str, Any]:
     out.mkdir(parents=True, exist_ok=True)
     recipe = recipe_with_data(request.recipe, request.data, out, request.steps, say)
     runner = VariantRunner(recipe, out, request.steps, request.warmup, say)
-    for overrides in [{}] + [point for point in request.variants if not is_recipe_as_written(recipe, point)]:
+    for overrides in [{}] + [point for point in request.variants if not runner.is_the_recipe(point)]:
         runner.run(overrides)
     # The bench's door asks which machine this is, twice and no more: whether it has CUDA (without touching
     # it: the children below get the whole GPU), then, once they are done, the card itself for the peaks.
-    search, search_error = largest_micro_batch(recipe, runner, request, say, on_gpu=device_kind() == "cuda")
+    search, search_error = largest_micro_batch(runner, request, say, on_gpu=device_kind() == "cuda")
     result = bench_result(recipe, request, runner, search, search_error, this_machine())
     (out / "bench.json").write_text(json.dumps(result, indent=1))
     table = markdown_report(result)

@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from hf_pretrain.config import KEY_SECTION, Recipe, RecipeError, build_recipe, save_recipe
+from hf_pretrain.config import Recipe, RecipeError, build_recipe, save_recipe
 from hf_pretrain.economics.measurements import RECORD_ENV, timed_throughput
 from hf_pretrain.formatting import formatted
 from hf_pretrain.machine.hardware import peak_memory_gib
@@ -113,20 +113,6 @@ def short_run_overrides(steps: int, warmup_steps: int, output_dir: Path) -> dict
         "early_stop_cost_per_loss_point": 0.0,
         "early_stop_patience": 0,
     }
-
-
-def settings_of(recipe: Recipe, keys: list[str]) -> dict[str, Any]:
-    """The recipe's values for `keys` (top-level or section keys), for comparing variants."""
-    return {k: recipe.value(k) if k in KEY_SECTION else getattr(recipe, k, None) for k in keys}
-
-
-def is_recipe_as_written(recipe: Recipe, overrides: dict[str, Any]) -> bool:
-    """Whether `overrides` change nothing (that variant is the baseline); invalid ones change something."""
-    try:
-        changed = build_recipe(recipe.to_dict(), overrides)
-    except RecipeError:
-        return False
-    return settings_of(changed, list(overrides)) == settings_of(recipe, list(overrides))
 
 
 # ---------------------------------------------------------------------- running one
@@ -288,6 +274,15 @@ class VariantRunner:
             )
         self.results.append(result)
         return result
+
+    def is_the_recipe(self, overrides: dict[str, Any]) -> bool:
+        """Whether the variant `overrides` changes nothing (it is the baseline, run first); an invalid one
+        changes something (it is run, and refused with its reason)."""
+        try:
+            changed = build_recipe(self.recipe.to_dict(), overrides)
+        except RecipeError:
+            return False
+        return all(changed.value(key) == self.recipe.value(key) for key in overrides)
 
     def has_run(self, settings: dict[str, Any]) -> bool:
         return settings in self._settings

@@ -18,8 +18,8 @@ import torch
 
 from hf_pretrain.bench.variants import DeviceMemory, is_out_of_memory, variant_name
 from hf_pretrain.check.figures import Report
-from hf_pretrain.config import ModelConfig, Recipe
-from hf_pretrain.machine.run_profile import Machine, RunProfile
+from hf_pretrain.config import ComputeConfig, DataConfig, ModelConfig, OptimConfig, TrainConfig
+from hf_pretrain.machine.run_profile import RunProfile
 
 
 def synthetic_batches(vocab_rows: int, micro_batch_size: int, seq_len: int, *, seed: int, count: int = 4):
@@ -31,55 +31,62 @@ def synthetic_batches(vocab_rows: int, micro_batch_size: int, seq_len: int, *, s
     return itertools.cycle(batches)
 
 
-def built_step(recipe: Recipe, profile: RunProfile):
-    """(the step, the accelerator) as training builds them, from `profile` (the worker's machine, complete:
-    its attention kernel the one training resolves), through training's own Accelerator builder."""
+def built_step(
+    profile: RunProfile,
+    *,
+    model: ModelConfig,
+    data: DataConfig,
+    train: TrainConfig,
+    optim: OptimConfig,
+    compute: ComputeConfig,
+):
+    """(the step, the accelerator) as training builds them from the recipe's sections, run as `profile` says
+    (the worker's door's: its machine, its attention kernel the one training resolves), through training's own
+    Accelerator builder and model and optimizer builder."""
+    from hf_pretrain.config.schema import grad_accum_steps
     from hf_pretrain.model.llama import llama_config, tokenizer_size_of
     from hf_pretrain.training.accelerator import accelerator_for
     from hf_pretrain.training.loop import model_and_optimizer
     from hf_pretrain.training.step import TrainStep
 
-    grad_accum = recipe.grad_accum_steps(1)
-    accelerator = accelerator_for(profile, recipe.compute, grad_accum)  # one process: no group, trackers, folder
-    torch.manual_seed(recipe.train.seed)
-    config = llama_config(recipe.model, tokenizer_size_of(recipe.data))
-    model, optimizer, _ = model_and_optimizer(
-        recipe.model, recipe.compute, recipe.optim, profile, config, accelerator, starts=False
-    )
-    step = TrainStep(
-        accelerator,
-        model,
-        optimizer,
-        synthetic_batches(
-            config.vocab_size, recipe.train.micro_batch_size, recipe.data.seq_len, seed=recipe.train.seed
-        ),
-        recipe.optim,
-        grad_accum,
-        lambda _: recipe.optim.learning_rate,
-    )
+    grad_accum = grad_accum_steps(train, 1, seq_len=data.seq_len)
+    accelerator = accelerator_for(profile, compute, grad_accum)  # one process: no group, trackers, folder
+    torch.manual_seed(train.seed)
+    config = llama_config(model, tokenizer_size_of(data))
+    llama, optimizer, _ = model_and_optimizer(model, compute, optim, profile, config, accelerator, starts=False)
+    batches = synthetic_batches(config.vocab_size, train.micro_batch_size, data.seq_len, seed=train.seed)
+    step = TrainStep(accelerator, llama, optimizer, batches, optim, grad_accum, lambda _: optim.learning_rate)
     return step, accelerator
 
 
-def measure(recipe: Recipe, overrides: dict, report: Report, steps: int, warmup: int, machine: Machine) -> None:
-    """Time `steps` optimizer steps of `recipe` after `warmup` (the first holds the compile) on `machine`."""
-    from hf_pretrain.economics.resolved_run import complete_profile
-
+def measure(
+    profile: RunProfile,
+    overrides: dict,
+    report: Report,
+    steps: int,
+    warmup: int,
+    *,
+    model: ModelConfig,
+    data: DataConfig,
+    train: TrainConfig,
+    optim: OptimConfig,
+    compute: ComputeConfig,
+) -> None:
+    """Time `steps` optimizer steps of the recipe's sections run as `profile` says (the worker's door's: `auto`
+    resolved to the kernel training runs) after `warmup` (the first holds the compile)."""
     name = variant_name(overrides)
-    device = torch.device(machine.kind)
-    memory = DeviceMemory(device)
-    # as training's door builds it: `auto` is the kernel that runs
-    profile = complete_profile(recipe.step_as_written, machine, model=recipe.model, seq_len=recipe.data.seq_len)
-    refused = kernel_refused(recipe.model, profile)
+    memory = DeviceMemory(torch.device(profile.machine.kind))
+    refused = kernel_refused(model, profile)
     if refused:  # the doctor's refusal: a kernel this card lacks would run math behind it, timed as itself
         report.skip(name, f"refused: {refused}")
         return
     try:
-        step, _ = built_step(recipe, profile)
+        step, _ = built_step(profile, model=model, data=data, train=train, optim=optim, compute=compute)
         started = time.perf_counter()
         for n in range(1, warmup + 1):
             step(n)
         first = time.perf_counter() - started
-        tokens = recipe.train.global_batch_tokens
+        tokens = train.global_batch_tokens
         timed_start = time.perf_counter()
         for n in range(1, steps + 1):
             step(warmup + n)  # each step reads its loss on the host: the device has finished it
@@ -117,17 +124,22 @@ def kernel_refused(model: ModelConfig, profile: RunProfile) -> str | None:
     return verdict.reason if verdict.status == "fail" else None
 
 
-def probe(recipe: Recipe, steps: int, machine: Machine) -> dict:
-    """A micro-batch probe: `steps` optimizer steps; {"status": ok | oom | failed, "message", "peak_memory_gib"}."""
-    from hf_pretrain.economics.resolved_run import complete_profile
-
-    device = torch.device(machine.kind)
-    memory = DeviceMemory(device)
+def probe(
+    profile: RunProfile,
+    steps: int,
+    *,
+    model: ModelConfig,
+    data: DataConfig,
+    train: TrainConfig,
+    optim: OptimConfig,
+    compute: ComputeConfig,
+) -> dict:
+    """A micro-batch probe of the recipe's sections run as `profile` says (the kernel training resolves: a
+    micro-batch that fits with one may not with another): `steps` optimizer steps;
+    {"status": ok | oom | failed, "message", "peak_memory_gib"}."""
+    memory = DeviceMemory(torch.device(profile.machine.kind))
     try:
-        # the kernel training resolves: a micro-batch that fits with one kernel may not with another
-        step, _ = built_step(
-            recipe, complete_profile(recipe.step_as_written, machine, model=recipe.model, seq_len=recipe.data.seq_len)
-        )
+        step, _ = built_step(profile, model=model, data=data, train=train, optim=optim, compute=compute)
         for n in range(1, steps + 1):
             step(n)
         status, message = "ok", ""

@@ -61,14 +61,18 @@ def main(argv: list[str]) -> int:
     from hf_pretrain.config import load_recipe
 
     recipe = load_recipe(context["recipe"], context.get("item") or None)
+    from hf_pretrain.economics.resolved_run import complete_profile
     from hf_pretrain.machine.run_profile import this_machine
 
-    # this process is the part's door: the machine is asked here, once, and handed to the part
+    # this process is the part's door: the machine is asked here, once, and the run profile built (`auto`
+    # attention resolved to the kernel training runs), and handed to the part
     machine = this_machine()
+    profile = complete_profile(recipe.step_as_written, machine, model=recipe.model, seq_len=recipe.data.seq_len)
+    step_sections = recipe.sections("model", "data", "train", "optim", "compute")  # what a step is built from
     if part == "probe":
         from hf_pretrain.check.synthetic_step import probe
 
-        Path(context["result"]).write_text(json.dumps(probe(recipe, context["steps"], machine)))
+        Path(context["result"]).write_text(json.dumps(probe(profile, context["steps"], **step_sections)))
         return 0
     from hf_pretrain.check.figures import Report
 
@@ -85,16 +89,14 @@ def main(argv: list[str]) -> int:
         matmul.measure(report, limit, machine)
     elif part == "attention":
         from hf_pretrain.check import sdpa
-        from hf_pretrain.economics.resolved_run import complete_profile
 
-        step = complete_profile(
-            recipe.step_as_written, machine, model=recipe.model, seq_len=recipe.data.seq_len
-        ).step  # its micro-batch and precision on this machine
-        sdpa.measure(recipe.model, step, report, limit, machine, seq_len=recipe.data.seq_len)
+        # its micro-batch and precision on this machine
+        sdpa.measure(recipe.model, profile.step, report, limit, machine, seq_len=recipe.data.seq_len)
     elif part == "step":
         from hf_pretrain.check import synthetic_step as step
 
-        step.measure(recipe, context.get("item") or {}, report, context["steps"], context["warmup"], machine)
+        item, steps, warmup = context.get("item") or {}, context["steps"], context["warmup"]
+        step.measure(profile, item, report, steps, warmup, **step_sections)
     elif part == "micro_batch":
         search(recipe, report, folder / "micro_batch", machine)
     elif part == "disk":

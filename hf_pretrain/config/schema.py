@@ -73,6 +73,14 @@ class Recipe:
         changed = {s: dataclasses.replace(getattr(self, s), **values) for s, values in by_section.items()}
         return dataclasses.replace(self, **changed)
 
+    def sections(self, *names: str) -> dict[str, Any]:
+        """The sections `names`, by name: what a part built from its own sections is handed by keyword
+        (`built_step(profile, **recipe.sections("model", "data", "train", "optim", "compute"))`)."""
+        unknown = [name for name in names if name not in SECTIONS]
+        if unknown:
+            raise ValueError(f"no section named {', '.join(unknown)}")
+        return {name: getattr(self, name) for name in names}
+
     def value(self, name: str) -> Any:
         """A key's value by its flat name, wherever its section is (`name` and `description` too)."""
         return getattr(self, name) if name in TOP_LEVEL_KEYS else getattr(getattr(self, KEY_SECTION[name]), name)
