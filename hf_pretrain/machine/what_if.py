@@ -22,17 +22,17 @@ def profile_on(
     micro_batch_size: int | None = None,
     checkpointed_layers: int | None = None,
 ) -> RunProfile:
-    """How the step a recipe writes (`recipe.step_as_written`) would run on `on`: a card of the GPU table (its row, or a name `--gpu` takes), or a
-    `Machine` already built, with `world_size` processes; the micro-batch and checkpointed layers are the
-    recipe's unless given (a fit's). The recipe's `attention_backend` as written: a what-if has no check's
-    records of its own card to resolve `auto` from."""
+    """How the step a recipe writes (`recipe.step_as_written`) would run on `on`: a card of the GPU table (its
+    row, or a name `--gpu` takes), or a `Machine` already built, with `world_size` processes; the micro-batch
+    and checkpointed layers are the recipe's unless given (a fit's). The recipe's `attention_backend` as
+    written: a what-if has no check's records of its own card to resolve `auto` from."""
     machine = on if isinstance(on, Machine) else machine_with(on)
     return run_profile(written, machine, world_size, micro_batch_size, checkpointed_layers)
 
 
 def profile_on_any_card(written: StepAsWritten, world_size: int = 1) -> RunProfile:
-    """How the step a recipe writes would run on a card of the GPU table where the question names none: `plan` without
-    `--gpu` (its configuration and FP8's quality), the doctor on a CPU asked of a GPU's memory or of what
+    """How the step a recipe writes would run on a card of the GPU table where the question names none: `plan`
+    without `--gpu` (its configuration and FP8's quality), the doctor on a CPU asked of a GPU's memory or of what
     the configuration measured on any card. Every card of the table is CUDA with bf16 (Ampere or newer), so
     the step resolves alike on each (precision, Liger; tested): the card's name and peaks are left out."""
     return run_profile(written, Machine("cuda", bf16=True), world_size)

@@ -92,7 +92,7 @@ def check_cost(recipe: Recipe, gpu_name: str | None = None, world_size: int = 1)
         return CheckResult(
             "time and cost",
             "warn",
-            f"{tokens}: time and cost unknown (expected_tokens_per_s=0)",  # the bench below: this recipe's file and keys
+            f"{tokens}: time and cost unknown (expected_tokens_per_s=0)",  # the bench: this recipe's file and keys
             f"measure with `{recipe_command(recipe, 'bench', KEY_SECTION)}`, then set --expected_tokens_per_s"
             + ("" if recipe.reporting.price_per_hour else " and --price_per_hour"),
         )

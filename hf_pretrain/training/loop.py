@@ -296,8 +296,8 @@ def introduction(
 ) -> str:
     """The lines a run starts with: the model, the batch, the precision, the schedule; the recipe's `notes`."""
     lines = [
-        f"model: {n_params / 1e6:.2f}M parameters | {profile.step.world_size} process(es) x {grad_accum} micro-batches of "
-        f"{train.micro_batch_size} x {seq_len} tokens = {train.global_batch_tokens:,} tokens/step | "
+        f"model: {n_params / 1e6:.2f}M parameters | {profile.step.world_size} process(es) x {grad_accum} "
+        f"micro-batches of {train.micro_batch_size} x {seq_len} tokens = {train.global_batch_tokens:,} tokens/step | "
         f"precision {profile.precision}\nschedule: {state.schedule.describe()}",
         *notes,
     ]

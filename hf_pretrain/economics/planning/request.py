@@ -51,7 +51,8 @@ class PlanRequest:
     def sections(self) -> dict[str, Any]:
         """What a GPU's row reads of the recipe (gpu_ranking.gpu_row): its model, data, run and step as written."""
         r = self.recipe
-        assert r is not None, "a parameter count has no sections: its rows are the datasheet's"
+        if r is None:  # --gpu all and a named GPU's row need a recipe; __post_init__ refuses the first without one
+            raise ValueError("a GPU's row fits and models a recipe's model: give --recipe NAME")
         return {"model": r.model, "data": r.data, "train": r.train, "written": r.step_as_written}
 
     def __post_init__(self) -> None:
