@@ -4,6 +4,7 @@ and what the part needs; the part prints its lines and appends its figures (figu
 
 from __future__ import annotations
 
+import functools
 import json
 import subprocess
 import sys
@@ -64,15 +65,16 @@ def main(argv: list[str]) -> int:
     from hf_pretrain.economics.resolved_run import complete_profile
     from hf_pretrain.machine.run_profile import this_machine
 
-    # this process is the part's door: the machine is asked here, once, and the run profile built (`auto`
-    # attention resolved to the kernel training runs), and handed to the part
+    # this process is the part's door: the machine is asked here, once; the run profile (`auto` attention resolved
+    # to the kernel training runs) is built once, when a part that runs the step or its attention asks for it
     machine = this_machine()
-    profile = complete_profile(recipe.step_as_written, machine, model=recipe.model, seq_len=recipe.data.seq_len)
+    written, model, seq_len = recipe.step_as_written, recipe.model, recipe.data.seq_len
+    profile = functools.cache(lambda: complete_profile(written, machine, model=model, seq_len=seq_len))
     step_sections = recipe.sections("model", "data", "train", "optim", "compute")  # what a step is built from
     if part == "probe":
         from hf_pretrain.check.synthetic_step import probe
 
-        Path(context["result"]).write_text(json.dumps(probe(profile, context["steps"], **step_sections)))
+        Path(context["result"]).write_text(json.dumps(probe(profile(), context["steps"], **step_sections)))
         return 0
     from hf_pretrain.check.figures import Report
 
@@ -91,12 +93,11 @@ def main(argv: list[str]) -> int:
         from hf_pretrain.check import sdpa
 
         # its micro-batch and precision on this machine
-        sdpa.measure(recipe.model, profile.step, report, limit, machine, seq_len=recipe.data.seq_len)
+        sdpa.measure(recipe.model, profile().step, report, limit, machine, seq_len=recipe.data.seq_len)
     elif part == "step":
         from hf_pretrain.check import synthetic_step as step
 
-        item, steps, warmup = context.get("item") or {}, context["steps"], context["warmup"]
-        step.measure(profile, item, report, steps, warmup, **step_sections)
+        step.measure(profile(), context.get("item") or {}, report, context["steps"], context["warmup"], **step_sections)
     elif part == "micro_batch":
         search(recipe, report, folder / "micro_batch", machine)
     elif part == "disk":
