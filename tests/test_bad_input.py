@@ -11,6 +11,7 @@ import pytest
 from hf_pretrain.economics.planning import gpu_ranking, plan_command
 from hf_pretrain.economics.prices import PriceError
 from hf_pretrain.exit_codes import EXIT_CONFIG
+from tests.stacks import communicate_or_diagnose
 
 
 # ---------------------------------------------------------------------- a price file
@@ -358,7 +359,7 @@ def test_a_second_sigterm_exits_at_once_with_75_and_a_status_that_says_so(smoke_
             assert line, output[-3000:]
             output += line
         process.send_signal(signal.SIGTERM)
-        output += process.communicate(timeout=120)[0]
+        output += communicate_or_diagnose(process, 120)[0]
     finally:
         if process.poll() is None:
             process.kill()

@@ -27,6 +27,7 @@ from hf_pretrain.exit_codes import EXIT_PREEMPTED, EXIT_SAVE_FAILED
 from hf_pretrain.training.session import Session, read_status
 from hf_pretrain.training.start_up import StoppedDuringStartUp, loop_ended
 from tests.helpers import launch_training, save_with_stand_ins
+from tests.stacks import communicate_or_diagnose
 from tests.test_survival import complete_steps, start_training, wait_for_step
 
 # what torch's zip writer raised when the disk filled under it (seen on a full tmpfs)
@@ -160,7 +161,7 @@ def test_a_run_whose_disk_fills_up_exits_74_with_the_free_space_and_the_next_sta
             size = {f.name: f.stat().st_size for f in first.iterdir()}
             filler = fill(volume, leave=size["model.safetensors"] + size["optimizer.bin"] // 2)
             (release / "6").touch()
-            output = process.communicate(timeout=300)[0]
+            output = communicate_or_diagnose(process, 300)[0]
         finally:
             if process.poll() is None:
                 process.kill()
@@ -213,7 +214,7 @@ def test_sigterm_in_the_first_seconds_exits_75_with_a_status_that_says_so(smoke_
             assert process.poll() is None and time.monotonic() < deadline, process.communicate()[0][-2000:]
             time.sleep(0.01)
         process.send_signal(signal.SIGTERM)
-        output = process.communicate(timeout=120)[0]
+        output = communicate_or_diagnose(process, 120)[0]
     finally:
         if process.poll() is None:
             process.kill()

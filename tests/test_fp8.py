@@ -24,6 +24,7 @@ from hf_pretrain.model.fp8 import finish_fp8, float8_layers, fp8_handlers
 from hf_pretrain.model.llama import build_model, llama_config, train_in_compute_dtype
 from hf_pretrain.preflight.gpu import check_fp8
 from tests.helpers import launch_training, profile_on_cpu, section_on_cpu
+from tests.stacks import communicate_or_diagnose
 from tests.test_survival import complete_steps, start_training, train_losses, wait_for_step
 
 torchao = pytest.importorskip("torchao", reason="the [fp8] extra (in dev) has torchao")
@@ -214,7 +215,7 @@ def test_emulated_fp8_smoke_run_killed_and_resumed_matches_the_uninterrupted_run
     while not complete_steps(run_dir) and time.monotonic() < deadline:  # step 4's save, sealed in the background
         time.sleep(0.05)
     process.send_signal(signal.SIGKILL)
-    process.communicate(timeout=120)
+    communicate_or_diagnose(process, 120)
     assert not (run_dir / "final").exists()
     resumed = launch_training(smoke_data, run_dir, **FP8_EMULATED)
     assert "resumed from" in resumed

@@ -18,6 +18,7 @@ from hf_pretrain.engines.accelerate_quietly import code_of_launcher_error
 from hf_pretrain.engines.launch_command import job_exit_code, missing_config
 from hf_pretrain.exit_codes import EXIT_CONFIG, EXIT_FAILED, EXIT_LOCKED, EXIT_OK, EXIT_PREEMPTED
 from tests.helpers import ROOT, TRAIN_SCRIPT, free_port, offline_env, short_run
+from tests.stacks import communicate_or_diagnose
 
 
 def leave(folder: Path, rank: int, pid: int, code: int | None, when_ns: int = 0) -> None:
@@ -152,7 +153,7 @@ def test_a_sigterm_to_the_launcher_ends_the_job_75_with_a_checkpoint(config, smo
         launcher.send_signal(signal.SIGTERM)  # what a scheduler sends the job's top process
         read_until(launcher, "writing a checkpoint", seen)  # the trainer recorded it: now let it go on
         (release / "3").touch()
-        out = launcher.communicate(timeout=300)[0]
+        out = communicate_or_diagnose(launcher, 300)[0]
     finally:
         (release / "3").touch()
         if launcher.poll() is None:

@@ -20,6 +20,7 @@ from safetensors.torch import load_file
 
 from hf_pretrain.run_folder.run_dir import read_jsonl
 from tests.helpers import OUTSIDE_CHECKOUT, ROOT, launch_command, offline_env, short_run
+from tests.stacks import communicate_or_diagnose
 from tests.test_reliability_runs import kill_all, logged_step, start, status, wait_until
 from tests.test_survival import free_port
 
@@ -75,10 +76,9 @@ def test_max_restarts_restarts_the_group_after_a_process_dies_and_it_resumes(smo
         os.kill(second, signal.SIGKILL)  # as the out-of-memory killer would
         (release / "6").touch()
         try:  # the restart and the 7 steps left take about a minute: a restart that hangs fails here
-            output = launcher.communicate(timeout=300)[0]
-        except subprocess.TimeoutExpired as hung:
-            seen = hung.output.decode(errors="replace") if isinstance(hung.output, bytes) else hung.output or ""
-            pytest.fail(f"the restarted group did not end within 300 s:\n{seen[-3000:]}")
+            output = communicate_or_diagnose(launcher, 300)[0]
+        except subprocess.TimeoutExpired as hung:  # tests/stacks.Hung: where each process waited, what it printed
+            pytest.fail(f"the restarted group did not end within 300 s: {hung}")
     finally:
         kill_all(launcher, run_dir)
     assert launcher.returncode == 0, output[-3000:]
@@ -113,7 +113,7 @@ def two_machines(data_dir: Path, run_dir: Path, **overrides) -> list[str]:
     ]
     deadline = time.monotonic() + 300
     try:
-        logs = [p.communicate(timeout=max(1.0, deadline - time.monotonic()))[0] for p in launchers]
+        logs = [communicate_or_diagnose(p, max(1.0, deadline - time.monotonic()))[0] for p in launchers]
     finally:
         for p in launchers:
             kill_all(p, run_dir)

@@ -26,6 +26,7 @@ from hf_pretrain.data.prepared import DataMismatchError, check_prepared_data, re
 from hf_pretrain.data.tokenizer import load_tokenizer, save_tokenizer, train_tokenizer
 from hf_pretrain.data.verify import VERIFIED_FILE
 from tests.helpers import OUTSIDE_CHECKOUT, data_of, offline_env, placed
+from tests.stacks import communicate_or_diagnose
 
 VOCAB = 300
 WORDS = "the of and to in is was for on that with as by at from data model token python loss batch".split()
@@ -190,7 +191,7 @@ def test_a_kill_during_prepare_then_the_same_command_ends_with_identical_files(b
     done_before = len(list(completions.iterdir()))
     assert 1 <= done_before < 3
     rerun = run_prepare(cli_args(big_corpus, data_dir) + args)
-    out = rerun.communicate(timeout=300)[0].decode()
+    out = communicate_or_diagnose(rerun, 300)[0].decode()
     assert rerun.returncode == 0, out
     assert f"{3 - done_before} of 3 task(s) to run" in out and "resuming" in out
     assert folder_bytes(data_dir) == folder_bytes(uninterrupted)
@@ -237,12 +238,12 @@ def test_slurm_writes_and_submits_the_array_job_whose_tasks_prepare_the_same_fol
     data_dir = tmp_path / "data"
     args = cli_args(corpus, data_dir) + ["--executor", "slurm", "--slurm_partition", "cpu", "--workers", "0"]
     dry = run_prepare(args + ["--dry_run"], env=env)
-    out = dry.communicate(timeout=300)[0].decode()
+    out = communicate_or_diagnose(dry, 300)[0].decode()
     assert dry.returncode == 0, out
     assert "#SBATCH --partition=cpu" in out and "#SBATCH --array=0-3" in out and "launch_pickled_pipeline" in out
     assert not list((tmp_path / "bin").glob("submitted_*")), "a dry run submits nothing"
     run = run_prepare(args, env=env)
-    out = run.communicate(timeout=300)[0].decode()
+    out = communicate_or_diagnose(run, 300)[0].decode()
     assert run.returncode == 0, out + (tmp_path / "bin" / "jobs.log").read_text()
     scripts = sorted((tmp_path / "bin").glob("submitted_*"))
     assert any("--array=0-3" in s.read_text() for s in scripts)  # the real script, four tasks of the jsonl source

@@ -9,6 +9,7 @@ import os
 import stat
 
 from hf_pretrain.exit_codes import EXIT_LOCKED
+from tests.stacks import communicate_or_diagnose
 from tests.test_prepare import (  # noqa: F401  (corpus: a fixture)
     STANDIN_SBATCH,
     STANDIN_SCONTROL,
@@ -52,7 +53,7 @@ def test_a_prepare_while_its_slurm_job_runs_is_refused_by_job_id_then_finishes_a
     args = cli_args(corpus, data_dir) + ["--executor", "slurm", "--slurm_partition", "cpu", "--workers", "0"]
     (tmp_path / "bin" / "running").write_text("")
     submit = run_prepare(args, env=env)
-    out = submit.communicate(timeout=300)[0].decode()
+    out = communicate_or_diagnose(submit, 300)[0].decode()
     assert submit.returncode == 0, out
     assert "Slurm job 4343" in out and "squeue -j 4343" in out, out
     progress = json.loads((data_dir / "prepare_progress.json").read_text())
@@ -61,7 +62,7 @@ def test_a_prepare_while_its_slurm_job_runs_is_refused_by_job_id_then_finishes_a
 
     for extra in ([], ["--vocab_size", "320"]):  # the same command, and one with other settings
         again = run_prepare(args + extra, env=env)
-        out = again.communicate(timeout=300)[0].decode()
+        out = communicate_or_diagnose(again, 300)[0].decode()
         assert again.returncode == EXIT_LOCKED, out
         assert "Slurm job 4343" in out and "RUNNING" in out and "scancel 4343" in out, out
         assert "Traceback" not in out and len(out.strip().splitlines()) == 1, out
@@ -69,6 +70,6 @@ def test_a_prepare_while_its_slurm_job_runs_is_refused_by_job_id_then_finishes_a
 
     (tmp_path / "bin" / "running").unlink()  # the job is over (its tasks never ran): the next prepare goes on
     done = run_prepare(args, env=env | {"STANDIN_RUN": "1"})
-    out = done.communicate(timeout=300)[0].decode()
+    out = communicate_or_diagnose(done, 300)[0].decode()
     assert done.returncode == 0, out
     assert (data_dir / "meta.json").is_file() and not (data_dir / "prepare_progress.json").exists(), out

@@ -33,6 +33,7 @@ from hf_pretrain.publish import export_command
 from hf_pretrain.run_folder.run_dir import RunDir, read_jsonl
 from hf_pretrain.run_folder.run_lock import RunLock, RunLocked, holder_of
 from tests.helpers import OUTSIDE_CHECKOUT, ROOT, SHORT_RUN, launch_command, offline_env, run_captured, short_run
+from tests.stacks import communicate_or_diagnose
 
 TRAIN = [str(ROOT / "hf_pretrain" / "train.py"), "--recipe", "smoke"]
 
@@ -110,7 +111,7 @@ def test_a_crash_with_loader_workers_alive_ends_the_process(smoke_data, tmp_path
         [sys.executable, *TRAIN, *arguments(smoke_data, run_dir, num_workers=1)], env={"HF_PRETRAIN_FAULTS": "crash:3"}
     )
     try:
-        output = process.communicate(timeout=90)[0]  # it used to wait forever for the workers
+        output = communicate_or_diagnose(process, 90)[0]  # it used to wait forever for the workers
         assert process.returncode == EXIT_CRASHED, output[-3000:]
         assert "RuntimeError: injected fault: crash at step 3" in output  # what failed, with its traceback
         wait_until(lambda: not processes_naming(run_dir), 15, "loader workers still alive")
@@ -134,7 +135,7 @@ def test_sigterm_to_the_launcher_stops_the_trainer_with_a_checkpoint(smoke_data,
         status_before = status(run_dir)
         assert (status_before["state"], status_before["launcher"]) == ("running", "accelerate launch")
         launcher.send_signal(signal.SIGTERM)  # the launcher alone, as a container runtime does
-        output = launcher.communicate(timeout=30)[0]
+        output = communicate_or_diagnose(launcher, 30)[0]
         wait_until(lambda: not processes_naming(run_dir), 90, "the trainer outlived its launcher")
         ended = status(run_dir)
         assert (ended["state"], ended["exit_code"], ended["rerun"]) == ("preempted", EXIT_PREEMPTED, True), output
@@ -165,7 +166,7 @@ def test_sigterm_to_the_launcher_while_the_trainer_imports_ends_the_trainer_too(
         assert launcher.poll() is None, launcher.communicate()[0][-3000:]
         time.sleep(1.0)
         launcher.send_signal(signal.SIGTERM)
-        output = launcher.communicate(timeout=30)[0]
+        output = communicate_or_diagnose(launcher, 30)[0]
         wait_until(lambda: not processes_naming(run_dir), 20, "the trainer outlived its launcher")
         ended = json.loads(RunDir(run_dir).status.read_text()) if RunDir(run_dir).status.is_file() else {}
         assert ended.get("state") in (None, "preempted"), ended  # never `finished`: it trained nothing alone

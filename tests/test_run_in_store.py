@@ -30,7 +30,7 @@ from tests.helpers import (
     start_merged,
 )
 from tests.object_store_server import FAKE_KEY_ID, FAKE_SECRET
-from tests.stacks import lose_processes
+from tests.stacks import communicate_or_diagnose, lose_processes
 
 
 def train_command(data_dir: Path, url: str, **overrides) -> list[str]:
@@ -114,7 +114,7 @@ def test_a_run_killed_on_one_machine_finishes_on_another_bit_for_bit(reference_r
     assert prepared.returncode == 0, prepared.stderr[-3000:]
     first = start_merged(train_command(data_url, url), **a)
     lose_the_machine_after_a_checkpoint(first, url, s3_server, kill=lambda: first.send_signal(signal.SIGKILL))
-    log_a = first.communicate(timeout=60)[0]
+    log_a = communicate_or_diagnose(first, 60)[0]
     assert first.returncode == -signal.SIGKILL, log_a[-2000:]
     assert not store_fs().exists(f"{url}/final"), "the run finished before the kill"
 
@@ -176,7 +176,7 @@ def test_the_store_cut_mid_upload_training_goes_on_and_the_upload_completes(smok
     finally:
         s3_server.proxy.restore()
         (release / "9").touch()
-    out = trainer.communicate(timeout=1200)[0]
+    out = communicate_or_diagnose(trainer, 1200)[0]
     assert trainer.returncode == 0, out[-3000:]
     assert complete_in_store(url)[:1] == [12], (out[-3000:], (local / "status.json").read_text())
     status = json.loads((local / "status.json").read_text())
@@ -401,7 +401,7 @@ def test_a_stop_written_into_the_store_reaches_the_trainer(smoke_data, s3_bucket
     assert str(tmp_path / "laptop" / "home") not in stop.stdout  # the URL, not the view's cache path
     wait_until(lambda: (local / "stop_request.json").exists(), trainer)  # mirrored from the store
     (release / "3").touch()
-    out = trainer.communicate(timeout=600)[0]
+    out = communicate_or_diagnose(trainer, 600)[0]
     assert trainer.returncode == 0, out[-3000:]
     assert "a stop request for" in out
     assert _logged_steps(local) < 60  # it stopped early
@@ -470,7 +470,7 @@ def test_two_processes_resume_a_url_run_on_another_machine_bit_for_bit(
         lose_the_machine_after_a_checkpoint(first, url, s3_server, kill=lambda: lose_processes(first))
     finally:
         lose_processes(first)
-    log_a = first.communicate(timeout=60)[0]
+    log_a = communicate_or_diagnose(first, 60)[0]
     # No worker outlived its launcher to stop gracefully (what a process group's kill left in CI).
     assert "exited: finishing this step" not in log_a, log_a[-2000:]
     assert not store_fs().exists(f"{url}/final"), "the run finished before the kill"
@@ -645,7 +645,7 @@ def test_the_machine_cut_off_from_the_store_stops_writing_it_and_ends_73_once_an
         s3_server.proxy.restore()
         wait_until(lambda: _store_section(local_a).get("lease", "").startswith("lost to"), loser)
         (release / "9").touch()
-        out = loser.communicate(timeout=300)[0]
+        out = communicate_or_diagnose(loser, 300)[0]
     finally:
         s3_server.proxy.restore()
         (release / "9").touch()

@@ -45,6 +45,7 @@ from tests.helpers import (
     offline_env,
     state_at_start,
 )
+from tests.stacks import communicate_or_diagnose
 
 
 def train_config(**overrides):
@@ -449,7 +450,7 @@ def test_stop_now_on_a_running_wsd_job_ends_with_a_decayed_model_better_than_an_
             time.sleep(0.05)
         assert stop_main([str(run_dir), "--cooldown_steps", "12"]) == 0
         (release / "25").touch()
-        log = process.communicate(timeout=300)[0]
+        log = communicate_or_diagnose(process, 300)[0]
     finally:
         if process.poll() is None:
             process.kill()

@@ -13,6 +13,7 @@ import pytest
 from hf_pretrain.exit_codes import EXIT_CONFIG
 from hf_pretrain.run_folder import sessions as ledger
 from tests.helpers import launch_command, offline_env, short_run, start_merged
+from tests.stacks import communicate_or_diagnose
 
 
 def a_session(run: Path, ending: str, exit_code: int | None, from_step: int | None, price: float = 2.0) -> None:
@@ -88,7 +89,7 @@ def test_a_fourth_fruitless_start_refuses_with_78_then_a_session_that_saves_ends
     killed.wait(timeout=60)
 
     refused = trainer(smoke_data, run, tmp_path)
-    said = refused.communicate(timeout=300)[0]
+    said = communicate_or_diagnose(refused, 300)[0]
     assert refused.returncode == EXIT_CONFIG, said[-3000:]
     lines = [line for line in said.splitlines() if "saved no new checkpoint" in line]
     assert len(lines) == 1 and "Traceback" not in said, said[-3000:]
@@ -106,7 +107,7 @@ def test_a_fourth_fruitless_start_refuses_with_78_then_a_session_that_saves_ends
     assert "sessions: 3 (3 preempted or killed, 0 failed)" in shown and "estimated by the next session" in shown, shown
 
     again = trainer(smoke_data, run, tmp_path, max_fruitless_sessions=4)
-    said = again.communicate(timeout=600)[0]
+    said = communicate_or_diagnose(again, 600)[0]
     assert again.returncode == 0, said[-3000:]
     newest = ledger.sessions(run)[-1]
     assert newest.ending == "finished" and newest.end["steps_trained"] == 12 and newest.end["steps_lost"] == 0

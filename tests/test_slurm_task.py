@@ -15,6 +15,7 @@ import pytest
 
 from hf_pretrain.engines.tasks import SLURM
 from hf_pretrain.exit_codes import EXIT_CONFIG, EXIT_FAULTY_HOST, EXIT_LOCKED, EXIT_OK, EXIT_PREEMPTED
+from tests.stacks import communicate_or_diagnose
 
 STAND_IN = """#!/bin/bash
 # hf-pretrain, as the Slurm script calls it: `check` and `launch` end with the codes the test sets
@@ -77,7 +78,7 @@ def run_script(
 )
 def test_the_job_requeues_on_75_and_71_only_and_ends_with_the_code(tmp_path, check_code, launch_code, requeued):
     process, calls = run_script(tmp_path, check_code=check_code, launch_code=launch_code)
-    process.communicate(timeout=60)
+    communicate_or_diagnose(process, 60)
     expected = check_code or launch_code
     said = calls.read_text()
     assert process.returncode == expected, said
@@ -92,7 +93,7 @@ def test_the_batch_scripts_sigterm_reaches_the_launcher_and_the_job_requeues(tmp
         assert process.poll() is None and time.monotonic() < deadline
         time.sleep(0.05)
     process.send_signal(signal.SIGTERM)  # what `--signal=B:TERM@120` sends the batch script
-    out = process.communicate(timeout=60)[0]
+    out = communicate_or_diagnose(process, 60)[0]
     said = calls.read_text()
     assert process.returncode == EXIT_PREEMPTED and "launch got SIGTERM" in said, (said, out)
     assert "scontrol requeue 4242" in said and "exit 75" in out
@@ -109,10 +110,10 @@ def test_a_requeued_job_checks_again_and_trains(tmp_path):
     """Issue 57: the requeue (same id, same folder) ran the check into the first start's results: 78, never
     resumed. Each start's check has a folder of its own."""
     first, calls = run_script(tmp_path, launch_code=EXIT_PREEMPTED)
-    first.communicate(timeout=60)
+    communicate_or_diagnose(first, 60)
     assert first.returncode == EXIT_PREEMPTED and "scontrol requeue 4242" in calls.read_text()
     again, calls = run_script(tmp_path, restarts=1, launch_code=EXIT_OK)  # the requeued job, in the same folder
-    again.communicate(timeout=60)
+    communicate_or_diagnose(again, 60)
     said = calls.read_text()
     assert again.returncode == EXIT_OK and "earlier check" not in said, said
     assert said.count("launch --config_file") == 2, said
@@ -125,7 +126,7 @@ def test_a_sigterm_during_the_check_ends_the_check_and_the_job_requeues_with_75(
     process, calls = run_script(tmp_path, check_waits=True)
     wait_for(tmp_path / "waiting", process)
     process.send_signal(signal.SIGTERM)
-    out = process.communicate(timeout=60)[0]
+    out = communicate_or_diagnose(process, 60)[0]
     said = calls.read_text()
     assert process.returncode == EXIT_PREEMPTED and "check got SIGTERM" in said, (said, out)
     assert "launch --config_file" not in said and "scontrol requeue 4242" in said and "exit 75" in out

@@ -32,6 +32,7 @@ from tests.helpers import (
     short_run,
     start_merged,
 )
+from tests.stacks import communicate_or_diagnose
 
 MIN_KILLS = 10
 
@@ -112,7 +113,7 @@ def test_kills_at_any_moment_lose_nothing_but_recent_steps(smoke_data, tmp_path)
         resume_step = done[-1] if done else 0
         if action == "kill-during-save":
             process = start_training(smoke_data, run_dir, faults=f"kill-during-save:{resume_step + 2}", **overrides)
-            output = process.communicate(timeout=300)[0]
+            output = communicate_or_diagnose(process, 300)[0]
             assert process.returncode == -signal.SIGKILL, output[-2000:]
             assert (run_dir / "checkpoints" / f"step_{resume_step + 2:08d}.tmp").exists()
             torn += 1
@@ -130,7 +131,7 @@ def test_kills_at_any_moment_lose_nothing_but_recent_steps(smoke_data, tmp_path)
                     time.sleep(rng.uniform(0.0, 0.3))  # somewhere in the next step or its checkpoint
             process.send_signal(signal.SIGTERM if action == "sigterm" else signal.SIGKILL)
             (release / str(target + 2)).touch()  # a SIGTERM'd run that reached the hold takes its step, then stops
-            output = process.communicate(timeout=300)[0]
+            output = communicate_or_diagnose(process, 300)[0]
             if action == "sigterm" and process.returncode == EXIT_PREEMPTED:
                 assert "SIGTERM received" in output and "Rerun the same command to resume" in output
                 # a graceful stop checkpoints the step it finished: nothing lost
@@ -249,7 +250,7 @@ def test_a_corrupt_checkpoint_is_set_aside_and_never_costs_a_good_one(
 def test_full_disk_during_save_keeps_the_previous_checkpoint(smoke_data, tmp_path):
     run_dir = tmp_path / "full"
     process = start_training(smoke_data, run_dir, faults="disk-full:8", save_interval=4)
-    output = process.communicate(timeout=300)[0]
+    output = communicate_or_diagnose(process, 300)[0]
     assert process.returncode == EXIT_SAVE_FAILED, output[-2000:]
     assert "No space left on device" in output and "step_00000008.tmp" in output
     assert "step_00000004" in output and "is intact" in output
@@ -295,11 +296,11 @@ def test_a_save_failure_on_one_process_ends_every_process_with_exit_74(smoke_dat
     processes = [start_process(smoke_data, run_dir, p, port, f"disk-full@{failing}:8") for p in (0, 1)]
     deadline = time.monotonic() + 300
     try:
-        outputs = [p.communicate(timeout=max(1.0, deadline - time.monotonic()))[0] for p in processes]
-    except subprocess.TimeoutExpired:
+        outputs = [communicate_or_diagnose(p, max(1.0, deadline - time.monotonic()))[0] for p in processes]
+    except subprocess.TimeoutExpired as hung:  # tests/stacks.Hung: where each process waited, what it printed
         for p in processes:
             p.kill()
-        pytest.fail(f"a process still ran 300 s after the disk-full fault on process {failing}: one was left waiting")
+        pytest.fail(f"a process still ran 300 s after the disk-full fault on process {failing}: {hung}")
     assert [p.returncode for p in processes] == [EXIT_SAVE_FAILED, EXIT_SAVE_FAILED], (
         outputs[0][-2000:] + outputs[1][-2000:]
     )
@@ -326,7 +327,7 @@ def test_a_save_failure_ends_a_launched_two_process_job(smoke_data, tmp_path):
 def test_non_finite_steps_are_skipped_then_the_run_stops(smoke_data, tmp_path):
     run_dir = tmp_path / "nan"
     process = start_training(smoke_data, run_dir, faults="nan-loss:3,nan-loss:6-8", save_interval=5)
-    output = process.communicate(timeout=300)[0]
+    output = communicate_or_diagnose(process, 300)[0]
     assert process.returncode == EXIT_DIVERGED, output[-2000:]
     skipped = [r for r in read_jsonl(run_dir / "metrics.jsonl") if r["kind"] == "skipped"]
     assert [r["step"] for r in skipped] == [3, 6, 7, 8]

@@ -11,6 +11,7 @@ import pytest
 
 from hf_pretrain.exit_codes import EXIT_PREEMPTED
 from tests.helpers import cli, start_merged
+from tests.stacks import communicate_or_diagnose
 from tests.test_run_in_store import machine, store_fs, train_command, wait_until
 
 
@@ -32,7 +33,7 @@ def test_a_signalled_url_run_names_its_url_and_status_says_where_it_stands(smoke
 
     trainer.send_signal(signal.SIGINT)  # recorded during the hold, acted on after the step
     (release / "1").touch()
-    out = trainer.communicate(timeout=600)[0]
+    out = communicate_or_diagnose(trainer, 600)[0]
     assert trainer.returncode == EXIT_PREEMPTED, out[-3000:]
     stop_line = next(line for line in out.splitlines() if line.startswith("stopped by SIGINT"))
     assert stop_line.startswith(f"stopped by SIGINT after step 1; checkpoint {url}/checkpoints/step_00000001."), (

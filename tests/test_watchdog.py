@@ -18,6 +18,7 @@ from hf_pretrain.checkpoints.manifest import verify_checkpoint
 from hf_pretrain.exit_codes import EXIT_HUNG, EXIT_PREEMPTED
 from hf_pretrain.training.watchdog import COLLECTIVE_MARGIN_S, process_group_kwargs, stop_grace_s
 from tests.helpers import OUTSIDE_CHECKOUT, launch_command, offline_env
+from tests.stacks import communicate_or_diagnose
 from tests.test_reliability_runs import arguments, kill_all, logged_step, processes_naming, start, status, wait_until
 from tests.test_survival import free_port, start_process
 
@@ -167,14 +168,14 @@ def test_a_frozen_process_ends_a_two_process_run_promptly_with_exit_69(smoke_dat
     try:
         wait_until(lambda: stopped(processes[1].pid) or processes[0].poll() is not None, 180, "process 1 froze")
         frozen_at = time.monotonic()
-        output = processes[0].communicate(timeout=120)[0]
+        output = communicate_or_diagnose(processes[0], 120)[0]
         took = time.monotonic() - frozen_at
         assert processes[0].returncode == EXIT_HUNG, output[-3000:]
         assert stopped(processes[1].pid)  # still frozen: the watchdog of process 0 ended the run on its own
     finally:
         for p in processes:
             p.kill()
-            p.communicate(timeout=30)
+            communicate_or_diagnose(p, 30)
     assert took < HANG_TIMEOUT_S + 5 + 10  # the timeout, the reports' wait, and room for a busy machine
     ended = status(run_dir)
     assert (ended["state"], ended["exit_code"], ended["rerun"]) == ("hung", EXIT_HUNG, True)
@@ -202,7 +203,7 @@ def test_sigterm_to_the_launcher_while_a_process_hangs_ends_the_job_and_says_so(
         assert launcher.poll() is None, launcher.communicate()[0][-3000:]
         launcher.send_signal(signal.SIGTERM)
         signalled = time.monotonic()
-        output = launcher.communicate(timeout=120)[0]
+        output = communicate_or_diagnose(launcher, 120)[0]
         took = time.monotonic() - signalled
     finally:
         kill_all(launcher, run_dir)
@@ -227,7 +228,7 @@ def test_sigterm_to_a_healthy_two_process_run_is_still_a_graceful_preemption(smo
         wait_until(lambda: logged_step(run_dir) >= 3 or launcher.poll() is not None, 180, "no step 3")
         assert launcher.poll() is None, launcher.communicate()[0][-3000:]
         launcher.send_signal(signal.SIGTERM)
-        output = launcher.communicate(timeout=120)[0]
+        output = communicate_or_diagnose(launcher, 120)[0]
     finally:
         kill_all(launcher, run_dir)
     ended = status(run_dir)
