@@ -423,3 +423,25 @@ def test_only_init_or_a_subreaper_counts_as_a_launcher_that_left():
     assert left_by_launcher(1, "/sbin/init")
     assert left_by_launcher(1, "/usr/bin/python3 /sbin/some-init")
     assert left_by_launcher(777, "/lib/systemd/systemd --user")
+
+
+def test_the_launchers_exit_and_the_machines_sigterm_are_one_stop_in_either_order(monkeypatch):
+    """A machine's shutdown sends SIGTERM to every process: the launcher may end (its exit reaching the trainer)
+    before the trainer's own SIGTERM is handled. That SIGTERM is the same stop, ended with a checkpoint, not a
+    second signal that exits at once (it was: tests/test_engine_run.py's node 1 left no checkpoint, once)."""
+    from hf_pretrain.training import guards
+
+    exits: list[str] = []
+    monkeypatch.setattr(guards, "followed_launcher", lambda: 4242)
+    monkeypatch.setattr(guards, "launcher_gone", lambda: True)
+    monkeypatch.setattr(guards, "exit_at_once", lambda name, signum, lost: exits.append(name))
+    with guards.GracefulStop(lambda line: None) as stop:
+        assert stop.stopping()  # the launcher's exit, seen first
+        signal.raise_signal(signal.SIGTERM)  # then the machine's SIGTERM to this process
+        assert not exits and stop.signal_name == "the exit of its launcher (pid 4242)"
+        signal.raise_signal(signal.SIGTERM)  # sent again: that one exits at once
+        assert exits == ["SIGTERM"]
+    with guards.GracefulStop(lambda line: None) as stop:
+        signal.raise_signal(signal.SIGTERM)  # the other order: the signal, then the launcher's exit
+        stop._launcher_exited(guards.LAUNCHER_GONE, None)
+        assert exits == ["SIGTERM"] and stop.stopping() and stop.signal_name == "SIGTERM"

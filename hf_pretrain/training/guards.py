@@ -77,13 +77,16 @@ def agree(accelerator: Accelerator, *values: float) -> list[float]:
 class GracefulStop:
     """Records the first SIGTERM/SIGINT so the loop can stop at the next step boundary with a
     checkpoint; a second signal exits at once. Under a launcher, the launcher's exit (its signal,
-    or our parent pid changing) stops the run the same way (processes.py)."""
+    or our parent pid changing) stops the run the same way (processes.py), and is never a signal sent
+    twice, in either order: a machine's shutdown sends SIGTERM to every process, so the launcher may end
+    before this process's own SIGTERM is handled; both are the one stop, and it ends with a checkpoint."""
 
     SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
     def __init__(self, log: Callable[[str], None]):
         self.log = log
         self.signal_name: str | None = None
+        self.signals_received = 0  # SIGTERM/SIGINT: the second exits at once, the launcher's exit aside
         self._previous: dict[int, Any] = {}
 
     def __enter__(self) -> GracefulStop:
@@ -113,11 +116,12 @@ class GracefulStop:
 
     def _handle(self, signum: int, frame) -> None:
         name = signal.Signals(signum).name
-        if self.signal_name is not None:
+        self.signals_received += 1
+        if self.signals_received > 1:
             exit_at_once(
                 name, signum, "without a checkpoint of the steps since the newest one (the rerun resumes there)"
             )
-        self.signal_name = name
+        self.signal_name = self.signal_name or name  # the launcher's exit may have come first: the same stop
         self.log(f"\n{name} received: finishing this step and writing a checkpoint (send it again to exit at once)")
 
 
